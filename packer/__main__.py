@@ -1,0 +1,6 @@
+"""``python -m packer``: the same command line as the ``packer`` script."""
+
+from packer.cli import main
+
+if __name__ == "__main__":
+    main()

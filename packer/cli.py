@@ -1,0 +1,201 @@
+"""The ``packer`` command line: a thin layer over ``packer.convert`` and the manifest.
+
+Exit codes: 0 done (bad source files skipped and reported), 1 the run failed (message says why),
+2 bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import click
+from tqdm import tqdm
+
+from packer import __version__
+from packer.config import (
+    COLOR_MODES,
+    DTYPES,
+    INTERPOLATIONS,
+    RESIZE_MODES,
+    ConvertConfig,
+    PreprocessConfig,
+    parse_normalize,
+    parse_shard_size,
+    parse_size,
+)
+from packer.errors import ConfigError, PackerError
+from packer.formats import WRITERS
+from packer.manifest import Manifest, read_manifest
+from packer.pipeline import ConvertResult, convert as run_convert
+
+SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers 0-255, got {text!r}", param_hint=name) from None
+    if any(not 0 <= v <= 255 for v in values):
+        raise click.BadParameter(f"values must be 0-255, got {text!r}", param_hint=name)
+    return values
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(__version__, prog_name="packer")
+@click.option("-v", "--verbose", is_flag=True, help="Log each skipped file as it happens.")
+def cli(verbose: bool) -> None:
+    """Pack folders of small image files into shards that PyTorch reads fast."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+
+
+@cli.command()
+@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(WRITERS)), help="Output format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
+@click.option("--size", default="224", help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192.")
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
+              help="shorter-crop: shorter side to size, centre crop; stretch: ignore aspect; "
+                   "pad: letterbox with --fill; none: keep each image's size (lmdb, wds only).")
+@click.option("--mode", type=click.Choice(COLOR_MODES), default="RGB", help="Colour mode: RGB, or L for grayscale.")
+@click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="bilinear",
+              help="Resize filter (antialiased; bilinear matches torchvision's Resize).")
+@click.option("--fill", default="0,0,0", help="Padding colour for --resize pad (R,G,B or one gray value).")
+@click.option("--background", default="255,255,255",
+              help="Colour that transparent pixels are composited on (R,G,B or one gray value).")
+@click.option("--normalize", default="imagenet",
+              help="imagenet, none (pixels 0..1), or MEAN,STD (2 numbers, or C means then C stds).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="uint8",
+              help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
+@click.option("--shard-size", default="auto",
+              help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
+@click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="CSV of 'relative path,label' rows overriding the folder classes.")
+@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes.  [default: usable cores]", show_default=False)
+@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
+            fill: str, background: str, normalize: str, dtype: str, shard_size: str, labels_file: Optional[Path],
+            workers: Optional[int], overwrite: bool, quiet: bool) -> None:
+    """Convert the image folder SOURCE into a packed output.
+
+    Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
+    subfolders gives unlabelled samples. Unreadable images are skipped and listed at the end and in
+    the output's manifest.json.
+    """
+    try:
+        mean, std = parse_normalize(normalize)
+        pre = PreprocessConfig(
+            size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
+            interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
+            mean=mean, std=std, dtype=dtype,
+        )
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size))
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    output = output or source.parent / f"{source.name}-{fmt}"
+    bars: list[tqdm] = []
+
+    def on_plan(found, tasks) -> None:
+        bars.append(tqdm(total=len(found.items), unit="img", disable=quiet, dynamic_ncols=True,
+                         desc=f"packing {len(tasks)} shard(s)"))
+
+    def on_progress(n: int) -> None:
+        bars[0].update(n)
+
+    try:
+        result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
+                             overwrite=overwrite, progress=on_progress, on_plan=on_plan)
+    except KeyboardInterrupt:
+        _close(bars)
+        click.echo("packer: interrupted; no output was written", err=True)
+        sys.exit(130)
+    except PackerError as e:
+        _close(bars)
+        raise click.ClickException(str(e)) from None
+    _close(bars)
+    _summary(result)
+
+
+def _close(bars: list[tqdm]) -> None:
+    for bar in bars:
+        bar.close()
+
+
+def _summary(result: ConvertResult) -> None:
+    m = result.manifest
+    rate = (m.samples + len([s for s in result.skipped])) / result.seconds if result.seconds else 0.0
+    click.echo(
+        f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
+        f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s ({rate:.0f} images/s)"
+    )
+    if result.skipped:
+        reasons = Counter(_reason_kind(s.reason) for s in result.skipped)
+        click.echo(f"skipped {len(result.skipped)} file(s), listed in {result.output / 'manifest.json'}:", err=True)
+        for kind, count in reasons.most_common():
+            click.echo(f"  {count} x {kind}", err=True)
+            for s in [s for s in result.skipped if _reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
+                click.echo(f"      {s.path}: {s.reason}", err=True)
+    if result.ignored:
+        parts = ", ".join(f"{ext} x{n}" for ext, n in result.ignored.items())
+        click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
+
+
+def _reason_kind(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n} B"
+
+
+@cli.command()
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+def info(output: Path, as_json: bool) -> None:
+    """Describe the packed output OUTPUT."""
+    try:
+        m = read_manifest(output)
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
+        return
+    click.echo(_describe(output, m))
+
+
+def _describe(output: Path, m: Manifest) -> str:
+    img = m.fields["image"]
+    pre = m.preprocess
+    norm = pre.get("normalize")
+    size = "x".join(map(str, pre["size"])) if pre.get("size") else "original"
+    total = sum(f.bytes for s in m.shards for f in s.files)
+    lines = [
+        f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
+        f"  samples   {m.samples} in {len(m.shards)} shard(s), {_human(total)}",
+        f"  classes   {len(m.classes)}: {', '.join(m.classes[:20])}{' ...' if len(m.classes) > 20 else ''}"
+        if m.classes is not None else "  classes   none (unlabelled)",
+        f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} (HWC), "
+        f"{pre['mode']}",
+        f"  resize    {pre['resize']} to {size}, {pre['interpolation']}",
+        f"  normalize {'mean ' + str(norm['mean']) + ' std ' + str(norm['std']) if norm else 'none (0..1)'}"
+        f"{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
+        f"  skipped   {len(m.skipped)} file(s)",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Entry point of the ``packer`` script."""
+    cli(prog_name="packer")

@@ -1,0 +1,200 @@
+"""Conversion settings: validated once, frozen, and copied into the manifest."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from packer.errors import ConfigError
+
+RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
+COLOR_MODES = ("RGB", "L")
+INTERPOLATIONS = ("bilinear", "bicubic", "lanczos", "box", "hamming", "nearest")
+DTYPES = ("uint8", "float16", "float32")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DEFAULT_SHARD_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """The deterministic preprocessing applied once to every image.
+
+    ``size`` is (width, height) and is None only with ``resize="none"``. ``mean``/``std`` are per
+    channel on the 0..1 scale; None means no normalization (pixels scaled to 0..1). With
+    ``dtype="uint8"`` pixels are stored as they are and readers normalize; with a float dtype the
+    normalized values are stored.
+    """
+
+    size: Optional[tuple[int, int]] = (224, 224)
+    resize: str = "shorter-crop"
+    mode: str = "RGB"
+    interpolation: str = "bilinear"
+    fill: tuple[int, ...] = (0, 0, 0)
+    background: tuple[int, ...] = (255, 255, 255)
+    mean: Optional[tuple[float, ...]] = IMAGENET_MEAN
+    std: Optional[tuple[float, ...]] = IMAGENET_STD
+    dtype: str = "uint8"
+
+    def __post_init__(self) -> None:
+        _choice("resize", self.resize, RESIZE_MODES)
+        _choice("mode", self.mode, COLOR_MODES)
+        _choice("interpolation", self.interpolation, INTERPOLATIONS)
+        _choice("dtype", self.dtype, DTYPES)
+        if self.resize == "none":
+            object.__setattr__(self, "size", None)
+        elif self.size is None or len(self.size) != 2 or min(self.size) < 1:
+            raise ConfigError(f"--size must be a positive WIDTHxHEIGHT with --resize {self.resize}")
+        c = self.channels
+        object.__setattr__(self, "fill", _per_channel("fill", self.fill, c, int))
+        object.__setattr__(self, "background", _per_channel("background", self.background, c, int))
+        if (self.mean is None) != (self.std is None):
+            raise ConfigError("normalization needs both a mean and a std")
+        if self.mean is not None:
+            object.__setattr__(self, "mean", _per_channel("mean", self.mean, c, float))
+            object.__setattr__(self, "std", _per_channel("std", self.std, c, float))
+            if any(s <= 0 for s in self.std):
+                raise ConfigError(f"std must be positive, got {self.std}")
+
+    @property
+    def channels(self) -> int:
+        """Channels of a stored image: 3 for RGB, 1 for L."""
+        return 3 if self.mode == "RGB" else 1
+
+    @property
+    def image_shape(self) -> Optional[tuple[int, int, int]]:
+        """Stored (height, width, channels), or None when images keep their own size."""
+        if self.size is None:
+            return None
+        return (self.size[1], self.size[0], self.channels)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form, as stored in the manifest's ``preprocess`` entry."""
+        d = asdict(self)
+        d["normalize"] = None if self.mean is None else {"mean": d.pop("mean"), "std": d.pop("std")}
+        d.pop("mean", None)
+        d.pop("std", None)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PreprocessConfig":
+        """Inverse of ``to_dict``."""
+        d = dict(d)
+        norm = d.pop("normalize", None)
+        tuples = {k: tuple(d[k]) for k in ("size", "fill", "background") if d.get(k) is not None}
+        d.update(tuples)
+        return cls(**d, mean=tuple(norm["mean"]) if norm else None, std=tuple(norm["std"]) if norm else None)
+
+
+@dataclass(frozen=True)
+class ShardSize:
+    """How samples are cut into shards: a sample count, a byte budget, or ``auto``.
+
+    ``auto`` cuts shards of at most 256 MiB and makes their number a multiple of the worker count,
+    so that every worker gets the same amount of work.
+    """
+
+    samples: Optional[int] = None
+    bytes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.samples is not None and self.bytes is not None:
+            raise ConfigError("a shard size is either a sample count or a byte size, not both")
+        if (self.samples is not None and self.samples < 1) or (self.bytes is not None and self.bytes < 1):
+            raise ConfigError("shard size must be positive")
+
+    @property
+    def is_auto(self) -> bool:
+        """True when neither a count nor a byte size was given."""
+        return self.samples is None and self.bytes is None
+
+    def describe(self) -> str:
+        """Short text for summaries and the manifest."""
+        if self.samples is not None:
+            return f"{self.samples} samples"
+        if self.bytes is not None:
+            return f"{self.bytes} bytes"
+        return "auto"
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything that decides the content of an output: format, preprocessing, shard layout."""
+
+    format: str
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    shard_size: ShardSize = field(default_factory=ShardSize)
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _per_channel(name: str, values, channels: int, kind):
+    values = tuple(kind(v) for v in values)
+    if len(values) == channels:
+        return values
+    if len(values) == 1:
+        return values * channels
+    if channels == 1 and len(values) == 3:
+        # Grayscale with RGB settings (e.g. the ImageNet statistics): use the channel average.
+        return (kind(round(sum(values) / 3, 6)) if kind is float else round(sum(values) / 3),)
+    raise ConfigError(f"{name} needs 1 or {channels} values, got {len(values)}: {values}")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """Parse ``224`` (square) or ``256x192`` (width x height) into (width, height)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×]\s*(\d+))?\s*", text)
+    if not m:
+        raise ConfigError(f"size must look like 224 or 256x192 (WIDTHxHEIGHT); got {text!r}")
+    w = int(m.group(1))
+    h = int(m.group(2)) if m.group(2) else w
+    if w < 1 or h < 1:
+        raise ConfigError(f"size must be positive; got {text!r}")
+    return (w, h)
+
+
+def parse_normalize(text: str) -> tuple[Optional[tuple[float, ...]], Optional[tuple[float, ...]]]:
+    """Parse ``imagenet``, ``none`` or ``MEAN,STD`` into (mean, std).
+
+    ``MEAN,STD`` is either two numbers (the same for every channel) or 2xC numbers, the C means
+    first, then the C stds: ``0.5,0.5`` or ``0.485,0.456,0.406,0.229,0.224,0.225``.
+    """
+    t = text.strip().lower()
+    if t == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    if t == "none":
+        return None, None
+    try:
+        nums = [float(v) for v in t.split(",")]
+    except ValueError:
+        nums = []
+    if len(nums) < 2 or len(nums) % 2:
+        raise ConfigError(
+            f"--normalize takes imagenet, none, or MEAN,STD (2 or 2xC numbers, means first); got {text!r}"
+        )
+    half = len(nums) // 2
+    return tuple(nums[:half]), tuple(nums[half:])
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_shard_size(text: str) -> ShardSize:
+    """Parse ``auto``, a sample count (``1000``) or a byte size (``256MB``, ``1GiB``)."""
+    t = text.strip().lower()
+    if t == "auto":
+        return ShardSize()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", t)
+    if not m or m.group(2) not in _UNITS:
+        raise ConfigError(f"shard size must be auto, a sample count (1000) or a byte size (256MB, 1GiB); got {text!r}")
+    number, unit = float(m.group(1)), m.group(2)
+    if unit == "":
+        if number != int(number):
+            raise ConfigError(f"a sample count must be a whole number; got {text!r}")
+        return ShardSize(samples=int(number))
+    return ShardSize(bytes=int(math.ceil(number * _UNITS[unit])))

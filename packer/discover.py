@@ -1,0 +1,136 @@
+"""Finding the source files: class folders, labels files, ignored litter, deterministic order."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Optional
+
+from packer.errors import InputError
+from packer.records import UNLABELLED, Skipped, SourceItem
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db"})
+
+
+@dataclass
+class Discovery:
+    """What discovery found: the items to convert, in order, and everything left out.
+
+    ``classes`` is None for unlabelled data. ``ignored`` counts files that are not images, by
+    extension; ``skipped`` lists image files that cannot be used, with the reason.
+    """
+
+    root: Path
+    items: list[SourceItem]
+    classes: Optional[list[str]]
+    skipped: list[Skipped] = field(default_factory=list)
+    ignored: dict[str, int] = field(default_factory=dict)
+
+
+def is_litter(name: str) -> bool:
+    """True for hidden files and OS litter: dotfiles, AppleDouble ``._*``, Thumbs.db, desktop.ini."""
+    return name.startswith(".") or name.lower() in OS_LITTER
+
+
+def is_image_name(name: str) -> bool:
+    """True when the extension is one packer reads as an image (case-insensitive)."""
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] = None) -> Discovery:
+    """List the image files under ``root`` in sorted relative-path order, with their labels.
+
+    Top-level subfolders are classes (indices by sorted name) and deeper files belong to their
+    top-level class. Without subfolders the samples are unlabelled. A ``labels_file`` (CSV of
+    relative path and label) overrides the folder classes.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"source folder {root} does not exist or is not a folder")
+    files, ignored = _walk(root)
+    if labels_file is not None:
+        return _with_labels_file(root, files, ignored, Path(labels_file))
+    class_dirs = sorted(
+        e.name for e in os.scandir(root) if not is_litter(e.name) and e.is_dir(follow_symlinks=True)
+    )
+    if not class_dirs:
+        items = [SourceItem(i, str(root / rel), rel) for i, rel in enumerate(files)]
+        return Discovery(root, items, None, [], ignored)
+    class_index = {name: i for i, name in enumerate(class_dirs)}
+    items: list[SourceItem] = []
+    skipped: list[Skipped] = []
+    for rel in files:
+        top = PurePosixPath(rel).parts[0]
+        if len(PurePosixPath(rel).parts) == 1:
+            skipped.append(Skipped(rel, "not inside a class folder (the source has class subfolders)"))
+            continue
+        items.append(SourceItem(len(items), str(root / rel), rel, class_index[top]))
+    return Discovery(root, items, class_dirs, skipped, ignored)
+
+
+def _walk(root: Path) -> tuple[list[str], dict[str, int]]:
+    """All image files under root as sorted POSIX relative paths, and ignored files by extension."""
+    found: list[str] = []
+    ignored: Counter[str] = Counter()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not is_litter(d)]
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in filenames:
+            if is_litter(name):
+                continue
+            if is_image_name(name):
+                found.append((rel_dir / name).as_posix())
+            else:
+                ignored[os.path.splitext(name)[1].lower() or "(no extension)"] += 1
+    found.sort()
+    return found, dict(sorted(ignored.items()))
+
+
+def _with_labels_file(root: Path, files: list[str], ignored: dict[str, int], labels_file: Path) -> Discovery:
+    labels = read_labels_file(labels_file)
+    names = sorted(set(labels.values()))
+    if all(n.isdigit() for n in names):
+        classes = [str(i) for i in range(max(int(n) for n in names) + 1)] if names else []
+        index = {n: int(n) for n in names}
+    else:
+        classes = names
+        index = {n: i for i, n in enumerate(names)}
+    present = set(files)
+    items: list[SourceItem] = []
+    skipped: list[Skipped] = []
+    for rel in files:
+        if rel in labels:
+            items.append(SourceItem(len(items), str(root / rel), rel, index[labels[rel]]))
+        else:
+            skipped.append(Skipped(rel, f"no label in {labels_file.name}"))
+    for rel in sorted(set(labels) - present):
+        skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found under {root}"))
+    return Discovery(root, items, classes, skipped, ignored)
+
+
+def read_labels_file(path: Path) -> dict[str, str]:
+    """Read a CSV of ``relative path,label`` rows (an optional header row is skipped)."""
+    if not path.is_file():
+        raise InputError(f"labels file {path} does not exist")
+    labels: dict[str, str] = {}
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        for lineno, row in enumerate(csv.reader(f), start=1):
+            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+                continue
+            if len(row) < 2:
+                raise InputError(f"{path}:{lineno}: expected 'relative path,label', got {row!r}")
+            rel, label = row[0].strip(), row[1].strip()
+            if lineno == 1 and rel.lower() in ("path", "relpath", "file", "filename", "image"):
+                continue
+            rel = PurePosixPath(rel.replace("\\", "/")).as_posix()
+            if rel in labels and labels[rel] != label:
+                raise InputError(f"{path}:{lineno}: {rel} is listed twice with different labels")
+            labels[rel] = label
+    return labels
+
+
+__all__ = ["Discovery", "discover", "read_labels_file", "is_image_name", "is_litter", "IMAGE_EXTENSIONS", "UNLABELLED"]

@@ -1,0 +1,32 @@
+"""packer's exceptions. Each names the path involved and says what to do about it."""
+
+from __future__ import annotations
+
+
+class PackerError(Exception):
+    """Base class of every error packer raises on purpose."""
+
+
+class ConfigError(PackerError, ValueError):
+    """An option or combination of options that cannot work."""
+
+
+class InputError(PackerError):
+    """The source folder (or a labels file) cannot be used as given."""
+
+
+class OutputError(PackerError):
+    """The output location cannot be written as asked (exists, not a packer output, ...)."""
+
+
+class ManifestError(PackerError):
+    """A packed output is missing, damaged, foreign or of a newer format version."""
+
+
+class DecodeError(PackerError):
+    """One source file could not be turned into a sample; the converter skips and reports it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason

@@ -1,0 +1,57 @@
+"""The small interface every format writer implements, and the layout record it is given.
+
+A writer knows only how to put samples into its own files for one shard. Shard planning, naming,
+hashing and the manifest live in the pipeline, once for all formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Optional, Protocol
+
+import numpy as np
+
+from packer.records import Sample
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Shape and dtype of the stored image field; ``shape`` (H, W, C) is None for variable sizes."""
+
+    dtype: str
+    shape: Optional[tuple[int, int, int]]
+    channels: int
+
+    @property
+    def sample_bytes(self) -> Optional[int]:
+        """Bytes of one stored image, when the shape is fixed."""
+        if self.shape is None:
+            return None
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    def fields(self) -> dict[str, dict]:
+        """The manifest's ``fields`` entry for this layout."""
+        return {
+            "image": {"dtype": self.dtype, "shape": list(self.shape) if self.shape else None,
+                      "channels": self.channels, "layout": "HWC"},
+            "label": {"dtype": "int64", "shape": []},
+            "key": {"dtype": "str", "shape": []},
+        }
+
+
+class ShardWriter(Protocol):
+    """Writes one shard: ``add`` samples in order, then ``close`` to get the files written."""
+
+    name: ClassVar[str]
+    variable_shape: ClassVar[bool]
+    """Whether the format can hold images of different sizes in one shard."""
+
+    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+        """Start a shard called ``shard`` in ``directory``; ``capacity`` is the most samples it gets."""
+
+    def add(self, sample: Sample) -> None:
+        """Append one sample."""
+
+    def close(self) -> list[str]:
+        """Finish the shard and return the names of its files, relative to ``directory``."""

@@ -1,0 +1,71 @@
+"""HDF5 shards: one ``NAME.h5`` file per shard with one dataset per field.
+
+Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random access),
+``labels`` (N, int64) and ``keys`` (N, UTF-8 strings). Timestamps are off so equal inputs give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import h5py
+import numpy as np
+
+from packer.errors import ConfigError
+from packer.formats.base import ImageLayout
+from packer.records import Sample
+
+BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
+
+
+class Hdf5Writer:
+    """Writes one shard as an HDF5 file."""
+
+    name: ClassVar[str] = "hdf5"
+    variable_shape: ClassVar[bool] = False
+
+    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+        if layout.shape is None:
+            raise ConfigError("the hdf5 format stores one N x H x W x C dataset and needs a fixed image size")
+        self.file_name = f"{shard}.h5"
+        self.layout = layout
+        self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
+        self._images = self._file.create_dataset(
+            "images", shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
+            chunks=(1, *layout.shape), track_times=False,
+        )
+        self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
+        self._pending = 0
+        self.labels: list[int] = []
+        self.keys: list[str] = []
+
+    def add(self, sample: Sample) -> None:
+        """Buffer one sample; full buffers go to the file in one write."""
+        if sample.image.shape != self.layout.shape:
+            raise ValueError(f"image of shape {sample.image.shape} in a shard of shape {self.layout.shape}")
+        self._batch[self._pending] = sample.image
+        self._pending += 1
+        self.labels.append(sample.label)
+        self.keys.append(sample.key)
+        if self._pending == BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        start = self._images.shape[0]
+        self._images.resize(start + self._pending, axis=0)
+        self._images[start:] = self._batch[: self._pending]
+        self._pending = 0
+
+    def close(self) -> list[str]:
+        """Write labels and keys and close the file."""
+        self._flush()
+        self._file.create_dataset("labels", data=np.asarray(self.labels, dtype=np.int64), track_times=False)
+        self._file.create_dataset(
+            "keys", data=np.asarray(self.keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
+        )
+        self._file.close()
+        return [self.file_name]

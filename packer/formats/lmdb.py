@@ -1,0 +1,88 @@
+"""LMDB shards: one single-file LMDB environment ``NAME.lmdb`` per shard.
+
+Keys (ASCII) and values:
+  ``length``          the sample count, ASCII decimal
+  ``labels``          ``.npy`` bytes of an int64 array of every label in the shard
+  ``00000042.image``  ``.npy`` bytes of sample 42's HxWxC image (index local to the shard)
+  ``00000042.key``    UTF-8 relative source path of sample 42
+Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pickle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import lmdb
+
+from packer.codecs import encode_npy
+from packer.formats.base import ImageLayout
+from packer.records import Sample
+
+import numpy as np
+
+COMMIT_BYTES = 64 * 1024**2  # one write transaction per ~64 MB keeps dirty pages in RAM bounded
+VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
+
+
+def image_key(i: int) -> bytes:
+    """Key of a shard's ``i``-th image."""
+    return b"%08d.image" % i
+
+
+def key_key(i: int) -> bytes:
+    """Key of a shard's ``i``-th sample key (its source path)."""
+    return b"%08d.key" % i
+
+
+class LmdbWriter:
+    """Writes one shard as an LMDB environment; the map grows on demand, so it never fills up."""
+
+    name: ClassVar[str] = "lmdb"
+    variable_shape: ClassVar[bool] = True
+
+    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+        self.file_name = f"{shard}.lmdb"
+        per_sample = (layout.sample_bytes or VARIABLE_SIZE_GUESS) + 4096
+        self._map_size = max(16 * 1024**2, int(capacity * per_sample * 1.25))
+        # lock=False: this process is the only writer of this shard, so no lock file is needed.
+        self._env = lmdb.open(
+            str(Path(directory) / self.file_name), subdir=False, map_size=self._map_size, lock=False,
+            sync=False, metasync=False, readahead=False, max_dbs=0,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self.labels: list[int] = []
+
+    def add(self, sample: Sample) -> None:
+        """Queue one sample; queued samples are committed in transactions of ~64 MB."""
+        i = len(self.labels)
+        value = encode_npy(sample.image)
+        self._pending.append((image_key(i), value))
+        self._pending.append((key_key(i), sample.key.encode("utf-8")))
+        self._pending_bytes += len(value)
+        self.labels.append(sample.label)
+        if self._pending_bytes >= COMMIT_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for k, v in self._pending:
+                        txn.put(k, v)
+                break
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def close(self) -> list[str]:
+        """Commit the rest, the labels and the length, flush to disk and close."""
+        self._pending.append((b"labels", encode_npy(np.asarray(self.labels, dtype=np.int64))))
+        self._pending.append((b"length", str(len(self.labels)).encode("ascii")))
+        self._commit()
+        self._env.sync(True)
+        self._env.close()
+        return [self.file_name]

@@ -1,0 +1,180 @@
+"""The manifest: one JSON file per output, written last, that makes a folder a packer output.
+
+Readers trust nothing else: the format and its version, the field layout, the preprocessing, and
+every shard with its sample count, files, sizes and SHA-256 checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from packer.errors import ManifestError
+from packer.records import FileEntry
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+"""Version of the manifest's own layout; each format has its own ``format_version`` too."""
+
+#: The newest on-disk layout of each format that this packer writes and reads.
+FORMAT_VERSIONS = {"npy": 1, "lmdb": 1, "hdf5": 1, "wds": 1}
+
+
+@dataclass
+class ShardEntry:
+    """One shard in the manifest: its name, sample count and files."""
+
+    name: str
+    samples: int
+    files: list[FileEntry]
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files]}
+
+    def file(self, suffix: str) -> str:
+        """The relative path of this shard's file whose name ends with ``suffix``."""
+        for f in self.files:
+            if f.path.endswith(suffix):
+                return f.path
+        raise ManifestError(f"shard {self.name} has no file ending in {suffix!r}")
+
+
+@dataclass
+class Manifest:
+    """The parsed content of ``manifest.json``."""
+
+    format: str
+    format_version: int
+    packer_version: str
+    samples: int
+    classes: Optional[list[str]]
+    fields: dict[str, dict]
+    preprocess: dict
+    shards: list[ShardEntry]
+    skipped: list[dict] = field(default_factory=list)
+    source: dict = field(default_factory=dict)
+    manifest_version: int = MANIFEST_VERSION
+
+    def to_dict(self) -> dict:
+        """JSON-ready form, keys in a fixed order so two equal runs write equal files."""
+        return {
+            "manifest_version": self.manifest_version,
+            "format": self.format,
+            "format_version": self.format_version,
+            "packer_version": self.packer_version,
+            "samples": self.samples,
+            "classes": self.classes,
+            "fields": self.fields,
+            "preprocess": self.preprocess,
+            "shards": [s.to_dict() for s in self.shards],
+            "skipped": self.skipped,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = MANIFEST_NAME) -> "Manifest":
+        """Parse and check a manifest; ManifestError names ``where`` and what is wrong."""
+        try:
+            shards = [
+                ShardEntry(s["name"], int(s["samples"]), [FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in s["files"]])
+                for s in d["shards"]
+            ]
+            m = cls(
+                format=d["format"],
+                format_version=int(d["format_version"]),
+                packer_version=d.get("packer_version", "?"),
+                samples=int(d["samples"]),
+                classes=d.get("classes"),
+                fields=d["fields"],
+                preprocess=d["preprocess"],
+                shards=shards,
+                skipped=d.get("skipped", []),
+                source=d.get("source", {}),
+                manifest_version=int(d.get("manifest_version", 1)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
+        if sum(s.samples for s in m.shards) != m.samples:
+            raise ManifestError(f"{where}: shard sample counts add up to {sum(s.samples for s in m.shards)}, not {m.samples}")
+        return m
+
+    @property
+    def shard_offsets(self) -> list[int]:
+        """Index of each shard's first sample in the whole dataset, plus the total at the end."""
+        offsets = [0]
+        for s in self.shards:
+            offsets.append(offsets[-1] + s.samples)
+        return offsets
+
+
+def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` atomically (temporary file, fsync, rename) and return its path."""
+    path = Path(directory) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest.to_dict(), f, indent=1, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = None) -> Manifest:
+    """Read and check the manifest of a packed output.
+
+    Raises ManifestError when the folder is not a packer output, is incomplete, is of another
+    format than ``expect_format``, or was written by a newer packer.
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise ManifestError(f"{directory} is not a folder; expected a packer output folder")
+    if not path.is_file():
+        raise ManifestError(
+            f"{directory} has no {MANIFEST_NAME}: it is not a packer output, or its conversion did not finish"
+        )
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path} cannot be read as JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} is not a packer manifest")
+    manifest = Manifest.from_dict(data, str(path))
+    if manifest.manifest_version > MANIFEST_VERSION:
+        raise ManifestError(
+            f"{path} has manifest version {manifest.manifest_version}; this packer reads up to "
+            f"{MANIFEST_VERSION}. Upgrade packer to read it."
+        )
+    if manifest.format not in FORMAT_VERSIONS:
+        raise ManifestError(f"{path}: unknown format {manifest.format!r}; known: {', '.join(FORMAT_VERSIONS)}")
+    if manifest.format_version > FORMAT_VERSIONS[manifest.format]:
+        raise ManifestError(
+            f"{path}: {manifest.format} format version {manifest.format_version} is newer than this packer "
+            f"reads ({FORMAT_VERSIONS[manifest.format]}). Upgrade packer to read it."
+        )
+    if expect_format is not None and manifest.format != expect_format:
+        raise ManifestError(f"{directory} holds the {manifest.format} format, not {expect_format}")
+    return manifest
+
+
+def file_entry(directory: Path, relpath: str) -> FileEntry:
+    """Size and SHA-256 of one written file, for the manifest."""
+    path = directory / relpath
+    return FileEntry(relpath, path.stat().st_size, sha256_of(path))
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()

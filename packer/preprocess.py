@@ -1,0 +1,120 @@
+"""Decode one image file and apply the deterministic preprocessing (orientation, colour, resize).
+
+Images are decoded by content, not by extension. Resizing uses Pillow's antialiased filters (the
+default, bilinear, matches torchvision's ``Resize`` with ``antialias=True``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from packer.config import PreprocessConfig
+from packer.errors import DecodeError
+
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
+    """Return the preprocessed image at ``path`` as an HxWxC array of ``cfg.dtype``.
+
+    Raises DecodeError (with a reason a person can act on) for any file that cannot be used.
+    """
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
+            warnings.simplefilter("ignore")
+            with Image.open(path) as img:
+                img = ImageOps.exif_transpose(img)
+                img = to_color_mode(img, cfg.mode, cfg.background)
+                img = resize(img, cfg)
+                pixels = np.asarray(img)
+    except DecodeError:
+        raise
+    except UnidentifiedImageError:
+        raise DecodeError(str(path), "not a readable image (unknown or corrupt format)") from None
+    except PermissionError as e:
+        raise DecodeError(str(path), f"cannot read file: {e.strerror or e}") from None
+    except Image.DecompressionBombError as e:
+        raise DecodeError(str(path), f"image too large: {e}") from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as e:
+        # Pillow reports truncated and corrupt data as OSError/SyntaxError/ValueError/EOFError.
+        raise DecodeError(str(path), f"corrupt or truncated image: {e}") from None
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    return finish_pixels(pixels, cfg)
+
+
+def finish_pixels(pixels: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """Turn uint8 HWC pixels into the stored dtype (normalizing for float storage)."""
+    if cfg.dtype == "uint8":
+        return np.ascontiguousarray(pixels, dtype=np.uint8)
+    x = pixels.astype(np.float32) / 255.0
+    if cfg.mean is not None:
+        x = (x - np.asarray(cfg.mean, np.float32)) / np.asarray(cfg.std, np.float32)
+    return np.ascontiguousarray(x, dtype=cfg.dtype)
+
+
+def to_color_mode(img: Image.Image, mode: str, background: tuple[int, ...]) -> Image.Image:
+    """Convert any Pillow mode to ``mode`` (RGB or L).
+
+    Transparency is composited over ``background``; 16- and 32-bit integer images are scaled to
+    8 bits (Pillow's own conversion would clip them); CMYK and YCbCr use Pillow's conversion.
+    """
+    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+        a = np.asarray(img).astype(np.int64)
+        peak = 65535 if img.mode.startswith("I;16") or a.max(initial=0) > 255 else 255
+        img = Image.fromarray((np.clip(a, 0, peak) * 255 // peak).astype(np.uint8), "L")
+    elif img.mode == "F":
+        a = np.nan_to_num(np.asarray(img, dtype=np.float32))
+        img = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L")
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, _rgb(background) + (255,))
+        img = Image.alpha_composite(bg, rgba)
+    if img.mode != mode:
+        img = img.convert(mode)
+    return img
+
+
+def _rgb(color: tuple[int, ...]) -> tuple[int, int, int]:
+    return tuple(color) * 3 if len(color) == 1 else tuple(color[:3])  # type: ignore[return-value]
+
+
+def resize(img: Image.Image, cfg: PreprocessConfig) -> Image.Image:
+    """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height)."""
+    if cfg.resize == "none":
+        return img
+    tw, th = cfg.size  # type: ignore[misc]
+    w, h = img.size
+    resample = _RESAMPLE[cfg.interpolation]
+    if cfg.resize == "stretch":
+        return img if (w, h) == (tw, th) else img.resize((tw, th), resample)
+    if cfg.resize == "shorter-crop":
+        # Crop the largest centred box of the target aspect ratio, resize it in one step.
+        if (w, h) == (tw, th):
+            return img
+        scale = max(tw / w, th / h)
+        cw, ch = min(w, tw / scale), min(h, th / scale)
+        left, top = max(0.0, (w - cw) / 2), max(0.0, (h - ch) / 2)
+        return img.resize((tw, th), resample, box=(left, top, left + cw, top + ch))
+    # pad: fit inside the target, centre on a canvas of the fill colour (letterbox).
+    scale = min(tw / w, th / h)
+    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+    inner = img if (nw, nh) == (w, h) else img.resize((nw, nh), resample)
+    fill = cfg.fill[0] if img.mode == "L" else _rgb(cfg.fill)
+    canvas = Image.new(img.mode, (tw, th), fill)
+    canvas.paste(inner, ((tw - nw) // 2, (th - nh) // 2))
+    return canvas

@@ -1,0 +1,79 @@
+"""Plain records passed between the converter's stages (discovery, workers, manifest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import numpy as np
+
+UNLABELLED = -1
+"""Label stored for samples that have no class (a source folder without class subfolders)."""
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One source file found by discovery.
+
+    ``index`` is its position in the sorted listing, stable across runs over the same tree;
+    ``relpath`` is its POSIX path relative to the source root, which is also the sample key.
+    """
+
+    index: int
+    path: str
+    relpath: str
+    label: int = UNLABELLED
+
+
+@dataclass
+class Sample:
+    """One preprocessed sample, ready for a format writer.
+
+    ``index`` is the source item's position in the sorted listing and ``key`` its relative path.
+    """
+
+    index: int
+    key: str
+    image: np.ndarray
+    label: int = UNLABELLED
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source file left out of the output, and why."""
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        """The manifest's form of this record."""
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """The work of one shard: its name and the source items it holds, in order."""
+
+    name: str
+    items: tuple[SourceItem, ...]
+
+
+@dataclass
+class FileEntry:
+    """One file of a shard, as the manifest records it."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        """The manifest's form of this record."""
+        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass
+class ShardResult:
+    """What a worker reports after writing one shard."""
+
+    name: str
+    samples: int
+    files: list[FileEntry]
+    skipped: list[Skipped] = field(default_factory=list)

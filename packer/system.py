@@ -1,0 +1,36 @@
+"""What the machine offers this process: usable CPU cores."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def usable_cpus() -> int:
+    """Cores this process may use: CPU affinity, capped by a cgroup CPU quota (containers)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        count = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        count = min(count, max(1, math.ceil(quota)))
+    return max(1, count)
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()  # cgroup v2: "max 100000" or "200000 100000"
+        if text and text[0] != "max":
+            return int(text[0]) / int(text[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())  # cgroup v1
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        if quota > 0 and period > 0:
+            return quota / period
+    except (OSError, ValueError):
+        pass
+    return None

@@ -15,24 +15,15 @@ from typing import ClassVar
 
 import lmdb
 
+import numpy as np
+
 from packer.codecs import encode_npy
 from packer.formats.base import ImageLayout
+from packer.layout import LMDB_LABELS, LMDB_LENGTH, lmdb_image_key, lmdb_key_key
 from packer.records import Sample
-
-import numpy as np
 
 COMMIT_BYTES = 64 * 1024**2  # one write transaction per ~64 MB keeps dirty pages in RAM bounded
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
-
-
-def image_key(i: int) -> bytes:
-    """Key of a shard's ``i``-th image."""
-    return b"%08d.image" % i
-
-
-def key_key(i: int) -> bytes:
-    """Key of a shard's ``i``-th sample key (its source path)."""
-    return b"%08d.key" % i
 
 
 class LmdbWriter:
@@ -58,8 +49,8 @@ class LmdbWriter:
         """Queue one sample; queued samples are committed in transactions of ~64 MB."""
         i = len(self.labels)
         value = encode_npy(sample.image)
-        self._pending.append((image_key(i), value))
-        self._pending.append((key_key(i), sample.key.encode("utf-8")))
+        self._pending.append((lmdb_image_key(i), value))
+        self._pending.append((lmdb_key_key(i), sample.key.encode("utf-8")))
         self._pending_bytes += len(value)
         self.labels.append(sample.label)
         if self._pending_bytes >= COMMIT_BYTES:
@@ -80,8 +71,8 @@ class LmdbWriter:
 
     def close(self) -> list[str]:
         """Commit the rest, the labels and the length, flush to disk and close."""
-        self._pending.append((b"labels", encode_npy(np.asarray(self.labels, dtype=np.int64))))
-        self._pending.append((b"length", str(len(self.labels)).encode("ascii")))
+        self._pending.append((LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))))
+        self._pending.append((LMDB_LENGTH, str(len(self.labels)).encode("ascii")))
         self._commit()
         self._env.sync(True)
         self._env.close()

@@ -20,14 +20,8 @@ from typing import ClassVar
 
 from packer.codecs import CODECS
 from packer.formats.base import ImageLayout
+from packer.layout import TAR_MEMBERS, tar_member_key
 from packer.records import Sample
-
-MEMBER_ORDER = ("cls", "json", "npy")  # sorted, as webdataset's TarWriter writes them
-
-
-def member_key(index: int) -> str:
-    """The tar member key of the source item at ``index``."""
-    return f"{index:09d}"
 
 
 class WdsWriter:
@@ -42,13 +36,13 @@ class WdsWriter:
 
     def add(self, sample: Sample) -> None:
         """Write the sample's three members."""
-        key = member_key(sample.index)
+        key = tar_member_key(sample.index)
         values = {
             "cls": CODECS["cls"].encode(sample.label),
             "json": CODECS["json"].encode({"key": sample.key, "label": sample.label}),
             "npy": CODECS["npy"].encode(sample.image),
         }
-        for ext in MEMBER_ORDER:
+        for ext in TAR_MEMBERS:
             data = values[ext]
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size, info.mtime, info.mode = len(data), 0, 0o444

@@ -1,0 +1,41 @@
+"""PyTorch datasets over packer outputs: one reader per format, and ``open_dataset`` to pick it.
+
+    from readers import open_dataset
+    ds = open_dataset("packed/lmdb")          # the format is read from the output's manifest
+    loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+from packer.manifest import read_manifest
+from readers.base import ImageConverter, PackedDataset
+from readers.hdf5 import Hdf5Dataset
+from readers.lmdb import LmdbDataset
+from readers.npy import NpyDataset
+from readers.wds import WdsDataset
+
+READERS: dict[str, type] = {
+    "npy": NpyDataset,
+    "lmdb": LmdbDataset,
+    "hdf5": Hdf5Dataset,
+    "wds": WdsDataset,
+}
+
+AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
+
+
+def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
+    """Open a packer output with the reader of its format; ``options`` go to that reader.
+
+    Common options: ``normalize`` (default True), ``transform``, ``return_meta``; the wds reader
+    also takes ``shuffle`` (buffer size) and ``seed``.
+    """
+    manifest = read_manifest(root)
+    return READERS[manifest.format](root, **options)
+
+
+__all__ = ["open_dataset", "READERS", "PackedDataset", "ImageConverter",
+           "NpyDataset", "LmdbDataset", "Hdf5Dataset", "WdsDataset"]

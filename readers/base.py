@@ -1,0 +1,174 @@
+"""What every reader shares: manifest loading, sample-to-tensor conversion, lazy per-process handles.
+
+Readers keep only the output path and the parsed manifest in their state. File handles are opened
+on first use inside the process that uses them, reopened after a fork (a handle inherited from the
+parent would be shared with it), and never pickled, so datasets travel cheaply to spawned workers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packer.errors import ManifestError
+from packer.manifest import Manifest, ShardEntry, read_manifest
+
+Transform = Callable[[torch.Tensor], Any]
+
+
+class ImageConverter:
+    """Turns a stored HWC array into the CHW tensor a model wants.
+
+    uint8 storage with ``normalize=True`` gives float32 ``(x / 255 - mean) / std`` with the mean and
+    std recorded in the manifest (or ``x / 255`` when none was recorded); ``normalize=False`` gives
+    the uint8 pixels. Float storage is already normalized: it is returned as float32, or in its
+    stored dtype with ``normalize=False``.
+    """
+
+    def __init__(self, manifest: Manifest, normalize: bool = True) -> None:
+        self.normalize = normalize
+        self.stored_dtype = np.dtype(manifest.fields["image"]["dtype"])
+        norm = manifest.preprocess.get("normalize")
+        self.mean = torch.tensor(norm["mean"], dtype=torch.float32).view(-1, 1, 1) if norm else None
+        self.std = torch.tensor(norm["std"], dtype=torch.float32).view(-1, 1, 1) if norm else None
+
+    def __call__(self, array: np.ndarray) -> torch.Tensor:
+        """CHW tensor of one HWC image array."""
+        t = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+        if not self.normalize:
+            return t
+        if self.stored_dtype != np.uint8:
+            return t.float()
+        t = t.float().div_(255.0)
+        if self.mean is not None:
+            t.sub_(self.mean).div_(self.std)
+        return t
+
+
+def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform], meta: Optional[dict]):
+    """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``."""
+    if transform is not None:
+        image = transform(image)
+    return (image, label) if meta is None else (image, label, meta)
+
+
+class PackedDataset(Dataset):
+    """Base of the map-style readers (npy, lmdb, hdf5): ``len``, random access, any sampler.
+
+    ``dataset[i]`` is ``(image, label)``: image a CHW tensor (see ImageConverter), label an int
+    (-1 for unlabelled data). With ``return_meta=True`` a third item ``{"index", "key", "label"}``
+    gives the sample's position, its source path relative to the converted folder, and its label.
+    ``transform`` is applied to the image tensor (random augmentation at training time).
+    """
+
+    format_name: str = ""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        normalize: bool = True,
+        transform: Optional[Transform] = None,
+        return_meta: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self.manifest = read_manifest(self.root, expect_format=self.format_name or None)
+        self.convert = ImageConverter(self.manifest, normalize)
+        self.transform = transform
+        self.return_meta = return_meta
+        self._offsets = self.manifest.shard_offsets
+        self._handles: dict[int, Any] = {}
+        self._labels: dict[int, np.ndarray] = {}
+        self._pid: Optional[int] = None
+
+    @property
+    def classes(self) -> Optional[list[str]]:
+        """Class names by index, or None for unlabelled data."""
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return self.manifest.samples
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, index within the shard) of dataset index ``index``; negatives count from the end."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        shard = bisect.bisect_right(self._offsets, index) - 1
+        return shard, index - self._offsets[shard]
+
+    def __getitem__(self, index: int):
+        shard, local = self.locate(int(index))
+        handle = self._handle(shard)
+        image = self.convert(self.read_image(handle, local))
+        label = int(self._shard_labels(shard)[local])
+        meta = None
+        if self.return_meta:
+            meta = {"index": self._offsets[shard] + local, "key": self.read_key(handle, local), "label": label}
+        return build_sample(image, label, self.transform, meta)
+
+    # Per-format parts -------------------------------------------------------------------------
+    def open_shard(self, shard: ShardEntry) -> Any:
+        """Open one shard's files; called once per shard per process."""
+        raise NotImplementedError
+
+    def read_image(self, handle: Any, local: int) -> np.ndarray:
+        """The stored HWC image at ``local`` in an open shard."""
+        raise NotImplementedError
+
+    def read_labels(self, handle: Any) -> np.ndarray:
+        """All labels of an open shard, int64."""
+        raise NotImplementedError
+
+    def read_key(self, handle: Any, local: int) -> str:
+        """The sample key (relative source path) at ``local`` in an open shard."""
+        raise NotImplementedError
+
+    def close_shard(self, handle: Any) -> None:
+        """Release an open shard."""
+
+    # Handle lifecycle -------------------------------------------------------------------------
+    def path(self, relpath: str) -> Path:
+        """Absolute path of a file named in the manifest, checked to exist."""
+        p = self.root / relpath
+        if not p.is_file():
+            raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete")
+        return p
+
+    def _handle(self, shard: int) -> Any:
+        if self._pid != os.getpid():
+            # A fresh process (forked worker): handles inherited from the parent must not be used.
+            self._handles, self._labels, self._pid = {}, {}, os.getpid()
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = self.open_shard(self.manifest.shards[shard])
+        return handle
+
+    def _shard_labels(self, shard: int) -> np.ndarray:
+        labels = self._labels.get(shard)
+        if labels is None:
+            labels = self._labels[shard] = self.read_labels(self._handle(shard))
+        return labels
+
+    def close(self) -> None:
+        """Close every open shard in this process."""
+        if self._pid == os.getpid():
+            for handle in self._handles.values():
+                self.close_shard(handle)
+        self._handles, self._labels = {}, {}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_handles"], state["_labels"], state["_pid"] = {}, {}, None
+        return state
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, shards={len(self.manifest.shards)})"

@@ -1,0 +1,47 @@
+"""Shared test helpers: real image files made in temporary folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+FORMATS = ("npy", "lmdb", "hdf5", "wds")
+
+
+def write_image(path: Path, size: tuple[int, int] = (64, 48), mode: str = "RGB", seed: int = 0, **save) -> Path:
+    """Write a smooth random image (so JPEG keeps it recognisable) of ``size`` (w, h) and ``mode``."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}.get(mode, 3)
+    base = rng.integers(0, 256, size=(max(1, h // 8), max(1, w // 8), channels), dtype=np.uint8)
+    small = Image.fromarray(base.squeeze(-1) if channels == 1 else base, mode if mode in ("RGB", "RGBA", "L", "LA") else "RGB")
+    img = small.resize((w, h), Image.BILINEAR)
+    if img.mode != mode:
+        img = img.convert(mode)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path, **save)
+    return path
+
+
+def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 48), ext: str = "png") -> list[Path]:
+    """A class-folder tree: ``classes`` maps class name to file count; sizes vary a little per file."""
+    paths = []
+    for ci, (name, count) in enumerate(sorted(classes.items())):
+        for i in range(count):
+            w, h = size[0] + 7 * i, size[1] + 3 * ci
+            paths.append(write_image(root / name / f"img_{i:03d}.{ext}", (w, h), seed=100 * ci + i))
+    return paths
+
+
+@pytest.fixture
+def image_tree(tmp_path: Path) -> Path:
+    """Three classes of 5, 4 and 6 PNG images of varied sizes, plus litter that must be ignored."""
+    root = tmp_path / "images"
+    make_tree(root, {"ant": 5, "bee": 4, "cat": 6})
+    (root / "ant" / ".DS_Store").write_bytes(b"\0\1")
+    (root / "bee" / "Thumbs.db").write_bytes(b"\0\1")
+    (root / "cat" / "notes.txt").write_text("not an image")
+    return root

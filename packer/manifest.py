@@ -58,6 +58,7 @@ class Manifest:
     shards: list[ShardEntry]
     skipped: list[dict] = field(default_factory=list)
     source: dict = field(default_factory=dict)
+    sharding: dict = field(default_factory=dict)
     manifest_version: int = MANIFEST_VERSION
 
     def to_dict(self) -> dict:
@@ -71,6 +72,7 @@ class Manifest:
             "classes": self.classes,
             "fields": self.fields,
             "preprocess": self.preprocess,
+            "sharding": self.sharding,
             "shards": [s.to_dict() for s in self.shards],
             "skipped": self.skipped,
             "source": self.source,
@@ -95,6 +97,7 @@ class Manifest:
                 shards=shards,
                 skipped=d.get("skipped", []),
                 source=d.get("source", {}),
+                sharding=d.get("sharding", {}),
                 manifest_version=int(d.get("manifest_version", 1)),
             )
         except (KeyError, TypeError, ValueError) as e:

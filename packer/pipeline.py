@@ -131,7 +131,7 @@ def convert(
     try:
         jobs = [ShardJob(t, config.format, layout, pre, str(stage)) for t in tasks]
         results = run_jobs(jobs, workers, progress)
-        manifest = build_manifest(config, layout, found, tasks, results)
+        manifest = build_manifest(config, layout, found, results, workers)
         write_manifest(stage, manifest)
         publish(stage, output)
     except BaseException:
@@ -142,13 +142,14 @@ def convert(
 
 
 def build_manifest(
-    config: ConvertConfig, layout: ImageLayout, found: Discovery, tasks: list[ShardTask], results: list[ShardResult]
+    config: ConvertConfig, layout: ImageLayout, found: Discovery, results: list[ShardResult], workers: int
 ) -> Manifest:
     """Merge the shard results, in shard order, into the manifest."""
     shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
-    preprocess = config.preprocess.to_dict()
-    preprocess["shard_size"] = config.shard_size.describe()
+    sharding = {"shard_size": config.shard_size.describe()}
+    if config.shard_size.is_auto:
+        sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
     return Manifest(
         format=config.format,
         format_version=FORMAT_VERSIONS[config.format],
@@ -156,7 +157,8 @@ def build_manifest(
         samples=sum(r.samples for r in results),
         classes=found.classes,
         fields=layout.fields(),
-        preprocess=preprocess,
+        preprocess=config.preprocess.to_dict(),
+        sharding=sharding,
         shards=shards,
         skipped=skipped,
         source={"files": len(found.items) + len(found.skipped), "ignored": found.ignored},

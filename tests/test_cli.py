@@ -1,0 +1,100 @@
+"""The command line, in-process through click's runner and once as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import cli
+from packer.manifest import read_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_convert_prints_summary_and_skips_bad_files(image_tree, tmp_path):
+    (image_tree / "bee" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    out = tmp_path / "out"
+    result = run("convert", str(image_tree), "--format", "npy", "-o", str(out), "--size", "32x24", "-q")
+    assert result.exit_code == 0, result.output
+    assert "wrote 15 samples" in result.output
+    assert "skipped 1 file(s)" in result.output and "bee/broken.jpg" in result.output
+    assert "ignored 1 file(s) that are not images (.txt x1)" in result.output
+    m = read_manifest(out)
+    assert m.samples == 15 and m.fields["image"]["shape"] == [24, 32, 3]
+    assert [s["path"] for s in m.skipped] == ["bee/broken.jpg"]
+
+
+def test_default_output_is_beside_the_source(image_tree):
+    result = run("convert", str(image_tree), "-f", "wds", "-q", "--size", "16")
+    assert result.exit_code == 0, result.output
+    assert read_manifest(image_tree.parent / "images-wds").format == "wds"
+
+
+def test_info_human_and_json(image_tree, tmp_path):
+    out = tmp_path / "lmdb"
+    assert run("convert", str(image_tree), "-f", "lmdb", "-o", str(out), "-q", "--size", "16").exit_code == 0
+    human = run("info", str(out))
+    assert human.exit_code == 0
+    assert "lmdb output" in human.output and "15 in" in human.output and "ant, bee, cat" in human.output
+    data = json.loads(run("info", str(out), "--json").output)
+    assert data["format"] == "lmdb" and data["samples"] == 15 and data["classes"] == ["ant", "bee", "cat"]
+
+
+def test_usage_errors_exit_2_with_a_message(image_tree, tmp_path):
+    bad_size = run("convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--size", "big")
+    assert bad_size.exit_code == 2 and "WIDTHxHEIGHT" in bad_size.output
+    bad_norm = run("convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--normalize", "1,2,3")
+    assert bad_norm.exit_code == 2 and "--normalize" in bad_norm.output
+    no_format = run("convert", str(image_tree))
+    assert no_format.exit_code == 2 and "--format" in no_format.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
+    out = tmp_path / "o"
+    assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8").exit_code == 0
+    again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8")
+    assert again.exit_code == 1 and "--overwrite" in again.output and "Traceback" not in again.output
+    assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--overwrite").exit_code == 0
+    none_npy = run("convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--resize", "none")
+    assert none_npy.exit_code == 1 and "lmdb or wds" in none_npy.output
+    not_output = run("info", str(image_tree))
+    assert not_output.exit_code == 1 and "no manifest.json" in not_output.output
+
+
+def test_help_lists_every_option_with_its_default():
+    text = " ".join(run("convert", "--help").output.split())
+    for option, default in [("--size", "224"), ("--resize", "shorter-crop"), ("--normalize", "imagenet"),
+                            ("--dtype", "uint8"), ("--shard-size", "auto"), ("--mode", "RGB")]:
+        assert option in text and f"[default: {default}]" in text
+
+
+@pytest.mark.skipif(shutil.which("packer") is None, reason="the packer script is not installed")
+def test_installed_script_converts_sample_data(tmp_path):
+    """The README's first command, as a real subprocess on the real sample photographs."""
+    out = tmp_path / "lmdb"
+    proc = subprocess.run(["packer", "convert", str(ROOT / "sample_data" / "images"), "--format", "lmdb",
+                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 40 samples" in proc.stdout
+    m = read_manifest(out)
+    assert m.classes == ["cat", "coffee", "space", "texture"] and m.samples == 40 and not m.skipped
+    from readers import open_dataset
+
+    image, label = open_dataset(out)[39]
+    assert tuple(image.shape) == (3, 224, 224) and label == 3
+
+
+def test_python_dash_m_packer():
+    proc = subprocess.run([sys.executable, "-m", "packer", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "packer, version" in proc.stdout

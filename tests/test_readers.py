@@ -1,0 +1,173 @@
+"""Readers: exact pixels back, the same sample from every format, DataLoader workers, pickling."""
+
+from __future__ import annotations
+
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import FORMATS
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.discover import discover
+from packer.errors import ManifestError
+from packer.preprocess import load_image
+from readers import READERS, NpyDataset, WdsDataset, open_dataset
+
+PRE = PreprocessConfig(size=(40, 32))
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> dict[str, Path]:
+    """The conftest tree converted to every format, in 3 shards of at most 6 samples."""
+    from conftest import make_tree
+
+    root = tmp_path_factory.mktemp("src") / "images"
+    make_tree(root, {"ant": 5, "bee": 4, "cat": 6})
+    out = tmp_path_factory.mktemp("out")
+    result = {"_src": root}
+    for fmt in FORMATS:
+        convert(root, out / fmt, ConvertConfig(fmt, PRE, ShardSize(samples=6)), workers=2)
+        result[fmt] = out / fmt
+    return result
+
+
+def expected(src: Path) -> list[tuple[np.ndarray, int, str]]:
+    """What every reader must give back: the preprocessed pixels, labels and keys in source order."""
+    found = discover(src)
+    return [(np.array(load_image(i.path, PRE)), i.label, i.relpath) for i in found.items]
+
+
+def read_all(ds) -> list:
+    return list(ds) if isinstance(ds, WdsDataset) else [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pixels_labels_and_keys_equal_preprocessed_source(packed, fmt):
+    ds = open_dataset(packed[fmt], normalize=False, return_meta=True)
+    assert type(ds) is READERS[fmt]
+    assert len(ds) == 15 and ds.classes == ["ant", "bee", "cat"]
+    want = expected(packed["_src"])
+    got = read_all(ds)
+    assert len(got) == len(want)
+    for i, ((image, label, meta), (pixels, wlabel, key)) in enumerate(zip(got, want)):
+        assert image.dtype == torch.uint8 and image.shape == (3, 32, 40)
+        assert torch.equal(image, torch.from_numpy(pixels).permute(2, 0, 1))
+        assert label == wlabel and meta == {"index": i, "key": key, "label": wlabel}
+
+
+def test_every_format_gives_the_same_normalized_tensor(packed):
+    samples = {fmt: read_all(open_dataset(packed[fmt])) for fmt in FORMATS}
+    for i in range(15):
+        ref_image, ref_label = samples["npy"][i]
+        assert ref_image.dtype == torch.float32
+        for fmt in FORMATS[1:]:
+            image, label = samples[fmt][i]
+            assert torch.equal(image, ref_image) and label == ref_label
+
+
+def test_normalization_uses_the_manifest_statistics(packed):
+    raw = NpyDataset(packed["npy"], normalize=False)[3][0]
+    norm = NpyDataset(packed["npy"])[3][0]
+    mean = torch.tensor(PRE.mean).view(3, 1, 1)
+    std = torch.tensor(PRE.std).view(3, 1, 1)
+    torch.testing.assert_close(norm, (raw.float() / 255 - mean) / std)
+
+
+def test_float_storage_returns_stored_normalized_values(tmp_path, packed):
+    out = tmp_path / "f16"
+    pre = PreprocessConfig(size=(40, 32), dtype="float16")
+    convert(packed["_src"], out, ConvertConfig("npy", pre), workers=1)
+    stored = open_dataset(out)[0][0]
+    assert stored.dtype == torch.float32
+    torch.testing.assert_close(stored, NpyDataset(packed["npy"])[0][0], atol=2e-3, rtol=1e-3)
+    assert open_dataset(out, normalize=False)[0][0].dtype == torch.float16
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dataloader_with_two_workers_sees_every_sample_once(packed, fmt):
+    options = {"shuffle": 4, "seed": 1} if fmt == "wds" else {}
+    ds = open_dataset(packed[fmt], return_meta=True, **options)
+    if fmt != "wds":
+        ds[0]  # handles opened in the parent must not leak into the forked workers
+    loader = DataLoader(ds, batch_size=4, shuffle=fmt != "wds", num_workers=2)
+    seen, labels = [], []
+    for images, label, meta in loader:
+        assert images.shape[1:] == (3, 32, 40) and images.dtype == torch.float32
+        seen += meta["index"].tolist()
+        labels += label.tolist()
+        assert label.tolist() == meta["label"].tolist()
+    assert sorted(seen) == list(range(15))
+    assert sorted(labels) == [0] * 5 + [1] * 4 + [2] * 6
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_pickled_reader_is_small_and_holds_no_handles(packed, fmt):
+    ds = open_dataset(packed[fmt])
+    next(iter(ds)) if fmt == "wds" else ds[7]
+    blob = pickle.dumps(ds)
+    assert len(blob) < 20_000
+    clone = pickle.loads(blob)
+    first = next(iter(clone)) if fmt == "wds" else clone[7]
+    again = next(iter(ds)) if fmt == "wds" else ds[7]
+    assert torch.equal(first[0], again[0])
+
+
+def test_transform_and_negative_index(packed):
+    ds = NpyDataset(packed["npy"], transform=lambda t: t.flip(-1))
+    plain = NpyDataset(packed["npy"])
+    assert torch.equal(ds[-1][0], plain[14][0].flip(-1))
+    with pytest.raises(IndexError):
+        plain[15]
+
+
+def test_wds_shuffle_depends_on_seed_and_epoch(packed):
+    def order(epoch, seed=0):
+        ds = WdsDataset(packed["wds"], shuffle=8, seed=seed, return_meta=True)
+        ds.set_epoch(epoch)
+        return [m["index"] for _, _, m in ds]
+
+    assert sorted(order(0)) == list(range(15))
+    assert order(0) == order(0)
+    assert order(0) != order(1)
+    assert order(0) != order(0, seed=5)
+    assert [m["index"] for _, _, m in WdsDataset(packed["wds"], return_meta=True)] == list(range(15))
+
+
+def test_missing_shard_file_is_named(tmp_path, packed):
+    import shutil
+
+    copy = tmp_path / "npy"
+    shutil.copytree(packed["npy"], copy)
+    (copy / "shard-00001.images.npy").unlink()
+    ds = NpyDataset(copy)
+    ds[0]
+    with pytest.raises(ManifestError, match="shard-00001.images.npy"):
+        ds[7]
+
+
+def test_reader_refuses_folder_without_manifest_and_wrong_format(tmp_path, packed):
+    with pytest.raises(ManifestError, match="no manifest.json"):
+        open_dataset(tmp_path)
+    with pytest.raises(ManifestError, match="not npy"):
+        NpyDataset(packed["lmdb"])
+
+
+def test_wds_reader_refuses_unsafe_member_names(tmp_path, packed):
+    import io
+    import shutil
+
+    copy = tmp_path / "wds"
+    shutil.copytree(packed["wds"], copy)
+    shard = copy / "shard-00000.tar"
+    with tarfile.open(shard, "w") as tar:
+        info = tarfile.TarInfo("../evil.npy")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(ManifestError, match="unsafe"):
+        list(WdsDataset(copy))

@@ -73,10 +73,20 @@ def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] =
 
 
 def _walk(root: Path) -> tuple[list[str], dict[str, int]]:
-    """All image files under root as sorted POSIX relative paths, and ignored files by extension."""
+    """All image files under root as sorted POSIX relative paths, and ignored files by extension.
+
+    Symlinked folders are followed, each real folder at most once, so a symlink loop cannot hang
+    the walk.
+    """
     found: list[str] = []
     ignored: Counter[str] = Counter()
-    for dirpath, dirnames, filenames in os.walk(root):
+    seen: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirnames[:] = [d for d in dirnames if not is_litter(d)]
         rel_dir = Path(dirpath).relative_to(root)
         for name in filenames:
@@ -108,12 +118,15 @@ def _with_labels_file(root: Path, files: list[str], ignored: dict[str, int], lab
         else:
             skipped.append(Skipped(rel, f"no label in {labels_file.name}"))
     for rel in sorted(set(labels) - present):
-        skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found under {root}"))
+        skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found in the source folder"))
     return Discovery(root, items, classes, skipped, ignored)
 
 
 def read_labels_file(path: Path) -> dict[str, str]:
-    """Read a CSV of ``relative path,label`` rows (an optional header row is skipped)."""
+    """Read a CSV of ``relative path,label`` rows.
+
+    A first row whose path has no image extension (``path,label``, ``file_name,label``) is a header.
+    """
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
     labels: dict[str, str] = {}
@@ -124,8 +137,8 @@ def read_labels_file(path: Path) -> dict[str, str]:
             if len(row) < 2:
                 raise InputError(f"{path}:{lineno}: expected 'relative path,label', got {row!r}")
             rel, label = row[0].strip(), row[1].strip()
-            if lineno == 1 and rel.lower() in ("path", "relpath", "file", "filename", "image"):
-                continue
+            if not labels and not is_image_name(rel):
+                continue  # the header row
             rel = PurePosixPath(rel.replace("\\", "/")).as_posix()
             if rel in labels and labels[rel] != label:
                 raise InputError(f"{path}:{lineno}: {rel} is listed twice with different labels")

@@ -148,12 +148,14 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
         raise ManifestError(f"{path} cannot be read as JSON: {e}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path} is not a packer manifest")
-    manifest = Manifest.from_dict(data, str(path))
-    if manifest.manifest_version > MANIFEST_VERSION:
+    version = data.get("manifest_version", 1)
+    if isinstance(version, int) and version > MANIFEST_VERSION:
+        # Checked before parsing: a newer manifest may have a different layout.
         raise ManifestError(
-            f"{path} has manifest version {manifest.manifest_version}; this packer reads up to "
+            f"{path} has manifest version {version}; this packer reads up to "
             f"{MANIFEST_VERSION}. Upgrade packer to read it."
         )
+    manifest = Manifest.from_dict(data, str(path))
     if manifest.format not in FORMAT_VERSIONS:
         raise ManifestError(f"{path}: unknown format {manifest.format!r}; known: {', '.join(FORMAT_VERSIONS)}")
     if manifest.format_version > FORMAT_VERSIONS[manifest.format]:

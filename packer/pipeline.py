@@ -73,8 +73,8 @@ def plan_shards(
     elif size.bytes is not None:
         per = max(1, int(size.bytes // max(sample_bytes, 1)))
     else:
-        shards = max(1, math.ceil(n * sample_bytes / DEFAULT_SHARD_BYTES))
-        shards = min(n, math.ceil(shards / workers) * workers)
+        most = max(1, int(DEFAULT_SHARD_BYTES // max(sample_bytes, 1)))  # samples in 256 MiB
+        shards = min(n, math.ceil(math.ceil(n / most) / workers) * workers)
         base, extra = divmod(n, shards)
         bounds, start = [], 0
         for i in range(shards):

@@ -43,12 +43,16 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
         raise
     except UnidentifiedImageError:
         raise DecodeError(str(path), "not a readable image (unknown or corrupt format)") from None
+    except FileNotFoundError:
+        raise DecodeError(str(path), "file not found (removed while packer ran?)") from None
     except PermissionError as e:
         raise DecodeError(str(path), f"cannot read file: {e.strerror or e}") from None
     except Image.DecompressionBombError as e:
         raise DecodeError(str(path), f"image too large: {e}") from None
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as e:
         # Pillow reports truncated and corrupt data as OSError/SyntaxError/ValueError/EOFError.
+        if isinstance(e, OSError) and e.filename is not None:  # an I/O error: no path in the reason
+            raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
         raise DecodeError(str(path), f"corrupt or truncated image: {e}") from None
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]

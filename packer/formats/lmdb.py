@@ -70,10 +70,11 @@ class LmdbWriter:
         self._pending_bytes = 0
 
     def close(self) -> list[str]:
-        """Commit the rest, the labels and the length, flush to disk and close."""
+        """Commit the rest, the labels and the length, and close."""
         self._pending.append((LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))))
         self._pending.append((LMDB_LENGTH, str(len(self.labels)).encode("ascii")))
         self._commit()
-        self._env.sync(True)
+        # No fsync here, as for the other formats: the manifest, written last, is what makes an
+        # output complete, and the data is in the page cache for any process that reads it.
         self._env.close()
         return [self.file_name]

@@ -1,0 +1,266 @@
+"""PreprocessConfig validation and the command-line value parsers."""
+
+import json
+
+import pytest
+
+from packer.config import (
+    DEFAULT_SHARD_BYTES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PreprocessConfig,
+    ShardSize,
+    parse_normalize,
+    parse_shard_size,
+    parse_size,
+)
+from packer.errors import ConfigError
+
+# --------------------------------------------------------------------------- PreprocessConfig
+
+
+def test_defaults():
+    cfg = PreprocessConfig()
+    assert cfg.size == (224, 224)
+    assert cfg.resize == "shorter-crop"
+    assert cfg.mode == "RGB"
+    assert cfg.channels == 3
+    assert cfg.fill == (0, 0, 0)
+    assert cfg.background == (255, 255, 255)
+    assert cfg.mean == IMAGENET_MEAN
+    assert cfg.std == IMAGENET_STD
+    assert cfg.dtype == "uint8"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"resize": "crop"},
+        {"resize": ""},
+        {"mode": "RGBA"},
+        {"mode": "rgb"},
+        {"dtype": "float64"},
+        {"dtype": "int8"},
+        {"interpolation": "cubic"},
+    ],
+)
+def test_bad_choices_raise(kwargs):
+    with pytest.raises(ConfigError):
+        PreprocessConfig(**kwargs)
+
+
+def test_config_error_is_value_error():
+    with pytest.raises(ValueError):
+        PreprocessConfig(resize="bogus")
+
+
+@pytest.mark.parametrize("size", [None, (0, 10), (10, 0), (224,), (1, 2, 3)])
+def test_bad_size_raises(size):
+    with pytest.raises(ConfigError):
+        PreprocessConfig(size=size)
+
+
+def test_resize_none_drops_size():
+    cfg = PreprocessConfig(size=(10, 20), resize="none")
+    assert cfg.size is None
+    assert cfg.image_shape is None
+
+
+def test_image_shape_is_height_width_channels():
+    assert PreprocessConfig(size=(256, 192)).image_shape == (192, 256, 3)
+    assert PreprocessConfig(size=(32, 24), mode="L").image_shape == (24, 32, 1)
+
+
+def test_single_values_broadcast_to_rgb():
+    cfg = PreprocessConfig(fill=(7,), background=(9,), mean=(0.5,), std=(0.25,))
+    assert cfg.fill == (7, 7, 7)
+    assert cfg.background == (9, 9, 9)
+    assert cfg.mean == (0.5, 0.5, 0.5)
+    assert cfg.std == (0.25, 0.25, 0.25)
+
+
+def test_per_channel_values_kept_and_typed():
+    cfg = PreprocessConfig(fill=(1.0, 2.0, 3.0), mean=(1, 0, 0), std=(1, 2, 3))
+    assert cfg.fill == (1, 2, 3)
+    assert all(isinstance(v, int) for v in cfg.fill)
+    assert cfg.mean == (1.0, 0.0, 0.0)
+    assert all(isinstance(v, float) for v in cfg.mean + cfg.std)
+
+
+def test_grayscale_averages_rgb_settings():
+    cfg = PreprocessConfig(mode="L")  # imagenet stats, RGB fill and background defaults
+    assert cfg.channels == 1
+    assert cfg.mean == pytest.approx((0.449,))
+    assert cfg.std == pytest.approx((0.226,))
+    assert len(cfg.mean) == len(cfg.std) == 1
+    assert cfg.fill == (0,)
+    assert cfg.background == (255,)
+    cfg = PreprocessConfig(mode="L", fill=(10, 20, 60), background=(1, 2, 4))
+    assert cfg.fill == (30,)
+    assert cfg.background == (2,)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fill": (1, 2)},
+        {"background": (1, 2, 3, 4)},
+        {"mean": (0.1, 0.2), "std": (0.1, 0.2)},
+        {"mode": "L", "fill": (1, 2)},
+    ],
+)
+def test_wrong_value_count_raises(kwargs):
+    with pytest.raises(ConfigError):
+        PreprocessConfig(**kwargs)
+
+
+def test_mean_without_std_raises():
+    with pytest.raises(ConfigError):
+        PreprocessConfig(mean=(0.5,), std=None)
+    with pytest.raises(ConfigError):
+        PreprocessConfig(mean=None, std=(0.5,))
+
+
+@pytest.mark.parametrize("std", [(0.0,), (-1.0,), (0.2, 0.0, 0.2)])
+def test_non_positive_std_raises(std):
+    with pytest.raises(ConfigError):
+        PreprocessConfig(mean=(0.5,), std=std)
+
+
+def test_no_normalization():
+    cfg = PreprocessConfig(mean=None, std=None)
+    assert cfg.mean is None and cfg.std is None
+    assert cfg.to_dict()["normalize"] is None
+
+
+def test_to_dict_form():
+    d = PreprocessConfig(size=(32, 24)).to_dict()
+    assert "mean" not in d and "std" not in d
+    assert d["normalize"] == {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    assert tuple(d["size"]) == (32, 24)
+    assert d["dtype"] == "uint8"
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PreprocessConfig(),
+        PreprocessConfig(size=(32, 24), resize="pad", fill=(1, 2, 3), interpolation="lanczos"),
+        PreprocessConfig(mode="L", dtype="float16", background=(5,)),
+        PreprocessConfig(resize="none", mean=None, std=None, dtype="float32"),
+        PreprocessConfig(size=(8, 8), resize="stretch", mean=(0.5,), std=(0.5,)),
+    ],
+)
+def test_dict_round_trip_through_json(cfg):
+    d = json.loads(json.dumps(cfg.to_dict()))
+    back = PreprocessConfig.from_dict(d)
+    assert back == cfg
+    assert back.to_dict() == cfg.to_dict()
+
+
+# --------------------------------------------------------------------------- parse_size
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("224", (224, 224)),
+        ("256x192", (256, 192)),
+        ("256X192", (256, 192)),
+        (" 32 x 24 ", (32, 24)),
+        ("1", (1, 1)),
+    ],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "0x10", "10x0", "224x", "x224", "-5", "2.5", "10x10x3", "10,10"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ConfigError):
+        parse_size(text)
+
+
+# --------------------------------------------------------------------------- parse_normalize
+
+
+def test_parse_normalize_keywords():
+    assert parse_normalize("imagenet") == (IMAGENET_MEAN, IMAGENET_STD)
+    assert parse_normalize(" ImageNet ") == (IMAGENET_MEAN, IMAGENET_STD)
+    assert parse_normalize("none") == (None, None)
+    assert parse_normalize("NONE") == (None, None)
+
+
+def test_parse_normalize_two_numbers():
+    assert parse_normalize("0.5,0.5") == ((0.5,), (0.5,))
+    assert parse_normalize("0.1,0.2") == ((0.1,), (0.2,))
+
+
+def test_parse_normalize_six_numbers_means_first():
+    mean, std = parse_normalize("0.485,0.456,0.406,0.229,0.224,0.225")
+    assert mean == (0.485, 0.456, 0.406)
+    assert std == (0.229, 0.224, 0.225)
+
+
+def test_parse_normalize_feeds_config():
+    mean, std = parse_normalize("0.5,0.25")
+    cfg = PreprocessConfig(mean=mean, std=std)
+    assert cfg.mean == (0.5, 0.5, 0.5) and cfg.std == (0.25, 0.25, 0.25)
+
+
+@pytest.mark.parametrize("text", ["", "0.5", "1,2,3", "a,b", "imagenet2", "0.5,,0.5", "0.5;0.5"])
+def test_parse_normalize_rejects(text):
+    with pytest.raises(ConfigError):
+        parse_normalize(text)
+
+
+# --------------------------------------------------------------------------- parse_shard_size
+
+
+def test_parse_shard_size_auto():
+    s = parse_shard_size("auto")
+    assert s.is_auto
+    assert s == ShardSize()
+    assert s.describe() == "auto"
+    assert parse_shard_size(" AUTO ").is_auto
+
+
+def test_parse_shard_size_samples():
+    s = parse_shard_size("1000")
+    assert s == ShardSize(samples=1000)
+    assert s.bytes is None and not s.is_auto
+    assert s.describe() == "1000 samples"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("256MB", 256 * 1000**2),
+        ("256mb", 256 * 1000**2),
+        ("256 MB", 256 * 1000**2),
+        ("1GiB", 1024**3),
+        ("256MiB", DEFAULT_SHARD_BYTES),
+        ("10kb", 10_000),
+        ("1.5MB", 1_500_000),
+        ("100b", 100),
+        ("2g", 2 * 1000**3),
+    ],
+)
+def test_parse_shard_size_bytes(text, expected):
+    s = parse_shard_size(text)
+    assert s == ShardSize(bytes=expected)
+    assert s.samples is None
+    assert s.describe() == f"{expected} bytes"
+
+
+@pytest.mark.parametrize("text", ["1.5", "abc", "", "0", "-5", "10TB", "MB", "1e3"])
+def test_parse_shard_size_rejects(text):
+    with pytest.raises(ConfigError):
+        parse_shard_size(text)
+
+
+def test_shard_size_not_both():
+    with pytest.raises(ConfigError):
+        ShardSize(samples=1, bytes=1)
+    with pytest.raises(ConfigError):
+        ShardSize(bytes=0)

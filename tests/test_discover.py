@@ -1,0 +1,322 @@
+"""Discovery: class folders, litter, ignored files, labels files, deterministic order."""
+
+import os
+
+import pytest
+
+from packer.discover import discover, is_image_name, is_litter, read_labels_file
+from packer.errors import InputError
+from packer.records import UNLABELLED, Skipped
+
+from conftest import make_tree, write_image
+
+
+def touch(path, data=b"x"):
+    """A file whose content does not matter to discovery."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def rels(found):
+    return [i.relpath for i in found.items]
+
+
+def test_class_folders_sorted_with_indices(tmp_path):
+    for name in ["zebra", "Apple", "mango"]:
+        touch(tmp_path / name / "a.png")
+    found = discover(tmp_path)
+    assert found.classes == ["Apple", "mango", "zebra"]
+    assert [(i.relpath, i.label) for i in found.items] == [
+        ("Apple/a.png", 0),
+        ("mango/a.png", 1),
+        ("zebra/a.png", 2),
+    ]
+    assert [i.index for i in found.items] == [0, 1, 2]
+    assert found.skipped == [] and found.ignored == {}
+
+
+def test_item_paths_point_at_files(image_tree):
+    found = discover(image_tree)
+    assert found.root == image_tree
+    assert len(found.items) == 15
+    for item in found.items:
+        assert os.path.isfile(item.path)
+        assert os.path.samefile(item.path, image_tree / item.relpath)
+
+
+def test_image_tree_fixture(image_tree):
+    found = discover(image_tree)
+    assert found.classes == ["ant", "bee", "cat"]
+    assert [i.label for i in found.items] == [0] * 5 + [1] * 4 + [2] * 6
+    assert rels(found)[:2] == ["ant/img_000.png", "ant/img_001.png"]
+    assert found.ignored == {".txt": 1}
+    assert found.skipped == []
+
+
+def test_deeper_files_belong_to_top_level_class(tmp_path):
+    touch(tmp_path / "cat" / "a.png")
+    touch(tmp_path / "cat" / "sub" / "deeper" / "b.png")
+    touch(tmp_path / "dog" / "x" / "c.jpg")
+    found = discover(tmp_path)
+    assert found.classes == ["cat", "dog"]
+    assert [(i.relpath, i.label) for i in found.items] == [
+        ("cat/a.png", 0),
+        ("cat/sub/deeper/b.png", 0),
+        ("dog/x/c.jpg", 1),
+    ]
+
+
+def test_flat_folder_is_unlabelled(tmp_path):
+    for name in ["b.png", "a.jpg", "c.webp"]:
+        touch(tmp_path / name)
+    found = discover(tmp_path)
+    assert found.classes is None
+    assert rels(found) == ["a.jpg", "b.png", "c.webp"]
+    assert all(i.label == UNLABELLED == -1 for i in found.items)
+    assert found.skipped == []
+
+
+def test_litter_ignored(tmp_path):
+    touch(tmp_path / "cat" / "a.png")
+    touch(tmp_path / "cat" / ".DS_Store")
+    touch(tmp_path / "cat" / "._a.png")
+    touch(tmp_path / "cat" / ".hidden.png")
+    touch(tmp_path / "cat" / "Thumbs.db")
+    touch(tmp_path / "cat" / "thumbs.db")
+    touch(tmp_path / "cat" / "desktop.ini")
+    touch(tmp_path / "cat" / "Desktop.INI")
+    touch(tmp_path / "cat" / "ehthumbs.db")
+    touch(tmp_path / ".hidden" / "b.png")  # hidden top-level folder: not a class
+    touch(tmp_path / "cat" / ".thumbnails" / "c.png")  # hidden subfolder
+    touch(tmp_path / "._dog.png")
+    touch(tmp_path / ".DS_Store")
+    found = discover(tmp_path)
+    assert found.classes == ["cat"]
+    assert rels(found) == ["cat/a.png"]
+    assert found.skipped == []
+    assert found.ignored == {}
+
+
+def test_is_litter_and_is_image_name():
+    assert is_litter(".DS_Store") and is_litter("._x.jpg") and is_litter("THUMBS.DB")
+    assert not is_litter("a.jpg") and not is_litter("thumbs.db.jpg")
+    for name in ["a.jpg", "a.JPEG", "b.Png", "c.bmp", "d.gif", "e.WebP", "f.tif", "g.TIFF"]:
+        assert is_image_name(name), name
+    for name in ["a.txt", "a", "jpg", "a.jpg.bak", "a.svg"]:
+        assert not is_image_name(name), name
+
+
+def test_upper_case_extensions_recognised(tmp_path):
+    touch(tmp_path / "A.JPG")
+    touch(tmp_path / "b.Png")
+    touch(tmp_path / "c.JPEG")
+    found = discover(tmp_path)
+    assert rels(found) == ["A.JPG", "b.Png", "c.JPEG"]
+    assert found.ignored == {}
+
+
+def test_non_images_counted_by_extension(tmp_path):
+    touch(tmp_path / "cat" / "a.png")
+    touch(tmp_path / "cat" / "notes.txt")
+    touch(tmp_path / "cat" / "more.TXT")
+    touch(tmp_path / "cat" / "data.csv")
+    touch(tmp_path / "cat" / "README")
+    touch(tmp_path / "cat" / "x" / "y.json")
+    found = discover(tmp_path)
+    assert rels(found) == ["cat/a.png"]
+    assert found.ignored == {".txt": 2, ".csv": 1, "(no extension)": 1, ".json": 1}
+    assert list(found.ignored) == sorted(found.ignored)
+
+
+def test_empty_class_folder_kept(tmp_path):
+    touch(tmp_path / "a" / "1.png")
+    (tmp_path / "b").mkdir()
+    touch(tmp_path / "c" / "1.png")
+    found = discover(tmp_path)
+    assert found.classes == ["a", "b", "c"]
+    assert [i.label for i in found.items] == [0, 2]
+
+
+def test_root_files_beside_class_folders_skipped(tmp_path):
+    touch(tmp_path / "cat" / "a.png")
+    touch(tmp_path / "stray.jpg")
+    touch(tmp_path / "readme.md")
+    found = discover(tmp_path)
+    assert rels(found) == ["cat/a.png"]
+    assert found.items[0].index == 0
+    assert [s.path for s in found.skipped] == ["stray.jpg"]
+    assert "class folder" in found.skipped[0].reason
+    assert found.ignored == {".md": 1}
+
+
+def test_order_is_sorted_and_deterministic(tmp_path):
+    names = ["b/10.png", "b/2.png", "a/z.png", "a/B.png", "a/a.png", "b/sub/0.png", "c/é.png"]
+    for n in reversed(names):
+        touch(tmp_path / n)
+    first = discover(tmp_path)
+    assert rels(first) == sorted(names)
+    assert [i.index for i in first.items] == list(range(len(names)))
+    again = discover(tmp_path)
+    assert again.items == first.items
+    assert again.classes == first.classes
+
+
+def test_items_cover_make_tree(tmp_path):
+    paths = make_tree(tmp_path, {"x": 2, "y": 3})
+    found = discover(tmp_path)
+    assert sorted(str(p) for p in paths) == [i.path for i in found.items]
+
+
+def test_missing_source_raises(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        discover(tmp_path / "nope")
+
+
+def test_source_is_a_file_raises(tmp_path):
+    f = touch(tmp_path / "a.png")
+    with pytest.raises(InputError):
+        discover(f)
+
+
+def test_symlinked_class_folder_files_found(tmp_path):
+    """A class folder that is a symlink counts as a class, so its files must be found too."""
+    real = tmp_path / "elsewhere" / "dogs"
+    touch(real / "d.png")
+    src = tmp_path / "src"
+    touch(src / "cat" / "c.png")
+    os.symlink(real, src / "dog")
+    found = discover(src)
+    assert found.classes == ["cat", "dog"]
+    assert [(i.relpath, i.label) for i in found.items] == [("cat/c.png", 0), ("dog/d.png", 1)]
+
+
+# --------------------------------------------------------------------------- labels files
+
+
+def labelled_tree(tmp_path):
+    src = tmp_path / "src"
+    for rel in ["a.png", "b.png", "sub/c.png", "d.png"]:
+        touch(src / rel)
+    return src
+
+
+def test_labels_csv_with_header_and_class_names(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\na.png,dog\nb.png,cat\nsub/c.png,dog\nd.png,cat\n")
+    found = discover(src, csv)
+    assert found.classes == ["cat", "dog"]
+    assert [(i.relpath, i.label) for i in found.items] == [
+        ("a.png", 1),
+        ("b.png", 0),
+        ("d.png", 0),
+        ("sub/c.png", 1),
+    ]
+    assert found.skipped == []
+
+
+def test_labels_csv_without_header(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,dog\nb.png,cat\nsub/c.png,dog\nd.png,cat\n")
+    found = discover(src, csv)
+    assert found.classes == ["cat", "dog"]
+    assert len(found.items) == 4
+
+
+def test_labels_csv_integer_labels(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,3\nb.png,0\nsub/c.png,3\nd.png,1\n")
+    found = discover(src, csv)
+    assert found.classes == ["0", "1", "2", "3"]
+    assert {i.relpath: i.label for i in found.items} == {"a.png": 3, "b.png": 0, "sub/c.png": 3, "d.png": 1}
+
+
+def test_labels_csv_overrides_class_folders(tmp_path):
+    src = tmp_path / "src"
+    touch(src / "cat" / "1.png")
+    touch(src / "dog" / "2.png")
+    csv = tmp_path / "labels.csv"
+    csv.write_text("cat/1.png,b\ndog/2.png,a\n")
+    found = discover(src, csv)
+    assert found.classes == ["a", "b"]
+    assert [(i.relpath, i.label) for i in found.items] == [("cat/1.png", 1), ("dog/2.png", 0)]
+
+
+def test_labels_csv_unlisted_and_missing_files_skipped(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,x\nsub/c.png,y\nd.png,x\ngone.png,y\n")
+    found = discover(src, csv)
+    assert rels(found) == ["a.png", "d.png", "sub/c.png"]
+    assert [i.index for i in found.items] == [0, 1, 2]
+    by_path = {s.path: s.reason for s in found.skipped}
+    assert set(by_path) == {"b.png", "gone.png"}
+    assert "no label" in by_path["b.png"] and "labels.csv" in by_path["b.png"]
+    assert "not found" in by_path["gone.png"]
+
+
+def test_labels_csv_comments_blank_lines_and_backslashes(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("# a comment\n\na.png, x \nsub\\c.png,y\n./b.png,x\nd.png,y\n")
+    found = discover(src, csv)
+    assert {i.relpath: i.label for i in found.items} == {"a.png": 0, "b.png": 0, "sub/c.png": 1, "d.png": 1}
+    assert found.skipped == []
+
+
+def test_labels_csv_conflicting_duplicates_raise(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,x\nb.png,y\na.png,y\n")
+    with pytest.raises(InputError, match="a.png"):
+        discover(src, csv)
+
+
+def test_labels_csv_identical_duplicates_allowed(tmp_path):
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,x\na.png,x\n")
+    assert read_labels_file(csv) == {"a.png": "x"}
+
+
+def test_labels_csv_short_row_raises(tmp_path):
+    csv = tmp_path / "labels.csv"
+    csv.write_text("a.png,x\nb.png\n")
+    with pytest.raises(InputError, match=":2"):
+        read_labels_file(csv)
+
+
+def test_missing_labels_file_raises(tmp_path):
+    src = labelled_tree(tmp_path)
+    with pytest.raises(InputError, match="labels file"):
+        discover(src, tmp_path / "nope.csv")
+
+
+def test_skipped_record_to_dict():
+    assert Skipped("a.png", "why").to_dict() == {"path": "a.png", "reason": "why"}
+
+
+def test_write_image_files_discovered(tmp_path):
+    write_image(tmp_path / "one" / "x.JPG", format="JPEG")
+    found = discover(tmp_path)
+    assert rels(found) == ["one/x.JPG"] and found.classes == ["one"]
+
+
+def test_labels_csv_other_header_names(tmp_path):
+    src = labelled_tree(tmp_path)
+    csv = tmp_path / "labels.csv"
+    csv.write_text("file_name,label\na.png,dog\nb.png,cat\nsub/c.png,dog\nd.png,cat\n")
+    found = discover(src, csv)
+    assert found.classes == ["cat", "dog"]
+    assert found.skipped == []
+
+
+def test_symlink_loop_does_not_hang(tmp_path):
+    """A folder linking to its own parent is walked once, not forever."""
+    root = tmp_path / "src"
+    write_image(root / "a" / "x.png", (8, 8))
+    (root / "a" / "loop").symlink_to(root, target_is_directory=True)
+    found = discover(root)
+    assert [i.relpath for i in found.items] == ["a/x.png"]

@@ -1,0 +1,294 @@
+"""Format writers, checked against the documented layout with the stock libraries only."""
+
+import io
+import json
+import tarfile
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+
+import packer.formats.lmdb as lmdb_format
+from packer.errors import ConfigError
+from packer.formats import WRITERS, ImageLayout, get_writer
+from packer.formats.lmdb import LmdbWriter
+from packer.records import Sample
+
+H, W, C = 6, 5, 3
+FIXED = ImageLayout("uint8", (H, W, C), C)
+
+
+def make_samples(n, shape=(H, W, C), start=10, seed=0, dtype=np.uint8):
+    """``n`` random samples with global indices from ``start``, unicode keys and varied labels."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for j in range(n):
+        if dtype == np.uint8:
+            image = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        else:
+            image = rng.standard_normal(shape).astype(dtype)
+        out.append(Sample(start + j, f"clåss{j % 3}/img_{j:03d}.png", image, j % 3 if j != 1 else -1))
+    return out
+
+
+def write(fmt, directory, samples, layout=FIXED, capacity=None, name="shard-00003"):
+    writer = WRITERS[fmt](directory, name, layout, len(samples) if capacity is None else capacity)
+    for s in samples:
+        writer.add(s)
+    return writer.close()
+
+
+def test_writer_registry_matches_reader_registry():
+    import readers
+
+    assert set(WRITERS) == set(readers.READERS)
+    assert list(WRITERS) == list(readers.READERS)
+
+
+def test_get_writer():
+    for name, cls in WRITERS.items():
+        assert get_writer(name) is cls
+        assert cls.name == name
+    with pytest.raises(ConfigError, match="zarr"):
+        get_writer("zarr")
+
+
+def test_variable_shape_flags():
+    assert {n for n, w in WRITERS.items() if w.variable_shape} == {"lmdb", "wds"}
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_files_returned_are_all_the_files(tmp_path, fmt):
+    files = write(fmt, tmp_path, make_samples(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    assert all(f.startswith("shard-00003") for f in files)
+
+
+def test_layout_fields_and_bytes():
+    assert FIXED.sample_bytes == H * W * C
+    assert ImageLayout("float32", (2, 3, 1), 1).sample_bytes == 24
+    assert ImageLayout("uint8", None, 3).sample_bytes is None
+    f = FIXED.fields()
+    assert f["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C, "layout": "HWC"}
+    assert f["label"]["dtype"] == "int64"
+
+
+# --------------------------------------------------------------------------- npy
+
+
+@pytest.mark.parametrize("n", [0, 1, 70])
+def test_npy_layout(tmp_path, n):
+    samples = make_samples(n)
+    files = write("npy", tmp_path, samples)
+    assert files == ["shard-00003.images.npy", "shard-00003.labels.npy", "shard-00003.keys.npy"]
+    images = np.load(tmp_path / files[0], mmap_mode="r")
+    labels = np.load(tmp_path / files[1], mmap_mode="r")
+    keys = np.load(tmp_path / files[2])
+    assert isinstance(images, np.memmap)
+    assert images.shape == (n, H, W, C) and images.dtype == np.uint8
+    assert labels.shape == (n,) and labels.dtype == np.int64
+    assert keys.shape == (n,) and keys.dtype.kind == "U"
+    for i, s in enumerate(samples):
+        assert np.array_equal(images[i], s.image)
+        assert labels[i] == s.label
+        assert keys[i] == s.key
+
+
+def test_npy_fewer_samples_than_capacity(tmp_path):
+    samples = make_samples(3)
+    files = write("npy", tmp_path, samples, capacity=50)
+    images = np.load(tmp_path / files[0], mmap_mode="r")
+    assert images.shape == (3, H, W, C)
+    assert (tmp_path / files[0]).stat().st_size == images.offset + 3 * H * W * C
+    assert np.array_equal(images[2], samples[2].image)
+
+
+def test_npy_capacity_digits_grow(tmp_path):
+    """The header is written for the capacity first; a much larger final count must still fit."""
+    samples = make_samples(12, shape=(1, 1, 1))
+    files = write("npy", tmp_path, samples, layout=ImageLayout("uint8", (1, 1, 1), 1), capacity=1)
+    images = np.load(tmp_path / files[0])
+    assert images.shape == (12, 1, 1, 1)
+    assert [int(v) for v in images.ravel()] == [int(s.image.ravel()[0]) for s in samples]
+
+
+def test_npy_float32(tmp_path):
+    layout = ImageLayout("float32", (H, W, C), C)
+    samples = make_samples(4, dtype=np.float32)
+    files = write("npy", tmp_path, samples, layout=layout)
+    images = np.load(tmp_path / files[0], mmap_mode="r")
+    assert images.dtype == np.float32
+    assert np.array_equal(images[3], samples[3].image)
+
+
+# --------------------------------------------------------------------------- hdf5
+
+
+@pytest.mark.parametrize("n", [0, 1, 70])
+def test_hdf5_layout(tmp_path, n):
+    samples = make_samples(n)
+    files = write("hdf5", tmp_path, samples)
+    assert files == ["shard-00003.h5"]
+    with h5py.File(tmp_path / files[0], "r") as f:
+        assert set(f.keys()) == {"images", "labels", "keys"}
+        images, labels, keys = f["images"], f["labels"], f["keys"]
+        assert images.shape == (n, H, W, C) and images.dtype == np.uint8
+        assert images.chunks == (1, H, W, C)
+        assert labels.shape == (n,) and labels.dtype == np.int64
+        assert keys.shape == (n,)
+        assert h5py.check_string_dtype(keys.dtype).encoding == "utf-8"
+        key_values = list(keys.asstr()[:]) if n else []
+        image_values = images[:]
+        label_values = labels[:]
+    for i, s in enumerate(samples):
+        assert np.array_equal(image_values[i], s.image)
+        assert label_values[i] == s.label
+        assert key_values[i] == s.key
+
+
+def test_hdf5_float16(tmp_path):
+    layout = ImageLayout("float16", (H, W, 1), 1)
+    samples = make_samples(3, shape=(H, W, 1), dtype=np.float16)
+    files = write("hdf5", tmp_path, samples, layout=layout)
+    with h5py.File(tmp_path / files[0], "r") as f:
+        assert f["images"].dtype == np.float16
+        assert np.array_equal(f["images"][2], samples[2].image)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_fixed_formats_need_a_shape(tmp_path, fmt):
+    with pytest.raises(ConfigError):
+        WRITERS[fmt](tmp_path, "shard-00000", ImageLayout("uint8", None, 3), 1)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_fixed_formats_refuse_wrong_shape(tmp_path, fmt):
+    writer = WRITERS[fmt](tmp_path, "shard-00000", FIXED, 2)
+    with pytest.raises(ValueError):
+        writer.add(make_samples(1, shape=(H + 1, W, C))[0])
+    writer.close()
+
+
+# --------------------------------------------------------------------------- lmdb
+
+
+def read_lmdb(path):
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return dict(txn.cursor())
+    finally:
+        env.close()
+
+
+def check_lmdb(path, samples):
+    data = read_lmdb(path)
+    n = len(samples)
+    assert data[b"length"] == str(n).encode("ascii")
+    labels = np.load(io.BytesIO(data[b"labels"]), allow_pickle=False)
+    assert labels.dtype == np.int64
+    assert labels.tolist() == [s.label for s in samples]
+    expected_keys = {b"length", b"labels"}
+    for i, s in enumerate(samples):
+        expected_keys |= {b"%08d.image" % i, b"%08d.key" % i}
+        image = np.load(io.BytesIO(data[b"%08d.image" % i]), allow_pickle=False)
+        assert image.dtype == s.image.dtype and np.array_equal(image, s.image)
+        assert data[b"%08d.key" % i].decode("utf-8") == s.key
+    assert set(data) == expected_keys
+
+
+@pytest.mark.parametrize("n", [0, 1, 70])
+def test_lmdb_layout(tmp_path, n):
+    samples = make_samples(n)
+    files = write("lmdb", tmp_path, samples)
+    assert files == ["shard-00003.lmdb"]
+    assert (tmp_path / files[0]).is_file()
+    check_lmdb(tmp_path / files[0], samples)
+    if n:
+        data = read_lmdb(tmp_path / files[0])
+        assert np.array_equal(np.load(io.BytesIO(data[b"00000000.image"])), samples[0].image)
+        assert data[b"00000000.key"] == "clåss0/img_000.png".encode("utf-8")
+
+
+def test_lmdb_variable_shapes(tmp_path):
+    samples = [Sample(i, f"k{i}", np.full((2 + i, 3 + 2 * i, 3), i, np.uint8), i) for i in range(4)]
+    files = write("lmdb", tmp_path, samples, layout=ImageLayout("uint8", None, 3))
+    check_lmdb(tmp_path / files[0], samples)
+
+
+def test_lmdb_map_grows_from_tiny(tmp_path, monkeypatch):
+    """A map far too small for the data grows on MapFullError; nothing is lost."""
+
+    class TinyMap(LmdbWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._map_size = 32 * 1024
+            self._env.set_mapsize(self._map_size)
+
+    monkeypatch.setattr(lmdb_format, "COMMIT_BYTES", 50_000)  # several commits, each may overflow
+    samples = make_samples(40, shape=(48, 64, 3))  # ~9 KiB each, ~370 KiB in all
+    writer = TinyMap(tmp_path, "shard-00000", ImageLayout("uint8", (48, 64, 3), 3), len(samples))
+    for s in samples:
+        writer.add(s)
+    files = writer.close()
+    assert writer._map_size > 32 * 1024
+    check_lmdb(tmp_path / files[0], samples)
+
+
+def test_lmdb_map_grows_with_underestimated_variable_size(tmp_path, monkeypatch):
+    """The real sizing path: a variable layout with a tiny per-sample guess overflows the 16 MiB floor."""
+    monkeypatch.setattr(lmdb_format, "VARIABLE_SIZE_GUESS", 1)
+    samples = [Sample(i, f"big{i}", np.full((1000, 1000, 3), i, np.uint8), i) for i in range(6)]  # ~18 MB
+    writer = LmdbWriter(tmp_path, "shard-00000", ImageLayout("uint8", None, 3), len(samples))
+    assert writer._map_size == 16 * 1024**2
+    for s in samples:
+        writer.add(s)
+    files = writer.close()
+    assert writer._map_size >= 32 * 1024**2
+    check_lmdb(tmp_path / files[0], samples)
+
+
+# --------------------------------------------------------------------------- wds
+
+
+@pytest.mark.parametrize("n", [1, 70])
+def test_wds_tar_members(tmp_path, n):
+    samples = make_samples(n)
+    files = write("wds", tmp_path, samples)
+    assert files == ["shard-00003.tar"]
+    with tarfile.open(tmp_path / files[0]) as tar:
+        members = tar.getmembers()
+        names = [m.name for m in members]
+        expected = [f"{s.index:09d}.{ext}" for s in samples for ext in ("cls", "json", "npy")]
+        assert names == expected
+        assert all(m.isfile() and m.mtime == 0 for m in members)
+        for s in samples:
+            key = f"{s.index:09d}"
+            assert tar.extractfile(f"{key}.cls").read() == str(s.label).encode("ascii")
+            meta = json.loads(tar.extractfile(f"{key}.json").read())
+            assert meta == {"key": s.key, "label": s.label}
+            image = np.load(io.BytesIO(tar.extractfile(f"{key}.npy").read()), allow_pickle=False)
+            assert np.array_equal(image, s.image)
+
+
+def test_wds_empty_shard_is_a_valid_tar(tmp_path):
+    files = write("wds", tmp_path, [])
+    with tarfile.open(tmp_path / files[0]) as tar:
+        assert tar.getmembers() == []
+
+
+def test_wds_read_by_webdataset(tmp_path):
+    import webdataset
+
+    samples = make_samples(5)
+    samples.append(Sample(99, "odd/size.png", np.full((3, 9, 3), 7, np.uint8), 2))  # variable shape
+    files = write("wds", tmp_path, samples, layout=ImageLayout("uint8", None, 3))
+    ds = webdataset.WebDataset(str(tmp_path / files[0]), shardshuffle=False).decode()
+    got = list(ds)
+    assert [g["__key__"] for g in got] == [f"{s.index:09d}" for s in samples]
+    for g, s in zip(got, samples):
+        assert g["cls"] == s.label
+        assert g["json"] == {"key": s.key, "label": s.label}
+        assert isinstance(g["npy"], np.ndarray)
+        assert np.array_equal(g["npy"], s.image)

@@ -1,0 +1,229 @@
+"""The manifest: writing, reading, and refusing anything damaged, foreign or too new."""
+
+import json
+
+import pytest
+
+from packer.errors import ManifestError
+from packer.manifest import (
+    FORMAT_VERSIONS,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    Manifest,
+    ShardEntry,
+    file_entry,
+    read_manifest,
+    sha256_of,
+    write_manifest,
+)
+from packer.records import FileEntry
+
+
+def sample_manifest(fmt="npy", counts=(4, 4, 2)):
+    shards = [
+        ShardEntry(f"shard-{i:05d}", n, [FileEntry(f"shard-{i:05d}.x", 100 + i, f"{i:064x}")])
+        for i, n in enumerate(counts)
+    ]
+    return Manifest(
+        format=fmt,
+        format_version=FORMAT_VERSIONS[fmt],
+        packer_version="0.1.0",
+        samples=sum(counts),
+        classes=["ant", "bée"],
+        fields={"image": {"dtype": "uint8", "shape": [8, 8, 3]}},
+        preprocess={"size": [8, 8], "normalize": None},
+        shards=shards,
+        skipped=[{"path": "ant/bad.png", "reason": "corrupt"}],
+        source={"files": 11, "ignored": {".txt": 1}},
+        sharding={"shard_size": "auto", "balanced_for_workers": 2},
+    )
+
+
+def write_raw(directory, data):
+    directory.mkdir(parents=True, exist_ok=True)
+    text = data if isinstance(data, str) else json.dumps(data)
+    (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")
+    return directory / MANIFEST_NAME
+
+
+def test_round_trip(tmp_path):
+    m = sample_manifest()
+    path = write_manifest(tmp_path, m)
+    assert path == tmp_path / MANIFEST_NAME
+    assert not (tmp_path / "manifest.json.tmp").exists()
+    back = read_manifest(tmp_path)
+    assert back == m
+    assert back.to_dict() == m.to_dict()
+    assert read_manifest(tmp_path, expect_format="npy") == m
+
+
+def test_written_json_is_stable(tmp_path):
+    m = sample_manifest()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_manifest(tmp_path / name, m)
+    a = (tmp_path / "a" / MANIFEST_NAME).read_bytes()
+    assert a == (tmp_path / "b" / MANIFEST_NAME).read_bytes()
+    d = json.loads(a)
+    assert list(d)[:3] == ["manifest_version", "format", "format_version"]
+    assert d["manifest_version"] == MANIFEST_VERSION
+    assert "bée" in a.decode("utf-8")
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_VERSIONS))
+def test_round_trip_every_format(tmp_path, fmt):
+    m = sample_manifest(fmt)
+    write_manifest(tmp_path, m)
+    assert read_manifest(tmp_path, expect_format=fmt).format == fmt
+
+
+def test_shard_offsets():
+    assert sample_manifest(counts=(4, 4, 2)).shard_offsets == [0, 4, 8, 10]
+    assert sample_manifest(counts=(3,)).shard_offsets == [0, 3]
+    assert sample_manifest(counts=()).shard_offsets == [0]
+    assert sample_manifest(counts=(0, 5, 0)).shard_offsets == [0, 0, 5, 5]
+
+
+def test_shard_entry_file():
+    s = ShardEntry("shard-00000", 2, [FileEntry("shard-00000.images.npy", 1, "a"), FileEntry("shard-00000.labels.npy", 1, "b")])
+    assert s.file(".labels.npy") == "shard-00000.labels.npy"
+    with pytest.raises(ManifestError, match="shard-00000"):
+        s.file(".keys.npy")
+
+
+def test_folder_without_manifest(tmp_path):
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path / "out")
+    assert str(tmp_path / "out") in str(exc.value)
+    assert MANIFEST_NAME in str(exc.value)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ManifestError, match="not a folder"):
+        read_manifest(tmp_path / "nope")
+
+
+def test_file_instead_of_folder(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(f)
+    assert str(f) in str(exc.value)
+
+
+def test_invalid_json(tmp_path):
+    path = write_raw(tmp_path, "{not json")
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_json_not_an_object(tmp_path):
+    path = write_raw(tmp_path, [1, 2])
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+@pytest.mark.parametrize("key", ["format", "format_version", "samples", "fields", "preprocess", "shards"])
+def test_missing_keys(tmp_path, key):
+    d = sample_manifest().to_dict()
+    del d[key]
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+    assert key in str(exc.value)
+
+
+@pytest.mark.parametrize("key", ["name", "samples", "files"])
+def test_missing_shard_keys(tmp_path, key):
+    d = sample_manifest().to_dict()
+    del d["shards"][1][key]
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_bad_value_types(tmp_path):
+    d = sample_manifest().to_dict()
+    d["samples"] = "ten"
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_shard_counts_not_summing(tmp_path):
+    d = sample_manifest().to_dict()
+    d["samples"] = 11
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+    assert "10" in str(exc.value) and "11" in str(exc.value)
+
+
+def test_newer_format_version(tmp_path):
+    d = sample_manifest("lmdb").to_dict()
+    d["format_version"] = FORMAT_VERSIONS["lmdb"] + 1
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match="(?i)upgrade") as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_newer_manifest_version(tmp_path):
+    d = sample_manifest().to_dict()
+    d["manifest_version"] = MANIFEST_VERSION + 1
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match="(?i)upgrade") as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_newer_manifest_version_with_changed_layout(tmp_path):
+    write_raw(tmp_path, {"manifest_version": MANIFEST_VERSION + 1, "format": "npy", "datasets": []})
+    with pytest.raises(ManifestError, match="(?i)upgrade"):
+        read_manifest(tmp_path)
+
+
+def test_unknown_format(tmp_path):
+    d = sample_manifest().to_dict()
+    d["format"] = "zarr"
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match="zarr") as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_expect_format_mismatch(tmp_path):
+    write_manifest(tmp_path, sample_manifest("hdf5"))
+    with pytest.raises(ManifestError) as exc:
+        read_manifest(tmp_path, expect_format="npy")
+    assert str(tmp_path) in str(exc.value)
+    assert "hdf5" in str(exc.value) and "npy" in str(exc.value)
+
+
+def test_optional_keys_default(tmp_path):
+    d = sample_manifest().to_dict()
+    for key in ("manifest_version", "packer_version", "classes", "skipped", "source", "sharding"):
+        del d[key]
+    write_raw(tmp_path, d)
+    m = read_manifest(tmp_path)
+    assert m.manifest_version == 1
+    assert m.classes is None and m.skipped == [] and m.source == {} and m.sharding == {}
+
+
+def test_file_entry_and_sha256(tmp_path):
+    import hashlib
+
+    data = bytes(range(256)) * 5000  # > 1 MiB, several read blocks
+    (tmp_path / "blob.bin").write_bytes(data)
+    assert sha256_of(tmp_path / "blob.bin") == hashlib.sha256(data).hexdigest()
+    e = file_entry(tmp_path, "blob.bin")
+    assert e == FileEntry("blob.bin", len(data), hashlib.sha256(data).hexdigest())
+    (tmp_path / "empty").write_bytes(b"")
+    assert sha256_of(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()

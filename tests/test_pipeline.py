@@ -1,0 +1,495 @@
+"""Shard planning and the whole conversion: manifest, checksums, skips, determinism, output safety."""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+
+import packer.worker
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import DEFAULT_SHARD_BYTES, ShardSize
+from packer.discover import discover
+from packer.errors import ConfigError, OutputError
+from packer.formats import ImageLayout
+from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.output import STAGING_MARK, staging_dir
+from packer.pipeline import estimate_sample_bytes, plan_shards, shard_name
+from packer.preprocess import load_image
+from packer.records import SourceItem
+
+from conftest import FORMATS, write_image
+
+PRE = PreprocessConfig(size=(16, 12))
+MiB = 1024**2
+
+
+def items(n):
+    return [SourceItem(i, f"/src/{i}.png", f"{i}.png", i % 2) for i in range(n)]
+
+
+def sizes(tasks):
+    return [len(t.items) for t in tasks]
+
+
+def flat(tasks):
+    return [i for t in tasks for i in t.items]
+
+
+# --------------------------------------------------------------------------- plan_shards
+
+
+def test_shard_name():
+    assert shard_name(0) == "shard-00000"
+    assert shard_name(42) == "shard-00042"
+
+
+def test_plan_sample_count_last_shard_smaller():
+    src = items(10)
+    tasks = plan_shards(src, ShardSize(samples=4), sample_bytes=100, workers=3)
+    assert sizes(tasks) == [4, 4, 2]
+    assert [t.name for t in tasks] == ["shard-00000", "shard-00001", "shard-00002"]
+    assert flat(tasks) == src
+
+
+def test_plan_sample_count_exact_multiple():
+    assert sizes(plan_shards(items(8), ShardSize(samples=4), 1)) == [4, 4]
+    assert sizes(plan_shards(items(3), ShardSize(samples=100), 1)) == [3]
+
+
+def test_plan_byte_size():
+    src = items(10)
+    tasks = plan_shards(src, ShardSize(bytes=1000), sample_bytes=300)
+    assert sizes(tasks) == [3, 3, 3, 1]
+    assert flat(tasks) == src
+
+
+def test_plan_byte_size_smaller_than_a_sample():
+    assert sizes(plan_shards(items(3), ShardSize(bytes=10), sample_bytes=300)) == [1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "n, workers, sample_bytes, expected",
+    [
+        (10, 1, 100, [10]),
+        (10, 4, 100, [3, 3, 2, 2]),
+        (10, 2, 100, [5, 5]),
+        (3, 4, 100, [1, 1, 1]),
+        (1, 8, 100, [1]),
+        (100, 3, 10 * MiB, [17, 17, 17, 17, 16, 16]),  # 1000 MiB -> 4 shards -> 6 for 3 workers
+        (100, 1, 10 * MiB, [25, 25, 25, 25]),
+    ],
+)
+def test_plan_auto(n, workers, sample_bytes, expected):
+    src = items(n)
+    tasks = plan_shards(src, ShardSize(), sample_bytes, workers)
+    assert sizes(tasks) == expected
+    assert flat(tasks) == src
+    assert [t.name for t in tasks] == [shard_name(i) for i in range(len(tasks))]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7, 16, 33, 100, 257])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("sample_bytes", [1, 150_528, 3 * MiB, 40 * MiB])
+def test_plan_auto_properties(n, workers, sample_bytes):
+    src = items(n)
+    tasks = plan_shards(src, ShardSize(), sample_bytes, workers)
+    s = sizes(tasks)
+    assert flat(tasks) == src
+    assert 1 <= len(tasks) <= n
+    assert len(tasks) % workers == 0 or len(tasks) == n
+    assert max(s) - min(s) <= 1
+    assert min(s) >= 1
+
+
+def test_plan_auto_respects_256_mib():
+    tasks = plan_shards(items(5), ShardSize(), sample_bytes=100 * MiB, workers=1)
+    assert max(sizes(tasks)) * 100 * MiB <= DEFAULT_SHARD_BYTES
+
+
+def test_plan_empty():
+    assert plan_shards([], ShardSize(), 100, 4) == []
+    assert plan_shards([], ShardSize(samples=3), 100) == []
+    assert plan_shards([], ShardSize(bytes=3), 100) == []
+
+
+def test_estimate_sample_bytes(tmp_path):
+    assert estimate_sample_bytes(ImageLayout("uint8", (12, 16, 3), 3), []) == 12 * 16 * 3
+    assert estimate_sample_bytes(ImageLayout("float32", (2, 2, 1), 1), []) == 16
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"x" * 100)
+    b.write_bytes(b"x" * 300)
+    src = [SourceItem(0, str(a), "a.bin"), SourceItem(1, str(b), "b.bin")]
+    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), src) == 8 * 200
+
+
+# --------------------------------------------------------------------------- helpers for outputs
+
+
+def stored(out, manifest):
+    """(key, label, image) of every stored sample, in dataset order, read with the stock libraries."""
+    rows = []
+    for shard in manifest.shards:
+        if manifest.format == "npy":
+            images = np.load(out / shard.file(".images.npy"), mmap_mode="r")
+            labels = np.load(out / shard.file(".labels.npy"))
+            keys = np.load(out / shard.file(".keys.npy"))
+            part = [(str(k), int(lab), np.array(im)) for k, lab, im in zip(keys, labels, images)]
+        elif manifest.format == "hdf5":
+            with h5py.File(out / shard.file(".h5"), "r") as f:
+                keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
+                part = [(k, int(lab), im) for k, lab, im in zip(keys, f["labels"][:], f["images"][:])]
+        elif manifest.format == "lmdb":
+            env = lmdb.open(str(out / shard.file(".lmdb")), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                n = int(txn.get(b"length"))
+                labels = np.load(io.BytesIO(txn.get(b"labels")))
+                part = [
+                    (txn.get(b"%08d.key" % i).decode(), int(labels[i]), np.load(io.BytesIO(txn.get(b"%08d.image" % i))))
+                    for i in range(n)
+                ]
+            env.close()
+        else:
+            with tarfile.open(out / shard.file(".tar")) as tar:
+                members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+            keys = sorted({name.split(".")[0] for name in members})
+            part = []
+            for k in keys:
+                meta = json.loads(members[f"{k}.json"])
+                part.append((meta["key"], int(members[f"{k}.cls"]), np.load(io.BytesIO(members[f"{k}.npy"]))))
+        assert len(part) == shard.samples
+        rows.extend(part)
+    return rows
+
+
+def check_files(out, manifest):
+    """Every file in the manifest exists with its size and SHA-256; nothing else is in the folder."""
+    listed = set()
+    for shard in manifest.shards:
+        assert shard.files
+        for f in shard.files:
+            data = (out / f.path).read_bytes()
+            assert f.bytes == len(data)
+            assert f.sha256 == hashlib.sha256(data).hexdigest()
+            assert f.path.startswith(shard.name)
+            listed.add(f.path)
+    on_disk = {p.name for p in out.iterdir()}
+    assert on_disk == listed | {MANIFEST_NAME}
+
+
+def expected_rows(src, pre=PRE):
+    return [(i.relpath, i.label, load_image(i.path, pre)) for i in discover(src).items]
+
+
+def assert_rows_equal(got, want):
+    assert [(k, lab) for k, lab, _ in got] == [(k, lab) for k, lab, _ in want]
+    for (k, _, a), (_, _, b) in zip(got, want):
+        assert a.dtype == b.dtype and np.array_equal(a, b), k
+
+
+def no_staging(out):
+    return not staging_dir(out).exists()
+
+
+# --------------------------------------------------------------------------- convert end to end
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_end_to_end(image_tree, tmp_path, fmt, workers):
+    out = tmp_path / "out" / fmt
+    result = convert(image_tree, out, ConvertConfig(fmt, PRE), workers=workers)
+    m = read_manifest(out, expect_format=fmt)
+    assert result.output == out
+    assert json.loads(json.dumps(result.manifest.to_dict())) == m.to_dict()
+    assert m.samples == 15
+    assert m.classes == ["ant", "bee", "cat"]
+    assert len(m.shards) == workers
+    assert [s.name for s in m.shards] == [shard_name(i) for i in range(workers)]
+    assert m.shard_offsets[-1] == 15
+    assert m.skipped == [] and result.skipped == []
+    assert m.source == {"files": 15, "ignored": {".txt": 1}}
+    assert result.ignored == {".txt": 1}
+    assert m.fields["image"]["shape"] == [12, 16, 3]
+    assert m.preprocess == PRE.to_dict() | {"size": [16, 12], "fill": [0, 0, 0], "background": [255, 255, 255],
+                                            "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)}}
+    assert m.sharding == {"shard_size": "auto", "balanced_for_workers": workers}
+    check_files(out, m)
+    assert result.bytes == sum(f.bytes for s in m.shards for f in s.files)
+    assert no_staging(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == [fmt]
+    assert_rows_equal(stored(out, m), expected_rows(image_tree))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_sample_count_shards(image_tree, tmp_path, fmt):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig(fmt, PRE, ShardSize(samples=4)), workers=1)
+    m = read_manifest(out)
+    assert [s.samples for s in m.shards] == [4, 4, 4, 3]
+    assert m.sharding == {"shard_size": "4 samples"}
+    check_files(out, m)
+    assert_rows_equal(stored(out, m), expected_rows(image_tree))
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_convert_resize_none_variable_formats(image_tree, tmp_path, fmt):
+    pre = PreprocessConfig(resize="none")
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig(fmt, pre), workers=1)
+    m = read_manifest(out)
+    assert m.fields["image"]["shape"] is None
+    rows = stored(out, m)
+    assert len({im.shape for _, _, im in rows}) > 1
+    assert_rows_equal(rows, expected_rows(image_tree, pre))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_convert_resize_none_fixed_formats_refused(image_tree, tmp_path, fmt):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="--resize none"):
+        convert(image_tree, out, ConvertConfig(fmt, PreprocessConfig(resize="none")), workers=1)
+    assert not out.exists() and no_staging(out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_corrupt_image_skipped_and_listed(image_tree, tmp_path, fmt, workers):
+    (image_tree / "bee" / "img_bad.png").write_bytes(b"\x89PNG not really")
+    out = tmp_path / "out"
+    result = convert(image_tree, out, ConvertConfig(fmt, PRE), workers=workers)
+    m = read_manifest(out)
+    assert m.samples == 15
+    assert [s["path"] for s in m.skipped] == ["bee/img_bad.png"]
+    assert m.skipped[0]["reason"]
+    assert str(tmp_path) not in json.dumps(m.skipped)
+    assert [s.path for s in result.skipped] == ["bee/img_bad.png"]
+    assert m.source["files"] == 16
+    check_files(out, m)
+    rows = stored(out, m)
+    assert "bee/img_bad.png" not in [k for k, _, _ in rows]
+    assert_rows_equal(rows, _rows_without_bad(image_tree))
+
+
+def _rows_without_bad(src):
+    return [(i.relpath, i.label, load_image(i.path, PRE)) for i in discover(src).items if i.relpath != "bee/img_bad.png"]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])
+def test_every_file_of_a_shard_skipped(tmp_path, fmt):
+    src = tmp_path / "src"
+    write_image(src / "a" / "1.png", (20, 20))
+    (src / "b").mkdir()
+    (src / "b" / "2.png").write_bytes(b"")
+    (src / "b" / "3.png").write_bytes(b"junk")
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig(fmt, PRE, ShardSize(samples=1)), workers=1)
+    m = read_manifest(out)
+    assert [s.samples for s in m.shards] == [1, 0, 0]
+    assert sorted(s["path"] for s in m.skipped) == ["b/2.png", "b/3.png"]
+    check_files(out, m)
+    assert [k for k, _, _ in stored(out, m)] == ["a/1.png"]
+
+
+def test_unlabelled_flat_folder(tmp_path):
+    src = tmp_path / "flat"
+    for i in range(3):
+        write_image(src / f"{i}.png", (20, 16), seed=i)
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig("npy", PRE), workers=1)
+    m = read_manifest(out)
+    assert m.classes is None
+    assert [lab for _, lab, _ in stored(out, m)] == [-1, -1, -1]
+
+
+def test_root_file_beside_classes_in_manifest_skipped(image_tree, tmp_path):
+    write_image(image_tree / "stray.png", (20, 16))
+    out = tmp_path / "out"
+    result = convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert [s["path"] for s in result.manifest.skipped] == ["stray.png"]
+    assert result.manifest.samples == 15
+
+
+def test_labels_file(image_tree, tmp_path):
+    labels = tmp_path / "labels.csv"
+    rows = [f"{i.relpath},{'odd' if n % 2 else 'even'}" for n, i in enumerate(discover(image_tree).items)]
+    labels.write_text("path,label\n" + "\n".join(rows[1:]) + "\n")  # first file unlisted
+    out = tmp_path / "out"
+    result = convert(image_tree, out, ConvertConfig("hdf5", PRE), labels_file=labels, workers=1)
+    m = read_manifest(out)
+    assert m.classes == ["even", "odd"]
+    assert m.samples == 14
+    assert [s["path"] for s in m.skipped] == ["ant/img_000.png"]
+    assert [lab for _, lab, _ in stored(out, m)] == [1, 0] * 7
+    assert result.skipped[0].path == "ant/img_000.png"
+
+
+def test_manifest_has_no_absolute_paths(image_tree, tmp_path):
+    labels = tmp_path / "labels.csv"
+    rows = [f"{i.relpath},x" for i in discover(image_tree).items] + ["gone/missing.png,x"]
+    labels.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), labels_file=labels, workers=1)
+    text = (out / MANIFEST_NAME).read_text()
+    assert "gone/missing.png" in text
+    assert str(tmp_path) not in text
+
+
+def test_progress_and_on_plan(image_tree, tmp_path):
+    seen = []
+    planned = []
+    convert(
+        image_tree, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=1,
+        progress=seen.append, on_plan=lambda found, tasks: planned.append((len(found.items), sizes(tasks))),
+    )
+    assert sum(seen) == 15
+    assert planned == [(15, [6, 6, 3])]
+
+
+def test_progress_with_worker_processes(image_tree, tmp_path):
+    seen = []
+    convert(image_tree, tmp_path / "out", ConvertConfig("wds", PRE), workers=2, progress=seen.append)
+    assert sum(seen) == 15
+
+
+def test_output_parent_created(image_tree, tmp_path):
+    out = tmp_path / "deep" / "er" / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    assert read_manifest(out).samples == 15
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("fmt", ["npy", "wds", "hdf5"])
+def test_two_runs_byte_identical(image_tree, tmp_path, fmt, workers):
+    cfg = ConvertConfig(fmt, PRE, ShardSize(samples=6))
+    a, b = tmp_path / "a", tmp_path / "b"
+    convert(image_tree, a, cfg, workers=workers)
+    convert(image_tree, b, cfg, workers=workers)
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert len(names) > 1
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_two_runs_identical_manifests_lmdb(image_tree, tmp_path):
+    cfg = ConvertConfig("lmdb", PRE)
+    convert(image_tree, tmp_path / "a", cfg, workers=1)
+    convert(image_tree, tmp_path / "b", cfg, workers=1)
+    ma, mb = read_manifest(tmp_path / "a"), read_manifest(tmp_path / "b")
+    assert [s.samples for s in ma.shards] == [s.samples for s in mb.shards]
+    assert ma.to_dict() | {"shards": None} == mb.to_dict() | {"shards": None}
+
+
+def test_overwrite_same_content_same_manifest(image_tree, tmp_path):
+    out = tmp_path / "out"
+    cfg = ConvertConfig("npy", PRE)
+    convert(image_tree, out, cfg, workers=1)
+    first = (out / MANIFEST_NAME).read_bytes()
+    convert(image_tree, out, cfg, workers=1, overwrite=True)
+    assert (out / MANIFEST_NAME).read_bytes() == first
+
+
+# --------------------------------------------------------------------------- output safety
+
+
+def test_existing_output_without_overwrite(image_tree, tmp_path):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(OutputError, match="overwrite"):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert no_staging(out)
+
+
+def test_existing_output_with_overwrite_replaced(image_tree, tmp_path):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
+    m = read_manifest(out)
+    assert m.format == "wds"
+    check_files(out, m)  # no npy file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "out"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_non_packer_folder_refused(image_tree, tmp_path, overwrite):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    with pytest.raises(OutputError, match="not a packer output"):
+        convert(image_tree, out, ConvertConfig("npy", PRE), workers=1, overwrite=overwrite)
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "years of work"
+    assert no_staging(out)
+
+
+def test_output_is_a_file_refused(image_tree, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("x")
+    with pytest.raises(OutputError):
+        convert(image_tree, out, ConvertConfig("npy", PRE), workers=1, overwrite=True)
+    assert out.read_text() == "x"
+
+
+def test_empty_existing_folder_used(image_tree, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    assert read_manifest(out).samples == 15
+
+
+def test_stale_staging_folder_replaced(image_tree, tmp_path):
+    out = tmp_path / "out"
+    stage = staging_dir(out)
+    stage.mkdir()
+    (stage / STAGING_MARK).write_text("old")
+    (stage / "shard-00000.tar").write_bytes(b"half")
+    convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert no_staging(out)
+    check_files(out, read_manifest(out))
+
+
+def test_foreign_staging_folder_refused(image_tree, tmp_path):
+    out = tmp_path / "out"
+    stage = staging_dir(out)
+    stage.mkdir()
+    (stage / "mine.txt").write_text("keep")
+    with pytest.raises(OutputError):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert (stage / "mine.txt").read_text() == "keep"
+    assert not out.exists()
+
+
+def _boom(path, cfg):
+    raise RuntimeError("decoder crashed")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failure_leaves_no_output_and_no_staging(image_tree, tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(packer.worker, "load_image", _boom)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="decoder crashed"):
+        convert(image_tree, out, ConvertConfig(fmt, PRE), workers=1)
+    assert not out.exists()
+    assert no_staging(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_failure_keeps_old_output(image_tree, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(packer.worker, "load_image", _boom)
+    with pytest.raises(RuntimeError):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert no_staging(out)

@@ -1,0 +1,334 @@
+"""load_image: decoding by content, colour modes, resize modes, orientation, bad files."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer.config import PreprocessConfig
+from packer.errors import DecodeError
+from packer.preprocess import finish_pixels, load_image
+
+from conftest import write_image
+
+
+def save_array(path, array, mode=None, **save):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img = Image.fromarray(array)
+    if mode and img.mode != mode:
+        img = img.convert(mode)
+    img.save(path, **save)
+    return path
+
+
+def solid(path, size, color, mode="RGB"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, color).save(path)
+    return path
+
+
+def thirds(tmp_path):
+    """A 60x20 image: red, green, blue thirds, with one marked pixel in the middle third."""
+    a = np.zeros((20, 60, 3), np.uint8)
+    a[:, :20] = (255, 0, 0)
+    a[:, 20:40] = (0, 255, 0)
+    a[:, 40:] = (0, 0, 255)
+    a[5, 25] = (7, 8, 9)
+    return save_array(tmp_path / "thirds.png", a), a
+
+
+# --------------------------------------------------------------------------- shapes per resize mode
+
+
+@pytest.mark.parametrize("resize", ["shorter-crop", "stretch", "pad"])
+@pytest.mark.parametrize("src_size", [(64, 48), (48, 64), (32, 24), (10, 10)])
+def test_output_shape_and_dtype(tmp_path, resize, src_size):
+    path = write_image(tmp_path / "a.png", src_size)
+    out = load_image(path, PreprocessConfig(size=(32, 24), resize=resize))
+    assert out.shape == (24, 32, 3)
+    assert out.dtype == np.uint8
+    assert out.flags["C_CONTIGUOUS"]
+
+
+def test_resize_none_keeps_size(tmp_path):
+    path = write_image(tmp_path / "a.png", (37, 23))
+    out = load_image(path, PreprocessConfig(resize="none"))
+    assert out.shape == (23, 37, 3)
+    assert np.array_equal(out, np.asarray(Image.open(path).convert("RGB")))
+
+
+def test_shorter_crop_takes_the_centre(tmp_path):
+    path, a = thirds(tmp_path)
+    for interp in ["bilinear", "nearest", "bicubic"]:
+        out = load_image(path, PreprocessConfig(size=(20, 20), interpolation=interp))
+        assert np.array_equal(out, a[:, 20:40]), interp
+
+
+def test_shorter_crop_same_size_is_identity(tmp_path):
+    path = write_image(tmp_path / "a.png", (32, 24), seed=3)
+    out = load_image(path, PreprocessConfig(size=(32, 24)))
+    assert np.array_equal(out, np.asarray(Image.open(path)))
+
+
+def test_stretch_keeps_everything(tmp_path):
+    path, _ = thirds(tmp_path)
+    out = load_image(path, PreprocessConfig(size=(3, 1), resize="stretch", interpolation="box"))
+    assert out.shape == (1, 3, 3)
+    # box filter over each third averages that third: the colours survive in order.
+    assert out[0, 0].tolist() == [255, 0, 0]
+    assert out[0, 2].tolist() == [0, 0, 255]
+    assert out[0, 1, 1] >= 250 and out[0, 1, 0] < 5
+
+
+def test_pad_wide_image_fill_at_top_and_bottom(tmp_path):
+    path = solid(tmp_path / "wide.png", (64, 32), (200, 100, 50))
+    out = load_image(path, PreprocessConfig(size=(32, 32), resize="pad", fill=(10, 20, 30)))
+    assert out.shape == (32, 32, 3)
+    assert (out[:8] == (10, 20, 30)).all()
+    assert (out[24:] == (10, 20, 30)).all()
+    assert (out[8:24] == (200, 100, 50)).all()
+
+
+def test_pad_tall_image_fill_at_left_and_right(tmp_path):
+    path = solid(tmp_path / "tall.png", (16, 64), (200, 100, 50))
+    out = load_image(path, PreprocessConfig(size=(32, 32), resize="pad", fill=(1, 2, 3)))
+    # scaled to 8x32, centred at x = 12..19
+    assert (out[:, :12] == (1, 2, 3)).all()
+    assert (out[:, 20:] == (1, 2, 3)).all()
+    assert (out[:, 12:20] == (200, 100, 50)).all()
+
+
+def test_pad_grayscale_uses_fill(tmp_path):
+    path = solid(tmp_path / "wide.png", (64, 32), (200, 200, 200))
+    out = load_image(path, PreprocessConfig(size=(32, 32), resize="pad", mode="L", fill=(9,)))
+    assert out.shape == (32, 32, 1)
+    assert (out[:8] == 9).all() and (out[24:] == 9).all()
+    assert (out[8:24] == 200).all()
+
+
+@pytest.mark.parametrize("resize", ["shorter-crop", "stretch", "pad"])
+def test_non_square_size_is_width_by_height(tmp_path, resize):
+    path = write_image(tmp_path / "a.png", (100, 100))
+    out = load_image(path, PreprocessConfig(size=(32, 24), resize=resize))
+    assert out.shape == (24, 32, 3)
+
+
+@pytest.mark.parametrize("src_size", [(1, 1), (5000, 10), (10, 5000)])
+def test_shorter_crop_extreme_sizes(tmp_path, src_size):
+    path = solid(tmp_path / "x.png", src_size, (12, 34, 56))
+    out = load_image(path, PreprocessConfig(size=(32, 32)))
+    assert out.shape == (32, 32, 3)
+    assert (out == (12, 34, 56)).all()
+
+
+@pytest.mark.parametrize("resize", ["stretch", "pad"])
+def test_extreme_aspect_other_modes(tmp_path, resize):
+    path = solid(tmp_path / "x.png", (5000, 10), (12, 34, 56))
+    out = load_image(path, PreprocessConfig(size=(32, 32), resize=resize))
+    assert out.shape == (32, 32, 3)
+
+
+# --------------------------------------------------------------------------- colour
+
+
+def test_grayscale_mode(tmp_path):
+    path = write_image(tmp_path / "a.png", (32, 24), seed=5)
+    out = load_image(path, PreprocessConfig(size=(32, 24), mode="L"))
+    assert out.shape == (24, 32, 1)
+    assert out.dtype == np.uint8
+    assert np.array_equal(out[:, :, 0], np.asarray(Image.open(path).convert("L")))
+
+
+def test_grayscale_source_to_rgb(tmp_path):
+    path = solid(tmp_path / "g.png", (8, 8), 77, mode="L")
+    out = load_image(path, PreprocessConfig(size=(8, 8)))
+    assert out.shape == (8, 8, 3)
+    assert (out == 77).all()
+
+
+def test_rgba_composited_on_background(tmp_path):
+    a = np.zeros((4, 4, 4), np.uint8)
+    a[...] = (200, 100, 50, 255)
+    a[0, 0] = (1, 2, 3, 0)  # fully transparent
+    a[0, 1] = (200, 100, 50, 128)  # half transparent
+    path = save_array(tmp_path / "rgba.png", a)
+    assert Image.open(path).mode == "RGBA"
+    out = load_image(path, PreprocessConfig(size=(4, 4), background=(10, 20, 30)))
+    assert out.shape == (4, 4, 3)
+    assert out[0, 0].tolist() == [10, 20, 30]
+    assert out[1, 1].tolist() == [200, 100, 50]
+    expected = [round(c * 128 / 255 + b * 127 / 255) for c, b in zip((200, 100, 50), (10, 20, 30))]
+    assert np.abs(out[0, 1].astype(int) - expected).max() <= 1
+
+
+def test_rgba_default_background_is_white(tmp_path):
+    a = np.zeros((2, 2, 4), np.uint8)
+    path = save_array(tmp_path / "clear.png", a)
+    out = load_image(path, PreprocessConfig(resize="none"))
+    assert (out == 255).all()
+
+
+def test_la_to_grayscale_on_background(tmp_path):
+    img = Image.new("LA", (2, 2), (100, 255))
+    img.putpixel((0, 0), (5, 0))
+    img.save(tmp_path / "la.png")
+    out = load_image(tmp_path / "la.png", PreprocessConfig(resize="none", mode="L", background=(40,)))
+    assert out.shape == (2, 2, 1)
+    assert out[0, 0, 0] == 40
+    assert out[1, 1, 0] == 100
+
+
+def test_palette_transparency_composited(tmp_path):
+    img = Image.new("P", (2, 2), 0)
+    img.putpalette([0, 0, 0, 250, 0, 0] + [0] * 762)
+    img.putpixel((1, 1), 1)
+    img.save(tmp_path / "p.png", transparency=0)
+    out = load_image(tmp_path / "p.png", PreprocessConfig(resize="none", background=(0, 0, 200)))
+    assert out[0, 0].tolist() == [0, 0, 200]
+    assert out[1, 1].tolist() == [250, 0, 0]
+
+
+def test_16bit_grayscale_scaled_to_8bit(tmp_path):
+    a = np.array([[0, 32768, 65535, 255, 1000]], dtype=np.uint16)
+    path = save_array(tmp_path / "deep.png", a)
+    assert Image.open(path).mode.startswith("I;16")
+    out = load_image(path, PreprocessConfig(resize="none", mode="L"))
+    assert out.shape == (1, 5, 1)
+    v = out[0, :, 0].tolist()
+    assert v[0] == 0
+    assert v[1] in (127, 128)
+    assert v[2] == 255
+    assert v[3] == 0  # 255 of 65535 is dark, not white
+    assert v[4] == 3
+    rgb = load_image(path, PreprocessConfig(resize="none"))
+    assert rgb.shape == (1, 5, 3)
+    assert rgb[0, 2].tolist() == [255, 255, 255]
+
+
+def test_16bit_dark_image_not_treated_as_8bit(tmp_path):
+    a = np.array([[0, 100, 200, 255]], dtype=np.uint16)
+    path = save_array(tmp_path / "dark.png", a)
+    out = load_image(path, PreprocessConfig(resize="none", mode="L"))
+    assert out[0, :, 0].tolist() == [0, 0, 0, 0]
+
+
+def test_cmyk_jpeg(tmp_path):
+    Image.new("CMYK", (8, 8), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")
+    out = load_image(tmp_path / "cmyk.jpg", PreprocessConfig(resize="none"))
+    assert out.shape == (8, 8, 3)
+    assert out[4, 4, 0] > 200 and out[4, 4, 1] < 60 and out[4, 4, 2] < 60
+
+
+# --------------------------------------------------------------------------- orientation and content
+
+
+def test_exif_orientation_applied(tmp_path):
+    a = np.zeros((20, 40, 3), np.uint8)
+    a[:, :20] = (255, 0, 0)  # stored left half red
+    a[:, 20:] = (0, 0, 255)  # stored right half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    path = tmp_path / "rot.jpg"
+    Image.fromarray(a).save(path, exif=exif, quality=95)
+    out = load_image(path, PreprocessConfig(resize="none"))
+    assert out.shape == (40, 20, 3)  # width and height swapped
+    # the stored left column becomes the top row after a clockwise turn
+    assert out[5, 10, 0] > 200 and out[5, 10, 2] < 60
+    assert out[35, 10, 2] > 200 and out[35, 10, 0] < 60
+
+
+def test_no_orientation_keeps_shape(tmp_path):
+    path = write_image(tmp_path / "plain.jpg", (40, 20))
+    out = load_image(path, PreprocessConfig(resize="none"))
+    assert out.shape == (20, 40, 3)
+
+
+def test_png_named_jpg_decodes_by_content(tmp_path):
+    src = write_image(tmp_path / "real.png", (16, 12), seed=9)
+    fake = tmp_path / "fake.jpg"
+    fake.write_bytes(src.read_bytes())
+    out = load_image(fake, PreprocessConfig(resize="none"))
+    assert np.array_equal(out, np.asarray(Image.open(src)))
+
+
+# --------------------------------------------------------------------------- bad files
+
+
+def test_zero_byte_file(tmp_path):
+    path = tmp_path / "empty.jpg"
+    path.write_bytes(b"")
+    with pytest.raises(DecodeError) as exc:
+        load_image(path, PreprocessConfig())
+    assert exc.value.path == str(path)
+    assert exc.value.reason
+    assert str(path) in str(exc.value)
+
+
+def test_text_file_named_jpg(tmp_path):
+    path = tmp_path / "notes.jpg"
+    path.write_text("this is not an image\n" * 20)
+    with pytest.raises(DecodeError) as exc:
+        load_image(path, PreprocessConfig())
+    assert "not a readable image" in exc.value.reason
+
+
+def test_truncated_jpeg(tmp_path):
+    path = write_image(tmp_path / "full.jpg", (64, 48))
+    data = path.read_bytes()
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DecodeError) as exc:
+        load_image(cut, PreprocessConfig())
+    assert exc.value.reason
+    assert exc.value.path == str(cut)
+
+
+def test_truncated_png(tmp_path):
+    path = write_image(tmp_path / "full.png", (64, 48))
+    data = path.read_bytes()
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DecodeError):
+        load_image(cut, PreprocessConfig())
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DecodeError) as exc:
+        load_image(tmp_path / "gone.png", PreprocessConfig())
+    assert exc.value.reason
+
+
+# --------------------------------------------------------------------------- dtype
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_float_dtype_normalized(tmp_path, dtype):
+    path = write_image(tmp_path / "a.png", (40, 30), seed=4)
+    base = PreprocessConfig(size=(32, 24))
+    norm = PreprocessConfig(size=(32, 24), dtype=dtype)
+    u8 = load_image(path, base)
+    out = load_image(path, norm)
+    assert out.dtype == np.dtype(dtype)
+    assert out.shape == (24, 32, 3)
+    mean = np.array([0.485, 0.456, 0.406])
+    std = np.array([0.229, 0.224, 0.225])
+    expected = (u8 / 255.0 - mean) / std
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=tol, atol=tol)
+
+
+def test_float_without_normalization_scales_to_unit(tmp_path):
+    path = solid(tmp_path / "a.png", (4, 4), (0, 51, 255))
+    out = load_image(path, PreprocessConfig(size=(4, 4), dtype="float32", mean=None, std=None))
+    np.testing.assert_allclose(out[0, 0], [0.0, 0.2, 1.0], rtol=1e-6)
+
+
+def test_float_grayscale_uses_averaged_stats():
+    cfg = PreprocessConfig(size=(1, 1), mode="L", dtype="float32")
+    out = finish_pixels(np.array([[[255]]], np.uint8), cfg)
+    np.testing.assert_allclose(out, [[[(1.0 - 0.449) / 0.226]]], rtol=1e-5)
+
+
+def test_finish_pixels_uint8_passthrough():
+    px = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    out = finish_pixels(px, PreprocessConfig(size=(2, 2)))
+    assert out.dtype == np.uint8 and np.array_equal(out, px)

@@ -31,7 +31,8 @@ from packer.config import (
 from packer.errors import ConfigError, PackerError
 from packer.formats import WRITERS
 from packer.manifest import Manifest, read_manifest
-from packer.pipeline import ConvertResult, convert as run_convert
+from packer.pipeline import ConvertResult
+from packer.pipeline import convert as run_convert
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
 

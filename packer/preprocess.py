@@ -35,7 +35,7 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(path) as img:
-                img = ImageOps.exif_transpose(img)
+                ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
                 img = to_color_mode(img, cfg.mode, cfg.background)
                 img = resize(img, cfg)
                 pixels = np.asarray(img)

@@ -58,13 +58,12 @@ def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform]
     return (image, label) if meta is None else (image, label, meta)
 
 
-class PackedDataset(Dataset):
-    """Base of the map-style readers (npy, lmdb, hdf5): ``len``, random access, any sampler.
+class ReaderBase:
+    """What every reader holds: the output's path, its manifest and how samples are returned.
 
-    ``dataset[i]`` is ``(image, label)``: image a CHW tensor (see ImageConverter), label an int
-    (-1 for unlabelled data). With ``return_meta=True`` a third item ``{"index", "key", "label"}``
-    gives the sample's position, its source path relative to the converted folder, and its label.
-    ``transform`` is applied to the image tensor (random augmentation at training time).
+    ``transform`` is applied to the image tensor (random augmentation at training time);
+    ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
+    sample's position in the output, its source path relative to the converted folder, its label.
     """
 
     format_name: str = ""
@@ -83,9 +82,6 @@ class PackedDataset(Dataset):
         self.transform = transform
         self.return_meta = return_meta
         self._offsets = self.manifest.shard_offsets
-        self._handles: dict[int, Any] = {}
-        self._labels: dict[int, np.ndarray] = {}
-        self._pid: Optional[int] = None
 
     @property
     def classes(self) -> Optional[list[str]]:
@@ -94,6 +90,23 @@ class PackedDataset(Dataset):
 
     def __len__(self) -> int:
         return self.manifest.samples
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, shards={len(self.manifest.shards)})"
+
+
+class PackedDataset(ReaderBase, Dataset):
+    """Base of the map-style readers (npy, lmdb, hdf5): ``len``, random access, any sampler.
+
+    ``dataset[i]`` is ``(image, label)``: image a CHW tensor (see ImageConverter), label an int
+    (-1 for unlabelled data); ``(image, label, meta)`` with ``return_meta=True`` (see ReaderBase).
+    """
+
+    def __init__(self, root: str | os.PathLike, **options) -> None:
+        super().__init__(root, **options)
+        self._handles: dict[int, Any] = {}
+        self._labels: dict[int, np.ndarray] = {}
+        self._pid: Optional[int] = None
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index within the shard) of dataset index ``index``; negatives count from the end."""
@@ -169,6 +182,3 @@ class PackedDataset(Dataset):
         state = self.__dict__.copy()
         state["_handles"], state["_labels"], state["_pid"] = {}, {}, None
         return state
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, shards={len(self.manifest.shards)})"

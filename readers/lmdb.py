@@ -14,7 +14,6 @@ from packer.layout import LMDB_LABELS, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
-
 _ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
 """Open environments of this process by path: py-lmdb refuses to open one file twice in a process,
 and two datasets over the same output (train and eval views, a copy) are common."""

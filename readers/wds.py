@@ -12,55 +12,32 @@ import random
 import tarfile
 import warnings
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Optional
+from typing import Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.codecs import CODECS
 from packer.errors import ManifestError
-from packer.manifest import read_manifest
-from readers.base import ImageConverter, Transform, build_sample
+from readers.base import ReaderBase, build_sample
 
 
-class WdsDataset(IterableDataset):
+class WdsDataset(ReaderBase, IterableDataset):
     """Iterable dataset over a wds output.
 
     Yields ``(image, label)`` (``(image, label, meta)`` with ``return_meta=True``) as the map-style
     readers do; ``meta["index"]`` is the sample's position in the output, the index the map-style
-    readers use. ``len()`` is the number of samples in the output. Call ``set_epoch(e)`` before each
-    epoch to change the shuffle.
+    readers use. ``len()`` is the number of samples in the output. ``shuffle=N`` shuffles the shard
+    order and passes samples through an N-sample buffer; call ``set_epoch(e)`` before each epoch.
     """
 
     format_name = "wds"
 
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        *,
-        normalize: bool = True,
-        transform: Optional[Transform] = None,
-        return_meta: bool = False,
-        shuffle: int = 0,
-        seed: int = 0,
-    ) -> None:
-        self.root = Path(root)
-        self.manifest = read_manifest(self.root, expect_format=self.format_name)
-        self.convert = ImageConverter(self.manifest, normalize)
-        self.transform = transform
-        self.return_meta = return_meta
+    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0, **options) -> None:
+        super().__init__(root, **options)
         self.shuffle = int(shuffle)
         self.seed = int(seed)
         self.epoch = 0
-        self._offsets = self.manifest.shard_offsets
-
-    @property
-    def classes(self) -> Optional[list[str]]:
-        """Class names by index, or None for unlabelled data."""
-        return self.manifest.classes
-
-    def __len__(self) -> int:
-        return self.manifest.samples
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order)."""
@@ -108,9 +85,6 @@ class WdsDataset(IterableDataset):
             local += 1
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
-
-    def __repr__(self) -> str:
-        return f"WdsDataset({str(self.root)!r}, samples={len(self)}, shards={len(self.manifest.shards)})"
 
 
 def iter_tar_samples(path: Path) -> Iterator[dict]:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import ClassVar
 
 import lmdb
-
 import numpy as np
 
 from packer.codecs import encode_npy

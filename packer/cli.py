@@ -33,6 +33,7 @@ from packer.formats import WRITERS
 from packer.manifest import Manifest, read_manifest
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
+from packer.verify import verify as verify_output
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
 
@@ -195,6 +196,29 @@ def _describe(output: Path, m: Manifest) -> str:
         f"  skipped   {len(m.skipped)} file(s)",
     ]
     return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def verify(output: Path, quiet: bool) -> None:
+    """Re-read every shard of OUTPUT: sizes, SHA-256 checksums, and that every sample decodes intact.
+
+    Exits 1 and names the shard, file and sample of each problem found.
+    """
+    try:
+        m = read_manifest(output)
+        with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
+            problems = verify_output(output, progress=bar.update)
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    if problems:
+        for p in problems:
+            click.echo(f"  {p}", err=True)
+        raise click.ClickException(
+            f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
+        )
+    click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
 
 
 def main() -> None:

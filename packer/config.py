@@ -16,6 +16,7 @@ DTYPES = ("uint8", "float16", "float32")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_SHARD_BYTES = 256 * 1024**2
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 1024 // 4 // 3
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class PreprocessConfig:
     ``size`` is (width, height) and is None only with ``resize="none"``. ``mean``/``std`` are per
     channel on the 0..1 scale; None means no normalization (pixels scaled to 0..1). With
     ``dtype="uint8"`` pixels are stored as they are and readers normalize; with a float dtype the
-    normalized values are stored.
+    normalized values are stored. Images of more than ``max_pixels`` pixels are skipped
+    (decompression-bomb protection).
     """
 
     size: Optional[tuple[int, int]] = (224, 224)
@@ -37,8 +39,12 @@ class PreprocessConfig:
     mean: Optional[tuple[float, ...]] = IMAGENET_MEAN
     std: Optional[tuple[float, ...]] = IMAGENET_STD
     dtype: str = "uint8"
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
+        if self.max_pixels < 1:
+            raise ConfigError(f"--max-pixels must be positive (it guards against decompression bombs), "
+                              f"got {self.max_pixels}")
         _choice("resize", self.resize, RESIZE_MODES)
         _choice("mode", self.mode, COLOR_MODES)
         _choice("interpolation", self.interpolation, INTERPOLATIONS)

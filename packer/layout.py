@@ -4,6 +4,7 @@ from __future__ import annotations
 
 LMDB_LABELS = b"labels"
 LMDB_LENGTH = b"length"
+LMDB_CRC32 = b"crc32"
 
 
 def lmdb_image_key(i: int) -> bytes:

@@ -6,7 +6,10 @@ default, bilinear, matches torchvision's ``Resize`` with ``antialias=True``).
 
 from __future__ import annotations
 
+import io
 import os
+import stat
+import struct
 import warnings
 
 import numpy as np
@@ -30,11 +33,43 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
 
     Raises DecodeError (with a reason a person can act on) for any file that cannot be used.
     """
+    return decode_image(read_source(path), cfg, str(path))
+
+
+def read_source(path: str | os.PathLike) -> bytes:
+    """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
+
+    Checked before opening: a FIFO or device named ``x.jpg`` would block or never end.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        reason = "broken symbolic link" if os.path.islink(path) else "file not found (removed while packer ran?)"
+        raise DecodeError(str(path), reason) from None
+    except OSError as e:
+        raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DecodeError(str(path), "not a regular file (a pipe, device or socket)")
+    if st.st_size == 0:
+        raise DecodeError(str(path), "empty file: 0 bytes")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
+
+
+def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> np.ndarray:
+    """Decode image file bytes (by content, not extension) and preprocess them; see load_image."""
+    Image.MAX_IMAGE_PIXELS = cfg.max_pixels  # Pillow's own bomb check, in case a size is only known late
     try:
         with warnings.catch_warnings():
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
-            with Image.open(path) as img:
+            with Image.open(io.BytesIO(data)) as img:
+                w, h = img.size
+                if w * h > cfg.max_pixels:
+                    raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
                 ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
                 img = to_color_mode(img, cfg.mode, cfg.background)
                 img = resize(img, cfg)
@@ -42,18 +77,12 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     except DecodeError:
         raise
     except UnidentifiedImageError:
-        raise DecodeError(str(path), "not a readable image (unknown or corrupt format)") from None
-    except FileNotFoundError:
-        raise DecodeError(str(path), "file not found (removed while packer ran?)") from None
-    except PermissionError as e:
-        raise DecodeError(str(path), f"cannot read file: {e.strerror or e}") from None
+        raise DecodeError(path, "not an image: unknown format or corrupt header") from None
     except Image.DecompressionBombError as e:
-        raise DecodeError(str(path), f"image too large: {e}") from None
-    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as e:
-        # Pillow reports truncated and corrupt data as OSError/SyntaxError/ValueError/EOFError.
-        if isinstance(e, OSError) and e.filename is not None:  # an I/O error: no path in the reason
-            raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
-        raise DecodeError(str(path), f"corrupt or truncated image: {e}") from None
+        raise DecodeError(path, f"too many pixels: {e}") from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError, struct.error, IndexError, TypeError) as e:
+        # Pillow's plugins report truncated and corrupt data with all of these.
+        raise DecodeError(path, f"corrupt or truncated image: {e or type(e).__name__}") from None
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     return finish_pixels(pixels, cfg)

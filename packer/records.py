@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,27 @@ class Sample:
     key: str
     image: np.ndarray
     label: int = UNLABELLED
+
+    @property
+    def crc32(self) -> int:
+        """CRC-32 of the image's raw bytes (C order, stored dtype): stored to find damaged samples."""
+        return image_crc32(self.image)
+
+
+def image_crc32(image: np.ndarray) -> int:
+    """CRC-32 of an array's raw bytes in C order, as stored with every sample."""
+    return zlib.crc32(np.ascontiguousarray(image).data)
+
+
+@dataclass
+class StoredSample:
+    """One sample as read back from a shard by a format's scanner (used by ``packer verify``)."""
+
+    local: int
+    key: str
+    label: int
+    image: np.ndarray
+    crc32: int
 
 
 @dataclass(frozen=True)

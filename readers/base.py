@@ -51,6 +51,21 @@ class ImageConverter:
         return t
 
 
+def checked_path(root: Path, manifest: Manifest, relpath: str) -> Path:
+    """``root / relpath``, or ManifestError when that shard file is missing or not its recorded size."""
+    p = root / relpath
+    try:
+        size = p.stat().st_size
+    except OSError:
+        raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
+    recorded = next((f.bytes for s in manifest.shards for f in s.files if f.path == relpath), None)
+    if recorded is not None and size != recorded:
+        raise ManifestError(
+            f"{p} is {size} bytes but the manifest says {recorded}: the file is damaged; run packer verify"
+        )
+    return p
+
+
 def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform], meta: Optional[dict]):
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``."""
     if transform is not None:
@@ -150,11 +165,12 @@ class PackedDataset(ReaderBase, Dataset):
 
     # Handle lifecycle -------------------------------------------------------------------------
     def path(self, relpath: str) -> Path:
-        """Absolute path of a file named in the manifest, checked to exist."""
-        p = self.root / relpath
-        if not p.is_file():
-            raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete")
-        return p
+        """Path of a file named in the manifest, checked to exist with its recorded size.
+
+        The size check matters: memory-mapping a cut file (LMDB does) kills the process with SIGBUS
+        on the first read past its end, instead of raising an error.
+        """
+        return checked_path(self.root, self.manifest, relpath)
 
     def _handle(self, shard: int) -> Any:
         if self._pid != os.getpid():

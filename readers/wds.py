@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import os
 import random
-import tarfile
 import warnings
-from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.codecs import CODECS
 from packer.errors import ManifestError
-from readers.base import ReaderBase, build_sample
+from packer.tario import decode_tar_sample, iter_tar_samples
+from readers.base import ReaderBase, build_sample, checked_path
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -70,50 +68,14 @@ class WdsDataset(ReaderBase, IterableDataset):
     def iter_shard(self, shard: int) -> Iterator[tuple[int, np.ndarray, int, str]]:
         """``(index, image array, label, key)`` of each sample of one shard, in stored order."""
         entry = self.manifest.shards[shard]
-        path = self.root / entry.file(".tar")
-        if not path.is_file():
-            raise ManifestError(f"{path} is listed in the manifest but missing; the output is incomplete")
+        path = checked_path(self.root, self.manifest, entry.file(".tar"))
         local = 0
         for fields in iter_tar_samples(path):
-            try:
-                array = CODECS["npy"].decode(fields["npy"])
-                label = CODECS["cls"].decode(fields["cls"])
-                key = CODECS["json"].decode(fields["json"])["key"] if "json" in fields else fields["__key__"]
-            except (KeyError, ValueError) as e:
-                raise ManifestError(f"{path}: sample {fields.get('__key__')} is damaged ({e})") from None
-            yield self._offsets[shard] + local, array, label, key
+            array, label, meta = decode_tar_sample(fields, str(path))
+            yield self._offsets[shard] + local, array, label, meta.get("key", fields["__key__"])
             local += 1
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
-
-
-def iter_tar_samples(path: Path) -> Iterator[dict]:
-    """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order."""
-    current: dict = {}
-    try:
-        with tarfile.open(path, mode="r|") as tar:
-            for info in tar:
-                if not info.isfile():
-                    continue
-                name = PurePosixPath(info.name)
-                if name.is_absolute() or ".." in name.parts:
-                    raise ManifestError(f"{path}: member {info.name!r} has an unsafe path; refusing to read it")
-                key, _, ext = info.name.partition(".") if "/" not in info.name else _split_nested(info.name)
-                if current and key != current["__key__"]:
-                    yield current
-                    current = {}
-                current["__key__"] = key
-                current[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
-    except tarfile.TarError as e:
-        raise ManifestError(f"{path} is not a readable tar file ({e}); the shard is damaged") from None
-    if current:
-        yield current
-
-
-def _split_nested(name: str) -> tuple[str, str, str]:
-    folder, _, base = name.rpartition("/")
-    key, dot, ext = base.partition(".")
-    return f"{folder}/{key}", dot, ext
 
 
 def shuffle_buffer(items: Iterator, size: int, rng: random.Random) -> Iterator:

@@ -3,6 +3,7 @@
 import io
 import json
 import tarfile
+import zlib
 
 import h5py
 import lmdb
@@ -11,8 +12,9 @@ import pytest
 
 import packer.formats.lmdb as lmdb_format
 from packer.errors import ConfigError
-from packer.formats import WRITERS, ImageLayout, get_writer
+from packer.formats import SCANNERS, WRITERS, ImageLayout, get_writer
 from packer.formats.lmdb import LmdbWriter
+from packer.manifest import ShardEntry, file_entry
 from packer.records import Sample
 
 H, W, C = 6, 5, 3
@@ -81,18 +83,22 @@ def test_layout_fields_and_bytes():
 def test_npy_layout(tmp_path, n):
     samples = make_samples(n)
     files = write("npy", tmp_path, samples)
-    assert files == ["shard-00003.images.npy", "shard-00003.labels.npy", "shard-00003.keys.npy"]
+    assert files == ["shard-00003.images.npy", "shard-00003.labels.npy", "shard-00003.keys.npy",
+                     "shard-00003.crc32.npy"]
     images = np.load(tmp_path / files[0], mmap_mode="r")
     labels = np.load(tmp_path / files[1], mmap_mode="r")
     keys = np.load(tmp_path / files[2])
+    crcs = np.load(tmp_path / files[3])
     assert isinstance(images, np.memmap)
     assert images.shape == (n, H, W, C) and images.dtype == np.uint8
     assert labels.shape == (n,) and labels.dtype == np.int64
     assert keys.shape == (n,) and keys.dtype.kind == "U"
+    assert crcs.shape == (n,) and crcs.dtype == np.uint32
     for i, s in enumerate(samples):
         assert np.array_equal(images[i], s.image)
         assert labels[i] == s.label
         assert keys[i] == s.key
+        assert crcs[i] == zlib.crc32(s.image.tobytes())
 
 
 def test_npy_fewer_samples_than_capacity(tmp_path):
@@ -131,8 +137,10 @@ def test_hdf5_layout(tmp_path, n):
     files = write("hdf5", tmp_path, samples)
     assert files == ["shard-00003.h5"]
     with h5py.File(tmp_path / files[0], "r") as f:
-        assert set(f.keys()) == {"images", "labels", "keys"}
+        assert set(f.keys()) == {"images", "labels", "keys", "crc32"}
         images, labels, keys = f["images"], f["labels"], f["keys"]
+        assert f["crc32"].dtype == np.uint32
+        assert f["crc32"][:].tolist() == [zlib.crc32(s.image.tobytes()) for s in samples]
         assert images.shape == (n, H, W, C) and images.dtype == np.uint8
         assert images.chunks == (1, H, W, C)
         assert labels.shape == (n,) and labels.dtype == np.int64
@@ -189,7 +197,9 @@ def check_lmdb(path, samples):
     labels = np.load(io.BytesIO(data[b"labels"]), allow_pickle=False)
     assert labels.dtype == np.int64
     assert labels.tolist() == [s.label for s in samples]
-    expected_keys = {b"length", b"labels"}
+    crcs = np.load(io.BytesIO(data[b"crc32"]), allow_pickle=False)
+    assert crcs.dtype == np.uint32 and crcs.tolist() == [zlib.crc32(s.image.tobytes()) for s in samples]
+    expected_keys = {b"length", b"labels", b"crc32"}
     for i, s in enumerate(samples):
         expected_keys |= {b"%08d.image" % i, b"%08d.key" % i}
         image = np.load(io.BytesIO(data[b"%08d.image" % i]), allow_pickle=False)
@@ -267,7 +277,7 @@ def test_wds_tar_members(tmp_path, n):
             key = f"{s.index:09d}"
             assert tar.extractfile(f"{key}.cls").read() == str(s.label).encode("ascii")
             meta = json.loads(tar.extractfile(f"{key}.json").read())
-            assert meta == {"key": s.key, "label": s.label}
+            assert meta == {"key": s.key, "label": s.label, "crc32": zlib.crc32(s.image.tobytes())}
             image = np.load(io.BytesIO(tar.extractfile(f"{key}.npy").read()), allow_pickle=False)
             assert np.array_equal(image, s.image)
 
@@ -289,6 +299,26 @@ def test_wds_read_by_webdataset(tmp_path):
     assert [g["__key__"] for g in got] == [f"{s.index:09d}" for s in samples]
     for g, s in zip(got, samples):
         assert g["cls"] == s.label
-        assert g["json"] == {"key": s.key, "label": s.label}
+        assert g["json"] == {"key": s.key, "label": s.label, "crc32": zlib.crc32(s.image.tobytes())}
         assert isinstance(g["npy"], np.ndarray)
         assert np.array_equal(g["npy"], s.image)
+
+
+# --------------------------------------------------------------------------- scanners
+
+
+def test_scanner_registry_matches_writers():
+    assert set(SCANNERS) == set(WRITERS)
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("n", [0, 7])
+def test_scanner_reads_back_what_the_writer_wrote(tmp_path, fmt, n):
+    samples = make_samples(n)
+    files = write(fmt, tmp_path, samples)
+    entry = ShardEntry("shard-00003", n, [file_entry(tmp_path, f) for f in files])
+    got = list(SCANNERS[fmt](tmp_path, entry))
+    assert [g.local for g in got] == list(range(n))
+    for g, s in zip(got, samples):
+        assert (g.key, g.label, g.crc32) == (s.key, s.label, s.crc32)
+        assert np.array_equal(g.image, s.image)

@@ -268,7 +268,7 @@ def test_text_file_named_jpg(tmp_path):
     path.write_text("this is not an image\n" * 20)
     with pytest.raises(DecodeError) as exc:
         load_image(path, PreprocessConfig())
-    assert "not a readable image" in exc.value.reason
+    assert exc.value.reason.startswith("not an image")
 
 
 def test_truncated_jpeg(tmp_path):

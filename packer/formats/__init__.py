@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable, Iterator
+
 from packer.errors import ConfigError
+from packer.formats import hdf5, lmdb, npy, wds
 from packer.formats.base import ImageLayout, ShardWriter
 from packer.formats.hdf5 import Hdf5Writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.npy import NpyWriter
 from packer.formats.wds import WdsWriter
+from packer.manifest import ShardEntry
+from packer.records import StoredSample
 
 WRITERS: dict[str, type[ShardWriter]] = {
     "npy": NpyWriter,
@@ -15,6 +21,17 @@ WRITERS: dict[str, type[ShardWriter]] = {
     "hdf5": Hdf5Writer,
     "wds": WdsWriter,
 }
+
+
+Scanner = Callable[[Path, ShardEntry], Iterator[StoredSample]]
+
+SCANNERS: dict[str, Scanner] = {
+    "npy": npy.scan_shard,
+    "lmdb": lmdb.scan_shard,
+    "hdf5": hdf5.scan_shard,
+    "wds": wds.scan_shard,
+}
+"""Per format: read every sample of one shard back with the stock library (``packer verify``)."""
 
 
 def get_writer(name: str) -> type[ShardWriter]:
@@ -25,4 +42,4 @@ def get_writer(name: str) -> type[ShardWriter]:
         raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(WRITERS)}") from None
 
 
-__all__ = ["WRITERS", "get_writer", "ImageLayout", "ShardWriter"]
+__all__ = ["WRITERS", "SCANNERS", "get_writer", "ImageLayout", "ShardWriter"]

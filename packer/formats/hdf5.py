@@ -1,21 +1,22 @@
 """HDF5 shards: one ``NAME.h5`` file per shard with one dataset per field.
 
 Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random access),
-``labels`` (N, int64) and ``keys`` (N, UTF-8 strings). Timestamps are off so equal inputs give
+``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Timestamps are off so equal inputs give
 byte-identical files.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 import h5py
 import numpy as np
 
 from packer.errors import ConfigError
 from packer.formats.base import ImageLayout
-from packer.records import Sample
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
 
 BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
 
@@ -40,6 +41,7 @@ class Hdf5Writer:
         self._pending = 0
         self.labels: list[int] = []
         self.keys: list[str] = []
+        self.crcs: list[int] = []
 
     def add(self, sample: Sample) -> None:
         """Buffer one sample; full buffers go to the file in one write."""
@@ -49,6 +51,7 @@ class Hdf5Writer:
         self._pending += 1
         self.labels.append(sample.label)
         self.keys.append(sample.key)
+        self.crcs.append(sample.crc32)
         if self._pending == BATCH:
             self._flush()
 
@@ -61,11 +64,25 @@ class Hdf5Writer:
         self._pending = 0
 
     def close(self) -> list[str]:
-        """Write labels and keys and close the file."""
+        """Write labels, keys and checksums and close the file."""
         self._flush()
         self._file.create_dataset("labels", data=np.asarray(self.labels, dtype=np.int64), track_times=False)
+        self._file.create_dataset("crc32", data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
         self._file.create_dataset(
             "keys", data=np.asarray(self.keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
         )
         self._file.close()
         return [self.file_name]
+
+
+def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with h5py alone."""
+    with h5py.File(directory / shard.file(".h5"), "r") as f:
+        images, labels, keys, crcs = f["images"], f["labels"][:], f["keys"].asstr()[:], f["crc32"][:]
+        if not len(images) == len(labels) == len(keys) == len(crcs) == shard.samples:
+            raise ValueError(
+                f"{shard.name}: {len(images)} images, {len(labels)} labels, {len(keys)} keys, "
+                f"{len(crcs)} checksums; the manifest says {shard.samples}"
+            )
+        for i in range(shard.samples):
+            yield StoredSample(i, str(keys[i]), int(labels[i]), images[i], int(crcs[i]))

@@ -3,6 +3,7 @@
 Keys (ASCII) and values:
   ``length``          the sample count, ASCII decimal
   ``labels``          ``.npy`` bytes of an int64 array of every label in the shard
+  ``crc32``           ``.npy`` bytes of a uint32 array: CRC-32 of each image's raw pixel bytes
   ``00000042.image``  ``.npy`` bytes of sample 42's HxWxC image (index local to the shard)
   ``00000042.key``    UTF-8 relative source path of sample 42
 Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pickle.
@@ -11,15 +12,16 @@ Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pick
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 import lmdb
 import numpy as np
 
-from packer.codecs import encode_npy
+from packer.codecs import decode_npy, encode_npy
 from packer.formats.base import ImageLayout
-from packer.layout import LMDB_LABELS, LMDB_LENGTH, lmdb_image_key, lmdb_key_key
-from packer.records import Sample
+from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, lmdb_image_key, lmdb_key_key
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
 
 COMMIT_BYTES = 64 * 1024**2  # one write transaction per ~64 MB keeps dirty pages in RAM bounded
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
@@ -43,6 +45,7 @@ class LmdbWriter:
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self.labels: list[int] = []
+        self.crcs: list[int] = []
 
     def add(self, sample: Sample) -> None:
         """Queue one sample; queued samples are committed in transactions of ~64 MB."""
@@ -52,6 +55,7 @@ class LmdbWriter:
         self._pending.append((lmdb_key_key(i), sample.key.encode("utf-8")))
         self._pending_bytes += len(value)
         self.labels.append(sample.label)
+        self.crcs.append(sample.crc32)
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()
 
@@ -71,9 +75,33 @@ class LmdbWriter:
     def close(self) -> list[str]:
         """Commit the rest, the labels and the length, and close."""
         self._pending.append((LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))))
+        self._pending.append((LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))))
         self._pending.append((LMDB_LENGTH, str(len(self.labels)).encode("ascii")))
         self._commit()
         # No fsync here, as for the other formats: the manifest, written last, is what makes an
         # output complete, and the data is in the page cache for any process that reads it.
         self._env.close()
         return [self.file_name]
+
+
+def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with lmdb and numpy alone."""
+    env = lmdb.open(str(directory / shard.file(".lmdb")), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            def get(key: bytes) -> bytes:
+                value = txn.get(key)
+                if value is None:
+                    raise KeyError(f"{shard.name}: key {key.decode()} is missing")
+                return value
+
+            length = int(get(LMDB_LENGTH))
+            labels, crcs = decode_npy(get(LMDB_LABELS)), decode_npy(get(LMDB_CRC32))
+            if not length == len(labels) == len(crcs) == shard.samples:
+                raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
+                                 f"the manifest says {shard.samples}")
+            for i in range(length):
+                key = get(lmdb_key_key(i)).decode("utf-8")
+                yield StoredSample(i, key, int(labels[i]), decode_npy(get(lmdb_image_key(i))), int(crcs[i]))
+    finally:
+        env.close()

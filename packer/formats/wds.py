@@ -2,8 +2,8 @@
 
 Each sample is three members sharing a key (the zero-padded position of the source file in the
 sorted listing): ``KEY.npy`` (the HxWxC image), ``KEY.cls`` (the label, ASCII) and ``KEY.json``
-(``{"key": relative source path, "label": int}``). ``webdataset.WebDataset(urls).decode()`` reads
-them unchanged.
+(``{"key": relative source path, "label": int, "crc32": CRC-32 of the image's raw bytes}``).
+``webdataset.WebDataset(urls).decode()`` reads them unchanged.
 
 The tar is written with the standard library's ``tarfile`` (POSIX ustar, as webdataset's own
 TarWriter does) rather than through webdataset, whose import pulls in torch: two seconds and a
@@ -16,12 +16,14 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Iterator
 
 from packer.codecs import CODECS
 from packer.formats.base import ImageLayout
 from packer.layout import TAR_MEMBERS, tar_member_key
-from packer.records import Sample
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
+from packer.tario import decode_tar_sample, iter_tar_samples
 
 
 class WdsWriter:
@@ -39,7 +41,7 @@ class WdsWriter:
         key = tar_member_key(sample.index)
         values = {
             "cls": CODECS["cls"].encode(sample.label),
-            "json": CODECS["json"].encode({"key": sample.key, "label": sample.label}),
+            "json": CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),
             "npy": CODECS["npy"].encode(sample.image),
         }
         for ext in TAR_MEMBERS:
@@ -53,3 +55,13 @@ class WdsWriter:
         """Write the tar end marker and close."""
         self._tar.close()
         return [self.file_name]
+
+
+def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with tarfile and numpy alone."""
+    n = 0
+    for n, fields in enumerate(iter_tar_samples(directory / shard.file(".tar")), start=1):
+        image, label, meta = decode_tar_sample(fields)
+        yield StoredSample(n - 1, meta.get("key", fields["__key__"]), label, image, int(meta.get("crc32", -1)))
+    if n != shard.samples:
+        raise ValueError(f"{shard.name}: the tar holds {n} samples; the manifest says {shard.samples}")

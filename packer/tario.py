@@ -1,0 +1,54 @@
+"""Reading tar shards as samples, in memory only: shared by ``packer verify`` and the wds reader."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import IO, Iterator, Optional, Union
+
+import numpy as np
+
+from packer.codecs import CODECS
+from packer.errors import ManifestError
+
+
+def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None) -> Iterator[dict]:
+    """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order.
+
+    ``source`` is a path or a readable binary stream (read sequentially, never seeked). Members are
+    read into memory only; a member with an absolute path or ``..`` is refused, so a crafted tar
+    cannot point anywhere. Errors are ManifestError naming the shard.
+    """
+    name = name or str(source)
+    current: dict = {}
+    try:
+        tar = tarfile.open(source, mode="r|") if isinstance(source, Path) else tarfile.open(fileobj=source, mode="r|")
+        with tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                member = PurePosixPath(info.name)
+                if member.is_absolute() or ".." in member.parts:
+                    raise ManifestError(f"{name}: member {info.name!r} has an unsafe path; refusing to read it")
+                key, _, ext = member.name.partition(".")
+                if member.parent.as_posix() != ".":
+                    key = f"{member.parent.as_posix()}/{key}"
+                if current and key != current["__key__"]:
+                    yield current
+                    current = {}
+                current["__key__"] = key
+                current[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, OSError) as e:
+        detail = e or type(e).__name__
+        raise ManifestError(f"{name} is not a complete tar file ({detail}); the shard is damaged") from None
+    if current:
+        yield current
+
+
+def decode_tar_sample(fields: dict, name: str = "tar") -> tuple[np.ndarray, int, dict]:
+    """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged."""
+    try:
+        meta = CODECS["json"].decode(fields["json"]) if "json" in fields else {}
+        return CODECS["npy"].decode(fields["npy"]), CODECS["cls"].decode(fields["cls"]), meta
+    except (KeyError, ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None

@@ -1,13 +1,15 @@
-"""The ``packer`` command line: a thin layer over ``packer.convert`` and the manifest.
+"""The ``packer`` command line: a thin layer over ``packer.convert``, ``packer.verify`` and the manifest.
 
-Exit codes: 0 done (bad source files skipped and reported), 1 the run failed (message says why),
-2 bad usage, 130 interrupted.
+Exit codes: 0 done (bad source files skipped and reported), 1 the run failed or ``--strict`` met a
+bad file or ``verify`` found damage (the message says why; nothing is written), 2 bad usage,
+130 interrupted (Ctrl-C or SIGTERM; finished shards are kept for ``--resume``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -19,6 +21,7 @@ from tqdm import tqdm
 from packer import __version__
 from packer.config import (
     COLOR_MODES,
+    DEFAULT_MAX_PIXELS,
     DTYPES,
     INTERPOLATIONS,
     RESIZE_MODES,
@@ -28,11 +31,14 @@ from packer.config import (
     parse_shard_size,
     parse_size,
 )
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, DecodeError, PackerError
+from packer.executor import DEFAULT_TIMEOUT
 from packer.formats import WRITERS
 from packer.manifest import Manifest, read_manifest
+from packer.output import staging_dir
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
+from packer.report import REPORT_NAME, reason_kind
 from packer.verify import verify as verify_output
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
@@ -79,13 +85,21 @@ def cli(verbose: bool) -> None:
               help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
 @click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="CSV of 'relative path,label' rows overriding the folder classes.")
+@click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS,
+              help="Skip images with more pixels than this (decompression-bomb protection).")
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes.  [default: usable cores]", show_default=False)
+@click.option("--strict", is_flag=True,
+              help="Stop at the first bad file (exit 1, nothing written) instead of skipping it.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its finished shards.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=DEFAULT_TIMEOUT,
+              help="Seconds one file may take to decode before it is skipped as hanging.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, shard_size: str, labels_file: Optional[Path],
-            workers: Optional[int], overwrite: bool, quiet: bool) -> None:
+            max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
+            quiet: bool) -> None:
     """Convert the image folder SOURCE into a packed output.
 
     Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
@@ -97,7 +111,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         pre = PreprocessConfig(
             size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
-            mean=mean, std=std, dtype=dtype,
+            mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
         )
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size))
     except ConfigError as e:
@@ -112,18 +126,33 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     def on_progress(n: int) -> None:
         bars[0].update(n)
 
+    # Ctrl-C and a batch scheduler's SIGTERM stop the run the same way, even when the shell
+    # started packer in the background with SIGINT ignored.
+    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
-                             overwrite=overwrite, progress=on_progress, on_plan=on_plan)
+                             overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
+                             progress=on_progress, on_plan=on_plan)
     except KeyboardInterrupt:
         _close(bars)
-        click.echo("packer: interrupted; no output was written", err=True)
+        click.echo(f"packer: interrupted; no output was written. Finished shards are kept in "
+                   f"{staging_dir(output)}: run the same command with --resume to continue.", err=True)
         sys.exit(130)
+    except DecodeError as e:
+        _close(bars)
+        raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
     except PackerError as e:
         _close(bars)
         raise click.ClickException(str(e)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
     _close(bars)
     _summary(result)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _close(bars: list[tqdm]) -> None:
@@ -133,25 +162,30 @@ def _close(bars: list[tqdm]) -> None:
 
 def _summary(result: ConvertResult) -> None:
     m = result.manifest
-    rate = (m.samples + len([s for s in result.skipped])) / result.seconds if result.seconds else 0.0
+    files = m.samples + len(result.skipped)
+    rate = files / result.seconds if result.seconds else 0.0
     click.echo(
         f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
         f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s ({rate:.0f} images/s)"
     )
+    report = result.output / REPORT_NAME
     if result.skipped:
-        reasons = Counter(_reason_kind(s.reason) for s in result.skipped)
-        click.echo(f"skipped {len(result.skipped)} file(s), listed in {result.output / 'manifest.json'}:", err=True)
+        reasons = Counter(reason_kind(s.reason) for s in result.skipped)
+        click.echo(f"skipped {len(result.skipped)} file(s), all listed in {report}:", err=True)
         for kind, count in reasons.most_common():
             click.echo(f"  {count} x {kind}", err=True)
-            for s in [s for s in result.skipped if _reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
+            for s in [s for s in result.skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
                 click.echo(f"      {s.path}: {s.reason}", err=True)
+    if m.classes and m.class_counts:
+        empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
+        if empty:
+            click.echo(f"warning: {len(empty)} class(es) have no samples: {', '.join(empty)}", err=True)
+    if m.duplicates:
+        click.echo(f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
+                   f"bytes (all packed; listed in {report})", err=True)
     if result.ignored:
         parts = ", ".join(f"{ext} x{n}" for ext, n in result.ignored.items())
         click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
-
-
-def _reason_kind(reason: str) -> str:
-    return reason.split(":", 1)[0]
 
 
 def _human(n: float) -> str:

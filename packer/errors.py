@@ -30,3 +30,7 @@ class DecodeError(PackerError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+    def __reduce__(self):
+        # Crosses process boundaries (worker to parent in --strict mode): rebuild from both fields.
+        return (type(self), (self.path, self.reason))

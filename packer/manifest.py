@@ -59,6 +59,8 @@ class Manifest:
     skipped: list[dict] = field(default_factory=list)
     source: dict = field(default_factory=dict)
     sharding: dict = field(default_factory=dict)
+    class_counts: Optional[list[int]] = None
+    duplicates: list[list[str]] = field(default_factory=list)
     manifest_version: int = MANIFEST_VERSION
 
     def to_dict(self) -> dict:
@@ -70,11 +72,13 @@ class Manifest:
             "packer_version": self.packer_version,
             "samples": self.samples,
             "classes": self.classes,
+            "class_counts": self.class_counts,
             "fields": self.fields,
             "preprocess": self.preprocess,
             "sharding": self.sharding,
             "shards": [s.to_dict() for s in self.shards],
             "skipped": self.skipped,
+            "duplicates": self.duplicates,
             "source": self.source,
         }
 
@@ -99,6 +103,8 @@ class Manifest:
                 skipped=d.get("skipped", []),
                 source=d.get("source", {}),
                 sharding=d.get("sharding", {}),
+                class_counts=d.get("class_counts"),
+                duplicates=d.get("duplicates", []),
                 manifest_version=int(d.get("manifest_version", 1)),
             )
         except (KeyError, TypeError, ValueError) as e:

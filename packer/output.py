@@ -2,18 +2,25 @@
 
 A conversion writes into a hidden staging folder beside the output and renames it into place only
 after the manifest, the last file, is written. Without a manifest a folder is not an output.
+The staging folder also keeps what ``--resume`` needs: the plan's fingerprint and a record of each
+finished shard (its files' SHA-256), so an interrupted run continues where it stopped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import IO, Optional
 
 from packer.errors import OutputError
-from packer.manifest import MANIFEST_NAME
+from packer.manifest import MANIFEST_NAME, sha256_of
+from packer.records import ShardResult
 
 STAGING_MARK = ".packer-staging"
+PLAN_RECORD = ".packer-plan.json"
+DONE_SUFFIX = ".done.json"
 
 
 def check_output(output: Path, overwrite: bool) -> None:
@@ -53,8 +60,73 @@ def start_staging(output: Path) -> Path:
     return stage
 
 
+def lock_staging(stage: Path) -> Optional[IO]:
+    """Hold an exclusive lock on a staging folder for this run; OutputError if another run holds it.
+
+    The lock goes with the process: a killed run releases it. Returns the open lock file, to keep
+    open until the run ends (None where the platform has no ``fcntl``).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None
+    handle = open(stage / STAGING_MARK, "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise OutputError(f"another packer run is writing {stage}; wait for it to finish or stop it") from None
+    return handle
+
+
+def write_plan(stage: Path, plan: dict) -> None:
+    """Record the plan (fingerprint and worker count) that ``--resume`` must find unchanged."""
+    _write_json(stage / PLAN_RECORD, plan)
+
+
+def read_plan(stage: Path) -> Optional[dict]:
+    """The plan recorded in a staging folder left by an interrupted run, if there is one."""
+    try:
+        if not (stage / STAGING_MARK).is_file():
+            return None
+        return json.loads((stage / PLAN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def record_shard(stage: Path, result: ShardResult) -> None:
+    """Note a finished shard, written after its files are closed and hashed."""
+    _write_json(stage / f"{result.name}{DONE_SUFFIX}", result.to_dict())
+
+
+def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
+    """Shards of an interrupted run whose record exists and whose files still match their SHA-256."""
+    finished = {}
+    for name in names:
+        try:
+            result = ShardResult.from_dict(json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if all(_intact(stage, f.path, f.bytes, f.sha256) for f in result.files):
+            finished[name] = result
+    return finished
+
+
+def _intact(stage: Path, relpath: str, size: int, digest: str) -> bool:
+    path = stage / relpath
+    return path.is_file() and path.stat().st_size == size and sha256_of(path) == digest
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def publish(stage: Path, output: Path) -> None:
     """Move a finished staging folder into place as ``output`` (replacing an old output)."""
+    for record in [stage / PLAN_RECORD, *stage.glob(f"*{DONE_SUFFIX}")]:
+        record.unlink(missing_ok=True)
     (stage / STAGING_MARK).unlink()
     old = None
     if output.exists():

@@ -6,14 +6,12 @@ talking to any other; the parent only collects their results and writes the mani
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
-import multiprocessing as mp
 import os
-import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -21,13 +19,27 @@ from typing import Callable, Optional, Sequence
 from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import Discovery, discover
-from packer.errors import ConfigError, PackerError
+from packer.errors import ConfigError, DecodeError, OutputError
+from packer.executor import DEFAULT_TIMEOUT, run_jobs
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import FORMAT_VERSIONS, Manifest, ShardEntry, write_manifest
-from packer.output import check_output, discard, publish, start_staging
+from packer.output import (
+    STAGING_MARK,
+    check_output,
+    discard,
+    finished_shards,
+    lock_staging,
+    publish,
+    read_plan,
+    record_shard,
+    staging_dir,
+    start_staging,
+    write_plan,
+)
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
+from packer.report import REPORT_NAME, write_report
 from packer.system import usable_cpus
-from packer.worker import ShardJob, init_worker, write_shard
+from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +114,21 @@ def convert(
     labels_file: Optional[str | os.PathLike] = None,
     workers: Optional[int] = None,
     overwrite: bool = False,
+    strict: bool = False,
+    resume: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
     progress: Optional[ProgressFn] = None,
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
 ) -> ConvertResult:
     """Convert the image folder ``source`` into a packed output folder ``output``.
 
-    ``workers`` defaults to the usable core count. ``progress`` is called with the number of
-    source files finished since its last call; ``on_plan`` once the work is known. Raises a
-    PackerError subclass for anything the user must fix; bad image files are skipped and listed.
+    ``workers`` defaults to the usable core count. Bad image files are skipped and listed, or with
+    ``strict`` the first one raises DecodeError and nothing is written. ``resume`` continues an
+    interrupted run from its finished shards (checked by SHA-256); the result equals an
+    uninterrupted run. A file that takes more than ``timeout`` seconds hangs the decoder and is
+    skipped. ``progress`` is called with the number of source files finished since its last call;
+    ``on_plan`` once the work is known. Raises a PackerError subclass for anything the user must
+    fix; on KeyboardInterrupt the staging folder is kept for ``resume``.
     """
     started = time.perf_counter()
     output = Path(output)
@@ -123,22 +142,78 @@ def convert(
         )
     check_output(output, overwrite)
     found = discover(source, labels_file)
+    if strict and found.skipped:
+        first = found.skipped[0]
+        raise DecodeError(first.path, first.reason)
     workers = max(1, workers or usable_cpus())
-    tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), workers)
+    stage = staging_dir(output)
+    lock = lock_staging(stage) if (stage / STAGING_MARK).is_file() else None
+    previous = read_plan(stage) if resume else None
+    plan_workers = previous.get("workers", workers) if previous else workers
+    tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), plan_workers)
+    fingerprint = plan_fingerprint(config, tasks)
+    finished: dict[str, ShardResult] = {}
+    if previous is not None:
+        if previous.get("fingerprint") != fingerprint:
+            raise OutputError(
+                f"the source files or options changed since the interrupted run in {stage}; "
+                "run without --resume to start over"
+            )
+        finished = finished_shards(stage, [t.name for t in tasks])
+        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
+    else:
+        if stage.exists() and not resume:
+            log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
+        start_staging(output)  # replaces an unfinished run's folder (whose lock we hold) with a new one
+        if lock is not None:
+            lock.close()
+        lock = lock_staging(stage)
+        write_plan(stage, {"fingerprint": fingerprint, "workers": plan_workers})
     if on_plan is not None:
         on_plan(found, tasks)
-    stage = start_staging(output)
+    if progress is not None:
+        done_items = sum(len(t.items) for t in tasks if t.name in finished)
+        if done_items:
+            progress(done_items)
     try:
-        jobs = [ShardJob(t, config.format, layout, pre, str(stage)) for t in tasks]
-        results = run_jobs(jobs, workers, progress)
-        manifest = build_manifest(config, layout, found, results, workers)
+        jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict) for i, t in enumerate(tasks)]
+        todo = [j for j in jobs if j.task.name not in finished]
+        fresh = run_jobs(todo, workers, progress=progress, timeout=timeout,
+                         on_result=lambda job, result: record_shard(stage, result)) if todo else []
+        by_name = {**finished, **{r.name: r for r in fresh}}
+        results = [by_name[t.name] for t in tasks]
+        manifest = build_manifest(config, layout, found, results, plan_workers)
         write_manifest(stage, manifest)
+        write_report(stage / REPORT_NAME, manifest)
         publish(stage, output)
+    except KeyboardInterrupt:
+        raise  # the staging folder stays, with its finished shards, for --resume
     except BaseException:
         discard(stage)
         raise
+    finally:
+        if lock is not None:
+            lock.close()
     skipped = list(found.skipped) + [s for r in results for s in r.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored)
+
+
+def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask]) -> str:
+    """SHA-256 of everything that decides the output: options, shard plan, and each source file's
+    size and modification time (so a resumed run notices files changed in between)."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(),
+                         "shard_size": config.shard_size.describe()}, sort_keys=True).encode())
+    for task in tasks:
+        h.update(task.name.encode())
+        for item in task.items:
+            try:
+                st = os.stat(item.path)
+                stamp = f"{st.st_size}:{st.st_mtime_ns}"
+            except OSError:
+                stamp = "missing"
+            h.update(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}".encode())
+    return h.hexdigest()
 
 
 def build_manifest(
@@ -150,71 +225,34 @@ def build_manifest(
     sharding = {"shard_size": config.shard_size.describe()}
     if config.shard_size.is_auto:
         sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
+    counts = None
+    if found.classes is not None:
+        labels = [label for r in results for label in r.labels]
+        counts = [0] * len(found.classes)
+        for label in labels:
+            if 0 <= label < len(counts):
+                counts[label] += 1
     return Manifest(
         format=config.format,
         format_version=FORMAT_VERSIONS[config.format],
         packer_version=__version__,
         samples=sum(r.samples for r in results),
         classes=found.classes,
+        class_counts=counts,
         fields=layout.fields(),
         preprocess=config.preprocess.to_dict(),
         sharding=sharding,
         shards=shards,
         skipped=skipped,
+        duplicates=find_duplicates(results),
         source={"files": len(found.items) + len(found.skipped), "ignored": found.ignored},
     )
 
 
-def run_jobs(jobs: list[ShardJob], workers: int, progress: Optional[ProgressFn] = None) -> list[ShardResult]:
-    """Write every shard, in a pool of ``workers`` processes (inline for one), results in job order."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [write_shard(job, progress) for job in jobs]
-    ctx = _context()
-    queue = ctx.SimpleQueue()
-    drain = threading.Thread(target=_drain, args=(queue, progress), daemon=True)
-    drain.start()
-    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=init_worker, initargs=(queue,))
-    try:
-        futures = [pool.submit(write_shard, job) for job in jobs]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for job, fut in zip(jobs, futures):
-            if fut.done() and fut.exception() is not None:
-                exc = fut.exception()
-                if isinstance(exc, BrokenProcessPool):
-                    raise PackerError(
-                        f"a worker process died while writing {job.task.name} (out of memory, or a crash in "
-                        "an image decoder); run again with --workers 1 to find the file"
-                    ) from None
-                raise exc  # type: ignore[misc]
-        return [f.result() for f in futures]
-    except BaseException:
-        _stop(pool)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        queue.put(None)
-        drain.join(timeout=5)
-
-
-def _context():
-    # forkserver: workers start from a clean process, not a copy of one that may hold threads,
-    # open files or CUDA state; the preload imports the worker code once for all of them.
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["packer.worker"])
-        return ctx
-    return mp.get_context("spawn")
-
-
-def _drain(queue, progress: Optional[ProgressFn]) -> None:
-    while (n := queue.get()) is not None:
-        if progress is not None:
-            progress(n)
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel queued shards and end running workers at once (used on errors and Ctrl-C)."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        if proc.is_alive():
-            proc.terminate()
+def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
+    """Groups of sample keys whose source files have identical bytes, in key order."""
+    groups: dict[str, list[str]] = {}
+    for r in results:
+        for key, digest in zip(r.keys, r.digests):
+            groups.setdefault(digest, []).append(key)
+    return sorted(keys for keys in groups.values() if len(keys) > 1)

@@ -94,9 +94,33 @@ class FileEntry:
 
 @dataclass
 class ShardResult:
-    """What a worker reports after writing one shard."""
+    """What a worker reports after writing one shard.
+
+    ``keys``, ``labels`` and ``digests`` (a 64-bit BLAKE2b of each source file, to find identical
+    files) are per written sample, in order.
+    """
 
     name: str
     samples: int
     files: list[FileEntry]
     skipped: list[Skipped] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (the record of a finished shard kept for --resume)."""
+        return {
+            "name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
+            "skipped": [s.to_dict() for s in self.skipped],
+            "keys": self.keys, "labels": self.labels, "digests": self.digests,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardResult":
+        """Inverse of ``to_dict``."""
+        return cls(
+            d["name"], int(d["samples"]), [FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in d["files"]],
+            [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
+            list(d["digests"]),
+        )

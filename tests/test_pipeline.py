@@ -10,13 +10,14 @@ import lmdb
 import numpy as np
 import pytest
 
-import packer.worker
+import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import DEFAULT_SHARD_BYTES, ShardSize
 from packer.discover import discover
 from packer.errors import ConfigError, OutputError
 from packer.formats import ImageLayout
 from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.report import REPORT_NAME
 from packer.output import STAGING_MARK, staging_dir
 from packer.pipeline import estimate_sample_bytes, plan_shards, shard_name
 from packer.preprocess import load_image
@@ -178,7 +179,7 @@ def check_files(out, manifest):
             assert f.path.startswith(shard.name)
             listed.add(f.path)
     on_disk = {p.name for p in out.iterdir()}
-    assert on_disk == listed | {MANIFEST_NAME}
+    assert on_disk == listed | {MANIFEST_NAME, REPORT_NAME}
 
 
 def expected_rows(src, pre=PRE):
@@ -469,15 +470,15 @@ def test_foreign_staging_folder_refused(image_tree, tmp_path):
     assert not out.exists()
 
 
-def _boom(path, cfg):
-    raise RuntimeError("decoder crashed")
+def _boom(*args, **kwargs):
+    raise RuntimeError("merge failed")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_failure_leaves_no_output_and_no_staging(image_tree, tmp_path, monkeypatch, fmt):
-    monkeypatch.setattr(packer.worker, "load_image", _boom)
+    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)  # fails after every shard is written
     out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="decoder crashed"):
+    with pytest.raises(RuntimeError, match="merge failed"):
         convert(image_tree, out, ConvertConfig(fmt, PRE), workers=1)
     assert not out.exists()
     assert no_staging(out)
@@ -488,7 +489,7 @@ def test_failure_keeps_old_output(image_tree, tmp_path, monkeypatch):
     out = tmp_path / "out"
     convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    monkeypatch.setattr(packer.worker, "load_image", _boom)
+    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)
     with pytest.raises(RuntimeError):
         convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

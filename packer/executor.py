@@ -1,9 +1,11 @@
-"""The local executor: shards written by a pool of worker processes, robust to bad files.
+"""The local executor: one worker process per shard, at most ``workers`` at a time.
 
-A file that crashes its decoder (a worker dies) or hangs it (no progress for ``timeout``
-seconds) does not end the run. The executor reads which item each unfinished shard was on, tries
-each such item alone in a throw-away process to tell the culprit from the bystanders, records the
-culprit as skipped with the reason, and runs the unfinished shards again in a fresh pool.
+Each shard runs in a process of its own, forked from a clean forkserver, and talks to the parent
+through its own pipe (progress counts, then its result or its error), so nothing is shared that a
+killed process could leave locked. That makes bad files cheap to survive: when a shard's process
+dies (a decoder crash) or makes no progress for ``timeout`` seconds (a decoder hang), the parent
+knows exactly which file it was on, tries that file alone in a throw-away process to be sure, skips
+it with the reason, and runs the shard again.
 """
 
 from __future__ import annotations
@@ -12,39 +14,33 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
 from dataclasses import dataclass, replace
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable, Optional
 
 from packer.config import PreprocessConfig
 from packer.errors import PackerError
-from packer.records import ShardResult, SourceItem
-from packer.worker import ShardJob, init_worker, write_shard
+from packer.records import ShardResult
+from packer.worker import ShardJob, run_shard_process
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int], None]
 DEFAULT_TIMEOUT = 120.0  # seconds one file may take before it is treated as hanging the decoder
-MAX_FRUITLESS_RESTARTS = 2  # pool breaks in a row that no single file explains
+MAX_RETRIES = 3  # times one shard may fail for no file's fault (out of memory, ...) before giving up
 
 
-@dataclass(frozen=True)
-class Suspect:
-    """An item a shard was working on when its pool broke, and whether its worker had stalled."""
-
+@dataclass
+class _Running:
     job: ShardJob
-    item: SourceItem
-    stalled: bool
-
-
-class _PoolBroke(Exception):
-    def __init__(self, suspects: list[Suspect]) -> None:
-        super().__init__(f"{len(suspects)} suspect file(s)")
-        self.suspects = suspects
+    proc: object
+    conn: object
+    reported: int = 0
+    position: int = 0
+    since: float = 0.0
 
 
 def run_jobs(
@@ -55,35 +51,105 @@ def run_jobs(
     on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> list[ShardResult]:
-    """Write every shard with ``workers`` processes; results in job order.
+    """Write every shard with up to ``workers`` processes; results in job order.
 
-    ``progress(n)`` gets the number of source files finished since its last call (negative when
-    a restarted shard's work is counted again); ``on_result`` is called in the parent as each
-    shard finishes. Raises DecodeError in strict mode, PackerError when workers keep dying for no
-    file's fault, KeyboardInterrupt after stopping the workers.
+    ``progress(n)`` gets the number of source files finished since its last call (negative when a
+    shard that failed is counted again); ``on_result`` is called in the parent as each shard
+    finishes. Raises DecodeError in strict mode, whatever error a shard raised, PackerError when
+    a shard's process keeps dying for no file's fault, and KeyboardInterrupt after ending the
+    workers.
     """
+    ctx = _context()
+    log_level = logging.getLogger("packer").getEffectiveLevel()
+    positions = ctx.Array("q", max((j.number for j in jobs), default=0) + 1, lock=False)
+    queue = deque(jobs)
+    running: list[_Running] = []
     results: dict[int, ShardResult] = {}
-    poisoned: dict[int, str] = {}
-    fruitless = 0
-    while len(results) < len(jobs):
-        todo = [
-            replace(j, poisoned={i.index: poisoned[i.index] for i in j.task.items if i.index in poisoned})
-            for j in jobs if j.number not in results
-        ]
-        for job in todo:
-            _remove_partial_files(job)
-        try:
-            _run_pool(todo, workers, progress, on_result, results, timeout)
-        except _PoolBroke as broke:
-            found = _convict(broke.suspects, timeout)
-            fruitless = 0 if found else fruitless + 1
-            if fruitless > MAX_FRUITLESS_RESTARTS:
-                raise PackerError(
-                    "worker processes keep dying and no single file explains it (out of memory?); "
-                    "try fewer --workers"
-                ) from None
-            poisoned.update(found)
+    failures: dict[int, int] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                job = queue.popleft()
+                _remove_partial_files(job)
+                receive, send = ctx.Pipe(duplex=False)
+                positions[job.number] = 0
+                proc = ctx.Process(target=run_shard_process, args=(job, send, positions, os.getpid(), log_level),
+                                   daemon=True)
+                proc.start()
+                send.close()
+                running.append(_Running(job, proc, receive, since=time.monotonic()))
+            wait([r.conn for r in running] + [r.proc.sentinel for r in running], timeout=1.0)
+            now = time.monotonic()
+            for r in list(running):
+                outcome = _collect(r, progress)
+                if positions[r.job.number] != r.position:
+                    r.position, r.since = positions[r.job.number], now
+                if outcome is None and r.proc.is_alive():
+                    if time.monotonic() - r.since > timeout:
+                        log.warning("%s: no progress for %.0f s; ending its worker", r.job.task.name, timeout)
+                        r.proc.kill()
+                        r.proc.join()
+                        outcome = ("died", None)
+                    else:
+                        continue
+                running.remove(r)
+                r.conn.close()
+                r.proc.join()
+                kind, value = outcome if outcome is not None else ("died", None)
+                if kind == "result":
+                    results[r.job.number] = value
+                    if on_result is not None:
+                        on_result(r.job, value)
+                elif kind == "error":
+                    raise value
+                else:
+                    if progress is not None and r.reported:
+                        progress(-r.reported)  # the shard runs again from its start
+                    queue.appendleft(_after_failure(r, failures, timeout))
+    except BaseException:
+        for r in running:
+            r.proc.kill()
+        for r in running:
+            r.proc.join()
+            r.conn.close()
+        raise
     return [results[j.number] for j in jobs]
+
+
+def _collect(r: _Running, progress: Optional[ProgressFn]) -> Optional[tuple]:
+    """Read what a shard's process sent; return ("result"|"error", value) once it is finished."""
+    try:
+        while r.conn.poll():
+            kind, value = r.conn.recv()
+            if kind == "progress":
+                r.reported += value
+                if progress is not None:
+                    progress(value)
+            else:
+                return kind, value
+    except (EOFError, OSError):
+        return "died", None
+    if not r.proc.is_alive() and not r.conn.poll():
+        return "died", None
+    return None
+
+
+def _after_failure(r: _Running, failures: dict[int, int], timeout: float) -> ShardJob:
+    """The job to run again after its process died or hung: without the file to blame, if any."""
+    job = r.job
+    if r.position:
+        item = job.task.items[r.position - 1]
+        reason = probe(item.path, job.preprocess, timeout)
+        if reason is not None:
+            log.warning("%s: %s; skipping it", item.relpath, reason)
+            return replace(job, poisoned={**job.poisoned, item.index: reason})
+    failures[job.number] = failures.get(job.number, 0) + 1
+    if failures[job.number] > MAX_RETRIES:
+        raise PackerError(
+            f"the worker writing {job.task.name} died {failures[job.number]} times and no single file explains it "
+            "(out of memory?); try fewer --workers"
+        )
+    return job
 
 
 def _remove_partial_files(job: ShardJob) -> None:
@@ -91,90 +157,6 @@ def _remove_partial_files(job: ShardJob) -> None:
     for path in Path(job.directory).glob(f"{job.task.name}.*"):
         if not path.name.endswith(".done.json"):
             path.unlink()
-
-
-def _run_pool(
-    jobs: list[ShardJob],
-    workers: int,
-    progress: Optional[ProgressFn],
-    on_result: Optional[Callable[[ShardJob, ShardResult], None]],
-    results: dict[int, ShardResult],
-    timeout: float,
-) -> None:
-    ctx = _context()
-    queue = ctx.SimpleQueue()
-    current = ctx.Array("q", max(j.number for j in jobs) + 1, lock=False)
-    reported: dict[int, int] = {}
-    drain = threading.Thread(target=_drain, args=(queue, progress, reported), daemon=True)
-    drain.start()
-    pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=init_worker,
-                               initargs=(queue, current, os.getpid()))
-    futures: dict[Future, ShardJob] = {pool.submit(write_shard, job): job for job in jobs}
-    watch: dict[int, tuple[int, float]] = {}
-    stalled: set[int] = set()
-    try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            for fut in done:
-                job = futures[fut]
-                try:
-                    result = fut.result()
-                except BrokenProcessPool:
-                    raise _PoolBroke(_suspects(jobs, current, stalled)) from None
-                results[job.number] = result
-                if on_result is not None:
-                    on_result(job, result)
-            stalled |= _stalled_shards(jobs, current, watch, timeout)
-            if stalled:
-                log.warning("no progress for %.0f s; ending the workers to find the file that hangs", timeout)
-                _stop(pool)
-                raise _PoolBroke(_suspects(jobs, current, stalled))
-    except _PoolBroke:
-        _stop(pool)
-        if progress is not None:  # the unfinished shards run again: take back what they reported
-            for job in jobs:
-                if job.number not in results and reported.get(job.number):
-                    progress(-reported[job.number])
-        raise
-    except BaseException:
-        _stop(pool)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        queue.put(None)
-        drain.join(timeout=5)
-
-
-def _stalled_shards(jobs: list[ShardJob], current, watch: dict[int, tuple[int, float]], timeout: float) -> set[int]:
-    now = time.monotonic()
-    stalled = set()
-    for job in jobs:
-        position = current[job.number]
-        last = watch.get(job.number)
-        if last is None or last[0] != position:
-            watch[job.number] = (position, now)
-        elif position > 0 and now - last[1] > timeout:
-            stalled.add(job.number)
-    return stalled
-
-
-def _suspects(jobs: list[ShardJob], current, stalled: set[int]) -> list[Suspect]:
-    return [
-        Suspect(job, job.task.items[current[job.number] - 1], job.number in stalled)
-        for job in jobs if current[job.number] > 0
-    ]
-
-
-def _convict(suspects: list[Suspect], timeout: float) -> dict[int, str]:
-    """Try each suspect alone in a fresh process; return {item index: reason} for the guilty."""
-    guilty: dict[int, str] = {}
-    for s in suspects:
-        reason = probe(s.item.path, s.job.preprocess, timeout)
-        if reason is not None:
-            log.warning("%s: %s; skipping it", s.item.relpath, reason)
-            guilty[s.item.index] = reason
-    return guilty
 
 
 def probe(path: str, preprocess: PreprocessConfig, timeout: float) -> Optional[str]:
@@ -194,13 +176,13 @@ def probe(path: str, preprocess: PreprocessConfig, timeout: float) -> Optional[s
 
 
 def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
+    from packer import preprocess as decoding
     from packer.errors import DecodeError
-    from packer.preprocess import load_image
 
     try:
-        load_image(path, preprocess)
+        decoding.decode_image(decoding.read_source(path), preprocess, path)
     except DecodeError:
-        pass  # a clean failure: the worker would have skipped it, it is not what broke the pool
+        pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
 
 
 def _context():
@@ -211,19 +193,3 @@ def _context():
         ctx.set_forkserver_preload(["packer.worker"])
         return ctx
     return mp.get_context("spawn")
-
-
-def _drain(queue, progress: Optional[ProgressFn], reported: dict[int, int]) -> None:
-    while (message := queue.get()) is not None:
-        shard, n = message
-        reported[shard] = reported.get(shard, 0) + n
-        if progress is not None:
-            progress(n)
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel queued shards and end running workers at once (used on errors and Ctrl-C)."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        if proc.is_alive():
-            proc.kill()

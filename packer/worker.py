@@ -1,10 +1,7 @@
 """The work of one shard, run inside a worker process: read, decode, preprocess, write, hash.
 
 A worker gets a plain ``ShardJob`` and never any open object, so the same function serves the
-local process pool and, later, tasks on other machines. It reports to the parent through two
-channels set up by ``init_worker``: a queue of progress counts, and a shared array holding the
-position of the item each shard is working on, which lets the parent name the file that was
-being decoded when a worker died or hung.
+local executor's processes and, later, tasks on other machines.
 """
 
 from __future__ import annotations
@@ -15,13 +12,13 @@ import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from packer import preprocess
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
-from packer.preprocess import decode_image, read_source
 from packer.records import Sample, ShardResult, ShardTask, Skipped
 
 log = logging.getLogger(__name__)
@@ -29,7 +26,7 @@ log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int], None]
 """``progress(shard_number, items_done_since_last_call)``."""
 
-PROGRESS_EVERY = 16  # items per progress message: often enough for a live bar, cheap on the queue
+PROGRESS_EVERY = 16  # items per progress message: often enough for a live bar, cheap on the pipe
 
 
 @dataclass(frozen=True)
@@ -51,60 +48,54 @@ class ShardJob:
     poisoned: dict[int, str] = field(default_factory=dict)
 
 
-class _Channels:
-    progress: Optional[Any] = None  # queue of (shard number, count) messages
-    current: Optional[Any] = None  # shared array: item position each shard is at, +1 (0 = idle)
-    parent: Optional[int] = None
+def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
+    """Body of a shard's worker process: write the shard, reporting through ``conn``.
 
-
-def init_worker(queue, current, parent: int) -> None:
-    """Pool initializer: connect the progress queue and the current-item array.
-
-    ``parent`` is the converter's process id: a worker whose converter was killed stops at once
-    rather than finish its shard into a folder that another run may be resuming.
-
-    Workers ignore Ctrl-C: the terminal sends it to the whole process group, and the parent alone
-    decides how to stop (it cancels the queued shards and ends the workers).
+    Messages are ``("progress", n)``, and last ``("result", ShardResult)`` or ``("error",
+    exception)``. Before each file its 1-based position goes into ``positions[job.number]``, a
+    lock-free shared array the parent reads to name the file of a crash or hang. The process
+    ignores Ctrl-C (the parent decides how to stop) and exits at once if its converter,
+    ``parent``, is gone.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _Channels.progress, _Channels.current, _Channels.parent = queue, current, parent
+    logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
 
+    def at(position: int) -> None:
+        try:
+            os.kill(parent, 0)  # signal 0 only asks whether the converter still exists
+        except ProcessLookupError:
+            os._exit(1)
+        positions[job.number] = position
 
-def _exit_if_orphaned() -> None:
-    if _Channels.parent is None:
-        return
     try:
-        os.kill(_Channels.parent, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        os._exit(1)
-    except PermissionError:
-        pass  # exists, owned by someone else (cannot happen for our own parent, but harmless)
+        result = write_shard(job, progress=lambda shard, n: conn.send(("progress", n)), at=at)
+    except BaseException as e:  # noqa: BLE001 - everything goes to the parent, which decides
+        conn.send(("error", e))
+    else:
+        conn.send(("result", result))
+    conn.close()
 
 
-def _queue_reporter() -> Optional[ProgressFn]:
-    queue = _Channels.progress
-    if queue is None:
-        return None
-    return lambda shard, n: queue.put((shard, n))
+def write_shard(
+    job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
+) -> ShardResult:
+    """Write one shard; return its files with checksums, the files it skipped, and per-sample facts.
 
-
-def write_shard(job: ShardJob, progress: Optional[ProgressFn] = None) -> ShardResult:
-    """Write one shard; return its files with checksums, the files it skipped, and per-sample facts."""
-    report = progress or _queue_reporter()
-    current = _Channels.current
+    ``progress(shard, n)`` is told of finished files every few files; ``at(position)`` before each.
+    """
+    report = progress
     directory = Path(job.directory)
     writer = get_writer(job.format)(directory, job.task.name, job.layout, len(job.task.items))
     result = ShardResult(job.task.name, 0, [])
     pending = 0
     for position, item in enumerate(job.task.items):
-        if current is not None:
-            current[job.number] = position + 1
-            _exit_if_orphaned()
+        if at is not None:
+            at(position + 1)
         try:
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
-            data = read_source(item.path)
-            image = decode_image(data, job.preprocess, item.path)
+            data = preprocess.read_source(item.path)
+            image = preprocess.decode_image(data, job.preprocess, item.path)
         except DecodeError as e:
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None
@@ -122,8 +113,6 @@ def write_shard(job: ShardJob, progress: Optional[ProgressFn] = None) -> ShardRe
             pending = 0
     # Closed only after the last item: a shard cut short by an error never looks finished.
     files = writer.close()
-    if current is not None:
-        current[job.number] = 0
     if report is not None and pending:
         report(job.number, pending)
     result.files = [file_entry(directory, name) for name in files]

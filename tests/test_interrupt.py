@@ -1,0 +1,153 @@
+"""Real subprocesses: Ctrl-C, SIGKILL, then --resume; files that crash or hang the decoder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from packer.errors import ManifestError
+from packer.manifest import read_manifest
+from packer.output import DONE_SUFFIX, staging_dir
+from readers import open_dataset
+
+OPTIONS = ["-f", "npy", "--size", "64", "--shard-size", "15", "-j", "2", "-q"]
+
+
+def packer_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "packer", "convert", *args]
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory) -> Path:
+    """300 JPEGs of 640x480: a few seconds of work for two workers."""
+    root = tmp_path_factory.mktemp("big") / "src"
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        small = rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((640, 480), Image.BICUBIC)
+        path = root / f"c{i % 3}" / f"{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        img.save(path, quality=95)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(big_tree, tmp_path_factory) -> dict[str, bytes]:
+    out = tmp_path_factory.mktemp("ref") / "out"
+    subprocess.run(packer_cmd(str(big_tree), "-o", str(out), *OPTIONS), check=True, timeout=300)
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProcess | int:
+    """Start a conversion, wait for its first finished shard, send ``sig``; return the exit status."""
+    proc = subprocess.Popen(packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True)
+    stage = staging_dir(out)
+    deadline = time.monotonic() + 120
+    while not list(stage.glob(f"*{DONE_SUFFIX}")):
+        assert proc.poll() is None, "the conversion finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    return proc
+
+
+def quiet_after(stage: Path, seconds: float = 1.5) -> bool:
+    """True when no file in ``stage`` changes for ``seconds`` (no worker still writing)."""
+    def snapshot():
+        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in stage.iterdir()}
+    before = snapshot()
+    time.sleep(seconds)
+    return snapshot() == before
+
+
+def resume_and_compare(src: Path, out: Path, reference: dict[str, bytes]) -> None:
+    done = subprocess.run(packer_cmd(str(src), "-o", str(out), *OPTIONS, "--resume"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == reference
+    assert not staging_dir(out).exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_exits_130_leaves_no_output_and_resumes_identically(big_tree, reference, tmp_path, sig):
+    out = tmp_path / "out"
+    proc = start_and_stop(big_tree, out, sig)
+    assert proc.returncode == 130
+    assert "--resume" in proc.stderr.read() and "Traceback" not in proc.stderr.read()
+    assert not out.exists()
+    with pytest.raises(ManifestError):
+        open_dataset(out)
+    assert quiet_after(staging_dir(out))
+    resume_and_compare(big_tree, out, reference)
+
+
+def test_sigkill_leaves_no_output_stops_workers_and_resumes_identically(big_tree, reference, tmp_path):
+    out = tmp_path / "out"
+    proc = start_and_stop(big_tree, out, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert not out.exists()
+    with pytest.raises(ManifestError):
+        open_dataset(out)
+    time.sleep(1.0)  # workers notice their converter is gone at their next file
+    assert quiet_after(staging_dir(out))
+    resume_and_compare(big_tree, out, reference)
+
+
+def test_resume_refuses_changed_options(big_tree, tmp_path):
+    out = tmp_path / "out"
+    start_and_stop(big_tree, out, signal.SIGINT)
+    changed = subprocess.run(packer_cmd(str(big_tree), "-o", str(out), *OPTIONS, "--resume", "--normalize", "none"),
+                             capture_output=True, text=True, timeout=120)
+    assert changed.returncode == 1 and "changed since the interrupted run" in changed.stderr
+    assert not out.exists()
+
+
+SITECUSTOMIZE = '''
+import os, signal, time
+import packer.preprocess as _pp
+_decode = _pp.decode_image
+def _poisoned(data, cfg, path="<bytes>"):
+    if b"CRASH-ME" in data:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if b"HANG-ME" in data:
+        time.sleep(3600)
+    return _decode(data, cfg, path)
+_pp.decode_image = _poisoned
+'''
+
+
+def test_files_that_crash_or_hang_the_decoder_are_skipped(tmp_path):
+    """A decoder segfault or endless loop costs one file, not the run (injected via sitecustomize)."""
+    src = tmp_path / "src"
+    for i in range(40):
+        path = src / f"{i:03d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((20, 20, 3), i, np.uint8)).save(path)
+    with open(src / "013.png", "ab") as f:
+        f.write(b"CRASH-ME")  # bytes after the PNG end marker: still a valid PNG
+    with open(src / "027.png", "ab") as f:
+        f.write(b"HANG-ME")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    proc = subprocess.run(packer_cmd(str(src), "-o", str(out), "-f", "lmdb", "--size", "16", "--shard-size", "10",
+                                     "-j", "2", "-q", "--timeout", "2"),
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    m = read_manifest(out)
+    reasons = {s["path"]: s["reason"] for s in m.skipped}
+    assert reasons == {"013.png": "decoder crashed (signal SIGSEGV)", "027.png": "decoder hangs: no result after 2 s"}
+    assert m.samples == 38
+    keys = [open_dataset(out, return_meta=True)[i][2]["key"] for i in range(38)]
+    assert keys == [f"{i:03d}.png" for i in range(40) if i not in (13, 27)]

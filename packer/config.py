@@ -53,16 +53,21 @@ class PreprocessConfig:
             object.__setattr__(self, "size", None)
         elif self.size is None or len(self.size) != 2 or min(self.size) < 1:
             raise ConfigError(f"--size must be a positive WIDTHxHEIGHT with --resize {self.resize}")
+        elif self.size[0] * self.size[1] > self.max_pixels:
+            raise ConfigError(f"--size {self.size[0]}x{self.size[1]} has more pixels than --max-pixels "
+                              f"{self.max_pixels}; choose a smaller size")
         c = self.channels
-        object.__setattr__(self, "fill", _per_channel("fill", self.fill, c, int))
-        object.__setattr__(self, "background", _per_channel("background", self.background, c, int))
+        object.__setattr__(self, "fill", _per_channel("--fill", self.fill, c, int))
+        object.__setattr__(self, "background", _per_channel("--background", self.background, c, int))
         if (self.mean is None) != (self.std is None):
-            raise ConfigError("normalization needs both a mean and a std")
+            raise ConfigError("--normalize needs both a mean and a std")
         if self.mean is not None:
-            object.__setattr__(self, "mean", _per_channel("mean", self.mean, c, float))
-            object.__setattr__(self, "std", _per_channel("std", self.std, c, float))
+            object.__setattr__(self, "mean", _per_channel("--normalize mean", self.mean, c, float))
+            object.__setattr__(self, "std", _per_channel("--normalize std", self.std, c, float))
+            if not all(math.isfinite(v) for v in self.mean + self.std):
+                raise ConfigError(f"--normalize values must be finite numbers, got mean {self.mean} std {self.std}")
             if any(s <= 0 for s in self.std):
-                raise ConfigError(f"std must be positive, got {self.std}")
+                raise ConfigError(f"--normalize std must be positive, got {self.std}")
 
     @property
     def channels(self) -> int:
@@ -107,9 +112,9 @@ class ShardSize:
 
     def __post_init__(self) -> None:
         if self.samples is not None and self.bytes is not None:
-            raise ConfigError("a shard size is either a sample count or a byte size, not both")
+            raise ConfigError("--shard-size is either a sample count or a byte size, not both")
         if (self.samples is not None and self.samples < 1) or (self.bytes is not None and self.bytes < 1):
-            raise ConfigError("shard size must be positive")
+            raise ConfigError("--shard-size must be positive")
 
     @property
     def is_auto(self) -> bool:
@@ -136,7 +141,7 @@ class ConvertConfig:
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ConfigError(f"--{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def _per_channel(name: str, values, channels: int, kind):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,7 +14,8 @@ from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped, SourceItem
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
-OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db"})
+OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "__macosx", "$recycle.bin"})
+
 
 
 @dataclass
@@ -32,8 +34,23 @@ class Discovery:
 
 
 def is_litter(name: str) -> bool:
-    """True for hidden files and OS litter: dotfiles, AppleDouble ``._*``, Thumbs.db, desktop.ini."""
+    """True for hidden files and OS litter: dotfiles, AppleDouble ``._*``, Thumbs.db, desktop.ini,
+    ``__MACOSX`` folders."""
     return name.startswith(".") or name.lower() in OS_LITTER
+
+
+def is_packer_folder(path: str | os.PathLike) -> bool:
+    """True for a packer output (its manifest.json is a packer manifest), never read as input or as a
+    class: converting a folder twice with the output inside it must not add a class."""
+    manifest = os.path.join(path, "manifest.json")
+    if not os.path.isfile(manifest):
+        return False
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "manifest_version" in data and "shards" in data
 
 
 def is_image_name(name: str) -> bool:
@@ -55,7 +72,8 @@ def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] =
     if labels_file is not None:
         return _with_labels_file(root, files, ignored, Path(labels_file))
     class_dirs = sorted(
-        e.name for e in os.scandir(root) if not is_litter(e.name) and e.is_dir(follow_symlinks=True)
+        e.name for e in os.scandir(root)
+        if not is_litter(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
     )
     if not class_dirs:
         items = [SourceItem(i, str(root / rel), rel) for i, rel in enumerate(files)]
@@ -87,7 +105,7 @@ def _walk(root: Path) -> tuple[list[str], dict[str, int]]:
             dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = [d for d in dirnames if not is_litter(d)]
+        dirnames[:] = [d for d in dirnames if not is_litter(d) and not is_packer_folder(os.path.join(dirpath, d))]
         rel_dir = Path(dirpath).relative_to(root)
         for name in filenames:
             if is_litter(name):

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32 = ".images.npy", ".labels.npy", ".keys.npy", ".crc32.npy"
+"""Suffixes of an npy shard's four files (after the shard name)."""
+
+HDF5_SUFFIX = ".h5"
+HDF5_IMAGES, HDF5_LABELS, HDF5_KEYS, HDF5_CRC32 = "images", "labels", "keys", "crc32"
+"""Dataset names inside an HDF5 shard."""
+
+LMDB_SUFFIX = ".lmdb"
+TAR_SUFFIX = ".tar"
+
 LMDB_LABELS = b"labels"
 LMDB_LENGTH = b"length"
 LMDB_CRC32 = b"crc32"

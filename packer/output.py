@@ -31,6 +31,9 @@ def check_output(output: Path, overwrite: bool) -> None:
         return
     if not output.is_dir():
         raise OutputError(f"{output} exists and is not a folder; choose another output path")
+    if os.path.ismount(output):
+        raise OutputError(f"{output} is a mount point, which cannot be replaced; write to a folder inside it "
+                          f"(e.g. -o {output / 'packed'})")
     if not any(output.iterdir()):
         return
     if not (output / MANIFEST_NAME).is_file():
@@ -124,21 +127,22 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def publish(stage: Path, output: Path) -> None:
-    """Move a finished staging folder into place as ``output`` (replacing an old output)."""
+    """Move a finished staging folder into place as ``output`` (replacing an old output).
+
+    The staging mark goes only after the rename succeeded, so a failure here leaves a staging
+    folder that the next run recognises and replaces.
+    """
     for record in [stage / PLAN_RECORD, *stage.glob(f"*{DONE_SUFFIX}")]:
         record.unlink(missing_ok=True)
-    (stage / STAGING_MARK).unlink()
     old = None
-    if output.exists():
-        if any(output.iterdir()):
-            old = output.parent / f".{output.name}.packer-old"
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(output, old)
-        else:
-            output.rmdir()
-    os.rename(stage, output)
-    if old is not None:
+    if output.exists() and any(output.iterdir()):
+        old = output.parent / f".{output.name}.packer-old"
+        if old.exists() and (old / MANIFEST_NAME).is_file():  # left by a run that died right here
+            shutil.rmtree(old)
+        os.rename(output, old)
+    os.replace(stage, output)  # replaces an empty folder in one step
+    (output / STAGING_MARK).unlink()
+    if old is not None and (old / MANIFEST_NAME).is_file():
         shutil.rmtree(old)
 
 

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+from PIL import Image
+
 from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
-from packer.discover import Discovery, discover
-from packer.errors import ConfigError, DecodeError, OutputError
-from packer.executor import DEFAULT_TIMEOUT, run_jobs
+from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
+from packer.errors import ConfigError, DecodeError, InputError, OutputError
+from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import FORMAT_VERSIONS, Manifest, ShardEntry, write_manifest
 from packer.output import (
@@ -43,8 +46,6 @@ from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int], None]
-UNKNOWN_SIZE_FACTOR = 8  # stored bytes per source byte when image sizes vary (JPEG ~ 1:8 of raw)
 
 
 @dataclass
@@ -98,12 +99,19 @@ def plan_shards(
 
 
 def estimate_sample_bytes(layout: ImageLayout, items: Sequence[SourceItem]) -> float:
-    """Stored bytes per sample: exact for fixed shapes, a guess from file sizes otherwise."""
+    """Stored bytes per sample: exact for fixed shapes; for images kept at their own size, the mean
+    of up to 64 evenly spread files' sizes, read from their headers (no decoding)."""
     if layout.sample_bytes is not None:
         return float(layout.sample_bytes)
-    probe = items[:: max(1, len(items) // 64)]
-    sizes = [os.path.getsize(i.path) for i in probe if os.path.exists(i.path)]
-    return UNKNOWN_SIZE_FACTOR * (sum(sizes) / len(sizes)) if sizes else 1024**2
+    per_pixel = layout.channels * np.dtype(layout.dtype).itemsize
+    sizes = []
+    for item in items[:: max(1, len(items) // 64)]:
+        try:
+            with Image.open(item.path) as img:
+                sizes.append(img.size[0] * img.size[1] * per_pixel)
+        except Exception:  # noqa: BLE001 - a bad file is reported later by its worker; here it only has no size
+            continue
+    return float(sum(sizes) / len(sizes)) if sizes else float(1024**2)
 
 
 def convert(
@@ -142,6 +150,11 @@ def convert(
         )
     check_output(output, overwrite)
     found = discover(source, labels_file)
+    if not found.items:
+        if labels_file is not None and found.skipped:
+            raise InputError(f"none of the {len(found.skipped)} image files under {source} is listed in {labels_file}; "
+                             "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
+        raise InputError(f"no images found in {source} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
@@ -164,7 +177,10 @@ def convert(
     else:
         if stage.exists() and not resume:
             log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
-        start_staging(output)  # replaces an unfinished run's folder (whose lock we hold) with a new one
+        try:
+            start_staging(output)  # replaces an unfinished run's folder (whose lock we hold) with a new one
+        except OSError as e:
+            raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
         if lock is not None:
             lock.close()
         lock = lock_staging(stage)
@@ -188,14 +204,24 @@ def convert(
         publish(stage, output)
     except KeyboardInterrupt:
         raise  # the staging folder stays, with its finished shards, for --resume
+    except OSError as e:
+        discard(stage)
+        raise OutputError(f"cannot write the output in {stage.parent}: {_describe_os_error(e)}") from None
     except BaseException:
         discard(stage)
         raise
     finally:
         if lock is not None:
             lock.close()
-    skipped = list(found.skipped) + [s for r in results for s in r.skipped]
+    skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored)
+
+
+def _describe_os_error(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    hint = {28: "; free some space or write elsewhere", 13: "; check the folder's permissions",
+            30: "; the filesystem is read-only"}.get(e.errno or 0, "")
+    return f"{e.strerror or e}{where}{hint}"
 
 
 def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask]) -> str:

@@ -11,7 +11,7 @@ import os
 from typing import Union
 
 from packer.manifest import read_manifest
-from readers.base import ImageConverter, PackedDataset, ReaderBase
+from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.npy import NpyDataset
@@ -37,5 +37,5 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     return READERS[manifest.format](root, **options)
 
 
-__all__ = ["open_dataset", "READERS", "ReaderBase", "PackedDataset", "ImageConverter",
+__all__ = ["open_dataset", "READERS", "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",
            "NpyDataset", "LmdbDataset", "Hdf5Dataset", "WdsDataset"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
+from packer.layout import HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
@@ -17,16 +18,16 @@ class Hdf5Dataset(PackedDataset):
     format_name = "hdf5"
 
     def open_shard(self, shard: ShardEntry) -> h5py.File:
-        return h5py.File(self.path(shard.file(".h5")), "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        return h5py.File(self.path(shard.file(HDF5_SUFFIX)), "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
 
     def read_image(self, handle: h5py.File, local: int) -> np.ndarray:
-        return handle["images"][local]
+        return handle[HDF5_IMAGES][local]
 
     def read_labels(self, handle: h5py.File) -> np.ndarray:
-        return handle["labels"][:]
+        return handle[HDF5_LABELS][:]
 
     def read_key(self, handle: h5py.File, local: int) -> str:
-        return handle["keys"].asstr()[local]
+        return handle[HDF5_KEYS].asstr()[local]
 
     def close_shard(self, handle: h5py.File) -> None:
         handle.close()

@@ -10,32 +10,52 @@ import numpy as np
 
 from packer.codecs import decode_npy
 from packer.errors import ManifestError
-from packer.layout import LMDB_LABELS, lmdb_image_key, lmdb_key_key
+from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
-_ENVS: dict[str, tuple[int, lmdb.Environment]] = {}
-"""Open environments of this process by path: py-lmdb refuses to open one file twice in a process,
-and two datasets over the same output (train and eval views, a copy) are common."""
+_ENVS: dict[tuple, list] = {}
+"""Open environments of this process, by file identity, with a count of their users.
+
+py-lmdb refuses to open one file twice in a process, and two datasets over the same output (train
+and eval views, a copy) are common, so they share one environment. The key includes the inode
+and modification time: an output converted again at the same path is a new file, never served
+from a stale map."""
 
 
-def _environment(path: str) -> lmdb.Environment:
+def _identity(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.getpid(), path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _acquire(path: str) -> tuple[tuple, lmdb.Environment]:
     pid = os.getpid()
-    cached = _ENVS.get(path)
-    if cached is not None and cached[0] != pid:
+    for key in [k for k in _ENVS if k[0] != pid]:
         # Inherited through fork: the parent's map must not be used here. Closing the child's copy
         # touches no lock (lock=False) and tells py-lmdb the file is no longer open in this process.
-        cached[1].close()
-        cached = None
-    if cached is None:
+        _ENVS.pop(key)[0].close()
+    key = _identity(path)
+    entry = _ENVS.get(key)
+    if entry is None:
+        for stale in [k for k in _ENVS if k[1] == path]:  # same path, replaced file: nobody should use it
+            _ENVS.pop(stale)[0].close()
         # lock=False: the files never change after conversion, so readers need no lock table.
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False)
-        _ENVS[path] = cached = (pid, env)
-    return cached[1]
+        entry = _ENVS[key] = [env, 0]
+    entry[1] += 1
+    return key, entry[0]
+
+
+def _release(key: tuple) -> None:
+    entry = _ENVS.get(key)
+    if entry is not None:
+        entry[1] -= 1
+        if entry[1] <= 0:
+            _ENVS.pop(key)[0].close()
 
 
 class _LmdbShard(NamedTuple):
-    env: lmdb.Environment
+    key: tuple
     txn: lmdb.Transaction
     name: str
 
@@ -46,9 +66,9 @@ class LmdbDataset(PackedDataset):
     format_name = "lmdb"
 
     def open_shard(self, shard: ShardEntry) -> _LmdbShard:
-        path = str(self.path(shard.file(".lmdb")).resolve())
-        env = _environment(path)
-        return _LmdbShard(env, env.begin(buffers=False), path)
+        path = str(self.path(shard.file(LMDB_SUFFIX)).resolve())
+        key, env = _acquire(path)
+        return _LmdbShard(key, env.begin(buffers=False), path)
 
     def _get(self, handle: _LmdbShard, key: bytes) -> bytes:
         value = handle.txn.get(key)
@@ -66,4 +86,5 @@ class LmdbDataset(PackedDataset):
         return self._get(handle, lmdb_key_key(local)).decode("utf-8")
 
     def close_shard(self, handle: _LmdbShard) -> None:
-        handle.txn.abort()  # the environment stays open for other datasets of this process
+        handle.txn.abort()
+        _release(handle.key)  # closed when no other dataset of this process uses it

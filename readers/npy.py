@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from packer.layout import NPY_IMAGES, NPY_KEYS, NPY_LABELS
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
@@ -25,7 +26,7 @@ class NpyDataset(PackedDataset):
         def mmap(suffix: str) -> np.ndarray:
             return np.load(self.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False)
 
-        return _NpyShard(mmap(".images.npy"), mmap(".keys.npy"), str(self.path(shard.file(".labels.npy"))))
+        return _NpyShard(mmap(NPY_IMAGES), mmap(NPY_KEYS), str(self.path(shard.file(NPY_LABELS))))
 
     def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
         return handle.images[local]

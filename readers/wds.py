@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import random
 import warnings
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.errors import ManifestError
+from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
 from readers.base import ReaderBase, build_sample, checked_path
 
@@ -36,22 +37,30 @@ class WdsDataset(ReaderBase, IterableDataset):
         self.shuffle = int(shuffle)
         self.seed = int(seed)
         self.epoch = 0
+        self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order)."""
-        self.epoch = int(epoch)
+        """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order).
 
-    def shard_order(self) -> list[int]:
-        """All shard numbers in this epoch's order (shuffled when ``shuffle`` is on)."""
+        Each further iteration without a call moves to the next epoch's order, so that
+        ``persistent_workers=True`` (whose worker copies never see this call) still reshuffles.
+        """
+        self.epoch = int(epoch)
+        self._passes = 0
+
+    def shard_order(self, epoch: Optional[int] = None) -> list[int]:
+        """All shard numbers in an epoch's order (shuffled when ``shuffle`` is on)."""
         order = list(range(len(self.manifest.shards)))
         if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+            random.Random(self.seed * 1_000_003 + (self.epoch if epoch is None else epoch)).shuffle(order)
         return order
 
     def __iter__(self) -> Iterator:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        shards = self.shard_order()
+        epoch = self.epoch + self._passes
+        self._passes += 1
+        shards = self.shard_order(epoch)
         if workers > len(shards) and worker == 0:
             warnings.warn(
                 f"{len(shards)} shard(s) for {workers} DataLoader workers: some workers stay idle; "
@@ -59,7 +68,7 @@ class WdsDataset(ReaderBase, IterableDataset):
             )
         samples = (s for shard in shards[worker::workers] for s in self.iter_shard(shard))
         if self.shuffle:
-            rng = random.Random((self.seed * 1_000_003 + self.epoch) * 4099 + worker)
+            rng = random.Random((self.seed * 1_000_003 + epoch) * 4099 + worker)
             samples = shuffle_buffer(samples, self.shuffle, rng)
         for index, array, label, key in samples:
             meta = {"index": index, "key": key, "label": label} if self.return_meta else None
@@ -68,7 +77,7 @@ class WdsDataset(ReaderBase, IterableDataset):
     def iter_shard(self, shard: int) -> Iterator[tuple[int, np.ndarray, int, str]]:
         """``(index, image array, label, key)`` of each sample of one shard, in stored order."""
         entry = self.manifest.shards[shard]
-        path = checked_path(self.root, self.manifest, entry.file(".tar"))
+        path = checked_path(self.root, self.manifest, entry.file(TAR_SUFFIX))
         local = 0
         for fields in iter_tar_samples(path):
             array, label, meta = decode_tar_sample(fields, str(path))

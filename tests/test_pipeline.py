@@ -121,11 +121,15 @@ def test_plan_empty():
 def test_estimate_sample_bytes(tmp_path):
     assert estimate_sample_bytes(ImageLayout("uint8", (12, 16, 3), 3), []) == 12 * 16 * 3
     assert estimate_sample_bytes(ImageLayout("float32", (2, 2, 1), 1), []) == 16
-    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
-    a.write_bytes(b"x" * 100)
-    b.write_bytes(b"x" * 300)
-    src = [SourceItem(0, str(a), "a.bin"), SourceItem(1, str(b), "b.bin")]
-    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), src) == 8 * 200
+    a = write_image(tmp_path / "a.png", (10, 20))
+    b = write_image(tmp_path / "b.jpg", (30, 40))
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"not an image")
+    src = [SourceItem(0, str(a), "a.png"), SourceItem(1, str(b), "b.jpg"), SourceItem(2, str(junk), "junk.png")]
+    # exact stored sizes from the headers (the unreadable file is left out of the mean)
+    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), src) == (10 * 20 * 3 + 30 * 40 * 3) / 2
+    assert estimate_sample_bytes(ImageLayout("float16", None, 1), src[:1]) == 10 * 20 * 2
+    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), []) == 1024**2
 
 
 # --------------------------------------------------------------------------- helpers for outputs

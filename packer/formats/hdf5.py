@@ -15,6 +15,7 @@ import numpy as np
 
 from packer.errors import ConfigError
 from packer.formats.base import ImageLayout
+from packer.layout import HDF5_CRC32, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 
@@ -30,11 +31,11 @@ class Hdf5Writer:
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         if layout.shape is None:
             raise ConfigError("the hdf5 format stores one N x H x W x C dataset and needs a fixed image size")
-        self.file_name = f"{shard}.h5"
+        self.file_name = f"{shard}{HDF5_SUFFIX}"
         self.layout = layout
         self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
         self._images = self._file.create_dataset(
-            "images", shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
+            HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
             chunks=(1, *layout.shape), track_times=False,
         )
         self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
@@ -66,10 +67,10 @@ class Hdf5Writer:
     def close(self) -> list[str]:
         """Write labels, keys and checksums and close the file."""
         self._flush()
-        self._file.create_dataset("labels", data=np.asarray(self.labels, dtype=np.int64), track_times=False)
-        self._file.create_dataset("crc32", data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
+        self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
+        self._file.create_dataset(HDF5_CRC32, data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
         self._file.create_dataset(
-            "keys", data=np.asarray(self.keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
+            HDF5_KEYS, data=np.asarray(self.keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
         )
         self._file.close()
         return [self.file_name]
@@ -77,8 +78,9 @@ class Hdf5Writer:
 
 def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with h5py alone."""
-    with h5py.File(directory / shard.file(".h5"), "r") as f:
-        images, labels, keys, crcs = f["images"], f["labels"][:], f["keys"].asstr()[:], f["crc32"][:]
+    with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
+        images, labels = f[HDF5_IMAGES], f[HDF5_LABELS][:]
+        keys, crcs = f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
         if not len(images) == len(labels) == len(keys) == len(crcs) == shard.samples:
             raise ValueError(
                 f"{shard.name}: {len(images)} images, {len(labels)} labels, {len(keys)} keys, "

@@ -19,7 +19,7 @@ import numpy as np
 
 from packer.codecs import decode_npy, encode_npy
 from packer.formats.base import ImageLayout
-from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, lmdb_image_key, lmdb_key_key
+from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 
@@ -34,7 +34,7 @@ class LmdbWriter:
     variable_shape: ClassVar[bool] = True
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        self.file_name = f"{shard}.lmdb"
+        self.file_name = f"{shard}{LMDB_SUFFIX}"
         per_sample = (layout.sample_bytes or VARIABLE_SIZE_GUESS) + 4096
         self._map_size = max(16 * 1024**2, int(capacity * per_sample * 1.25))
         # lock=False: this process is the only writer of this shard, so no lock file is needed.
@@ -86,7 +86,7 @@ class LmdbWriter:
 
 def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with lmdb and numpy alone."""
-    env = lmdb.open(str(directory / shard.file(".lmdb")), subdir=False, readonly=True, lock=False)
+    env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
             def get(key: bytes) -> bytes:

@@ -15,10 +15,11 @@ import numpy as np
 
 from packer.errors import ConfigError
 from packer.formats.base import ImageLayout
+from packer.layout import NPY_CRC32, NPY_IMAGES, NPY_KEYS, NPY_LABELS
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 
-SUFFIXES = (".images.npy", ".labels.npy", ".keys.npy", ".crc32.npy")
+SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
 
 
 def _write_header(f, dtype: np.dtype, shape: tuple[int, ...]) -> None:

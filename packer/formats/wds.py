@@ -20,7 +20,7 @@ from typing import ClassVar, Iterator
 
 from packer.codecs import CODECS
 from packer.formats.base import ImageLayout
-from packer.layout import TAR_MEMBERS, tar_member_key
+from packer.layout import TAR_MEMBERS, TAR_SUFFIX, tar_member_key
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 from packer.tario import decode_tar_sample, iter_tar_samples
@@ -33,7 +33,7 @@ class WdsWriter:
     variable_shape: ClassVar[bool] = True
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        self.file_name = f"{shard}.tar"
+        self.file_name = f"{shard}{TAR_SUFFIX}"
         self._tar = tarfile.open(Path(directory) / self.file_name, "w", format=tarfile.USTAR_FORMAT)
 
     def add(self, sample: Sample) -> None:
@@ -60,7 +60,7 @@ class WdsWriter:
 def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with tarfile and numpy alone."""
     n = 0
-    for n, fields in enumerate(iter_tar_samples(directory / shard.file(".tar")), start=1):
+    for n, fields in enumerate(iter_tar_samples(directory / shard.file(TAR_SUFFIX)), start=1):
         image, label, meta = decode_tar_sample(fields)
         yield StoredSample(n - 1, meta.get("key", fields["__key__"]), label, image, int(meta.get("crc32", -1)))
     if n != shard.samples:

@@ -1,6 +1,6 @@
 """The local executor: one worker process per shard, at most ``workers`` at a time.
 
-Each shard runs in a process of its own, forked from a clean forkserver, and talks to the parent
+Each shard runs in a process of its own and talks to the parent
 through its own pipe (progress counts, then its result or its error), so nothing is shared that a
 killed process could leave locked. That makes bad files cheap to survive: when a shard's process
 dies (a decoder crash) or makes no progress for ``timeout`` seconds (a decoder hang), the parent
@@ -14,6 +14,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -186,10 +187,11 @@ def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
 
 
 def _context():
-    # forkserver: workers start from a clean process, not a copy of one that may hold threads,
-    # open files or CUDA state; the preload imports the worker code once for all of them.
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["packer.worker"])
-        return ctx
+    # Linux: fork, as DataLoader does by default. Children start at once with the worker code
+    # already imported, and, unlike spawn and forkserver, they do not re-run the caller's main
+    # module, so a script that calls packer.convert() without an `if __name__ == "__main__"`
+    # guard still works. The child runs only packer's own code and shares no lock with the
+    # parent (each shard has its own pipe). Elsewhere (macOS, Windows), fork is unsafe: spawn.
+    if sys.platform == "linux":
+        return mp.get_context("fork")
     return mp.get_context("spawn")

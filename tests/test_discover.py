@@ -3,12 +3,11 @@
 import os
 
 import pytest
+from conftest import make_tree, write_image
 
 from packer.discover import discover, is_image_name, is_litter, read_labels_file
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped
-
-from conftest import make_tree, write_image
 
 
 def touch(path, data=b"x"):

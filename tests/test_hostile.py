@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import FORMATS
 from hostile import GOOD, MAX_PIXELS, make_hostile_corpus
+
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.errors import DecodeError

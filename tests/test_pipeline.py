@@ -4,26 +4,26 @@ import hashlib
 import io
 import json
 import tarfile
+import time
 
 import h5py
 import lmdb
 import numpy as np
 import pytest
+from conftest import FORMATS, write_image
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import DEFAULT_SHARD_BYTES, ShardSize
 from packer.discover import discover
-from packer.errors import ConfigError, OutputError
+from packer.errors import ConfigError, InputError, OutputError
 from packer.formats import ImageLayout
 from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.report import REPORT_NAME
 from packer.output import STAGING_MARK, staging_dir
 from packer.pipeline import estimate_sample_bytes, plan_shards, shard_name
 from packer.preprocess import load_image
 from packer.records import SourceItem
-
-from conftest import FORMATS, write_image
+from packer.report import REPORT_NAME
 
 PRE = PreprocessConfig(size=(16, 12))
 MiB = 1024**2
@@ -498,3 +498,41 @@ def test_failure_keeps_old_output(image_tree, tmp_path, monkeypatch):
         convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert no_staging(out)
+
+
+def test_hdf5_bytes_do_not_depend_on_the_clock(image_tree, tmp_path):
+    """Two runs more than a second apart: no timestamp may reach the file."""
+    convert(image_tree, tmp_path / "a", ConvertConfig("hdf5", PRE), workers=1)
+    time.sleep(1.1)
+    convert(image_tree, tmp_path / "b", ConvertConfig("hdf5", PRE), workers=1)
+    for f in sorted((tmp_path / "a").iterdir()):
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
+
+
+def test_output_inside_the_source_is_not_read_as_a_class(image_tree):
+    first = convert(image_tree, image_tree / "packed", ConvertConfig("npy", PRE), workers=1)
+    again = convert(image_tree, image_tree / "packed", ConvertConfig("npy", PRE), workers=1, overwrite=True)
+    assert again.manifest.classes == first.manifest.classes == ["ant", "bee", "cat"]
+    assert again.manifest.samples == first.manifest.samples == 15
+
+
+def test_empty_source_is_an_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(InputError, match="no images found"):
+        convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE))
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_changed_source_files(image_tree, tmp_path):
+    from packer.output import start_staging, write_plan
+    from packer.pipeline import plan_fingerprint
+
+    out = tmp_path / "out"
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    found = discover(image_tree)
+    tasks = plan_shards(found.items, config.shard_size, 1.0)
+    start_staging(out)
+    write_plan(staging_dir(out), {"fingerprint": plan_fingerprint(config, tasks), "workers": 1})
+    write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # changed since the "interrupted" run
+    with pytest.raises(OutputError, match="changed since the interrupted run"):
+        convert(image_tree, out, config, workers=1, resume=True)

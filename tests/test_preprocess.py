@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
+from conftest import write_image
 from PIL import Image
 
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
 from packer.preprocess import finish_pixels, load_image
-
-from conftest import write_image
 
 
 def save_array(path, array, mode=None, **save):

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import FORMATS
 from torch.utils.data import DataLoader
 
-from conftest import FORMATS
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from packer.discover import discover
@@ -171,3 +174,113 @@ def test_wds_reader_refuses_unsafe_member_names(tmp_path, packed):
         tar.addfile(info, io.BytesIO(b"abc"))
     with pytest.raises(ManifestError, match="unsafe"):
         list(WdsDataset(copy))
+
+
+# ------------------------------------------------------------------------- review regressions
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_spawned_workers_read_every_sample(packed, fmt):
+    """The spawn start method (Windows, macOS, some clusters) pickles the dataset to each worker."""
+    ds = open_dataset(packed[fmt], return_meta=True)
+    loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn")
+    seen = [i for _, _, meta in loader for i in meta["index"].tolist()]
+    assert sorted(seen) == list(range(15))
+
+
+class RecordingNpy(NpyDataset):
+    """Writes the pid of every process that opens a shard to a log file."""
+
+    log: Path
+
+    def open_shard(self, shard):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return super().open_shard(shard)
+
+
+def test_forked_workers_open_their_own_handles(packed, tmp_path):
+    ds = RecordingNpy(packed["npy"])
+    ds.log = tmp_path / "opens.log"
+    ds[0], ds[14]  # the parent opens two shards first
+    list(DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+    pids = [int(line) for line in ds.log.read_text().split()]
+    assert pids[:2] == [os.getpid()] * 2
+    assert len(set(pids[2:])) == 2 and os.getpid() not in pids[2:]  # each worker opened its own
+
+
+def test_open_shards_are_bounded(packed):
+    ds = open_dataset(packed["lmdb"], max_open_shards=1)
+    first = [ds[i][0] for i in range(15)]
+    assert len(ds._handles) == 1
+    assert all(torch.equal(a, b) for a, b in zip(first, [open_dataset(packed["npy"])[i][0] for i in range(15)]))
+
+
+def test_many_shards_under_a_low_open_file_limit(tmp_path):
+    """300 shards read under ulimit -n 64, 8 open at a time: handles are closed as they are evicted."""
+    script = tmp_path / "many.py"
+    script.write_text(f"""
+import resource, numpy as np
+from PIL import Image
+from pathlib import Path
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from readers import open_dataset
+src = Path({str(tmp_path)!r}) / "src"
+for i in range(300):
+    p = src / f"{{i:03d}}.png"; p.parent.mkdir(exist_ok=True)
+    Image.fromarray(np.full((4, 4, 3), i % 256, np.uint8)).save(p)
+for fmt in ("npy", "lmdb", "hdf5"):
+    convert(src, Path({str(tmp_path)!r}) / fmt, ConvertConfig(fmt, PreprocessConfig(size=(4, 4)), ShardSize(samples=1)))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+for fmt in ("npy", "lmdb", "hdf5"):
+    ds = open_dataset(Path({str(tmp_path)!r}) / fmt, normalize=False, max_open_shards=8)
+    assert [int(ds[i][0][0, 0, 0]) for i in range(300)] == [i % 256 for i in range(300)], fmt
+print("ok")
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode,dtype", [("L", "uint8"), ("RGB", "uint8"), ("L", "float32"), ("RGB", "float16")])
+def test_samples_are_writable_tensors(tmp_path, packed, fmt, mode, dtype):
+    out = tmp_path / "o"
+    convert(packed["_src"], out, ConvertConfig(fmt, PreprocessConfig(size=(8, 6), mode=mode, dtype=dtype)), workers=1)
+    for normalize in (True, False):
+        ds = open_dataset(out, normalize=normalize)
+        image = next(iter(ds))[0] if fmt == "wds" else ds[0][0]
+        image.add_(1)  # would crash the process on a read-only file map
+        assert image.shape == ((1 if mode == "L" else 3), 6, 8)
+
+
+def test_lmdb_output_converted_again_is_not_read_from_a_stale_map(tmp_path, packed):
+    out = tmp_path / "lmdb"
+    convert(packed["_src"], out, ConvertConfig("lmdb", PreprocessConfig(size=(8, 8))), workers=1)
+    old = open_dataset(out)
+    assert old[0][0].shape == (3, 8, 8)
+    convert(packed["_src"], out, ConvertConfig("lmdb", PreprocessConfig(size=(16, 16))), workers=1, overwrite=True)
+    assert open_dataset(out)[0][0].shape == (3, 16, 16)
+
+
+def test_two_lmdb_datasets_share_an_output(packed):
+    a, b = open_dataset(packed["lmdb"]), open_dataset(packed["lmdb"])
+    assert torch.equal(a[3][0], b[3][0])
+    a.close()
+    assert torch.equal(b[3][0], NpyDataset(packed["npy"])[3][0])
+
+
+def test_batch_normalizer_equals_per_sample_normalization(packed):
+    raw = open_dataset(packed["hdf5"], normalize=False)
+    batch = torch.stack([raw[i][0] for i in range(4)])
+    assert batch.dtype == torch.uint8
+    normalized = raw.batch_normalizer()(batch)
+    assert torch.equal(normalized, torch.stack([open_dataset(packed["hdf5"])[i][0] for i in range(4)]))
+
+
+def test_wds_reshuffles_with_persistent_workers(packed):
+    ds = WdsDataset(packed["wds"], shuffle=8, seed=3, return_meta=True)
+    loader = DataLoader(ds, batch_size=15, num_workers=1, persistent_workers=True)
+    orders = [next(iter(loader))[2]["index"].tolist() for _ in range(3)]
+    assert all(sorted(o) == list(range(15)) for o in orders)
+    assert len({tuple(o) for o in orders}) == 3

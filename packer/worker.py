@@ -58,6 +58,8 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     ``parent``, is gone.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # held back by the parent while it forked this process
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
 
     def at(position: int) -> None:

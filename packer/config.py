@@ -70,6 +70,11 @@ class PreprocessConfig:
                 raise ConfigError(f"--normalize std must be positive, got {self.std}")
 
     @property
+    def max_file_bytes(self) -> int:
+        """Largest source file read: 8 bytes per allowed pixel (16-bit RGBA, uncompressed) plus 1 MiB."""
+        return self.max_pixels * 8 + 1024**2
+
+    @property
     def channels(self) -> int:
         """Channels of a stored image: 3 for RGB, 1 for L."""
         return 3 if self.mode == "RGB" else 1

@@ -68,19 +68,21 @@ def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] =
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
-    files, ignored = _walk(root)
+    files, ignored, unlisted = _walk(root)
     if labels_file is not None:
-        return _with_labels_file(root, files, ignored, Path(labels_file))
+        found = _with_labels_file(root, files, ignored, Path(labels_file))
+        found.skipped[:0] = unlisted
+        return found
     class_dirs = sorted(
         e.name for e in os.scandir(root)
-        if not is_litter(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
+        if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
     )
     if not class_dirs:
         items = [SourceItem(i, str(root / rel), rel) for i, rel in enumerate(files)]
-        return Discovery(root, items, None, [], ignored)
+        return Discovery(root, items, None, unlisted, ignored)
     class_index = {name: i for i, name in enumerate(class_dirs)}
     items: list[SourceItem] = []
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = list(unlisted)
     for rel in files:
         top = PurePosixPath(rel).parts[0]
         if len(PurePosixPath(rel).parts) == 1:
@@ -90,32 +92,68 @@ def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] =
     return Discovery(root, items, class_dirs, skipped, ignored)
 
 
-def _walk(root: Path) -> tuple[list[str], dict[str, int]]:
-    """All image files under root as sorted POSIX relative paths, and ignored files by extension.
+def _walk(root: Path) -> tuple[list[str], dict[str, int], list[Skipped]]:
+    """All image files under root as sorted POSIX relative paths, ignored files by extension, and
+    what could not be listed or named.
 
-    Symlinked folders are followed, each real folder at most once, so a symlink loop cannot hang
-    the walk.
+    Iterative (no recursion limit on deep trees) and in sorted order, real folders before symlinks
+    to folders; symlinked folders are followed, each real folder at most once, so a symlink loop
+    ends and a folder reachable twice is always found under the same path.
     """
     found: list[str] = []
     ignored: Counter[str] = Counter()
+    problems: list[Skipped] = []
     seen: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        st = os.stat(dirpath)
-        if (st.st_dev, st.st_ino) in seen:
-            dirnames[:] = []
-            continue
-        seen.add((st.st_dev, st.st_ino))
-        dirnames[:] = [d for d in dirnames if not is_litter(d) and not is_packer_folder(os.path.join(dirpath, d))]
-        rel_dir = Path(dirpath).relative_to(root)
-        for name in filenames:
-            if is_litter(name):
+    stack: list[Path] = [root]
+    while stack:
+        folder = stack.pop()
+        rel_dir = folder.relative_to(root)
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in seen:
                 continue
-            if is_image_name(name):
-                found.append((rel_dir / name).as_posix())
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            problems.append(Skipped(_posix(rel_dir) + "/", f"cannot read folder: {e.strerror or e}"))
+            continue
+        subfolders = []
+        for entry in entries:
+            if is_litter(entry.name):
+                continue
+            rel = _posix(rel_dir / entry.name)
+            if not _utf8(rel):
+                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+                problems.append(Skipped(shown, "file name is not valid UTF-8; rename it"))
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not is_packer_folder(entry.path):
+                    subfolders.append((entry.is_symlink(), entry.name))
+            elif is_image_name(entry.name):
+                found.append(rel)
             else:
-                ignored[os.path.splitext(name)[1].lower() or "(no extension)"] += 1
+                ignored[os.path.splitext(entry.name)[1].lower() or "(no extension)"] += 1
+        # Pushed in reverse so that they are walked in sorted order, real folders first.
+        stack.extend(folder / name for _, name in sorted(subfolders, reverse=True))
     found.sort()
-    return found, dict(sorted(ignored.items()))
+    return found, dict(sorted(ignored.items())), problems
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _posix(path: Path) -> str:
+    text = path.as_posix()
+    return "" if text == "." else text
 
 
 def _with_labels_file(root: Path, files: list[str], ignored: dict[str, int], labels_file: Path) -> Discovery:
@@ -147,6 +185,13 @@ def read_labels_file(path: Path) -> dict[str, str]:
     """
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
+    try:
+        return _read_labels_rows(path)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+
+
+def _read_labels_rows(path: Path) -> dict[str, str]:
     labels: dict[str, str] = {}
     with open(path, newline="", encoding="utf-8-sig") as f:
         for lineno, row in enumerate(csv.reader(f), start=1):

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from packer.config import PreprocessConfig
 from packer.errors import PackerError
 from packer.records import ShardResult
-from packer.worker import ShardJob, run_shard_process
+from packer.worker import FINISHING, ShardJob, die_with_parent, run_shard_process
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def run_jobs(
                 if positions[r.job.number] != r.position:
                     r.position, r.since = positions[r.job.number], now
                 if outcome is None and r.proc.is_alive():
-                    if time.monotonic() - r.since > timeout:
+                    if r.position != FINISHING and time.monotonic() - r.since > timeout:
                         log.warning("%s: no progress for %.0f s; ending its worker", r.job.task.name, timeout)
                         r.proc.kill()
                         r.proc.join()
@@ -138,7 +138,7 @@ def _collect(r: _Running, progress: Optional[ProgressFn]) -> Optional[tuple]:
 def _after_failure(r: _Running, failures: dict[int, int], timeout: float) -> ShardJob:
     """The job to run again after its process died or hung: without the file to blame, if any."""
     job = r.job
-    if r.position:
+    if r.position > 0:
         item = job.task.items[r.position - 1]
         reason = probe(item.path, job.preprocess, timeout)
         if reason is not None:
@@ -180,6 +180,7 @@ def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
     from packer import preprocess as decoding
     from packer.errors import DecodeError
 
+    die_with_parent()
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:

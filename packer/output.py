@@ -8,14 +8,16 @@ finished shard (its files' SHA-256), so an interrupted run continues where it st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import IO, Optional
 
-from packer.errors import OutputError
-from packer.manifest import MANIFEST_NAME, sha256_of
+from packer.errors import OutputError, PackerError
+from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
 
 STAGING_MARK = ".packer-staging"
@@ -23,8 +25,18 @@ PLAN_RECORD = ".packer-plan.json"
 DONE_SUFFIX = ".done.json"
 
 
-def check_output(output: Path, overwrite: bool) -> None:
-    """Refuse an output location that would lose data; called before any work starts."""
+def check_output(output: Path, overwrite: bool, source: Optional[Path] = None) -> None:
+    """Refuse an output location that would lose data; called before any work and again at publish.
+
+    Only a folder holding a valid packer manifest and nothing but that output's own files is
+    replaced, and only with ``overwrite``; never a folder that holds the source.
+    """
+    if output.is_symlink():
+        raise OutputError(f"{output} is a symbolic link; give the real output path ({output.resolve()})")
+    if source is not None:
+        src, out = source.resolve(), output.resolve()
+        if src == out or out in src.parents:
+            raise OutputError(f"{output} holds the source folder {source}; choose an output outside it")
     if not output.exists():
         if output.parent.exists() and not output.parent.is_dir():
             raise OutputError(f"cannot create {output}: {output.parent} is not a folder")
@@ -36,7 +48,7 @@ def check_output(output: Path, overwrite: bool) -> None:
                           f"(e.g. -o {output / 'packed'})")
     if not any(output.iterdir()):
         return
-    if not (output / MANIFEST_NAME).is_file():
+    if not is_packer_output(output):
         raise OutputError(
             f"{output} is a non-empty folder that is not a packer output; refusing to replace it. "
             "Choose another output path or empty it first."
@@ -45,9 +57,68 @@ def check_output(output: Path, overwrite: bool) -> None:
         raise OutputError(f"{output} already holds a packer output; pass --overwrite to replace it")
 
 
+def is_packer_output(folder: Path) -> bool:
+    """True when ``folder`` holds a valid packer manifest and only the files that output consists of."""
+    try:
+        manifest = read_manifest(folder)
+    except PackerError:
+        return False
+    own = {MANIFEST_NAME, "report.txt", STAGING_MARK} | {f.path for s in manifest.shards for f in s.files}
+    return all(entry.name in own for entry in folder.iterdir())
+
+
 def staging_dir(output: Path) -> Path:
     """The staging folder of ``output``: hidden, beside it, on the same filesystem."""
     return output.parent / f".{output.name}.packer-partial"
+
+
+def _old_dir(output: Path) -> Path:
+    return output.parent / f".{output.name}.packer-old"
+
+
+def lock_output(output: Path) -> Optional[IO]:
+    """Take the lock of ``output`` for this whole run; OutputError if another run holds it.
+
+    The lock file (``.NAME.packer-lock`` beside the output) outlives the staging folder, so no two
+    runs ever share, replace or publish the same output. A killed run releases it with its process.
+    Returns the open lock file (None where the platform has no ``fcntl``).
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(output.parent / f".{output.name}.packer-lock", "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise OutputError(f"another packer run is writing {output}; wait for it to finish or stop it") from None
+    return handle
+
+
+def release_output(output: Path, handle: Optional[IO]) -> None:
+    """Remove the lock file (while still holding it) and release the lock."""
+    if handle is None:
+        return
+    try:
+        os.unlink(handle.name)
+    except OSError:
+        pass
+    handle.close()
+
+
+def recover(output: Path) -> None:
+    """Repair what a run killed in the middle of publishing left: restore or remove the old output."""
+    old = _old_dir(output)
+    if not old.exists():
+        return
+    if not output.exists() and is_packer_output(old):
+        os.rename(old, output)  # the new output never arrived: the old one comes back
+    elif is_packer_output(old) or not any(old.iterdir()):
+        remove_tree(old)
+    else:
+        raise OutputError(f"{old} is left from an earlier run but is not a packer output; move it away")
 
 
 def start_staging(output: Path) -> Path:
@@ -57,29 +128,18 @@ def start_staging(output: Path) -> Path:
     if stage.exists():
         if not (stage / STAGING_MARK).is_file():
             raise OutputError(f"{stage} exists but was not made by packer; move it away and run again")
-        shutil.rmtree(stage)
+        remove_tree(stage)
     stage.mkdir()
     (stage / STAGING_MARK).write_text("packer conversion in progress; this folder is not an output\n")
     return stage
 
 
-def lock_staging(stage: Path) -> Optional[IO]:
-    """Hold an exclusive lock on a staging folder for this run; OutputError if another run holds it.
-
-    The lock goes with the process: a killed run releases it. Returns the open lock file, to keep
-    open until the run ends (None where the platform has no ``fcntl``).
-    """
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        return None
-    handle = open(stage / STAGING_MARK, "a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise OutputError(f"another packer run is writing {stage}; wait for it to finish or stop it") from None
-    return handle
+def remove_tree(folder: Path) -> None:
+    """Delete a folder of packer's: renamed to a trash name first, so an interruption midway never
+    leaves a half-deleted folder that looks like something else."""
+    trash = folder.parent / f".{folder.name}.packer-trash-{os.getpid()}"
+    os.rename(folder, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def write_plan(stage: Path, plan: dict) -> None:
@@ -126,27 +186,44 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def publish(stage: Path, output: Path) -> None:
+def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] = None) -> None:
     """Move a finished staging folder into place as ``output`` (replacing an old output).
 
-    The staging mark goes only after the rename succeeded, so a failure here leaves a staging
-    folder that the next run recognises and replaces.
+    Checked again under the run's lock; the two renames happen with Ctrl-C and SIGTERM held
+    back, and an old output is renamed back if the new one cannot take its place.
     """
-    for record in [stage / PLAN_RECORD, *stage.glob(f"*{DONE_SUFFIX}")]:
-        record.unlink(missing_ok=True)
-    old = None
-    if output.exists() and any(output.iterdir()):
-        old = output.parent / f".{output.name}.packer-old"
-        if old.exists() and (old / MANIFEST_NAME).is_file():  # left by a run that died right here
-            shutil.rmtree(old)
-        os.rename(output, old)
-    os.replace(stage, output)  # replaces an empty folder in one step
-    (output / STAGING_MARK).unlink()
-    if old is not None and (old / MANIFEST_NAME).is_file():
-        shutil.rmtree(old)
+    check_output(output, overwrite, source)
+    old = _old_dir(output)
+    with _signals_held():
+        moved = False
+        if output.exists() and any(output.iterdir()):
+            os.rename(output, old)
+            moved = True
+        try:
+            os.replace(stage, output)  # replaces an empty folder in one step
+        except OSError:
+            if moved:
+                os.rename(old, output)
+            raise
+    for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in output.glob(f"*{DONE_SUFFIX}")]]:
+        (output / record).unlink(missing_ok=True)
+    if moved:
+        remove_tree(old)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def discard(stage: Path) -> None:
     """Remove a staging folder after a failed run (only if packer made it)."""
     if (stage / STAGING_MARK).is_file():
-        shutil.rmtree(stage, ignore_errors=True)
+        remove_tree(stage)

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +28,15 @@ from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import FORMAT_VERSIONS, Manifest, ShardEntry, write_manifest
 from packer.output import (
-    STAGING_MARK,
     check_output,
     discard,
     finished_shards,
-    lock_staging,
+    lock_output,
     publish,
     read_plan,
     record_shard,
+    recover,
+    release_output,
     staging_dir,
     start_staging,
     write_plan,
@@ -107,6 +109,9 @@ def estimate_sample_bytes(layout: ImageLayout, items: Sequence[SourceItem]) -> f
     sizes = []
     for item in items[:: max(1, len(items) // 64)]:
         try:
+            st = os.stat(item.path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                continue  # a FIFO would block here; workers report such files
             with Image.open(item.path) as img:
                 sizes.append(img.size[0] * img.size[1] * per_pixel)
         except Exception:  # noqa: BLE001 - a bad file is reported later by its worker; here it only has no size
@@ -148,7 +153,7 @@ def convert(
             f"--resize none keeps each image's own size, but the {config.format} format stores one "
             "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
         )
-    check_output(output, overwrite)
+    check_output(output, overwrite, Path(source))
     found = discover(source, labels_file)
     if not found.items:
         if labels_file is not None and found.skipped:
@@ -160,11 +165,24 @@ def convert(
         raise DecodeError(first.path, first.reason)
     workers = max(1, workers or usable_cpus())
     stage = staging_dir(output)
-    lock = lock_staging(stage) if (stage / STAGING_MARK).is_file() else None
+    lock = lock_output(output)
+    try:
+        recover(output)
+        return _convert_locked(source, output, config, found, stage, workers, overwrite, strict,
+                               resume, timeout, progress, on_plan, started)
+    finally:
+        release_output(output, lock)
+
+
+def _convert_locked(source, output, config, found, stage, workers, overwrite, strict, resume,
+                    timeout, progress, on_plan, started) -> ConvertResult:
+    """The part of ``convert`` that runs while this process holds the output's lock."""
+    pre = config.preprocess
+    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels)
     previous = read_plan(stage) if resume else None
     plan_workers = previous.get("workers", workers) if previous else workers
     tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), plan_workers)
-    fingerprint = plan_fingerprint(config, tasks)
+    fingerprint = plan_fingerprint(config, tasks, strict)
     finished: dict[str, ShardResult] = {}
     if previous is not None:
         if previous.get("fingerprint") != fingerprint:
@@ -178,12 +196,9 @@ def convert(
         if stage.exists() and not resume:
             log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
         try:
-            start_staging(output)  # replaces an unfinished run's folder (whose lock we hold) with a new one
+            start_staging(output)  # replaces an unfinished run's folder with a new one
         except OSError as e:
             raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-        if lock is not None:
-            lock.close()
-        lock = lock_staging(stage)
         write_plan(stage, {"fingerprint": fingerprint, "workers": plan_workers})
     if on_plan is not None:
         on_plan(found, tasks)
@@ -201,7 +216,7 @@ def convert(
         manifest = build_manifest(config, layout, found, results, plan_workers)
         write_manifest(stage, manifest)
         write_report(stage / REPORT_NAME, manifest)
-        publish(stage, output)
+        publish(stage, output, overwrite, Path(source))
     except KeyboardInterrupt:
         raise  # the staging folder stays, with its finished shards, for --resume
     except OSError as e:
@@ -210,9 +225,6 @@ def convert(
     except BaseException:
         discard(stage)
         raise
-    finally:
-        if lock is not None:
-            lock.close()
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored)
 
@@ -224,18 +236,19 @@ def _describe_os_error(e: OSError) -> str:
     return f"{e.strerror or e}{where}{hint}"
 
 
-def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask]) -> str:
+def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False) -> str:
     """SHA-256 of everything that decides the output: options, shard plan, and each source file's
-    size and modification time (so a resumed run notices files changed in between)."""
+    size, inode and modification and change times (so a resumed run notices files changed in
+    between, even when their mtime was put back)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(),
+    h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
                          "shard_size": config.shard_size.describe()}, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
         for item in task.items:
             try:
                 st = os.stat(item.path)
-                stamp = f"{st.st_size}:{st.st_mtime_ns}"
+                stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
             except OSError:
                 stamp = "missing"
             h.update(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}".encode())

@@ -11,6 +11,7 @@ import os
 import stat
 import struct
 import warnings
+from typing import Optional
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -36,10 +37,11 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     return decode_image(read_source(path), cfg, str(path))
 
 
-def read_source(path: str | os.PathLike) -> bytes:
+def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None) -> bytes:
     """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
 
-    Checked before opening: a FIFO or device named ``x.jpg`` would block or never end.
+    Checked before opening: a FIFO or device named ``x.jpg`` would block or never end, and a file
+    over ``max_bytes`` would be read whole into memory.
     """
     try:
         st = os.stat(path)
@@ -52,6 +54,9 @@ def read_source(path: str | os.PathLike) -> bytes:
         raise DecodeError(str(path), "not a regular file (a pipe, device or socket)")
     if st.st_size == 0:
         raise DecodeError(str(path), "empty file: 0 bytes")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise DecodeError(str(path), f"file too large: {st.st_size:,} bytes, more than any image of --max-pixels "
+                                     f"could need ({max_bytes:,})")
     try:
         with open(path, "rb") as f:
             return f.read()

@@ -10,13 +10,14 @@ import hashlib
 import logging
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from packer import preprocess
 from packer.config import PreprocessConfig
-from packer.errors import DecodeError
+from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
 from packer.records import Sample, ShardResult, ShardTask, Skipped
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int], None]
 """``progress(shard_number, items_done_since_last_call)``."""
+
+FINISHING = -1
+"""Position reported while a shard's files are closed and hashed: not decoding, so no hang timeout."""
 
 PROGRESS_EVERY = 16  # items per progress message: often enough for a live bar, cheap on the pipe
 
@@ -58,6 +62,7 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     ``parent``, is gone.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     if hasattr(signal, "pthread_sigmask"):  # held back by the parent while it forked this process
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
@@ -78,6 +83,19 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     conn.close()
 
 
+def die_with_parent() -> None:
+    """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
+    while a decoder hangs). Elsewhere the per-file check in ``run_shard_process`` does the job."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def write_shard(
     job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
 ) -> ShardResult:
@@ -96,7 +114,7 @@ def write_shard(
         try:
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
-            data = preprocess.read_source(item.path)
+            data = preprocess.read_source(item.path, max_bytes=job.preprocess.max_file_bytes)
             image = preprocess.decode_image(data, job.preprocess, item.path)
         except DecodeError as e:
             if job.strict:
@@ -104,7 +122,10 @@ def write_shard(
             result.skipped.append(Skipped(item.relpath, e.reason))
             log.info("skipped %s: %s", item.relpath, e.reason)
         else:
-            writer.add(Sample(item.index, item.relpath, image, item.label))
+            try:
+                writer.add(Sample(item.index, item.relpath, image, item.label))
+            except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
+                raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
             result.samples += 1
             result.keys.append(item.relpath)
             result.labels.append(item.label)
@@ -113,8 +134,13 @@ def write_shard(
         if report is not None and pending >= PROGRESS_EVERY:
             report(job.number, pending)
             pending = 0
+    if at is not None:
+        at(FINISHING)
     # Closed only after the last item: a shard cut short by an error never looks finished.
-    files = writer.close()
+    try:
+        files = writer.close()
+    except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
+        raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
     if report is not None and pending:
         report(job.number, pending)
     result.files = [file_entry(directory, name) for name in files]

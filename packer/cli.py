@@ -140,8 +140,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                              progress=on_progress, on_plan=on_plan)
     except KeyboardInterrupt:
         _close(bars)
-        click.echo(f"packer: interrupted; no output was written. Finished shards are kept in "
-                   f"{staging_dir(output)}: run the same command with --resume to continue.", err=True)
+        stage = staging_dir(output)
+        kept = (f" Finished shards are kept in {stage}: run the same command with --resume to continue."
+                if stage.exists() else "")
+        click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
         sys.exit(130)
     except DecodeError as e:
         _close(bars)
@@ -249,6 +251,9 @@ def verify(output: Path, quiet: bool) -> None:
         m = read_manifest(output)
         with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
             problems = verify_output(output, progress=bar.update)
+    except KeyboardInterrupt:
+        click.echo("packer: verify interrupted", err=True)
+        sys.exit(130)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     if problems:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from packer.errors import ManifestError
 from packer.records import FileEntry
 
@@ -109,6 +111,7 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
+        _check_layout(m, where)
         total = sum(s.samples for s in m.shards)
         if total != m.samples:
             raise ManifestError(f"{where}: shard sample counts add up to {total}, not {m.samples}")
@@ -121,6 +124,29 @@ class Manifest:
         for s in self.shards:
             offsets.append(offsets[-1] + s.samples)
         return offsets
+
+
+def _check_layout(m: "Manifest", where: str) -> None:
+    """Types and names a reader relies on: plain file names inside the output, a known image dtype."""
+    for shard in m.shards:
+        for f in shard.files:
+            if not f.path or "/" in f.path or "\\" in f.path or f.path in (".", "..") or f.path.startswith("."):
+                raise ManifestError(f"{where}: file path {f.path!r} is not a plain name inside the output")
+    image = m.fields.get("image") if isinstance(m.fields, dict) else None
+    if not isinstance(image, dict):
+        raise ManifestError(f"{where}: fields.image is missing")
+    try:
+        dtype = np.dtype(image.get("dtype"))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.hasobject or dtype.kind not in "uif":
+        raise ManifestError(f"{where}: fields.image.dtype {image.get('dtype')!r} is not a plain number type")
+    shape = image.get("shape")
+    if shape is not None and (not isinstance(shape, list) or len(shape) != 3 or not all(
+            isinstance(v, int) and v > 0 for v in shape)):
+        raise ManifestError(f"{where}: fields.image.shape {shape!r} is not [H, W, C]")
+    if not isinstance(m.preprocess, dict):
+        raise ManifestError(f"{where}: preprocess is not an object")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
@@ -159,7 +185,9 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
     if not isinstance(data, dict):
         raise ManifestError(f"{path} is not a packer manifest")
     version = data.get("manifest_version", 1)
-    if isinstance(version, int) and version > MANIFEST_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestError(f"{path}: manifest_version {version!r} is not a whole number")
+    if version > MANIFEST_VERSION:
         # Checked before parsing: a newer manifest may have a different layout.
         raise ManifestError(
             f"{path} has manifest version {version}; this packer reads up to "

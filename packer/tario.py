@@ -49,6 +49,8 @@ def decode_tar_sample(fields: dict, name: str = "tar") -> tuple[np.ndarray, int,
     """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged."""
     try:
         meta = CODECS["json"].decode(fields["json"]) if "json" in fields else {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"KEY.json holds {type(meta).__name__}, not an object")
         return CODECS["npy"].decode(fields["npy"]), CODECS["cls"].decode(fields["cls"]), meta
-    except (KeyError, ValueError, UnicodeDecodeError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None

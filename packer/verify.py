@@ -7,8 +7,11 @@ stored beside it, so a flipped bit is traced to the sample it hit.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from packer.formats import SCANNERS
-from packer.manifest import Manifest, ShardEntry, read_manifest, sha256_of
+from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
 from packer.records import image_crc32
 
 WHOLE_FILE_FORMATS = {"lmdb", "hdf5"}
@@ -47,6 +50,7 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
     root = Path(output)
     manifest = read_manifest(root)
     problems: list[Problem] = []
+    labels_seen: list[int] = []
     for shard in manifest.shards:
         file_problems = check_files(root, shard)
         problems += file_problems
@@ -56,10 +60,69 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
             # size instead: lost pages read as zeros, and the samples still intact are told apart.
             with tempfile.TemporaryDirectory() as tmp:
                 padded = _padded_copy(root, shard, Path(tmp))
-                problems += check_samples(padded, manifest, shard, progress)
+                problems += _isolated_check(padded, manifest, shard, progress, labels_seen)
         else:
-            problems += check_samples(root, manifest, shard, progress)
+            problems += _isolated_check(root, manifest, shard, progress, labels_seen)
+    problems += check_counts(manifest, labels_seen)
+    problems += check_extra_files(root, manifest)
     return problems
+
+
+def check_counts(manifest: Manifest, labels: list[int]) -> list[Problem]:
+    """The manifest's class counts against the labels actually stored."""
+    if manifest.class_counts is None or manifest.classes is None:
+        return []
+    stored = [0] * len(manifest.classes)
+    for label in labels:
+        if 0 <= label < len(stored):
+            stored[label] += 1
+    if stored != list(manifest.class_counts):
+        return [Problem("manifest", f"class_counts {manifest.class_counts} do not match the stored labels ({stored})")]
+    return []
+
+
+def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
+    """Files in the output that the manifest does not list (a shard dropped from the manifest?)."""
+    listed = {f.path for s in manifest.shards for f in s.files} | {MANIFEST_NAME, "report.txt"}
+    return [Problem("output", f"{p.name} is not listed in the manifest")
+            for p in sorted(root.iterdir()) if p.name not in listed]
+
+
+def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress, labels: list[int]) -> list[Problem]:
+    """check_samples in a child process where the platform forks: a damaged LMDB or HDF5 file can
+    crash its library (SIGBUS, SIGSEGV), and verify must report that, not die of it."""
+    if sys.platform != "linux":
+        return check_samples(root, manifest, shard, progress, labels)
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send), daemon=True)
+    proc.start()
+    send.close()
+    result = None
+    try:
+        while result is None:
+            kind, value = receive.recv()
+            if kind == "progress" and progress is not None:
+                progress(value)
+            elif kind == "done":
+                result = value
+    except EOFError:
+        pass
+    proc.join()
+    if result is None:
+        code = proc.exitcode or 0
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        return [Problem(shard.name, f"unreadable: reading it crashed the {manifest.format} library ({how})")]
+    found, shard_labels = result
+    labels += shard_labels
+    return found
+
+
+def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn) -> None:
+    labels: list[int] = []
+    found = check_samples(root, manifest, shard, lambda n: conn.send(("progress", n)), labels)
+    conn.send(("done", (found, labels)))
+    conn.close()
 
 
 def _padded_copy(root: Path, shard: ShardEntry, tmp: Path) -> Path:
@@ -89,9 +152,13 @@ def check_files(root: Path, shard: ShardEntry) -> list[Problem]:
 
 
 def check_samples(
-    root: Path, manifest: Manifest, shard: ShardEntry, progress: Optional[Callable[[int], None]] = None
+    root: Path, manifest: Manifest, shard: ShardEntry, progress: Optional[Callable[[int], None]] = None,
+    labels: Optional[list[int]] = None,
 ) -> list[Problem]:
-    """Decode every sample of a shard and compare it with its stored checksum and the recorded layout."""
+    """Decode every sample of a shard and compare it with its stored checksum and the recorded layout.
+
+    The labels read are appended to ``labels`` when given.
+    """
     image_field = manifest.fields["image"]
     dtype = np.dtype(image_field["dtype"])
     shape = tuple(image_field["shape"]) if image_field.get("shape") else None
@@ -100,6 +167,8 @@ def check_samples(
     try:
         for s in SCANNERS[manifest.format](root, shard):
             position = s.local + 1
+            if labels is not None:
+                labels.append(s.label)
             if s.image.dtype != dtype or (shape is not None and s.image.shape != shape) or s.image.ndim != 3:
                 problems.append(Problem(shard.name, f"image is {s.image.dtype} {s.image.shape}, expected {dtype} "
                                         f"{shape or '(H, W, C)'}", s.local, s.key))

@@ -8,6 +8,7 @@ parent would be shared with it), and never pickled, so datasets travel cheaply t
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -167,13 +168,32 @@ class PackedDataset(ReaderBase, Dataset):
 
     def __getitem__(self, index: int):
         shard, local = self.locate(int(index))
-        handle = self._handle(shard)
-        image = self.convert(self.read_image(handle, local))
-        label = int(self._shard_labels(shard)[local])
-        meta = None
-        if self.return_meta:
-            meta = {"index": self._offsets[shard] + local, "key": self.read_key(handle, local), "label": label}
-        return build_sample(image, label, self.transform, meta)
+        with self._reading(shard):
+            handle = self._handle(shard)
+            image = self.read_image(handle, local)
+            label = int(self._shard_labels(shard)[local])
+            key = self.read_key(handle, local) if self.return_meta else None
+            self._check_image(image, shard)
+        meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
+        return build_sample(self.convert(image), label, self.transform, meta)
+
+    @contextlib.contextmanager
+    def _reading(self, shard: int):
+        """Turn any failure to read a shard into one ManifestError naming its files."""
+        try:
+            yield
+        except (ManifestError, IndexError):
+            raise
+        except Exception as e:  # noqa: BLE001 - numpy, h5py, lmdb each raise their own types
+            files = ", ".join(str(self.root / f.path) for f in self.manifest.shards[shard].files)
+            raise ManifestError(f"{files}: cannot be read ({type(e).__name__}: {e}); the output is damaged, "
+                                f"run packer verify {self.root}") from None
+
+    def _check_image(self, image: np.ndarray, shard: int) -> None:
+        field = self.manifest.fields["image"]
+        shape = field.get("shape")
+        if image.dtype != np.dtype(field["dtype"]) or image.ndim != 3 or (shape and list(image.shape) != shape):
+            raise ValueError(f"stored image is {image.dtype} {image.shape}, the manifest says {field['dtype']} {shape}")
 
     # Per-format parts -------------------------------------------------------------------------
     def open_shard(self, shard: ShardEntry) -> Any:

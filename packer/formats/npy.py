@@ -77,7 +77,7 @@ def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
 
     A truncated images file yields the samples it still holds, then fails naming the first missing.
     """
-    labels, keys, crcs = (np.load(directory / shard.file(s), allow_pickle=False) for s in SUFFIXES[1:])
+    labels, keys, crcs = (np.load(directory / shard.file(s), mmap_mode="r", allow_pickle=False) for s in SUFFIXES[1:])
     images = _complete_rows(directory / shard.file(SUFFIXES[0]))
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
@@ -95,6 +95,9 @@ def _complete_rows(path: Path) -> np.ndarray:
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(f)
         offset = f.tell()
+    if dtype.hasobject or fortran or len(shape) != 4:
+        raise ValueError(f"{path.name} holds {dtype} {shape}{' in Fortran order' if fortran else ''}, "
+                         "not a packer image array (N x H x W x C of plain numbers)")
     row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     available = (path.stat().st_size - offset) // row if row else shape[0]
     rows = min(shape[0], available)

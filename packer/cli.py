@@ -38,7 +38,7 @@ from packer.manifest import Manifest, read_manifest
 from packer.output import staging_dir
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
-from packer.report import REPORT_NAME, reason_kind
+from packer.report import REPORT_NAME, reason_kind, shown
 from packer.verify import verify as verify_output
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
@@ -182,7 +182,7 @@ def _summary(result: ConvertResult) -> None:
         for kind, count in reasons.most_common():
             click.echo(f"  {count} x {kind}", err=True)
             for s in [s for s in result.skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
-                click.echo(f"      {s.path}: {s.reason}", err=True)
+                click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
     if m.classes and m.class_counts:
         empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
         if empty:

@@ -83,8 +83,8 @@ def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> n
         raise
     except UnidentifiedImageError:
         raise DecodeError(path, "not an image: unknown format or corrupt header") from None
-    except Image.DecompressionBombError as e:
-        raise DecodeError(path, f"too many pixels: {e}") from None
+    except Image.DecompressionBombError:
+        raise DecodeError(path, f"too many pixels: more than --max-pixels {cfg.max_pixels:,}") from None
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError, struct.error, IndexError, TypeError) as e:
         # Pillow's plugins report truncated and corrupt data with all of these.
         raise DecodeError(path, f"corrupt or truncated image: {e or type(e).__name__}") from None

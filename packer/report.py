@@ -15,6 +15,11 @@ def reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
+def shown(path: str) -> str:
+    """A path as printed on one line: escaped when it holds newlines or other control characters."""
+    return path if path.isprintable() else repr(path)[1:-1]
+
+
 def render_report(m: Manifest) -> str:
     """Plain-text report of an output: counts, skipped files by reason, duplicates, empty classes."""
     lines = [
@@ -34,11 +39,11 @@ def render_report(m: Manifest) -> str:
         for kind, count in kinds.most_common():
             lines.append(f"  {count} x {kind}")
         lines.append("")
-        lines += [f"  {s['path']}: {s['reason']}" for s in m.skipped]
+        lines += [f"  {shown(s['path'])}: {s['reason']}" for s in m.skipped]
     if m.duplicates:
         lines += ["", f"{sum(len(g) for g in m.duplicates)} file(s) in {len(m.duplicates)} group(s) "
                       "have identical bytes (all were packed):"]
-        lines += ["  " + "  ==  ".join(group) for group in m.duplicates]
+        lines += ["  " + "  ==  ".join(shown(k) for k in group) for group in m.duplicates]
     ignored = m.source.get("ignored") or {}
     if ignored:
         parts = ", ".join(f"{ext} x{n}" for ext, n in ignored.items())

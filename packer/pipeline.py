@@ -163,26 +163,44 @@ def convert(
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
-    workers = max(1, workers or usable_cpus())
-    stage = staging_dir(output)
+    run = RunOptions(max(1, workers or usable_cpus()), overwrite, strict, resume, timeout)
     lock = lock_output(output)
     try:
         recover(output)
-        return _convert_locked(source, output, config, found, stage, workers, overwrite, strict,
-                               resume, timeout, progress, on_plan, started)
+        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan)
     finally:
         release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
 
 
-def _convert_locked(source, output, config, found, stage, workers, overwrite, strict, resume,
-                    timeout, progress, on_plan, started) -> ConvertResult:
+@dataclass(frozen=True)
+class RunOptions:
+    """How a conversion runs; none of it changes what the output holds (see ``convert``)."""
+
+    workers: int
+    overwrite: bool = False
+    strict: bool = False
+    resume: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+
+
+def _convert_locked(
+    source: Path,
+    output: Path,
+    config: ConvertConfig,
+    layout: ImageLayout,
+    found: Discovery,
+    run: RunOptions,
+    progress: Optional[ProgressFn],
+    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
+) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock."""
-    pre = config.preprocess
-    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels)
-    previous = read_plan(stage) if resume else None
-    plan_workers = previous.get("workers", workers) if previous else workers
+    stage = staging_dir(output)
+    previous = read_plan(stage) if run.resume else None
+    plan_workers = previous.get("workers", run.workers) if previous else run.workers
     tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), plan_workers)
-    fingerprint = plan_fingerprint(config, tasks, strict)
+    fingerprint = plan_fingerprint(config, tasks, run.strict)
     finished: dict[str, ShardResult] = {}
     if previous is not None:
         if previous.get("fingerprint") != fingerprint:
@@ -193,7 +211,7 @@ def _convert_locked(source, output, config, found, stage, workers, overwrite, st
         finished = finished_shards(stage, [t.name for t in tasks])
         log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
     else:
-        if stage.exists() and not resume:
+        if stage.exists() and not run.resume:
             log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
         try:
             start_staging(output)  # replaces an unfinished run's folder with a new one
@@ -207,16 +225,17 @@ def _convert_locked(source, output, config, found, stage, workers, overwrite, st
         if done_items:
             progress(done_items)
     try:
-        jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict) for i, t in enumerate(tasks)]
+        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict)
+                for i, t in enumerate(tasks)]
         todo = [j for j in jobs if j.task.name not in finished]
-        fresh = run_jobs(todo, workers, progress=progress, timeout=timeout,
+        fresh = run_jobs(todo, run.workers, progress=progress, timeout=run.timeout,
                          on_result=lambda job, result: record_shard(stage, result)) if todo else []
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
         manifest = build_manifest(config, layout, found, results, plan_workers)
         write_manifest(stage, manifest)
         write_report(stage / REPORT_NAME, manifest)
-        publish(stage, output, overwrite, Path(source))
+        publish(stage, output, run.overwrite, source)
     except KeyboardInterrupt:
         raise  # the staging folder stays, with its finished shards, for --resume
     except OSError as e:
@@ -226,7 +245,7 @@ def _convert_locked(source, output, config, found, stage, workers, overwrite, st
         discard(stage)
         raise
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored)
+    return ConvertResult(output, manifest, 0.0, skipped, found.ignored)
 
 
 def _describe_os_error(e: OSError) -> str:

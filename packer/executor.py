@@ -25,11 +25,10 @@ from typing import Callable, Optional
 from packer.config import PreprocessConfig
 from packer.errors import PackerError
 from packer.records import ShardResult
-from packer.worker import FINISHING, ShardJob, die_with_parent, run_shard_process
+from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int], None]
 DEFAULT_TIMEOUT = 120.0  # seconds one file may take before it is treated as hanging the decoder
 MAX_RETRIES = 3  # times one shard may fail for no file's fault (out of memory, ...) before giving up
 

@@ -24,8 +24,8 @@ from packer.records import Sample, ShardResult, ShardTask, Skipped
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, int], None]
-"""``progress(shard_number, items_done_since_last_call)``."""
+ProgressFn = Callable[[int], None]
+"""``progress(n)``: n more source files are finished (negative: taken back when a shard is redone)."""
 
 FINISHING = -1
 """Position reported while a shard's files are closed and hashed: not decoding, so no hang timeout."""
@@ -75,7 +75,7 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
         positions[job.number] = position
 
     try:
-        result = write_shard(job, progress=lambda shard, n: conn.send(("progress", n)), at=at)
+        result = write_shard(job, progress=lambda n: conn.send(("progress", n)), at=at)
     except BaseException as e:  # noqa: BLE001 - everything goes to the parent, which decides
         conn.send(("error", e))
     else:
@@ -101,7 +101,7 @@ def write_shard(
 ) -> ShardResult:
     """Write one shard; return its files with checksums, the files it skipped, and per-sample facts.
 
-    ``progress(shard, n)`` is told of finished files every few files; ``at(position)`` before each.
+    ``progress(n)`` is told of finished files every few files; ``at(position)`` before each.
     """
     report = progress
     directory = Path(job.directory)
@@ -132,7 +132,7 @@ def write_shard(
             result.digests.append(hashlib.blake2b(data, digest_size=8).hexdigest())
         pending += 1
         if report is not None and pending >= PROGRESS_EVERY:
-            report(job.number, pending)
+            report(pending)
             pending = 0
     if at is not None:
         at(FINISHING)
@@ -142,6 +142,6 @@ def write_shard(
     except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
         raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
     if report is not None and pending:
-        report(job.number, pending)
+        report(pending)
     result.files = [file_entry(directory, name) for name in files]
     return result

@@ -227,15 +227,16 @@ def _describe(output: Path, m: Manifest) -> str:
     lines = [
         f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
         f"  samples   {m.samples} in {len(m.shards)} shard(s), {_human(total)}",
-        f"  classes   {len(m.classes)}: {', '.join(m.classes[:20])}{' ...' if len(m.classes) > 20 else ''}"
-        if m.classes is not None else "  classes   none (unlabelled)",
+        f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
         f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} (HWC), "
         f"{pre['mode']}",
         f"  resize    {pre['resize']} to {size}, {pre['interpolation']}",
         f"  normalize {'mean ' + str(norm['mean']) + ' std ' + str(norm['std']) if norm else 'none (0..1)'}"
         f"{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
-        f"  skipped   {len(m.skipped)} file(s)",
+        f"  skipped   {len(m.skipped)} file(s){_kinds(m)}",
     ]
+    if m.duplicates:
+        lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
     return "\n".join(lines)
 
 
@@ -263,6 +264,17 @@ def verify(output: Path, quiet: bool) -> None:
             f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
         )
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _kinds(m: Manifest) -> str:
+    kinds = Counter(reason_kind(s["reason"]) for s in m.skipped)
+    return f" ({', '.join(f'{n} x {k}' for k, n in kinds.most_common())})" if kinds else ""
+
+
+def _classes(m: Manifest, most: int = 20) -> str:
+    counts = m.class_counts or [None] * len(m.classes or [])
+    shown = [f"{name} ({n})" if n is not None else name for name, n in zip(m.classes or [], counts)]
+    return ", ".join(shown[:most]) + (" ..." if len(shown) > most else "")
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import Optional
 
 import click
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from packer import __version__
 from packer.config import (
@@ -84,9 +85,10 @@ def cli(verbose: bool) -> None:
 @click.option("--shard-size", default="auto",
               help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
 @click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="CSV of 'relative path,label' rows overriding the folder classes.")
+              help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
+                   "skipped and reported); labels are class names, or class indices if all are integers >= 0.")
 @click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS,
-              help="Skip images with more pixels than this (decompression-bomb protection).")
+              help="Skip images with more pixels than this (decompression-bomb protection); --size must fit too.")
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes.  [default: usable cores]", show_default=False)
 @click.option("--strict", is_flag=True,
@@ -104,7 +106,9 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
 
     Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
     subfolders gives unlabelled samples. Unreadable images are skipped and listed at the end and in
-    the output's manifest.json.
+    the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
+    With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
+    averaged to one.
     """
     try:
         mean, std = parse_normalize(normalize)
@@ -135,9 +139,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     # started packer in the background with SIGINT ignored.
     previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
-                             overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
-                             progress=on_progress, on_plan=on_plan)
+        with logging_redirect_tqdm():  # log lines (-v) go above the progress bar, not through it
+            result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
+                                 overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
+                                 progress=on_progress, on_plan=on_plan)
     except KeyboardInterrupt:
         _close(bars)
         stage = staging_dir(output)
@@ -230,7 +235,8 @@ def _describe(output: Path, m: Manifest) -> str:
         f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
         f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} (HWC), "
         f"{pre['mode']}",
-        f"  resize    {pre['resize']} to {size}, {pre['interpolation']}",
+        f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
+        else "  resize    none (each image keeps its size)",
         f"  normalize {'mean ' + str(norm['mean']) + ' std ' + str(norm['std']) if norm else 'none (0..1)'}"
         f"{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
         f"  skipped   {len(m.skipped)} file(s){_kinds(m)}",

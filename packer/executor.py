@@ -97,6 +97,8 @@ def run_jobs(
                 r.proc.join()
                 kind, value = outcome if outcome is not None else ("died", None)
                 if kind == "result":
+                    for skipped in value.skipped:  # logged here, in the parent, where the CLI shows it
+                        log.info("skipped %s: %s", skipped.path, skipped.reason)
                     results[r.job.number] = value
                     if on_result is not None:
                         on_result(r.job, value)

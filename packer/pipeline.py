@@ -13,6 +13,7 @@ import math
 import os
 import stat
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -42,7 +43,7 @@ from packer.output import (
     write_plan,
 )
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
-from packer.report import REPORT_NAME, write_report
+from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.system import usable_cpus
 from packer.worker import ShardJob
 
@@ -202,6 +203,8 @@ def _convert_locked(
     tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), plan_workers)
     fingerprint = plan_fingerprint(config, tasks, run.strict)
     finished: dict[str, ShardResult] = {}
+    if run.resume and previous is None:
+        log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
     if previous is not None:
         if previous.get("fingerprint") != fingerprint:
             raise OutputError(
@@ -232,6 +235,10 @@ def _convert_locked(
                          on_result=lambda job, result: record_shard(stage, result)) if todo else []
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
+        if not any(r.samples for r in results):
+            kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
+            raise InputError(f"no image in {source} could be packed: all {sum(kinds.values())} were skipped ("
+                             + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
         manifest = build_manifest(config, layout, found, results, plan_workers)
         write_manifest(stage, manifest)
         write_report(stage / REPORT_NAME, manifest)

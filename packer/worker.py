@@ -120,7 +120,6 @@ def write_shard(
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None
             result.skipped.append(Skipped(item.relpath, e.reason))
-            log.info("skipped %s: %s", item.relpath, e.reason)
         else:
             try:
                 writer.add(Sample(item.index, item.relpath, image, item.label))

@@ -103,3 +103,14 @@ def test_installed_script_converts_sample_data(tmp_path):
 def test_python_dash_m_packer():
     proc = subprocess.run([sys.executable, "-m", "packer", "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "packer, version" in proc.stdout
+
+
+def test_nothing_packable_is_an_error_and_verbose_logs_each_skip(tmp_path):
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    (src / "x.jpg").write_bytes(b"")
+    (src / "y.png").write_text("not a png")
+    result = run("-v", "convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q")
+    assert result.exit_code == 1
+    assert "all 2 were skipped (1 x empty file, 1 x not an image)" in result.output
+    assert not (tmp_path / "o").exists()

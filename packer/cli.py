@@ -84,6 +84,10 @@ def cli(verbose: bool) -> None:
               help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
 @click.option("--shard-size", default="auto",
               help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
+@click.option("--shuffle", "shuffle_seed", type=click.IntRange(min=0), default=None,
+              help="Store samples in a permutation seeded by this number instead of sorted order (good for "
+                   "wds, whose readers then need only a small shuffle buffer).  [default: sorted order]",
+              show_default=False)
 @click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
                    "skipped and reported); labels are class names, or class indices if all are integers >= 0.")
@@ -99,7 +103,8 @@ def cli(verbose: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
-            fill: str, background: str, normalize: str, dtype: str, shard_size: str, labels_file: Optional[Path],
+            fill: str, background: str, normalize: str, dtype: str, shard_size: str, shuffle_seed: Optional[int],
+            labels_file: Optional[Path],
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool) -> None:
     """Convert the image folder SOURCE into a packed output.
@@ -117,7 +122,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
             mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
         )
-        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size))
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed)
         if pre.size is None and not WRITERS[fmt].variable_shape:
             raise ConfigError(f"--resize none keeps each image's own size, but the {fmt} format stores one "
                               "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode")

@@ -137,11 +137,20 @@ class ShardSize:
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """Everything that decides the content of an output: format, preprocessing, shard layout."""
+    """Everything that decides the content of an output: format, preprocessing, shard layout, order.
+
+    ``shuffle`` is None for sorted source order, or the seed of a global permutation of the samples
+    (so that streamed tar shards need only a small read-time shuffle buffer).
+    """
 
     format: str
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     shard_size: ShardSize = field(default_factory=ShardSize)
+    shuffle: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.shuffle is not None and self.shuffle < 0:
+            raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

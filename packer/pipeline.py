@@ -101,6 +101,14 @@ def plan_shards(
     return [ShardTask(shard_name(i), tuple(items[a : a + per])) for i, a in enumerate(range(0, n, per))]
 
 
+def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> list[SourceItem]:
+    """The order samples are stored in: sorted source order, or with a seed the permutation
+    ``numpy.random.default_rng(seed).permutation(len(items))`` of it."""
+    if seed is None:
+        return list(items)
+    return [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
+
+
 def estimate_sample_bytes(layout: ImageLayout, items: Sequence[SourceItem]) -> float:
     """Stored bytes per sample: exact for fixed shapes; for images kept at their own size, the mean
     of up to 64 evenly spread files' sizes, read from their headers (no decoding)."""
@@ -200,7 +208,8 @@ def _convert_locked(
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
-    tasks = plan_shards(found.items, config.shard_size, estimate_sample_bytes(layout, found.items), plan_workers)
+    items = stored_order(found.items, config.shuffle)
+    tasks = plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), plan_workers)
     fingerprint = plan_fingerprint(config, tasks, run.strict)
     finished: dict[str, ShardResult] = {}
     if run.resume and previous is None:
@@ -268,7 +277,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     between, even when their mtime was put back)."""
     h = hashlib.sha256()
     h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
-                         "shard_size": config.shard_size.describe()}, sort_keys=True).encode())
+                         "shard_size": config.shard_size.describe(), "shuffle": config.shuffle},
+                        sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
         for item in task.items:
@@ -287,7 +297,7 @@ def build_manifest(
     """Merge the shard results, in shard order, into the manifest."""
     shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
-    sharding = {"shard_size": config.shard_size.describe()}
+    sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
     if config.shard_size.is_auto:
         sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
     counts = None

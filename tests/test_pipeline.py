@@ -536,3 +536,24 @@ def test_resume_refuses_changed_source_files(image_tree, tmp_path):
     write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # changed since the "interrupted" run
     with pytest.raises(OutputError, match="changed since the interrupted run"):
         convert(image_tree, out, config, workers=1, resume=True)
+
+
+def test_shuffle_stores_a_seeded_permutation_in_every_format(image_tree, tmp_path):
+    from readers import open_dataset
+
+    orders = {}
+    for fmt in FORMATS:
+        out = tmp_path / fmt
+        result = convert(image_tree, out, ConvertConfig(fmt, PRE, ShardSize(samples=5), shuffle=7), workers=2)
+        assert result.manifest.sharding["shuffle_seed"] == 7
+        ds = open_dataset(out, return_meta=True, normalize=False)
+        orders[fmt] = [m["key"] for _, _, m in ds] if fmt == "wds" else [ds[i][2]["key"] for i in range(len(ds))]
+    sorted_keys = [i.relpath for i in discover(image_tree).items]
+    expected = [sorted_keys[i] for i in np.random.default_rng(7).permutation(len(sorted_keys))]
+    assert all(order == expected for order in orders.values())
+    assert expected != sorted_keys
+    labels = [k.split("/")[0] for k in expected[:5]]
+    assert len(set(labels)) > 1  # the first shard mixes classes
+    again = convert(image_tree, tmp_path / "again", ConvertConfig("wds", PRE, ShardSize(samples=5), shuffle=7))
+    assert [f.sha256 for s in again.manifest.shards for f in s.files] == [
+        f.sha256 for s in read_manifest(tmp_path / "wds").shards for f in s.files]

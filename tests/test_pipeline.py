@@ -222,7 +222,7 @@ def test_convert_end_to_end(image_tree, tmp_path, fmt, workers):
     assert m.fields["image"]["shape"] == [12, 16, 3]
     assert m.preprocess == PRE.to_dict() | {"size": [16, 12], "fill": [0, 0, 0], "background": [255, 255, 255],
                                             "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)}}
-    assert m.sharding == {"shard_size": "auto", "balanced_for_workers": workers}
+    assert m.sharding == {"shard_size": "auto", "balanced_for_workers": workers, "shuffle_seed": None}
     check_files(out, m)
     assert result.bytes == sum(f.bytes for s in m.shards for f in s.files)
     assert no_staging(out)
@@ -236,7 +236,7 @@ def test_convert_sample_count_shards(image_tree, tmp_path, fmt):
     convert(image_tree, out, ConvertConfig(fmt, PRE, ShardSize(samples=4)), workers=1)
     m = read_manifest(out)
     assert [s.samples for s in m.shards] == [4, 4, 4, 3]
-    assert m.sharding == {"shard_size": "4 samples"}
+    assert m.sharding == {"shard_size": "4 samples", "shuffle_seed": None}
     check_files(out, m)
     assert_rows_equal(stored(out, m), expected_rows(image_tree))
 

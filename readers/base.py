@@ -129,6 +129,11 @@ class ReaderBase:
         """Class names by index, or None for unlabelled data."""
         return self.manifest.classes
 
+    @property
+    def class_counts(self) -> Optional[list[int]]:
+        """Samples per class, from the manifest (no shard is opened); None for unlabelled data."""
+        return self.manifest.class_counts
+
     def batch_normalizer(self) -> BatchNormalize:
         """The normalization of this output as a per-batch callable (see BatchNormalize)."""
         return BatchNormalize(self.manifest)
@@ -194,6 +199,26 @@ class PackedDataset(ReaderBase, Dataset):
         shape = field.get("shape")
         if image.dtype != np.dtype(field["dtype"]) or image.ndim != 3 or (shape and list(image.shape) != shape):
             raise ValueError(f"stored image is {image.dtype} {image.shape}, the manifest says {field['dtype']} {shape}")
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every sample's label in dataset order, int64, read from the shards' label arrays alone
+        (no image is read)."""
+        return np.concatenate([self._shard_labels(i) for i in range(len(self.manifest.shards))] or
+                              [np.zeros(0, np.int64)])
+
+    def sample_weights(self) -> torch.Tensor:
+        """Per-sample weights 1 / (samples of its class), for ``WeightedRandomSampler`` class balance.
+
+        ``WeightedRandomSampler(ds.sample_weights(), num_samples=len(ds))`` draws every class
+        equally often. Unlabelled samples (label -1) get weight 0.
+        """
+        labels = self.labels
+        counts = np.bincount(labels[labels >= 0], minlength=len(self.classes or []))
+        weights = np.zeros(len(labels), dtype=np.float64)
+        known = labels >= 0
+        weights[known] = 1.0 / counts[labels[known]]
+        return torch.from_numpy(weights)
 
     # Per-format parts -------------------------------------------------------------------------
     def open_shard(self, shard: ShardEntry) -> Any:

@@ -284,3 +284,17 @@ def test_wds_reshuffles_with_persistent_workers(packed):
     orders = [next(iter(loader))[2]["index"].tolist() for _ in range(3)]
     assert all(sorted(o) == list(range(15)) for o in orders)
     assert len({tuple(o) for o in orders}) == 3
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "wds"])
+def test_labels_counts_and_balancing_weights_without_reading_images(packed, fmt):
+    ds = open_dataset(packed[fmt])
+    assert ds.labels.tolist() == [0] * 5 + [1] * 4 + [2] * 6
+    assert ds.class_counts == [5, 4, 6]
+    weights = ds.sample_weights()
+    assert weights.dtype == torch.float64
+    assert torch.allclose(weights, torch.tensor([1 / 5] * 5 + [1 / 4] * 4 + [1 / 6] * 6, dtype=torch.float64))
+    sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=3000, generator=torch.Generator().manual_seed(0))
+    drawn = np.bincount(ds.labels[list(sampler)], minlength=3)
+    assert all(abs(n - 1000) < 120 for n in drawn)  # each class about a third of the draws
+    assert open_dataset(packed["wds"]).class_counts == [5, 4, 6]

@@ -179,8 +179,7 @@ def _close(bars: list[tqdm]) -> None:
 
 def _summary(result: ConvertResult) -> None:
     m = result.manifest
-    files = m.samples + len(result.skipped)
-    rate = files / result.seconds if result.seconds else 0.0
+    rate = result.processed / result.seconds if result.seconds else 0.0
     click.echo(
         f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
         f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s ({rate:.0f} images/s)"

@@ -32,6 +32,7 @@ from packer.output import (
     check_output,
     discard,
     finished_shards,
+    is_packer_output,
     lock_output,
     publish,
     read_plan,
@@ -60,6 +61,8 @@ class ConvertResult:
     seconds: float
     skipped: list[Skipped] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    processed: int = 0
+    """Source files decoded by this run (fewer than all with --resume)."""
 
     @property
     def bytes(self) -> int:
@@ -162,6 +165,8 @@ def convert(
             f"--resize none keeps each image's own size, but the {config.format} format stores one "
             "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
         )
+    if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
+        raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     check_output(output, overwrite, Path(source))
     found = discover(source, labels_file)
     if not found.items:
@@ -261,7 +266,8 @@ def _convert_locked(
         discard(stage)
         raise
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    return ConvertResult(output, manifest, 0.0, skipped, found.ignored)
+    processed = sum(len(j.task.items) for j in todo)
+    return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
 
 
 def _describe_os_error(e: OSError) -> str:

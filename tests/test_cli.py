@@ -114,3 +114,10 @@ def test_nothing_packable_is_an_error_and_verbose_logs_each_skip(tmp_path):
     assert result.exit_code == 1
     assert "all 2 were skipped (1 x empty file, 1 x not an image)" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_resume_of_a_complete_output_says_there_is_nothing_to_resume(image_tree, tmp_path):
+    out = tmp_path / "o"
+    assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8").exit_code == 0
+    again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--resume")
+    assert again.exit_code == 1 and "nothing to resume" in again.output

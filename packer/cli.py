@@ -123,9 +123,6 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
         )
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed)
-        if pre.size is None and not WRITERS[fmt].variable_shape:
-            raise ConfigError(f"--resize none keeps each image's own size, but the {fmt} format stores one "
-                              "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode")
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if output is None:

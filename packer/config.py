@@ -149,8 +149,15 @@ class ConvertConfig:
     shuffle: Optional[int] = None
 
     def __post_init__(self) -> None:
+        from packer.formats import get_writer  # here: the format registry imports the writers
+
         if self.shuffle is not None and self.shuffle < 0:
             raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
+        if self.preprocess.size is None and not get_writer(self.format).variable_shape:
+            raise ConfigError(
+                f"--resize none keeps each image's own size, but the {self.format} format stores one "
+                "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
+            )
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from packer.config import PreprocessConfig
 from packer.errors import PackerError
 from packer.records import ShardResult
+from packer.system import release_stop_signals, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ def run_jobs(
                 positions[job.number] = 0
                 proc = ctx.Process(target=run_shard_process, args=(job, send, positions, os.getpid(), log_level),
                                    daemon=True)
-                _start(proc)
+                with stop_signals_held():  # a Ctrl-C during fork would otherwise be lost
+                    proc.start()
                 send.close()
                 running.append(_Running(job, proc, receive, since=time.monotonic()))
             wait([r.conn for r in running] + [r.proc.sentinel for r in running], timeout=1.0)
@@ -164,7 +166,8 @@ def _remove_partial_files(job: ShardJob) -> None:
 def probe(path: str, preprocess: PreprocessConfig, timeout: float) -> Optional[str]:
     """Decode one file in a throw-away process: None if that works (or fails cleanly), else why not."""
     proc = _context().Process(target=_probe_target, args=(path, preprocess), daemon=True)
-    _start(proc)
+    with stop_signals_held():
+        proc.start()
     proc.join(timeout)
     if proc.is_alive():
         proc.kill()
@@ -182,32 +185,11 @@ def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
     from packer.errors import DecodeError
 
     die_with_parent()
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    release_stop_signals()
     try:
         decoding.decode_image(decoding.read_source(path), preprocess, path)
     except DecodeError:
         pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
-
-
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _start(proc) -> None:
-    """Start a process with Ctrl-C and SIGTERM held back meanwhile.
-
-    A signal that lands inside fork's bookkeeping (the at-fork handlers) raises KeyboardInterrupt
-    where Python ignores it, and the run would go on. Held back, it is delivered right after, where
-    the converter stops cleanly. The child unblocks them itself (run_shard_process).
-    """
-    if not hasattr(signal, "pthread_sigmask"):
-        proc.start()
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        proc.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _context():

@@ -8,17 +8,16 @@ finished shard (its files' SHA-256), so an interrupted run continues where it st
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import IO, Optional
 
 from packer.errors import OutputError, PackerError
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
+from packer.system import stop_signals_held
 
 STAGING_MARK = ".packer-staging"
 PLAN_RECORD = ".packer-plan.json"
@@ -194,7 +193,7 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
     """
     check_output(output, overwrite, source)
     old = _old_dir(output)
-    with _signals_held():
+    with stop_signals_held():
         moved = False
         if output.exists() and any(output.iterdir()):
             os.rename(output, old)
@@ -209,18 +208,6 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
         (output / record).unlink(missing_ok=True)
     if moved:
         remove_tree(old)
-
-
-@contextlib.contextmanager
-def _signals_held():
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def discard(stage: Path) -> None:

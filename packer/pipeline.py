@@ -24,9 +24,9 @@ from PIL import Image
 from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
-from packer.errors import ConfigError, DecodeError, InputError, OutputError
+from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
-from packer.formats import ImageLayout, get_writer
+from packer.formats import ImageLayout
 from packer.manifest import FORMAT_VERSIONS, Manifest, ShardEntry, write_manifest
 from packer.output import (
     check_output,
@@ -157,14 +157,8 @@ def convert(
     """
     started = time.perf_counter()
     output = Path(output)
-    writer_cls = get_writer(config.format)
     pre = config.preprocess
-    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels)
-    if layout.shape is None and not writer_cls.variable_shape:
-        raise ConfigError(
-            f"--resize none keeps each image's own size, but the {config.format} format stores one "
-            "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
-        )
+    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels)  # ConvertConfig checked it fits the format
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     check_output(output, overwrite, Path(source))

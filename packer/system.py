@@ -1,10 +1,13 @@
-"""What the machine offers this process: usable CPU cores."""
+"""What the machine offers this process: usable CPU cores, and holding back stop signals."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 from pathlib import Path
+from typing import Iterator
 
 
 def usable_cpus() -> int:
@@ -34,3 +37,29 @@ def _cgroup_quota() -> float | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back for the block; they are delivered right after it.
+
+    For steps that must not be cut in two: forking a worker (a signal landing in fork's at-fork
+    handlers raises KeyboardInterrupt where Python ignores it) and the renames of a publish.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def release_stop_signals() -> None:
+    """In a child forked under ``stop_signals_held``: take the inherited block off again."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

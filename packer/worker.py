@@ -21,6 +21,7 @@ from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
 from packer.records import Sample, ShardResult, ShardTask, Skipped
+from packer.system import release_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,7 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
-    if hasattr(signal, "pthread_sigmask"):  # held back by the parent while it forked this process
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    release_stop_signals()  # held back by the parent while it forked this process
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
 
     def at(position: int) -> None:

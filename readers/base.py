@@ -77,21 +77,6 @@ class ImageConverter:
         return t if self.normalize is None else self.normalize(t)
 
 
-def checked_path(root: Path, manifest: Manifest, relpath: str) -> Path:
-    """``root / relpath``, or ManifestError when that shard file is missing or not its recorded size."""
-    p = root / relpath
-    try:
-        size = p.stat().st_size
-    except OSError:
-        raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
-    recorded = next((f.bytes for s in manifest.shards for f in s.files if f.path == relpath), None)
-    if recorded is not None and size != recorded:
-        raise ManifestError(
-            f"{p} is {size} bytes but the manifest says {recorded}: the file is damaged; run packer verify"
-        )
-    return p
-
-
 def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform], meta: Optional[dict]):
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``."""
     if transform is not None:
@@ -123,6 +108,27 @@ class ReaderBase:
         self.transform = transform
         self.return_meta = return_meta
         self._offsets = self.manifest.shard_offsets
+        self._sizes = {f.path: f.bytes for shard in self.manifest.shards for f in shard.files}
+        field = self.manifest.fields["image"]
+        self._stored = (np.dtype(field["dtype"]), field.get("shape"))
+
+    def path(self, relpath: str) -> Path:
+        """Path of a shard file named in the manifest, checked to exist with its recorded size.
+
+        The size check matters: memory-mapping a cut file (LMDB does) kills the process with SIGBUS
+        on the first read past its end, instead of raising an error.
+        """
+        p = self.root / relpath
+        try:
+            size = p.stat().st_size
+        except OSError:
+            raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
+        if size != self._sizes.get(relpath, size):
+            raise ManifestError(
+                f"{p} is {size} bytes but the manifest says {self._sizes[relpath]}: the file is damaged; "
+                "run packer verify"
+            )
+        return p
 
     @property
     def classes(self) -> Optional[list[str]]:
@@ -195,10 +201,9 @@ class PackedDataset(ReaderBase, Dataset):
                                 f"run packer verify {self.root}") from None
 
     def _check_image(self, image: np.ndarray, shard: int) -> None:
-        field = self.manifest.fields["image"]
-        shape = field.get("shape")
-        if image.dtype != np.dtype(field["dtype"]) or image.ndim != 3 or (shape and list(image.shape) != shape):
-            raise ValueError(f"stored image is {image.dtype} {image.shape}, the manifest says {field['dtype']} {shape}")
+        dtype, shape = self._stored
+        if image.dtype != dtype or image.ndim != 3 or (shape and list(image.shape) != shape):
+            raise ValueError(f"stored image is {image.dtype} {image.shape}, the manifest says {dtype} {shape}")
 
     @property
     def labels(self) -> np.ndarray:
@@ -241,14 +246,6 @@ class PackedDataset(ReaderBase, Dataset):
         """Release an open shard."""
 
     # Handle lifecycle -------------------------------------------------------------------------
-    def path(self, relpath: str) -> Path:
-        """Path of a file named in the manifest, checked to exist with its recorded size.
-
-        The size check matters: memory-mapping a cut file (LMDB does) kills the process with SIGBUS
-        on the first read past its end, instead of raising an error.
-        """
-        return checked_path(self.root, self.manifest, relpath)
-
     def _handle(self, shard: int) -> Any:
         if self._pid != os.getpid():
             # A fresh process (forked worker): handles inherited from the parent must not be used.

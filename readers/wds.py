@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
-from readers.base import ReaderBase, build_sample, checked_path
+from readers.base import ReaderBase, build_sample
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -77,7 +77,7 @@ class WdsDataset(ReaderBase, IterableDataset):
     def iter_shard(self, shard: int) -> Iterator[tuple[int, np.ndarray, int, str]]:
         """``(index, image array, label, key)`` of each sample of one shard, in stored order."""
         entry = self.manifest.shards[shard]
-        path = checked_path(self.root, self.manifest, entry.file(TAR_SUFFIX))
+        path = self.path(entry.file(TAR_SUFFIX))
         local = 0
         for fields in iter_tar_samples(path):
             array, label, meta = decode_tar_sample(fields, str(path))

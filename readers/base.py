@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -20,6 +21,7 @@ from torch.utils.data import Dataset
 
 from packer.errors import ManifestError
 from packer.manifest import Manifest, ShardEntry, read_manifest
+from readers.collate import PackedBatch, empty_batch
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -65,6 +67,27 @@ class ImageConverter:
 
     def __init__(self, manifest: Manifest, normalize: bool = True) -> None:
         self.normalize = BatchNormalize(manifest) if normalize else None
+        mean, std = (self.normalize.mean, self.normalize.std) if self.normalize and self.normalize.mean is not None \
+            else (torch.zeros(1), torch.ones(1))
+        # (x / 255 - mean) / std == x * scale + bias
+        self._scale = (1.0 / (255.0 * std)).view(-1, 1, 1)
+        self._bias = (-mean / std).view(-1, 1, 1)
+
+    def batch_dtype(self, stored: np.dtype) -> torch.dtype:
+        """dtype of the batches this converter fills (float32 when normalizing, else the stored dtype)."""
+        return torch.float32 if self.normalize is not None else torch.from_numpy(np.zeros(0, stored)).dtype
+
+    def into(self, array: np.ndarray, slot: torch.Tensor) -> None:
+        """Write one HWC image into ``slot``, a (C, H, W) view of a batch, converting on the way.
+
+        Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
+        bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated.
+        """
+        src = _tensor_view(array).permute(2, 0, 1)
+        if self.normalize is None or src.dtype != torch.uint8:
+            slot.copy_(src)
+        else:
+            torch.addcmul(self._bias, src, self._scale, out=slot)
 
     def __call__(self, array: np.ndarray) -> torch.Tensor:
         """CHW tensor of one HWC image array (always a fresh, writable copy, never a file map)."""
@@ -75,6 +98,18 @@ class ImageConverter:
             chw = chw.copy()
         t = torch.from_numpy(chw)
         return t if self.normalize is None else self.normalize(t)
+
+
+def _tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``'s memory without copying, also for read-only arrays (file maps).
+
+    Only ever read from: writing into a read-only map would crash the process.
+    """
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+        return torch.from_numpy(array)
 
 
 def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform], meta: Optional[dict]):
@@ -188,6 +223,35 @@ class PackedDataset(ReaderBase, Dataset):
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
         return build_sample(self.convert(image), label, self.transform, meta)
 
+    def __getitems__(self, indices: list[int]):
+        """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
+
+        Images are read in index order (sequential within a shard) and written straight into one
+        batch tensor; ``packed_collate`` (``make_loader`` uses it) hands that tensor on without
+        another copy. Float32 batches are contiguous NCHW; unnormalized batches keep the stored
+        NHWC byte order (``channels_last``), so filling them is one plain copy per sample. With a
+        ``transform`` or ``return_meta`` the samples are read one by one as by ``dataset[i]``.
+        """
+        if self.transform is not None or self.return_meta:
+            return [self[i] for i in indices]
+        n = len(indices)
+        dtype, shape = self._stored
+        if shape is None:  # sizes vary: no common batch tensor
+            return [self[i] for i in indices]
+        h, w, c = shape
+        channels_last = self.convert.normalize is None
+        images = empty_batch((n, c, h, w), self.convert.batch_dtype(dtype), channels_last)
+        labels = np.empty(n, dtype=np.int64)
+        located = [self.locate(int(i)) for i in indices]
+        for j in sorted(range(n), key=located.__getitem__):
+            shard, local = located[j]
+            with self._reading(shard):
+                image = self.read_image(self._handle(shard), local)
+                self._check_image(image, shard)
+                labels[j] = self._shard_labels(shard)[local]
+                self.convert.into(image, images[j])
+        return PackedBatch(images, torch.from_numpy(labels))
+
     @contextlib.contextmanager
     def _reading(self, shard: int):
         """Turn any failure to read a shard into one ManifestError naming its files."""
@@ -231,7 +295,11 @@ class PackedDataset(ReaderBase, Dataset):
         raise NotImplementedError
 
     def read_image(self, handle: Any, local: int) -> np.ndarray:
-        """The stored HWC image at ``local`` in an open shard."""
+        """The stored HWC image at ``local`` in an open shard.
+
+        May be a read-only view of the shard's file, valid until the shard is closed: use it before
+        the next ``_handle`` call (which may close shards) and never write into it.
+        """
         raise NotImplementedError
 
     def read_labels(self, handle: Any) -> np.ndarray:

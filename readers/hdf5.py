@@ -1,6 +1,14 @@
-"""Reader of HDF5 outputs: one h5py file per shard, opened lazily in each worker."""
+"""Reader of HDF5 outputs: one h5py file per shard, opened lazily in each worker.
+
+Images are read through a memory map of the file where HDF5's own chunk index says that every
+sample is one unfiltered chunk of exactly one image (how packer writes them): the same zero-copy
+path as npy, with the byte offsets taken from h5py, not assumed. Any other layout (a file
+rewritten with compression, say) is read through h5py.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import h5py
 import numpy as np
@@ -12,22 +20,60 @@ from readers.base import PackedDataset
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; samples are one chunk each, so little is needed
 
 
+class _Hdf5Shard(NamedTuple):
+    file: h5py.File
+    images: h5py.Dataset
+    mapped: Optional[np.ndarray]  # the file as uint8, when every image is one plain chunk
+    offsets: Optional[np.ndarray]  # byte offset of each image's chunk in the file
+    dtype: np.dtype
+    shape: tuple[int, ...]  # of one image
+    nbytes: int  # of one image
+
+
+def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
+    """File offset of each image when each is stored as one unfiltered chunk of its exact size, else None."""
+    shape, dtype = images.shape, images.dtype
+    if images.chunks != (1, *shape[1:]) or images.id.get_create_plist().get_nfilters() or dtype.hasobject:
+        return None
+    nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    offsets = np.full(shape[0], -1, dtype=np.int64)
+    ok = [True]
+
+    def visit(info) -> None:
+        if info.filter_mask or info.size != nbytes or info.byte_offset is None:
+            ok[0] = False
+        else:
+            offsets[info.chunk_offset[0]] = info.byte_offset
+
+    images.id.chunk_iter(visit)
+    return offsets if ok[0] and (offsets >= 0).all() else None
+
+
 class Hdf5Dataset(PackedDataset):
     """Map-style dataset over an hdf5 output (see PackedDataset for what items look like)."""
 
     format_name = "hdf5"
 
-    def open_shard(self, shard: ShardEntry) -> h5py.File:
-        return h5py.File(self.path(shard.file(HDF5_SUFFIX)), "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+    def open_shard(self, shard: ShardEntry) -> _Hdf5Shard:
+        path = self.path(shard.file(HDF5_SUFFIX))
+        f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        images = f[HDF5_IMAGES]
+        offsets = chunk_offsets(images) if hasattr(images.id, "chunk_iter") and images.shape[0] else None
+        mapped = np.memmap(path, dtype=np.uint8, mode="r") if offsets is not None else None
+        shape = images.shape[1:]
+        return _Hdf5Shard(f, images, mapped, offsets, images.dtype, shape, images.dtype.itemsize * int(np.prod(shape)))
 
-    def read_image(self, handle: h5py.File, local: int) -> np.ndarray:
-        return handle[HDF5_IMAGES][local]
+    def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
+        if handle.mapped is None:
+            return handle.images[local]
+        start = handle.offsets[local]  # local is always < the shard's samples: checked by locate()
+        return handle.mapped[start:start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
 
-    def read_labels(self, handle: h5py.File) -> np.ndarray:
-        return handle[HDF5_LABELS][:]
+    def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
+        return handle.file[HDF5_LABELS][:]
 
-    def read_key(self, handle: h5py.File, local: int) -> str:
-        return handle[HDF5_KEYS].asstr()[local]
+    def read_key(self, handle: _Hdf5Shard, local: int) -> str:
+        return handle.file[HDF5_KEYS].asstr()[local]
 
-    def close_shard(self, handle: h5py.File) -> None:
-        handle.close()
+    def close_shard(self, handle: _Hdf5Shard) -> None:
+        handle.file.close()

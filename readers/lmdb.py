@@ -58,6 +58,7 @@ class _LmdbShard(NamedTuple):
     key: tuple
     txn: lmdb.Transaction
     name: str
+    header: list  # [bytes of the first image record's npy header, its dtype, its shape], once read
 
 
 class LmdbDataset(PackedDataset):
@@ -68,22 +69,32 @@ class LmdbDataset(PackedDataset):
     def open_shard(self, shard: ShardEntry) -> _LmdbShard:
         path = str(self.path(shard.file(LMDB_SUFFIX)).resolve())
         key, env = _acquire(path)
-        return _LmdbShard(key, env.begin(buffers=False), path)
+        # buffers=True: values are views of the map, valid while the transaction lives (until
+        # close_shard), so an image is copied once, into its batch slot, and no sooner.
+        return _LmdbShard(key, env.begin(buffers=True), path, [])
 
-    def _get(self, handle: _LmdbShard, key: bytes) -> bytes:
+    def _get(self, handle: _LmdbShard, key: bytes) -> memoryview:
         value = handle.txn.get(key)
         if value is None:
             raise ManifestError(f"{handle.name} has no key {key.decode()}; the shard is damaged")
         return value
 
     def read_image(self, handle: _LmdbShard, local: int) -> np.ndarray:
-        return decode_npy(self._get(handle, lmdb_image_key(local)))
+        value = self._get(handle, lmdb_image_key(local))
+        if handle.header and value[: len(handle.header[0])] == handle.header[0]:
+            # Same npy header as the shard's first image (they all share dtype and shape): skip parsing it.
+            prefix, dtype, shape = handle.header
+            return np.frombuffer(value, dtype=dtype, offset=len(prefix)).reshape(shape)
+        array = decode_npy(bytes(value))
+        if not handle.header and array.dtype.isnative:
+            handle.header.extend([bytes(value[: len(value) - array.nbytes]), array.dtype, array.shape])
+        return array
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
-        return decode_npy(self._get(handle, LMDB_LABELS))
+        return decode_npy(bytes(self._get(handle, LMDB_LABELS)))
 
     def read_key(self, handle: _LmdbShard, local: int) -> str:
-        return self._get(handle, lmdb_key_key(local)).decode("utf-8")
+        return bytes(self._get(handle, lmdb_key_key(local))).decode("utf-8")
 
     def close_shard(self, handle: _LmdbShard) -> None:
         handle.txn.abort()

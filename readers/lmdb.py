@@ -8,7 +8,7 @@ from typing import NamedTuple
 import lmdb
 import numpy as np
 
-from packer.codecs import decode_npy
+from packer.codecs import decode_image, decode_npy
 from packer.errors import ManifestError
 from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
@@ -77,7 +77,8 @@ class LmdbDataset(PackedDataset):
         return value
 
     def read_image(self, handle: _LmdbShard, local: int) -> np.ndarray:
-        return decode_npy(self._get(handle, lmdb_image_key(local)))
+        return decode_image(self._get(handle, lmdb_image_key(local)), self.manifest.image_codec,
+                            self.manifest.preprocess["mode"])
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
         return decode_npy(self._get(handle, LMDB_LABELS))

@@ -20,13 +20,16 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from packer import __version__
+from packer.codecs import IMAGE_CODECS
 from packer.config import (
     COLOR_MODES,
     DEFAULT_MAX_PIXELS,
+    DEFAULT_QUALITY,
     DTYPES,
     INTERPOLATIONS,
     RESIZE_MODES,
     ConvertConfig,
+    ImageCodec,
     PreprocessConfig,
     parse_normalize,
     parse_shard_size,
@@ -82,6 +85,10 @@ def cli(verbose: bool) -> None:
               help="imagenet, none (pixels 0..1), or MEAN,STD (2 numbers, or C means then C stds).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="uint8",
               help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
+@click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
+              help="How images are stored: raw pixels, jpeg (lossy, several times smaller) or png (lossless); "
+                   "readers decode jpeg and png. Needs --dtype uint8.")
+@click.option("--quality", type=click.IntRange(1, 95), default=DEFAULT_QUALITY, help="JPEG quality for --codec jpeg.")
 @click.option("--shard-size", default="auto",
               help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
 @click.option("--shuffle", "shuffle_seed", type=click.IntRange(min=0), default=None,
@@ -103,8 +110,8 @@ def cli(verbose: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
-            fill: str, background: str, normalize: str, dtype: str, shard_size: str, shuffle_seed: Optional[int],
-            labels_file: Optional[Path],
+            fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
+            shuffle_seed: Optional[int], labels_file: Optional[Path],
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool) -> None:
     """Convert the image folder SOURCE into a packed output.
@@ -122,7 +129,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
             mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
         )
-        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed)
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality))
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if output is None:
@@ -235,7 +242,7 @@ def _describe(output: Path, m: Manifest) -> str:
         f"  samples   {m.samples} in {len(m.shards)} shard(s), {_human(total)}",
         f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
         f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} (HWC), "
-        f"{pre['mode']}",
+        f"{pre['mode']}, {_codec(img)}",
         f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
         else "  resize    none (each image keeps its size)",
         f"  normalize {'mean ' + str(norm['mean']) + ' std ' + str(norm['std']) if norm else 'none (0..1)'}"
@@ -271,6 +278,11 @@ def verify(output: Path, quiet: bool) -> None:
             f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
         )
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _codec(image: dict) -> str:
+    codec = image.get("codec", "raw")
+    return {"raw": "raw pixels", "png": "stored as PNG"}.get(codec, f"stored as JPEG quality {image.get('quality')}")
 
 
 def _kinds(m: Manifest) -> str:

@@ -2,7 +2,8 @@
 
 Each codec turns a value into bytes and back, by a file-name extension as WebDataset uses them
 (``KEY.npy``, ``KEY.cls``, ``KEY.json``). None of them executes code on load: npy is read with
-``allow_pickle=False``.
+``allow_pickle=False``. The image codecs (``--codec``) are here too: ``raw`` pixels, or JPEG/PNG
+file bytes made and read with Pillow.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image
 
 from packer.errors import PackerError
 
@@ -55,3 +57,59 @@ def codec(extension: str) -> Codec:
         return CODECS[extension]
     except KeyError:
         raise PackerError(f"no codec for .{extension} members; known: {', '.join(sorted(CODECS))}") from None
+
+
+IMAGE_EXTENSIONS = {"raw": "npy", "jpeg": "jpg", "png": "png"}
+"""The image codecs, each with the extension of its bytes (the wds member ``KEY.EXT``). Where a
+format stores bytes per image (lmdb, wds), raw images are ``.npy`` bytes; npy and hdf5 store raw
+pixels as one N x H x W x C array."""
+
+IMAGE_CODECS = tuple(IMAGE_EXTENSIONS)
+
+PNG_COMPRESS_LEVEL = 1
+"""zlib level of stored PNGs. Level 1 encodes about 4x faster than Pillow's default 6 for files
+under 10% larger, and decoding costs the same at every level: conversion time is what it buys."""
+
+JPEG_SUBSAMPLING = "4:2:0"
+"""Chroma subsampling of stored JPEGs, the libjpeg and Pillow default, fixed here so a Pillow
+upgrade cannot change it. On 224 x 224 photographs 4:4:4 made files 15-50% larger for a mean
+pixel error of 1.2 instead of 1.4 (of 255)."""
+
+_PIL_MODES = {1: "L", 3: "RGB"}
+
+
+def encode_image(pixels: np.ndarray, codec: str, quality: int = 90) -> bytes:
+    """An HxWxC uint8 image (C = 1 or 3) as the bytes of ``codec``: a JPEG at ``quality``, a PNG, or
+    ``.npy`` bytes for ``raw``. Equal pixels give equal bytes (no timestamps or other metadata)."""
+    if codec == "raw":
+        return encode_npy(pixels)
+    _known(codec)
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] not in _PIL_MODES:
+        raise ValueError(f"{codec} stores H x W x 1 or H x W x 3 uint8 images, not {pixels.dtype} {pixels.shape}")
+    img = Image.fromarray(np.ascontiguousarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels),
+                          _PIL_MODES[pixels.shape[2]])
+    buf = io.BytesIO()
+    if codec == "jpeg":
+        img.save(buf, "JPEG", quality=quality, subsampling=JPEG_SUBSAMPLING)
+    else:
+        img.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    return buf.getvalue()
+
+
+def decode_image(data, codec: str, mode: str = "RGB") -> np.ndarray:
+    """The HxWxC image in bytes (or any buffer) written by ``encode_image``: uint8 in ``mode`` (RGB
+    or L) for jpeg and png, the stored array for raw. Pillow errors pass through."""
+    if codec == "raw":
+        return decode_npy(bytes(data))
+    _known(codec)
+    with Image.open(io.BytesIO(data)) as img:
+        if img.mode != mode:
+            img = img.convert(mode)
+        pixels = np.asarray(img)
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def _known(codec: str) -> None:
+    if codec not in IMAGE_EXTENSIONS:
+        raise PackerError(f"unknown image codec {codec!r}; this packer knows {', '.join(IMAGE_CODECS)}. "
+                          "Upgrade packer to read outputs written with newer codecs")

@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from packer.codecs import IMAGE_CODECS
 from packer.errors import ConfigError
 
 RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
@@ -17,6 +18,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_SHARD_BYTES = 256 * 1024**2
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 1024 // 4 // 3
+DEFAULT_QUALITY = 90
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,33 @@ class ShardSize:
 
 
 @dataclass(frozen=True)
+class ImageCodec:
+    """How stored images are encoded: ``raw`` pixels, ``jpeg`` (lossy, at ``quality``) or ``png``
+    (lossless). ``quality`` matters for jpeg only; above 95 Pillow advises that files grow for no
+    visible gain."""
+
+    name: str = "raw"
+    quality: int = DEFAULT_QUALITY
+
+    def __post_init__(self) -> None:
+        _choice("codec", self.name, IMAGE_CODECS)
+        if not 1 <= self.quality <= 95:
+            raise ConfigError(f"--quality must be 1-95 (JPEG quality; 90 is a good default), got {self.quality}")
+
+    @property
+    def encoded(self) -> bool:
+        """True when images are stored as encoded file bytes (jpeg, png) rather than raw pixels."""
+        return self.name != "raw"
+
+    def to_dict(self) -> dict:
+        """The manifest's entries for it in ``fields.image``: ``codec``, and ``quality`` for jpeg."""
+        return {"codec": self.name, "quality": self.quality} if self.name == "jpeg" else {"codec": self.name}
+
+
+@dataclass(frozen=True)
 class ConvertConfig:
-    """Everything that decides the content of an output: format, preprocessing, shard layout, order.
+    """Everything that decides the content of an output: format, preprocessing, shard layout, order,
+    image codec.
 
     ``shuffle`` is None for sorted source order, or the seed of a global permutation of the samples
     (so that streamed tar shards need only a small read-time shuffle buffer).
@@ -147,6 +174,7 @@ class ConvertConfig:
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     shard_size: ShardSize = field(default_factory=ShardSize)
     shuffle: Optional[int] = None
+    codec: ImageCodec = field(default_factory=ImageCodec)
 
     def __post_init__(self) -> None:
         from packer.formats import get_writer  # here: the format registry imports the writers
@@ -157,6 +185,12 @@ class ConvertConfig:
             raise ConfigError(
                 f"--resize none keeps each image's own size, but the {self.format} format stores one "
                 "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
+            )
+        if self.codec.encoded and self.preprocess.dtype != "uint8":
+            raise ConfigError(
+                f"--codec {self.codec.name} stores 8-bit pixels and cannot hold --dtype {self.preprocess.dtype}; "
+                f"use --dtype uint8 (readers then normalize as the manifest records), or --codec raw to store "
+                f"{self.preprocess.dtype} values"
             )
 
 

@@ -5,9 +5,29 @@ from __future__ import annotations
 NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32 = ".images.npy", ".labels.npy", ".keys.npy", ".crc32.npy"
 """Suffixes of an npy shard's four files (after the shard name)."""
 
+
+def npy_varlen_suffixes(field: str) -> tuple[str, str]:
+    """Suffixes of the two files of a variable-length field ``field`` in an npy shard: its flat
+    uint8 bytes and its N + 1 int64 offsets."""
+    return f".{field}.bytes.npy", f".{field}.offsets.npy"
+
+
+NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS = npy_varlen_suffixes("images")
+"""Where encoded (jpeg, png) images go in an npy shard, instead of ``.images.npy``."""
+
 HDF5_SUFFIX = ".h5"
 HDF5_IMAGES, HDF5_LABELS, HDF5_KEYS, HDF5_CRC32 = "images", "labels", "keys", "crc32"
 """Dataset names inside an HDF5 shard."""
+
+
+def hdf5_varlen_names(field: str) -> tuple[str, str]:
+    """Names of the two datasets of a variable-length field ``field`` in an HDF5 shard: its flat
+    uint8 bytes and its N + 1 int64 offsets."""
+    return f"{field}_bytes", f"{field}_offsets"
+
+
+HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS = hdf5_varlen_names("images")
+"""Where encoded (jpeg, png) images go in an HDF5 shard, instead of ``images``."""
 
 LMDB_SUFFIX = ".lmdb"
 TAR_SUFFIX = ".tar"
@@ -33,4 +53,5 @@ def tar_member_key(index: int) -> str:
 
 
 TAR_MEMBERS = ("cls", "json", "npy")
-"""Member extensions of one sample in a tar shard, in the order they are written."""
+"""Member extensions of one sample in a tar shard, in the order they are written; with jpeg or png
+images the last is ``jpg`` or ``png`` (``packer.codecs.IMAGE_EXTENSIONS``)."""

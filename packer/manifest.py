@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from packer.codecs import IMAGE_CODECS
 from packer.errors import ManifestError
 from packer.records import FileEntry
 
@@ -23,7 +24,18 @@ MANIFEST_VERSION = 1
 """Version of the manifest's own layout; each format has its own ``format_version`` too."""
 
 #: The newest on-disk layout of each format that this packer writes and reads.
-FORMAT_VERSIONS = {"npy": 1, "lmdb": 1, "hdf5": 1, "wds": 1}
+FORMAT_VERSIONS = {"npy": 2, "lmdb": 2, "hdf5": 2, "wds": 2}
+
+ENCODED_SINCE = 2
+"""The format version that added jpeg and png images (``fields.image.codec``). Raw outputs are
+still written as version 1: their shards are byte for byte what earlier packers wrote, so readers
+that know only version 1 keep reading them, and refuse encoded outputs, which they cannot read."""
+
+
+def format_version(fmt: str, codec: str) -> int:
+    """The version written for an output of format ``fmt`` whose images use ``codec``: the oldest
+    layout that describes it (as numpy writes npy version 1.0 whenever its header allows)."""
+    return 1 if codec == "raw" else FORMAT_VERSIONS[fmt]
 
 
 @dataclass
@@ -118,6 +130,11 @@ class Manifest:
         return m
 
     @property
+    def image_codec(self) -> str:
+        """How images are stored: ``raw``, ``jpeg`` or ``png`` (``raw`` when the manifest predates codecs)."""
+        return self.fields["image"].get("codec", "raw")
+
+    @property
     def shard_offsets(self) -> list[int]:
         """Index of each shard's first sample in the whole dataset, plus the total at the end."""
         offsets = [0]
@@ -145,6 +162,13 @@ def _check_layout(m: "Manifest", where: str) -> None:
     if shape is not None and (not isinstance(shape, list) or len(shape) != 3 or not all(
             isinstance(v, int) and v > 0 for v in shape)):
         raise ManifestError(f"{where}: fields.image.shape {shape!r} is not [H, W, C]")
+    codec = image.get("codec", "raw")
+    if codec not in IMAGE_CODECS:
+        raise ManifestError(f"{where}: fields.image.codec {codec!r} is unknown to this packer, which reads "
+                            f"{', '.join(IMAGE_CODECS)}. Upgrade packer to read it.")
+    if codec != "raw" and (dtype != np.uint8 or m.format_version < ENCODED_SINCE):
+        raise ManifestError(f"{where}: {codec} images need uint8 storage and format version {ENCODED_SINCE} or "
+                            f"later, not {dtype} and version {m.format_version}; the manifest is damaged")
     if not isinstance(m.preprocess, dict):
         raise ManifestError(f"{where}: preprocess is not an object")
 

@@ -27,7 +27,7 @@ from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
 from packer.formats import ImageLayout
-from packer.manifest import FORMAT_VERSIONS, Manifest, ShardEntry, write_manifest
+from packer.manifest import Manifest, ShardEntry, format_version, write_manifest
 from packer.output import (
     check_output,
     discard,
@@ -158,7 +158,7 @@ def convert(
     started = time.perf_counter()
     output = Path(output)
     pre = config.preprocess
-    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels)  # ConvertConfig checked it fits the format
+    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels, config.codec)  # ConvertConfig checked it fits
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     check_output(output, overwrite, Path(source))
@@ -277,7 +277,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     between, even when their mtime was put back)."""
     h = hashlib.sha256()
     h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
-                         "shard_size": config.shard_size.describe(), "shuffle": config.shuffle},
+                         "shard_size": config.shard_size.describe(), "shuffle": config.shuffle,
+                         "codec": config.codec.to_dict()},
                         sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
@@ -309,7 +310,7 @@ def build_manifest(
                 counts[label] += 1
     return Manifest(
         format=config.format,
-        format_version=FORMAT_VERSIONS[config.format],
+        format_version=format_version(config.format, config.codec.name),
         packer_version=__version__,
         samples=sum(r.samples for r in results),
         classes=found.classes,

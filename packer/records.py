@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -30,17 +31,21 @@ class Sample:
     """One preprocessed sample, ready for a format writer.
 
     ``index`` is the source item's position in the sorted listing and ``key`` its relative path.
+    ``encoded`` holds the image's JPEG or PNG bytes when the output's codec encodes images (what
+    the writer stores), None for raw pixels.
     """
 
     index: int
     key: str
     image: np.ndarray
     label: int = UNLABELLED
+    encoded: Optional[bytes] = None
 
     @property
     def crc32(self) -> int:
-        """CRC-32 of the image's raw bytes (C order, stored dtype): stored to find damaged samples."""
-        return image_crc32(self.image)
+        """CRC-32 of what is stored, to find damaged samples: the encoded bytes, or the image's raw
+        bytes (C order, stored dtype)."""
+        return zlib.crc32(self.encoded) if self.encoded is not None else image_crc32(self.image)
 
 
 def image_crc32(image: np.ndarray) -> int:
@@ -50,13 +55,15 @@ def image_crc32(image: np.ndarray) -> int:
 
 @dataclass
 class StoredSample:
-    """One sample as read back from a shard by a format's scanner (used by ``packer verify``)."""
+    """One sample as read back from a shard by a format's scanner (used by ``packer verify``):
+    ``image`` holds raw pixels, or ``encoded`` the stored JPEG/PNG bytes (and ``image`` is None)."""
 
     local: int
     key: str
     label: int
-    image: np.ndarray
+    image: Optional[np.ndarray]
     crc32: int
+    encoded: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import IO, Iterator, Optional, Union
 
 import numpy as np
 
-from packer.codecs import CODECS
+from packer.codecs import CODECS, IMAGE_EXTENSIONS
 from packer.errors import ManifestError
 
 
@@ -45,12 +45,19 @@ def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None)
         yield current
 
 
-def decode_tar_sample(fields: dict, name: str = "tar") -> tuple[np.ndarray, int, dict]:
-    """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged."""
+def decode_tar_sample(
+    fields: dict, name: str = "tar", codec: str = "raw"
+) -> tuple[Union[np.ndarray, bytes], int, dict]:
+    """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged.
+
+    The image is the decoded ``KEY.npy`` array for ``codec`` raw, else the bytes of ``KEY.jpg`` or
+    ``KEY.png`` as stored (``packer.codecs.decode_image`` decodes them).
+    """
     try:
         meta = CODECS["json"].decode(fields["json"]) if "json" in fields else {}
         if not isinstance(meta, dict):
             raise ValueError(f"KEY.json holds {type(meta).__name__}, not an object")
-        return CODECS["npy"].decode(fields["npy"]), CODECS["cls"].decode(fields["cls"]), meta
+        image = CODECS["npy"].decode(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
+        return image, CODECS["cls"].decode(fields["cls"]), meta
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None

@@ -1,8 +1,9 @@
 """``packer verify``: re-read a packed output and report every missing, truncated or damaged part.
 
 Checks, per shard: each file exists with the size and SHA-256 the manifest records; every sample
-decodes with the format's stock library, has the recorded dtype and shape, and matches the CRC-32
-stored beside it, so a flipped bit is traced to the sample it hit.
+decodes with the format's stock library (and Pillow for jpeg and png images), has the recorded
+dtype and shape, and matches the CRC-32 stored beside it, so a flipped bit is traced to the sample
+it hit.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import shutil
 import signal
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
+from packer.codecs import decode_image
 from packer.formats import SCANNERS
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
-from packer.records import image_crc32
+from packer.records import StoredSample, image_crc32
 
 WHOLE_FILE_FORMATS = {"lmdb", "hdf5"}
 
@@ -162,22 +165,39 @@ def check_samples(
     image_field = manifest.fields["image"]
     dtype = np.dtype(image_field["dtype"])
     shape = tuple(image_field["shape"]) if image_field.get("shape") else None
+    codec, mode = manifest.image_codec, manifest.preprocess.get("mode", "RGB")
     problems: list[Problem] = []
     position = 0
     try:
-        for s in SCANNERS[manifest.format](root, shard):
+        for s in SCANNERS[manifest.format](root, shard, codec):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)
-            if s.image.dtype != dtype or (shape is not None and s.image.shape != shape) or s.image.ndim != 3:
-                problems.append(Problem(shard.name, f"image is {s.image.dtype} {s.image.shape}, expected {dtype} "
-                                        f"{shape or '(H, W, C)'}", s.local, s.key))
-            elif image_crc32(s.image) != s.crc32:
-                problems.append(Problem(shard.name, "image bytes do not match their stored CRC-32 (damaged)",
-                                        s.local, s.key))
+            message = _sample_problem(s, codec, mode, dtype, shape)
+            if message:
+                problems.append(Problem(shard.name, message, s.local, s.key))
             if progress is not None:
                 progress(1)
     except Exception as e:  # any decoder error is a finding to report, never a crash of verify
         problems.append(Problem(shard.name, f"unreadable from sample {position} on: {type(e).__name__}: {e}",
                                 position))
     return problems
+
+
+def _sample_problem(s: StoredSample, codec: str, mode: str, dtype: np.dtype, shape: Optional[tuple]) -> str:
+    """What is wrong with one stored sample, or ``""``. Encoded images are checked against their
+    CRC-32 first, then decoded to check their shape."""
+    image = s.image
+    if s.encoded is not None:
+        if zlib.crc32(s.encoded) != s.crc32:
+            return f"{codec} image bytes do not match their stored CRC-32 (damaged)"
+        try:
+            image = decode_image(s.encoded, codec, mode)
+        except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
+            return f"image does not decode as {codec}: {type(e).__name__}: {e}"
+    if image is None or image.dtype != dtype or (shape is not None and image.shape != shape) or image.ndim != 3:
+        found = "missing" if image is None else f"{image.dtype} {image.shape}"
+        return f"image is {found}, expected {dtype} {shape or '(H, W, C)'}"
+    if s.encoded is None and image_crc32(image) != s.crc32:
+        return "image bytes do not match their stored CRC-32 (damaged)"
+    return ""

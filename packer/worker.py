@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer import preprocess
+from packer.codecs import encode_image
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
@@ -121,8 +122,10 @@ def write_shard(
                 raise DecodeError(item.relpath, e.reason) from None
             result.skipped.append(Skipped(item.relpath, e.reason))
         else:
+            codec = job.layout.codec
+            encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
             try:
-                writer.add(Sample(item.index, item.relpath, image, item.label))
+                writer.add(Sample(item.index, item.relpath, image, item.label, encoded))
             except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
                 raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
             result.samples += 1

@@ -1,9 +1,10 @@
 """Reader of HDF5 outputs: one h5py file per shard, opened lazily in each worker.
 
-Images are read through a memory map of the file where HDF5's own chunk index says that every
+Raw images are read through a memory map of the file where HDF5's own chunk index says that every
 sample is one unfiltered chunk of exactly one image (how packer writes them): the same zero-copy
 path as npy, with the byte offsets taken from h5py, not assumed. Any other layout (a file
-rewritten with compression, say) is read through h5py.
+rewritten with compression, say) is read through h5py. Encoded images (jpeg, png) are sliced out
+of the flat bytes dataset and decoded.
 """
 
 from __future__ import annotations
@@ -13,27 +14,30 @@ from typing import NamedTuple, Optional
 import h5py
 import numpy as np
 
-from packer.layout import HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
+from packer.codecs import decode_image
+from packer.layout import HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
-CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; samples are one chunk each, so little is needed
+CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
 
 
 class _Hdf5Shard(NamedTuple):
     file: h5py.File
-    images: h5py.Dataset
-    mapped: Optional[np.ndarray]  # the file as uint8, when every image is one plain chunk
-    offsets: Optional[np.ndarray]  # byte offset of each image's chunk in the file
-    dtype: np.dtype
-    shape: tuple[int, ...]  # of one image
-    nbytes: int  # of one image
+    images: h5py.Dataset  # N x H x W x C, or the flat bytes of encoded images
+    offsets: Optional[np.ndarray]  # N + 1 offsets into ``images`` when encoded
+    mapped: Optional[np.ndarray] = None  # raw images: the file as uint8, when every image is one plain chunk
+    chunks: Optional[np.ndarray] = None  # raw images: byte offset of each image's chunk in the file
+    dtype: Optional[np.dtype] = None
+    shape: tuple[int, ...] = ()  # of one image
+    nbytes: int = 0  # of one image
 
 
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
     """File offset of each image when each is stored as one unfiltered chunk of its exact size, else None."""
     shape, dtype = images.shape, images.dtype
-    if images.chunks != (1, *shape[1:]) or images.id.get_create_plist().get_nfilters() or dtype.hasobject:
+    if (not hasattr(images.id, "chunk_iter") or not shape[0] or images.chunks != (1, *shape[1:])
+            or images.id.get_create_plist().get_nfilters() or dtype.hasobject):
         return None
     nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     offsets = np.full(shape[0], -1, dtype=np.int64)
@@ -57,17 +61,24 @@ class Hdf5Dataset(PackedDataset):
     def open_shard(self, shard: ShardEntry) -> _Hdf5Shard:
         path = self.path(shard.file(HDF5_SUFFIX))
         f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        if self.manifest.image_codec != "raw":
+            return _Hdf5Shard(f, f[HDF5_IMAGE_BYTES], f[HDF5_IMAGE_OFFSETS][:])
         images = f[HDF5_IMAGES]
-        offsets = chunk_offsets(images) if hasattr(images.id, "chunk_iter") and images.shape[0] else None
-        mapped = np.memmap(path, dtype=np.uint8, mode="r") if offsets is not None else None
+        chunks = chunk_offsets(images)
+        if chunks is None:
+            return _Hdf5Shard(f, images, None)
         shape = images.shape[1:]
-        return _Hdf5Shard(f, images, mapped, offsets, images.dtype, shape, images.dtype.itemsize * int(np.prod(shape)))
+        return _Hdf5Shard(f, images, None, np.memmap(path, dtype=np.uint8, mode="r"), chunks, images.dtype, shape,
+                          images.dtype.itemsize * int(np.prod(shape)))
 
     def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
-        if handle.mapped is None:
+        if handle.mapped is not None:
+            start = handle.chunks[local]  # local is always < the shard's samples: checked by locate()
+            return handle.mapped[start:start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
+        if handle.offsets is None:
             return handle.images[local]
-        start = handle.offsets[local]  # local is always < the shard's samples: checked by locate()
-        return handle.mapped[start:start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
+        data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
         return handle.file[HDF5_LABELS][:]

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import lmdb
 import numpy as np
 
-from packer.codecs import decode_npy
+from packer.codecs import decode_image, decode_npy
 from packer.errors import ManifestError
 from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
@@ -81,6 +81,8 @@ class LmdbDataset(PackedDataset):
 
     def read_image(self, handle: _LmdbShard, local: int) -> np.ndarray:
         value = self._get(handle, lmdb_image_key(local))
+        if self.manifest.image_codec != "raw":
+            return decode_image(value, self.manifest.image_codec, self.manifest.preprocess["mode"])
         if handle.header and value[: len(handle.header[0])] == handle.header[0]:
             # Same npy header as the shard's first image (they all share dtype and shape): skip parsing it.
             prefix, dtype, shape = handle.header

@@ -1,18 +1,20 @@
-"""Reader of npy-memmap outputs: each shard's ``images.npy`` is memory-mapped, never read whole."""
+"""Reader of npy-memmap outputs: each shard's images file is memory-mapped, never read whole."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.layout import NPY_IMAGES, NPY_KEYS, NPY_LABELS
+from packer.codecs import decode_image
+from packer.layout import NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS, NPY_IMAGES, NPY_KEYS, NPY_LABELS
 from packer.manifest import ShardEntry
 from readers.base import PackedDataset
 
 
 class _NpyShard(NamedTuple):
-    images: np.ndarray
+    images: np.ndarray  # N x H x W x C, or the flat bytes of encoded images
+    offsets: Optional[np.ndarray]  # N + 1 offsets into ``images`` when encoded
     keys: np.ndarray
     labels_path: str
 
@@ -26,10 +28,17 @@ class NpyDataset(PackedDataset):
         def mmap(suffix: str) -> np.ndarray:
             return np.load(self.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False)
 
-        return _NpyShard(mmap(NPY_IMAGES), mmap(NPY_KEYS), str(self.path(shard.file(NPY_LABELS))))
+        labels = str(self.path(shard.file(NPY_LABELS)))
+        if self.manifest.image_codec == "raw":
+            return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels)
+        offsets = np.load(self.path(shard.file(NPY_IMAGE_OFFSETS)), allow_pickle=False)
+        return _NpyShard(mmap(NPY_IMAGE_BYTES), offsets, mmap(NPY_KEYS), labels)
 
     def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
-        return handle.images[local]
+        if handle.offsets is None:
+            return handle.images[local]
+        data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
         return np.load(handle.labels_path, allow_pickle=False)

@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.codecs import decode_image
 from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
@@ -79,8 +80,15 @@ class WdsDataset(ReaderBase, IterableDataset):
         entry = self.manifest.shards[shard]
         path = self.path(entry.file(TAR_SUFFIX))
         local = 0
+        codec, mode = self.manifest.image_codec, self.manifest.preprocess["mode"]
         for fields in iter_tar_samples(path):
-            array, label, meta = decode_tar_sample(fields, str(path))
+            array, label, meta = decode_tar_sample(fields, str(path), codec)
+            if codec != "raw":
+                try:
+                    array = decode_image(array, codec, mode)
+                except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
+                    raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
+                                        f"run packer verify {self.root}") from None
             yield self._offsets[shard] + local, array, label, meta.get("key", fields["__key__"])
             local += 1
         if local != entry.samples:

@@ -80,8 +80,33 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
 def test_help_lists_every_option_with_its_default():
     text = " ".join(run("convert", "--help").output.split())
     for option, default in [("--size", "224"), ("--resize", "shorter-crop"), ("--normalize", "imagenet"),
-                            ("--dtype", "uint8"), ("--shard-size", "auto"), ("--mode", "RGB")]:
+                            ("--dtype", "uint8"), ("--shard-size", "auto"), ("--mode", "RGB"), ("--codec", "raw"),
+                            ("--quality", "90; 1<=x<=95")]:
         assert option in text and f"[default: {default}]" in text
+
+
+@pytest.mark.parametrize("codec,quality", [("jpeg", "75"), ("png", None), ("raw", None)])
+def test_codec_and_quality_reach_the_manifest(image_tree, tmp_path, codec, quality):
+    out = tmp_path / "o"
+    args = ["convert", str(image_tree), "-f", "hdf5", "-o", str(out), "-q", "--size", "16", "--codec", codec]
+    result = run(*args, *(["--quality", quality] if quality else []))
+    assert result.exit_code == 0, result.output
+    image = read_manifest(out).fields["image"]
+    assert image["codec"] == codec and image.get("quality") == (int(quality) if quality else None)
+    described = {"jpeg": "stored as JPEG quality 75", "png": "stored as PNG", "raw": "raw pixels"}[codec]
+    assert described in run("info", str(out)).output
+    assert run("verify", str(out), "-q").exit_code == 0
+
+
+def test_codec_usage_errors(image_tree, tmp_path):
+    out = tmp_path / "o"
+    floats = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "--codec", "jpeg", "--dtype", "float32")
+    assert floats.exit_code == 2 and "use --dtype uint8" in floats.output and "--codec raw" in floats.output
+    quality = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "--codec", "jpeg", "--quality", "100")
+    assert quality.exit_code == 2 and "--quality" in quality.output
+    unknown = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "--codec", "webp")
+    assert unknown.exit_code == 2 and "raw" in unknown.output and "jpeg" in unknown.output
+    assert not out.exists()
 
 
 @pytest.mark.skipif(shutil.which("packer") is None, reason="the packer script is not installed")

@@ -4,8 +4,19 @@ import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from packer.codecs import CODECS, codec, decode_npy, encode_npy
+from packer.codecs import (
+    CODECS,
+    IMAGE_CODECS,
+    IMAGE_EXTENSIONS,
+    PNG_COMPRESS_LEVEL,
+    codec,
+    decode_image,
+    decode_npy,
+    encode_image,
+    encode_npy,
+)
 from packer.errors import PackerError
 
 VALUES = {
@@ -74,3 +85,77 @@ def test_npy_encode_refuses_object_array():
 def test_unknown_codec():
     with pytest.raises(PackerError, match="no codec for .png"):
         codec("png")
+
+
+# --------------------------------------------------------------------------- image codecs
+
+
+def smooth(h=24, w=32, c=3, seed=0):
+    """A smooth uint8 image (JPEG keeps it close), H x W x C."""
+    base = np.random.default_rng(seed).integers(0, 256, size=(h // 16 + 1, w // 16 + 1, c), dtype=np.uint8)
+    pixels = np.asarray(Image.fromarray(base[:, :, 0] if c == 1 else base).resize((w, h), Image.BILINEAR))
+    return pixels[:, :, None] if c == 1 else pixels
+
+
+@pytest.mark.parametrize("channels,mode", [(3, "RGB"), (1, "L")])
+def test_png_round_trip_is_exact(channels, mode):
+    pixels = smooth(c=channels)
+    data = encode_image(pixels, "png")
+    assert data.startswith(b"\x89PNG")
+    back = decode_image(data, "png", mode)
+    assert back.dtype == np.uint8 and back.shape == pixels.shape and np.array_equal(back, pixels)
+
+
+@pytest.mark.parametrize("channels,mode", [(3, "RGB"), (1, "L")])
+def test_jpeg_round_trip_is_close_and_quality_matters(channels, mode):
+    pixels = smooth(48, 64, channels)
+    data = encode_image(pixels, "jpeg", 90)
+    assert data.startswith(b"\xff\xd8")
+    back = decode_image(data, "jpeg", mode)
+    assert back.dtype == np.uint8 and back.shape == pixels.shape
+    assert np.abs(back.astype(int) - pixels).mean() < 3
+    assert len(encode_image(pixels, "jpeg", 30)) < len(data)
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+def test_encoded_bytes_are_deterministic_and_plain(codec):
+    pixels = smooth()
+    data = encode_image(pixels, codec)
+    assert data == encode_image(pixels.copy(), codec)
+    with Image.open(io.BytesIO(data)) as img:
+        assert not img.getexif() and "icc_profile" not in img.info and "exif" not in img.info
+
+
+def test_png_uses_the_fast_compress_level():
+    pixels = smooth(64, 64)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL)
+    assert encode_image(pixels, "png") == buf.getvalue()
+
+
+def test_decode_converts_to_the_requested_mode():
+    gray = decode_image(encode_image(smooth(), "png"), "png", "L")
+    assert gray.shape == (24, 32, 1)
+    rgb = decode_image(encode_image(smooth(c=1), "png"), "png", "RGB")
+    assert rgb.shape == (24, 32, 3) and np.array_equal(rgb[:, :, 0], rgb[:, :, 2])
+
+
+def test_raw_image_codec_is_npy():
+    pixels = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 4, 3)
+    assert encode_image(pixels, "raw") == encode_npy(pixels)
+    assert np.array_equal(decode_image(encode_npy(pixels), "raw"), pixels)
+    assert IMAGE_CODECS == ("raw", "jpeg", "png") and IMAGE_EXTENSIONS["jpeg"] == "jpg"
+
+
+@pytest.mark.parametrize("pixels", [np.zeros((4, 4, 3), np.float32), np.zeros((4, 4, 4), np.uint8),
+                                    np.zeros((4, 4), np.uint8)])
+def test_encode_refuses_what_jpeg_and_png_cannot_hold(pixels):
+    with pytest.raises(ValueError, match="uint8"):
+        encode_image(pixels, "jpeg")
+
+
+def test_unknown_image_codec_is_refused_by_name():
+    with pytest.raises(PackerError, match="unknown image codec 'webp'.*raw, jpeg, png.*[Uu]pgrade"):
+        decode_image(b"RIFF", "webp")
+    with pytest.raises(PackerError, match="webp"):
+        encode_image(np.zeros((2, 2, 3), np.uint8), "webp")

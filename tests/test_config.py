@@ -8,6 +8,8 @@ from packer.config import (
     DEFAULT_SHARD_BYTES,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    ConvertConfig,
+    ImageCodec,
     PreprocessConfig,
     ShardSize,
     parse_normalize,
@@ -15,6 +17,33 @@ from packer.config import (
     parse_size,
 )
 from packer.errors import ConfigError
+
+# --------------------------------------------------------------------------- ImageCodec
+
+
+def test_codec_defaults_and_manifest_entries():
+    assert ImageCodec() == ImageCodec("raw", 90) and not ImageCodec().encoded
+    assert ConvertConfig("npy").codec == ImageCodec()
+    assert ImageCodec().to_dict() == {"codec": "raw"}
+    assert ImageCodec("png", 50).to_dict() == {"codec": "png"}
+    assert ImageCodec("jpeg", 75).to_dict() == {"codec": "jpeg", "quality": 75} and ImageCodec("jpeg").encoded
+
+
+@pytest.mark.parametrize("kwargs", [{"name": "webp"}, {"name": "JPEG"}, {"name": "jpeg", "quality": 0},
+                                    {"name": "jpeg", "quality": 96}])
+def test_bad_codec_raises(kwargs):
+    with pytest.raises(ConfigError, match="--codec|--quality"):
+        ImageCodec(**kwargs)
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_encoded_codecs_refuse_float_storage_and_say_what_to_do(codec, dtype):
+    with pytest.raises(ConfigError, match=f"--codec {codec}.*--dtype {dtype}.*use --dtype uint8.*--codec raw"):
+        ConvertConfig("npy", PreprocessConfig(dtype=dtype), codec=ImageCodec(codec))
+    assert ConvertConfig("npy", PreprocessConfig(dtype=dtype)).codec.name == "raw"
+    assert ConvertConfig("npy", PreprocessConfig(mode="L"), codec=ImageCodec(codec)).codec.name == codec
+
 
 # --------------------------------------------------------------------------- PreprocessConfig
 

@@ -4,13 +4,17 @@ import io
 import json
 import tarfile
 import zlib
+from dataclasses import replace
 
 import h5py
 import lmdb
 import numpy as np
 import pytest
+from PIL import Image
 
 import packer.formats.lmdb as lmdb_format
+from packer.codecs import encode_image
+from packer.config import ImageCodec
 from packer.errors import ConfigError
 from packer.formats import SCANNERS, WRITERS, ImageLayout, get_writer
 from packer.formats.lmdb import LmdbWriter
@@ -72,7 +76,7 @@ def test_layout_fields_and_bytes():
     assert ImageLayout("float32", (2, 3, 1), 1).sample_bytes == 24
     assert ImageLayout("uint8", None, 3).sample_bytes is None
     f = FIXED.fields()
-    assert f["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C, "layout": "HWC"}
+    assert f["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C, "layout": "HWC", "codec": "raw"}
     assert f["label"]["dtype"] == "int64"
 
 
@@ -322,3 +326,119 @@ def test_scanner_reads_back_what_the_writer_wrote(tmp_path, fmt, n):
     for g, s in zip(got, samples):
         assert (g.key, g.label, g.crc32) == (s.key, s.label, s.crc32)
         assert np.array_equal(g.image, s.image)
+
+
+# --------------------------------------------------------------------------- encoded images (jpeg, png)
+
+CODECS = ("jpeg", "png")
+
+
+def encoded_layout(codec, shape=(H, W, C)):
+    return ImageLayout("uint8", shape, shape[2] if shape else C, ImageCodec(codec))
+
+
+def encoded_samples(n, codec, shape=(H, W, C)):
+    """``make_samples`` with each image's JPEG/PNG bytes, as the worker encodes them."""
+    return [replace(s, encoded=encode_image(s.image, codec)) for s in make_samples(n, shape)]
+
+
+def open_stored_images(fmt, directory, files, n):
+    """The stored bytes of each image, read the way docs/FORMATS.md shows (stock libraries only)."""
+    if fmt == "npy":
+        flat = np.load(directory / files[0], mmap_mode="r")
+        offsets = np.load(directory / files[1])
+        assert flat.dtype == np.uint8 and offsets.dtype == np.int64 and offsets.shape == (n + 1,)
+        return [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
+    if fmt == "hdf5":
+        with h5py.File(directory / files[0], "r") as f:
+            flat, offsets = f["images_bytes"], f["images_offsets"][:]
+            assert "images" not in f and offsets.shape == (n + 1,)
+            return [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
+    if fmt == "lmdb":
+        data = read_lmdb(directory / files[0])
+        return [data[b"%08d.image" % i] for i in range(n)]
+    with tarfile.open(directory / files[0]) as tar:
+        return [tar.extractfile(m).read() for m in tar.getmembers() if not m.name.endswith((".cls", ".json"))]
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("n", [0, 7])
+def test_encoded_images_are_stored_as_their_bytes(tmp_path, fmt, codec, n):
+    samples = encoded_samples(n, codec)
+    files = write(fmt, tmp_path, samples, layout=encoded_layout(codec))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    if fmt == "npy":
+        assert files == [f"shard-00003.{s}.npy" for s in ("images.bytes", "images.offsets", "labels", "keys", "crc32")]
+        assert np.load(tmp_path / files[4]).tolist() == [zlib.crc32(s.encoded) for s in samples]
+    assert open_stored_images(fmt, tmp_path, files, n) == [s.encoded for s in samples]
+    for s in samples:
+        with Image.open(io.BytesIO(s.encoded)) as img:
+            assert img.format == codec.upper()
+            if codec == "png":
+                assert np.array_equal(np.asarray(img), s.image)
+    entry = ShardEntry("shard-00003", n, [file_entry(tmp_path, f) for f in files])
+    got = list(SCANNERS[fmt](tmp_path, entry, codec))
+    assert [(g.local, g.key, g.label, g.image, g.encoded, g.crc32) for g in got] == [
+        (i, s.key, s.label, None, s.encoded, zlib.crc32(s.encoded)) for i, s in enumerate(samples)]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_wds_encoded_members_decode_with_stock_webdataset(tmp_path, codec):
+    import webdataset
+
+    samples = encoded_samples(3, codec)
+    odd = Sample(99, "odd/size.png", np.full((3, 9, 3), 7, np.uint8), 2)  # any size: wds holds variable shapes
+    samples.append(replace(odd, encoded=encode_image(odd.image, codec)))
+    files = write("wds", tmp_path, samples, layout=encoded_layout(codec, None))
+    ext = {"jpeg": "jpg", "png": "png"}[codec]
+    with tarfile.open(tmp_path / files[0]) as tar:
+        names = [m.name for m in tar.getmembers()]
+    assert names == [f"{s.index:09d}.{e}" for s in samples for e in ("cls", "json", ext)]
+    got = list(webdataset.WebDataset(str(tmp_path / files[0]), shardshuffle=False).decode("rgb8"))
+    for g, s in zip(got, samples, strict=True):
+        assert g["json"] == {"key": s.key, "label": s.label, "crc32": zlib.crc32(s.encoded)} and g["cls"] == s.label
+        assert g[ext].dtype == np.uint8 and g[ext].shape == s.image.shape
+        if codec == "png":
+            assert np.array_equal(g[ext], s.image)
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_jpeg_sample_opens_as_the_docs_show(tmp_path, fmt):
+    """Each format's snippet in docs/FORMATS.md: stock library plus PIL give the pixels back."""
+    shape = (24, 32, 3)
+    pixels = np.asarray(Image.fromarray(np.arange(48, dtype=np.uint8).reshape(4, 4, 3) * 5).resize((32, 24)))
+    sample = Sample(0, "a/b.jpg", pixels, 1, encode_image(pixels, "jpeg", 95))
+    files = write(fmt, tmp_path, [sample], layout=encoded_layout("jpeg", shape))
+    if fmt == "npy":
+        flat = np.load(tmp_path / "shard-00003.images.bytes.npy", mmap_mode="r")
+        offsets = np.load(tmp_path / "shard-00003.images.offsets.npy")
+        image = np.asarray(Image.open(io.BytesIO(flat[offsets[0]:offsets[1]])).convert("RGB"))
+    elif fmt == "hdf5":
+        with h5py.File(tmp_path / files[0], "r") as f:
+            a, b = f["images_offsets"][0:2]
+            image = np.asarray(Image.open(io.BytesIO(f["images_bytes"][a:b].tobytes())).convert("RGB"))
+    elif fmt == "lmdb":
+        env = lmdb.open(str(tmp_path / files[0]), subdir=False, readonly=True, lock=False)
+        with env.begin() as txn:
+            image = np.asarray(Image.open(io.BytesIO(txn.get(b"00000000.image"))).convert("RGB"))
+        env.close()
+    else:
+        import webdataset
+
+        image = next(iter(webdataset.WebDataset(str(tmp_path / files[0]), shardshuffle=False).decode("rgb8")))["jpg"]
+    assert image.shape == shape and np.abs(image.astype(int) - pixels).mean() < 3
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_encoded_layout_needs_encoded_samples(tmp_path, fmt):
+    writer = WRITERS[fmt](tmp_path, "shard-00000", encoded_layout("png"), 1)
+    with pytest.raises(ValueError, match="png shard stores encoded images"):
+        writer.add(make_samples(1)[0])
+    writer.close()
+
+
+def test_encoded_layout_fields():
+    assert encoded_layout("jpeg").fields()["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C,
+                                                        "layout": "HWC", "codec": "jpeg", "quality": 90}
+    assert FIXED.fields()["image"]["codec"] == "raw"

@@ -12,6 +12,7 @@ from packer.manifest import (
     Manifest,
     ShardEntry,
     file_entry,
+    format_version,
     read_manifest,
     sha256_of,
     write_manifest,
@@ -173,6 +174,39 @@ def test_newer_format_version(tmp_path):
     with pytest.raises(ManifestError, match="(?i)upgrade") as exc:
         read_manifest(tmp_path)
     assert str(path) in str(exc.value)
+
+
+def test_format_version_is_1_for_raw_images_and_2_for_encoded_ones():
+    for fmt in FORMAT_VERSIONS:
+        assert format_version(fmt, "raw") == 1
+        assert format_version(fmt, "jpeg") == format_version(fmt, "png") == FORMAT_VERSIONS[fmt] == 2
+
+
+def test_image_codec_defaults_to_raw(tmp_path):
+    m = sample_manifest()
+    assert "codec" not in m.fields["image"] and m.image_codec == "raw"
+    m.fields["image"]["codec"] = "png"
+    write_manifest(tmp_path, m)
+    assert read_manifest(tmp_path).image_codec == "png"
+
+
+def test_unknown_codec_is_refused(tmp_path):
+    d = sample_manifest().to_dict()
+    d["fields"]["image"]["codec"] = "webp"
+    write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match="codec 'webp' is unknown.*raw, jpeg, png.*Upgrade packer"):
+        read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("change", [{"format_version": 1}, {"dtype": "float32"}])
+def test_encoded_images_need_uint8_and_version_2(tmp_path, change):
+    d = sample_manifest().to_dict()
+    d["fields"]["image"]["codec"] = "jpeg"
+    d["format_version"] = change.get("format_version", 2)
+    d["fields"]["image"]["dtype"] = change.get("dtype", "uint8")
+    write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match="jpeg images need uint8 storage and format version 2"):
+        read_manifest(tmp_path)
 
 
 def test_newer_manifest_version(tmp_path):

@@ -11,10 +11,11 @@ import lmdb
 import numpy as np
 import pytest
 from conftest import FORMATS, write_image
+from PIL import Image
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import DEFAULT_SHARD_BYTES, ShardSize
+from packer.config import DEFAULT_SHARD_BYTES, ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ConfigError, InputError, OutputError
 from packer.formats import ImageLayout
@@ -136,36 +137,54 @@ def test_estimate_sample_bytes(tmp_path):
 
 
 def stored(out, manifest):
-    """(key, label, image) of every stored sample, in dataset order, read with the stock libraries."""
+    """(key, label, image) of every stored sample, in dataset order, read with the stock libraries
+    (and PIL for jpeg and png images)."""
+    codec, mode = manifest.image_codec, manifest.preprocess["mode"]
+
+    def image(data):  # one stored image: .npy bytes, or JPEG/PNG bytes
+        if codec == "raw":
+            return np.load(io.BytesIO(data))
+        pixels = np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+        return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
     rows = []
     for shard in manifest.shards:
         if manifest.format == "npy":
-            images = np.load(out / shard.file(".images.npy"), mmap_mode="r")
             labels = np.load(out / shard.file(".labels.npy"))
             keys = np.load(out / shard.file(".keys.npy"))
+            if codec == "raw":
+                images = np.load(out / shard.file(".images.npy"), mmap_mode="r")
+            else:
+                flat = np.load(out / shard.file(".images.bytes.npy"), mmap_mode="r")
+                offsets = np.load(out / shard.file(".images.offsets.npy"))
+                images = [image(flat[a:b].tobytes()) for a, b in zip(offsets[:-1], offsets[1:])]
             part = [(str(k), int(lab), np.array(im)) for k, lab, im in zip(keys, labels, images)]
         elif manifest.format == "hdf5":
             with h5py.File(out / shard.file(".h5"), "r") as f:
                 keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
-                part = [(k, int(lab), im) for k, lab, im in zip(keys, f["labels"][:], f["images"][:])]
+                if codec == "raw":
+                    images = f["images"][:]
+                else:
+                    offsets = f["images_offsets"][:]
+                    images = [image(f["images_bytes"][a:b].tobytes()) for a, b in zip(offsets[:-1], offsets[1:])]
+                part = [(k, int(lab), im) for k, lab, im in zip(keys, f["labels"][:], images)]
         elif manifest.format == "lmdb":
             env = lmdb.open(str(out / shard.file(".lmdb")), subdir=False, readonly=True, lock=False)
             with env.begin() as txn:
                 n = int(txn.get(b"length"))
                 labels = np.load(io.BytesIO(txn.get(b"labels")))
-                part = [
-                    (txn.get(b"%08d.key" % i).decode(), int(labels[i]), np.load(io.BytesIO(txn.get(b"%08d.image" % i))))
-                    for i in range(n)
-                ]
+                part = [(txn.get(b"%08d.key" % i).decode(), int(labels[i]), image(txn.get(b"%08d.image" % i)))
+                        for i in range(n)]
             env.close()
         else:
+            ext = {"raw": "npy", "jpeg": "jpg", "png": "png"}[codec]
             with tarfile.open(out / shard.file(".tar")) as tar:
                 members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
             keys = sorted({name.split(".")[0] for name in members})
             part = []
             for k in keys:
                 meta = json.loads(members[f"{k}.json"])
-                part.append((meta["key"], int(members[f"{k}.cls"]), np.load(io.BytesIO(members[f"{k}.npy"]))))
+                part.append((meta["key"], int(members[f"{k}.cls"]), image(members[f"{k}.{ext}"])))
         assert len(part) == shard.samples
         rows.extend(part)
     return rows
@@ -239,6 +258,33 @@ def test_convert_sample_count_shards(image_tree, tmp_path, fmt):
     assert m.sharding == {"shard_size": "4 samples", "shuffle_seed": None}
     check_files(out, m)
     assert_rows_equal(stored(out, m), expected_rows(image_tree))
+
+
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_encoded_images_round_trip(image_tree, tmp_path, fmt, codec):
+    pre = PreprocessConfig(size=(64, 48))
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig(fmt, pre, ShardSize(samples=6), codec=ImageCodec(codec, 90)), workers=2)
+    m = read_manifest(out)
+    assert m.format_version == 2 and m.image_codec == codec
+    assert m.fields["image"] == {"dtype": "uint8", "shape": [48, 64, 3], "channels": 3, "layout": "HWC",
+                                 "codec": codec, **({"quality": 90} if codec == "jpeg" else {})}
+    check_files(out, m)
+    got, want = stored(out, m), expected_rows(image_tree, pre)
+    assert [(k, lab) for k, lab, _ in got] == [(k, lab) for k, lab, _ in want]
+    for (key, _, a), (_, _, b) in zip(got, want):
+        assert a.dtype == np.uint8 and a.shape == b.shape == (48, 64, 3), key
+        if codec == "png":
+            assert np.array_equal(a, b), key
+        else:  # the test images are saturated random colours, JPEG's worst case; photographs do better
+            assert np.abs(a.astype(int) - b).mean() < 4, key
+
+
+def test_raw_outputs_keep_format_version_1(image_tree, tmp_path):
+    convert(image_tree, tmp_path / "o", ConvertConfig("npy", PRE), workers=1)
+    m = read_manifest(tmp_path / "o")
+    assert m.format_version == 1 and m.image_codec == "raw" and m.fields["image"]["codec"] == "raw"
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
@@ -380,6 +426,19 @@ def test_two_runs_byte_identical(image_tree, tmp_path, fmt, workers):
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
     assert len(names) > 1
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "png"])
+@pytest.mark.parametrize("fmt", ["npy", "wds", "hdf5"])
+def test_two_runs_byte_identical_with_encoded_images(image_tree, tmp_path, fmt, codec):
+    cfg = ConvertConfig(fmt, PRE, ShardSize(samples=6), codec=ImageCodec(codec))
+    a, b = tmp_path / "a", tmp_path / "b"
+    convert(image_tree, a, cfg, workers=2)
+    convert(image_tree, b, cfg, workers=2)
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir()) and len(names) > 1
     for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 

@@ -16,7 +16,7 @@ from conftest import FORMATS
 from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ShardSize
+from packer.config import ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ManifestError
 from packer.preprocess import load_image
@@ -298,3 +298,101 @@ def test_labels_counts_and_balancing_weights_without_reading_images(packed, fmt)
     drawn = np.bincount(ds.labels[list(sampler)], minlength=3)
     assert all(abs(n - 1000) < 120 for n in drawn)  # each class about a third of the draws
     assert open_dataset(packed["wds"]).class_counts == [5, 4, 6]
+
+
+# ------------------------------------------------------------------------- encoded images (jpeg, png)
+
+ENC_PRE = PreprocessConfig(size=(64, 48))
+
+
+@pytest.fixture(scope="module")
+def encoded(tmp_path_factory, packed) -> dict:
+    """The same tree in every format with png and jpeg images, and as raw npy for reference."""
+    out = tmp_path_factory.mktemp("encoded")
+    result = {}
+    for fmt in FORMATS:
+        for codec in ("png", "jpeg"):
+            config = ConvertConfig(fmt, ENC_PRE, ShardSize(samples=6), codec=ImageCodec(codec))
+            convert(packed["_src"], out / f"{fmt}-{codec}", config, workers=2)
+            result[fmt, codec] = out / f"{fmt}-{codec}"
+    convert(packed["_src"], out / "raw", ConvertConfig("npy", ENC_PRE, ShardSize(samples=6)), workers=2)
+    result["raw"] = out / "raw"
+    return result
+
+
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encoded_images_read_back_as_raw_pixels(encoded, fmt, codec):
+    raw = read_all(open_dataset(encoded["raw"], normalize=False, return_meta=True))
+    ds = open_dataset(encoded[fmt, codec], normalize=False, return_meta=True)
+    got = read_all(ds)
+    assert len(got) == len(raw) == 15
+    for (image, label, meta), (want, wlabel, wmeta) in zip(got, raw):
+        assert (label, meta) == (wlabel, wmeta)
+        assert image.dtype == torch.uint8 and image.shape == want.shape == (3, 48, 64)
+        if codec == "png":
+            assert torch.equal(image, want)
+        else:  # the test images are saturated random colours, JPEG's worst case
+            assert (image.int() - want.int()).abs().float().mean() < 4
+    normalized = read_all(open_dataset(encoded[fmt, codec]))
+    assert torch.equal(normalized[3][0], ds.batch_normalizer()(got[3][0]))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_encoded_shards_in_dataloader_workers(encoded, fmt):
+    ds = open_dataset(encoded[fmt, "png"], return_meta=True)
+    ds[0]  # handles opened in the parent must not leak into the forked workers
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+    assert sorted(i for _, _, meta in loader for i in meta["index"].tolist()) == list(range(15))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+def test_grayscale_encoded_images(tmp_path, packed, fmt, codec):
+    pre = PreprocessConfig(size=(16, 12), mode="L")
+    out = tmp_path / "o"
+    convert(packed["_src"], out, ConvertConfig(fmt, pre, codec=ImageCodec(codec)), workers=1)
+    image = read_all(open_dataset(out, normalize=False))[0][0]
+    want = torch.from_numpy(np.array(load_image(discover(packed["_src"]).items[0].path, pre))).permute(2, 0, 1)
+    assert image.shape == want.shape == (1, 12, 16)
+    assert (image.int() - want.int()).abs().float().mean() < (0.5 if codec == "png" else 3)
+    image.add_(1)  # a writable tensor, never a view of Pillow's buffer
+
+
+def test_jpeg_of_the_sample_photographs_is_close(tmp_path):
+    src = Path(__file__).resolve().parent.parent / "sample_data" / "images"
+    pre = PreprocessConfig(size=(224, 224))
+    convert(src, tmp_path / "o", ConvertConfig("lmdb", pre, codec=ImageCodec("jpeg", 90)), workers=2)
+    ds = open_dataset(tmp_path / "o", normalize=False, return_meta=True)
+    diffs = []
+    for image, _, meta in read_all(ds):
+        want = torch.from_numpy(np.array(load_image(src / meta["key"], pre))).permute(2, 0, 1)
+        diffs.append((image.int() - want.int()).abs().float().mean().item())
+    assert len(diffs) == 40 and np.mean(diffs) < 3 and max(diffs) < 6
+
+
+def test_reader_refuses_an_unknown_codec(tmp_path, encoded):
+    import json
+    import shutil
+
+    copy = tmp_path / "o"
+    shutil.copytree(encoded["npy", "png"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["fields"]["image"]["codec"] = "webp"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="codec 'webp' is unknown.*Upgrade packer"):
+        open_dataset(copy)
+
+
+def test_damaged_jpg_member_is_named_by_the_wds_reader(tmp_path, encoded):
+    import shutil
+
+    copy = tmp_path / "o"
+    shutil.copytree(encoded["wds", "jpeg"], copy)
+    path = copy / "shard-00000.tar"
+    data = bytearray(path.read_bytes())
+    at = data.find(b"\xff\xd8\xff")  # the first JPEG
+    data[at:at + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="shard-00000.tar: sample 000000000 is damaged.*packer verify"):
+        list(WdsDataset(copy))

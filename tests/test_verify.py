@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import shutil
+import zlib
 from pathlib import Path
 
+import lmdb
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import FORMATS, make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
-from packer.config import ShardSize
+from packer.codecs import encode_npy
+from packer.config import ImageCodec, ShardSize
 from packer.errors import ManifestError
+from packer.formats import SCANNERS
 from packer.manifest import read_manifest
 from packer.verify import verify
 
@@ -82,3 +88,77 @@ def test_verify_refuses_what_is_not_an_output(tmp_path):
         verify(tmp_path)
     result = CliRunner().invoke(cli, ["verify", str(tmp_path)])
     assert result.exit_code == 1 and "no manifest.json" in result.output
+
+
+# --------------------------------------------------------------------------- encoded images (jpeg, png)
+
+ENCODED = [(fmt, codec) for fmt in FORMATS for codec in ("jpeg", "png")]
+
+
+@pytest.fixture(scope="module")
+def encoded_outputs(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    src = tmp_path_factory.mktemp("src") / "images"
+    make_tree(src, {"a": 6, "b": 6})
+    out = tmp_path_factory.mktemp("encoded")
+    for fmt, codec in ENCODED:
+        config = ConvertConfig(fmt, PreprocessConfig(size=(32, 24)), ShardSize(samples=6), codec=ImageCodec(codec))
+        convert(src, out / f"{fmt}-{codec}", config, workers=2)
+    return {(fmt, codec): out / f"{fmt}-{codec}" for fmt, codec in ENCODED}
+
+
+@pytest.mark.parametrize("fmt,codec", ENCODED)
+def test_intact_encoded_output_verifies(encoded_outputs, fmt, codec):
+    assert verify(encoded_outputs[fmt, codec]) == []
+
+
+@pytest.mark.parametrize("fmt,codec", ENCODED)
+def test_flipped_byte_inside_an_encoded_image_is_traced_to_its_sample(encoded_outputs, fmt, codec, tmp_path):
+    copy = tmp_path / fmt
+    shutil.copytree(encoded_outputs[fmt, codec], copy)
+    shard = read_manifest(copy).shards[1]
+    target = [s for s in SCANNERS[fmt](copy, shard, codec) if s.local == 2][0]
+    path = copy / max(shard.files, key=lambda f: f.bytes).path
+    data = bytearray(path.read_bytes())
+    at = data.find(target.encoded)
+    assert at >= 0 and data.find(target.encoded, at + 1) < 0  # the image's bytes lie in the file once, whole
+    data[at + len(target.encoded) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    problems = verify(copy)
+    assert "SHA-256 does not match" in problems[0].message
+    damaged = [p for p in problems if p.sample is not None]
+    assert [(p.shard, p.sample, p.key) for p in damaged] == [("shard-00001", 2, target.key)]
+    assert damaged[0].message == f"{codec} image bytes do not match their stored CRC-32 (damaged)"
+    result = CliRunner().invoke(cli, ["verify", str(copy), "-q"])
+    assert result.exit_code == 1 and f"shard-00001 sample 2 ({target.key})" in result.output
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shard_cut_inside_an_encoded_image_is_named_with_where_it_breaks(encoded_outputs, fmt, tmp_path):
+    copy = tmp_path / fmt
+    shutil.copytree(encoded_outputs[fmt, "png"], copy)
+    shard = read_manifest(copy).shards[1]
+    target = [s for s in SCANNERS[fmt](copy, shard, "png") if s.local == 3][0]
+    path = copy / max(shard.files, key=lambda f: f.bytes).path
+    data = path.read_bytes()
+    path.write_bytes(data[: data.find(target.encoded) + len(target.encoded) // 2])
+    problems = verify(copy)
+    assert problems[0].shard == "shard-00001" and "truncated" in problems[0].message
+    later = [p for p in problems[1:] if p.sample is not None]
+    # LMDB writes its B-tree pages after the values: a cut file loses the index of every sample.
+    assert later and later[0].shard == "shard-00001" and later[0].sample == (0 if fmt == "lmdb" else 3)
+
+
+def test_encoded_image_with_a_matching_crc_that_does_not_decode_is_named(encoded_outputs, tmp_path):
+    """A writer bug, not disk damage: bytes that are not a PNG but carry their own CRC-32."""
+    copy = tmp_path / "lmdb"
+    shutil.copytree(encoded_outputs["lmdb", "png"], copy)
+    shard = read_manifest(copy).shards[0]
+    env = lmdb.open(str(copy / shard.files[0].path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        crcs = np.load(io.BytesIO(txn.get(b"crc32")))
+        crcs[1] = zlib.crc32(b"not a png")
+        txn.put(b"00000001.image", b"not a png")
+        txn.put(b"crc32", encode_npy(crcs))
+    env.close()
+    found = [p for p in verify(copy) if p.sample is not None]
+    assert [(p.sample, p.message.split(":")[0]) for p in found] == [(1, "image does not decode as png")]

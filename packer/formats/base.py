@@ -12,16 +12,22 @@ from typing import ClassVar, Optional, Protocol
 
 import numpy as np
 
+from packer.config import ImageCodec
 from packer.records import Sample
 
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """Shape and dtype of the stored image field; ``shape`` (H, W, C) is None for variable sizes."""
+    """Shape, dtype and codec of the stored image field; ``shape`` (H, W, C) is None for variable sizes.
+
+    With an encoding codec (jpeg, png) writers store each sample's ``Sample.encoded`` bytes, and
+    ``sample_bytes`` is the size of the pixels before encoding.
+    """
 
     dtype: str
     shape: Optional[tuple[int, int, int]]
     channels: int
+    codec: ImageCodec = ImageCodec()
 
     @property
     def sample_bytes(self) -> Optional[int]:
@@ -34,10 +40,18 @@ class ImageLayout:
         """The manifest's ``fields`` entry for this layout."""
         return {
             "image": {"dtype": self.dtype, "shape": list(self.shape) if self.shape else None,
-                      "channels": self.channels, "layout": "HWC"},
+                      "channels": self.channels, "layout": "HWC", **self.codec.to_dict()},
             "label": {"dtype": "int64", "shape": []},
             "key": {"dtype": "str", "shape": []},
         }
+
+
+def encoded_bytes(sample: Sample, layout: ImageLayout) -> bytes:
+    """What a writer stores for a sample of an encoded layout: its JPEG/PNG bytes (the worker
+    encodes them once, before any writer sees the sample)."""
+    if sample.encoded is None:
+        raise ValueError(f"{sample.key}: a {layout.codec.name} shard stores encoded images, and this sample has none")
+    return sample.encoded
 
 
 class ShardWriter(Protocol):

@@ -1,8 +1,9 @@
 """HDF5 shards: one ``NAME.h5`` file per shard with one dataset per field.
 
 Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random access),
-``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Timestamps are off so equal inputs give
-byte-identical files.
+``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Encoded images (jpeg,
+png) replace ``images`` with a variable-length field: ``images_bytes`` (flat uint8) and
+``images_offsets`` (N + 1, int64). Timestamps are off so equal inputs give byte-identical files.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ import h5py
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.formats.base import ImageLayout
-from packer.layout import HDF5_CRC32, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
+from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen
+from packer.layout import (
+    HDF5_CRC32,
+    HDF5_IMAGE_BYTES,
+    HDF5_IMAGE_OFFSETS,
+    HDF5_IMAGES,
+    HDF5_KEYS,
+    HDF5_LABELS,
+    HDF5_SUFFIX,
+)
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 
@@ -34,12 +44,15 @@ class Hdf5Writer:
         self.file_name = f"{shard}{HDF5_SUFFIX}"
         self.layout = layout
         self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
-        self._images = self._file.create_dataset(
-            HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
-            chunks=(1, *layout.shape), track_times=False,
-        )
-        self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
         self._pending = 0
+        if layout.codec.encoded:
+            self._encoded = Hdf5VarlenWriter(self._file, "images")
+        else:
+            self._images = self._file.create_dataset(
+                HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
+                chunks=(1, *layout.shape), track_times=False,
+            )
+            self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
         self.labels: list[int] = []
         self.keys: list[str] = []
         self.crcs: list[int] = []
@@ -48,8 +61,11 @@ class Hdf5Writer:
         """Buffer one sample; full buffers go to the file in one write."""
         if sample.image.shape != self.layout.shape:
             raise ValueError(f"image of shape {sample.image.shape} in a shard of shape {self.layout.shape}")
-        self._batch[self._pending] = sample.image
-        self._pending += 1
+        if self.layout.codec.encoded:
+            self._encoded.add(encoded_bytes(sample, self.layout))
+        else:
+            self._batch[self._pending] = sample.image
+            self._pending += 1
         self.labels.append(sample.label)
         self.keys.append(sample.key)
         self.crcs.append(sample.crc32)
@@ -66,7 +82,10 @@ class Hdf5Writer:
 
     def close(self) -> list[str]:
         """Write labels, keys and checksums and close the file."""
-        self._flush()
+        if self.layout.codec.encoded:
+            self._encoded.close()
+        else:
+            self._flush()
         self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
         self._file.create_dataset(HDF5_CRC32, data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
         self._file.create_dataset(
@@ -76,15 +95,21 @@ class Hdf5Writer:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with h5py alone."""
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
-        images, labels = f[HDF5_IMAGES], f[HDF5_LABELS][:]
-        keys, crcs = f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
-        if not len(images) == len(labels) == len(keys) == len(crcs) == shard.samples:
+        labels, keys, crcs = f[HDF5_LABELS][:], f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
+        images = f[HDF5_IMAGES] if codec == "raw" else f[HDF5_IMAGE_OFFSETS][:]
+        count = len(images) - (codec != "raw")  # N + 1 offsets
+        if not count == len(labels) == len(keys) == len(crcs) == shard.samples:
             raise ValueError(
-                f"{shard.name}: {len(images)} images, {len(labels)} labels, {len(keys)} keys, "
+                f"{shard.name}: {count} images, {len(labels)} labels, {len(keys)} keys, "
                 f"{len(crcs)} checksums; the manifest says {shard.samples}"
             )
+        if codec != "raw":
+            encoded = iter_varlen(f[HDF5_IMAGE_BYTES], images, shard.samples, f"{shard.name} {HDF5_IMAGE_BYTES}")
+            for i, data in enumerate(encoded):
+                yield StoredSample(i, str(keys[i]), int(labels[i]), None, int(crcs[i]), data)
+            return
         for i in range(shard.samples):
             yield StoredSample(i, str(keys[i]), int(labels[i]), images[i], int(crcs[i]))

@@ -3,10 +3,13 @@
 Keys (ASCII) and values:
   ``length``          the sample count, ASCII decimal
   ``labels``          ``.npy`` bytes of an int64 array of every label in the shard
-  ``crc32``           ``.npy`` bytes of a uint32 array: CRC-32 of each image's raw pixel bytes
-  ``00000042.image``  ``.npy`` bytes of sample 42's HxWxC image (index local to the shard)
+  ``crc32``           ``.npy`` bytes of a uint32 array: CRC-32 of each image's stored bytes
+                      (raw pixels, or the JPEG/PNG bytes)
+  ``00000042.image``  ``.npy`` bytes of sample 42's HxWxC image (index local to the shard), or
+                      its JPEG/PNG file bytes with an encoding codec
   ``00000042.key``    UTF-8 relative source path of sample 42
-Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pickle.
+Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pickle, or with
+Pillow for encoded images.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import lmdb
 import numpy as np
 
 from packer.codecs import decode_npy, encode_npy
-from packer.formats.base import ImageLayout
+from packer.formats.base import ImageLayout, encoded_bytes
 from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
@@ -35,6 +38,7 @@ class LmdbWriter:
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         self.file_name = f"{shard}{LMDB_SUFFIX}"
+        self.layout = layout
         per_sample = (layout.sample_bytes or VARIABLE_SIZE_GUESS) + 4096
         self._map_size = max(16 * 1024**2, int(capacity * per_sample * 1.25))
         # lock=False: this process is the only writer of this shard, so no lock file is needed.
@@ -50,7 +54,7 @@ class LmdbWriter:
     def add(self, sample: Sample) -> None:
         """Queue one sample; queued samples are committed in transactions of ~64 MB."""
         i = len(self.labels)
-        value = encode_npy(sample.image)
+        value = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else encode_npy(sample.image)
         self._pending.append((lmdb_image_key(i), value))
         self._pending.append((lmdb_key_key(i), sample.key.encode("utf-8")))
         self._pending_bytes += len(value)
@@ -84,8 +88,9 @@ class LmdbWriter:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with lmdb and numpy alone."""
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
+    bytes)."""
     env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -101,7 +106,10 @@ def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
                 raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
                                  f"the manifest says {shard.samples}")
             for i in range(length):
-                key = get(lmdb_key_key(i)).decode("utf-8")
-                yield StoredSample(i, key, int(labels[i]), decode_npy(get(lmdb_image_key(i))), int(crcs[i]))
+                key, value = get(lmdb_key_key(i)).decode("utf-8"), get(lmdb_image_key(i))
+                if codec == "raw":
+                    yield StoredSample(i, key, int(labels[i]), decode_npy(value), int(crcs[i]))
+                else:
+                    yield StoredSample(i, key, int(labels[i]), None, int(crcs[i]), value)
     finally:
         env.close()

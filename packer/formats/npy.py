@@ -1,9 +1,10 @@
 """npy-memmap shards: plain ``.npy`` files that ``np.load(path, mmap_mode="r")`` opens.
 
 Per shard: ``NAME.images.npy`` (N x H x W x C), ``NAME.labels.npy`` (N, int64),
-``NAME.keys.npy`` (N, fixed-width unicode) and ``NAME.crc32.npy`` (N, uint32). Images are streamed
-to disk as they arrive; the header is written first for the planned count and rewritten with the
-final count at the end (numpy pads npy headers so the first axis can grow without moving the data).
+``NAME.keys.npy`` (N, fixed-width unicode) and ``NAME.crc32.npy`` (N, uint32). Encoded images
+(jpeg, png) replace the images file with a variable-length field: ``NAME.images.bytes.npy`` (flat
+uint8) and ``NAME.images.offsets.npy`` (N + 1, int64). Images are streamed to disk as they arrive
+(see ``varlen.NpyStream``).
 """
 
 from __future__ import annotations
@@ -14,21 +15,17 @@ from typing import ClassVar, Iterator
 import numpy as np
 
 from packer.errors import ConfigError
-from packer.formats.base import ImageLayout
-from packer.layout import NPY_CRC32, NPY_IMAGES, NPY_KEYS, NPY_LABELS
+from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen
+from packer.layout import NPY_CRC32, NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS, NPY_IMAGES, NPY_KEYS, NPY_LABELS
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 
 SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
 
 
-def _write_header(f, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(f, header)
-
-
 class NpyWriter:
-    """Writes one shard as four ``.npy`` files."""
+    """Writes one shard as four ``.npy`` files (five with encoded images)."""
 
     name: ClassVar[str] = "npy"
     variable_shape: ClassVar[bool] = False
@@ -38,66 +35,75 @@ class NpyWriter:
             raise ConfigError("the npy format stores one N x H x W x C array and needs a fixed image size")
         self.directory, self.shard, self.layout = Path(directory), shard, layout
         self.dtype = np.dtype(layout.dtype)
-        self.names = [f"{shard}{suffix}" for suffix in SUFFIXES]
-        self._f = open(self.directory / self.names[0], "wb")
-        _write_header(self._f, self.dtype, (capacity, *layout.shape))
-        self._data_start = self._f.tell()
+        self.names = [f"{shard}{suffix}" for suffix in SUFFIXES[1:]]
+        if layout.codec.encoded:
+            self._encoded = NpyVarlenWriter(self.directory, shard, "images")
+        else:
+            self._images = NpyStream(self.directory / f"{shard}{NPY_IMAGES}", self.dtype, layout.shape, capacity)
         self.labels: list[int] = []
         self.keys: list[str] = []
         self.crcs: list[int] = []
 
     def add(self, sample: Sample) -> None:
         """Append one image (must have the layout's shape) with its label and key."""
-        image = np.ascontiguousarray(sample.image, dtype=self.dtype)
-        if image.shape != self.layout.shape:
-            raise ValueError(f"image of shape {image.shape} in a shard of shape {self.layout.shape}")
-        self._f.write(image.data)
+        if sample.image.shape != self.layout.shape:
+            raise ValueError(f"image of shape {sample.image.shape} in a shard of shape {self.layout.shape}")
+        if self.layout.codec.encoded:
+            self._encoded.add(encoded_bytes(sample, self.layout))
+        else:
+            self._images.write(np.ascontiguousarray(sample.image, dtype=self.dtype).data)
         self.labels.append(sample.label)
         self.keys.append(sample.key)
         self.crcs.append(sample.crc32)
 
     def close(self) -> list[str]:
-        """Fix the image header to the final count and write labels, keys and checksums."""
-        n = len(self.labels)
-        self._f.seek(0)
-        _write_header(self._f, self.dtype, (n, *self.layout.shape))  # type: ignore[misc]
-        if self._f.tell() != self._data_start:  # cannot happen with numpy's padded headers
-            raise RuntimeError("npy header changed length; refusing to write a corrupt file")
-        self._f.truncate(self._data_start + n * (self.layout.sample_bytes or 0))
-        self._f.close()
+        """Finish the images and write labels, keys and checksums."""
+        if self.layout.codec.encoded:
+            images = self._encoded.close()
+        else:
+            self._images.close(len(self.labels))
+            images = [f"{self.shard}{NPY_IMAGES}"]
         keys = np.asarray(self.keys, dtype=str) if self.keys else np.zeros(0, dtype="<U1")
         arrays = (np.asarray(self.labels, np.int64), keys, np.asarray(self.crcs, np.uint32))
-        for name, array in zip(self.names[1:], arrays):
+        for name, array in zip(self.names, arrays):
             np.save(self.directory / name, array, allow_pickle=False)
-        return list(self.names)
+        return images + self.names
 
 
-def scan_shard(directory: Path, shard: ShardEntry) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with numpy alone.
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes).
 
     A truncated images file yields the samples it still holds, then fails naming the first missing.
     """
     labels, keys, crcs = (np.load(directory / shard.file(s), mmap_mode="r", allow_pickle=False) for s in SUFFIXES[1:])
-    images = _complete_rows(directory / shard.file(SUFFIXES[0]))
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                          f"the manifest says {shard.samples}")
+    if codec != "raw":
+        flat = _complete_rows(directory / shard.file(NPY_IMAGE_BYTES), ndim=1)
+        offsets = np.load(directory / shard.file(NPY_IMAGE_OFFSETS), allow_pickle=False)
+        for i, data in enumerate(iter_varlen(flat, offsets, shard.samples, shard.file(NPY_IMAGE_BYTES))):
+            yield StoredSample(i, str(keys[i]), int(labels[i]), None, int(crcs[i]), data)
+        return
+    images = _complete_rows(directory / shard.file(SUFFIXES[0]))
     for i in range(shard.samples):
         if i >= len(images):
             raise ValueError(f"{shard.file(SUFFIXES[0])} is truncated: it ends before sample {i}")
         yield StoredSample(i, str(keys[i]), int(labels[i]), np.asarray(images[i]), int(crcs[i]))
 
 
-def _complete_rows(path: Path) -> np.ndarray:
-    """Memory-map the whole rows that an .npy file really holds (fewer than its header says if cut)."""
+def _complete_rows(path: Path, ndim: int = 4) -> np.ndarray:
+    """Memory-map the whole rows that an .npy file of ``ndim`` dimensions really holds (fewer than its
+    header says if cut)."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(f)
         offset = f.tell()
-    if dtype.hasobject or fortran or len(shape) != 4:
+    if dtype.hasobject or fortran or len(shape) != ndim:
+        what = "image array (N x H x W x C of plain numbers)" if ndim == 4 else "byte array (N of uint8)"
         raise ValueError(f"{path.name} holds {dtype} {shape}{' in Fortran order' if fortran else ''}, "
-                         "not a packer image array (N x H x W x C of plain numbers)")
+                         f"not a packer {what}")
     row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     available = (path.stat().st_size - offset) // row if row else shape[0]
     rows = min(shape[0], available)

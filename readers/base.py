@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from packer.errors import ManifestError
 from packer.manifest import Manifest, ShardEntry, read_manifest
-from readers.collate import PackedBatch, empty_batch
+from readers.collate import BufferPool, PackedBatch, empty_batch
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -35,7 +35,8 @@ class BatchNormalize:
         normalize = ds.batch_normalizer()
         images = normalize(images.to("cuda", non_blocking=True))
 
-    Gives float32 ``(x / 255 - mean) / std``, or ``x / 255`` when the output has no normalization.
+    Gives contiguous float32 ``(x / 255 - mean) / std``, or ``x / 255`` when the output has no
+    normalization, from uint8 in any memory format (the readers' uint8 batches are channels_last).
     Float batches (from float storage) are returned as float32 unchanged: they are normalized.
     """
 
@@ -43,18 +44,42 @@ class BatchNormalize:
         norm = manifest.preprocess.get("normalize")
         self.mean = torch.tensor(norm["mean"], dtype=torch.float32) if norm else None
         self.std = torch.tensor(norm["std"], dtype=torch.float32) if norm else None
+        mean, std = (self.mean, self.std) if norm else (torch.zeros(1), torch.ones(1))
+        # (x / 255 - mean) / std == x * scale + bias: one fused pass (addcmul) over the bytes.
+        self.scale = (1.0 / (255.0 * std)).view(-1, 1, 1)
+        self.bias = (-mean / std).view(-1, 1, 1)
+        self._np_scale, self._np_bias = self.scale.numpy(), self.bias.numpy()
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def factors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, bias)`` as (C, 1, 1) float32 tensors on ``device``."""
+        found = self._on.get(device)
+        if found is None:
+            found = self._on[device] = (self.scale.to(device), self.bias.to(device))
+        return found
+
+    def __call__(self, images: torch.Tensor, pool: Optional[BufferPool] = None) -> torch.Tensor:
+        """Normalized float32 copy of ``images``; on the CPU written into a tensor of ``pool`` when given."""
         if images.dtype != torch.uint8:
             return images.float()
-        x = images.float().div_(255.0)
-        if self.mean is None:
-            return x
-        stats = self._on.get(x.device)
-        if stats is None:
-            stats = self._on[x.device] = (self.mean.to(x.device).view(-1, 1, 1), self.std.to(x.device).view(-1, 1, 1))
-        return x.sub_(stats[0]).div_(stats[1])
+        if images.device.type != "cpu" or images.dim() != 4:
+            scale, bias = self.factors(images.device)
+            return torch.addcmul(bias, images, scale).contiguous()
+        shape = tuple(images.shape)
+        out = pool.take(shape) if pool is not None else torch.from_numpy(np.empty(shape, dtype=np.float32))
+        src, dst = images.numpy(), out.numpy()
+        for i in range(shape[0]):  # one sample at a time stays in cache; a whole float batch does not
+            self.normalize_into(src[i], dst[i])
+        return out
+
+    def normalize_into(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """``dst = src * scale + bias`` per channel, for one CHW uint8 image (any strides) into float32.
+
+        numpy, not torch: it runs on one thread, whereas torch's intra-op threads in a process that
+        shares its cores with DataLoader workers can stall each other badly.
+        """
+        np.multiply(src, self._np_scale, out=dst, casting="unsafe")
+        np.add(dst, self._np_bias, out=dst)
 
 
 class ImageConverter:
@@ -67,11 +92,6 @@ class ImageConverter:
 
     def __init__(self, manifest: Manifest, normalize: bool = True) -> None:
         self.normalize = BatchNormalize(manifest) if normalize else None
-        mean, std = (self.normalize.mean, self.normalize.std) if self.normalize and self.normalize.mean is not None \
-            else (torch.zeros(1), torch.ones(1))
-        # (x / 255 - mean) / std == x * scale + bias
-        self._scale = (1.0 / (255.0 * std)).view(-1, 1, 1)
-        self._bias = (-mean / std).view(-1, 1, 1)
 
     def batch_dtype(self, stored: np.dtype) -> torch.dtype:
         """dtype of the batches this converter fills (float32 when normalizing, else the stored dtype)."""
@@ -83,14 +103,17 @@ class ImageConverter:
         Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
         bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated.
         """
-        src = _tensor_view(array).permute(2, 0, 1)
-        if self.normalize is None or src.dtype != torch.uint8:
-            slot.copy_(src)
+        if self.normalize is not None and array.dtype == np.uint8:
+            self.normalize.normalize_into(array.transpose(2, 0, 1), slot.numpy())
         else:
-            torch.addcmul(self._bias, src, self._scale, out=slot)
+            slot.copy_(_tensor_view(array).permute(2, 0, 1))
 
     def __call__(self, array: np.ndarray) -> torch.Tensor:
         """CHW tensor of one HWC image array (always a fresh, writable copy, never a file map)."""
+        if self.normalize is not None and array.dtype == np.uint8:
+            out = torch.empty((array.shape[2], array.shape[0], array.shape[1]), dtype=torch.float32)
+            self.into(array, out)
+            return out
         chw = np.ascontiguousarray(array.transpose(2, 0, 1))
         if not chw.flags.owndata or not chw.flags.writeable:
             # Still a view of the file (memory-mapped npy, one channel): a tensor over it would be

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from packer.errors import ManifestError
 from packer.manifest import Manifest, ShardEntry, read_manifest
-from readers.collate import BufferPool, PackedBatch, empty_batch
+from readers.collate import PackedBatch, SlotRing, empty_batch
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -58,17 +58,19 @@ class BatchNormalize:
             found = self._on[device] = (self.scale.to(device), self.bias.to(device))
         return found
 
-    def __call__(self, images: torch.Tensor, pool: Optional[BufferPool] = None) -> torch.Tensor:
-        """Normalized float32 copy of ``images``; on the CPU written into a tensor of ``pool`` when given."""
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalized float32 copy of ``images``."""
         if images.dtype != torch.uint8:
             return images.float()
-        if images.device.type != "cpu" or images.dim() != 4:
+        if images.device.type != "cpu":  # one fused kernel; equal to the CPU result up to float rounding
             scale, bias = self.factors(images.device)
             return torch.addcmul(bias, images, scale).contiguous()
         shape = tuple(images.shape)
-        out = pool.take(shape) if pool is not None else torch.from_numpy(np.empty(shape, dtype=np.float32))
+        out = torch.from_numpy(np.empty(shape, dtype=np.float32))  # numpy asks for huge pages when large
         src, dst = images.numpy(), out.numpy()
-        for i in range(shape[0]):  # one sample at a time stays in cache; a whole float batch does not
+        if images.dim() == 3:
+            self.normalize_into(src, dst)
+        for i in range(shape[0] if images.dim() == 4 else 0):  # a sample at a time stays in cache
             self.normalize_into(src[i], dst[i])
         return out
 
@@ -221,6 +223,7 @@ class PackedDataset(ReaderBase, Dataset):
     def __init__(self, root: str | os.PathLike, *, max_open_shards: int = 64, **options) -> None:
         super().__init__(root, **options)
         self.max_open_shards = max(1, int(max_open_shards))
+        self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._labels: dict[int, np.ndarray] = {}
         self._pid: Optional[int] = None
@@ -263,7 +266,9 @@ class PackedDataset(ReaderBase, Dataset):
             return [self[i] for i in indices]
         h, w, c = shape
         channels_last = self.convert.normalize is None
-        images = empty_batch((n, c, h, w), self.convert.batch_dtype(dtype), channels_last)
+        out_dtype = self.convert.batch_dtype(dtype)
+        claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
+        slot, images = claimed if claimed is not None else (None, empty_batch((n, c, h, w), out_dtype, channels_last))
         labels = np.empty(n, dtype=np.int64)
         located = [self.locate(int(i)) for i in indices]
         for j in sorted(range(n), key=located.__getitem__):
@@ -273,7 +278,7 @@ class PackedDataset(ReaderBase, Dataset):
                 self._check_image(image, shard)
                 labels[j] = self._shard_labels(shard)[local]
                 self.convert.into(image, images[j])
-        return PackedBatch(images, torch.from_numpy(labels))
+        return PackedBatch(images, torch.from_numpy(labels), slot)
 
     @contextlib.contextmanager
     def _reading(self, shard: int):

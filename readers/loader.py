@@ -27,15 +27,17 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import BufferPool, packed_collate
+from readers.collate import RingBatch, SlotRing, packed_collate
 from readers.sampler import EpochBatchSampler, distributed_rank
 
 log = logging.getLogger(__name__)
@@ -125,13 +127,14 @@ class PackedLoader:
     """
 
     def __init__(self, dataset: ReaderBase, loader: DataLoader, sampler: Optional[EpochBatchSampler],
-                 normalize: Optional[BatchNormalize], device: Optional[torch.device]) -> None:
+                 normalize: Optional[BatchNormalize], device: Optional[torch.device],
+                 ring: Optional[SlotRing] = None) -> None:
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
-        self.normalize, self.device = normalize, device
+        self.normalize, self.device, self.ring = normalize, device, ring
+        self._held: list[list] = []  # [slot, batch tensor handed out, its reference counts then]
         self.epoch = 0
         self._consumed = 0  # batches handed out in the current epoch
         self._resume_at = 0
-        self._pool = BufferPool()
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of epoch ``epoch`` (without calls, each full pass moves to the next epoch)."""
@@ -149,16 +152,46 @@ class PackedLoader:
         else:
             self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
         self._consumed, self._resume_at = self._resume_at, 0
-        for images, labels, *rest in self.loader:
+        for batch in self.loader:
+            self._release_ring_slots()
+            if isinstance(batch, RingBatch):
+                slot, n, labels = batch
+                images, rest = self._hand_out(slot, n), []
+            else:
+                images, labels, *rest = batch
+            batch = None
             if self.device is not None:
                 images = images.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
             if self.normalize is not None:
-                images = self.normalize(images, self._pool)
+                images = self.normalize(images)
             self._consumed += 1
-            yield (images, labels, *rest)
+            out = (images, labels, *rest)
+            images = labels = rest = None  # so that only the caller holds the batch now
+            yield out
+            out = None
         self.epoch += 1
         self._consumed = 0
+
+    @staticmethod
+    def _counts(t: torch.Tensor) -> tuple[int, int]:
+        return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+    def _hand_out(self, slot: int, n: int) -> torch.Tensor:
+        self._held.append([slot, self.ring.view(slot, n), None])  # type: ignore[union-attr]
+        entry = self._held[-1]
+        entry[2] = self._counts(entry[1])  # the counts of "only this loader holds it" (no local name for it)
+        return entry[1]
+
+    def _release_ring_slots(self) -> None:
+        """Give back to the workers the ring slots of batches that nobody refers to any more."""
+        still = []
+        for entry in self._held:
+            if self._counts(entry[1]) == entry[2]:
+                self.ring.release(entry[0])  # type: ignore[union-attr]
+            else:
+                still.append(entry)
+        self._held = still
 
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
@@ -201,29 +234,37 @@ def make_loader(
         raise NotImplementedError("make_loader does not take tar-shard (wds) readers yet: "
                                   "use a DataLoader over the reader as documented in readers/wds.py")
     device = torch.device(device) if device is not None else None
-    normalize = None
-    reader = dataset
-    stored_uint8 = dataset.manifest.fields["image"]["dtype"] == "uint8"
-    if dataset.convert.normalize is not None and stored_uint8 and dataset.transform is None:
-        # Same batches as the reader would give, but uint8 through the pipes, normalized once here.
-        normalize = dataset.convert.normalize
-        reader = copy.copy(dataset)
-        reader.convert = ImageConverter(dataset.manifest, normalize=False)
-    transport = torch.uint8 if normalize is not None or (stored_uint8 and dataset.convert.normalize is None) \
-        else torch.float32
     cuda = device is not None and device.type == "cuda"
+    normalize = None
+    reader = copy.copy(dataset)  # the loader's own view: settings below never leak into the caller's dataset
+    stored_uint8 = dataset.manifest.fields["image"]["dtype"] == "uint8"
+    if cuda and dataset.convert.normalize is not None and stored_uint8 and dataset.transform is None:
+        # Same batches as the reader would give, but uint8 through the pipes and the PCIe bus,
+        # normalized once on the GPU.
+        normalize = dataset.convert.normalize
+        reader.convert = ImageConverter(dataset.manifest, normalize=False)
+    transport = reader.convert.batch_dtype(np.dtype(dataset.manifest.fields["image"]["dtype"]))
     options = default_options(dataset, batch_size, transport, cuda=cuda)
     options.update(overrides)
-    if not options.get("num_workers"):
+    workers = int(options.get("num_workers") or 0)
+    if not workers:
         options.pop("persistent_workers", None)
         options.pop("prefetch_factor", None)
+    shape = dataset.manifest.fields["image"].get("shape")
+    ring = None
+    if workers and not cuda and shape and reader.transform is None and not reader.return_meta \
+            and getattr(torch._C, "_storage_Use_Count", None) is not None:
+        h, w, c = shape
+        per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
+        ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport, reader.convert.normalize is None)
+        reader.ring = ring
     rank, world = distributed_rank()
     sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world,
                                 drop_last=drop_last)
     options.setdefault("collate_fn", packed_collate)
     loader = DataLoader(reader, batch_sampler=sampler, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
-    return PackedLoader(dataset, loader, sampler, normalize, device)
+    return PackedLoader(dataset, loader, sampler, normalize, device, ring)
 
 
 __all__ = ["make_loader", "PackedLoader", "default_options", "physical_cores", "available_memory"]

@@ -40,8 +40,14 @@ class PackedBatch(list):
         return self.images, self.labels
 
 
+class Numbered(tuple):
+    """``(number, batch)``: a batch with its position in the epoch, for batches made out of order."""
+
+
 def packed_collate(batch: Any) -> Any:
     """Collate for packer readers: a ``PackedBatch`` as it is, anything else by ``default_collate``."""
+    if isinstance(batch, Numbered):
+        return Numbered((batch[0], packed_collate(batch[1])))
     if isinstance(batch, PackedBatch):
         return batch.collated()
     return default_collate(batch)
@@ -114,4 +120,4 @@ class RingBatch(tuple):
     """What a worker sends for a batch filled into a ``SlotRing`` slot: ``(slot, n, labels)``."""
 
 
-__all__ = ["PackedBatch", "packed_collate", "empty_batch", "SlotRing", "RingBatch"]
+__all__ = ["PackedBatch", "packed_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered"]

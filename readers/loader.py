@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -37,10 +37,13 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import RingBatch, SlotRing, packed_collate
+from readers.collate import Numbered, RingBatch, SlotRing, packed_collate
 from readers.sampler import EpochBatchSampler, distributed_rank
 
 log = logging.getLogger(__name__)
+
+WDS_SHUFFLE_BUFFER = 1000
+"""Shuffle buffer (samples per worker) that make_loader gives a tar-shard reader opened without one."""
 
 MEMORY_SHARE = 0.25
 """Most of the available memory that batches waiting in worker queues may take."""
@@ -149,10 +152,11 @@ class PackedLoader:
         if self.sampler is not None:
             self.sampler.set_epoch(self.epoch)
             self.sampler.start = self._resume_at
-        else:
-            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        else:  # seen by the workers, persistent ones too, when this pass starts
+            self.dataset._batching["control"].copy_(torch.tensor([self.epoch, self._resume_at]))  # type: ignore
         self._consumed, self._resume_at = self._resume_at, 0
-        for batch in self.loader:
+        self._release_ring_slots()  # before the workers start filling again
+        for batch in _in_order(self.loader, self._consumed):
             self._release_ring_slots()
             if isinstance(batch, RingBatch):
                 slot, n, labels = batch
@@ -210,6 +214,23 @@ class PackedLoader:
         self._resume_at = int(state["batches"])
 
 
+def _in_order(batches: Iterable, first: int) -> Iterator:
+    """``batches`` with ``Numbered`` ones put back in number order from ``first`` (the DataLoader takes
+    one batch from each worker in turn, which after a resume need not be the epoch's planned order)."""
+    waiting: dict[int, Any] = {}
+    expected = first
+    for batch in batches:
+        if not isinstance(batch, Numbered):
+            yield batch
+            continue
+        waiting[batch[0]] = batch[1]
+        while expected in waiting:
+            yield waiting.pop(expected)
+            expected += 1
+    if waiting:
+        raise RuntimeError(f"batches {sorted(waiting)} arrived but batch {expected} never did")
+
+
 def make_loader(
     dataset: ReaderBase,
     batch_size: int,
@@ -230,9 +251,6 @@ def make_loader(
     """
     if not isinstance(dataset, ReaderBase):
         raise TypeError(f"make_loader takes a packer reader (readers.open_dataset), not {type(dataset).__name__}")
-    if not isinstance(dataset, PackedDataset):
-        raise NotImplementedError("make_loader does not take tar-shard (wds) readers yet: "
-                                  "use a DataLoader over the reader as documented in readers/wds.py")
     device = torch.device(device) if device is not None else None
     cuda = device is not None and device.type == "cuda"
     normalize = None
@@ -259,12 +277,20 @@ def make_loader(
         ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport, reader.convert.normalize is None)
         reader.ring = ring
     rank, world = distributed_rank()
-    sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world,
-                                drop_last=drop_last)
     options.setdefault("collate_fn", packed_collate)
-    loader = DataLoader(reader, batch_sampler=sampler, **options)
+    if isinstance(dataset, PackedDataset):
+        sampler: Optional[EpochBatchSampler] = EpochBatchSampler(
+            len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last)
+        loader = DataLoader(reader, batch_sampler=sampler, **options)
+    else:  # tar shards: the reader makes the batches itself, an equal number per rank (see configure_batches)
+        sampler = None
+        reader.seed = seed
+        reader.shuffle = (reader.shuffle or WDS_SHUFFLE_BUFFER) if shuffle else 0
+        reader.configure_batches(batch_size, drop_last=drop_last, rank=rank, world_size=world, workers=workers,
+                                 control=torch.zeros(2, dtype=torch.int64).share_memory_())
+        loader = DataLoader(reader, batch_size=None, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
-    return PackedLoader(dataset, loader, sampler, normalize, device, ring)
+    return PackedLoader(reader, loader, sampler, normalize, device, ring)
 
 
 __all__ = ["make_loader", "PackedLoader", "default_options", "physical_cores", "available_memory"]

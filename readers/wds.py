@@ -13,6 +13,7 @@ import warnings
 from typing import Iterator, Optional
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.codecs import decode_image
@@ -20,6 +21,7 @@ from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
 from readers.base import ReaderBase, build_sample
+from readers.collate import Numbered, PackedBatch, SlotRing, empty_batch
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -39,6 +41,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         self.seed = int(seed)
         self.epoch = 0
         self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
+        self._batching: Optional[dict] = None  # set by configure_batches
+        self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order).
@@ -56,7 +60,14 @@ class WdsDataset(ReaderBase, IterableDataset):
             random.Random(self.seed * 1_000_003 + (self.epoch if epoch is None else epoch)).shuffle(order)
         return order
 
+    def __len__(self) -> int:
+        """Samples in the output; with ``configure_batches``, this rank's batches per epoch."""
+        return self._batch_count() if self._batching is not None else self.manifest.samples
+
     def __iter__(self) -> Iterator:
+        if self._batching is not None:
+            yield from self._iter_batches()
+            return
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         epoch = self.epoch + self._passes
@@ -77,22 +88,129 @@ class WdsDataset(ReaderBase, IterableDataset):
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, np.ndarray, int, str]]:
         """``(index, image array, label, key)`` of each sample of one shard, in stored order."""
+        for index, fields, path in self.iter_shard_raw(shard):
+            yield (index, *self.decode(fields, path))
+
+    def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
+        """``(index, tar fields, shard path)`` of each sample of one shard, not decoded (cheap to skip)."""
         entry = self.manifest.shards[shard]
         path = self.path(entry.file(TAR_SUFFIX))
         local = 0
-        codec, mode = self.manifest.image_codec, self.manifest.preprocess["mode"]
         for fields in iter_tar_samples(path):
-            array, label, meta = decode_tar_sample(fields, str(path), codec)
-            if codec != "raw":
-                try:
-                    array = decode_image(array, codec, mode)
-                except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
-                    raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
-                                        f"run packer verify {self.root}") from None
-            yield self._offsets[shard] + local, array, label, meta.get("key", fields["__key__"])
+            yield self._offsets[shard] + local, fields, str(path)
             local += 1
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
+
+    def decode(self, fields: dict, path: str) -> tuple[np.ndarray, int, str]:
+        """``(image array, label, key)`` of one sample's tar fields."""
+        codec, mode = self.manifest.image_codec, self.manifest.preprocess["mode"]
+        array, label, meta = decode_tar_sample(fields, path, codec)
+        if codec != "raw":
+            try:
+                array = decode_image(array, codec, mode)
+            except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
+                raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
+                                    f"run packer verify {self.root}") from None
+        return array, label, meta.get("key", fields["__key__"])
+
+    # Whole batches, for make_loader ---------------------------------------------------------------
+    def configure_batches(self, batch_size: int, *, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                          workers: int = 0, control: Optional[torch.Tensor] = None) -> None:
+        """Yield whole batches (``PackedBatch``) instead of samples, an equal number on every rank.
+
+        Policy (documented in the README): per epoch the shard order is shuffled by seed and epoch,
+        rank ``r`` of ``world_size`` reads shards ``r, r + world_size, ...`` and yields exactly
+        ``len(self)`` batches, ``ceil(ceil(samples / world_size) / batch_size)`` (``floor`` with
+        ``drop_last``), all full but the last; within a rank, DataLoader worker ``k`` of ``workers``
+        reads every ``workers``-th of its shards and makes a share of the batches proportional to
+        the samples they hold (``batch_plan``). A worker whose shards run out before its share
+        starts another shuffled pass over them (a few samples repeat); one with more than its share
+        stops (those samples come up in other epochs, as the shard order changes). With one rank
+        and one worker every sample comes exactly once. ``control`` is a shared ``[epoch, batches
+        to skip]`` tensor that the loader sets before each pass, also for persistent workers.
+        """
+        per_rank = -(-self.manifest.samples // world_size)
+        self._batching = {"batch_size": int(batch_size), "drop_last": drop_last, "rank": rank, "world": world_size,
+                          "workers": max(1, workers), "per_rank": per_rank,
+                          "control": control if control is not None else torch.zeros(2, dtype=torch.int64)}
+        shards = len(self.manifest.shards)
+        if shards < world_size * max(1, workers):
+            warnings.warn(f"{shards} shard(s) for {world_size} rank(s) x {max(1, workers)} worker(s): some workers "
+                          "read the same shards, so samples repeat within an epoch; convert with a smaller "
+                          "--shard-size for more shards", stacklevel=2)
+
+    def _batch_count(self) -> int:
+        b = self._batching
+        full, rest = divmod(b["per_rank"], b["batch_size"])
+        return full + (1 if rest and not b["drop_last"] else 0)
+
+    def batch_plan(self, epoch: int, workers: int) -> tuple[list[list[int]], list[int]]:
+        """This rank's shards per DataLoader worker, and which worker makes each batch of the epoch, in
+        the order the DataLoader hands them out (it takes one from each worker still going, in turn).
+
+        Workers get batches in proportion to the samples in their shards, so few repeat or drop.
+        """
+        b = self._batching
+        count = self._batch_count()
+        order = self.shard_order(epoch)
+        rank_shards = order[b["rank"]::b["world"]] or order[b["rank"] % len(order):][:1]
+        mine = [rank_shards[k::workers] or [rank_shards[k % len(rank_shards)]] for k in range(workers)]
+        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in mine]
+        total = sum(held) or workers
+        exact = [count * (h if sum(held) else 1) / total for h in held]
+        counts = [int(x) for x in exact]
+        for k in sorted(range(workers), key=lambda k: counts[k] - exact[k])[: count - sum(counts)]:
+            counts[k] += 1  # largest remainders
+        seq: list[int] = []
+        left = list(counts)
+        while len(seq) < count:
+            for k in range(workers):
+                if left[k]:
+                    seq.append(k)
+                    left[k] -= 1
+        return mine, seq
+
+    def _iter_batches(self) -> Iterator:
+        b = self._batching
+        epoch, skip = (int(v) for v in b["control"].tolist())
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        size, per_rank = b["batch_size"], b["per_rank"]
+        mine, seq = self.batch_plan(epoch, b["workers"] if info is not None else 1)
+        rng = random.Random(((self.seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + b["rank"])
+
+        def endless() -> Iterator:  # passes over this worker's shards, each through the shuffle buffer
+            while True:
+                one_pass = (item for shard in mine[worker] for item in self.iter_shard_raw(shard))
+                yield from shuffle_buffer(one_pass, self.shuffle, rng) if self.shuffle else one_pass
+
+        stream = endless()
+        dtype, shape = self._stored
+        for g in (g for g, k in enumerate(seq) if k == worker):  # the epoch's batches this worker makes
+            n = min(size, per_rank - g * size)
+            items = [next(stream) for _ in range(n)]
+            if g < skip:
+                continue  # consumed before a resume: read, not decoded
+            yield Numbered((g, self._make_batch(items, dtype, shape)))  # make_loader puts them in order
+
+    def _make_batch(self, items: list, dtype: np.dtype, shape) -> PackedBatch:
+        n = len(items)
+        labels = np.empty(n, dtype=np.int64)
+        decoded = [(index, *self.decode(fields, path)) for index, fields, path in items]
+        if shape is None or self.transform is not None or self.return_meta:  # sample by sample, default_collate
+            return [build_sample(self.convert(a), label, self.transform,  # type: ignore[return-value]
+                                 {"index": i, "key": key, "label": label} if self.return_meta else None)
+                    for i, a, label, key in decoded]
+        h, w, c = shape
+        out_dtype = self.convert.batch_dtype(dtype)
+        claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
+        slot, images = claimed if claimed is not None else (
+            None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None))
+        for j, (_, array, label, _) in enumerate(decoded):
+            self.convert.into(array, images[j])
+            labels[j] = label
+        return PackedBatch(images, torch.from_numpy(labels), slot)
 
 
 def shuffle_buffer(items: Iterator, size: int, rng: random.Random) -> Iterator:

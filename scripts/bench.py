@@ -1,0 +1,356 @@
+"""packer's benchmark: conversion and read throughput of every format and codec, as ratios measured in one run.
+
+    python scripts/bench.py                       # 3,000 generated ImageNet-like JPEGs, 2 workers
+    python scripts/bench.py --peers               # also WebDataset, LitData, MosaicML Streaming
+    python scripts/bench.py --src ~/images --formats npy,lmdb --codecs raw,jpeg --out results/
+
+For each format and codec: conversion images/s (ratio to the bare decode+resize floor), output
+bytes, peak memory of the converter (largest process), and read samples/s of shuffled batches of
+64 through ``readers.make_loader`` for float32 (normalized) and uint8 batches at 0 and N workers
+(ratio to a plain-folder DataLoader that decodes each file per sample), with the peak memory of
+the reading processes (PSS: shared pages counted once). ``--peers`` runs the same task through the
+peers installed (``pip install -e .[bench]``; see scripts/bench_peers.py). Writes ``bench.json``,
+``bench.md`` and ``bench.png`` (matplotlib, when installed) into ``--out``.
+
+The machines are shared and noisy: compare ratios from one run, not absolute figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from packer.config import PreprocessConfig  # noqa: E402
+from packer.discover import discover  # noqa: E402
+from packer.formats import WRITERS  # noqa: E402
+from packer.preprocess import load_image  # noqa: E402
+from packer.system import usable_cpus  # noqa: E402
+from readers import make_loader, open_dataset  # noqa: E402
+
+BATCH = 64
+
+
+def make_images(out: Path, count: int) -> None:
+    """``count`` ImageNet-like JPEGs (500x375 and 375x500, quality 90) in 10 classes, cut from the
+    photographs in sample_data/images with random crops and noise, so that no two are alike."""
+    from PIL import Image
+
+    photos = [Image.open(p).convert("RGB") for p in sorted((ROOT / "sample_data" / "images").glob("*/*"))]
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        src = photos[i % len(photos)]
+        w, h = src.size
+        cw, ch = int(w * rng.uniform(0.6, 1)), int(h * rng.uniform(0.6, 1))
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        img = src.crop((x, y, x + cw, y + ch)).resize((500, 375) if i % 3 else (375, 500), Image.BICUBIC)
+        noisy = np.asarray(img, np.int16) + rng.integers(-8, 8, (img.size[1], img.size[0], 3))
+        folder = out / f"c{i % 10}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(folder / f"{i:05d}.jpg", quality=90)
+
+
+def load(path: str) -> np.ndarray:
+    """packer's own decode + resize with the default options (224x224 shorter-side crop, RGB, uint8)."""
+    return load_image(path, PreprocessConfig())
+
+
+def _decode_all(paths: list[str]) -> int:
+    for p in paths:
+        load(p)
+    return len(paths)
+
+
+def floor(paths: list[str], workers: int) -> float:
+    """Images/s of bare decode + resize, no writing, in ``workers`` processes: what conversion can reach."""
+    start = time.perf_counter()
+    with get_context("fork").Pool(workers) as pool:
+        done = sum(pool.map(_decode_all, [paths[k::workers] for k in range(workers)]))
+    return done / (time.perf_counter() - start)
+
+
+class PlainFolder(Dataset):
+    """The baseline without conversion: decode, resize and normalize each sample from its file, every epoch."""
+
+    def __init__(self, items: list[tuple[str, int]], dtype: str) -> None:
+        self.items, self.dtype = items, dtype
+        cfg = PreprocessConfig()
+        self.mean = torch.tensor(cfg.mean).view(3, 1, 1)
+        self.std = torch.tensor(cfg.std).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        path, label = self.items[i]
+        pixels = torch.from_numpy(load(path).transpose(2, 0, 1).copy())
+        if self.dtype == "uint8":
+            return pixels, label
+        return pixels.float().div_(255).sub_(self.mean).div_(self.std), label
+
+
+class PeakMemory:
+    """Largest total PSS (proportional set size: shared pages split between their users) of this
+    process and its children, sampled every 50 ms while active."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _pss(pid: int) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def _pids(self) -> list[int]:
+        pids, todo = [], [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                try:
+                    todo.extend(int(c) for c in task.read_text().split())
+                except (OSError, ValueError):
+                    pass
+        return pids
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, sum(self._pss(p) for p in self._pids()))
+
+
+def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
+    """(samples/s, peak PSS bytes) over ``epochs`` epochs after one warm-up epoch, loader start included
+    in the warm-up only (persistent workers)."""
+    with PeakMemory() as mem:
+        loader = make()
+        for _ in loader:
+            pass
+        count, start = 0, time.perf_counter()
+        for _ in range(epochs):
+            for batch in loader:
+                count += len(batch[1])
+        rate = count / (time.perf_counter() - start)
+        del loader
+    return rate, mem.peak
+
+
+def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int) -> dict:
+    """Run one conversion in a fresh process; its wall time, output bytes and peak RSS (largest process)."""
+    code = (
+        "import sys, time, json; from packer import ConvertConfig, convert; from packer.config import ImageCodec; "
+        f"cfg = ConvertConfig({fmt!r}, codec=ImageCodec({codec!r})); "
+        "t = time.perf_counter(); r = convert(sys.argv[1], sys.argv[2], cfg, workers=int(sys.argv[3])); "
+        "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.manifest.samples}))"
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), str(workers)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=ROOT)
+    text = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status:
+        raise RuntimeError(f"conversion to {fmt}/{codec} failed (status {status})")
+    result = json.loads(text)
+    result["bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    result["peak_rss"] = usage.ru_maxrss * 1024  # the largest process of the run (Linux reports KiB)
+    return result
+
+
+def packer_loader(root: Path, dtype: str, workers: int):
+    """make_loader over a packer output: what users of packer write."""
+    return make_loader(open_dataset(root, normalize=dtype == "float32"), BATCH, num_workers=workers)
+
+
+def wds_loader(root: Path, dtype: str, workers: int):
+    """The tar-shard reader through a DataLoader, with its shuffle buffer."""
+    ds = open_dataset(root, normalize=dtype == "float32", shuffle=1000)
+    return DataLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
+
+
+def plain_loader(items: list[tuple[str, int]], dtype: str, workers: int):
+    return DataLoader(PlainFolder(items, dtype), batch_size=BATCH, shuffle=True, num_workers=workers,
+                      persistent_workers=workers > 0)
+
+
+def markdown(results: dict) -> str:
+    """The results as Markdown tables."""
+    m = results["machine"]
+    lines = [f"Machine: {m['cpu']}, {m['cores']} usable cores, Python {m['python']}, torch {m['torch']}; "
+             f"{results['images']} JPEGs, {results['workers']} workers, batches of {BATCH}.", "",
+             f"Conversion floor (bare decode+resize, {results['workers']} processes): {results['floor']:.0f} images/s.",
+             "", "| tool | format/codec | convert img/s | × floor | output MB | peak RSS MB | "
+             "float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |", "|" + "---|" * 11]
+    base = results["plain"]
+    lines.append(f"| plain folder | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
+                 f"{base['uint8/0']:.0f} | {base['uint8/N']:.0f} | {base['peak'] / 2**20:.0f} |")
+    for row in results["rows"]:
+        c = row.get("convert", {})
+        rate = c.get("images_per_s")
+        r = row["read"]
+        cells = [f"{r[k]:.0f} ({r[k] / base[k]:.1f}x)" if r.get(k) else "-"
+                 for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")]
+        lines.append(
+            f"| {row['tool']} | {row['format']} | {rate:.0f} | {rate / results['floor']:.2f} | "
+            f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_rss', 0) / 2**20:.0f} | " + " | ".join(cells)
+            + f" | {r.get('peak', 0) / 2**20:.0f} |" if rate else
+            f"| {row['tool']} | {row['format']} | - | - | - | - | " + " | ".join(cells) + " | - |")
+    lines += ["", "Read figures are samples/s, with the ratio to the plain folder; Nw = "
+              f"{results['workers']} DataLoader workers, 0w = reading in the main process."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict, path: Path) -> bool:
+    """A bar chart of conversion and float32/uint8 read rates; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = results["rows"]
+    names = [f"{r['tool']}\n{r['format']}" for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(rows) * 3), 4.5))
+    panels = [("convert images/s", [r.get("convert", {}).get("images_per_s", 0) for r in rows], results["floor"],
+               "decode floor"),
+              ("float32 samples/s, N workers", [r["read"].get("float32/N", 0) for r in rows],
+               results["plain"]["float32/N"], "plain folder"),
+              ("uint8 samples/s, N workers", [r["read"].get("uint8/N", 0) for r in rows],
+               results["plain"]["uint8/N"], "plain folder")]
+    for ax, (title, values, line, label) in zip(axes, panels):
+        colors = ["tab:blue" if r["tool"] == "packer" else "tab:gray" for r in rows]
+        ax.bar(range(len(values)), values, color=colors)
+        ax.axhline(line, color="tab:red", linestyle="--", label=label)
+        ax.set_xticks(range(len(values)), names, rotation=60, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"packer bench: {results['images']} images, {results['workers']} workers, "
+                 f"{results['machine']['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate (ignored with --src)")
+    parser.add_argument("--src", type=Path, help="a folder of images to use instead of generated ones")
+    parser.add_argument("--workers", type=int, default=min(2, usable_cpus()))
+    parser.add_argument("--formats", default=",".join(WRITERS))
+    parser.add_argument("--codecs", default="raw,jpeg")
+    parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
+    parser.add_argument("--peers", action="store_true", help="also run WebDataset, LitData, Streaming if installed")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # every tool normalizes in the main process alike (see bench_peers.py)
+    src = args.src or args.work / "images"
+    if args.src is None and (not src.is_dir() or len(discover(src).items) != args.images):
+        shutil.rmtree(src, ignore_errors=True)
+        print(f"generating {args.images} JPEGs in {src}", flush=True)
+        make_images(src, args.images)
+    listing = discover(src)
+    items = [(i.path, max(i.label, 0)) for i in listing.items]
+    n, w = len(items), args.workers
+    results: dict = {"images": n, "workers": w, "rows": [], "machine": {
+        "cpu": platform.processor() or platform.machine(), "cores": usable_cpus(), "python": platform.python_version(),
+        "torch": torch.__version__}}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        results["machine"]["cpu"] = next(x.split(":", 1)[1].strip() for x in cpuinfo if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    results["floor"] = floor([p for p, _ in items], w)
+    print(f"floor: {results['floor']:.0f} images/s", flush=True)
+    plain: dict = {}
+    for dtype in ("float32", "uint8"):
+        for workers, key in ((0, "0"), (w, "N")):
+            plain[f"{dtype}/{key}"], peak = read_rate(partial(plain_loader, items, dtype, workers), 1)
+            plain["peak"] = max(plain.get("peak", 0), peak)
+    results["plain"] = plain
+    print(f"plain folder: {plain}", flush=True)
+    for codec in args.codecs.split(","):
+        for fmt in args.formats.split(","):
+            out = args.work / f"{fmt}-{codec}"
+            c = convert_subprocess(src, out, fmt, codec, w)
+            c["images_per_s"] = n / c["seconds"]
+            row = {"tool": "packer", "format": f"{fmt}/{codec}", "convert": c, "read": {}}
+            make = wds_loader if fmt == "wds" else packer_loader
+            for dtype in ("float32", "uint8"):
+                for workers, key in ((0, "0"), (w, "N")):
+                    rate, peak = read_rate(partial(make, out, dtype, workers), args.epochs)
+                    row["read"][f"{dtype}/{key}"] = rate
+                    row["read"]["peak"] = max(row["read"].get("peak", 0), peak)
+            results["rows"].append(row)
+            print(f"{fmt}/{codec}: convert {c['images_per_s']:.0f}/s ({c['images_per_s'] / results['floor']:.0%} "
+                  f"of floor), {c['bytes'] / 2**20:.0f} MB; reads {row['read']}", flush=True)
+    if args.peers:
+        run_peers(args, items, results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2))
+    (args.out / "bench.md").write_text(markdown(results))
+    drew = chart(results, args.out / "bench.png")
+    print(markdown(results))
+    print(f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {args.out / 'bench.png'}" if drew else
+                                                                          " (no chart: pip install matplotlib)"))
+
+
+def run_peers(args: argparse.Namespace, items: list[tuple[str, int]], results: dict) -> None:
+    """The same conversion and reads through each installed peer (scripts/bench_peers.py)."""
+    import bench_peers
+
+    for peer, version in bench_peers.available_peers().items():
+        if version is None:
+            print(f"{peer}: not installed (pip install -e .[bench])", flush=True)
+            continue
+        out = args.work / f"peer-{peer}"
+        c = bench_peers.peer_convert(peer, items, out, args.workers, load)
+        c["images_per_s"] = c["images"] / c["seconds"]
+        row = {"tool": f"{peer} {version}", "format": "npy bytes", "convert": c, "read": {}}
+        for dtype in ("float32", "uint8"):
+            for workers, key in ((0, "0"), (args.workers, "N")):
+                with PeakMemory() as mem:
+                    bench_peers.peer_read(peer, out, batch_size=BATCH, workers=workers, dtype=dtype, epochs=1)
+                    r = bench_peers.peer_read(peer, out, batch_size=BATCH, workers=workers, dtype=dtype,
+                                              epochs=args.epochs)
+                row["read"][f"{dtype}/{key}"] = r["samples"] / r["seconds"]
+                row["read"]["peak"] = max(row["read"].get("peak", 0), mem.peak)
+        results["rows"].append(row)
+        print(f"{peer}: convert {c['images_per_s']:.0f}/s; reads {row['read']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

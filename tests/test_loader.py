@@ -1,0 +1,200 @@
+"""make_loader in training loops: same batches as the reader, defaults, spawn, persistent workers,
+mid-epoch resume, the shared batch ring, and DDP with two real processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FORMATS
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from readers import loader as loader_module
+from readers import make_loader, open_dataset
+
+PRE = PreprocessConfig(size=(40, 32))
+N = 23
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> dict[str, Path]:
+    """23 images in 3 classes, in every format, 6 shards of at most 4 samples."""
+    from conftest import make_tree
+
+    root = tmp_path_factory.mktemp("src") / "images"
+    make_tree(root, {"ant": 8, "bee": 7, "cat": 8})
+    out = tmp_path_factory.mktemp("out")
+    result = {}
+    for fmt in FORMATS:
+        convert(root, out / fmt, ConvertConfig(fmt, PRE, ShardSize(samples=4)), workers=2)
+        result[fmt] = out / fmt
+    return result
+
+
+def reference(packed) -> list[torch.Tensor]:
+    """Every sample's float32 tensor by index, read one by one by the npy reader."""
+    ds = open_dataset(packed["npy"])
+    return [ds[i][0] for i in range(len(ds))]
+
+
+def indices(batches) -> list[list[int]]:
+    return [meta["index"].tolist() for *_, meta in batches]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_batches_hold_exactly_the_samples_the_reader_gives(packed, fmt, normalize):
+    ref = reference(packed)
+    ds = open_dataset(packed[fmt], normalize=normalize)
+    with_meta = make_loader(open_dataset(packed[fmt], return_meta=True), 5, num_workers=2, seed=4)
+    order = indices(with_meta)
+    loader = make_loader(ds, 5, num_workers=2, seed=4)
+    batches = [(x.clone(), y.clone()) for x, y in loader]
+    assert len(batches) == len(loader) == len(order) == 5
+    for (x, y), idx in zip(batches, order):
+        want = torch.stack([ref[i] for i in idx])
+        if normalize:
+            assert x.dtype == torch.float32 and x.is_contiguous()
+            assert torch.allclose(x, want, atol=1e-6)
+        else:
+            assert x.dtype == torch.uint8 and x.shape == want.shape
+            assert torch.allclose(ds.batch_normalizer()(x), want, atol=1e-6)
+        assert y.tolist() == [int(open_dataset(packed["npy"])[i][1]) for i in idx]
+    if fmt != "wds":  # map-style: every sample exactly once
+        assert sorted(i for b in order for i in b) == list(range(N))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_spawned_workers(packed, fmt):
+    """Spawn pickles the reader to each worker: it must travel small and work."""
+    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2,
+                         multiprocessing_context="spawn")
+    seen = [i for b in indices(loader) for i in b]
+    assert len(seen) == N and set(seen) <= set(range(N))
+    if fmt != "wds":
+        assert sorted(seen) == list(range(N))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_persistent_workers_reshuffle_every_epoch_and_repeat_for_a_seed(packed, fmt):
+    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=11,
+                         persistent_workers=True)
+    epoch0, epoch1 = indices(loader), indices(loader)
+    assert epoch0 != epoch1
+    again = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=11)
+    assert indices(again) == epoch0
+    again.set_epoch(1)
+    assert indices(again) == epoch1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("cut", [1, 3])
+def test_resume_mid_epoch_equals_an_uninterrupted_run(packed, fmt, cut):
+    def fresh():
+        return make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=5)
+
+    uninterrupted = fresh()
+    full = [indices(uninterrupted), indices(uninterrupted)]
+    first = fresh()
+    it = iter(first)
+    seen = [next(it)[2]["index"].tolist() for _ in range(cut)]
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint would store it
+    del it
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    assert seen + indices(resumed) == full[0]
+    assert indices(resumed) == full[1]
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten(packed):
+    loader = make_loader(open_dataset(packed["npy"]), 3, num_workers=2, seed=2)
+    assert loader.ring is not None
+    kept = list(loader)  # every batch held: the ring runs out and workers fall back
+    order = loader.sampler.batches(0)
+    ref = reference(packed)
+    for (x, _), idx in zip(kept, order):
+        assert torch.allclose(x, torch.stack([ref[i] for i in idx]))
+    del kept, x
+    slots = {s.data_ptr() for s in loader.ring.slots}
+    ptrs = {x.data_ptr() for x, _ in loader}  # batches dropped at once: slots are reused
+    assert ptrs <= slots
+
+
+def test_defaults_follow_cores_memory_and_dataset(packed, monkeypatch):
+    ds = open_dataset(packed["npy"])
+    opts = loader_module.default_options(ds, 4, torch.uint8, cores=8, memory=2**40)
+    assert opts["num_workers"] == 6  # capped by the dataset: 23 samples make 6 batches of 4
+    assert opts["persistent_workers"] and opts["prefetch_factor"] == 2 and not opts["pin_memory"]
+    assert loader_module.default_options(ds, 1, torch.uint8, cores=3, memory=2**40)["num_workers"] == 3
+    per_batch = loader_module.batch_bytes(ds, 4, torch.uint8)
+    tight = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(3 * per_batch / 0.25))
+    assert tight["num_workers"] == 3 and tight["prefetch_factor"] == 1  # prefetch lowered first
+    tighter = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(2 * per_batch / 0.25))
+    assert tighter["num_workers"] == 2
+    assert loader_module.default_options(ds, 4, torch.uint8, cores=2, memory=2**40, cuda=True)["pin_memory"]
+    monkeypatch.setattr(loader_module, "physical_cores", lambda: 1)
+    monkeypatch.setattr(loader_module, "available_memory", lambda: 2**40)
+    made = make_loader(ds, 4)
+    assert made.loader.num_workers == 1 and made.loader.persistent_workers
+    assert make_loader(ds, 4, num_workers=0).loader.num_workers == 0
+    assert made.loader.multiprocessing_context is None
+    spawned = make_loader(ds, 4, multiprocessing_context="spawn")
+    assert spawned.loader.multiprocessing_context.get_start_method() == "spawn"
+    assert 1 <= loader_module.physical_cores() <= __import__("packer.system").system.usable_cpus()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    result = {}
+    for fmt, root in roots.items():
+        loader = make_loader(open_dataset(root, return_meta=True), 3, num_workers=1, seed=7)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            seen = []
+            for *_, meta in loader:
+                dist.all_reduce(torch.ones(1))  # what DDP does each step: hangs if a rank runs out early
+                seen.append(meta["index"].tolist())
+            epochs.append(seen)
+        result[fmt] = {"epochs": epochs, "len": len(loader)}
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_ddp_two_processes(packed, tmp_path):
+    roots = {fmt: str(packed[fmt]) for fmt in FORMATS}
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, roots, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0, "a rank failed or hung"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for fmt in FORMATS:
+        a, b = ranks[0][fmt], ranks[1][fmt]
+        assert a["len"] == b["len"]
+        for epoch in range(2):
+            ea, eb = a["epochs"][epoch], b["epochs"][epoch]
+            assert len(ea) == len(eb) == a["len"]  # equal batch counts
+            sa, sb = [i for x in ea for i in x], [i for x in eb for i in x]
+            if fmt != "wds":
+                assert not set(sa) & set(sb) and sorted(sa + sb) == list(range(N))
+            else:
+                assert len(sa) == len(sb) == 12  # ceil(23 / 2) per rank, from disjoint shards
+        assert a["epochs"][0] != a["epochs"][1]

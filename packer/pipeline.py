@@ -43,8 +43,9 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.records import ShardResult, ShardTask, Skipped, SourceItem
+from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
 from packer.report import REPORT_NAME, reason_kind, write_report
+from packer.stats import summarize
 from packer.system import usable_cpus
 from packer.worker import ShardJob
 
@@ -308,6 +309,8 @@ def build_manifest(
         for label in labels:
             if 0 <= label < len(counts):
                 counts[label] += 1
+    stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
+    preprocess = config.preprocess.to_dict()
     return Manifest(
         format=config.format,
         format_version=format_version(config.format, config.codec.name),
@@ -315,8 +318,9 @@ def build_manifest(
         samples=sum(r.samples for r in results),
         classes=found.classes,
         class_counts=counts,
+        stats=stats,
         fields=layout.fields(),
-        preprocess=config.preprocess.to_dict(),
+        preprocess=preprocess,
         sharding=sharding,
         shards=shards,
         skipped=skipped,

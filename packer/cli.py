@@ -82,7 +82,8 @@ def cli(verbose: bool) -> None:
 @click.option("--background", default="255,255,255",
               help="Colour that transparent pixels are composited on (R,G,B or one gray value).")
 @click.option("--normalize", default="imagenet",
-              help="imagenet, none (pixels 0..1), or MEAN,STD (2 numbers, or C means then C stds).")
+              help="imagenet, none (pixels 0..1), auto (this data's own mean and std, computed while "
+                   "converting; needs --dtype uint8), or MEAN,STD (2 numbers, or C means then C stds).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="uint8",
               help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
 @click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
@@ -123,11 +124,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     averaged to one.
     """
     try:
-        mean, std = parse_normalize(normalize)
         pre = PreprocessConfig(
             size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
-            mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
+            **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels,
         )
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality))
     except ConfigError as e:

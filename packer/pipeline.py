@@ -45,7 +45,7 @@ from packer.output import (
 )
 from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
 from packer.report import REPORT_NAME, reason_kind, write_report
-from packer.stats import summarize
+from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
 from packer.worker import ShardJob
 
@@ -296,7 +296,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
 def build_manifest(
     config: ConvertConfig, layout: ImageLayout, found: Discovery, results: list[ShardResult], workers: int
 ) -> Manifest:
-    """Merge the shard results, in shard order, into the manifest."""
+    """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
+    computed pixel statistics become ``preprocess.normalize``."""
     shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
@@ -311,6 +312,8 @@ def build_manifest(
                 counts[label] += 1
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
+    if config.preprocess.auto_normalize and stats["pixels"] is not None:
+        preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(
         format=config.format,
         format_version=format_version(config.format, config.codec.name),

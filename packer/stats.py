@@ -83,3 +83,15 @@ def size_summary(counts: Counter) -> dict:
             median = size
             break
     return {"counts": hist, "min": min(counts), "median": median, "max": max(counts)}
+
+
+def auto_normalize(pixels: dict) -> dict:
+    """``preprocess.normalize`` for ``--normalize auto``: the computed mean and std (0..1 scale).
+
+    A channel with one value everywhere has std 0; it gets std 1 (the values become 0) with a
+    warning, rather than a division by zero in every reader.
+    """
+    stds = pixels["std"]
+    if any(s <= 0 for s in stds):
+        log.warning("--normalize auto: a channel has the same value in every pixel; its std is set to 1")
+    return {"mean": pixels["mean"], "std": [s if s > 0 else 1.0 for s in stds], "auto": True}

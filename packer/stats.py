@@ -33,11 +33,8 @@ SIZE_BINS = (0, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 def summarize(stats: ShardStats, cfg: PreprocessConfig) -> dict:
     """The manifest's ``stats`` entry: ``pixels`` (per-channel mean and std, None without images)
     and ``original_sizes`` (histograms and min/median/max of widths and heights)."""
-    bins = list(SIZE_BINS)
-    return {
-        "pixels": pixel_stats(stats.histogram, cfg),
-        "original_sizes": {"bins": bins, "width": size_summary(stats.widths), "height": size_summary(stats.heights)},
-    }
+    sizes = {"bins": list(SIZE_BINS), "width": size_summary(stats.widths), "height": size_summary(stats.heights)}
+    return {"pixels": pixel_stats(stats.histogram, cfg), "original_sizes": sizes}
 
 
 def pixel_stats(histogram: np.ndarray, cfg: PreprocessConfig) -> Optional[dict]:

@@ -82,7 +82,8 @@ def cli(verbose: bool) -> None:
 @click.option("--background", default="255,255,255",
               help="Colour that transparent pixels are composited on (R,G,B or one gray value).")
 @click.option("--normalize", default="imagenet",
-              help="imagenet, none (pixels 0..1), or MEAN,STD (2 numbers, or C means then C stds).")
+              help="imagenet, none (pixels 0..1), auto (this data's own mean and std, computed while "
+                   "converting; needs --dtype uint8), or MEAN,STD (2 numbers, or C means then C stds).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="uint8",
               help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
 @click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
@@ -123,11 +124,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     averaged to one.
     """
     try:
-        mean, std = parse_normalize(normalize)
         pre = PreprocessConfig(
             size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
-            mean=mean, std=std, dtype=dtype, max_pixels=max_pixels,
+            **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels,
         )
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality))
     except ConfigError as e:
@@ -245,10 +245,10 @@ def _describe(output: Path, m: Manifest) -> str:
         f"{pre['mode']}, {_codec(img)}",
         f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
         else "  resize    none (each image keeps its size)",
-        f"  normalize {'mean ' + str(norm['mean']) + ' std ' + str(norm['std']) if norm else 'none (0..1)'}"
-        f"{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
+        f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
         f"  skipped   {len(m.skipped)} file(s){_kinds(m)}",
     ]
+    lines += _stats(m.stats)
     if m.duplicates:
         lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
     return "\n".join(lines)
@@ -278,6 +278,40 @@ def verify(output: Path, quiet: bool) -> None:
             f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
         )
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _stats(stats: Optional[dict]) -> list[str]:
+    """The manifest's ``stats`` in a few lines (none for outputs of packers before they existed)."""
+    if not stats:
+        return []
+    lines = []
+    px = stats.get("pixels")
+    if px:
+        scale = "of pixel/255" if px["scale"] == "0..1" else "of the stored values"
+        lines.append(f"  pixels    mean {_floats(px['mean'])}, std {_floats(px['std'])} "
+                     f"({scale}, {px['count']:,} per channel)")
+    sizes = stats.get("original_sizes")
+    if sizes:
+        bins = sizes["bins"]
+        labels = [f"{a}-{b - 1}" for a, b in zip(bins, bins[1:])] + [f"{bins[-1]}+"]
+        for name, side in (("widths", sizes["width"]), ("heights", sizes["height"])):
+            if side["min"] is None:
+                continue
+            shown = ", ".join(f"{label}: {n}" for label, n in zip(labels, side["counts"]) if n)
+            lines.append(f"  {name:<9} {side['min']}..{side['max']}, median {side['median']} (original; {shown})")
+    return lines
+
+
+def _normalize(norm: Optional[dict]) -> str:
+    if not norm:
+        return "none (0..1)"
+    if norm.get("auto"):
+        return f"mean {_floats(norm['mean'])} std {_floats(norm['std'])} (computed: --normalize auto)"
+    return f"mean {norm['mean']} std {norm['std']}"
+
+
+def _floats(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
 
 
 def _codec(image: dict) -> str:

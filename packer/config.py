@@ -16,6 +16,7 @@ INTERPOLATIONS = ("bilinear", "bicubic", "lanczos", "box", "hamming", "nearest")
 DTYPES = ("uint8", "float16", "float32")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+AUTO = "auto"
 DEFAULT_SHARD_BYTES = 256 * 1024**2
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 1024 // 4 // 3
 DEFAULT_QUALITY = 90
@@ -28,8 +29,10 @@ class PreprocessConfig:
     ``size`` is (width, height) and is None only with ``resize="none"``. ``mean``/``std`` are per
     channel on the 0..1 scale; None means no normalization (pixels scaled to 0..1). With
     ``dtype="uint8"`` pixels are stored as they are and readers normalize; with a float dtype the
-    normalized values are stored. Images of more than ``max_pixels`` pixels are skipped
-    (decompression-bomb protection).
+    normalized values are stored. ``auto_normalize`` (uint8 only; ``mean``/``std`` are then None)
+    records the converted images' own mean and std, computed while converting, as the
+    normalization. Images of more than ``max_pixels`` pixels are skipped (decompression-bomb
+    protection).
     """
 
     size: Optional[tuple[int, int]] = (224, 224)
@@ -42,6 +45,7 @@ class PreprocessConfig:
     std: Optional[tuple[float, ...]] = IMAGENET_STD
     dtype: str = "uint8"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    auto_normalize: bool = False
 
     def __post_init__(self) -> None:
         if self.max_pixels < 1:
@@ -61,6 +65,16 @@ class PreprocessConfig:
         c = self.channels
         object.__setattr__(self, "fill", _per_channel("--fill", self.fill, c, int))
         object.__setattr__(self, "background", _per_channel("--background", self.background, c, int))
+        if self.auto_normalize:
+            if self.dtype != "uint8":
+                raise ConfigError(
+                    f"--normalize auto needs --dtype uint8: {self.dtype} storage holds normalized values, so the "
+                    "mean and std would have to be known before the first image is written (a separate statistics "
+                    "pass). Use --dtype uint8 (readers then normalize with the statistics computed while converting), "
+                    "or pass --normalize MEAN,STD (e.g. the values `packer info` shows for a uint8 conversion)"
+                )
+            object.__setattr__(self, "mean", None)  # filled into the manifest when the statistics are known
+            object.__setattr__(self, "std", None)
         if (self.mean is None) != (self.std is None):
             raise ConfigError("--normalize needs both a mean and a std")
         if self.mean is not None:
@@ -92,6 +106,8 @@ class PreprocessConfig:
         """JSON-ready form, as stored in the manifest's ``preprocess`` entry."""
         d = asdict(self)
         d["normalize"] = None if self.mean is None else {"mean": d.pop("mean"), "std": d.pop("std")}
+        if d.pop("auto_normalize"):
+            d["normalize"] = AUTO
         d.pop("mean", None)
         d.pop("std", None)
         return d
@@ -103,6 +119,8 @@ class PreprocessConfig:
         norm = d.pop("normalize", None)
         tuples = {k: tuple(d[k]) for k in ("size", "fill", "background") if d.get(k) is not None}
         d.update(tuples)
+        if norm == AUTO:
+            return cls(**d, auto_normalize=True)
         return cls(**d, mean=tuple(norm["mean"]) if norm else None, std=tuple(norm["std"]) if norm else None)
 
 
@@ -223,27 +241,31 @@ def parse_size(text: str) -> tuple[int, int]:
     return (w, h)
 
 
-def parse_normalize(text: str) -> tuple[Optional[tuple[float, ...]], Optional[tuple[float, ...]]]:
-    """Parse ``imagenet``, ``none`` or ``MEAN,STD`` into (mean, std).
+def parse_normalize(text: str) -> dict:
+    """Parse ``imagenet``, ``none``, ``auto`` or ``MEAN,STD`` into PreprocessConfig's normalization
+    arguments: ``mean``, ``std`` and ``auto_normalize``.
 
     ``MEAN,STD`` is either two numbers (the same for every channel) or 2xC numbers, the C means
-    first, then the C stds: ``0.5,0.5`` or ``0.485,0.456,0.406,0.229,0.224,0.225``.
+    first, then the C stds: ``0.5,0.5`` or ``0.485,0.456,0.406,0.229,0.224,0.225``. ``auto`` uses
+    the converted images' own mean and std, computed while converting.
     """
     t = text.strip().lower()
+    if t == AUTO:
+        return {"mean": None, "std": None, "auto_normalize": True}
     if t == "imagenet":
-        return IMAGENET_MEAN, IMAGENET_STD
+        return {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "auto_normalize": False}
     if t == "none":
-        return None, None
+        return {"mean": None, "std": None, "auto_normalize": False}
     try:
         nums = [float(v) for v in t.split(",")]
     except ValueError:
         nums = []
     if len(nums) < 2 or len(nums) % 2:
         raise ConfigError(
-            f"--normalize takes imagenet, none, or MEAN,STD (2 or 2xC numbers, means first); got {text!r}"
+            f"--normalize takes imagenet, none, auto, or MEAN,STD (2 or 2xC numbers, means first); got {text!r}"
         )
     half = len(nums) // 2
-    return tuple(nums[:half]), tuple(nums[half:])
+    return {"mean": tuple(nums[:half]), "std": tuple(nums[half:]), "auto_normalize": False}
 
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,

@@ -187,7 +187,7 @@ def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
     die_with_parent()
     release_stop_signals()
     try:
-        decoding.decode_image(decoding.read_source(path), preprocess, path)
+        decoding.decode(decoding.read_source(path), preprocess, path)
     except DecodeError:
         pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
 

@@ -74,6 +74,8 @@ class Manifest:
     source: dict = field(default_factory=dict)
     sharding: dict = field(default_factory=dict)
     class_counts: Optional[list[int]] = None
+    stats: Optional[dict] = None
+    """Pixel mean/std and original-size histograms (see docs/FORMATS.md); None in older outputs."""
     duplicates: list[list[str]] = field(default_factory=list)
     manifest_version: int = MANIFEST_VERSION
 
@@ -87,6 +89,7 @@ class Manifest:
             "samples": self.samples,
             "classes": self.classes,
             "class_counts": self.class_counts,
+            "stats": self.stats,
             "fields": self.fields,
             "preprocess": self.preprocess,
             "sharding": self.sharding,
@@ -118,6 +121,7 @@ class Manifest:
                 source=d.get("source", {}),
                 sharding=d.get("sharding", {}),
                 class_counts=d.get("class_counts"),
+                stats=d.get("stats"),
                 duplicates=d.get("duplicates", []),
                 manifest_version=int(d.get("manifest_version", 1)),
             )
@@ -171,6 +175,8 @@ def _check_layout(m: "Manifest", where: str) -> None:
                             f"later, not {dtype} and version {m.format_version}; the manifest is damaged")
     if not isinstance(m.preprocess, dict):
         raise ManifestError(f"{where}: preprocess is not an object")
+    if m.stats is not None and not isinstance(m.stats, dict):
+        raise ManifestError(f"{where}: stats is not an object")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:

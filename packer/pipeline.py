@@ -43,8 +43,9 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.records import ShardResult, ShardTask, Skipped, SourceItem
+from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
 from packer.report import REPORT_NAME, reason_kind, write_report
+from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
 from packer.worker import ShardJob
 
@@ -295,7 +296,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
 def build_manifest(
     config: ConvertConfig, layout: ImageLayout, found: Discovery, results: list[ShardResult], workers: int
 ) -> Manifest:
-    """Merge the shard results, in shard order, into the manifest."""
+    """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
+    computed pixel statistics become ``preprocess.normalize``."""
     shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
@@ -308,6 +310,10 @@ def build_manifest(
         for label in labels:
             if 0 <= label < len(counts):
                 counts[label] += 1
+    stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
+    preprocess = config.preprocess.to_dict()
+    if config.preprocess.auto_normalize and stats["pixels"] is not None:
+        preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(
         format=config.format,
         format_version=format_version(config.format, config.codec.name),
@@ -315,8 +321,9 @@ def build_manifest(
         samples=sum(r.samples for r in results),
         classes=found.classes,
         class_counts=counts,
+        stats=stats,
         fields=layout.fields(),
-        preprocess=config.preprocess.to_dict(),
+        preprocess=preprocess,
         sharding=sharding,
         shards=shards,
         skipped=skipped,

@@ -11,7 +11,7 @@ import os
 import stat
 import struct
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -64,8 +64,27 @@ def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None) -> byt
         raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
 
 
+class Decoded(NamedTuple):
+    """One decoded, preprocessed image, before conversion to the stored dtype.
+
+    ``pixels`` is HxWxC uint8; ``original_size`` the source image's (width, height) as displayed
+    (after EXIF orientation), before resizing; ``histogram`` (only when asked for) the counts of
+    each 8-bit value per channel, 256 per channel, channel after channel (Pillow's ``histogram``).
+    """
+
+    pixels: np.ndarray
+    original_size: tuple[int, int]
+    histogram: Optional[list[int]] = None
+
+
 def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> np.ndarray:
     """Decode image file bytes (by content, not extension) and preprocess them; see load_image."""
+    return finish_pixels(decode(data, cfg, path).pixels, cfg)
+
+
+def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram: bool = False) -> Decoded:
+    """Decode image file bytes and preprocess them up to 8-bit pixels (``finish_pixels`` makes the
+    stored array); with ``histogram`` also count the pixel values. DecodeError as in load_image."""
     Image.MAX_IMAGE_PIXELS = cfg.max_pixels  # Pillow's own bomb check, in case a size is only known late
     try:
         with warnings.catch_warnings():
@@ -76,8 +95,11 @@ def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> n
                 if w * h > cfg.max_pixels:
                     raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
                 ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
+                original = img.size
                 img = to_color_mode(img, cfg.mode, cfg.background)
                 img = resize(img, cfg)
+                # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
+                counts = img.histogram() if histogram else None
                 pixels = np.asarray(img)
     except DecodeError:
         raise
@@ -90,7 +112,7 @@ def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> n
         raise DecodeError(path, f"corrupt or truncated image: {e or type(e).__name__}") from None
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
-    return finish_pixels(pixels, cfg)
+    return Decoded(pixels, original, counts)
 
 
 def finish_pixels(pixels: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:

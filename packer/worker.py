@@ -100,7 +100,8 @@ def die_with_parent() -> None:
 def write_shard(
     job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
 ) -> ShardResult:
-    """Write one shard; return its files with checksums, the files it skipped, and per-sample facts.
+    """Write one shard; return its files with checksums, the files it skipped, per-sample facts and
+    the counts behind the dataset statistics.
 
     ``progress(n)`` is told of finished files every few files; ``at(position)`` before each.
     """
@@ -116,12 +117,13 @@ def write_shard(
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
             data = preprocess.read_source(item.path, max_bytes=job.preprocess.max_file_bytes)
-            image = preprocess.decode_image(data, job.preprocess, item.path)
+            decoded = preprocess.decode(data, job.preprocess, item.path, histogram=True)
         except DecodeError as e:
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None
             result.skipped.append(Skipped(item.relpath, e.reason))
         else:
+            image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
             codec = job.layout.codec
             encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
             try:
@@ -132,6 +134,7 @@ def write_shard(
             result.keys.append(item.relpath)
             result.labels.append(item.label)
             result.digests.append(hashlib.blake2b(data, digest_size=8).hexdigest())
+            result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
         pending += 1
         if report is not None and pending >= PROGRESS_EVERY:
             report(pending)

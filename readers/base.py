@@ -200,6 +200,11 @@ class ReaderBase:
         """Samples per class, from the manifest (no shard is opened); None for unlabelled data."""
         return self.manifest.class_counts
 
+    @property
+    def stats(self) -> Optional[dict]:
+        """The manifest's dataset statistics (pixel mean/std, original sizes); None for older outputs."""
+        return self.manifest.stats
+
     def batch_normalizer(self) -> BatchNormalize:
         """The normalization of this output as a per-batch callable (see BatchNormalize)."""
         return BatchNormalize(self.manifest)

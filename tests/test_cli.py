@@ -51,6 +51,42 @@ def test_info_human_and_json(image_tree, tmp_path):
     assert data["format"] == "lmdb" and data["samples"] == 15 and data["classes"] == ["ant", "bee", "cat"]
 
 
+def test_info_shows_the_statistics_and_auto_normalization(image_tree, tmp_path):
+    out = tmp_path / "npy"
+    result = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "16", "--normalize", "auto")
+    assert result.exit_code == 0, result.output
+    m = read_manifest(out)
+    px = m.stats["pixels"]
+    human = run("info", str(out)).output
+    means = ", ".join(f"{v:.4f}" for v in px["mean"])
+    assert f"normalize mean [{means}]" in human and "(computed: --normalize auto) (applied by readers)" in human
+    assert f"pixels    mean [{means}], std [" in human and f"(of pixel/255, {15 * 16 * 16:,} per channel)" in human
+    assert "widths    64..99, median 78 (original; 64-127: 15)" in human
+    assert "heights   48..54, median 51 (original; 32-63: 15)" in human
+    data = json.loads(run("info", str(out), "--json").output)
+    assert data["stats"] == m.stats and data["preprocess"]["normalize"]["auto"] is True
+
+
+def test_info_of_an_output_without_statistics(image_tree, tmp_path):
+    """Outputs of packers before statistics existed read and describe as before."""
+    out = tmp_path / "npy"
+    assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "16").exit_code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["stats"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    human = run("info", str(out))
+    assert human.exit_code == 0 and "15 in" in human.output
+    assert "pixels    mean" not in human.output and "widths" not in human.output
+    assert json.loads(run("info", str(out), "--json").output)["stats"] is None
+
+
+def test_normalize_auto_with_float_storage_is_a_usage_error(image_tree, tmp_path):
+    result = run("convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--normalize", "auto",
+                 "--dtype", "float16")
+    assert result.exit_code == 2 and "--normalize auto needs --dtype uint8" in result.output
+    assert "MEAN,STD" in result.output and not (tmp_path / "o").exists()
+
+
 def test_usage_errors_exit_2_with_a_message(image_tree, tmp_path):
     bad_size = run("convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--size", "big")
     assert bad_size.exit_code == 2 and "WIDTHxHEIGHT" in bad_size.output

@@ -178,6 +178,7 @@ def test_to_dict_form():
         PreprocessConfig(mode="L", dtype="float16", background=(5,)),
         PreprocessConfig(resize="none", mean=None, std=None, dtype="float32"),
         PreprocessConfig(size=(8, 8), resize="stretch", mean=(0.5,), std=(0.5,)),
+        PreprocessConfig(mode="L", auto_normalize=True),
     ],
 )
 def test_dict_round_trip_through_json(cfg):
@@ -213,28 +214,50 @@ def test_parse_size_rejects(text):
 # --------------------------------------------------------------------------- parse_normalize
 
 
+def norm(mean, std, auto=False):
+    return {"mean": mean, "std": std, "auto_normalize": auto}
+
+
 def test_parse_normalize_keywords():
-    assert parse_normalize("imagenet") == (IMAGENET_MEAN, IMAGENET_STD)
-    assert parse_normalize(" ImageNet ") == (IMAGENET_MEAN, IMAGENET_STD)
-    assert parse_normalize("none") == (None, None)
-    assert parse_normalize("NONE") == (None, None)
+    assert parse_normalize("imagenet") == norm(IMAGENET_MEAN, IMAGENET_STD)
+    assert parse_normalize(" ImageNet ") == norm(IMAGENET_MEAN, IMAGENET_STD)
+    assert parse_normalize("none") == norm(None, None)
+    assert parse_normalize("NONE") == norm(None, None)
+    assert parse_normalize(" Auto ") == norm(None, None, auto=True)
 
 
 def test_parse_normalize_two_numbers():
-    assert parse_normalize("0.5,0.5") == ((0.5,), (0.5,))
-    assert parse_normalize("0.1,0.2") == ((0.1,), (0.2,))
+    assert parse_normalize("0.5,0.5") == norm((0.5,), (0.5,))
+    assert parse_normalize("0.1,0.2") == norm((0.1,), (0.2,))
 
 
 def test_parse_normalize_six_numbers_means_first():
-    mean, std = parse_normalize("0.485,0.456,0.406,0.229,0.224,0.225")
-    assert mean == (0.485, 0.456, 0.406)
-    assert std == (0.229, 0.224, 0.225)
+    parsed = parse_normalize("0.485,0.456,0.406,0.229,0.224,0.225")
+    assert parsed["mean"] == (0.485, 0.456, 0.406)
+    assert parsed["std"] == (0.229, 0.224, 0.225)
 
 
-def test_parse_normalize_feeds_config():
-    mean, std = parse_normalize("0.5,0.25")
-    cfg = PreprocessConfig(mean=mean, std=std)
-    assert cfg.mean == (0.5, 0.5, 0.5) and cfg.std == (0.25, 0.25, 0.25)
+@pytest.mark.parametrize("text", ["0.5,0.25", "auto", "none"])
+def test_parse_normalize_feeds_config(text):
+    cfg = PreprocessConfig(**parse_normalize(text))
+    expected = {"0.5,0.25": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), "auto": (None, None), "none": (None, None)}
+    assert (cfg.mean, cfg.std) == expected[text]
+    assert cfg.auto_normalize == (text == "auto")
+
+
+def test_auto_normalize_is_recorded_as_auto():
+    """The plan fingerprint and the resume record see ``auto``, not the statistics filled in later."""
+    cfg = PreprocessConfig(auto_normalize=True)  # the imagenet default gives way
+    assert cfg.mean is None and cfg.std is None
+    assert cfg.to_dict()["normalize"] == "auto" and "auto_normalize" not in cfg.to_dict()
+    assert PreprocessConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_auto_normalize_refused_with_float_storage(dtype):
+    with pytest.raises(ConfigError, match="--normalize auto needs --dtype uint8") as e:
+        PreprocessConfig(auto_normalize=True, dtype=dtype)
+    assert "statistics pass" in str(e.value) and "MEAN,STD" in str(e.value)
 
 
 @pytest.mark.parametrize("text", ["", "0.5", "1,2,3", "a,b", "imagenet2", "0.5,,0.5", "0.5;0.5"])

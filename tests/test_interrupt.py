@@ -114,14 +114,14 @@ def test_resume_refuses_changed_options(big_tree, tmp_path):
 SITECUSTOMIZE = '''
 import os, signal, time
 import packer.preprocess as _pp
-_decode = _pp.decode_image
-def _poisoned(data, cfg, path="<bytes>"):
+_decode = _pp.decode
+def _poisoned(data, cfg, path="<bytes>", **options):
     if b"CRASH-ME" in data:
         os.kill(os.getpid(), signal.SIGSEGV)
     if b"HANG-ME" in data:
         time.sleep(3600)
-    return _decode(data, cfg, path)
-_pp.decode_image = _poisoned
+    return _decode(data, cfg, path, **options)
+_pp.decode = _poisoned
 '''
 
 

@@ -251,6 +251,25 @@ def test_optional_keys_default(tmp_path):
     assert m.classes is None and m.skipped == [] and m.source == {} and m.sharding == {}
 
 
+def test_stats_round_trip_and_absent_in_older_manifests(tmp_path):
+    m = sample_manifest()
+    m.stats = {"pixels": {"scale": "0..1", "count": 640, "mean": [0.5, 0.25, 0.125], "std": [0.1, 0.2, 0.3]},
+               "original_sizes": {"bins": [0, 32], "width": {"counts": [1, 9], "min": 8, "median": 40, "max": 90},
+                                  "height": {"counts": [10, 0], "min": 8, "median": 8, "max": 9}}}
+    write_manifest(tmp_path, m)
+    assert read_manifest(tmp_path).stats == m.stats
+    d = m.to_dict()
+    del d["stats"]
+    write_raw(tmp_path, d)
+    assert read_manifest(tmp_path).stats is None
+
+
+def test_stats_must_be_an_object(tmp_path):
+    write_raw(tmp_path, sample_manifest().to_dict() | {"stats": [1, 2]})
+    with pytest.raises(ManifestError, match="stats is not an object"):
+        read_manifest(tmp_path)
+
+
 def test_file_entry_and_sha256(tmp_path):
     import hashlib
 

@@ -25,6 +25,7 @@ from packer.pipeline import estimate_sample_bytes, plan_shards, shard_name
 from packer.preprocess import load_image
 from packer.records import SourceItem
 from packer.report import REPORT_NAME
+from packer.stats import SIZE_BINS
 
 PRE = PreprocessConfig(size=(16, 12))
 MiB = 1024**2
@@ -616,3 +617,144 @@ def test_shuffle_stores_a_seeded_permutation_in_every_format(image_tree, tmp_pat
     again = convert(image_tree, tmp_path / "again", ConvertConfig("wds", PRE, ShardSize(samples=5), shuffle=7))
     assert [f.sha256 for s in again.manifest.shards for f in s.files] == [
         f.sha256 for s in read_manifest(tmp_path / "wds").shards for f in s.files]
+
+
+# --------------------------------------------------------------------------- dataset statistics
+
+
+def add_varied_files(root):
+    """Originals in more size bins (a wide and a tall one) and a file every run skips."""
+    write_image(root / "ant" / "wide.png", (300, 20), seed=5)
+    write_image(root / "cat" / "tall.jpg", (20, 700), seed=6)
+    (root / "bee" / "bad.png").write_bytes(b"not an image")
+
+
+def pixel_values(out, m):
+    """Every stored pixel value as read back with the stock libraries: (pixels, channels) float64."""
+    images = [im for _, _, im in stored(out, m)]
+    return np.concatenate([im.reshape(-1, im.shape[2]) for im in images]).astype(np.float64)
+
+
+def expected_sizes(src, skip=("bee/bad.png",)):
+    """The manifest's original_sizes computed directly from the source files' headers."""
+    sizes = []
+    for item in discover(src).items:
+        if item.relpath not in skip:
+            with Image.open(item.path) as img:
+                sizes.append(img.size)
+    edges = list(SIZE_BINS) + [float("inf")]
+
+    def side(values):
+        values = sorted(values)
+        return {"counts": [sum(lo <= v < hi for v in values) for lo, hi in zip(edges, edges[1:])],
+                "min": values[0], "median": values[(len(values) - 1) // 2], "max": values[-1]}
+
+    return {"bins": list(SIZE_BINS), "width": side(w for w, _ in sizes), "height": side(h for _, h in sizes)}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stats_equal_numpy_over_the_stored_pixels(image_tree, tmp_path, fmt, mode):
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode)
+    result = convert(image_tree, out, ConvertConfig(fmt, pre, ShardSize(samples=7)), workers=2)
+    m = read_manifest(out)
+    assert [s.samples for s in m.shards] == [6, 7, 4] and [s["path"] for s in m.skipped] == ["bee/bad.png"]
+    assert m.stats == json.loads(json.dumps(result.manifest.stats))
+    values = pixel_values(out, m) / 255
+    px = m.stats["pixels"]
+    assert px["scale"] == "0..1" and px["count"] == len(values) == 17 * 16 * 12
+    np.testing.assert_allclose(px["mean"], values.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(px["std"], values.std(0), rtol=1e-12)
+    assert m.stats["original_sizes"] == expected_sizes(image_tree)
+    assert m.stats["original_sizes"]["width"]["counts"][SIZE_BINS.index(256)] == 1  # the wide one
+
+
+@pytest.mark.parametrize("dtype,mode", [("float16", "RGB"), ("float32", "L")])
+def test_stats_of_float_storage_are_of_the_stored_normalized_values(image_tree, tmp_path, dtype, mode):
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode, dtype=dtype)
+    convert(image_tree, out, ConvertConfig("npy", pre, ShardSize(samples=7)), workers=2)
+    m = read_manifest(out)
+    values = pixel_values(out, m)
+    px = m.stats["pixels"]
+    assert px["scale"] == "stored" and px["count"] == len(values)
+    np.testing.assert_allclose(px["mean"], values.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(px["std"], values.std(0), rtol=1e-9)
+    assert m.stats["original_sizes"] == expected_sizes(image_tree)
+
+
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+def test_stats_of_encoded_images_are_of_the_pixels_encoded(image_tree, tmp_path, codec):
+    """As with raw images: exact for png; for jpeg, of the pixels before encoding (what decodes
+    is close on average, smoother in detail)."""
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("hdf5", PRE, ShardSize(samples=7), codec=ImageCodec(codec)), workers=1)
+    raw = convert(image_tree, tmp_path / "raw", ConvertConfig("hdf5", PRE, ShardSize(samples=7)), workers=1)
+    m = read_manifest(out)
+    assert m.stats == raw.manifest.stats
+    values = pixel_values(out, m) / 255
+    tol = {"rtol": 1e-12} if codec == "png" else {"atol": 0.02}
+    np.testing.assert_allclose(m.stats["pixels"]["mean"], values.mean(0), **tol)
+    if codec == "png":
+        np.testing.assert_allclose(m.stats["pixels"]["std"], values.std(0), **tol)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_normalize_auto_makes_readers_give_zero_mean_unit_std(image_tree, tmp_path, mode):
+    import torch
+
+    from readers import open_dataset
+
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode, auto_normalize=True)
+    m = convert(image_tree, out, ConvertConfig("wds", pre, ShardSize(samples=5)), workers=2).manifest
+    px = m.stats["pixels"]
+    assert m.preprocess["normalize"] == {"mean": px["mean"], "std": px["std"], "auto": True}
+    assert len(px["mean"]) == pre.channels
+    x = torch.stack([image for image, _ in open_dataset(out)]).double()
+    assert x.shape == (17, pre.channels, 12, 16)
+    assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(pre.channels, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(x.std(dim=(0, 2, 3), unbiased=False), torch.ones(pre.channels, dtype=torch.float64),
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("older_record", [False, True])
+def test_resume_keeps_the_statistics(image_tree, tmp_path, older_record):
+    """Finished shards' stats come back from their records; a record without them (an older
+    packer's) is not trusted and its shard is written again."""
+    from packer.output import DONE_SUFFIX
+
+    add_varied_files(image_tree)
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 12), auto_normalize=True), ShardSize(samples=4))
+    whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
+    out = tmp_path / "out"
+    finished = []
+
+    def stop_in_second_shard(n):
+        finished.append(n)
+        if sum(finished) >= 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(image_tree, out, config, workers=1, progress=stop_in_second_shard)
+    records = list(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
+    assert [p.name for p in records] == [f"shard-00000{DONE_SUFFIX}"]
+    if older_record:
+        d = json.loads(records[0].read_text())
+        del d["stats"]
+        records[0].write_text(json.dumps(d))
+    resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == (18 if older_record else 14)
+    assert resumed.manifest.stats == whole.stats and resumed.manifest.preprocess == whole.preprocess
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
+
+
+def test_normalize_auto_refused_with_float_storage(image_tree, tmp_path):
+    with pytest.raises(ConfigError, match="--normalize auto needs --dtype uint8"):
+        convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(auto_normalize=True,
+                                                                                     dtype="float32")))
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,4 @@
-"""load_image: decoding by content, colour modes, resize modes, orientation, bad files."""
+"""load_image and decode: decoding by content, colour modes, resize modes, orientation, bad files."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from PIL import Image
 
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
-from packer.preprocess import finish_pixels, load_image
+from packer.preprocess import decode, decode_image, finish_pixels, load_image
 
 
 def save_array(path, array, mode=None, **save):
@@ -233,6 +233,27 @@ def test_exif_orientation_applied(tmp_path):
     # the stored left column becomes the top row after a clockwise turn
     assert out[5, 10, 0] > 200 and out[5, 10, 2] < 60
     assert out[35, 10, 2] > 200 and out[35, 10, 0] < 60
+
+
+def test_decode_reports_the_displayed_original_size(tmp_path):
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "rot.jpg"
+    Image.fromarray(np.zeros((20, 40, 3), np.uint8)).save(path, exif=exif)  # stored 40 wide, shown 20 wide
+    d = decode(path.read_bytes(), PreprocessConfig(size=(8, 8)))
+    assert d.original_size == (20, 40) and d.pixels.shape == (8, 8, 3) and d.histogram is None
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("dtype", ["uint8", "float16"])
+def test_decode_histogram_counts_the_8bit_pixels(tmp_path, mode, dtype):
+    path = write_image(tmp_path / "a.png", (45, 30), seed=4)
+    cfg = PreprocessConfig(size=(24, 16), mode=mode, dtype=dtype)
+    d = decode(path.read_bytes(), cfg, histogram=True)
+    assert d.pixels.dtype == np.uint8 and d.pixels.shape == (16, 24, cfg.channels) and d.original_size == (45, 30)
+    want = np.concatenate([np.bincount(d.pixels[..., c].ravel(), minlength=256) for c in range(cfg.channels)])
+    assert d.histogram == want.tolist()
+    assert np.array_equal(finish_pixels(d.pixels, cfg), decode_image(path.read_bytes(), cfg))
 
 
 def test_no_orientation_keeps_shape(tmp_path):

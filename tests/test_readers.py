@@ -300,6 +300,20 @@ def test_labels_counts_and_balancing_weights_without_reading_images(packed, fmt)
     assert open_dataset(packed["wds"]).class_counts == [5, 4, 6]
 
 
+def test_stats_from_the_manifest_or_none_for_older_outputs(tmp_path, packed):
+    import json
+    import shutil
+
+    ds = open_dataset(packed["npy"])
+    assert ds.stats == ds.manifest.stats and ds.stats["pixels"]["count"] == 15 * 40 * 32
+    old = tmp_path / "old"
+    shutil.copytree(packed["npy"], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["stats"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert open_dataset(old).stats is None
+
+
 # ------------------------------------------------------------------------- encoded images (jpeg, png)
 
 ENC_PRE = PreprocessConfig(size=(64, 48))

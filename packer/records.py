@@ -148,7 +148,7 @@ class ShardStats:
 class ShardResult:
     """What a worker reports after writing one shard.
 
-    ``keys``, ``labels`` and ``digests`` (a 64-bit BLAKE2b of each source file, to find identical
+    ``keys``, ``labels`` and ``digests`` (a 128-bit SHA-256 prefix of each source file, to find identical
     files) are per written sample, in order; ``stats`` counts pixel values and original sizes.
     """
 

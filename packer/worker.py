@@ -84,6 +84,12 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     conn.close()
 
 
+def source_digest(data: bytes) -> str:
+    """128-bit SHA-256 prefix of a source file's bytes, to find identical files (hardware-accelerated
+    SHA-256 is about twice as fast here as BLAKE2b; it runs once per file in the hot path)."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
     while a decoder hangs). Elsewhere the per-file check in ``run_shard_process`` does the job."""
@@ -133,7 +139,7 @@ def write_shard(
             result.samples += 1
             result.keys.append(item.relpath)
             result.labels.append(item.label)
-            result.digests.append(hashlib.blake2b(data, digest_size=8).hexdigest())
+            result.digests.append(source_digest(data))
             result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
         pending += 1
         if report is not None and pending >= PROGRESS_EVERY:

@@ -6,8 +6,8 @@ sorted listing): ``KEY.npy`` (the HxWxC image; ``KEY.jpg`` or ``KEY.png`` with a
 "crc32": CRC-32 of the image's stored bytes}``). ``webdataset.WebDataset(urls).decode()`` reads
 them unchanged (``.decode("rgb8")`` for uint8 pixels of jpg/png members).
 
-The tar is written with the standard library's ``tarfile`` (POSIX ustar, as webdataset's own
-TarWriter does) rather than through webdataset, whose import pulls in torch: two seconds and a
+The tar is written with the standard library's ``tarfile`` headers (POSIX ustar, as webdataset's
+own TarWriter does) rather than through webdataset, whose import pulls in torch: two seconds and a
 large address space in every converter process that has no use for torch. Member times, owners
 and modes are fixed so equal inputs give byte-identical tars.
 """
@@ -19,6 +19,8 @@ import tarfile
 from pathlib import Path
 from typing import ClassVar, Iterator
 
+import numpy as np
+
 from packer.codecs import CODECS, IMAGE_EXTENSIONS
 from packer.formats.base import ImageLayout, encoded_bytes
 from packer.layout import TAR_MEMBERS, TAR_SUFFIX, tar_member_key
@@ -28,7 +30,8 @@ from packer.tario import decode_tar_sample, iter_tar_samples
 
 
 class WdsWriter:
-    """Writes one shard as a tar file."""
+    """Writes one shard as a tar file: headers made by ``tarfile.TarInfo``, data written straight
+    from the sample's buffers (TarFile.addfile would copy each member through a BytesIO)."""
 
     name: ClassVar[str] = "wds"
     variable_shape: ClassVar[bool] = True
@@ -37,26 +40,51 @@ class WdsWriter:
         self.file_name = f"{shard}{TAR_SUFFIX}"
         self.layout = layout
         self._members = TAR_MEMBERS[:-1] + (IMAGE_EXTENSIONS[layout.codec.name],)
-        self._tar = tarfile.open(Path(directory) / self.file_name, "w", format=tarfile.USTAR_FORMAT)
+        self._f = open(Path(directory) / self.file_name, "wb")
+        self._offset = 0
+        self._npy_headers: dict[tuple, bytes] = {}
+
+    def _npy_header(self, image: np.ndarray) -> bytes:
+        key = (image.dtype.str, image.shape)
+        header = self._npy_headers.get(key)
+        if header is None:  # the bytes np.save writes before the data, made once per shape
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(image))
+            header = self._npy_headers[key] = buf.getvalue()
+        return header
+
+    def _member(self, name: str, *parts) -> None:
+        size = sum(memoryview(p).nbytes for p in parts)
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, 0, 0o444
+        info.uname = info.gname = "packer"
+        header = info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+        pad = -size % tarfile.BLOCKSIZE
+        for part in (header, *parts, tarfile.NUL * pad):
+            self._f.write(part)
+        self._offset += len(header) + size + pad
 
     def add(self, sample: Sample) -> None:
         """Write the sample's three members."""
         key = tar_member_key(sample.index)
-        image = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else CODECS["npy"].encode(sample.image)
+        if self.layout.codec.encoded:
+            image: tuple = (encoded_bytes(sample, self.layout),)
+        else:
+            pixels = np.ascontiguousarray(sample.image)
+            image = (self._npy_header(pixels), pixels.data)
         values = {
-            "cls": CODECS["cls"].encode(sample.label),
-            "json": CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),
+            "cls": (CODECS["cls"].encode(sample.label),),
+            "json": (CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),),
         }
         for ext in self._members:
-            data = values.get(ext, image)
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size, info.mtime, info.mode = len(data), 0, 0o444
-            info.uname = info.gname = "packer"
-            self._tar.addfile(info, io.BytesIO(data))
+            self._member(f"{key}.{ext}", *values.get(ext, image))
 
     def close(self) -> list[str]:
-        """Write the tar end marker and close."""
-        self._tar.close()
+        """Write the tar end marker (two zero blocks, then zeros to a whole record, as tarfile does) and close."""
+        end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+        self._offset += len(end)
+        self._f.write(end + tarfile.NUL * (-self._offset % tarfile.RECORDSIZE))
+        self._f.close()
         return [self.file_name]
 
 

@@ -99,6 +99,9 @@ def cli(verbose: bool) -> None:
 @click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
                    "skipped and reported); labels are class names, or class indices if all are integers >= 0.")
+@click.option("--full-decode", is_flag=True,
+              help="Decode large JPEGs at full size even when the target is much smaller (slower; by default "
+                   "the decoder scales them down by 2, 4 or 8 to no less than the target, pixels within a few levels).")
 @click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS,
               help="Skip images with more pixels than this (decompression-bomb protection); --size must fit too.")
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
@@ -112,7 +115,7 @@ def cli(verbose: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
-            shuffle_seed: Optional[int], labels_file: Optional[Path],
+            shuffle_seed: Optional[int], labels_file: Optional[Path], full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool) -> None:
     """Convert the image folder SOURCE into a packed output.
@@ -127,7 +130,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         pre = PreprocessConfig(
             size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
-            **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels,
+            **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels, reduced_decode=not full_decode,
         )
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality))
     except ConfigError as e:

@@ -189,14 +189,8 @@ def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int)
 
 
 def packer_loader(root: Path, dtype: str, workers: int):
-    """make_loader over a packer output: what users of packer write."""
+    """make_loader over a packer output, what users of packer write (tar shards: 1000-sample shuffle buffer)."""
     return make_loader(open_dataset(root, normalize=dtype == "float32"), BATCH, num_workers=workers)
-
-
-def wds_loader(root: Path, dtype: str, workers: int):
-    """The tar-shard reader through a DataLoader, with its shuffle buffer."""
-    ds = open_dataset(root, normalize=dtype == "float32", shuffle=1000)
-    return DataLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
 
 
 def plain_loader(items: list[tuple[str, int]], dtype: str, workers: int):
@@ -264,6 +258,36 @@ def chart(results: dict, path: Path) -> bool:
     return True
 
 
+def draft_check(count: int = 12) -> None:
+    """Speed and pixel difference of reduced JPEG decoding (Pillow's draft mode) against a full decode,
+    on 2000x1500 JPEGs made from the sample photographs, to 224x224."""
+    import io
+
+    from PIL import Image
+
+    from packer.preprocess import decode
+
+    rng = np.random.default_rng(0)
+    photos = sorted((ROOT / "sample_data" / "images").glob("*/*"))[:count]
+    data = []
+    for p in photos:
+        img = np.asarray(Image.open(p).convert("RGB").resize((2000, 1500), Image.BICUBIC), np.int16)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(img + rng.integers(-6, 6, img.shape), 0, 255).astype(np.uint8)).save(buf, "JPEG",
+                                                                                                      quality=90)
+        data.append(buf.getvalue())
+    rates, pixels = {}, {}
+    for reduced in (False, True):
+        cfg = PreprocessConfig(reduced_decode=reduced)
+        start = time.perf_counter()
+        pixels[reduced] = [decode(d, cfg).pixels.astype(np.int16) for d in data]
+        rates[reduced] = len(data) / (time.perf_counter() - start)
+    diff = np.concatenate([np.abs(a - b).ravel() for a, b in zip(pixels[True], pixels[False])])
+    print(f"reduced JPEG decode, {len(data)} images 2000x1500 -> 224x224: {rates[True]:.0f} vs {rates[False]:.0f} "
+          f"images/s ({rates[True] / rates[False]:.1f}x); |difference| mean {diff.mean():.2f}, "
+          f"99th percentile {np.percentile(diff, 99):.0f}, max {diff.max()} (0..255 levels)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate (ignored with --src)")
@@ -273,9 +297,14 @@ def main() -> None:
     parser.add_argument("--codecs", default="raw,jpeg")
     parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
     parser.add_argument("--peers", action="store_true", help="also run WebDataset, LitData, Streaming if installed")
+    parser.add_argument("--draft-check", action="store_true",
+                        help="only measure reduced JPEG decoding against a full decode, then exit")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
     args = parser.parse_args()
+    if args.draft_check:
+        draft_check()
+        return
     torch.set_num_threads(1)  # every tool normalizes in the main process alike (see bench_peers.py)
     src = args.src or args.work / "images"
     if args.src is None and (not src.is_dir() or len(discover(src).items) != args.images):
@@ -308,10 +337,9 @@ def main() -> None:
             c = convert_subprocess(src, out, fmt, codec, w)
             c["images_per_s"] = n / c["seconds"]
             row = {"tool": "packer", "format": f"{fmt}/{codec}", "convert": c, "read": {}}
-            make = wds_loader if fmt == "wds" else packer_loader
             for dtype in ("float32", "uint8"):
                 for workers, key in ((0, "0"), (w, "N")):
-                    rate, peak = read_rate(partial(make, out, dtype, workers), args.epochs)
+                    rate, peak = read_rate(partial(packer_loader, out, dtype, workers), args.epochs)
                     row["read"][f"{dtype}/{key}"] = rate
                     row["read"]["peak"] = max(row["read"].get("peak", 0), peak)
             results["rows"].append(row)

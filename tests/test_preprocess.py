@@ -352,3 +352,65 @@ def test_finish_pixels_uint8_passthrough():
     px = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
     out = finish_pixels(px, PreprocessConfig(size=(2, 2)))
     assert out.dtype == np.uint8 and np.array_equal(out, px)
+
+
+# ------------------------------------------------------------------------- reduced JPEG decoding
+
+
+def _photo_jpeg(tmp_path, size=(1600, 1200), orientation=None) -> bytes:
+    """A smooth, photograph-like JPEG (gradients plus mild noise), optionally with an EXIF orientation."""
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], axis=-1)
+    rgb = np.clip(rgb + np.random.default_rng(0).integers(-5, 5, rgb.shape), 0, 255).astype(np.uint8)
+    path = tmp_path / "photo.jpg"
+    extra = {}
+    if orientation:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        extra["exif"] = exif.tobytes()
+    Image.fromarray(rgb).save(path, quality=92, **extra)
+    return path.read_bytes()
+
+
+def test_draft_size_keeps_at_least_the_target():
+    from packer.preprocess import draft_size
+
+    cfg = PreprocessConfig(size=(224, 224))
+    assert draft_size((2000, 1500), cfg) == (299, 224)
+    assert draft_size((2000, 1500), cfg, swap=True) == (224, 299)
+    assert draft_size((2000, 1500), PreprocessConfig(size=(224, 224), resize="pad")) == (224, 168)
+    assert draft_size((2000, 1500), PreprocessConfig(size=(100, 50), resize="stretch")) == (100, 50)
+
+
+@pytest.mark.parametrize("orientation", [None, 6])
+def test_reduced_decode_is_close_to_a_full_decode(tmp_path, orientation):
+    data = _photo_jpeg(tmp_path, orientation=orientation)
+    full = decode(data, PreprocessConfig(size=(200, 150), reduced_decode=False))
+    reduced = decode(data, PreprocessConfig(size=(200, 150)))
+    assert reduced.original_size == full.original_size == ((1200, 1600) if orientation else (1600, 1200))
+    assert reduced.pixels.shape == full.pixels.shape == (150, 200, 3)
+    diff = np.abs(reduced.pixels.astype(int) - full.pixels.astype(int))
+    assert diff.mean() < 1.0 and diff.max() <= 12
+
+
+def test_reduced_decode_really_decodes_less(tmp_path, monkeypatch):
+    data = _photo_jpeg(tmp_path)
+    sizes = []
+    real = Image.Image.resize
+
+    def spy(self, size, *args, **kwargs):
+        sizes.append(self.size)
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    decode(data, PreprocessConfig(size=(190, 140)))
+    decode(data, PreprocessConfig(size=(190, 140), reduced_decode=False))
+    assert sizes == [(200, 150), (1600, 1200)]  # scaled by 1/8 while decoding, then resized
+
+
+def test_manifests_without_the_option_mean_full_decoding():
+    d = PreprocessConfig().to_dict()
+    assert d["reduced_decode"] is True
+    del d["reduced_decode"]
+    assert PreprocessConfig.from_dict(d).reduced_decode is False

@@ -48,7 +48,9 @@ class BatchNormalize:
         # (x / 255 - mean) / std == x * scale + bias: one fused pass (addcmul) over the bytes.
         self.scale = (1.0 / (255.0 * std)).view(-1, 1, 1)
         self.bias = (-mean / std).view(-1, 1, 1)
-        self._np_scale, self._np_bias = self.scale.numpy(), self.bias.numpy()
+        # Copies, not views: pickling for a spawned worker moves the tensors' memory into shared
+        # memory, and a numpy view of the old memory would then read freed bytes.
+        self._np_scale, self._np_bias = self.scale.numpy().copy(), self.bias.numpy().copy()
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def factors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,16 +224,55 @@ class PackedDataset(ReaderBase, Dataset):
     ``dataset[i]`` is ``(image, label)``: image a CHW tensor (see ImageConverter), label an int
     (-1 for unlabelled data); ``(image, label, meta)`` with ``return_meta=True`` (see ReaderBase).
     At most ``max_open_shards`` shards are kept open per process (least recently used are closed),
-    so datasets of thousands of shards stay within the open-file limit.
+    so datasets of thousands of shards stay within the open-file limit. ``in_memory=True`` reads
+    every image once into shared memory that DataLoader workers share (see load_into_memory).
     """
 
-    def __init__(self, root: str | os.PathLike, *, max_open_shards: int = 64, **options) -> None:
+    def __init__(self, root: str | os.PathLike, *, max_open_shards: int = 64, in_memory: bool = False,
+                 **options) -> None:
         super().__init__(root, **options)
         self.max_open_shards = max(1, int(max_open_shards))
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._labels: dict[int, np.ndarray] = {}
         self._pid: Optional[int] = None
+        self.memory: Optional[torch.Tensor] = None
+        self._memory_view: Optional[np.ndarray] = None
+        if in_memory:
+            self.load_into_memory()
+
+    def load_into_memory(self) -> None:
+        """Read every stored image once into one shared-memory array (``in_memory=True``).
+
+        DataLoader workers share it instead of copying it: forked ones inherit the mapping, spawned
+        ones receive it as a shared-memory handle. Encoded images (jpeg, png) are held decoded, so
+        nothing is decoded again. Needs a fixed image size.
+        """
+        dtype, shape = self._stored
+        if shape is None:
+            raise ValueError("in_memory=True needs one image size for the whole output (not --resize none)")
+        memory = torch.empty((len(self), *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype).share_memory_()
+        view = memory.numpy()
+        for shard in range(len(self.manifest.shards)):
+            start = self._offsets[shard]
+            with self._reading(shard):
+                handle = self._handle(shard)
+                for local in range(self.manifest.shards[shard].samples):
+                    image = self.read_image(handle, local)
+                    self._check_image(image, shard)
+                    view[start + local] = image
+        self.memory, self._memory_view = memory, None
+        self.close()  # the files are not needed any more
+
+    def _image(self, shard: int, local: int) -> np.ndarray:
+        """The stored image at ``local`` in ``shard``: from memory (``in_memory``) or the shard's files."""
+        if self.memory is not None:
+            if self._memory_view is None:
+                self._memory_view = self.memory.numpy()
+            return self._memory_view[self._offsets[shard] + local]
+        image = self.read_image(self._handle(shard), local)
+        self._check_image(image, shard)
+        return image
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index within the shard) of dataset index ``index``; negatives count from the end."""
@@ -246,11 +287,9 @@ class PackedDataset(ReaderBase, Dataset):
     def __getitem__(self, index: int):
         shard, local = self.locate(int(index))
         with self._reading(shard):
-            handle = self._handle(shard)
-            image = self.read_image(handle, local)
+            image = self._image(shard, local)
             label = int(self._shard_labels(shard)[local])
-            key = self.read_key(handle, local) if self.return_meta else None
-            self._check_image(image, shard)
+            key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
         return build_sample(self.convert(image), label, self.transform, meta)
 
@@ -279,8 +318,7 @@ class PackedDataset(ReaderBase, Dataset):
         for j in sorted(range(n), key=located.__getitem__):
             shard, local = located[j]
             with self._reading(shard):
-                image = self.read_image(self._handle(shard), local)
-                self._check_image(image, shard)
+                image = self._image(shard, local)
                 labels[j] = self._shard_labels(shard)[local]
                 self.convert.into(image, images[j])
         return PackedBatch(images, torch.from_numpy(labels), slot)
@@ -376,4 +414,5 @@ class PackedDataset(ReaderBase, Dataset):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_handles"], state["_labels"], state["_pid"] = OrderedDict(), {}, None
+        state["_memory_view"] = None  # the shared tensor travels as a handle; numpy views of it do not
         return state

@@ -198,3 +198,16 @@ def test_ddp_two_processes(packed, tmp_path):
             else:
                 assert len(sa) == len(sb) == 12  # ceil(23 / 2) per rank, from disjoint shards
         assert a["epochs"][0] != a["epochs"][1]
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "wds"])
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_in_memory_gives_the_same_batches_and_is_shared_with_workers(packed, fmt, ctx):
+    ds = open_dataset(packed[fmt], in_memory=True)
+    assert ds.memory is not None and ds.memory.is_shared() and tuple(ds.memory.shape) == (N, 32, 40, 3)
+    ref = reference(packed)
+    assert all(torch.allclose(ds[i][0], ref[i]) for i in range(N))
+    loader = make_loader(ds, 5, num_workers=2, multiprocessing_context=ctx, seed=1)
+    got = [x.clone() for x, _ in loader]
+    for x, idx in zip(got, loader.sampler.batches(0)):
+        assert torch.allclose(x, torch.stack([ref[i] for i in idx]))

@@ -8,6 +8,7 @@ file bytes made and read with Pillow.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from dataclasses import dataclass
@@ -31,6 +32,16 @@ def encode_npy(array: np.ndarray) -> bytes:
     """An array as the bytes of a ``.npy`` file."""
     buf = io.BytesIO()
     np.lib.format.write_array(buf, np.asarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=64)
+def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The bytes ``np.save`` writes before the data of a C-order array of ``dtype`` (``array.dtype.str``)
+    and ``shape``, so that writers can send the pixels from where they lie instead of copying them."""
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buf, header)
     return buf.getvalue()
 
 

@@ -15,14 +15,26 @@ from packer.errors import ManifestError
 def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None) -> Iterator[dict]:
     """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order.
 
-    ``source`` is a path or a readable binary stream (read sequentially, never seeked). Members are
+    ``source`` is a path (read with seeks) or a readable binary stream (read sequentially). Members are
     read into memory only; a member with an absolute path or ``..`` is refused, so a crafted tar
     cannot point anywhere. Errors are ManifestError naming the shard.
     """
     name = name or str(source)
+    if isinstance(source, Path):
+        try:
+            with open(source, "rb") as f:
+                yield from _grouped(tarfile.open(fileobj=f, mode="r:"), name, f)
+        except OSError as e:
+            raise ManifestError(f"{name} cannot be read ({e.strerror}); the shard is damaged") from None
+    else:
+        yield from _grouped(tarfile.open(fileobj=source, mode="r|"), name, None)
+
+
+def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterator[dict]:
+    """Members of ``tar`` grouped by key; with ``f``, the seekable file under it, member data is read
+    from it in one call (twice as fast as tarfile's own file objects for large members)."""
     current: dict = {}
     try:
-        tar = tarfile.open(source, mode="r|") if isinstance(source, Path) else tarfile.open(fileobj=source, mode="r|")
         with tar:
             for info in tar:
                 if not info.isfile():
@@ -37,7 +49,14 @@ def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None)
                     yield current
                     current = {}
                 current["__key__"] = key
-                current[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
+                if f is not None:
+                    f.seek(info.offset_data)  # tarfile seeks back to the next header by itself
+                    data = f.read(info.size)
+                    if len(data) != info.size:
+                        raise EOFError(f"member {info.name} is cut short")
+                    current[ext] = data
+                else:
+                    current[ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
     except (tarfile.TarError, EOFError, OSError) as e:
         detail = e or type(e).__name__
         raise ManifestError(f"{name} is not a complete tar file ({detail}); the shard is damaged") from None

@@ -109,10 +109,11 @@ class PlainFolder(Dataset):
 
 class PeakMemory:
     """Largest total PSS (proportional set size: shared pages split between their users) of this
-    process and its children, sampled every 50 ms while active."""
+    process (unless ``children_only``) and its children, sampled every 50 ms while active."""
 
-    def __init__(self) -> None:
+    def __init__(self, children_only: bool = False) -> None:
         self.peak = 0
+        self.children_only = children_only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -147,8 +148,10 @@ class PeakMemory:
         return pids
 
     def _run(self) -> None:
+        me = os.getpid()
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, sum(self._pss(p) for p in self._pids()))
+            pids = [p for p in self._pids() if not (self.children_only and p == me)]
+            self.peak = max(self.peak, sum(self._pss(p) for p in pids))
 
 
 def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
@@ -167,8 +170,28 @@ def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
     return rate, mem.peak
 
 
+def timed_pairs(run: Callable[[], dict], items: list, workers: int, repeat: int) -> dict:
+    """Run a conversion ``repeat`` times, each right after a floor measurement, and keep medians.
+
+    Shared machines drift in speed by tens of percent within a minute: a ratio is only meaningful
+    between neighbouring measurements, and the median of several pairs is what is reported. The
+    peak memory is the largest total PSS of the conversion's processes over all runs.
+    """
+    floors, rates, ratios, peaks = [], [], [], []
+    for _ in range(repeat):
+        floors.append(floor([p for p, _ in items], workers))
+        with PeakMemory(children_only=True) as mem:  # the converter's processes, not this benchmark's
+            c = run()
+        rates.append(len(items) / c["seconds"])
+        ratios.append(rates[-1] / floors[-1])
+        peaks.append(mem.peak)
+    c.update(floor=float(np.median(floors)), images_per_s=float(np.median(rates)), ratio=float(np.median(ratios)),
+             ratios=ratios, peak_pss=max(peaks))
+    return c
+
+
 def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int) -> dict:
-    """Run one conversion in a fresh process; its wall time, output bytes and peak RSS (largest process)."""
+    """Run one conversion in a fresh process (imports not timed); its seconds and output bytes."""
     code = (
         "import sys, time, json; from packer import ConvertConfig, convert; from packer.config import ImageCodec; "
         f"cfg = ConvertConfig({fmt!r}, codec=ImageCodec({codec!r})); "
@@ -179,12 +202,10 @@ def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int)
     proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), str(workers)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=ROOT)
     text = proc.stdout.read() if proc.stdout else b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise RuntimeError(f"conversion to {fmt}/{codec} failed (status {status})")
+    if proc.wait():
+        raise RuntimeError(f"conversion to {fmt}/{codec} failed (status {proc.returncode})")
     result = json.loads(text)
     result["bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    result["peak_rss"] = usage.ru_maxrss * 1024  # the largest process of the run (Linux reports KiB)
     return result
 
 
@@ -203,8 +224,10 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} usable cores, Python {m['python']}, torch {m['torch']}; "
              f"{results['images']} JPEGs, {results['workers']} workers, batches of {BATCH}.", "",
-             f"Conversion floor (bare decode+resize, {results['workers']} processes): {results['floor']:.0f} images/s.",
-             "", "| tool | format/codec | convert img/s | × floor | output MB | peak RSS MB | "
+             f"Conversion floor (bare decode+resize, {results['workers']} processes): {results['floor']:.0f} images/s "
+             f"at the start. Conversions: median of {results['repeat']} runs, each ratio to the floor measured right "
+             "before it; peak memory = largest total PSS of all the conversion's processes.",
+             "", "| tool | format/codec | convert img/s | × floor | output MB | convert peak MB | "
              "float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |", "|" + "---|" * 11]
     base = results["plain"]
     lines.append(f"| plain folder | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
@@ -216,8 +239,8 @@ def markdown(results: dict) -> str:
         cells = [f"{r[k]:.0f} ({r[k] / base[k]:.1f}x)" if r.get(k) else "-"
                  for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")]
         lines.append(
-            f"| {row['tool']} | {row['format']} | {rate:.0f} | {rate / results['floor']:.2f} | "
-            f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_rss', 0) / 2**20:.0f} | " + " | ".join(cells)
+            f"| {row['tool']} | {row['format']} | {rate:.0f} | {c['ratio']:.2f} | "
+            f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_pss', 0) / 2**20:.0f} | " + " | ".join(cells)
             + f" | {r.get('peak', 0) / 2**20:.0f} |" if rate else
             f"| {row['tool']} | {row['format']} | - | - | - | - | " + " | ".join(cells) + " | - |")
     lines += ["", "Read figures are samples/s, with the ratio to the plain folder; Nw = "
@@ -288,6 +311,20 @@ def draft_check(count: int = 12) -> None:
           f"99th percentile {np.percentile(diff, 99):.0f}, max {diff.max()} (0..255 levels)")
 
 
+def memory_check(root: Path, workers: int) -> None:
+    """Peak PSS (all processes) of one epoch through make_loader with ``workers`` workers, reading an
+    output from its files and with ``in_memory=True`` (one shared copy, not one per worker)."""
+    size = sum(f.bytes for shard in open_dataset(root).manifest.shards for f in shard.files)
+    for in_memory in (False, True):
+        with PeakMemory() as mem:
+            loader = make_loader(open_dataset(root, in_memory=in_memory), BATCH, num_workers=workers)
+            for _ in loader:
+                pass
+            del loader
+        print(f"in_memory={in_memory}: peak PSS {mem.peak / 2**20:.0f} MB with {workers} workers "
+              f"(output {size / 2**20:.0f} MB)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate (ignored with --src)")
@@ -296,7 +333,10 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(WRITERS))
     parser.add_argument("--codecs", default="raw,jpeg")
     parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
+    parser.add_argument("--repeat", type=int, default=3, help="floor + conversion pairs per output (medians kept)")
     parser.add_argument("--peers", action="store_true", help="also run WebDataset, LitData, Streaming if installed")
+    parser.add_argument("--memory-check", type=Path, metavar="OUT",
+                        help="only measure the memory of reading OUT with and without in_memory=True, then exit")
     parser.add_argument("--draft-check", action="store_true",
                         help="only measure reduced JPEG decoding against a full decode, then exit")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
@@ -304,6 +344,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.draft_check:
         draft_check()
+        return
+    if args.memory_check:
+        memory_check(args.memory_check, args.workers)
         return
     torch.set_num_threads(1)  # every tool normalizes in the main process alike (see bench_peers.py)
     src = args.src or args.work / "images"
@@ -314,7 +357,7 @@ def main() -> None:
     listing = discover(src)
     items = [(i.path, max(i.label, 0)) for i in listing.items]
     n, w = len(items), args.workers
-    results: dict = {"images": n, "workers": w, "rows": [], "machine": {
+    results: dict = {"images": n, "workers": w, "repeat": args.repeat, "rows": [], "machine": {
         "cpu": platform.processor() or platform.machine(), "cores": usable_cpus(), "python": platform.python_version(),
         "torch": torch.__version__}}
     try:
@@ -334,8 +377,7 @@ def main() -> None:
     for codec in args.codecs.split(","):
         for fmt in args.formats.split(","):
             out = args.work / f"{fmt}-{codec}"
-            c = convert_subprocess(src, out, fmt, codec, w)
-            c["images_per_s"] = n / c["seconds"]
+            c = timed_pairs(lambda: convert_subprocess(src, out, fmt, codec, w), items, w, args.repeat)
             row = {"tool": "packer", "format": f"{fmt}/{codec}", "convert": c, "read": {}}
             for dtype in ("float32", "uint8"):
                 for workers, key in ((0, "0"), (w, "N")):
@@ -343,8 +385,9 @@ def main() -> None:
                     row["read"][f"{dtype}/{key}"] = rate
                     row["read"]["peak"] = max(row["read"].get("peak", 0), peak)
             results["rows"].append(row)
-            print(f"{fmt}/{codec}: convert {c['images_per_s']:.0f}/s ({c['images_per_s'] / results['floor']:.0%} "
-                  f"of floor), {c['bytes'] / 2**20:.0f} MB; reads {row['read']}", flush=True)
+            print(f"{fmt}/{codec}: convert {c['images_per_s']:.0f}/s (median {c['ratio']:.0%} of the floor measured "
+                  f"just before, runs {', '.join(f'{r:.0%}' for r in c['ratios'])}), {c['bytes'] / 2**20:.0f} MB; "
+                  f"reads {row['read']}", flush=True)
     if args.peers:
         run_peers(args, items, results)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -365,8 +408,8 @@ def run_peers(args: argparse.Namespace, items: list[tuple[str, int]], results: d
             print(f"{peer}: not installed (pip install -e .[bench])", flush=True)
             continue
         out = args.work / f"peer-{peer}"
-        c = bench_peers.peer_convert(peer, items, out, args.workers, load)
-        c["images_per_s"] = c["images"] / c["seconds"]
+        c = timed_pairs(lambda: bench_peers.peer_convert(peer, items, out, args.workers, load), items, args.workers,
+                        args.repeat)
         row = {"tool": f"{peer} {version}", "format": "npy bytes", "convert": c, "read": {}}
         for dtype in ("float32", "uint8"):
             for workers, key in ((0, "0"), (args.workers, "N")):

@@ -20,7 +20,7 @@ from typing import ClassVar, Iterator
 import lmdb
 import numpy as np
 
-from packer.codecs import decode_npy, encode_npy
+from packer.codecs import decode_npy, encode_npy, npy_header
 from packer.formats.base import ImageLayout, encoded_bytes
 from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
 from packer.manifest import ShardEntry
@@ -54,7 +54,7 @@ class LmdbWriter:
     def add(self, sample: Sample) -> None:
         """Queue one sample; queued samples are committed in transactions of ~64 MB."""
         i = len(self.labels)
-        value = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else encode_npy(sample.image)
+        value = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else self._npy(sample.image)
         self._pending.append((lmdb_image_key(i), value))
         self._pending.append((lmdb_key_key(i), sample.key.encode("utf-8")))
         self._pending_bytes += len(value)
@@ -63,12 +63,20 @@ class LmdbWriter:
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()
 
+    @staticmethod
+    def _npy(image: np.ndarray) -> bytes:
+        """``.npy`` bytes of an image, its pixels copied once."""
+        image = np.ascontiguousarray(image)
+        return npy_header(image.dtype.str, image.shape) + image.tobytes()
+
     def _commit(self) -> None:
         while True:
             try:
                 with self._env.begin(write=True) as txn:
                     for k, v in self._pending:
-                        txn.put(k, v)
+                        # Keys come in sorted order: appending skips the B-tree search and fills pages.
+                        if not txn.put(k, v, append=True):
+                            raise RuntimeError(f"LMDB refused key {k!r} out of order")  # a bug, never data
                 break
             except lmdb.MapFullError:
                 self._map_size *= 2
@@ -78,9 +86,11 @@ class LmdbWriter:
 
     def close(self) -> list[str]:
         """Commit the rest, the labels and the length, and close."""
-        self._pending.append((LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))))
-        self._pending.append((LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))))
-        self._pending.append((LMDB_LENGTH, str(len(self.labels)).encode("ascii")))
+        self._pending += sorted([  # appended after the samples' keys (digits sort before letters), in order
+            (LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))),
+            (LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))),
+            (LMDB_LENGTH, str(len(self.labels)).encode("ascii")),
+        ])
         self._commit()
         # No fsync here, as for the other formats: the manifest, written last, is what makes an
         # output complete, and the data is in the page cache for any process that reads it.

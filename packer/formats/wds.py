@@ -14,14 +14,13 @@ and modes are fixed so equal inputs give byte-identical tars.
 
 from __future__ import annotations
 
-import io
 import tarfile
 from pathlib import Path
 from typing import ClassVar, Iterator
 
 import numpy as np
 
-from packer.codecs import CODECS, IMAGE_EXTENSIONS
+from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
 from packer.formats.base import ImageLayout, encoded_bytes
 from packer.layout import TAR_MEMBERS, TAR_SUFFIX, tar_member_key
 from packer.manifest import ShardEntry
@@ -42,16 +41,6 @@ class WdsWriter:
         self._members = TAR_MEMBERS[:-1] + (IMAGE_EXTENSIONS[layout.codec.name],)
         self._f = open(Path(directory) / self.file_name, "wb")
         self._offset = 0
-        self._npy_headers: dict[tuple, bytes] = {}
-
-    def _npy_header(self, image: np.ndarray) -> bytes:
-        key = (image.dtype.str, image.shape)
-        header = self._npy_headers.get(key)
-        if header is None:  # the bytes np.save writes before the data, made once per shape
-            buf = io.BytesIO()
-            np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(image))
-            header = self._npy_headers[key] = buf.getvalue()
-        return header
 
     def _member(self, name: str, *parts) -> None:
         size = sum(memoryview(p).nbytes for p in parts)
@@ -71,7 +60,7 @@ class WdsWriter:
             image: tuple = (encoded_bytes(sample, self.layout),)
         else:
             pixels = np.ascontiguousarray(sample.image)
-            image = (self._npy_header(pixels), pixels.data)
+            image = (npy_header(pixels.dtype.str, pixels.shape), pixels.data)
         values = {
             "cls": (CODECS["cls"].encode(sample.label),),
             "json": (CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),),

@@ -67,6 +67,8 @@ class BatchNormalize:
         if images.device.type != "cpu":  # one fused kernel; equal to the CPU result up to float rounding
             scale, bias = self.factors(images.device)
             return torch.addcmul(bias, images, scale).contiguous()
+        if images.dim() not in (3, 4):
+            raise ValueError(f"expected a CHW image or an NCHW batch, got shape {tuple(images.shape)}")
         shape = tuple(images.shape)
         out = torch.from_numpy(np.empty(shape, dtype=np.float32))  # numpy asks for huge pages when large
         src, dst = images.numpy(), out.numpy()
@@ -169,6 +171,8 @@ class ReaderBase:
         self.convert = ImageConverter(self.manifest, normalize)
         self.transform = transform
         self.return_meta = return_meta
+        self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
+        self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
         self._offsets = self.manifest.shard_offsets
         self._sizes = {f.path: f.bytes for shard in self.manifest.shards for f in shard.files}
         field = self.manifest.fields["image"]
@@ -232,7 +236,6 @@ class PackedDataset(ReaderBase, Dataset):
                  **options) -> None:
         super().__init__(root, **options)
         self.max_open_shards = max(1, int(max_open_shards))
-        self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._labels: dict[int, np.ndarray] = {}
         self._pid: Optional[int] = None
@@ -302,8 +305,8 @@ class PackedDataset(ReaderBase, Dataset):
         NHWC byte order (``channels_last``), so filling them is one plain copy per sample. With a
         ``transform`` or ``return_meta`` the samples are read one by one as by ``dataset[i]``.
         """
-        if self.transform is not None or self.return_meta:
-            return [self[i] for i in indices]
+        if self.transform is not None or self.return_meta or type(self).__getitem__ is not PackedDataset.__getitem__:
+            return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
         n = len(indices)
         dtype, shape = self._stored
         if shape is None:  # sizes vary: no common batch tensor
@@ -312,7 +315,8 @@ class PackedDataset(ReaderBase, Dataset):
         channels_last = self.convert.normalize is None
         out_dtype = self.convert.batch_dtype(dtype)
         claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
-        slot, images = claimed if claimed is not None else (None, empty_batch((n, c, h, w), out_dtype, channels_last))
+        slot, images = claimed if claimed is not None else (
+            None, empty_batch((n, c, h, w), out_dtype, channels_last, shared=self.shared_batches))
         labels = np.empty(n, dtype=np.int64)
         located = [self.locate(int(i)) for i in indices]
         for j in sorted(range(n), key=located.__getitem__):
@@ -320,7 +324,7 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 image = self._image(shard, local)
                 labels[j] = self._shard_labels(shard)[local]
-                self.convert.into(image, images[j])
+            self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
         return PackedBatch(images, torch.from_numpy(labels), slot)
 
     @contextlib.contextmanager

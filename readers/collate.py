@@ -14,7 +14,9 @@ from a ``PackedBatch`` (it is also a list of per-sample views), only slower.
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+import weakref
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import default_collate, get_worker_info
@@ -28,7 +30,7 @@ class PackedBatch(list):
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, slot: int | None = None) -> None:
-        super().__init__(zip(images, labels))
+        super().__init__(zip(images, labels.tolist()))  # int labels, as dataset[i] gives
         self.images = images
         self.labels = labels
         self.slot = slot
@@ -36,32 +38,38 @@ class PackedBatch(list):
     def collated(self) -> tuple:
         """``(images, labels)`` as ``default_collate`` would return them, or a ``RingBatch``."""
         if self.slot is not None:
-            return RingBatch((self.slot, len(self.labels), self.labels))
+            return RingBatch(self.slot, len(self.labels), self.labels)
         return self.images, self.labels
 
 
-class Numbered(tuple):
-    """``(number, batch)``: a batch with its position in the epoch, for batches made out of order."""
+class Numbered(NamedTuple):
+    """A batch with its position in the epoch, for batches made out of order (a NamedTuple, so that
+    the DataLoader's pin-memory step keeps it intact on every PyTorch version)."""
+
+    number: int
+    batch: Any
 
 
 def packed_collate(batch: Any) -> Any:
     """Collate for packer readers: a ``PackedBatch`` as it is, anything else by ``default_collate``."""
     if isinstance(batch, Numbered):
-        return Numbered((batch[0], packed_collate(batch[1])))
+        return Numbered(batch.number, packed_collate(batch.batch))
     if isinstance(batch, PackedBatch):
         return batch.collated()
     return default_collate(batch)
 
 
-def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool = False) -> torch.Tensor:
-    """An uninitialized (N, C, H, W) tensor; in shared memory when called in a DataLoader worker.
+def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool = False,
+                shared: bool = True) -> torch.Tensor:
+    """An uninitialized (N, C, H, W) tensor; in shared memory when ``shared`` and called in a DataLoader
+    worker (only worth it when the batch crosses to the main process as it is: ``packed_collate``).
 
     ``channels_last=True`` lays the bytes out as N x H x W x C (the stored order), so filling it is
     a plain copy per sample; the tensor's shape is still (N, C, H, W).
     """
     n, c, h, w = shape
     physical = (n, h, w, c) if channels_last else (n, c, h, w)
-    if get_worker_info() is None:
+    if not shared or get_worker_info() is None:
         out = torch.empty(physical, dtype=dtype)
     else:
         # As default_collate does: fill shared memory directly instead of copying into it later.
@@ -78,11 +86,10 @@ class SlotRing:
     virtual machine faulting in those pages costs more than filling them (about 3 us per 4 KiB
     page: 8 ms for a 64-image uint8 batch, 30 ms for float32). Here each worker owns ``per_worker``
     slots made before the workers start. A worker fills a slot it owns that is free and sends only
-    its number (``RingBatch``); ``make_loader``'s iterator hands out the slot itself and marks it
-    free again once nothing refers to the batch any more (by the reference counts of the tensor
-    and of its memory, so views and numpy arrays over it count). When all of a worker's slots are
-    held (a training loop that keeps batches), it falls back to the usual fresh shared memory: the
-    ring only ever saves time, it never waits.
+    its number (``RingBatch``); ``make_loader``'s iterator hands out the slot itself, and the slot
+    is free again once nothing refers to the batch any more (``hand_out``). When all of a worker's
+    slots are held (a training loop that keeps batches), it falls back to the usual fresh shared
+    memory: the ring only ever saves time, it never waits.
     """
 
     def __init__(self, workers: int, per_worker: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
@@ -93,11 +100,41 @@ class SlotRing:
         physical = (n, h, w, c) if channels_last else shape
         self.slots = [torch.empty(physical, dtype=dtype).share_memory_() for _ in range(workers * per_worker)]
         self.free = torch.ones(workers * per_worker, dtype=torch.uint8).share_memory_()
+        self._out: dict[int, weakref.finalize] = {}  # slots handed out by the loader, by finalizer
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_out": {}}  # finalizers stay in the loader's process
+
+    @staticmethod
+    def bytes_needed(workers: int, per_worker: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Shared memory a ring of this size takes."""
+        return workers * per_worker * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
 
     def view(self, slot: int, n: int) -> torch.Tensor:
         """The (n, C, H, W) batch tensor over slot ``slot``."""
         t = self.slots[slot][:n]
         return t.permute(0, 3, 1, 2) if self.channels_last else t
+
+    def hand_out(self, slot: int, n: int) -> torch.Tensor:
+        """In the loader: the batch in slot ``slot`` as a tensor that frees the slot when it dies.
+
+        The tensor is made over a numpy view of the slot that only it (and every tensor sharing
+        its memory: views, slices, numpy arrays of it) keeps alive; when the last of them goes,
+        the view's finalizer marks the slot free. Exact, with no polling.
+        """
+        array = self.slots[slot].numpy()[:n]
+        handed = self._out[slot] = weakref.finalize(array, self.release, slot)
+        handed.atexit = False
+        t = torch.from_numpy(array)
+        return t.permute(0, 3, 1, 2) if self.channels_last else t
+
+    def reset(self) -> None:
+        """In the loader, before a pass: free the slots filled for batches never handed out (a pass
+        left early, whose queued batches the DataLoader threw away)."""
+        for slot in range(len(self.slots)):
+            handed = self._out.get(slot)
+            if handed is None or not handed.alive:
+                self.free[slot] = 1
 
     def claim(self, n: int, dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
         """In a worker: a free slot of its own and its tensor for ``n`` samples, or None."""
@@ -116,8 +153,21 @@ class SlotRing:
         self.free[slot] = 1
 
 
-class RingBatch(tuple):
-    """What a worker sends for a batch filled into a ``SlotRing`` slot: ``(slot, n, labels)``."""
+class RingBatch(NamedTuple):
+    """What a worker sends for a batch filled into a ``SlotRing`` slot."""
+
+    slot: int
+    n: int
+    labels: torch.Tensor
 
 
-__all__ = ["PackedBatch", "packed_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered"]
+def shared_memory_free() -> int | None:
+    """Bytes free in /dev/shm (where PyTorch puts shared tensors on Linux), or None where unknown."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+__all__ = ["PackedBatch", "packed_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered", "shared_memory_free"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -37,7 +36,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import Numbered, RingBatch, SlotRing, packed_collate
+from readers.collate import Numbered, RingBatch, SlotRing, packed_collate, shared_memory_free
 from readers.sampler import EpochBatchSampler, distributed_rank
 
 log = logging.getLogger(__name__)
@@ -99,15 +98,22 @@ def batch_bytes(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dty
 
 
 def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype, *, cores: Optional[int] = None,
-                    memory: Optional[int] = None, cuda: bool = False) -> dict[str, Any]:
+                    memory: Optional[int] = None, cuda: bool = False, world_size: int = 1) -> dict[str, Any]:
     """The DataLoader options ``make_loader`` picks for this dataset on this machine.
 
-    ``cores`` and ``memory`` default to ``physical_cores()`` and ``available_memory()``.
+    ``cores`` and ``memory`` default to ``physical_cores()`` and ``available_memory()``, shared
+    between the processes of a distributed job on this machine (``LOCAL_WORLD_SIZE``, set by
+    torchrun). Workers are capped by this rank's batches (tar shards: its shards).
     """
-    cores = physical_cores() if cores is None else cores
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    cores = max(1, (physical_cores() if cores is None else cores) // local)
     memory = available_memory() if memory is None else memory
+    memory = None if memory is None else memory // local
     per_batch = batch_bytes(dataset, batch_size, transport_dtype)
-    units = len(dataset.manifest.shards) if isinstance(dataset, IterableDataset) else -(-len(dataset) // batch_size)
+    if isinstance(dataset, IterableDataset):
+        units = -(-len(dataset.manifest.shards) // world_size)
+    else:
+        units = -(-len(dataset) // world_size // batch_size)
     workers = max(0, min(cores, units))
     prefetch = 2
     if memory is not None and workers:
@@ -131,10 +137,10 @@ class PackedLoader:
 
     def __init__(self, dataset: ReaderBase, loader: DataLoader, sampler: Optional[EpochBatchSampler],
                  normalize: Optional[BatchNormalize], device: Optional[torch.device],
-                 ring: Optional[SlotRing] = None) -> None:
+                 ring: Optional[SlotRing] = None, order: Optional[dict] = None) -> None:
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
         self.normalize, self.device, self.ring = normalize, device, ring
-        self._held: list[list] = []  # [slot, batch tensor handed out, its reference counts then]
+        self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
         self.epoch = 0
         self._consumed = 0  # batches handed out in the current epoch
         self._resume_at = 0
@@ -155,12 +161,12 @@ class PackedLoader:
         else:  # seen by the workers, persistent ones too, when this pass starts
             self.dataset._batching["control"].copy_(torch.tensor([self.epoch, self._resume_at]))  # type: ignore
         self._consumed, self._resume_at = self._resume_at, 0
-        self._release_ring_slots()  # before the workers start filling again
+        if self.ring is not None:
+            self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, self._consumed):
-            self._release_ring_slots()
             if isinstance(batch, RingBatch):
                 slot, n, labels = batch
-                images, rest = self._hand_out(slot, n), []
+                images, rest = self.ring.hand_out(slot, n), []  # type: ignore[union-attr]
             else:
                 images, labels, *rest = batch
             batch = None
@@ -177,37 +183,25 @@ class PackedLoader:
         self.epoch += 1
         self._consumed = 0
 
-    @staticmethod
-    def _counts(t: torch.Tensor) -> tuple[int, int]:
-        return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-    def _hand_out(self, slot: int, n: int) -> torch.Tensor:
-        self._held.append([slot, self.ring.view(slot, n), None])  # type: ignore[union-attr]
-        entry = self._held[-1]
-        entry[2] = self._counts(entry[1])  # the counts of "only this loader holds it" (no local name for it)
-        return entry[1]
-
-    def _release_ring_slots(self) -> None:
-        """Give back to the workers the ring slots of batches that nobody refers to any more."""
-        still = []
-        for entry in self._held:
-            if self._counts(entry[1]) == entry[2]:
-                self.ring.release(entry[0])  # type: ignore[union-attr]
-            else:
-                still.append(entry)
-        self._held = still
-
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
         the batch order depends on, checked when loading)."""
-        state = {"epoch": self.epoch, "batches": self._consumed}
-        if self.sampler is not None:
-            s = self.sampler
-            state.update(seed=s.seed, size=s.size, world_size=s.world_size, batch_size=s.batch_size)
-        return state
+        epoch, consumed = self.epoch, self._consumed
+        if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
+            epoch, consumed = epoch + 1, 0
+        return {"epoch": epoch, "batches": consumed, "size": self.dataset.manifest.samples, **self.order}
 
     def load_state_dict(self, state: dict) -> None:
-        """Make the next iteration continue after the batches ``state`` says were handed out."""
+        """Make the next iteration continue after the batches ``state`` says were handed out.
+
+        Refused when the batch order would differ from the run that saved it: another batch size,
+        seed, world size, dataset size, or (tar shards) worker count; pass the same values.
+        """
+        mine = {"size": self.dataset.manifest.samples, **self.order}
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise ValueError(f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
+                                 f"{key}={value}; make the loader with the same {key}")
         if self.sampler is not None:
             self.sampler.load_state_dict(state)
         self.epoch = int(state["epoch"])
@@ -262,21 +256,31 @@ def make_loader(
         normalize = dataset.convert.normalize
         reader.convert = ImageConverter(dataset.manifest, normalize=False)
     transport = reader.convert.batch_dtype(np.dtype(dataset.manifest.fields["image"]["dtype"]))
-    options = default_options(dataset, batch_size, transport, cuda=cuda)
+    shape = dataset.manifest.fields["image"].get("shape")
+    if shape is None and batch_size > 1 and "collate_fn" not in overrides:
+        raise ValueError("images of this output have different sizes (--resize none): use batch_size=1 or pass a "
+                         "collate_fn that can batch them")
+    rank, world = distributed_rank()
+    options = default_options(dataset, batch_size, transport, cuda=cuda, world_size=world)
     options.update(overrides)
     workers = int(options.get("num_workers") or 0)
     if not workers:
         options.pop("persistent_workers", None)
         options.pop("prefetch_factor", None)
-    shape = dataset.manifest.fields["image"].get("shape")
+    ours = "collate_fn" not in overrides  # a collate of the caller's own sees plain samples, never ring slots
+    reader.shared_batches = ours
     ring = None
-    if workers and not cuda and shape and reader.transform is None and not reader.return_meta \
-            and getattr(torch._C, "_storage_Use_Count", None) is not None:
+    if workers and ours and not cuda and shape and reader.transform is None and not reader.return_meta:
         h, w, c = shape
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
-        ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport, reader.convert.normalize is None)
-        reader.ring = ring
-    rank, world = distributed_rank()
+        need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
+        free = shared_memory_free()
+        if free is None or need <= free // 2:
+            ring = reader.ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport,
+                                          reader.convert.normalize is None)
+        else:
+            log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
+                     free // 2**20, need // 2**20)
     options.setdefault("collate_fn", packed_collate)
     if isinstance(dataset, PackedDataset):
         sampler: Optional[EpochBatchSampler] = EpochBatchSampler(
@@ -290,7 +294,10 @@ def make_loader(
                                  control=torch.zeros(2, dtype=torch.int64).share_memory_())
         loader = DataLoader(reader, batch_size=None, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
-    return PackedLoader(reader, loader, sampler, normalize, device, ring)
+    order = {"batch_size": batch_size, "world_size": world, "seed": seed}
+    if sampler is None:
+        order["workers"] = workers  # the tar-shard batch plan depends on it
+    return PackedLoader(reader, loader, sampler, normalize, device, ring, order)
 
 
 __all__ = ["make_loader", "PackedLoader", "default_options", "physical_cores", "available_memory"]

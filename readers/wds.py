@@ -21,7 +21,7 @@ from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
 from readers.base import ReaderBase, build_sample
-from readers.collate import Numbered, PackedBatch, SlotRing, empty_batch
+from readers.collate import Numbered, PackedBatch, empty_batch
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -42,7 +42,6 @@ class WdsDataset(ReaderBase, IterableDataset):
         self.epoch = 0
         self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
         self._batching: Optional[dict] = None  # set by configure_batches
-        self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order).
@@ -119,20 +118,19 @@ class WdsDataset(ReaderBase, IterableDataset):
                           workers: int = 0, control: Optional[torch.Tensor] = None) -> None:
         """Yield whole batches (``PackedBatch``) instead of samples, an equal number on every rank.
 
-        Policy (documented in the README): per epoch the shard order is shuffled by seed and epoch,
-        rank ``r`` of ``world_size`` reads shards ``r, r + world_size, ...`` and yields exactly
-        ``len(self)`` batches, ``ceil(ceil(samples / world_size) / batch_size)`` (``floor`` with
-        ``drop_last``), all full but the last; within a rank, DataLoader worker ``k`` of ``workers``
-        reads every ``workers``-th of its shards and makes a share of the batches proportional to
-        the samples they hold (``batch_plan``). A worker whose shards run out before its share
-        starts another shuffled pass over them (a few samples repeat); one with more than its share
-        stops (those samples come up in other epochs, as the shard order changes). With one rank
-        and one worker every sample comes exactly once. ``control`` is a shared ``[epoch, batches
-        to skip]`` tensor that the loader sets before each pass, also for persistent workers.
+        Policy (documented in the README): shards are assigned once, rank ``r`` of ``world_size``
+        reading shards ``r, r + world_size, ...`` and, within a rank, DataLoader worker ``k`` of
+        ``workers`` every ``workers``-th of those; each epoch a worker reads its shards in a shuffled
+        order through the shuffle buffer, in batches of ``batch_size`` with one partial batch at
+        its end (none with ``drop_last``). So with one rank every sample comes exactly once per
+        epoch, whatever the worker count. Ranks must yield equal batch counts (DDP waits for the
+        slowest): a rank with fewer batches than the largest adds full batches drawn from another
+        pass over its shards (a few samples repeat); with ``drop_last`` the ranks with more drop
+        some instead. ``control`` is a shared ``[epoch, batches to skip]`` tensor that the loader
+        sets before each pass, also for persistent workers.
         """
-        per_rank = -(-self.manifest.samples // world_size)
         self._batching = {"batch_size": int(batch_size), "drop_last": drop_last, "rank": rank, "world": world_size,
-                          "workers": max(1, workers), "per_rank": per_rank,
+                          "workers": max(1, workers),
                           "control": control if control is not None else torch.zeros(2, dtype=torch.int64)}
         shards = len(self.manifest.shards)
         if shards < world_size * max(1, workers):
@@ -140,59 +138,77 @@ class WdsDataset(ReaderBase, IterableDataset):
                           "read the same shards, so samples repeat within an epoch; convert with a smaller "
                           "--shard-size for more shards", stacklevel=2)
 
+    def _shares(self, rank: int, workers: int) -> list[list[int]]:
+        """Shard numbers read by each DataLoader worker of ``rank`` (a worker without its own borrows one)."""
+        b = self._batching
+        everything = list(range(len(self.manifest.shards)))
+        mine = everything[rank::b["world"]] or everything[rank % len(everything):][:1]
+        return [mine[k::workers] or [mine[k % len(mine)]] for k in range(workers)]
+
+    def _natural_counts(self, rank: int, workers: int) -> list[int]:
+        b = self._batching
+        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in self._shares(rank, workers)]
+        size = b["batch_size"]
+        return [h // size if b["drop_last"] else -(-h // size) for h in held]
+
     def _batch_count(self) -> int:
         b = self._batching
-        full, rest = divmod(b["per_rank"], b["batch_size"])
-        return full + (1 if rest and not b["drop_last"] else 0)
+        totals = [sum(self._natural_counts(r, b["workers"])) for r in range(b["world"])]
+        return min(totals) if b["drop_last"] else max(totals)
 
-    def batch_plan(self, epoch: int, workers: int) -> tuple[list[list[int]], list[int]]:
-        """This rank's shards per DataLoader worker, and which worker makes each batch of the epoch, in
-        the order the DataLoader hands them out (it takes one from each worker still going, in turn).
-
-        Workers get batches in proportion to the samples in their shards, so few repeat or drop.
-        """
+    def batch_plan(self, workers: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """For this rank: each worker's shards, each worker's batch sizes in order, and which worker
+        makes each batch of the epoch in the order the DataLoader hands them out (one from each
+        worker still going, in turn)."""
         b = self._batching
-        count = self._batch_count()
-        order = self.shard_order(epoch)
-        rank_shards = order[b["rank"]::b["world"]] or order[b["rank"] % len(order):][:1]
-        mine = [rank_shards[k::workers] or [rank_shards[k % len(rank_shards)]] for k in range(workers)]
-        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in mine]
-        total = sum(held) or workers
-        exact = [count * (h if sum(held) else 1) / total for h in held]
-        counts = [int(x) for x in exact]
-        for k in sorted(range(workers), key=lambda k: counts[k] - exact[k])[: count - sum(counts)]:
-            counts[k] += 1  # largest remainders
+        size, count = b["batch_size"], self._batch_count()
+        shares = self._shares(b["rank"], workers)
+        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in shares]
+        counts = self._natural_counts(b["rank"], workers)
+        sizes = [[size] * c for c in counts]
+        if not b["drop_last"]:
+            for k, c in enumerate(counts):
+                if c:
+                    sizes[k][-1] = held[k] - size * (c - 1)  # the partial batch at the end of a worker's data
+        k = 0
+        while sum(len(x) for x in sizes) < count:  # fewer than the largest rank: resampled full batches
+            sizes[k % workers].append(size)
+            k += 1
+        while sum(len(x) for x in sizes) > count:  # drop_last: more than the smallest rank
+            max(sizes, key=len).pop()
         seq: list[int] = []
-        left = list(counts)
-        while len(seq) < count:
+        left = [len(x) for x in sizes]
+        while any(left):
             for k in range(workers):
                 if left[k]:
                     seq.append(k)
                     left[k] -= 1
-        return mine, seq
+        return shares, sizes, seq
 
     def _iter_batches(self) -> Iterator:
         b = self._batching
         epoch, skip = (int(v) for v in b["control"].tolist())
         info = get_worker_info()
-        worker = info.id if info is not None else 0
-        size, per_rank = b["batch_size"], b["per_rank"]
-        mine, seq = self.batch_plan(epoch, b["workers"] if info is not None else 1)
+        worker, workers = (info.id, b["workers"]) if info is not None else (0, 1)
+        shares, sizes, seq = self.batch_plan(workers)
         rng = random.Random(((self.seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + b["rank"])
+        shards = list(shares[worker])
 
-        def endless() -> Iterator:  # passes over this worker's shards, each through the shuffle buffer
+        def endless() -> Iterator:  # passes over this worker's shards, each in a new order, through the buffer
             while True:
-                one_pass = (item for shard in mine[worker] for item in self.iter_shard_raw(shard))
+                if self.shuffle:
+                    rng.shuffle(shards)
+                one_pass = (item for shard in shards for item in self.iter_shard_raw(shard))
                 yield from shuffle_buffer(one_pass, self.shuffle, rng) if self.shuffle else one_pass
 
         stream = endless()
         dtype, shape = self._stored
-        for g in (g for g, k in enumerate(seq) if k == worker):  # the epoch's batches this worker makes
-            n = min(size, per_rank - g * size)
+        mine = [g for g, k in enumerate(seq) if k == worker]  # the epoch's batches this worker makes
+        for g, n in zip(mine, sizes[worker]):
             items = [next(stream) for _ in range(n)]
             if g < skip:
                 continue  # consumed before a resume: read, not decoded
-            yield Numbered((g, self._make_batch(items, dtype, shape)))  # make_loader puts them in order
+            yield Numbered(g, self._make_batch(items, dtype, shape))  # make_loader puts them in order
 
     def _make_batch(self, items: list, dtype: np.dtype, shape) -> PackedBatch:
         n = len(items)
@@ -206,7 +222,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         out_dtype = self.convert.batch_dtype(dtype)
         claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
         slot, images = claimed if claimed is not None else (
-            None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None))
+            None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None, shared=self.shared_batches))
         for j, (_, array, label, _) in enumerate(decoded):
             self.convert.into(array, images[j])
             labels[j] = label

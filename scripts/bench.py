@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -174,20 +175,32 @@ def timed_pairs(run: Callable[[], dict], items: list, workers: int, repeat: int)
     """Run a conversion ``repeat`` times, each right after a floor measurement, and keep medians.
 
     Shared machines drift in speed by tens of percent within a minute: a ratio is only meaningful
-    between neighbouring measurements, and the median of several pairs is what is reported. The
-    peak memory is the largest total PSS of the conversion's processes over all runs.
+    between neighbouring measurements, and the median of several pairs is what is reported.
+    ``cpu_ratio`` is the floor's CPU seconds over the conversion's for the same images (median):
+    the share of the conversion's work that is decoding, unaffected by a neighbour slowing the
+    clock (but blind to waiting on the disk). The peak memory is the largest total PSS of the
+    conversion's processes over all runs.
     """
-    floors, rates, ratios, peaks = [], [], [], []
+    floors, rates, ratios, peaks, cpu = [], [], [], [], []
     for _ in range(repeat):
+        before = _cpu_seconds()
         floors.append(floor([p for p, _ in items], workers))
+        middle = _cpu_seconds()
         with PeakMemory(children_only=True) as mem:  # the converter's processes, not this benchmark's
             c = run()
+        cpu.append((middle - before) / (_cpu_seconds() - middle))
         rates.append(len(items) / c["seconds"])
         ratios.append(rates[-1] / floors[-1])
         peaks.append(mem.peak)
     c.update(floor=float(np.median(floors)), images_per_s=float(np.median(rates)), ratio=float(np.median(ratios)),
-             ratios=ratios, peak_pss=max(peaks))
+             ratios=ratios, peak_pss=max(peaks), cpu_ratio=float(np.median(cpu)))
     return c
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its finished children (the work, whatever the wall clock)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int) -> dict:
@@ -227,10 +240,10 @@ def markdown(results: dict) -> str:
              f"Conversion floor (bare decode+resize, {results['workers']} processes): {results['floor']:.0f} images/s "
              f"at the start. Conversions: median of {results['repeat']} runs, each ratio to the floor measured right "
              "before it; peak memory = largest total PSS of all the conversion's processes.",
-             "", "| tool | format/codec | convert img/s | × floor | output MB | convert peak MB | "
-             "float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |", "|" + "---|" * 11]
+             "", "| tool | format/codec | convert img/s | × floor (wall) | × floor (CPU) | output MB "
+             "| convert peak MB | float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |", "|" + "---|" * 12]
     base = results["plain"]
-    lines.append(f"| plain folder | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
+    lines.append(f"| plain folder | - | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
                  f"{base['uint8/0']:.0f} | {base['uint8/N']:.0f} | {base['peak'] / 2**20:.0f} |")
     for row in results["rows"]:
         c = row.get("convert", {})
@@ -239,10 +252,10 @@ def markdown(results: dict) -> str:
         cells = [f"{r[k]:.0f} ({r[k] / base[k]:.1f}x)" if r.get(k) else "-"
                  for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")]
         lines.append(
-            f"| {row['tool']} | {row['format']} | {rate:.0f} | {c['ratio']:.2f} | "
+            f"| {row['tool']} | {row['format']} | {rate:.0f} | {c['ratio']:.2f} | {c.get('cpu_ratio', 0):.2f} | "
             f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_pss', 0) / 2**20:.0f} | " + " | ".join(cells)
             + f" | {r.get('peak', 0) / 2**20:.0f} |" if rate else
-            f"| {row['tool']} | {row['format']} | - | - | - | - | " + " | ".join(cells) + " | - |")
+            f"| {row['tool']} | {row['format']} | - | - | - | - | - | " + " | ".join(cells) + " | - |")
     lines += ["", "Read figures are samples/s, with the ratio to the plain folder; Nw = "
               f"{results['workers']} DataLoader workers, 0w = reading in the main process."]
     return "\n".join(lines) + "\n"

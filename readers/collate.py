@@ -18,6 +18,7 @@ import os
 import weakref
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -38,7 +39,7 @@ class PackedBatch(list):
     def collated(self) -> tuple:
         """``(images, labels)`` as ``default_collate`` would return them, or a ``RingBatch``."""
         if self.slot is not None:
-            return RingBatch(self.slot, len(self.labels), self.labels)
+            return RingBatch(self.slot, len(self.labels), self.labels.numpy())
         return self.images, self.labels
 
 
@@ -158,7 +159,7 @@ class RingBatch(NamedTuple):
 
     slot: int
     n: int
-    labels: torch.Tensor
+    labels: np.ndarray  # numpy, pickled by value: a tensor would travel through its own shared memory
 
 
 def shared_memory_free() -> int | None:

@@ -165,8 +165,7 @@ class PackedLoader:
             self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, self._consumed):
             if isinstance(batch, RingBatch):
-                slot, n, labels = batch
-                images, rest = self.ring.hand_out(slot, n), []  # type: ignore[union-attr]
+                images, labels, rest = self.ring.hand_out(batch.slot, batch.n), torch.from_numpy(batch.labels), []  # type: ignore[union-attr]
             else:
                 images, labels, *rest = batch
             batch = None

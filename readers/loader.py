@@ -45,7 +45,8 @@ WDS_SHUFFLE_BUFFER = 1000
 """Shuffle buffer (samples per worker) that make_loader gives a tar-shard reader opened without one."""
 
 MEMORY_SHARE = 0.25
-"""Most of the available memory that batches waiting in worker queues may take."""
+"""Most of the available memory that batches in flight (worker queues and the ring of reusable batch
+buffers) may take."""
 
 
 def physical_cores() -> int:
@@ -118,7 +119,8 @@ def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch
     prefetch = 2
     if memory is not None and workers:
         budget = int(memory * MEMORY_SHARE)
-        while workers and workers * prefetch * per_batch > budget:
+        # Per worker: its queued batches and the reusable ring slots (queued + 2 the caller holds).
+        while workers and workers * (2 * prefetch + 2) * per_batch > budget:
             if prefetch > 1:
                 prefetch -= 1
             else:

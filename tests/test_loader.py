@@ -128,9 +128,10 @@ def test_defaults_follow_cores_memory_and_dataset(packed, monkeypatch):
     assert opts["persistent_workers"] and opts["prefetch_factor"] == 2 and not opts["pin_memory"]
     assert loader_module.default_options(ds, 1, torch.uint8, cores=3, memory=2**40)["num_workers"] == 3
     per_batch = loader_module.batch_bytes(ds, 4, torch.uint8)
-    tight = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(3 * per_batch / 0.25))
+    # per worker: (2 x prefetch + 2) batches in flight (queue and ring)
+    tight = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(3 * 4 * per_batch / 0.25))
     assert tight["num_workers"] == 3 and tight["prefetch_factor"] == 1  # prefetch lowered first
-    tighter = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(2 * per_batch / 0.25))
+    tighter = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(2 * 4 * per_batch / 0.25))
     assert tighter["num_workers"] == 2
     assert loader_module.default_options(ds, 4, torch.uint8, cores=2, memory=2**40, cuda=True)["pin_memory"]
     monkeypatch.setattr(loader_module, "physical_cores", lambda: 1)

@@ -19,7 +19,8 @@ def write_image(path: Path, size: tuple[int, int] = (64, 48), mode: str = "RGB",
     w, h = size
     channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}.get(mode, 3)
     base = rng.integers(0, 256, size=(max(1, h // 8), max(1, w // 8), channels), dtype=np.uint8)
-    small = Image.fromarray(base.squeeze(-1) if channels == 1 else base, mode if mode in ("RGB", "RGBA", "L", "LA") else "RGB")
+    pixels = base.squeeze(-1) if channels == 1 else base
+    small = Image.fromarray(pixels, mode if mode in ("RGB", "RGBA", "L", "LA") else "RGB")
     img = small.resize((w, h), Image.BILINEAR)
     if img.mode != mode:
         img = img.convert(mode)

@@ -102,7 +102,8 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
     assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8").exit_code == 0
     again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8")
     assert again.exit_code == 1 and "--overwrite" in again.output and "Traceback" not in again.output
-    assert run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--overwrite").exit_code == 0
+    again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--overwrite")
+    assert again.exit_code == 0
     none_npy = run("convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--resize", "none")
     assert none_npy.exit_code == 2 and "lmdb or wds" in none_npy.output  # a combination of options: usage
     empty = tmp_path / "empty"

@@ -86,7 +86,8 @@ def test_shard_offsets():
 
 
 def test_shard_entry_file():
-    s = ShardEntry("shard-00000", 2, [FileEntry("shard-00000.images.npy", 1, "a"), FileEntry("shard-00000.labels.npy", 1, "b")])
+    s = ShardEntry("shard-00000", 2,
+                   [FileEntry("shard-00000.images.npy", 1, "a"), FileEntry("shard-00000.labels.npy", 1, "b")])
     assert s.file(".labels.npy") == "shard-00000.labels.npy"
     with pytest.raises(ManifestError, match="shard-00000"):
         s.file(".keys.npy")

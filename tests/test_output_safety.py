@@ -8,8 +8,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import make_tree
+
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.errors import ManifestError, OutputError
 from packer.output import _old_dir, lock_output, recover, release_output

@@ -328,7 +328,8 @@ def test_corrupt_image_skipped_and_listed(image_tree, tmp_path, fmt, workers):
 
 
 def _rows_without_bad(src):
-    return [(i.relpath, i.label, load_image(i.path, PRE)) for i in discover(src).items if i.relpath != "bee/img_bad.png"]
+    items = [i for i in discover(src).items if i.relpath != "bee/img_bad.png"]
+    return [(i.relpath, i.label, load_image(i.path, PRE)) for i in items]
 
 
 @pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])

@@ -294,7 +294,8 @@ def test_labels_counts_and_balancing_weights_without_reading_images(packed, fmt)
     weights = ds.sample_weights()
     assert weights.dtype == torch.float64
     assert torch.allclose(weights, torch.tensor([1 / 5] * 5 + [1 / 4] * 4 + [1 / 6] * 6, dtype=torch.float64))
-    sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=3000, generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=3000, generator=generator)
     drawn = np.bincount(ds.labels[list(sampler)], minlength=3)
     assert all(abs(n - 1000) < 120 for n in drawn)  # each class about a third of the draws
     assert open_dataset(packed["wds"]).class_counts == [5, 4, 6]

@@ -110,11 +110,13 @@ class PlainFolder(Dataset):
 
 class PeakMemory:
     """Largest total PSS (proportional set size: shared pages split between their users) of this
-    process (unless ``children_only``) and its children, sampled every 50 ms while active."""
+    process (unless ``children_only``) and its children, sampled every ``every`` seconds while active.
+    Sampling is not free (the kernel walks each process's mappings), so keep it out of timed runs
+    or make it rare."""
 
-    def __init__(self, children_only: bool = False) -> None:
+    def __init__(self, children_only: bool = False, every: float = 0.05) -> None:
         self.peak = 0
-        self.children_only = children_only
+        self.children_only, self.every = children_only, every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -150,24 +152,25 @@ class PeakMemory:
 
     def _run(self) -> None:
         me = os.getpid()
-        while not self._stop.wait(0.05):
+        while not self._stop.wait(self.every):
             pids = [p for p in self._pids() if not (self.children_only and p == me)]
             self.peak = max(self.peak, sum(self._pss(p) for p in pids))
 
 
 def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
     """(samples/s, peak PSS bytes) over ``epochs`` epochs after one warm-up epoch, loader start included
-    in the warm-up only (persistent workers)."""
+    in the warm-up only (persistent workers). Memory is sampled during the warm-up epoch only: reading
+    /proc/PID/smaps_rollup of processes that map large files costs enough CPU to slow the reads."""
     with PeakMemory() as mem:
         loader = make()
         for _ in loader:
             pass
-        count, start = 0, time.perf_counter()
-        for _ in range(epochs):
-            for batch in loader:
-                count += len(batch[1])
-        rate = count / (time.perf_counter() - start)
-        del loader
+    count, start = 0, time.perf_counter()
+    for _ in range(epochs):
+        for batch in loader:
+            count += len(batch[1])
+    rate = count / (time.perf_counter() - start)
+    del loader
     return rate, mem.peak
 
 
@@ -186,7 +189,8 @@ def timed_pairs(run: Callable[[], dict], items: list, workers: int, repeat: int)
         before = _cpu_seconds()
         floors.append(floor([p for p, _ in items], workers))
         middle = _cpu_seconds()
-        with PeakMemory(children_only=True) as mem:  # the converter's processes, not this benchmark's
+        # The converter's processes, not this benchmark's; sampled rarely, as its CPU counts in the ratio.
+        with PeakMemory(children_only=True, every=0.5) as mem:
             c = run()
         cpu.append((middle - before) / (_cpu_seconds() - middle))
         rates.append(len(items) / c["seconds"])
@@ -426,10 +430,9 @@ def run_peers(args: argparse.Namespace, items: list[tuple[str, int]], results: d
         row = {"tool": f"{peer} {version}", "format": "npy bytes", "convert": c, "read": {}}
         for dtype in ("float32", "uint8"):
             for workers, key in ((0, "0"), (args.workers, "N")):
-                with PeakMemory() as mem:
+                with PeakMemory() as mem:  # the warm-up only, as in read_rate
                     bench_peers.peer_read(peer, out, batch_size=BATCH, workers=workers, dtype=dtype, epochs=1)
-                    r = bench_peers.peer_read(peer, out, batch_size=BATCH, workers=workers, dtype=dtype,
-                                              epochs=args.epochs)
+                r = bench_peers.peer_read(peer, out, batch_size=BATCH, workers=workers, dtype=dtype, epochs=args.epochs)
                 row["read"][f"{dtype}/{key}"] = r["samples"] / r["seconds"]
                 row["read"]["peak"] = max(row["read"].get("peak", 0), mem.peak)
         results["rows"].append(row)

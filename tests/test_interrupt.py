@@ -46,9 +46,30 @@ def reference(big_tree, tmp_path_factory) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
+SLOW_DECODE = '''
+import time
+import packer.preprocess as _pp
+_decode = _pp.decode
+def _slow(*args, **kwargs):
+    time.sleep(0.01)
+    return _decode(*args, **kwargs)
+_pp.decode = _slow
+'''
+
+
+def slowed_env(where: Path) -> dict:
+    """Environment whose Python decodes every image 10 ms slower (a sitecustomize hook), so that a run
+    lasts long enough to be interrupted however fast the machine and the decoder are."""
+    hooks = where / "slow-hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(SLOW_DECODE)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+
+
 def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProcess | int:
-    """Start a conversion, wait for its first finished shard, send ``sig``; return the exit status."""
-    proc = subprocess.Popen(packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True)
+    """Start a (slowed) conversion, wait for its first finished shard, send ``sig``; return the exit status."""
+    proc = subprocess.Popen(packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True,
+                            env=slowed_env(out.parent))
     stage = staging_dir(out)
     deadline = time.monotonic() + 120
     while not list(stage.glob(f"*{DONE_SUFFIX}")):

@@ -101,7 +101,7 @@ class ImageConverter:
 
     def batch_dtype(self, stored: np.dtype) -> torch.dtype:
         """dtype of the batches this converter fills (float32 when normalizing, else the stored dtype)."""
-        return torch.float32 if self.normalize is not None else torch.from_numpy(np.zeros(0, stored)).dtype
+        return torch.float32 if self.normalize is not None else torch_dtype(stored)
 
     def into(self, array: np.ndarray, slot: torch.Tensor) -> None:
         """Write one HWC image into ``slot``, a (C, H, W) view of a batch, converting on the way.
@@ -127,6 +127,11 @@ class ImageConverter:
             chw = chw.copy()
         t = torch.from_numpy(chw)
         return t if self.normalize is None else self.normalize(t)
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def _tensor_view(array: np.ndarray) -> torch.Tensor:
@@ -177,6 +182,17 @@ class ReaderBase:
         self._sizes = {f.path: f.bytes for shard in self.manifest.shards for f in shard.files}
         field = self.manifest.fields["image"]
         self._stored = (np.dtype(field["dtype"]), field.get("shape"))
+
+    def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
+        """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:
+        a free slot of make_loader's ring when there is one, else fresh (shared) memory. Float32 when
+        normalizing, contiguous; otherwise the stored dtype in the stored NHWC byte order."""
+        dtype, (h, w, c) = self._stored
+        out_dtype = self.convert.batch_dtype(dtype)
+        claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
+        if claimed is not None:
+            return claimed
+        return None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None, shared=self.shared_batches)
 
     def path(self, relpath: str) -> Path:
         """Path of a shard file named in the manifest, checked to exist with its recorded size.
@@ -254,16 +270,12 @@ class PackedDataset(ReaderBase, Dataset):
         dtype, shape = self._stored
         if shape is None:
             raise ValueError("in_memory=True needs one image size for the whole output (not --resize none)")
-        memory = torch.empty((len(self), *shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype).share_memory_()
+        memory = torch.empty((len(self), *shape), dtype=torch_dtype(dtype)).share_memory_()
         view = memory.numpy()
         for shard in range(len(self.manifest.shards)):
-            start = self._offsets[shard]
             with self._reading(shard):
-                handle = self._handle(shard)
                 for local in range(self.manifest.shards[shard].samples):
-                    image = self.read_image(handle, local)
-                    self._check_image(image, shard)
-                    view[start + local] = image
+                    view[self._offsets[shard] + local] = self._image(shard, local)
         self.memory, self._memory_view = memory, None
         self.close()  # the files are not needed any more
 
@@ -308,15 +320,9 @@ class PackedDataset(ReaderBase, Dataset):
         if self.transform is not None or self.return_meta or type(self).__getitem__ is not PackedDataset.__getitem__:
             return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
         n = len(indices)
-        dtype, shape = self._stored
-        if shape is None:  # sizes vary: no common batch tensor
+        if self._stored[1] is None:  # sizes vary: no common batch tensor
             return [self[i] for i in indices]
-        h, w, c = shape
-        channels_last = self.convert.normalize is None
-        out_dtype = self.convert.batch_dtype(dtype)
-        claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
-        slot, images = claimed if claimed is not None else (
-            None, empty_batch((n, c, h, w), out_dtype, channels_last, shared=self.shared_batches))
+        slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
         located = [self.locate(int(i)) for i in indices]
         for j in sorted(range(n), key=located.__getitem__):

@@ -21,7 +21,7 @@ from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
 from readers.base import ReaderBase, build_sample
-from readers.collate import Numbered, PackedBatch, empty_batch
+from readers.collate import Numbered, PackedBatch
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -202,27 +202,22 @@ class WdsDataset(ReaderBase, IterableDataset):
                 yield from shuffle_buffer(one_pass, self.shuffle, rng) if self.shuffle else one_pass
 
         stream = endless()
-        dtype, shape = self._stored
         mine = [g for g, k in enumerate(seq) if k == worker]  # the epoch's batches this worker makes
         for g, n in zip(mine, sizes[worker]):
             items = [next(stream) for _ in range(n)]
             if g < skip:
                 continue  # consumed before a resume: read, not decoded
-            yield Numbered(g, self._make_batch(items, dtype, shape))  # make_loader puts them in order
+            yield Numbered(g, self._make_batch(items))  # make_loader puts them in order
 
-    def _make_batch(self, items: list, dtype: np.dtype, shape) -> PackedBatch:
+    def _make_batch(self, items: list) -> PackedBatch:
         n = len(items)
         labels = np.empty(n, dtype=np.int64)
         decoded = [(index, *self.decode(fields, path)) for index, fields, path in items]
-        if shape is None or self.transform is not None or self.return_meta:  # sample by sample, default_collate
+        if self._stored[1] is None or self.transform is not None or self.return_meta:  # one by one, default_collate
             return [build_sample(self.convert(a), label, self.transform,  # type: ignore[return-value]
                                  {"index": i, "key": key, "label": label} if self.return_meta else None)
                     for i, a, label, key in decoded]
-        h, w, c = shape
-        out_dtype = self.convert.batch_dtype(dtype)
-        claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
-        slot, images = claimed if claimed is not None else (
-            None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None, shared=self.shared_batches))
+        slot, images = self.batch_tensor(n)
         for j, (_, array, label, _) in enumerate(decoded):
             self.convert.into(array, images[j])
             labels[j] = label

@@ -9,6 +9,7 @@ from typing import Optional
 
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ConfigError
+from packer.text import TextConfig
 
 RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
 COLOR_MODES = ("RGB", "L")
@@ -186,7 +187,7 @@ class ImageCodec:
 @dataclass(frozen=True)
 class ConvertConfig:
     """Everything that decides the content of an output: format, preprocessing, shard layout, order,
-    image codec.
+    image codec, how text is read.
 
     ``shuffle`` is None for sorted source order, or the seed of a global permutation of the samples
     (so that streamed tar shards need only a small read-time shuffle buffer).
@@ -197,6 +198,7 @@ class ConvertConfig:
     shard_size: ShardSize = field(default_factory=ShardSize)
     shuffle: Optional[int] = None
     codec: ImageCodec = field(default_factory=ImageCodec)
+    text: TextConfig = field(default_factory=TextConfig)
 
     def __post_init__(self) -> None:
         from packer.formats import get_writer  # here: the format registry imports the writers

@@ -8,22 +8,26 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Optional, Sequence
 
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped, SourceItem
+from packer.text import JSON_EXTENSIONS, TEXT_EXTENSIONS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "__macosx", "$recycle.bin"})
-
+FIELD_KINDS = ("image", "text", "json")
+"""The fields a sample can have, in the order they are stored and returned: an image file, a
+``.txt`` file, a ``.json`` file."""
 
 
 @dataclass
 class Discovery:
     """What discovery found: the items to convert, in order, and everything left out.
 
-    ``classes`` is None for unlabelled data. ``ignored`` counts files that are not images, by
-    extension; ``skipped`` lists image files that cannot be used, with the reason.
+    ``classes`` is None for unlabelled data. ``ignored`` counts files that are not used, by
+    extension; ``skipped`` lists files (or paired samples) that cannot be used, with the reason.
+    ``fields`` are the fields of every sample (``FIELD_KINDS``, in that order).
     """
 
     root: Path
@@ -31,6 +35,7 @@ class Discovery:
     classes: Optional[list[str]]
     skipped: list[Skipped] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    fields: tuple[str, ...] = ("image",)
 
 
 def is_litter(name: str) -> bool:
@@ -58,43 +63,148 @@ def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def discover(root: str | os.PathLike, labels_file: Optional[str | os.PathLike] = None) -> Discovery:
-    """List the image files under ``root`` in sorted relative-path order, with their labels.
+def field_kind(name: str) -> Optional[str]:
+    """The field a file of this name fills (``image``, ``text``, ``json``), None for other files."""
+    ext = os.path.splitext(name)[1].lower()
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    if ext in TEXT_EXTENSIONS:
+        return "text"
+    if ext in JSON_EXTENSIONS:
+        return "json"
+    return None
+
+
+def discover(
+    root: str | os.PathLike,
+    labels_file: Optional[str | os.PathLike] = None,
+    fields: Optional[Sequence[str]] = None,
+    allow_missing: bool = False,
+) -> Discovery:
+    """List the samples under ``root`` in sorted relative-path order, with their labels.
 
     Top-level subfolders are classes (indices by sorted name) and deeper files belong to their
     top-level class. Without subfolders the samples are unlabelled. A ``labels_file`` (CSV of
     relative path and label) overrides the folder classes.
+
+    ``fields`` says what a sample is (see ``FIELD_KINDS``). One field: each file of that kind is a
+    sample (images, or ``.txt`` texts). Several: files in one folder sharing a stem
+    (``0001.jpg``, ``0001.txt``, ``0001.json``) are one sample, keyed by the stem; a sample
+    missing a text or json file is skipped and reported, unless ``allow_missing`` stores that field
+    empty (a missing image is always skipped). None finds the fields from the files: the kinds that
+    occur together under one stem when any do (paired samples), else images when there are any,
+    else texts.
     """
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
     files, ignored, unlisted = _walk(root)
+    chosen = tuple(fields) if fields else _find_fields(files)
+    samples, problems = _samples(files, chosen, ignored, allow_missing)
+    unlisted += problems
+    ignored = dict(sorted(ignored.items()))
     if labels_file is not None:
-        found = _with_labels_file(root, files, ignored, Path(labels_file))
+        found = _with_labels_file(root, samples, ignored, Path(labels_file))
         found.skipped[:0] = unlisted
+        found.fields = chosen
         return found
     class_dirs = sorted(
         e.name for e in os.scandir(root)
         if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
     )
     if not class_dirs:
-        items = [SourceItem(i, str(root / rel), rel) for i, rel in enumerate(files)]
-        return Discovery(root, items, None, unlisted, ignored)
+        items = [_item(root, i, c) for i, c in enumerate(samples)]
+        return Discovery(root, items, None, unlisted, ignored, chosen)
     class_index = {name: i for i, name in enumerate(class_dirs)}
     items: list[SourceItem] = []
     skipped: list[Skipped] = list(unlisted)
-    for rel in files:
-        top = PurePosixPath(rel).parts[0]
-        if len(PurePosixPath(rel).parts) == 1:
-            skipped.append(Skipped(rel, "not inside a class folder (the source has class subfolders)"))
+    for c in samples:
+        parts = PurePosixPath(c.key).parts
+        if len(parts) == 1:
+            skipped.append(Skipped(c.key, "not inside a class folder (the source has class subfolders)"))
             continue
-        items.append(SourceItem(len(items), str(root / rel), rel, class_index[top]))
-    return Discovery(root, items, class_dirs, skipped, ignored)
+        items.append(_item(root, len(items), c, class_index[parts[0]]))
+    return Discovery(root, items, class_dirs, skipped, ignored, chosen)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A sample before labelling: its key and its files' relative paths, by field."""
+
+    key: str
+    files: tuple[tuple[str, str], ...]  # (field, relative path); empty tuple for an image-only sample
+    rel: str  # the one file of a single-field sample, the first file of a paired one
+
+
+def _item(root: Path, index: int, c: _Candidate, label: int = UNLABELLED) -> SourceItem:
+    parts = tuple((f, str(root / rel)) for f, rel in c.files)
+    return SourceItem(index, str(root / c.rel), c.key, label, parts)
+
+
+def _find_fields(files: list[str]) -> tuple[str, ...]:
+    """The fields of a tree whose fields were not given (see ``discover``)."""
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for rel in files:
+        kinds.setdefault(_stem(rel), set()).add(field_kind(rel))  # type: ignore[arg-type]
+    paired = set().union(*(k for k in kinds.values() if len(k) > 1))
+    if paired:
+        return tuple(f for f in FIELD_KINDS if f in paired)
+    present = {k for ks in kinds.values() for k in ks}
+    return ("text",) if "text" in present and "image" not in present else ("image",)
+
+
+def _stem(rel: str) -> tuple[str, str]:
+    """(folder, name without its last extension) of a relative path: the key files pair on."""
+    folder, name = os.path.split(rel)
+    return folder, os.path.splitext(name)[0]
+
+
+def _samples(
+    files: list[str], fields: tuple[str, ...], ignored: dict[str, int], allow_missing: bool
+) -> tuple[list[_Candidate], list[Skipped]]:
+    """Group the listed files into samples of ``fields``; files of other kinds are counted in
+    ``ignored``, paired samples that cannot be used are returned as skipped."""
+    used: list[tuple[str, str]] = []
+    for rel in files:
+        kind = field_kind(rel)
+        if kind in fields:
+            used.append((kind, rel))  # type: ignore[arg-type]
+        else:
+            ext = os.path.splitext(rel)[1].lower()  # never empty: field_kind found a known one
+            ignored[ext] = ignored.get(ext, 0) + 1
+    if len(fields) == 1:
+        if fields == ("image",):
+            return [_Candidate(rel, (), rel) for _, rel in used], []
+        return [_Candidate(rel, ((kind, rel),), rel) for kind, rel in used], []
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for kind, rel in used:
+        groups.setdefault(_stem(rel), []).append((kind, rel))
+    samples: list[_Candidate] = []
+    skipped: list[Skipped] = []
+    for (folder, stem), members in groups.items():
+        key = f"{folder}/{stem}" if folder else stem
+        by_field: dict[str, list[str]] = {}
+        for kind, rel in members:
+            by_field.setdefault(kind, []).append(rel)
+        doubled = [rels for rels in by_field.values() if len(rels) > 1]
+        missing = [f for f in fields if f not in by_field]
+        if doubled:
+            names = ", ".join(os.path.basename(r) for r in doubled[0])
+            skipped.append(Skipped(key, f"several files for one field share the stem: {names}; rename all but one"))
+        elif missing and ("image" in missing or not allow_missing):
+            have = ", ".join(os.path.basename(r) for _, r in members)
+            hint = "" if "image" in missing else " (--allow-missing stores it empty)"
+            skipped.append(Skipped(key, f"missing {' and '.join(missing)}: only {have}{hint}"))
+        else:
+            files_ = tuple((f, by_field[f][0]) for f in fields if f in by_field)
+            samples.append(_Candidate(key, files_, files_[0][1]))
+    samples.sort(key=lambda c: c.key)
+    return samples, skipped
 
 
 def _walk(root: Path) -> tuple[list[str], dict[str, int], list[Skipped]]:
-    """All image files under root as sorted POSIX relative paths, ignored files by extension, and
-    what could not be listed or named.
+    """All image, text and json files under root as sorted POSIX relative paths, other files counted
+    by extension, and what could not be listed or named.
 
     Iterative (no recursion limit on deep trees) and in sorted order, real folders before symlinks
     to folders; symlinked folders are followed, each real folder at most once, so a symlink loop
@@ -133,7 +243,7 @@ def _walk(root: Path) -> tuple[list[str], dict[str, int], list[Skipped]]:
             if is_dir:
                 if not is_packer_folder(entry.path):
                     subfolders.append((entry.is_symlink(), entry.name))
-            elif is_image_name(entry.name):
+            elif field_kind(entry.name) is not None:
                 found.append(rel)
             else:
                 ignored[os.path.splitext(entry.name)[1].lower() or "(no extension)"] += 1
@@ -156,7 +266,8 @@ def _posix(path: Path) -> str:
     return "" if text == "." else text
 
 
-def _with_labels_file(root: Path, files: list[str], ignored: dict[str, int], labels_file: Path) -> Discovery:
+def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path) -> Discovery:
+    """Label ``samples`` from a CSV whose paths name a sample's key or any of its files."""
     labels = read_labels_file(labels_file)
     names = sorted(set(labels.values()))
     if all(n.isdigit() for n in names):
@@ -165,23 +276,40 @@ def _with_labels_file(root: Path, files: list[str], ignored: dict[str, int], lab
     else:
         classes = names
         index = {n: i for i, n in enumerate(names)}
-    present = set(files)
+    listed: set[str] = set()
     items: list[SourceItem] = []
     skipped: list[Skipped] = []
-    for rel in files:
-        if rel in labels:
-            items.append(SourceItem(len(items), str(root / rel), rel, index[labels[rel]]))
-        else:
-            skipped.append(Skipped(rel, f"no label in {labels_file.name}"))
-    for rel in sorted(set(labels) - present):
+    for c in samples:
+        names_of = [c.key, c.rel, *(rel for _, rel in c.files)]
+        hit = next((n for n in names_of if n in labels), None)
+        if hit is None:
+            skipped.append(Skipped(c.key, f"no label in {labels_file.name}"))
+            continue
+        listed.update(n for n in names_of if n in labels)
+        items.append(_item(root, len(items), c, index[labels[hit]]))
+    for rel in sorted(set(labels) - listed):
         skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found in the source folder"))
     return Discovery(root, items, classes, skipped, ignored)
+
+
+HEADER_NAMES = frozenset({"path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_path",
+                          "img", "name", "key", "relpath", "relative_path", "sample", "id", "stem", "fname"})
+LABEL_HEADERS = frozenset({"label", "labels", "class", "classes", "category", "target", "y"})
+
+
+def _is_header(rel: str, label: str) -> bool:
+    """True for a first row that names the columns: a path without a known extension that is a
+    column name, or a label column called label/class/...; a paired sample's stem is data."""
+    if field_kind(rel) is not None:
+        return False
+    return rel.lower().replace(" ", "_") in HEADER_NAMES or label.lower() in LABEL_HEADERS
 
 
 def read_labels_file(path: Path) -> dict[str, str]:
     """Read a CSV of ``relative path,label`` rows.
 
-    A first row whose path has no image extension (``path,label``, ``file_name,label``) is a header.
+    A first row whose path has no image, text or json extension (``path,label``, ``file_name,label``)
+    is a header; in paired samples a path may also be the samples' shared stem (``cats/0001``).
     """
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
@@ -200,8 +328,8 @@ def _read_labels_rows(path: Path) -> dict[str, str]:
             if len(row) < 2:
                 raise InputError(f"{path}:{lineno}: expected 'relative path,label', got {row!r}")
             rel, label = row[0].strip(), row[1].strip()
-            if not labels and not is_image_name(rel):
-                continue  # the header row
+            if not labels and _is_header(rel, label):
+                continue
             rel = PurePosixPath(rel.replace("\\", "/")).as_posix()
             if rel in labels and labels[rel] != label:
                 raise InputError(f"{path}:{lineno}: {rel} is listed twice with different labels")
@@ -209,4 +337,5 @@ def _read_labels_rows(path: Path) -> dict[str, str]:
     return labels
 
 
-__all__ = ["Discovery", "discover", "read_labels_file", "is_image_name", "is_litter", "IMAGE_EXTENSIONS", "UNLABELLED"]
+__all__ = ["Discovery", "discover", "read_labels_file", "is_image_name", "is_litter", "field_kind", "IMAGE_EXTENSIONS",
+           "FIELD_KINDS", "UNLABELLED"]

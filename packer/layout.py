@@ -42,6 +42,16 @@ def lmdb_image_key(i: int) -> bytes:
     return b"%08d.image" % i
 
 
+def lmdb_field_key(i: int, field: str) -> bytes:
+    """LMDB key of the bytes of a shard's ``i``-th sample's variable-length field ``field`` (``text``, ``json``)."""
+    return b"%08d.%s" % (i, field.encode("ascii"))
+
+
+def lmdb_lengths_key(field: str) -> bytes:
+    """LMDB key of a shard's per-sample lengths of field ``field`` (``.npy`` bytes of int64)."""
+    return b"lengths." + field.encode("ascii")
+
+
 def lmdb_key_key(i: int) -> bytes:
     """LMDB key of a shard's ``i``-th sample key (its relative source path)."""
     return b"%08d.key" % i
@@ -51,6 +61,16 @@ def tar_member_key(index: int) -> str:
     """Tar member key (``KEY`` in ``KEY.npy``) of the source item at ``index`` in the sorted listing."""
     return f"{index:09d}"
 
+
+def wds_lengths_suffix(field: str) -> str:
+    """Suffix of a tar shard's side file of per-sample lengths of field ``field`` (int64 ``.npy``)."""
+    return f".{field}.lengths.npy"
+
+
+TEXT_MEMBERS = {"text": "txt", "tokens": "tokens.npy", "json": "data.json"}
+"""Tar member extension of a variable-length field, by what it holds (``TextField.kind``):
+``KEY.txt`` UTF-8 text, ``KEY.tokens.npy`` int32 token ids, ``KEY.data.json`` (``KEY.json`` is
+packer's own metadata)."""
 
 TAR_MEMBERS = ("cls", "json", "npy")
 """Member extensions of one sample in a tar shard, in the order they are written; with jpeg or png

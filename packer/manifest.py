@@ -17,14 +17,17 @@ import numpy as np
 
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ManifestError
-from packer.records import FileEntry
+from packer.records import TEXT_KINDS, FileEntry, TextField
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 """Version of the manifest's own layout; each format has its own ``format_version`` too."""
 
 #: The newest on-disk layout of each format that this packer writes and reads.
-FORMAT_VERSIONS = {"npy": 2, "lmdb": 2, "hdf5": 2, "wds": 2}
+FORMAT_VERSIONS = {"npy": 3, "lmdb": 3, "hdf5": 3, "wds": 3}
+
+TEXT_FIELD_NAMES = ("text", "json")
+"""Names of the variable-length fields a manifest may list besides image, label and key."""
 
 ENCODED_SINCE = 2
 """The format version that added jpeg and png images (``fields.image.codec``). Raw outputs are
@@ -32,10 +35,17 @@ still written as version 1: their shards are byte for byte what earlier packers 
 that know only version 1 keep reading them, and refuse encoded outputs, which they cannot read."""
 
 
-def format_version(fmt: str, codec: str) -> int:
-    """The version written for an output of format ``fmt`` whose images use ``codec``: the oldest
-    layout that describes it (as numpy writes npy version 1.0 whenever its header allows)."""
-    return 1 if codec == "raw" else FORMAT_VERSIONS[fmt]
+TEXT_SINCE = 3
+"""The format version that added text, token-id and json fields (and samples without an image)."""
+
+
+def format_version(fmt: str, codec: str, text: bool = False) -> int:
+    """The version written for an output of format ``fmt`` whose images use ``codec`` and that has
+    ``text`` fields (or no image): the oldest layout that describes it (as numpy writes npy version
+    1.0 whenever its header allows)."""
+    if text:
+        return TEXT_SINCE
+    return 1 if codec == "raw" else ENCODED_SINCE
 
 
 @dataclass
@@ -135,8 +145,24 @@ class Manifest:
 
     @property
     def image_codec(self) -> str:
-        """How images are stored: ``raw``, ``jpeg`` or ``png`` (``raw`` when the manifest predates codecs)."""
-        return self.fields["image"].get("codec", "raw")
+        """How images are stored: ``raw``, ``jpeg`` or ``png`` (``raw`` when the manifest predates codecs
+        or the output has no images)."""
+        return self.fields["image"].get("codec", "raw") if self.has_image else "raw"
+
+    @property
+    def has_image(self) -> bool:
+        """Whether samples have an image field (text-only outputs do not)."""
+        return "image" in self.fields
+
+    @property
+    def text_fields(self) -> tuple[TextField, ...]:
+        """The variable-length text, token-id and json fields, in stored order."""
+        return tuple(TextField.from_dict(name, f) for name, f in self.fields.items() if name in TEXT_FIELD_NAMES)
+
+    @property
+    def sample_fields(self) -> tuple[str, ...]:
+        """Names of the fields each sample returns, in order (``image``, ``text``, ``json``), before its label."""
+        return tuple(name for name in self.fields if name == "image" or name in TEXT_FIELD_NAMES)
 
     @property
     def shard_offsets(self) -> list[int]:
@@ -153,7 +179,32 @@ def _check_layout(m: "Manifest", where: str) -> None:
         for f in shard.files:
             if not f.path or "/" in f.path or "\\" in f.path or f.path in (".", "..") or f.path.startswith("."):
                 raise ManifestError(f"{where}: file path {f.path!r} is not a plain name inside the output")
-    image = m.fields.get("image") if isinstance(m.fields, dict) else None
+    if not isinstance(m.fields, dict):
+        raise ManifestError(f"{where}: fields is not an object")
+    _check_text_fields(m, where)
+    if "image" in m.fields or not m.text_fields:  # text-only outputs have no image field
+        _check_image_field(m, where)
+    if not isinstance(m.preprocess, dict):
+        raise ManifestError(f"{where}: preprocess is not an object")
+    if m.stats is not None and not isinstance(m.stats, dict):
+        raise ManifestError(f"{where}: stats is not an object")
+
+
+def _check_text_fields(m: "Manifest", where: str) -> None:
+    for name in TEXT_FIELD_NAMES:
+        f = m.fields.get(name)
+        if f is None:
+            continue
+        if m.format_version < TEXT_SINCE:
+            raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
+                                f"{m.format_version}; the manifest is damaged")
+        if not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "tokens") == (name == "json"):
+            raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
+                                f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
+
+
+def _check_image_field(m: "Manifest", where: str) -> None:
+    image = m.fields.get("image")
     if not isinstance(image, dict):
         raise ManifestError(f"{where}: fields.image is missing")
     try:
@@ -173,10 +224,6 @@ def _check_layout(m: "Manifest", where: str) -> None:
     if codec != "raw" and (dtype != np.uint8 or m.format_version < ENCODED_SINCE):
         raise ManifestError(f"{where}: {codec} images need uint8 storage and format version {ENCODED_SINCE} or "
                             f"later, not {dtype} and version {m.format_version}; the manifest is damaged")
-    if not isinstance(m.preprocess, dict):
-        raise ManifestError(f"{where}: preprocess is not an object")
-    if m.stats is not None and not isinstance(m.stats, dict):
-        raise ManifestError(f"{where}: stats is not an object")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:

@@ -14,7 +14,7 @@ import os
 import stat
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -43,10 +43,11 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
+from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem, TextField
 from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
+from packer.text import TEXT_EXTENSIONS, TextConfig
 from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
@@ -114,22 +115,49 @@ def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> list[Sourc
 
 
 def estimate_sample_bytes(layout: ImageLayout, items: Sequence[SourceItem]) -> float:
-    """Stored bytes per sample: exact for fixed shapes; for images kept at their own size, the mean
-    of up to 64 evenly spread files' sizes, read from their headers (no decoding)."""
+    """Stored bytes per sample: exact for fixed image shapes; for images kept at their own size, the
+    mean of up to 64 evenly spread files' sizes, read from their headers (no decoding); text fields
+    add the mean size of their files (stored text is about its file's size)."""
+    sample = items[:: max(1, len(items) // 64)]
+    text = 0.0
+    if layout.text:
+        sizes = [_file_size(p) for item in sample for f, p in item.parts if f != "image"]
+        text = float(sum(sizes) / len(sample)) if sample else 0.0
     if layout.sample_bytes is not None:
-        return float(layout.sample_bytes)
+        return float(layout.sample_bytes) + text
     per_pixel = layout.channels * np.dtype(layout.dtype).itemsize
     sizes = []
-    for item in items[:: max(1, len(items) // 64)]:
+    for item in sample:
+        path = dict(item.parts).get("image", item.path)
+        if not _file_size(path):
+            continue  # a FIFO would block here; workers report such files
         try:
-            st = os.stat(item.path)
-            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-                continue  # a FIFO would block here; workers report such files
-            with Image.open(item.path) as img:
+            with Image.open(path) as img:
                 sizes.append(img.size[0] * img.size[1] * per_pixel)
         except Exception:  # noqa: BLE001 - a bad file is reported later by its worker; here it only has no size
             continue
-    return float(sum(sizes) / len(sizes)) if sizes else float(1024**2)
+    return (float(sum(sizes) / len(sizes)) if sizes else float(1024**2)) + text
+
+
+def _file_size(path: str) -> int:
+    """Size of a regular file, 0 for anything else or an unreadable path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def sample_layout(config: ConvertConfig, fields: Sequence[str]) -> ImageLayout:
+    """The stored layout of samples of ``fields`` (see ``packer.discover``) under ``config``."""
+    pre, text = config.preprocess, config.text
+    extra = []
+    for name in fields:
+        if name == "text" and text.tokenizer is not None:
+            extra.append(TextField("text", "tokens", text.tokenizer_info()))
+        elif name in ("text", "json"):
+            extra.append(TextField(name, name))
+    return ImageLayout(pre.dtype, pre.image_shape, pre.channels, config.codec, "image" in fields, tuple(extra))
 
 
 def convert(
@@ -158,17 +186,20 @@ def convert(
     """
     started = time.perf_counter()
     output = Path(output)
-    pre = config.preprocess
-    layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels, config.codec)  # ConvertConfig checked it fits
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     check_output(output, overwrite, Path(source))
-    found = discover(source, labels_file)
+    found = discover(source, labels_file, config.text.fields, config.text.allow_missing)
     if not found.items:
         if labels_file is not None and found.skipped:
-            raise InputError(f"none of the {len(found.skipped)} image files under {source} is listed in {labels_file}; "
+            raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
                              "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
-        raise InputError(f"no images found in {source} (looked for {', '.join(sorted(IMAGE_EXTENSIONS))})")
+        if found.skipped:
+            raise InputError(f"no usable samples in {source}: all {len(found.skipped)} were skipped; first: "
+                             f"{found.skipped[0].path}: {found.skipped[0].reason}")
+        looked = ", ".join(sorted(IMAGE_EXTENSIONS | TEXT_EXTENSIONS))
+        raise InputError(f"no images or texts found in {source} (looked for {looked})")
+    layout = sample_layout(config, found.fields)  # ConvertConfig checked that the image part fits the format
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
@@ -237,7 +268,7 @@ def _convert_locked(
         if done_items:
             progress(done_items)
     try:
-        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict)
+        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text)
                 for i, t in enumerate(tasks)]
         todo = [j for j in jobs if j.task.name not in finished]
         fresh = run_jobs(todo, run.workers, progress=progress, timeout=run.timeout,
@@ -246,7 +277,7 @@ def _convert_locked(
         results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
-            raise InputError(f"no image in {source} could be packed: all {sum(kinds.values())} were skipped ("
+            raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
                              + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
         manifest = build_manifest(config, layout, found, results, plan_workers)
         write_manifest(stage, manifest)
@@ -277,19 +308,23 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     size, inode and modification and change times (so a resumed run notices files changed in
     between, even when their mtime was put back)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
-                         "shard_size": config.shard_size.describe(), "shuffle": config.shuffle,
-                         "codec": config.codec.to_dict()},
-                        sort_keys=True).encode())
+    options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
+               "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
+    if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
+        options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
+    h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
         for item in task.items:
-            try:
-                st = os.stat(item.path)
-                stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-            except OSError:
-                stamp = "missing"
-            h.update(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}".encode())
+            stamps = []
+            for path in item.paths:
+                try:
+                    st = os.stat(path)
+                    stamps.append(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
+                except OSError:
+                    stamps.append("missing")
+            fields = "".join(f"\0{f}" for f, _ in item.parts)
+            h.update(f"\0{item.index}\0{item.relpath}\0{item.label}\0{'/'.join(stamps)}{fields}".encode())
     return h.hexdigest()
 
 
@@ -316,7 +351,7 @@ def build_manifest(
         preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(
         format=config.format,
-        format_version=format_version(config.format, config.codec.name),
+        format_version=format_version(config.format, config.codec.name, bool(layout.text) or not layout.has_image),
         packer_version=__version__,
         samples=sum(r.samples for r in results),
         classes=found.classes,

@@ -19,12 +19,21 @@ class SourceItem:
 
     ``index`` is its position in the sorted listing, stable across runs over the same tree;
     ``relpath`` is its POSIX path relative to the source root, which is also the sample key.
+    ``parts`` is empty for an image-only sample (the image is ``path``); otherwise it names the
+    file of each field the sample has, ``(field, path)`` in field order (``text``, ``json``, and
+    ``image`` for paired samples, whose key is the files' shared stem, ``cats/0001``).
     """
 
     index: int
     path: str
     relpath: str
     label: int = UNLABELLED
+    parts: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every source file of this sample."""
+        return tuple(p for _, p in self.parts) if self.parts else (self.path,)
 
 
 @dataclass
@@ -32,21 +41,35 @@ class Sample:
     """One preprocessed sample, ready for a format writer.
 
     ``index`` is the source item's position in the sorted listing and ``key`` its relative path.
-    ``encoded`` holds the image's JPEG or PNG bytes when the output's codec encodes images (what
-    the writer stores), None for raw pixels.
+    ``image`` is None when the output has no image field. ``encoded`` holds the image's JPEG or PNG
+    bytes when the output's codec encodes images (what the writer stores), None for raw pixels.
+    ``fields`` holds the stored bytes of each variable-length field (UTF-8 text, int32 token ids),
+    in the layout's order.
     """
 
     index: int
     key: str
-    image: np.ndarray
+    image: Optional[np.ndarray]
     label: int = UNLABELLED
     encoded: Optional[bytes] = None
+    fields: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def crc32(self) -> int:
         """CRC-32 of what is stored, to find damaged samples: the encoded bytes, or the image's raw
-        bytes (C order, stored dtype)."""
-        return zlib.crc32(self.encoded) if self.encoded is not None else image_crc32(self.image)
+        bytes (C order, stored dtype), continued over each variable-length field's bytes in order."""
+        if self.encoded is not None:
+            crc = zlib.crc32(self.encoded)
+        else:
+            crc = image_crc32(self.image) if self.image is not None else 0
+        return fields_crc32(self.fields.values(), crc)
+
+
+def fields_crc32(values: Iterable[bytes], crc: int = 0) -> int:
+    """CRC-32 continued from ``crc`` over each field's bytes in order (``crc`` unchanged without fields)."""
+    for value in values:
+        crc = zlib.crc32(value, crc)
+    return crc
 
 
 def image_crc32(image: np.ndarray) -> int:
@@ -54,10 +77,43 @@ def image_crc32(image: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(image).data)
 
 
+TEXT_KINDS = ("text", "tokens", "json")
+"""What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON."""
+
+
+@dataclass(frozen=True)
+class TextField:
+    """A variable-length field stored as bytes per sample: ``text`` or ``json`` (by ``name``), holding
+    ``kind`` data; ``tokenizer`` is the manifest's record of the tokenizer for ``tokens``."""
+
+    name: str
+    kind: str
+    tokenizer: Optional[dict] = None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element: a sample's length is its byte count divided by this (tokens are 4 bytes)."""
+        return 4 if self.kind == "tokens" else 1
+
+    def to_dict(self) -> dict:
+        """The manifest's entry for this field."""
+        if self.kind == "tokens":
+            return {"kind": "tokens", "dtype": "int32", "shape": [None], "length_unit": "tokens",
+                    "tokenizer": self.tokenizer}
+        return {"kind": self.kind, "dtype": "str", "encoding": "utf-8", "newlines": "LF", "shape": [],
+                "length_unit": "bytes"}
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict) -> "TextField":
+        """Inverse of ``to_dict``."""
+        return cls(name, d["kind"], d.get("tokenizer"))
+
+
 @dataclass
 class StoredSample:
     """One sample as read back from a shard by a format's scanner (used by ``packer verify``):
-    ``image`` holds raw pixels, or ``encoded`` the stored JPEG/PNG bytes (and ``image`` is None)."""
+    ``image`` holds raw pixels, or ``encoded`` the stored JPEG/PNG bytes (and ``image`` is None);
+    ``fields`` the stored bytes of each variable-length field."""
 
     local: int
     key: str
@@ -65,6 +121,7 @@ class StoredSample:
     image: Optional[np.ndarray]
     crc32: int
     encoded: Optional[bytes] = None
+    fields: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

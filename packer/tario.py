@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import IO, Iterator, Optional, Union
+from typing import IO, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS
 from packer.errors import ManifestError
+from packer.layout import TEXT_MEMBERS
+from packer.records import TextField
+from packer.text import TOKEN_DTYPE
 
 
 def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None) -> Iterator[dict]:
@@ -65,18 +68,42 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterato
 
 
 def decode_tar_sample(
-    fields: dict, name: str = "tar", codec: str = "raw"
-) -> tuple[Union[np.ndarray, bytes], int, dict]:
+    fields: dict, name: str = "tar", codec: Optional[str] = "raw"
+) -> tuple[Union[np.ndarray, bytes, None], int, dict]:
     """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged.
 
     The image is the decoded ``KEY.npy`` array for ``codec`` raw, else the bytes of ``KEY.jpg`` or
-    ``KEY.png`` as stored (``packer.codecs.decode_image`` decodes them).
+    ``KEY.png`` as stored (``packer.codecs.decode_image`` decodes them); None for ``codec`` None
+    (an output without images).
     """
     try:
         meta = CODECS["json"].decode(fields["json"]) if "json" in fields else {}
         if not isinstance(meta, dict):
             raise ValueError(f"KEY.json holds {type(meta).__name__}, not an object")
-        image = CODECS["npy"].decode(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
+        if codec is None:
+            image = None
+        else:
+            image = CODECS["npy"].decode(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
         return image, CODECS["cls"].decode(fields["cls"]), meta
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None
+
+
+def tar_fields(fields: dict, text: Sequence[TextField], name: str = "tar") -> dict[str, bytes]:
+    """The stored bytes of each of a grouped tar sample's ``text`` fields, as the other formats hold
+    them (token ids as raw int32, not ``.npy``); ManifestError when a member is missing or damaged."""
+    out: dict[str, bytes] = {}
+    for f in text:
+        member = TEXT_MEMBERS[f.kind]
+        try:
+            data = fields[member]
+            if f.kind == "tokens":
+                ids = CODECS["npy"].decode(data)
+                if ids.dtype != TOKEN_DTYPE or ids.ndim != 1:
+                    raise ValueError(f"KEY.{member} holds {ids.dtype} {ids.shape}, not 1-D int32 token ids")
+                data = ids.tobytes()
+        except (KeyError, ValueError) as e:
+            raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged "
+                                f"({type(e).__name__}: {e})") from None
+        out[f.name] = data
+    return out

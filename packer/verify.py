@@ -8,6 +8,7 @@ it hit.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -24,7 +25,7 @@ import numpy as np
 from packer.codecs import decode_image
 from packer.formats import SCANNERS
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
-from packer.records import StoredSample, image_crc32
+from packer.records import StoredSample, TextField, fields_crc32, image_crc32
 
 WHOLE_FILE_FORMATS = {"lmdb", "hdf5"}
 
@@ -162,18 +163,15 @@ def check_samples(
 
     The labels read are appended to ``labels`` when given.
     """
-    image_field = manifest.fields["image"]
-    dtype = np.dtype(image_field["dtype"])
-    shape = tuple(image_field["shape"]) if image_field.get("shape") else None
-    codec, mode = manifest.image_codec, manifest.preprocess.get("mode", "RGB")
+    layout = StoredLayout.of(manifest)
     problems: list[Problem] = []
     position = 0
     try:
-        for s in SCANNERS[manifest.format](root, shard, codec):
+        for s in SCANNERS[manifest.format](root, shard, layout.codec, layout.text, layout.image):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)
-            message = _sample_problem(s, codec, mode, dtype, shape)
+            message = _sample_problem(s, layout)
             if message:
                 problems.append(Problem(shard.name, message, s.local, s.key))
             if progress is not None:
@@ -184,20 +182,66 @@ def check_samples(
     return problems
 
 
-def _sample_problem(s: StoredSample, codec: str, mode: str, dtype: np.dtype, shape: Optional[tuple]) -> str:
-    """What is wrong with one stored sample, or ``""``. Encoded images are checked against their
-    CRC-32 first, then decoded to check their shape."""
+@dataclass(frozen=True)
+class StoredLayout:
+    """What every sample of an output holds, from its manifest: whether an image (its codec, colour
+    mode, dtype and shape; shape None for variable sizes) and which text fields."""
+
+    image: bool
+    codec: str
+    mode: str
+    dtype: Optional[np.dtype]
+    shape: Optional[tuple]
+    text: tuple[TextField, ...]
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> "StoredLayout":
+        """The layout the manifest records."""
+        field = manifest.fields.get("image")
+        dtype = np.dtype(field["dtype"]) if field else None
+        shape = tuple(field["shape"]) if field and field.get("shape") else None
+        return cls(field is not None, manifest.image_codec, manifest.preprocess.get("mode", "RGB"), dtype, shape,
+                   manifest.text_fields)
+
+
+def _sample_problem(s: StoredSample, layout: StoredLayout) -> str:
+    """What is wrong with one stored sample, or ``""``. Checked against the stored CRC-32 first (over
+    the image's stored bytes and then each text field's), then decoded to check its shape or text."""
+    crc = 0
+    if s.encoded is not None:
+        crc = zlib.crc32(s.encoded)
+    elif s.image is not None:
+        crc = image_crc32(s.image)
+    if fields_crc32((s.fields[f.name] for f in layout.text), crc) != s.crc32:
+        what = "stored bytes" if layout.text else f"{layout.codec} image bytes" if s.encoded is not None else "image bytes"
+        return f"{what} do not match their stored CRC-32 (damaged)"
+    for f in layout.text:
+        message = _text_problem(f, s.fields[f.name])
+        if message:
+            return message
+    if not layout.image:
+        return ""
     image = s.image
     if s.encoded is not None:
-        if zlib.crc32(s.encoded) != s.crc32:
-            return f"{codec} image bytes do not match their stored CRC-32 (damaged)"
         try:
-            image = decode_image(s.encoded, codec, mode)
+            image = decode_image(s.encoded, layout.codec, layout.mode)
         except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
-            return f"image does not decode as {codec}: {type(e).__name__}: {e}"
-    if image is None or image.dtype != dtype or (shape is not None and image.shape != shape) or image.ndim != 3:
+            return f"image does not decode as {layout.codec}: {type(e).__name__}: {e}"
+    if (image is None or image.dtype != layout.dtype or image.ndim != 3
+            or (layout.shape is not None and image.shape != layout.shape)):
         found = "missing" if image is None else f"{image.dtype} {image.shape}"
-        return f"image is {found}, expected {dtype} {shape or '(H, W, C)'}"
-    if s.encoded is None and image_crc32(image) != s.crc32:
-        return "image bytes do not match their stored CRC-32 (damaged)"
+        return f"image is {found}, expected {layout.dtype} {layout.shape or '(H, W, C)'}"
+    return ""
+
+
+def _text_problem(f: TextField, data: bytes) -> str:
+    """What is wrong with one text field's stored bytes, or ``""``."""
+    if f.kind == "tokens":
+        return "" if len(data) % 4 == 0 else f"{f.name}: {len(data)} bytes is not a whole number of int32 token ids"
+    try:
+        text = bytes(data).decode("utf-8")
+        if f.kind == "json" and text:  # an empty json field is a missing one (--allow-missing)
+            json.loads(text)
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"{f.name} does not decode as {'JSON' if f.kind == 'json' else 'UTF-8 text'}: {e}"
     return ""

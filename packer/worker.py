@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from packer import preprocess
+from packer import preprocess, text
 from packer.codecs import encode_image
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
-from packer.records import Sample, ShardResult, ShardTask, Skipped
+from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.system import release_stop_signals
+from packer.text import TextConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class ShardJob:
     directory: str
     strict: bool = False
     poisoned: dict[int, str] = field(default_factory=dict)
+    text: TextConfig = field(default_factory=TextConfig)
 
 
 def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
@@ -103,6 +105,56 @@ def die_with_parent() -> None:
         pass
 
 
+def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
+    """Read and preprocess one source item: ``(sample, digest of its source bytes, decoded image or
+    None)``. DecodeError for a file that cannot be used (naming the file within a paired sample)."""
+    if not item.parts:  # an image-only sample: the hot path, kept free of anything else
+        data = preprocess.read_source(item.path, max_bytes=job.preprocess.max_file_bytes)
+        decoded = preprocess.decode(data, job.preprocess, item.path, histogram=True)
+        image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
+        codec = job.layout.codec
+        encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
+        return Sample(item.index, item.relpath, image, item.label, encoded), source_digest(data), decoded
+    digest = hashlib.sha256()
+    files = dict(item.parts)
+    image = encoded = decoded = None
+    fields: dict[str, bytes] = {}
+    try:
+        if job.layout.has_image:
+            path = files["image"]
+            data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes)
+            digest.update(b"image\0%d\0" % len(data) + data)
+            decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
+            image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
+            codec = job.layout.codec
+            encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
+        for f in job.layout.text:
+            path = files.get(f.name)
+            if path is None:  # --allow-missing: stored empty
+                fields[f.name] = b""
+                continue
+            data = preprocess.read_source(path, max_bytes=text.MAX_TEXT_BYTES)
+            digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
+            fields[f.name] = text_bytes(f.kind, data, path, job.text)
+    except DecodeError as e:
+        if len(item.parts) > 1:  # say which file of the sample
+            raise DecodeError(item.relpath, f"{os.path.basename(e.path)}: {e.reason}") from None
+        raise
+    sample = Sample(item.index, item.relpath, image, item.label, encoded, fields)
+    return sample, digest.hexdigest()[:32], decoded
+
+
+def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:
+    """What is stored for a text field of ``kind`` read from ``data``: UTF-8 text, int32 token ids or
+    UTF-8 JSON text (see packer.text)."""
+    if kind == "json":
+        return text.json_text(data, path, config.encoding).encode("utf-8")
+    decoded = text.decode_text(data, path, config.encoding)
+    if kind == "tokens":
+        return text.token_ids(decoded, path, config.tokenizer, config.max_length).tobytes()  # type: ignore[arg-type]
+    return decoded.encode("utf-8")
+
+
 def write_shard(
     job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
 ) -> ShardResult:
@@ -122,25 +174,22 @@ def write_shard(
         try:
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
-            data = preprocess.read_source(item.path, max_bytes=job.preprocess.max_file_bytes)
-            decoded = preprocess.decode(data, job.preprocess, item.path, histogram=True)
+            sample, digest, decoded = read_sample(item, job)
         except DecodeError as e:
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None
             result.skipped.append(Skipped(item.relpath, e.reason))
         else:
-            image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
-            codec = job.layout.codec
-            encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
             try:
-                writer.add(Sample(item.index, item.relpath, image, item.label, encoded))
+                writer.add(sample)
             except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
                 raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
             result.samples += 1
             result.keys.append(item.relpath)
             result.labels.append(item.label)
-            result.digests.append(source_digest(data))
-            result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
+            result.digests.append(digest)
+            if decoded is not None:
+                result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
         pending += 1
         if report is not None and pending >= PROGRESS_EVERY:
             report(pending)

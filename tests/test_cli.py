@@ -109,7 +109,7 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = run("convert", str(empty), "-f", "npy", "-o", str(tmp_path / "e"), "-q")
-    assert nothing.exit_code == 1 and "no images found" in nothing.output
+    assert nothing.exit_code == 1 and "no images or texts found" in nothing.output
     not_output = run("info", str(image_tree))
     assert not_output.exit_code == 1 and "no manifest.json" in not_output.output
 

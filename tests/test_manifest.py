@@ -177,10 +177,12 @@ def test_newer_format_version(tmp_path):
     assert str(path) in str(exc.value)
 
 
-def test_format_version_is_1_for_raw_images_and_2_for_encoded_ones():
+def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
     for fmt in FORMAT_VERSIONS:
         assert format_version(fmt, "raw") == 1
-        assert format_version(fmt, "jpeg") == format_version(fmt, "png") == FORMAT_VERSIONS[fmt] == 2
+        assert format_version(fmt, "jpeg") == format_version(fmt, "png") == 2
+        assert format_version(fmt, "raw", text=True) == format_version(fmt, "jpeg", text=True) == 3
+        assert FORMAT_VERSIONS[fmt] == 3
 
 
 def test_image_codec_defaults_to_raw(tmp_path):

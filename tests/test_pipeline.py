@@ -579,7 +579,7 @@ def test_output_inside_the_source_is_not_read_as_a_class(image_tree):
 
 def test_empty_source_is_an_error(tmp_path):
     (tmp_path / "src").mkdir()
-    with pytest.raises(InputError, match="no images found"):
+    with pytest.raises(InputError, match="no images or texts found"):
         convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE))
     assert not (tmp_path / "out").exists()
 

@@ -13,37 +13,46 @@ from typing import ClassVar, Optional, Protocol
 import numpy as np
 
 from packer.config import ImageCodec
-from packer.records import Sample
+from packer.records import Sample, TextField
 
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """Shape, dtype and codec of the stored image field; ``shape`` (H, W, C) is None for variable sizes.
+    """What a shard stores per sample: the image field's shape, dtype and codec (unless
+    ``has_image`` is False: text-only samples), then the variable-length ``text`` fields in order.
 
-    With an encoding codec (jpeg, png) writers store each sample's ``Sample.encoded`` bytes, and
-    ``sample_bytes`` is the size of the pixels before encoding.
+    ``shape`` (H, W, C) is None for images of variable sizes. With an encoding codec (jpeg, png)
+    writers store each sample's ``Sample.encoded`` bytes, and ``sample_bytes`` is the size of the
+    pixels before encoding.
     """
 
     dtype: str
     shape: Optional[tuple[int, int, int]]
     channels: int
     codec: ImageCodec = ImageCodec()
+    has_image: bool = True
+    text: tuple[TextField, ...] = ()
 
     @property
     def sample_bytes(self) -> Optional[int]:
-        """Bytes of one stored image, when the shape is fixed."""
+        """Bytes of one stored image (0 without images), when the shape is fixed."""
+        if not self.has_image:
+            return 0
         if self.shape is None:
             return None
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
     def fields(self) -> dict[str, dict]:
-        """The manifest's ``fields`` entry for this layout."""
-        return {
-            "image": {"dtype": self.dtype, "shape": list(self.shape) if self.shape else None,
-                      "channels": self.channels, "layout": "HWC", **self.codec.to_dict()},
-            "label": {"dtype": "int64", "shape": []},
-            "key": {"dtype": "str", "shape": []},
-        }
+        """The manifest's ``fields`` entry for this layout: the sample's fields in order, then label and key."""
+        out: dict[str, dict] = {}
+        if self.has_image:
+            out["image"] = {"dtype": self.dtype, "shape": list(self.shape) if self.shape else None,
+                            "channels": self.channels, "layout": "HWC", **self.codec.to_dict()}
+        for f in self.text:
+            out[f.name] = f.to_dict()
+        out["label"] = {"dtype": "int64", "shape": []}
+        out["key"] = {"dtype": "str", "shape": []}
+        return out
 
 
 def encoded_bytes(sample: Sample, layout: ImageLayout) -> bytes:

@@ -3,7 +3,9 @@
 Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random access),
 ``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Encoded images (jpeg,
 png) replace ``images`` with a variable-length field: ``images_bytes`` (flat uint8) and
-``images_offsets`` (N + 1, int64). Timestamps are off so equal inputs give byte-identical files.
+``images_offsets`` (N + 1, int64); text fields are variable-length fields too (``text_bytes`` and
+``text_offsets``, likewise ``json``), and text-only shards have no ``images``.
+Timestamps are off so equal inputs give byte-identical files.
 """
 
 from __future__ import annotations
@@ -17,17 +19,9 @@ import numpy as np
 from packer.errors import ConfigError
 from packer.formats.base import ImageLayout, encoded_bytes
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen
-from packer.layout import (
-    HDF5_CRC32,
-    HDF5_IMAGE_BYTES,
-    HDF5_IMAGE_OFFSETS,
-    HDF5_IMAGES,
-    HDF5_KEYS,
-    HDF5_LABELS,
-    HDF5_SUFFIX,
-)
+from packer.layout import HDF5_CRC32, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
+from packer.records import Sample, StoredSample, TextField
 
 BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
 
@@ -39,13 +33,16 @@ class Hdf5Writer:
     variable_shape: ClassVar[bool] = False
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        if layout.shape is None:
+        if layout.has_image and layout.shape is None:
             raise ConfigError("the hdf5 format stores one N x H x W x C dataset and needs a fixed image size")
         self.file_name = f"{shard}{HDF5_SUFFIX}"
         self.layout = layout
         self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
         self._pending = 0
-        if layout.codec.encoded:
+        self._text = {f.name: Hdf5VarlenWriter(self._file, f.name) for f in layout.text}
+        if not layout.has_image:
+            pass
+        elif layout.codec.encoded:
             self._encoded = Hdf5VarlenWriter(self._file, "images")
         else:
             self._images = self._file.create_dataset(
@@ -59,13 +56,18 @@ class Hdf5Writer:
 
     def add(self, sample: Sample) -> None:
         """Buffer one sample; full buffers go to the file in one write."""
-        if sample.image.shape != self.layout.shape:
-            raise ValueError(f"image of shape {sample.image.shape} in a shard of shape {self.layout.shape}")
-        if self.layout.codec.encoded:
+        if not self.layout.has_image:
+            pass
+        elif sample.image is None or sample.image.shape != self.layout.shape:
+            found = None if sample.image is None else sample.image.shape
+            raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
+        elif self.layout.codec.encoded:
             self._encoded.add(encoded_bytes(sample, self.layout))
         else:
             self._batch[self._pending] = sample.image
             self._pending += 1
+        for name, writer in self._text.items():
+            writer.add(sample.fields[name])
         self.labels.append(sample.label)
         self.keys.append(sample.key)
         self.crcs.append(sample.crc32)
@@ -82,10 +84,14 @@ class Hdf5Writer:
 
     def close(self) -> list[str]:
         """Write labels, keys and checksums and close the file."""
-        if self.layout.codec.encoded:
+        if not self.layout.has_image:
+            pass
+        elif self.layout.codec.encoded:
             self._encoded.close()
         else:
             self._flush()
+        for writer in self._text.values():
+            writer.close()
         self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
         self._file.create_dataset(HDF5_CRC32, data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
         self._file.create_dataset(
@@ -95,21 +101,30 @@ class Hdf5Writer:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes)."""
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
+               image: bool = True) -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes, the
+    ``text`` fields as theirs)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
         labels, keys, crcs = f[HDF5_LABELS][:], f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
-        images = f[HDF5_IMAGES] if codec == "raw" else f[HDF5_IMAGE_OFFSETS][:]
-        count = len(images) - (codec != "raw")  # N + 1 offsets
-        if not count == len(labels) == len(keys) == len(crcs) == shard.samples:
-            raise ValueError(
-                f"{shard.name}: {count} images, {len(labels)} labels, {len(keys)} keys, "
-                f"{len(crcs)} checksums; the manifest says {shard.samples}"
-            )
-        if codec != "raw":
-            encoded = iter_varlen(f[HDF5_IMAGE_BYTES], images, shard.samples, f"{shard.name} {HDF5_IMAGE_BYTES}")
-            for i, data in enumerate(encoded):
-                yield StoredSample(i, str(keys[i]), int(labels[i]), None, int(crcs[i]), data)
-            return
+        if not len(labels) == len(keys) == len(crcs) == shard.samples:
+            raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
+                             f"the manifest says {shard.samples}")
+        streams = {t.name: _varlen(f, shard, t.name) for t in text}
+        if image and codec != "raw":
+            encoded = _varlen(f, shard, "images")
+        elif image:
+            images = f[HDF5_IMAGES]
+            if len(images) != shard.samples:
+                raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
         for i in range(shard.samples):
-            yield StoredSample(i, str(keys[i]), int(labels[i]), images[i], int(crcs[i]))
+            pixels = images[i] if image and codec == "raw" else None
+            data = next(encoded) if image and codec != "raw" else None
+            fields = {name: next(stream) for name, stream in streams.items()}
+            yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+
+
+def _varlen(f: h5py.File, shard: ShardEntry, field: str) -> Iterator[bytes]:
+    """The bytes of each sample of variable-length field ``field``, from its two datasets."""
+    data, offsets = hdf5_varlen_names(field)
+    return iter_varlen(f[data], f[offsets][:], shard.samples, f"{shard.name} {data}")

@@ -8,6 +8,9 @@ Keys (ASCII) and values:
   ``00000042.image``  ``.npy`` bytes of sample 42's HxWxC image (index local to the shard), or
                       its JPEG/PNG file bytes with an encoding codec
   ``00000042.key``    UTF-8 relative source path of sample 42
+  ``00000042.text``   the bytes of sample 42's text field (UTF-8, or int32 token ids); likewise ``.json``
+  ``lengths.text``    ``.npy`` bytes of an int64 array of every sample's text length (bytes or tokens)
+Text-only shards have no ``.image`` records.
 Values decode with numpy alone (``np.load(io.BytesIO(value))``), never with pickle, or with
 Pillow for encoded images.
 """
@@ -22,9 +25,18 @@ import numpy as np
 
 from packer.codecs import decode_npy, encode_npy, npy_header
 from packer.formats.base import ImageLayout, encoded_bytes
-from packer.layout import LMDB_CRC32, LMDB_LABELS, LMDB_LENGTH, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
+from packer.layout import (
+    LMDB_CRC32,
+    LMDB_LABELS,
+    LMDB_LENGTH,
+    LMDB_SUFFIX,
+    lmdb_field_key,
+    lmdb_image_key,
+    lmdb_key_key,
+    lmdb_lengths_key,
+)
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
+from packer.records import Sample, StoredSample, TextField
 
 COMMIT_BYTES = 64 * 1024**2  # one write transaction per ~64 MB keeps dirty pages in RAM bounded
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
@@ -50,14 +62,22 @@ class LmdbWriter:
         self._pending_bytes = 0
         self.labels: list[int] = []
         self.crcs: list[int] = []
+        self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
 
     def add(self, sample: Sample) -> None:
         """Queue one sample; queued samples are committed in transactions of ~64 MB."""
         i = len(self.labels)
-        value = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else self._npy(sample.image)
-        self._pending.append((lmdb_image_key(i), value))
-        self._pending.append((lmdb_key_key(i), sample.key.encode("utf-8")))
-        self._pending_bytes += len(value)
+        records = [(lmdb_key_key(i), sample.key.encode("utf-8"))]
+        if self.layout.has_image:
+            image = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else self._npy(sample.image)
+            records.append((lmdb_image_key(i), image))
+        for f in self.layout.text:
+            value = sample.fields[f.name]
+            records.append((lmdb_field_key(i, f.name), value))
+            self.lengths[f.name].append(len(value) // f.itemsize)
+        records.sort()  # appended in key order (see _commit)
+        self._pending += records
+        self._pending_bytes += sum(len(v) for _, v in records)
         self.labels.append(sample.label)
         self.crcs.append(sample.crc32)
         if self._pending_bytes >= COMMIT_BYTES:
@@ -90,6 +110,7 @@ class LmdbWriter:
             (LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))),
             (LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))),
             (LMDB_LENGTH, str(len(self.labels)).encode("ascii")),
+            *((lmdb_lengths_key(name), encode_npy(np.asarray(v, dtype=np.int64))) for name, v in self.lengths.items()),
         ])
         self._commit()
         # No fsync here, as for the other formats: the manifest, written last, is what makes an
@@ -98,9 +119,10 @@ class LmdbWriter:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
+               image: bool = True) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
-    bytes)."""
+    bytes, the ``text`` fields as theirs)."""
     env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -116,10 +138,11 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterat
                 raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
                                  f"the manifest says {shard.samples}")
             for i in range(length):
-                key, value = get(lmdb_key_key(i)).decode("utf-8"), get(lmdb_image_key(i))
-                if codec == "raw":
-                    yield StoredSample(i, key, int(labels[i]), decode_npy(value), int(crcs[i]))
-                else:
-                    yield StoredSample(i, key, int(labels[i]), None, int(crcs[i]), value)
+                key = get(lmdb_key_key(i)).decode("utf-8")
+                value = get(lmdb_image_key(i)) if image else None
+                pixels = decode_npy(value) if image and codec == "raw" else None
+                encoded = value if image and codec != "raw" else None
+                fields = {f.name: get(lmdb_field_key(i, f.name)) for f in text}
+                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), encoded, fields)
     finally:
         env.close()

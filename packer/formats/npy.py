@@ -3,8 +3,9 @@
 Per shard: ``NAME.images.npy`` (N x H x W x C), ``NAME.labels.npy`` (N, int64),
 ``NAME.keys.npy`` (N, fixed-width unicode) and ``NAME.crc32.npy`` (N, uint32). Encoded images
 (jpeg, png) replace the images file with a variable-length field: ``NAME.images.bytes.npy`` (flat
-uint8) and ``NAME.images.offsets.npy`` (N + 1, int64). Images are streamed to disk as they arrive
-(see ``varlen.NpyStream``).
+uint8) and ``NAME.images.offsets.npy`` (N + 1, int64). Text fields are variable-length fields too:
+``NAME.text.bytes.npy`` and ``NAME.text.offsets.npy`` (likewise ``json``); a text-only shard has no
+images file. Images are streamed to disk as they arrive (see ``varlen.NpyStream``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ import numpy as np
 from packer.errors import ConfigError
 from packer.formats.base import ImageLayout, encoded_bytes
 from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen
-from packer.layout import NPY_CRC32, NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS, NPY_IMAGES, NPY_KEYS, NPY_LABELS
+from packer.layout import (
+    NPY_CRC32,
+    NPY_IMAGES,
+    NPY_KEYS,
+    NPY_LABELS,
+    npy_varlen_suffixes,
+)
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
+from packer.records import Sample, StoredSample, TextField
 
 SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
 
@@ -31,38 +38,49 @@ class NpyWriter:
     variable_shape: ClassVar[bool] = False
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        if layout.shape is None:
+        if layout.has_image and layout.shape is None:
             raise ConfigError("the npy format stores one N x H x W x C array and needs a fixed image size")
         self.directory, self.shard, self.layout = Path(directory), shard, layout
         self.dtype = np.dtype(layout.dtype)
         self.names = [f"{shard}{suffix}" for suffix in SUFFIXES[1:]]
-        if layout.codec.encoded:
+        if not layout.has_image:
+            pass
+        elif layout.codec.encoded:
             self._encoded = NpyVarlenWriter(self.directory, shard, "images")
         else:
             self._images = NpyStream(self.directory / f"{shard}{NPY_IMAGES}", self.dtype, layout.shape, capacity)
+        self._text = {f.name: NpyVarlenWriter(self.directory, shard, f.name) for f in layout.text}
         self.labels: list[int] = []
         self.keys: list[str] = []
         self.crcs: list[int] = []
 
     def add(self, sample: Sample) -> None:
-        """Append one image (must have the layout's shape) with its label and key."""
-        if sample.image.shape != self.layout.shape:
-            raise ValueError(f"image of shape {sample.image.shape} in a shard of shape {self.layout.shape}")
-        if self.layout.codec.encoded:
-            self._encoded.add(encoded_bytes(sample, self.layout))
-        else:
-            self._images.write(np.ascontiguousarray(sample.image, dtype=self.dtype).data)
+        """Append one sample (its image must have the layout's shape) with its label and key."""
+        if self.layout.has_image:
+            if sample.image is None or sample.image.shape != self.layout.shape:
+                found = None if sample.image is None else sample.image.shape
+                raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
+            if self.layout.codec.encoded:
+                self._encoded.add(encoded_bytes(sample, self.layout))
+            else:
+                self._images.write(np.ascontiguousarray(sample.image, dtype=self.dtype).data)
+        for name, writer in self._text.items():
+            writer.add(sample.fields[name])
         self.labels.append(sample.label)
         self.keys.append(sample.key)
         self.crcs.append(sample.crc32)
 
     def close(self) -> list[str]:
-        """Finish the images and write labels, keys and checksums."""
-        if self.layout.codec.encoded:
+        """Finish the images and text fields and write labels, keys and checksums."""
+        if not self.layout.has_image:
+            images = []
+        elif self.layout.codec.encoded:
             images = self._encoded.close()
         else:
             self._images.close(len(self.labels))
             images = [f"{self.shard}{NPY_IMAGES}"]
+        for writer in self._text.values():
+            images += writer.close()
         keys = np.asarray(self.keys, dtype=str) if self.keys else np.zeros(0, dtype="<U1")
         arrays = (np.asarray(self.labels, np.int64), keys, np.asarray(self.crcs, np.uint32))
         for name, array in zip(self.names, arrays):
@@ -70,8 +88,10 @@ class NpyWriter:
         return images + self.names
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes).
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
+               image: bool = True) -> Iterator[StoredSample]:
+    """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes,
+    the ``text`` fields as theirs).
 
     A truncated images file yields the samples it still holds, then fails naming the first missing.
     """
@@ -79,17 +99,29 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterat
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                          f"the manifest says {shard.samples}")
-    if codec != "raw":
-        flat = _complete_rows(directory / shard.file(NPY_IMAGE_BYTES), ndim=1)
-        offsets = np.load(directory / shard.file(NPY_IMAGE_OFFSETS), allow_pickle=False)
-        for i, data in enumerate(iter_varlen(flat, offsets, shard.samples, shard.file(NPY_IMAGE_BYTES))):
-            yield StoredSample(i, str(keys[i]), int(labels[i]), None, int(crcs[i]), data)
-        return
-    images = _complete_rows(directory / shard.file(SUFFIXES[0]))
+    streams = {f.name: _varlen(directory, shard, f.name) for f in text}
+    if image and codec != "raw":
+        encoded = _varlen(directory, shard, "images")
+    elif image:
+        rows = _complete_rows(directory / shard.file(NPY_IMAGES))
     for i in range(shard.samples):
-        if i >= len(images):
-            raise ValueError(f"{shard.file(SUFFIXES[0])} is truncated: it ends before sample {i}")
-        yield StoredSample(i, str(keys[i]), int(labels[i]), np.asarray(images[i]), int(crcs[i]))
+        pixels, data = None, None
+        if image and codec != "raw":
+            data = next(encoded)
+        elif image:
+            if i >= len(rows):
+                raise ValueError(f"{shard.file(NPY_IMAGES)} is truncated: it ends before sample {i}")
+            pixels = np.asarray(rows[i])
+        fields = {name: next(stream) for name, stream in streams.items()}
+        yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+
+
+def _varlen(directory: Path, shard: ShardEntry, field: str) -> Iterator[bytes]:
+    """The bytes of each sample of variable-length field ``field``, read from its two files."""
+    data, offsets = npy_varlen_suffixes(field)
+    flat = _complete_rows(directory / shard.file(data), ndim=1)
+    return iter_varlen(flat, np.load(directory / shard.file(offsets), allow_pickle=False), shard.samples,
+                       shard.file(data))
 
 
 def _complete_rows(path: Path, ndim: int = 4) -> np.ndarray:

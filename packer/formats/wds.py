@@ -3,7 +3,10 @@
 Each sample is three members sharing a key (the zero-padded position of the source file in the
 sorted listing): ``KEY.npy`` (the HxWxC image; ``KEY.jpg`` or ``KEY.png`` with an encoding codec),
 ``KEY.cls`` (the label, ASCII) and ``KEY.json`` (``{"key": relative source path, "label": int,
-"crc32": CRC-32 of the image's stored bytes}``). ``webdataset.WebDataset(urls).decode()`` reads
+"crc32": CRC-32 of the sample's stored bytes}``). Text fields add ``KEY.txt`` (UTF-8),
+``KEY.tokens.npy`` (int32 token ids) or ``KEY.data.json`` members, and a side file
+``NAME.FIELD.lengths.npy`` (int64, one length per sample) so that lengths are known without reading
+the tar; text-only samples have no image member. ``webdataset.WebDataset(urls).decode()`` reads
 them unchanged (``.decode("rgb8")`` for uint8 pixels of jpg/png members).
 
 The tar is written with the standard library's ``tarfile`` headers (POSIX ustar, as webdataset's
@@ -22,10 +25,11 @@ import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
 from packer.formats.base import ImageLayout, encoded_bytes
-from packer.layout import TAR_MEMBERS, TAR_SUFFIX, tar_member_key
+from packer.layout import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
-from packer.tario import decode_tar_sample, iter_tar_samples
+from packer.records import Sample, StoredSample, TextField
+from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
+from packer.text import TOKEN_DTYPE
 
 
 class WdsWriter:
@@ -36,11 +40,13 @@ class WdsWriter:
     variable_shape: ClassVar[bool] = True
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+        self.directory, self.shard = Path(directory), shard
         self.file_name = f"{shard}{TAR_SUFFIX}"
         self.layout = layout
-        self._members = TAR_MEMBERS[:-1] + (IMAGE_EXTENSIONS[layout.codec.name],)
-        self._f = open(Path(directory) / self.file_name, "wb")
+        self._members = TAR_MEMBERS[:-1] + ((IMAGE_EXTENSIONS[layout.codec.name],) if layout.has_image else ())
+        self._f = open(self.directory / self.file_name, "wb")
         self._offset = 0
+        self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
 
     def _member(self, name: str, *parts) -> None:
         size = sum(memoryview(p).nbytes for p in parts)
@@ -54,10 +60,13 @@ class WdsWriter:
         self._offset += len(header) + size + pad
 
     def add(self, sample: Sample) -> None:
-        """Write the sample's three members."""
+        """Write the sample's members: label, metadata, image, then each text field."""
         key = tar_member_key(sample.index)
-        if self.layout.codec.encoded:
-            image: tuple = (encoded_bytes(sample, self.layout),)
+        image: tuple = ()
+        if not self.layout.has_image:
+            pass
+        elif self.layout.codec.encoded:
+            image = (encoded_bytes(sample, self.layout),)
         else:
             pixels = np.ascontiguousarray(sample.image)
             image = (npy_header(pixels.dtype.str, pixels.shape), pixels.data)
@@ -67,6 +76,13 @@ class WdsWriter:
         }
         for ext in self._members:
             self._member(f"{key}.{ext}", *values.get(ext, image))
+        for f in self.layout.text:
+            value = sample.fields[f.name]
+            self.lengths[f.name].append(len(value) // f.itemsize)
+            if f.kind == "tokens":  # a .npy member, so that webdataset's decoders read it as an array
+                self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", npy_header(TOKEN_DTYPE.str, (len(value) // 4,)), value)
+            else:
+                self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", value)
 
     def close(self) -> list[str]:
         """Write the tar end marker (two zero blocks, then zeros to a whole record, as tarfile does) and close."""
@@ -74,19 +90,25 @@ class WdsWriter:
         self._offset += len(end)
         self._f.write(end + tarfile.NUL * (-self._offset % tarfile.RECORDSIZE))
         self._f.close()
-        return [self.file_name]
+        names = [self.file_name]
+        for name, lengths in self.lengths.items():
+            names.append(f"{self.shard}{wds_lengths_suffix(name)}")
+            np.save(self.directory / names[-1], np.asarray(lengths, dtype=np.int64), allow_pickle=False)
+        return names
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw") -> Iterator[StoredSample]:
+def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
+               image: bool = True) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with tarfile and numpy alone (encoded images as
-    their bytes)."""
+    their bytes, the ``text`` fields as theirs)."""
     n = 0
     for n, fields in enumerate(iter_tar_samples(directory / shard.file(TAR_SUFFIX)), start=1):
-        image, label, meta = decode_tar_sample(fields, shard.name, codec)
+        pixels, label, meta = decode_tar_sample(fields, shard.name, codec if image else None)
         key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
-        if codec == "raw":
-            yield StoredSample(n - 1, key, label, image, crc)
+        stored = tar_fields(fields, text, shard.name)
+        if codec == "raw" or not image:
+            yield StoredSample(n - 1, key, label, pixels, crc, None, stored)
         else:
-            yield StoredSample(n - 1, key, label, None, crc, image)
+            yield StoredSample(n - 1, key, label, None, crc, pixels, stored)
     if n != shard.samples:
         raise ValueError(f"{shard.name}: the tar holds {n} samples; the manifest says {shard.samples}")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from readers.collate import Numbered, PackedBatch, pad_collate
+from readers import LengthBucketSampler, pad_collate
+from readers.collate import Numbered, PackedBatch
 
 
 def ids(*values: int) -> torch.Tensor:
@@ -120,3 +124,17 @@ def test_reader_batches_pass_through():
     numbered = pad_collate(Numbered(7, [ids(1, 2), ids(3)]))
     assert numbered.number == 7 and numbered.batch["input_ids"].tolist() == [[1, 2], [3, 0]]
 
+
+def test_dataloader_with_the_bucket_sampler_and_pad_collate():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 40, size=103)
+    data = [(torch.arange(1, n + 1), i % 5) for i, n in enumerate(lengths)]
+    sampler = LengthBucketSampler(lengths, 8, seed=1, bucket_batches=4)
+    loader = DataLoader(data, batch_sampler=sampler, collate_fn=partial(pad_collate, pad_id=-1), num_workers=0)
+    seen = 0
+    for batch, indices in zip(loader, sampler.batches(0)):
+        assert batch["lengths"].tolist() == lengths[indices].tolist()
+        assert batch["input_ids"].shape == (len(indices), lengths[indices].max())
+        assert ((batch["input_ids"] == -1) == (batch["attention_mask"] == 0)).all()
+        seen += len(indices)
+    assert seen == len(data)

@@ -12,12 +12,12 @@ from typing import Union
 
 from packer.manifest import read_manifest
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import PackedBatch, packed_collate
+from readers.collate import PackedBatch, packed_collate, pad_collate
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
 from readers.npy import NpyDataset
-from readers.sampler import EpochBatchSampler
+from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 from readers.wds import WdsDataset
 
 READERS: dict[str, type] = {
@@ -40,6 +40,7 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     return READERS[manifest.format](root, **options)
 
 
-__all__ = ["open_dataset", "make_loader", "PackedLoader", "EpochBatchSampler", "PackedBatch", "packed_collate",
+__all__ = ["open_dataset", "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
+           "PackedBatch", "packed_collate", "pad_collate",
             "READERS", "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",
            "NpyDataset", "LmdbDataset", "Hdf5Dataset", "WdsDataset"]

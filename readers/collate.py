@@ -14,9 +14,10 @@ from a ``PackedBatch`` (it is also a list of per-sample views), only slower.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -170,5 +171,147 @@ def shared_memory_free() -> int | None:
         return None
     return st.f_bavail * st.f_frsize
 
+# What pad_collate calls each element of a sample, and the output key each kind goes to.
+_KEYS = {"ids": "input_ids", "image": "images", "text": "texts", "json": "json", "label": "labels", "meta": "meta"}
+_NAMES = {"ids": "token ids", "image": "image", "text": "text", "json": "json dict", "label": "label",
+          "meta": "meta dict"}
 
-__all__ = ["PackedBatch", "packed_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered", "shared_memory_free"]
+
+def pad_collate(
+    samples: Sequence[Any],
+    *,
+    pad_id: int = 0,
+    pad_to_multiple_of: int | None = None,
+    max_length: int | None = None,
+) -> Any:
+    """Collate samples with variable-length token ids: pad them to the longest of the batch.
+
+    A sample is a 1-D integer tensor of token ids, or a tuple of fields (an image tensor, a text
+    ``str``, 1-D token ids, a json ``dict``, at most one of each) followed by an ``int`` label and,
+    with ``return_meta=True``, the meta dict. Returns a dict with the keys the samples have:
+
+    - ``"input_ids"`` (B, L) int64, padded with ``pad_id`` to L = the longest ids of the batch, cut
+      at ``max_length`` and rounded up to a multiple of ``pad_to_multiple_of``;
+    - ``"attention_mask"`` (B, L) int64, 1 over tokens and 0 over padding; ``"lengths"`` (B,) int64;
+    - ``"images"`` stacked (B, C, H, W); ``"texts"`` and ``"json"`` lists; ``"labels"`` (B,) int64;
+      ``"meta"`` a list of the meta dicts.
+
+        from functools import partial
+        sampler = LengthBucketSampler(ds.lengths(), batch_size=32, seed=0)
+        loader = DataLoader(ds, batch_sampler=sampler, collate_fn=partial(pad_collate, pad_id=tok.pad_id))
+        for batch in loader:
+            logits = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+    """
+    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}")
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length must be at least 1, got {max_length}")
+    if max_length is not None and pad_to_multiple_of and max_length % pad_to_multiple_of:
+        raise ValueError(f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}: "
+                         "the padded length could exceed max_length")
+    if isinstance(samples, Numbered):
+        return Numbered(samples.number, pad_collate(samples.batch, pad_id=pad_id,
+                                                    pad_to_multiple_of=pad_to_multiple_of, max_length=max_length))
+    if isinstance(samples, PackedBatch) and samples.slot is None:  # a map-style reader's batch, already stacked
+        return {"images": samples.images, "labels": samples.labels}
+    if len(samples) == 0:
+        raise ValueError("pad_collate got an empty batch")
+    rows = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in samples]
+    kinds = _structure(rows[0], 0)
+    for i, row in enumerate(rows[1:], 1):
+        other = _structure(row, i)
+        if other != kinds:
+            raise ValueError(f"sample {i} is ({_describe(other)}) but sample 0 is ({_describe(kinds)}): "
+                             "every sample of a batch must have the same fields")
+    out: dict[str, Any] = {}
+    for kind, column in zip(kinds, zip(*rows)):
+        if kind == "ids":
+            out["input_ids"], out["attention_mask"], out["lengths"] = _pad(column, pad_id, pad_to_multiple_of,
+                                                                          max_length)
+        elif kind == "image":
+            out["images"] = _stack(column)
+        elif kind == "label":
+            out["labels"] = torch.tensor([int(x) for x in column], dtype=torch.int64)
+        else:
+            out[_KEYS[kind]] = list(column)
+    return out
+
+
+def _kind(x: Any) -> str | None:
+    """What one element of a sample is (see ``_KEYS``), or None for something pad_collate cannot batch."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        integral = x.dtype.kind in "iu" if isinstance(x, np.ndarray) else not (
+            x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+        if x.ndim == 0 and integral:
+            return "label"
+        if x.ndim == 1 and integral:
+            return "ids"
+        return "image" if x.ndim >= 2 else None
+    if isinstance(x, str):
+        return "text"
+    if isinstance(x, dict):
+        return "json"
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return "label"
+    return None
+
+
+def _structure(row: tuple, index: int) -> tuple[str, ...]:
+    """The kinds of a sample's elements, by position; a clear error for a sample pad_collate cannot batch."""
+    kinds = [_kind(x) for x in row]
+    for pos, kind in enumerate(kinds):
+        if kind is None:
+            raise TypeError(f"sample {index}, element {pos}: pad_collate cannot batch a {type(row[pos]).__name__} "
+                            f"of shape {tuple(getattr(row[pos], 'shape', ()))}; it takes image tensors, 1-D "
+                            "integer token ids, str, dict and an int label")
+    if len(kinds) >= 2 and kinds[-2:] == ["label", "json"]:
+        kinds[-1] = "meta"  # the dict after the label is the return_meta dict
+    label_at = len(kinds) - (2 if kinds[-1] == "meta" else 1)
+    for pos, kind in enumerate(kinds):
+        if kind == "label" and pos != label_at:
+            raise ValueError(f"sample {index}: an int at element {pos} of ({_describe(tuple(kinds))}); the label "
+                             "must be the last int, followed only by the meta dict")
+    seen: dict[str, int] = {}
+    for pos, kind in enumerate(kinds):
+        if kind in seen:
+            raise ValueError(f"sample {index}: two {_NAMES[kind]} fields (elements {seen[kind]} and {pos}); "
+                             "pad_collate batches one of each: pass a collate_fn of your own for more")
+        seen[kind] = pos
+    return tuple(kinds)
+
+
+def _describe(kinds: tuple[str, ...]) -> str:
+    return ", ".join(_NAMES[k] for k in kinds)
+
+
+def _pad(column: Sequence[Any], pad_id: int, multiple: int | None,
+         max_length: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, lengths)`` for a batch of 1-D token id tensors."""
+    ids = [torch.as_tensor(x) for x in column]
+    lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+    if max_length is not None:
+        lengths = lengths.clamp(max=max_length)
+    width = int(lengths.max())
+    if multiple:
+        width = -(-width // multiple) * multiple
+    mask = torch.arange(width) < lengths[:, None]
+    out = torch.full((len(ids), width), pad_id, dtype=torch.int64)
+    # Boolean-mask assignment fills row by row, the order of the concatenated (truncated) ids.
+    out[mask] = torch.cat([x[:n] for x, n in zip(ids, lengths.tolist())]).to(torch.int64)
+    return out, mask.to(torch.int64), lengths
+
+
+def _stack(column: Sequence[Any]) -> torch.Tensor:
+    """The images of a batch stacked (in shared memory inside a DataLoader worker, as default_collate does)."""
+    images = [torch.as_tensor(x) for x in column]
+    first = images[0].shape
+    for i, image in enumerate(images):
+        if image.shape != first:
+            raise ValueError(f"the images of this batch differ in shape ({tuple(first)} in sample 0, "
+                             f"{tuple(image.shape)} in sample {i}): pack the output with a fixed --size "
+                             "(not --resize none), or resize them in a transform")
+    return default_collate(images)
+
+
+__all__ = ["PackedBatch", "packed_collate", "pad_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered",
+           "shared_memory_free"]

@@ -1,12 +1,14 @@
-"""EpochBatchSampler: exact coverage per epoch, disjoint ranks, equal batch counts, resume."""
+"""EpochBatchSampler and LengthBucketSampler: exact coverage per epoch, disjoint ranks, equal batch counts,
+resume; bucketing pads less."""
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
-from readers.sampler import EpochBatchSampler
+from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 
 
 @pytest.mark.parametrize("size,world,batch",
@@ -68,3 +70,143 @@ def test_bad_arguments_are_refused():
         EpochBatchSampler(10, 0)
     with pytest.raises(ValueError, match="drop_last"):
         EpochBatchSampler(5, 1, rank=1, world_size=2).batches(0)
+
+
+def lognormal_lengths(size: int, seed: int = 0) -> np.ndarray:
+    """Token counts shaped like real text: most short, a long tail."""
+    return np.maximum(1, np.random.default_rng(seed).lognormal(4.5, 0.8, size)).astype(np.int64)
+
+
+@pytest.mark.parametrize("size,batch", [(1, 4), (10, 3), (100, 8), (1000, 32), (1001, 32)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_bucket_sampler_covers_every_index_once_per_epoch(size, batch, shuffle):
+    s = LengthBucketSampler(lognormal_lengths(size), batch, shuffle=shuffle, seed=5, bucket_batches=3)
+    for epoch in range(3):
+        got = s.batches(epoch)
+        assert len(got) == len(s) == -(-size // batch)
+        assert all(1 <= len(x) <= batch for x in got)
+        assert sorted(i for x in got for i in x) == list(range(size))
+
+
+def test_bucket_batches_hold_similar_lengths_from_one_pool():
+    lengths = lognormal_lengths(640)
+    s = LengthBucketSampler(lengths, 16, seed=2, bucket_batches=5)
+    for x in s.batches(0):
+        assert lengths[x].tolist() == sorted(lengths[x].tolist())  # cut from a pool sorted by length
+    pool = set(s.order(0)[:16 * 5])  # the first pool of epoch 0 becomes 5 whole batches
+    inside = [x for x in s.batches(0) if set(x) <= pool]
+    assert len(inside) == 5 and {i for x in inside for i in x} == pool
+
+
+def test_bucket_order_repeats_for_seed_and_epoch_and_changes_with_epoch():
+    lengths = lognormal_lengths(500)
+    a, b = LengthBucketSampler(lengths, 8, seed=1), LengthBucketSampler(lengths, 8, seed=1)
+    assert a.batches(3) == b.batches(3)
+    assert a.batches(3) != a.batches(4)
+    assert a.batches(3) != LengthBucketSampler(lengths, 8, seed=2).batches(3)
+    assert LengthBucketSampler(lengths, 8, shuffle=False).batches(0) == LengthBucketSampler(
+        lengths, 8, shuffle=False).batches(7)
+
+
+def test_bucket_sampler_without_shuffle_sorts_pools_in_index_order():
+    lengths = [5, 1, 4, 1, 3, 9, 2, 7, 6, 8]
+    s = LengthBucketSampler(lengths, 2, shuffle=False, bucket_batches=2)
+    # pools [0..3] and [4..7] and [8, 9], each sorted by length (ties in index order), cut in pairs
+    assert s.batches(0) == [[1, 3], [2, 0], [6, 4], [7, 5], [8, 9]]
+
+
+@pytest.mark.parametrize("size,world,batch",
+                         list(itertools.product([2, 5, 7, 11, 64, 101, 1001], [2, 3, 4], [2, 5, 32])))
+def test_bucket_ranks_cover_every_index_once_with_equal_batch_counts(size, world, batch):
+    if size < world:
+        pytest.skip("fewer samples than ranks")
+    lengths = lognormal_lengths(size, seed=size)
+    samplers = [LengthBucketSampler(lengths, batch, rank=r, world_size=world, seed=3, bucket_batches=4)
+                for r in range(world)]
+    per_rank = [s.batches(1) for s in samplers]
+    assert len({len(s) for s in samplers}) == 1
+    assert [len(b) for b in per_rank] == [len(samplers[0])] * world
+    assert [len(list(s)) for s in samplers] == [len(samplers[0])] * world
+    assert all(1 <= len(x) <= batch for b in per_rank for x in b)
+    seen = [i for b in per_rank for x in b for i in x]
+    assert sorted(seen) == list(range(size))
+
+
+def test_split_batches_stay_length_sorted():
+    lengths = lognormal_lengths(7 * 32 + 1)  # 8 batches over 3 ranks: one batch is split
+    got = LengthBucketSampler(lengths, 32, world_size=3, rank=0, seed=0).all_batches(0)
+    assert len(got) == 9 and sorted(len(x) for x in got)[:3] == [1, 16, 16]
+    assert all(lengths[x].tolist() == sorted(lengths[x].tolist()) for x in got)
+
+
+@pytest.mark.parametrize("size,world,batch", [(11, 2, 5), (100, 3, 8), (64, 4, 16), (1001, 3, 32)])
+def test_bucket_drop_last_gives_full_batches_equal_counts_and_no_repeats(size, world, batch):
+    lengths = lognormal_lengths(size)
+    samplers = [LengthBucketSampler(lengths, batch, rank=r, world_size=world, drop_last=True) for r in range(world)]
+    per_rank = [s.batches(0) for s in samplers]
+    assert [len(b) for b in per_rank] == [size // world // batch] * world == [len(s) for s in samplers]
+    assert all(len(x) == batch for b in per_rank for x in b)
+    seen = [i for b in per_rank for x in b for i in x]
+    assert len(seen) == len(set(seen)) == world * (size // world // batch) * batch
+
+
+def test_bucket_sampler_resumes_mid_epoch():
+    lengths = lognormal_lengths(300)
+    s = LengthBucketSampler(lengths, 8, seed=9, world_size=2, rank=1)
+    s.set_epoch(2)
+    full = list(s)
+    assert full == s.batches(2)
+    for k in (0, 5, len(full) - 1):
+        t = LengthBucketSampler(lengths, 8, seed=9, world_size=2, rank=1)
+        t.load_state_dict(s.state_dict(consumed=k))
+        assert list(t) == full[k:]
+        assert list(t) == full  # the skip applies to one pass only
+    assert s.state_dict(consumed=len(s))["epoch"] == 3
+
+
+def test_bucket_resume_refuses_a_state_of_another_setup():
+    lengths = lognormal_lengths(300)
+    state = LengthBucketSampler(lengths, 8, seed=9).state_dict(consumed=1)
+    for other, key in [(dict(batch_size=4), "batch_size"), (dict(seed=1), "seed"),
+                       (dict(bucket_batches=10), "bucket_batches"), (dict(world_size=2, rank=0), "world_size")]:
+        with pytest.raises(ValueError, match=key):
+            LengthBucketSampler(lengths, **{"batch_size": 8, "seed": 9, **other}).load_state_dict(state)
+    with pytest.raises(ValueError, match="size"):
+        LengthBucketSampler(lengths[:-1], 8, seed=9).load_state_dict(state)
+
+
+def test_bucketing_pads_far_less_than_random_batches():
+    lengths = lognormal_lengths(20_000)
+    bucketed = padding_ratio(LengthBucketSampler(lengths, 32, seed=0).batches(0), lengths)
+    shuffled = padding_ratio(EpochBatchSampler(len(lengths), 32, seed=0).batches(0), lengths)
+    assert bucketed < shuffled / 2
+    assert bucketed < 0.25 and shuffled > 0.6
+
+
+def test_padding_ratio_counts_padded_slots():
+    assert padding_ratio([[0, 1], [2]], [4, 2, 3]) == pytest.approx(2 / 11)
+    assert padding_ratio([], [1]) == 0.0
+
+
+def test_bucket_sampler_takes_rank_and_world_from_torch_distributed(monkeypatch):
+    import readers.sampler as sampler
+    monkeypatch.setattr(sampler, "distributed_rank", lambda: (2, 3))
+    s = LengthBucketSampler(lognormal_lengths(50), 4, seed=0)
+    assert (s.rank, s.world_size) == (2, 3)
+    assert LengthBucketSampler(lognormal_lengths(50), 4, rank=0, world_size=1).world_size == 1
+
+
+def test_bucket_sampler_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="ranks"):
+        LengthBucketSampler([3, 4], 2, world_size=3, rank=0)
+    with pytest.raises(ValueError, match="drop_last"):
+        LengthBucketSampler([1, 2, 3], 1, world_size=2, rank=0)
+    with pytest.raises(ValueError, match="1-D"):
+        LengthBucketSampler([[1, 2]], 2)
+    with pytest.raises(ValueError, match="1-D"):
+        LengthBucketSampler([1.5, 2.0], 2)
+    with pytest.raises(ValueError, match="negative"):
+        LengthBucketSampler([1, -2], 2)
+    with pytest.raises(ValueError, match="bucket_batches"):
+        LengthBucketSampler([1, 2], 2, bucket_batches=0)
+    assert len(LengthBucketSampler([1, 2, 3, 4], 1, world_size=2, rank=1).batches(0)) == 2

@@ -43,6 +43,7 @@ from packer.output import staging_dir
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
 from packer.report import REPORT_NAME, reason_kind, shown
+from packer.text import TextConfig
 from packer.verify import verify as verify_output
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
@@ -99,6 +100,17 @@ def cli(verbose: bool) -> None:
 @click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
                    "skipped and reported); labels are class names, or class indices if all are integers >= 0.")
+@click.option("--fields", "fields_", default=None,
+              help="What a sample is: image, text, or several of image,text,json (files sharing a stem in one "
+                   "folder are one sample).  [default: found from the files]", show_default=False)
+@click.option("--allow-missing", is_flag=True,
+              help="Pack paired samples missing their text or json file, with that field empty (else skipped).")
+@click.option("--encoding", default="utf-8",
+              help="Encoding of .txt and .json files (a UTF-8 byte-order mark is dropped; CRLF becomes LF).")
+@click.option("--tokenizer", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
 @click.option("--full-decode", is_flag=True,
               help="Decode large JPEGs at full size even when the target is much smaller (slower; by default "
                    "the decoder scales them down by 2, 4 or 8 to no less than the target, pixels within a few levels).")
@@ -115,13 +127,15 @@ def cli(verbose: bool) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
-            shuffle_seed: Optional[int], labels_file: Optional[Path], full_decode: bool,
+            shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
+            encoding: str, tokenizer: Optional[str], max_length: Optional[int], full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool) -> None:
-    """Convert the image folder SOURCE into a packed output.
+    """Convert the image (or text) folder SOURCE into a packed output.
 
     Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
-    subfolders gives unlabelled samples. Unreadable images are skipped and listed at the end and in
+    subfolders gives unlabelled samples. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
+    are one sample with several fields. Unreadable files are skipped and listed at the end and in
     the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
     With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
     averaged to one.
@@ -132,7 +146,9 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
             **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels, reduced_decode=not full_decode,
         )
-        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality))
+        fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
+        text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if output is None:
@@ -235,7 +251,6 @@ def info(output: Path, as_json: bool) -> None:
 
 
 def _describe(output: Path, m: Manifest) -> str:
-    img = m.fields["image"]
     pre = m.preprocess
     norm = pre.get("normalize")
     size = "x".join(map(str, pre["size"])) if pre.get("size") else "original"
@@ -244,13 +259,25 @@ def _describe(output: Path, m: Manifest) -> str:
         f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
         f"  samples   {m.samples} in {len(m.shards)} shard(s), {_human(total)}",
         f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
-        f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} (HWC), "
-        f"{pre['mode']}, {_codec(img)}",
-        f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
-        else "  resize    none (each image keeps its size)",
-        f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
-        f"  skipped   {len(m.skipped)} file(s){_kinds(m)}",
+        f"  fields    {', '.join(m.sample_fields)}",
     ]
+    if m.has_image:
+        img = m.fields["image"]
+        lines += [
+            f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} "
+            f"(HWC), {pre['mode']}, {_codec(img)}",
+            f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
+            else "  resize    none (each image keeps its size)",
+            f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
+        ]
+    for f in m.text_fields:
+        if f.kind == "tokens":
+            tok = f.tokenizer or {}
+            lines.append(f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
+                         f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})")
+        else:
+            lines.append(f"  {f.name:<9} UTF-8 {'JSON' if f.kind == 'json' else 'text'}, LF line ends")
+    lines.append(f"  skipped   {len(m.skipped)} file(s){_kinds(m)}")
     lines += _stats(m.stats)
     if m.duplicates:
         lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")

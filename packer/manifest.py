@@ -198,7 +198,7 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
         if m.format_version < TEXT_SINCE:
             raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
                                 f"{m.format_version}; the manifest is damaged")
-        if not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "tokens") == (name == "json"):
+        if not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json"):
             raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
                                 f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
 

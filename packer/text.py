@@ -90,8 +90,8 @@ def decode_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as e:
-        raise DecodeError(path, f"not valid {e.encoding} text ({e.reason} at byte {e.start}); "
-                                "pass --encoding if the files use another encoding") from None
+        raise DecodeError(path, f"not valid {e.encoding.replace('-sig', '').upper()} text: {e.reason} at byte "
+                                f"{e.start}; pass --encoding if the files use another encoding") from None
     if text.startswith("\ufeff"):  # a BOM under an explicit --encoding (utf-16 drops its own)
         text = text[1:]
     if not text:
@@ -112,7 +112,7 @@ def json_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     try:
         json.loads(text)
     except json.JSONDecodeError as e:
-        raise DecodeError(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise DecodeError(path, f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     return text
 
 

@@ -137,8 +137,8 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
             digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
             fields[f.name] = text_bytes(f.kind, data, path, job.text)
     except DecodeError as e:
-        if len(item.parts) > 1:  # say which file of the sample
-            raise DecodeError(item.relpath, f"{os.path.basename(e.path)}: {e.reason}") from None
+        if len(item.parts) > 1:  # say which file of the sample (after the reason: its kind is before the colon)
+            raise DecodeError(item.relpath, f"{e.reason} [{os.path.basename(e.path)}]") from None
         raise
     sample = Sample(item.index, item.relpath, image, item.label, encoded, fields)
     return sample, digest.hexdigest()[:32], decoded

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import os
 import warnings
 from collections import OrderedDict
@@ -21,6 +22,8 @@ from torch.utils.data import Dataset
 
 from packer.errors import ManifestError
 from packer.manifest import Manifest, ShardEntry, read_manifest
+from packer.records import TextField
+from packer.text import TOKEN_DTYPE
 from readers.collate import PackedBatch, SlotRing, empty_batch
 
 Transform = Callable[[torch.Tensor], Any]
@@ -146,11 +149,24 @@ def _tensor_view(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def build_sample(image: torch.Tensor, label: int, transform: Optional[Transform], meta: Optional[dict]):
-    """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``."""
+def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = ()):
+    """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
+    ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
+    or the text of a text-only output)."""
     if transform is not None:
         image = transform(image)
-    return (image, label) if meta is None else (image, label, meta)
+    return (image, *rest, label) if meta is None else (image, *rest, label, meta)
+
+
+def decode_field(field: TextField, data) -> Any:
+    """The value of a stored text field's bytes: ``str`` for text, a 1-D int64 tensor of token ids,
+    the parsed object for json (None for a json field stored empty by --allow-missing)."""
+    if field.kind == "tokens":
+        return torch.from_numpy(np.frombuffer(data, dtype=TOKEN_DTYPE).astype(np.int64))
+    text = bytes(data).decode("utf-8")
+    if field.kind == "json":
+        return json.loads(text) if text else None
+    return text
 
 
 class ReaderBase:
@@ -180,8 +196,9 @@ class ReaderBase:
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
         self._offsets = self.manifest.shard_offsets
         self._sizes = {f.path: f.bytes for shard in self.manifest.shards for f in shard.files}
-        field = self.manifest.fields["image"]
-        self._stored = (np.dtype(field["dtype"]), field.get("shape"))
+        field = self.manifest.fields.get("image")
+        self._stored = (np.dtype(field["dtype"]), field.get("shape")) if field else None
+        self.text_fields = self.manifest.text_fields
 
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:
@@ -211,6 +228,28 @@ class ReaderBase:
                 "run packer verify"
             )
         return p
+
+    @property
+    def fixed_images(self) -> bool:
+        """True when samples are one image of one size and nothing else: batches are one tensor."""
+        return self._stored is not None and self._stored[1] is not None and not self.text_fields
+
+    def length_field(self, field: Optional[str] = None) -> TextField:
+        """The text field ``field`` names; by default the first text or token-id field (else json)."""
+        fields = {f.name: f for f in self.text_fields}
+        if not fields:
+            raise ValueError(f"{self.root} has no text fields, so its samples have no length")
+        if field is None:
+            return next((f for f in self.text_fields if f.kind != "json"), self.text_fields[0])
+        if field not in fields:
+            raise ValueError(f"{self.root} has no field {field!r}; its text fields are {', '.join(fields)}")
+        return fields[field]
+
+    @property
+    def pad_id(self) -> int:
+        """Padding id of the token-id field's tokenizer (0 without one): what pad_collate should pad with."""
+        tokens = next((f for f in self.text_fields if f.kind == "tokens"), None)
+        return int((tokens.tokenizer or {}).get("pad_id") or 0) if tokens else 0
 
     @property
     def classes(self) -> Optional[list[str]]:
@@ -267,9 +306,10 @@ class PackedDataset(ReaderBase, Dataset):
         ones receive it as a shared-memory handle. Encoded images (jpeg, png) are held decoded, so
         nothing is decoded again. Needs a fixed image size.
         """
+        if not self.fixed_images:
+            raise ValueError("in_memory=True holds images of one size: this output has text fields or images of "
+                             "several sizes (--resize none)")
         dtype, shape = self._stored
-        if shape is None:
-            raise ValueError("in_memory=True needs one image size for the whole output (not --resize none)")
         memory = torch.empty((len(self), *shape), dtype=torch_dtype(dtype)).share_memory_()
         view = memory.numpy()
         for shard in range(len(self.manifest.shards)):
@@ -302,11 +342,12 @@ class PackedDataset(ReaderBase, Dataset):
     def __getitem__(self, index: int):
         shard, local = self.locate(int(index))
         with self._reading(shard):
-            image = self._image(shard, local)
+            values = [self.convert(self._image(shard, local))] if self._stored is not None else []
+            values += [decode_field(f, self.read_field(self._handle(shard), local, f.name)) for f in self.text_fields]
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        return build_sample(self.convert(image), label, self.transform, meta)
+        return build_sample(values[0], label, self.transform, meta, tuple(values[1:]))
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
@@ -320,7 +361,7 @@ class PackedDataset(ReaderBase, Dataset):
         if self.transform is not None or self.return_meta or type(self).__getitem__ is not PackedDataset.__getitem__:
             return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
         n = len(indices)
-        if self._stored[1] is None:  # sizes vary: no common batch tensor
+        if not self.fixed_images:  # sizes vary, or text: no common batch tensor
             return [self[i] for i in indices]
         slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
@@ -357,6 +398,17 @@ class PackedDataset(ReaderBase, Dataset):
         return np.concatenate([self._shard_labels(i) for i in range(len(self.manifest.shards))] or
                               [np.zeros(0, np.int64)])
 
+    def lengths(self, field: Optional[str] = None) -> np.ndarray:
+        """Every sample's length of a text field in dataset order, int64: UTF-8 bytes for text and
+        json, ids for token ids (``field`` defaults to the text/token field). Read from the shards'
+        indexes alone; no sample is read. For ``LengthBucketSampler``."""
+        f = self.length_field(field)
+        parts = []
+        for shard in range(len(self.manifest.shards)):
+            with self._reading(shard):
+                parts.append(np.asarray(self.read_lengths(self._handle(shard), f), dtype=np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     def sample_weights(self) -> torch.Tensor:
         """Per-sample weights 1 / (samples of its class), for ``WeightedRandomSampler`` class balance.
 
@@ -385,6 +437,14 @@ class PackedDataset(ReaderBase, Dataset):
 
     def read_labels(self, handle: Any) -> np.ndarray:
         """All labels of an open shard, int64."""
+        raise NotImplementedError
+
+    def read_field(self, handle: Any, local: int, field: str) -> Any:
+        """The stored bytes (any buffer) of text field ``field`` at ``local`` in an open shard."""
+        raise NotImplementedError
+
+    def read_lengths(self, handle: Any, field: TextField) -> np.ndarray:
+        """Every sample's length of ``field`` in an open shard (bytes of text, count of token ids), int64."""
         raise NotImplementedError
 
     def read_key(self, handle: Any, local: int) -> str:

@@ -15,8 +15,9 @@ import h5py
 import numpy as np
 
 from packer.codecs import decode_image
-from packer.layout import HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX
+from packer.layout import HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from packer.manifest import ShardEntry
+from packer.records import TextField
 from readers.base import PackedDataset
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
@@ -24,13 +25,14 @@ CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each
 
 class _Hdf5Shard(NamedTuple):
     file: h5py.File
-    images: h5py.Dataset  # N x H x W x C, or the flat bytes of encoded images
+    images: Optional[h5py.Dataset]  # N x H x W x C, or the flat bytes of encoded images; None without images
     offsets: Optional[np.ndarray]  # N + 1 offsets into ``images`` when encoded
     mapped: Optional[np.ndarray] = None  # raw images: the file as uint8, when every image is one plain chunk
     chunks: Optional[np.ndarray] = None  # raw images: byte offset of each image's chunk in the file
     dtype: Optional[np.dtype] = None
     shape: tuple[int, ...] = ()  # of one image
     nbytes: int = 0  # of one image
+    text: dict = {}  # field: (flat bytes dataset, N + 1 offsets)
 
 
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
@@ -61,15 +63,23 @@ class Hdf5Dataset(PackedDataset):
     def open_shard(self, shard: ShardEntry) -> _Hdf5Shard:
         path = self.path(shard.file(HDF5_SUFFIX))
         f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+
+        def varlen(field: str) -> tuple[h5py.Dataset, np.ndarray]:
+            data, offsets = hdf5_varlen_names(field)
+            return f[data], f[offsets][:]
+
+        text = {t.name: varlen(t.name) for t in self.text_fields}
+        if not self.manifest.has_image:
+            return _Hdf5Shard(f, None, None, text=text)
         if self.manifest.image_codec != "raw":
-            return _Hdf5Shard(f, f[HDF5_IMAGE_BYTES], f[HDF5_IMAGE_OFFSETS][:])
+            return _Hdf5Shard(f, *varlen("images"), text=text)
         images = f[HDF5_IMAGES]
         chunks = chunk_offsets(images)
         if chunks is None:
-            return _Hdf5Shard(f, images, None)
+            return _Hdf5Shard(f, images, None, text=text)
         shape = images.shape[1:]
         return _Hdf5Shard(f, images, None, np.memmap(path, dtype=np.uint8, mode="r"), chunks, images.dtype, shape,
-                          images.dtype.itemsize * int(np.prod(shape)))
+                          images.dtype.itemsize * int(np.prod(shape)), text)
 
     def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
         if handle.mapped is not None:
@@ -82,6 +92,13 @@ class Hdf5Dataset(PackedDataset):
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
         return handle.file[HDF5_LABELS][:]
+
+    def read_field(self, handle: _Hdf5Shard, local: int, field: str) -> np.ndarray:
+        flat, offsets = handle.text[field]
+        return flat[offsets[local]:offsets[local + 1]]
+
+    def read_lengths(self, handle: _Hdf5Shard, field: TextField) -> np.ndarray:
+        return np.diff(handle.text[field.name][1]) // field.itemsize
 
     def read_key(self, handle: _Hdf5Shard, local: int) -> str:
         return handle.file[HDF5_KEYS].asstr()[local]

@@ -10,8 +10,9 @@ import numpy as np
 
 from packer.codecs import decode_image, decode_npy
 from packer.errors import ManifestError
-from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_image_key, lmdb_key_key
+from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
 from packer.manifest import ShardEntry
+from packer.records import TextField
 from readers.base import PackedDataset
 
 _ENVS: dict[tuple, list] = {}
@@ -94,6 +95,12 @@ class LmdbDataset(PackedDataset):
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
         return decode_npy(bytes(self._get(handle, LMDB_LABELS)))
+
+    def read_field(self, handle: _LmdbShard, local: int, field: str) -> memoryview:
+        return self._get(handle, lmdb_field_key(local, field))
+
+    def read_lengths(self, handle: _LmdbShard, field: TextField) -> np.ndarray:
+        return decode_npy(bytes(self._get(handle, lmdb_lengths_key(field.name))))
 
     def read_key(self, handle: _LmdbShard, local: int) -> str:
         return bytes(self._get(handle, lmdb_key_key(local))).decode("utf-8")

@@ -25,6 +25,7 @@ Defaults, each overridable by keyword (anything else goes to ``torch.utils.data.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from pathlib import Path
@@ -36,8 +37,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import Numbered, RingBatch, SlotRing, packed_collate, shared_memory_free
-from readers.sampler import EpochBatchSampler, distributed_rank
+from readers.collate import Numbered, RingBatch, SlotRing, packed_collate, pad_collate, shared_memory_free
+from readers.sampler import EpochBatchSampler, LengthBucketSampler, distributed_rank
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +93,13 @@ def available_memory() -> Optional[int]:
 
 
 def batch_bytes(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype) -> int:
-    """Bytes of one batch of images as it crosses the worker pipes (an estimate for variable sizes)."""
-    shape = dataset.manifest.fields["image"].get("shape") or [224, 224, dataset.manifest.fields["image"]["channels"]]
+    """Bytes of one batch as it crosses the worker pipes (an estimate for variable sizes and text)."""
+    m = dataset.manifest
+    if not dataset.fixed_images:  # about what is stored per sample, at least what a 224 x 224 image would be
+        stored = sum(f.bytes for s in m.shards for f in s.files) / max(1, m.samples)
+        return int(batch_size * max(stored, 4096 if not m.has_image else 224 * 224 * m.fields["image"]["channels"]))
     itemsize = torch.empty(0, dtype=transport_dtype).element_size()
-    return batch_size * itemsize * int(torch.tensor(shape).prod())
+    return batch_size * itemsize * int(torch.tensor(m.fields["image"]["shape"]).prod())
 
 
 def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype, *, cores: Optional[int] = None,
@@ -166,6 +170,11 @@ class PackedLoader:
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, self._consumed):
+            if isinstance(batch, dict):  # pad_collate's batches (outputs with text fields)
+                self._consumed += 1
+                yield self._place(batch)
+                batch = None
+                continue
             if isinstance(batch, RingBatch):
                 images, labels, rest = self.ring.hand_out(batch.slot, batch.n), torch.from_numpy(batch.labels), []  # type: ignore[union-attr]
             else:
@@ -183,6 +192,14 @@ class PackedLoader:
             out = None
         self.epoch += 1
         self._consumed = 0
+
+    def _place(self, batch: dict) -> dict:
+        """A pad_collate batch with its tensors on the device and its images normalized."""
+        if self.device is not None:
+            batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if self.normalize is not None and "images" in batch:
+            batch["images"] = self.normalize(batch["images"])
+        return batch
 
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
@@ -234,9 +251,16 @@ def make_loader(
     seed: int = 0,
     drop_last: bool = False,
     device: Union[str, torch.device, None] = None,
+    bucket_by_length: Union[bool, str] = False,
     **overrides: Any,
 ) -> PackedLoader:
     """A loader of ``(images, labels)`` batches over a packer reader, with the defaults above.
+
+    Outputs with text fields give ``pad_collate`` dicts instead (``input_ids``, ``attention_mask``,
+    ``lengths``, ``texts``, ``json``, ``images``, ``labels``: those the samples have), padded with
+    the tokenizer's pad id. ``bucket_by_length`` (True, or the name of the text field) batches
+    samples of similar length (``LengthBucketSampler`` over ``dataset.lengths()``; map-style
+    formats), which cuts the padding.
 
     ``device``: where batches go (``"cuda"``: pinned memory, ``non_blocking`` copies, normalized
     on the GPU). ``overrides`` replace any default or add any DataLoader option
@@ -250,15 +274,18 @@ def make_loader(
     cuda = device is not None and device.type == "cuda"
     normalize = None
     reader = copy.copy(dataset)  # the loader's own view: settings below never leak into the caller's dataset
-    stored_uint8 = dataset.manifest.fields["image"]["dtype"] == "uint8"
+    m = dataset.manifest
+    stored_uint8 = m.has_image and m.fields["image"]["dtype"] == "uint8"
+    if bucket_by_length and not isinstance(dataset, PackedDataset):
+        raise ValueError("bucket_by_length needs random access (npy, lmdb or hdf5); tar shards are read in order")
     if cuda and dataset.convert.normalize is not None and stored_uint8 and dataset.transform is None:
         # Same batches as the reader would give, but uint8 through the pipes and the PCIe bus,
         # normalized once on the GPU.
         normalize = dataset.convert.normalize
         reader.convert = ImageConverter(dataset.manifest, normalize=False)
-    transport = reader.convert.batch_dtype(np.dtype(dataset.manifest.fields["image"]["dtype"]))
-    shape = dataset.manifest.fields["image"].get("shape")
-    if shape is None and batch_size > 1 and "collate_fn" not in overrides:
+    transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
+    shape = m.fields["image"].get("shape") if m.has_image else None
+    if m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides:
         raise ValueError("images of this output have different sizes (--resize none): use batch_size=1 or pass a "
                          "collate_fn that can batch them")
     rank, world = distributed_rank()
@@ -271,7 +298,7 @@ def make_loader(
     ours = "collate_fn" not in overrides  # a collate of the caller's own sees plain samples, never ring slots
     reader.shared_batches = ours
     ring = None
-    if workers and ours and not cuda and shape and reader.transform is None and not reader.return_meta:
+    if workers and ours and not cuda and dataset.fixed_images and reader.transform is None and not reader.return_meta:
         h, w, c = shape
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
@@ -282,10 +309,17 @@ def make_loader(
         else:
             log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
                      free // 2**20, need // 2**20)
-    options.setdefault("collate_fn", packed_collate)
+    text = bool(dataset.text_fields)
+    options.setdefault("collate_fn", functools.partial(pad_collate, pad_id=dataset.pad_id) if text else packed_collate)
     if isinstance(dataset, PackedDataset):
-        sampler: Optional[EpochBatchSampler] = EpochBatchSampler(
-            len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last)
+        sampler: Optional[EpochBatchSampler]
+        if bucket_by_length:
+            field = bucket_by_length if isinstance(bucket_by_length, str) else None
+            sampler = LengthBucketSampler(dataset.lengths(field), batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                                          world_size=world, drop_last=drop_last)
+        else:
+            sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                                        world_size=world, drop_last=drop_last)
         loader = DataLoader(reader, batch_sampler=sampler, **options)
     else:  # tar shards: the reader makes the batches itself, an equal number per rank (see configure_batches)
         sampler = None
@@ -296,6 +330,8 @@ def make_loader(
         loader = DataLoader(reader, batch_size=None, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
     order = {"batch_size": batch_size, "world_size": world, "seed": seed}
+    if bucket_by_length:
+        order["bucket_by_length"] = bucket_by_length
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)

@@ -7,16 +7,18 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from packer.codecs import decode_image
-from packer.layout import NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS, NPY_IMAGES, NPY_KEYS, NPY_LABELS
+from packer.layout import NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
 from packer.manifest import ShardEntry
+from packer.records import TextField
 from readers.base import PackedDataset
 
 
 class _NpyShard(NamedTuple):
-    images: np.ndarray  # N x H x W x C, or the flat bytes of encoded images
+    images: Optional[np.ndarray]  # N x H x W x C, or the flat bytes of encoded images; None without images
     offsets: Optional[np.ndarray]  # N + 1 offsets into ``images`` when encoded
     keys: np.ndarray
     labels_path: str
+    text: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # field: (flat bytes, N + 1 offsets)
 
 
 class NpyDataset(PackedDataset):
@@ -28,11 +30,17 @@ class NpyDataset(PackedDataset):
         def mmap(suffix: str) -> np.ndarray:
             return np.load(self.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False)
 
+        def varlen(field: str) -> tuple[np.ndarray, np.ndarray]:
+            data, offsets = npy_varlen_suffixes(field)
+            return mmap(data), np.load(self.path(shard.file(offsets)), allow_pickle=False)
+
         labels = str(self.path(shard.file(NPY_LABELS)))
+        text = {f.name: varlen(f.name) for f in self.text_fields}
+        if not self.manifest.has_image:
+            return _NpyShard(None, None, mmap(NPY_KEYS), labels, text)
         if self.manifest.image_codec == "raw":
-            return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels)
-        offsets = np.load(self.path(shard.file(NPY_IMAGE_OFFSETS)), allow_pickle=False)
-        return _NpyShard(mmap(NPY_IMAGE_BYTES), offsets, mmap(NPY_KEYS), labels)
+            return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels, text)
+        return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text)
 
     def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
         if handle.offsets is None:
@@ -42,6 +50,13 @@ class NpyDataset(PackedDataset):
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
         return np.load(handle.labels_path, allow_pickle=False)
+
+    def read_field(self, handle: _NpyShard, local: int, field: str) -> np.ndarray:
+        flat, offsets = handle.text[field]
+        return flat[offsets[local]:offsets[local + 1]]
+
+    def read_lengths(self, handle: _NpyShard, field: TextField) -> np.ndarray:
+        return np.diff(handle.text[field.name][1]) // field.itemsize
 
     def read_key(self, handle: _NpyShard, local: int) -> str:
         return str(handle.keys[local])

@@ -18,9 +18,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.codecs import decode_image
 from packer.errors import ManifestError
-from packer.layout import TAR_SUFFIX
-from packer.tario import decode_tar_sample, iter_tar_samples
-from readers.base import ReaderBase, build_sample
+from packer.layout import TAR_SUFFIX, wds_lengths_suffix
+from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
+from readers.base import ReaderBase, build_sample, decode_field
 from readers.collate import Numbered, PackedBatch
 
 
@@ -81,14 +81,28 @@ class WdsDataset(ReaderBase, IterableDataset):
         if self.shuffle:
             rng = random.Random((self.seed * 1_000_003 + epoch) * 4099 + worker)
             samples = shuffle_buffer(samples, self.shuffle, rng)
-        for index, array, label, key in samples:
-            meta = {"index": index, "key": key, "label": label} if self.return_meta else None
-            yield build_sample(self.convert(array), label, self.transform, meta)
+        for index, array, label, key, texts in samples:
+            yield self._sample(index, array, label, key, texts)
 
-    def iter_shard(self, shard: int) -> Iterator[tuple[int, np.ndarray, int, str]]:
-        """``(index, image array, label, key)`` of each sample of one shard, in stored order."""
+    def _sample(self, index: int, array: Optional[np.ndarray], label: int, key: str, texts: tuple):
+        """The tuple yielded for one decoded sample (see ``build_sample``)."""
+        meta = {"index": index, "key": key, "label": label} if self.return_meta else None
+        values = ((self.convert(array),) if array is not None else ()) + texts
+        return build_sample(values[0], label, self.transform, meta, values[1:])
+
+    def iter_shard(self, shard: int) -> Iterator[tuple[int, Optional[np.ndarray], int, str, tuple]]:
+        """``(index, image array or None, label, key, text field values)`` of each sample of one shard,
+        in stored order."""
         for index, fields, path in self.iter_shard_raw(shard):
             yield (index, *self.decode(fields, path))
+
+    def lengths(self, field: Optional[str] = None) -> np.ndarray:
+        """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
+        read from the shards' ``.lengths.npy`` side files, not from the tars."""
+        f = self.length_field(field)
+        parts = [np.load(self.path(s.file(wds_lengths_suffix(f.name))), allow_pickle=False)
+                 for s in self.manifest.shards]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
         """``(index, tar fields, shard path)`` of each sample of one shard, not decoded (cheap to skip)."""
@@ -101,17 +115,19 @@ class WdsDataset(ReaderBase, IterableDataset):
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
 
-    def decode(self, fields: dict, path: str) -> tuple[np.ndarray, int, str]:
-        """``(image array, label, key)`` of one sample's tar fields."""
-        codec, mode = self.manifest.image_codec, self.manifest.preprocess["mode"]
-        array, label, meta = decode_tar_sample(fields, path, codec)
-        if codec != "raw":
+    def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
+        """``(image array or None, label, key, text field values)`` of one sample's tar fields."""
+        codec, mode = self.manifest.image_codec, self.manifest.preprocess.get("mode", "RGB")
+        array, label, meta = decode_tar_sample(fields, path, codec if self._stored is not None else None)
+        texts = tuple(decode_field(f, data) for f, data in zip(self.text_fields,
+                                                                tar_fields(fields, self.text_fields, path).values()))
+        if array is not None and codec != "raw":
             try:
                 array = decode_image(array, codec, mode)
             except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
                 raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
                                     f"run packer verify {self.root}") from None
-        return array, label, meta.get("key", fields["__key__"])
+        return array, label, meta.get("key", fields["__key__"]), texts
 
     # Whole batches, for make_loader ---------------------------------------------------------------
     def configure_batches(self, batch_size: int, *, drop_last: bool = False, rank: int = 0, world_size: int = 1,
@@ -213,12 +229,10 @@ class WdsDataset(ReaderBase, IterableDataset):
         n = len(items)
         labels = np.empty(n, dtype=np.int64)
         decoded = [(index, *self.decode(fields, path)) for index, fields, path in items]
-        if self._stored[1] is None or self.transform is not None or self.return_meta:  # one by one, default_collate
-            return [build_sample(self.convert(a), label, self.transform,  # type: ignore[return-value]
-                                 {"index": i, "key": key, "label": label} if self.return_meta else None)
-                    for i, a, label, key in decoded]
+        if not self.fixed_images or self.transform is not None or self.return_meta:  # one by one, then collated
+            return [self._sample(*d) for d in decoded]  # type: ignore[return-value]
         slot, images = self.batch_tensor(n)
-        for j, (_, array, label, _) in enumerate(decoded):
+        for j, (_, array, label, _, _) in enumerate(decoded):
             self.convert.into(array, images[j])
             labels[j] = label
         return PackedBatch(images, torch.from_numpy(labels), slot)

@@ -213,7 +213,8 @@ def _sample_problem(s: StoredSample, layout: StoredLayout) -> str:
     elif s.image is not None:
         crc = image_crc32(s.image)
     if fields_crc32((s.fields[f.name] for f in layout.text), crc) != s.crc32:
-        what = "stored bytes" if layout.text else f"{layout.codec} image bytes" if s.encoded is not None else "image bytes"
+        what = "image bytes" if s.encoded is None else f"{layout.codec} image bytes"
+        what = "stored bytes" if layout.text else what
         return f"{what} do not match their stored CRC-32 (damaged)"
     for f in layout.text:
         message = _text_problem(f, s.fields[f.name])

@@ -319,3 +319,56 @@ def test_symlink_loop_does_not_hang(tmp_path):
     (root / "a" / "loop").symlink_to(root, target_is_directory=True)
     found = discover(root)
     assert [i.relpath for i in found.items] == ["a/x.png"]
+
+
+# Text and paired samples ---------------------------------------------------------------------------
+def test_text_folders_are_text_samples(tmp_path):
+    touch(tmp_path / "pos" / "1.txt")
+    touch(tmp_path / "neg" / "2.TXT")
+    touch(tmp_path / "neg" / "notes.csv")
+    found = discover(tmp_path)
+    assert found.fields == ("text",) and rels(found) == ["neg/2.TXT", "pos/1.txt"]
+    assert [i.parts[0][0] for i in found.items] == ["text", "text"] and found.ignored == {".csv": 1}
+
+
+def test_a_stray_text_file_among_images_does_not_pair(tmp_path):
+    touch(tmp_path / "cat" / "a.png")
+    touch(tmp_path / "cat" / "README.txt")
+    found = discover(tmp_path)
+    assert found.fields == ("image",) and rels(found) == ["cat/a.png"] and found.items[0].parts == ()
+    assert found.ignored == {".txt": 1}
+
+
+def test_files_sharing_a_stem_are_one_sample(tmp_path):
+    for name in ("0001.jpg", "0001.txt", "0001.json", "0002.jpg", "0002.txt", "0003.jpg", "0003.png", "0003.txt"):
+        touch(tmp_path / "a" / name)
+    touch(tmp_path / "a" / "0004.txt")
+    found = discover(tmp_path)
+    assert found.fields == ("image", "text", "json")
+    assert rels(found) == ["a/0001"]  # 0002 lacks json, 0003 has two images, 0004 has only text
+    reasons = {s.path: s.reason for s in found.skipped}
+    assert reasons["a/0002"].startswith("missing json") and "--allow-missing" in reasons["a/0002"]
+    assert "several files for one field" in reasons["a/0003"]
+    assert reasons["a/0004"].startswith("missing image and json")
+    found = discover(tmp_path, allow_missing=True)
+    assert rels(found) == ["a/0001", "a/0002"]
+    assert [f for f, _ in found.items[1].parts] == ["image", "text"]
+    assert found.items[0].path.endswith("0001.jpg") and found.items[0].label == 0
+
+
+def test_fields_can_be_chosen(tmp_path):
+    for name in ("0001.jpg", "0001.txt", "0001.json"):
+        touch(tmp_path / "a" / name)
+    found = discover(tmp_path, fields=("image", "text"))
+    assert found.fields == ("image", "text") and rels(found) == ["a/0001"] and found.ignored == {".json": 1}
+    assert discover(tmp_path, fields=("text",)).items[0].relpath == "a/0001.txt"
+
+
+def test_labels_file_names_paired_samples_by_stem_or_file(tmp_path):
+    for stem in ("x", "y"):
+        touch(tmp_path / f"{stem}.png")
+        touch(tmp_path / f"{stem}.txt")
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\nx,cat\ny.png,dog\n")
+    found = discover(tmp_path, labels_file=labels)
+    assert [(i.relpath, i.label) for i in found.items] == [("x", 0), ("y", 1)] and found.classes == ["cat", "dog"]

@@ -1,0 +1,280 @@
+"""Text fields end to end: decoding rules, tokenization, and round trips of text and paired samples
+through every format (exact strings, exact ids), with lengths from the index and verify."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FORMATS, write_image
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.errors import ConfigError, DecodeError
+from packer.preprocess import load_image
+from packer.text import TextConfig, decode_text, json_text, load_tokenizer, token_ids
+from packer.verify import verify
+from readers import make_loader, open_dataset
+
+TEXTS = {
+    "pos/a.txt": "good film\nreally good",
+    "pos/b.txt": "\u00e9t\u00e9 caf\u00e9 \u2014 \u65e5\u672c",  # non-ASCII survives
+    "pos/c.txt": "good " * 40,
+    "neg/a.txt": "bad",
+    "neg/b.txt": "  leading and trailing spaces kept  ",
+}
+
+
+def make_tokenizer(path: Path) -> Path:
+    """A small word-level tokenizer with [CLS] ... [SEP] around every text, saved as tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = "good film really bad leading and trailing spaces kept".split()
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(path))
+    return path
+
+
+def text_tree(root: Path) -> Path:
+    for rel, text in TEXTS.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    return root
+
+
+def pair_tree(root: Path) -> Path:
+    """cats/dogs with NNNN.png + NNNN.txt + NNNN.json, and one sample lacking its json."""
+    for c, cls in enumerate(("cats", "dogs")):
+        for i in range(3):
+            write_image(root / cls / f"{i:04d}.png", (20 + i, 16), seed=10 * c + i)
+            (root / cls / f"{i:04d}.txt").write_text(f"a {cls[:-1]} number {i}", encoding="utf-8")
+            if not (cls == "dogs" and i == 2):
+                (root / cls / f"{i:04d}.json").write_text(json.dumps({"n": i, "cls": cls}), encoding="utf-8")
+    return root
+
+
+def close(ds) -> None:
+    """Close a map-style reader's shards (verify opens LMDB files itself, and py-lmdb refuses a second
+    open of one file in a process)."""
+    if hasattr(ds, "close"):
+        ds.close()
+
+
+def read_all(ds) -> list:
+    return list(ds) if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset" else \
+        [ds[i] for i in range(len(ds))]
+
+
+# Decoding rules ------------------------------------------------------------------------------------
+def test_bom_dropped_and_crlf_made_lf():
+    assert decode_text(b"\xef\xbb\xbfone\r\ntwo\r\n", "x.txt") == "one\ntwo\n"
+    assert decode_text(b"lone\rcr", "x.txt") == "lone\rcr"  # documented: only CRLF is normalised
+
+
+def test_invalid_utf8_names_the_byte_and_suggests_encoding():
+    with pytest.raises(DecodeError) as e:
+        decode_text(b"ok \xff no", "x.txt")
+    assert "not valid UTF-8 text" in e.value.reason and "byte 3" in e.value.reason and "--encoding" in e.value.reason
+    assert decode_text("caf\u00e9\r\n".encode("latin-1"), "x.txt", "latin-1") == "caf\u00e9\n"
+    assert decode_text("\ufeffhi".encode("utf-16"), "x.txt", "utf-16") == "hi"
+
+
+def test_a_file_of_only_a_bom_is_empty():
+    with pytest.raises(DecodeError, match="only a byte-order mark"):
+        decode_text(b"\xef\xbb\xbf", "x.txt")
+
+
+def test_json_must_parse():
+    assert json_text(b'{"a": 1}', "x.json") == '{"a": 1}'
+    with pytest.raises(DecodeError, match="not valid JSON: .* line 1"):
+        json_text(b'{"a": ', "x.json")
+
+
+def test_text_options_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="encoding Python knows"):
+        TextConfig(encoding="no-such-codec")
+    with pytest.raises(ConfigError, match="needs --tokenizer"):
+        TextConfig(max_length=8)
+    with pytest.raises(ConfigError, match="not a file"):
+        TextConfig(tokenizer=str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="--fields"):
+        TextConfig(fields=("image", "audio"))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a tokenizers file"):
+        load_tokenizer(str(tmp_path / "bad.json"))
+
+
+def test_token_ids_truncate_and_keep_special_tokens(tmp_path):
+    tok = str(make_tokenizer(tmp_path / "tok.json"))
+    assert token_ids("good film", "x", tok, None).tolist() == [2, 4, 5, 3]
+    ids = token_ids("good " * 10, "x", tok, 5)
+    assert ids.dtype == np.int32 and ids.tolist() == [2, 4, 4, 4, 3]
+
+
+# Round trips -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def text_outputs(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("text")
+    src = text_tree(base / "src")
+    (src / "neg" / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (src / "neg" / "empty.txt").write_bytes(b"")
+    (src / "neg" / "crlf.txt").write_bytes(b"\xef\xbb\xbfone\r\ntwo")
+    tok = make_tokenizer(base / "tok.json")
+    out = {}
+    for fmt in FORMATS:
+        config = ConvertConfig(fmt, shard_size=ShardSize(samples=3))
+        out[fmt] = convert(src, base / f"text-{fmt}", config, workers=2)
+        tconfig = ConvertConfig(fmt, shard_size=ShardSize(samples=3), text=TextConfig(tokenizer=str(tok), max_length=6))
+        out[fmt, "tokens"] = convert(src, base / f"tokens-{fmt}", tconfig, workers=2)
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_text_round_trip_is_exact(text_outputs, fmt):
+    result = text_outputs[fmt]
+    expected = {**TEXTS, "neg/crlf.txt": "one\ntwo"}
+    ds = open_dataset(result.output, return_meta=True)
+    got = {meta["key"]: (text, label) for text, label, meta in read_all(ds)}
+    classes = ds.classes
+    assert got == {k: (v, classes.index(k.split("/")[0])) for k, v in expected.items()}
+    m = result.manifest
+    assert m.format_version == 3 and m.sample_fields == ("text",) and not m.has_image
+    assert m.fields["text"]["kind"] == "text" and m.fields["text"]["length_unit"] == "bytes"
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert "not valid UTF-8 text" in reasons["neg/latin.txt"] and reasons["neg/empty.txt"].startswith("empty file")
+    # lengths come from the index, in dataset order, in UTF-8 bytes
+    keys = [meta["key"] for _, _, meta in read_all(ds)]
+    assert ds.lengths().tolist() == [len(expected[k].encode("utf-8")) for k in keys]
+    close(ds)
+    assert verify(result.output) == []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_token_round_trip_is_exact(text_outputs, fmt, tmp_path):
+    result = text_outputs[fmt, "tokens"]
+    tok = str(make_tokenizer(tmp_path / "tok.json"))
+    ds = open_dataset(result.output, return_meta=True)
+    samples = read_all(ds)
+    for ids, _, meta in samples:
+        text = {**TEXTS, "neg/crlf.txt": "one\ntwo"}[meta["key"]]
+        assert ids.dtype == torch.int64 and ids.tolist() == token_ids(text, "x", tok, 6).tolist()
+    assert ds.lengths().tolist() == [len(ids) for ids, _, _ in samples]
+    assert ds.pad_id == 0 and result.manifest.fields["text"]["tokenizer"]["max_length"] == 6
+    close(ds)
+    assert verify(result.output) == []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_paired_samples_round_trip(tmp_path, fmt):
+    src = pair_tree(tmp_path / "src")
+    pre = PreprocessConfig(size=(16, 16))
+    result = convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2)), workers=2)
+    assert result.manifest.sample_fields == ("image", "text", "json")
+    assert [(s.path, s.reason.split(":")[0]) for s in result.skipped] == [("dogs/0002", "missing json")]
+    ds = open_dataset(result.output, return_meta=True, normalize=False)
+    got = read_all(ds)
+    assert len(got) == 5
+    for image, text, obj, label, meta in got:
+        cls, stem = meta["key"].split("/")
+        i = int(stem)
+        expected = load_image(src / cls / f"{stem}.png", pre)
+        assert torch.equal(image, torch.from_numpy(np.array(expected)).permute(2, 0, 1))
+        assert text == f"a {cls[:-1]} number {i}" and obj == {"n": i, "cls": cls} and label == ds.classes.index(cls)
+    close(ds)
+    assert verify(result.output) == []
+
+
+def test_allow_missing_stores_the_field_empty(tmp_path):
+    src = pair_tree(tmp_path / "src")
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 16)), text=TextConfig(allow_missing=True))
+    result = convert(src, tmp_path / "out", config, workers=1)
+    assert result.skipped == []
+    ds = open_dataset(result.output, return_meta=True)
+    by_key = {meta["key"]: (text, obj) for _, text, obj, _, meta in read_all(ds)}
+    assert by_key["dogs/0002"] == ("a dog number 2", None)
+    assert verify(result.output) == []
+
+
+def test_a_bad_file_in_a_pair_skips_the_sample_naming_the_file(tmp_path):
+    src = pair_tree(tmp_path / "src")
+    (src / "cats" / "0001.txt").write_bytes(b"\xff\xfe bad")
+    (src / "cats" / "0002.json").write_text("{not json")
+    config = ConvertConfig("lmdb", PreprocessConfig(size=(16, 16)), text=TextConfig(allow_missing=True))
+    result = convert(src, tmp_path / "out", config, workers=1)
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert reasons["cats/0001"].startswith("not valid UTF-8 text") and reasons["cats/0001"].endswith("[0001.txt]")
+    assert reasons["cats/0002"].startswith("not valid JSON") and reasons["cats/0002"].endswith("[0002.json]")
+    assert result.manifest.samples == 4
+
+
+def test_a_flipped_byte_in_a_text_field_is_traced_to_its_sample(text_outputs, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(text_outputs["npy"].output, out)
+    shard = text_outputs["npy"].manifest.shards[0]
+    flat = out / shard.file(".text.bytes.npy")
+    data = bytearray(flat.read_bytes())
+    data[-1] ^= 0x20  # the last byte of the shard's last text
+    flat.write_bytes(bytes(data))
+    problems = [p for p in verify(out) if p.sample is not None]
+    assert len(problems) == 1 and problems[0].sample == shard.samples - 1
+    assert "CRC-32" in problems[0].message
+
+
+def test_text_only_outputs_open_with_stock_libraries(text_outputs):
+    import h5py
+    import lmdb
+
+    npy_out = text_outputs["npy"].output
+    shard = text_outputs["npy"].manifest.shards[0]
+    flat = np.load(npy_out / shard.file(".text.bytes.npy"), mmap_mode="r")
+    offsets = np.load(npy_out / shard.file(".text.offsets.npy"))
+    first = bytes(flat[offsets[0]:offsets[1]]).decode("utf-8")
+    with h5py.File(text_outputs["hdf5"].output / f"{shard.name}.h5") as f:
+        assert bytes(f["text_bytes"][f["text_offsets"][0]:f["text_offsets"][1]]).decode() == first
+    env = lmdb.open(str(text_outputs["lmdb"].output / f"{shard.name}.lmdb"), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        assert txn.get(b"00000000.text").decode("utf-8") == first
+    env.close()
+    import webdataset as wds
+
+    tar = str(text_outputs["wds", "tokens"].output / f"{shard.name}.tar")
+    sample = next(iter(wds.WebDataset(tar, shardshuffle=False).decode()))
+    assert sample["tokens.npy"].dtype == np.int32 and sample["tokens.npy"][0] == 2
+
+
+# Loading -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_make_loader_pads_token_batches(text_outputs, fmt):
+    ds = open_dataset(text_outputs[fmt, "tokens"].output)
+    loader = make_loader(ds, 3, num_workers=2, bucket_by_length=fmt != "wds", seed=1)
+    seen = 0
+    for batch in loader:
+        ids, mask, lengths = batch["input_ids"], batch["attention_mask"], batch["lengths"]
+        assert ids.shape == mask.shape and ids.shape[1] == int(lengths.max())
+        assert mask.sum(1).tolist() == lengths.tolist() and (ids[mask == 0] == ds.pad_id).all()
+        seen += len(batch["labels"])
+    assert seen == len(ds)
+
+
+def test_bucketing_cuts_padding_on_a_packed_output(tmp_path):
+    from readers import EpochBatchSampler, LengthBucketSampler, padding_ratio
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / f"{i:04d}.txt").write_text("word " * int(rng.lognormal(3, 1) + 1))
+    ds = open_dataset(convert(src, tmp_path / "out", ConvertConfig("npy"), workers=2).output)
+    lengths = ds.lengths()
+    random = padding_ratio(EpochBatchSampler(len(ds), 16, seed=0).batches(0), lengths)
+    bucketed = padding_ratio(LengthBucketSampler(lengths, 16, seed=0).batches(0), lengths)
+    assert bucketed < random / 2

@@ -37,7 +37,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
-from readers.collate import Numbered, RingBatch, SlotRing, packed_collate, pad_collate, shared_memory_free
+from readers.collate import (
+    ArraysAcrossWorkers,
+    Numbered,
+    RingBatch,
+    SlotRing,
+    packed_collate,
+    pad_collate,
+    shared_memory_free,
+)
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, distributed_rank
 
 log = logging.getLogger(__name__)
@@ -194,7 +202,9 @@ class PackedLoader:
         self._consumed = 0
 
     def _place(self, batch: dict) -> dict:
-        """A pad_collate batch with its tensors on the device and its images normalized."""
+        """A pad_collate batch with its tensors on the device and its images normalized (arrays that
+        crossed from a worker as numpy, see ArraysAcrossWorkers, become tensors again)."""
+        batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         if self.device is not None:
             batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         if self.normalize is not None and "images" in batch:
@@ -310,7 +320,10 @@ def make_loader(
             log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
                      free // 2**20, need // 2**20)
     text = bool(dataset.text_fields)
-    options.setdefault("collate_fn", functools.partial(pad_collate, pad_id=dataset.pad_id) if text else packed_collate)
+    if text:
+        pad = functools.partial(pad_collate, pad_id=dataset.pad_id)
+        options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))  # cuda: tensors, to be pinned
+    options.setdefault("collate_fn", packed_collate)
     if isinstance(dataset, PackedDataset):
         sampler: Optional[EpochBatchSampler]
         if bucket_by_length:

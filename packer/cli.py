@@ -75,7 +75,7 @@ def cli(verbose: bool) -> None:
 @click.option("--size", default="224", help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192.")
 @click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
               help="shorter-crop: shorter side to size, centre crop; stretch: ignore aspect; "
-                   "pad: letterbox with --fill; none: keep each image's size (lmdb, wds only).")
+                   "pad: letterbox with --fill; none: keep each image's size.")
 @click.option("--mode", type=click.Choice(COLOR_MODES), default="RGB", help="Colour mode: RGB, or L for grayscale.")
 @click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="bilinear",
               help="Resize filter (antialiased; bilinear matches torchvision's Resize).")

@@ -203,13 +203,9 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         from packer.formats import get_writer  # here: the format registry imports the writers
 
+        get_writer(self.format)  # ConfigError naming the known formats
         if self.shuffle is not None and self.shuffle < 0:
             raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
-        if self.preprocess.size is None and not get_writer(self.format).variable_shape:
-            raise ConfigError(
-                f"--resize none keeps each image's own size, but the {self.format} format stores one "
-                "fixed-size array; use --format lmdb or wds, or choose a --size and --resize mode"
-            )
         if self.codec.encoded and self.preprocess.dtype != "uint8":
             raise ConfigError(
                 f"--codec {self.codec.name} stores 8-bit pixels and cannot hold --dtype {self.preprocess.dtype}; "

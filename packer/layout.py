@@ -13,7 +13,11 @@ def npy_varlen_suffixes(field: str) -> tuple[str, str]:
 
 
 NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS = npy_varlen_suffixes("images")
-"""Where encoded (jpeg, png) images go in an npy shard, instead of ``.images.npy``."""
+"""Where encoded (jpeg, png) images, or raw images of varying sizes, go in an npy shard, instead of
+``.images.npy``."""
+
+NPY_IMAGE_SHAPES = ".images.shapes.npy"
+"""N x 3 int64 (H, W, C) of each raw image of an npy shard whose images vary in size."""
 
 HDF5_SUFFIX = ".h5"
 HDF5_IMAGES, HDF5_LABELS, HDF5_KEYS, HDF5_CRC32 = "images", "labels", "keys", "crc32"
@@ -27,7 +31,11 @@ def hdf5_varlen_names(field: str) -> tuple[str, str]:
 
 
 HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS = hdf5_varlen_names("images")
-"""Where encoded (jpeg, png) images go in an HDF5 shard, instead of ``images``."""
+"""Where encoded (jpeg, png) images, or raw images of varying sizes, go in an HDF5 shard, instead of
+``images``."""
+
+HDF5_IMAGE_SHAPES = "images_shapes"
+"""N x 3 int64 (H, W, C) of each raw image of an HDF5 shard whose images vary in size."""
 
 LMDB_SUFFIX = ".lmdb"
 TAR_SUFFIX = ".tar"

@@ -36,12 +36,13 @@ that know only version 1 keep reading them, and refuse encoded outputs, which th
 
 
 TEXT_SINCE = 3
-"""The format version that added text, token-id and json fields (and samples without an image)."""
+"""The format version that added text, token-id and json fields, samples without an image, and (npy,
+hdf5) raw images of varying sizes."""
 
 
 def format_version(fmt: str, codec: str, text: bool = False) -> int:
     """The version written for an output of format ``fmt`` whose images use ``codec`` and that has
-    ``text`` fields (or no image): the oldest layout that describes it (as numpy writes npy version
+    ``text`` fields (or another layout of version 3): the oldest layout that describes it (as numpy writes npy version
     1.0 whenever its header allows)."""
     if text:
         return TEXT_SINCE

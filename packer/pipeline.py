@@ -351,7 +351,7 @@ def build_manifest(
         preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(
         format=config.format,
-        format_version=format_version(config.format, config.codec.name, bool(layout.text) or not layout.has_image),
+        format_version=format_version(config.format, config.codec.name, uses_version_3(config.format, layout)),
         packer_version=__version__,
         samples=sum(r.samples for r in results),
         classes=found.classes,
@@ -365,6 +365,13 @@ def build_manifest(
         duplicates=find_duplicates(results),
         source={"files": len(found.items) + len(found.skipped), "ignored": found.ignored},
     )
+
+
+def uses_version_3(fmt: str, layout: ImageLayout) -> bool:
+    """Whether an output needs format version 3: text fields, no image, or (npy, hdf5) raw images of
+    varying sizes."""
+    varying_raw = layout.has_image and layout.shape is None and not layout.codec.encoded
+    return bool(layout.text) or not layout.has_image or (varying_raw and fmt in ("npy", "hdf5"))
 
 
 def find_duplicates(results: list[ShardResult]) -> list[list[str]]:

@@ -167,7 +167,7 @@ def check_samples(
     problems: list[Problem] = []
     position = 0
     try:
-        for s in SCANNERS[manifest.format](root, shard, layout.codec, layout.text, layout.image):
+        for s in SCANNERS[manifest.format](root, shard, layout.codec, layout.text, layout.image, str(layout.dtype)):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)

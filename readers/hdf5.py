@@ -15,7 +15,8 @@ import h5py
 import numpy as np
 
 from packer.codecs import decode_image
-from packer.layout import HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
+from packer.formats.base import raw_image
+from packer.layout import HDF5_IMAGE_SHAPES, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from readers.base import PackedDataset
@@ -33,6 +34,7 @@ class _Hdf5Shard(NamedTuple):
     shape: tuple[int, ...] = ()  # of one image
     nbytes: int = 0  # of one image
     text: dict = {}  # field: (flat bytes dataset, N + 1 offsets)
+    shapes: Optional[np.ndarray] = None  # N x 3, raw images of varying sizes (stored like encoded ones)
 
 
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
@@ -73,6 +75,8 @@ class Hdf5Dataset(PackedDataset):
             return _Hdf5Shard(f, None, None, text=text)
         if self.manifest.image_codec != "raw":
             return _Hdf5Shard(f, *varlen("images"), text=text)
+        if self._stored[1] is None:
+            return _Hdf5Shard(f, *varlen("images"), text=text, shapes=f[HDF5_IMAGE_SHAPES][:])
         images = f[HDF5_IMAGES]
         chunks = chunk_offsets(images)
         if chunks is None:
@@ -88,6 +92,8 @@ class Hdf5Dataset(PackedDataset):
         if handle.offsets is None:
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        if handle.shapes is not None:
+            return raw_image(data, self._stored[0], handle.shapes[local], handle.file.filename)
         return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:

@@ -7,7 +7,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from packer.codecs import decode_image
-from packer.layout import NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
+from packer.formats.base import raw_image
+from packer.layout import NPY_IMAGE_SHAPES, NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from readers.base import PackedDataset
@@ -19,6 +20,7 @@ class _NpyShard(NamedTuple):
     keys: np.ndarray
     labels_path: str
     text: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # field: (flat bytes, N + 1 offsets)
+    shapes: Optional[np.ndarray] = None  # N x 3, raw images of varying sizes (stored like encoded ones)
 
 
 class NpyDataset(PackedDataset):
@@ -38,14 +40,19 @@ class NpyDataset(PackedDataset):
         text = {f.name: varlen(f.name) for f in self.text_fields}
         if not self.manifest.has_image:
             return _NpyShard(None, None, mmap(NPY_KEYS), labels, text)
-        if self.manifest.image_codec == "raw":
+        if self.manifest.image_codec == "raw" and self._stored[1] is not None:
             return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels, text)
-        return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text)
+        shapes = None
+        if self.manifest.image_codec == "raw":
+            shapes = np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
+        return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes)
 
     def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
         if handle.offsets is None:
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        if handle.shapes is not None:
+            return raw_image(data, self._stored[0], handle.shapes[local], handle.labels_path)
         return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:

@@ -104,8 +104,9 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
     assert again.exit_code == 1 and "--overwrite" in again.output and "Traceback" not in again.output
     again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--overwrite")
     assert again.exit_code == 0
-    none_npy = run("convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--resize", "none")
-    assert none_npy.exit_code == 2 and "lmdb or wds" in none_npy.output  # a combination of options: usage
+    jpeg_float = run("convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--codec", "jpeg",
+                     "--dtype", "float32")
+    assert jpeg_float.exit_code == 2 and "--dtype uint8" in jpeg_float.output  # a combination of options: usage
     empty = tmp_path / "empty"
     empty.mkdir()
     nothing = run("convert", str(empty), "-f", "npy", "-o", str(tmp_path / "e"), "-q")

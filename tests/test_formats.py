@@ -60,10 +60,6 @@ def test_get_writer():
         get_writer("zarr")
 
 
-def test_variable_shape_flags():
-    assert {n for n, w in WRITERS.items() if w.variable_shape} == {"lmdb", "wds"}
-
-
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_files_returned_are_all_the_files(tmp_path, fmt):
     files = write(fmt, tmp_path, make_samples(3))
@@ -166,12 +162,6 @@ def test_hdf5_float16(tmp_path):
     with h5py.File(tmp_path / files[0], "r") as f:
         assert f["images"].dtype == np.float16
         assert np.array_equal(f["images"][2], samples[2].image)
-
-
-@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
-def test_fixed_formats_need_a_shape(tmp_path, fmt):
-    with pytest.raises(ConfigError):
-        WRITERS[fmt](tmp_path, "shard-00000", ImageLayout("uint8", None, 3), 1)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "hdf5"])

@@ -153,7 +153,13 @@ def stored(out, manifest):
         if manifest.format == "npy":
             labels = np.load(out / shard.file(".labels.npy"))
             keys = np.load(out / shard.file(".keys.npy"))
-            if codec == "raw":
+            if codec == "raw" and manifest.fields["image"]["shape"] is None:  # sizes vary: bytes, offsets, shapes
+                flat = np.load(out / shard.file(".images.bytes.npy"), mmap_mode="r")
+                offsets = np.load(out / shard.file(".images.offsets.npy"))
+                shapes = np.load(out / shard.file(".images.shapes.npy"))
+                dtype = manifest.fields["image"]["dtype"]
+                images = [flat[a:b].view(dtype).reshape(shape) for a, b, shape in zip(offsets, offsets[1:], shapes)]
+            elif codec == "raw":
                 images = np.load(out / shard.file(".images.npy"), mmap_mode="r")
             else:
                 flat = np.load(out / shard.file(".images.bytes.npy"), mmap_mode="r")
@@ -163,7 +169,11 @@ def stored(out, manifest):
         elif manifest.format == "hdf5":
             with h5py.File(out / shard.file(".h5"), "r") as f:
                 keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
-                if codec == "raw":
+                if codec == "raw" and "images_shapes" in f:  # sizes vary: bytes, offsets, shapes
+                    o, flat, shapes = f["images_offsets"][:], f["images_bytes"][:], f["images_shapes"][:]
+                    dtype = manifest.fields["image"]["dtype"]
+                    images = [flat[a:b].view(dtype).reshape(shape) for a, b, shape in zip(o, o[1:], shapes)]
+                elif codec == "raw":
                     images = f["images"][:]
                 else:
                     offsets = f["images_offsets"][:]
@@ -288,8 +298,8 @@ def test_raw_outputs_keep_format_version_1(image_tree, tmp_path):
     assert m.format_version == 1 and m.image_codec == "raw" and m.fields["image"]["codec"] == "raw"
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
-def test_convert_resize_none_variable_formats(image_tree, tmp_path, fmt):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_convert_resize_none_keeps_sizes(image_tree, tmp_path, fmt):
     pre = PreprocessConfig(resize="none")
     out = tmp_path / "out"
     convert(image_tree, out, ConvertConfig(fmt, pre), workers=1)
@@ -299,13 +309,6 @@ def test_convert_resize_none_variable_formats(image_tree, tmp_path, fmt):
     assert len({im.shape for _, _, im in rows}) > 1
     assert_rows_equal(rows, expected_rows(image_tree, pre))
 
-
-@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
-def test_convert_resize_none_fixed_formats_refused(image_tree, tmp_path, fmt):
-    out = tmp_path / "out"
-    with pytest.raises(ConfigError, match="--resize none"):
-        convert(image_tree, out, ConvertConfig(fmt, PreprocessConfig(resize="none")), workers=1)
-    assert not out.exists() and no_staging(out)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

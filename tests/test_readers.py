@@ -411,3 +411,27 @@ def test_damaged_jpg_member_is_named_by_the_wds_reader(tmp_path, encoded):
     path.write_bytes(bytes(data))
     with pytest.raises(ManifestError, match="shard-00000.tar: sample 000000000 is damaged.*packer verify"):
         list(WdsDataset(copy))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", ["uint8", "float16"])
+def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
+    from conftest import write_image
+
+    from packer.verify import verify
+
+    src = tmp_path / "src"
+    for i in range(5):
+        write_image(src / "a" / f"{i}.png", (10 + i, 7 + 2 * i), seed=i)
+    pre = PreprocessConfig(resize="none", dtype=dtype)
+    result = convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2)), workers=2)
+    assert result.manifest.format_version == (3 if fmt in ("npy", "hdf5") else 1)
+    ds = open_dataset(result.output, normalize=False, return_meta=True)
+    got = list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))]
+    assert len(got) == 5
+    for image, _, meta in got:
+        expected = np.array(load_image(src / meta["key"], pre))
+        assert torch.equal(image, torch.from_numpy(expected).permute(2, 0, 1))
+    if hasattr(ds, "close"):
+        ds.close()
+    assert verify(result.output) == []

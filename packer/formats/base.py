@@ -63,12 +63,25 @@ def encoded_bytes(sample: Sample, layout: ImageLayout) -> bytes:
     return sample.encoded
 
 
+def raw_bytes(image: np.ndarray, dtype: np.dtype) -> memoryview:
+    """An image's pixels as a flat byte view in C order and ``dtype`` (copied only when needed), for
+    a variable-length field of raw images."""
+    return np.ascontiguousarray(image, dtype=dtype).reshape(-1).view(np.uint8).data
+
+
+def raw_image(data, dtype: str | np.dtype, shape, where: str) -> np.ndarray:
+    """The image ``raw_bytes`` made, from its bytes (any buffer) and recorded (H, W, C) shape."""
+    array = np.frombuffer(data, dtype=np.uint8)
+    shape = tuple(int(v) for v in shape)
+    if array.size != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+        raise ValueError(f"{where}: {array.size} bytes of image data for shape {shape} of {np.dtype(dtype)}")
+    return array.view(dtype).reshape(shape)
+
+
 class ShardWriter(Protocol):
     """Writes one shard: ``add`` samples in order, then ``close`` to get the files written."""
 
     name: ClassVar[str]
-    variable_shape: ClassVar[bool]
-    """Whether the format can hold images of different sizes in one shard."""
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         """Start a shard called ``shard`` in ``directory``; ``capacity`` is the most samples it gets."""

@@ -4,22 +4,31 @@ Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random acc
 ``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Encoded images (jpeg,
 png) replace ``images`` with a variable-length field: ``images_bytes`` (flat uint8) and
 ``images_offsets`` (N + 1, int64); text fields are variable-length fields too (``text_bytes`` and
-``text_offsets``, likewise ``json``), and text-only shards have no ``images``.
+``text_offsets``, likewise ``json``), and text-only shards have no ``images``. Raw images of varying
+sizes (``--resize none``) are a variable-length field of their pixels' bytes with ``images_shapes``
+(N x 3, int64).
 Timestamps are off so equal inputs give byte-identical files.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import h5py
 import numpy as np
 
-from packer.errors import ConfigError
-from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.base import ImageLayout, encoded_bytes, raw_bytes, raw_image
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen
-from packer.layout import HDF5_CRC32, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
+from packer.layout import (
+    HDF5_CRC32,
+    HDF5_IMAGE_SHAPES,
+    HDF5_IMAGES,
+    HDF5_KEYS,
+    HDF5_LABELS,
+    HDF5_SUFFIX,
+    hdf5_varlen_names,
+)
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample, TextField
 
@@ -30,20 +39,19 @@ class Hdf5Writer:
     """Writes one shard as an HDF5 file."""
 
     name: ClassVar[str] = "hdf5"
-    variable_shape: ClassVar[bool] = False
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        if layout.has_image and layout.shape is None:
-            raise ConfigError("the hdf5 format stores one N x H x W x C dataset and needs a fixed image size")
         self.file_name = f"{shard}{HDF5_SUFFIX}"
         self.layout = layout
         self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
         self._pending = 0
         self._text = {f.name: Hdf5VarlenWriter(self._file, f.name) for f in layout.text}
+        self._shapes: Optional[list[tuple[int, ...]]] = None  # of raw images of varying sizes
         if not layout.has_image:
             pass
-        elif layout.codec.encoded:
+        elif layout.codec.encoded or layout.shape is None:
             self._encoded = Hdf5VarlenWriter(self._file, "images")
+            self._shapes = [] if not layout.codec.encoded else None
         else:
             self._images = self._file.create_dataset(
                 HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
@@ -58,11 +66,14 @@ class Hdf5Writer:
         """Buffer one sample; full buffers go to the file in one write."""
         if not self.layout.has_image:
             pass
-        elif sample.image is None or sample.image.shape != self.layout.shape:
+        elif sample.image is None or (self.layout.shape is not None and sample.image.shape != self.layout.shape):
             found = None if sample.image is None else sample.image.shape
             raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
         elif self.layout.codec.encoded:
             self._encoded.add(encoded_bytes(sample, self.layout))
+        elif self._shapes is not None:
+            self._encoded.add(raw_bytes(sample.image, np.dtype(self.layout.dtype)))
+            self._shapes.append(sample.image.shape)
         else:
             self._batch[self._pending] = sample.image
             self._pending += 1
@@ -86,10 +97,13 @@ class Hdf5Writer:
         """Write labels, keys and checksums and close the file."""
         if not self.layout.has_image:
             pass
-        elif self.layout.codec.encoded:
+        elif self.layout.codec.encoded or self._shapes is not None:
             self._encoded.close()
         else:
             self._flush()
+        if self._shapes is not None:
+            shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
+            self._file.create_dataset(HDF5_IMAGE_SHAPES, data=shapes, track_times=False)
         for writer in self._text.values():
             writer.close()
         self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
@@ -102,7 +116,7 @@ class Hdf5Writer:
 
 
 def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True) -> Iterator[StoredSample]:
+               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes, the
     ``text`` fields as theirs)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
@@ -111,15 +125,22 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tup
             raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                              f"the manifest says {shard.samples}")
         streams = {t.name: _varlen(f, shard, t.name) for t in text}
-        if image and codec != "raw":
+        variable = image and codec == "raw" and HDF5_IMAGE_SHAPES in f
+        if image and (codec != "raw" or variable):
             encoded = _varlen(f, shard, "images")
+            shapes = f[HDF5_IMAGE_SHAPES][:] if variable else None
         elif image:
             images = f[HDF5_IMAGES]
             if len(images) != shard.samples:
                 raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
         for i in range(shard.samples):
-            pixels = images[i] if image and codec == "raw" else None
-            data = next(encoded) if image and codec != "raw" else None
+            pixels = data = None
+            if variable:
+                pixels = raw_image(next(encoded), dtype, shapes[i], shard.name)  # type: ignore[index]
+            elif image and codec == "raw":
+                pixels = images[i]
+            elif image:
+                data = next(encoded)
             fields = {name: next(stream) for name, stream in streams.items()}
             yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
 

@@ -46,7 +46,6 @@ class LmdbWriter:
     """Writes one shard as an LMDB environment; the map grows on demand, so it never fills up."""
 
     name: ClassVar[str] = "lmdb"
-    variable_shape: ClassVar[bool] = True
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         self.file_name = f"{shard}{LMDB_SUFFIX}"
@@ -120,7 +119,7 @@ class LmdbWriter:
 
 
 def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True) -> Iterator[StoredSample]:
+               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
     bytes, the ``text`` fields as theirs)."""
     env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)

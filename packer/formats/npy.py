@@ -5,21 +5,23 @@ Per shard: ``NAME.images.npy`` (N x H x W x C), ``NAME.labels.npy`` (N, int64),
 (jpeg, png) replace the images file with a variable-length field: ``NAME.images.bytes.npy`` (flat
 uint8) and ``NAME.images.offsets.npy`` (N + 1, int64). Text fields are variable-length fields too:
 ``NAME.text.bytes.npy`` and ``NAME.text.offsets.npy`` (likewise ``json``); a text-only shard has no
-images file. Images are streamed to disk as they arrive (see ``varlen.NpyStream``).
+images file. Raw images of varying sizes (``--resize none``) are a variable-length field of their
+pixels' bytes with ``NAME.images.shapes.npy`` (N x 3, int64) beside it. Images are streamed to disk
+as they arrive (see ``varlen.NpyStream``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.errors import ConfigError
-from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.base import ImageLayout, encoded_bytes, raw_bytes, raw_image
 from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen
 from packer.layout import (
     NPY_CRC32,
+    NPY_IMAGE_SHAPES,
     NPY_IMAGES,
     NPY_KEYS,
     NPY_LABELS,
@@ -35,18 +37,17 @@ class NpyWriter:
     """Writes one shard as four ``.npy`` files (five with encoded images)."""
 
     name: ClassVar[str] = "npy"
-    variable_shape: ClassVar[bool] = False
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        if layout.has_image and layout.shape is None:
-            raise ConfigError("the npy format stores one N x H x W x C array and needs a fixed image size")
         self.directory, self.shard, self.layout = Path(directory), shard, layout
         self.dtype = np.dtype(layout.dtype)
         self.names = [f"{shard}{suffix}" for suffix in SUFFIXES[1:]]
+        self._shapes: Optional[list[tuple[int, ...]]] = None  # of raw images of varying sizes
         if not layout.has_image:
             pass
-        elif layout.codec.encoded:
+        elif layout.codec.encoded or layout.shape is None:
             self._encoded = NpyVarlenWriter(self.directory, shard, "images")
+            self._shapes = [] if not layout.codec.encoded else None
         else:
             self._images = NpyStream(self.directory / f"{shard}{NPY_IMAGES}", self.dtype, layout.shape, capacity)
         self._text = {f.name: NpyVarlenWriter(self.directory, shard, f.name) for f in layout.text}
@@ -57,11 +58,14 @@ class NpyWriter:
     def add(self, sample: Sample) -> None:
         """Append one sample (its image must have the layout's shape) with its label and key."""
         if self.layout.has_image:
-            if sample.image is None or sample.image.shape != self.layout.shape:
+            if sample.image is None or (self.layout.shape is not None and sample.image.shape != self.layout.shape):
                 found = None if sample.image is None else sample.image.shape
                 raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
             if self.layout.codec.encoded:
                 self._encoded.add(encoded_bytes(sample, self.layout))
+            elif self._shapes is not None:
+                self._encoded.add(raw_bytes(sample.image, self.dtype))
+                self._shapes.append(sample.image.shape)
             else:
                 self._images.write(np.ascontiguousarray(sample.image, dtype=self.dtype).data)
         for name, writer in self._text.items():
@@ -74,6 +78,10 @@ class NpyWriter:
         """Finish the images and text fields and write labels, keys and checksums."""
         if not self.layout.has_image:
             images = []
+        elif self._shapes is not None:
+            images = self._encoded.close() + [f"{self.shard}{NPY_IMAGE_SHAPES}"]
+            shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
+            np.save(self.directory / images[-1], shapes, allow_pickle=False)
         elif self.layout.codec.encoded:
             images = self._encoded.close()
         else:
@@ -89,7 +97,7 @@ class NpyWriter:
 
 
 def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True) -> Iterator[StoredSample]:
+               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes,
     the ``text`` fields as theirs).
 
@@ -100,13 +108,18 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tup
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                          f"the manifest says {shard.samples}")
     streams = {f.name: _varlen(directory, shard, f.name) for f in text}
-    if image and codec != "raw":
+    variable = image and codec == "raw" and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files)
+    if variable:
+        shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
+    if image and (codec != "raw" or variable):
         encoded = _varlen(directory, shard, "images")
     elif image:
         rows = _complete_rows(directory / shard.file(NPY_IMAGES))
     for i in range(shard.samples):
         pixels, data = None, None
-        if image and codec != "raw":
+        if variable:
+            pixels = raw_image(next(encoded), dtype, shapes[i], shard.name)
+        elif image and codec != "raw":
             data = next(encoded)
         elif image:
             if i >= len(rows):

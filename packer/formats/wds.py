@@ -37,7 +37,6 @@ class WdsWriter:
     from the sample's buffers (TarFile.addfile would copy each member through a BytesIO)."""
 
     name: ClassVar[str] = "wds"
-    variable_shape: ClassVar[bool] = True
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         self.directory, self.shard = Path(directory), shard
@@ -98,7 +97,7 @@ class WdsWriter:
 
 
 def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True) -> Iterator[StoredSample]:
+               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with tarfile and numpy alone (encoded images as
     their bytes, the ``text`` fields as theirs)."""
     n = 0

@@ -1,4 +1,4 @@
-"""packer: pack folders of small image files into large shard files that PyTorch reads fast.
+"""packer: pack folders of small image and text files into large shard files that PyTorch reads fast.
 
 The converter lives here (``packer.convert``); the ``readers`` package streams its outputs back.
 Names are imported on first use, so ``import readers`` (which needs only the manifest and codecs)
@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ConvertConfig": "packer.config",
     "PreprocessConfig": "packer.config",
+    "TextConfig": "packer.text",
     "ConvertResult": "packer.pipeline",
     "convert": "packer.pipeline",
     "verify": "packer.verify",

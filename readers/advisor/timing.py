@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
+
+import torch
+
+from packer.errors import ConfigError
+from packer.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -78,3 +84,27 @@ def busy_note(cpus: int) -> Optional[str]:
         return None
     return (f"the load average is {load:.1f} on {cpus} core(s) before starting: other processes compete for the "
             "CPUs, so figures may vary between runs")
+
+
+def check_batch_size(manifest: Manifest, batch_size: int, where: object) -> None:
+    """ConfigError when batches of ``batch_size`` cannot be stacked: the output at ``where`` keeps
+    each image's own size (--resize none)."""
+    if manifest.fields["image"].get("shape") is None and batch_size > 1:
+        raise ConfigError(f"{where} keeps each image's own size (--resize none): batches of several images cannot "
+                          "be stacked; use a batch size of 1")
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one torch intra-op thread, as DataLoader workers do.
+
+    What is measured in this process (a loader with 0 workers, a collate) then costs what it costs
+    in a worker: with several threads on a machine whose cores are busy, a stack of a batch was
+    measured 50x slower, which would blame the collate for other processes' load.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

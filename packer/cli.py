@@ -342,7 +342,8 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
                               indent=1))
         return
     click.echo(f"packer tune: {output} ({ds.manifest.format}, {ds.manifest.samples} samples), batches of "
-               f"{batch_size}, {cpus} usable core(s), device {device}, {result.seconds:.0f} s")
+               f"{batch_size}, {cpus} usable core(s), device {device}; measured for {result.seconds:.0f} of "
+               f"{seconds:g} s")
     base = result.baseline
     click.echo(f"  {'setting':<28} {'samples/s':>10} {'vs 0 workers':>13} {'peak memory':>12}")
     for trial, m in result.trials:
@@ -352,8 +353,14 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
     best = result.measured(result.best)
     click.echo(f"stopped: {result.stopped}")
     click.echo(f"recommended: {result.best.describe()}: {best.samples_per_s:,.0f} samples/s, peak memory "
-               f"{_human(best.peak_memory)} (all processes)\n")
-    click.echo("# with make_loader (persistent workers; uint8 through the workers, normalized once per batch):")
+               f"{_human(best.peak_memory)} (all processes)")
+    if not result.best.num_workers:
+        per_batch = 1000 * batch_size / best.samples_per_s
+        click.echo(f"note: the main process alone reads fastest here, but without workers loading does not overlap "
+                   f"the training step: it adds about {per_batch:.1f} ms to each step. If that matters, take the "
+                   "fastest setting with workers above.")
+    click.echo()
+    click.echo("# with make_loader:")
     click.echo(code["make_loader"])
     click.echo("# or with a plain DataLoader:")
     click.echo(code["DataLoader"], nl=False)

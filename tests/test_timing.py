@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from packer.errors import ConfigError
 from readers.advisor import timing
-from readers.advisor.timing import busy_note, time_loader
+from readers.advisor.timing import busy_note, check_images, time_loader
 
 
 class SlowLoader:
@@ -50,3 +52,12 @@ def test_busy_note(monkeypatch):
     assert "load average is 3.0 on 2 core(s)" in busy_note(2)
     monkeypatch.setattr(timing.os, "getloadavg", lambda: (0.2, 1.0, 1.0))
     assert busy_note(2) is None
+
+
+def test_check_images():
+    check_images(SimpleNamespace(fields={"image": {"shape": [8, 8, 3]}}), 64, "out")
+    check_images(SimpleNamespace(fields={"image": {"shape": None}}), 1, "out")
+    with pytest.raises(ConfigError, match="--resize none"):
+        check_images(SimpleNamespace(fields={"image": {"shape": None}}), 2, "out")
+    with pytest.raises(ConfigError, match="out holds no images"):
+        check_images(SimpleNamespace(fields={"text": {}}), 1, "out")

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from packer.config import PreprocessConfig
 from packer.errors import ConfigError
 from readers.advisor.folder import FolderDataset, folder_items
-from readers.advisor.timing import Rate, check_batch_size, one_thread, time_loader
+from readers.advisor.timing import Rate, check_images, one_thread, time_loader
 from readers.loader import default_options, make_loader
 
 PLOT_EXTRA = "pip install matplotlib (or: pip install -e \".[plot]\")"
@@ -73,7 +73,7 @@ def compare(dataset, source: str | os.PathLike, *, batch_size: int = 64, num_wor
     no image; ConfigError for an output of varying image sizes with ``batch_size`` > 1.
     """
     manifest = dataset.manifest
-    check_batch_size(manifest, batch_size, dataset.root)
+    check_images(manifest, batch_size, dataset.root)
     items = folder_items(source, manifest)
     workers = default_workers(dataset, batch_size) if num_workers is None else num_workers
     packed = _timed(lambda: make_loader(dataset, batch_size, num_workers=workers), workers, seconds, tick)

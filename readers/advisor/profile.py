@@ -33,7 +33,7 @@ from packer.formats import SCANNERS
 from packer.manifest import read_manifest
 from packer.preprocess import finish_pixels, oriented, read_source, resize
 from readers.advisor.folder import converter_for, folder_items
-from readers.advisor.timing import one_thread
+from readers.advisor.timing import check_images, one_thread
 from readers.base import ImageConverter
 
 FOLDER_STAGES = ("read", "decode", "preprocess", "to_tensor", "collate")
@@ -208,9 +208,11 @@ def profile_output(root: str | os.PathLike, samples: int = 200, batch_size: int 
 
     Stored samples are read with the format's stock library (as ``packer verify`` reads them); the
     first of each shard with more than one is not timed (opening a shard is paid once per worker,
-    not per sample). ManifestError when ``root`` is not a readable packer output.
+    not per sample). ManifestError when ``root`` is not a readable packer output, ConfigError when
+    it holds no images.
     """
     manifest = read_manifest(root)
+    check_images(manifest, 1, root)
     codec, mode = manifest.image_codec, manifest.preprocess["mode"]
     convert = ImageConverter(manifest)
     scan = SCANNERS[manifest.format]

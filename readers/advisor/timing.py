@@ -86,10 +86,15 @@ def busy_note(cpus: int) -> Optional[str]:
             "CPUs, so figures may vary between runs")
 
 
-def check_batch_size(manifest: Manifest, batch_size: int, where: object) -> None:
-    """ConfigError when batches of ``batch_size`` cannot be stacked: the output at ``where`` keeps
-    each image's own size (--resize none)."""
-    if manifest.fields["image"].get("shape") is None and batch_size > 1:
+def check_images(manifest: Manifest, batch_size: int, where: object) -> None:
+    """ConfigError unless the output at ``where`` holds images that batches of ``batch_size`` can
+    stack: the advisor measures image loading, and images kept at their own sizes (--resize none)
+    cannot be stacked."""
+    image = manifest.fields.get("image")
+    if image is None:
+        raise ConfigError(f"{where} holds no images (text samples only): tune, profile and bench measure the "
+                          "loading of images")
+    if image.get("shape") is None and batch_size > 1:
         raise ConfigError(f"{where} keeps each image's own size (--resize none): batches of several images cannot "
                           "be stacked; use a batch size of 1")
 

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset
 
 from packer.errors import ConfigError
 from readers.advisor.memory import PeakMemory
-from readers.advisor.timing import check_batch_size, one_thread, time_loader
+from readers.advisor.timing import check_images, one_thread, time_loader
 from readers.base import ReaderBase
 from readers.loader import make_loader
 
@@ -186,7 +186,7 @@ class LoaderMeasure:
 
     def __init__(self, dataset: ReaderBase, batch_size: int, *, device: Optional[str] = None,
                  tick: Optional[Callable[[float], None]] = None, memory_every: float = 0.2) -> None:
-        check_batch_size(dataset.manifest, batch_size, dataset.root)
+        check_images(dataset.manifest, batch_size, dataset.root)
         self.dataset, self.batch_size, self.device = dataset, batch_size, device
         self.tick, self.memory_every = tick, memory_every
 

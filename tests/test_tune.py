@@ -108,6 +108,17 @@ def test_the_time_budget_is_split_and_respected():
         tune(sleeping, max_workers=4, seconds=0.1)
 
 
+def test_a_measure_that_overruns_its_share_does_not_overrun_the_budget():
+    def overrunning(trial: Trial, seconds: float) -> Measurement:
+        time.sleep(seconds + 0.1)  # e.g. stopping its workers after the timed part
+        return Measurement(100.0 * (trial.num_workers + 1))
+
+    start = time.monotonic()
+    result = tune(overrunning, max_workers=1, seconds=1.2)
+    assert time.monotonic() - start < 1.2 + 0.05 and result.seconds < 1.25
+    assert len(result.trials) >= 2
+
+
 def test_most_useful_workers_is_capped_by_batches_and_shards(outputs):
     assert most_useful_workers(open_dataset(outputs["npy"]), 4, cpus=8) == 4  # 16 samples: 4 batches
     assert most_useful_workers(open_dataset(outputs["npy"]), 64, cpus=8) == 1

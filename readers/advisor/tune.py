@@ -101,17 +101,21 @@ def tune(measure: Measure, *, max_workers: int, seconds: float, margin: float = 
     """Search worker counts by doubling, then prefetch factors, within ``seconds`` in all.
 
     Each trial gets an equal share of the time left among the trials still planned (at least
-    MIN_TRIAL_SECONDS), so a search that stops early leaves more time to the rest; when the time is
-    up, the search stops where it is. Doubling stops when a count is not faster than
+    MIN_TRIAL_SECONDS), so a search that stops early leaves more time to the rest; the most a trial
+    ran over its share (a measure stopping its workers) is kept free, so the whole ends close to
+    ``seconds``; when the time is up, the search stops where it is. Doubling stops when a count is not faster than
     the best so far by ``margin`` (0.10: 10%). ``on_trial(trial, seconds)`` is called before each.
     """
     start = time.monotonic()
     deadline = start + seconds
     counts = worker_counts(max_workers)
     trials: list[tuple[Trial, Measurement]] = []
+    overrun = 0.0  # the most a trial took beyond its share (stopping workers), kept free at the end
 
     def run(trial: Trial, planned_after: int) -> Optional[Measurement]:
-        remaining = deadline - time.monotonic()
+        nonlocal overrun
+        begin = time.monotonic()
+        remaining = deadline - begin - overrun
         if remaining < MIN_TRIAL_SECONDS:
             return None
         # A short budget measures the first trials for the minimum each rather than none at all.
@@ -119,6 +123,7 @@ def tune(measure: Measure, *, max_workers: int, seconds: float, margin: float = 
         if on_trial is not None:
             on_trial(trial, share)
         m = measure(trial, share)
+        overrun = max(overrun, time.monotonic() - begin - share)
         trials.append((trial, m))
         return m
 

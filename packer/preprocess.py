@@ -94,15 +94,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
-                w, h = img.size
-                if w * h > cfg.max_pixels:
-                    raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
-                turned = _transposed(img)
-                original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
-                if cfg.reduced_decode and img.format == "JPEG" and cfg.size is not None:
-                    img.draft(None, draft_size(original, cfg, swap=turned))
-                ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
-                img = to_color_mode(img, cfg.mode, cfg.background)
+                img, original = oriented(img, cfg, path)
                 img = resize(img, cfg)
                 # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
                 counts = img.histogram() if histogram else None
@@ -119,6 +111,22 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     return Decoded(pixels, original, counts)
+
+
+def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>") -> tuple[Image.Image, tuple[int, int]]:
+    """What ``decode`` does to an opened image before resizing: the pixel-count check, reduced JPEG
+    decoding, EXIF orientation and the colour mode. Returns the image (possibly not yet loaded:
+    Pillow decodes lazily) and its original (width, height) as displayed. Pillow's errors pass
+    through; ``decode`` turns them into DecodeError."""
+    w, h = img.size
+    if w * h > cfg.max_pixels:
+        raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
+    turned = _transposed(img)
+    original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
+    if cfg.reduced_decode and img.format == "JPEG" and cfg.size is not None:
+        img.draft(None, draft_size(original, cfg, swap=turned))
+    ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
+    return to_color_mode(img, cfg.mode, cfg.background), original
 
 
 def _transposed(img: Image.Image) -> bool:

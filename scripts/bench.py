@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from functools import partial
 from multiprocessing import get_context
@@ -34,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,6 +44,7 @@ from packer.formats import WRITERS  # noqa: E402
 from packer.preprocess import load_image  # noqa: E402
 from packer.system import usable_cpus  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
+from readers.advisor import FolderDataset, PeakMemory  # noqa: E402
 
 BATCH = 64
 
@@ -86,75 +85,6 @@ def floor(paths: list[str], workers: int) -> float:
     with get_context("fork").Pool(workers) as pool:
         done = sum(pool.map(_decode_all, [paths[k::workers] for k in range(workers)]))
     return done / (time.perf_counter() - start)
-
-
-class PlainFolder(Dataset):
-    """The baseline without conversion: decode, resize and normalize each sample from its file, every epoch."""
-
-    def __init__(self, items: list[tuple[str, int]], dtype: str) -> None:
-        self.items, self.dtype = items, dtype
-        cfg = PreprocessConfig()
-        self.mean = torch.tensor(cfg.mean).view(3, 1, 1)
-        self.std = torch.tensor(cfg.std).view(3, 1, 1)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        path, label = self.items[i]
-        pixels = torch.from_numpy(load(path).transpose(2, 0, 1).copy())
-        if self.dtype == "uint8":
-            return pixels, label
-        return pixels.float().div_(255).sub_(self.mean).div_(self.std), label
-
-
-class PeakMemory:
-    """Largest total PSS (proportional set size: shared pages split between their users) of this
-    process (unless ``children_only``) and its children, sampled every ``every`` seconds while active.
-    Sampling is not free (the kernel walks each process's mappings), so keep it out of timed runs
-    or make it rare."""
-
-    def __init__(self, children_only: bool = False, every: float = 0.05) -> None:
-        self.peak = 0
-        self.children_only, self.every = children_only, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "PeakMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @staticmethod
-    def _pss(pid: int) -> int:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def _pids(self) -> list[int]:
-        pids, todo = [], [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            for task in Path(f"/proc/{pid}/task").glob("*/children"):
-                try:
-                    todo.extend(int(c) for c in task.read_text().split())
-                except (OSError, ValueError):
-                    pass
-        return pids
-
-    def _run(self) -> None:
-        me = os.getpid()
-        while not self._stop.wait(self.every):
-            pids = [p for p in self._pids() if not (self.children_only and p == me)]
-            self.peak = max(self.peak, sum(self._pss(p) for p in pids))
 
 
 def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
@@ -232,8 +162,9 @@ def packer_loader(root: Path, dtype: str, workers: int):
 
 
 def plain_loader(items: list[tuple[str, int]], dtype: str, workers: int):
-    return DataLoader(PlainFolder(items, dtype), batch_size=BATCH, shuffle=True, num_workers=workers,
-                      persistent_workers=workers > 0)
+    """The baseline without conversion: decode, resize (and normalize for float32) each file every epoch."""
+    return DataLoader(FolderDataset(items, PreprocessConfig(), normalize=dtype == "float32"), batch_size=BATCH,
+                      shuffle=True, num_workers=workers, persistent_workers=workers > 0)
 
 
 def markdown(results: dict) -> str:

@@ -25,7 +25,7 @@ from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
-from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
+from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.formats import ImageLayout
 from packer.manifest import Manifest, ShardEntry, format_version, write_manifest
 from packer.output import (
@@ -145,6 +145,7 @@ def convert(
     timeout: float = DEFAULT_TIMEOUT,
     progress: Optional[ProgressFn] = None,
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
+    executor: Optional[Executor] = None,
 ) -> ConvertResult:
     """Convert the image folder ``source`` into a packed output folder ``output``.
 
@@ -153,8 +154,10 @@ def convert(
     interrupted run from its finished shards (checked by SHA-256); the result equals an
     uninterrupted run. A file that takes more than ``timeout`` seconds hangs the decoder and is
     skipped. ``progress`` is called with the number of source files finished since its last call;
-    ``on_plan`` once the work is known. Raises a PackerError subclass for anything the user must
-    fix; on KeyboardInterrupt the staging folder is kept for ``resume``.
+    ``on_plan`` once the work is known. ``executor`` runs the shards (default: ``workers`` local
+    processes; ``packer.ray_executor.RayExecutor`` for a Ray cluster; ``workers`` is then unused).
+    Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
+    folder is kept for ``resume``.
     """
     started = time.perf_counter()
     output = Path(output)
@@ -162,6 +165,24 @@ def convert(
     layout = ImageLayout(pre.dtype, pre.image_shape, pre.channels, config.codec)  # ConvertConfig checked it fits
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
+    found = discover_checked(source, output, labels_file, overwrite, strict)
+    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
+    run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
+    lock = lock_output(output)
+    try:
+        recover(output)
+        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor)
+    finally:
+        release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def discover_checked(
+    source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool
+) -> Discovery:
+    """The checks every conversion makes before any work: the output may be written, the source
+    has images, and with ``strict`` discovery skipped none; then what discovery found."""
     check_output(output, overwrite, Path(source))
     found = discover(source, labels_file)
     if not found.items:
@@ -172,15 +193,7 @@ def convert(
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
-    run = RunOptions(max(1, workers or usable_cpus()), overwrite, strict, resume, timeout)
-    lock = lock_output(output)
-    try:
-        recover(output)
-        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan)
-    finally:
-        release_output(output, lock)
-    result.seconds = time.perf_counter() - started
-    return result
+    return found
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,7 @@ def _convert_locked(
     run: RunOptions,
     progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
+    executor: Executor,
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock."""
     stage = staging_dir(output)
@@ -240,8 +254,8 @@ def _convert_locked(
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict)
                 for i, t in enumerate(tasks)]
         todo = [j for j in jobs if j.task.name not in finished]
-        fresh = run_jobs(todo, run.workers, progress=progress, timeout=run.timeout,
-                         on_result=lambda job, result: record_shard(stage, result)) if todo else []
+        fresh = executor.run(todo, progress=progress, timeout=run.timeout,
+                             on_result=lambda job, result: record_shard(stage, result)) if todo else []
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
@@ -328,8 +342,13 @@ def build_manifest(
         shards=shards,
         skipped=skipped,
         duplicates=find_duplicates(results),
-        source={"files": len(found.items) + len(found.skipped), "ignored": found.ignored},
+        source=source_counts(found),
     )
+
+
+def source_counts(found: Discovery) -> dict:
+    """The manifest's ``source`` entry: image files counted (packed plus skipped) and ignored files."""
+    return {"files": len(found.items) + len(found.skipped), "ignored": found.ignored}
 
 
 def find_duplicates(results: list[ShardResult]) -> list[list[str]]:

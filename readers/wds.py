@@ -3,6 +3,7 @@
 Shards are split across DataLoader workers (worker ``w`` of ``n`` reads shards ``w, w+n, ...``);
 with ``shuffle=N`` the shard order changes each epoch and samples pass through an N-sample shuffle
 buffer. Tar members are read in memory only; a member with an absolute path or ``..`` is refused.
+The root may be a URL: shards then stream from it (``readers.remote``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from packer.layout import TAR_SUFFIX
 from packer.tario import decode_tar_sample, iter_tar_samples
 from readers.base import ReaderBase, build_sample
 from readers.collate import Numbered, PackedBatch
+from readers.remote import file_url, is_url, iter_remote_tar
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -34,9 +36,12 @@ class WdsDataset(ReaderBase, IterableDataset):
     """
 
     format_name = "wds"
+    reads_urls = True
 
-    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0, **options) -> None:
+    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0,
+                 cache_dir: Optional[str | os.PathLike] = None, **options) -> None:
         super().__init__(root, **options)
+        self.cache_dir = cache_dir  # for URL roots: where streamed shards are kept (readers.remote)
         self.shuffle = int(shuffle)
         self.seed = int(seed)
         self.epoch = 0
@@ -93,9 +98,15 @@ class WdsDataset(ReaderBase, IterableDataset):
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
         """``(index, tar fields, shard path)`` of each sample of one shard, not decoded (cheap to skip)."""
         entry = self.manifest.shards[shard]
-        path = self.path(entry.file(TAR_SUFFIX))
+        relpath = entry.file(TAR_SUFFIX)
+        if is_url(self.root):
+            path = file_url(self.root, relpath)
+            samples = iter_remote_tar(self.root, next(f for f in entry.files if f.path == relpath), self.cache_dir)
+        else:
+            path = self.path(relpath)
+            samples = iter_tar_samples(path)
         local = 0
-        for fields in iter_tar_samples(path):
+        for fields in samples:
             yield self._offsets[shard] + local, fields, str(path)
             local += 1
         if local != entry.samples:

@@ -33,6 +33,8 @@ class WdsDataset(ReaderBase, IterableDataset):
     readers do; ``meta["index"]`` is the sample's position in the output, the index the map-style
     readers use. ``len()`` is the number of samples in the output. ``shuffle=N`` shuffles the shard
     order and passes samples through an N-sample buffer; call ``set_epoch(e)`` before each epoch.
+    ``root`` may be a URL (``readers.remote``): shards then stream from it, each checked against the
+    manifest's SHA-256; ``cache_dir`` keeps verified copies for later passes.
     """
 
     format_name = "wds"

@@ -134,8 +134,13 @@ class RayExecutor:
                     results[job.number] = result
                     if on_result is not None:
                         on_result(job, result)
-                if counter is not None and progress is not None:
-                    counts = ray.get(counter.counts.remote())
+                if progress is not None:
+                    counts: dict[int, int] = {}
+                    if counter is not None:
+                        try:
+                            counts = ray.get(counter.counts.remote())
+                        except ray.exceptions.RayError:  # its node is gone: count finished shards only
+                            counter = self._counter = None
                     done = sum(len(j.task.items) if j.number in results else counts.get(j.number, 0) for j in jobs)
                     if done != reported:
                         progress(done - reported)
@@ -158,10 +163,10 @@ class RayExecutor:
         ray = self._ray
         try:
             kind, value = ray.get(ref)
-        except ray.exceptions.RayError as e:  # the worker died more often than max_retries, or an unexpected bug
+        except ray.exceptions.RayError as e:  # its worker died more often than max_retries, or a bug
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PackerError(f"the Ray task writing {job.task.name} failed after {self.max_retries} retries: "
-                              f"{cause}") from None
+            raise PackerError(f"the Ray task writing {job.task.name} failed ({type(e).__name__}: {cause}); Ray "
+                              f"retries a task only when its worker dies, up to {self.max_retries} times") from None
         if kind == "error":
             raise value
         return value

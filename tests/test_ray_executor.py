@@ -39,7 +39,8 @@ PRE = PreprocessConfig(size=(16, 12))
 
 # Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
 # worker running its task the first time it is decoded (the shard's process is that worker's
-# child, and dies with it), as a lost node or the out-of-memory killer would; SLOW-ME files take
+# child, and dies with it), as a lost node or the out-of-memory killer would; KILL-ALWAYS every
+# time; SLOW-ME files take
 # 0.2 s each, so that a run lasts long enough to be interrupted.
 HOOK = '''
 import os, signal, time
@@ -52,6 +53,9 @@ def _hooked(data, cfg, path="<bytes>", **options):
             open(marker, "w").close()
             os.kill(os.getppid(), signal.SIGKILL)
             time.sleep(60)
+    if b"KILL-ALWAYS" in data:
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
     if b"SLOW-ME" in data:
         time.sleep(0.2)
     return _decode(data, cfg, path, **options)
@@ -125,6 +129,16 @@ def test_a_task_killed_mid_way_is_retried_and_the_output_is_complete(cluster, tm
     assert verify(tmp_path / "ray") == []
     assert_same_output(tmp_path / "local", tmp_path / "ray")
     assert sum(counted) == 12  # what the dead attempt had counted was taken back
+
+
+def test_a_task_that_keeps_dying_fails_the_run_and_leaves_no_output(cluster, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"a": 4, "b": 4})
+    with open(src / "b" / "img_001.png", "ab") as f:
+        f.write(b"KILL-ALWAYS")
+    with RayExecutor(max_retries=1) as executor, pytest.raises(PackerError, match=r"writing shard-00001 failed"):
+        convert(src, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=4)), executor=executor)
+    assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
 
 
 def test_strict_stops_at_the_bad_file_without_retries(cluster, tree, tmp_path):

@@ -43,7 +43,10 @@ from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.output import staging_dir
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
+from packer.ray_executor import RayExecutor
 from packer.report import REPORT_NAME, reason_kind, shown
+from packer.split import NodeResult, NodeSplit, convert_node
+from packer.split import merge as merge_output
 from packer.system import usable_cpus
 from packer.text import TextConfig
 from packer.verify import verify as verify_output
@@ -127,12 +130,24 @@ def cli(verbose: bool) -> None:
               help="Seconds one file may take to decode before it is skipped as hanging.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local",
+              help="local: worker processes on this machine; ray: one Ray task per shard on a Ray cluster, the "
+                   "output on a filesystem every node sees (pip install 'packer[ray]'). The output is the same.")
+@click.option("--address", default=None, show_default=False,
+              help="With --executor ray: the cluster, auto (the one `ray start` runs here) or ray://HOST:10001.  "
+                   "[default: a Ray instance on this machine for this run]")
+@click.option("--num-nodes", type=click.IntRange(min=1), default=None,
+              help="Split the conversion over N machines without Ray (e.g. a SLURM array): this run writes the "
+                   "shards of --node-rank; `packer merge OUTPUT` publishes the output once every node is done.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="This machine's number, 0 to N-1, with --num-nodes (e.g. $SLURM_ARRAY_TASK_ID).")
 def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
             encoding: str, tokenizer: Optional[str], max_length: Optional[int], full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
-            quiet: bool) -> None:
+            quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
+            node_rank: Optional[int]) -> None:
     """Convert the image (or text) folder SOURCE into a packed output.
 
     Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
@@ -151,6 +166,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)
+        node = _node_split(num_nodes, node_rank, executor_name, address, resume)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if output is None:
@@ -159,7 +175,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     bars: list[tqdm] = []
 
     def on_plan(found, tasks) -> None:
-        bars.append(tqdm(total=len(found.items), unit="img", disable=quiet, dynamic_ncols=True,
+        bars.append(tqdm(total=sum(len(t.items) for t in tasks), unit="img", disable=quiet, dynamic_ncols=True,
                          desc=f"packing {len(tasks)} shard(s)"))
 
     def on_progress(n: int) -> None:
@@ -169,15 +185,23 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     # started packer in the background with SIGINT ignored.
     previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with logging_redirect_tqdm():  # log lines (-v) go above the progress bar, not through it
-            result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
-                                 overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
-                                 progress=on_progress, on_plan=on_plan)
+        with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
+            executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
+            if executor is not None:
+                executor.connect()  # before the progress bar: Ray prints while it starts
+            if node is not None:
+                result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
+                                      overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
+                                      on_plan=on_plan)
+            else:
+                result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
+                                     overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
+                                     progress=on_progress, on_plan=on_plan, executor=executor)
     except KeyboardInterrupt:
         _close(bars)
         stage = staging_dir(output)
-        kept = (f" Finished shards are kept in {stage}: run the same command with --resume to continue."
-                if stage.exists() else "")
+        again = "the same command again" if node is not None else "the same command with --resume"
+        kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
         click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
         sys.exit(130)
     except DecodeError as e:
@@ -190,7 +214,37 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     _close(bars)
-    _summary(result)
+    if isinstance(result, NodeResult):
+        _node_summary(result)
+    else:
+        _summary(result)
+
+
+def _node_split(num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str],
+                resume: bool) -> Optional[NodeSplit]:
+    """The static split asked for, if any; ConfigError for options that cannot go together."""
+    if address is not None and executor != "ray":
+        raise ConfigError("--address is for --executor ray")
+    if (num_nodes is None) != (node_rank is None):
+        raise ConfigError("--num-nodes and --node-rank go together: give both, or neither")
+    if num_nodes is None or node_rank is None:
+        return None
+    if executor == "ray":
+        raise ConfigError("--num-nodes splits a conversion for schedulers without Ray; with --executor ray, "
+                          "Ray spreads the shards over the cluster by itself")
+    if resume:
+        raise ConfigError("--resume is implied with --num-nodes: a node run again redoes only its unfinished shards")
+    return NodeSplit(num_nodes, node_rank)
+
+
+def _node_summary(result: NodeResult) -> None:
+    kept = result.shards - result.written
+    click.echo(f"packer: node {result.node.rank} of {result.node.nodes} wrote {result.written} shard(s)"
+               f"{f' (and kept {kept} from an earlier run)' if kept else ''}, {result.samples} samples in all, "
+               f"into {result.stage} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan")
+    if result.skipped:
+        click.echo(f"skipped {len(result.skipped)} file(s) (listed in the report that packer merge writes)", err=True)
+    click.echo(f"when every node is done: packer merge {result.output}")
 
 
 def _interrupt(signum, frame) -> None:
@@ -207,7 +261,8 @@ def _summary(result: ConvertResult) -> None:
     rate = result.processed / result.seconds if result.seconds else 0.0
     click.echo(
         f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
-        f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s ({rate:.0f} images/s)"
+        f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s"
+        + (f" ({rate:.0f} images/s)" if result.processed else "")
     )
     report = result.output / REPORT_NAME
     if result.skipped:
@@ -235,6 +290,29 @@ def _human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n} B"
+
+
+@cli.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+def merge(output: Path, overwrite: bool) -> None:
+    """Publish OUTPUT after a conversion split with --num-nodes, once every node is done.
+
+    Checks that every planned shard is there and intact (SHA-256), names the missing ones and their
+    nodes otherwise, then writes the manifest and renames the output into place as a single run does.
+    """
+    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = merge_output(output, overwrite=overwrite)
+    except KeyboardInterrupt:
+        click.echo("packer: merge interrupted; no output was written", err=True)
+        sys.exit(130)
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    _summary(result)
 
 
 @cli.command()

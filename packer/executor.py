@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from packer.config import PreprocessConfig
 from packer.errors import PackerError
@@ -71,7 +71,7 @@ def run_jobs(
         while queue or running:
             while queue and len(running) < workers:
                 job = queue.popleft()
-                _remove_partial_files(job)
+                remove_partial_files(job)
                 receive, send = ctx.Pipe(duplex=False)
                 positions[job.number] = 0
                 proc = ctx.Process(target=run_shard_process, args=(job, send, positions, os.getpid(), log_level),
@@ -120,6 +120,35 @@ def run_jobs(
     return [results[j.number] for j in jobs]
 
 
+class Executor(Protocol):
+    """Runs shard jobs somewhere: ``LocalExecutor`` on this machine's cores, or a cluster
+    (``packer.ray_executor.RayExecutor``). The pipeline plans, records and publishes either way."""
+
+    @property
+    def workers(self) -> int:
+        """Shards it runs at once: what ``--shard-size auto`` balances the shard count for."""
+        ...
+
+    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
+            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+        """Write every shard; results in job order (see ``run_jobs`` for the arguments and errors)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """The default executor: ``run_jobs`` with ``workers`` processes on this machine."""
+
+    workers: int
+
+    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
+            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+        """Write every shard with ``run_jobs``; results in job order."""
+        return run_jobs(jobs, self.workers, progress=progress, on_result=on_result, timeout=timeout)
+
+
 def _collect(r: _Running, progress: Optional[ProgressFn]) -> Optional[tuple]:
     """Read what a shard's process sent; return ("result"|"error", value) once it is finished."""
     try:
@@ -156,8 +185,9 @@ def _after_failure(r: _Running, failures: dict[int, int], timeout: float) -> Sha
     return job
 
 
-def _remove_partial_files(job: ShardJob) -> None:
-    # A shard cut short (crash, kill) may have left files; every file of a shard starts with its name.
+def remove_partial_files(job: ShardJob) -> None:
+    """Delete what an earlier attempt at ``job``'s shard left (crash, kill): every file of a shard
+    starts with its name; the record of a finished shard is kept."""
     for path in Path(job.directory).glob(f"{job.task.name}.*"):
         if not path.name.endswith(".done.json"):
             path.unlink()

@@ -257,8 +257,21 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
             f"{directory} has no {MANIFEST_NAME}: it is not a packer output, or its conversion did not finish"
         )
     try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path} cannot be read as JSON: {e}") from None
+    return parse_manifest(text, str(path), expect_format, str(directory))
+
+
+def parse_manifest(
+    text: str, where: str, expect_format: Optional[str] = None, output: Optional[str] = None
+) -> Manifest:
+    """Parse and check the text of a ``manifest.json`` read from ``where`` (a path or a URL), the
+    manifest of ``output``; ManifestError as ``read_manifest``."""
+    path, directory = where, output or where
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as e:
         raise ManifestError(f"{path} cannot be read as JSON: {e}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path} is not a packer manifest")

@@ -87,13 +87,18 @@ def lock_output(output: Path) -> Optional[IO]:
     except ImportError:  # Windows
         return None
     output.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(output.parent / f".{output.name}.packer-lock", "a")
+    handle = open(lock_file(output), "a")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
         raise OutputError(f"another packer run is writing {output}; wait for it to finish or stop it") from None
     return handle
+
+
+def lock_file(output: Path) -> Path:
+    """The lock file of ``output``: hidden, beside it (see ``lock_output``)."""
+    return output.parent / f".{output.name}.packer-lock"
 
 
 def release_output(output: Path, handle: Optional[IO]) -> None:

@@ -25,7 +25,7 @@ from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
-from packer.executor import DEFAULT_TIMEOUT, ProgressFn, run_jobs
+from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.formats import ImageLayout
 from packer.manifest import Manifest, ShardEntry, format_version, write_manifest
 from packer.output import (
@@ -173,6 +173,7 @@ def convert(
     timeout: float = DEFAULT_TIMEOUT,
     progress: Optional[ProgressFn] = None,
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
+    executor: Optional[Executor] = None,
 ) -> ConvertResult:
     """Convert the image folder ``source`` into a packed output folder ``output``.
 
@@ -181,15 +182,38 @@ def convert(
     interrupted run from its finished shards (checked by SHA-256); the result equals an
     uninterrupted run. A file that takes more than ``timeout`` seconds hangs the decoder and is
     skipped. ``progress`` is called with the number of source files finished since its last call;
-    ``on_plan`` once the work is known. Raises a PackerError subclass for anything the user must
-    fix; on KeyboardInterrupt the staging folder is kept for ``resume``.
+    ``on_plan`` once the work is known. ``executor`` runs the shards (default: ``workers`` local
+    processes; ``packer.ray_executor.RayExecutor`` for a Ray cluster; ``workers`` is then unused).
+    Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
+    folder is kept for ``resume``.
     """
     started = time.perf_counter()
     output = Path(output)
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
+    found = discover_checked(source, output, labels_file, overwrite, strict, config.text)
+    layout = sample_layout(config, found.fields)
+    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
+    run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
+    lock = lock_output(output)
+    try:
+        recover(output)
+        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor)
+    finally:
+        release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def discover_checked(
+    source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool,
+    text: TextConfig = TextConfig(),
+) -> Discovery:
+    """The checks every conversion makes before any work: the output may be written, the source
+    has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
+    says which fields make a sample)."""
     check_output(output, overwrite, Path(source))
-    found = discover(source, labels_file, config.text.fields, config.text.allow_missing)
+    found = discover(source, labels_file, text.fields, text.allow_missing)
     if not found.items:
         if labels_file is not None and found.skipped:
             raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
@@ -199,19 +223,10 @@ def convert(
                              f"{found.skipped[0].path}: {found.skipped[0].reason}")
         looked = ", ".join(sorted(IMAGE_EXTENSIONS | TEXT_EXTENSIONS))
         raise InputError(f"no images or texts found in {source} (looked for {looked})")
-    layout = sample_layout(config, found.fields)  # ConvertConfig checked that the image part fits the format
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
-    run = RunOptions(max(1, workers or usable_cpus()), overwrite, strict, resume, timeout)
-    lock = lock_output(output)
-    try:
-        recover(output)
-        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan)
-    finally:
-        release_output(output, lock)
-    result.seconds = time.perf_counter() - started
-    return result
+    return found
 
 
 @dataclass(frozen=True)
@@ -234,6 +249,7 @@ def _convert_locked(
     run: RunOptions,
     progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
+    executor: Executor,
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock."""
     stage = staging_dir(output)
@@ -271,8 +287,8 @@ def _convert_locked(
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text)
                 for i, t in enumerate(tasks)]
         todo = [j for j in jobs if j.task.name not in finished]
-        fresh = run_jobs(todo, run.workers, progress=progress, timeout=run.timeout,
-                         on_result=lambda job, result: record_shard(stage, result)) if todo else []
+        fresh = executor.run(todo, progress=progress, timeout=run.timeout,
+                             on_result=lambda job, result: record_shard(stage, result)) if todo else []
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
@@ -363,7 +379,7 @@ def build_manifest(
         shards=shards,
         skipped=skipped,
         duplicates=find_duplicates(results),
-        source={"files": len(found.items) + len(found.skipped), "ignored": found.ignored},
+        source=source_counts(found),
     )
 
 
@@ -372,6 +388,11 @@ def uses_version_3(fmt: str, layout: ImageLayout) -> bool:
     varying sizes."""
     varying_raw = layout.has_image and layout.shape is None and not layout.codec.encoded
     return bool(layout.text) or not layout.has_image or (varying_raw and fmt in ("npy", "hdf5"))
+
+
+def source_counts(found: Discovery) -> dict:
+    """The manifest's ``source`` entry: image files counted (packed plus skipped) and ignored files."""
+    return {"files": len(found.items) + len(found.skipped), "ignored": found.ignored}
 
 
 def find_duplicates(results: list[ShardResult]) -> list[list[str]]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from packer.manifest import read_manifest
 from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
 from readers.collate import PackedBatch, packed_collate, pad_collate
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
 from readers.npy import NpyDataset
+from readers.remote import open_manifest
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 from readers.wds import WdsDataset
 
@@ -34,9 +34,10 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     """Open a packer output with the reader of its format; ``options`` go to that reader.
 
     Common options: ``normalize`` (default True), ``transform``, ``return_meta``; the wds reader
-    also takes ``shuffle`` (buffer size) and ``seed``.
+    also takes ``shuffle`` (buffer size) and ``seed``. ``root`` may be a URL for wds outputs
+    (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote``), with ``cache_dir=``.
     """
-    manifest = read_manifest(root)
+    manifest = open_manifest(root)
     return READERS[manifest.format](root, **options)
 
 

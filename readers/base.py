@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from packer.errors import ManifestError
-from packer.manifest import Manifest, ShardEntry, read_manifest
+from packer.errors import ConfigError, ManifestError
+from packer.manifest import Manifest, ShardEntry
 from packer.records import TextField
 from packer.text import TOKEN_DTYPE
 from readers.collate import PackedBatch, SlotRing, empty_batch
+from readers.remote import is_url, open_manifest
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -178,6 +179,7 @@ class ReaderBase:
     """
 
     format_name: str = ""
+    reads_urls: bool = False  # True for readers that stream shards from URLs (readers.remote)
 
     def __init__(
         self,
@@ -187,8 +189,12 @@ class ReaderBase:
         transform: Optional[Transform] = None,
         return_meta: bool = False,
     ) -> None:
-        self.root = Path(root)
-        self.manifest = read_manifest(self.root, expect_format=self.format_name or None)
+        if is_url(root) and not self.reads_urls:
+            raise ConfigError(f"{type(self).__name__} reads local folders only ({root} is a URL): the "
+                              f"{self.format_name} format needs random access. Copy the output to a local disk, "
+                              "or convert with --format wds, whose shards stream from URLs")
+        self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
+        self.manifest = open_manifest(self.root, expect_format=self.format_name or None)
         self.convert = ImageConverter(self.manifest, normalize)
         self.transform = transform
         self.return_meta = return_meta

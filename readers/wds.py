@@ -3,10 +3,12 @@
 Shards are split across DataLoader workers (worker ``w`` of ``n`` reads shards ``w, w+n, ...``);
 with ``shuffle=N`` the shard order changes each epoch and samples pass through an N-sample shuffle
 buffer. Tar members are read in memory only; a member with an absolute path or ``..`` is refused.
+The root may be a URL: shards then stream from it (``readers.remote``).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import warnings
@@ -22,6 +24,7 @@ from packer.layout import TAR_SUFFIX, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from readers.base import ReaderBase, build_sample, decode_field
 from readers.collate import Numbered, PackedBatch
+from readers.remote import file_url, is_url, iter_remote_tar, open_stream
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -31,12 +34,17 @@ class WdsDataset(ReaderBase, IterableDataset):
     readers do; ``meta["index"]`` is the sample's position in the output, the index the map-style
     readers use. ``len()`` is the number of samples in the output. ``shuffle=N`` shuffles the shard
     order and passes samples through an N-sample buffer; call ``set_epoch(e)`` before each epoch.
+    ``root`` may be a URL (``readers.remote``): shards then stream from it, each checked against the
+    manifest's SHA-256; ``cache_dir`` keeps verified copies for later passes.
     """
 
     format_name = "wds"
+    reads_urls = True
 
-    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0, **options) -> None:
+    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0,
+                 cache_dir: Optional[str | os.PathLike] = None, **options) -> None:
         super().__init__(root, **options)
+        self.cache_dir = cache_dir  # for URL roots: where streamed shards are kept (readers.remote)
         self.shuffle = int(shuffle)
         self.seed = int(seed)
         self.epoch = 0
@@ -100,20 +108,33 @@ class WdsDataset(ReaderBase, IterableDataset):
         """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
         read from the shards' ``.lengths.npy`` side files, not from the tars."""
         f = self.length_field(field)
-        parts = [np.load(self.path(s.file(wds_lengths_suffix(f.name))), allow_pickle=False)
+        parts = [np.load(self._side_file(s.file(wds_lengths_suffix(f.name))), allow_pickle=False)
                  for s in self.manifest.shards]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
         """``(index, tar fields, shard path)`` of each sample of one shard, not decoded (cheap to skip)."""
         entry = self.manifest.shards[shard]
-        path = self.path(entry.file(TAR_SUFFIX))
+        relpath = entry.file(TAR_SUFFIX)
+        if is_url(self.root):
+            path = file_url(self.root, relpath)
+            samples = iter_remote_tar(self.root, next(f for f in entry.files if f.path == relpath), self.cache_dir)
+        else:
+            path = self.path(relpath)
+            samples = iter_tar_samples(path)
         local = 0
-        for fields in iter_tar_samples(path):
+        for fields in samples:
             yield self._offsets[shard] + local, fields, str(path)
             local += 1
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
+
+    def _side_file(self, relpath: str):
+        """A small file of the output, opened for reading: local, or read whole from the URL root."""
+        if not is_url(self.root):
+            return self.path(relpath)
+        with open_stream(file_url(self.root, relpath)) as f:
+            return io.BytesIO(f.read())
 
     def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
         """``(image array or None, label, key, text field values)`` of one sample's tar fields."""

@@ -1,0 +1,248 @@
+"""The Ray executor: one Ray task per shard on a cluster, the plan, records and manifest on the driver.
+
+The driver (the ``packer convert`` process) plans the shards, keeps the staging folder, its lock and
+the records of finished shards exactly as a local run does (``packer.pipeline``), and only hands
+the running of shard jobs to Ray. Each task writes its shard straight into the staging folder, which
+must be on a filesystem every node sees, so a task carries paths, never data.
+
+A task runs its shard the way the local executor does, through ``run_jobs`` with one worker
+process: a file that crashes or hangs the decoder is skipped with the reason there too, and partial
+files of an earlier attempt are removed first. A task whose Ray worker dies (node lost, killed, out
+of memory) is retried by Ray (``max_retries``); a task that fails by packer's own error (a bad
+file with ``--strict``, a full disk) returns that error instead of raising it, so Ray never
+retries it. Progress comes from the tasks through a small counter actor, so the driver's bar moves
+with files, not only with finished shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+from packer.errors import PackerError
+from packer.executor import DEFAULT_TIMEOUT, run_jobs
+from packer.records import ShardResult
+from packer.worker import ProgressFn, ShardJob
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRIES = 3  # times Ray reruns a task whose worker died before the run fails
+POLL_SECONDS = 0.5  # how often the driver looks for finished tasks and progress
+REPORT_SECONDS = 0.5  # least time between two progress messages of one task
+CANCEL_WAIT_SECONDS = 10.0  # how long the driver waits for cancelled tasks to end before returning
+INSTALL_HINT = "pip install 'packer[ray]' (or pip install ray)"
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a PackerError that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise PackerError(f"--executor ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    return ray
+
+
+class RayExecutor:
+    """Runs shard jobs as Ray tasks (see the module docstring); a context manager.
+
+    ``address``: the cluster to join (``"auto"``: the one ``ray start`` runs on this machine, or
+    ``ray://HOST:10001``); None starts a Ray instance on this machine for the run (with ``num_cpus``
+    CPUs when given) and stops it at ``close``. An already initialised Ray (``ray.init`` in the
+    caller) is used as it is and left running. ``workers`` (shards at once, which
+    ``--shard-size auto`` balances for) is ``num_cpus`` when given, else the cluster's CPU count.
+    """
+
+    def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None,
+                 max_retries: int = DEFAULT_RETRIES) -> None:
+        self.address = address
+        self.num_cpus = num_cpus
+        self.max_retries = max_retries
+        self._ray = import_ray()
+        self._started = False
+        self._counter: Any = None  # the ProgressCounter actor, made on first use and kept for later runs
+
+    def __enter__(self) -> "RayExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Join (or start) the Ray cluster, once."""
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        options: dict = {"address": self.address, "logging_level": logging.WARNING}
+        if self.address is None:
+            options.update(num_cpus=self.num_cpus, include_dashboard=False)
+        try:
+            ray.init(**options)
+        except ConnectionError as e:
+            raise PackerError(f"cannot reach a Ray cluster at --address {self.address}: {e}. Start one with "
+                              "`ray start --head` (then --address auto), or leave out --address to run Ray on "
+                              "this machine alone") from None
+        self._started = True
+
+    def close(self) -> None:
+        """Leave the cluster; stops the Ray instance if this executor started it."""
+        if self._counter is not None and self._ray.is_initialized():
+            self._ray.kill(self._counter)
+        self._counter = None
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+
+    @property
+    def workers(self) -> int:
+        """Shards written at once: ``num_cpus``, else the cluster's CPUs (connecting if needed)."""
+        if self.num_cpus:
+            return self.num_cpus
+        self.connect()
+        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+
+    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
+            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+        """Write every shard as a Ray task; results in job order.
+
+        ``progress(n)`` and ``on_result(job, result)`` run on the driver, as with ``run_jobs``.
+        Raises the error a shard raised (DecodeError with ``strict``, OutputError, ...), a
+        PackerError naming the shard when Ray gave up on it, and KeyboardInterrupt after
+        cancelling the tasks still running.
+        """
+        ray = self._ray
+        self.connect()
+        counter = self._progress_counter() if progress is not None else None
+        task = ray.remote(_write_shard_task).options(num_cpus=1, max_retries=self.max_retries,
+                                                     retry_exceptions=False)
+        level = logging.getLogger("packer").getEffectiveLevel()
+        pending = {task.remote(absolute(job), counter, timeout, level): job for job in jobs}
+        results: dict[int, ShardResult] = {}
+        reported = 0
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_SECONDS)
+                for ref in ready:
+                    job = pending.pop(ref)
+                    result = self._outcome(ref, job)
+                    for skipped in result.skipped:  # logged here, on the driver, where the CLI shows it
+                        log.info("skipped %s: %s", skipped.path, skipped.reason)
+                    results[job.number] = result
+                    if on_result is not None:
+                        on_result(job, result)
+                if progress is not None:
+                    counts: dict[int, int] = {}
+                    if counter is not None:
+                        try:
+                            counts = ray.get(counter.counts.remote())
+                        except ray.exceptions.RayError:  # its node is gone: count finished shards only
+                            counter = self._counter = None
+                    done = sum(len(j.task.items) if j.number in results else counts.get(j.number, 0) for j in jobs)
+                    if done != reported:
+                        progress(done - reported)
+                        reported = done
+        except BaseException:
+            self._cancel(list(pending))
+            raise
+        return [results[j.number] for j in jobs]
+
+    def _progress_counter(self) -> Any:
+        """The progress actor, emptied for a new run (starting one costs a worker process: kept)."""
+        ray = self._ray
+        if self._counter is None:
+            self._counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+        ray.get(self._counter.clear.remote())
+        return self._counter
+
+    def _outcome(self, ref: Any, job: ShardJob) -> ShardResult:
+        """The ShardResult of a finished task; its error raised as packer's own."""
+        ray = self._ray
+        try:
+            kind, value = ray.get(ref)
+        except ray.exceptions.RayError as e:  # its worker died more often than max_retries, or a bug
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PackerError(f"the Ray task writing {job.task.name} failed ({type(e).__name__}: {cause}); Ray "
+                              f"retries a task only when its worker dies, up to {self.max_retries} times") from None
+        if kind == "error":
+            raise value
+        return value
+
+    def _cancel(self, refs: list) -> None:
+        """End tasks still running (their workers are killed, so they write nothing more)."""
+        ray = self._ray
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - a task that just finished cannot be cancelled; nothing to do
+                pass
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_SECONDS)
+
+
+def absolute(job: ShardJob) -> ShardJob:
+    """``job`` with absolute paths: a task runs in another process (and directory), maybe on another node."""
+    items = tuple(replace(item, path=os.path.abspath(item.path),
+                          parts=tuple((f, os.path.abspath(p)) for f, p in item.parts)) for item in job.task.items)
+    return replace(job, task=replace(job.task, items=items), directory=os.path.abspath(job.directory))
+
+
+class ProgressCounter:
+    """Files finished per shard, as the tasks report them (a Ray actor on the cluster).
+
+    Each attempt at a shard starts its count afresh under a new token, so a retried task's first
+    attempt (whose last messages may still arrive) is not counted twice.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+        self._tokens: dict[int, str] = {}
+
+    def clear(self) -> None:
+        """Forget every count (a new run begins)."""
+        self._counts.clear()
+        self._tokens.clear()
+
+    def start(self, number: int, token: str) -> None:
+        """A new attempt at shard ``number`` begins."""
+        self._tokens[number] = token
+        self._counts[number] = 0
+
+    def add(self, number: int, token: str, n: int) -> None:
+        """``n`` more files of shard ``number`` done (negative: a shard redone from its start)."""
+        if self._tokens.get(number) == token:
+            self._counts[number] += n
+
+    def counts(self) -> dict[int, int]:
+        """Files done so far, per shard number."""
+        return dict(self._counts)
+
+
+def _write_shard_task(job: ShardJob, counter: Any, timeout: float, log_level: int) -> tuple[str, Any]:
+    """Body of one Ray task: ``("result", ShardResult)`` or ``("error", PackerError)``.
+
+    Runs in a Ray worker process: the shard is written by ``run_jobs`` in a child process, with
+    the crash and hang isolation of local runs. Packer's own errors are returned, not raised, so
+    that Ray does not retry them.
+    """
+    logging.getLogger("packer").setLevel(max(log_level, logging.WARNING))  # skipped files: the driver logs them
+    token = uuid.uuid4().hex
+    pending, last = 0, time.monotonic()
+    if counter is not None:
+        counter.start.remote(job.number, token)
+
+    def progress(n: int) -> None:
+        nonlocal pending, last
+        pending += n
+        if counter is not None and time.monotonic() - last >= REPORT_SECONDS:
+            counter.add.remote(job.number, token, pending)
+            pending, last = 0, time.monotonic()
+
+    try:
+        [result] = run_jobs([job], 1, progress=progress, timeout=timeout)
+    except PackerError as e:
+        return "error", e
+    return "result", result

@@ -1,0 +1,196 @@
+"""Packer outputs read by URL: the manifest and the tar shards streamed, never downloaded whole first.
+
+A root is a URL when it starts with a scheme (``https://host/out``, ``s3://bucket/out``,
+``file:///data/out``) or with ``pipe:``:
+
+- ``http://`` and ``https://``: read with the standard library (no extra package);
+- ``pipe:COMMAND``: COMMAND's standard output, run by the shell, with ``{}`` where the file name
+  goes (``pipe:aws s3 cp s3://bucket/out/{} -``);
+- any other scheme: through fsspec (``s3://`` needs ``s3fs``, ``gs://`` ``gcsfs``).
+
+Each shard stream is checked against the manifest as it goes: its byte count and SHA-256, when the
+tar ends. With ``cache_dir``, a shard read through to its end is kept there under its SHA-256
+(written to a temporary name, renamed only once complete and verified, so a half download is never
+used) and later passes read the local copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import shlex
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import IO, Iterator, Optional, Union
+
+from packer.errors import ManifestError
+from packer.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest
+from packer.records import FileEntry
+from packer.tario import iter_tar_samples
+
+CHUNK = 1 << 20  # bytes per read from a remote stream
+TIMEOUT = 60.0  # seconds without an answer before an HTTP read fails
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def is_url(root: object) -> bool:
+    """True when ``root`` names a remote output (a URL or a ``pipe:`` command), not a local folder."""
+    return isinstance(root, str) and (root.startswith("pipe:") or bool(_SCHEME.match(root)))
+
+
+def file_url(root: str, name: str) -> str:
+    """The URL of the file ``name`` of the output at ``root`` (for ``pipe:``, the command that reads it)."""
+    if root.startswith("pipe:"):
+        if "{}" not in root:
+            raise ManifestError(f"{root!r}: a pipe: root needs {{}} where the file name goes, e.g. "
+                                "'pipe:curl -sf https://host/out/{}'")
+        return root.replace("{}", shlex.quote(name))
+    return root.rstrip("/") + "/" + name
+
+
+def open_manifest(root: Union[str, os.PathLike], expect_format: Optional[str] = None) -> Manifest:
+    """The checked manifest of the output at ``root``, a local folder or a URL (see the module)."""
+    if not is_url(root):
+        return read_manifest(root, expect_format)
+    url = file_url(str(root), MANIFEST_NAME)
+    with open_stream(url) as stream:
+        data = stream.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{url} cannot be read as JSON: {e}") from None
+    return parse_manifest(text, url, expect_format, str(root))
+
+
+def open_stream(url: str) -> IO[bytes]:
+    """A readable binary stream of ``url``; ManifestError naming the URL when it cannot be opened."""
+    if url.startswith("pipe:"):
+        return _PipeStream(url[len("pipe:"):])
+    if url.startswith(("http://", "https://")):
+        try:
+            return urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 - the user's own URL
+        except urllib.error.HTTPError as e:
+            missing = " (is the output there, and complete?)" if e.code == 404 else ""
+            raise ManifestError(f"{url}: HTTP {e.code} {e.reason}{missing}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ManifestError(f"cannot open {url}: {getattr(e, 'reason', e)}") from None
+    try:
+        import fsspec
+    except ImportError:
+        raise ManifestError(f"reading {url.split('://')[0]}:// URLs needs fsspec: pip install fsspec") from None
+    try:
+        return fsspec.open(url, "rb").open()
+    except ImportError as e:  # fsspec names the package of a scheme it has no backend for
+        raise ManifestError(f"cannot open {url}: {e}") from None
+    except FileNotFoundError:
+        raise ManifestError(f"{url} does not exist (is the output there, and complete?)") from None
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"cannot open {url}: {e}") from None
+
+
+def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, os.PathLike]] = None
+                    ) -> Iterator[dict]:
+    """The samples of the tar shard ``entry`` of the output at ``root``, as ``iter_tar_samples``
+    gives them, streamed and checked against the manifest's size and SHA-256 once the tar ends
+    (ManifestError when they differ). With ``cache_dir``, from the cached copy when there is one,
+    else streamed while a copy is kept (see the module)."""
+    url = file_url(root, entry.path)
+    cached = Path(cache_dir) / f"{entry.sha256[:32]}-{Path(entry.path).name}" if cache_dir is not None else None
+    if cached is not None and cached.is_file() and cached.stat().st_size == entry.bytes:
+        yield from iter_tar_samples(cached, name=f"{cached} (cached {url})")
+        return
+    stream = _Checked(open_stream(url), url, entry, cached)
+    try:
+        yield from iter_tar_samples(stream, name=url)  # type: ignore[arg-type]
+        stream.finish()
+    finally:
+        stream.close()
+
+
+class _Checked:
+    """A remote stream that counts and hashes what passes, and copies it to ``cached`` if given."""
+
+    def __init__(self, raw: IO[bytes], url: str, entry: FileEntry, cached: Optional[Path]) -> None:
+        self.raw, self.url, self.entry, self.cached = raw, url, entry, cached
+        self.hash = hashlib.sha256()
+        self.count = 0
+        self.tmp: Optional[Path] = None
+        self.copy: Optional[IO[bytes]] = None
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = cached.with_name(f".{cached.name}.{uuid.uuid4().hex[:12]}.part")
+            self.copy = open(self.tmp, "wb")
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left when ``n`` < 0)."""
+        try:
+            data = self.raw.read(n) if n is not None and n >= 0 else self.raw.read()
+        except (OSError, ValueError, http.client.HTTPException) as e:  # IncompleteRead: the connection broke
+            raise ManifestError(f"reading {self.url} failed: {type(e).__name__}: {e}") from None
+        self.count += len(data)
+        self.hash.update(data)
+        if self.copy is not None:
+            self.copy.write(data)
+        return data
+
+    def finish(self) -> None:
+        """After the tar's end: read what is left (padding), check size and SHA-256, keep the copy."""
+        while self.read(CHUNK):
+            pass
+        if self.count != self.entry.bytes or self.hash.hexdigest() != self.entry.sha256:
+            what = (f"{self.count} bytes, not the {self.entry.bytes} of the manifest" if self.count != self.entry.bytes
+                    else "of another SHA-256 than the manifest records")
+            raise ManifestError(f"{self.url} is {what}: the remote copy is damaged or was changed after the manifest "
+                                "was written")
+        if self.copy is not None and self.tmp is not None and self.cached is not None:
+            self.copy.close()
+            self.copy = None
+            os.replace(self.tmp, self.cached)
+            self.tmp = None
+
+    def close(self) -> None:
+        """Close the stream; a copy not finished and verified is deleted."""
+        self.raw.close()
+        if self.copy is not None:
+            self.copy.close()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+class _PipeStream:
+    """Standard output of a shell command, as a stream; a failed command is a ManifestError."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        try:
+            self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE)  # noqa: S602 - the user's
+        except OSError as e:
+            raise ManifestError(f"cannot run pipe:{command}: {e}") from None
+        self.stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment] - stdout=PIPE makes one
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes of the command's output; at its end, ManifestError if it failed."""
+        data = self.stdout.read(n) if n is not None and n >= 0 else self.stdout.read()
+        if not data or (n is not None and n < 0):
+            code = self.proc.wait()
+            if code != 0:
+                raise ManifestError(f"pipe:{self.command} failed (exit status {code})")
+        return data
+
+    def close(self) -> None:
+        """Stop the command if it is still running (a reader that stopped early) and reap it."""
+        self.stdout.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> "_PipeStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,190 @@
+"""The Ray executor on a real local Ray instance: the same output as local runs, retries of killed
+tasks, strict mode, interruption and resume through the CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from compare import assert_same_output
+from conftest import FORMATS, make_tree
+from PIL import Image
+from test_interrupt import quiet_after
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.cli import cli
+from packer.config import ShardSize
+from packer.errors import DecodeError, PackerError
+from packer.manifest import read_manifest
+from packer.output import DONE_SUFFIX, staging_dir
+from packer.verify import verify
+
+if os.environ.get("CI"):
+    import ray  # CI installs the ray extra: a missing Ray must fail there, not skip
+else:
+    ray = pytest.importorskip("ray")
+
+from packer.ray_executor import RayExecutor  # noqa: E402 - after the check that Ray is there
+
+PRE = PreprocessConfig(size=(16, 12))
+
+# Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
+# worker running its task the first time it is decoded (the shard's process is that worker's
+# child, and dies with it), as a lost node or the out-of-memory killer would; KILL-ALWAYS every
+# time; SLOW-ME files take
+# 0.2 s each, so that a run lasts long enough to be interrupted.
+HOOK = '''
+import os, signal, time
+import packer.preprocess as _pp
+_decode = _pp.decode
+def _hooked(data, cfg, path="<bytes>", **options):
+    if b"KILL-TASK" in data:
+        marker = os.path.join(os.environ["PACKER_TEST_MARKERS"], "killed")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)
+    if b"KILL-ALWAYS" in data:
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
+    if b"SLOW-ME" in data:
+        time.sleep(0.2)
+    return _decode(data, cfg, path, **options)
+_pp.decode = _hooked
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One local Ray instance (2 CPUs) for the module, its processes started with the hook above."""
+    hooks = tmp_path_factory.mktemp("ray-hooks")
+    (hooks / "sitecustomize.py").write_text(HOOK)
+    markers = tmp_path_factory.mktemp("markers")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(hooks), saved or ""])
+    os.environ["PACKER_TEST_MARKERS"] = str(markers)
+    try:
+        context = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    finally:  # only what was set here: ray.init adds variables of its own that its clients need
+        del os.environ["PACKER_TEST_MARKERS"]
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    yield SimpleNamespace(address=context.address_info["address"], markers=markers)
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    """14 PNGs in 3 classes and one corrupt file, which every run must skip and report."""
+    root = tmp_path_factory.mktemp("src") / "images"
+    make_tree(root, {"ant": 5, "bee": 4, "cat": 5})
+    (root / "bee" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    return root
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ray_output_equals_local(cluster, tree, tmp_path, fmt):
+    config = ConvertConfig(fmt, PRE, ShardSize(samples=4))
+    convert(tree, tmp_path / "local", config, workers=2)
+    counted = []
+    with RayExecutor() as executor:  # joins the module's Ray instance
+        result = convert(tree, tmp_path / "ray", config, executor=executor, progress=counted.append)
+    assert_same_output(tmp_path / "local", tmp_path / "ray")
+    assert sum(counted) == 15  # every source file once, the corrupt one included
+    assert [s.path for s in result.skipped] == ["bee/broken.png"]
+    assert not staging_dir(tmp_path / "ray").exists()
+
+
+def test_auto_shard_size_balances_for_the_cluster(cluster, tree, tmp_path):
+    with RayExecutor() as executor:
+        assert executor.workers == 2
+        convert(tree, tmp_path / "ray", ConvertConfig("npy", PRE), executor=executor)
+    convert(tree, tmp_path / "local", ConvertConfig("npy", PRE), workers=2)
+    assert read_manifest(tmp_path / "ray").sharding["balanced_for_workers"] == 2
+    assert_same_output(tmp_path / "local", tmp_path / "ray")
+
+
+def test_a_task_killed_mid_way_is_retried_and_the_output_is_complete(cluster, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"a": 6, "b": 6})
+    with open(src / "a" / "img_003.png", "ab") as f:
+        f.write(b"KILL-TASK")  # after the PNG's end marker: still the same image; 4th file of shard 0
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    convert(src, tmp_path / "local", config, workers=2)
+    counted = []
+    with RayExecutor() as executor:
+        convert(src, tmp_path / "ray", config, executor=executor, progress=counted.append)
+    assert (cluster.markers / "killed").exists()  # the first attempt really died
+    assert verify(tmp_path / "ray") == []
+    assert_same_output(tmp_path / "local", tmp_path / "ray")
+    assert sum(counted) == 12  # what the dead attempt had counted was taken back
+
+
+def test_a_task_that_keeps_dying_fails_the_run_and_leaves_no_output(cluster, tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"a": 4, "b": 4})
+    with open(src / "b" / "img_001.png", "ab") as f:
+        f.write(b"KILL-ALWAYS")
+    with RayExecutor(max_retries=1) as executor, pytest.raises(PackerError, match=r"writing shard-00001 failed"):
+        convert(src, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=4)), executor=executor)
+    assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
+
+
+def test_strict_stops_at_the_bad_file_without_retries(cluster, tree, tmp_path):
+    started = time.monotonic()
+    with RayExecutor() as executor, pytest.raises(DecodeError, match="bee/broken.png"):
+        convert(tree, tmp_path / "out", ConvertConfig("wds", PRE, ShardSize(samples=4)), executor=executor,
+                strict=True)
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
+
+
+def test_without_ray_the_error_says_what_to_install(tree, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    with pytest.raises(PackerError, match=r"pip install 'packer\[ray\]'"):
+        RayExecutor()
+    result = CliRunner().invoke(cli, ["convert", str(tree), "-f", "npy", "-o", str(tmp_path / "o"), "--executor",
+                                      "ray", "-q"])
+    assert result.exit_code == 1 and "pip install" in result.output and not (tmp_path / "o").exists()
+
+
+def test_cli_interrupted_then_resumed_on_the_cluster(cluster, tmp_path):
+    """A real subprocess joins the Ray instance (--address), is stopped by Ctrl-C mid-run: exit 130, no
+    output, tasks cancelled; --resume finishes it, equal to a local run."""
+    src = tmp_path / "src"
+    for i in range(24):
+        path = src / f"c{i % 2}" / f"{i:03d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((20, 20, 3), i, np.uint8)).save(path)
+        with open(path, "ab") as f:
+            f.write(b"SLOW-ME")
+    out, local = tmp_path / "out", tmp_path / "local"
+    options = ["-f", "wds", "--size", "16", "--shard-size", "4", "-q"]
+    command = [sys.executable, "-m", "packer", "convert", str(src), "-o", str(out), *options,
+               "--executor", "ray", "--address", cluster.address]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(staging_dir(out).glob(f"*{DONE_SUFFIX}")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "--resume" in proc.stderr.read()
+    assert not out.exists() and staging_dir(out).exists()
+    assert quiet_after(staging_dir(out))  # the cancelled tasks write nothing more
+    done = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    convert(src, local, ConvertConfig("wds", PreprocessConfig(size=(16, 16)), ShardSize(samples=4)), workers=2)
+    assert_same_output(local, out)

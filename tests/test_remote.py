@@ -1,0 +1,135 @@
+"""Reading outputs by URL: a real HTTP server on loopback, pipe: commands, fsspec URLs, the cache."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tree
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.errors import ConfigError, ManifestError
+from packer.manifest import read_manifest
+from readers import WdsDataset, make_loader, open_dataset
+from readers.remote import is_url
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A folder holding a wds output (``wds``) and an npy output (``npy``), served over HTTP on
+    127.0.0.1; ``requests`` lists the paths asked for."""
+    src = tmp_path_factory.mktemp("src") / "images"
+    make_tree(src, {"ant": 7, "bee": 6})
+    root = tmp_path_factory.mktemp("served")
+    pre = PreprocessConfig(size=(16, 12))
+    convert(src, root / "wds", ConvertConfig("wds", pre, ShardSize(samples=4)), workers=2)
+    convert(src, root / "npy", ConvertConfig("npy", pre, ShardSize(samples=4)), workers=2)
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}", requests
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def samples(ds) -> list[tuple[bytes, int, dict]]:
+    return [(image.numpy().tobytes(), label, meta) for image, label, meta in ds]
+
+
+def test_is_url():
+    assert is_url("https://host/out") and is_url("s3://bucket/out") and is_url("pipe:cat {}")
+    assert not is_url("out") and not is_url("/data/out") and not is_url(Path("http://x"))
+
+
+def test_http_streams_every_sample_as_the_local_read(served):
+    root, url, requests = served
+    local = samples(open_dataset(root / "wds", return_meta=True))
+    remote = open_dataset(f"{url}/wds", return_meta=True)
+    assert isinstance(remote, WdsDataset) and len(remote) == 13
+    assert samples(remote) == local
+    assert {"/wds/manifest.json", "/wds/shard-00000.tar", "/wds/shard-00003.tar"} <= set(requests)
+
+
+def test_make_loader_over_http_with_two_workers(served):
+    root, url, _ = served
+
+    def images(ds) -> Counter:
+        seen: Counter = Counter()
+        for batch, labels in make_loader(ds, batch_size=3, num_workers=2):
+            for image, label in zip(batch, labels):
+                seen[(image.contiguous().numpy().tobytes(), int(label))] += 1
+        return seen
+
+    remote = images(open_dataset(f"{url}/wds", normalize=False))
+    assert sum(remote.values()) == 13
+    assert remote == images(open_dataset(root / "wds", normalize=False))
+
+
+def test_cache_keeps_complete_verified_shards_only(served, tmp_path):
+    root, url, requests = served
+    cache = tmp_path / "cache"
+    first = next(iter(WdsDataset(f"{url}/wds", cache_dir=cache)))  # stops inside shard 0
+    assert isinstance(first[0], torch.Tensor)
+    assert list(cache.iterdir()) == []  # a shard not read to its end is never kept, nor its part file
+    ds = WdsDataset(f"{url}/wds", cache_dir=cache, return_meta=True)
+    assert samples(ds) == samples(open_dataset(root / "wds", return_meta=True))
+    manifest = read_manifest(root / "wds")
+    kept = {p.name: p.read_bytes() for p in cache.iterdir()}
+    assert kept == {f"{f.sha256[:32]}-{f.path}": (root / "wds" / f.path).read_bytes()
+                    for s in manifest.shards for f in s.files}
+    requests.clear()
+    assert len(samples(ds)) == 13
+    assert requests == []  # shards come from the cache now
+
+
+def test_damaged_remote_shard_is_refused_and_not_cached(served, tmp_path):
+    root, url, _ = served
+    damaged = root / "damaged"
+    shutil.copytree(root / "wds", damaged, dirs_exist_ok=True)
+    tar = damaged / "shard-00001.tar"
+    data = bytearray(tar.read_bytes())
+    data[1600] ^= 0xFF  # inside the first sample's image bytes: the tar still parses
+    tar.write_bytes(bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(ManifestError, match="shard-00001.tar is of another SHA-256"):
+        list(WdsDataset(f"{url}/damaged", cache_dir=cache))
+    assert {p.name.split("-", 1)[1] for p in cache.iterdir()} == {"shard-00000.tar"}
+
+
+def test_pipe_and_fsspec_roots(served):
+    root, _, _ = served
+    local = samples(open_dataset(root / "wds", return_meta=True))
+    assert samples(open_dataset(f"pipe:cat {root / 'wds'}/{{}}", return_meta=True)) == local
+    assert samples(open_dataset(f"file://{root / 'wds'}", return_meta=True)) == local
+
+
+def test_bad_urls_say_what_is_wrong(served):
+    root, url, _ = served
+    with pytest.raises(ManifestError, match="HTTP 404"):
+        open_dataset(f"{url}/nothing")
+    with pytest.raises(ManifestError, match="needs {} where the file name goes"):
+        open_dataset(f"pipe:cat {root / 'wds'}/manifest.json")
+    with pytest.raises(ManifestError, match="exit status 1"):
+        open_dataset("pipe:false {}")
+    with pytest.raises(ManifestError, match="cannot open nosuchscheme://"):
+        open_dataset("nosuchscheme://bucket/out")
+    with pytest.raises(ConfigError, match="NpyDataset reads local folders only"):
+        open_dataset(f"{url}/npy")

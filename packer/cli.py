@@ -262,7 +262,7 @@ def _summary(result: ConvertResult) -> None:
     click.echo(
         f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
         f"{_human(result.bytes)}, to {result.output} in {result.seconds:.1f} s"
-        + (f" ({rate:.0f} images/s)" if result.processed else "")
+        + (f" ({rate:.0f} {'images' if m.sample_fields == ('image',) else 'samples'}/s)" if result.processed else "")
     )
     report = result.output / REPORT_NAME
     if result.skipped:

@@ -91,15 +91,15 @@ def discover(
     sample (images, or ``.txt`` texts). Several: files in one folder sharing a stem
     (``0001.jpg``, ``0001.txt``, ``0001.json``) are one sample, keyed by the stem; a sample
     missing a text or json file is skipped and reported, unless ``allow_missing`` stores that field
-    empty (a missing image is always skipped). None finds the fields from the files: the kinds that
-    occur together under one stem when any do (paired samples), else images when there are any,
-    else texts.
+    empty (a missing image is always skipped). None finds the fields from the files: images when
+    there are any, else texts, joined by every other kind that at least half of their stems have
+    (``PAIRED_SHARE``), so that a stray sidecar file changes nothing.
     """
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
     files, ignored, unlisted = _walk(root)
-    chosen = tuple(fields) if fields else _find_fields(files)
+    chosen = tuple(f for f in FIELD_KINDS if f in fields) if fields else _find_fields(files)
     samples, problems = _samples(files, chosen, ignored, allow_missing)
     unlisted += problems
     ignored = dict(sorted(ignored.items()))
@@ -141,16 +141,24 @@ def _item(root: Path, index: int, c: _Candidate, label: int = UNLABELLED) -> Sou
     return SourceItem(index, str(root / c.rel), c.key, label, parts)
 
 
+PAIRED_SHARE = 0.5
+"""Share of the image stems (of the text stems, without images) that must have a partner file of a
+kind for that kind to join the sample: a stray ``notes.txt`` or one annotation ``.json`` among
+thousands of images must not turn an image folder into paired samples that all lack it."""
+
+
 def _find_fields(files: list[str]) -> tuple[str, ...]:
-    """The fields of a tree whose fields were not given (see ``discover``)."""
+    """The fields of a tree whose fields were not given (see ``discover``): the main kind (images,
+    else texts) plus each other kind that at least ``PAIRED_SHARE`` of its stems have."""
     kinds: dict[tuple[str, str], set[str]] = {}
     for rel in files:
         kinds.setdefault(_stem(rel), set()).add(field_kind(rel))  # type: ignore[arg-type]
-    paired = set().union(*(k for k in kinds.values() if len(k) > 1))
-    if paired:
-        return tuple(f for f in FIELD_KINDS if f in paired)
     present = {k for ks in kinds.values() for k in ks}
-    return ("text",) if "text" in present and "image" not in present else ("image",)
+    main = "image" if "image" in present else "text"
+    stems = [ks for ks in kinds.values() if main in ks]
+    paired = {k for k in FIELD_KINDS if k != main and stems
+              and sum(k in ks for ks in stems) >= PAIRED_SHARE * len(stems)}
+    return tuple(f for f in FIELD_KINDS if f == main or f in paired)
 
 
 def _stem(rel: str) -> tuple[str, str]:
@@ -268,7 +276,8 @@ def _posix(path: Path) -> str:
 
 def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path) -> Discovery:
     """Label ``samples`` from a CSV whose paths name a sample's key or any of its files."""
-    labels = read_labels_file(labels_file)
+    known = {n for c in samples for n in (c.key, c.rel, *(rel for _, rel in c.files))}
+    labels = read_labels_file(labels_file, known)
     names = sorted(set(labels.values()))
     if all(n.isdigit() for n in names):
         classes = [str(i) for i in range(max(int(n) for n in names) + 1)] if names else []
@@ -292,34 +301,22 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
     return Discovery(root, items, classes, skipped, ignored)
 
 
-HEADER_NAMES = frozenset({"path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_path",
-                          "img", "name", "key", "relpath", "relative_path", "sample", "id", "stem", "fname"})
-LABEL_HEADERS = frozenset({"label", "labels", "class", "classes", "category", "target", "y"})
-
-
-def _is_header(rel: str, label: str) -> bool:
-    """True for a first row that names the columns: a path without a known extension that is a
-    column name, or a label column called label/class/...; a paired sample's stem is data."""
-    if field_kind(rel) is not None:
-        return False
-    return rel.lower().replace(" ", "_") in HEADER_NAMES or label.lower() in LABEL_HEADERS
-
-
-def read_labels_file(path: Path) -> dict[str, str]:
+def read_labels_file(path: Path, known: Optional[set[str]] = None) -> dict[str, str]:
     """Read a CSV of ``relative path,label`` rows.
 
     A first row whose path has no image, text or json extension (``path,label``, ``file_name,label``)
-    is a header; in paired samples a path may also be the samples' shared stem (``cats/0001``).
+    is a header, unless it is one of the ``known`` sample keys (paired samples are named by their
+    shared stem, ``cats/0001``).
     """
     if not path.is_file():
         raise InputError(f"labels file {path} does not exist")
     try:
-        return _read_labels_rows(path)
+        return _read_labels_rows(path, known or set())
     except UnicodeDecodeError as e:
         raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
 
 
-def _read_labels_rows(path: Path) -> dict[str, str]:
+def _read_labels_rows(path: Path, known: set[str]) -> dict[str, str]:
     labels: dict[str, str] = {}
     with open(path, newline="", encoding="utf-8-sig") as f:
         for lineno, row in enumerate(csv.reader(f), start=1):
@@ -328,8 +325,8 @@ def _read_labels_rows(path: Path) -> dict[str, str]:
             if len(row) < 2:
                 raise InputError(f"{path}:{lineno}: expected 'relative path,label', got {row!r}")
             rel, label = row[0].strip(), row[1].strip()
-            if not labels and _is_header(rel, label):
-                continue
+            if not labels and field_kind(rel) is None and rel not in known:
+                continue  # the header row
             rel = PurePosixPath(rel.replace("\\", "/")).as_posix()
             if rel in labels and labels[rel] != label:
                 raise InputError(f"{path}:{lineno}: {rel} is listed twice with different labels")

@@ -22,9 +22,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
-from packer.config import PreprocessConfig
 from packer.errors import PackerError
-from packer.records import ShardResult
+from packer.records import ShardResult, SourceItem
 from packer.system import release_stop_signals, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
 
@@ -172,7 +171,7 @@ def _after_failure(r: _Running, failures: dict[int, int], timeout: float) -> Sha
     job = r.job
     if r.position > 0:
         item = job.task.items[r.position - 1]
-        reason = probe(item.path, job.preprocess, timeout)
+        reason = probe(job, item, timeout)
         if reason is not None:
             log.warning("%s: %s; skipping it", item.relpath, reason)
             return replace(job, poisoned={**job.poisoned, item.index: reason})
@@ -193,9 +192,10 @@ def remove_partial_files(job: ShardJob) -> None:
             path.unlink()
 
 
-def probe(path: str, preprocess: PreprocessConfig, timeout: float) -> Optional[str]:
-    """Decode one file in a throw-away process: None if that works (or fails cleanly), else why not."""
-    proc = _context().Process(target=_probe_target, args=(path, preprocess), daemon=True)
+def probe(job: ShardJob, item: SourceItem, timeout: float) -> Optional[str]:
+    """Read one sample of ``job`` as its worker does (every file of it: image, text, tokenizer) in a
+    throw-away process: None if that works (or fails cleanly), else why not."""
+    proc = _context().Process(target=_probe_target, args=(job, item), daemon=True)
     with stop_signals_held():
         proc.start()
     proc.join(timeout)
@@ -210,14 +210,14 @@ def probe(path: str, preprocess: PreprocessConfig, timeout: float) -> Optional[s
     return None
 
 
-def _probe_target(path: str, preprocess: PreprocessConfig) -> None:
-    from packer import preprocess as decoding
+def _probe_target(job: ShardJob, item: SourceItem) -> None:
     from packer.errors import DecodeError
+    from packer.worker import read_sample
 
     die_with_parent()
     release_stop_signals()
     try:
-        decoding.decode(decoding.read_source(path), preprocess, path)
+        read_sample(item, job)
     except DecodeError:
         pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
 

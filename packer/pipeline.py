@@ -154,9 +154,9 @@ def sample_layout(config: ConvertConfig, fields: Sequence[str]) -> ImageLayout:
     extra = []
     for name in fields:
         if name == "text" and text.tokenizer is not None:
-            extra.append(TextField("text", "tokens", text.tokenizer_info()))
+            extra.append(TextField("text", "tokens", text.tokenizer_info(), text.encoding, text.allow_missing))
         elif name in ("text", "json"):
-            extra.append(TextField(name, name))
+            extra.append(TextField(name, name, None, text.encoding, text.allow_missing))
     return ImageLayout(pre.dtype, pre.image_shape, pre.channels, config.codec, "image" in fields, tuple(extra))
 
 
@@ -223,6 +223,9 @@ def discover_checked(
                              f"{found.skipped[0].path}: {found.skipped[0].reason}")
         looked = ", ".join(sorted(IMAGE_EXTENSIONS | TEXT_EXTENSIONS))
         raise InputError(f"no images or texts found in {source} (looked for {looked})")
+    if (text.tokenizer is not None or text.max_length is not None) and "text" not in found.fields:
+        raise InputError(f"--tokenizer tokenizes text, but the samples in {source} have no text field "
+                         f"(fields: {', '.join(found.fields)}); pass --fields with text, or leave --tokenizer out")
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)

@@ -84,11 +84,15 @@ TEXT_KINDS = ("text", "tokens", "json")
 @dataclass(frozen=True)
 class TextField:
     """A variable-length field stored as bytes per sample: ``text`` or ``json`` (by ``name``), holding
-    ``kind`` data; ``tokenizer`` is the manifest's record of the tokenizer for ``tokens``."""
+    ``kind`` data; ``tokenizer`` is the manifest's record of the tokenizer for ``tokens``. How the
+    sources were read is recorded too: their ``encoding``, and whether a missing file was stored
+    empty (``allow_missing``) rather than skipping its sample."""
 
     name: str
     kind: str
     tokenizer: Optional[dict] = None
+    encoding: str = "utf-8"
+    allow_missing: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -97,16 +101,18 @@ class TextField:
 
     def to_dict(self) -> dict:
         """The manifest's entry for this field."""
+        source = {"source_encoding": self.encoding, "missing": "stored empty" if self.allow_missing else "skipped"}
         if self.kind == "tokens":
             return {"kind": "tokens", "dtype": "int32", "shape": [None], "length_unit": "tokens",
-                    "tokenizer": self.tokenizer}
+                    "tokenizer": self.tokenizer, **source}
         return {"kind": self.kind, "dtype": "str", "encoding": "utf-8", "newlines": "LF", "shape": [],
-                "length_unit": "bytes"}
+                "length_unit": "bytes", **source}
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "TextField":
         """Inverse of ``to_dict``."""
-        return cls(name, d["kind"], d.get("tokenizer"))
+        return cls(name, d["kind"], d.get("tokenizer"), d.get("source_encoding", "utf-8"),
+                   d.get("missing") == "stored empty")
 
 
 @dataclass

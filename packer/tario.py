@@ -91,12 +91,13 @@ def decode_tar_sample(
 
 def tar_fields(fields: dict, text: Sequence[TextField], name: str = "tar") -> dict[str, bytes]:
     """The stored bytes of each of a grouped tar sample's ``text`` fields, as the other formats hold
-    them (token ids as raw int32, not ``.npy``); ManifestError when a member is missing or damaged."""
+    them (token ids as raw int32, not ``.npy``; a json field without its member, empty);
+    ManifestError when a member is missing or damaged."""
     out: dict[str, bytes] = {}
     for f in text:
         member = TEXT_MEMBERS[f.kind]
         try:
-            data = fields[member]
+            data = fields.get(member, b"") if f.kind == "json" else fields[member]  # no json member: missing
             if f.kind == "tokens":
                 ids = CODECS["npy"].decode(data)
                 if ids.dtype != TOKEN_DTYPE or ids.ndim != 1:

@@ -76,7 +76,7 @@ class TextConfig:
             return None
         with open(self.tokenizer, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        tok = load_tokenizer(self.tokenizer, self.max_length)
+        tok = read_tokenizer(self.tokenizer)  # as saved: its padding settings name the pad id
         return {"file": os.path.basename(self.tokenizer), "sha256": digest, "max_length": self.max_length,
                 "pad_id": pad_id(tok), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
                 "add_special_tokens": True}
@@ -99,13 +99,6 @@ def decode_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     return text.replace("\r\n", "\n")
 
 
-def read_text_file(path: str, encoding: str = "utf-8") -> str:
-    """Read and decode one text file (see decode_text); DecodeError for an unreadable or empty one."""
-    from packer.preprocess import read_source
-
-    return decode_text(read_source(path, max_bytes=MAX_TEXT_BYTES), path, encoding)
-
-
 def json_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     """The text of a ``.json`` file, checked to parse; DecodeError saying where it does not."""
     text = decode_text(data, path, encoding)
@@ -116,19 +109,29 @@ def json_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     return text
 
 
-@functools.lru_cache(maxsize=4)
-def load_tokenizer(path: str, max_length: Optional[int] = None):
-    """The ``tokenizers.Tokenizer`` in a local ``tokenizer.json``, truncating to ``max_length`` ids
-    (special tokens kept) when given; cached per process."""
+def read_tokenizer(path: str):
+    """The ``tokenizers.Tokenizer`` in a local ``tokenizer.json``, as saved (padding and truncation
+    settings included). ConfigError when the library is missing or the file is not one."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError("--tokenizer needs the tokenizers library: pip install tokenizers "
                           "(or pip install 'packer[text]')") from None
     try:
-        tokenizer = Tokenizer.from_file(path)
+        return Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exception for any bad file
         raise ConfigError(f"--tokenizer {path} is not a tokenizers file: {e}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(path: str, max_length: Optional[int] = None):
+    """The tokenizer in a local ``tokenizer.json`` as packer runs it: no padding, truncated to
+    ``max_length`` ids (special tokens kept) when given, else not at all; cached per process."""
+    tokenizer = read_tokenizer(path)
+    # Settings saved in the file would pad ids (stored as if they were text) or cut them without
+    # the manifest saying so: only --max-length decides.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
     if max_length is not None:
         tokenizer.enable_truncation(max_length)
     return tokenizer
@@ -156,5 +159,5 @@ def token_ids(text: str, path: str, tokenizer_path: str, max_length: Optional[in
     return np.asarray(ids, dtype=TOKEN_DTYPE)
 
 
-__all__ = ["TextConfig", "decode_text", "read_text_file", "json_text", "load_tokenizer", "token_ids", "pad_id",
+__all__ = ["TextConfig", "decode_text", "json_text", "read_tokenizer", "load_tokenizer", "token_ids", "pad_id",
            "TEXT_EXTENSIONS", "JSON_EXTENSIONS", "TOKEN_DTYPE"]

@@ -183,6 +183,7 @@ def pad_collate(
     pad_id: int = 0,
     pad_to_multiple_of: int | None = None,
     max_length: int | None = None,
+    fields: Sequence[str] | None = None,
 ) -> Any:
     """Collate samples with variable-length token ids: pad them to the longest of the batch.
 
@@ -195,6 +196,11 @@ def pad_collate(
     - ``"attention_mask"`` (B, L) int64, 1 over tokens and 0 over padding; ``"lengths"`` (B,) int64;
     - ``"images"`` stacked (B, C, H, W); ``"texts"`` and ``"json"`` lists; ``"labels"`` (B,) int64;
       ``"meta"`` a list of the meta dicts.
+
+    ``fields`` names the fields before the label (a reader's ``manifest.sample_fields``, e.g.
+    ``("image", "text", "json")``; ``make_loader`` passes them): kinds then come from the names, so a
+    json value of any type (a list, a number, None for a missing one) lands in ``"json"``.
+    Without it, kinds are guessed from the values' types.
 
         from functools import partial
         sampler = LengthBucketSampler(ds.lengths(), batch_size=32, seed=0)
@@ -210,16 +216,17 @@ def pad_collate(
         raise ValueError(f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}: "
                          "the padded length could exceed max_length")
     if isinstance(samples, Numbered):
-        return Numbered(samples.number, pad_collate(samples.batch, pad_id=pad_id,
-                                                    pad_to_multiple_of=pad_to_multiple_of, max_length=max_length))
+        return Numbered(samples.number, pad_collate(samples.batch, pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of,
+                                                    max_length=max_length, fields=fields))
     if isinstance(samples, PackedBatch) and samples.slot is None:  # a map-style reader's batch, already stacked
         return {"images": samples.images, "labels": samples.labels}
     if len(samples) == 0:
         raise ValueError("pad_collate got an empty batch")
     rows = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in samples]
-    kinds = _structure(rows[0], 0)
+    structure = _structure if fields is None else lambda row, i: _named_structure(row, i, tuple(fields))
+    kinds = structure(rows[0], 0)
     for i, row in enumerate(rows[1:], 1):
-        other = _structure(row, i)
+        other = structure(row, i)
         if other != kinds:
             raise ValueError(f"sample {i} is ({_describe(other)}) but sample 0 is ({_describe(kinds)}): "
                              "every sample of a batch must have the same fields")
@@ -307,6 +314,23 @@ def _structure(row: tuple, index: int) -> tuple[str, ...]:
             raise ValueError(f"sample {index}: two {_NAMES[kind]} fields (elements {seen[kind]} and {pos}); "
                              "pad_collate batches one of each: pass a collate_fn of your own for more")
         seen[kind] = pos
+    return tuple(kinds)
+
+
+def _named_structure(row: tuple, index: int, fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds of a sample of the named ``fields``, then its label and maybe its meta dict."""
+    if len(row) not in (len(fields) + 1, len(fields) + 2):
+        raise ValueError(f"sample {index} has {len(row)} elements; fields {', '.join(fields)} and a label "
+                         f"(and a meta dict) make {len(fields) + 1} or {len(fields) + 2}")
+    kinds = []
+    for name, value in zip(fields, row):
+        if name == "text" and isinstance(value, (torch.Tensor, np.ndarray)):
+            kinds.append("ids")
+        else:
+            kinds.append({"image": "image", "text": "text", "json": "json"}.get(name, "json"))
+    kinds.append("label")
+    if len(row) == len(fields) + 2:
+        kinds.append("meta")
     return tuple(kinds)
 
 

@@ -223,9 +223,10 @@ class PackedLoader:
         """Make the next iteration continue after the batches ``state`` says were handed out.
 
         Refused when the batch order would differ from the run that saved it: another batch size,
-        seed, world size, dataset size, or (tar shards) worker count; pass the same values.
+        seed, world size, dataset size, bucketing, or (tar shards) worker count; pass the same values.
         """
         mine = {"size": self.dataset.manifest.samples, **self.order}
+        state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
         for key, value in mine.items():
             if key in state and state[key] != value:
                 raise ValueError(f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
@@ -321,7 +322,7 @@ def make_loader(
                      free // 2**20, need // 2**20)
     text = bool(dataset.text_fields)
     if text:
-        pad = functools.partial(pad_collate, pad_id=dataset.pad_id)
+        pad = functools.partial(pad_collate, pad_id=dataset.pad_id, fields=m.sample_fields)
         options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))  # cuda: tensors, to be pinned
     options.setdefault("collate_fn", packed_collate)
     if isinstance(dataset, PackedDataset):
@@ -342,9 +343,8 @@ def make_loader(
                                  control=torch.zeros(2, dtype=torch.int64).share_memory_())
         loader = DataLoader(reader, batch_size=None, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
-    order = {"batch_size": batch_size, "world_size": world, "seed": seed}
-    if bucket_by_length:
-        order["bucket_by_length"] = bucket_by_length
+    order = {"batch_size": batch_size, "world_size": world, "seed": seed,
+             "bucket_by_length": bucket_by_length or False}
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)

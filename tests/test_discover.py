@@ -343,14 +343,15 @@ def test_files_sharing_a_stem_are_one_sample(tmp_path):
     for name in ("0001.jpg", "0001.txt", "0001.json", "0002.jpg", "0002.txt", "0003.jpg", "0003.png", "0003.txt"):
         touch(tmp_path / "a" / name)
     touch(tmp_path / "a" / "0004.txt")
-    found = discover(tmp_path)
+    assert discover(tmp_path).fields == ("image", "text")  # json: 1 of 3 image stems, below PAIRED_SHARE
+    found = discover(tmp_path, fields=("json", "text", "image"))  # stored in FIELD_KINDS order whatever the order
     assert found.fields == ("image", "text", "json")
     assert rels(found) == ["a/0001"]  # 0002 lacks json, 0003 has two images, 0004 has only text
     reasons = {s.path: s.reason for s in found.skipped}
     assert reasons["a/0002"].startswith("missing json") and "--allow-missing" in reasons["a/0002"]
     assert "several files for one field" in reasons["a/0003"]
     assert reasons["a/0004"].startswith("missing image and json")
-    found = discover(tmp_path, allow_missing=True)
+    found = discover(tmp_path, fields=("image", "text", "json"), allow_missing=True)
     assert rels(found) == ["a/0001", "a/0002"]
     assert [f for f, _ in found.items[1].parts] == ["image", "text"]
     assert found.items[0].path.endswith("0001.jpg") and found.items[0].label == 0
@@ -372,3 +373,24 @@ def test_labels_file_names_paired_samples_by_stem_or_file(tmp_path):
     labels.write_text("path,label\nx,cat\ny.png,dog\n")
     found = discover(tmp_path, labels_file=labels)
     assert [(i.relpath, i.label) for i in found.items] == [("x", 0), ("y", 1)] and found.classes == ["cat", "dog"]
+
+
+def test_one_annotation_file_among_images_does_not_pair(tmp_path):
+    for i in range(6):
+        touch(tmp_path / "cat" / f"{i}.png")
+    touch(tmp_path / "cat" / "0.json")
+    found = discover(tmp_path)
+    assert found.fields == ("image",) and len(found.items) == 6 and found.ignored == {".json": 1}
+    for i in range(1, 3):
+        touch(tmp_path / "cat" / f"{i}.json")
+    assert discover(tmp_path).fields == ("image", "json")  # half of the images have one: paired
+
+
+def test_labels_header_is_any_first_row_without_a_sample(tmp_path):
+    for name in ("cat/1.jpg", "dog/2.jpg"):
+        touch(tmp_path / "src" / name)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("img_name,class_id\ncat/1.jpg,5\ndog/2.jpg,0\n")
+    found = discover(tmp_path / "src", labels_file=labels)
+    assert [(i.relpath, i.label) for i in found.items] == [("cat/1.jpg", 5), ("dog/2.jpg", 0)]
+    assert found.classes == [str(i) for i in range(6)] and found.skipped == []

@@ -278,3 +278,59 @@ def test_bucketing_cuts_padding_on_a_packed_output(tmp_path):
     random = padding_ratio(EpochBatchSampler(len(ds), 16, seed=0).batches(0), lengths)
     bucketed = padding_ratio(LengthBucketSampler(lengths, 16, seed=0).batches(0), lengths)
     assert bucketed < random / 2
+
+
+def test_padding_and_truncation_saved_in_the_tokenizer_file_are_not_applied(tmp_path):
+    from tokenizers import Tokenizer
+
+    path = make_tokenizer(tmp_path / "tok.json")
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_padding(length=12, pad_id=0, pad_token="[PAD]")
+    tok.enable_truncation(3)
+    tok.save(str(path))
+    assert token_ids("good film", "x", str(path), None).tolist() == [2, 4, 5, 3]
+    assert TextConfig(tokenizer=str(path)).tokenizer_info()["pad_id"] == 0
+
+
+def test_tokenizer_without_text_field_is_refused(tmp_path):
+    write_image(tmp_path / "src" / "a" / "1.png")
+    tok = make_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(Exception, match="no text field"):
+        convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", text=TextConfig(tokenizer=str(tok))))
+
+
+def test_missing_json_in_wds_opens_with_stock_webdataset(tmp_path):
+    import webdataset as wds
+
+    src = pair_tree(tmp_path / "src")
+    config = ConvertConfig("wds", PreprocessConfig(size=(16, 16)), text=TextConfig(allow_missing=True))
+    result = convert(src, tmp_path / "out", config, workers=1)
+    tars = sorted(str(p) for p in result.output.glob("*.tar"))
+    samples = list(wds.WebDataset(tars, shardshuffle=False).decode())
+    assert len(samples) == 6 and sum("data.json" not in s for s in samples) == 1
+    assert verify(result.output) == []
+
+
+def test_make_loader_batches_json_of_any_type(tmp_path):
+    src = tmp_path / "src"
+    for i, value in enumerate(([1, 2], 7, "word", None, {"k": 1})):
+        (src / f"{i}.txt").parent.mkdir(parents=True, exist_ok=True)
+        (src / f"{i}.txt").write_text(f"text {i}")
+        if value is not None:
+            (src / f"{i}.json").write_text(json.dumps(value))
+    config = ConvertConfig("lmdb", text=TextConfig(allow_missing=True))
+    ds = open_dataset(convert(src, tmp_path / "out", config, workers=1).output)
+    assert ds.manifest.sample_fields == ("text", "json")
+    batch = next(iter(make_loader(ds, 5, shuffle=False, num_workers=0)))
+    assert batch["texts"] == [f"text {i}" for i in range(5)]
+    assert batch["json"] == [[1, 2], 7, "word", None, {"k": 1}] and batch["labels"].tolist() == [-1] * 5
+
+
+def test_resume_refuses_another_bucketing(text_outputs):
+    ds = open_dataset(text_outputs["npy", "tokens"].output)
+    loader = make_loader(ds, 2, num_workers=0, bucket_by_length=True)
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="bucket_by_length"):
+        make_loader(ds, 2, num_workers=0).load_state_dict(state)
+    make_loader(ds, 2, num_workers=0, bucket_by_length=True).load_state_dict(state)

@@ -78,6 +78,8 @@ class WdsWriter:
         for f in self.layout.text:
             value = sample.fields[f.name]
             self.lengths[f.name].append(len(value) // f.itemsize)
+            if f.kind == "json" and not value:
+                continue  # missing (--allow-missing): no member, as an empty one is not JSON to webdataset
             if f.kind == "tokens":  # a .npy member, so that webdataset's decoders read it as an array
                 self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", npy_header(TOKEN_DTYPE.str, (len(value) // 4,)), value)
             else:

@@ -371,13 +371,28 @@ class PackedDataset(ReaderBase, Dataset):
             return [self[i] for i in indices]
         slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
-        located = [self.locate(int(i)) for i in indices]
-        for j in sorted(range(n), key=located.__getitem__):
-            shard, local = located[j]
+        index = np.asarray(indices, dtype=np.int64).reshape(n)
+        index = np.where(index < 0, index + len(self), index)
+        if n and (index.min() < 0 or index.max() >= len(self)):
+            bad = int(np.asarray(indices)[(index < 0) | (index >= len(self))][0])
+            raise IndexError(f"index {bad} out of range for a dataset of {len(self)} samples")
+        shards = np.searchsorted(self._offsets, index, side="right") - 1
+        order = np.lexsort((index, shards))  # by shard, then by position in it: sequential reads
+        # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
+        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
+        starts = np.flatnonzero(np.diff(shards[order], prepend=-1))
+        for first, end in zip(starts, [*starts[1:], n]):
+            rows = order[first:end]
+            shard = int(shards[rows[0]])
+            local = index[rows] - self._offsets[shard]
             with self._reading(shard):
-                image = self._image(shard, local)
-                labels[j] = self._shard_labels(shard)[local]
-            self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
+                labels[rows] = self._shard_labels(shard)[local]
+                for j, at in zip(rows.tolist(), local.tolist()):
+                    image = self._image(shard, at)
+                    if hwc is not None and image.dtype == hwc.dtype:
+                        hwc[j] = image
+                    else:
+                        self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
         return PackedBatch(images, torch.from_numpy(labels), slot)
 
     @contextlib.contextmanager

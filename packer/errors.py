@@ -26,8 +26,9 @@ class ManifestError(PackerError):
 class DecodeError(PackerError):
     """One source file could not be turned into a sample; the converter skips and reports it."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
+    def __init__(self, path: str, reason: str = "") -> None:
+        # reason may be empty: torch's DataLoader rebuilds a worker's exception from its message alone
+        super().__init__(f"{path}: {reason}" if reason else path)
         self.path = path
         self.reason = reason
 

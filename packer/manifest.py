@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +26,9 @@ MANIFEST_VERSION = 1
 
 #: The newest on-disk layout of each format that this packer writes and reads.
 FORMAT_VERSIONS = {"npy": 3, "lmdb": 3, "hdf5": 3, "wds": 3}
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+"""What a shard file name may be made of."""
 
 TEXT_FIELD_NAMES = ("text", "json")
 """Names of the variable-length fields a manifest may list besides image, label and key."""
@@ -178,7 +182,9 @@ def _check_layout(m: "Manifest", where: str) -> None:
     """Types and names a reader relies on: plain file names inside the output, a known image dtype."""
     for shard in m.shards:
         for f in shard.files:
-            if not f.path or "/" in f.path or "\\" in f.path or f.path in (".", "..") or f.path.startswith("."):
+            if not SAFE_NAME.fullmatch(f.path) or f.path.startswith("."):
+                # Packer writes only shard-NNNNN.*: anything else would be a path, or a name that a
+                # pipe: command or a URL could misread (quotes, $(...), spaces, ?, #).
                 raise ManifestError(f"{where}: file path {f.path!r} is not a plain name inside the output")
     if not isinstance(m.fields, dict):
         raise ManifestError(f"{where}: fields is not an object")

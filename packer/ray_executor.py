@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import uuid
 from dataclasses import replace
@@ -76,11 +77,15 @@ class RayExecutor:
         ray = self._ray
         if ray.is_initialized():
             return
-        options: dict = {"address": self.address, "logging_level": logging.WARNING}
+        # "local": a Ray instance of this run's own, even when RAY_ADDRESS or a `ray start` cluster
+        # exists (ray.init would join those, and refuse num_cpus there).
+        options: dict = {"address": self.address or "local", "logging_level": logging.WARNING}
         if self.address is None:
             options.update(num_cpus=self.num_cpus, include_dashboard=False)
         try:
             ray.init(**options)
+        except (ValueError, RuntimeError) as e:
+            raise PackerError(f"cannot start Ray: {e}") from None
         except ConnectionError as e:
             raise PackerError(f"cannot reach a Ray cluster at --address {self.address}: {e}. Start one with "
                               "`ray start --head` (then --address auto), or leave out --address to run Ray on "
@@ -241,6 +246,10 @@ def _write_shard_task(job: ShardJob, counter: Any, timeout: float, log_level: in
             counter.add.remote(job.number, token, pending)
             pending, last = 0, time.monotonic()
 
+    unseen = [p for p in (job.directory, *(job.task.items[0].paths if job.task.items else ())) if not os.path.exists(p)]
+    if unseen:  # every file would be skipped as missing: a partial output, not a failure, unless said here
+        return "error", PackerError(f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster the source and "
+                                    "the output must be on a filesystem every node mounts at the same path")
     try:
         [result] = run_jobs([job], 1, progress=progress, timeout=timeout)
     except PackerError as e:

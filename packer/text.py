@@ -62,6 +62,8 @@ class TextConfig:
             raise ConfigError("--max-length truncates token ids and needs --tokenizer")
         if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
             raise ConfigError(f"--tokenizer {self.tokenizer} is not a file; pass the path of a tokenizer.json")
+        if self.tokenizer is not None:  # workers may run elsewhere (Ray tasks, other nodes): one meaning everywhere
+            object.__setattr__(self, "tokenizer", os.path.abspath(self.tokenizer))
         if self.fields is not None:
             from packer.discover import FIELD_KINDS
 

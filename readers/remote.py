@@ -93,6 +93,18 @@ def open_stream(url: str) -> IO[bytes]:
         raise ManifestError(f"cannot open {url}: {e}") from None
 
 
+def read_remote_file(root: str, entry: FileEntry) -> bytes:
+    """The whole (small) file ``entry`` of the output at ``root``, checked against the manifest's size
+    and SHA-256 (ManifestError when they differ)."""
+    url = file_url(root, entry.path)
+    with open_stream(url) as f:
+        data = f.read()
+    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise ManifestError(f"{url} does not match the manifest's size and SHA-256: the remote copy is damaged or "
+                            "was changed after the manifest was written")
+    return data
+
+
 def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, os.PathLike]] = None
                     ) -> Iterator[dict]:
     """The samples of the tar shard ``entry`` of the output at ``root``, as ``iter_tar_samples``
@@ -102,7 +114,17 @@ def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, 
     url = file_url(root, entry.path)
     cached = Path(cache_dir) / f"{entry.sha256[:32]}-{Path(entry.path).name}" if cache_dir is not None else None
     if cached is not None and cached.is_file() and cached.stat().st_size == entry.bytes:
-        yield from iter_tar_samples(cached, name=f"{cached} (cached {url})")
+        # Checked as it is read, like a download: a cached copy damaged since is removed, and the
+        # next pass streams the shard again.
+        local = _Checked(open(cached, "rb"), f"{cached} (cached {url})", entry, None)
+        try:
+            yield from iter_tar_samples(local, name=local.url)  # type: ignore[arg-type]
+            local.finish()
+        except ManifestError:
+            cached.unlink(missing_ok=True)
+            raise
+        finally:
+            local.close()
         return
     stream = _Checked(open_stream(url), url, entry, cached)
     try:

@@ -21,10 +21,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.codecs import decode_image
 from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX, wds_lengths_suffix
+from packer.manifest import ShardEntry
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from readers.base import ReaderBase, build_sample, decode_field
 from readers.collate import Numbered, PackedBatch
-from readers.remote import file_url, is_url, iter_remote_tar, open_stream
+from readers.remote import file_url, is_url, iter_remote_tar, read_remote_file
 
 
 class WdsDataset(ReaderBase, IterableDataset):
@@ -108,7 +109,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
         read from the shards' ``.lengths.npy`` side files, not from the tars."""
         f = self.length_field(field)
-        parts = [np.load(self._side_file(s.file(wds_lengths_suffix(f.name))), allow_pickle=False)
+        parts = [np.load(self._side_file(s, wds_lengths_suffix(f.name)), allow_pickle=False)
                  for s in self.manifest.shards]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -129,12 +130,13 @@ class WdsDataset(ReaderBase, IterableDataset):
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
 
-    def _side_file(self, relpath: str):
-        """A small file of the output, opened for reading: local, or read whole from the URL root."""
+    def _side_file(self, shard: ShardEntry, suffix: str):
+        """A small file of a shard, to read: local (size checked), or fetched whole from the URL root
+        and checked against the manifest's SHA-256."""
+        relpath = shard.file(suffix)
         if not is_url(self.root):
             return self.path(relpath)
-        with open_stream(file_url(self.root, relpath)) as f:
-            return io.BytesIO(f.read())
+        return io.BytesIO(read_remote_file(self.root, next(f for f in shard.files if f.path == relpath)))
 
     def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
         """``(image array or None, label, key, text field values)`` of one sample's tar fields."""

@@ -316,3 +316,11 @@ def test_shard_size_not_both():
         ShardSize(samples=1, bytes=1)
     with pytest.raises(ConfigError):
         ShardSize(bytes=0)
+
+
+def test_decode_error_rebuilds_from_its_message_alone():
+    from packer.errors import DecodeError
+
+    e = DecodeError("a/b.png: truncated")  # as torch's DataLoader rebuilds a worker's exception
+    assert str(e) == "a/b.png: truncated"
+    assert str(DecodeError("a/b.png", "truncated")) == "a/b.png: truncated"

@@ -283,3 +283,12 @@ def test_file_entry_and_sha256(tmp_path):
     assert e == FileEntry("blob.bin", len(data), hashlib.sha256(data).hexdigest())
     (tmp_path / "empty").write_bytes(b"")
     assert sha256_of(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+
+
+@pytest.mark.parametrize("name", ["x$(touch PWNED).tar", "a b.tar", "q'uote.tar", "x?.tar", "../up.tar", ".hidden"])
+def test_shard_file_names_must_be_plain(tmp_path, name):
+    d = sample_manifest().to_dict()
+    d["shards"][0]["files"][0]["path"] = name
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="not a plain name"):
+        read_manifest(tmp_path)

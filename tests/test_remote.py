@@ -98,6 +98,14 @@ def test_cache_keeps_complete_verified_shards_only(served, tmp_path):
     requests.clear()
     assert len(samples(ds)) == 13
     assert requests == []  # shards come from the cache now
+    damaged = next(p for p in cache.iterdir())
+    data = bytearray(damaged.read_bytes())
+    data[600] ^= 0xFF  # inside the first member's data: the tar still parses
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="SHA-256"):
+        samples(ds)
+    assert not damaged.exists()  # removed: the next pass streams that shard again
+    assert len(samples(ds)) == 13
 
 
 def test_damaged_remote_shard_is_refused_and_not_cached(served, tmp_path):

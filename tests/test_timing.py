@@ -61,3 +61,10 @@ def test_check_images():
         check_images(SimpleNamespace(fields={"image": {"shape": None}}), 2, "out")
     with pytest.raises(ConfigError, match="out holds no images"):
         check_images(SimpleNamespace(fields={"text": {}}), 1, "out")
+
+
+def test_batch_sizes_of_tuples_and_pad_collate_dicts():
+    from readers.advisor.timing import batch_size_of
+
+    assert batch_size_of((torch.zeros(3, 1), torch.zeros(3))) == 3
+    assert batch_size_of({"input_ids": torch.zeros(5, 7), "labels": torch.zeros(5)}) == 5

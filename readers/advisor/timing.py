@@ -55,11 +55,11 @@ def time_loader(loader: Iterable, seconds: float, warmup_batches: int = 1,
             last = now
             if timed_from is None:
                 batches += 1
-                warm_samples += len(batch[1])
+                warm_samples += batch_size_of(batch)
                 if batches >= warmup_batches:
                     timed_from = now
             else:
-                samples += len(batch[1])
+                samples += batch_size_of(batch)
             batch = None
             if now >= deadline:
                 done = True
@@ -113,3 +113,8 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def batch_size_of(batch) -> int:
+    """Samples in one loader batch: ``(images, labels, ...)``, or a pad_collate dict (text outputs)."""
+    return len(batch["labels"]) if isinstance(batch, dict) else len(batch[1])

@@ -175,7 +175,7 @@ def convert(
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
     executor: Optional[Executor] = None,
 ) -> ConvertResult:
-    """Convert the image folder ``source`` into a packed output folder ``output``.
+    """Convert the image (or text) folder ``source`` into a packed output folder ``output``.
 
     ``workers`` defaults to the usable core count. Bad image files are skipped and listed, or with
     ``strict`` the first one raises DecodeError and nothing is written. ``resume`` continues an

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from packer import preprocess, text
 from packer.codecs import encode_image
 from packer.config import PreprocessConfig
@@ -109,11 +111,7 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
     """Read and preprocess one source item: ``(sample, digest of its source bytes, decoded image or
     None)``. DecodeError for a file that cannot be used (naming the file within a paired sample)."""
     if not item.parts:  # an image-only sample: the hot path, kept free of anything else
-        data = preprocess.read_source(item.path, max_bytes=job.preprocess.max_file_bytes)
-        decoded = preprocess.decode(data, job.preprocess, item.path, histogram=True)
-        image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
-        codec = job.layout.codec
-        encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
+        data, decoded, image, encoded = read_image(item.path, job)
         return Sample(item.index, item.relpath, image, item.label, encoded), source_digest(data), decoded
     digest = hashlib.sha256()
     files = dict(item.parts)
@@ -121,13 +119,8 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
     fields: dict[str, bytes] = {}
     try:
         if job.layout.has_image:
-            path = files["image"]
-            data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes)
+            data, decoded, image, encoded = read_image(files["image"], job)
             digest.update(b"image\0%d\0" % len(data) + data)
-            decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
-            image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
-            codec = job.layout.codec
-            encoded = encode_image(image, codec.name, codec.quality) if codec.encoded else None
         for f in job.layout.text:
             path = files.get(f.name)
             if path is None:  # --allow-missing: stored empty
@@ -142,6 +135,15 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
         raise
     sample = Sample(item.index, item.relpath, image, item.label, encoded, fields)
     return sample, digest.hexdigest()[:32], decoded
+
+
+def read_image(path: str, job: ShardJob) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
+    """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file."""
+    data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes)
+    decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
+    image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
+    codec = job.layout.codec
+    return data, decoded, image, encode_image(image, codec.name, codec.quality) if codec.encoded else None
 
 
 def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:

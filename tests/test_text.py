@@ -334,3 +334,13 @@ def test_resume_refuses_another_bucketing(text_outputs):
     with pytest.raises(ValueError, match="bucket_by_length"):
         make_loader(ds, 2, num_workers=0).load_state_dict(state)
     make_loader(ds, 2, num_workers=0, bucket_by_length=True).load_state_dict(state)
+
+
+def test_sample_texts_convert_as_the_readme_says(tmp_path):
+    src = Path(__file__).resolve().parents[1] / "sample_data" / "texts"
+    result = convert(src, tmp_path / "texts", ConvertConfig("npy"), workers=1)
+    ds = open_dataset(result.output, return_meta=True)
+    got = {meta["key"]: text for text, _, meta in read_all(ds)}
+    assert len(got) == 24 and result.skipped == [] and ds.classes == ["negative", "positive"]
+    assert "\r" not in got["negative/08.txt"] and "\n" in got["negative/08.txt"]
+    assert not got["positive/09.txt"].startswith("\ufeff")

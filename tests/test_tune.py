@@ -182,3 +182,21 @@ def test_tune_checks_the_device(outputs):
     if not torch.cuda.is_available():
         none = CliRunner().invoke(cli, ["tune", str(outputs["npy"]), "--device", "cuda"])
         assert none.exit_code == 2 and "no CUDA device" in none.output
+
+
+def test_recommended_code_for_a_text_output_runs(tmp_path):
+    from pathlib import Path
+
+    from packer import ConvertConfig, convert
+
+    src = Path(__file__).resolve().parents[1] / "sample_data" / "texts"
+    out = convert(src, tmp_path / "texts", ConvertConfig("npy"), workers=1).output
+    measured = LoaderMeasure(open_dataset(out), 4, memory_every=0.05)(Trial(0), 0.3)
+    assert measured.samples > 0
+    for trial in (Trial(0), Trial(1, 2)):
+        for name, text in recommended_code(out, "npy", 4, trial, text=True).items():
+            namespace: dict = {}
+            exec(compile(text, f"<{name}>", "exec"), namespace)
+            batch = next(iter(namespace["loader"]))
+            assert len(batch["texts"]) == 4 and batch["labels"].shape == (4,)
+            del namespace

@@ -86,11 +86,13 @@ def busy_note(cpus: int) -> Optional[str]:
             "CPUs, so figures may vary between runs")
 
 
-def check_images(manifest: Manifest, batch_size: int, where: object) -> None:
+def check_images(manifest: Manifest, batch_size: int, where: object, text_ok: bool = False) -> None:
     """ConfigError unless the output at ``where`` holds images that batches of ``batch_size`` can
     stack: the advisor measures image loading, and images kept at their own sizes (--resize none)
-    cannot be stacked."""
+    cannot be stacked. ``text_ok``: text-only outputs pass too (``make_loader`` pads their batches)."""
     image = manifest.fields.get("image")
+    if image is None and text_ok and manifest.text_fields:
+        return
     if image is None:
         raise ConfigError(f"{where} holds no images (text samples only): tune, profile and bench measure the "
                           "loading of images")

@@ -191,7 +191,7 @@ class LoaderMeasure:
 
     def __init__(self, dataset: ReaderBase, batch_size: int, *, device: Optional[str] = None,
                  tick: Optional[Callable[[float], None]] = None, memory_every: float = 0.2) -> None:
-        check_images(dataset.manifest, batch_size, dataset.root)
+        check_images(dataset.manifest, batch_size, dataset.root, text_ok=True)
         self.dataset, self.batch_size, self.device = dataset, batch_size, device
         self.tick, self.memory_every = tick, memory_every
 
@@ -211,9 +211,9 @@ class LoaderMeasure:
 
 
 def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: Trial,
-                     cuda: bool = False) -> dict[str, str]:
+                     cuda: bool = False, text: bool = False) -> dict[str, str]:
     """Python to paste for ``trial``: ``{"make_loader": ..., "DataLoader": ...}``, each complete (imports
-    included) and defining ``loader``."""
+    included) and defining ``loader``; ``text`` for outputs with text fields (padded batches)."""
     path = repr(str(root))
     args = [f"open_dataset({path})", f"batch_size={batch_size}", f"num_workers={trial.num_workers}"]
     if trial.num_workers:
@@ -230,9 +230,16 @@ def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: 
         dl += [f"prefetch_factor={trial.prefetch_factor or DEFAULT_PREFETCH}", "persistent_workers=True"]
     if cuda:
         dl.append("pin_memory=True")
-    dl.append("collate_fn=packed_collate")
-    plain = ("from torch.utils.data import DataLoader\n\nfrom readers import open_dataset, packed_collate\n\n"
-             + _call("loader = DataLoader", dl))
+    if text:
+        opened, dl[0] = dl[0], "dataset"
+        dl.append("collate_fn=partial(pad_collate, pad_id=dataset.pad_id, fields=dataset.manifest.sample_fields)")
+        plain = ("from functools import partial\n\nfrom torch.utils.data import DataLoader\n\n"
+                 f"from readers import open_dataset, pad_collate\n\ndataset = {opened}\n"
+                 + _call("loader = DataLoader", dl))
+    else:
+        dl.append("collate_fn=packed_collate")
+        plain = ("from torch.utils.data import DataLoader\n\nfrom readers import open_dataset, packed_collate\n\n"
+                 + _call("loader = DataLoader", dl))
     if cuda:
         plain += "# in the loop: images = images.to(\"cuda\", non_blocking=True)\n"
     return {"make_loader": packed, "DataLoader": plain}

@@ -94,8 +94,8 @@ def check_images(manifest: Manifest, batch_size: int, where: object, text_ok: bo
     if image is None and text_ok and manifest.text_fields:
         return
     if image is None:
-        raise ConfigError(f"{where} holds no images (text samples only): tune, profile and bench measure the "
-                          "loading of images")
+        raise ConfigError(f"{where} holds no images (text samples only): profile and bench measure the loading "
+                          "of images (packer tune measures text outputs too)")
     if image.get("shape") is None and batch_size > 1:
         raise ConfigError(f"{where} keeps each image's own size (--resize none): batches of several images cannot "
                           "be stacked; use a batch size of 1")

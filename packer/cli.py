@@ -47,7 +47,7 @@ from packer.ray_executor import RayExecutor
 from packer.report import REPORT_NAME, reason_kind, shown
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.split import merge as merge_output
-from packer.system import usable_cpus
+from packer.system import clear_stop_request, request_stop, usable_cpus
 from packer.text import TextConfig
 from packer.verify import verify as verify_output
 
@@ -183,7 +183,8 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
 
     # Ctrl-C and a batch scheduler's SIGTERM stop the run the same way, even when the shell
     # started packer in the background with SIGINT ignored.
-    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
+    clear_stop_request()
+    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
     try:
         with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
             executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
@@ -247,10 +248,6 @@ def _node_summary(result: NodeResult) -> None:
     click.echo(f"when every node is done: packer merge {result.output}")
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def _close(bars: list[tqdm]) -> None:
     for bar in bars:
         bar.close()
@@ -301,7 +298,8 @@ def merge(output: Path, overwrite: bool) -> None:
     Checks that every planned shard is there and intact (SHA-256), names the missing ones and their
     nodes otherwise, then writes the manifest and renames the output into place as a single run does.
     """
-    previous = signal.signal(signal.SIGTERM, _interrupt), signal.signal(signal.SIGINT, signal.default_int_handler)
+    clear_stop_request()
+    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
     try:
         result = merge_output(output, overwrite=overwrite)
     except KeyboardInterrupt:

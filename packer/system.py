@@ -42,12 +42,43 @@ def _cgroup_quota() -> float | None:
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+_stop_requested = False
+
+
+def request_stop(signum: int, frame: object) -> None:
+    """Handler for Ctrl-C and SIGTERM (the CLI installs it): note the request, raise KeyboardInterrupt.
+
+    The note matters when the raise is lost. A signal that arrives just before ``stop_signals_held``
+    blocks it has its Python handler run at the next chance, which can be inside one of fork's
+    at-fork hooks (logging's lock release), where Python prints the exception and drops it; the
+    block then re-raises it on its way out (see ``stop_signals_held``).
+    """
+    global _stop_requested
+    _stop_requested = True
+    raise KeyboardInterrupt
+
+
+def clear_stop_request() -> None:
+    """Forget an earlier stop request (a new command starts)."""
+    global _stop_requested
+    _stop_requested = False
+
+
+def _raise_lost_stop() -> None:
+    global _stop_requested
+    if _stop_requested:
+        _stop_requested = False
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def stop_signals_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back for the block; they are delivered right after it.
 
     For steps that must not be cut in two: forking a worker (a signal landing in fork's at-fork
-    handlers raises KeyboardInterrupt where Python ignores it) and the renames of a publish.
+    handlers raises KeyboardInterrupt where Python ignores it) and the renames of a publish. A
+    stop requested through ``request_stop`` whose KeyboardInterrupt was dropped inside the block is
+    raised when the block ends.
     """
     if not hasattr(signal, "pthread_sigmask"):
         yield
@@ -55,8 +86,12 @@ def stop_signals_held() -> Iterator[None]:
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
+    except BaseException:
+        clear_stop_request()  # an exception (the interrupt itself, say) leaves the block: nothing was lost
+        raise
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    _raise_lost_stop()
 
 
 def release_stop_signals() -> None:

@@ -12,7 +12,7 @@ import functools
 import io
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -48,6 +48,28 @@ def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
 def decode_npy(data: bytes) -> np.ndarray:
     """The array in the bytes of a ``.npy`` file (object arrays are refused)."""
     return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+
+
+class NpyDecoder:
+    """``decode_npy`` for a run of ``.npy`` values that share one header (a shard's images): the
+    header of the first is parsed once (numpy parses each with ``ast``, ~0.2 ms), later values with
+    the same header bytes become arrays over their data without parsing or copying (read-only when
+    the value is). Values with another header are parsed as usual."""
+
+    def __init__(self) -> None:
+        self._header: Optional[tuple[bytes, np.dtype, tuple[int, ...]]] = None
+
+    def __call__(self, data) -> np.ndarray:
+        """The array in the bytes (any buffer) of one ``.npy`` file."""
+        if self._header is not None:
+            prefix, dtype, shape = self._header
+            if len(data) == len(prefix) + self._nbytes and bytes(data[: len(prefix)]) == prefix:
+                return np.frombuffer(data, dtype=dtype, offset=len(prefix)).reshape(shape)
+        array = decode_npy(bytes(data))
+        if self._header is None and array.dtype.isnative and not array.dtype.hasobject and array.flags.c_contiguous:
+            self._header = (bytes(data[: len(data) - array.nbytes]), array.dtype, array.shape)
+            self._nbytes = array.nbytes
+        return array
 
 
 def _encode_json(value: Any) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import IO, Iterator, Optional, Sequence, Union
+from typing import IO, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -68,13 +68,14 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterato
 
 
 def decode_tar_sample(
-    fields: dict, name: str = "tar", codec: Optional[str] = "raw"
+    fields: dict, name: str = "tar", codec: Optional[str] = "raw", npy: Optional[Callable[[bytes], np.ndarray]] = None
 ) -> tuple[Union[np.ndarray, bytes, None], int, dict]:
     """(image, label, json metadata) of one grouped tar sample; ManifestError when it is damaged.
 
     The image is the decoded ``KEY.npy`` array for ``codec`` raw, else the bytes of ``KEY.jpg`` or
     ``KEY.png`` as stored (``packer.codecs.decode_image`` decodes them); None for ``codec`` None
-    (an output without images).
+    (an output without images). ``npy`` decodes the ``KEY.npy`` bytes (a ``codecs.NpyDecoder``
+    to parse a shard's shared header once).
     """
     try:
         meta = CODECS["json"].decode(fields["json"]) if "json" in fields else {}
@@ -83,7 +84,7 @@ def decode_tar_sample(
         if codec is None:
             image = None
         else:
-            image = CODECS["npy"].decode(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
+            image = (npy or CODECS["npy"].decode)(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
         return image, CODECS["cls"].decode(fields["cls"]), meta
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None

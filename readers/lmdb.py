@@ -8,7 +8,7 @@ from typing import NamedTuple
 import lmdb
 import numpy as np
 
-from packer.codecs import decode_image, decode_npy
+from packer.codecs import NpyDecoder, decode_image, decode_npy
 from packer.errors import ManifestError
 from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
 from packer.manifest import ShardEntry
@@ -59,7 +59,7 @@ class _LmdbShard(NamedTuple):
     key: tuple
     txn: lmdb.Transaction
     name: str
-    header: list  # [bytes of the first image record's npy header, its dtype, its shape], once read
+    npy: NpyDecoder  # the shard's images share one npy header: parsed once
 
 
 class LmdbDataset(PackedDataset):
@@ -72,7 +72,7 @@ class LmdbDataset(PackedDataset):
         key, env = _acquire(path)
         # buffers=True: values are views of the map, valid while the transaction lives (until
         # close_shard), so an image is copied once, into its batch slot, and no sooner.
-        return _LmdbShard(key, env.begin(buffers=True), path, [])
+        return _LmdbShard(key, env.begin(buffers=True), path, NpyDecoder())
 
     def _get(self, handle: _LmdbShard, key: bytes) -> memoryview:
         value = handle.txn.get(key)
@@ -84,14 +84,7 @@ class LmdbDataset(PackedDataset):
         value = self._get(handle, lmdb_image_key(local))
         if self.manifest.image_codec != "raw":
             return decode_image(value, self.manifest.image_codec, self.manifest.preprocess["mode"])
-        if handle.header and value[: len(handle.header[0])] == handle.header[0]:
-            # Same npy header as the shard's first image (they all share dtype and shape): skip parsing it.
-            prefix, dtype, shape = handle.header
-            return np.frombuffer(value, dtype=dtype, offset=len(prefix)).reshape(shape)
-        array = decode_npy(bytes(value))
-        if not handle.header and array.dtype.isnative:
-            handle.header.extend([bytes(value[: len(value) - array.nbytes]), array.dtype, array.shape])
-        return array
+        return handle.npy(value)
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
         return decode_npy(bytes(self._get(handle, LMDB_LABELS)))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.codecs import decode_image
+from packer.codecs import NpyDecoder, decode_image
 from packer.errors import ManifestError
 from packer.layout import TAR_SUFFIX, wds_lengths_suffix
 from packer.manifest import ShardEntry
@@ -51,6 +51,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         self.epoch = 0
         self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
         self._batching: Optional[dict] = None  # set by configure_batches
+        self._npy = NpyDecoder()  # the images of an output share one npy header: parsed once
 
     def set_epoch(self, epoch: int) -> None:
         """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order).
@@ -141,7 +142,7 @@ class WdsDataset(ReaderBase, IterableDataset):
     def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
         """``(image array or None, label, key, text field values)`` of one sample's tar fields."""
         codec, mode = self.manifest.image_codec, self.manifest.preprocess.get("mode", "RGB")
-        array, label, meta = decode_tar_sample(fields, path, codec if self._stored is not None else None)
+        array, label, meta = decode_tar_sample(fields, path, codec if self._stored is not None else None, self._npy)
         texts = tuple(decode_field(f, data) for f, data in zip(self.text_fields,
                                                                 tar_fields(fields, self.text_fields, path).values()))
         if array is not None and codec != "raw":

@@ -159,3 +159,17 @@ def test_unknown_image_codec_is_refused_by_name():
         decode_image(b"RIFF", "webp")
     with pytest.raises(PackerError, match="webp"):
         encode_image(np.zeros((2, 2, 3), np.uint8), "webp")
+
+
+def test_npy_decoder_parses_a_shared_header_once_and_still_reads_others():
+    from packer.codecs import NpyDecoder, encode_npy
+
+    decode = NpyDecoder()
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (4, 5, 3), dtype=np.uint8) for _ in range(3)]
+    other = np.arange(6, dtype=np.float32).reshape(2, 3)
+    fortran = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+    for array in (*images, other, fortran, images[0]):
+        got = decode(memoryview(encode_npy(array)))
+        assert got.dtype == array.dtype and np.array_equal(got, array)
+    assert decode._header[2] == (4, 5, 3)  # the first header is the one kept

@@ -24,7 +24,7 @@ def render_report(m: Manifest) -> str:
     """Plain-text report of an output: counts, skipped files by reason, duplicates, empty classes."""
     lines = [
         f"packer {m.packer_version}: {m.samples} samples in {len(m.shards)} {m.format} shard(s) "
-        f"from {m.source.get('files', '?')} image file(s)",
+        f"from {m.source.get('files', '?')} {'image file(s)' if m.sample_fields == ('image',) else 'source samples'}",
     ]
     if m.classes is not None and m.class_counts is not None:
         lines.append("")

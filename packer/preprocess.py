@@ -40,11 +40,12 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     return decode_image(read_source(path), cfg, str(path))
 
 
-def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None) -> bytes:
+def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None,
+                limit: str = "more than any image of --max-pixels could need") -> bytes:
     """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
 
     Checked before opening: a FIFO or device named ``x.jpg`` would block or never end, and a file
-    over ``max_bytes`` would be read whole into memory.
+    over ``max_bytes`` would be read whole into memory (``limit`` says why there is one).
     """
     try:
         st = os.stat(path)
@@ -58,8 +59,7 @@ def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None) -> byt
     if st.st_size == 0:
         raise DecodeError(str(path), "empty file: 0 bytes")
     if max_bytes is not None and st.st_size > max_bytes:
-        raise DecodeError(str(path), f"file too large: {st.st_size:,} bytes, more than any image of --max-pixels "
-                                     f"could need ({max_bytes:,})")
+        raise DecodeError(str(path), f"file too large: {st.st_size:,} bytes, {limit} ({max_bytes:,})")
     try:
         with open(path, "rb") as f:
             return f.read()

@@ -126,7 +126,7 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
             if path is None:  # --allow-missing: stored empty
                 fields[f.name] = b""
                 continue
-            data = preprocess.read_source(path, max_bytes=text.MAX_TEXT_BYTES)
+            data = preprocess.read_source(path, text.MAX_TEXT_BYTES, "more than a text or json file may have")
             digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
             fields[f.name] = text_bytes(f.kind, data, path, job.text)
     except DecodeError as e:

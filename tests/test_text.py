@@ -344,3 +344,16 @@ def test_sample_texts_convert_as_the_readme_says(tmp_path):
     assert len(got) == 24 and result.skipped == [] and ds.classes == ["negative", "positive"]
     assert "\r" not in got["negative/08.txt"] and "\n" in got["negative/08.txt"]
     assert not got["positive/09.txt"].startswith("\ufeff")
+
+
+def test_a_too_large_text_file_is_skipped_saying_why(tmp_path, monkeypatch):
+    import packer.text
+
+    monkeypatch.setattr(packer.text, "MAX_TEXT_BYTES", 16)  # read in this process (workers=1 forks it too)
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "small.txt").write_text("short")
+    (src / "a" / "big.txt").write_text("x" * 100)
+    result = convert(src, tmp_path / "out", ConvertConfig("npy"), workers=1)
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert reasons == {"a/big.txt": "file too large: 100 bytes, more than a text or json file may have (16)"}

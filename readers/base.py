@@ -14,7 +14,7 @@ import os
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -367,24 +367,15 @@ class PackedDataset(ReaderBase, Dataset):
         if self.transform is not None or self.return_meta or type(self).__getitem__ is not PackedDataset.__getitem__:
             return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
         n = len(indices)
-        if not self.fixed_images:  # sizes vary, or text: no common batch tensor
+        if self._stored is not None and self._stored[1] is None:  # images of their own sizes: no batch tensor
             return [self[i] for i in indices]
+        if self.text_fields:
+            return self._text_samples(indices)
         slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
-        index = np.asarray(indices, dtype=np.int64).reshape(n)
-        index = np.where(index < 0, index + len(self), index)
-        if n and (index.min() < 0 or index.max() >= len(self)):
-            bad = int(np.asarray(indices)[(index < 0) | (index >= len(self))][0])
-            raise IndexError(f"index {bad} out of range for a dataset of {len(self)} samples")
-        shards = np.searchsorted(self._offsets, index, side="right") - 1
-        order = np.lexsort((index, shards))  # by shard, then by position in it: sequential reads
         # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
         hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
-        starts = np.flatnonzero(np.diff(shards[order], prepend=-1))
-        for first, end in zip(starts, [*starts[1:], n]):
-            rows = order[first:end]
-            shard = int(shards[rows[0]])
-            local = index[rows] - self._offsets[shard]
+        for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
                 labels[rows] = self._shard_labels(shard)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
@@ -394,6 +385,37 @@ class PackedDataset(ReaderBase, Dataset):
                     else:
                         self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
         return PackedBatch(images, torch.from_numpy(labels), slot)
+
+    def _text_samples(self, indices: list[int]) -> list[tuple]:
+        """The samples at ``indices`` of an output with text fields, as ``dataset[i]`` gives them, read
+        shard by shard (pad_collate batches them)."""
+        out: list = [None] * len(indices)
+        for shard, rows, local in self._by_shard(indices):
+            with self._reading(shard):
+                handle = self._handle(shard)
+                labels = self._shard_labels(shard)[local].tolist()
+                for j, at, label in zip(rows.tolist(), local.tolist(), labels):
+                    values = [self.convert(self._image(shard, at))] if self._stored is not None else []
+                    values += [decode_field(f, self.read_field(handle, at, f.name)) for f in self.text_fields]
+                    out[j] = (*values, label)
+        return out
+
+    def _by_shard(self, indices: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, batch rows, indices within the shard)`` for the dataset ``indices`` (negatives count
+        from the end), shard by shard and in stored order within each: sequential reads."""
+        n = len(indices)
+        index = np.asarray(indices, dtype=np.int64).reshape(n)
+        index = np.where(index < 0, index + len(self), index)
+        if n and (index.min() < 0 or index.max() >= len(self)):
+            bad = int(np.asarray(indices)[(index < 0) | (index >= len(self))][0])
+            raise IndexError(f"index {bad} out of range for a dataset of {len(self)} samples")
+        shards = np.searchsorted(self._offsets, index, side="right") - 1
+        order = np.lexsort((index, shards))
+        starts = np.flatnonzero(np.diff(shards[order], prepend=-1))
+        for first, end in zip(starts, [*starts[1:], n]):
+            rows = order[first:end]
+            shard = int(shards[rows[0]])
+            yield shard, rows, index[rows] - self._offsets[shard]
 
     @contextlib.contextmanager
     def _reading(self, shard: int):

@@ -357,3 +357,17 @@ def test_a_too_large_text_file_is_skipped_saying_why(tmp_path, monkeypatch):
     result = convert(src, tmp_path / "out", ConvertConfig("npy"), workers=1)
     reasons = {s.path: s.reason for s in result.skipped}
     assert reasons == {"a/big.txt": "file too large: 100 bytes, more than a text or json file may have (16)"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batched_reads_equal_per_sample_reads(text_outputs, fmt, tmp_path):
+    if fmt == "wds":
+        pytest.skip("tar shards are iterable: no random access by index")
+    ds = open_dataset(text_outputs[fmt, "tokens"].output)
+    indices = [4, 0, -1, 2, 4]
+    batch = ds.__getitems__(indices)
+    for got, i in zip(batch, indices):
+        ids, label = ds[i]
+        assert torch.equal(got[0], ids) and got[1] == label
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, len(ds)])

@@ -82,8 +82,9 @@ class Hdf5Dataset(PackedDataset):
         if chunks is None:
             return _Hdf5Shard(f, images, None, text=text)
         shape = images.shape[1:]
-        return _Hdf5Shard(f, images, None, np.memmap(path, dtype=np.uint8, mode="r"), chunks, images.dtype, shape,
-                          images.dtype.itemsize * int(np.prod(shape)), text)
+        mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # plain ndarray: cheaper to index
+        nbytes = images.dtype.itemsize * int(np.prod(shape))
+        return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text)
 
     def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
         if handle.mapped is not None:

@@ -348,8 +348,7 @@ class PackedDataset(ReaderBase, Dataset):
     def __getitem__(self, index: int):
         shard, local = self.locate(int(index))
         with self._reading(shard):
-            values = [self.convert(self._image(shard, local))] if self._stored is not None else []
-            values += [decode_field(f, self.read_field(self._handle(shard), local, f.name)) for f in self.text_fields]
+            values = self._values(shard, local)
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
@@ -392,13 +391,18 @@ class PackedDataset(ReaderBase, Dataset):
         out: list = [None] * len(indices)
         for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
-                handle = self._handle(shard)
                 labels = self._shard_labels(shard)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
-                    values = [self.convert(self._image(shard, at))] if self._stored is not None else []
-                    values += [decode_field(f, self.read_field(handle, at, f.name)) for f in self.text_fields]
-                    out[j] = (*values, label)
+                    out[j] = (*self._values(shard, at), label)
         return out
+
+    def _values(self, shard: int, local: int) -> list:
+        """The field values of one sample, in order: the image tensor (if any), then each text field's value."""
+        values = [self.convert(self._image(shard, local))] if self._stored is not None else []
+        if self.text_fields:
+            handle = self._handle(shard)
+            values += [decode_field(f, self.read_field(handle, local, f.name)) for f in self.text_fields]
+        return values
 
     def _by_shard(self, indices: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(shard, batch rows, indices within the shard)`` for the dataset ``indices`` (negatives count

@@ -97,11 +97,12 @@ def read_remote_file(root: str, entry: FileEntry) -> bytes:
     """The whole (small) file ``entry`` of the output at ``root``, checked against the manifest's size
     and SHA-256 (ManifestError when they differ)."""
     url = file_url(root, entry.path)
-    with open_stream(url) as f:
-        data = f.read()
-    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise ManifestError(f"{url} does not match the manifest's size and SHA-256: the remote copy is damaged or "
-                            "was changed after the manifest was written")
+    stream = _Checked(open_stream(url), url, entry, None)
+    try:
+        data = stream.read()
+        stream.finish()  # the same size and SHA-256 check as a streamed shard's
+    finally:
+        stream.close()
     return data
 
 

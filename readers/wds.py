@@ -143,8 +143,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         """``(image array or None, label, key, text field values)`` of one sample's tar fields."""
         codec, mode = self.manifest.image_codec, self.manifest.preprocess.get("mode", "RGB")
         array, label, meta = decode_tar_sample(fields, path, codec if self._stored is not None else None, self._npy)
-        texts = tuple(decode_field(f, data) for f, data in zip(self.text_fields,
-                                                                tar_fields(fields, self.text_fields, path).values()))
+        stored = tar_fields(fields, self.text_fields, path)
+        texts = tuple(decode_field(f, stored[f.name]) for f in self.text_fields)
         if array is not None and codec != "raw":
             try:
                 array = decode_image(array, codec, mode)

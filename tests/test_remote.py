@@ -141,3 +141,18 @@ def test_bad_urls_say_what_is_wrong(served):
         open_dataset("nosuchscheme://bucket/out")
     with pytest.raises(ConfigError, match="NpyDataset reads local folders only"):
         open_dataset(f"{url}/npy")
+
+
+def test_text_lengths_come_checked_from_the_url(served):
+    root, url, _ = served
+    texts = root.parent / "texts-src"
+    for i in range(5):
+        (texts / "a").mkdir(parents=True, exist_ok=True)
+        (texts / "a" / f"{i}.txt").write_text("word " * (i + 1))
+    convert(texts, root / "texts", ConvertConfig("wds", shard_size=ShardSize(samples=2)), workers=1)
+    remote = WdsDataset(f"{url}/texts")
+    assert remote.lengths().tolist() == open_dataset(root / "texts").lengths().tolist() == [5, 10, 15, 20, 25]
+    side = next(p for p in (root / "texts").iterdir() if p.name.endswith(".lengths.npy"))
+    side.write_bytes(side.read_bytes()[:-8] + b"\x01" * 8)  # same size, other bytes
+    with pytest.raises(ManifestError, match="SHA-256"):
+        WdsDataset(f"{url}/texts").lengths()

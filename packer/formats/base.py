@@ -55,6 +55,13 @@ class ImageLayout:
         return out
 
 
+def check_image(sample: Sample, layout: ImageLayout) -> None:
+    """ValueError unless ``sample`` has an image of the layout's shape (any shape when sizes vary)."""
+    if sample.image is None or (layout.shape is not None and sample.image.shape != layout.shape):
+        found = None if sample.image is None else sample.image.shape
+        raise ValueError(f"image of shape {found} in a shard of shape {layout.shape}")
+
+
 def encoded_bytes(sample: Sample, layout: ImageLayout) -> bytes:
     """What a writer stores for a sample of an encoded layout: its JPEG/PNG bytes (the worker
     encodes them once, before any writer sees the sample)."""

@@ -18,7 +18,7 @@ from typing import ClassVar, Iterator, Optional
 import h5py
 import numpy as np
 
-from packer.formats.base import ImageLayout, encoded_bytes, raw_bytes, raw_image
+from packer.formats.base import ImageLayout, check_image, encoded_bytes, raw_bytes, raw_image
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen
 from packer.layout import (
     HDF5_CRC32,
@@ -64,19 +64,16 @@ class Hdf5Writer:
 
     def add(self, sample: Sample) -> None:
         """Buffer one sample; full buffers go to the file in one write."""
-        if not self.layout.has_image:
-            pass
-        elif sample.image is None or (self.layout.shape is not None and sample.image.shape != self.layout.shape):
-            found = None if sample.image is None else sample.image.shape
-            raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
-        elif self.layout.codec.encoded:
-            self._encoded.add(encoded_bytes(sample, self.layout))
-        elif self._shapes is not None:
-            self._encoded.add(raw_bytes(sample.image, np.dtype(self.layout.dtype)))
-            self._shapes.append(sample.image.shape)
-        else:
-            self._batch[self._pending] = sample.image
-            self._pending += 1
+        if self.layout.has_image:
+            check_image(sample, self.layout)
+            if self.layout.codec.encoded:
+                self._encoded.add(encoded_bytes(sample, self.layout))
+            elif self._shapes is not None:
+                self._encoded.add(raw_bytes(sample.image, np.dtype(self.layout.dtype)))
+                self._shapes.append(sample.image.shape)
+            else:
+                self._batch[self._pending] = sample.image
+                self._pending += 1
         for name, writer in self._text.items():
             writer.add(sample.fields[name])
         self.labels.append(sample.label)

@@ -17,7 +17,7 @@ from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.formats.base import ImageLayout, encoded_bytes, raw_bytes, raw_image
+from packer.formats.base import ImageLayout, check_image, encoded_bytes, raw_bytes, raw_image
 from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen
 from packer.layout import (
     NPY_CRC32,
@@ -58,9 +58,7 @@ class NpyWriter:
     def add(self, sample: Sample) -> None:
         """Append one sample (its image must have the layout's shape) with its label and key."""
         if self.layout.has_image:
-            if sample.image is None or (self.layout.shape is not None and sample.image.shape != self.layout.shape):
-                found = None if sample.image is None else sample.image.shape
-                raise ValueError(f"image of shape {found} in a shard of shape {self.layout.shape}")
+            check_image(sample, self.layout)
             if self.layout.codec.encoded:
                 self._encoded.add(encoded_bytes(sample, self.layout))
             elif self._shapes is not None:

@@ -117,8 +117,8 @@ def cli(verbose: bool) -> None:
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
 @click.option("--full-decode", is_flag=True,
-              help="Decode large JPEGs at full size even when the target is much smaller (slower; by default "
-                   "the decoder scales them down by 2, 4 or 8 to no less than the target, pixels within a few levels).")
+              help="Decode JPEGs at full size even when the target is much smaller (slower; by default the "
+                   "decoder scales them by 5/8 or less, never below the target, pixels within a few levels).")
 @click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS,
               help="Skip images with more pixels than this (decompression-bomb protection); --size must fit too.")
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,

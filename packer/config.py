@@ -33,9 +33,10 @@ class PreprocessConfig:
     normalized values are stored. ``auto_normalize`` (uint8 only; ``mean``/``std`` are then None)
     records the converted images' own mean and std, computed while converting, as the
     normalization. Images of more than ``max_pixels`` pixels are skipped (decompression-bomb
-    protection). ``reduced_decode`` lets the JPEG decoder scale a large image down by 2, 4 or 8
-    while decoding (Pillow's draft mode) as long as it stays at least the target size: several
-    times faster on photographs, pixels within a few levels of a full decode (see draft_size).
+    protection). ``reduced_decode`` lets the JPEG decoder scale an image down by M/8 (M = 1..5)
+    while decoding as long as it stays at least the target size (packer.jpeg): 1.3x faster for
+    a 500x375 photograph to 224x224, several times for larger ones, pixels within a few levels of
+    a full decode (README, Speed).
     """
 
     size: Optional[tuple[int, int]] = (224, 224)

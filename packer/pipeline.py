@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from packer import __version__
+from packer import __version__, jpeg
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
@@ -329,6 +329,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     h = hashlib.sha256()
     options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
                "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
+    if config.preprocess.reduced_decode:  # which pixels reduced decoding gives changed once (packer.jpeg)
+        options["jpeg_scaling"] = jpeg.SCALING
     if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
     h.update(json.dumps(options, sort_keys=True).encode())

@@ -17,10 +17,14 @@ from typing import NamedTuple, Optional
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from packer import jpeg
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
 
 ORIENTATION = 0x0112  # EXIF tag
+
+Area = tuple[float, float, float, float]
+"""(left, top, right, bottom) of the picture within a decoded image, in its pixels."""
 
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -94,8 +98,8 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
-                img, original = oriented(img, cfg, path)
-                img = resize(img, cfg)
+                img, original, area = oriented(img, cfg, path, data)
+                img = resize(img, cfg, area)
                 # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
                 counts = img.histogram() if histogram else None
                 pixels = np.asarray(img)
@@ -113,37 +117,47 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
     return Decoded(pixels, original, counts)
 
 
-def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>") -> tuple[Image.Image, tuple[int, int]]:
+def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None
+             ) -> tuple[Image.Image, tuple[int, int], Optional[Area]]:
     """What ``decode`` does to an opened image before resizing: the pixel-count check, reduced JPEG
-    decoding, EXIF orientation and the colour mode. Returns the image (possibly not yet loaded:
-    Pillow decodes lazily) and its original (width, height) as displayed. Pillow's errors pass
-    through; ``decode`` turns them into DecodeError."""
+    decoding (given the file's ``data``), EXIF orientation and the colour mode.
+
+    Returns the image (possibly not yet loaded: Pillow decodes lazily), its original (width,
+    height) as displayed, and the area of the image that holds the picture (None: all of it; see
+    packer.jpeg), which ``resize`` takes. Pillow's errors pass through; ``decode`` turns them into
+    DecodeError.
+    """
     w, h = img.size
     if w * h > cfg.max_pixels:
         raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
-    turned = _transposed(img)
+    orientation = _orientation(img)
+    turned = orientation in (5, 6, 7, 8)
     original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
-    if cfg.reduced_decode and img.format == "JPEG" and cfg.size is not None:
-        img.draft(None, draft_size(original, cfg, swap=turned))
+    if (data is not None and cfg.reduced_decode and cfg.size is not None and img.format == "JPEG"
+            and img.mode in ("RGB", "L")):
+        scaled = jpeg.decode_scaled(data, (w, h), draft_size(original, cfg, swap=turned), img.mode == "L",
+                                    orientation)
+        if scaled is not None:
+            return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
     ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
-    return to_color_mode(img, cfg.mode, cfg.background), original
+    return to_color_mode(img, cfg.mode, cfg.background), original, None
 
 
-def _transposed(img: Image.Image) -> bool:
-    """Whether the EXIF orientation turns the image by 90 degrees (width and height swap)."""
+def _orientation(img: Image.Image) -> int:
+    """The EXIF orientation (1..8; 1 when absent or unreadable)."""
     try:
-        return img.getexif().get(ORIENTATION, 1) in (5, 6, 7, 8)
+        value = img.getexif().get(ORIENTATION, 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block: exif_transpose ignores it too
-        return False
+        return 1
+    return value if value in range(1, 9) else 1
 
 
 def draft_size(original: tuple[int, int], cfg: PreprocessConfig, swap: bool = False) -> tuple[int, int]:
     """The smallest decoded size (file orientation) from which the resize to ``cfg.size`` is still a
-    reduction: what ``Image.draft`` may scale a JPEG down to while decoding (by 1/2, 1/4, 1/8).
+    reduction: what the JPEG decoder may scale an image down to while decoding (packer.jpeg).
 
     No margin above the target: the decoder's DCT scaling is itself a good low-pass filter.
-    Measured on 2000x1500 photographs to 224x224: 4x faster, pixels 0.3 levels off a full decode
-    on average, 99% within 1 level, none more than 5 (scripts/bench.py --draft-check).
+    The pixel difference to a full decode is measured by ``scripts/bench.py --draft-check``.
     """
     (w, h), (tw, th) = original, cfg.size  # type: ignore[misc]
     if cfg.resize == "stretch":
@@ -192,27 +206,30 @@ def _rgb(color: tuple[int, ...]) -> tuple[int, int, int]:
     return tuple(color) * 3 if len(color) == 1 else tuple(color[:3])  # type: ignore[return-value]
 
 
-def resize(img: Image.Image, cfg: PreprocessConfig) -> Image.Image:
-    """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height)."""
+def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None) -> Image.Image:
+    """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
+    holds the picture (None: all of it)."""
     if cfg.resize == "none":
         return img
     tw, th = cfg.size  # type: ignore[misc]
-    w, h = img.size
+    x0, y0, x1, y1 = area or (0.0, 0.0, *img.size)
+    w, h = x1 - x0, y1 - y0
+    same = area is None and (w, h) == (tw, th)
     resample = _RESAMPLE[cfg.interpolation]
     if cfg.resize == "stretch":
-        return img if (w, h) == (tw, th) else img.resize((tw, th), resample)
+        return img if same else img.resize((tw, th), resample, box=(x0, y0, x1, y1))
     if cfg.resize == "shorter-crop":
         # Crop the largest centred box of the target aspect ratio, resize it in one step.
-        if (w, h) == (tw, th):
+        if same:
             return img
         scale = max(tw / w, th / h)
         cw, ch = min(w, tw / scale), min(h, th / scale)
-        left, top = max(0.0, (w - cw) / 2), max(0.0, (h - ch) / 2)
+        left, top = x0 + max(0.0, (w - cw) / 2), y0 + max(0.0, (h - ch) / 2)
         return img.resize((tw, th), resample, box=(left, top, left + cw, top + ch))
     # pad: fit inside the target, centre on a canvas of the fill colour (letterbox).
     scale = min(tw / w, th / h)
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
-    inner = img if (nw, nh) == (w, h) else img.resize((nw, nh), resample)
+    inner = img if area is None and (nw, nh) == (w, h) else img.resize((nw, nh), resample, box=(x0, y0, x1, y1))
     fill = cfg.fill[0] if img.mode == "L" else _rgb(cfg.fill)
     canvas = Image.new(img.mode, (tw, th), fill)
     canvas.paste(inner, ((tw - nw) // 2, (th - nh) // 2))

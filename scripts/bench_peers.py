@@ -1,7 +1,8 @@
 """The peer tools' side of scripts/bench.py: packer's task through WebDataset, LitData and MosaicML Streaming.
 
 Each peer converts a list of (image file, label) with its own writer, storing the raw uint8 HWC pixels that
-bench.py's ``load`` gives (the same decode + resize for every tool) and the label, then reads them back with its
+bench.py's ``load`` gives (Pillow's full decode, then the resize: the bare decode + resize floor, what these
+tools' users write) and the label, then reads them back with its
 own dataset and loader, shuffled, in batches, each sample turned into a CHW tensor the way that tool's users write
 it: float32 ``(x / 255 - mean) / std`` (ImageNet) or left uint8. Peers are optional: ``pip install -e .[bench]``.
 

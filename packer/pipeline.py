@@ -368,6 +368,8 @@ def build_manifest(
                 counts[label] += 1
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
+    if config.preprocess.reduced_decode:
+        preprocess["jpeg_scaling"] = jpeg.SCALING
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
         preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(

@@ -133,14 +133,19 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
     orientation = _orientation(img)
     turned = orientation in (5, 6, 7, 8)
     original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
-    if (data is not None and cfg.reduced_decode and cfg.size is not None and img.format == "JPEG"
-            and img.mode in ("RGB", "L")):
-        scaled = jpeg.decode_scaled(data, (w, h), draft_size(original, cfg, swap=turned), img.mode == "L",
-                                    orientation)
-        if scaled is not None:
-            return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
+    area = None
+    if cfg.reduced_decode and cfg.size is not None and img.format in ("JPEG", "MPO"):  # MPO: JPEG + more frames
+        need = draft_size(original, cfg, swap=turned)
+        if data is not None and img.mode in ("RGB", "L"):
+            scaled = jpeg.decode_scaled(data, (w, h), need, img.mode == "L", orientation)
+            if scaled is not None:
+                return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
+        # CMYK, or a file libjpeg-turbo refuses: Pillow's draft, which scales by 1/2, 1/4 or 1/8 only
+        drafted = img.draft(None, need)
+        if drafted is not None and img.size != (w, h):
+            area = jpeg.upright_area(img.size, drafted[1][2:], orientation)
     ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
-    return to_color_mode(img, cfg.mode, cfg.background), original, None
+    return to_color_mode(img, cfg.mode, cfg.background), original, area
 
 
 def _orientation(img: Image.Image) -> int:

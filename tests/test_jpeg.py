@@ -14,7 +14,7 @@ from packer.errors import DecodeError
 from packer.preprocess import decode
 
 
-def _jpeg(size=(505, 379), orientation=None, mode="RGB", quality=95, stripes=False) -> bytes:
+def _jpeg(size=(505, 379), orientation=None, mode="RGB", quality=95, stripes=False, **save) -> bytes:
     """A JPEG of gradients, photograph-like, or with sharp ``stripes`` (a resize box misplaced by a
     fraction of a pixel shows at every edge), in ``size`` as stored (not a multiple of 8 / M:
     partial last blocks), with an EXIF orientation."""
@@ -25,14 +25,28 @@ def _jpeg(size=(505, 379), orientation=None, mode="RGB", quality=95, stripes=Fal
     img = Image.fromarray(rgb.astype(np.uint8))
     if mode != "RGB":
         img = img.convert(mode)
-    extra = {}
-    if orientation:
+    if orientation is not None:
         exif = Image.Exif()
         exif[0x0112] = orientation
-        extra["exif"] = exif.tobytes()
+        save["exif"] = exif.tobytes()
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality, **extra)
+    img.save(buf, save.pop("format", "JPEG"), quality=quality, **save)
     return buf.getvalue()
+
+
+@pytest.fixture
+def scales(monkeypatch) -> list:
+    """The M of every decode_scaled call (None: it declined and Pillow decoded)."""
+    seen: list = []
+    real = jpeg.decode_scaled
+
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
+        seen.append(None if result is None else result.eighths)
+        return result
+
+    monkeypatch.setattr(jpeg, "decode_scaled", spy)
+    return seen
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -49,12 +63,14 @@ def test_eighths_is_the_smallest_scale_that_keeps_the_target():
     assert jpeg.eighths_for((800, 600), (100, 150)) == 2  # the tighter side decides
 
 
-@pytest.mark.parametrize("orientation", [1, 3, 6])
+@pytest.mark.parametrize("orientation", range(1, 9))
 @pytest.mark.parametrize("resize", ["shorter-crop", "stretch", "pad"])
-def test_scaled_decode_is_close_to_a_full_decode(resize, orientation):
+def test_scaled_decode_is_close_to_a_full_decode(resize, orientation, scales):
     data = _jpeg(orientation=orientation)
     full = decode(data, PreprocessConfig(size=(160, 120), resize=resize, reduced_decode=False))
     scaled = decode(data, PreprocessConfig(size=(160, 120), resize=resize))
+    # 505 x 379 needs 160 x 120 (3/8); turned upright it needs 214 x 160 cropped or stretched (4/8), 91 x 120 padded
+    assert scales == [3 if orientation < 5 else 2 if resize == "pad" else 4]
     assert scaled.original_size == full.original_size == ((379, 505) if orientation >= 5 else (505, 379))
     diff = _diff(scaled.pixels, full.pixels)
     assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 4
@@ -67,7 +83,7 @@ _UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4
 
 @pytest.mark.parametrize("orientation", range(2, 9))
 @pytest.mark.parametrize("resize", ["shorter-crop", "stretch"])
-def test_every_orientation_resizes_the_same_source_pixels(orientation, resize):
+def test_every_orientation_resizes_the_same_source_pixels(orientation, resize, scales):
     """An image stored turned gives the upright image turned: the resize box sits on the same pixels
     whichever side the partial last block ends up on (505 * 3 / 8 = 189.375: 0.6 of a pixel). (Not
     for pad, whose letterbox is placed by rounding down, so a flip moves it by a pixel.)"""
@@ -76,6 +92,7 @@ def test_every_orientation_resizes_the_same_source_pixels(orientation, resize):
     turned = decode(_jpeg(orientation=orientation, stripes=True), cfg)
     assert turned.original_size == ((379, 505) if orientation >= 5 else (505, 379))
     expected = np.asarray(Image.fromarray(upright).transpose(_UPRIGHT[orientation]))
+    assert scales == [3, 3]  # both decoded scaled: 379 * 3 / 8 = 142.1 >= 140
     assert _diff(turned.pixels, expected).max() <= 2  # rounding only; a box 0.6 pixel off: 30+ at the edges
 
 
@@ -103,21 +120,78 @@ def test_a_truncated_large_jpeg_is_still_explained():
 
 
 @pytest.mark.parametrize("source,target", [("L", "RGB"), ("L", "L"), ("RGB", "L")])
-def test_gray_and_colour_sources(source, target):
-    data = _jpeg(mode=source)
+def test_gray_and_colour_sources(source, target, scales):
+    data = _jpeg(mode=source, orientation=6)
     full = decode(data, PreprocessConfig(size=(160, 120), mode=target, reduced_decode=False))
     scaled = decode(data, PreprocessConfig(size=(160, 120), mode=target))
+    assert scales == [4]
     assert scaled.pixels.shape == full.pixels.shape == (120, 160, 3 if target == "RGB" else 1)
     assert _diff(scaled.pixels, full.pixels).mean() < 1.0
 
 
-def test_cmyk_jpegs_are_decoded_in_full_by_pillow():
-    data = _jpeg(mode="CMYK")
-    full = decode(data, PreprocessConfig(size=(160, 120), reduced_decode=False))
-    assert np.array_equal(decode(data, PreprocessConfig(size=(160, 120))).pixels, full.pixels)
+def _resized_from(monkeypatch) -> list:
+    """The sizes of the images Pillow resizes from."""
+    sizes: list = []
+    real = Image.Image.resize
+
+    def spy(self, size, *args, **kwargs):
+        sizes.append(self.size)
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    return sizes
 
 
-def test_no_scaling_gives_exactly_the_full_decode():
-    data = _jpeg(size=(260, 200))  # to 224: M = 7 is not used
+def test_jpegs_libjpeg_turbo_does_not_take_fall_back_to_pillows_draft(monkeypatch, scales):
+    """CMYK, and a file with bytes libjpeg-turbo calls corrupt but can skip (Pillow decodes it):
+    Pillow still scales them while decoding, by 1/4 (its choices: 1/2, 1/4, 1/8), where libjpeg-turbo's
+    would have been 3/8."""
+    sizes = _resized_from(monkeypatch)
+    good = _jpeg(size=(1010, 758))
+    extraneous = good[:20] + b"\x00\x00\x00" + good[20:]  # between the JFIF header and the next marker
+    cmyk = _jpeg(size=(1010, 758), mode="CMYK")
+    for data in (extraneous, cmyk):
+        full = decode(data, PreprocessConfig(size=(160, 120), reduced_decode=False)).pixels
+        reduced = decode(data, PreprocessConfig(size=(160, 120))).pixels
+        assert _diff(reduced, full).mean() < 1.5
+    assert scales == [None]  # libjpeg-turbo refused the first; the CMYK file never asks it
+    assert sizes == [(1010, 758), (253, 190)] * 2
+
+
+def test_mpo_progressive_and_odd_orientations_are_scaled(scales):
+    rgb = np.asarray(Image.open(io.BytesIO(_jpeg())))
+    second = Image.fromarray(rgb[::-1].copy())
+    datas = [_jpeg(format="MPO", save_all=True, append_images=[second]), _jpeg(progressive=True),
+             _jpeg(orientation=0), _jpeg(orientation=9)]
+    assert Image.open(io.BytesIO(datas[0])).format == "MPO"
+    full = decode(datas[1], PreprocessConfig(size=(160, 120), reduced_decode=False)).pixels
+    for data in datas:
+        scaled = decode(data, PreprocessConfig(size=(160, 120)))
+        assert scaled.original_size == (505, 379)  # 0 and 9 are not orientations: the image stays as stored
+        assert _diff(scaled.pixels, full).mean() < 1.0
+    assert scales == [3] * 4
+
+
+def test_no_scaling_gives_exactly_the_full_decode(scales):
+    data = _jpeg(size=(350, 350))  # to 224: 5.12 / 8 of the size is needed, M = 6 is not used
     full = decode(data, PreprocessConfig(reduced_decode=False))
     assert np.array_equal(decode(data, PreprocessConfig()).pixels, full.pixels)
+    assert scales == [None]
+
+
+def test_tiny_images_are_not_scaled():
+    assert jpeg.decode_scaled(_jpeg(size=(7, 40)), (7, 40), (1, 5), gray=False) is None
+
+
+def test_the_manifest_records_how_jpegs_were_scaled(tmp_path):
+    from packer import ConvertConfig, convert
+    from packer.manifest import read_manifest
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "one.jpg").write_bytes(_jpeg())
+    for reduced, out in ((True, "scaled"), (False, "full")):
+        cfg = ConvertConfig("npy", PreprocessConfig(size=(160, 120), reduced_decode=reduced))
+        convert(tmp_path / "src", tmp_path / out, cfg, workers=1)
+        pre = read_manifest(tmp_path / out).preprocess
+        assert pre.get("jpeg_scaling") == (jpeg.SCALING if reduced else None)
+        assert PreprocessConfig.from_dict(pre) == cfg.preprocess

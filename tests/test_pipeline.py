@@ -14,7 +14,7 @@ from conftest import FORMATS, write_image
 from PIL import Image
 
 import packer.pipeline
-from packer import ConvertConfig, PreprocessConfig, convert
+from packer import ConvertConfig, PreprocessConfig, convert, jpeg
 from packer.config import DEFAULT_SHARD_BYTES, ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ConfigError, InputError, OutputError
@@ -251,7 +251,8 @@ def test_convert_end_to_end(image_tree, tmp_path, fmt, workers):
     assert result.ignored == {".txt": 1}
     assert m.fields["image"]["shape"] == [12, 16, 3]
     assert m.preprocess == PRE.to_dict() | {"size": [16, 12], "fill": [0, 0, 0], "background": [255, 255, 255],
-                                            "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)}}
+                                            "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)},
+                                            "jpeg_scaling": jpeg.SCALING}
     assert m.sharding == {"shard_size": "auto", "balanced_for_workers": workers, "shuffle_seed": None}
     check_files(out, m)
     assert result.bytes == sum(f.bytes for s in m.shards for f in s.files)

@@ -21,15 +21,15 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-SCALING = "libjpeg-turbo M/8, M <= 5"
-"""How ``reduced_decode`` scales JPEGs; manifests and resume fingerprints record it (outputs
-without it that have ``reduced_decode`` used Pillow's draft: 1/2, 1/4, 1/8)."""
-
 MAX_EIGHTHS = 5
 """Largest M used. Decoding at 6/8 or 7/8 is slower than at full size in libjpeg-turbo, and the
 smaller resize after it hardly makes up for that. On the benchmark's 500x375 JPEGs, one process:
 decode 1.7 and 2.1 ms at M = 6 and 7 against 1.3 ms in full; decode + resize 1.1x faster at
 M = 6, 0.9x at M = 7, 1.3x at M = 5, 1.8x at M = 4."""
+
+SCALING = f"libjpeg-turbo M/8, M <= {MAX_EIGHTHS}"
+"""How ``reduced_decode`` scales JPEGs; manifests and resume fingerprints record it (outputs
+without it that have ``reduced_decode`` used Pillow's draft: 1/2, 1/4, 1/8)."""
 
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,

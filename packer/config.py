@@ -115,6 +115,10 @@ class PreprocessConfig:
             d["normalize"] = AUTO
         d.pop("mean", None)
         d.pop("std", None)
+        if self.reduced_decode:  # how: a record, so that a change of the method changes the fingerprint too
+            from packer.jpeg import SCALING
+
+            d["jpeg_scaling"] = SCALING
         return d
 
     @classmethod

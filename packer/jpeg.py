@@ -10,7 +10,8 @@ takes any M.
 Pixel (i, j) of an image scaled by M/8 covers exactly the source area [8i/M, 8(i+1)/M) x
 [8j/M, 8(j+1)/M); the last row and column are partial when the size is not a multiple of 8/M.
 ``ScaledJpeg.area`` says where the whole picture lies, so that the resize that follows places
-its box on the same source pixels as a full decode would.
+its box on the same source pixels as a full decode would. ``upright`` and ``upright_area`` turn
+any decoded image (Pillow's too) by its EXIF orientation.
 """
 
 from __future__ import annotations
@@ -85,10 +86,14 @@ def decode_scaled(data: bytes, size: tuple[int, int], need: tuple[int, int], gra
         return None
     if pixels.shape[:2] != (out_h, out_w):  # another factor than asked for: not worth guessing
         return None
-    image = Image.fromarray(np.squeeze(pixels, axis=2) if gray else pixels, "L" if gray else "RGB")
-    if orientation in _TRANSPOSE:
-        image = image.transpose(_TRANSPOSE[orientation])
+    image = upright(Image.fromarray(np.squeeze(pixels, axis=2) if gray else pixels, "L" if gray else "RGB"),
+                    orientation)
     return ScaledJpeg(image, upright_area((out_w, out_h), (w * m / 8, h * m / 8), orientation), m)
+
+
+def upright(image: Image.Image, orientation: int) -> Image.Image:
+    """``image`` turned as its EXIF ``orientation`` says (itself for 1 or an unknown value)."""
+    return image.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else image
 
 
 def upright_area(size: tuple[int, int], exact: tuple[float, float], orientation: int

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from packer import __version__, jpeg
+from packer import __version__
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import IMAGE_EXTENSIONS, Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
@@ -258,8 +258,7 @@ def _convert_locked(
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
-    items = stored_order(found.items, config.shuffle)
-    tasks = plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), plan_workers)
+    tasks = plan_tasks(found, config, layout, plan_workers)
     fingerprint = plan_fingerprint(config, tasks, run.strict)
     finished: dict[str, ShardResult] = {}
     if run.resume and previous is None:
@@ -282,16 +281,10 @@ def _convert_locked(
         write_plan(stage, {"fingerprint": fingerprint, "workers": plan_workers})
     if on_plan is not None:
         on_plan(found, tasks)
-    if progress is not None:
-        done_items = sum(len(t.items) for t in tasks if t.name in finished)
-        if done_items:
-            progress(done_items)
     try:
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text)
                 for i, t in enumerate(tasks)]
-        todo = [j for j in jobs if j.task.name not in finished]
-        fresh = executor.run(todo, progress=progress, timeout=run.timeout,
-                             on_result=lambda job, result: record_shard(stage, result)) if todo else []
+        todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
@@ -315,6 +308,28 @@ def _convert_locked(
     return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
 
 
+def plan_tasks(found: Discovery, config: ConvertConfig, layout: ImageLayout, workers: int) -> list[ShardTask]:
+    """The shards of a conversion of ``found``: its samples in stored order, cut by ``plan_shards``."""
+    items = stored_order(found.items, config.shuffle)
+    return plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), workers)
+
+
+def run_unfinished(
+    executor: Executor, jobs: list[ShardJob], finished: dict[str, ShardResult], stage: Path,
+    progress: Optional[ProgressFn], timeout: float,
+) -> tuple[list[ShardJob], list[ShardResult]]:
+    """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each result
+    recorded in ``stage`` for --resume as it comes. Returns the jobs run and their results."""
+    if progress is not None:
+        done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
+        if done_items:
+            progress(done_items)
+    todo = [j for j in jobs if j.task.name not in finished]
+    fresh = executor.run(todo, progress=progress, timeout=timeout,
+                         on_result=lambda job, result: record_shard(stage, result)) if todo else []
+    return todo, fresh
+
+
 def _describe_os_error(e: OSError) -> str:
     where = f" ({e.filename})" if e.filename else ""
     hint = {28: "; free some space or write elsewhere", 13: "; check the folder's permissions",
@@ -329,8 +344,6 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     h = hashlib.sha256()
     options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
                "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
-    if config.preprocess.reduced_decode:  # which pixels reduced decoding gives changed once (packer.jpeg)
-        options["jpeg_scaling"] = jpeg.SCALING
     if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
     h.update(json.dumps(options, sort_keys=True).encode())
@@ -368,8 +381,6 @@ def build_manifest(
                 counts[label] += 1
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
-    if config.preprocess.reduced_decode:
-        preprocess["jpeg_scaling"] = jpeg.SCALING
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
         preprocess["normalize"] = auto_normalize(stats["pixels"])
     return Manifest(

@@ -15,7 +15,7 @@ import warnings
 from typing import NamedTuple, Optional
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from packer import jpeg
 from packer.config import PreprocessConfig
@@ -144,15 +144,14 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
         drafted = img.draft(None, need)
         if drafted is not None and img.size != (w, h):
             area = jpeg.upright_area(img.size, drafted[1][2:], orientation)
-    ImageOps.exif_transpose(img, in_place=True)  # no copy when there is no rotation
-    return to_color_mode(img, cfg.mode, cfg.background), original, area
+    return to_color_mode(jpeg.upright(img, orientation), cfg.mode, cfg.background), original, area
 
 
 def _orientation(img: Image.Image) -> int:
     """The EXIF orientation (1..8; 1 when absent or unreadable)."""
     try:
         value = img.getexif().get(ORIENTATION, 1)
-    except Exception:  # noqa: BLE001 - a broken EXIF block: exif_transpose ignores it too
+    except Exception:  # noqa: BLE001 - a broken EXIF block: shown as stored
         return 1
     return value if value in range(1, 9) else 1
 

@@ -35,7 +35,6 @@ from packer.output import (
     lock_output,
     publish,
     read_plan,
-    record_shard,
     recover,
     release_output,
     remove_tree,
@@ -46,12 +45,11 @@ from packer.pipeline import (
     ConvertResult,
     build_manifest,
     discover_checked,
-    estimate_sample_bytes,
     plan_fingerprint,
-    plan_shards,
+    plan_tasks,
+    run_unfinished,
     sample_layout,
     source_counts,
-    stored_order,
 )
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.report import REPORT_NAME, write_report
@@ -132,8 +130,7 @@ def convert_node(
     layout = sample_layout(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     plan_workers = executor.workers * node.nodes
-    items = stored_order(found.items, config.shuffle)
-    tasks = plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), plan_workers)
+    tasks = plan_tasks(found, config, layout, plan_workers)
     plan = {
         "fingerprint": plan_fingerprint(config, tasks, strict),
         "workers": plan_workers,
@@ -150,12 +147,7 @@ def convert_node(
         finished = finished_shards(stage, [j.task.name for j in jobs])
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
-        done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
-        if progress is not None and done_items:
-            progress(done_items)
-        todo = [j for j in jobs if j.task.name not in finished]
-        fresh = executor.run(todo, progress=progress, timeout=timeout,
-                             on_result=lambda job, result: record_shard(stage, result)) if todo else []
+        todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
     except OSError as e:
         raise OutputError(f"cannot write into {staging_dir(output)}: {e.strerror or e}") from None
     finally:

@@ -18,6 +18,7 @@ from packer.config import ImageCodec
 from packer.errors import ConfigError
 from packer.formats import SCANNERS, WRITERS, ImageLayout, get_writer
 from packer.formats.lmdb import LmdbWriter
+from packer.formats.wds import ustar_header
 from packer.manifest import ShardEntry, file_entry
 from packer.records import Sample
 
@@ -274,6 +275,34 @@ def test_wds_tar_members(tmp_path, n):
             assert meta == {"key": s.key, "label": s.label, "crc32": zlib.crc32(s.image.tobytes())}
             image = np.load(io.BytesIO(tar.extractfile(f"{key}.npy").read()), allow_pickle=False)
             assert np.array_equal(image, s.image)
+
+
+def _tarfile_header(name, size):
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o444
+    info.uname = info.gname = "packer"
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("name,size", [
+    ("000000007.npy", 150_656), ("000000007.cls", 1), ("000000007.json", 0), ("000000007.tokens.npy", 8**11 - 1),
+    ("n" * 100, 513),  # the longest name the template takes
+    ("d" * 80 + "/" + "n" * 40, 5),  # longer: tarfile splits it into prefix and name
+    ("clåss/ü.txt", 3),  # not ASCII: tarfile encodes it
+])
+def test_ustar_header_is_what_tarfile_writes(name, size):
+    header = ustar_header(name, size)
+    parsed = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")  # also checks the checksum
+    assert (parsed.name, parsed.size, parsed.mode, parsed.mtime, parsed.uid, parsed.gid, parsed.uname, parsed.gname,
+            parsed.type) == (name, size, 0o444, 0, 0, 0, "packer", "packer", tarfile.REGTYPE)
+    expected = _tarfile_header(name, size)
+    if expected[329:345] == bytes(16):  # tarfile leaves the device fields of a file empty (3.11.4 and later)
+        assert header == expected
+
+
+def test_ustar_header_refuses_what_ustar_cannot_hold():
+    with pytest.raises(ValueError):  # 8 GiB and more needs 12 octal digits; tarfile refuses it too
+        ustar_header("big.npy", 8**11)
 
 
 def test_wds_empty_shard_is_a_valid_tar(tmp_path):

@@ -7,6 +7,10 @@ the resize work on pixels that would only be averaged away. Pillow exposes this 
 larger than the target (500x375 to 224: M = 5). simplejpeg (libjpeg-turbo's TurboJPEG API)
 takes any M.
 
+``plain_header`` recognizes the JPEGs that need nothing from Pillow at all (no EXIF or XMP
+segment, so no orientation; YCbCr, RGB or gray): for those ``preprocess.decode`` skips
+``Image.open``, whose parsing of every marker in Python costs 0.2 ms, 6% of a whole decode.
+
 Pixel (i, j) of an image scaled by M/8 covers exactly the source area [8i/M, 8(i+1)/M) x
 [8j/M, 8(j+1)/M); the last row and column are partial when the size is not a multiple of 8/M.
 ``ScaledJpeg.area`` says where the whole picture lies, so that the resize that follows places
@@ -57,6 +61,48 @@ class ScaledJpeg(NamedTuple):
     image: Image.Image
     area: tuple[float, float, float, float]
     eighths: int
+
+
+SOI = b"\xff\xd8\xff"
+"""How every JPEG file begins (start of image, then the first marker)."""
+
+_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM: markers without a length
+
+
+def plain_header(data: bytes) -> Optional[tuple[int, int, bool]]:
+    """``(width, height, gray)`` of a JPEG that can be decoded without Pillow: no APP1 segment before
+    the scan (APP1 holds EXIF and XMP, where Pillow finds an orientation) and YCbCr, RGB or gray
+    pixels. None for anything else (CMYK, an orientation, not a JPEG, a damaged header): Pillow
+    opens those, and explains their errors."""
+    if not data.startswith(SOI) or not _without_app1(data):
+        return None
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, RuntimeError):
+        return None
+    if colorspace not in ("YCbCr", "RGB", "Gray"):
+        return None
+    return width, height, colorspace == "Gray"
+
+
+def _without_app1(data: bytes) -> bool:
+    """True when the JPEG's segments up to its first scan are well formed and none is APP1."""
+    i, end = 2, len(data) - 4
+    while i <= end:
+        if data[i] != 0xFF:
+            return False
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker == 0xDA:  # start of scan: the headers are over
+            return True
+        elif marker == 0xE1:
+            return False
+        elif marker in _STANDALONE:
+            i += 2
+        else:
+            i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
 
 
 def eighths_for(size: tuple[int, int], need: tuple[int, int]) -> int:

@@ -97,12 +97,14 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
         with warnings.catch_warnings():
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
+            header = jpeg.plain_header(data) if cfg.reduced_decode and cfg.size is not None else None
+            if header is not None:
+                plain = plain_jpeg(data, header, cfg, path)
+                if plain is not None:
+                    return _resized(*plain, cfg, histogram)
             with Image.open(io.BytesIO(data)) as img:
-                img, original, area = oriented(img, cfg, path, data)
-                img = resize(img, cfg, area)
-                # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
-                counts = img.histogram() if histogram else None
-                pixels = np.asarray(img)
+                # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
+                return _resized(*oriented(img, cfg, path, None if header else data), cfg, histogram)
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -112,9 +114,32 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError, struct.error, IndexError, TypeError) as e:
         # Pillow's plugins report truncated and corrupt data with all of these.
         raise DecodeError(path, f"corrupt or truncated image: {e or type(e).__name__}") from None
+
+
+def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
+             histogram: bool) -> Decoded:
+    """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
+    img = resize(img, cfg, area)
+    # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
+    counts = img.histogram() if histogram else None
+    pixels = np.asarray(img)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     return Decoded(pixels, original, counts)
+
+
+def plain_jpeg(data: bytes, header: tuple[int, int, bool], cfg: PreprocessConfig, path: str = "<bytes>"
+               ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+    """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
+    ``jpeg.plain_header``, when it is scaled while decoding; None when it is not (not worth it, or
+    libjpeg-turbo refuses the file): Pillow decodes it then. The pixels are those ``oriented``
+    would give: the same libjpeg-turbo decoding, only the header is read without Pillow."""
+    w, h, gray = header
+    _check_pixels(w, h, cfg, path)
+    scaled = jpeg.decode_scaled(data, (w, h), draft_size((w, h), cfg), gray)
+    if scaled is None:
+        return None
+    return to_color_mode(scaled.image, cfg.mode, cfg.background), (w, h), scaled.area
 
 
 def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None
@@ -128,8 +153,7 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
     DecodeError.
     """
     w, h = img.size
-    if w * h > cfg.max_pixels:
-        raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
+    _check_pixels(w, h, cfg, path)
     orientation = _orientation(img)
     turned = orientation in (5, 6, 7, 8)
     original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
@@ -145,6 +169,11 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
         if drafted is not None and img.size != (w, h):
             area = jpeg.upright_area(img.size, drafted[1][2:], orientation)
     return to_color_mode(jpeg.upright(img, orientation), cfg.mode, cfg.background), original, area
+
+
+def _check_pixels(w: int, h: int, cfg: PreprocessConfig, path: str) -> None:
+    if w * h > cfg.max_pixels:
+        raise DecodeError(path, f"too many pixels: {w}x{h} = {w * h:,} > --max-pixels {cfg.max_pixels:,}")
 
 
 def _orientation(img: Image.Image) -> int:

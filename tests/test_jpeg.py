@@ -195,3 +195,48 @@ def test_the_manifest_records_how_jpegs_were_scaled(tmp_path):
         pre = read_manifest(tmp_path / out).preprocess
         assert pre.get("jpeg_scaling") == (jpeg.SCALING if reduced else None)
         assert PreprocessConfig.from_dict(pre) == cfg.preprocess
+
+
+def _with_app1(data: bytes, payload: bytes) -> bytes:
+    """``data`` with an APP1 segment holding ``payload`` right after the start-of-image marker."""
+    return data[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+
+
+@pytest.mark.parametrize("save", [{}, {"subsampling": 0}, {"progressive": True}, {"mode": "L"}, {"size": (379, 505)}])
+def test_plain_jpegs_skip_pillows_parser_with_the_same_result(monkeypatch, save, scales):
+    data = _jpeg(**save)
+    assert jpeg.plain_header(data) is not None
+    cfg = PreprocessConfig(size=(160, 120))
+    with monkeypatch.context() as m:
+        m.setattr(jpeg, "plain_header", lambda data: None)  # every file through Image.open, as before
+        via_pillow = decode(data, cfg, histogram=True)
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("Image.open was called for a plain JPEG")
+
+    monkeypatch.setattr(Image, "open", no_open)
+    plain = decode(data, cfg, histogram=True)
+    assert np.array_equal(plain.pixels, via_pillow.pixels)
+    assert plain.histogram == via_pillow.histogram and plain.original_size == via_pillow.original_size
+    assert len(scales) == 2 and scales[0] == scales[1] in (3, 4)  # scaled alike both ways (3/8, 4/8 portrait)
+
+
+def test_orientations_in_exif_or_xmp_are_left_to_pillow():
+    xmp = (b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+           b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+           b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+    for data in (_jpeg(orientation=6), _with_app1(_jpeg(), xmp)):
+        assert jpeg.plain_header(data) is None
+        assert decode(data, PreprocessConfig(size=(160, 120))).original_size == (379, 505)  # turned upright
+
+
+def test_plain_header_declines_what_it_cannot_vouch_for():
+    good = _jpeg()
+    assert jpeg.plain_header(good) == (505, 379, False)
+    assert jpeg.plain_header(_jpeg(mode="L")) == (505, 379, True)
+    assert jpeg.plain_header(_jpeg(mode="CMYK")) is None
+    assert jpeg.plain_header(_jpeg(format="PNG")) is None
+    assert jpeg.plain_header(good[:40]) is None  # cut inside the headers
+    assert jpeg.plain_header(good[:2] + b"\x00" + good[3:]) is None  # a segment that is not a marker
+    with pytest.raises(DecodeError, match="corrupt or truncated"):
+        decode(good[:40], PreprocessConfig(size=(160, 120)))  # Pillow explains it, as before

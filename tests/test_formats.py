@@ -223,7 +223,7 @@ def test_lmdb_variable_shapes(tmp_path):
 
 
 def test_lmdb_map_grows_from_tiny(tmp_path, monkeypatch):
-    """A map far too small for the data grows on MapFullError; nothing is lost."""
+    """A map far too small for the data grows before it could fill; nothing is lost."""
 
     class TinyMap(LmdbWriter):
         def __init__(self, *args, **kwargs):
@@ -239,6 +239,25 @@ def test_lmdb_map_grows_from_tiny(tmp_path, monkeypatch):
     files = writer.close()
     assert writer._map_size > 32 * 1024
     check_lmdb(tmp_path / files[0], samples)
+
+
+@pytest.mark.parametrize("commit_bytes", [1, 30_000, 10**9])
+def test_lmdb_map_never_fills_whatever_the_sizes(tmp_path, monkeypatch, commit_bytes):
+    """Values from a few bytes to several pages, around page boundaries, from the smallest map, with
+    a commit after every sample, every few, or only at the end: the map's growth comes first."""
+    monkeypatch.setattr(lmdb_format, "COMMIT_BYTES", commit_bytes)
+    monkeypatch.setattr(lmdb_format, "VARIABLE_SIZE_GUESS", 1)
+    rng = np.random.default_rng(5)
+    shapes = [(1, 1, 3), (1, 1341, 3), (1, 1366, 3), (1, 1367, 3), (40, 100, 3)]
+    shapes += [(int(rng.integers(1, 60)), int(rng.integers(1, 90)), 3) for _ in range(300)]
+    samples = [Sample(i, f"k{i}" * int(rng.integers(1, 40)), np.full(shape, i % 256, np.uint8), i)
+               for i, shape in enumerate(shapes)]
+    writer = LmdbWriter(tmp_path, "shard-00000", ImageLayout("uint8", None, 3), 1)
+    writer._map_size = 32 * 1024
+    writer._env.set_mapsize(writer._map_size)
+    for s in samples:
+        writer.add(s)
+    check_lmdb(tmp_path / writer.close()[0], samples)
 
 
 def test_lmdb_map_grows_with_underestimated_variable_size(tmp_path, monkeypatch):

@@ -57,18 +57,17 @@ class NpyDecoder:
     the value is). Values with another header are parsed as usual."""
 
     def __init__(self) -> None:
-        self._header: Optional[tuple[bytes, np.dtype, tuple[int, ...]]] = None
+        self._header: Optional[tuple[bytes, np.dtype, tuple[int, ...], int]] = None  # prefix, dtype, shape, nbytes
 
     def __call__(self, data) -> np.ndarray:
         """The array in the bytes (any buffer) of one ``.npy`` file."""
         if self._header is not None:
-            prefix, dtype, shape = self._header
-            if len(data) == len(prefix) + self._nbytes and bytes(data[: len(prefix)]) == prefix:
+            prefix, dtype, shape, nbytes = self._header
+            if len(data) == len(prefix) + nbytes and bytes(data[: len(prefix)]) == prefix:
                 return np.frombuffer(data, dtype=dtype, offset=len(prefix)).reshape(shape)
         array = decode_npy(bytes(data))
         if self._header is None and array.dtype.isnative and not array.dtype.hasobject and array.flags.c_contiguous:
-            self._header = (bytes(data[: len(data) - array.nbytes]), array.dtype, array.shape)
-            self._nbytes = array.nbytes
+            self._header = (bytes(data[: len(data) - array.nbytes]), array.dtype, array.shape, array.nbytes)
         return array
 
 

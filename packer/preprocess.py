@@ -136,10 +136,20 @@ def plain_jpeg(data: bytes, header: tuple[int, int, bool], cfg: PreprocessConfig
     would give: the same libjpeg-turbo decoding, only the header is read without Pillow."""
     w, h, gray = header
     _check_pixels(w, h, cfg, path)
-    scaled = jpeg.decode_scaled(data, (w, h), draft_size((w, h), cfg), gray)
+    return _scaled_jpeg(data, (w, h), gray, 1, cfg)
+
+
+def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig
+                 ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+    """libjpeg-turbo's decoding of the JPEG ``data`` of ``size`` (as stored) scaled for ``cfg.size``,
+    turned by its EXIF ``orientation`` and in ``cfg``'s colour mode, as ``oriented`` returns it; None
+    when libjpeg-turbo does not scale it (not worth it, or it refuses the file)."""
+    turned = orientation in (5, 6, 7, 8)
+    original = (size[1], size[0]) if turned else size  # as displayed
+    scaled = jpeg.decode_scaled(data, size, draft_size(original, cfg, swap=turned), gray, orientation)
     if scaled is None:
         return None
-    return to_color_mode(scaled.image, cfg.mode, cfg.background), (w, h), scaled.area
+    return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
 
 
 def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None
@@ -159,13 +169,12 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
     original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
     area = None
     if cfg.reduced_decode and cfg.size is not None and img.format in ("JPEG", "MPO"):  # MPO: JPEG + more frames
-        need = draft_size(original, cfg, swap=turned)
         if data is not None and img.mode in ("RGB", "L"):
-            scaled = jpeg.decode_scaled(data, (w, h), need, img.mode == "L", orientation)
+            scaled = _scaled_jpeg(data, (w, h), img.mode == "L", orientation, cfg)
             if scaled is not None:
-                return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
+                return scaled
         # CMYK, or a file libjpeg-turbo refuses: Pillow's draft, which scales by 1/2, 1/4 or 1/8 only
-        drafted = img.draft(None, need)
+        drafted = img.draft(None, draft_size(original, cfg, swap=turned))
         if drafted is not None and img.size != (w, h):
             area = jpeg.upright_area(img.size, drafted[1][2:], orientation)
     return to_color_mode(jpeg.upright(img, orientation), cfg.mode, cfg.background), original, area

@@ -71,6 +71,7 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     die_with_parent()
     release_stop_signals()  # held back by the parent while it forked this process
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
+    preprocess.keep_image_memory()
 
     def at(position: int) -> None:
         try:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from packer.config import PreprocessConfig  # noqa: E402
 from packer.discover import discover  # noqa: E402
 from packer.formats import WRITERS  # noqa: E402
-from packer.preprocess import load_image  # noqa: E402
+from packer.preprocess import keep_image_memory, load_image  # noqa: E402
 from packer.system import usable_cpus  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
 from readers.advisor import FolderDataset, PeakMemory  # noqa: E402
@@ -75,7 +75,8 @@ def load(path: str) -> np.ndarray:
 
 
 def load_packer(path: str) -> np.ndarray:
-    """packer's own decode + resize with the default options: JPEGs scaled while decoding (packer.jpeg)."""
+    """packer's own decode + resize with the default options: JPEGs scaled while decoding (packer.jpeg).
+    ``floor`` runs it in processes set up as packer's workers (``preprocess.keep_image_memory``)."""
     return load_image(path, PreprocessConfig())
 
 
@@ -87,8 +88,9 @@ def _decode_all(fn: Callable[[str], np.ndarray], paths: list[str]) -> int:
 
 def floor(paths: list[str], workers: int, fn: Callable[[str], np.ndarray] = load) -> float:
     """Images/s of ``fn`` (bare decode + resize, no writing) in ``workers`` processes."""
+    setup = keep_image_memory if fn is load_packer else None
     start = time.perf_counter()
-    with get_context("fork").Pool(workers) as pool:
+    with get_context("fork").Pool(workers, initializer=setup) as pool:
         done = sum(pool.map(partial(_decode_all, fn), [paths[k::workers] for k in range(workers)]))
     return done / (time.perf_counter() - start)
 

@@ -3,6 +3,8 @@
 import hashlib
 import io
 import json
+import os
+import sys
 import tarfile
 import time
 
@@ -14,6 +16,7 @@ from conftest import FORMATS, write_image
 from PIL import Image
 
 import packer.pipeline
+import packer.preprocess
 from packer import ConvertConfig, PreprocessConfig, convert, jpeg
 from packer.config import DEFAULT_SHARD_BYTES, ImageCodec, ShardSize
 from packer.discover import discover
@@ -411,6 +414,16 @@ def test_progress_with_worker_processes(image_tree, tmp_path):
     seen = []
     convert(image_tree, tmp_path / "out", ConvertConfig("wds", PRE), workers=2, progress=seen.append)
     assert sum(seen) == 15
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the patched function reaches the workers through fork")
+def test_every_worker_keeps_pillows_image_memory(image_tree, tmp_path, monkeypatch):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setattr(packer.preprocess, "keep_image_memory", lambda: (marks / str(os.getpid())).touch())
+    convert(image_tree, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=2)
+    assert len(list(marks.iterdir())) == 3  # one process per shard, none in the converter itself
+    assert not (marks / str(os.getpid())).exists()
 
 
 def test_output_parent_created(image_tree, tmp_path):

@@ -7,7 +7,7 @@ from PIL import Image
 
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
-from packer.preprocess import decode, decode_image, finish_pixels, load_image
+from packer.preprocess import IMAGE_BLOCKS_KEPT, decode, decode_image, finish_pixels, keep_image_memory, load_image
 
 
 def save_array(path, array, mode=None, **save):
@@ -414,3 +414,36 @@ def test_manifests_without_the_option_mean_full_decoding():
     assert d["reduced_decode"] is True
     del d["reduced_decode"]
     assert PreprocessConfig.from_dict(d).reduced_decode is False
+
+
+# --------------------------------------------------------------------------- Pillow's memory in workers
+
+
+@pytest.fixture
+def pillow_blocks():
+    """Restore Pillow's block cache (a process-wide setting) after the test."""
+    before = Image.core.get_blocks_max()
+    yield
+    Image.core.set_blocks_max(before)
+    Image.core.clear_cache()
+
+
+def test_keep_image_memory_reuses_freed_images(tmp_path, monkeypatch, pillow_blocks):
+    monkeypatch.delenv("PILLOW_BLOCKS_MAX", raising=False)
+    path = write_image(tmp_path / "a.jpg", (500, 375))
+    keep_image_memory()
+    assert Image.core.get_blocks_max() == IMAGE_BLOCKS_KEPT
+    load_image(path, PreprocessConfig())
+    Image.core.reset_stats()
+    for _ in range(5):
+        load_image(path, PreprocessConfig())
+    stats = Image.core.get_stats()
+    # every image of the later decodes (decoded, half-resized, resized) lives in a block kept from the first
+    assert stats["new_count"] >= 15 and stats["allocated_blocks"] == 0 and stats["freed_blocks"] == 0
+
+
+def test_keep_image_memory_leaves_a_users_setting(monkeypatch, pillow_blocks):
+    monkeypatch.setenv("PILLOW_BLOCKS_MAX", "3")
+    Image.core.set_blocks_max(3)  # what Pillow's import made of the variable
+    keep_image_memory()
+    assert Image.core.get_blocks_max() == 3

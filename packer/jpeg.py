@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-import numpy as np
 import simplejpeg
 from PIL import Image
 
@@ -126,13 +125,15 @@ def decode_scaled(data: bytes, size: tuple[int, int], need: tuple[int, int], gra
     out_w, out_h = -(-w * m // 8), -(-h * m // 8)  # libjpeg rounds partial blocks up
     try:
         # strict: a warning (corrupt data libjpeg can skip over) is an error here; Pillow gets the file
-        pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", min_width=out_w,
+        # RGBX: four bytes a pixel, as Pillow keeps RGB images, so filling the image is a plain copy
+        pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if gray else "RGBX", min_width=out_w,
                                         min_height=out_h, strict=True)
     except (ValueError, RuntimeError):
         return None
     if pixels.shape[:2] != (out_h, out_w):  # another factor than asked for: not worth guessing
         return None
-    image = upright(Image.fromarray(np.squeeze(pixels, axis=2) if gray else pixels, "L" if gray else "RGB"),
+    size = (out_w, out_h)
+    image = upright(Image.frombytes("L", size, pixels) if gray else Image.frombytes("RGB", size, pixels, "raw", "RGBX"),
                     orientation)
     return ScaledJpeg(image, upright_area((out_w, out_h), (w * m / 8, h * m / 8), orientation), m)
 

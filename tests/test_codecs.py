@@ -140,6 +140,45 @@ def test_decode_converts_to_the_requested_mode():
     assert rgb.shape == (24, 32, 3) and np.array_equal(rgb[:, :, 0], rgb[:, :, 2])
 
 
+def _pillow_pixels(data, mode):
+    with Image.open(io.BytesIO(data)) as img:
+        pixels = np.asarray(img.convert(mode))
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+@pytest.mark.parametrize("size", [(24, 32), (224, 224), (37, 53), (1, 1)])
+@pytest.mark.parametrize("channels,mode", [(3, "RGB"), (1, "L")])
+def test_stored_jpegs_decode_without_pillow_to_pillows_pixels(size, channels, mode, monkeypatch):
+    data = encode_image(smooth(*size, channels, seed=sum(size)), "jpeg", 90)
+    want = _pillow_pixels(data, mode)
+    monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("Pillow opened a JPEG packer stored"))
+    for buffer in (data, memoryview(data), np.frombuffer(data, np.uint8)):  # as the readers hand them over
+        got = decode_image(buffer, "jpeg", mode)
+        assert got.dtype == np.uint8 and got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("save", [{"subsampling": 0}, {"progressive": True}, {"quality": 20}])
+def test_other_jpegs_decode_to_pillows_pixels_too(save):
+    pixels = smooth(40, 56)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", **save)
+    assert np.array_equal(decode_image(buf.getvalue(), "jpeg", "RGB"), _pillow_pixels(buf.getvalue(), "RGB"))
+
+
+@pytest.mark.parametrize("source,mode", [("L", "RGB"), ("RGB", "L"), ("CMYK", "RGB")])
+def test_jpegs_in_another_colour_space_are_converted_by_pillow(source, mode):
+    buf = io.BytesIO()
+    Image.fromarray(smooth(24, 32)).convert(source).save(buf, "JPEG")
+    got = decode_image(buf.getvalue(), "jpeg", mode)
+    assert got.shape == (24, 32, 1 if mode == "L" else 3) and np.array_equal(got, _pillow_pixels(buf.getvalue(), mode))
+
+
+def test_a_corrupt_stored_jpeg_still_raises_pillows_error():
+    data = encode_image(smooth(64, 64), "jpeg")
+    with pytest.raises(OSError):
+        decode_image(data[: len(data) // 2], "jpeg", "RGB")
+
+
 def test_raw_image_codec_is_npy():
     pixels = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 4, 3)
     assert encode_image(pixels, "raw") == encode_npy(pixels)

@@ -148,9 +148,9 @@ def decode_image(data, codec: str, mode: str = "RGB") -> np.ndarray:
 
 def _decode_jpeg(data, mode: str) -> Optional[np.ndarray]:
     """libjpeg-turbo's decoding of a JPEG already in ``mode`` (as packer stores them), without Pillow
-    parsing the file in Python: the same pixels (same library, same IDCT and upsampling), 1.8x as
-    fast for 224x224 images. None for another colour space or any error: Pillow decodes those as
-    before, and explains errors."""
+    parsing the file in Python: the pixels Pillow's wheels give (libjpeg-turbo too, with the same
+    IDCT and upsampling), 1.8x as fast for 224x224 images. None for another colour space or any
+    error: Pillow decodes those as before, and explains errors."""
     try:
         colorspace = simplejpeg.decode_jpeg_header(data)[2]
         if colorspace not in (("Gray",) if mode == "L" else ("YCbCr", "RGB")):

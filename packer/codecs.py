@@ -129,7 +129,7 @@ def encode_image(pixels: np.ndarray, codec: str, quality: int = 90) -> bytes:
     return buf.getvalue()
 
 
-def decode_image(data, codec: str, mode: str = "RGB") -> np.ndarray:
+def decode_image(data: bytes | memoryview | np.ndarray, codec: str, mode: str = "RGB") -> np.ndarray:
     """The HxWxC image in bytes (or any buffer) written by ``encode_image``: uint8 in ``mode`` (RGB
     or L) for jpeg and png, the stored array for raw. Pillow errors pass through."""
     if codec == "raw":
@@ -146,16 +146,23 @@ def decode_image(data, codec: str, mode: str = "RGB") -> np.ndarray:
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-def _decode_jpeg(data, mode: str) -> Optional[np.ndarray]:
+_LIBJPEG_MODES = {"RGB": ("RGB", ("YCbCr", "RGB")), "L": ("GRAY", ("Gray",))}
+"""mode -> (simplejpeg's output colour space, the JPEG colour spaces that already hold that mode)."""
+
+
+def _decode_jpeg(data: bytes | memoryview | np.ndarray, mode: str) -> Optional[np.ndarray]:
     """libjpeg-turbo's decoding of a JPEG already in ``mode`` (as packer stores them), without Pillow
     parsing the file in Python: the pixels Pillow's wheels give (libjpeg-turbo too, with the same
-    IDCT and upsampling), 1.8x as fast for 224x224 images. None for another colour space or any
-    error: Pillow decodes those as before, and explains errors."""
+    IDCT and upsampling). None for another mode or colour space, more pixels than Pillow's
+    decompression-bomb limit, or any error: Pillow decodes those as before, and explains errors."""
+    if mode not in _LIBJPEG_MODES:
+        return None
+    out, sources = _LIBJPEG_MODES[mode]
     try:
-        colorspace = simplejpeg.decode_jpeg_header(data)[2]
-        if colorspace not in (("Gray",) if mode == "L" else ("YCbCr", "RGB")):
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace not in sources or (Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS):
             return None
-        return simplejpeg.decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB", strict=True)
+        return simplejpeg.decode_jpeg(data, colorspace=out, strict=True)
     except (ValueError, RuntimeError):
         return None
 

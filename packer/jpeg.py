@@ -132,10 +132,10 @@ def decode_scaled(data: bytes, size: tuple[int, int], need: tuple[int, int], gra
         return None
     if pixels.shape[:2] != (out_h, out_w):  # another factor than asked for: not worth guessing
         return None
-    size = (out_w, out_h)
-    image = upright(Image.frombytes("L", size, pixels) if gray else Image.frombytes("RGB", size, pixels, "raw", "RGBX"),
+    out = (out_w, out_h)
+    image = upright(Image.frombytes("L", out, pixels) if gray else Image.frombytes("RGB", out, pixels, "raw", "RGBX"),
                     orientation)
-    return ScaledJpeg(image, upright_area((out_w, out_h), (w * m / 8, h * m / 8), orientation), m)
+    return ScaledJpeg(image, upright_area(out, (w * m / 8, h * m / 8), orientation), m)
 
 
 def upright(image: Image.Image, orientation: int) -> Image.Image:

@@ -29,11 +29,11 @@ Area = tuple[float, float, float, float]
 IMAGE_BLOCKS_KEPT = 8
 """Freed image buffers a converter worker's Pillow keeps for the next images (its PILLOW_BLOCKS_MAX).
 With Pillow's default, 0, each image's memory goes back to the system as soon as the image is
-gone and the next image's pages are faulted in afresh: in the benchmark's conversion (500x375
-JPEGs to 224x224) 90 page faults and 0.2 ms of kernel time per image, 5% of the throughput. A
+gone and the next image's pages are faulted in afresh, a cost in kernel time on every image. A
 decode holds three images at a time (decoded, half-resized, resized), a jpeg or png codec one
-more. A kept block is at most Pillow's block size (16 MiB) and takes the size of the next image
-that reuses it."""
+more. A kept block is at most Pillow's block size (16 MiB unless PILLOW_BLOCK_SIZE says
+otherwise) and takes the size of the next image that reuses it: a worker keeps at most 128 MiB,
+and that only after images of 16 MiB or more."""
 
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,

@@ -173,6 +173,19 @@ def test_jpegs_in_another_colour_space_are_converted_by_pillow(source, mode):
     assert got.shape == (24, 32, 1 if mode == "L" else 3) and np.array_equal(got, _pillow_pixels(buf.getvalue(), mode))
 
 
+def test_stored_jpegs_keep_pillows_decompression_bomb_check(monkeypatch):
+    data = encode_image(smooth(24, 32), "jpeg")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300)  # 768 pixels: over twice the limit
+    with pytest.raises(Image.DecompressionBombError):
+        decode_image(data, "jpeg", "RGB")
+
+
+def test_a_mode_libjpeg_does_not_give_is_left_to_pillow():
+    data = encode_image(smooth(24, 32), "jpeg")
+    got = decode_image(data, "jpeg", "RGBA")
+    assert got.shape == (24, 32, 4) and np.array_equal(got, _pillow_pixels(data, "RGBA"))
+
+
 def test_a_corrupt_stored_jpeg_still_raises_pillows_error():
     data = encode_image(smooth(64, 64), "jpeg")
     with pytest.raises(OSError):

@@ -6,6 +6,7 @@ import io
 
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image
 
 from packer import jpeg
@@ -240,3 +241,15 @@ def test_plain_header_declines_what_it_cannot_vouch_for():
     assert jpeg.plain_header(good[:2] + b"\x00" + good[3:]) is None  # a segment that is not a marker
     with pytest.raises(DecodeError, match="corrupt or truncated"):
         decode(good[:40], PreprocessConfig(size=(160, 120)))  # Pillow explains it, as before
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("size", [(505, 379), (379, 505), (233, 171)])
+def test_a_scaled_image_holds_exactly_libjpegs_pixels(mode, size):
+    data = _jpeg(size=size, mode=mode)
+    scaled = jpeg.decode_scaled(data, size, (size[0] * 5 // 8, size[1] * 5 // 8), mode == "L")
+    assert scaled is not None and scaled.eighths == 5
+    want = simplejpeg.decode_jpeg(data, "GRAY" if mode == "L" else "RGB", min_width=scaled.image.width,
+                                  min_height=scaled.image.height)
+    got = np.asarray(scaled.image)
+    assert scaled.image.mode == mode and np.array_equal(got[:, :, None] if mode == "L" else got, want)

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from readers import LengthBucketSampler, pad_collate
-from readers.collate import Numbered, PackedBatch
+from readers.collate import Numbered, PackedBatch, empty_batch
 
 
 def ids(*values: int) -> torch.Tensor:
@@ -138,3 +138,15 @@ def test_dataloader_with_the_bucket_sampler_and_pad_collate():
         assert ((batch["input_ids"] == -1) == (batch["attention_mask"] == 0)).all()
         seen += len(indices)
     assert seen == len(data)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float16, torch.float32])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_empty_batch_in_the_main_process(dtype, channels_last):
+    out = empty_batch((64, 3, 224, 224), dtype, channels_last)
+    assert out.shape == (64, 3, 224, 224) and out.dtype == dtype and not out.is_shared()
+    physical = out.permute(0, 2, 3, 1) if channels_last else out
+    assert physical.is_contiguous()  # NHWC bytes for channels_last: one plain copy per stored image
+    out[5, 2, 100, 7] = 9
+    assert physical.flatten()[np.ravel_multi_index((5, 100, 7, 2) if channels_last else (5, 2, 100, 7),
+                                                   physical.shape)] == 9

@@ -303,10 +303,11 @@ def parse_manifest(
     return manifest
 
 
-def file_entry(directory: Path, relpath: str) -> FileEntry:
-    """Size and SHA-256 of one written file, for the manifest."""
+def file_entry(directory: Path, relpath: str, sha256: Optional[str] = None) -> FileEntry:
+    """Size and SHA-256 of one written file, for the manifest (the file is read for its SHA-256
+    unless the writer hashed it as it wrote it: ``sha256``)."""
     path = directory / relpath
-    return FileEntry(relpath, path.stat().st_size, sha256_of(path))
+    return FileEntry(relpath, path.stat().st_size, sha256 or sha256_of(path))
 
 
 def sha256_of(path: str | os.PathLike) -> str:

@@ -1,5 +1,7 @@
 """Variable-length fields (flat bytes + N + 1 offsets) in npy and hdf5, read back with the stock libraries."""
 
+import hashlib
+
 import h5py
 import numpy as np
 import pytest
@@ -108,3 +110,21 @@ def test_npy_stream_header_grows_from_the_capacity(tmp_path):
     stream.close(len(rows))
     back = np.load(tmp_path / "a.npy", mmap_mode="r")
     assert back.shape == (12, 2, 3) and np.array_equal(back, rows)
+
+
+def test_npy_stream_hashes_what_it_writes(tmp_path):
+    stream = NpyStream(tmp_path / "a.npy", np.uint8, (4, 3), capacity=5)
+    for i in range(5):
+        stream.write(np.full((4, 3), i, np.uint8).data)
+    stream.close(5)
+    assert stream.sha256 == hashlib.sha256((tmp_path / "a.npy").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("capacity,rows", [(5, 3), (0, 36)])  # samples skipped; a byte stream sized at the end
+def test_npy_stream_gives_no_hash_once_its_header_changed(tmp_path, capacity, rows):
+    shape = (4, 3) if capacity else ()
+    stream = NpyStream(tmp_path / "a.npy", np.uint8, shape, capacity=capacity)
+    stream.write(np.arange(36, dtype=np.uint8).data)
+    stream.close(rows)
+    assert stream.sha256 is None  # the manifest reads the file back instead
+    assert np.load(tmp_path / "a.npy").shape == (rows, *shape)

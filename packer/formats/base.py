@@ -97,4 +97,6 @@ class ShardWriter(Protocol):
         """Append one sample."""
 
     def close(self) -> list[str]:
-        """Finish the shard and return the names of its files, relative to ``directory``."""
+        """Finish the shard and return the names of its files, relative to ``directory``. A writer
+        may also fill ``digests`` (file name -> hex SHA-256) for files it hashed as it wrote them;
+        the others are read back for the manifest."""

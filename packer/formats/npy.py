@@ -54,6 +54,7 @@ class NpyWriter:
         self.labels: list[int] = []
         self.keys: list[str] = []
         self.crcs: list[int] = []
+        self.digests: dict[str, str] = {}
 
     def add(self, sample: Sample) -> None:
         """Append one sample (its image must have the layout's shape) with its label and key."""
@@ -85,6 +86,8 @@ class NpyWriter:
         else:
             self._images.close(len(self.labels))
             images = [f"{self.shard}{NPY_IMAGES}"]
+            if self._images.sha256 is not None:
+                self.digests[images[0]] = self._images.sha256
         for writer in self._text.values():
             images += writer.close()
         keys = np.asarray(self.keys, dtype=str) if self.keys else np.zeros(0, dtype="<U1")

@@ -12,8 +12,10 @@ for fixed-size images as well.
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -31,32 +33,44 @@ class NpyStream:
     """A standard ``.npy`` file of ``dtype`` rows of ``row_shape``, written as rows arrive.
 
     The header is written first for ``capacity`` rows and rewritten with the real count at close:
-    numpy pads npy headers so the first axis can grow to any count without moving the data.
+    numpy pads npy headers so the first axis can grow to any count without moving the data. The
+    bytes are hashed as they are written; when the header keeps its count, that is the file's
+    SHA-256 (``sha256``), and nobody has to read the file back for it.
     """
 
     def __init__(self, path: Path, dtype: np.dtype | str, row_shape: tuple[int, ...] = (), capacity: int = 0) -> None:
         self.dtype, self.row_shape = np.dtype(dtype), tuple(row_shape)
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        self.capacity = capacity
+        self.sha256: Optional[str] = None
+        """Hex SHA-256 of the file once closed with ``capacity`` rows; None otherwise."""
+        self._hash = hashlib.sha256()
         self._f = open(path, "wb")
-        self._write_header(capacity)
+        self.write(self._header(capacity))
         self._data_start = self._f.tell()
 
-    def _write_header(self, rows: int) -> None:
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                  "shape": (rows, *self.row_shape)}
-        np.lib.format.write_array_header_1_0(self._f, header)
+    def _header(self, rows: int) -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                   "fortran_order": False, "shape": (rows, *self.row_shape)})
+        return buf.getvalue()
 
     def write(self, data) -> None:
         """Append whole rows given as bytes or any buffer."""
         self._f.write(data)
+        self._hash.update(data)
 
     def close(self, rows: int) -> None:
         """Fix the header to ``rows`` rows and close."""
-        self._f.seek(0)
-        self._write_header(rows)
-        if self._f.tell() != self._data_start:  # cannot happen with numpy's padded headers
+        header = self._header(rows)
+        if len(header) != self._data_start:  # cannot happen with numpy's padded headers
             raise RuntimeError("npy header changed length; refusing to write a corrupt file")
-        self._f.truncate(self._data_start + rows * self.row_bytes)
+        if rows == self.capacity and self._f.tell() == self._data_start + rows * self.row_bytes:
+            self.sha256 = self._hash.hexdigest()  # the header as written, every row there
+        else:
+            self._f.seek(0)
+            self._f.write(header)
+            self._f.truncate(self._data_start + rows * self.row_bytes)
         self._f.close()
 
 

@@ -17,6 +17,7 @@ inputs give byte-identical tars, whatever the Python version.
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 from pathlib import Path
 from typing import ClassVar, Iterator
@@ -73,8 +74,10 @@ class WdsWriter:
         self.layout = layout
         self._members = TAR_MEMBERS[:-1] + ((IMAGE_EXTENSIONS[layout.codec.name],) if layout.has_image else ())
         self._f = open(self.directory / self.file_name, "wb")
+        self._hash = hashlib.sha256()  # of the tar as written: nobody reads it back for the manifest
         self._offset = 0
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
+        self.digests: dict[str, str] = {}
 
     def _member(self, name: str, *parts) -> None:
         size = sum(memoryview(p).nbytes for p in parts)
@@ -82,6 +85,7 @@ class WdsWriter:
         pad = -size % tarfile.BLOCKSIZE
         for part in (header, *parts, tarfile.NUL * pad):
             self._f.write(part)
+            self._hash.update(part)
         self._offset += len(header) + size + pad
 
     def add(self, sample: Sample) -> None:
@@ -115,8 +119,11 @@ class WdsWriter:
         """Write the tar end marker (two zero blocks, then zeros to a whole record, as tarfile does) and close."""
         end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
         self._offset += len(end)
-        self._f.write(end + tarfile.NUL * (-self._offset % tarfile.RECORDSIZE))
+        end += tarfile.NUL * (-self._offset % tarfile.RECORDSIZE)
+        self._f.write(end)
+        self._hash.update(end)
         self._f.close()
+        self.digests[self.file_name] = self._hash.hexdigest()
         names = [self.file_name]
         for name, lengths in self.lengths.items():
             names.append(f"{self.shard}{wds_lengths_suffix(name)}")

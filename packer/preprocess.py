@@ -145,15 +145,16 @@ def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], 
     return Decoded(pixels, original, counts)
 
 
-def plain_jpeg(data: bytes, header: tuple[int, int, bool], cfg: PreprocessConfig, path: str = "<bytes>"
+def plain_jpeg(data: bytes, header: jpeg.PlainHeader, cfg: PreprocessConfig, path: str = "<bytes>"
                ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
-    """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
-    ``jpeg.plain_header``, when it is scaled while decoding; None when it is not (not worth it, or
-    libjpeg-turbo refuses the file): Pillow decodes it then. The pixels are those ``oriented``
-    would give: the same libjpeg-turbo decoding, only the header is read without Pillow."""
-    w, h, gray = header
-    _check_pixels(w, h, cfg, path)
-    return _scaled_jpeg(data, (w, h), gray, 1, cfg)
+    """What ``oriented`` gives for a JPEG that needs nothing from Pillow but its EXIF parser,
+    ``header`` being its ``jpeg.plain_header``, when it is scaled while decoding; None when it is
+    not (not worth it, or libjpeg-turbo refuses the file): Pillow decodes it then. The pixels are
+    those ``oriented`` would give: the same libjpeg-turbo decoding and orientation, only the
+    header is read without Pillow."""
+    _check_pixels(header.width, header.height, cfg, path)
+    orientation = _exif_orientation(header.exif) if header.exif is not None else 1
+    return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg)
 
 
 def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig
@@ -206,6 +207,18 @@ def _orientation(img: Image.Image) -> int:
     """The EXIF orientation (1..8; 1 when absent or unreadable)."""
     try:
         value = img.getexif().get(ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block: shown as stored
+        return 1
+    return value if value in range(1, 9) else 1
+
+
+def _exif_orientation(block: bytes) -> int:
+    """The orientation in a JPEG's EXIF APP1 ``block``, read by Pillow's parser as ``_orientation``
+    reads it from an opened image (1..8; 1 when absent or unreadable)."""
+    exif = Image.Exif()
+    try:
+        exif.load(block)
+        value = exif.get(ORIENTATION, 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block: shown as stored
         return 1
     return value if value in range(1, 9) else 1

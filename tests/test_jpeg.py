@@ -222,19 +222,57 @@ def test_plain_jpegs_skip_pillows_parser_with_the_same_result(monkeypatch, save,
     assert len(scales) == 2 and scales[0] == scales[1] in (3, 4)  # scaled alike both ways (3/8, 4/8 portrait)
 
 
-def test_orientations_in_exif_or_xmp_are_left_to_pillow():
-    xmp = (b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
-           b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
-           b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
-    for data in (_jpeg(orientation=6), _with_app1(_jpeg(), xmp)):
+_XMP = (b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+        b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+        b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+
+
+def test_xmp_and_unusual_app1_segments_are_left_to_pillow():
+    exif6 = _jpeg(orientation=6)
+    exif_block = exif6[exif6.index(jpeg.EXIF):]
+    exif_block = exif_block[:int.from_bytes(exif6[exif6.index(jpeg.EXIF) - 2:exif6.index(jpeg.EXIF)], "big") - 2]
+    for data in (_with_app1(_jpeg(), _XMP), _with_app1(exif6, _XMP), _with_app1(exif6, exif_block),
+                 _with_app1(_jpeg(), b"something else")):
         assert jpeg.plain_header(data) is None
+    for data in (_with_app1(_jpeg(), _XMP), _with_app1(exif6, _XMP)):
         assert decode(data, PreprocessConfig(size=(160, 120))).original_size == (379, 505)  # turned upright
+
+
+def _both_ways(monkeypatch, data: bytes, cfg: PreprocessConfig):
+    """decode(data) through Image.open as before plain headers, then without Image.open."""
+    with monkeypatch.context() as m:
+        m.setattr(jpeg, "plain_header", lambda data: None)
+        via_pillow = decode(data, cfg, histogram=True)
+    with monkeypatch.context() as m:
+        m.setattr(Image, "open", lambda *a, **k: pytest.fail("Image.open was called for a JPEG with only EXIF"))
+        plain = decode(data, cfg, histogram=True)
+    return via_pillow, plain
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientations_are_read_without_opening_the_file(monkeypatch, orientation, scales):
+    data = _jpeg(orientation=orientation, stripes=True)
+    header = jpeg.plain_header(data)
+    assert header is not None and header.exif is not None and header.exif.startswith(jpeg.EXIF)
+    via_pillow, plain = _both_ways(monkeypatch, data, PreprocessConfig(size=(160, 120)))
+    assert np.array_equal(plain.pixels, via_pillow.pixels) and plain.histogram == via_pillow.histogram
+    assert plain.original_size == via_pillow.original_size == ((379, 505) if orientation > 4 else (505, 379))
+    assert len(scales) == 2 and scales[0] == scales[1]
+
+
+@pytest.mark.parametrize("block", [b"Exif\x00\x00garbage", b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12",
+                                   jpeg.EXIF])
+def test_a_broken_exif_block_reads_as_pillow_reads_it(monkeypatch, block):
+    data = _with_app1(_jpeg(), block)
+    assert jpeg.plain_header(data).exif == block
+    via_pillow, plain = _both_ways(monkeypatch, data, PreprocessConfig(size=(160, 120)))
+    assert np.array_equal(plain.pixels, via_pillow.pixels) and plain.original_size == via_pillow.original_size
 
 
 def test_plain_header_declines_what_it_cannot_vouch_for():
     good = _jpeg()
-    assert jpeg.plain_header(good) == (505, 379, False)
-    assert jpeg.plain_header(_jpeg(mode="L")) == (505, 379, True)
+    assert jpeg.plain_header(good) == (505, 379, False, None)
+    assert jpeg.plain_header(_jpeg(mode="L")) == (505, 379, True, None)
     assert jpeg.plain_header(_jpeg(mode="CMYK")) is None
     assert jpeg.plain_header(_jpeg(format="PNG")) is None
     assert jpeg.plain_header(good[:40]) is None  # cut inside the headers

@@ -65,7 +65,7 @@ class ScaledJpeg(NamedTuple):
 SOI = b"\xff\xd8\xff"
 """How every JPEG file begins (start of image, then the first marker)."""
 
-_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM: markers without a length
+_RESTARTS = frozenset(range(0xD0, 0xD8))  # RSTn: markers without a length
 
 
 EXIF = b"Exif\x00\x00"
@@ -114,7 +114,9 @@ def _app1_segments(data: bytes) -> Optional[list[bytes]]:
             i += 1
         elif marker == 0xDA:  # start of scan: the headers are over
             return found
-        elif marker in _STANDALONE:
+        elif marker < 0xC0:  # TEM and reserved markers: libjpeg skips them, Pillow refuses the file
+            return None
+        elif marker in _RESTARTS:
             i += 2
         else:
             length = (data[i + 2] << 8) | data[i + 3]

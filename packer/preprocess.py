@@ -16,12 +16,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from PIL.TiffImagePlugin import IFDRational
 
 from packer import jpeg
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
 
-ORIENTATION = 0x0112  # EXIF tag
+ORIENTATION, RESOLUTION_UNIT, X_RESOLUTION = 0x0112, 0x0128, 0x011A  # EXIF tags
 
 Area = tuple[float, float, float, float]
 """(left, top, right, bottom) of the picture within a decoded image, in its pixels."""
@@ -115,13 +116,14 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             header = jpeg.plain_header(data) if cfg.reduced_decode and cfg.size is not None else None
-            if header is not None:
-                plain = plain_jpeg(data, header, cfg, path)
+            orientation = None if header is None else 1 if header.exif is None else _exif_orientation(header.exif)
+            if header is not None and orientation is not None:
+                plain = plain_jpeg(data, header, orientation, cfg, path)
                 if plain is not None:
                     return _resized(*plain, cfg, histogram)
             with Image.open(io.BytesIO(data)) as img:
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
-                return _resized(*oriented(img, cfg, path, None if header else data), cfg, histogram)
+                return _resized(*oriented(img, cfg, path, None if orientation else data), cfg, histogram)
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -145,15 +147,14 @@ def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], 
     return Decoded(pixels, original, counts)
 
 
-def plain_jpeg(data: bytes, header: jpeg.PlainHeader, cfg: PreprocessConfig, path: str = "<bytes>"
-               ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
-    """What ``oriented`` gives for a JPEG that needs nothing from Pillow but its EXIF parser,
-    ``header`` being its ``jpeg.plain_header``, when it is scaled while decoding; None when it is
-    not (not worth it, or libjpeg-turbo refuses the file): Pillow decodes it then. The pixels are
-    those ``oriented`` would give: the same libjpeg-turbo decoding and orientation, only the
-    header is read without Pillow."""
+def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig,
+               path: str = "<bytes>") -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+    """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
+    ``jpeg.plain_header`` and ``orientation`` its EXIF orientation (``_exif_orientation``), when
+    it is scaled while decoding; None when it is not (not worth it, or libjpeg-turbo refuses the
+    file): Pillow decodes it then. The pixels are those ``oriented`` would give: the same
+    libjpeg-turbo decoding and orientation, only the header is read without Pillow."""
     _check_pixels(header.width, header.height, cfg, path)
-    orientation = _exif_orientation(header.exif) if header.exif is not None else 1
     return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg)
 
 
@@ -212,15 +213,19 @@ def _orientation(img: Image.Image) -> int:
     return value if value in range(1, 9) else 1
 
 
-def _exif_orientation(block: bytes) -> int:
+def _exif_orientation(block: bytes) -> Optional[int]:
     """The orientation in a JPEG's EXIF APP1 ``block``, read by Pillow's parser as ``_orientation``
-    reads it from an opened image (1..8; 1 when absent or unreadable)."""
+    reads it from an opened image (1..8; 1 when absent). None when Pillow must open the file to
+    decide: the parser fails, or the block holds a resolution that is not a fraction (opening a
+    file, Pillow reads its dpi from there and refuses some such files)."""
     exif = Image.Exif()
     try:
         exif.load(block)
+        if RESOLUTION_UNIT in exif and not isinstance(exif.get(X_RESOLUTION, IFDRational(72)), IFDRational):
+            return None
         value = exif.get(ORIENTATION, 1)
-    except Exception:  # noqa: BLE001 - a broken EXIF block: shown as stored
-        return 1
+    except Exception:  # noqa: BLE001 - whatever Pillow makes of it, it decides
+        return None
     return value if value in range(1, 9) else 1
 
 

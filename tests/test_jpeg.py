@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -265,8 +266,56 @@ def test_exif_orientations_are_read_without_opening_the_file(monkeypatch, orient
 def test_a_broken_exif_block_reads_as_pillow_reads_it(monkeypatch, block):
     data = _with_app1(_jpeg(), block)
     assert jpeg.plain_header(data).exif == block
-    via_pillow, plain = _both_ways(monkeypatch, data, PreprocessConfig(size=(160, 120)))
+    cfg = PreprocessConfig(size=(160, 120))
+    plain = decode(data, cfg, histogram=True)  # through Image.open where Pillow's EXIF parser fails
+    monkeypatch.setattr(jpeg, "plain_header", lambda data: None)
+    via_pillow = decode(data, cfg, histogram=True)
     assert np.array_equal(plain.pixels, via_pillow.pixels) and plain.original_size == via_pillow.original_size
+
+
+def _exif(*entries: tuple[int, int, int, bytes]) -> bytes:
+    """An EXIF APP1 payload (little-endian TIFF) with IFD entries (tag, type, count, 4 value bytes)."""
+    ifd = b"".join(struct.pack("<HHL", tag, kind, count) + value for tag, kind, count, value in entries)
+    return jpeg.EXIF + b"II*\x00" + struct.pack("<LH", 8, len(entries)) + ifd + b"\x00" * 4
+
+
+@pytest.mark.parametrize("kind,count,value", [(7, 1, b"\x05\x00\x00\x00"), (1, 1, b"\x05\x00\x00\x00"),
+                                              (2, 2, b"5\x00\x00\x00"), (3, 1, b"\x48\x00\x00\x00")])
+def test_an_odd_exif_resolution_lets_pillow_decide(monkeypatch, kind, count, value):
+    # Opening a JPEG without JFIF density, Pillow reads its dpi from EXIF and refuses some odd
+    # values (a one-byte XResolution): the file goes to Image.open, whatever it makes of it.
+    block = _exif((0x011A, kind, count, value), (0x0112, 3, 1, struct.pack("<HH", 6, 0)),
+                  (0x0128, 3, 1, struct.pack("<HH", 2, 0)))
+    data = _with_app1(_jpeg(), block)
+    opened = []
+    real = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real(*a, **k))
+    cfg = PreprocessConfig(size=(160, 120))
+    try:
+        got = decode(data, cfg).original_size
+    except DecodeError:
+        got = "refused"
+    assert opened
+    monkeypatch.setattr(jpeg, "plain_header", lambda data: None)
+    try:
+        want = decode(data, cfg).original_size
+    except DecodeError:
+        want = "refused"
+    assert got == want
+
+
+def test_a_rational_exif_resolution_keeps_the_fast_path(monkeypatch):
+    block = _exif((0x0112, 3, 1, struct.pack("<HH", 6, 0)), (0x0128, 3, 1, struct.pack("<HH", 2, 0)))
+    via_pillow, plain = _both_ways(monkeypatch, _with_app1(_jpeg(), block), PreprocessConfig(size=(160, 120)))
+    assert plain.original_size == via_pillow.original_size == (379, 505)
+
+
+def test_a_tem_marker_before_the_scan_is_left_to_pillow():
+    data = _jpeg()
+    data = data[:2] + b"\xff\x01" + data[2:]  # libjpeg skips it; Pillow refuses the file
+    assert jpeg.plain_header(data) is None
+    with pytest.raises(DecodeError):
+        decode(data, PreprocessConfig(size=(160, 120)))
 
 
 def test_plain_header_declines_what_it_cannot_vouch_for():

@@ -116,6 +116,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             header = jpeg.plain_header(data) if cfg.reduced_decode and cfg.size is not None else None
+            # None: not a plain JPEG, or one whose EXIF Pillow must read itself (see _exif_orientation)
             orientation = None if header is None else 1 if header.exif is None else _exif_orientation(header.exif)
             if header is not None and orientation is not None:
                 plain = plain_jpeg(data, header, orientation, cfg, path)

@@ -1,11 +1,13 @@
 """The small interface every format writer implements, and the layout record it is given.
 
 A writer knows only how to put samples into its own files for one shard. Shard planning, naming,
-hashing and the manifest live in the pipeline, once for all formats.
+hashing and the manifest live in the pipeline, once for all formats; a writer that writes a file
+in order may hash it on the way (``HashedFile``), so that the pipeline need not read it back.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Optional, Protocol
@@ -83,6 +85,24 @@ def raw_image(data, dtype: str | np.dtype, shape, where: str) -> np.ndarray:
     if array.size != int(np.prod(shape)) * np.dtype(dtype).itemsize:
         raise ValueError(f"{where}: {array.size} bytes of image data for shape {shape} of {np.dtype(dtype)}")
     return array.view(dtype).reshape(shape)
+
+
+class HashedFile:
+    """A file opened for writing that hashes what is written to it, in order: its SHA-256 without
+    reading it back, as long as nothing is written through ``file`` (seeking back, truncating)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "wb")
+        self._hash = hashlib.sha256()
+
+    def write(self, data) -> None:
+        """Append bytes or any buffer."""
+        self.file.write(data)
+        self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        """Hex SHA-256 of everything written through ``write``."""
+        return self._hash.hexdigest()
 
 
 class ShardWriter(Protocol):

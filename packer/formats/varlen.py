@@ -12,13 +12,13 @@ for fixed-size images as well.
 
 from __future__ import annotations
 
-import hashlib
-import io
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from packer.codecs import npy_header
+from packer.formats.base import HashedFile
 from packer.layout import hdf5_varlen_names, npy_varlen_suffixes
 
 CHUNK_BYTES = 64 * 1024
@@ -44,34 +44,30 @@ class NpyStream:
         self.capacity = capacity
         self.sha256: Optional[str] = None
         """Hex SHA-256 of the file once closed with ``capacity`` rows; None otherwise."""
-        self._hash = hashlib.sha256()
-        self._f = open(path, "wb")
+        self._f = HashedFile(path)
         self.write(self._header(capacity))
-        self._data_start = self._f.tell()
+        self._data_start = self._f.file.tell()
 
     def _header(self, rows: int) -> bytes:
-        buf = io.BytesIO()
-        np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(self.dtype),
-                                                   "fortran_order": False, "shape": (rows, *self.row_shape)})
-        return buf.getvalue()
+        return npy_header(self.dtype.str, (rows, *self.row_shape))
 
     def write(self, data) -> None:
         """Append whole rows given as bytes or any buffer."""
         self._f.write(data)
-        self._hash.update(data)
 
     def close(self, rows: int) -> None:
         """Fix the header to ``rows`` rows and close."""
         header = self._header(rows)
         if len(header) != self._data_start:  # cannot happen with numpy's padded headers
             raise RuntimeError("npy header changed length; refusing to write a corrupt file")
-        if rows == self.capacity and self._f.tell() == self._data_start + rows * self.row_bytes:
-            self.sha256 = self._hash.hexdigest()  # the header as written, every row there
+        f = self._f.file
+        if rows == self.capacity and f.tell() == self._data_start + rows * self.row_bytes:
+            self.sha256 = self._f.hexdigest()  # the header as written, every row there
         else:
-            self._f.seek(0)
-            self._f.write(header)
-            self._f.truncate(self._data_start + rows * self.row_bytes)
-        self._f.close()
+            f.seek(0)
+            f.write(header)
+            f.truncate(self._data_start + rows * self.row_bytes)
+        f.close()
 
 
 class NpyVarlenWriter:

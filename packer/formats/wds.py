@@ -17,7 +17,6 @@ inputs give byte-identical tars, whatever the Python version.
 
 from __future__ import annotations
 
-import hashlib
 import tarfile
 from pathlib import Path
 from typing import ClassVar, Iterator
@@ -25,7 +24,7 @@ from typing import ClassVar, Iterator
 import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
-from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.base import HashedFile, ImageLayout, encoded_bytes
 from packer.layout import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample, TextField
@@ -73,8 +72,7 @@ class WdsWriter:
         self.file_name = f"{shard}{TAR_SUFFIX}"
         self.layout = layout
         self._members = TAR_MEMBERS[:-1] + ((IMAGE_EXTENSIONS[layout.codec.name],) if layout.has_image else ())
-        self._f = open(self.directory / self.file_name, "wb")
-        self._hash = hashlib.sha256()  # of the tar as written: nobody reads it back for the manifest
+        self._f = HashedFile(self.directory / self.file_name)  # in order: nobody reads it back for the manifest
         self._offset = 0
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
         self.digests: dict[str, str] = {}
@@ -85,7 +83,6 @@ class WdsWriter:
         pad = -size % tarfile.BLOCKSIZE
         for part in (header, *parts, tarfile.NUL * pad):
             self._f.write(part)
-            self._hash.update(part)
         self._offset += len(header) + size + pad
 
     def add(self, sample: Sample) -> None:
@@ -121,9 +118,8 @@ class WdsWriter:
         self._offset += len(end)
         end += tarfile.NUL * (-self._offset % tarfile.RECORDSIZE)
         self._f.write(end)
-        self._hash.update(end)
-        self._f.close()
-        self.digests[self.file_name] = self._hash.hexdigest()
+        self._f.file.close()
+        self.digests[self.file_name] = self._f.hexdigest()
         names = [self.file_name]
         for name, lengths in self.lengths.items():
             names.append(f"{self.shard}{wds_lengths_suffix(name)}")

@@ -38,7 +38,13 @@ from packer.layout import (
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample, TextField
 
-COMMIT_BYTES = 64 * 1024**2  # one write transaction per ~64 MB keeps dirty pages in RAM bounded
+COMMIT_BYTES = 1024**2
+"""A write transaction is committed once it holds this many bytes of values. LMDB keeps a
+transaction's dirty pages in malloc'd memory until the commit: with ~1 MB the same heap pages serve
+every transaction, still in the CPU cache when the commit writes them. With 64 MB the heap grew
+through fresh pages for each transaction, and libjpeg's buffers for the next images landed in
+fresh pages too: 20 more page faults per image and 6% more CPU time per image (3,000 photos, 2
+workers: 11.3-11.5 -> 10.7 CPU seconds); the file is byte for byte the same size."""
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
 _PAGES_PER_PUT = 6
 """Pages a put may take beyond its data's own: its leaf node and the splits of a B-tree of depth 4
@@ -50,8 +56,8 @@ class LmdbWriter:
     """Writes one shard as an LMDB environment; the map grows before it could fill, so it never does.
 
     Records go straight into an open write transaction (LMDB copies them into its pages at once),
-    committed every ~64 MB: no queue of values, and one reused buffer for the ``.npy`` bytes of
-    raw images, which took a quarter of LMDB's extra cost over the other formats.
+    committed every ~1 MB (``COMMIT_BYTES``): no queue of values, and one reused buffer for the
+    ``.npy`` bytes of raw images, which took a quarter of LMDB's extra cost over the other formats.
     """
 
     name: ClassVar[str] = "lmdb"
@@ -76,7 +82,7 @@ class LmdbWriter:
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
 
     def add(self, sample: Sample) -> None:
-        """Put one sample's records; transactions are committed every ~64 MB."""
+        """Put one sample's records; transactions are committed every ~1 MB."""
         i = len(self.labels)
         records = [(lmdb_key_key(i), sample.key.encode("utf-8"))]
         if self.layout.has_image:

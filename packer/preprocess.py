@@ -6,6 +6,7 @@ default, bilinear, matches torchvision's ``Resize`` with ``antialias=True``).
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
@@ -62,31 +63,56 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     return decode_image(read_source(path), cfg, str(path))
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+"""How source files are opened. O_NONBLOCK: a FIFO opens at once (and is refused) instead of waiting
+for a writer; reads of regular files ignore it."""
+
+_NOT_REGULAR = "not a regular file (a pipe, device or socket)"
+
+
 def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None,
                 limit: str = "more than any image of --max-pixels could need") -> bytes:
     """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
 
-    Checked before opening: a FIFO or device named ``x.jpg`` would block or never end, and a file
-    over ``max_bytes`` would be read whole into memory (``limit`` says why there is one).
+    Checked on the open file, before reading: a FIFO or device named ``x.jpg`` would block or never
+    end, and a file over ``max_bytes`` would be read whole into memory (``limit`` says why there is
+    one). An open, an fstat and one read: 0.018 ms per cached file, against 0.03 for ``stat`` then
+    ``open().read()`` (which adds an isatty, a seek and a second read).
     """
     try:
-        st = os.stat(path)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         reason = "broken symbolic link" if os.path.islink(path) else "file not found (removed while packer ran?)"
         raise DecodeError(str(path), reason) from None
     except OSError as e:
+        if e.errno == errno.ENXIO:  # what opening a socket gives
+            raise DecodeError(str(path), _NOT_REGULAR) from None
         raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DecodeError(str(path), "not a regular file (a pipe, device or socket)")
-    if st.st_size == 0:
-        raise DecodeError(str(path), "empty file: 0 bytes")
-    if max_bytes is not None and st.st_size > max_bytes:
-        raise DecodeError(str(path), f"file too large: {st.st_size:,} bytes, {limit} ({max_bytes:,})")
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise DecodeError(str(path), _NOT_REGULAR)
+        if st.st_size == 0:
+            raise DecodeError(str(path), "empty file: 0 bytes")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise DecodeError(str(path), f"file too large: {st.st_size:,} bytes, {limit} ({max_bytes:,})")
+        return _read_to_end(fd, st.st_size)
     except OSError as e:
         raise DecodeError(str(path), f"cannot read file: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_to_end(fd: int, size: int) -> bytes:
+    """Everything from ``fd`` to the end of the file, ``size`` being its size when opened: one read
+    when it still has that size (a read asking one byte more that returns less ends at the end)."""
+    first = os.read(fd, size + 1)
+    if len(first) == size:
+        return first
+    parts = [first]  # the file changed since fstat, or a read stopped short (over 2 GiB)
+    while parts[-1]:
+        parts.append(os.read(fd, max(size, 1 << 20)))
+    return b"".join(parts)
 
 
 class Decoded(NamedTuple):

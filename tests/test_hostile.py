@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ from click.testing import CliRunner
 from conftest import FORMATS
 from hostile import GOOD, MAX_PIXELS, make_hostile_corpus
 
-from packer import ConvertConfig, PreprocessConfig, convert
+from packer import ConvertConfig, PreprocessConfig, convert, preprocess
 from packer.cli import cli
 from packer.errors import DecodeError
 from packer.manifest import read_manifest
@@ -82,8 +84,46 @@ def test_unreadable_file_reason(tmp_path, monkeypatch):
     def deny(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("builtins.open", deny)
+    monkeypatch.setattr(preprocess.os, "open", deny)  # as root, a mode of 000 would not stop the read
     with pytest.raises(DecodeError, match="cannot read file: Permission denied"):
+        read_source(path)
+
+
+def test_read_source_refuses_what_is_not_a_regular_file(tmp_path):
+    fifo, sock, folder = tmp_path / "fifo.jpg", tmp_path / "sock.jpg", tmp_path / "folder.jpg"
+    os.mkfifo(fifo)  # opening it for reading must not wait for a writer
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    folder.mkdir()
+    try:
+        for path in (fifo, sock, folder):
+            with pytest.raises(DecodeError, match="not a regular file"):
+                read_source(path)
+    finally:
+        server.close()
+
+
+def test_read_source_reads_to_the_end_of_a_file_that_changed_size():
+    """The first read is sized from fstat; a file that grew or shrank since is still read to its end."""
+    for content, size in ((b"abcdefgh", 3), (b"abc", 10), (b"abc", 3)):
+        r, w = os.pipe()
+        os.write(w, content)
+        os.close(w)
+        try:
+            assert preprocess._read_to_end(r, size) == content
+        finally:
+            os.close(r)
+
+
+def test_read_source_returns_the_whole_file_and_checks_its_size(tmp_path):
+    path = tmp_path / "a.jpg"
+    data = bytes(range(256)) * 1000
+    path.write_bytes(data)
+    assert read_source(path) == data
+    with pytest.raises(DecodeError, match="file too large: 256,000 bytes"):
+        read_source(path, max_bytes=255_999)
+    path.write_bytes(b"")
+    with pytest.raises(DecodeError, match="empty file"):
         read_source(path)
 
 

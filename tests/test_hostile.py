@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -89,28 +90,42 @@ def test_unreadable_file_reason(tmp_path, monkeypatch):
         read_source(path)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not hasattr(socket, "AF_UNIX"), reason="POSIX FIFOs and sockets")
 def test_read_source_refuses_what_is_not_a_regular_file(tmp_path):
     fifo, sock, folder = tmp_path / "fifo.jpg", tmp_path / "sock.jpg", tmp_path / "folder.jpg"
-    os.mkfifo(fifo)  # opening it for reading must not wait for a writer
+    os.mkfifo(fifo)
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(sock))
     folder.mkdir()
+    (tmp_path / "link.jpg").symlink_to(fifo)
+
+    def hung(*args):
+        pytest.fail("read_source waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)  # a FIFO opened for reading would wait for a writer
+    signal.alarm(10)
     try:
-        for path in (fifo, sock, folder):
+        for path in (fifo, sock, folder, tmp_path / "link.jpg"):
             with pytest.raises(DecodeError, match="not a regular file"):
                 read_source(path)
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         server.close()
 
 
-def test_read_source_reads_to_the_end_of_a_file_that_changed_size():
-    """The first read is sized from fstat; a file that grew or shrank since is still read to its end."""
-    for content, size in ((b"abcdefgh", 3), (b"abc", 10), (b"abc", 3)):
+def test_read_source_reads_a_file_that_changed_size_to_its_end(monkeypatch):
+    """The first read is sized from fstat; a file that grew or shrank since is still read to its end,
+    and one that grew past the limit is read no further than a chunk past it."""
+    monkeypatch.setattr(preprocess, "READ_CHUNK", 4)
+    for content, size, limit, expect in ((b"abcdefgh", 3, None, b"abcdefgh"), (b"abc", 2, None, b"abc"),
+                                         (b"abc", 3, None, b"abc"), (b"abcdefghijklmnop", 3, 6, b"abcdefgh"),
+                                         (b"abcdefghij", 9, None, b"abcdefghij")):
         r, w = os.pipe()
         os.write(w, content)
         os.close(w)
         try:
-            assert preprocess._read_to_end(r, size) == content
+            assert preprocess._read_to_end(r, size, limit) == expect
         finally:
             os.close(r)
 

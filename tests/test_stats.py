@@ -2,7 +2,9 @@
 
 import json
 import logging
+import math
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -61,6 +63,27 @@ def test_pixel_stats_are_exact_where_float_sums_drift():
     assert px["mean"] == [pytest.approx(mean / 255, rel=1e-15)]
     assert px["std"] == [pytest.approx(var**0.5 / 255, rel=1e-14)]
     assert px["count"] == n
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float32"])
+def test_pixel_stats_are_the_exact_rational_mean_and_variance_rounded_once(dtype):
+    """Huge counts over every level: the result is the float nearest to the exact mean (and the
+    square root of the float nearest to the exact variance) of the stored values."""
+    cfg = PreprocessConfig(size=(8, 8), dtype=dtype, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 10**15, 256)
+    counts = np.concatenate([rng.permutation(base) for _ in range(3)])  # every channel counts every pixel
+    levels = np.repeat(np.arange(256, dtype=np.uint8)[:, None, None], 3, axis=2)
+    stored = finish_pixels(levels, cfg)[:, 0, :].astype(np.float64).T
+    if dtype == "uint8":
+        stored = [[Fraction(v, 255) for v in range(256)]] * 3
+    px = pixel_stats(counts, cfg)
+    for k in range(3):
+        c, v = counts[k * 256:(k + 1) * 256].tolist(), [Fraction(x) for x in stored[k]]
+        n = sum(c)
+        mean = sum(a * b for a, b in zip(c, v)) / n
+        var = sum(a * b * b for a, b in zip(c, v)) / n - mean * mean
+        assert px["mean"][k] == float(mean) and px["std"][k] == math.sqrt(float(var))
 
 
 def test_no_pixels_no_pixel_stats():

@@ -8,7 +8,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped, SourceItem
@@ -112,8 +112,9 @@ def discover(
         e.name for e in os.scandir(root)
         if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
     )
+    base = _joinable(root)
     if not class_dirs:
-        items = [_item(root, i, c) for i, c in enumerate(samples)]
+        items = [_item(base, i, c) for i, c in enumerate(samples)]
         return Discovery(root, items, None, unlisted, ignored, chosen)
     class_index = {name: i for i, name in enumerate(class_dirs)}
     items: list[SourceItem] = []
@@ -123,23 +124,30 @@ def discover(
         if not slash:
             skipped.append(Skipped(c.key, "not inside a class folder (the source has class subfolders)"))
             continue
-        items.append(_item(root, len(items), c, class_index[top]))
+        items.append(_item(base, len(items), c, class_index[top]))
     return Discovery(root, items, class_dirs, skipped, ignored, chosen)
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    """A sample before labelling: its key and its files' relative paths, by field."""
+class _Candidate(NamedTuple):
+    """A sample before labelling: its key and its files' relative paths, by field (a tuple: made
+    once per file, and a frozen dataclass costs four times as much to make)."""
 
     key: str
     files: tuple[tuple[str, str], ...]  # (field, relative path); empty tuple for an image-only sample
     rel: str  # the one file of a single-field sample, the first file of a paired one
 
 
-def _item(root: Path, index: int, c: _Candidate, label: int = UNLABELLED) -> SourceItem:
+def _item(base: str, index: int, c: _Candidate, label: int = UNLABELLED) -> SourceItem:
+    """The source item of candidate ``c``, its paths under ``base`` (``_joinable`` of the root)."""
+    parts = tuple((f, base + rel) for f, rel in c.files)
+    return SourceItem(index, base + c.rel, c.key, label, parts)
+
+
+def _joinable(root: Path) -> str:
+    """``root`` as a string that a relative path can be appended to: what ``os.path.join(root,
+    rel)`` gives, without its cost per file."""
     base = os.fspath(root)
-    parts = tuple((f, os.path.join(base, rel)) for f, rel in c.files)
-    return SourceItem(index, os.path.join(base, c.rel), c.key, label, parts)
+    return base if base.endswith(os.sep) or (os.altsep and base.endswith(os.altsep)) else base + os.sep
 
 
 PAIRED_SHARE = 0.5
@@ -245,7 +253,7 @@ def _walk(root: Path) -> tuple[list[tuple[str, str]], dict[str, int], list[Skipp
             if is_litter(name):
                 continue
             rel = prefix + name
-            if not _utf8(rel):
+            if not _utf8(name):  # the folder's own name was checked when it was listed
                 shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
                 problems.append(Skipped(shown, "file name is not valid UTF-8; rename it"))
                 continue
@@ -257,7 +265,8 @@ def _walk(root: Path) -> tuple[list[tuple[str, str]], dict[str, int], list[Skipp
                 if not is_packer_folder(entry.path):
                     subfolders.append((entry.is_symlink(), name, entry.path))
                 continue
-            ext = os.path.splitext(name)[1].lower()
+            dot = name.rfind(".")  # os.path.splitext's extension: the name does not start with a dot
+            ext = name[dot:].lower() if dot > 0 else ""
             kind = _KIND_OF_EXTENSION.get(ext)
             if kind is not None:
                 found.append((rel, kind))
@@ -289,6 +298,7 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
         classes = names
         index = {n: i for i, n in enumerate(names)}
     listed: set[str] = set()
+    base = _joinable(root)
     items: list[SourceItem] = []
     skipped: list[Skipped] = []
     for c in samples:
@@ -298,7 +308,7 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
             skipped.append(Skipped(c.key, f"no label in {labels_file.name}"))
             continue
         listed.update(n for n in names_of if n in labels)
-        items.append(_item(root, len(items), c, index[labels[hit]]))
+        items.append(_item(base, len(items), c, index[labels[hit]]))
     for rel in sorted(set(labels) - listed):
         skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found in the source folder"))
     return Discovery(root, items, classes, skipped, ignored)

@@ -146,8 +146,7 @@ def _item(base: str, index: int, c: _Candidate, label: int = UNLABELLED) -> Sour
 def _joinable(root: Path) -> str:
     """``root`` as a string that a relative path can be appended to: what ``os.path.join(root,
     rel)`` gives, without its cost per file."""
-    base = os.fspath(root)
-    return base if base.endswith(os.sep) or (os.altsep and base.endswith(os.altsep)) else base + os.sep
+    return os.path.join(os.fspath(root), "")  # a separator at the end unless one is there (or "C:")
 
 
 PAIRED_SHARE = 0.5

@@ -139,7 +139,7 @@ class _Candidate(NamedTuple):
 
 def _item(base: str, index: int, c: _Candidate, label: int = UNLABELLED) -> SourceItem:
     """The source item of candidate ``c``, its paths under ``base`` (``_joinable`` of the root)."""
-    parts = tuple((f, base + rel) for f, rel in c.files)
+    parts = tuple((f, base + rel) for f, rel in c.files) if c.files else ()
     return SourceItem(index, base + c.rel, c.key, label, parts)
 
 

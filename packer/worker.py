@@ -206,6 +206,5 @@ def write_shard(
         raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
     if report is not None and pending:
         report(pending)
-    hashed: dict[str, str] = getattr(writer, "digests", {})
-    result.files = [file_entry(directory, name, hashed.get(name)) for name in files]
+    result.files = [file_entry(directory, name, writer.digests.get(name)) for name in files]
     return result

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import packer.formats.varlen as varlen
+from packer.formats.base import HashedFile
 from packer.formats.varlen import CHUNK_BYTES, Hdf5VarlenWriter, NpyStream, NpyVarlenWriter, iter_varlen
 from packer.layout import hdf5_varlen_names, npy_varlen_suffixes
 
@@ -128,3 +129,21 @@ def test_npy_stream_gives_no_hash_once_its_header_changed(tmp_path, capacity, ro
     stream.close(rows)
     assert stream.sha256 is None  # the manifest reads the file back instead
     assert np.load(tmp_path / "a.npy").shape == (rows, *shape)
+
+
+def test_a_byte_stream_sized_at_the_end_is_not_hashed_while_written(tmp_path):
+    """Its header is rewritten at close, so hashing the bytes as written would be wasted work."""
+    stream = NpyStream(tmp_path / "a.npy", np.uint8)
+    assert not stream._f.hashing
+    stream.write(b"abc")
+    stream.close(3)
+    assert stream.sha256 is None and np.load(tmp_path / "a.npy").tobytes() == b"abc"
+
+
+def test_hashed_file_without_hashing_only_writes(tmp_path):
+    f = HashedFile(tmp_path / "a.bin", hashing=False)
+    f.write(b"abc")
+    f.file.close()
+    assert (tmp_path / "a.bin").read_bytes() == b"abc"
+    with pytest.raises(ValueError, match="without hashing"):
+        f.hexdigest()

@@ -89,26 +89,39 @@ def raw_image(data, dtype: str | np.dtype, shape, where: str) -> np.ndarray:
 
 class HashedFile:
     """A file opened for writing that hashes what is written to it, in order: its SHA-256 without
-    reading it back, as long as nothing is written through ``file`` (seeking back, truncating)."""
+    reading it back, as long as nothing is written through ``file`` (seeking back, truncating).
+    With ``hashing`` False it only writes: for a file its writer will change later anyway."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, hashing: bool = True) -> None:
         self.file = open(path, "wb")
-        self._hash = hashlib.sha256()
+        self._hash = hashlib.sha256() if hashing else None
+
+    @property
+    def hashing(self) -> bool:
+        """Whether ``write`` hashes."""
+        return self._hash is not None
 
     def write(self, data) -> None:
         """Append bytes or any buffer."""
         self.file.write(data)
-        self._hash.update(data)
+        if self._hash is not None:
+            self._hash.update(data)
 
     def hexdigest(self) -> str:
-        """Hex SHA-256 of everything written through ``write``."""
+        """Hex SHA-256 of everything written through ``write`` (ValueError when not hashing)."""
+        if self._hash is None:
+            raise ValueError("this file was written without hashing")
         return self._hash.hexdigest()
 
 
 class ShardWriter(Protocol):
-    """Writes one shard: ``add`` samples in order, then ``close`` to get the files written."""
+    """Writes one shard: ``add`` samples in order, then ``close`` to get the files written.
+
+    ``digests`` (file name -> hex SHA-256) holds, after ``close``, the files the writer hashed as it
+    wrote them; the others are read back for the manifest."""
 
     name: ClassVar[str]
+    digests: dict[str, str]
 
     def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
         """Start a shard called ``shard`` in ``directory``; ``capacity`` is the most samples it gets."""
@@ -117,6 +130,4 @@ class ShardWriter(Protocol):
         """Append one sample."""
 
     def close(self) -> list[str]:
-        """Finish the shard and return the names of its files, relative to ``directory``. A writer
-        may also fill ``digests`` (file name -> hex SHA-256) for files it hashed as it wrote them;
-        the others are read back for the manifest."""
+        """Finish the shard and return the names of its files, relative to ``directory``."""

@@ -61,6 +61,7 @@ class Hdf5Writer:
         self.labels: list[int] = []
         self.keys: list[str] = []
         self.crcs: list[int] = []
+        self.digests: dict[str, str] = {}  # none: HDF5 does not write the file in order
 
     def add(self, sample: Sample) -> None:
         """Buffer one sample; full buffers go to the file in one write."""

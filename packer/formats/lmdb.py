@@ -81,6 +81,7 @@ class LmdbWriter:
         self.labels: list[int] = []
         self.crcs: list[int] = []
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
+        self.digests: dict[str, str] = {}  # none: the file is not written in order
 
     def add(self, sample: Sample) -> None:
         """Put one sample's records; transactions are committed every ~1 MB."""

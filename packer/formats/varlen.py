@@ -44,7 +44,9 @@ class NpyStream:
         self.capacity = capacity
         self.sha256: Optional[str] = None
         """Hex SHA-256 of the file once closed with ``capacity`` rows; None otherwise."""
-        self._f = HashedFile(path)
+        # Without a capacity the header is rewritten at close, so a hash of the bytes as written
+        # would be of no use: it is not taken.
+        self._f = HashedFile(path, hashing=capacity > 0)
         self.write(self._header(capacity))
         self._data_start = self._f.file.tell()
 
@@ -61,7 +63,7 @@ class NpyStream:
         if len(header) != self._data_start:  # cannot happen with numpy's padded headers
             raise RuntimeError("npy header changed length; refusing to write a corrupt file")
         f = self._f.file
-        if rows == self.capacity and f.tell() == self._data_start + rows * self.row_bytes:
+        if self._f.hashing and rows == self.capacity and f.tell() == self._data_start + rows * self.row_bytes:
             self.sha256 = self._f.hexdigest()  # the header as written, every row there
         else:
             f.seek(0)

@@ -157,16 +157,16 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
     stored array); with ``histogram`` also count the pixel values. DecodeError as in load_image."""
     Image.MAX_IMAGE_PIXELS = cfg.max_pixels  # Pillow's own bomb check, in case a size is only known late
     try:
+        header = jpeg.plain_header(data)
+        # None: not a plain JPEG, or one whose EXIF Pillow must read itself (see _exif_orientation)
+        orientation = None if header is None else 1 if header.exif is None else _exif_orientation(header.exif)
+        if header is not None and orientation is not None:
+            plain = plain_jpeg(data, header, orientation, cfg, path)
+            if plain is not None:
+                return _resized(*plain, cfg, histogram)
         with warnings.catch_warnings():
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
-            header = jpeg.plain_header(data) if cfg.reduced_decode and cfg.size is not None else None
-            # None: not a plain JPEG, or one whose EXIF Pillow must read itself (see _exif_orientation)
-            orientation = None if header is None else 1 if header.exif is None else _exif_orientation(header.exif)
-            if header is not None and orientation is not None:
-                plain = plain_jpeg(data, header, orientation, cfg, path)
-                if plain is not None:
-                    return _resized(*plain, cfg, histogram)
             with Image.open(io.BytesIO(data)) as img:
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
                 return _resized(*oriented(img, cfg, path, None if orientation else data), cfg, histogram)
@@ -196,9 +196,9 @@ def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], 
 def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig,
                path: str = "<bytes>") -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
     """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
-    ``jpeg.plain_header`` and ``orientation`` its EXIF orientation (``_exif_orientation``), when
-    it is scaled while decoding; None when it is not (not worth it, or libjpeg-turbo refuses the
-    file): Pillow decodes it then. The pixels are those ``oriented`` would give: the same
+    ``jpeg.plain_header`` and ``orientation`` its EXIF orientation (``_exif_orientation``),
+    decoded by libjpeg-turbo (scaled, or in full); None when libjpeg-turbo refuses the file: Pillow
+    decodes it then, and explains the error. The pixels are those ``oriented`` would give: the same
     libjpeg-turbo decoding and orientation, only the header is read without Pillow."""
     _check_pixels(header.width, header.height, cfg, path)
     return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg)
@@ -206,12 +206,13 @@ def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: Pre
 
 def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig
                  ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
-    """libjpeg-turbo's decoding of the JPEG ``data`` of ``size`` (as stored) scaled for ``cfg.size``,
-    turned by its EXIF ``orientation`` and in ``cfg``'s colour mode, as ``oriented`` returns it; None
-    when libjpeg-turbo does not scale it (not worth it, or it refuses the file)."""
+    """libjpeg-turbo's decoding of the JPEG ``data`` of ``size`` (as stored), scaled for ``cfg.size``
+    when ``cfg.reduced_decode`` (else in full), turned by its EXIF ``orientation`` and in ``cfg``'s
+    colour mode, as ``oriented`` returns it; None when libjpeg-turbo refuses the file."""
     turned = orientation in (5, 6, 7, 8)
     original = (size[1], size[0]) if turned else size  # as displayed
-    scaled = jpeg.decode_scaled(data, size, draft_size(original, cfg, swap=turned), gray, orientation)
+    need = draft_size(original, cfg, swap=turned) if cfg.reduced_decode and cfg.size is not None else None
+    scaled = jpeg.decode_scaled(data, size, need, gray, orientation)
     if scaled is None:
         return None
     return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
@@ -266,7 +267,9 @@ def _exif_orientation(block: bytes) -> Optional[int]:
     file, Pillow reads its dpi from there and refuses some such files)."""
     exif = Image.Exif()
     try:
-        exif.load(block)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns of odd but readable EXIF blocks
+            exif.load(block)
         if RESOLUTION_UNIT in exif and not isinstance(exif.get(X_RESOLUTION, IFDRational(72)), IFDRational):
             return None
         value = exif.get(ORIENTATION, 1)

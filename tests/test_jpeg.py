@@ -72,7 +72,7 @@ def test_scaled_decode_is_close_to_a_full_decode(resize, orientation, scales):
     full = decode(data, PreprocessConfig(size=(160, 120), resize=resize, reduced_decode=False))
     scaled = decode(data, PreprocessConfig(size=(160, 120), resize=resize))
     # 505 x 379 needs 160 x 120 (3/8); turned upright it needs 214 x 160 cropped or stretched (4/8), 91 x 120 padded
-    assert scales == [3 if orientation < 5 else 2 if resize == "pad" else 4]
+    assert scales == [8, 3 if orientation < 5 else 2 if resize == "pad" else 4]  # 8: the full decode
     assert scaled.original_size == full.original_size == ((379, 505) if orientation >= 5 else (505, 379))
     diff = _diff(scaled.pixels, full.pixels)
     assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 4
@@ -111,8 +111,10 @@ def test_the_partial_last_block_is_placed_by_the_orientation():
 
 def test_no_scaling_when_it_would_not_pay_or_the_file_is_damaged():
     data = _jpeg()
-    assert jpeg.decode_scaled(data, (505, 379), (400, 300), gray=False) is None  # M = 7: slower than in full
+    scaled = jpeg.decode_scaled(data, (505, 379), (400, 300), gray=False)  # M = 7: slower than in full
+    assert scaled is not None and scaled.eighths == 8 and scaled.image.size == (505, 379)
     assert jpeg.decode_scaled(data[: len(data) // 2], (505, 379), (150, 113), gray=False) is None
+    assert jpeg.decode_scaled(data[: len(data) // 2], (505, 379), None, gray=False) is None
 
 
 def test_a_truncated_large_jpeg_is_still_explained():
@@ -126,7 +128,7 @@ def test_gray_and_colour_sources(source, target, scales):
     data = _jpeg(mode=source, orientation=6)
     full = decode(data, PreprocessConfig(size=(160, 120), mode=target, reduced_decode=False))
     scaled = decode(data, PreprocessConfig(size=(160, 120), mode=target))
-    assert scales == [4]
+    assert scales == [8, 4]
     assert scaled.pixels.shape == full.pixels.shape == (120, 160, 3 if target == "RGB" else 1)
     assert _diff(scaled.pixels, full.pixels).mean() < 1.0
 
@@ -156,7 +158,7 @@ def test_jpegs_libjpeg_turbo_does_not_take_fall_back_to_pillows_draft(monkeypatc
         full = decode(data, PreprocessConfig(size=(160, 120), reduced_decode=False)).pixels
         reduced = decode(data, PreprocessConfig(size=(160, 120))).pixels
         assert _diff(reduced, full).mean() < 1.5
-    assert scales == [None]  # libjpeg-turbo refused the first; the CMYK file never asks it
+    assert scales == [None]  # libjpeg-turbo refused the first (asked once: scaled); the CMYK file never asks it
     assert sizes == [(1010, 758), (253, 190)] * 2
 
 
@@ -171,18 +173,50 @@ def test_mpo_progressive_and_odd_orientations_are_scaled(scales):
         scaled = decode(data, PreprocessConfig(size=(160, 120)))
         assert scaled.original_size == (505, 379)  # 0 and 9 are not orientations: the image stays as stored
         assert _diff(scaled.pixels, full).mean() < 1.0
-    assert scales == [3] * 4
+    assert scales == [8] + [3] * 4
 
 
-def test_no_scaling_gives_exactly_the_full_decode(scales):
-    data = _jpeg(size=(350, 350))  # to 224: 5.12 / 8 of the size is needed, M = 6 is not used
-    full = decode(data, PreprocessConfig(reduced_decode=False))
-    assert np.array_equal(decode(data, PreprocessConfig()).pixels, full.pixels)
-    assert scales == [None]
+def _via_pillow(monkeypatch, data: bytes, cfg: PreprocessConfig):
+    """decode(data) with every file through Image.open and Pillow's own decoder."""
+    with monkeypatch.context() as m:
+        m.setattr(jpeg, "plain_header", lambda data: None)
+        m.setattr(jpeg, "decode_scaled", lambda *args, **kwargs: None)
+        return decode(data, cfg, histogram=True)
+
+
+_NOT_SCALED = [PreprocessConfig(), PreprocessConfig(reduced_decode=False), PreprocessConfig(size=None, resize="none")]
+
+
+@pytest.mark.parametrize("save,cfg", [
+    *(({"size": (350, 350)}, cfg) for cfg in _NOT_SCALED),  # to 224: 5.12/8 of the size, M = 6
+    *(({"size": (256, 300), "subsampling": 0}, cfg) for cfg in _NOT_SCALED),  # M = 7
+    *(({"size": (300, 260), "orientation": 6}, cfg) for cfg in _NOT_SCALED),
+    ({"size": (230, 240), "progressive": True}, PreprocessConfig()),  # M = 8
+    ({"size": (32, 32), "mode": "L"}, PreprocessConfig(size=(32, 32))),  # a CIFAR-sized source at its size
+    ({"size": (7, 40)}, PreprocessConfig(size=(5, 30), resize="stretch")),  # M = 6
+])
+def test_jpegs_not_worth_scaling_are_decoded_in_full_by_libjpeg_turbo(monkeypatch, save, cfg, scales):
+    """Decoding at 6/8 or 7/8 is slower than in full, and a full decode (--full-decode, no resize, a
+    target as large as the image) is the same libjpeg-turbo call Pillow makes: all decoded in full
+    (M = 8) without Image.open, with the pixels, histogram and size Pillow's own decoding gives."""
+    data = _jpeg(**save)
+    via_pillow = _via_pillow(monkeypatch, data, cfg)
+    monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("Image.open was called for a plain JPEG"))
+    plain = decode(data, cfg, histogram=True)
+    assert np.array_equal(plain.pixels, via_pillow.pixels) and plain.histogram == via_pillow.histogram
+    assert plain.original_size == via_pillow.original_size
+    assert scales == [8]
 
 
 def test_tiny_images_are_not_scaled():
-    assert jpeg.decode_scaled(_jpeg(size=(7, 40)), (7, 40), (1, 5), gray=False) is None
+    assert jpeg.decode_scaled(_jpeg(size=(7, 40)), (7, 40), (1, 5), gray=False) is None  # Pillow's draft scales it
+
+
+def test_a_full_decode_is_the_whole_image():
+    scaled = jpeg.decode_scaled(_jpeg(size=(7, 40)), (7, 40), (7, 40), gray=False)
+    assert scaled is not None and scaled.eighths == 8 and scaled.image.size == (7, 40) and scaled.area is None
+    scaled = jpeg.decode_scaled(_jpeg(), (505, 379), None, gray=False, orientation=6)
+    assert scaled is not None and scaled.eighths == 8 and scaled.image.size == (379, 505) and scaled.area is None
 
 
 def test_the_manifest_records_how_jpegs_were_scaled(tmp_path):

@@ -48,7 +48,7 @@ from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
 from packer.text import TEXT_EXTENSIONS, TextConfig
-from packer.worker import ShardJob
+from packer.worker import ShardJob, source_stamp, sources_digest
 
 log = logging.getLogger(__name__)
 
@@ -259,17 +259,19 @@ def _convert_locked(
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
     tasks = plan_tasks(found, config, layout, plan_workers)
-    fingerprint = plan_fingerprint(config, tasks, run.strict)
     finished: dict[str, ShardResult] = {}
     if run.resume and previous is None:
         log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
     if previous is not None:
-        if previous.get("fingerprint") != fingerprint:
+        per_shard = previous.get("sources") == SOURCES_PER_SHARD
+        if previous.get("fingerprint") != plan_fingerprint(config, tasks, run.strict, stamps=not per_shard):
             raise OutputError(
                 f"the source files or options changed since the interrupted run in {stage}; "
                 "run without --resume to start over"
             )
         finished = finished_shards(stage, [t.name for t in tasks])
+        if per_shard:
+            finished = unchanged_sources(finished, tasks)
         log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
     else:
         if stage.exists() and not run.resume:
@@ -278,7 +280,8 @@ def _convert_locked(
             start_staging(output)  # replaces an unfinished run's folder with a new one
         except OSError as e:
             raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-        write_plan(stage, {"fingerprint": fingerprint, "workers": plan_workers})
+        write_plan(stage, {"fingerprint": plan_fingerprint(config, tasks, run.strict), "workers": plan_workers,
+                           "sources": SOURCES_PER_SHARD})
     if on_plan is not None:
         on_plan(found, tasks)
     try:
@@ -337,10 +340,17 @@ def _describe_os_error(e: OSError) -> str:
     return f"{e.strerror or e}{where}{hint}"
 
 
-def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False) -> str:
-    """SHA-256 of everything that decides the output: options, shard plan, and each source file's
-    size, inode and modification and change times (so a resumed run notices files changed in
-    between, even when their mtime was put back)."""
+SOURCES_PER_SHARD = "per-shard"
+"""The plan record's ``sources`` when the workers stamp each shard's source files (``worker.sources_digest``)
+and the fingerprint covers only options and plan. Plans without it (older packers) have each file's
+stamp in the fingerprint, taken by the parent before any worker started."""
+
+
+def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False) -> str:
+    """SHA-256 of everything that decides the output but the source files' contents: options and
+    shard plan (each sample's index, key, label and fields). With ``stamps``, also each source
+    file's size, inode and modification and change times, as older packers recorded it (the
+    same bytes: their interrupted runs still resume)."""
     h = hashlib.sha256()
     options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
                "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
@@ -352,21 +362,29 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
             if item.parts:
-                stamp = "/".join(map(_stamp, item.paths)) + "".join(f"\0{f}" for f, _ in item.parts)
+                files = "/".join(map(source_stamp, item.paths)) if stamps else ""
+                stamp = files + "".join(f"\0{f}" for f, _ in item.parts)
             else:
-                stamp = _stamp(item.path)
+                stamp = source_stamp(item.path) if stamps else ""
             lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
         h.update("".join(lines).encode())
     return h.hexdigest()
 
 
-def _stamp(path: str) -> str:
-    """What the plan fingerprint records of a source file: size, modification and change times, inode."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "missing"
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+def unchanged_sources(finished: dict[str, ShardResult], tasks: list[ShardTask]) -> dict[str, ShardResult]:
+    """The ``finished`` shards whose source files are as their worker found them (size, times,
+    inode; see ``worker.sources_digest``). The others are written again, from the files as they are
+    now, as an uninterrupted run would; so is a shard recorded without stamps."""
+    kept = {}
+    for task in tasks:
+        result = finished.get(task.name)
+        if result is None:
+            continue
+        if result.sources and result.sources == sources_digest(task.items):
+            kept[task.name] = result
+        else:
+            log.warning("%s: its source files changed since the interrupted run; writing it again", task.name)
+    return kept
 
 
 def build_manifest(

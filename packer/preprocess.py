@@ -74,18 +74,19 @@ _NOT_REGULAR = "not a regular file (a pipe, device or socket)"
 
 
 def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None,
-                limit: str = "more than any image of --max-pixels could need") -> bytes:
+                limit: str = "more than any image of --max-pixels could need",
+                st: Optional[os.stat_result] = None) -> bytes:
     """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
 
     Checked before opening (a FIFO or device named ``x.jpg`` would block, never end, or do something
-    when opened) and again on the open file, before reading: a file over ``max_bytes`` would be read
-    whole into memory (``limit`` says why there is one). stat, open, fstat and one read: 0.022 ms per
-    cached file, against 0.03 for ``stat`` then ``open().read()`` (an isatty, a seek and a second
-    read more).
+    when opened) by its ``os.stat``, ``st`` if the caller took it, and again on the open file, before
+    reading: a file over ``max_bytes`` would be read whole into memory (``limit`` says why there is
+    one). stat, open, fstat and one read: 0.022 ms per cached file, against 0.03 for ``stat`` then
+    ``open().read()`` (an isatty, a seek and a second read more).
     """
     where = str(path)
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        if not stat.S_ISREG((st or os.stat(path)).st_mode):
             raise DecodeError(where, _NOT_REGULAR)
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:

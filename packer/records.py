@@ -213,6 +213,8 @@ class ShardResult:
 
     ``keys``, ``labels`` and ``digests`` (a 128-bit SHA-256 prefix of each source file, to find identical
     files) are per written sample, in order; ``stats`` counts pixel values and original sizes.
+    ``sources`` is a SHA-256 of every source file's size, times and inode as the worker found them
+    before reading (``worker.sources_digest``), for --resume; empty in records of older packers.
     """
 
     name: str
@@ -223,6 +225,7 @@ class ShardResult:
     labels: list[int] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     stats: ShardStats = field(default_factory=ShardStats)
+    sources: str = ""
 
     def to_dict(self) -> dict:
         """JSON-ready form (the record of a finished shard kept for --resume)."""
@@ -230,6 +233,7 @@ class ShardResult:
             "name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
             "skipped": [s.to_dict() for s in self.skipped],
             "keys": self.keys, "labels": self.labels, "digests": self.digests, "stats": self.stats.to_dict(),
+            "sources": self.sources,
         }
 
     @classmethod
@@ -239,5 +243,5 @@ class ShardResult:
         return cls(
             d["name"], int(d["samples"]), [FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in d["files"]],
             [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
-            list(d["digests"]), ShardStats.from_dict(d["stats"]),
+            list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
         )

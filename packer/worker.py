@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
@@ -99,6 +99,40 @@ def source_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+def source_stat(path: str) -> Optional[os.stat_result]:
+    """``os.stat(path)``, None when it fails (a missing file, a broken link)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
+    """What --resume compares of a source file: size, modification and change times, inode (of
+    ``st``, its os.stat, when the caller took it)."""
+    st = st or source_stat(path)
+    return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+
+
+def item_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> bytes:
+    """One sample's line in its shard's ``sources_digest``: its index and the stamps of its files
+    (``st``: an image-only sample's os.stat, when the caller took it)."""
+    if item.parts:
+        stamps = "/".join(map(source_stamp, item.paths)) + "".join(f"\0{f}" for f, _ in item.parts)
+    else:
+        stamps = source_stamp(item.path, st)
+    return f"\0{item.index}\0{stamps}".encode()
+
+
+def sources_digest(items: Iterable[SourceItem]) -> str:
+    """SHA-256 of the stamps of ``items``' files, as the worker writing their shard records it
+    (``ShardResult.sources``): --resume writes a finished shard again when it differs."""
+    h = hashlib.sha256()
+    for item in items:
+        h.update(item_stamp(item))
+    return h.hexdigest()
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
     while a decoder hangs). Elsewhere the per-file check in ``run_shard_process`` does the job."""
@@ -112,11 +146,13 @@ def die_with_parent() -> None:
         pass
 
 
-def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
+def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None
+                ) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
     """Read and preprocess one source item: ``(sample, digest of its source bytes, decoded image or
-    None)``. DecodeError for a file that cannot be used (naming the file within a paired sample)."""
+    None)``; ``st`` is an image-only item's os.stat if the caller took it. DecodeError for a file
+    that cannot be used (naming the file within a paired sample)."""
     if not item.parts:  # an image-only sample: the hot path, kept free of anything else
-        data, decoded, image, encoded = read_image(item.path, job)
+        data, decoded, image, encoded = read_image(item.path, job, st)
         return Sample(item.index, item.relpath, image, item.label, encoded), source_digest(data), decoded
     digest = hashlib.sha256()
     files = dict(item.parts)
@@ -142,9 +178,11 @@ def read_sample(item: SourceItem, job: ShardJob) -> tuple[Sample, str, Optional[
     return sample, digest.hexdigest()[:32], decoded
 
 
-def read_image(path: str, job: ShardJob) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
-    """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file."""
-    data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes)
+def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None
+               ) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
+    """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file (``st``:
+    its os.stat, if the caller took it)."""
+    data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
     decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
     image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
     codec = job.layout.codec
@@ -165,8 +203,8 @@ def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:
 def write_shard(
     job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
 ) -> ShardResult:
-    """Write one shard; return its files with checksums, the files it skipped, per-sample facts and
-    the counts behind the dataset statistics.
+    """Write one shard; return its files with checksums, the files it skipped, per-sample facts, the
+    counts behind the dataset statistics and the stamps of its source files.
 
     ``progress(n)`` is told of finished files every few files; ``at(position)`` before each.
     """
@@ -174,14 +212,19 @@ def write_shard(
     directory = Path(job.directory)
     writer = get_writer(job.format)(directory, job.task.name, job.layout, len(job.task.items))
     result = ShardResult(job.task.name, 0, [])
+    sources = hashlib.sha256()
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     for position, item in enumerate(job.task.items):
         if at is not None:
             at(position + 1)
+        # Stamped before reading, so that a file changed after this is noticed on --resume; an
+        # image-only sample's stat also serves read_source's check.
+        st = None if item.parts else source_stat(item.path)
+        sources.update(item_stamp(item, st))
         try:
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
-            sample, digest, decoded = read_sample(item, job)
+            sample, digest, decoded = read_sample(item, job, st)
         except DecodeError as e:
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None
@@ -211,4 +254,5 @@ def write_shard(
     if report is not None and pending:
         report(pending)
     result.files = [file_entry(directory, name, writer.digests.get(name)) for name in files]
+    result.sources = sources.hexdigest()
     return result

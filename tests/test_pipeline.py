@@ -601,19 +601,71 @@ def test_empty_source_is_an_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_refuses_changed_source_files(image_tree, tmp_path):
-    from packer.output import start_staging, write_plan
-    from packer.pipeline import plan_fingerprint
+def _interrupt_after_first_shard(tree, out, config) -> None:
+    """Run a conversion of ``tree`` (one worker, shards of 5) and stop it in its second shard."""
+    finished: list[int] = []
 
-    out = tmp_path / "out"
+    def stop_in_second_shard(n):
+        finished.append(n)
+        if sum(finished) > 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(tree, out, config, workers=1, progress=stop_in_second_shard)
+
+
+def test_resume_writes_again_a_finished_shard_whose_files_changed(image_tree, tmp_path, caplog):
+    """Each worker stamps its shard's files (size, times, inode) before reading them: a finished
+    shard whose files changed since is written again from the files as they are now, as an
+    uninterrupted run would; finished shards whose files did not change are kept."""
+    from packer.output import DONE_SUFFIX, read_plan
+
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
-    found = discover(image_tree)
-    tasks = plan_shards(found.items, config.shard_size, 1.0)
-    start_staging(out)
-    write_plan(staging_dir(out), {"fingerprint": plan_fingerprint(config, tasks), "workers": 1})
-    write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # changed since the "interrupted" run
-    with pytest.raises(OutputError, match="changed since the interrupted run"):
-        convert(image_tree, out, config, workers=1, resume=True)
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    assert [p.name for p in staging_dir(out).glob(f"*{DONE_SUFFIX}")] == [f"shard-00000{DONE_SUFFIX}"]
+    assert read_plan(staging_dir(out))["sources"] == packer.pipeline.SOURCES_PER_SHARD
+    write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # in the finished shard
+    with caplog.at_level("WARNING", logger="packer"):
+        resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == 15  # all three shards: the finished one's file changed
+    assert "shard-00000: its source files changed since the interrupted run" in caplog.text
+    convert(image_tree, tmp_path / "fresh", config, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
+
+    out2 = tmp_path / "out2"
+    _interrupt_after_first_shard(image_tree, out2, config)
+    write_image(image_tree / "cat" / "img_005.png", (9, 9), seed=98)  # in the last shard, not finished
+    assert convert(image_tree, out2, config, workers=1, resume=True).processed == 10  # the finished shard is kept
+    convert(image_tree, tmp_path / "fresh2", config, workers=1)
+    assert (out2 / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh2" / MANIFEST_NAME).read_bytes()
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, changed):
+    """Older packers stamped every source file into the plan's fingerprint and their shard records
+    have no stamps: such a run resumes with its finished shards when no file changed, and is
+    refused when one did."""
+    from packer.output import DONE_SUFFIX, read_plan, write_plan
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    stage = staging_dir(out)
+    tasks = plan_shards(discover(image_tree).items, config.shard_size, 1.0)
+    plan = read_plan(stage)
+    write_plan(stage, {"fingerprint": packer.pipeline.plan_fingerprint(config, tasks, stamps=True),
+                       "workers": plan["workers"]})
+    record = stage / f"shard-00000{DONE_SUFFIX}"
+    older = json.loads(record.read_text())
+    del older["sources"]
+    record.write_text(json.dumps(older))
+    if changed:
+        write_image(image_tree / "cat" / "img_005.png", (9, 9), seed=99)  # even one in an unfinished shard
+        with pytest.raises(OutputError, match="changed since the interrupted run"):
+            convert(image_tree, out, config, workers=1, resume=True)
+    else:
+        assert convert(image_tree, out, config, workers=1, resume=True).processed == 10
 
 
 def test_shuffle_stores_a_seeded_permutation_in_every_format(image_tree, tmp_path):

@@ -82,6 +82,21 @@ def test_merge_names_missing_and_damaged_shards_and_their_nodes(tree, tmp_path):
     assert_same_output(tmp_path / "single", out)
 
 
+def test_a_node_run_again_writes_again_its_shards_whose_files_changed(tmp_path):
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 8, "bee": 8})
+    out = tmp_path / "out"
+    config = ConvertConfig("npy", PRE, ShardSize(samples=4))  # shards 0 and 2 are node 0's: ant/0-3, bee/0-3
+    convert_node(src, out, config, NodeSplit(2, 0))
+    make_tree(src, {"bee": 1}, size=(9, 9))  # bee/img_000.png, in shard 2, is another image now
+    again = convert_node(src, out, config, NodeSplit(2, 0))
+    assert (again.written, again.shards) == (1, 2)
+    convert_node(src, out, config, NodeSplit(2, 1))
+    merge(out)
+    convert(src, tmp_path / "single", config, workers=2)
+    assert_same_output(tmp_path / "single", out)
+
+
 def test_nodes_with_other_options_are_refused(tree, tmp_path):
     out = tmp_path / "out"
     convert_node(tree, out, ConvertConfig("npy", PRE), NodeSplit(2, 0), workers=1)

@@ -13,9 +13,11 @@ UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SourceItem:
-    """One source file found by discovery.
+    """One source file found by discovery (treat it as read-only: it is not frozen because discovery
+    makes one per file in the parent before any worker starts, and a frozen dataclass takes 2.2 us
+    to make against 0.7).
 
     ``index`` is its position in the sorted listing, stable across runs over the same tree;
     ``relpath`` is its POSIX path relative to the source root, which is also the sample key.

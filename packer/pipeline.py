@@ -342,8 +342,9 @@ def _describe_os_error(e: OSError) -> str:
 
 SOURCES_PER_SHARD = "per-shard"
 """The plan record's ``sources`` when the workers stamp each shard's source files (``worker.sources_digest``)
-and the fingerprint covers only options and plan. Plans without it (older packers) have each file's
-stamp in the fingerprint, taken by the parent before any worker started."""
+and the fingerprint covers only options and plan. Plans without it (older packers', and split runs',
+whose nodes must all see the same files) have each file's stamp in the fingerprint, taken before
+any worker started."""
 
 
 def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False) -> str:

@@ -20,7 +20,6 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import IO, Callable, Optional
 
@@ -43,7 +42,6 @@ from packer.output import (
     write_plan,
 )
 from packer.pipeline import (
-    SOURCES_PER_SHARD,
     ConvertResult,
     build_manifest,
     discover_checked,
@@ -52,7 +50,6 @@ from packer.pipeline import (
     run_unfinished,
     sample_layout,
     source_counts,
-    unchanged_sources,
 )
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.report import REPORT_NAME, write_report
@@ -135,9 +132,10 @@ def convert_node(
     plan_workers = executor.workers * node.nodes
     tasks = plan_tasks(found, config, layout, plan_workers)
     plan = {
-        "fingerprint": plan_fingerprint(config, tasks, strict),
+        # Every file's stamp, as before per-shard stamps (single runs): a node that joins must see the
+        # files the others saw, as merge publishes every node's shards without reading the sources.
+        "fingerprint": plan_fingerprint(config, tasks, strict, stamps=True),
         "workers": plan_workers,
-        "sources": SOURCES_PER_SHARD,
         "split": {"nodes": node.nodes, "shards": [t.name for t in tasks], "config": recorded,
                   "source": str(Path(source).absolute()), "classes": found.classes,
                   "skipped": [s.to_dict() for s in found.skipped], "counts": source_counts(found),
@@ -145,13 +143,10 @@ def convert_node(
     }
     locks = _lock_node(output, node)
     try:
-        older_plan = partial(plan_fingerprint, config, tasks, strict, stamps=True)
-        stage, per_shard = join_staging(output, plan, node, older_plan)
+        stage = join_staging(output, plan, node)
         jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict, text=config.text)
                 for i, t in enumerate(tasks) if node.owner(i) == node.rank]
         finished = finished_shards(stage, [j.task.name for j in jobs])
-        if per_shard:
-            finished = unchanged_sources(finished, [j.task for j in jobs])
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
@@ -165,13 +160,10 @@ def convert_node(
                       sum(len(j.task.items) for j in todo))
 
 
-def join_staging(output: Path, plan: dict, node: NodeSplit, stamped: Callable[[], str]) -> tuple[Path, bool]:
+def join_staging(output: Path, plan: dict, node: NodeSplit) -> Path:
     """The shared staging folder of a split conversion: created with ``plan`` by the first node
     (made complete under a temporary name, then renamed, so no node ever sees it half made), or
-    joined when it holds the same plan; and whether its shards' records stamp their source files
-    (``pipeline.SOURCES_PER_SHARD``). A plan of an older packer is the same when its fingerprint
-    is ``stamped()`` (``plan_fingerprint`` with each file's stamp). OutputError when it holds
-    another run."""
+    joined when it holds the same plan. OutputError when it holds another run."""
     stage = staging_dir(output)
     if not stage.exists():
         stage.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +173,7 @@ def join_staging(output: Path, plan: dict, node: NodeSplit, stamped: Callable[[]
         write_plan(fresh, plan)
         try:
             os.rename(fresh, stage)
-            return stage, True
+            return stage
         except OSError:  # another node was first: join its folder below
             remove_tree(fresh)
     recorded = read_plan(stage)
@@ -192,10 +184,8 @@ def join_staging(output: Path, plan: dict, node: NodeSplit, stamped: Callable[[]
     if theirs is None:
         raise OutputError(f"{stage} holds an unfinished single-machine run of {output}: finish it with "
                           "packer convert ... --resume, or remove that folder before starting the nodes")
-    per_shard = recorded.get("sources") == SOURCES_PER_SHARD
-    fingerprint = plan["fingerprint"] if per_shard else stamped()
-    if recorded.get("fingerprint") == fingerprint and theirs.get("nodes") == mine["nodes"]:
-        return stage, per_shard
+    if recorded.get("fingerprint") == plan["fingerprint"] and theirs.get("nodes") == mine["nodes"]:
+        return stage
     if theirs.get("nodes") != mine["nodes"]:
         why = f"it is split over {theirs.get('nodes')} nodes, this node was started with --num-nodes {mine['nodes']}"
     elif recorded.get("workers") != plan["workers"]:

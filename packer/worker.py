@@ -38,7 +38,7 @@ FINISHING = -1
 
 PROGRESS_SECONDS = 0.1
 """Least time between a worker's progress messages: ten a second keep a bar live. Counting items
-instead (one message per 16) made the parent wake ~500 times a second for small images, the
+instead (one message per 16) made the parent wake ~450 times a second for small images, the
 work of a tenth of a core on a 2-core machine."""
 
 

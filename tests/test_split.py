@@ -82,19 +82,18 @@ def test_merge_names_missing_and_damaged_shards_and_their_nodes(tree, tmp_path):
     assert_same_output(tmp_path / "single", out)
 
 
-def test_a_node_run_again_writes_again_its_shards_whose_files_changed(tmp_path):
+def test_nodes_are_refused_once_a_source_file_changed(tmp_path):
+    """merge publishes every node's shards without reading the sources, so every node must see the
+    files the first one planned with: a node started after a file changed is refused."""
     src = tmp_path / "images"
     make_tree(src, {"ant": 8, "bee": 8})
     out = tmp_path / "out"
-    config = ConvertConfig("npy", PRE, ShardSize(samples=4))  # shards 0 and 2 are node 0's: ant/0-3, bee/0-3
+    config = ConvertConfig("npy", PRE, ShardSize(samples=4))
     convert_node(src, out, config, NodeSplit(2, 0))
-    make_tree(src, {"bee": 1}, size=(9, 9))  # bee/img_000.png, in shard 2, is another image now
-    again = convert_node(src, out, config, NodeSplit(2, 0))
-    assert (again.written, again.shards) == (1, 2)
-    convert_node(src, out, config, NodeSplit(2, 1))
-    merge(out)
-    convert(src, tmp_path / "single", config, workers=2)
-    assert_same_output(tmp_path / "single", out)
+    make_tree(src, {"ant": 1}, size=(30, 30))  # ant/img_000.png, in node 0's finished shard, is another image
+    for rank in (1, 0):
+        with pytest.raises(OutputError, match="options or source files differ"):
+            convert_node(src, out, config, NodeSplit(2, rank))
 
 
 def test_nodes_with_other_options_are_refused(tree, tmp_path):

@@ -48,7 +48,7 @@ from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
 from packer.text import TEXT_EXTENSIONS, TextConfig
-from packer.worker import ShardJob, source_stamp, sources_digest
+from packer.worker import ShardJob, fields_stamp, files_stamp, sources_digest
 
 log = logging.getLogger(__name__)
 
@@ -362,11 +362,7 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
         h.update(task.name.encode())
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
-            if item.parts:
-                files = "/".join(map(source_stamp, item.paths)) if stamps else ""
-                stamp = files + "".join(f"\0{f}" for f, _ in item.parts)
-            else:
-                stamp = source_stamp(item.path) if stamps else ""
+            stamp = files_stamp(item) if stamps else fields_stamp(item)
             lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
         h.update("".join(lines).encode())
     return h.hexdigest()

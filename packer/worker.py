@@ -114,14 +114,22 @@ def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
     return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
 
-def item_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> bytes:
-    """One sample's line in its shard's ``sources_digest``: its index and the stamps of its files
-    (``st``: an image-only sample's os.stat, when the caller took it)."""
+def files_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> str:
+    """The stamps of one sample's files, a paired sample's followed by its fields' names (``st``: an
+    image-only sample's os.stat, when the caller took it)."""
     if item.parts:
-        stamps = "/".join(map(source_stamp, item.paths)) + "".join(f"\0{f}" for f, _ in item.parts)
-    else:
-        stamps = source_stamp(item.path, st)
-    return f"\0{item.index}\0{stamps}".encode()
+        return "/".join(map(source_stamp, item.paths)) + fields_stamp(item)
+    return source_stamp(item.path, st)
+
+
+def fields_stamp(item: SourceItem) -> str:
+    """A paired sample's field names, as ``files_stamp`` ends with them (empty for an image-only one)."""
+    return "".join(f"\0{f}" for f, _ in item.parts)
+
+
+def item_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> bytes:
+    """One sample's line in its shard's ``sources_digest``: its index and ``files_stamp``."""
+    return f"\0{item.index}\0{files_stamp(item, st)}".encode()
 
 
 def sources_digest(items: Iterable[SourceItem]) -> str:

@@ -162,7 +162,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
         # None: not a plain JPEG, or one whose EXIF Pillow must read itself (see _exif_orientation)
         orientation = None if header is None else 1 if header.exif is None else _exif_orientation(header.exif)
         if header is not None and orientation is not None:
-            plain = plain_jpeg(data, header, orientation, cfg, path)
+            plain = plain_jpeg(data, header, orientation, cfg, path, scratch=True)
             if plain is not None:
                 return _resized(*plain, cfg, histogram)
         with warnings.catch_warnings():
@@ -170,7 +170,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
-                return _resized(*oriented(img, cfg, path, None if orientation else data), cfg, histogram)
+                return _resized(*oriented(img, cfg, path, None if orientation else data, scratch=True), cfg, histogram)
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -185,7 +185,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
 def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
              histogram: bool) -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
-    img = resize(img, cfg, area)
+    img = resize(img, cfg, area)  # may be the image decoded into the scratch buffer, until np.asarray copies it
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
     counts = img.histogram() if histogram else None
     pixels = np.asarray(img)
@@ -194,40 +194,42 @@ def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], 
     return Decoded(pixels, original, counts)
 
 
-def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig,
-               path: str = "<bytes>") -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig, path: str = "<bytes>",
+               scratch: bool = False) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
     """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
     ``jpeg.plain_header`` and ``orientation`` its EXIF orientation (``_exif_orientation``),
     decoded by libjpeg-turbo (scaled, or in full); None when libjpeg-turbo refuses the file: Pillow
     decodes it then, and explains the error. The pixels are those ``oriented`` would give: the same
-    libjpeg-turbo decoding and orientation, only the header is read without Pillow."""
+    libjpeg-turbo decoding and orientation, only the header is read without Pillow. ``scratch``:
+    see ``jpeg.decode_scaled``."""
     _check_pixels(header.width, header.height, cfg, path)
-    return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg)
+    return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg, scratch)
 
 
-def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig
-                 ) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig,
+                 scratch: bool) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
     """libjpeg-turbo's decoding of the JPEG ``data`` of ``size`` (as stored), scaled for ``cfg.size``
     when ``cfg.reduced_decode`` (else in full), turned by its EXIF ``orientation`` and in ``cfg``'s
-    colour mode, as ``oriented`` returns it; None when libjpeg-turbo refuses the file."""
+    colour mode, as ``oriented`` returns it; None when libjpeg-turbo refuses the file. ``scratch``:
+    see ``jpeg.decode_scaled``."""
     turned = orientation in (5, 6, 7, 8)
     original = (size[1], size[0]) if turned else size  # as displayed
     need = draft_size(original, cfg, swap=turned) if cfg.reduced_decode and cfg.size is not None else None
-    scaled = jpeg.decode_scaled(data, size, need, gray, orientation)
+    scaled = jpeg.decode_scaled(data, size, need, gray, orientation, scratch)
     if scaled is None:
         return None
     return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
 
 
-def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None
-             ) -> tuple[Image.Image, tuple[int, int], Optional[Area]]:
+def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None,
+             scratch: bool = False) -> tuple[Image.Image, tuple[int, int], Optional[Area]]:
     """What ``decode`` does to an opened image before resizing: the pixel-count check, reduced JPEG
     decoding (given the file's ``data``), EXIF orientation and the colour mode.
 
     Returns the image (possibly not yet loaded: Pillow decodes lazily), its original (width,
     height) as displayed, and the area of the image that holds the picture (None: all of it; see
     packer.jpeg), which ``resize`` takes. Pillow's errors pass through; ``decode`` turns them into
-    DecodeError.
+    DecodeError. ``scratch``: see ``jpeg.decode_scaled``.
     """
     w, h = img.size
     _check_pixels(w, h, cfg, path)
@@ -237,7 +239,7 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
     area = None
     if cfg.reduced_decode and cfg.size is not None and img.format in ("JPEG", "MPO"):  # MPO: JPEG + more frames
         if data is not None and img.mode in ("RGB", "L"):
-            scaled = _scaled_jpeg(data, (w, h), img.mode == "L", orientation, cfg)
+            scaled = _scaled_jpeg(data, (w, h), img.mode == "L", orientation, cfg, scratch)
             if scaled is not None:
                 return scaled
         # CMYK, or a file libjpeg-turbo refuses: Pillow's draft, which scales by 1/2, 1/4 or 1/8 only

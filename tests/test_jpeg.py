@@ -374,3 +374,61 @@ def test_a_scaled_image_holds_exactly_libjpegs_pixels(mode, size):
                                   min_height=scaled.image.height)
     got = np.asarray(scaled.image)
     assert scaled.image.mode == mode and np.array_equal(got[:, :, None] if mode == "L" else got, want)
+
+
+def test_decoded_pixels_are_used_without_a_copy():
+    pixels = simplejpeg.decode_jpeg(_jpeg(size=(40, 24)), "RGBX")
+    assert jpeg._maps_rgbx()  # this Pillow keeps RGB as 4 bytes a pixel: the mapping is used, not the copy
+    image = jpeg.as_image(pixels)
+    assert image.mode == "RGB" and image.size == (40, 24)
+    assert np.array_equal(np.asarray(image), pixels[:, :, :3])
+    pixels[0, 0, :3] = (1, 2, 3)  # the image is a view of libjpeg-turbo's output
+    assert image.getpixel((0, 0)) == (1, 2, 3)
+    gray = simplejpeg.decode_jpeg(_jpeg(size=(40, 24), mode="L"), "GRAY")
+    assert np.array_equal(np.asarray(jpeg.as_image(gray)), gray[:, :, 0])
+
+
+def test_without_the_mapping_the_pixels_are_copied(monkeypatch):
+    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [False])
+    pixels = simplejpeg.decode_jpeg(_jpeg(size=(40, 24)), "RGBX")
+    image = jpeg.as_image(pixels)
+    pixels[0, 0, :3] = (1, 2, 3)
+    assert image.mode == "RGB" and image.getpixel((0, 0)) != (1, 2, 3)
+    cfg = PreprocessConfig(size=(160, 120))
+    data = _jpeg()
+    fallback = decode(data, cfg).pixels
+    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [True])
+    assert np.array_equal(fallback, decode(data, cfg).pixels)
+
+
+def test_decodes_into_the_scratch_buffer_do_not_mix(monkeypatch):
+    """decode reuses one buffer per thread: image after image, and in threads at once, each result
+    is what a decode into fresh memory gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(jpeg, "_SCRATCH", type(jpeg._SCRATCH)())
+    cases = [(_jpeg(size=size, orientation=o, mode=m), cfg) for size, o, m in
+             [((505, 379), None, "RGB"), ((379, 505), 6, "RGB"), ((233, 171), None, "L"), ((64, 48), 3, "RGB")]
+             for cfg in (PreprocessConfig(size=(160, 120)), PreprocessConfig(size=None, resize="none"),
+                         PreprocessConfig(size=(64, 48)))]
+    real = jpeg.decode_scaled
+    monkeypatch.setattr(jpeg, "decode_scaled", lambda *a: real(*a[:5], scratch=False))
+    want = [decode(d, c).pixels for d, c in cases]
+    monkeypatch.setattr(jpeg, "decode_scaled", real)
+    assert [decode(d, c).pixels.tobytes() for d, c in cases] == [w.tobytes() for w in want]
+    assert len(jpeg._SCRATCH.buffer) > 0  # the buffer was used
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda case: decode(*case).pixels.tobytes(), cases * 4))
+            assert got == [w.tobytes() for w in want] * 4
+
+
+def test_large_images_get_a_buffer_of_their_own(monkeypatch):
+    monkeypatch.setattr(jpeg, "_SCRATCH", type(jpeg._SCRATCH)())
+    monkeypatch.setattr(jpeg, "SCRATCH_MAX_BYTES", 100 * 100 * 4)
+    data = _jpeg(size=(505, 379))
+    decode(data, PreprocessConfig(size=(160, 120)))  # 316 x 237 at M = 5: over the limit
+    assert len(jpeg._SCRATCH.buffer) == 0
+    small = decode(_jpeg(size=(80, 60)), PreprocessConfig(size=(80, 60))).pixels  # in full
+    assert len(jpeg._SCRATCH.buffer) == 80 * 60 * 4
+    assert np.array_equal(small, np.asarray(Image.open(io.BytesIO(_jpeg(size=(80, 60))))))

@@ -15,12 +15,12 @@ import shutil
 import signal
 import sys
 import tempfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+from zlib_ng.zlib_ng import crc32
 
 from packer.codecs import decode_image
 from packer.formats import SCANNERS
@@ -209,7 +209,7 @@ def _sample_problem(s: StoredSample, layout: StoredLayout) -> str:
     the image's stored bytes and then each text field's), then decoded to check its shape or text."""
     crc = 0
     if s.encoded is not None:
-        crc = zlib.crc32(s.encoded)
+        crc = crc32(s.encoded)
     elif s.image is not None:
         crc = image_crc32(s.image)
     if fields_crc32((s.fields[f.name] for f in layout.text), crc) != s.crc32:

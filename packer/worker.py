@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import numpy as np
+import xxhash
 
 from packer import preprocess, text
 from packer.codecs import encode_image
@@ -94,9 +95,11 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
 
 
 def source_digest(data: bytes) -> str:
-    """128-bit SHA-256 prefix of a source file's bytes, to find identical files (hardware-accelerated
-    SHA-256 is about twice as fast here as BLAKE2b; it runs once per file in the hot path)."""
-    return hashlib.sha256(data).hexdigest()[:32]
+    """XXH3-128 of a source file's bytes (``records.SOURCE_DIGEST``), to find identical files. It
+    runs once per file in the hot path: 1.5 us for a 44 KB JPEG against 37-54 for SHA-256 (with the
+    CPU's SHA instructions), 1.6% of a worker's time per photograph. Identical bytes is all the
+    duplicate report needs: no one gains by forging a collision there."""
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def source_stat(path: str) -> Optional[os.stat_result]:
@@ -162,7 +165,7 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
     if not item.parts:  # an image-only sample: the hot path, kept free of anything else
         data, decoded, image, encoded = read_image(item.path, job, st)
         return Sample(item.index, item.relpath, image, item.label, encoded), source_digest(data), decoded
-    digest = hashlib.sha256()
+    digest = xxhash.xxh3_128()
     files = dict(item.parts)
     image = encoded = decoded = None
     fields: dict[str, bytes] = {}
@@ -183,7 +186,7 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
             raise DecodeError(item.relpath, f"{e.reason} [{os.path.basename(e.path)}]") from None
         raise
     sample = Sample(item.index, item.relpath, image, item.label, encoded, fields)
-    return sample, digest.hexdigest()[:32], decoded
+    return sample, digest.hexdigest(), decoded
 
 
 def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None

@@ -21,7 +21,7 @@ from packer.formats import SCANNERS, WRITERS, ImageLayout, get_writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.wds import ustar_header
 from packer.manifest import ShardEntry, file_entry
-from packer.records import Sample
+from packer.records import Sample, fields_crc32, image_crc32
 
 H, W, C = 6, 5, 3
 FIXED = ImageLayout("uint8", (H, W, C), C)
@@ -45,6 +45,20 @@ def write(fmt, directory, samples, layout=FIXED, capacity=None, name="shard-0000
     for s in samples:
         writer.add(s)
     return writer.close()
+
+
+def test_checksums_are_the_crc32_zlib_computes():
+    """What anyone recomputes with zlib or binascii without packer, for every stored dtype, C order."""
+    rng = np.random.default_rng(7)
+    cases = [("uint8", (224, 224, 3)), ("float16", (31, 17, 1)), ("float32", (5, 3, 3)), ("uint8", (0, 4, 3))]
+    for dtype, shape in cases:
+        a = rng.integers(0, 255, shape).astype(dtype)
+        assert image_crc32(a) == zlib.crc32(a.tobytes())
+        assert image_crc32(a.transpose(1, 0, 2)) == zlib.crc32(a.transpose(1, 0, 2).tobytes())  # not contiguous
+    fields = [b"caption", b"", "été".encode(), rng.bytes(100_000)]
+    assert fields_crc32(fields, 12345) == zlib.crc32(b"".join(fields), 12345)
+    sample = Sample(0, "k", None, encoded=rng.bytes(5000), fields={"text": b"abc"})
+    assert sample.crc32 == zlib.crc32(sample.encoded + b"abc")
 
 
 def test_writer_registry_matches_reader_registry():

@@ -792,6 +792,20 @@ def test_normalize_auto_makes_readers_give_zero_mean_unit_std(image_tree, tmp_pa
                           atol=1e-5)
 
 
+def _interrupt_in_second_shard(source, out, config) -> None:
+    """A one-worker run stopped as by Ctrl-C once its progress counts 8 files (with shards of 4
+    samples: in the second shard, the first one finished)."""
+    finished = []
+
+    def stop_in_second_shard(n):
+        finished.append(n)
+        if sum(finished) >= 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, out, config, workers=1, progress=stop_in_second_shard)
+
+
 @pytest.mark.parametrize("older_record", [False, True])
 def test_resume_keeps_the_statistics(image_tree, tmp_path, older_record):
     """Finished shards' stats come back from their records; a record without them (an older
@@ -802,15 +816,7 @@ def test_resume_keeps_the_statistics(image_tree, tmp_path, older_record):
     config = ConvertConfig("npy", PreprocessConfig(size=(16, 12), auto_normalize=True), ShardSize(samples=4))
     whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
     out = tmp_path / "out"
-    finished = []
-
-    def stop_in_second_shard(n):
-        finished.append(n)
-        if sum(finished) >= 8:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        convert(image_tree, out, config, workers=1, progress=stop_in_second_shard)
+    _interrupt_in_second_shard(image_tree, out, config)
     records = list(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
     assert [p.name for p in records] == [f"shard-00000{DONE_SUFFIX}"]
     if older_record:
@@ -828,3 +834,30 @@ def test_normalize_auto_refused_with_float_storage(image_tree, tmp_path):
         convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(auto_normalize=True,
                                                                                      dtype="float32")))
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tree, tmp_path):
+    """Duplicates are found by comparing each source's digest across all shards, so a finished shard
+    recorded with older packers' SHA-256 prefixes is written again; the duplicate in it, of a file
+    in a later shard, is still reported."""
+    import hashlib
+    import shutil
+
+    from packer.output import DONE_SUFFIX
+
+    shutil.copy(image_tree / "ant" / "img_000.png", image_tree / "cat" / "img_099.png")  # in shards 0 and 3
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
+    whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
+    assert whole.duplicates == [["ant/img_000.png", "cat/img_099.png"]]
+    out = tmp_path / "out"
+    _interrupt_in_second_shard(image_tree, out, config)
+    record = staging_dir(out) / f"shard-00000{DONE_SUFFIX}"
+    d = json.loads(record.read_text())
+    assert d["digest"] == "xxh3-128"
+    del d["digest"]
+    d["digests"] = [hashlib.sha256((image_tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
+    record.write_text(json.dumps(d))
+    resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == 16  # every shard, the first one again
+    assert resumed.manifest.duplicates == whole.duplicates
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()

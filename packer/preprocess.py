@@ -185,13 +185,33 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
 def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
              histogram: bool) -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
-    img = resize(img, cfg, area)  # may be the image decoded into the scratch buffer, until np.asarray copies it
+    img = resize(img, cfg, area)  # may be the image decoded into the scratch buffer, until image_pixels copies it
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
     counts = img.histogram() if histogram else None
-    pixels = np.asarray(img)
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    return Decoded(pixels, original, counts)
+    return Decoded(image_pixels(img), original, counts)
+
+
+def image_pixels(img: Image.Image) -> np.ndarray:
+    """The pixels of an RGB or L image as a new HxWxC uint8 array (C = 3 or 1).
+
+    What ``np.asarray`` gives, from Pillow's raw encoder in one call: ``tobytes`` (behind
+    ``np.asarray``) encodes in 64 KB pieces and joins them, a second copy; 0.09 ms of a worker's
+    3.2 per 224x224 photograph. The encoder is Pillow's internal API: if it is not there or
+    behaves otherwise, ``np.asarray``.
+    """
+    img.load()
+    (w, h), channels = img.size, len(img.getbands())
+    size = w * h * channels
+    try:
+        encoder = Image.core.raw_encoder(img.mode, img.mode)
+        encoder.setimage(img.im, (0, 0, w, h))
+        _, status, data = encoder.encode(size)
+        encoder.cleanup()
+    except Exception:  # noqa: BLE001 - Pillow's internals changed: its public way
+        status, data = 0, b""
+    if status != 1 or len(data) != size or not size:
+        return np.asarray(img).reshape(h, w, channels)
+    return np.frombuffer(data, np.uint8).reshape(h, w, channels)
 
 
 def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig, path: str = "<bytes>",

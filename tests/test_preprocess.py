@@ -7,7 +7,15 @@ from PIL import Image
 
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError
-from packer.preprocess import IMAGE_BLOCKS_KEPT, decode, decode_image, finish_pixels, keep_image_memory, load_image
+from packer.preprocess import (
+    IMAGE_BLOCKS_KEPT,
+    decode,
+    decode_image,
+    finish_pixels,
+    image_pixels,
+    keep_image_memory,
+    load_image,
+)
 
 
 def save_array(path, array, mode=None, **save):
@@ -447,3 +455,40 @@ def test_keep_image_memory_leaves_a_users_setting(monkeypatch, pillow_blocks):
     Image.core.set_blocks_max(3)  # what Pillow's import made of the variable
     keep_image_memory()
     assert Image.core.get_blocks_max() == 3
+
+
+class _PiecewiseEncoder:
+    """Pillow's raw encoder one byte short of what it is asked for: a call for the whole image ends a
+    line early (tobytes calls again; image_pixels must not take the part)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def setimage(self, *args):
+        return self.real.setimage(*args)
+
+    def encode(self, size):
+        return self.real.encode(size - 1)
+
+    def cleanup(self):
+        return self.real.cleanup()
+
+
+@pytest.mark.parametrize("encoder", ["pillow", "piecewise"])
+def test_image_pixels_are_what_numpy_gives(monkeypatch, tmp_path, encoder):
+    if encoder == "piecewise":
+        real = Image.core.raw_encoder
+        monkeypatch.setattr(Image.core, "raw_encoder", lambda *a: _PiecewiseEncoder(real(*a)))
+    rng = np.random.default_rng(3)
+    for shape in [(224, 224, 3), (5, 7, 3), (1, 1, 3), (2, 40_000, 3), (300, 2, 3)]:
+        img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        for im in (img, img.convert("L")):
+            got = image_pixels(im)
+            assert got.dtype == np.uint8 and got.shape == (shape[0], shape[1], len(im.getbands()))
+            assert np.array_equal(got.reshape(np.asarray(im).shape), np.asarray(im))
+    # an image Pillow has not decoded yet (no resize: decode hands over the opened file)
+    write_image(tmp_path / "a.png", (33, 21), seed=4)
+    with Image.open(tmp_path / "a.png") as opened:
+        want = np.asarray(opened.convert("RGB"))
+    assert np.array_equal(decode((tmp_path / "a.png").read_bytes(), PreprocessConfig(size=None, resize="none")).pixels,
+                          want)

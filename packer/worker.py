@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -41,6 +42,14 @@ PROGRESS_SECONDS = 0.1
 """Least time between a worker's progress messages: ten a second keep a bar live. Counting items
 instead (one message per 16) made the parent wake ~450 times a second for small images, the
 work of a tenth of a core on a 2-core machine."""
+
+
+READ_AHEAD_FILES = 16
+READ_AHEAD_BYTES = 16 * 1024**2
+"""A worker stats and reads the source files of up to READ_AHEAD_FILES image-only samples in a row
+(fewer once READ_AHEAD_BYTES are held) before decoding them. Between two decodes the kernel's
+caches have gone cold: stat and read took 30 and 55 us a file there, against 4.5 and 20 in a row
+(1,000 bench photographs); 16 at a time costs 33 us a file in all."""
 
 
 @dataclass(frozen=True)
@@ -157,13 +166,14 @@ def die_with_parent() -> None:
         pass
 
 
-def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None
+def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
                 ) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
     """Read and preprocess one source item: ``(sample, digest of its source bytes, decoded image or
-    None)``; ``st`` is an image-only item's os.stat if the caller took it. DecodeError for a file
-    that cannot be used (naming the file within a paired sample)."""
+    None)``; ``st`` is an image-only item's os.stat if the caller took it, ``data`` its bytes if
+    the caller read them (``read_ahead``). DecodeError for a file that cannot be used (naming the
+    file within a paired sample)."""
     if not item.parts:  # an image-only sample: the hot path, kept free of anything else
-        data, decoded, image, encoded = read_image(item.path, job, st)
+        data, decoded, image, encoded = read_image(item.path, job, st, data)
         return Sample(item.index, item.relpath, image, item.label, encoded), source_digest(data), decoded
     digest = xxhash.xxh3_128()
     files = dict(item.parts)
@@ -189,15 +199,45 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
     return sample, digest.hexdigest(), decoded
 
 
-def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None
+def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
                ) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
     """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file (``st``:
-    its os.stat, if the caller took it)."""
-    data = preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
+    its os.stat, if the caller took it; ``data``: its bytes, if the caller read them)."""
+    if data is None:
+        data = read_source(path, job, st)
     decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
     image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
     codec = job.layout.codec
     return data, decoded, image, encode_image(image, codec.name, codec.quality) if codec.encoded else None
+
+
+def read_source(path: str, job: ShardJob, st: Optional[os.stat_result] = None) -> bytes:
+    """The bytes of one image file, within the job's ``--max-file-bytes`` (DecodeError otherwise)."""
+    return preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
+
+
+def read_ahead(job: ShardJob, start: int, at: Optional[Callable[[int], None]] = None
+               ) -> list[tuple[Optional[os.stat_result], bytes | DecodeError]]:
+    """Stat and read the files of the image-only samples of ``job`` from position ``start`` on, in a
+    row (``READ_AHEAD_FILES``, ``READ_AHEAD_BYTES``), up to the first sample with several files or
+    known to crash the decoder (``job.poisoned``): ``(os.stat or None, bytes or the DecodeError
+    reading gave)`` of each, in order. ``at(position)`` is told of each file before it is opened,
+    so that a read that hangs or kills the worker is blamed on its own file."""
+    items, found, held = job.task.items, [], 0
+    for position in range(start, min(len(items), start + READ_AHEAD_FILES)):
+        item = items[position]
+        if item.parts or item.index in job.poisoned or held >= READ_AHEAD_BYTES:
+            break
+        if at is not None:
+            at(position + 1)
+        st = source_stat(item.path)  # before reading: a file changed after this is noticed on --resume
+        try:
+            data: bytes | DecodeError = read_source(item.path, job, st)
+            held += len(data)
+        except DecodeError as e:
+            data = e
+        found.append((st, data))
+    return found
 
 
 def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:
@@ -225,17 +265,22 @@ def write_shard(
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
+    ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
     for position, item in enumerate(job.task.items):
+        if not ahead and not item.parts and item.index not in job.poisoned:
+            ahead.extend(read_ahead(job, position, at))
         if at is not None:
             at(position + 1)
         # Stamped before reading, so that a file changed after this is noticed on --resume; an
         # image-only sample's stat also serves read_source's check.
-        st = None if item.parts else source_stat(item.path)
+        st, data = ahead.popleft() if ahead else (None if item.parts else source_stat(item.path), None)
         sources.update(item_stamp(item, st))
         try:
             if item.index in job.poisoned:
                 raise DecodeError(item.path, job.poisoned[item.index])
-            sample, digest, decoded = read_sample(item, job, st)
+            if isinstance(data, DecodeError):
+                raise data
+            sample, digest, decoded = read_sample(item, job, st, data)
         except DecodeError as e:
             if job.strict:
                 raise DecodeError(item.relpath, e.reason) from None

@@ -146,20 +146,41 @@ _pp.decode = _poisoned
 '''
 
 
-def test_files_that_crash_or_hang_the_decoder_are_skipped(tmp_path):
-    """A decoder segfault or endless loop costs one file, not the run (injected via sitecustomize)."""
+READ_SITECUSTOMIZE = '''
+import os, signal, time
+import packer.preprocess as _pp
+_read = _pp.read_source
+def _poisoned(path, *args, **options):
+    if "crash" in os.path.basename(path):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if "hang" in os.path.basename(path):
+        time.sleep(3600)
+    return _read(path, *args, **options)
+_pp.read_source = _poisoned
+'''
+
+
+@pytest.mark.parametrize("where", ["decode", "read"])
+def test_files_that_crash_or_hang_the_decoder_are_skipped(tmp_path, where):
+    """A decoder segfault or endless loop costs one file, not the run (injected via sitecustomize);
+    so does a read that never returns or kills the worker (a broken network file system), though
+    workers read files ahead of decoding them: the file is still the one blamed."""
     src = tmp_path / "src"
-    for i in range(40):
-        path = src / f"{i:03d}.png"
+    names = [f"{i:03d}.png" for i in range(40)]
+    if where == "read":
+        names[13], names[27] = "013-crash.png", "027-hang.png"
+    for i, name in enumerate(names):
+        path = src / name
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((20, 20, 3), i, np.uint8)).save(path)
-    with open(src / "013.png", "ab") as f:
-        f.write(b"CRASH-ME")  # bytes after the PNG end marker: still a valid PNG
-    with open(src / "027.png", "ab") as f:
-        f.write(b"HANG-ME")
+    if where == "decode":
+        with open(src / "013.png", "ab") as f:
+            f.write(b"CRASH-ME")  # bytes after the PNG end marker: still a valid PNG
+        with open(src / "027.png", "ab") as f:
+            f.write(b"HANG-ME")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE if where == "decode" else READ_SITECUSTOMIZE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
     proc = subprocess.run(packer_cmd(str(src), "-o", str(out), "-f", "lmdb", "--size", "16", "--shard-size", "10",
@@ -168,7 +189,7 @@ def test_files_that_crash_or_hang_the_decoder_are_skipped(tmp_path):
     assert proc.returncode == 0, proc.stderr
     m = read_manifest(out)
     reasons = {s["path"]: s["reason"] for s in m.skipped}
-    assert reasons == {"013.png": "decoder crashed (signal SIGSEGV)", "027.png": "decoder hangs: no result after 2 s"}
+    assert reasons == {names[13]: "decoder crashed (signal SIGSEGV)", names[27]: "decoder hangs: no result after 2 s"}
     assert m.samples == 38
     keys = [open_dataset(out, return_meta=True)[i][2]["key"] for i in range(38)]
-    assert keys == [f"{i:03d}.png" for i in range(40) if i not in (13, 27)]
+    assert keys == [name for i, name in enumerate(names) if i not in (13, 27)]

@@ -20,7 +20,7 @@ import packer.preprocess
 from packer import ConvertConfig, PreprocessConfig, convert, jpeg
 from packer.config import DEFAULT_SHARD_BYTES, ImageCodec, ShardSize
 from packer.discover import discover
-from packer.errors import ConfigError, InputError, OutputError
+from packer.errors import ConfigError, DecodeError, InputError, OutputError
 from packer.formats import ImageLayout
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.output import STAGING_MARK, staging_dir
@@ -840,7 +840,6 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     """Duplicates are found by comparing each source's digest across all shards, so a finished shard
     recorded with older packers' SHA-256 prefixes is written again; the duplicate in it, of a file
     in a later shard, is still reported."""
-    import hashlib
     import shutil
 
     from packer.output import DONE_SUFFIX
@@ -861,3 +860,35 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     assert resumed.processed == 16  # every shard, the first one again
     assert resumed.manifest.duplicates == whole.duplicates
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
+
+
+def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
+    """read_ahead: image-only files from a position on, stat before read, up to a sample of several
+    files, a file known to crash the decoder, READ_AHEAD_FILES or READ_AHEAD_BYTES; a file that
+    cannot be read is its DecodeError, for its turn."""
+    import packer.worker as worker
+    from packer.records import ShardTask
+    from packer.worker import ShardJob, read_ahead
+
+    items = list(discover(image_tree).items)  # 15 image-only samples
+    (image_tree / "bee" / "img_001.png").unlink()  # listed, then gone
+    items[9] = SourceItem(items[9].index, items[9].path, items[9].relpath, items[9].label,
+                          (("image", items[9].path), ("text", items[9].path)))  # a paired sample
+    job = ShardJob(0, ShardTask("s", tuple(items)), "npy", ImageLayout("uint8", (8, 8, 3), 3), PreprocessConfig(),
+                   str(tmp_path), poisoned={items[3].index: "decoder crashed"})
+    seen = []
+    got = read_ahead(job, 0, seen.append)
+    assert seen == [1, 2, 3] and len(got) == 3  # stops at the poisoned file, unopened
+    assert [data for _, data in got] == [open(i.path, "rb").read() for i in items[:3]]
+    assert all(st is not None and st.st_size == len(data) for st, data in got)
+    got = read_ahead(job, 4)
+    assert len(got) == 5  # 4..8, then the paired sample
+    missing = got[2]  # bee/img_001.png, position 6
+    assert missing[0] is None and isinstance(missing[1], DecodeError)
+    assert "file not found" in missing[1].reason and missing[1].path == items[6].path
+    monkeypatch.setattr(worker, "READ_AHEAD_FILES", 2)
+    assert len(read_ahead(job, 10)) == 2
+    monkeypatch.setattr(worker, "READ_AHEAD_FILES", 16)
+    monkeypatch.setattr(worker, "READ_AHEAD_BYTES", 1)
+    assert len(read_ahead(job, 10)) == 1  # the first file is read whatever its size
+    assert read_ahead(job, 9) == [] and read_ahead(job, 15) == []

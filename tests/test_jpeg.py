@@ -362,6 +362,14 @@ def test_plain_header_declines_what_it_cannot_vouch_for():
     assert jpeg.plain_header(good[:2] + b"\x00" + good[3:]) is None  # a segment that is not a marker
     with pytest.raises(DecodeError, match="corrupt or truncated"):
         decode(good[:40], PreprocessConfig(size=(160, 120)))  # Pillow explains it, as before
+    sof = good.index(b"\xff\xc0")
+    frame = good[sof:sof + 2 + ((good[sof + 2] << 8) | good[sof + 3])]
+    assert jpeg.plain_header(good[:sof + 4] + b"\x0c" + good[sof + 5:]) is None  # 12-bit samples
+    assert jpeg.plain_header(good[:sof + 5] + b"\x00\x00" + good[sof + 7:]) is None  # height in a DNL marker
+    assert jpeg.plain_header(good[:sof] + frame + good[sof:]) is None  # two frame headers
+    assert jpeg.plain_header(good[:sof] + good[sof + len(frame):]) is None  # none
+    progressive = _jpeg(size=(33, 20), progressive=True, restart_marker_blocks=1, optimize=True)
+    assert jpeg.plain_header(progressive) == (33, 20, False, None)  # SOF2
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L"])

@@ -177,10 +177,11 @@ def decode_scaled(data: bytes, size: tuple[int, int], need: Optional[tuple[int, 
     Pillow, which explains any error; and for an image under 8 pixels on a side that could be
     scaled, where two scales can give the same size: Pillow's draft scales it.
 
-    The image is libjpeg-turbo's output itself, not a copy. With ``scratch`` that output is this
-    thread's reused buffer, which the next ``scratch`` decode in the thread overwrites: the caller
-    must be done with the image (or have made a new one from it: resize, transpose, convert,
-    ``tobytes``) by then. Decoding into memory that is already mapped and cached, and resizing
+    The image uses libjpeg-turbo's output without a copy (unless turned by its EXIF orientation, or
+    where this Pillow needs one: see ``as_image``). With ``scratch`` that output is this thread's
+    reused buffer, which the next ``scratch`` decode in the thread overwrites: the caller must be
+    done with the image (or have made a new one from it: resize, transpose, convert, ``tobytes``)
+    by then. Decoding into memory that is already mapped and cached, and resizing
     from it without a copy, saves 5% of a converter worker's time on the benchmark's photographs.
     """
     w, h = size
@@ -218,7 +219,7 @@ def _scratch(nbytes: int) -> Optional[bytearray]:
 
 def as_image(pixels: np.ndarray) -> Image.Image:
     """A read-only Pillow image on libjpeg-turbo's HxWx4 RGBX or HxWx1 gray ``pixels``, sharing
-    their memory (a copy only where this Pillow keeps RGB otherwise than as 4 bytes a pixel)."""
+    their memory; a copy (writable) where this Pillow does not keep RGB as 4 bytes a pixel."""
     height, width, channels = pixels.shape
     if channels == 1:
         return Image.frombuffer("L", (width, height), pixels, "raw", "L", 0, 1)

@@ -16,7 +16,7 @@ from typing import IO, Optional
 
 from packer.errors import OutputError, PackerError
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
-from packer.records import SOURCE_DIGEST, ShardResult
+from packer.records import ShardResult
 from packer.system import stop_signals_held
 
 STAGING_MARK = ".packer-staging"
@@ -167,15 +167,12 @@ def record_shard(stage: Path, result: ShardResult) -> None:
 
 
 def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
-    """Shards of an interrupted run whose record exists and whose files still match their SHA-256;
-    not those whose sources an older packer digested otherwise (``records.SOURCE_DIGEST``)."""
+    """Shards of an interrupted run whose record exists and whose files still match their SHA-256."""
     finished = {}
     for name in names:
         try:
             result = ShardResult.from_dict(json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if result.digest != SOURCE_DIGEST:
             continue
         if all(_intact(stage, f.path, f.bytes, f.sha256) for f in result.files):
             finished[name] = result

@@ -43,7 +43,7 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem, TextField
+from packer.records import SOURCE_DIGEST, ShardResult, ShardStats, ShardTask, Skipped, SourceItem, TextField
 from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.stats import auto_normalize, summarize
 from packer.system import usable_cpus
@@ -269,7 +269,7 @@ def _convert_locked(
                 f"the source files or options changed since the interrupted run in {stage}; "
                 "run without --resume to start over"
             )
-        finished = finished_shards(stage, [t.name for t in tasks])
+        finished = current_digests(finished_shards(stage, [t.name for t in tasks]))
         if per_shard:
             finished = unchanged_sources(finished, tasks)
         log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
@@ -366,6 +366,19 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
             lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
         h.update("".join(lines).encode())
     return h.hexdigest()
+
+
+def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:
+    """The ``finished`` shards whose source digests are this packer's (``records.SOURCE_DIGEST``).
+    The others, recorded by an older packer, are written again, so that every digest of the run
+    can be compared for the duplicate report."""
+    kept = {}
+    for name, result in finished.items():
+        if result.digest == SOURCE_DIGEST:
+            kept[name] = result
+        else:
+            log.warning("%s: recorded by an older packer (%s source digests); writing it again", name, result.digest)
+    return kept
 
 
 def unchanged_sources(finished: dict[str, ShardResult], tasks: list[ShardTask]) -> dict[str, ShardResult]:

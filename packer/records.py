@@ -223,17 +223,19 @@ class ShardStats:
 
 
 SOURCE_DIGEST = "xxh3-128"
-"""How ``ShardResult.digests`` are computed (``worker.source_digest``); records of finished shards
-name it, and --resume writes a shard recorded with another again, so that every digest of a run
-can be compared (older packers recorded 128-bit SHA-256 prefixes, and no name)."""
+"""How ``ShardResult.digests`` are computed (``worker.source_digest``; for a sample of several files,
+one digest over all of them, each after its field name and length: ``worker.read_sample``).
+Records of finished shards name it: --resume writes a shard recorded with another again, and
+merge refuses a mix, so that every digest of a run can be compared (older packers recorded
+128-bit SHA-256 prefixes, and no name)."""
 
 
 @dataclass
 class ShardResult:
     """What a worker reports after writing one shard.
 
-    ``keys``, ``labels`` and ``digests`` (an XXH3-128 of each source file, ``SOURCE_DIGEST``, to find
-    identical files) are per written sample, in order; ``stats`` counts pixel values and original
+    ``keys``, ``labels`` and ``digests`` (an XXH3-128 of each sample's source bytes, ``SOURCE_DIGEST``,
+    to find identical files) are per written sample, in order; ``stats`` counts pixel values and original
     sizes. ``sources`` is a SHA-256 of every source file's size, times and inode as the worker found
     them before reading (``worker.sources_digest``), for --resume; empty in records of older packers.
     ``digest`` names how ``digests`` were computed.

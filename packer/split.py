@@ -44,6 +44,7 @@ from packer.output import (
 from packer.pipeline import (
     ConvertResult,
     build_manifest,
+    current_digests,
     discover_checked,
     plan_fingerprint,
     plan_tasks,
@@ -51,7 +52,7 @@ from packer.pipeline import (
     sample_layout,
     source_counts,
 )
-from packer.records import ShardResult, ShardTask, Skipped
+from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.report import REPORT_NAME, write_report
 from packer.system import usable_cpus
 from packer.text import TextConfig
@@ -146,7 +147,7 @@ def convert_node(
         stage = join_staging(output, plan, node)
         jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict, text=config.text)
                 for i, t in enumerate(tasks) if node.owner(i) == node.rank]
-        finished = finished_shards(stage, [j.task.name for j in jobs])
+        finished = current_digests(finished_shards(stage, [j.task.name for j in jobs]))
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
@@ -263,6 +264,14 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             raise OutputError(f"{len(missing)} of {len(names)} shards are missing or damaged in {stage}: "
                               f"{shown}{more}. Run node(s) {', '.join(map(str, ranks))} again (each redoes only "
                               "its missing shards), then merge")
+        older = [(i, name) for i, name in enumerate(names) if finished[name].digest != SOURCE_DIGEST]
+        if older and len(older) < len(names):
+            # Digests of two kinds cannot be compared for the duplicate report; all of one kind can.
+            ranks = sorted({NodeSplit(split["nodes"], 0).owner(i) for i, _ in older})
+            raise OutputError(f"{len(older)} of {len(names)} shards in {stage} were recorded by an older packer, "
+                              f"whose source digests this one's cannot be compared with: run node(s) "
+                              f"{', '.join(map(str, ranks))} again with this packer (each writes those shards "
+                              "again), then merge")
         config = config_from_dict(split["config"])
         layout = sample_layout(config, tuple(split.get("fields", ["image"])))
         source = Path(split["source"])

@@ -385,6 +385,8 @@ def test_a_scaled_image_holds_exactly_libjpegs_pixels(mode, size):
 
 
 def test_decoded_pixels_are_used_without_a_copy():
+    """Also an alarm: a Pillow that stops keeping RGB as 4 bytes a pixel fails here (decoding still
+    works, with a copy: see the next test)."""
     pixels = simplejpeg.decode_jpeg(_jpeg(size=(40, 24)), "RGBX")
     assert jpeg._maps_rgbx()  # this Pillow keeps RGB as 4 bytes a pixel: the mapping is used, not the copy
     image = jpeg.as_image(pixels)
@@ -396,8 +398,18 @@ def test_decoded_pixels_are_used_without_a_copy():
     assert np.array_equal(np.asarray(jpeg.as_image(gray)), gray[:, :, 0])
 
 
-def test_without_the_mapping_the_pixels_are_copied(monkeypatch):
-    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [False])
+@pytest.mark.parametrize("why", ["probe", "refused"])
+def test_without_the_mapping_the_pixels_are_copied(monkeypatch, why):
+    """A Pillow whose RGB images are laid out otherwise (the probe's bytes differ) or whose private
+    mapping call is gone: as_image copies, decode gives the same pixels."""
+    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [])
+    if why == "probe":
+        monkeypatch.setattr(jpeg, "_mapped_rgb", lambda pixels, size: Image.new("RGB", size))
+    else:
+        def refused(*args):
+            raise AttributeError("map_buffer")
+        monkeypatch.setattr(Image.core, "map_buffer", refused)
+    assert not jpeg._maps_rgbx()
     pixels = simplejpeg.decode_jpeg(_jpeg(size=(40, 24)), "RGBX")
     image = jpeg.as_image(pixels)
     pixels[0, 0, :3] = (1, 2, 3)
@@ -405,8 +417,8 @@ def test_without_the_mapping_the_pixels_are_copied(monkeypatch):
     cfg = PreprocessConfig(size=(160, 120))
     data = _jpeg()
     fallback = decode(data, cfg).pixels
-    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [True])
-    assert np.array_equal(fallback, decode(data, cfg).pixels)
+    monkeypatch.undo()
+    assert jpeg._maps_rgbx() and np.array_equal(fallback, decode(data, cfg).pixels)
 
 
 def test_decodes_into_the_scratch_buffer_do_not_mix(monkeypatch):

@@ -836,7 +836,7 @@ def test_normalize_auto_refused_with_float_storage(image_tree, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tree, tmp_path):
+def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tree, tmp_path, caplog):
     """Duplicates are found by comparing each source's digest across all shards, so a finished shard
     recorded with older packers' SHA-256 prefixes is written again; the duplicate in it, of a file
     in a later shard, is still reported."""
@@ -858,6 +858,7 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     record.write_text(json.dumps(d))
     resumed = convert(image_tree, out, config, workers=1, resume=True)
     assert resumed.processed == 16  # every shard, the first one again
+    assert "shard-00000: recorded by an older packer (sha256-128 source digests); writing it again" in caplog.text
     assert resumed.manifest.duplicates == whole.duplicates
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
 

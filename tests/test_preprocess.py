@@ -1,5 +1,7 @@
 """load_image and decode: decoding by content, colour modes, resize modes, orientation, bad files."""
 
+import sys
+
 import numpy as np
 import pytest
 from conftest import write_image
@@ -474,11 +476,18 @@ class _PiecewiseEncoder:
         return self.real.cleanup()
 
 
-@pytest.mark.parametrize("encoder", ["pillow", "piecewise"])
+@pytest.mark.parametrize("encoder", ["pillow", "piecewise", "failing"])
 def test_image_pixels_are_what_numpy_gives(monkeypatch, tmp_path, encoder):
+    real = Image.core.raw_encoder
     if encoder == "piecewise":
-        real = Image.core.raw_encoder
         monkeypatch.setattr(Image.core, "raw_encoder", lambda *a: _PiecewiseEncoder(real(*a)))
+    elif encoder == "failing":  # fails when image_pixels calls it; tobytes (np.asarray) still works
+
+        def failing(*args):
+            if sys._getframe(1).f_code.co_name == "image_pixels":
+                raise TypeError("changed signature")
+            return real(*args)
+        monkeypatch.setattr(Image.core, "raw_encoder", failing)
     rng = np.random.default_rng(3)
     for shape in [(224, 224, 3), (5, 7, 3), (1, 1, 3), (2, 40_000, 3), (300, 2, 3)]:
         img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))

@@ -82,6 +82,52 @@ def test_merge_names_missing_and_damaged_shards_and_their_nodes(tree, tmp_path):
     assert_same_output(tmp_path / "single", out)
 
 
+def _as_an_older_packers_records(tree: Path, out: Path, nodes: NodeSplit) -> int:
+    """Rewrite node ``nodes.rank``'s shard records as packers before XXH3 source digests wrote them
+    (SHA-256 prefixes, no ``digest``); how many."""
+    import hashlib
+    import json
+
+    from packer.output import DONE_SUFFIX
+
+    records = sorted(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
+    mine = [r for i, r in enumerate(records) if nodes.owner(i) == nodes.rank]
+    for record in mine:
+        d = json.loads(record.read_text())
+        del d["digest"]
+        d["digests"] = [hashlib.sha256((tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
+        record.write_text(json.dumps(d))
+    return len(mine)
+
+
+def test_merge_takes_records_of_one_digest_only(tmp_path):
+    """All nodes' records from an older packer merge (their digests compare among themselves); a
+    mix is refused, naming the nodes to run again, which then write those shards again."""
+    import shutil
+
+    tree = tmp_path / "images"
+    make_tree(tree, {"ant": 8, "bee": 8})
+    shutil.copy(tree / "ant" / "img_000.png", tree / "bee" / "img_099.png")  # shards 0 and 4, nodes 0 and 1
+    config = ConvertConfig("npy", PRE, ShardSize(samples=4))
+    single = convert(tree, tmp_path / "single", config, workers=2)
+    assert single.manifest.duplicates == [["ant/img_000.png", "bee/img_099.png"]]
+    old = tmp_path / "old"
+    run_nodes(tree, old, config, 2)
+    for rank in range(2):
+        _as_an_older_packers_records(tree, old, NodeSplit(2, rank))
+    merge(old)
+    assert_same_output(tmp_path / "single", old)
+    mixed = tmp_path / "mixed"
+    run_nodes(tree, mixed, config, 2)
+    assert _as_an_older_packers_records(tree, mixed, NodeSplit(2, 1)) == 2
+    with pytest.raises(OutputError, match=r"2 of 5 shards .* older packer.*run node\(s\) 1 again"):
+        merge(mixed)
+    again = convert_node(tree, mixed, config, NodeSplit(2, 1))
+    assert again.written == 2
+    merge(mixed)
+    assert_same_output(tmp_path / "single", mixed)
+
+
 def test_nodes_are_refused_once_a_source_file_changed(tmp_path):
     """merge publishes every node's shards without reading the sources, so every node must see the
     files the first one planned with: a node started after a file changed is refused."""

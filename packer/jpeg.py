@@ -25,6 +25,7 @@ any decoded image (Pillow's too) by its EXIF orientation.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import NamedTuple, Optional
 
@@ -237,19 +238,15 @@ def _mapped_rgb(pixels: np.ndarray, size: tuple[int, int]) -> Image.Image:
     return image
 
 
-_MAPS_RGBX: list[bool] = []
-
-
+@functools.cache
 def _maps_rgbx() -> bool:
     """Whether ``_mapped_rgb`` works with this Pillow: it keeps an RGB pixel in 4 bytes, the fourth
     unused, and maps a buffer as an RGB image. Checked once, on a 2x1 image."""
-    if not _MAPS_RGBX:
-        probe = np.array([[[1, 2, 3, 0], [4, 5, 6, 0]]], np.uint8)
-        try:
-            _MAPS_RGBX.append(_mapped_rgb(probe, (2, 1)).tobytes() == bytes([1, 2, 3, 4, 5, 6]))
-        except Exception:  # noqa: BLE001 - any failure of a private call: copy instead
-            _MAPS_RGBX.append(False)
-    return _MAPS_RGBX[0]
+    probe = np.array([[[1, 2, 3, 0], [4, 5, 6, 0]]], np.uint8)
+    try:
+        return _mapped_rgb(probe, (2, 1)).tobytes() == bytes([1, 2, 3, 4, 5, 6])
+    except Exception:  # noqa: BLE001 - any failure of a private call: copy instead
+        return False
 
 
 def upright(image: Image.Image, orientation: int) -> Image.Image:

@@ -260,18 +260,16 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             nodes = NodeSplit(split["nodes"], 0)
             shown = ", ".join(f"{name} (node {nodes.owner(i)})" for i, name in missing[:MISSING_SHOWN])
             more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
-            ranks = sorted({nodes.owner(i) for i, _ in missing})
             raise OutputError(f"{len(missing)} of {len(names)} shards are missing or damaged in {stage}: "
-                              f"{shown}{more}. Run node(s) {', '.join(map(str, ranks))} again (each redoes only "
+                              f"{shown}{more}. Run node(s) {_owners(nodes, missing)} again (each redoes only "
                               "its missing shards), then merge")
         older = [(i, name) for i, name in enumerate(names) if finished[name].digest != SOURCE_DIGEST]
         if older and len(older) < len(names):
             # Digests of two kinds cannot be compared for the duplicate report; all of one kind can.
-            ranks = sorted({NodeSplit(split["nodes"], 0).owner(i) for i, _ in older})
             raise OutputError(f"{len(older)} of {len(names)} shards in {stage} were recorded by an older packer, "
                               f"whose source digests this one's cannot be compared with: run node(s) "
-                              f"{', '.join(map(str, ranks))} again with this packer (each writes those shards "
-                              "again), then merge")
+                              f"{_owners(NodeSplit(split['nodes'], 0), older)} again with this packer (each "
+                              "writes those shards again), then merge")
         config = config_from_dict(split["config"])
         layout = sample_layout(config, tuple(split.get("fields", ["image"])))
         source = Path(split["source"])
@@ -291,6 +289,11 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         release_output(output, lock)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored, 0)
+
+
+def _owners(nodes: NodeSplit, shards: list[tuple[int, str]]) -> str:
+    """The ranks of the nodes that write ``shards`` ((position, name) in the plan), as a message lists them."""
+    return ", ".join(map(str, sorted({nodes.owner(i) for i, _ in shards})))
 
 
 def config_to_dict(config: ConvertConfig) -> dict:

@@ -402,7 +402,7 @@ def test_decoded_pixels_are_used_without_a_copy():
 def test_without_the_mapping_the_pixels_are_copied(monkeypatch, why):
     """A Pillow whose RGB images are laid out otherwise (the probe's bytes differ) or whose private
     mapping call is gone: as_image copies, decode gives the same pixels."""
-    monkeypatch.setattr(jpeg, "_MAPS_RGBX", [])
+    jpeg._maps_rgbx.cache_clear()
     if why == "probe":
         monkeypatch.setattr(jpeg, "_mapped_rgb", lambda pixels, size: Image.new("RGB", size))
     else:
@@ -418,6 +418,7 @@ def test_without_the_mapping_the_pixels_are_copied(monkeypatch, why):
     data = _jpeg()
     fallback = decode(data, cfg).pixels
     monkeypatch.undo()
+    jpeg._maps_rgbx.cache_clear()
     assert jpeg._maps_rgbx() and np.array_equal(fallback, decode(data, cfg).pixels)
 
 

@@ -62,8 +62,8 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     return decode_image(read_source(path), cfg, str(path))
 
 
-_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-               | getattr(os, "O_BINARY", 0))
+SOURCE_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+                     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 """How source files are opened. O_NONBLOCK: a path swapped for a FIFO after the check opens at once
 (and is refused) instead of waiting for a writer; reads of regular files ignore it."""
 
@@ -88,7 +88,7 @@ def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None,
     try:
         if not stat.S_ISREG((st or os.stat(path)).st_mode):
             raise DecodeError(where, _NOT_REGULAR)
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, SOURCE_OPEN_FLAGS)
     except FileNotFoundError:
         reason = "broken symbolic link" if os.path.islink(path) else "file not found (removed while packer ran?)"
         raise DecodeError(where, reason) from None

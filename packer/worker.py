@@ -26,6 +26,7 @@ from packer.config import PreprocessConfig
 from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
+from packer.prefetch import SLOW_READ_SECONDS, Prefetcher
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.system import release_stop_signals
 from packer.text import TextConfig
@@ -266,40 +267,47 @@ def write_shard(
     sources = hashlib.sha256()
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
-    for position, item in enumerate(job.task.items):
-        if not ahead and not item.parts and item.index not in job.poisoned:
-            ahead.extend(read_ahead(job, position, at))
-        if at is not None:
-            at(position + 1)
-        # Stamped before reading, so that a file changed after this is noticed on --resume; an
-        # image-only sample's stat also serves read_source's check.
-        st, data = ahead.popleft() if ahead else (None if item.parts else source_stat(item.path), None)
-        sources.update(item_stamp(item, st))
-        try:
-            if item.index in job.poisoned:
-                raise DecodeError(item.path, job.poisoned[item.index])
-            if isinstance(data, DecodeError):
-                raise data
-            sample, digest, decoded = read_sample(item, job, st, data)
-        except DecodeError as e:
-            if job.strict:
-                raise DecodeError(item.relpath, e.reason) from None
-            result.skipped.append(Skipped(item.relpath, e.reason))
-        else:
+    paths = [None if item.index in job.poisoned else item.paths for item in job.task.items]
+    with Prefetcher(paths) as prefetch:  # started once reads turn out to come from the disk
+        for position, item in enumerate(job.task.items):
+            prefetch.advance(position)
+            if not ahead and not item.parts and item.index not in job.poisoned:
+                began = time.perf_counter()
+                batch = read_ahead(job, position, at)
+                if not prefetch.running and time.perf_counter() - began > SLOW_READ_SECONDS * len(batch):
+                    prefetch.start()
+                ahead.extend(batch)
+            if at is not None:
+                at(position + 1)
+            # Stamped before reading, so that a file changed after this is noticed on --resume; an
+            # image-only sample's stat also serves read_source's check.
+            st, data = ahead.popleft() if ahead else (None if item.parts else source_stat(item.path), None)
+            sources.update(item_stamp(item, st))
             try:
-                writer.add(sample)
-            except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
-                raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
-            result.samples += 1
-            result.keys.append(item.relpath)
-            result.labels.append(item.label)
-            result.digests.append(digest)
-            if decoded is not None:
-                result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
-        pending += 1
-        if report is not None and (now := time.monotonic()) >= next_report:
-            report(pending)
-            pending, next_report = 0, now + PROGRESS_SECONDS
+                if item.index in job.poisoned:
+                    raise DecodeError(item.path, job.poisoned[item.index])
+                if isinstance(data, DecodeError):
+                    raise data
+                sample, digest, decoded = read_sample(item, job, st, data)
+            except DecodeError as e:
+                if job.strict:
+                    raise DecodeError(item.relpath, e.reason) from None
+                result.skipped.append(Skipped(item.relpath, e.reason))
+            else:
+                try:
+                    writer.add(sample)
+                except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
+                    raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
+                result.samples += 1
+                result.keys.append(item.relpath)
+                result.labels.append(item.label)
+                result.digests.append(digest)
+                if decoded is not None:
+                    result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
+            pending += 1
+            if report is not None and (now := time.monotonic()) >= next_report:
+                report(pending)
+                pending, next_report = 0, now + PROGRESS_SECONDS
     if at is not None:
         at(FINISHING)
     # Closed only after the last item: a shard cut short by an error never looks finished.

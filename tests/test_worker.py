@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+import packer.prefetch
 import packer.worker
 from packer.config import PreprocessConfig
 from packer.discover import discover
@@ -34,3 +35,28 @@ def test_progress_is_reported_by_time_not_per_file(image_tree, tmp_path, monkeyp
     result = write_shard(_job(image_tree, tmp_path), progress=reports.append)
     assert result.samples == 15
     assert reports == expected
+
+
+@pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
+def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, tmp_path, monkeypatch):
+    """Reads slower than SLOW_READ_SECONDS a file start the thread that asks the disk for the files
+    ahead; fast ones do not. Either way the worker reads every file itself: the same shard."""
+    started: list[bool] = []
+
+    class Spy(packer.prefetch.Prefetcher):
+        def close(self) -> None:
+            started.append(self.running)
+            super().close()
+
+    monkeypatch.setattr(packer.worker, "Prefetcher", Spy)
+    results = {}
+    for name, threshold in (("fast", 1e9), ("slow", 0.0)):
+        monkeypatch.setattr(packer.worker, "SLOW_READ_SECONDS", threshold)
+        out = tmp_path / name
+        out.mkdir()
+        results[name] = write_shard(_job(image_tree, out))
+    assert started == [False, True]
+    fast, slow = results["fast"], results["slow"]
+    assert fast.samples == slow.samples == 15
+    assert [(f.path, f.bytes, f.sha256) for f in fast.files] == [(f.path, f.bytes, f.sha256) for f in slow.files]
+    assert (fast.keys, fast.digests, fast.sources) == (slow.keys, slow.digests, slow.sources)

@@ -26,7 +26,7 @@ from packer.config import PreprocessConfig
 from packer.errors import DecodeError, OutputError
 from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
-from packer.prefetch import SLOW_READ_SECONDS, Prefetcher
+from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.system import release_stop_signals
 from packer.text import TextConfig
@@ -268,14 +268,17 @@ def write_shard(
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
     paths = [None if item.index in job.poisoned else item.paths for item in job.task.items]
-    with Prefetcher(paths) as prefetch:  # started once reads turn out to come from the disk
+    # Started once reads turn out to come from the disk, not the page cache. Only runs of image-only
+    # samples are timed (they are read in a row); once started it asks for every sample's files.
+    with Prefetcher(paths, job.preprocess.max_file_bytes) as prefetch:
         for position, item in enumerate(job.task.items):
             prefetch.advance(position)
             if not ahead and not item.parts and item.index not in job.poisoned:
                 began = time.perf_counter()
                 batch = read_ahead(job, position, at)
-                if not prefetch.running and time.perf_counter() - began > SLOW_READ_SECONDS * len(batch):
-                    prefetch.start()
+                if not prefetch.started and reads_are_slow(
+                        len(batch), sum(len(d) for _, d in batch if isinstance(d, bytes)), time.perf_counter() - began):
+                    prefetch.start(position + len(batch))
                 ahead.extend(batch)
             if at is not None:
                 at(position + 1)

@@ -71,8 +71,9 @@ def load(path: str, size: int = 224) -> np.ndarray:
     """Bare decode + resize as hand-written scripts and the peers' users do it, with Pillow alone:
     torchvision's image loader (``Image.open(path).convert("RGB")``: the whole JPEG decoded), then
     one antialiased bilinear resize of the centred square to ``size`` x ``size``, packer's default.
-    The same pixels as packer with ``reduced_decode=False``, without packer's own decoder (which
-    reads plain JPEGs through libjpeg-turbo's TurboJPEG API, ~9% faster than Image.open)."""
+    On the benchmark's JPEGs (RGB, no EXIF orientation) the same pixels as packer with
+    ``reduced_decode=False``, without packer's own decoder (which reads plain JPEGs through
+    libjpeg-turbo's TurboJPEG API, ~9% faster than Image.open)."""
     with Image.open(path) as img:
         img = img.convert("RGB")
     w, h = img.size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -39,19 +40,19 @@ def test_progress_is_reported_by_time_not_per_file(image_tree, tmp_path, monkeyp
 
 @pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
 def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, tmp_path, monkeypatch):
-    """Reads slower than SLOW_READ_SECONDS a file start the thread that asks the disk for the files
-    ahead; fast ones do not. Either way the worker reads every file itself: the same shard."""
+    """Slow reads start the thread that asks the disk for the files ahead; fast ones do not. Either
+    way the worker reads every file itself: the same shard."""
     started: list[bool] = []
 
     class Spy(packer.prefetch.Prefetcher):
         def close(self) -> None:
-            started.append(self.running)
+            started.append(self.started)
             super().close()
 
     monkeypatch.setattr(packer.worker, "Prefetcher", Spy)
     results = {}
-    for name, threshold in (("fast", 1e9), ("slow", 0.0)):
-        monkeypatch.setattr(packer.worker, "SLOW_READ_SECONDS", threshold)
+    for name, slow in (("fast", False), ("slow", True)):
+        monkeypatch.setattr(packer.worker, "reads_are_slow", lambda files, nbytes, seconds, slow=slow: slow)
         out = tmp_path / name
         out.mkdir()
         results[name] = write_shard(_job(image_tree, out))
@@ -60,3 +61,37 @@ def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, 
     assert fast.samples == slow.samples == 15
     assert [(f.path, f.bytes, f.sha256) for f in fast.files] == [(f.path, f.bytes, f.sha256) for f in slow.files]
     assert (fast.keys, fast.digests, fast.sources) == (slow.keys, slow.digests, slow.sources)
+
+
+@pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
+def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned_file(image_tree, tmp_path,
+                                                                                      monkeypatch):
+    """Started after the first run of reads, it asks for every later file, the window moving with the
+    decoder, but never for a file known to crash or hang the decoder."""
+    requested: list[str] = []
+
+    class Spy(packer.prefetch.Prefetcher):
+        def __init__(self, paths, max_file_bytes=None):
+            super().__init__(paths, max_file_bytes, ahead_files=2)
+
+        def advance(self, position: int) -> None:
+            super().advance(position)
+            deadline = time.monotonic() + 5  # let the thread catch up, so that what it asks for is known
+            while self.alive and self._next < min(len(self._paths), position + 2) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        def _request(self, path: str) -> int:
+            requested.append(path)
+            return super()._request(path)
+
+    monkeypatch.setattr(packer.worker, "Prefetcher", Spy)
+    monkeypatch.setattr(packer.worker, "READ_AHEAD_FILES", 4)
+    monkeypatch.setattr(packer.worker, "reads_are_slow", lambda files, nbytes, seconds: True)
+    job = _job(image_tree, tmp_path)
+    items = job.task.items
+    poisoned = items[9]
+    job = ShardJob(job.number, job.task, job.format, job.layout, job.preprocess, job.directory,
+                   poisoned={poisoned.index: "decoder crashed (signal SIGSEGV)"})
+    result = write_shard(job)
+    assert result.samples == 14 and [s.path for s in result.skipped] == [poisoned.relpath]
+    assert requested == [item.path for item in items[4:] if item is not poisoned]  # 0-3: the first run of reads

@@ -152,7 +152,8 @@ class Prefetcher:
         try:
             st = os.stat(path)  # never open a FIFO or device: see preprocess.read_source
             size = st.st_size
-            if not stat.S_ISREG(st.st_mode) or not size or (self._max_file_bytes or size) < size:
+            too_large = self._max_file_bytes is not None and size > self._max_file_bytes
+            if not stat.S_ISREG(st.st_mode) or not size or too_large:
                 return 0
             fd = os.open(path, SOURCE_OPEN_FLAGS)
         except OSError:

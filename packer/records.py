@@ -62,11 +62,17 @@ class Sample:
     def crc32(self) -> int:
         """CRC-32 of what is stored, to find damaged samples: the encoded bytes, or the image's raw
         bytes (C order, stored dtype), continued over each variable-length field's bytes in order."""
-        if self.encoded is not None:
-            crc = crc32(self.encoded)
-        else:
-            crc = image_crc32(self.image) if self.image is not None else 0
-        return fields_crc32(self.fields.values(), crc)
+        return stored_crc32(self.encoded, self.image, self.fields.values())
+
+
+def stored_crc32(encoded: Optional[bytes], image: Optional[np.ndarray], fields: Iterable[bytes]) -> int:
+    """The CRC-32 stored beside a sample: of its ``encoded`` image bytes if any, else of its raw
+    ``image`` array (if any), continued over each variable-length field's bytes in order."""
+    if encoded is not None:
+        crc = crc32(encoded)
+    else:
+        crc = image_crc32(image) if image is not None else 0
+    return fields_crc32(fields, crc)
 
 
 def fields_crc32(values: Iterable[bytes], crc: int = 0) -> int:

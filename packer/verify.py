@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-from zlib_ng.zlib_ng import crc32
 
 from packer.codecs import decode_image
 from packer.formats import SCANNERS
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
-from packer.records import StoredSample, TextField, fields_crc32, image_crc32
+from packer.records import StoredSample, TextField, stored_crc32
 
 WHOLE_FILE_FORMATS = {"lmdb", "hdf5"}
 
@@ -207,12 +206,7 @@ class StoredLayout:
 def _sample_problem(s: StoredSample, layout: StoredLayout) -> str:
     """What is wrong with one stored sample, or ``""``. Checked against the stored CRC-32 first (over
     the image's stored bytes and then each text field's), then decoded to check its shape or text."""
-    crc = 0
-    if s.encoded is not None:
-        crc = crc32(s.encoded)
-    elif s.image is not None:
-        crc = image_crc32(s.image)
-    if fields_crc32((s.fields[f.name] for f in layout.text), crc) != s.crc32:
+    if stored_crc32(s.encoded, s.image, (s.fields[f.name] for f in layout.text)) != s.crc32:
         what = "image bytes" if s.encoded is None else f"{layout.codec} image bytes"
         what = "stored bytes" if layout.text else what
         return f"{what} do not match their stored CRC-32 (damaged)"

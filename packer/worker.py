@@ -217,14 +217,17 @@ def read_source(path: str, job: ShardJob, st: Optional[os.stat_result] = None) -
     return preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
 
 
-def read_ahead(job: ShardJob, start: int, at: Optional[Callable[[int], None]] = None
-               ) -> list[tuple[Optional[os.stat_result], bytes | DecodeError]]:
+def read_ahead(job: ShardJob, start: int, at: Optional[Callable[[int], None]] = None,
+               prefetch: Optional[Prefetcher] = None) -> list[tuple[Optional[os.stat_result], bytes | DecodeError]]:
     """Stat and read the files of the image-only samples of ``job`` from position ``start`` on, in a
     row (``READ_AHEAD_FILES``, ``READ_AHEAD_BYTES``), up to the first sample with several files or
     known to crash the decoder (``job.poisoned``): ``(os.stat or None, bytes or the DecodeError
     reading gave)`` of each, in order. ``at(position)`` is told of each file before it is opened,
-    so that a read that hangs or kills the worker is blamed on its own file."""
+    so that a read that hangs or kills the worker is blamed on its own file. When these reads were
+    slow (``prefetch.reads_are_slow``: from the storage, not the page cache), ``prefetch`` is
+    started after them."""
     items, found, held = job.task.items, [], 0
+    began = time.perf_counter()
     for position in range(start, min(len(items), start + READ_AHEAD_FILES)):
         item = items[position]
         if item.parts or item.index in job.poisoned or held >= READ_AHEAD_BYTES:
@@ -238,6 +241,8 @@ def read_ahead(job: ShardJob, start: int, at: Optional[Callable[[int], None]] = 
         except DecodeError as e:
             data = e
         found.append((st, data))
+    if prefetch is not None and not prefetch.started and reads_are_slow(len(found), held, time.perf_counter() - began):
+        prefetch.start(start + len(found))
     return found
 
 
@@ -268,18 +273,13 @@ def write_shard(
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
     paths = [None if item.index in job.poisoned else item.paths for item in job.task.items]
-    # Started once reads turn out to come from the disk, not the page cache. Only runs of image-only
-    # samples are timed (they are read in a row); once started it asks for every sample's files.
+    # Started by read_ahead once reads turn out to come from the storage, not the page cache (only
+    # runs of image-only samples are timed); once started it asks for every sample's files.
     with Prefetcher(paths, job.preprocess.max_file_bytes) as prefetch:
         for position, item in enumerate(job.task.items):
             prefetch.advance(position)
             if not ahead and not item.parts and item.index not in job.poisoned:
-                began = time.perf_counter()
-                batch = read_ahead(job, position, at)
-                if not prefetch.started and reads_are_slow(
-                        len(batch), sum(len(d) for _, d in batch if isinstance(d, bytes)), time.perf_counter() - began):
-                    prefetch.start(position + len(batch))
-                ahead.extend(batch)
+                ahead.extend(read_ahead(job, position, at, prefetch))
             if at is not None:
                 at(position + 1)
             # Stamped before reading, so that a file changed after this is noticed on --resume; an

@@ -35,7 +35,7 @@ DEFAULT_RETRIES = 3  # times Ray reruns a task whose worker died before the run 
 POLL_SECONDS = 0.5  # how often the driver looks for finished tasks and progress
 REPORT_SECONDS = 0.5  # least time between two progress messages of one task
 CANCEL_WAIT_SECONDS = 10.0  # how long the driver waits for cancelled tasks to end before returning
-INSTALL_HINT = "pip install 'packer[ray]' (or pip install ray)"
+INSTALL_HINT = "pip install 'packer-datasets[ray]' (or pip install ray)"
 
 
 def import_ray() -> Any:

@@ -152,7 +152,7 @@ def test_strict_stops_at_the_bad_file_without_retries(cluster, tree, tmp_path):
 
 def test_without_ray_the_error_says_what_to_install(tree, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
-    with pytest.raises(PackerError, match=r"pip install 'packer\[ray\]'"):
+    with pytest.raises(PackerError, match=r"pip install 'packer-datasets\[ray\]'"):
         RayExecutor()
     result = CliRunner().invoke(cli, ["convert", str(tree), "-f", "npy", "-o", str(tmp_path / "o"), "--executor",
                                       "ray", "-q"])

@@ -12,13 +12,9 @@ from typing import NamedTuple, Optional, Sequence
 
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped, SourceItem
-from packer.text import JSON_EXTENSIONS, TEXT_EXTENSIONS
+from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "__macosx", "$recycle.bin"})
-FIELD_KINDS = ("image", "text", "json")
-"""The fields a sample can have, in the order they are stored and returned: an image file, a
-``.txt`` file, a ``.json`` file."""
 
 
 @dataclass
@@ -130,7 +126,7 @@ def discover(
 
 class _Candidate(NamedTuple):
     """A sample before labelling: its key and its files' relative paths, by field (a tuple: made
-    once per file, and a frozen dataclass costs four times as much to make)."""
+    once per file, and a frozen dataclass is several times slower to make)."""
 
     key: str
     files: tuple[tuple[str, str], ...]  # (field, relative path); empty tuple for an image-only sample
@@ -226,8 +222,7 @@ def _walk(root: Path) -> tuple[list[tuple[str, str]], dict[str, int], list[Skipp
     Iterative (no recursion limit on deep trees) and in sorted order, real folders before symlinks
     to folders; symlinked folders are followed, each real folder at most once, so a symlink loop
     ends and a folder reachable twice is always found under the same path. Paths are plain strings:
-    pathlib objects per file made discovery cost 60 us a file, minutes for millions of files, while
-    the workers wait for it.
+    pathlib objects per file made discovery several times slower, and the workers wait for it.
     """
     found: list[tuple[str, str]] = []
     ignored: Counter[str] = Counter()

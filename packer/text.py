@@ -22,9 +22,8 @@ from typing import Optional
 import numpy as np
 
 from packer.errors import ConfigError, DecodeError
+from packer.source_kinds import FIELD_KINDS, JSON_EXTENSIONS, TEXT_EXTENSIONS
 
-TEXT_EXTENSIONS = frozenset({".txt"})
-JSON_EXTENSIONS = frozenset({".json"})
 TOKEN_DTYPE = np.dtype("<i4")
 """Stored dtype of token ids: every vocabulary in use fits, at half the bytes of int64."""
 
@@ -65,8 +64,6 @@ class TextConfig:
         if self.tokenizer is not None:  # workers may run elsewhere (Ray tasks, other nodes): one meaning everywhere
             object.__setattr__(self, "tokenizer", os.path.abspath(self.tokenizer))
         if self.fields is not None:
-            from packer.discover import FIELD_KINDS
-
             unknown = [f for f in self.fields if f not in FIELD_KINDS]
             if unknown or not self.fields or len(set(self.fields)) != len(self.fields):
                 raise ConfigError(f"--fields takes a comma-separated subset of {', '.join(FIELD_KINDS)} "
@@ -118,7 +115,7 @@ def read_tokenizer(path: str):
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError("--tokenizer needs the tokenizers library: pip install tokenizers "
-                          "(or pip install 'packer[text]')") from None
+                          "(or pip install 'packer-datasets[text]')") from None
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exception for any bad file

@@ -1,0 +1,13 @@
+"""What kinds of source file make up a sample: the extensions discovery looks for, by field.
+
+Shared by discovery and the text reader, which both need them (and neither needs the other).
+"""
+
+from __future__ import annotations
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+TEXT_EXTENSIONS = frozenset({".txt"})
+JSON_EXTENSIONS = frozenset({".json"})
+FIELD_KINDS = ("image", "text", "json")
+"""The fields a sample can have, in the order they are stored and returned: an image file, a
+``.txt`` file, a ``.json`` file."""

@@ -9,8 +9,8 @@ takes any M.
 
 ``plain_header`` recognizes the JPEGs that need nothing from Pillow but perhaps its EXIF parser
 (no XMP, YCbCr, RGB or gray): for those ``preprocess.decode`` skips ``Image.open``, whose parsing
-of every marker in Python costs 0.2 ms, 6% of a whole decode, 0.3 ms with an EXIF block, and half
-the time of a small image's whole conversion. They are decoded here whether scaled or in full
+of every marker in Python is a noticeable part of a whole decode (more with an EXIF block), and
+much of a small image's whole conversion. They are decoded here whether scaled or in full
 (M = 8): libjpeg-turbo's full decode gives the pixels Pillow's does (Pillow's wheels bundle
 libjpeg-turbo too, another version, decoding with the same settings: accurate integer IDCT, fancy
 upsampling; checked on 595 files of all sizes, qualities, subsamplings, progressive and gray, and
@@ -35,9 +35,7 @@ from PIL import Image
 
 MAX_EIGHTHS = 5
 """Largest M used. Decoding at 6/8 or 7/8 is slower than at full size in libjpeg-turbo, and the
-smaller resize after it hardly makes up for that. On the benchmark's 500x375 JPEGs, one process:
-decode 1.7 and 2.1 ms at M = 6 and 7 against 1.3 ms in full; decode + resize 1.1x faster at
-M = 6, 0.9x at M = 7, 1.3x at M = 5, 1.8x at M = 4."""
+smaller resize after it hardly makes up for that: those JPEGs are decoded in full."""
 
 SCALING = f"libjpeg-turbo M/8, M <= {MAX_EIGHTHS}"
 """How ``reduced_decode`` scales JPEGs; manifests and resume fingerprints record it (outputs
@@ -134,7 +132,8 @@ def _headers(data: bytes) -> Optional[tuple[list[bytes], Optional[tuple[int, int
     """The payloads of the APP1 segments before the JPEG's first scan, and its frame header
     (precision, height, width, components; None without one). None when its segments up to the
     scan are not well formed or hold two frame headers. Read here rather than by libjpeg-turbo's
-    header call: in a worker's loop, between decodes, that call took 29 us (3 in isolation)."""
+    header call: in a worker's loop, between decodes, that call takes many times what it takes in
+    isolation."""
     found: list[bytes] = []
     frame = None
     i, end = 2, len(data) - 4
@@ -183,7 +182,8 @@ def decode_scaled(data: bytes, size: tuple[int, int], need: Optional[tuple[int, 
     reused buffer, which the next ``scratch`` decode in the thread overwrites: the caller must be
     done with the image (or have made a new one from it: resize, transpose, convert, ``tobytes``)
     by then. Decoding into memory that is already mapped and cached, and resizing
-    from it without a copy, saves 5% of a converter worker's time on the benchmark's photographs.
+    from it without a copy, saves a measurable share of a converter worker's time: a copy pushes
+    the decoded pixels out of the cache the resize reads them from.
     """
     w, h = size
     m = 8 if need is None else eighths_for(size, need)
@@ -231,7 +231,7 @@ def as_image(pixels: np.ndarray) -> Image.Image:
 
 def _mapped_rgb(pixels: np.ndarray, size: tuple[int, int]) -> Image.Image:
     # Image.frombuffer maps RGBX bytes only as an RGBX image, whose resize computes the padding
-    # byte too (17% slower); an RGB image is laid out the same, so map the bytes as one, as
+    # byte too (slower); an RGB image is laid out the same, so map the bytes as one, as
     # frombuffer itself does for the modes it maps.
     image = Image.Image()._new(Image.core.map_buffer(pixels, size, "raw", 0, ("RGB", 4 * size[0], 1)))
     image.readonly = 1

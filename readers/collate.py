@@ -74,8 +74,8 @@ def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_l
     if not shared or get_worker_info() is None:
         # From numpy, which asks for huge pages for large arrays: a fresh batch then costs a few page
         # faults, not one per 4 KiB. torch.empty's memory, mapped afresh for each batch by some
-        # processes' allocator and not by others, made uint8 reads in the main process run at about
-        # 10,500 or 21,000 samples/s from one process to the next (25 faults per 224x224 image).
+        # processes' allocator and not by others, made uint8 reads in the main process run at one
+        # of two very different rates from one process to the next.
         out = torch.from_numpy(np.empty(physical, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
     else:
         # As default_collate does: fill shared memory directly instead of copying into it later.
@@ -89,13 +89,12 @@ class SlotRing:
     """Batch buffers in shared memory, made once and reused, between DataLoader workers and the loader.
 
     Every batch through a worker pipe normally lands in freshly mapped shared memory, and on a
-    virtual machine faulting in those pages costs more than filling them (about 3 us per 4 KiB
-    page: 8 ms for a 64-image uint8 batch, 30 ms for float32). Here each worker owns ``per_worker``
-    slots made before the workers start. A worker fills a slot it owns that is free and sends only
-    its number (``RingBatch``); ``make_loader``'s iterator hands out the slot itself, and the slot
-    is free again once nothing refers to the batch any more (``hand_out``). When all of a worker's
-    slots are held (a training loop that keeps batches), it falls back to the usual fresh shared
-    memory: the ring only ever saves time, it never waits.
+    virtual machine faulting in those pages costs more than filling them. Here each worker owns
+    ``per_worker`` slots made before the workers start. A worker fills a slot it owns that is free
+    and sends only its number (``RingBatch``); ``make_loader``'s iterator hands out the slot itself,
+    and the slot is free again once nothing refers to the batch any more (``hand_out``). When all of
+    a worker's slots are held (a training loop that keeps batches), it falls back to the usual fresh
+    shared memory: the ring only ever saves time, it never waits.
     """
 
     def __init__(self, workers: int, per_worker: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
@@ -253,8 +252,8 @@ class ArraysAcrossWorkers:
     tensors go back to the main process as numpy arrays (``PackedLoader`` turns them into tensors).
 
     Small batches (token ids, masks) cross a pipe faster pickled inline than as shared-memory
-    tensors, which cost a shared-memory file each: 1.7-1.9x more padded text batches per second
-    with 2 workers here. Tensors of ``INLINE_BYTES`` or more (image batches) stay tensors.
+    tensors, which cost a shared-memory file each, so padded text batches cross inline. Tensors of
+    ``INLINE_BYTES`` or more (image batches) stay tensors.
     """
 
     INLINE_BYTES = 1024**2

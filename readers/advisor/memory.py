@@ -41,8 +41,8 @@ class PeakMemory:
     """Largest total PSS of this process (unless ``children_only``) and its descendants, sampled
     every ``every`` seconds in a thread while the ``with`` block runs; ``peak`` holds it in bytes.
 
-    Sampling is not free (the kernel walks each process's mappings; every 50 ms slowed reads of
-    memory-mapped shards by 15-20%), so keep it rare in timed runs.
+    Sampling is not free (the kernel walks each process's mappings; every 50 ms it measurably slowed
+    reads of memory-mapped shards), so keep it rare in timed runs.
     """
 
     def __init__(self, children_only: bool = False, every: float = 0.05) -> None:

@@ -38,12 +38,12 @@ from packer.config import (
 )
 from packer.errors import ConfigError, DecodeError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
-from packer.formats import WRITERS
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.output import staging_dir
 from packer.pipeline import ConvertResult
 from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
+from packer.registry import FORMAT_NAMES
 from packer.report import REPORT_NAME, reason_kind, shown
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.split import merge as merge_output
@@ -74,7 +74,7 @@ def cli(verbose: bool) -> None:
 
 @cli.command()
 @click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(WRITERS)), help="Output format.")
+@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(FORMAT_NAMES)), help="Output format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
 @click.option("--size", default="224", help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192.")

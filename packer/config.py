@@ -7,8 +7,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from packer.codecs import IMAGE_CODECS
 from packer.errors import ConfigError
+from packer.registry import get_format
+from packer.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the CLI's default comes from here
 from packer.text import TextConfig
 
 RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
@@ -20,7 +21,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 AUTO = "auto"
 DEFAULT_SHARD_BYTES = 256 * 1024**2
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 1024 // 4 // 3
-DEFAULT_QUALITY = 90
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,8 @@ class PreprocessConfig:
     records the converted images' own mean and std, computed while converting, as the
     normalization. Images of more than ``max_pixels`` pixels are skipped (decompression-bomb
     protection). ``reduced_decode`` lets the JPEG decoder scale an image down by M/8 (M = 1..5)
-    while decoding as long as it stays at least the target size (packer.jpeg): decode + resize
-    1.17x faster for 500x375 photographs to 224x224, 4.1x for 2000x1500, pixels within a few
-    levels of a full decode (README, Speed).
+    while decoding as long as it stays at least the target size (packer.jpeg): faster decoding,
+    pixels within a few levels of a full decode (docs/BENCHMARKS.md).
     """
 
     size: Optional[tuple[int, int]] = (224, 224)
@@ -167,30 +166,6 @@ class ShardSize:
 
 
 @dataclass(frozen=True)
-class ImageCodec:
-    """How stored images are encoded: ``raw`` pixels, ``jpeg`` (lossy, at ``quality``) or ``png``
-    (lossless). ``quality`` matters for jpeg only; above 95 Pillow advises that files grow for no
-    visible gain."""
-
-    name: str = "raw"
-    quality: int = DEFAULT_QUALITY
-
-    def __post_init__(self) -> None:
-        _choice("codec", self.name, IMAGE_CODECS)
-        if not 1 <= self.quality <= 95:
-            raise ConfigError(f"--quality must be 1-95 (JPEG quality; 90 is a good default), got {self.quality}")
-
-    @property
-    def encoded(self) -> bool:
-        """True when images are stored as encoded file bytes (jpeg, png) rather than raw pixels."""
-        return self.name != "raw"
-
-    def to_dict(self) -> dict:
-        """The manifest's entries for it in ``fields.image``: ``codec``, and ``quality`` for jpeg."""
-        return {"codec": self.name, "quality": self.quality} if self.name == "jpeg" else {"codec": self.name}
-
-
-@dataclass(frozen=True)
 class ConvertConfig:
     """Everything that decides the content of an output: format, preprocessing, shard layout, order,
     image codec, how text is read.
@@ -207,9 +182,7 @@ class ConvertConfig:
     text: TextConfig = field(default_factory=TextConfig)
 
     def __post_init__(self) -> None:
-        from packer.formats import get_writer  # here: the format registry imports the writers
-
-        get_writer(self.format)  # ConfigError naming the known formats
+        get_format(self.format)  # ConfigError naming the known formats
         if self.shuffle is not None and self.shuffle < 0:
             raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
         if self.codec.encoded and self.preprocess.dtype != "uint8":

@@ -19,38 +19,17 @@ import numpy as np
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ManifestError
 from packer.records import TEXT_KINDS, FileEntry, TextField
+from packer.registry import ENCODED_SINCE, FORMATS, TEXT_SINCE
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 """Version of the manifest's own layout; each format has its own ``format_version`` too."""
-
-#: The newest on-disk layout of each format that this packer writes and reads.
-FORMAT_VERSIONS = {"npy": 3, "lmdb": 3, "hdf5": 3, "wds": 3}
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 """What a shard file name may be made of."""
 
 TEXT_FIELD_NAMES = ("text", "json")
 """Names of the variable-length fields a manifest may list besides image, label and key."""
-
-ENCODED_SINCE = 2
-"""The format version that added jpeg and png images (``fields.image.codec``). Raw outputs are
-still written as version 1: their shards are byte for byte what earlier packers wrote, so readers
-that know only version 1 keep reading them, and refuse encoded outputs, which they cannot read."""
-
-
-TEXT_SINCE = 3
-"""The format version that added text, token-id and json fields, samples without an image, and (npy,
-hdf5) raw images of varying sizes."""
-
-
-def format_version(fmt: str, codec: str, text: bool = False) -> int:
-    """The version written for an output of format ``fmt`` whose images use ``codec`` and that has
-    ``text`` fields (or another layout of version 3): the oldest layout that describes it (as numpy writes npy version
-    1.0 whenever its header allows)."""
-    if text:
-        return TEXT_SINCE
-    return 1 if codec == "raw" else ENCODED_SINCE
 
 
 @dataclass
@@ -291,12 +270,13 @@ def parse_manifest(
             f"{MANIFEST_VERSION}. Upgrade packer to read it."
         )
     manifest = Manifest.from_dict(data, str(path))
-    if manifest.format not in FORMAT_VERSIONS:
-        raise ManifestError(f"{path}: unknown format {manifest.format!r}; known: {', '.join(FORMAT_VERSIONS)}")
-    if manifest.format_version > FORMAT_VERSIONS[manifest.format]:
+    if manifest.format not in FORMATS:
+        raise ManifestError(f"{path}: unknown format {manifest.format!r}; known: {', '.join(FORMATS)}")
+    newest = FORMATS[manifest.format].newest
+    if manifest.format_version > newest:
         raise ManifestError(
             f"{path}: {manifest.format} format version {manifest.format_version} is newer than this packer "
-            f"reads ({FORMAT_VERSIONS[manifest.format]}). Upgrade packer to read it."
+            f"reads ({newest}). Upgrade packer to read it."
         )
     if expect_format is not None and manifest.format != expect_format:
         raise ManifestError(f"{directory} holds the {manifest.format} format, not {expect_format}")

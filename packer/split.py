@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional
 
+from packer.assemble import build_manifest, source_counts
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError, PackerError
@@ -41,19 +42,12 @@ from packer.output import (
     staging_dir,
     write_plan,
 )
-from packer.pipeline import (
-    ConvertResult,
-    build_manifest,
-    current_digests,
-    discover_checked,
-    plan_fingerprint,
-    plan_tasks,
-    run_unfinished,
-    sample_layout,
-    source_counts,
-)
+from packer.pipeline import ConvertResult, discover_checked, run_unfinished
+from packer.plan import plan_tasks
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.report import REPORT_NAME, write_report
+from packer.resume import current_digests, plan_fingerprint
+from packer.sample_layout import SampleLayout
 from packer.system import usable_cpus
 from packer.text import TextConfig
 from packer.worker import ShardJob
@@ -128,7 +122,7 @@ def convert_node(
     if config_from_dict(recorded) != config:
         raise PackerError("this configuration cannot be recorded for packer merge; convert on one machine instead")
     found = discover_checked(source, output, labels_file, overwrite, strict, config.text)
-    layout = sample_layout(config, found.fields)
+    layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     plan_workers = executor.workers * node.nodes
     tasks = plan_tasks(found, config, layout, plan_workers)
@@ -271,7 +265,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
                               f"{_owners(NodeSplit(split['nodes'], 0), older)} again with this packer (each "
                               "writes those shards again), then merge")
         config = config_from_dict(split["config"])
-        layout = sample_layout(config, tuple(split.get("fields", ["image"])))
+        layout = SampleLayout.from_config(config, tuple(split.get("fields", ["image"])))
         source = Path(split["source"])
         found = Discovery(source, [], split["classes"], [Skipped(s["path"], s["reason"]) for s in split["skipped"]],
                           split["counts"]["ignored"])

@@ -19,14 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import numpy as np
-
 from packer.codecs import decode_image
-from packer.formats import SCANNERS
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
 from packer.records import StoredSample, TextField, stored_crc32
-
-WHOLE_FILE_FORMATS = {"lmdb", "hdf5"}
+from packer.registry import FORMATS
+from packer.sample_layout import SampleLayout
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
     for shard in manifest.shards:
         file_problems = check_files(root, shard)
         problems += file_problems
-        if manifest.format in WHOLE_FILE_FORMATS and any("truncated" in p.message for p in file_problems):
+        if FORMATS[manifest.format].whole_file and any("truncated" in p.message for p in file_problems):
             # LMDB memory-maps its file (reading past the end of a cut file kills the process with
             # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
             # size instead: lost pages read as zeros, and the samples still intact are told apart.
@@ -162,11 +159,11 @@ def check_samples(
 
     The labels read are appended to ``labels`` when given.
     """
-    layout = StoredLayout.of(manifest)
+    layout = SampleLayout.from_manifest(manifest)
     problems: list[Problem] = []
     position = 0
     try:
-        for s in SCANNERS[manifest.format](root, shard, layout.codec, layout.text, layout.image, str(layout.dtype)):
+        for s in FORMATS[manifest.format].scan(root, shard, layout):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)
@@ -181,48 +178,26 @@ def check_samples(
     return problems
 
 
-@dataclass(frozen=True)
-class StoredLayout:
-    """What every sample of an output holds, from its manifest: whether an image (its codec, colour
-    mode, dtype and shape; shape None for variable sizes) and which text fields."""
-
-    image: bool
-    codec: str
-    mode: str
-    dtype: Optional[np.dtype]
-    shape: Optional[tuple]
-    text: tuple[TextField, ...]
-
-    @classmethod
-    def of(cls, manifest: Manifest) -> "StoredLayout":
-        """The layout the manifest records."""
-        field = manifest.fields.get("image")
-        dtype = np.dtype(field["dtype"]) if field else None
-        shape = tuple(field["shape"]) if field and field.get("shape") else None
-        return cls(field is not None, manifest.image_codec, manifest.preprocess.get("mode", "RGB"), dtype, shape,
-                   manifest.text_fields)
-
-
-def _sample_problem(s: StoredSample, layout: StoredLayout) -> str:
+def _sample_problem(s: StoredSample, layout: SampleLayout) -> str:
     """What is wrong with one stored sample, or ``""``. Checked against the stored CRC-32 first (over
     the image's stored bytes and then each text field's), then decoded to check its shape or text."""
     if stored_crc32(s.encoded, s.image, (s.fields[f.name] for f in layout.text)) != s.crc32:
-        what = "image bytes" if s.encoded is None else f"{layout.codec} image bytes"
+        what = "image bytes" if s.encoded is None else f"{layout.codec.name} image bytes"
         what = "stored bytes" if layout.text else what
         return f"{what} do not match their stored CRC-32 (damaged)"
     for f in layout.text:
         message = _text_problem(f, s.fields[f.name])
         if message:
             return message
-    if not layout.image:
+    if not layout.has_image:
         return ""
     image = s.image
     if s.encoded is not None:
         try:
-            image = decode_image(s.encoded, layout.codec, layout.mode)
+            image = decode_image(s.encoded, layout.codec.name, layout.mode)
         except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
-            return f"image does not decode as {layout.codec}: {type(e).__name__}: {e}"
-    if (image is None or image.dtype != layout.dtype or image.ndim != 3
+            return f"image does not decode as {layout.codec.name}: {type(e).__name__}: {e}"
+    if (image is None or image.dtype != layout.np_dtype or image.ndim != 3
             or (layout.shape is not None and image.shape != layout.shape)):
         found = "missing" if image is None else f"{image.dtype} {image.shape}"
         return f"image is {found}, expected {layout.dtype} {layout.shape or '(H, W, C)'}"

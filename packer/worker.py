@@ -24,10 +24,11 @@ from packer import preprocess, text
 from packer.codecs import encode_image
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError, OutputError
-from packer.formats import ImageLayout, get_writer
 from packer.manifest import file_entry
 from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
+from packer.registry import get_format
+from packer.sample_layout import SampleLayout
 from packer.system import release_stop_signals
 from packer.text import TextConfig
 
@@ -41,16 +42,16 @@ FINISHING = -1
 
 PROGRESS_SECONDS = 0.1
 """Least time between a worker's progress messages: ten a second keep a bar live. Counting items
-instead (one message per 16) made the parent wake ~450 times a second for small images, the
-work of a tenth of a core on a 2-core machine."""
+instead (one message per 16) woke the parent so often on small images that it took a noticeable
+share of a core on a 2-core machine."""
 
 
 READ_AHEAD_FILES = 16
 READ_AHEAD_BYTES = 16 * 1024**2
 """A worker stats and reads the source files of up to READ_AHEAD_FILES image-only samples in a row
 (fewer once READ_AHEAD_BYTES are held) before decoding them. Between two decodes the kernel's
-caches have gone cold: stat and read took 30 and 55 us a file there, against 4.5 and 20 in a row
-(1,000 bench photographs); 16 at a time costs 33 us a file in all."""
+caches have gone cold: a stat and a read there cost several times what they cost back to back,
+so a run of them costs much less a file in all."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class ShardJob:
     number: int
     task: ShardTask
     format: str
-    layout: ImageLayout
+    layout: SampleLayout
     preprocess: PreprocessConfig
     directory: str
     strict: bool = False
@@ -106,9 +107,9 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
 
 def source_digest(data: bytes) -> str:
     """XXH3-128 of a source file's bytes (``records.SOURCE_DIGEST``), to find identical files. It
-    runs once per file in the hot path: 1.5 us for a 44 KB JPEG against 37-54 for SHA-256 (with the
-    CPU's SHA instructions), 1.6% of a worker's time per photograph. Identical bytes is all the
-    duplicate report needs: no one gains by forging a collision there."""
+    runs once per file in the hot path, where a SHA-256 costs many times as much, even with the
+    CPU's SHA instructions. Identical bytes is all the duplicate report needs: no one gains by
+    forging a collision there."""
     return xxhash.xxh3_128_hexdigest(data)
 
 
@@ -267,7 +268,7 @@ def write_shard(
     """
     report = progress
     directory = Path(job.directory)
-    writer = get_writer(job.format)(directory, job.task.name, job.layout, len(job.task.items))
+    writer = get_format(job.format).writer_class()(directory, job.task.name, job.layout, len(job.task.items))
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS

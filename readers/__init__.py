@@ -10,22 +10,18 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
+from packer.registry import FORMATS
+from readers.base import ReaderBase
 from readers.collate import PackedBatch, packed_collate, pad_collate
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
+from readers.mapstyle import PackedDataset
 from readers.npy import NpyDataset
 from readers.remote import open_manifest
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
+from readers.tensors import BatchNormalize, ImageConverter
 from readers.wds import WdsDataset
-
-READERS: dict[str, type] = {
-    "npy": NpyDataset,
-    "lmdb": LmdbDataset,
-    "hdf5": Hdf5Dataset,
-    "wds": WdsDataset,
-}
 
 AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
 
@@ -38,10 +34,10 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote``), with ``cache_dir=``.
     """
     manifest = open_manifest(root)
-    return READERS[manifest.format](root, **options)
+    return FORMATS[manifest.format].reader_class()(root, **options)
 
 
 __all__ = ["open_dataset", "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
            "PackedBatch", "packed_collate", "pad_collate",
-            "READERS", "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",
+           "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",
            "NpyDataset", "LmdbDataset", "Hdf5Dataset", "WdsDataset"]

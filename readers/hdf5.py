@@ -14,12 +14,12 @@ from typing import NamedTuple, Optional
 import h5py
 import numpy as np
 
-from packer.codecs import decode_image
-from packer.formats.base import raw_image
+from packer.codecs import decode_image, raw_image
 from packer.layout import HDF5_IMAGE_SHAPES, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from packer.manifest import ShardEntry
 from packer.records import TextField
-from readers.base import PackedDataset
+from packer.sample_layout import ImageStorage
+from readers.mapstyle import PackedDataset
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
 
@@ -71,11 +71,12 @@ class Hdf5Dataset(PackedDataset):
             return f[data], f[offsets][:]
 
         text = {t.name: varlen(t.name) for t in self.text_fields}
-        if not self.manifest.has_image:
+        kind = self.layout.image
+        if kind is ImageStorage.NONE:
             return _Hdf5Shard(f, None, None, text=text)
-        if self.manifest.image_codec != "raw":
+        if kind is ImageStorage.ENCODED:
             return _Hdf5Shard(f, *varlen("images"), text=text)
-        if self._stored[1] is None:
+        if kind is ImageStorage.VARIABLE:
             return _Hdf5Shard(f, *varlen("images"), text=text, shapes=f[HDF5_IMAGE_SHAPES][:])
         images = f[HDF5_IMAGES]
         chunks = chunk_offsets(images)
@@ -94,8 +95,8 @@ class Hdf5Dataset(PackedDataset):
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
         if handle.shapes is not None:
-            return raw_image(data, self._stored[0], handle.shapes[local], handle.file.filename)
-        return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
+            return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.file.filename)
+        return decode_image(data, self.layout.codec.name, self.layout.mode)
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
         return handle.file[HDF5_LABELS][:]

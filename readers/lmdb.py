@@ -13,7 +13,7 @@ from packer.errors import ManifestError
 from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
 from packer.manifest import ShardEntry
 from packer.records import TextField
-from readers.base import PackedDataset
+from readers.mapstyle import PackedDataset
 
 _ENVS: dict[tuple, list] = {}
 """Open environments of this process, by file identity, with a count of their users.
@@ -82,8 +82,8 @@ class LmdbDataset(PackedDataset):
 
     def read_image(self, handle: _LmdbShard, local: int) -> np.ndarray:
         value = self._get(handle, lmdb_image_key(local))
-        if self.manifest.image_codec != "raw":
-            return decode_image(value, self.manifest.image_codec, self.manifest.preprocess["mode"])
+        if self.layout.codec.encoded:
+            return decode_image(value, self.layout.codec.name, self.layout.mode)
         return handle.npy(value)
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
-from readers.base import BatchNormalize, ImageConverter, PackedDataset, ReaderBase
+from readers.base import ReaderBase
 from readers.collate import (
     ArraysAcrossWorkers,
     Numbered,
@@ -46,7 +46,9 @@ from readers.collate import (
     pad_collate,
     shared_memory_free,
 )
+from readers.mapstyle import PackedDataset
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, distributed_rank
+from readers.tensors import BatchNormalize, ImageConverter
 
 log = logging.getLogger(__name__)
 

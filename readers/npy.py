@@ -6,12 +6,12 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs import decode_image
-from packer.formats.base import raw_image
+from packer.codecs import decode_image, raw_image
 from packer.layout import NPY_IMAGE_SHAPES, NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
 from packer.manifest import ShardEntry
 from packer.records import TextField
-from readers.base import PackedDataset
+from packer.sample_layout import ImageStorage
+from readers.mapstyle import PackedDataset
 
 
 class _NpyShard(NamedTuple):
@@ -30,7 +30,7 @@ class NpyDataset(PackedDataset):
 
     def open_shard(self, shard: ShardEntry) -> _NpyShard:
         def mmap(suffix: str) -> np.ndarray:
-            # A plain ndarray over the map (it keeps the map alive): indexing a np.memmap costs ~3 us
+            # A plain ndarray over the map (it keeps the map alive): indexing a np.memmap costs
             # more per sample for its subclass bookkeeping.
             return np.asarray(np.load(self.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False))
 
@@ -40,12 +40,13 @@ class NpyDataset(PackedDataset):
 
         labels = str(self.path(shard.file(NPY_LABELS)))
         text = {f.name: varlen(f.name) for f in self.text_fields}
-        if not self.manifest.has_image:
+        kind = self.layout.image
+        if kind is ImageStorage.NONE:
             return _NpyShard(None, None, mmap(NPY_KEYS), labels, text)
-        if self.manifest.image_codec == "raw" and self._stored[1] is not None:
+        if kind is ImageStorage.FIXED:
             return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels, text)
         shapes = None
-        if self.manifest.image_codec == "raw":
+        if kind is ImageStorage.VARIABLE:
             shapes = np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
         return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes)
 
@@ -54,8 +55,8 @@ class NpyDataset(PackedDataset):
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
         if handle.shapes is not None:
-            return raw_image(data, self._stored[0], handle.shapes[local], handle.labels_path)
-        return decode_image(data, self.manifest.image_codec, self.manifest.preprocess["mode"])
+            return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.labels_path)
+        return decode_image(data, self.layout.codec.name, self.layout.mode)
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
         return np.load(handle.labels_path, allow_pickle=False)

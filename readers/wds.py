@@ -141,8 +141,8 @@ class WdsDataset(ReaderBase, IterableDataset):
 
     def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
         """``(image array or None, label, key, text field values)`` of one sample's tar fields."""
-        codec, mode = self.manifest.image_codec, self.manifest.preprocess.get("mode", "RGB")
-        array, label, meta = decode_tar_sample(fields, path, codec if self._stored is not None else None, self._npy)
+        codec, mode = self.layout.codec.name, self.layout.mode
+        array, label, meta = decode_tar_sample(fields, path, codec if self.layout.has_image else None, self._npy)
         stored = tar_fields(fields, self.text_fields, path)
         texts = tuple(decode_field(f, stored[f.name]) for f in self.text_fields)
         if array is not None and codec != "raw":

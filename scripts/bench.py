@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from packer.config import PreprocessConfig  # noqa: E402
 from packer.discover import discover  # noqa: E402
-from packer.formats import WRITERS  # noqa: E402
 from packer.preprocess import keep_image_memory, load_image  # noqa: E402
+from packer.registry import FORMAT_NAMES  # noqa: E402
 from packer.system import usable_cpus  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
 from readers.advisor import FolderDataset, PeakMemory  # noqa: E402
@@ -306,7 +306,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate (ignored with --src)")
     parser.add_argument("--src", type=Path, help="a folder of images to use instead of generated ones")
     parser.add_argument("--workers", type=int, default=min(2, usable_cpus()))
-    parser.add_argument("--formats", default=",".join(WRITERS))
+    parser.add_argument("--formats", default=",".join(FORMAT_NAMES))
     parser.add_argument("--codecs", default="raw,jpeg")
     parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
     parser.add_argument("--repeat", type=int, default=3, help="floor + conversion pairs per output (medians kept)")

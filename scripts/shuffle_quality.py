@@ -27,7 +27,7 @@ from bench import make_images  # noqa: E402
 
 from packer import ConvertConfig, PreprocessConfig, convert  # noqa: E402
 from packer.config import ShardSize  # noqa: E402
-from packer.formats import WRITERS  # noqa: E402
+from packer.registry import FORMAT_NAMES  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main() -> None:
         make_images(src, args.images)  # 10 classes, c0..c9; sorted storage puts each class in one run
     pre = PreprocessConfig(size=(32, 32))
     shard = ShardSize(samples=250)  # several shards per class, as a large dataset would have
-    outputs = {fmt: ConvertConfig(fmt, pre, shard) for fmt in WRITERS}
+    outputs = {fmt: ConvertConfig(fmt, pre, shard) for fmt in FORMAT_NAMES}
     outputs["wds --shuffle 0"] = ConvertConfig("wds", pre, shard, shuffle=0)
     rows = []
     for name, cfg in outputs.items():

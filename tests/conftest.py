@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.formats import WRITERS  # noqa: E402
+from packer.registry import FORMAT_NAMES  # noqa: E402
 
-FORMATS = tuple(WRITERS)  # every registered format is tested the moment it is registered
+FORMATS = FORMAT_NAMES  # every registered format is tested the moment it is registered
 
 
 def write_image(path: Path, size: tuple[int, int] = (64, 48), mode: str = "RGB", seed: int = 0, **save) -> Path:

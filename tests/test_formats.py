@@ -17,14 +17,15 @@ import packer.formats.lmdb as lmdb_format
 from packer.codecs import encode_image
 from packer.config import ImageCodec
 from packer.errors import ConfigError
-from packer.formats import SCANNERS, WRITERS, ImageLayout, get_writer
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.wds import ustar_header
 from packer.manifest import ShardEntry, file_entry
 from packer.records import Sample, fields_crc32, image_crc32
+from packer.registry import FORMAT_NAMES, FORMATS, get_format
+from packer.sample_layout import SampleLayout
 
 H, W, C = 6, 5, 3
-FIXED = ImageLayout("uint8", (H, W, C), C)
+FIXED = SampleLayout("uint8", (H, W, C), C)
 
 
 def make_samples(n, shape=(H, W, C), start=10, seed=0, dtype=np.uint8):
@@ -41,7 +42,7 @@ def make_samples(n, shape=(H, W, C), start=10, seed=0, dtype=np.uint8):
 
 
 def write(fmt, directory, samples, layout=FIXED, capacity=None, name="shard-00003"):
-    writer = WRITERS[fmt](directory, name, layout, len(samples) if capacity is None else capacity)
+    writer = FORMATS[fmt].writer_class()(directory, name, layout, len(samples) if capacity is None else capacity)
     for s in samples:
         writer.add(s)
     return writer.close()
@@ -61,22 +62,26 @@ def test_checksums_are_the_crc32_zlib_computes():
     assert sample.crc32 == zlib.crc32(sample.encoded + b"abc")
 
 
-def test_writer_registry_matches_reader_registry():
+def test_each_format_description_names_its_writer_scanner_and_reader():
     import readers
 
-    assert set(WRITERS) == set(readers.READERS)
-    assert list(WRITERS) == list(readers.READERS)
+    assert list(FORMATS) == list(FORMAT_NAMES) == ["npy", "lmdb", "hdf5", "wds"]
+    for name, spec in FORMATS.items():
+        assert spec.name == name and spec.writer_class().name == name
+        assert callable(spec.scan) and spec.scanner.startswith(f"packer.formats.{name}:")
+        reader = spec.reader_class()
+        assert reader.format_name == name and getattr(readers, reader.__name__) is reader
+        assert spec.newest == 3
 
 
-def test_get_writer():
-    for name, cls in WRITERS.items():
-        assert get_writer(name) is cls
-        assert cls.name == name
+def test_get_format():
+    for name, spec in FORMATS.items():
+        assert get_format(name) is spec
     with pytest.raises(ConfigError, match="zarr"):
-        get_writer("zarr")
+        get_format("zarr")
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_files_returned_are_all_the_files(tmp_path, fmt):
     files = write(fmt, tmp_path, make_samples(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
@@ -85,8 +90,8 @@ def test_files_returned_are_all_the_files(tmp_path, fmt):
 
 def test_layout_fields_and_bytes():
     assert FIXED.sample_bytes == H * W * C
-    assert ImageLayout("float32", (2, 3, 1), 1).sample_bytes == 24
-    assert ImageLayout("uint8", None, 3).sample_bytes is None
+    assert SampleLayout("float32", (2, 3, 1), 1).sample_bytes == 24
+    assert SampleLayout("uint8", None, 3).sample_bytes is None
     f = FIXED.fields()
     assert f["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C, "layout": "HWC", "codec": "raw"}
     assert f["label"]["dtype"] == "int64"
@@ -129,14 +134,14 @@ def test_npy_fewer_samples_than_capacity(tmp_path):
 def test_npy_capacity_digits_grow(tmp_path):
     """The header is written for the capacity first; a much larger final count must still fit."""
     samples = make_samples(12, shape=(1, 1, 1))
-    files = write("npy", tmp_path, samples, layout=ImageLayout("uint8", (1, 1, 1), 1), capacity=1)
+    files = write("npy", tmp_path, samples, layout=SampleLayout("uint8", (1, 1, 1), 1), capacity=1)
     images = np.load(tmp_path / files[0])
     assert images.shape == (12, 1, 1, 1)
     assert [int(v) for v in images.ravel()] == [int(s.image.ravel()[0]) for s in samples]
 
 
 def test_npy_float32(tmp_path):
-    layout = ImageLayout("float32", (H, W, C), C)
+    layout = SampleLayout("float32", (H, W, C), C)
     samples = make_samples(4, dtype=np.float32)
     files = write("npy", tmp_path, samples, layout=layout)
     images = np.load(tmp_path / files[0], mmap_mode="r")
@@ -172,7 +177,7 @@ def test_hdf5_layout(tmp_path, n):
 
 
 def test_hdf5_float16(tmp_path):
-    layout = ImageLayout("float16", (H, W, 1), 1)
+    layout = SampleLayout("float16", (H, W, 1), 1)
     samples = make_samples(3, shape=(H, W, 1), dtype=np.float16)
     files = write("hdf5", tmp_path, samples, layout=layout)
     with h5py.File(tmp_path / files[0], "r") as f:
@@ -182,7 +187,7 @@ def test_hdf5_float16(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["npy", "hdf5"])
 def test_fixed_formats_refuse_wrong_shape(tmp_path, fmt):
-    writer = WRITERS[fmt](tmp_path, "shard-00000", FIXED, 2)
+    writer = FORMATS[fmt].writer_class()(tmp_path, "shard-00000", FIXED, 2)
     with pytest.raises(ValueError):
         writer.add(make_samples(1, shape=(H + 1, W, C))[0])
     writer.close()
@@ -233,7 +238,7 @@ def test_lmdb_layout(tmp_path, n):
 
 def test_lmdb_variable_shapes(tmp_path):
     samples = [Sample(i, f"k{i}", np.full((2 + i, 3 + 2 * i, 3), i, np.uint8), i) for i in range(4)]
-    files = write("lmdb", tmp_path, samples, layout=ImageLayout("uint8", None, 3))
+    files = write("lmdb", tmp_path, samples, layout=SampleLayout("uint8", None, 3))
     check_lmdb(tmp_path / files[0], samples)
 
 
@@ -248,7 +253,7 @@ def test_lmdb_map_grows_from_tiny(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lmdb_format, "COMMIT_BYTES", 50_000)  # several commits, each may overflow
     samples = make_samples(40, shape=(48, 64, 3))  # ~9 KiB each, ~370 KiB in all
-    writer = TinyMap(tmp_path, "shard-00000", ImageLayout("uint8", (48, 64, 3), 3), len(samples))
+    writer = TinyMap(tmp_path, "shard-00000", SampleLayout("uint8", (48, 64, 3), 3), len(samples))
     for s in samples:
         writer.add(s)
     files = writer.close()
@@ -267,7 +272,7 @@ def test_lmdb_map_never_fills_whatever_the_sizes(tmp_path, monkeypatch, commit_b
     shapes += [(int(rng.integers(1, 60)), int(rng.integers(1, 90)), 3) for _ in range(300)]
     samples = [Sample(i, f"k{i}" * int(rng.integers(1, 40)), np.full(shape, i % 256, np.uint8), i)
                for i, shape in enumerate(shapes)]
-    writer = LmdbWriter(tmp_path, "shard-00000", ImageLayout("uint8", None, 3), 1)
+    writer = LmdbWriter(tmp_path, "shard-00000", SampleLayout("uint8", None, 3), 1)
     writer._map_size = 32 * 1024
     writer._env.set_mapsize(writer._map_size)
     for s in samples:
@@ -279,7 +284,7 @@ def test_lmdb_map_grows_with_underestimated_variable_size(tmp_path, monkeypatch)
     """The real sizing path: a variable layout with a tiny per-sample guess overflows the 16 MiB floor."""
     monkeypatch.setattr(lmdb_format, "VARIABLE_SIZE_GUESS", 1)
     samples = [Sample(i, f"big{i}", np.full((1000, 1000, 3), i, np.uint8), i) for i in range(6)]  # ~18 MB
-    writer = LmdbWriter(tmp_path, "shard-00000", ImageLayout("uint8", None, 3), len(samples))
+    writer = LmdbWriter(tmp_path, "shard-00000", SampleLayout("uint8", None, 3), len(samples))
     assert writer._map_size == 16 * 1024**2
     for s in samples:
         writer.add(s)
@@ -350,7 +355,7 @@ def test_wds_read_by_webdataset(tmp_path):
 
     samples = make_samples(5)
     samples.append(Sample(99, "odd/size.png", np.full((3, 9, 3), 7, np.uint8), 2))  # variable shape
-    files = write("wds", tmp_path, samples, layout=ImageLayout("uint8", None, 3))
+    files = write("wds", tmp_path, samples, layout=SampleLayout("uint8", None, 3))
     ds = webdataset.WebDataset(str(tmp_path / files[0]), shardshuffle=False).decode()
     got = list(ds)
     assert [g["__key__"] for g in got] == [f"{s.index:09d}" for s in samples]
@@ -364,17 +369,13 @@ def test_wds_read_by_webdataset(tmp_path):
 # --------------------------------------------------------------------------- scanners
 
 
-def test_scanner_registry_matches_writers():
-    assert set(SCANNERS) == set(WRITERS)
-
-
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("n", [0, 7])
 def test_scanner_reads_back_what_the_writer_wrote(tmp_path, fmt, n):
     samples = make_samples(n)
     files = write(fmt, tmp_path, samples)
     entry = ShardEntry("shard-00003", n, [file_entry(tmp_path, f) for f in files])
-    got = list(SCANNERS[fmt](tmp_path, entry))
+    got = list(FORMATS[fmt].scan(tmp_path, entry, FIXED))
     assert [g.local for g in got] == list(range(n))
     for g, s in zip(got, samples):
         assert (g.key, g.label, g.crc32) == (s.key, s.label, s.crc32)
@@ -387,7 +388,7 @@ CODECS = ("jpeg", "png")
 
 
 def encoded_layout(codec, shape=(H, W, C)):
-    return ImageLayout("uint8", shape, shape[2] if shape else C, ImageCodec(codec))
+    return SampleLayout("uint8", shape, shape[2] if shape else C, ImageCodec(codec))
 
 
 def encoded_samples(n, codec, shape=(H, W, C)):
@@ -414,7 +415,7 @@ def open_stored_images(fmt, directory, files, n):
         return [tar.extractfile(m).read() for m in tar.getmembers() if not m.name.endswith((".cls", ".json"))]
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("n", [0, 7])
 def test_encoded_images_are_stored_as_their_bytes(tmp_path, fmt, codec, n):
@@ -431,7 +432,7 @@ def test_encoded_images_are_stored_as_their_bytes(tmp_path, fmt, codec, n):
             if codec == "png":
                 assert np.array_equal(np.asarray(img), s.image)
     entry = ShardEntry("shard-00003", n, [file_entry(tmp_path, f) for f in files])
-    got = list(SCANNERS[fmt](tmp_path, entry, codec))
+    got = list(FORMATS[fmt].scan(tmp_path, entry, encoded_layout(codec)))
     assert [(g.local, g.key, g.label, g.image, g.encoded, g.crc32) for g in got] == [
         (i, s.key, s.label, None, s.encoded, zlib.crc32(s.encoded)) for i, s in enumerate(samples)]
 
@@ -456,7 +457,7 @@ def test_wds_encoded_members_decode_with_stock_webdataset(tmp_path, codec):
             assert np.array_equal(g[ext], s.image)
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_jpeg_sample_opens_as_the_docs_show(tmp_path, fmt):
     """Each format's snippet in docs/FORMATS.md: stock library plus PIL give the pixels back."""
     shape = (24, 32, 3)
@@ -483,9 +484,9 @@ def test_jpeg_sample_opens_as_the_docs_show(tmp_path, fmt):
     assert image.shape == shape and np.abs(image.astype(int) - pixels).mean() < 3
 
 
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_encoded_layout_needs_encoded_samples(tmp_path, fmt):
-    writer = WRITERS[fmt](tmp_path, "shard-00000", encoded_layout("png"), 1)
+    writer = FORMATS[fmt].writer_class()(tmp_path, "shard-00000", encoded_layout("png"), 1)
     with pytest.raises(ValueError, match="png shard stores encoded images"):
         writer.add(make_samples(1)[0])
     writer.close()
@@ -500,7 +501,7 @@ def test_encoded_layout_fields():
 @pytest.mark.parametrize("fmt,capacity,hashed", [("npy", None, [".images.npy"]), ("npy", 9, []),
                                                  ("wds", None, [".tar"]), ("lmdb", None, []), ("hdf5", None, [])])
 def test_digests_a_writer_gives_are_its_files_sha256(tmp_path, fmt, capacity, hashed):
-    writer = WRITERS[fmt](tmp_path, "shard-00000", FIXED, 6 if capacity is None else capacity)
+    writer = FORMATS[fmt].writer_class()(tmp_path, "shard-00000", FIXED, 6 if capacity is None else capacity)
     for s in make_samples(6):
         writer.add(s)
     files = writer.close()

@@ -6,18 +6,25 @@ import pytest
 
 from packer.errors import ManifestError
 from packer.manifest import (
-    FORMAT_VERSIONS,
     MANIFEST_NAME,
     MANIFEST_VERSION,
     Manifest,
     ShardEntry,
     file_entry,
-    format_version,
     read_manifest,
     sha256_of,
     write_manifest,
 )
-from packer.records import FileEntry
+from packer.records import FileEntry, TextField
+from packer.registry import FORMATS
+from packer.sample_layout import ImageCodec, SampleLayout
+
+FORMAT_VERSIONS = {name: spec.newest for name, spec in FORMATS.items()}
+
+
+def format_version(fmt, codec, text=False, shape=(8, 8, 3), image=True):
+    text_fields = (TextField("text", "text"),) if text else ()
+    return FORMATS[fmt].version(SampleLayout("uint8", shape, 3, ImageCodec(codec), image, text_fields))
 
 
 def sample_manifest(fmt="npy", counts=(4, 4, 2)):
@@ -182,7 +189,12 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
         assert format_version(fmt, "raw") == 1
         assert format_version(fmt, "jpeg") == format_version(fmt, "png") == 2
         assert format_version(fmt, "raw", text=True) == format_version(fmt, "jpeg", text=True) == 3
+        assert format_version(fmt, "raw", image=False, text=True) == 3
         assert FORMAT_VERSIONS[fmt] == 3
+    # raw images of their own sizes changed the npy and hdf5 layouts only
+    varying = {fmt: format_version(fmt, "raw", shape=None) for fmt in FORMATS}
+    assert varying == {"npy": 3, "lmdb": 1, "hdf5": 3, "wds": 1}
+    assert format_version("npy", "jpeg", shape=None) == 2
 
 
 def test_image_codec_defaults_to_raw(tmp_path):

@@ -21,13 +21,13 @@ from packer import ConvertConfig, PreprocessConfig, convert, jpeg
 from packer.config import DEFAULT_SHARD_BYTES, ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ConfigError, DecodeError, InputError, OutputError
-from packer.formats import ImageLayout
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.output import STAGING_MARK, staging_dir
-from packer.pipeline import estimate_sample_bytes, plan_shards, shard_name
+from packer.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.preprocess import load_image
 from packer.records import SourceItem
 from packer.report import REPORT_NAME
+from packer.sample_layout import SampleLayout
 from packer.stats import SIZE_BINS
 
 PRE = PreprocessConfig(size=(16, 12))
@@ -124,17 +124,17 @@ def test_plan_empty():
 
 
 def test_estimate_sample_bytes(tmp_path):
-    assert estimate_sample_bytes(ImageLayout("uint8", (12, 16, 3), 3), []) == 12 * 16 * 3
-    assert estimate_sample_bytes(ImageLayout("float32", (2, 2, 1), 1), []) == 16
+    assert estimate_sample_bytes(SampleLayout("uint8", (12, 16, 3), 3), []) == 12 * 16 * 3
+    assert estimate_sample_bytes(SampleLayout("float32", (2, 2, 1), 1), []) == 16
     a = write_image(tmp_path / "a.png", (10, 20))
     b = write_image(tmp_path / "b.jpg", (30, 40))
     junk = tmp_path / "junk.png"
     junk.write_bytes(b"not an image")
     src = [SourceItem(0, str(a), "a.png"), SourceItem(1, str(b), "b.jpg"), SourceItem(2, str(junk), "junk.png")]
     # exact stored sizes from the headers (the unreadable file is left out of the mean)
-    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), src) == (10 * 20 * 3 + 30 * 40 * 3) / 2
-    assert estimate_sample_bytes(ImageLayout("float16", None, 1), src[:1]) == 10 * 20 * 2
-    assert estimate_sample_bytes(ImageLayout("uint8", None, 3), []) == 1024**2
+    assert estimate_sample_bytes(SampleLayout("uint8", None, 3), src) == (10 * 20 * 3 + 30 * 40 * 3) / 2
+    assert estimate_sample_bytes(SampleLayout("float16", None, 1), src[:1]) == 10 * 20 * 2
+    assert estimate_sample_bytes(SampleLayout("uint8", None, 3), []) == 1024**2
 
 
 # --------------------------------------------------------------------------- helpers for outputs
@@ -875,7 +875,7 @@ def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
     (image_tree / "bee" / "img_001.png").unlink()  # listed, then gone
     items[9] = SourceItem(items[9].index, items[9].path, items[9].relpath, items[9].label,
                           (("image", items[9].path), ("text", items[9].path)))  # a paired sample
-    job = ShardJob(0, ShardTask("s", tuple(items)), "npy", ImageLayout("uint8", (8, 8, 3), 3), PreprocessConfig(),
+    job = ShardJob(0, ShardTask("s", tuple(items)), "npy", SampleLayout("uint8", (8, 8, 3), 3), PreprocessConfig(),
                    str(tmp_path), poisoned={items[3].index: "decoder crashed"})
     seen = []
     got = read_ahead(job, 0, seen.append)

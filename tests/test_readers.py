@@ -20,7 +20,8 @@ from packer.config import ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ManifestError
 from packer.preprocess import load_image
-from readers import READERS, NpyDataset, WdsDataset, open_dataset
+from packer.registry import get_format
+from readers import NpyDataset, WdsDataset, open_dataset
 
 PRE = PreprocessConfig(size=(40, 32))
 
@@ -53,7 +54,7 @@ def read_all(ds) -> list:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_pixels_labels_and_keys_equal_preprocessed_source(packed, fmt):
     ds = open_dataset(packed[fmt], normalize=False, return_meta=True)
-    assert type(ds) is READERS[fmt]
+    assert type(ds) is get_format(fmt).reader_class()
     assert len(ds) == 15 and ds.classes == ["ant", "bee", "cat"]
     want = expected(packed["_src"])
     got = read_all(ds)

@@ -18,8 +18,9 @@ from packer.cli import cli
 from packer.codecs import encode_npy
 from packer.config import ImageCodec, ShardSize
 from packer.errors import ManifestError
-from packer.formats import SCANNERS
 from packer.manifest import read_manifest
+from packer.registry import get_format
+from packer.sample_layout import SampleLayout
 from packer.verify import verify
 
 
@@ -115,8 +116,9 @@ def test_intact_encoded_output_verifies(encoded_outputs, fmt, codec):
 def test_flipped_byte_inside_an_encoded_image_is_traced_to_its_sample(encoded_outputs, fmt, codec, tmp_path):
     copy = tmp_path / fmt
     shutil.copytree(encoded_outputs[fmt, codec], copy)
-    shard = read_manifest(copy).shards[1]
-    target = [s for s in SCANNERS[fmt](copy, shard, codec) if s.local == 2][0]
+    manifest = read_manifest(copy)
+    shard, layout = manifest.shards[1], SampleLayout.from_manifest(manifest)
+    target = [s for s in get_format(fmt).scan(copy, shard, layout) if s.local == 2][0]
     path = copy / max(shard.files, key=lambda f: f.bytes).path
     data = bytearray(path.read_bytes())
     at = data.find(target.encoded)
@@ -136,8 +138,9 @@ def test_flipped_byte_inside_an_encoded_image_is_traced_to_its_sample(encoded_ou
 def test_shard_cut_inside_an_encoded_image_is_named_with_where_it_breaks(encoded_outputs, fmt, tmp_path):
     copy = tmp_path / fmt
     shutil.copytree(encoded_outputs[fmt, "png"], copy)
-    shard = read_manifest(copy).shards[1]
-    target = [s for s in SCANNERS[fmt](copy, shard, "png") if s.local == 3][0]
+    manifest = read_manifest(copy)
+    shard, layout = manifest.shards[1], SampleLayout.from_manifest(manifest)
+    target = [s for s in get_format(fmt).scan(copy, shard, layout) if s.local == 3][0]
     path = copy / max(shard.files, key=lambda f: f.bytes).path
     data = path.read_bytes()
     path.write_bytes(data[: data.find(target.encoded) + len(target.encoded) // 2])

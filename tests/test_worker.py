@@ -11,14 +11,14 @@ import packer.prefetch
 import packer.worker
 from packer.config import PreprocessConfig
 from packer.discover import discover
-from packer.formats import ImageLayout
 from packer.records import ShardTask
+from packer.sample_layout import SampleLayout
 from packer.worker import PROGRESS_SECONDS, ShardJob, write_shard
 
 
 def _job(image_tree, tmp_path) -> ShardJob:
     items = tuple(discover(image_tree).items)
-    layout = ImageLayout("uint8", (16, 12, 3), 3)
+    layout = SampleLayout("uint8", (16, 12, 3), 3)
     return ShardJob(0, ShardTask("shard-00000", items), "npy", layout, PreprocessConfig(size=(12, 16)), str(tmp_path))
 
 

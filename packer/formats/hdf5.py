@@ -12,14 +12,16 @@ Timestamps are off so equal inputs give byte-identical files.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import ClassVar, Iterator, Optional
+from typing import ClassVar, Iterator
 
 import h5py
 import numpy as np
 
-from packer.formats.base import ImageLayout, check_image, encoded_bytes, raw_bytes, raw_image
-from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen
+from packer.codecs import raw_bytes
+from packer.formats.base import encoded_bytes
+from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen, varlen_images
 from packer.layout import (
     HDF5_CRC32,
     HDF5_IMAGE_SHAPES,
@@ -30,58 +32,31 @@ from packer.layout import (
     hdf5_varlen_names,
 )
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample, TextField
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
 
 
-class Hdf5Writer:
-    """Writes one shard as an HDF5 file."""
+class _FixedImages:
+    """Raw images of one shape: dataset ``images`` (N x H x W x C, one sample per chunk), written
+    ``BATCH`` samples at a time."""
 
-    name: ClassVar[str] = "hdf5"
-
-    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
-        self.file_name = f"{shard}{HDF5_SUFFIX}"
+    def __init__(self, file: h5py.File, layout: SampleLayout) -> None:
         self.layout = layout
-        self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
+        self._images = file.create_dataset(
+            HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
+            chunks=(1, *layout.shape), track_times=False,
+        )
+        self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
         self._pending = 0
-        self._text = {f.name: Hdf5VarlenWriter(self._file, f.name) for f in layout.text}
-        self._shapes: Optional[list[tuple[int, ...]]] = None  # of raw images of varying sizes
-        if not layout.has_image:
-            pass
-        elif layout.codec.encoded or layout.shape is None:
-            self._encoded = Hdf5VarlenWriter(self._file, "images")
-            self._shapes = [] if not layout.codec.encoded else None
-        else:
-            self._images = self._file.create_dataset(
-                HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
-                chunks=(1, *layout.shape), track_times=False,
-            )
-            self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
-        self.labels: list[int] = []
-        self.keys: list[str] = []
-        self.crcs: list[int] = []
-        self.digests: dict[str, str] = {}  # none: HDF5 does not write the file in order
 
     def add(self, sample: Sample) -> None:
-        """Buffer one sample; full buffers go to the file in one write."""
-        if self.layout.has_image:
-            check_image(sample, self.layout)
-            if self.layout.codec.encoded:
-                self._encoded.add(encoded_bytes(sample, self.layout))
-            elif self._shapes is not None:
-                self._encoded.add(raw_bytes(sample.image, np.dtype(self.layout.dtype)))
-                self._shapes.append(sample.image.shape)
-            else:
-                self._batch[self._pending] = sample.image
-                self._pending += 1
-        for name, writer in self._text.items():
-            writer.add(sample.fields[name])
-        self.labels.append(sample.label)
-        self.keys.append(sample.key)
-        self.crcs.append(sample.crc32)
-        if self._pending == BATCH:
+        self.layout.check_image(sample.image)
+        if self._pending == BATCH:  # a full batch goes out before the next sample, after the last one's fields
             self._flush()
+        self._batch[self._pending] = sample.image
+        self._pending += 1
 
     def _flush(self) -> None:
         if not self._pending:
@@ -91,17 +66,80 @@ class Hdf5Writer:
         self._images[start:] = self._batch[: self._pending]
         self._pending = 0
 
+    def close(self) -> None:
+        self._flush()
+
+
+class _EncodedImages:
+    """JPEG/PNG bytes: the variable-length field ``images`` (``images_bytes``, ``images_offsets``)."""
+
+    def __init__(self, file: h5py.File, layout: SampleLayout) -> None:
+        self.layout = layout
+        self._bytes = Hdf5VarlenWriter(file, "images")
+
+    def add(self, sample: Sample) -> None:
+        self.layout.check_image(sample.image)
+        self._bytes.add(encoded_bytes(sample, self.layout))
+
+    def close(self) -> None:
+        self._bytes.close()
+
+
+class _VariableImages:
+    """Raw images of their own sizes: the variable-length field ``images`` of their pixels' bytes,
+    and ``images_shapes`` (N x 3 int64)."""
+
+    def __init__(self, file: h5py.File, layout: SampleLayout) -> None:
+        self.layout, self._file = layout, file
+        self._bytes = Hdf5VarlenWriter(file, "images")
+        self._shapes: list[tuple[int, ...]] = []
+
+    def add(self, sample: Sample) -> None:
+        self.layout.check_image(sample.image)
+        self._bytes.add(raw_bytes(sample.image, self.layout.np_dtype))
+        self._shapes.append(sample.image.shape)
+
+    def close(self) -> None:
+        self._bytes.close()
+        shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
+        self._file.create_dataset(HDF5_IMAGE_SHAPES, data=shapes, track_times=False)
+
+
+_IMAGES = {ImageStorage.FIXED: _FixedImages, ImageStorage.ENCODED: _EncodedImages,
+           ImageStorage.VARIABLE: _VariableImages, ImageStorage.NONE: None}
+
+
+class Hdf5Writer:
+    """Writes one shard as an HDF5 file."""
+
+    name: ClassVar[str] = "hdf5"
+
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
+        self.file_name = f"{shard}{HDF5_SUFFIX}"
+        self.layout = layout
+        images = choose(layout, _IMAGES, self.name)
+        self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
+        self._text = {f.name: Hdf5VarlenWriter(self._file, f.name) for f in layout.text}
+        self._images = images(self._file, layout) if images is not None else None
+        self.labels: list[int] = []
+        self.keys: list[str] = []
+        self.crcs: list[int] = []
+        self.digests: dict[str, str] = {}  # none: HDF5 does not write the file in order
+
+    def add(self, sample: Sample) -> None:
+        """Buffer one sample; full buffers go to the file in one write."""
+        if self._images is not None:
+            self._images.add(sample)
+        for name, writer in self._text.items():
+            writer.add(sample.fields[name])
+        self.labels.append(sample.label)
+        self.keys.append(sample.key)
+        self.crcs.append(sample.crc32)
+
     def close(self) -> list[str]:
         """Write labels, keys and checksums and close the file."""
-        if not self.layout.has_image:
-            pass
-        elif self.layout.codec.encoded or self._shapes is not None:
-            self._encoded.close()
-        else:
-            self._flush()
-        if self._shapes is not None:
-            shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
-            self._file.create_dataset(HDF5_IMAGE_SHAPES, data=shapes, track_times=False)
+        if self._images is not None:
+            self._images.close()
         for writer in self._text.values():
             writer.close()
         self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
@@ -113,34 +151,33 @@ class Hdf5Writer:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes, the
-    ``text`` fields as theirs)."""
+    text fields as theirs)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
         labels, keys, crcs = f[HDF5_LABELS][:], f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
         if not len(labels) == len(keys) == len(crcs) == shard.samples:
             raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                              f"the manifest says {shard.samples}")
-        streams = {t.name: _varlen(f, shard, t.name) for t in text}
-        variable = image and codec == "raw" and HDF5_IMAGE_SHAPES in f
-        if image and (codec != "raw" or variable):
-            encoded = _varlen(f, shard, "images")
-            shapes = f[HDF5_IMAGE_SHAPES][:] if variable else None
-        elif image:
-            images = f[HDF5_IMAGES]
-            if len(images) != shard.samples:
-                raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
+        streams = {t.name: _varlen(f, shard, t.name) for t in layout.text}
+        images = _scan_images(f, shard, layout)
         for i in range(shard.samples):
-            pixels = data = None
-            if variable:
-                pixels = raw_image(next(encoded), dtype, shapes[i], shard.name)  # type: ignore[index]
-            elif image and codec == "raw":
-                pixels = images[i]
-            elif image:
-                data = next(encoded)
+            pixels, data = next(images)
             fields = {name: next(stream) for name, stream in streams.items()}
             yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+
+
+def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
+    """``(pixels, encoded bytes)`` of each sample of a shard (either None), as its layout stores them."""
+    if layout.image is ImageStorage.NONE:
+        return itertools.repeat((None, None))
+    if layout.image is ImageStorage.FIXED:
+        images = f[HDF5_IMAGES]
+        if len(images) != shard.samples:
+            raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
+        return ((images[i], None) for i in range(shard.samples))
+    shapes = f[HDF5_IMAGE_SHAPES][:] if layout.image is ImageStorage.VARIABLE else None
+    return varlen_images(_varlen(f, shard, "images"), layout, shapes, shard.name)
 
 
 def _varlen(f: h5py.File, shard: ShardEntry, field: str) -> Iterator[bytes]:

@@ -24,7 +24,7 @@ import lmdb
 import numpy as np
 
 from packer.codecs import decode_npy, encode_npy, npy_header
-from packer.formats.base import ImageLayout, encoded_bytes
+from packer.formats.base import encoded_bytes
 from packer.layout import (
     LMDB_CRC32,
     LMDB_LABELS,
@@ -36,16 +36,16 @@ from packer.layout import (
     lmdb_lengths_key,
 )
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample, TextField
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 COMMIT_BYTES = 1024**2
 """A write transaction is committed once it holds this many bytes of values. LMDB keeps a
 transaction's dirty pages in malloc'd memory until the commit: with ~1 MB the same heap pages serve
 every transaction, still in the CPU cache when the commit writes them. With 64 MB the heap grew
 through fresh pages for each transaction, and libjpeg's buffers for the next images landed in
-fresh pages too: 20 more page faults per image and 6% more CPU time per image (3,000 photos, 2
-workers: 11.3-11.5 -> 10.7 CPU seconds), files of the same size. Smaller values may take a few
-more pages for the extra commits."""
+fresh pages too: more page faults and more CPU time per image, for files of the same size.
+Smaller values may take a few more pages for the extra commits."""
 VARIABLE_SIZE_GUESS = 1024**2  # map-size estimate per sample when image sizes are not fixed
 _PAGES_PER_PUT = 6
 """Pages a put may take beyond its data's own: its leaf node and the splits of a B-tree of depth 4
@@ -58,14 +58,19 @@ class LmdbWriter:
 
     Records go straight into an open write transaction (LMDB copies them into its pages at once),
     committed every ~1 MB (``COMMIT_BYTES``): no queue of values, and one reused buffer for the
-    ``.npy`` bytes of raw images, which took a quarter of LMDB's extra cost over the other formats.
+    ``.npy`` bytes of raw images, a large part of what LMDB cost over the other formats.
     """
 
     name: ClassVar[str] = "lmdb"
 
-    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
         self.file_name = f"{shard}{LMDB_SUFFIX}"
         self.layout = layout
+        # The value of a sample's .image record: .npy bytes of raw pixels, or the encoded file bytes.
+        self._image = choose(layout, {
+            ImageStorage.FIXED: self._npy_image, ImageStorage.VARIABLE: self._npy_image,
+            ImageStorage.ENCODED: lambda sample: encoded_bytes(sample, layout), ImageStorage.NONE: None,
+        }, self.name)
         per_sample = (layout.sample_bytes or VARIABLE_SIZE_GUESS) + 4096
         self._map_size = max(16 * 1024**2, int(capacity * per_sample * 1.25))
         # lock=False: this process is the only writer of this shard, so no lock file is needed.
@@ -87,9 +92,8 @@ class LmdbWriter:
         """Put one sample's records; transactions are committed every ~1 MB."""
         i = len(self.labels)
         records = [(lmdb_key_key(i), sample.key.encode("utf-8"))]
-        if self.layout.has_image:
-            image = encoded_bytes(sample, self.layout) if self.layout.codec.encoded else self._npy(sample.image)
-            records.append((lmdb_image_key(i), image))
+        if self._image is not None:
+            records.append((lmdb_image_key(i), self._image(sample)))
         for f in self.layout.text:
             value = sample.fields[f.name]
             records.append((lmdb_field_key(i, f.name), value))
@@ -101,9 +105,9 @@ class LmdbWriter:
         if self._txn_bytes >= COMMIT_BYTES:
             self._commit()
 
-    def _npy(self, image: np.ndarray) -> bytearray:
-        """``.npy`` bytes of an image, in a buffer reused for every image (LMDB copies it at once)."""
-        image = np.ascontiguousarray(image)
+    def _npy_image(self, sample: Sample) -> bytearray:
+        """``.npy`` bytes of a sample's image, in a buffer reused for every image (LMDB copies it at once)."""
+        image = np.ascontiguousarray(sample.image)
         header = npy_header(image.dtype.str, image.shape)
         if len(self._value) != len(header) + image.nbytes:
             self._value = bytearray(len(header) + image.nbytes)
@@ -154,10 +158,10 @@ class LmdbWriter:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
-    bytes, the ``text`` fields as theirs)."""
+    bytes, the text fields as theirs)."""
+    image, encoded = layout.has_image, layout.image is ImageStorage.ENCODED
     env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
@@ -175,9 +179,8 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tup
             for i in range(length):
                 key = get(lmdb_key_key(i)).decode("utf-8")
                 value = get(lmdb_image_key(i)) if image else None
-                pixels = decode_npy(value) if image and codec == "raw" else None
-                encoded = value if image and codec != "raw" else None
-                fields = {f.name: get(lmdb_field_key(i, f.name)) for f in text}
-                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), encoded, fields)
+                pixels = decode_npy(value) if image and not encoded else None
+                fields = {f.name: get(lmdb_field_key(i, f.name)) for f in layout.text}
+                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields)
     finally:
         env.close()

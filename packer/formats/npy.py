@@ -12,13 +12,15 @@ as they arrive (see ``varlen.NpyStream``).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import ClassVar, Iterator, Optional
+from typing import ClassVar, Iterator
 
 import numpy as np
 
-from packer.formats.base import ImageLayout, check_image, encoded_bytes, raw_bytes, raw_image
-from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen
+from packer.codecs import raw_bytes
+from packer.formats.base import encoded_bytes
+from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen, varlen_images
 from packer.layout import (
     NPY_CRC32,
     NPY_IMAGE_SHAPES,
@@ -28,9 +30,69 @@ from packer.layout import (
     npy_varlen_suffixes,
 )
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample, TextField
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
+
+
+class _FixedImages:
+    """Raw images of one shape: ``NAME.images.npy`` (N x H x W x C), streamed to disk as rows arrive."""
+
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
+        self.layout, self.name = layout, f"{shard}{NPY_IMAGES}"
+        self._stream = NpyStream(directory / self.name, layout.np_dtype, layout.shape, capacity)
+        self._count = 0
+
+    def add(self, sample: Sample) -> None:
+        self.layout.check_image(sample.image)
+        self._stream.write(np.ascontiguousarray(sample.image, dtype=self.layout.np_dtype).data)
+        self._count += 1
+
+    def close(self, digests: dict[str, str]) -> list[str]:
+        self._stream.close(self._count)
+        if self._stream.sha256 is not None:
+            digests[self.name] = self._stream.sha256
+        return [self.name]
+
+
+class _EncodedImages:
+    """JPEG/PNG bytes: the variable-length field ``images``."""
+
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
+        self.layout = layout
+        self._bytes = NpyVarlenWriter(directory, shard, "images")
+
+    def add(self, sample: Sample) -> None:
+        self.layout.check_image(sample.image)
+        self._bytes.add(encoded_bytes(sample, self.layout))
+
+    def close(self, digests: dict[str, str]) -> list[str]:
+        return self._bytes.close()
+
+
+class _VariableImages:
+    """Raw images of their own sizes: the variable-length field ``images`` of their pixels' bytes,
+    and ``NAME.images.shapes.npy`` (N x 3 int64)."""
+
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
+        self.layout, self.directory, self.shard = layout, directory, shard
+        self._bytes = NpyVarlenWriter(directory, shard, "images")
+        self._shapes: list[tuple[int, ...]] = []
+
+    def add(self, sample: Sample) -> None:
+        self.layout.check_image(sample.image)
+        self._bytes.add(raw_bytes(sample.image, self.layout.np_dtype))
+        self._shapes.append(sample.image.shape)
+
+    def close(self, digests: dict[str, str]) -> list[str]:
+        names = self._bytes.close() + [f"{self.shard}{NPY_IMAGE_SHAPES}"]
+        np.save(self.directory / names[-1], np.asarray(self._shapes, np.int64).reshape(-1, 3), allow_pickle=False)
+        return names
+
+
+_IMAGES = {ImageStorage.FIXED: _FixedImages, ImageStorage.ENCODED: _EncodedImages,
+           ImageStorage.VARIABLE: _VariableImages, ImageStorage.NONE: None}
 
 
 class NpyWriter:
@@ -38,18 +100,11 @@ class NpyWriter:
 
     name: ClassVar[str] = "npy"
 
-    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
         self.directory, self.shard, self.layout = Path(directory), shard, layout
-        self.dtype = np.dtype(layout.dtype)
         self.names = [f"{shard}{suffix}" for suffix in SUFFIXES[1:]]
-        self._shapes: Optional[list[tuple[int, ...]]] = None  # of raw images of varying sizes
-        if not layout.has_image:
-            pass
-        elif layout.codec.encoded or layout.shape is None:
-            self._encoded = NpyVarlenWriter(self.directory, shard, "images")
-            self._shapes = [] if not layout.codec.encoded else None
-        else:
-            self._images = NpyStream(self.directory / f"{shard}{NPY_IMAGES}", self.dtype, layout.shape, capacity)
+        images = choose(layout, _IMAGES, self.name)
+        self._images = images(self.directory, shard, layout, capacity) if images is not None else None
         self._text = {f.name: NpyVarlenWriter(self.directory, shard, f.name) for f in layout.text}
         self.labels: list[int] = []
         self.keys: list[str] = []
@@ -58,15 +113,8 @@ class NpyWriter:
 
     def add(self, sample: Sample) -> None:
         """Append one sample (its image must have the layout's shape) with its label and key."""
-        if self.layout.has_image:
-            check_image(sample, self.layout)
-            if self.layout.codec.encoded:
-                self._encoded.add(encoded_bytes(sample, self.layout))
-            elif self._shapes is not None:
-                self._encoded.add(raw_bytes(sample.image, self.dtype))
-                self._shapes.append(sample.image.shape)
-            else:
-                self._images.write(np.ascontiguousarray(sample.image, dtype=self.dtype).data)
+        if self._images is not None:
+            self._images.add(sample)
         for name, writer in self._text.items():
             writer.add(sample.fields[name])
         self.labels.append(sample.label)
@@ -75,32 +123,19 @@ class NpyWriter:
 
     def close(self) -> list[str]:
         """Finish the images and text fields and write labels, keys and checksums."""
-        if not self.layout.has_image:
-            images = []
-        elif self._shapes is not None:
-            images = self._encoded.close() + [f"{self.shard}{NPY_IMAGE_SHAPES}"]
-            shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
-            np.save(self.directory / images[-1], shapes, allow_pickle=False)
-        elif self.layout.codec.encoded:
-            images = self._encoded.close()
-        else:
-            self._images.close(len(self.labels))
-            images = [f"{self.shard}{NPY_IMAGES}"]
-            if self._images.sha256 is not None:
-                self.digests[images[0]] = self._images.sha256
+        files = self._images.close(self.digests) if self._images is not None else []
         for writer in self._text.values():
-            images += writer.close()
+            files += writer.close()
         keys = np.asarray(self.keys, dtype=str) if self.keys else np.zeros(0, dtype="<U1")
         arrays = (np.asarray(self.labels, np.int64), keys, np.asarray(self.crcs, np.uint32))
         for name, array in zip(self.names, arrays):
             np.save(self.directory / name, array, allow_pickle=False)
-        return images + self.names
+        return files + self.names
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes,
-    the ``text`` fields as theirs).
+    the text fields as theirs).
 
     A truncated images file yields the samples it still holds, then fails naming the first missing.
     """
@@ -108,26 +143,33 @@ def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tup
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                          f"the manifest says {shard.samples}")
-    streams = {f.name: _varlen(directory, shard, f.name) for f in text}
-    variable = image and codec == "raw" and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files)
-    if variable:
-        shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
-    if image and (codec != "raw" or variable):
-        encoded = _varlen(directory, shard, "images")
-    elif image:
-        rows = _complete_rows(directory / shard.file(NPY_IMAGES))
+    streams = {f.name: _varlen(directory, shard, f.name) for f in layout.text}
+    images = _scan_images(directory, shard, layout)
     for i in range(shard.samples):
-        pixels, data = None, None
-        if variable:
-            pixels = raw_image(next(encoded), dtype, shapes[i], shard.name)
-        elif image and codec != "raw":
-            data = next(encoded)
-        elif image:
-            if i >= len(rows):
-                raise ValueError(f"{shard.file(NPY_IMAGES)} is truncated: it ends before sample {i}")
-            pixels = np.asarray(rows[i])
+        pixels, data = next(images)
         fields = {name: next(stream) for name, stream in streams.items()}
         yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+
+
+def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
+    """``(pixels, encoded bytes)`` of each sample of a shard (either None), as its layout stores them."""
+    if layout.image is ImageStorage.NONE:
+        return itertools.repeat((None, None))
+    if layout.image is ImageStorage.FIXED:
+        return _rows(directory, shard)
+    shapes = None
+    if layout.image is ImageStorage.VARIABLE:
+        shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
+    return varlen_images(_varlen(directory, shard, "images"), layout, shapes, shard.name)
+
+
+def _rows(directory: Path, shard: ShardEntry) -> Iterator[tuple]:
+    """``(pixels, None)`` of each sample of an images file of one shape; a cut file fails at its end."""
+    rows = _complete_rows(directory / shard.file(NPY_IMAGES))
+    for i in range(shard.samples):
+        if i >= len(rows):
+            raise ValueError(f"{shard.file(NPY_IMAGES)} is truncated: it ends before sample {i}")
+        yield np.asarray(rows[i]), None
 
 
 def _varlen(directory: Path, shard: ShardEntry, field: str) -> Iterator[bytes]:

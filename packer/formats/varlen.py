@@ -17,13 +17,14 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from packer.codecs import npy_header
+from packer.codecs import npy_header, raw_image
 from packer.formats.base import HashedFile
 from packer.layout import hdf5_varlen_names, npy_varlen_suffixes
+from packer.sample_layout import SampleLayout
 
 CHUNK_BYTES = 64 * 1024
 """HDF5 chunk of a flat array. Reading one sample reads every chunk it touches: with 8-20 KB
-samples, 1 MiB chunks made a random read ~5x slower than 64 KiB ones (210 vs 45 us), and smaller
+samples, 1 MiB chunks made a random read several times slower than 64 KiB ones, and smaller
 chunks gained nothing."""
 
 BUFFER_BYTES = 1024**2  # bytes buffered per HDF5 write: h5py's per-call overhead dominates small writes
@@ -145,3 +146,14 @@ def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str) -> Itera
         if end > len(flat):
             raise ValueError(f"{where} is truncated: it ends before sample {i}")
         yield bytes(flat[start:end])
+
+
+def varlen_images(stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str
+                  ) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes]]]:
+    """``(pixels, encoded bytes)`` of each sample of an image field stored as a variable-length
+    field: encoded images as their bytes, raw images of their own sizes rebuilt with ``shapes``."""
+    for i, data in enumerate(stream):
+        if shapes is None:
+            yield None, data
+        else:
+            yield raw_image(data, layout.dtype, shapes[i], where), None

@@ -24,10 +24,11 @@ from typing import ClassVar, Iterator
 import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
-from packer.formats.base import HashedFile, ImageLayout, encoded_bytes
+from packer.formats.base import HashedFile, encoded_bytes
 from packer.layout import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
 from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample, TextField
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from packer.text import TOKEN_DTYPE
 
@@ -44,8 +45,8 @@ _FIXED_SUM = sum(_BEFORE_SIZE) + sum(_AFTER_SIZE) + sum(b" " * 8) + sum(_AFTER_C
 def ustar_header(name: str, size: int) -> bytes:
     """The 512-byte POSIX ustar header of a regular file member ``name`` of ``size`` bytes with the
     fixed owner, mode and time: what ``tarfile.TarInfo.tobuf(USTAR_FORMAT)`` gives for it, made
-    from a template (tarfile builds it field by field: 40 us, three times per sample, 3% of a
-    conversion). Names that are not short ASCII go through tarfile, which splits long ones."""
+    from a template (tarfile builds it field by field, three times per sample, a noticeable part of
+    a conversion). Names that are not short ASCII go through tarfile, which splits long ones."""
     try:
         raw = name.encode("ascii")
     except UnicodeEncodeError:
@@ -67,10 +68,15 @@ class WdsWriter:
 
     name: ClassVar[str] = "wds"
 
-    def __init__(self, directory: Path, shard: str, layout: ImageLayout, capacity: int) -> None:
+    def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
         self.directory, self.shard = Path(directory), shard
         self.file_name = f"{shard}{TAR_SUFFIX}"
         self.layout = layout
+        # The parts of a sample's image member: an .npy of raw pixels, or the encoded file bytes.
+        self._image = choose(layout, {
+            ImageStorage.FIXED: _npy_parts, ImageStorage.VARIABLE: _npy_parts,
+            ImageStorage.ENCODED: lambda sample: (encoded_bytes(sample, layout),), ImageStorage.NONE: None,
+        }, self.name)
         self._members = TAR_MEMBERS[:-1] + ((IMAGE_EXTENSIONS[layout.codec.name],) if layout.has_image else ())
         self._f = HashedFile(self.directory / self.file_name)  # in order: nobody reads it back for the manifest
         self._offset = 0
@@ -88,14 +94,7 @@ class WdsWriter:
     def add(self, sample: Sample) -> None:
         """Write the sample's members: label, metadata, image, then each text field."""
         key = tar_member_key(sample.index)
-        image: tuple = ()
-        if not self.layout.has_image:
-            pass
-        elif self.layout.codec.encoded:
-            image = (encoded_bytes(sample, self.layout),)
-        else:
-            pixels = np.ascontiguousarray(sample.image)
-            image = (npy_header(pixels.dtype.str, pixels.shape), pixels.data)
+        image = self._image(sample) if self._image is not None else ()
         values = {
             "cls": (CODECS["cls"].encode(sample.label),),
             "json": (CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),),
@@ -127,16 +126,22 @@ class WdsWriter:
         return names
 
 
-def scan_shard(directory: Path, shard: ShardEntry, codec: str = "raw", text: tuple[TextField, ...] = (),
-               image: bool = True, dtype: str = "uint8") -> Iterator[StoredSample]:
+def _npy_parts(sample: Sample) -> tuple:
+    """The ``KEY.npy`` member of a raw image: its .npy header, then its pixels."""
+    pixels = np.ascontiguousarray(sample.image)
+    return npy_header(pixels.dtype.str, pixels.shape), pixels.data
+
+
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
     """Every sample of one shard, in order, read with tarfile and numpy alone (encoded images as
-    their bytes, the ``text`` fields as theirs)."""
+    their bytes, the text fields as theirs)."""
     n = 0
+    codec = layout.codec.name if layout.has_image else None
     for n, fields in enumerate(iter_tar_samples(directory / shard.file(TAR_SUFFIX)), start=1):
-        pixels, label, meta = decode_tar_sample(fields, shard.name, codec if image else None)
+        pixels, label, meta = decode_tar_sample(fields, shard.name, codec)
         key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
-        stored = tar_fields(fields, text, shard.name)
-        if codec == "raw" or not image:
+        stored = tar_fields(fields, layout.text, shard.name)
+        if layout.image is not ImageStorage.ENCODED:
             yield StoredSample(n - 1, key, label, pixels, crc, None, stored)
         else:
             yield StoredSample(n - 1, key, label, None, crc, pixels, stored)

@@ -15,7 +15,7 @@ from packer.discover import discover
 from packer.errors import ConfigError, InputError
 from packer.manifest import Manifest
 from packer.preprocess import load_image
-from readers.base import ImageConverter
+from readers.tensors import ImageConverter
 
 
 def converter_for(preprocess: dict, normalize: bool = True) -> ImageConverter:

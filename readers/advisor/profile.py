@@ -29,12 +29,13 @@ from torch.utils.data import default_collate
 from packer.codecs import decode_image
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError, InputError
-from packer.formats import SCANNERS
 from packer.manifest import read_manifest
 from packer.preprocess import finish_pixels, oriented, read_source, resize
+from packer.registry import FORMATS
+from packer.sample_layout import SampleLayout
 from readers.advisor.folder import converter_for, folder_items
 from readers.advisor.timing import check_images, one_thread
-from readers.base import ImageConverter
+from readers.tensors import ImageConverter
 
 FOLDER_STAGES = ("read", "decode", "preprocess", "to_tensor", "collate")
 OUTPUT_STAGES = ("read", "decode", "to_tensor", "collate")
@@ -215,13 +216,13 @@ def profile_output(root: str | os.PathLike, samples: int = 200, batch_size: int 
     check_images(manifest, 1, root)
     codec, mode = manifest.image_codec, manifest.preprocess["mode"]
     convert = ImageConverter(manifest)
-    scan = SCANNERS[manifest.format]
+    spec, layout = FORMATS[manifest.format], SampleLayout.from_manifest(manifest)
     shards = [s for s in manifest.shards if s.samples]
     quota = math.ceil(samples / max(1, len(shards)))
     laps: list[dict[str, float]] = []
     done: list[tuple[torch.Tensor, int]] = []
     for shard in shards:
-        with contextlib.closing(scan(Path(root), shard, codec)) as stored:  # closing: a scanner holds its file open
+        with contextlib.closing(spec.scan(Path(root), shard, layout)) as stored:  # a scanner holds its file open
             for k in range(min(quota + 1, shard.samples)):
                 if len(done) >= samples:
                     break

@@ -1,0 +1,69 @@
+"""The manifest of a conversion, merged from its shards' results in shard order.
+
+Workers never coordinate: each returns its shard's files, labels, source digests and statistics,
+and the parent assembles them here, once every shard is written.
+"""
+
+from __future__ import annotations
+
+from packer import __version__
+from packer.config import ConvertConfig
+from packer.discover import Discovery
+from packer.manifest import Manifest, ShardEntry
+from packer.records import ShardResult, ShardStats
+from packer.registry import get_format
+from packer.sample_layout import SampleLayout
+from packer.stats import auto_normalize, summarize
+
+
+def build_manifest(
+    config: ConvertConfig, layout: SampleLayout, found: Discovery, results: list[ShardResult], workers: int
+) -> Manifest:
+    """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
+    computed pixel statistics become ``preprocess.normalize``."""
+    shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
+    skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
+    sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
+    if config.shard_size.is_auto:
+        sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
+    counts = None
+    if found.classes is not None:
+        labels = [label for r in results for label in r.labels]
+        counts = [0] * len(found.classes)
+        for label in labels:
+            if 0 <= label < len(counts):
+                counts[label] += 1
+    stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
+    preprocess = config.preprocess.to_dict()
+    if config.preprocess.auto_normalize and stats["pixels"] is not None:
+        preprocess["normalize"] = auto_normalize(stats["pixels"])
+    return Manifest(
+        format=config.format,
+        format_version=get_format(config.format).version(layout),
+        packer_version=__version__,
+        samples=sum(r.samples for r in results),
+        classes=found.classes,
+        class_counts=counts,
+        stats=stats,
+        fields=layout.fields(),
+        preprocess=preprocess,
+        sharding=sharding,
+        shards=shards,
+        skipped=skipped,
+        duplicates=find_duplicates(results),
+        source=source_counts(found),
+    )
+
+
+def source_counts(found: Discovery) -> dict:
+    """The manifest's ``source`` entry: image files counted (packed plus skipped) and ignored files."""
+    return {"files": len(found.items) + len(found.skipped), "ignored": found.ignored}
+
+
+def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
+    """Groups of sample keys whose source files have identical bytes, in key order."""
+    groups: dict[str, list[str]] = {}
+    for r in results:
+        for key, digest in zip(r.keys, r.digests):
+            groups.setdefault(digest, []).append(key)
+    return sorted(keys for keys in groups.values() if len(keys) > 1)

@@ -1,0 +1,102 @@
+"""Planning a conversion: the stored order of the samples and their cut into shards.
+
+Shards are planned up front from the sorted source list, so each is written by one worker without
+talking to any other.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from typing import Optional, Sequence
+
+import numpy as np
+from PIL import Image
+
+from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
+from packer.discover import Discovery
+from packer.records import ShardTask, SourceItem
+from packer.sample_layout import SampleLayout
+
+
+def shard_name(i: int) -> str:
+    """Name of the ``i``-th shard; every file of the shard starts with it."""
+    return f"shard-{i:05d}"
+
+
+def plan_shards(
+    items: Sequence[SourceItem], size: ShardSize, sample_bytes: float, workers: int = 1
+) -> list[ShardTask]:
+    """Cut the sorted items into contiguous shards.
+
+    A sample count or byte size gives shards of that size (the last one smaller). ``auto`` gives
+    shards of at most 256 MiB, as many as a multiple of ``workers`` and of equal size, so that no
+    worker waits for another at the end.
+    """
+    n = len(items)
+    if n == 0:
+        return []
+    if size.samples is not None:
+        per = size.samples
+    elif size.bytes is not None:
+        per = max(1, int(size.bytes // max(sample_bytes, 1)))
+    else:
+        most = max(1, int(DEFAULT_SHARD_BYTES // max(sample_bytes, 1)))  # samples in 256 MiB
+        shards = min(n, math.ceil(math.ceil(n / most) / workers) * workers)
+        base, extra = divmod(n, shards)
+        bounds, start = [], 0
+        for i in range(shards):
+            end = start + base + (1 if i < extra else 0)
+            bounds.append((start, end))
+            start = end
+        return [ShardTask(shard_name(i), tuple(items[a:b])) for i, (a, b) in enumerate(bounds)]
+    return [ShardTask(shard_name(i), tuple(items[a : a + per])) for i, a in enumerate(range(0, n, per))]
+
+
+def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> list[SourceItem]:
+    """The order samples are stored in: sorted source order, or with a seed the permutation
+    ``numpy.random.default_rng(seed).permutation(len(items))`` of it."""
+    if seed is None:
+        return list(items)
+    return [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
+
+
+def estimate_sample_bytes(layout: SampleLayout, items: Sequence[SourceItem]) -> float:
+    """Stored bytes per sample: exact for fixed image shapes; for images kept at their own size, the
+    mean of up to 64 evenly spread files' sizes, read from their headers (no decoding); text fields
+    add the mean size of their files (stored text is about its file's size)."""
+    sample = items[:: max(1, len(items) // 64)]
+    text = 0.0
+    if layout.text:
+        sizes = [_file_size(p) for item in sample for f, p in item.parts if f != "image"]
+        text = float(sum(sizes) / len(sample)) if sample else 0.0
+    if layout.sample_bytes is not None:
+        return float(layout.sample_bytes) + text
+    per_pixel = layout.channels * np.dtype(layout.dtype).itemsize
+    sizes = []
+    for item in sample:
+        path = dict(item.parts).get("image", item.path)
+        if not _file_size(path):
+            continue  # a FIFO would block here; workers report such files
+        try:
+            with Image.open(path) as img:
+                sizes.append(img.size[0] * img.size[1] * per_pixel)
+        except Exception:  # noqa: BLE001 - a bad file is reported later by its worker; here it only has no size
+            continue
+    return (float(sum(sizes) / len(sizes)) if sizes else float(1024**2)) + text
+
+
+def _file_size(path: str) -> int:
+    """Size of a regular file, 0 for anything else or an unreadable path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def plan_tasks(found: Discovery, config: ConvertConfig, layout: SampleLayout, workers: int) -> list[ShardTask]:
+    """The shards of a conversion of ``found``: its samples in stored order, cut by ``plan_shards``."""
+    items = stored_order(found.items, config.shuffle)
+    return plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), workers)

@@ -1,0 +1,116 @@
+"""The formats: one description per format, in one registry, keyed by the name users type.
+
+A description names the format's writer and scanner (``packer/formats/NAME.py``) and its reader
+(``readers/NAME.py``) by import path, so that reading the registry loads none of them: ``import
+readers`` must not load the writers (and their libraries), and ``packer`` never imports
+``readers``. It also holds the format's version rule: from which on-disk version it stores each
+layout feature (``packer.sample_layout``). Adding a format is one entry here and its two modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from packer.errors import ConfigError
+from packer.sample_layout import ENCODED_IMAGES, NO_IMAGE, TEXT_FIELDS, VARIABLE_RAW, SampleLayout
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from packer.formats.base import ShardWriter
+    from packer.manifest import ShardEntry
+    from packer.records import StoredSample
+
+ENCODED_SINCE = 2
+"""The format version that added jpeg and png images (``fields.image.codec``). Raw outputs are
+still written as version 1: their shards are byte for byte what earlier packers wrote, so readers
+that know only version 1 keep reading them, and refuse encoded outputs, which they cannot read."""
+
+TEXT_SINCE = 3
+"""The format version that added text, token-id and json fields, samples without an image, and (npy,
+hdf5) raw images of varying sizes."""
+
+_COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE}
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """Everything packer knows of one format.
+
+    ``since`` maps each layout feature the format stores to the oldest format version that
+    describes it; a feature it does not list, it cannot store. ``whole_file`` formats keep a shard
+    in one file that their library memory-maps whole (``verify`` scans a truncated one from a padded
+    copy); ``random_access`` formats are read map-style (any sampler), the others as streams.
+    """
+
+    name: str
+    summary: str
+    writer: str
+    scanner: str
+    reader: str
+    since: Mapping[str, int] = field(default_factory=dict)
+    whole_file: bool = False
+    random_access: bool = True
+
+    @property
+    def newest(self) -> int:
+        """The newest on-disk version of this format that this packer writes and reads."""
+        return max((1, *self.since.values()))
+
+    def version(self, layout: SampleLayout) -> int:
+        """The version written for an output of ``layout``: the oldest that describes it (as numpy
+        writes npy version 1.0 whenever its header allows). ConfigError for a feature it cannot store."""
+        missing = sorted(layout.features() - set(self.since))
+        if missing:
+            raise ConfigError(f"the {self.name} format cannot store {', '.join(missing)}; choose another --format")
+        return max((1, *(self.since[f] for f in layout.features())))
+
+    def writer_class(self) -> "type[ShardWriter]":
+        """The class that writes one shard of this format."""
+        return resolve(self.writer)
+
+    def scan(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout) -> "Iterator[StoredSample]":
+        """Every sample of one shard, in order, read back with the format's stock library (``verify``)."""
+        return resolve(self.scanner)(directory, shard, layout)
+
+    def reader_class(self) -> type:
+        """The ``readers`` Dataset class of this format (imports ``readers``: call it from there)."""
+        return resolve(self.reader)
+
+
+FORMATS: dict[str, FormatSpec] = {
+    spec.name: spec
+    for spec in (
+        FormatSpec("npy", "plain .npy files per shard, memory-mapped by np.load(mmap_mode='r')",
+                   "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard", "readers.npy:NpyDataset",
+                   {**_COMMON, VARIABLE_RAW: TEXT_SINCE}),
+        FormatSpec("lmdb", "one single-file LMDB environment per shard",
+                   "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard", "readers.lmdb:LmdbDataset",
+                   {**_COMMON, VARIABLE_RAW: 1}, whole_file=True),
+        FormatSpec("hdf5", "one HDF5 file per shard, one dataset per field",
+                   "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard", "readers.hdf5:Hdf5Dataset",
+                   {**_COMMON, VARIABLE_RAW: TEXT_SINCE}, whole_file=True),
+        FormatSpec("wds", "WebDataset tar shards of KEY.EXT members, streamable from URLs",
+                   "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard", "readers.wds:WdsDataset",
+                   {**_COMMON, VARIABLE_RAW: 1}, random_access=False),
+    )
+}
+"""Every format, in the order the CLI lists them."""
+
+FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
+
+
+def get_format(name: str) -> FormatSpec:
+    """The description of format ``name``; ConfigError naming the known formats otherwise."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
+
+
+def resolve(ref: str) -> Any:
+    """The object an import path ``module:attribute`` names."""
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)

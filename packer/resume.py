@@ -1,0 +1,77 @@
+"""Resuming an interrupted conversion: the plan's fingerprint, and which finished shards still hold.
+
+``--resume`` continues from the shards an interrupted run recorded in its staging folder; these
+decide which of them are kept (their options, plan and source files unchanged) and which are
+written again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict
+
+from packer.config import ConvertConfig
+from packer.records import SOURCE_DIGEST, ShardResult, ShardTask
+from packer.text import TextConfig
+from packer.worker import fields_stamp, files_stamp, sources_digest
+
+log = logging.getLogger(__name__)
+
+
+SOURCES_PER_SHARD = "per-shard"
+"""The plan record's ``sources`` when the workers stamp each shard's source files (``worker.sources_digest``)
+and the fingerprint covers only options and plan. Plans without it (older packers', and split runs',
+whose nodes must all see the same files) have each file's stamp in the fingerprint, taken before
+any worker started."""
+
+
+def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False) -> str:
+    """SHA-256 of everything that decides the output but the source files' contents: options and
+    shard plan (each sample's index, key, label and fields). With ``stamps``, also each source
+    file's size, inode and modification and change times, as older packers recorded it (the
+    same bytes: their interrupted runs still resume)."""
+    h = hashlib.sha256()
+    options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
+               "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
+    if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
+        options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
+    h.update(json.dumps(options, sort_keys=True).encode())
+    for task in tasks:
+        h.update(task.name.encode())
+        lines = []  # one update per shard: the same bytes as one per item, in less time
+        for item in task.items:
+            stamp = files_stamp(item) if stamps else fields_stamp(item)
+            lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
+        h.update("".join(lines).encode())
+    return h.hexdigest()
+
+
+def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:
+    """The ``finished`` shards whose source digests are this packer's (``records.SOURCE_DIGEST``).
+    The others, recorded by an older packer, are written again, so that every digest of the run
+    can be compared for the duplicate report."""
+    kept = {}
+    for name, result in finished.items():
+        if result.digest == SOURCE_DIGEST:
+            kept[name] = result
+        else:
+            log.warning("%s: recorded by an older packer (%s source digests); writing it again", name, result.digest)
+    return kept
+
+
+def unchanged_sources(finished: dict[str, ShardResult], tasks: list[ShardTask]) -> dict[str, ShardResult]:
+    """The ``finished`` shards whose source files are as their worker found them (size, times,
+    inode; see ``worker.sources_digest``). The others are written again, from the files as they are
+    now, as an uninterrupted run would; so is a shard recorded without stamps."""
+    kept = {}
+    for task in tasks:
+        result = finished.get(task.name)
+        if result is None:
+            continue
+        if result.sources and result.sources == sources_digest(task.items):
+            kept[task.name] = result
+        else:
+            log.warning("%s: its source files changed since the interrupted run; writing it again", task.name)
+    return kept

@@ -1,0 +1,106 @@
+"""The import graph: ``readers`` loads no writer, and no module of packer or readers imports itself
+back through another (imports inside functions count: they are cycles deferred, not removed)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("packer", "readers")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.AST, parents: dict) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of packer and readers it imports (at run time, anywhere in it)."""
+    modules = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # ``from packer import x`` may name a submodule
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if _type_checking_only(node, parents):
+                continue
+            found.update(t for t in targets if t in modules and t != name)
+        graph[name] = found
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a list of modules (first repeated at the end), or [] when there is none."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt in PACKAGES:  # a package's __init__ re-exports; ``import packer.x`` runs it first anyway
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert "packer.pipeline" in graph and "readers.base" in graph  # the walk found the modules
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_packer_core_never_imports_readers():
+    """The converter's modules do not depend on the readers; only the CLI (the user's boundary,
+    whose inspection and advisor commands read outputs) may."""
+    graph = import_graph()
+    offenders = {m: sorted(d for d in deps if d.split(".")[0] == "readers")
+                 for m, deps in graph.items() if m.startswith("packer") and not m.startswith("packer.cli")}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_import_readers_loads_no_writer():
+    code = ("import sys, readers; "
+            "print(','.join(sorted(m for m in sys.modules if m.startswith(('packer.formats', 'packer.pipeline', "
+            "'packer.worker', 'packer.config', 'h5py', 'lmdb')))))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    # h5py and lmdb belong to their readers; the writers' modules and the converter must stay unloaded
+    assert [m for m in loaded.stdout.strip().split(",") if m.startswith("packer")] == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import quiet_after
 from PIL import Image
 
 from packer.errors import ManifestError
@@ -79,15 +80,6 @@ def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProces
     proc.send_signal(sig)
     proc.wait(timeout=60)
     return proc
-
-
-def quiet_after(stage: Path, seconds: float = 1.5) -> bool:
-    """True when no file in ``stage`` changes for ``seconds`` (no worker still writing)."""
-    def snapshot():
-        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in stage.iterdir()}
-    before = snapshot()
-    time.sleep(seconds)
-    return snapshot() == before
 
 
 def resume_and_compare(src: Path, out: Path, reference: dict[str, bytes]) -> None:

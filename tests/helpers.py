@@ -1,5 +1,5 @@
-"""Shared test helpers that are not fixtures: waiting for writers to go quiet, and telling a clean CLI error
-from a crash."""
+"""Shared test helpers that are not fixtures: a fake clock, waiting for writers to go quiet, and telling a
+clean CLI error from a crash."""
 
 from __future__ import annotations
 
@@ -7,6 +7,23 @@ import time
 from pathlib import Path
 
 from click.testing import Result
+
+
+class FakeClock:
+    """A clock that stands still until ``advance`` moves it: call it for the time in seconds.
+
+    Patched in for a module's clock, it lets a test assert on exactly how long the code believes
+    things took, where sleeping and reading the wall clock flakes on a loaded machine."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start  # not 0: the code under test must use differences, as with a real clock
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass."""
+        self.now += seconds
 
 
 def quiet_after(stage: Path, seconds: float = 1.5) -> bool:

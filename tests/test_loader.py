@@ -113,7 +113,7 @@ def test_batches_kept_by_the_caller_are_never_overwritten(packed):
     kept = list(loader)  # every batch held: the ring runs out and workers fall back
     order = loader.sampler.batches(0)
     ref = reference(packed)
-    for (x, _), idx in zip(kept, order):
+    for (x, _), idx in zip(kept, order, strict=True):
         assert torch.allclose(x, torch.stack([ref[i] for i in idx]))
     del kept, x
     slots = {s.data_ptr() for s in loader.ring.slots}
@@ -206,7 +206,7 @@ def test_in_memory_gives_the_same_batches_and_is_shared_with_workers(packed, fmt
     assert all(torch.allclose(ds[i][0], ref[i]) for i in range(N))
     loader = make_loader(ds, 5, num_workers=2, multiprocessing_context=ctx, seed=1)
     got = [x.clone() for x, _ in loader]
-    for x, idx in zip(got, loader.sampler.batches(0)):
+    for x, idx in zip(got, loader.sampler.batches(0), strict=True):
         assert torch.allclose(x, torch.stack([ref[i] for i in idx]))
 
 

@@ -1,17 +1,14 @@
 """Shard planning and the whole conversion: manifest, checksums, skips, determinism, output safety."""
 
 import hashlib
-import io
 import json
 import os
 import sys
-import tarfile
 import time
 
-import h5py
-import lmdb
 import numpy as np
 import pytest
+from compare import assert_rows_equal, stored
 from conftest import FORMATS, write_image
 from PIL import Image
 
@@ -140,70 +137,6 @@ def test_estimate_sample_bytes(tmp_path):
 # --------------------------------------------------------------------------- helpers for outputs
 
 
-def stored(out, manifest):
-    """(key, label, image) of every stored sample, in dataset order, read with the stock libraries
-    (and PIL for jpeg and png images)."""
-    codec, mode = manifest.image_codec, manifest.preprocess["mode"]
-
-    def image(data):  # one stored image: .npy bytes, or JPEG/PNG bytes
-        if codec == "raw":
-            return np.load(io.BytesIO(data))
-        pixels = np.asarray(Image.open(io.BytesIO(data)).convert(mode))
-        return pixels[:, :, None] if pixels.ndim == 2 else pixels
-
-    rows = []
-    for shard in manifest.shards:
-        if manifest.format == "npy":
-            labels = np.load(out / shard.file(".labels.npy"))
-            keys = np.load(out / shard.file(".keys.npy"))
-            if codec == "raw" and manifest.fields["image"]["shape"] is None:  # sizes vary: bytes, offsets, shapes
-                flat = np.load(out / shard.file(".images.bytes.npy"), mmap_mode="r")
-                offsets = np.load(out / shard.file(".images.offsets.npy"))
-                shapes = np.load(out / shard.file(".images.shapes.npy"))
-                dtype = manifest.fields["image"]["dtype"]
-                images = [flat[a:b].view(dtype).reshape(shape) for a, b, shape in zip(offsets, offsets[1:], shapes)]
-            elif codec == "raw":
-                images = np.load(out / shard.file(".images.npy"), mmap_mode="r")
-            else:
-                flat = np.load(out / shard.file(".images.bytes.npy"), mmap_mode="r")
-                offsets = np.load(out / shard.file(".images.offsets.npy"))
-                images = [image(flat[a:b].tobytes()) for a, b in zip(offsets[:-1], offsets[1:])]
-            part = [(str(k), int(lab), np.array(im)) for k, lab, im in zip(keys, labels, images)]
-        elif manifest.format == "hdf5":
-            with h5py.File(out / shard.file(".h5"), "r") as f:
-                keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
-                if codec == "raw" and "images_shapes" in f:  # sizes vary: bytes, offsets, shapes
-                    o, flat, shapes = f["images_offsets"][:], f["images_bytes"][:], f["images_shapes"][:]
-                    dtype = manifest.fields["image"]["dtype"]
-                    images = [flat[a:b].view(dtype).reshape(shape) for a, b, shape in zip(o, o[1:], shapes)]
-                elif codec == "raw":
-                    images = f["images"][:]
-                else:
-                    offsets = f["images_offsets"][:]
-                    images = [image(f["images_bytes"][a:b].tobytes()) for a, b in zip(offsets[:-1], offsets[1:])]
-                part = [(k, int(lab), im) for k, lab, im in zip(keys, f["labels"][:], images)]
-        elif manifest.format == "lmdb":
-            env = lmdb.open(str(out / shard.file(".lmdb")), subdir=False, readonly=True, lock=False)
-            with env.begin() as txn:
-                n = int(txn.get(b"length"))
-                labels = np.load(io.BytesIO(txn.get(b"labels")))
-                part = [(txn.get(b"%08d.key" % i).decode(), int(labels[i]), image(txn.get(b"%08d.image" % i)))
-                        for i in range(n)]
-            env.close()
-        else:
-            ext = {"raw": "npy", "jpeg": "jpg", "png": "png"}[codec]
-            with tarfile.open(out / shard.file(".tar")) as tar:
-                members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-            keys = sorted({name.split(".")[0] for name in members})
-            part = []
-            for k in keys:
-                meta = json.loads(members[f"{k}.json"])
-                part.append((meta["key"], int(members[f"{k}.cls"]), image(members[f"{k}.{ext}"])))
-        assert len(part) == shard.samples
-        rows.extend(part)
-    return rows
-
-
 def check_files(out, manifest):
     """Every file in the manifest exists with its size and SHA-256; nothing else is in the folder."""
     listed = set()
@@ -221,12 +154,6 @@ def check_files(out, manifest):
 
 def expected_rows(src, pre=PRE):
     return [(i.relpath, i.label, load_image(i.path, pre)) for i in discover(src).items]
-
-
-def assert_rows_equal(got, want):
-    assert [(k, lab) for k, lab, _ in got] == [(k, lab) for k, lab, _ in want]
-    for (k, _, a), (_, _, b) in zip(got, want):
-        assert a.dtype == b.dtype and np.array_equal(a, b), k
 
 
 def no_staging(out):

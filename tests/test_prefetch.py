@@ -23,61 +23,90 @@ def _files(tmp_path, count: int, size: int = 1000) -> list[tuple[str, ...]]:
     return paths
 
 
-def _settle(prefetch: Prefetcher, expected: int, patience: float = 5.0) -> int:
-    """requested_files once the thread has reached ``expected`` (or ``patience`` seconds passed) and a
-    moment later, to see it go no further."""
+class _Watched(threading.Condition):
+    """The Prefetcher's condition, telling when its thread has gone as far as it can: waiting for room
+    with no wake-up pending (a notify clears ``idle`` under the lock, before the woken thread runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.idle = True
+        try:
+            return super().wait(timeout)
+        finally:
+            self.idle = False
+
+    def notify(self, n: int = 1) -> None:
+        self.idle = False
+        super().notify(n)
+
+
+def _prefetcher(*args, **options) -> Prefetcher:
+    """A Prefetcher whose thread ``_settle`` can watch."""
+    prefetch = Prefetcher(*args, **options)
+    prefetch._wake = _Watched()
+    return prefetch
+
+
+def _settle(prefetch: Prefetcher, patience: float = 60.0) -> int:
+    """requested_files once the thread waits for the decoder or has finished: it then goes no further
+    until told to. Knowing when, rather than sleeping a moment, keeps a slow machine from failing a
+    count it has not reached yet or passing one it has not yet gone beyond."""
     deadline = time.monotonic() + patience
-    while prefetch.requested_files < expected and time.monotonic() < deadline:
+    while prefetch.alive:
+        with prefetch._wake:
+            if prefetch._wake.idle:
+                break
+        assert time.monotonic() < deadline, "the prefetch thread neither waits nor ends"
         time.sleep(0.001)
-    time.sleep(0.05)
     return prefetch.requested_files
 
 
 def test_nothing_is_requested_before_start(tmp_path):
-    with Prefetcher(_files(tmp_path, 10)) as prefetch:
+    with _prefetcher(_files(tmp_path, 10)) as prefetch:
         prefetch.advance(5)
         time.sleep(0.05)
         assert not prefetch.started and prefetch.requested_files == 0
 
 
 def test_a_window_ahead_of_the_decoder_refilled_when_half_used(tmp_path):
-    with Prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
+    with _prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
         prefetch.start(0)
         assert prefetch.started
-        assert _settle(prefetch, 4) == 4  # samples 0-3
+        assert _settle(prefetch) == 4  # samples 0-3
         prefetch.advance(1)  # three still ahead: not woken yet
-        assert _settle(prefetch, 4) == 4
+        assert _settle(prefetch) == 4
         prefetch.advance(2)  # two ahead, half the window: refilled to 2 + 4
-        assert _settle(prefetch, 6) == 6
+        assert _settle(prefetch) == 6
         prefetch.advance(19)
-        assert _settle(prefetch, 20) == 20  # the last sample, and no further
+        assert _settle(prefetch) == 20  # the last sample, and no further
     assert not prefetch.alive and not _threads_left()
 
 
 def test_a_start_mid_shard_begins_after_what_the_worker_has_read(tmp_path):
-    with Prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
+    with _prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
         prefetch.advance(10)
         prefetch.start(12)  # the worker read 10 and 11 already
-        assert _settle(prefetch, 2) == 2  # 12 and 13: four ahead of the decoder at 10
+        assert _settle(prefetch) == 2  # 12 and 13: four ahead of the decoder at 10
         prefetch.advance(12)
-        assert _settle(prefetch, 4) == 4
-    with Prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
+        assert _settle(prefetch) == 4
+    with _prefetcher(_files(tmp_path, 20), ahead_files=4) as prefetch:
         prefetch.advance(10)
         prefetch.start(5)  # never behind the decoder
-        assert _settle(prefetch, 4) == 4
-        time.sleep(0.2)
-        assert prefetch.requested_files == 4  # 10-13, not 5-9 as well
+        assert _settle(prefetch) == 4  # 10-13, not 5-9 as well
 
 
 def test_bytes_bound_the_window_but_one_sample_always_goes(tmp_path):
-    with Prefetcher(_files(tmp_path, 10, size=3000), ahead_files=8, ahead_bytes=5000) as prefetch:
+    with _prefetcher(_files(tmp_path, 10, size=3000), ahead_files=8, ahead_bytes=5000) as prefetch:
         prefetch.start(0)
-        assert _settle(prefetch, 2) == 2  # 3,000 then 6,000 bytes: the second reaches the bound
+        assert _settle(prefetch) == 2  # 3,000 then 6,000 bytes: the second reaches the bound
         prefetch.advance(2)
-        assert _settle(prefetch, 4) == 4
-    with Prefetcher(_files(tmp_path, 3, size=9000), ahead_files=8, ahead_bytes=5000) as prefetch:
+        assert _settle(prefetch) == 4
+    with _prefetcher(_files(tmp_path, 3, size=9000), ahead_files=8, ahead_bytes=5000) as prefetch:
         prefetch.start(0)
-        assert _settle(prefetch, 1) == 1  # larger than the bound on its own: requested all the same
+        assert _settle(prefetch) == 1  # larger than the bound on its own: requested all the same
 
 
 def test_only_regular_files_are_opened(tmp_path):
@@ -90,22 +119,22 @@ def test_only_regular_files_are_opened(tmp_path):
     big.write_bytes(bytes(5000))
     samples = [(str(fifo),), (os.devnull,), (str(tmp_path / "gone.jpg"),), (str(empty),), None, (str(big),),
                good[0] + good[1]]
-    with Prefetcher(samples, max_file_bytes=4000) as prefetch:  # big.jpg: refused by the worker, not asked for
+    with _prefetcher(samples, max_file_bytes=4000) as prefetch:  # big.jpg: refused by the worker, not asked for
         prefetch.start(0)
-        assert _settle(prefetch, 2) == 2  # only the two files of the last sample
+        assert _settle(prefetch) == 2  # only the two files of the last sample
 
 
 def test_without_posix_fadvise_it_does_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(packer.prefetch, "_WILLNEED", None)
-    with Prefetcher(_files(tmp_path, 5)) as prefetch:
+    with _prefetcher(_files(tmp_path, 5)) as prefetch:
         prefetch.start(0)
         assert not prefetch.started and prefetch.requested_files == 0
 
 
 def test_closed_it_stays_stopped_and_leaves_no_thread(tmp_path):
-    prefetch = Prefetcher(_files(tmp_path, 50), ahead_files=4)
+    prefetch = _prefetcher(_files(tmp_path, 50), ahead_files=4)
     prefetch.start(0)
-    assert _settle(prefetch, 4) == 4 and prefetch.alive  # waiting for the decoder
+    assert _settle(prefetch) == 4 and prefetch.alive  # waiting for the decoder
     prefetch.close()
     assert not prefetch.alive and not _threads_left()
     prefetch.start(0)
@@ -120,9 +149,9 @@ def test_the_kernel_is_asked_for_whole_files_in_pieces(tmp_path, monkeypatch):
         (os.fstat(fd).st_size, offset, length, advice)))
     big = tmp_path / "big.jpg"
     big.write_bytes(bytes(2 * packer.prefetch.ADVICE_CHUNK + 5))
-    with Prefetcher(_files(tmp_path, 1) + [(str(big),)]) as prefetch:
+    with _prefetcher(_files(tmp_path, 1) + [(str(big),)]) as prefetch:
         prefetch.start(0)
-        assert _settle(prefetch, 2) == 2
+        assert _settle(prefetch) == 2
     chunk, willneed = packer.prefetch.ADVICE_CHUNK, os.POSIX_FADV_WILLNEED
     assert calls == [(1000, 0, 1000, willneed), (2 * chunk + 5, 0, chunk, willneed),
                      (2 * chunk + 5, chunk, chunk, willneed), (2 * chunk + 5, 2 * chunk, 5, willneed)]

@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 from compare import assert_same_output
 from conftest import FORMATS, make_tree
+from helpers import quiet_after
 from PIL import Image
-from test_interrupt import quiet_after
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli

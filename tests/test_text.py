@@ -366,7 +366,7 @@ def test_batched_reads_equal_per_sample_reads(text_outputs, fmt, tmp_path):
     ds = open_dataset(text_outputs[fmt, "tokens"].output)
     indices = [4, 0, -1, 2, 4]
     batch = ds.__getitems__(indices)
-    for got, i in zip(batch, indices):
+    for got, i in zip(batch, indices, strict=True):
         ids, label = ds[i]
         assert torch.equal(got[0], ids) and got[1] == label
     with pytest.raises(IndexError, match="out of range"):

@@ -2,43 +2,51 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import FakeClock
 
 from packer.errors import ConfigError
 from readers.advisor import timing
 from readers.advisor.timing import busy_note, check_images, time_loader
 
 
-class SlowLoader:
-    """Batches of ``size`` labels, ``batches`` per pass, each ``delay`` seconds apart; the first
-    batch of a pass takes ``first`` seconds (a worker starting)."""
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    """time_loader's clock, standing still but for the time a SlowLoader lets pass."""
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "_clock", fake)
+    return fake
 
-    def __init__(self, batches: int, size: int, delay: float, first: float = 0.0) -> None:
-        self.batches, self.size, self.delay, self.first, self.passes = batches, size, delay, first, 0
+
+class SlowLoader:
+    """Batches of ``size`` labels, ``batches`` per pass, each ``delay`` seconds apart on ``clock``; the
+    first batch of a pass takes ``first`` seconds (a worker starting)."""
+
+    def __init__(self, clock: FakeClock, batches: int, size: int, delay: float, first: float = 0.0) -> None:
+        self.clock, self.batches, self.size, self.delay, self.first, self.passes = clock, batches, size, delay, first, 0
 
     def __iter__(self):
         self.passes += 1
         for i in range(self.batches):
-            time.sleep(self.first if i == 0 and self.passes == 1 else self.delay)
+            self.clock.advance(self.first if i == 0 and self.passes == 1 else self.delay)
             yield torch.zeros(self.size, 1), torch.zeros(self.size)
 
 
-def test_warm_up_is_not_timed_and_passes_repeat():
-    loader = SlowLoader(batches=3, size=4, delay=0.01, first=0.2)
-    start = time.perf_counter()
+def test_warm_up_is_not_timed_and_passes_repeat(clock):
+    loader = SlowLoader(clock, batches=3, size=4, delay=0.01, first=0.2)
+    start = clock()
     rate = time_loader(loader, 0.4, warmup_batches=1)
-    assert time.perf_counter() - start < 0.4 + 0.1  # overshoot: at most one batch
+    assert clock() - start < 0.4 + 0.01 + 1e-9  # overshoot: at most one batch
     assert rate.warm and rate.warmup_seconds >= 0.2 and loader.passes > 1
     assert rate.samples % 4 == 0 and rate.samples_per_s == pytest.approx(rate.samples / rate.seconds)
     assert 4 / 0.01 * 0.5 < rate.samples_per_s < 4 / 0.01 * 1.1  # the warm-up's slow batch is not in it
 
 
-def test_time_out_during_the_warm_up_still_reports():
-    rate = time_loader(SlowLoader(batches=2, size=2, delay=0.05, first=0.05), 0.01, warmup_batches=5)
+def test_time_out_during_the_warm_up_still_reports(clock):
+    rate = time_loader(SlowLoader(clock, batches=2, size=2, delay=0.05, first=0.05), 0.01, warmup_batches=5)
     assert not rate.warm and rate.samples == 2 and rate.samples_per_s > 0
 
 

@@ -1,0 +1,42 @@
+"""Shared test helpers that are not fixtures: a fake clock, waiting for writers to go quiet, and telling a
+clean CLI error from a crash."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from click.testing import Result
+
+
+class FakeClock:
+    """A clock that stands still until ``advance`` moves it: call it for the time in seconds.
+
+    Patched in for a module's clock, it lets a test assert on exactly how long the code believes
+    things took, where sleeping and reading the wall clock flakes on a loaded machine."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start  # not 0: the code under test must use differences, as with a real clock
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` pass."""
+        self.now += seconds
+
+
+def quiet_after(stage: Path, seconds: float = 1.5) -> bool:
+    """True when no file in ``stage`` changes for ``seconds`` (no worker still writing)."""
+    def snapshot():
+        return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in stage.iterdir()}
+    before = snapshot()
+    time.sleep(seconds)
+    return snapshot() == before
+
+
+def exited_cleanly(result: Result) -> bool:
+    """True when a ``CliRunner`` run ended by exiting (a message and an exit code), not by an uncaught
+    exception. ``CliRunner`` catches exceptions and keeps their traceback out of ``result.output``,
+    so checking the output for "Traceback" can never fail."""
+    return result.exception is None or isinstance(result.exception, SystemExit)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import ray  # the test extra installs it: a missing Ray fails here, never skips
 from click.testing import CliRunner
 from compare import assert_same_output
 from conftest import FORMATS, make_tree
@@ -26,14 +27,8 @@ from packer.config import ShardSize
 from packer.errors import DecodeError, PackerError
 from packer.manifest import read_manifest
 from packer.output import DONE_SUFFIX, staging_dir
+from packer.ray_executor import RayExecutor
 from packer.verify import verify
-
-if os.environ.get("CI"):
-    import ray  # CI installs the ray extra: a missing Ray must fail there, not skip
-else:
-    ray = pytest.importorskip("ray")
-
-from packer.ray_executor import RayExecutor  # noqa: E402 - after the check that Ray is there
 
 PRE = PreprocessConfig(size=(16, 12))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -13,6 +12,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from packer.cli.render import node_summary, summary
+from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
 from packer.config import (
     COLOR_MODES,
@@ -36,7 +36,6 @@ from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.split import merge as merge_output
-from packer.system import clear_stop_request, request_stop
 from packer.text import TextConfig
 
 
@@ -159,39 +158,33 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     def on_progress(n: int) -> None:
         bars[0].update(n)
 
-    # Ctrl-C and a batch scheduler's SIGTERM stop the run the same way, even when the shell
-    # started packer in the background with SIGINT ignored.
-    clear_stop_request()
-    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
-    try:
-        with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
-            executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
-            if executor is not None:
-                executor.connect()  # before the progress bar: Ray prints while it starts
-            if node is not None:
-                result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
-                                      overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
-                                      on_plan=on_plan)
-            else:
-                result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
-                                     overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
-                                     progress=on_progress, on_plan=on_plan, executor=executor)
-    except KeyboardInterrupt:
-        _close(bars)
-        stage = staging_dir(output)
-        again = "the same command again" if node is not None else "the same command with --resume"
-        kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
-        click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
-        sys.exit(130)
-    except DecodeError as e:
-        _close(bars)
-        raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
-    except PackerError as e:
-        _close(bars)
-        raise click.ClickException(str(e)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+    with stop_on_signals():
+        try:
+            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
+                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
+                if executor is not None:
+                    executor.connect()  # before the progress bar: Ray prints while it starts
+                if node is not None:
+                    result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
+                                          overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
+                                          on_plan=on_plan)
+                else:
+                    result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
+                                         overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
+                                         progress=on_progress, on_plan=on_plan, executor=executor)
+        except KeyboardInterrupt:
+            _close(bars)
+            stage = staging_dir(output)
+            again = "the same command again" if node is not None else "the same command with --resume"
+            kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
+            click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
+            sys.exit(130)
+        except DecodeError as e:
+            _close(bars)
+            raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
+        except PackerError as e:
+            _close(bars)
+            raise click.ClickException(str(e)) from None
     _close(bars)
     if isinstance(result, NodeResult):
         node_summary(result)
@@ -230,16 +223,12 @@ def merge(output: Path, overwrite: bool) -> None:
     Checks that every planned shard is there and intact (SHA-256), names the missing ones and their
     nodes otherwise, then writes the manifest and renames the output into place as a single run does.
     """
-    clear_stop_request()
-    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
-    try:
-        result = merge_output(output, overwrite=overwrite)
-    except KeyboardInterrupt:
-        click.echo("packer: merge interrupted; no output was written", err=True)
-        sys.exit(130)
-    except PackerError as e:
-        raise click.ClickException(str(e)) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+    with stop_on_signals():
+        try:
+            result = merge_output(output, overwrite=overwrite)
+        except KeyboardInterrupt:
+            click.echo("packer: merge interrupted; no output was written", err=True)
+            sys.exit(130)
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
     summary(result)

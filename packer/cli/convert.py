@@ -11,23 +11,11 @@ import click
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from packer.cli.options import decode_options, preprocess_config, preprocess_options
 from packer.cli.render import node_summary, summary
 from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
-from packer.config import (
-    COLOR_MODES,
-    DEFAULT_MAX_PIXELS,
-    DEFAULT_QUALITY,
-    DTYPES,
-    INTERPOLATIONS,
-    RESIZE_MODES,
-    ConvertConfig,
-    ImageCodec,
-    PreprocessConfig,
-    parse_normalize,
-    parse_shard_size,
-    parse_size,
-)
+from packer.config import DEFAULT_QUALITY, ConvertConfig, ImageCodec, parse_shard_size
 from packer.errors import ConfigError, DecodeError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
 from packer.formats import WRITERS  # the --format choices: the CLI's only use of the format registry
@@ -39,36 +27,12 @@ from packer.split import merge as merge_output
 from packer.text import TextConfig
 
 
-def _ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers 0-255, got {text!r}", param_hint=name) from None
-    if any(not 0 <= v <= 255 for v in values):
-        raise click.BadParameter(f"values must be 0-255, got {text!r}", param_hint=name)
-    return values
-
-
 @click.command()
 @click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(WRITERS)), help="Output format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
-@click.option("--size", default="224", help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192.")
-@click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
-              help="shorter-crop: shorter side to size, centre crop; stretch: ignore aspect; "
-                   "pad: letterbox with --fill; none: keep each image's size.")
-@click.option("--mode", type=click.Choice(COLOR_MODES), default="RGB", help="Colour mode: RGB, or L for grayscale.")
-@click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="bilinear",
-              help="Resize filter (antialiased; bilinear matches torchvision's Resize).")
-@click.option("--fill", default="0,0,0", help="Padding colour for --resize pad (R,G,B or one gray value).")
-@click.option("--background", default="255,255,255",
-              help="Colour that transparent pixels are composited on (R,G,B or one gray value).")
-@click.option("--normalize", default="imagenet",
-              help="imagenet, none (pixels 0..1), auto (this data's own mean and std, computed while "
-                   "converting; needs --dtype uint8), or MEAN,STD (2 numbers, or C means then C stds).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="uint8",
-              help="Stored pixel type. uint8 keeps pixels and readers normalize; float stores normalized values.")
+@preprocess_options
 @click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
               help="How images are stored: raw pixels, jpeg (lossy, several times smaller) or png (lossless); "
                    "readers decode jpeg and png. Needs --dtype uint8.")
@@ -93,11 +57,7 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
               help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
-@click.option("--full-decode", is_flag=True,
-              help="Decode JPEGs at full size even when the target is much smaller (slower; by default the "
-                   "decoder scales them by 5/8 or less, never below the target, pixels within a few levels).")
-@click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS,
-              help="Skip images with more pixels than this (decompression-bomb protection); --size must fit too.")
+@decode_options
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes.  [default: usable cores]", show_default=False)
 @click.option("--strict", is_flag=True,
@@ -135,11 +95,8 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     averaged to one.
     """
     try:
-        pre = PreprocessConfig(
-            size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
-            interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
-            **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels, reduced_decode=not full_decode,
-        )
+        pre = preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype, max_pixels,
+                                full_decode)
         fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)

@@ -6,7 +6,8 @@ bad file or ``verify`` found damage (the message says why; nothing is written), 
 
 One module per group of commands, each a plain ``click.command`` added to the group here:
 ``convert`` (convert, merge), ``inspection`` (info, verify), ``advisor`` (tune, profile, bench).
-``render`` formats what they print.
+``render`` formats what they print, ``options`` declares the preprocessing options once and
+``signals`` holds the one way Ctrl-C and SIGTERM stop a command that writes.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from packer.codecs import IMAGE_CODECS
 from packer.config import DEFAULT_QUALITY, ConvertConfig, ImageCodec, parse_shard_size
 from packer.errors import ConfigError, DecodeError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
-from packer.formats import WRITERS  # the --format choices: the CLI's only use of the format registry
+from packer.formats import WRITERS as FORMAT_NAMES  # the --format choices: the CLI's one use of the registry
 from packer.output import staging_dir
 from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
@@ -29,7 +29,7 @@ from packer.text import TextConfig
 
 @click.command()
 @click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(WRITERS)), help="Output format.")
+@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(FORMAT_NAMES)), help="Output format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
 @preprocess_options

@@ -1,0 +1,192 @@
+"""``packer convert`` and ``packer merge``, which publishes a conversion split with ``--num-nodes``."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from packer.cli.options import decode_options, preprocess_config, preprocess_options
+from packer.cli.render import node_summary, summary
+from packer.cli.signals import stop_on_signals
+from packer.codecs import IMAGE_CODECS
+from packer.config import DEFAULT_QUALITY, ConvertConfig, ImageCodec, parse_shard_size
+from packer.errors import ConfigError, DecodeError, PackerError
+from packer.executor import DEFAULT_TIMEOUT
+from packer.output import staging_dir
+from packer.pipeline import convert as run_convert
+from packer.ray_executor import RayExecutor
+from packer.registry import FORMAT_NAMES  # the --format choices
+from packer.split import NodeResult, NodeSplit, convert_node
+from packer.split import merge as merge_output
+from packer.text import TextConfig
+
+
+@click.command()
+@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(FORMAT_NAMES)), help="Output format.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
+@preprocess_options
+@click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
+              help="How images are stored: raw pixels, jpeg (lossy, several times smaller) or png (lossless); "
+                   "readers decode jpeg and png. Needs --dtype uint8.")
+@click.option("--quality", type=click.IntRange(1, 95), default=DEFAULT_QUALITY, help="JPEG quality for --codec jpeg.")
+@click.option("--shard-size", default="auto",
+              help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
+@click.option("--shuffle", "shuffle_seed", type=click.IntRange(min=0), default=None,
+              help="Store samples in a permutation seeded by this number instead of sorted order (good for "
+                   "wds, whose readers then need only a small shuffle buffer).  [default: sorted order]",
+              show_default=False)
+@click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
+                   "skipped and reported); labels are class names, or class indices if all are integers >= 0.")
+@click.option("--fields", "fields_", default=None,
+              help="What a sample is: image, text, or several of image,text,json (files sharing a stem in one "
+                   "folder are one sample).  [default: found from the files]", show_default=False)
+@click.option("--allow-missing", is_flag=True,
+              help="Pack paired samples missing their text or json file, with that field empty (else skipped).")
+@click.option("--encoding", default="utf-8",
+              help="Encoding of .txt and .json files (a UTF-8 byte-order mark is dropped; CRLF becomes LF).")
+@click.option("--tokenizer", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.")
+@click.option("--max-length", type=click.IntRange(min=1), default=None,
+              help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
+@decode_options
+@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes.  [default: usable cores]", show_default=False)
+@click.option("--strict", is_flag=True,
+              help="Stop at the first bad file (exit 1, nothing written) instead of skipping it.")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from its finished shards.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=DEFAULT_TIMEOUT,
+              help="Seconds one file may take to decode before it is skipped as hanging.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local",
+              help="local: worker processes on this machine; ray: one Ray task per shard on a Ray cluster, the "
+                   "output on a filesystem every node sees (pip install 'packer-datasets[ray]'). The output is the "
+                   "same.")
+@click.option("--address", default=None, show_default=False,
+              help="With --executor ray: the cluster, auto (the one `ray start` runs here) or ray://HOST:10001.  "
+                   "[default: a Ray instance on this machine for this run]")
+@click.option("--num-nodes", type=click.IntRange(min=1), default=None,
+              help="Split the conversion over N machines without Ray (e.g. a SLURM array): this run writes the "
+                   "shards of --node-rank; `packer merge OUTPUT` publishes the output once every node is done.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="This machine's number, 0 to N-1, with --num-nodes (e.g. $SLURM_ARRAY_TASK_ID).")
+def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, mode: str, interpolation: str,
+            fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
+            shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
+            encoding: str, tokenizer: Optional[str], max_length: Optional[int], full_decode: bool,
+            max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
+            quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
+            node_rank: Optional[int]) -> None:
+    """Convert the image (or text) folder SOURCE into a packed output.
+
+    Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
+    subfolders gives unlabelled samples. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
+    are one sample with several fields. Unreadable files are skipped and listed at the end and in
+    the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
+    With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
+    averaged to one.
+    """
+    try:
+        pre = preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype, max_pixels,
+                                full_decode)
+        fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
+        text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)
+        node = _node_split(num_nodes, node_rank, executor_name, address, resume)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    if output is None:
+        resolved = source.resolve()
+        output = resolved.parent / f"{resolved.name}-{fmt}"
+    bars: list[tqdm] = []
+
+    def on_plan(found, tasks) -> None:
+        bars.append(tqdm(total=sum(len(t.items) for t in tasks), unit="img", disable=quiet, dynamic_ncols=True,
+                         desc=f"packing {len(tasks)} shard(s)"))
+
+    def on_progress(n: int) -> None:
+        bars[0].update(n)
+
+    with stop_on_signals():
+        try:
+            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
+                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
+                if executor is not None:
+                    executor.connect()  # before the progress bar: Ray prints while it starts
+                if node is not None:
+                    result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
+                                          overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
+                                          on_plan=on_plan)
+                else:
+                    result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
+                                         overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
+                                         progress=on_progress, on_plan=on_plan, executor=executor)
+        except KeyboardInterrupt:
+            _close(bars)
+            stage = staging_dir(output)
+            again = "the same command again" if node is not None else "the same command with --resume"
+            kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
+            click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
+            sys.exit(130)
+        except DecodeError as e:
+            _close(bars)
+            raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
+        except PackerError as e:
+            _close(bars)
+            raise click.ClickException(str(e)) from None
+    _close(bars)
+    if isinstance(result, NodeResult):
+        node_summary(result)
+    else:
+        summary(result)
+
+
+def _node_split(num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str],
+                resume: bool) -> Optional[NodeSplit]:
+    """The static split asked for, if any; ConfigError for options that cannot go together."""
+    if address is not None and executor != "ray":
+        raise ConfigError("--address is for --executor ray")
+    if (num_nodes is None) != (node_rank is None):
+        raise ConfigError("--num-nodes and --node-rank go together: give both, or neither")
+    if num_nodes is None or node_rank is None:
+        return None
+    if executor == "ray":
+        raise ConfigError("--num-nodes splits a conversion for schedulers without Ray; with --executor ray, "
+                          "Ray spreads the shards over the cluster by itself")
+    if resume:
+        raise ConfigError("--resume is implied with --num-nodes: a node run again redoes only its unfinished shards")
+    return NodeSplit(num_nodes, node_rank)
+
+
+def _close(bars: list[tqdm]) -> None:
+    for bar in bars:
+        bar.close()
+
+
+@click.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+def merge(output: Path, overwrite: bool) -> None:
+    """Publish OUTPUT after a conversion split with --num-nodes, once every node is done.
+
+    Checks that every planned shard is there and intact (SHA-256), names the missing ones and their
+    nodes otherwise, then writes the manifest and renames the output into place as a single run does.
+    """
+    with stop_on_signals():
+        try:
+            result = merge_output(output, overwrite=overwrite)
+        except KeyboardInterrupt:
+            click.echo("packer: merge interrupted; no output was written", err=True)
+            sys.exit(130)
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
+    summary(result)

@@ -1,0 +1,150 @@
+"""What the commands print about a conversion and an output: summaries, the info description, sizes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from packer.manifest import Manifest
+from packer.pipeline import ConvertResult
+from packer.report import REPORT_NAME, reason_kind, shown
+from packer.split import NodeResult
+
+SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
+
+
+def node_summary(result: NodeResult) -> None:
+    """Print what one node of a ``--num-nodes`` split wrote, and the ``packer merge`` to run when all are done."""
+    kept = result.shards - result.written
+    click.echo(f"packer: node {result.node.rank} of {result.node.nodes} wrote {result.written} shard(s)"
+               f"{f' (and kept {kept} from an earlier run)' if kept else ''}, {result.samples} samples in all, "
+               f"into {result.stage} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan")
+    if result.skipped:
+        click.echo(f"skipped {len(result.skipped)} file(s) (listed in the report that packer merge writes)", err=True)
+    click.echo(f"when every node is done: packer merge {result.output}")
+
+
+def summary(result: ConvertResult) -> None:
+    """Print a finished conversion (or merge): what was written, and on stderr what was skipped or odd."""
+    m = result.manifest
+    rate = result.processed / result.seconds if result.seconds else 0.0
+    click.echo(
+        f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
+        f"{human(result.bytes)}, to {result.output} in {result.seconds:.1f} s"
+        + (f" ({rate:.0f} {'images' if m.sample_fields == ('image',) else 'samples'}/s)" if result.processed else "")
+    )
+    report = result.output / REPORT_NAME
+    if result.skipped:
+        reasons = Counter(reason_kind(s.reason) for s in result.skipped)
+        click.echo(f"skipped {len(result.skipped)} file(s), all listed in {report}:", err=True)
+        for kind, count in reasons.most_common():
+            click.echo(f"  {count} x {kind}", err=True)
+            for s in [s for s in result.skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
+                click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
+    if m.classes and m.class_counts:
+        empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
+        if empty:
+            click.echo(f"warning: {len(empty)} class(es) have no samples: {', '.join(empty)}", err=True)
+    if m.duplicates:
+        click.echo(f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
+                   f"bytes (all packed; listed in {report})", err=True)
+    if result.ignored:
+        parts = ", ".join(f"{ext} x{n}" for ext, n in result.ignored.items())
+        click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
+
+
+def human(n: float) -> str:
+    """A byte count in decimal units: ``512 B``, ``1.5 KB`` ... ``TB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n} B"
+
+
+def describe(output: Path, m: Manifest) -> str:
+    """The text ``packer info`` prints for the output at ``output`` with manifest ``m``."""
+    pre = m.preprocess
+    norm = pre.get("normalize")
+    size = "x".join(map(str, pre["size"])) if pre.get("size") else "original"
+    total = sum(f.bytes for s in m.shards for f in s.files)
+    lines = [
+        f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
+        f"  samples   {m.samples} in {len(m.shards)} shard(s), {human(total)}",
+        f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
+        f"  fields    {', '.join(m.sample_fields)}",
+    ]
+    if m.has_image:
+        img = m.fields["image"]
+        lines += [
+            f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} "
+            f"(HWC), {pre['mode']}, {_codec(img)}",
+            f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
+            else "  resize    none (each image keeps its size)",
+            f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
+        ]
+    for f in m.text_fields:
+        if f.kind == "tokens":
+            tok = f.tokenizer or {}
+            lines.append(f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
+                         f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})")
+        else:
+            lines.append(f"  {f.name:<9} UTF-8 {'JSON' if f.kind == 'json' else 'text'}, LF line ends")
+    lines.append(f"  skipped   {len(m.skipped)} file(s){_kinds(m)}")
+    lines += _stats(m.stats)
+    if m.duplicates:
+        lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
+    return "\n".join(lines)
+
+
+def _stats(stats: Optional[dict]) -> list[str]:
+    """The manifest's ``stats`` in a few lines (none for outputs of packers before they existed)."""
+    if not stats:
+        return []
+    lines = []
+    px = stats.get("pixels")
+    if px:
+        scale = "of pixel/255" if px["scale"] == "0..1" else "of the stored values"
+        lines.append(f"  pixels    mean {_floats(px['mean'])}, std {_floats(px['std'])} "
+                     f"({scale}, {px['count']:,} per channel)")
+    sizes = stats.get("original_sizes")
+    if sizes:
+        bins = sizes["bins"]
+        labels = [f"{a}-{b - 1}" for a, b in zip(bins, bins[1:])] + [f"{bins[-1]}+"]
+        for name, side in (("widths", sizes["width"]), ("heights", sizes["height"])):
+            if side["min"] is None:
+                continue
+            shown = ", ".join(f"{label}: {n}" for label, n in zip(labels, side["counts"]) if n)
+            lines.append(f"  {name:<9} {side['min']}..{side['max']}, median {side['median']} (original; {shown})")
+    return lines
+
+
+def _normalize(norm: Optional[dict]) -> str:
+    if not norm:
+        return "none (0..1)"
+    if norm.get("auto"):
+        return f"mean {_floats(norm['mean'])} std {_floats(norm['std'])} (computed: --normalize auto)"
+    return f"mean {norm['mean']} std {norm['std']}"
+
+
+def _floats(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+
+def _codec(image: dict) -> str:
+    codec = image.get("codec", "raw")
+    return {"raw": "raw pixels", "png": "stored as PNG"}.get(codec, f"stored as JPEG quality {image.get('quality')}")
+
+
+def _kinds(m: Manifest) -> str:
+    kinds = Counter(reason_kind(s["reason"]) for s in m.skipped)
+    return f" ({', '.join(f'{n} x {k}' for k, n in kinds.most_common())})" if kinds else ""
+
+
+def _classes(m: Manifest, most: int = 20) -> str:
+    counts = m.class_counts or [None] * len(m.classes or [])
+    shown = [f"{name} ({n})" if n is not None else name for name, n in zip(m.classes or [], counts)]
+    return ", ".join(shown[:most]) + (" ..." if len(shown) > most else "")

@@ -10,8 +10,8 @@ import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS
 from packer.errors import ManifestError
-from packer.layout import TEXT_MEMBERS
 from packer.records import TextField
+from packer.shard_names import TEXT_MEMBERS
 from packer.text import TOKEN_DTYPE
 
 

@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 
 from packer.codecs import decode_image, raw_image
-from packer.layout import HDF5_IMAGE_SHAPES, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
+from packer.shard_names import HDF5_IMAGE_SHAPES, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
 from readers.mapstyle import PackedDataset
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks

@@ -10,9 +10,9 @@ import numpy as np
 
 from packer.codecs import NpyDecoder, decode_image, decode_npy
 from packer.errors import ManifestError
-from packer.layout import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
 from packer.manifest import ShardEntry
 from packer.records import TextField
+from packer.shard_names import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
 from readers.mapstyle import PackedDataset
 
 _ENVS: dict[tuple, list] = {}

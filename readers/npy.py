@@ -7,10 +7,10 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from packer.codecs import decode_image, raw_image
-from packer.layout import NPY_IMAGE_SHAPES, NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
+from packer.shard_names import NPY_IMAGE_SHAPES, NPY_IMAGES, NPY_KEYS, NPY_LABELS, npy_varlen_suffixes
 from readers.mapstyle import PackedDataset
 
 

@@ -20,8 +20,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.codecs import NpyDecoder, decode_image
 from packer.errors import ManifestError
-from packer.layout import TAR_SUFFIX, wds_lengths_suffix
 from packer.manifest import ShardEntry
+from packer.shard_names import TAR_SUFFIX, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from readers.base import ReaderBase, build_sample, decode_field
 from readers.collate import Numbered, PackedBatch

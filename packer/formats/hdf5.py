@@ -22,7 +22,10 @@ import numpy as np
 from packer.codecs import raw_bytes
 from packer.formats.base import encoded_bytes
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen, varlen_images
-from packer.layout import (
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
+from packer.shard_names import (
     HDF5_CRC32,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,
@@ -31,9 +34,6 @@ from packer.layout import (
     HDF5_SUFFIX,
     hdf5_varlen_names,
 )
-from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
 

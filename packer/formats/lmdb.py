@@ -25,7 +25,10 @@ import numpy as np
 
 from packer.codecs import decode_npy, encode_npy, npy_header
 from packer.formats.base import encoded_bytes
-from packer.layout import (
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
+from packer.shard_names import (
     LMDB_CRC32,
     LMDB_LABELS,
     LMDB_LENGTH,
@@ -35,9 +38,6 @@ from packer.layout import (
     lmdb_key_key,
     lmdb_lengths_key,
 )
-from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 COMMIT_BYTES = 1024**2
 """A write transaction is committed once it holds this many bytes of values. LMDB keeps a

@@ -21,7 +21,10 @@ import numpy as np
 from packer.codecs import raw_bytes
 from packer.formats.base import encoded_bytes
 from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen, varlen_images
-from packer.layout import (
+from packer.manifest import ShardEntry
+from packer.records import Sample, StoredSample
+from packer.sample_layout import ImageStorage, SampleLayout, choose
+from packer.shard_names import (
     NPY_CRC32,
     NPY_IMAGE_SHAPES,
     NPY_IMAGES,
@@ -29,9 +32,6 @@ from packer.layout import (
     NPY_LABELS,
     npy_varlen_suffixes,
 )
-from packer.manifest import ShardEntry
-from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
 
 SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
 

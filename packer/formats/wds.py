@@ -25,10 +25,10 @@ import numpy as np
 
 from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
 from packer.formats.base import HashedFile, encoded_bytes
-from packer.layout import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 from packer.sample_layout import ImageStorage, SampleLayout, choose
+from packer.shard_names import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from packer.text import TOKEN_DTYPE
 

@@ -117,8 +117,9 @@ class SampleLayout:
 
     @property
     def fixed_images(self) -> bool:
-        """True when a sample is one image of one size and nothing else: batches are one tensor."""
-        return self.image is ImageStorage.FIXED and not self.text
+        """True when a sample is one image of one size (raw or encoded) and nothing else: batches are
+        one tensor."""
+        return self.has_image and self.shape is not None and not self.text
 
     def features(self) -> frozenset[str]:
         """What this layout uses beyond fixed-size raw images (see ``packer.registry``)."""

@@ -13,7 +13,7 @@ import torch
 from conftest import FORMATS
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ShardSize
+from packer.config import ImageCodec, ShardSize
 from readers import loader as loader_module
 from readers import make_loader, open_dataset
 
@@ -33,6 +33,7 @@ def packed(tmp_path_factory) -> dict[str, Path]:
     for fmt in FORMATS:
         convert(root, out / fmt, ConvertConfig(fmt, PRE, ShardSize(samples=4)), workers=2)
         result[fmt] = out / fmt
+    result["_src"] = root
     return result
 
 
@@ -119,6 +120,20 @@ def test_batches_kept_by_the_caller_are_never_overwritten(packed):
     slots = {s.data_ptr() for s in loader.ring.slots}
     ptrs = {x.data_ptr() for x, _ in loader}  # batches dropped at once: slots are reused
     assert ptrs <= slots
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encoded_images_of_one_size_are_batched_into_the_ring_too(packed, fmt, tmp_path):
+    """JPEGs decode to images of one size: their batches are one tensor, built in the shared ring
+    like raw ones (not sample by sample), and hold the pixels the reader decodes."""
+    out = tmp_path / fmt
+    convert(packed["_src"], out, ConvertConfig(fmt, PRE, ShardSize(samples=4), codec=ImageCodec("jpeg")), workers=2)
+    ds = open_dataset(out)
+    assert ds.fixed_images
+    loader = make_loader(ds, 5, num_workers=2, seed=1)
+    assert loader.ring is not None
+    images, labels = next(iter(loader))
+    assert images.shape == (5, 3, 32, 40) and images.dtype == torch.float32
 
 
 def test_defaults_follow_cores_memory_and_dataset(packed, monkeypatch):

@@ -24,6 +24,7 @@ from typing import Callable, Optional, Protocol
 
 from packer.errors import PackerError
 from packer.records import ShardResult, SourceItem
+from packer.registry import get_format
 from packer.system import release_stop_signals, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
 
@@ -60,6 +61,8 @@ def run_jobs(
     workers.
     """
     ctx = _context()
+    for fmt in {job.format for job in jobs}:
+        get_format(fmt).import_modules()  # before the forks: every worker starts with its writer imported
     log_level = logging.getLogger("packer").getEffectiveLevel()
     positions = ctx.Array("q", max((j.number for j in jobs), default=0) + 1, lock=False)
     queue = deque(jobs)

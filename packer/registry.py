@@ -42,11 +42,11 @@ class FormatSpec:
     ``since`` maps each layout feature the format stores to the oldest format version that
     describes it; a feature it does not list, it cannot store. ``whole_file`` formats keep a shard
     in one file that their library memory-maps whole (``verify`` scans a truncated one from a padded
-    copy); ``random_access`` formats are read map-style (any sampler), the others as streams.
+    copy); ``random_access`` formats are read map-style (any sampler, ``in_memory``), the others as
+    streams.
     """
 
     name: str
-    summary: str
     writer: str
     scanner: str
     reader: str
@@ -79,22 +79,24 @@ class FormatSpec:
         """The ``readers`` Dataset class of this format (imports ``readers``: call it from there)."""
         return resolve(self.reader)
 
+    def import_modules(self) -> None:
+        """Import the writer's and the scanner's module (and their libraries: h5py, lmdb) now, so
+        that processes forked after this start with them instead of each importing them again."""
+        resolve(self.writer)
+        resolve(self.scanner)
+
 
 FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
-        FormatSpec("npy", "plain .npy files per shard, memory-mapped by np.load(mmap_mode='r')",
-                   "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard", "readers.npy:NpyDataset",
-                   {**_COMMON, VARIABLE_RAW: TEXT_SINCE}),
-        FormatSpec("lmdb", "one single-file LMDB environment per shard",
-                   "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard", "readers.lmdb:LmdbDataset",
-                   {**_COMMON, VARIABLE_RAW: 1}, whole_file=True),
-        FormatSpec("hdf5", "one HDF5 file per shard, one dataset per field",
-                   "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard", "readers.hdf5:Hdf5Dataset",
-                   {**_COMMON, VARIABLE_RAW: TEXT_SINCE}, whole_file=True),
-        FormatSpec("wds", "WebDataset tar shards of KEY.EXT members, streamable from URLs",
-                   "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard", "readers.wds:WdsDataset",
-                   {**_COMMON, VARIABLE_RAW: 1}, random_access=False),
+        FormatSpec("npy", "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard",
+                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE}),
+        FormatSpec("lmdb", "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard",
+                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1}, whole_file=True),
+        FormatSpec("hdf5", "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard",
+                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE}, whole_file=True),
+        FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
+                   "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1}, random_access=False),
     )
 }
 """Every format, in the order the CLI lists them."""

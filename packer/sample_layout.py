@@ -166,7 +166,8 @@ class SampleLayout:
                 extra.append(TextField(name, name, None, text.encoding, text.allow_missing))
         if "image" not in fields:
             return cls.without_image(tuple(extra), pre.mode)
-        return cls(pre.dtype, pre.image_shape, pre.channels, config.codec, True, tuple(extra), pre.mode)
+        codec = config.codec if config.codec.name == "jpeg" else ImageCodec(config.codec.name)  # quality: jpeg's
+        return cls(pre.dtype, pre.image_shape, pre.channels, codec, True, tuple(extra), pre.mode)
 
     @classmethod
     def without_image(cls, text: tuple[TextField, ...], mode: str = "RGB") -> "SampleLayout":
@@ -181,10 +182,19 @@ class SampleLayout:
         mode = manifest.preprocess.get("mode", "RGB")
         if image is None:
             return cls.without_image(text, mode)
-        codec = ImageCodec(image.get("codec", "raw"), int(image.get("quality", DEFAULT_QUALITY)))
+        codec = ImageCodec(image.get("codec", "raw"), _recorded_quality(image))
         shape = tuple(image["shape"]) if image.get("shape") else None
         channels = int(image.get("channels") or (shape[2] if shape else (1 if mode == "L" else 3)))
         return cls(str(np.dtype(image["dtype"])), shape, channels, codec, True, text, mode)
+
+
+def _recorded_quality(image: dict) -> int:
+    """The JPEG quality a manifest's image field records: only a record (nothing reads images by
+    it), so a value out of range in a damaged manifest falls back to the default, not an error."""
+    quality = image.get("quality") if image.get("codec") == "jpeg" else None
+    if isinstance(quality, int) and not isinstance(quality, bool) and 1 <= quality <= 95:
+        return quality
+    return DEFAULT_QUALITY
 
 
 def choose(layout: SampleLayout, encoders: dict, fmt: str):

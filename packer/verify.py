@@ -49,6 +49,7 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
     """
     root = Path(output)
     manifest = read_manifest(root)
+    FORMATS[manifest.format].import_modules()  # once, not in each shard's child process
     problems: list[Problem] = []
     labels_seen: list[int] = []
     for shard in manifest.shards:

@@ -28,7 +28,8 @@ CASES = {
     "fixed raw": (ConvertConfig("npy"), ("image",)),
     "gray float32": (ConvertConfig("hdf5", PreprocessConfig(size=(8, 6), mode="L", dtype="float32")), ("image",)),
     "jpeg": (ConvertConfig("lmdb", codec=ImageCodec("jpeg", 75)), ("image",)),
-    "png of own sizes": (ConvertConfig("wds", PreprocessConfig(resize="none"), codec=ImageCodec("png")), ("image",)),
+    "png of own sizes": (ConvertConfig("wds", PreprocessConfig(resize="none"), codec=ImageCodec("png", 50)),
+                         ("image",)),
     "raw of own sizes": (ConvertConfig("npy", PreprocessConfig(resize="none")), ("image",)),
     "text only": (ConvertConfig("npy", text=TextConfig()), ("text",)),
     "image, text, json": (ConvertConfig("lmdb", text=TextConfig(allow_missing=True)), ("image", "text", "json")),
@@ -90,10 +91,19 @@ def test_a_storage_a_format_has_no_encoder_for_is_refused_by_name():
 
 
 def test_the_version_rule_refuses_a_feature_the_format_does_not_list():
-    spec = FormatSpec("toy", "", "m:W", "m:s", "r:R", {ENCODED_IMAGES: 2})
+    spec = FormatSpec("toy", "m:W", "m:s", "r:R", {ENCODED_IMAGES: 2})
     assert spec.newest == 2
     assert spec.version(SampleLayout("uint8", (2, 2, 3), 3)) == 1
     assert spec.version(SampleLayout("uint8", (2, 2, 3), 3, ImageCodec("png"))) == 2
     text = SampleLayout("uint8", (2, 2, 3), 3, text=(TextField("text", "text"),))
     with pytest.raises(ConfigError, match="the toy format cannot store text fields"):
         spec.version(text)
+
+
+def test_a_recorded_quality_is_read_back_only_for_jpeg_and_only_when_it_is_one():
+    fields = SampleLayout("uint8", (2, 2, 3), 3, ImageCodec("jpeg", 70)).fields()
+    manifest = Manifest("npy", 2, "0", 0, None, fields, PreprocessConfig().to_dict(), [ShardEntry("s", 0, [])])
+    assert SampleLayout.from_manifest(manifest).codec == ImageCodec("jpeg", 70)
+    for damaged in (0, 500, None, "90", True):
+        manifest.fields["image"]["quality"] = damaged
+        assert SampleLayout.from_manifest(manifest).codec == ImageCodec("jpeg", 90)

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 from torch.utils.data import IterableDataset
 
 from packer.errors import ConfigError
+from packer.registry import FORMATS
 from readers.advisor.memory import PeakMemory
 from readers.advisor.timing import check_images, one_thread, time_loader
 from readers.base import ReaderBase
@@ -225,9 +226,9 @@ def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: 
     if cuda:
         args.append('device="cuda"')
     packed = f"from readers import make_loader, open_dataset\n\n{_call('loader = make_loader', args)}"
-    wds = fmt == "wds"
-    dl = [f"open_dataset({path}{', shuffle=1000' if wds else ''})", f"batch_size={batch_size}"]
-    if not wds:  # an iterable dataset shuffles itself (its buffer above); DataLoader refuses shuffle=True
+    streamed = not FORMATS[fmt].random_access
+    dl = [f"open_dataset({path}{', shuffle=1000' if streamed else ''})", f"batch_size={batch_size}"]
+    if not streamed:  # an iterable dataset shuffles itself (its buffer above); DataLoader refuses shuffle=True
         dl.append("shuffle=True")
     dl.append(f"num_workers={trial.num_workers}")
     if trial.num_workers:

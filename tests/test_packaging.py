@@ -52,7 +52,8 @@ def test_the_distribution_has_its_own_name_and_one_version():
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")  # not tomllib: Python 3.10 has none
     assert re.search(r'^name = "packer-datasets"$', pyproject, flags=re.M)
     assert re.search(r'^dynamic = \["version"\]$', pyproject, flags=re.M)
-    assert not re.search(r"^version = ", pyproject, flags=re.M)  # the one version is packer.__version__
+    assert not re.search(r'^version = "', pyproject, flags=re.M)  # no literal: the one version is packer.__version__
+    assert 'version = { attr = "packer.__version__" }' in pyproject
     installed = importlib.metadata.distribution("packer-datasets")
     assert installed.version == packer.__version__
     assert [(e.name, e.value) for e in installed.entry_points if e.group == "console_scripts"] == [

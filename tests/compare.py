@@ -1,8 +1,9 @@
-"""Reading an output's samples back with the stock libraries, and comparing two outputs as the converter
-promises them equal (shared by the pipeline, split and executor tests)."""
+"""Reading an output's samples back with the stock libraries, checking its files against its manifest, and
+comparing two outputs as the converter promises them equal (shared by the pipeline, split and executor tests)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -13,7 +14,8 @@ import lmdb
 import numpy as np
 from PIL import Image
 
-from packer.manifest import Manifest, read_manifest
+from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.report import REPORT_NAME
 
 Row = tuple[str, int, np.ndarray]
 """One stored sample: (key, label, image)."""
@@ -88,6 +90,21 @@ def assert_rows_equal(got: list[Row], want: list[Row]) -> None:
     assert [(k, lab) for k, lab, _ in got] == [(k, lab) for k, lab, _ in want]
     for (k, _, a), (_, _, b) in zip(got, want):
         assert a.dtype == b.dtype and np.array_equal(a, b), k
+
+
+def check_files(out: Path, manifest: Manifest) -> None:
+    """Every file in the manifest exists with its size and SHA-256; nothing else is in the folder."""
+    listed = set()
+    for shard in manifest.shards:
+        assert shard.files
+        for f in shard.files:
+            data = (out / f.path).read_bytes()
+            assert f.bytes == len(data)
+            assert f.sha256 == hashlib.sha256(data).hexdigest()
+            assert f.path.startswith(shard.name)
+            listed.add(f.path)
+    on_disk = {p.name for p in out.iterdir()}
+    assert on_disk == listed | {MANIFEST_NAME, REPORT_NAME}
 
 
 def files_of(out: Path) -> dict[str, bytes]:

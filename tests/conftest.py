@@ -39,6 +39,14 @@ def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 
     return paths
 
 
+
+def add_varied_files(root: Path) -> None:
+    """Originals in more size bins (a wide and a tall one) and a file every run skips."""
+    write_image(root / "ant" / "wide.png", (300, 20), seed=5)
+    write_image(root / "cat" / "tall.jpg", (20, 700), seed=6)
+    (root / "bee" / "bad.png").write_bytes(b"not an image")
+
+
 @pytest.fixture
 def image_tree(tmp_path: Path) -> Path:
     """Three classes of 5, 4 and 6 PNG images of varied sizes, plus litter that must be ignored."""

@@ -1,5 +1,5 @@
-"""Shared test helpers that are not fixtures: a fake clock, waiting for writers to go quiet, and telling a
-clean CLI error from a crash."""
+"""Shared test helpers that are not fixtures: a fake clock, waiting for writers to go quiet, telling a
+clean CLI error from a crash, the sizes of planned shards, and whether a run left its staging folder."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 
 from click.testing import Result
+
+from packer.output import staging_dir
+from packer.records import ShardTask
 
 
 class FakeClock:
@@ -40,3 +43,13 @@ def exited_cleanly(result: Result) -> bool:
     exception. ``CliRunner`` catches exceptions and keeps their traceback out of ``result.output``,
     so checking the output for "Traceback" can never fail."""
     return result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def sizes(tasks: list[ShardTask]) -> list[int]:
+    """The number of items in each planned shard."""
+    return [len(t.items) for t in tasks]
+
+
+def no_staging(out: Path) -> bool:
+    """True when no staging folder of ``out`` is left behind."""
+    return not staging_dir(out).exists()

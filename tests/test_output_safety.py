@@ -1,4 +1,5 @@
-"""Nothing is lost: what --overwrite may replace, concurrent runs, interrupted publishes, damage."""
+"""Nothing is lost: an existing output and what --overwrite may replace, staging folders, failed runs,
+concurrent runs, interrupted publishes, damage."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import make_tree
+from compare import check_files
+from conftest import FORMATS, make_tree
+from helpers import no_staging
 
+import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.errors import ManifestError, OutputError
-from packer.output import _old_dir, lock_output, recover, release_output
+from packer.errors import InputError, ManifestError, OutputError
+from packer.manifest import read_manifest
+from packer.output import STAGING_MARK, _old_dir, lock_output, recover, release_output, staging_dir
 from packer.verify import verify
 from readers import open_dataset
 
@@ -108,3 +113,115 @@ def test_file_names_that_are_not_utf8_are_reported(tmp_path):
     assert result.manifest.samples == 2
     assert [s.reason for s in result.skipped] == ["file name is not valid UTF-8; rename it"]
     assert result.skipped[0].path == "a/bad\\xff\\xfename.png"
+
+
+# --------------------------------------------------------------------------- existing outputs, staging, failed runs
+
+
+def test_existing_output_without_overwrite(image_tree, tmp_path):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(OutputError, match="overwrite"):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert no_staging(out)
+
+
+def test_existing_output_with_overwrite_replaced(image_tree, tmp_path):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
+    m = read_manifest(out)
+    assert m.format == "wds"
+    check_files(out, m)  # no npy file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "out"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_non_packer_folder_refused(image_tree, tmp_path, overwrite):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("years of work")
+    with pytest.raises(OutputError, match="not a packer output"):
+        convert(image_tree, out, ConvertConfig("npy", PRE), workers=1, overwrite=overwrite)
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "years of work"
+    assert no_staging(out)
+
+
+def test_output_is_a_file_refused(image_tree, tmp_path):
+    out = tmp_path / "file"
+    out.write_text("x")
+    with pytest.raises(OutputError):
+        convert(image_tree, out, ConvertConfig("npy", PRE), workers=1, overwrite=True)
+    assert out.read_text() == "x"
+
+
+def test_empty_existing_folder_used(image_tree, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    assert read_manifest(out).samples == 15
+
+
+def test_stale_staging_folder_replaced(image_tree, tmp_path):
+    out = tmp_path / "out"
+    stage = staging_dir(out)
+    stage.mkdir()
+    (stage / STAGING_MARK).write_text("old")
+    (stage / "shard-00000.tar").write_bytes(b"half")
+    convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert no_staging(out)
+    check_files(out, read_manifest(out))
+
+
+def test_foreign_staging_folder_refused(image_tree, tmp_path):
+    out = tmp_path / "out"
+    stage = staging_dir(out)
+    stage.mkdir()
+    (stage / "mine.txt").write_text("keep")
+    with pytest.raises(OutputError):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1)
+    assert (stage / "mine.txt").read_text() == "keep"
+    assert not out.exists()
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("merge failed")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failure_leaves_no_output_and_no_staging(image_tree, tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)  # fails after every shard is written
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="merge failed"):
+        convert(image_tree, out, ConvertConfig(fmt, PRE), workers=1)
+    assert not out.exists()
+    assert no_staging(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_failure_keeps_old_output(image_tree, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)
+    with pytest.raises(RuntimeError):
+        convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert no_staging(out)
+
+
+def test_output_inside_the_source_is_not_read_as_a_class(image_tree):
+    first = convert(image_tree, image_tree / "packed", ConvertConfig("npy", PRE), workers=1)
+    again = convert(image_tree, image_tree / "packed", ConvertConfig("npy", PRE), workers=1, overwrite=True)
+    assert again.manifest.classes == first.manifest.classes == ["ant", "bee", "cat"]
+    assert again.manifest.samples == first.manifest.samples == 15
+
+
+def test_empty_source_is_an_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(InputError, match="no images or texts found"):
+        convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE))
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,5 @@
-"""Dataset statistics: exact per-shard counts, their merge, and the manifest's summary of them."""
+"""Dataset statistics: exact per-shard counts, their merge, the manifest's summary of them, and what a
+conversion records (equal to numpy over the stored pixels; --normalize auto)."""
 
 import json
 import logging
@@ -8,11 +9,20 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from compare import stored
+from conftest import FORMATS, add_varied_files
+from PIL import Image
 
-from packer.config import PreprocessConfig
+from packer import ConvertConfig, convert
+from packer.config import ImageCodec, PreprocessConfig, ShardSize
+from packer.discover import discover
+from packer.errors import ConfigError
+from packer.manifest import read_manifest
 from packer.preprocess import finish_pixels
 from packer.records import FileEntry, ShardResult, ShardStats, Skipped
 from packer.stats import SIZE_BINS, auto_normalize, pixel_stats, size_summary, summarize
+
+PRE = PreprocessConfig(size=(16, 12))
 
 
 def histogram(images: list[np.ndarray]) -> np.ndarray:
@@ -140,3 +150,106 @@ def test_auto_normalize_uses_the_statistics_and_guards_a_constant_channel(caplog
     norm = auto_normalize({"scale": "0..1", "count": 9, "mean": [0.25, 0.5], "std": [0.125, 0.0]})
     assert norm == {"mean": [0.25, 0.5], "std": [0.125, 1.0], "auto": True}
     assert any("same value in every pixel" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- what a conversion records
+
+
+def pixel_values(out, m):
+    """Every stored pixel value as read back with the stock libraries: (pixels, channels) float64."""
+    images = [im for _, _, im in stored(out, m)]
+    return np.concatenate([im.reshape(-1, im.shape[2]) for im in images]).astype(np.float64)
+
+
+def expected_sizes(src, skip=("bee/bad.png",)):
+    """The manifest's original_sizes computed directly from the source files' headers."""
+    sizes = []
+    for item in discover(src).items:
+        if item.relpath not in skip:
+            with Image.open(item.path) as img:
+                sizes.append(img.size)
+    edges = list(SIZE_BINS) + [float("inf")]
+
+    def side(values):
+        values = sorted(values)
+        return {"counts": [sum(lo <= v < hi for v in values) for lo, hi in zip(edges, edges[1:])],
+                "min": values[0], "median": values[(len(values) - 1) // 2], "max": values[-1]}
+
+    return {"bins": list(SIZE_BINS), "width": side(w for w, _ in sizes), "height": side(h for _, h in sizes)}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stats_equal_numpy_over_the_stored_pixels(image_tree, tmp_path, fmt, mode):
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode)
+    result = convert(image_tree, out, ConvertConfig(fmt, pre, ShardSize(samples=7)), workers=2)
+    m = read_manifest(out)
+    assert [s.samples for s in m.shards] == [6, 7, 4] and [s["path"] for s in m.skipped] == ["bee/bad.png"]
+    assert m.stats == json.loads(json.dumps(result.manifest.stats))
+    values = pixel_values(out, m) / 255
+    px = m.stats["pixels"]
+    assert px["scale"] == "0..1" and px["count"] == len(values) == 17 * 16 * 12
+    np.testing.assert_allclose(px["mean"], values.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(px["std"], values.std(0), rtol=1e-12)
+    assert m.stats["original_sizes"] == expected_sizes(image_tree)
+    assert m.stats["original_sizes"]["width"]["counts"][SIZE_BINS.index(256)] == 1  # the wide one
+
+
+@pytest.mark.parametrize("dtype,mode", [("float16", "RGB"), ("float32", "L")])
+def test_stats_of_float_storage_are_of_the_stored_normalized_values(image_tree, tmp_path, dtype, mode):
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode, dtype=dtype)
+    convert(image_tree, out, ConvertConfig("npy", pre, ShardSize(samples=7)), workers=2)
+    m = read_manifest(out)
+    values = pixel_values(out, m)
+    px = m.stats["pixels"]
+    assert px["scale"] == "stored" and px["count"] == len(values)
+    np.testing.assert_allclose(px["mean"], values.mean(0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(px["std"], values.std(0), rtol=1e-9)
+    assert m.stats["original_sizes"] == expected_sizes(image_tree)
+
+
+@pytest.mark.parametrize("codec", ["png", "jpeg"])
+def test_stats_of_encoded_images_are_of_the_pixels_encoded(image_tree, tmp_path, codec):
+    """As with raw images: exact for png; for jpeg, of the pixels before encoding (what decodes
+    is close on average, smoother in detail)."""
+    out = tmp_path / "out"
+    convert(image_tree, out, ConvertConfig("hdf5", PRE, ShardSize(samples=7), codec=ImageCodec(codec)), workers=1)
+    raw = convert(image_tree, tmp_path / "raw", ConvertConfig("hdf5", PRE, ShardSize(samples=7)), workers=1)
+    m = read_manifest(out)
+    assert m.stats == raw.manifest.stats
+    values = pixel_values(out, m) / 255
+    tol = {"rtol": 1e-12} if codec == "png" else {"atol": 0.02}
+    np.testing.assert_allclose(m.stats["pixels"]["mean"], values.mean(0), **tol)
+    if codec == "png":
+        np.testing.assert_allclose(m.stats["pixels"]["std"], values.std(0), **tol)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_normalize_auto_makes_readers_give_zero_mean_unit_std(image_tree, tmp_path, mode):
+    import torch
+
+    from readers import open_dataset
+
+    add_varied_files(image_tree)
+    out = tmp_path / "out"
+    pre = PreprocessConfig(size=(16, 12), mode=mode, auto_normalize=True)
+    m = convert(image_tree, out, ConvertConfig("wds", pre, ShardSize(samples=5)), workers=2).manifest
+    px = m.stats["pixels"]
+    assert m.preprocess["normalize"] == {"mean": px["mean"], "std": px["std"], "auto": True}
+    assert len(px["mean"]) == pre.channels
+    x = torch.stack([image for image, _ in open_dataset(out)]).double()
+    assert x.shape == (17, pre.channels, 12, 16)
+    assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(pre.channels, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(x.std(dim=(0, 2, 3), unbiased=False), torch.ones(pre.channels, dtype=torch.float64),
+                          atol=1e-5)
+
+
+def test_normalize_auto_refused_with_float_storage(image_tree, tmp_path):
+    with pytest.raises(ConfigError, match="--normalize auto needs --dtype uint8"):
+        convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(auto_normalize=True,
+                                                                                     dtype="float32")))
+    assert not (tmp_path / "out").exists()

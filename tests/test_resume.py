@@ -1,0 +1,150 @@
+"""packer.resume through convert(..., resume=True): which finished shards an interrupted run keeps,
+and which it writes again (files changed since, records of older packers)."""
+
+import hashlib
+import json
+
+import pytest
+from conftest import add_varied_files, write_image
+
+import packer.pipeline
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.discover import discover
+from packer.errors import OutputError
+from packer.manifest import MANIFEST_NAME
+from packer.output import staging_dir
+from packer.plan import plan_shards
+
+PRE = PreprocessConfig(size=(16, 12))
+
+
+def _interrupt_after_first_shard(tree, out, config) -> None:
+    """Run a conversion of ``tree`` (one worker, shards of 5) and stop it in its second shard."""
+    finished: list[int] = []
+
+    def stop_in_second_shard(n):
+        finished.append(n)
+        if sum(finished) > 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(tree, out, config, workers=1, progress=stop_in_second_shard)
+
+
+def test_resume_writes_again_a_finished_shard_whose_files_changed(image_tree, tmp_path, caplog):
+    """Each worker stamps its shard's files (size, times, inode) before reading them: a finished
+    shard whose files changed since is written again from the files as they are now, as an
+    uninterrupted run would; finished shards whose files did not change are kept."""
+    from packer.output import DONE_SUFFIX, read_plan
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    assert [p.name for p in staging_dir(out).glob(f"*{DONE_SUFFIX}")] == [f"shard-00000{DONE_SUFFIX}"]
+    assert read_plan(staging_dir(out))["sources"] == packer.pipeline.SOURCES_PER_SHARD
+    write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # in the finished shard
+    with caplog.at_level("WARNING", logger="packer"):
+        resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == 15  # all three shards: the finished one's file changed
+    assert "shard-00000: its source files changed since the interrupted run" in caplog.text
+    convert(image_tree, tmp_path / "fresh", config, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
+
+    out2 = tmp_path / "out2"
+    _interrupt_after_first_shard(image_tree, out2, config)
+    write_image(image_tree / "cat" / "img_005.png", (9, 9), seed=98)  # in the last shard, not finished
+    assert convert(image_tree, out2, config, workers=1, resume=True).processed == 10  # the finished shard is kept
+    convert(image_tree, tmp_path / "fresh2", config, workers=1)
+    assert (out2 / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh2" / MANIFEST_NAME).read_bytes()
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, changed):
+    """Older packers stamped every source file into the plan's fingerprint and their shard records
+    have no stamps: such a run resumes with its finished shards when no file changed, and is
+    refused when one did."""
+    from packer.output import DONE_SUFFIX, read_plan, write_plan
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    stage = staging_dir(out)
+    tasks = plan_shards(discover(image_tree).items, config.shard_size, 1.0)
+    plan = read_plan(stage)
+    write_plan(stage, {"fingerprint": packer.pipeline.plan_fingerprint(config, tasks, stamps=True),
+                       "workers": plan["workers"]})
+    record = stage / f"shard-00000{DONE_SUFFIX}"
+    older = json.loads(record.read_text())
+    del older["sources"]
+    record.write_text(json.dumps(older))
+    if changed:
+        write_image(image_tree / "cat" / "img_005.png", (9, 9), seed=99)  # even one in an unfinished shard
+        with pytest.raises(OutputError, match="changed since the interrupted run"):
+            convert(image_tree, out, config, workers=1, resume=True)
+    else:
+        assert convert(image_tree, out, config, workers=1, resume=True).processed == 10
+
+
+def _interrupt_in_second_shard(source, out, config) -> None:
+    """A one-worker run stopped as by Ctrl-C once its progress counts 8 files (with shards of 4
+    samples: in the second shard, the first one finished)."""
+    finished = []
+
+    def stop_in_second_shard(n):
+        finished.append(n)
+        if sum(finished) >= 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, out, config, workers=1, progress=stop_in_second_shard)
+
+
+@pytest.mark.parametrize("older_record", [False, True])
+def test_resume_keeps_the_statistics(image_tree, tmp_path, older_record):
+    """Finished shards' stats come back from their records; a record without them (an older
+    packer's) is not trusted and its shard is written again."""
+    from packer.output import DONE_SUFFIX
+
+    add_varied_files(image_tree)
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 12), auto_normalize=True), ShardSize(samples=4))
+    whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
+    out = tmp_path / "out"
+    _interrupt_in_second_shard(image_tree, out, config)
+    records = list(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
+    assert [p.name for p in records] == [f"shard-00000{DONE_SUFFIX}"]
+    if older_record:
+        d = json.loads(records[0].read_text())
+        del d["stats"]
+        records[0].write_text(json.dumps(d))
+    resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == (18 if older_record else 14)
+    assert resumed.manifest.stats == whole.stats and resumed.manifest.preprocess == whole.preprocess
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
+
+
+def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tree, tmp_path, caplog):
+    """Duplicates are found by comparing each source's digest across all shards, so a finished shard
+    recorded with older packers' SHA-256 prefixes is written again; the duplicate in it, of a file
+    in a later shard, is still reported."""
+    import shutil
+
+    from packer.output import DONE_SUFFIX
+
+    shutil.copy(image_tree / "ant" / "img_000.png", image_tree / "cat" / "img_099.png")  # in shards 0 and 3
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
+    whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
+    assert whole.duplicates == [["ant/img_000.png", "cat/img_099.png"]]
+    out = tmp_path / "out"
+    _interrupt_in_second_shard(image_tree, out, config)
+    record = staging_dir(out) / f"shard-00000{DONE_SUFFIX}"
+    d = json.loads(record.read_text())
+    assert d["digest"] == "xxh3-128"
+    del d["digest"]
+    d["digests"] = [hashlib.sha256((image_tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
+    record.write_text(json.dumps(d))
+    resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == 16  # every shard, the first one again
+    assert "shard-00000: recorded by an older packer (sha256-128 source digests); writing it again" in caplog.text
+    assert resumed.manifest.duplicates == whole.duplicates
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()

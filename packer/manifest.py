@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -281,6 +282,21 @@ def parse_manifest(
     if expect_format is not None and manifest.format != expect_format:
         raise ManifestError(f"{directory} holds the {manifest.format} format, not {expect_format}")
     return manifest
+
+
+def unsafe_file(path: Path, root: Path) -> Optional[str]:
+    """Why a file an output lists must not be opened, or None: a FIFO or device would block or
+    feed any reader forever, a folder is not a shard file, and a symbolic link may point outside
+    the output (the manifest's names are plain files inside it). A missing file is not unsafe."""
+    try:
+        if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+            return "is a symbolic link to a file outside the output"
+        st = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a FIFO, device or folder)"
+    return None
 
 
 def file_entry(directory: Path, relpath: str, sha256: Optional[str] = None) -> FileEntry:

@@ -26,11 +26,21 @@ def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None)
     if isinstance(source, Path):
         try:
             with open(source, "rb") as f:
-                yield from _grouped(tarfile.open(fileobj=f, mode="r:"), name, f)
+                yield from _grouped(_open_tar(f, "r:", name), name, f)
         except OSError as e:
             raise ManifestError(f"{name} cannot be read ({e.strerror}); the shard is damaged") from None
     else:
-        yield from _grouped(tarfile.open(fileobj=source, mode="r|"), name, None)
+        yield from _grouped(_open_tar(source, "r|", name), name, None)
+
+
+def _open_tar(f: IO[bytes], mode: str, name: str) -> tarfile.TarFile:
+    """``tarfile.open`` reads the first header at once: a damaged one is a packer error naming the
+    shard too, like every later one (``_grouped``), never a bare ReadError."""
+    try:
+        return tarfile.open(fileobj=f, mode=mode)
+    except (tarfile.TarError, EOFError) as e:
+        raise ManifestError(f"{name} is not a complete tar file ({e or type(e).__name__}); the shard is damaged") \
+            from None
 
 
 def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterator[dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer.codecs import decode_image
-from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of
+from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of, unsafe_file
 from packer.records import StoredSample, TextField, stored_crc32
 from packer.registry import FORMATS
 from packer.sample_layout import SampleLayout
@@ -55,6 +55,8 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
     for shard in manifest.shards:
         file_problems = check_files(root, shard)
         problems += file_problems
+        if any(unsafe_file(root / f.path, root) for f in shard.files):
+            continue  # reported by check_files; reading it could block forever or leave the output
         if FORMATS[manifest.format].whole_file and any("truncated" in p.message for p in file_problems):
             # LMDB memory-maps its file (reading past the end of a cut file kills the process with
             # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
@@ -140,6 +142,10 @@ def check_files(root: Path, shard: ShardEntry) -> list[Problem]:
     problems = []
     for f in shard.files:
         path = root / f.path
+        unsafe = unsafe_file(path, root)
+        if unsafe:
+            problems.append(Problem(shard.name, f"{f.path} {unsafe}"))
+            continue
         if not path.is_file():
             problems.append(Problem(shard.name, f"{f.path} is missing"))
             continue

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from packer.errors import ConfigError, ManifestError
+from packer.manifest import unsafe_file
 from packer.records import TextField
 from packer.sample_layout import SampleLayout
 from packer.text import TOKEN_DTYPE
@@ -100,6 +101,9 @@ class ReaderBase:
         on the first read past its end, instead of raising an error.
         """
         p = self.root / relpath
+        unsafe = unsafe_file(p, self.root)
+        if unsafe:
+            raise ManifestError(f"{p} {unsafe}; the output is damaged: run packer verify {self.root}")
         try:
             size = p.stat().st_size
         except OSError:

@@ -164,10 +164,15 @@ class PackedDataset(ReaderBase, Dataset):
 
     @contextlib.contextmanager
     def _reading(self, shard: int):
-        """Turn any failure to read a shard into one ManifestError naming its files."""
+        """Turn any failure to read a shard into one ManifestError naming its files.
+
+        An IndexError here too: the index was checked against the manifest before (``locate``,
+        ``_by_shard``), so it means a shard holds fewer samples than recorded, and an IndexError
+        would end a ``for`` loop over the dataset early as if that were its end.
+        """
         try:
             yield
-        except (ManifestError, IndexError):
+        except ManifestError:
             raise
         except Exception as e:  # noqa: BLE001 - numpy, h5py, lmdb each raise their own types
             files = ", ".join(str(self.root / f.path) for f in self.manifest.shards[shard].files)

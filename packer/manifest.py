@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -99,15 +100,16 @@ class Manifest:
         """Parse and check a manifest; ManifestError names ``where`` and what is wrong."""
         try:
             shards = [
-                ShardEntry(s["name"], int(s["samples"]),
-                           [FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in s["files"]])
+                ShardEntry(s["name"], _whole(s["samples"], "a shard's samples", where),
+                           [FileEntry(f["path"], _whole(f["bytes"], "a file's bytes", where), f["sha256"])
+                            for f in s["files"]])
                 for s in d["shards"]
             ]
             m = cls(
                 format=d["format"],
-                format_version=int(d["format_version"]),
+                format_version=_whole(d["format_version"], "format_version", where, least=1),
                 packer_version=d.get("packer_version", "?"),
-                samples=int(d["samples"]),
+                samples=_whole(d["samples"], "samples", where),
                 classes=d.get("classes"),
                 fields=d["fields"],
                 preprocess=d["preprocess"],
@@ -123,6 +125,7 @@ class Manifest:
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
         _check_layout(m, where)
+        _check_shards(m, where)
         total = sum(s.samples for s in m.shards)
         if total != m.samples:
             raise ManifestError(f"{where}: shard sample counts add up to {total}, not {m.samples}")
@@ -158,6 +161,38 @@ class Manifest:
         return offsets
 
 
+def _whole(value: Any, what: str, where: str, least: int = 0) -> int:
+    """``value`` when it is a whole number of at least ``least`` as JSON writes one (not "40", 40.7
+    or true), else ManifestError: a count read loosely would make a reader misplace samples."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ManifestError(f"{where}: {what} {value!r} is not a whole number of at least {least}; "
+                            "the manifest is damaged")
+    return value
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_shards(m: "Manifest", where: str) -> None:
+    """Each shard once, each file once, checksums that are SHA-256s, and no shard holding more
+    samples than it has bytes (every format stores at least a label per sample)."""
+    names = [s.name for s in m.shards]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ManifestError(f"{where}: shard {', '.join(twice)} is listed more than once; the manifest is damaged")
+    paths = [f.path for s in m.shards for f in s.files]
+    if len(set(paths)) != len(paths):
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        raise ManifestError(f"{where}: file {', '.join(twice)} is listed more than once; the manifest is damaged")
+    for shard in m.shards:
+        for f in shard.files:
+            if not isinstance(f.sha256, str) or not _SHA256.fullmatch(f.sha256):
+                raise ManifestError(f"{where}: {f.path} has no SHA-256 (64 hex digits); the manifest is damaged")
+        if shard.samples > sum(f.bytes for f in shard.files):
+            raise ManifestError(f"{where}: shard {shard.name} cannot hold {shard.samples} samples in "
+                                f"{sum(f.bytes for f in shard.files)} bytes; the manifest is damaged")
+
+
 def _check_layout(m: "Manifest", where: str) -> None:
     """Types and names a reader relies on: plain file names inside the output, a known image dtype."""
     for shard in m.shards:
@@ -173,8 +208,25 @@ def _check_layout(m: "Manifest", where: str) -> None:
         _check_image_field(m, where)
     if not isinstance(m.preprocess, dict):
         raise ManifestError(f"{where}: preprocess is not an object")
+    _check_normalize(m.preprocess.get("normalize"), where)
     if m.stats is not None and not isinstance(m.stats, dict):
         raise ManifestError(f"{where}: stats is not an object")
+
+
+def _check_normalize(norm: Any, where: str) -> None:
+    """The normalization readers apply: per-channel means and positive stds, finite numbers (a std of
+    0 would turn every batch into NaN), or none, or ``auto`` not yet computed."""
+    if norm is None or norm == "auto":
+        return
+    mean, std = (norm.get("mean"), norm.get("std")) if isinstance(norm, dict) else (None, None)
+    if not isinstance(mean, (list, tuple)) or not isinstance(std, (list, tuple)):
+        mean = std = ()
+    numbers = [v for v in (*mean, *std) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if (not mean or len(mean) != len(std)
+            or len(numbers) != 2 * len(mean) or not all(math.isfinite(v) for v in numbers)
+            or not all(v > 0 for v in std)):
+        raise ManifestError(f"{where}: preprocess.normalize {norm!r} is not per-channel finite means and positive "
+                            "stds; the manifest is damaged")
 
 
 def _check_text_fields(m: "Manifest", where: str) -> None:

@@ -1,6 +1,7 @@
 """The manifest: writing, reading, and refusing anything damaged, foreign or too new."""
 
 import json
+import re
 
 import pytest
 
@@ -304,3 +305,37 @@ def test_shard_file_names_must_be_plain(tmp_path, name):
     (tmp_path / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(ManifestError, match="not a plain name"):
         read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d["shards"].append(d["shards"][0]), "shard-00000 is listed more than once"),
+    (lambda d: d["shards"][0]["files"].append(d["shards"][1]["files"][0]), "is listed more than once"),
+    (lambda d: d["shards"][0].update(samples=-1), "a shard's samples -1 is not a whole number"),
+    (lambda d: d["shards"][0].update(samples="4"), "a shard's samples '4' is not a whole number"),
+    (lambda d: d["shards"][0].update(samples=4.7), "a shard's samples 4.7 is not a whole number"),
+    (lambda d: d["shards"][0].update(samples=True), "a shard's samples True is not a whole number"),
+    (lambda d: (d["shards"][0].update(samples=10**18), d.update(samples=10**18 + 6)),
+     "cannot hold 1000000000000000000 samples in 100 bytes"),
+    (lambda d: d.update(format_version=-1), "format_version -1 is not a whole number of at least 1"),
+    (lambda d: d.update(format_version=0), "format_version 0 is not a whole number of at least 1"),
+    (lambda d: d["shards"][0]["files"][0].update(bytes=-5), "a file's bytes -5 is not a whole number"),
+    (lambda d: d["shards"][0]["files"][0].update(sha256="abc"), "has no SHA-256"),
+    (lambda d: d["preprocess"].update(normalize={"mean": [0.5], "std": [0.0]}), "positive stds"),
+    (lambda d: d["preprocess"].update(normalize={"mean": [0.5, 0.5], "std": [0.2]}), "positive stds"),
+    (lambda d: d["preprocess"].update(normalize={"mean": ["x"], "std": [0.2]}), "finite means"),
+    (lambda d: d["preprocess"].update(normalize=7), "finite means"),
+])
+def test_the_manifests_numbers_are_checked_as_strictly_as_its_names(tmp_path, damage, message):
+    d = sample_manifest().to_dict()
+    damage(d)
+    path = write_raw(tmp_path, d)
+    with pytest.raises(ManifestError, match=re.escape(message)) as exc:
+        read_manifest(tmp_path)
+    assert str(path) in str(exc.value)
+
+
+def test_a_computed_normalization_and_none_pass():
+    for norm in (None, "auto", {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.25]}):
+        d = sample_manifest().to_dict()
+        d["preprocess"]["normalize"] = norm
+        assert Manifest.from_dict(d).preprocess["normalize"] == norm

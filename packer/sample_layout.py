@@ -146,12 +146,11 @@ class SampleLayout:
         out["key"] = {"dtype": "str", "shape": []}
         return out
 
-    def check_image(self, image: Optional[np.ndarray], where: str = "") -> None:
+    def check_image(self, image: Optional[np.ndarray]) -> None:
         """ValueError unless there is an ``image`` of this layout's shape (any shape when sizes vary)."""
         if image is None or (self.shape is not None and image.shape != self.shape):
             found = None if image is None else image.shape
-            prefix = f"{where}: " if where else ""
-            raise ValueError(f"{prefix}image of shape {found} in a shard of shape {self.shape}")
+            raise ValueError(f"image of shape {found} in a shard of shape {self.shape}")
 
     @classmethod
     def from_config(cls, config, fields: Sequence[str]) -> "SampleLayout":

@@ -40,6 +40,19 @@ def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 
 
 
 
+def pack_every_format(tmp_path_factory, classes: dict[str, int], preprocess, samples_per_shard: int) -> dict:
+    """A ``make_tree`` of ``classes`` converted into every format with ``samples_per_shard``: format -> output."""
+    from packer import ConvertConfig, convert
+    from packer.config import ShardSize
+
+    src = tmp_path_factory.mktemp("src") / "images"
+    make_tree(src, classes)
+    out = tmp_path_factory.mktemp("out")
+    for fmt in FORMATS:
+        convert(src, out / fmt, ConvertConfig(fmt, preprocess, ShardSize(samples=samples_per_shard)), workers=2)
+    return {fmt: out / fmt for fmt in FORMATS}
+
+
 def add_varied_files(root: Path) -> None:
     """Originals in more size bins (a wide and a tall one) and a file every run skips."""
     write_image(root / "ant" / "wide.png", (300, 20), seed=5)

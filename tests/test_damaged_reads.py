@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FORMATS, make_tree
+from conftest import FORMATS, pack_every_format
 
-from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ShardSize
+from packer import PreprocessConfig
 from packer.errors import ManifestError
 from packer.manifest import read_manifest
 from packer.verify import verify
@@ -27,12 +26,7 @@ PRE = PreprocessConfig(size=(16, 12))
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, Path]:
     """20 images in 2 shards of 10, in every format."""
-    src = tmp_path_factory.mktemp("src") / "images"
-    make_tree(src, {"ant": 10, "bee": 10})
-    out = tmp_path_factory.mktemp("out")
-    for fmt in FORMATS:
-        convert(src, out / fmt, ConvertConfig(fmt, PRE, ShardSize(samples=10)), workers=2)
-    return {fmt: out / fmt for fmt in FORMATS}
+    return pack_every_format(tmp_path_factory, {"ant": 10, "bee": 10}, PRE, 10)
 
 
 def damaged_copy(outputs, fmt: str, tmp_path: Path) -> Path:

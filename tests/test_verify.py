@@ -11,7 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import FORMATS, make_tree
+from conftest import FORMATS, make_tree, pack_every_format
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -26,12 +26,7 @@ from packer.verify import verify
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, Path]:
-    src = tmp_path_factory.mktemp("src") / "images"
-    make_tree(src, {"a": 6, "b": 6})
-    out = tmp_path_factory.mktemp("out")
-    for fmt in FORMATS:
-        convert(src, out / fmt, ConvertConfig(fmt, PreprocessConfig(size=(32, 24)), ShardSize(samples=6)), workers=2)
-    return {fmt: out / fmt for fmt in FORMATS}
+    return pack_every_format(tmp_path_factory, {"a": 6, "b": 6}, PreprocessConfig(size=(32, 24)), 6)
 
 
 def damaged_copy(outputs, fmt, tmp_path) -> tuple[Path, Path]:

@@ -14,7 +14,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -101,8 +101,7 @@ class Manifest:
         try:
             shards = [
                 ShardEntry(s["name"], _whole(s["samples"], "a shard's samples", where),
-                           [FileEntry(f["path"], _whole(f["bytes"], "a file's bytes", where), f["sha256"])
-                            for f in s["files"]])
+                           [_file_entry(f, where) for f in s["files"]])
                 for s in d["shards"]
             ]
             m = cls(
@@ -168,6 +167,14 @@ def _whole(value: Any, what: str, where: str, least: int = 0) -> int:
         raise ManifestError(f"{where}: {what} {value!r} is not a whole number of at least {least}; "
                             "the manifest is damaged")
     return value
+
+
+def _file_entry(d: dict, where: str) -> FileEntry:
+    """One file record of the manifest, its numbers checked."""
+    crc = d.get("structure_crc32")
+    if crc is not None and _whole(crc, "a file's structure_crc32", where) >= 1 << 32:
+        raise ManifestError(f"{where}: structure_crc32 {crc} is not a CRC-32; the manifest is damaged")
+    return FileEntry(d["path"], _whole(d["bytes"], "a file's bytes", where), d["sha256"], crc)
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -351,11 +358,14 @@ def unsafe_file(path: Path, root: Path) -> Optional[str]:
     return None
 
 
-def file_entry(directory: Path, relpath: str, sha256: Optional[str] = None) -> FileEntry:
+def file_entry(directory: Path, relpath: str, sha256: Optional[str] = None,
+               structure: Optional[Callable[[Path], int]] = None) -> FileEntry:
     """Size and SHA-256 of one written file, for the manifest (the file is read for its SHA-256
-    unless the writer hashed it as it wrote it: ``sha256``)."""
+    unless the writer hashed it as it wrote it: ``sha256``), and its structure checksum when the
+    format has one (``structure``, see FormatSpec)."""
     path = directory / relpath
-    return FileEntry(relpath, path.stat().st_size, sha256 or sha256_of(path))
+    return FileEntry(relpath, path.stat().st_size, sha256 or sha256_of(path),
+                     structure(path) if structure is not None else None)
 
 
 def sha256_of(path: str | os.PathLike) -> str:

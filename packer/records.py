@@ -166,15 +166,29 @@ class ShardTask:
 
 @dataclass
 class FileEntry:
-    """One file of a shard, as the manifest records it."""
+    """One file of a shard, as the manifest records it.
+
+    ``structure_crc32``, for formats whose library trusts what it finds in the file (LMDB): the
+    checksum of the parts it follows to find a record (``FormatSpec.structure``), which readers
+    compare before the library opens the file; None for other formats and older outputs."""
 
     path: str
     bytes: int
     sha256: str
+    structure_crc32: Optional[int] = None
 
     def to_dict(self) -> dict:
         """The manifest's form of this record."""
-        return {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+        d: dict = {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
+        if self.structure_crc32 is not None:
+            d["structure_crc32"] = self.structure_crc32
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FileEntry":
+        """Inverse of ``to_dict`` (not checked: ``Manifest.from_dict`` checks the manifest's)."""
+        crc = d.get("structure_crc32")
+        return cls(d["path"], int(d["bytes"]), d["sha256"], None if crc is None else int(crc))
 
 
 @functools.cache
@@ -272,7 +286,7 @@ class ShardResult:
         """Inverse of ``to_dict``. KeyError for a record without ``stats`` (an older packer's), whose
         shard --resume then writes again."""
         return cls(
-            d["name"], int(d["samples"]), [FileEntry(f["path"], int(f["bytes"]), f["sha256"]) for f in d["files"]],
+            d["name"], int(d["samples"]), [FileEntry.from_dict(f) for f in d["files"]],
             [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
             list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
             str(d.get("digest", "sha256-128")),

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 from packer.errors import ConfigError
 from packer.sample_layout import ENCODED_IMAGES, NO_IMAGE, TEXT_FIELDS, VARIABLE_RAW, SampleLayout
+from packer.shard_names import HDF5_FLAT_KEYS_SINCE
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -40,10 +41,13 @@ class FormatSpec:
     """Everything packer knows of one format.
 
     ``since`` maps each layout feature the format stores to the oldest format version that
-    describes it; a feature it does not list, it cannot store. ``whole_file`` formats keep a shard
+    describes it; a feature it does not list, it cannot store. ``oldest_written`` is the oldest
+    version written for any output (a change every output of the format took). ``whole_file`` formats keep a shard
     in one file that their library memory-maps whole (``verify`` scans a truncated one from a padded
     copy); ``random_access`` formats are read map-style (any sampler, ``in_memory``), the others as
-    streams.
+    streams. ``structure`` names a function ``(path) -> int`` that checksums the parts of a shard
+    file its library trusts (``packer.lmdb_pages``): recorded at conversion, compared by readers
+    before the library opens the file.
     """
 
     name: str
@@ -51,13 +55,15 @@ class FormatSpec:
     scanner: str
     reader: str
     since: Mapping[str, int] = field(default_factory=dict)
+    oldest_written: int = 1
     whole_file: bool = False
     random_access: bool = True
+    structure: str = ""
 
     @property
     def newest(self) -> int:
         """The newest on-disk version of this format that this packer writes and reads."""
-        return max((1, *self.since.values()))
+        return max((self.oldest_written, *self.since.values()))
 
     def version(self, layout: SampleLayout) -> int:
         """The version written for an output of ``layout``: the oldest that describes it (as numpy
@@ -65,7 +71,7 @@ class FormatSpec:
         missing = sorted(layout.features() - set(self.since))
         if missing:
             raise ConfigError(f"the {self.name} format cannot store {', '.join(missing)}; choose another --format")
-        return max((1, *(self.since[f] for f in layout.features())))
+        return max((self.oldest_written, *(self.since[f] for f in layout.features())))
 
     def writer_class(self) -> "type[ShardWriter]":
         """The class that writes one shard of this format."""
@@ -74,6 +80,10 @@ class FormatSpec:
     def scan(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout) -> "Iterator[StoredSample]":
         """Every sample of one shard, in order, read back with the format's stock library (``verify``)."""
         return resolve(self.scanner)(directory, shard, layout)
+
+    def structure_checksum(self) -> "Optional[Callable[[Path], int]]":
+        """The function that checksums a shard file's structure (see the class), or None."""
+        return resolve(self.structure) if self.structure else None
 
     def reader_class(self) -> type:
         """The ``readers`` Dataset class of this format (imports ``readers``: call it from there)."""
@@ -92,9 +102,11 @@ FORMATS: dict[str, FormatSpec] = {
         FormatSpec("npy", "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard",
                    "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE}),
         FormatSpec("lmdb", "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard",
-                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1}, whole_file=True),
+                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1}, whole_file=True,
+                   structure="packer.lmdb_pages:structure_crc32"),
         FormatSpec("hdf5", "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard",
-                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE}, whole_file=True),
+                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE},
+                   oldest_written=HDF5_FLAT_KEYS_SINCE, whole_file=True),
         FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
                    "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1}, random_access=False),
     )

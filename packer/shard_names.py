@@ -21,7 +21,7 @@ NPY_IMAGE_SHAPES = ".images.shapes.npy"
 
 HDF5_SUFFIX = ".h5"
 HDF5_IMAGES, HDF5_LABELS, HDF5_KEYS, HDF5_CRC32 = "images", "labels", "keys", "crc32"
-"""Dataset names inside an HDF5 shard."""
+"""Dataset names inside an HDF5 shard (``keys``: format versions 1 to 3 only)."""
 
 
 def hdf5_varlen_names(field: str) -> tuple[str, str]:
@@ -31,6 +31,12 @@ def hdf5_varlen_names(field: str) -> tuple[str, str]:
 
 
 HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS = hdf5_varlen_names("images")
+HDF5_KEY_BYTES, HDF5_KEY_OFFSETS = hdf5_varlen_names("keys")
+"""Where an HDF5 shard of format version 4 or later keeps its keys: a variable-length field of
+their UTF-8 bytes. Earlier versions hold ``keys``, variable-length strings, which live in HDF5's
+global heap, where one damaged length sends libhdf5 into an endless loop."""
+HDF5_FLAT_KEYS_SINCE = 4
+"""The hdf5 format version that moved keys off the global heap (``HDF5_KEY_BYTES``)."""
 """Where encoded (jpeg, png) images, or raw images of varying sizes, go in an HDF5 shard, instead of
 ``images``."""
 

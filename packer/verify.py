@@ -25,6 +25,10 @@ from packer.records import StoredSample, TextField, stored_crc32
 from packer.registry import FORMATS
 from packer.sample_layout import SampleLayout
 
+STALL_SECONDS = 60.0
+"""How long a shard's scan may go without finishing a sample before verify stops it and reports the
+shard: a sample takes milliseconds; a library looping on damaged data would take forever."""
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -93,7 +97,9 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
 
 def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress, labels: list[int]) -> list[Problem]:
     """check_samples in a child process where the platform forks: a damaged LMDB or HDF5 file can
-    crash its library (SIGBUS, SIGSEGV), and verify must report that, not die of it."""
+    crash its library (SIGBUS, SIGSEGV) or send it into an endless loop (a damaged HDF5 heap), and
+    verify must report either, not die or hang with it. A child that sends no word for
+    ``STALL_SECONDS`` (it reports each sample as it goes) is killed and the shard reported."""
     if sys.platform != "linux":
         return check_samples(root, manifest, shard, progress, labels)
     ctx = mp.get_context("fork")
@@ -102,15 +108,25 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     proc.start()
     send.close()
     result = None
+    done = 0
     try:
         while result is None:
+            if not receive.poll(STALL_SECONDS):
+                proc.kill()
+                proc.join()
+                return [Problem(shard.name, f"unreadable: the {manifest.format} library made no progress for "
+                                f"{STALL_SECONDS:g} s after sample {done} (stopped); the shard is damaged", done)]
             kind, value = receive.recv()
-            if kind == "progress" and progress is not None:
-                progress(value)
+            if kind == "progress":
+                done += value
+                if progress is not None:
+                    progress(value)
             elif kind == "done":
                 result = value
     except EOFError:
         pass
+    finally:
+        receive.close()
     proc.join()
     if result is None:
         code = proc.exitcode or 0

@@ -321,6 +321,7 @@ def write_shard(
         raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
     if report is not None and pending:
         report(pending)
-    result.files = [file_entry(directory, name, writer.digests.get(name)) for name in files]
+    structure = get_format(job.format).structure_checksum()
+    result.files = [file_entry(directory, name, writer.digests.get(name), structure) for name in files]
     result.sources = sources.hexdigest()
     return result

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from packer.errors import ConfigError, ManifestError
-from packer.manifest import unsafe_file
-from packer.records import TextField
+from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
+from packer.records import FileEntry, TextField
+from packer.registry import FORMATS, resolve
 from packer.sample_layout import SampleLayout
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
@@ -26,6 +27,45 @@ from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
 Transform = Callable[[torch.Tensor], Any]
+
+
+_CHECKED: set[tuple] = set()
+"""Files this process has checked (``check_file``), by identity: each is checked once, not at each
+open (an epoch of a wds output opens every shard again)."""
+
+
+def output_identity(root: Any) -> Optional[tuple]:
+    """What tells a local output apart from one written in its place later: its manifest's inode,
+    size and modification time (a new conversion replaces the folder, so all of them change).
+    None for URLs; ``("missing",)`` when the manifest is gone."""
+    if is_url(root):
+        return None
+    try:
+        st = os.stat(Path(root) / MANIFEST_NAME)
+    except OSError:
+        return ("missing",)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> None:
+    """Check a shard file before its first read in this process: its SHA-256 with ``verify``,
+    else its structure checksum when the format records one (``structure`` names the function,
+    see FormatSpec). ManifestError naming the file when it differs."""
+    if not verify and (not structure or entry.structure_crc32 is None):
+        return
+    st = path.stat()
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, verify)
+    if key in _CHECKED or (not verify and key[:-1] + (True,) in _CHECKED):
+        return
+    if verify:
+        if sha256_of(path) != entry.sha256:
+            raise ManifestError(f"{path} has changed: its SHA-256 does not match the manifest; the output is "
+                                f"damaged, run packer verify {path.parent}")
+    elif resolve(structure)(path) != entry.structure_crc32:
+        raise ManifestError(f"{path} is damaged where its library looks up records (its structure checksum does not "
+                            f"match the manifest): reading it could crash this process, so it is refused. Run "
+                            f"packer verify {path.parent}")
+    _CHECKED.add(key)
 
 
 def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = ()):
@@ -54,6 +94,13 @@ class ReaderBase:
     ``transform`` is applied to the image tensor (random augmentation at training time);
     ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
     sample's position in the output, its source path relative to the converted folder, its label.
+
+    Each shard file is checked when a process first opens it: its size against the manifest (and,
+    for LMDB, the checksum of the pages LMDB follows, so a damaged file is refused instead of
+    crashing the process), and that the output is still the one this dataset opened (an output
+    replaced since, by ``packer convert --overwrite``, is an error, never a mix of the two).
+    ``verify=True`` also checks each file's SHA-256 against the manifest before its first read
+    (about a second per GB from the page cache): no damaged byte is ever read.
     """
 
     format_name: str = ""
@@ -66,20 +113,25 @@ class ReaderBase:
         normalize: bool = True,
         transform: Optional[Transform] = None,
         return_meta: bool = False,
+        verify: bool = False,
     ) -> None:
         if is_url(root) and not self.reads_urls:
             raise ConfigError(f"{type(self).__name__} reads local folders only ({root} is a URL): the "
                               f"{self.format_name} format needs random access. Copy the output to a local disk, "
                               "or convert with --format wds, whose shards stream from URLs")
+        if is_url(root) and verify:
+            raise ConfigError("verify=True checks local shard files before they are read; streamed shards are "
+                              "always checked against the manifest's size and SHA-256 as they arrive")
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
-        self.manifest = open_manifest(self.root, expect_format=self.format_name or None)
+        self.manifest, self._identity = self._open_manifest()
+        self.verify = bool(verify)
         self.convert = ImageConverter(self.manifest, normalize)
         self.transform = transform
         self.return_meta = return_meta
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
         self._offsets = self.manifest.shard_offsets
-        self._sizes = {f.path: f.bytes for shard in self.manifest.shards for f in shard.files}
+        self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
 
@@ -94,12 +146,34 @@ class ReaderBase:
             return claimed
         return None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None, shared=self.shared_batches)
 
-    def path(self, relpath: str) -> Path:
-        """Path of a shard file named in the manifest, checked to exist with its recorded size.
+    def _open_manifest(self) -> tuple[Manifest, Optional[tuple]]:
+        """The manifest and the identity of the output it was read from (None for URLs), read
+        again if the output was replaced while it was being read."""
+        for _ in range(3):
+            before = output_identity(self.root)
+            manifest = open_manifest(self.root, expect_format=self.format_name or None)
+            if before == output_identity(self.root):
+                return manifest, before
+        raise ManifestError(f"{self.root} keeps changing while it is opened (is a conversion writing it?)")
 
-        The size check matters: memory-mapping a cut file (LMDB does) kills the process with SIGBUS
-        on the first read past its end, instead of raising an error.
+    def check_unchanged(self) -> None:
+        """ManifestError when the output is no longer the one this dataset opened (replaced by a new
+        conversion, or removed): its files must not be mixed with the ones already read."""
+        if self._identity is not None and output_identity(self.root) != self._identity:
+            raise ManifestError(f"{self.root} was replaced or removed after this dataset was opened: its shard files "
+                                "are no longer the ones its manifest lists. Open the dataset again to read the new "
+                                "output")
+
+    def path(self, relpath: str) -> Path:
+        """Path of a shard file named in the manifest, checked before its first use in a process:
+        a regular file inside the output, of the recorded size, of the output this dataset opened;
+        the structure checksum the manifest records (LMDB), or with ``verify=True`` the SHA-256.
+
+        The size and structure checks matter: LMDB memory-maps its file, and a read past the end
+        of a cut file, or through a damaged page number, kills the process with SIGBUS instead of
+        raising an error. Call ``check_unchanged`` again once the file is open.
         """
+        self.check_unchanged()
         p = self.root / relpath
         unsafe = unsafe_file(p, self.root)
         if unsafe:
@@ -108,11 +182,13 @@ class ReaderBase:
             size = p.stat().st_size
         except OSError:
             raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
-        if size != self._sizes.get(relpath, size):
-            raise ManifestError(
-                f"{p} is {size} bytes but the manifest says {self._sizes[relpath]}: the file is damaged; "
-                "run packer verify"
-            )
+        entry = self._files.get(relpath)
+        if entry is None:
+            return p  # not a shard file of the manifest (nothing to compare)
+        if size != entry.bytes:
+            raise ManifestError(f"{p} is {size} bytes but the manifest says {entry.bytes}: the file is damaged; "
+                                f"run packer verify {self.root}")
+        check_file(p, entry, self.verify, FORMATS[self.manifest.format].structure)
         return p
 
     @property

@@ -18,7 +18,16 @@ from packer.codecs import decode_image, raw_image
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
-from packer.shard_names import HDF5_IMAGE_SHAPES, HDF5_IMAGES, HDF5_KEYS, HDF5_LABELS, HDF5_SUFFIX, hdf5_varlen_names
+from packer.shard_names import (
+    HDF5_IMAGE_SHAPES,
+    HDF5_IMAGES,
+    HDF5_KEY_BYTES,
+    HDF5_KEY_OFFSETS,
+    HDF5_KEYS,
+    HDF5_LABELS,
+    HDF5_SUFFIX,
+    hdf5_varlen_names,
+)
 from readers.mapstyle import PackedDataset
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
@@ -35,6 +44,7 @@ class _Hdf5Shard(NamedTuple):
     nbytes: int = 0  # of one image
     text: dict = {}  # field: (flat bytes dataset, N + 1 offsets)
     shapes: Optional[np.ndarray] = None  # N x 3, raw images of varying sizes (stored like encoded ones)
+    flat_keys: bool = True  # keys as UTF-8 bytes (format version 4 on), else HDF5 strings
 
 
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
@@ -71,21 +81,22 @@ class Hdf5Dataset(PackedDataset):
             return f[data], f[offsets][:]
 
         text = {t.name: varlen(t.name) for t in self.text_fields}
+        keys = HDF5_KEY_BYTES in f
         kind = self.layout.image
         if kind is ImageStorage.NONE:
-            return _Hdf5Shard(f, None, None, text=text)
+            return _Hdf5Shard(f, None, None, text=text, flat_keys=keys)
         if kind is ImageStorage.ENCODED:
-            return _Hdf5Shard(f, *varlen("images"), text=text)
+            return _Hdf5Shard(f, *varlen("images"), text=text, flat_keys=keys)
         if kind is ImageStorage.VARIABLE:
-            return _Hdf5Shard(f, *varlen("images"), text=text, shapes=f[HDF5_IMAGE_SHAPES][:])
+            return _Hdf5Shard(f, *varlen("images"), text=text, shapes=f[HDF5_IMAGE_SHAPES][:], flat_keys=keys)
         images = f[HDF5_IMAGES]
         chunks = chunk_offsets(images)
         if chunks is None:
-            return _Hdf5Shard(f, images, None, text=text)
+            return _Hdf5Shard(f, images, None, text=text, flat_keys=keys)
         shape = images.shape[1:]
         mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # plain ndarray: cheaper to index
         nbytes = images.dtype.itemsize * int(np.prod(shape))
-        return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text)
+        return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text, flat_keys=keys)
 
     def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
         if handle.mapped is not None:
@@ -109,7 +120,10 @@ class Hdf5Dataset(PackedDataset):
         return np.diff(handle.text[field.name][1]) // field.itemsize
 
     def read_key(self, handle: _Hdf5Shard, local: int) -> str:
-        return handle.file[HDF5_KEYS].asstr()[local]
+        if not handle.flat_keys:  # format versions 1 to 3: strings in HDF5's global heap
+            return handle.file[HDF5_KEYS].asstr()[local]
+        start, end = handle.file[HDF5_KEY_OFFSETS][local:local + 2]  # read when asked: return_meta only
+        return bytes(handle.file[HDF5_KEY_BYTES][start:end]).decode("utf-8")
 
     def close_shard(self, handle: _Hdf5Shard) -> None:
         handle.file.close()

@@ -257,7 +257,13 @@ class PackedDataset(ReaderBase, Dataset):
         if handle is None:
             while len(self._handles) >= self.max_open_shards:
                 self.close_shard(self._handles.popitem(last=False)[1])
-            handle = self._handles[shard] = self.open_shard(self.manifest.shards[shard])
+            handle = self.open_shard(self.manifest.shards[shard])
+            try:
+                self.check_unchanged()  # after the open: the files open now are the manifest's, or this fails
+            except ManifestError:
+                self.close_shard(handle)
+                raise
+            self._handles[shard] = handle
         else:
             self._handles.move_to_end(shard)
         return handle

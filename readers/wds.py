@@ -123,13 +123,24 @@ class WdsDataset(ReaderBase, IterableDataset):
             samples = iter_remote_tar(self.root, next(f for f in entry.files if f.path == relpath), self.cache_dir)
         else:
             path = self.path(relpath)
-            samples = iter_tar_samples(path)
+            samples = self._local_tar(path)
         local = 0
         for fields in samples:
             yield self._offsets[shard] + local, fields, str(path)
             local += 1
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
+
+    def _local_tar(self, path) -> Iterator[dict]:
+        """The samples of a local tar shard; the output is checked to be the one this dataset
+        opened once the file is open (before its first sample is used), so no sample of a newer
+        output written in its place is ever passed on."""
+        checked = False
+        for fields in iter_tar_samples(path):
+            if not checked:
+                self.check_unchanged()
+                checked = True
+            yield fields
 
     def _side_file(self, shard: ShardEntry, suffix: str):
         """A small file of a shard, to read: local (size checked), or fetched whole from the URL root

@@ -52,7 +52,11 @@ def stored(out: Path, manifest: Manifest) -> list[Row]:
             part = [(str(k), int(lab), np.array(im)) for k, lab, im in zip(keys, labels, images)]
         elif manifest.format == "hdf5":
             with h5py.File(out / shard.file(".h5"), "r") as f:
-                keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
+                if "keys_bytes" in f:  # format version 4 on: UTF-8 bytes and offsets
+                    o, flat = f["keys_offsets"][:], f["keys_bytes"][:]
+                    keys = [flat[a:b].tobytes().decode("utf-8") for a, b in zip(o, o[1:])]
+                else:
+                    keys = list(f["keys"].asstr()[:]) if len(f["keys"]) else []
                 if codec == "raw" and "images_shapes" in f:  # sizes vary: bytes, offsets, shapes
                     o, flat, shapes = f["images_offsets"][:], f["images_bytes"][:], f["images_shapes"][:]
                     dtype = manifest.fields["image"]["dtype"]

@@ -1,23 +1,30 @@
 """Damaged or replaced outputs on the read side: a clear packer error, in bounded time, never a bare
-library error, a hang, or a short read that looks like the end (issue 25, first cases)."""
+library error, a hang, a crash, or a short read that looks like the end (issue 25)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
-from conftest import FORMATS, pack_every_format
+import torch
+from conftest import FORMATS, make_tree, pack_every_format
 
-from packer import PreprocessConfig
-from packer.errors import ManifestError
-from packer.manifest import read_manifest
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.errors import ConfigError, ManifestError
+from packer.lmdb_pages import structure_crc32
+from packer.manifest import read_manifest, sha256_of
 from packer.verify import verify
-from readers import open_dataset
+from readers import WdsDataset, open_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 PRE = PreprocessConfig(size=(16, 12))
@@ -115,3 +122,194 @@ def test_a_link_that_stays_inside_the_output_is_read(outputs, tmp_path):
     shutil.move(target, inside)
     target.symlink_to(inside)
     assert read_every_sample(copy) == 20
+
+
+# --------------------------------------------------------------------------- HDF5's global heap (case 1)
+
+
+def as_hdf5_version_1(root: Path) -> None:
+    """Rewrite an hdf5 output as packers before format version 4 wrote it: keys as HDF5 strings
+    (kept in HDF5's global heap), sizes and SHA-256s in the manifest updated."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        for entry in shard["files"]:
+            path, tmp = root / entry["path"], root / "rewritten.h5"
+            with h5py.File(path, "r") as old, h5py.File(tmp, "w", track_order=False) as new:
+                for name in old:
+                    if not name.startswith("keys_"):
+                        old.copy(name, new)
+                keys = [bytes(old["keys_bytes"][a:b]).decode() for a, b in itertools.pairwise(old["keys_offsets"][:])]
+                new.create_dataset("keys", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype("utf-8"),
+                                   track_times=False)
+            os.replace(tmp, path)
+            entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_of(path)
+    manifest["format_version"] = 1
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_hdf5_shards_keep_their_keys_out_of_the_global_heap(outputs):
+    manifest = read_manifest(outputs["hdf5"])
+    assert manifest.format_version == 4
+    for shard in manifest.shards:
+        assert b"GCOL" not in (outputs["hdf5"] / shard.files[0].path).read_bytes()  # no global heap collection
+    keys = [meta["key"] for *_, meta in open_dataset(outputs["hdf5"], return_meta=True)]
+    assert keys == [f"{c}/img_{i:03d}.png" for c in ("ant", "bee") for i in range(10)]
+
+
+def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tmp_path):
+    copy = damaged_copy(outputs, "hdf5", tmp_path)
+    as_hdf5_version_1(copy)
+    keys = [meta["key"] for *_, meta in open_dataset(copy, return_meta=True)]
+    assert keys == [f"{c}/img_{i:03d}.png" for c in ("ant", "bee") for i in range(10)] and verify(copy) == []
+    shard = copy / read_manifest(copy).shards[0].files[0].path
+    data = bytearray(shard.read_bytes())
+    heap = data.index(b"GCOL")  # header 16 bytes; each object: index 2, refs 2, reserved 4, size 8, data to 8s
+    third = heap + 16 + 2 * (16 + 16)  # the keys are 15 bytes each: objects of 32 bytes
+    assert int.from_bytes(data[third:third + 2], "little") == 3 and data[third + 8] == 15
+    data[third + 8] = 0xFF  # a key's length 15 -> 255: libhdf5 loops forever reading the keys
+    shard.write_bytes(bytes(data))
+    checked = _in_subprocess("import packer.verify as v\nv.STALL_SECONDS = 2\n"
+                             f"for p in v.verify({str(copy)!r}): print(p)", timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    assert "shard-00000: shard-00000.h5 has changed" in checked.stdout
+    assert "shard-00000 sample 0: unreadable: the hdf5 library made no progress for 2 s" in checked.stdout
+    assert "shard-00001" not in checked.stdout
+    # verify=True: the file's SHA-256 is checked before h5py reads anything of it
+    read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r}, return_meta=True, "
+                          "verify=True)\nn = sum(1 for _ in ds)")
+    assert read.returncode == 1 and "its SHA-256 does not match the manifest" in read.stderr
+
+
+def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
+    """Whatever makes a library loop, verify stops its child and goes on with the next shard."""
+    code = ("import time, packer.verify as v\nv.STALL_SECONDS = 1\nv.check_samples = lambda *a, **k: time.sleep(600)\n"
+            f"t = time.monotonic()\nfor p in v.verify({str(outputs['npy'])!r}): print(p)\n"
+            "print('seconds', round(time.monotonic() - t))")
+    checked = _in_subprocess(code, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    lines = checked.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["shard-00000 sample 0", "shard-00001 sample 0"]
+    assert "made no progress for 1 s after sample 0 (stopped)" in lines[0] and int(lines[-1].split()[1]) < 10
+
+
+# --------------------------------------------------------------------------- LMDB's structure (case 4)
+
+
+@pytest.fixture(scope="module")
+def lmdb_output(tmp_path_factory) -> Path:
+    """LMDB shards of 48 x 48 images: each value spans overflow pages, as real images do."""
+    return pack_every_format(tmp_path_factory, {"ant": 6, "bee": 6}, PreprocessConfig(size=(48, 48)), 6)["lmdb"]
+
+
+def structure_bytes(path: Path) -> list[int]:
+    """Offsets of every byte that structure_crc32 covers: whole branch, leaf and meta pages, and the
+    16-byte header of each overflow run (walked as LMDB's page headers say)."""
+    data = path.read_bytes()
+    size = int.from_bytes(data[40:44], "little")
+    covered, page = [], 0
+    while page * size < len(data):
+        at = page * size
+        if int.from_bytes(data[at + 10:at + 12], "little") & 0x04:  # P_OVERFLOW: the run's length follows
+            covered += range(at, at + 16)
+            page += int.from_bytes(data[at + 12:at + 16], "little")
+        else:
+            covered += range(at, at + size)
+            page += 1
+    return covered
+
+
+def test_lmdb_files_record_the_checksum_of_their_structure(lmdb_output, outputs):
+    manifest = read_manifest(lmdb_output)
+    for shard in manifest.shards:
+        (entry,) = shard.files
+        assert entry.structure_crc32 == structure_crc32(lmdb_output / entry.path)
+    npy = read_manifest(outputs["npy"])
+    assert all(f.structure_crc32 is None for s in npy.shards for f in s.files)
+    assert "structure_crc32" not in (outputs["npy"] / "manifest.json").read_text()
+
+
+def test_damaged_lmdb_structure_is_refused_before_lmdb_can_crash_on_it(lmdb_output, tmp_path):
+    """Bytes LMDB follows to find a record, flipped at fixed seeds: each copy is refused with a
+    ManifestError at its shard's open, in a process that must survive them all (LMDB killed
+    readers with SIGBUS on such flips). A flipped byte of an image's own pixels is left to
+    verify, and to the sample CRC-32 it checks."""
+    entry = read_manifest(lmdb_output).shards[1].files[0]
+    original = (lmdb_output / entry.path).read_bytes()
+    covered = structure_bytes(lmdb_output / entry.path)
+    assert len(covered) < len(original) / 2  # the images' own bytes lie in overflow pages, not covered
+    rng = random.Random(25)
+    copies = []
+    for n in range(24):
+        copy = tmp_path / f"copy{n}"
+        shutil.copytree(lmdb_output, copy)
+        data = bytearray(original)
+        data[rng.choice(covered)] ^= rng.randrange(1, 256)
+        (copy / entry.path).write_bytes(bytes(data))
+        assert structure_crc32(copy / entry.path) != entry.structure_crc32
+        copies.append(str(copy))
+    code = ("from packer.errors import ManifestError\nfrom readers import open_dataset\n"
+            f"for root in {copies!r}:\n"
+            "    ds = open_dataset(root)\n"
+            "    assert ds[5][1] == 0\n"  # shard 0 is intact and read
+            "    try:\n        ds[6]\n        print('read', root)\n"
+            "    except ManifestError as e:\n        print('refused' if 'structure checksum' in str(e) else e)\n")
+    read = _in_subprocess(code, timeout=120)
+    assert read.returncode == 0, read.stderr  # a SIGBUS would be -7
+    assert read.stdout.split() == ["refused"] * len(copies)
+    pixels = bytearray(original)
+    outside = next(i for i in range(len(original)) if i not in set(covered))
+    pixels[outside] ^= 0x01
+    (tmp_path / "pixels.lmdb").write_bytes(bytes(pixels))
+    assert structure_crc32(tmp_path / "pixels.lmdb") == entry.structure_crc32
+
+
+# --------------------------------------------------------------------------- verify=True
+
+
+def test_verify_true_checks_every_file_before_its_first_read(outputs, tmp_path):
+    copy = damaged_copy(outputs, "npy", tmp_path)
+    images = copy / read_manifest(copy).shards[1].file(".images.npy")
+    data = bytearray(images.read_bytes())
+    data[-1] ^= 0x01  # the last pixel byte: a plain read returns the damaged pixel
+    images.write_bytes(bytes(data))
+    assert read_every_sample(copy) == 20
+    ds = open_dataset(copy, verify=True)
+    assert ds[9][1] == 0  # shard 0 is intact
+    with pytest.raises(ManifestError, match=r"shard-00001\.images\.npy has changed: its SHA-256 does not match"):
+        ds[10]
+    for fmt in FORMATS:  # intact outputs read the same with it, twice (checked once per process)
+        plain = [label for _, label in open_dataset(outputs[fmt])]
+        checked = open_dataset(outputs[fmt], verify=True)
+        assert [label for _, label in checked] == [label for _, label in checked] == plain
+    with pytest.raises(ConfigError, match="streamed shards are always checked"):
+        WdsDataset("http://127.0.0.1:9/out", verify=True)  # refused before anything is fetched
+
+
+# --------------------------------------------------------------------------- a replaced output (case 7)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_output_replaced_under_a_reader_is_an_error_not_a_mix(fmt, tmp_path):
+    """A reader keeps the shards it has open, of the output it opened, and refuses to open a shard
+    of the output that ``--overwrite`` put in its place (same layout, other pixels)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    make_tree(first, {"ant": 10, "bee": 10})
+    make_tree(second, {"ant": 10, "bee": 10}, size=(80, 40))
+    out = tmp_path / "out"
+    config = ConvertConfig(fmt, PRE, ShardSize(samples=10))
+    convert(first, out, config, workers=1)
+    ds = open_dataset(out)
+    if fmt == "wds":
+        stream = iter(ds)
+        before = [next(stream) for _ in range(10)]  # shard 0, still open
+        assert [label for _, label in before] == [0] * 10
+        convert(second, out, config, workers=1, overwrite=True)
+        with pytest.raises(ManifestError, match="was replaced or removed after this dataset was opened"):
+            list(stream)
+        return
+    old = ds[0][0].clone()
+    convert(second, out, config, workers=1, overwrite=True)
+    assert torch.equal(ds[0][0], old)  # shard 0 stays the opened output's
+    with pytest.raises(ManifestError, match="was replaced or removed after this dataset was opened"):
+        ds[10]
+    assert not torch.equal(open_dataset(out)[0][0], old)  # opened again: the new output

@@ -426,7 +426,7 @@ def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
         write_image(src / "a" / f"{i}.png", (10 + i, 7 + 2 * i), seed=i)
     pre = PreprocessConfig(resize="none", dtype=dtype)
     result = convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2)), workers=2)
-    assert result.manifest.format_version == (3 if fmt in ("npy", "hdf5") else 1)
+    assert result.manifest.format_version == {"npy": 3, "hdf5": 4}.get(fmt, 1)
     ds = open_dataset(result.output, normalize=False, return_meta=True)
     got = list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))]
     assert len(got) == 5

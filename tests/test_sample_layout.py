@@ -98,6 +98,8 @@ def test_the_version_rule_refuses_a_feature_the_format_does_not_list():
     text = SampleLayout("uint8", (2, 2, 3), 3, text=(TextField("text", "text"),))
     with pytest.raises(ConfigError, match="the toy format cannot store text fields"):
         spec.version(text)
+    later = FormatSpec("toy", "m:W", "m:s", "r:R", {ENCODED_IMAGES: 2}, oldest_written=5)
+    assert later.newest == 5 and later.version(SampleLayout("uint8", (2, 2, 3), 3)) == 5
 
 
 def test_a_recorded_quality_is_read_back_only_for_jpeg_and_only_when_it_is_one():

@@ -1,7 +1,9 @@
 """HDF5 shards: one ``NAME.h5`` file per shard with one dataset per field.
 
 Datasets: ``images`` (N x H x W x C, chunked one sample per chunk for random access),
-``labels`` (N, int64), ``keys`` (N, UTF-8 strings) and ``crc32`` (N, uint32). Encoded images (jpeg,
+``labels`` (N, int64), ``crc32`` (N, uint32), and the keys as a variable-length field of their
+UTF-8 bytes (``keys_bytes``, ``keys_offsets``; format versions 1 to 3 held ``keys``, N UTF-8
+strings, which HDF5 keeps in its global heap, where one damaged length made libhdf5 loop forever). Encoded images (jpeg,
 png) replace ``images`` with a variable-length field: ``images_bytes`` (flat uint8) and
 ``images_offsets`` (N + 1, int64); text fields are variable-length fields too (``text_bytes`` and
 ``text_offsets``, likewise ``json``), and text-only shards have no ``images``. Raw images of varying
@@ -29,6 +31,8 @@ from packer.shard_names import (
     HDF5_CRC32,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,
+    HDF5_KEY_BYTES,
+    HDF5_KEY_OFFSETS,
     HDF5_KEYS,
     HDF5_LABELS,
     HDF5_SUFFIX,
@@ -121,8 +125,9 @@ class Hdf5Writer:
         self._file = h5py.File(Path(directory) / self.file_name, "w", track_order=False)
         self._text = {f.name: Hdf5VarlenWriter(self._file, f.name) for f in layout.text}
         self._images = images(self._file, layout) if images is not None else None
+        self._keys = bytearray()  # every key's UTF-8 bytes: written whole at close, not chunked
+        self.key_offsets = [0]
         self.labels: list[int] = []
-        self.keys: list[str] = []
         self.crcs: list[int] = []
         self.digests: dict[str, str] = {}  # none: HDF5 does not write the file in order
 
@@ -132,8 +137,9 @@ class Hdf5Writer:
             self._images.add(sample)
         for name, writer in self._text.items():
             writer.add(sample.fields[name])
+        self._keys += sample.key.encode("utf-8")
+        self.key_offsets.append(len(self._keys))
         self.labels.append(sample.label)
-        self.keys.append(sample.key)
         self.crcs.append(sample.crc32)
 
     def close(self) -> list[str]:
@@ -144,9 +150,8 @@ class Hdf5Writer:
             writer.close()
         self._file.create_dataset(HDF5_LABELS, data=np.asarray(self.labels, dtype=np.int64), track_times=False)
         self._file.create_dataset(HDF5_CRC32, data=np.asarray(self.crcs, dtype=np.uint32), track_times=False)
-        self._file.create_dataset(
-            HDF5_KEYS, data=np.asarray(self.keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
-        )
+        self._file.create_dataset(HDF5_KEY_BYTES, data=np.frombuffer(self._keys, np.uint8), track_times=False)
+        self._file.create_dataset(HDF5_KEY_OFFSETS, data=np.asarray(self.key_offsets, np.int64), track_times=False)
         self._file.close()
         return [self.file_name]
 
@@ -155,7 +160,7 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
     """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes, the
     text fields as theirs)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
-        labels, keys, crcs = f[HDF5_LABELS][:], f[HDF5_KEYS].asstr()[:], f[HDF5_CRC32][:]
+        labels, keys, crcs = f[HDF5_LABELS][:], read_keys(f, shard.name), f[HDF5_CRC32][:]
         if not len(labels) == len(keys) == len(crcs) == shard.samples:
             raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                              f"the manifest says {shard.samples}")
@@ -165,6 +170,15 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
             pixels, data = next(images)
             fields = {name: next(stream) for name, stream in streams.items()}
             yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+
+
+def read_keys(f: h5py.File, where: str) -> list[str]:
+    """Every key of an open shard: from the UTF-8 bytes field (format version 4 on), else from the
+    strings dataset ``keys`` of earlier versions."""
+    if HDF5_KEY_BYTES not in f:
+        return list(f[HDF5_KEYS].asstr()[:])
+    offsets = f[HDF5_KEY_OFFSETS][:]
+    return [b.decode("utf-8") for b in iter_varlen(f[HDF5_KEY_BYTES][:], offsets, len(offsets) - 1, where)]
 
 
 def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:

@@ -13,8 +13,8 @@ tar ends. With ``cache_dir``, a shard read through to its end is kept there unde
 (written to a temporary name, renamed only once complete and verified, so a half download is never
 used) and later passes read the local copy.
 
-Every stream is held to a minimum pace, so that a stuck source ends in a ManifestError naming the
-URL rather than a hang:
+Every stream is held to two rules, so that a stuck or hostile source ends in a ManifestError
+naming the URL rather than a hang or a full memory:
 
 - **Stall rule**: each ``STALL_BYTES`` (1 MiB) must arrive within ``STALL_WINDOW`` (60 s) spent
   waiting in reads, unless the stream ends first: a minimum pace of about 17 KiB/s, far under any
@@ -25,6 +25,9 @@ URL rather than a hang:
   backend's own timeouts do, and the rule is checked after each read. Connecting and the HTTP
   answer's headers wait up to ``TIMEOUT`` (60 s) per socket read. Set these module constants to
   change the rule for a process.
+- **Size cap**: no more than the manifest's byte count of a file is read from its stream (one byte
+  more is "longer than the manifest"), and a tar member whose header claims more bytes than are
+  left in the shard is refused before it is read, so memory stays bounded by the shard's size.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, 
         # next pass streams the shard again.
         local = _Checked(open(cached, "rb"), f"{cached} (cached {url})", entry, None)
         try:
-            yield from iter_tar_samples(local, name=local.url)  # type: ignore[arg-type]
+            yield from iter_tar_samples(local, name=local.url, size=entry.bytes)  # type: ignore[arg-type]
             local.finish()
         except ManifestError:
             cached.unlink(missing_ok=True)
@@ -154,14 +157,15 @@ def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, 
         return
     stream = _Checked(open_stream(url), url, entry, cached)
     try:
-        yield from iter_tar_samples(stream, name=url)  # type: ignore[arg-type]
+        yield from iter_tar_samples(stream, name=url, size=entry.bytes)  # type: ignore[arg-type]
         stream.finish()
     finally:
         stream.close()
 
 
 class _Checked:
-    """A remote stream that counts and hashes what passes, and copies it to ``cached`` if given."""
+    """A stream that counts and hashes what passes, never reads past the manifest's size, and copies
+    it to ``cached`` if given."""
 
     def __init__(self, raw: IO[bytes], url: str, entry: FileEntry, cached: Optional[Path]) -> None:
         self.raw, self.url, self.entry, self.cached = raw, url, entry, cached
@@ -175,11 +179,19 @@ class _Checked:
             self.copy = open(self.tmp, "wb")
 
     def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all that is left when ``n`` < 0)."""
-        try:
-            data = self.raw.read(n) if n is not None and n >= 0 else self.raw.read()
+        """Up to ``n`` bytes (all that is left when ``n`` < 0); ManifestError past the manifest's size."""
+        if n is None or n < 0:
+            return b"".join(iter(lambda: self.read(CHUNK), b""))
+        if n == 0:
+            return b""
+        left = self.entry.bytes - self.count
+        try:  # at the manifest's size, one byte more tells a longer stream from one that ends there
+            data = self.raw.read(min(n, left) if left > 0 else 1)
         except (OSError, ValueError, http.client.HTTPException) as e:  # IncompleteRead: the connection broke
             raise ManifestError(f"reading {self.url} failed: {type(e).__name__}: {e}") from None
+        if len(data) > left:
+            raise ManifestError(f"{self.url} is longer than the manifest's {self.entry.bytes} bytes: the remote "
+                                "copy is damaged or was changed after the manifest was written")
         self.count += len(data)
         self.hash.update(data)
         if self.copy is not None:

@@ -1,5 +1,5 @@
 """Reading outputs by URL: a real HTTP server on loopback, pipe: commands, fsspec URLs, the cache;
-streams that stall (issue 25, case 3)."""
+streams that stall, run long or lie about their sizes (issue 25, cases 3 and 10)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import re
 import shutil
 import signal
 import sys
+import tarfile
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator
@@ -167,7 +169,7 @@ def test_text_lengths_come_checked_from_the_url(served):
         WdsDataset(f"{url}/texts").lengths()
 
 
-# --- streams that stall ---------------------------------------------------------------------------
+# --- streams that stall, run long or lie about their sizes ---------------------------------------
 
 def bounded(fn: Callable[[], object], seconds: float) -> tuple[object, float]:
     """``fn()``'s result, or the exception it raised, and the seconds it took; the test fails (and
@@ -296,3 +298,82 @@ def test_a_trickling_pipe_command_is_killed_whole_on_a_stall(monkeypatch, tmp_pa
     assert not process_alive(sleeper)  # ... with its child: the whole process group
     error, took = bounded(lambda: open_dataset("pipe:sh -c 'printf x; sleep 30' {}"), 15)  # the manifest, by name
     assert isinstance(error, ManifestError) and "stalled" in str(error) and took < 6
+
+
+def claiming(tar: bytes, size: int) -> bytes:
+    """``tar`` with its first member's header claiming ``size`` bytes (its checksum made right)."""
+    header = bytearray(tar[:512])
+    header[124:136] = b"%011o\0" % size
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + tar[512:]
+
+
+def endless(prefix: bytes) -> Send:
+    """A sender that writes ``prefix`` in place of the shard, then 64 MiB of zeros: far past any
+    manifest's size, never a Content-Length."""
+    zeros = bytes(1 << 20)
+
+    def send(path: str, data: bytes, wfile, stop: threading.Event) -> None:
+        if not path.endswith(".tar"):
+            wfile.write(data)
+            return
+        wfile.write(prefix)
+        for _ in range(64):
+            if stop.is_set():
+                return
+            wfile.write(zeros)
+    return send
+
+
+def peak_memory(fn: Callable[[], object]) -> tuple[object, int]:
+    """``fn()``'s result (or exception) and the peak of Python's allocations while it ran, in bytes."""
+    tracemalloc.start()
+    try:
+        result, _ = bounded(fn, 30)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_member_claiming_a_gibibyte_is_refused_before_it_is_read(served):
+    # The issue's case: such a member took 2.3 GB of memory for a 1.5 MB shard.
+    root, _, _ = served
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    shard = (root / "wds" / entry.path).read_bytes()
+    member = tarfile.open(root / "wds" / entry.path).getnames()[0]
+    with custom_server(root, endless(claiming(shard, 1 << 30))) as url:
+        error, peak = peak_memory(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
+    assert isinstance(error, ManifestError), error
+    assert str(error) == (f"{url}/wds/{entry.path}: member {member!r} claims 1073741824 bytes, more than the "
+                          f"{entry.bytes - 512} left in the shard's {entry.bytes} bytes; the shard is damaged")
+    assert peak < 4 << 20
+
+
+def test_a_stream_longer_than_the_manifest_stops_at_its_size(served):
+    root, _, _ = served
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    shard = (root / "wds" / entry.path).read_bytes()
+    with custom_server(root, endless(shard)) as url:
+        error, peak = peak_memory(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
+    assert isinstance(error, ManifestError), error
+    assert str(error).startswith(f"{url}/wds/{entry.path} is longer than the manifest's {entry.bytes} bytes")
+    assert peak < 4 << 20  # 64 MiB came after it
+
+
+def test_local_tars_are_bounded_by_their_size_too(served, tmp_path):
+    root, _, _ = served
+    shard = (root / "wds" / "shard-00000.tar").read_bytes()
+    claims = tmp_path / "claims.tar"
+    claims.write_bytes(claiming(shard, 1 << 30))
+    error, peak = peak_memory(lambda: list(iter_tar_samples(claims)))
+    assert isinstance(error, ManifestError) and "claims 1073741824 bytes, more than the" in str(error), error
+    assert peak < 4 << 20
+    # A GNU long name's payload is read by tarfile itself, in one read of the size its header claims
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, 1 << 30
+    long_name = tmp_path / "long-name.tar"
+    long_name.write_bytes(info.tobuf(format=tarfile.GNU_FORMAT) + b"a" * 4096 + shard)
+    error, peak = peak_memory(lambda: list(iter_tar_samples(long_name)))
+    assert isinstance(error, ManifestError) and "is not a complete tar file" in str(error), error
+    assert peak < 4 << 20  # not the 1 GiB it claims

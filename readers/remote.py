@@ -28,12 +28,22 @@ naming the URL rather than a hang or a full memory:
 - **Size cap**: no more than the manifest's byte count of a file is read from its stream (one byte
   more is "longer than the manifest"), and a tar member whose header claims more bytes than are
   left in the shard is refused before it is read, so memory stays bounded by the shard's size.
+
+A reader killed mid-download leaves its part file (``.SHA-NAME.RANDOM.part``) in ``cache_dir``. The
+first time a process uses a cache folder, it removes the part files there that no live download
+can own: those not written for ``PART_STALE`` seconds (1 h) and not locked (a download holds a lock
+on its part file while it runs). A download being read writes its part file at least once every
+``STALL_WINDOW`` seconds spent waiting (the stall rule), so an hour without a write means its
+reader died or has paused for an hour. A paused reader of this host keeps its part file by the
+lock; one on another host sharing the cache, where the lock may not be seen, loses it after an
+hour's pause, and then still reads and checks its shard, only without keeping it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import logging
 import os
 import re
 import select
@@ -53,15 +63,24 @@ from packer.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manife
 from packer.records import FileEntry
 from packer.tario import iter_tar_samples
 
+try:
+    import fcntl
+except ImportError:  # Windows: part files are then judged by their age alone
+    fcntl = None  # type: ignore[assignment]
+
 CHUNK = 1 << 20  # bytes per read from a remote stream, at most
 TIMEOUT = 60.0  # seconds to connect and get an HTTP answer; reads after that follow the stall rule
 STALL_BYTES = 1 << 20  # the stall rule (see the module): this many bytes must arrive ...
 STALL_WINDOW = 60.0  # ... within this many seconds spent waiting in reads
+PART_STALE = 3600.0  # seconds without a write after which an unlocked part file is a leftover
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_PART = re.compile(r"^\.[0-9a-f]{32}-[A-Za-z0-9._-]+\.[0-9a-f]{12}\.part$")  # what _Checked names its part files
+_CLEANED: set[str] = set()  # cache folders this process has cleaned of leftovers (once each)
 # A pipe: command in a process group of its own, so that a stalled pipeline (curl ... | zstd -d) is
 # killed whole, not just its shell.
 _OWN_GROUP: dict = ({} if os.name != "posix" else {"process_group": 0} if sys.version_info >= (3, 11)
                     else {"start_new_session": True})
+log = logging.getLogger(__name__)
 
 
 def is_url(root: object) -> bool:
@@ -141,7 +160,10 @@ def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, 
     (ManifestError when they differ). With ``cache_dir``, from the cached copy when there is one,
     else streamed while a copy is kept (see the module)."""
     url = file_url(root, entry.path)
-    cached = Path(cache_dir) / f"{entry.sha256[:32]}-{Path(entry.path).name}" if cache_dir is not None else None
+    cached = None
+    if cache_dir is not None:
+        clean_cache(cache_dir, once=True)
+        cached = Path(cache_dir) / f"{entry.sha256[:32]}-{Path(entry.path).name}"
     if cached is not None and cached.is_file() and cached.stat().st_size == entry.bytes:
         # Checked as it is read, like a download: a cached copy damaged since is removed, and the
         # next pass streams the shard again.
@@ -163,9 +185,53 @@ def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, 
         stream.close()
 
 
+def clean_cache(cache_dir: Union[str, os.PathLike], once: bool = False) -> list[Path]:
+    """Remove the part files in ``cache_dir`` that no live download can own (see the module): not
+    written for ``PART_STALE`` seconds and not locked. With ``once``, only the first time this
+    process asks for that folder. Returns the paths removed."""
+    folder = Path(cache_dir)
+    key = os.path.abspath(folder)
+    if once and key in _CLEANED:
+        return []
+    _CLEANED.add(key)
+    removed: list[Path] = []
+    try:  # regular files only: opening a FIFO to test its lock would wait forever
+        names = [e.name for e in os.scandir(folder) if _PART.match(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:  # no folder yet (made on the first download), or not readable: nothing to clean
+        return removed
+    now = time.time()
+    for name in names:
+        path = folder / name
+        try:
+            if now - path.stat().st_mtime < PART_STALE or _locked(path):
+                continue
+            path.unlink()
+        except OSError:  # gone already (another process cleaned it, or its download finished)
+            continue
+        removed.append(path)
+    if removed:
+        log.info("removed %d part file(s) of unfinished downloads from %s", len(removed), folder)
+    return removed
+
+
+def _locked(path: Path) -> bool:
+    """Whether a process holds the lock of the part file ``path``: a download running (of this host at
+    least; over NFS, of any)."""
+    if fcntl is None:
+        return False
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:  # a filesystem without locks: the part file's age decides alone
+            return False
+    return False
+
+
 class _Checked:
     """A stream that counts and hashes what passes, never reads past the manifest's size, and copies
-    it to ``cached`` if given."""
+    it to ``cached`` if given (under a locked part file until it is complete and verified)."""
 
     def __init__(self, raw: IO[bytes], url: str, entry: FileEntry, cached: Optional[Path]) -> None:
         self.raw, self.url, self.entry, self.cached = raw, url, entry, cached
@@ -177,6 +243,11 @@ class _Checked:
             cached.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = cached.with_name(f".{cached.name}.{uuid.uuid4().hex[:12]}.part")
             self.copy = open(self.tmp, "wb")
+            if fcntl is not None:
+                try:  # held until the copy is closed: clean_cache leaves a locked part file alone
+                    fcntl.flock(self.copy.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # a filesystem without locks: the part file's age protects it
+                    pass
 
     def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all that is left when ``n`` < 0); ManifestError past the manifest's size."""
@@ -210,7 +281,10 @@ class _Checked:
         if self.copy is not None and self.tmp is not None and self.cached is not None:
             self.copy.close()
             self.copy = None
-            os.replace(self.tmp, self.cached)
+            try:
+                os.replace(self.tmp, self.cached)
+            except FileNotFoundError:  # removed as a leftover while this reader paused: not kept this time
+                log.info("%s was read and checked but not cached: its part file was removed", self.url)
             self.tmp = None
 
     def close(self) -> None:

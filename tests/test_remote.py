@@ -1,12 +1,14 @@
 """Reading outputs by URL: a real HTTP server on loopback, pipe: commands, fsspec URLs, the cache;
-streams that stall, run long or lie about their sizes (issue 25, cases 3 and 10)."""
+streams that stall, run long or lie about their sizes (issue 25, cases 3, 10 and 11)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import http.server
 import io
+import os
 import re
 import shutil
 import signal
@@ -29,7 +31,7 @@ from packer.errors import ConfigError, ManifestError
 from packer.manifest import read_manifest
 from packer.tario import iter_tar_samples
 from readers import WdsDataset, make_loader, open_dataset, remote
-from readers.remote import is_url, iter_remote_tar, open_stream
+from readers.remote import clean_cache, is_url, iter_remote_tar, open_stream
 
 
 @pytest.fixture(scope="module")
@@ -377,3 +379,48 @@ def test_local_tars_are_bounded_by_their_size_too(served, tmp_path):
     error, peak = peak_memory(lambda: list(iter_tar_samples(long_name)))
     assert isinstance(error, ManifestError) and "is not a complete tar file" in str(error), error
     assert peak < 4 << 20  # not the 1 GiB it claims
+
+
+def test_leftover_part_files_are_removed_when_a_cache_is_first_used(served, tmp_path, monkeypatch):
+    root, url, _ = served
+    monkeypatch.setattr(remote, "_CLEANED", set())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    part = f".{entry.sha256[:32]}-{entry.path}.{{}}.part"
+    old = time.time() - remote.PART_STALE - 60
+    stale, fresh, locked = (cache / part.format(c * 12) for c in "abc")
+    foreign = cache / ".notes.part"  # not a name packer writes: never touched
+    for path in (stale, fresh, locked, foreign):
+        path.write_bytes(b"half a shard")
+    for path in (stale, locked, foreign):
+        os.utime(path, (old, old))
+    with open(locked, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a download of another process holds it
+        assert len(list(WdsDataset(f"{url}/wds", cache_dir=cache))) == 13
+    names = {p.name for p in cache.iterdir()}
+    assert names - {p.name for p in (fresh, locked, foreign)} == {
+        f"{f.sha256[:32]}-{f.path}" for s in read_manifest(root / "wds").shards for f in s.files}
+    assert {fresh.name, locked.name, foreign.name} <= names and stale.name not in names
+    stale.write_bytes(b"half a shard")
+    os.utime(stale, (old, old))
+    assert len(list(WdsDataset(f"{url}/wds", cache_dir=cache))) == 13
+    assert stale.exists()  # once a process: a later leftover waits for the next process
+    # asked again: the stale one goes now, and so does the one whose lock was let go since
+    assert sorted(clean_cache(cache)) == [stale, locked] and {p.name for p in cache.iterdir()} == names - {locked.name}
+    assert clean_cache(tmp_path / "no-such-cache") == []
+
+
+def test_a_live_download_keeps_its_part_file_and_survives_its_removal(served, tmp_path, monkeypatch):
+    root, url, _ = served
+    cache = tmp_path / "cache"
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    samples_of_shard = iter_remote_tar(f"{url}/wds", entry, cache)
+    first = next(samples_of_shard)
+    [part] = cache.glob(".*.part")
+    monkeypatch.setattr(remote, "PART_STALE", 0.0)
+    assert clean_cache(cache) == []  # locked by the download running here
+    part.unlink()  # as a cleaner on another host, without the lock, would after an hour's pause
+    rest = list(samples_of_shard)
+    assert [first, *rest] == list(iter_tar_samples(root / "wds" / entry.path))
+    assert list(cache.iterdir()) == []  # read and checked, only not kept

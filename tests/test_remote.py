@@ -259,7 +259,7 @@ def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, 
     got = re.search(rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last 1\.\d s, under the 1048576 "
                     r"bytes a stream must deliver every 1 s", str(error))
     assert got, error
-    assert int(got.group(1)) == 64 if then_silent else 5 * 64 <= int(got.group(1)) <= 12 * 64
+    assert int(got.group(1)) == 64 if then_silent else 64 < int(got.group(1)) < 20 * 64  # more came, too little
     assert took < 6
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import IO, Callable, Iterator, Optional, Sequence, Union
@@ -15,22 +16,45 @@ from packer.shard_names import TEXT_MEMBERS
 from packer.text import TOKEN_DTYPE
 
 
-def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None) -> Iterator[dict]:
+def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None,
+                     size: Optional[int] = None) -> Iterator[dict]:
     """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order.
 
     ``source`` is a path (read with seeks) or a readable binary stream (read sequentially). Members are
     read into memory only; a member with an absolute path or ``..`` is refused, so a crafted tar
-    cannot point anywhere. Errors are ManifestError naming the shard.
+    cannot point anywhere. ``size`` is the shard's size in bytes (the manifest's; for a path, its
+    file's size when not given): a member whose header claims more bytes than are left in it is
+    refused before it is read, so memory stays bounded by the shard's size. Errors are ManifestError
+    naming the shard.
     """
     name = name or str(source)
     if isinstance(source, Path):
         try:
             with open(source, "rb") as f:
-                yield from _grouped(_open_tar(f, "r:", name), name, f)
+                budget = size if size is not None else os.fstat(f.fileno()).st_size
+                yield from _grouped(_open_tar(_Capped(f, budget), "r:", name), name, f, budget)  # type: ignore[arg-type]
         except OSError as e:
             raise ManifestError(f"{name} cannot be read ({e.strerror}); the shard is damaged") from None
     else:
-        yield from _grouped(_open_tar(source, "r|", name), name, None)
+        yield from _grouped(_open_tar(source, "r|", name), name, None, size)
+
+
+class _Capped:
+    """A seekable file that reads nothing past ``size`` bytes: tarfile reads a long name's or a pax
+    header's payload in one call of the size its header claims (gigabytes, in a crafted tar)."""
+
+    def __init__(self, f: IO[bytes], size: int) -> None:
+        self.f, self.size = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        left = max(self.size - self.f.tell(), 0)
+        return self.f.read(left if n is None or n < 0 else min(n, left))
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 def _open_tar(f: IO[bytes], mode: str, name: str) -> tarfile.TarFile:
@@ -43,9 +67,10 @@ def _open_tar(f: IO[bytes], mode: str, name: str) -> tarfile.TarFile:
             from None
 
 
-def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterator[dict]:
+def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]], budget: Optional[int]) -> Iterator[dict]:
     """Members of ``tar`` grouped by key; with ``f``, the seekable file under it, member data is read
-    from it in one call (twice as fast as tarfile's own file objects for large members)."""
+    from it in one call (twice as fast as tarfile's own file objects for large members). A member
+    reaching past ``budget`` bytes (the shard's size) is refused before its data is read."""
     current: dict = {}
     try:
         with tar:
@@ -55,6 +80,10 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]]) -> Iterato
                 member = PurePosixPath(info.name)
                 if member.is_absolute() or ".." in member.parts:
                     raise ManifestError(f"{name}: member {info.name!r} has an unsafe path; refusing to read it")
+                if budget is not None and info.offset_data + info.size > budget:
+                    left = max(budget - info.offset_data, 0)
+                    raise ManifestError(f"{name}: member {info.name!r} claims {info.size} bytes, more than the {left} "
+                                        f"left in the shard's {budget} bytes; the shard is damaged")
                 key, _, ext = member.name.partition(".")
                 if member.parent.as_posix() != ".":
                     key = f"{member.parent.as_posix()}/{key}"

@@ -1,13 +1,25 @@
-"""Reading outputs by URL: a real HTTP server on loopback, pipe: commands, fsspec URLs, the cache."""
+"""Reading outputs by URL: a real HTTP server on loopback, pipe: commands, fsspec URLs, the cache;
+streams that stall, run long or lie about their sizes (issue 25, cases 3, 10 and 11)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import http.server
+import io
+import os
+import re
 import shutil
+import signal
+import sys
+import tarfile
 import threading
+import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -17,8 +29,9 @@ from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import read_manifest
-from readers import WdsDataset, make_loader, open_dataset
-from readers.remote import is_url
+from packer.tario import iter_tar_samples
+from readers import WdsDataset, make_loader, open_dataset, remote
+from readers.remote import clean_cache, is_url, iter_remote_tar, open_stream
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +169,258 @@ def test_text_lengths_come_checked_from_the_url(served):
     side.write_bytes(side.read_bytes()[:-8] + b"\x01" * 8)  # same size, other bytes
     with pytest.raises(ManifestError, match="SHA-256"):
         WdsDataset(f"{url}/texts").lengths()
+
+
+# --- streams that stall, run long or lie about their sizes ---------------------------------------
+
+def bounded(fn: Callable[[], object], seconds: float) -> tuple[object, float]:
+    """``fn()``'s result, or the exception it raised, and the seconds it took; the test fails (and
+    the daemon thread is left behind) when it runs past ``seconds``, so a hang cannot hang the suite."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test to assert on
+            box["value"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    return box["value"], time.monotonic() - start
+
+
+Send = Callable[[str, bytes, "io.BufferedIOBase", threading.Event], None]  # path, file bytes, wfile, stop
+
+
+@contextlib.contextmanager
+def custom_server(root: Path, send: Send) -> Iterator[str]:
+    """The files under ``root`` on a loopback HTTP server whose bodies ``send(path, data, wfile, stop)``
+    writes, without a Content-Length (the end is the connection's close); ``stop`` is set on exit, for
+    a sender that waits to end its wait."""
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            path = root / self.path.lstrip("/")
+            if not path.is_file():
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.end_headers()
+            try:
+                send(self.path, path.read_bytes(), self.wfile, stop)
+            except (BrokenPipeError, ConnectionResetError):  # the reader gave up, as it should
+                pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def paced(target: str, piece: int, pause: float, then_silent: bool) -> Send:
+    """A sender that writes ``target``'s bytes ``piece`` at a time, ``pause`` s apart (after the first
+    piece, nothing more when ``then_silent``), and every other file whole."""
+
+    def send(path: str, data: bytes, wfile, stop: threading.Event) -> None:
+        if not path.endswith(target):
+            wfile.write(data)
+            return
+        for at in range(0, len(data), piece):
+            wfile.write(data[at:at + piece])
+            wfile.flush()
+            if stop.wait(30 if then_silent else pause):
+                return
+    return send
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "shard-00000.tar"])
+@pytest.mark.parametrize("then_silent", [True, False], ids=["silent-after-64-bytes", "64-bytes-every-0.1s"])
+def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, then_silent):
+    # The issue's server sent 64 bytes every 20 s: every read under the 60 s timeout, no end ever.
+    # Here the same at 1/200 of the time, with the window cut to 1 s.
+    root, _, _ = served
+    monkeypatch.setattr(remote, "STALL_WINDOW", 1.0)
+    with custom_server(root, paced(target, 64, 0.1, then_silent)) as url:
+        error, took = bounded(lambda: list(open_dataset(f"{url}/wds")), 15)
+    assert isinstance(error, ManifestError), error
+    got = re.search(rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last 1\.\d s, under the 1048576 "
+                    r"bytes a stream must deliver every 1 s", str(error))
+    assert got, error
+    assert int(got.group(1)) == 64 if then_silent else 64 < int(got.group(1)) < 20 * 64  # more came, too little
+    assert took < 6
+
+
+def test_a_slow_steady_link_reads_every_sample(served, monkeypatch):
+    root, _, _ = served
+    monkeypatch.setattr(remote, "STALL_WINDOW", 0.5)
+    monkeypatch.setattr(remote, "STALL_BYTES", 2048)  # the link gives ~3x that: 256 bytes every 20 ms
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    with custom_server(root, paced(entry.path, 256, 0.02, then_silent=False)) as url:
+        result, took = bounded(lambda: list(iter_remote_tar(f"{url}/wds", entry)), 30)
+    assert result == list(iter_tar_samples(root / "wds" / entry.path))
+    assert len(result) == 4 and took > 3 * 0.5  # several windows, each met
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads process states from /proc")
+def test_a_trickling_pipe_command_is_killed_whole_on_a_stall(monkeypatch, tmp_path):
+    monkeypatch.setattr(remote, "STALL_WINDOW", 1.0)
+    pid_file = tmp_path / "sleep.pid"
+    stream = open_stream(f"pipe:sh -c 'sleep 30 & echo $! > {pid_file}; printf x; wait'")
+    error, took = bounded(stream.read, 15)
+    assert isinstance(error, ManifestError), error
+    assert re.search(r"stalled: 1 bytes in the last 1\.\d s", str(error)), error
+    assert took < 6
+    assert stream.proc.returncode == -signal.SIGKILL  # the shell, killed and reaped ...
+    sleeper = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while process_alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(sleeper)  # ... with its child: the whole process group
+    error, took = bounded(lambda: open_dataset("pipe:sh -c 'printf x; sleep 30' {}"), 15)  # the manifest, by name
+    assert isinstance(error, ManifestError) and "stalled" in str(error) and took < 6
+
+
+def claiming(tar: bytes, size: int) -> bytes:
+    """``tar`` with its first member's header claiming ``size`` bytes (its checksum made right)."""
+    header = bytearray(tar[:512])
+    header[124:136] = b"%011o\0" % size
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + tar[512:]
+
+
+def endless(prefix: bytes) -> Send:
+    """A sender that writes ``prefix`` in place of the shard, then 64 MiB of zeros: far past any
+    manifest's size, never a Content-Length."""
+    zeros = bytes(1 << 20)
+
+    def send(path: str, data: bytes, wfile, stop: threading.Event) -> None:
+        if not path.endswith(".tar"):
+            wfile.write(data)
+            return
+        wfile.write(prefix)
+        for _ in range(64):
+            if stop.is_set():
+                return
+            wfile.write(zeros)
+    return send
+
+
+def peak_memory(fn: Callable[[], object]) -> tuple[object, int]:
+    """``fn()``'s result (or exception) and the peak of Python's allocations while it ran, in bytes."""
+    tracemalloc.start()
+    try:
+        result, _ = bounded(fn, 30)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_member_claiming_a_gibibyte_is_refused_before_it_is_read(served):
+    # The issue's case: such a member took 2.3 GB of memory for a 1.5 MB shard.
+    root, _, _ = served
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    shard = (root / "wds" / entry.path).read_bytes()
+    member = tarfile.open(root / "wds" / entry.path).getnames()[0]
+    with custom_server(root, endless(claiming(shard, 1 << 30))) as url:
+        error, peak = peak_memory(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
+    assert isinstance(error, ManifestError), error
+    assert str(error) == (f"{url}/wds/{entry.path}: member {member!r} claims 1073741824 bytes, more than the "
+                          f"{entry.bytes - 512} left in the shard's {entry.bytes} bytes; the shard is damaged")
+    assert peak < 4 << 20
+
+
+def test_a_stream_longer_than_the_manifest_stops_at_its_size(served):
+    root, _, _ = served
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    shard = (root / "wds" / entry.path).read_bytes()
+    with custom_server(root, endless(shard)) as url:
+        error, peak = peak_memory(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
+    assert isinstance(error, ManifestError), error
+    assert str(error).startswith(f"{url}/wds/{entry.path} is longer than the manifest's {entry.bytes} bytes")
+    assert peak < 4 << 20  # 64 MiB came after it
+
+
+def test_local_tars_are_bounded_by_their_size_too(served, tmp_path):
+    root, _, _ = served
+    shard = (root / "wds" / "shard-00000.tar").read_bytes()
+    claims = tmp_path / "claims.tar"
+    claims.write_bytes(claiming(shard, 1 << 30))
+    error, peak = peak_memory(lambda: list(iter_tar_samples(claims)))
+    assert isinstance(error, ManifestError) and "claims 1073741824 bytes, more than the" in str(error), error
+    assert peak < 4 << 20
+    # A GNU long name's payload is read by tarfile itself, in one read of the size its header claims
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, 1 << 30
+    long_name = tmp_path / "long-name.tar"
+    long_name.write_bytes(info.tobuf(format=tarfile.GNU_FORMAT) + b"a" * 4096 + shard)
+    error, peak = peak_memory(lambda: list(iter_tar_samples(long_name)))
+    assert isinstance(error, ManifestError) and "is not a complete tar file" in str(error), error
+    assert peak < 4 << 20  # not the 1 GiB it claims
+
+
+def test_leftover_part_files_are_removed_when_a_cache_is_first_used(served, tmp_path, monkeypatch):
+    root, url, _ = served
+    monkeypatch.setattr(remote, "_CLEANED", set())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    part = f".{entry.sha256[:32]}-{entry.path}.{{}}.part"
+    old = time.time() - remote.PART_STALE - 60
+    stale, fresh, locked = (cache / part.format(c * 12) for c in "abc")
+    foreign = cache / ".notes.part"  # not a name packer writes: never touched
+    for path in (stale, fresh, locked, foreign):
+        path.write_bytes(b"half a shard")
+    for path in (stale, locked, foreign):
+        os.utime(path, (old, old))
+    with open(locked, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a download of another process holds it
+        assert len(list(WdsDataset(f"{url}/wds", cache_dir=cache))) == 13
+    names = {p.name for p in cache.iterdir()}
+    assert names - {p.name for p in (fresh, locked, foreign)} == {
+        f"{f.sha256[:32]}-{f.path}" for s in read_manifest(root / "wds").shards for f in s.files}
+    assert {fresh.name, locked.name, foreign.name} <= names and stale.name not in names
+    stale.write_bytes(b"half a shard")
+    os.utime(stale, (old, old))
+    assert len(list(WdsDataset(f"{url}/wds", cache_dir=cache))) == 13
+    assert stale.exists()  # once a process: a later leftover waits for the next process
+    # asked again: the stale one goes now, and so does the one whose lock was let go since
+    assert sorted(clean_cache(cache)) == [stale, locked] and {p.name for p in cache.iterdir()} == names - {locked.name}
+    assert clean_cache(tmp_path / "no-such-cache") == []
+
+
+def test_a_live_download_keeps_its_part_file_and_survives_its_removal(served, tmp_path, monkeypatch):
+    root, url, _ = served
+    cache = tmp_path / "cache"
+    entry = read_manifest(root / "wds").shards[0].files[0]
+    samples_of_shard = iter_remote_tar(f"{url}/wds", entry, cache)
+    first = next(samples_of_shard)
+    [part] = cache.glob(".*.part")
+    monkeypatch.setattr(remote, "PART_STALE", 0.0)
+    assert clean_cache(cache) == []  # locked by the download running here
+    part.unlink()  # as a cleaner on another host, without the lock, would after an hour's pause
+    rest = list(samples_of_shard)
+    assert [first, *rest] == list(iter_tar_samples(root / "wds" / entry.path))
+    assert list(cache.iterdir()) == []  # read and checked, only not kept

@@ -30,8 +30,9 @@ from packer.config import ShardSize
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import read_manifest
 from packer.tario import iter_tar_samples
-from readers import WdsDataset, make_loader, open_dataset, remote
-from readers.remote import clean_cache, is_url, iter_remote_tar, open_stream
+from readers import WdsDataset, make_loader, open_dataset, remote, streams
+from readers.remote import clean_cache, is_url, iter_remote_tar
+from readers.streams import open_stream
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +253,7 @@ def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, 
     # The server sent 64 bytes every 20 s: every read under the 60 s timeout, no end ever.
     # Here the same at 1/200 of the time, with the window cut to 1 s.
     root, _, _ = served
-    monkeypatch.setattr(remote, "STALL_WINDOW", 1.0)
+    monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
     with custom_server(root, paced(target, 64, 0.1, then_silent)) as url:
         error, took = bounded(lambda: list(open_dataset(f"{url}/wds")), 15)
     assert isinstance(error, ManifestError), error
@@ -265,8 +266,8 @@ def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, 
 
 def test_a_slow_steady_link_reads_every_sample(served, monkeypatch):
     root, _, _ = served
-    monkeypatch.setattr(remote, "STALL_WINDOW", 0.5)
-    monkeypatch.setattr(remote, "STALL_BYTES", 2048)  # the link gives ~3x that: 256 bytes every 20 ms
+    monkeypatch.setattr(streams, "STALL_WINDOW", 0.5)
+    monkeypatch.setattr(streams, "STALL_BYTES", 2048)  # the link gives ~3x that: 256 bytes every 20 ms
     entry = read_manifest(root / "wds").shards[0].files[0]
     with custom_server(root, paced(entry.path, 256, 0.02, then_silent=False)) as url:
         result, took = bounded(lambda: list(iter_remote_tar(f"{url}/wds", entry)), 30)
@@ -285,7 +286,7 @@ def process_alive(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads process states from /proc")
 def test_a_trickling_pipe_command_is_killed_whole_on_a_stall(monkeypatch, tmp_path):
-    monkeypatch.setattr(remote, "STALL_WINDOW", 1.0)
+    monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
     pid_file = tmp_path / "sleep.pid"
     stream = open_stream(f"pipe:sh -c 'sleep 30 & echo $! > {pid_file}; printf x; wait'")
     error, took = bounded(stream.read, 15)

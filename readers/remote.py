@@ -57,6 +57,9 @@ try:
 except ImportError:  # Windows: part files are then judged by their age alone
     fcntl = None  # type: ignore[assignment]
 
+MANIFEST_BYTES = 1 << 30
+"""The most a remote manifest may hold (its size is not known in advance): a server sending an
+endless one must not fill the memory."""
 PART_STALE = 3600.0  # seconds without a write after which an unlocked part file is a leftover
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _PART = re.compile(r"^\.[0-9a-f]{32}-[A-Za-z0-9._-]+\.[0-9a-f]{12}\.part$")  # what _Checked names its part files
@@ -85,7 +88,14 @@ def open_manifest(root: Union[str, os.PathLike], expect_format: Optional[str] = 
         return read_manifest(root, expect_format)
     url = file_url(str(root), MANIFEST_NAME)
     with open_stream(url) as stream:
-        data = stream.read()
+        parts, size = [], 0
+        while chunk := stream.read(1 << 20):  # each read gives what has arrived: up to the end
+            parts.append(chunk)
+            size += len(chunk)
+            if size > MANIFEST_BYTES:
+                raise ManifestError(f"{url} is longer than {MANIFEST_BYTES} bytes, more than any manifest "
+                                    "packer writes; is the URL an output's?")
+        data = b"".join(parts)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -51,10 +51,13 @@ def open_stream(url: str) -> IO[bytes]:
         try:
             response = urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 - the user's own URL
         except urllib.error.HTTPError as e:
+            e.close()
             missing = " (is the output there, and complete?)" if e.code == 404 else ""
             raise ManifestError(f"{url}: HTTP {e.code} {e.reason}{missing}") from None
         except (urllib.error.URLError, OSError) as e:
             raise ManifestError(f"cannot open {url}: {getattr(e, 'reason', e)}") from None
+        except (http.client.HTTPException, ValueError) as e:  # a garbled answer (BadStatusLine), a bad URL
+            raise ManifestError(f"cannot open {url}: {type(e).__name__}: {e}") from None
         return _HttpStream(url, response)  # type: ignore[return-value]
     try:
         import fsspec
@@ -146,7 +149,7 @@ class _HttpStream(_Paced):
         if self.response.isclosed():  # all of a Content-Length read: http.client closed it
             return b""
         if self.sock is not None:
-            self.sock.settimeout(max(min(TIMEOUT, timeout), 0.001))
+            self.sock.settimeout(max(timeout, 0.001))  # the window's time left, whatever TIMEOUT is
         return self.response.read1(n)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tarfile
 import threading
@@ -425,3 +426,39 @@ def test_a_live_download_keeps_its_part_file_and_survives_its_removal(served, tm
     rest = list(samples_of_shard)
     assert [first, *rest] == list(iter_tar_samples(root / "wds" / entry.path))
     assert list(cache.iterdir()) == []  # read and checked, only not kept
+
+
+def test_an_endless_manifest_is_refused_at_its_cap(served, monkeypatch):
+    root, _, _ = served
+
+    def send(path: str, data: bytes, wfile, stop: threading.Event) -> None:
+        wfile.write(data if not path.endswith("manifest.json") else b"{" + b" " * (3 << 20))
+
+    monkeypatch.setattr(remote, "MANIFEST_BYTES", 2 << 20)
+    with custom_server(root, send) as url:
+        error, _ = bounded(lambda: open_dataset(f"{url}/wds"), 30)
+    assert isinstance(error, ManifestError), error
+    assert str(error).startswith(f"{url}/wds/manifest.json is longer than {2 << 20} bytes")
+
+
+def test_a_garbled_http_answer_is_a_packer_error(tmp_path):
+    """A server that answers with something that is not HTTP: a ManifestError naming the URL, not
+    http.client's BadStatusLine."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/out"
+    try:
+        error, _ = bounded(lambda: WdsDataset(url), 30)
+    finally:
+        listener.close()
+        thread.join(10)
+    assert isinstance(error, ManifestError), error
+    assert str(error).startswith(f"cannot open {url}/manifest.json: BadStatusLine")

@@ -39,6 +39,9 @@ def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None,
         yield from _grouped(_open_tar(source, "r|", name), name, None, size)
 
 
+_SMALL_READ = 1 << 16  # reads up to this size need no cap: they cannot take much memory
+
+
 class _Capped:
     """A seekable file that reads nothing past ``size`` bytes: tarfile reads a long name's or a pax
     header's payload in one call of the size its header claims (gigabytes, in a crafted tar)."""
@@ -47,6 +50,8 @@ class _Capped:
         self.f, self.size = f, size
 
     def read(self, n: int = -1) -> bytes:
+        if n is not None and 0 <= n <= _SMALL_READ:  # headers (512 bytes): bounded already, and the hot path
+            return self.f.read(n)
         left = max(self.size - self.f.tell(), 0)
         return self.f.read(left if n is None or n < 0 else min(n, left))
 

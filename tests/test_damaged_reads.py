@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -201,16 +202,16 @@ def lmdb_output(tmp_path_factory) -> Path:
     return pack_every_format(tmp_path_factory, {"ant": 6, "bee": 6}, PreprocessConfig(size=(48, 48)), 6)["lmdb"]
 
 
-def structure_bytes(path: Path) -> list[int]:
-    """Offsets of every byte that structure_crc32 covers: whole branch, leaf and meta pages, and the
-    16-byte header of each overflow run (walked as LMDB's page headers say)."""
+def page_bytes(path: Path) -> list[int]:
+    """Offsets of every byte of the file's meta, branch and leaf pages, found by their headers
+    (flags at byte 10: 0x01 branch, 0x02 leaf, 0x08 meta; 0x04 starts a run of overflow pages,
+    whose length is at byte 12), tree pages and free ones alike."""
     data = path.read_bytes()
     size = int.from_bytes(data[40:44], "little")
     covered, page = [], 0
     while page * size < len(data):
         at = page * size
-        if int.from_bytes(data[at + 10:at + 12], "little") & 0x04:  # P_OVERFLOW: the run's length follows
-            covered += range(at, at + 16)
+        if int.from_bytes(data[at + 10:at + 12], "little") & 0x04:
             page += int.from_bytes(data[at + 12:at + 16], "little")
         else:
             covered += range(at, at + size)
@@ -229,14 +230,15 @@ def test_lmdb_files_record_the_checksum_of_their_structure(lmdb_output, outputs)
 
 
 def test_damaged_lmdb_structure_is_refused_before_lmdb_can_crash_on_it(lmdb_output, tmp_path):
-    """Bytes LMDB follows to find a record, flipped at fixed seeds: each copy is refused with a
-    ManifestError at its shard's open, in a process that must survive them all (LMDB killed
-    readers with SIGBUS on such flips). A flipped byte of an image's own pixels is left to
-    verify, and to the sample CRC-32 it checks."""
+    """Bytes of the pages LMDB follows to find a record, flipped at fixed seeds: each copy is
+    either refused with a ManifestError at its shard's open, or read exactly as the intact one (a
+    flip in a free page left by an earlier transaction, which no reader touches), in a process
+    that must survive them all. A flipped byte of an image's own pixels is left to verify, and to
+    the sample CRC-32 it checks."""
     entry = read_manifest(lmdb_output).shards[1].files[0]
     original = (lmdb_output / entry.path).read_bytes()
-    covered = structure_bytes(lmdb_output / entry.path)
-    assert len(covered) < len(original) / 2  # the images' own bytes lie in overflow pages, not covered
+    covered = page_bytes(lmdb_output / entry.path)
+    assert len(covered) < len(original) / 2  # the images' own bytes lie in overflow pages
     rng = random.Random(25)
     copies = []
     for n in range(24):
@@ -245,22 +247,65 @@ def test_damaged_lmdb_structure_is_refused_before_lmdb_can_crash_on_it(lmdb_outp
         data = bytearray(original)
         data[rng.choice(covered)] ^= rng.randrange(1, 256)
         (copy / entry.path).write_bytes(bytes(data))
-        assert structure_crc32(copy / entry.path) != entry.structure_crc32
         copies.append(str(copy))
-    code = ("from packer.errors import ManifestError\nfrom readers import open_dataset\n"
+    code = ("import torch\nfrom packer.errors import ManifestError\nfrom readers import open_dataset\n"
+            f"intact = open_dataset({str(lmdb_output)!r})\n"
             f"for root in {copies!r}:\n"
             "    ds = open_dataset(root)\n"
             "    assert ds[5][1] == 0\n"  # shard 0 is intact and read
-            "    try:\n        ds[6]\n        print('read', root)\n"
+            "    try:\n"
+            "        same = all(torch.equal(ds[i][0], intact[i][0]) and ds[i][1] == intact[i][1]\n"
+            "                   for i in range(6, 12))\n"
+            "        print('same' if same else 'DIFFERENT')\n"
             "    except ManifestError as e:\n        print('refused' if 'structure checksum' in str(e) else e)\n")
     read = _in_subprocess(code, timeout=120)
     assert read.returncode == 0, read.stderr  # a SIGBUS would be -7
-    assert read.stdout.split() == ["refused"] * len(copies)
+    outcomes = read.stdout.split()
+    assert set(outcomes) <= {"refused", "same"} and len(outcomes) == len(copies), read.stdout
+    assert outcomes.count("refused") >= len(copies) // 2, outcomes
     pixels = bytearray(original)
     outside = next(i for i in range(len(original)) if i not in set(covered))
     pixels[outside] ^= 0x01
     (tmp_path / "pixels.lmdb").write_bytes(bytes(pixels))
     assert structure_crc32(tmp_path / "pixels.lmdb") == entry.structure_crc32
+
+
+def point_first_value_past_the_end(path: Path) -> None:
+    """Damage an LMDB file as flipped bytes can: both meta pages claim 64 pages more than the file
+    has (``mm_last_pg``, at byte 136 of a meta page), and the first leaf node whose value lies in
+    overflow pages (F_BIGDATA) points at one of them."""
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[40:44], "little")
+    pages = len(data) // size
+    for meta in (0, size):
+        data[meta + 136:meta + 144] = (pages + 64).to_bytes(8, "little")
+    for at in range(0, len(data), size):
+        if not int.from_bytes(data[at + 10:at + 12], "little") & 0x02:  # P_LEAF
+            continue
+        lower = int.from_bytes(data[at + 12:at + 14], "little")
+        for ptr in range(at + 16, at + lower, 2):
+            node = at + int.from_bytes(data[ptr:ptr + 2], "little")
+            flags, key_size = (int.from_bytes(data[node + k:node + k + 2], "little") for k in (4, 6))
+            if flags & 0x01:  # F_BIGDATA: the value is the page number of its overflow run
+                data[node + 8 + key_size:node + 16 + key_size] = (pages + 32).to_bytes(8, "little")
+                path.write_bytes(bytes(data))
+                return
+    raise AssertionError(f"{path} has no value in overflow pages")
+
+
+def test_an_lmdb_page_number_past_the_file_is_refused_not_a_sigbus(lmdb_output, tmp_path):
+    """The issue's crash, reproduced: without the structure check, LMDB reads the page past the end
+    of its file and the process dies of SIGBUS; with it, the shard is refused and the process lives."""
+    copy = tmp_path / "copy"
+    shutil.copytree(lmdb_output, copy)
+    point_first_value_past_the_end(copy / read_manifest(copy).shards[1].files[0].path)
+    read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1])\nds[6]"
+    unchecked = _in_subprocess("import readers.base\nreaders.base.check_file = lambda *a: None\n" + read)
+    assert unchecked.returncode == -signal.SIGBUS and unchecked.stdout.split() == ["0"]
+    checked = _in_subprocess(read)
+    assert checked.returncode == 1 and checked.stdout.split() == ["0"]
+    assert "shard-00001.lmdb is damaged where its library looks up records" in checked.stderr
+    assert "ManifestError" in checked.stderr and "Traceback" in checked.stderr  # raised, not a crash
 
 
 # --------------------------------------------------------------------------- verify=True

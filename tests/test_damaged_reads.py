@@ -299,7 +299,7 @@ def test_an_lmdb_page_number_past_the_file_is_refused_not_a_sigbus(lmdb_output, 
     copy = tmp_path / "copy"
     shutil.copytree(lmdb_output, copy)
     point_first_value_past_the_end(copy / read_manifest(copy).shards[1].files[0].path)
-    read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1])\nds[6]"
+    read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1], flush=True)\nds[6]"
     unchecked = _in_subprocess("import readers.base\nreaders.base.check_file = lambda *a: None\n" + read)
     assert unchecked.returncode == -signal.SIGBUS and unchecked.stdout.split() == ["0"]
     checked = _in_subprocess(read)

@@ -8,8 +8,8 @@ database's B-tree, walked from its root as LMDB walks it. It skips the values st
 pages (each sample's stored CRC-32 covers those) and pages that are not in the tree (free pages
 left by earlier transactions), which a reader never touches. The writer records it in the
 manifest; a reader compares it before LMDB opens the file, so LMDB only ever follows pointers as
-they were written, at the cost of reading the tree's pages once (about one page per hundred
-records).
+they were written, at the cost of reading the tree's pages once (far fewer than the records:
+a leaf page holds many nodes).
 
 Layout (``mdb.c``, 64-bit): a page starts with a 16-byte header: ``pgno`` (8 bytes), padding (2),
 ``flags`` (2: 0x01 branch, 0x02 leaf), ``lower`` (2: the end of the node pointers) and ``upper``
@@ -37,9 +37,10 @@ def structure_crc32(path: str | os.PathLike) -> int:
     root (see the module); each page's number goes in before its bytes.
 
     Reads with plain reads, never a memory map, and takes damaged files in its stride: it runs on
-    files not yet known to be intact. Each page is read at most once, and a page number outside
-    the file is put into the checksum instead of being followed, so any damage to what it covers
-    changes the result."""
+    files not yet known to be intact. Each page is read at most once and the walk stops at a page
+    referenced twice (time and memory stay bounded by the file's page count); a page number
+    outside the file is put into the checksum instead of being followed, so any damage to what it
+    covers changes the result."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
@@ -53,17 +54,23 @@ def structure_crc32(path: str | os.PathLike) -> int:
             crc = zlib.crc32(meta, crc)
         meta = max(metas, key=lambda m: _U64.unpack_from(m, _TXNID_AT)[0])
         pages = size // page_size
-        stack, seen = [_U64.unpack_from(meta, _ROOT_AT)[0]], set()
+        stack, seen, pushed = [_U64.unpack_from(meta, _ROOT_AT)[0]], set(), 1
         while stack:
             number = stack.pop()
             crc = zlib.crc32(_U64.pack(number), crc)
-            if not 2 <= number < pages or number in seen:
+            if number in seen or pushed > pages:
+                # No page of a B-tree is referenced twice, nor are there more references than
+                # pages: damage, maybe crafted to make the walk long. Recorded; the walk stops.
+                return zlib.crc32(b"cycle", crc)
+            if not 2 <= number < pages:
                 continue  # an empty tree (no root), or damage: recorded above, not followed
             seen.add(number)
             page = os.pread(fd, page_size, number * page_size)
             crc = zlib.crc32(page, crc)
             if _U16.unpack_from(page, 10)[0] & _BRANCH:
-                stack.extend(reversed(_children(page, page_size)))
+                children = _children(page, page_size)
+                pushed += len(children)
+                stack.extend(reversed(children))
     return crc
 
 

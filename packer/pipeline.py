@@ -37,8 +37,9 @@ from packer.output import (
 )
 from packer.plan import plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
+from packer.registry import get_format
 from packer.report import REPORT_NAME, reason_kind, write_report
-from packer.resume import SOURCES_PER_SHARD, current_digests, plan_fingerprint, unchanged_sources
+from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_fingerprint, unchanged_sources
 from packer.sample_layout import SampleLayout
 from packer.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from packer.system import usable_cpus
@@ -176,6 +177,7 @@ def _convert_locked(
                 "run without --resume to start over"
             )
         finished = current_digests(finished_shards(stage, [t.name for t in tasks]))
+        finished = current_layout(finished, get_format(config.format).version(layout))
         if per_shard:
             finished = unchanged_sources(finished, tasks)
         log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))

@@ -258,7 +258,8 @@ class ShardResult:
     to find identical files) are per written sample, in order; ``stats`` counts pixel values and original
     sizes. ``sources`` is a SHA-256 of every source file's size, times and inode as the worker found
     them before reading (``worker.sources_digest``), for --resume; empty in records of older packers.
-    ``digest`` names how ``digests`` were computed.
+    ``digest`` names how ``digests`` were computed. ``format_version`` is the on-disk version the
+    shard was written at (0 in records of packers before 0.3.0, which did not say).
     """
 
     name: str
@@ -271,6 +272,7 @@ class ShardResult:
     stats: ShardStats = field(default_factory=ShardStats)
     sources: str = ""
     digest: str = SOURCE_DIGEST
+    format_version: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready form (the record of a finished shard kept for --resume)."""
@@ -278,7 +280,7 @@ class ShardResult:
             "name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
             "skipped": [s.to_dict() for s in self.skipped],
             "keys": self.keys, "labels": self.labels, "digests": self.digests, "stats": self.stats.to_dict(),
-            "sources": self.sources, "digest": self.digest,
+            "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
         }
 
     @classmethod
@@ -289,5 +291,5 @@ class ShardResult:
             d["name"], int(d["samples"]), [FileEntry.from_dict(f) for f in d["files"]],
             [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
             list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
-            str(d.get("digest", "sha256-128")),
+            str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
         )

@@ -61,6 +61,20 @@ def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:
     return kept
 
 
+def current_layout(finished: dict[str, ShardResult], version: int) -> dict[str, ShardResult]:
+    """The ``finished`` shards written at on-disk format ``version``, the one this run writes. The
+    others (an older packer's: hdf5 keys in the global heap, lmdb files without their structure
+    checksum) are written again, so that one output never holds two layouts."""
+    kept = {}
+    for name, result in finished.items():
+        if result.format_version == version:
+            kept[name] = result
+        else:
+            log.warning("%s: written at another format version (%s, this run writes %d); writing it again", name,
+                        result.format_version or "before packer 0.3.0", version)
+    return kept
+
+
 def unchanged_sources(finished: dict[str, ShardResult], tasks: list[ShardTask]) -> dict[str, ShardResult]:
     """The ``finished`` shards whose source files are as their worker found them (size, times,
     inode; see ``worker.sources_digest``). The others are written again, from the files as they are

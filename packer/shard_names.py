@@ -31,14 +31,16 @@ def hdf5_varlen_names(field: str) -> tuple[str, str]:
 
 
 HDF5_IMAGE_BYTES, HDF5_IMAGE_OFFSETS = hdf5_varlen_names("images")
+"""Where encoded (jpeg, png) images, or raw images of varying sizes, go in an HDF5 shard, instead of
+``images``."""
+
 HDF5_KEY_BYTES, HDF5_KEY_OFFSETS = hdf5_varlen_names("keys")
 """Where an HDF5 shard of format version 4 or later keeps its keys: a variable-length field of
 their UTF-8 bytes. Earlier versions hold ``keys``, variable-length strings, which live in HDF5's
 global heap, where one damaged length sends libhdf5 into an endless loop."""
+
 HDF5_FLAT_KEYS_SINCE = 4
 """The hdf5 format version that moved keys off the global heap (``HDF5_KEY_BYTES``)."""
-"""Where encoded (jpeg, png) images, or raw images of varying sizes, go in an HDF5 shard, instead of
-``images``."""
 
 HDF5_IMAGE_SHAPES = "images_shapes"
 """N x 3 int64 (H, W, C) of each raw image of an HDF5 shard whose images vary in size."""

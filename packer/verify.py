@@ -112,10 +112,9 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     try:
         while result is None:
             if not receive.poll(STALL_SECONDS):
-                proc.kill()
-                proc.join()
                 return [Problem(shard.name, f"unreadable: the {manifest.format} library made no progress for "
-                                f"{STALL_SECONDS:g} s after sample {done} (stopped); the shard is damaged", done)]
+                                f"{STALL_SECONDS:g} s after sample {done} (stopped); the shard is damaged, or its "
+                                "disk far too slow", done)]
             kind, value = receive.recv()
             if kind == "progress":
                 done += value
@@ -127,7 +126,9 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
         pass
     finally:
         receive.close()
-    proc.join()
+        if result is None and proc.is_alive():  # stalled, or this loop left by an exception: not outlived
+            proc.kill()
+        proc.join()
     if result is None:
         code = proc.exitcode or 0
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"

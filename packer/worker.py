@@ -321,7 +321,9 @@ def write_shard(
         raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
     if report is not None and pending:
         report(pending)
-    structure = get_format(job.format).structure_checksum()
+    spec = get_format(job.format)
+    structure = spec.structure_checksum()
     result.files = [file_entry(directory, name, writer.digests.get(name), structure) for name in files]
+    result.format_version = spec.version(job.layout)
     result.sources = sources.hexdigest()
     return result

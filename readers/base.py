@@ -47,6 +47,16 @@ def output_identity(root: Any) -> Optional[tuple]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def manifest_sha256(root: Any) -> Optional[str]:
+    """SHA-256 of a local output's manifest bytes (None for URLs, or when it cannot be read)."""
+    if is_url(root):
+        return None
+    try:
+        return sha256_of(Path(root) / MANIFEST_NAME)
+    except OSError:
+        return None
+
+
 def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> None:
     """Check a shard file before its first read in this process: its SHA-256 with ``verify``,
     else its structure checksum when the format records one (``structure`` names the function,
@@ -152,17 +162,27 @@ class ReaderBase:
         for _ in range(3):
             before = output_identity(self.root)
             manifest = open_manifest(self.root, expect_format=self.format_name or None)
+            self._manifest_sha256 = manifest_sha256(self.root)
             if before == output_identity(self.root):
                 return manifest, before
         raise ManifestError(f"{self.root} keeps changing while it is opened (is a conversion writing it?)")
 
     def check_unchanged(self) -> None:
         """ManifestError when the output is no longer the one this dataset opened (replaced by a new
-        conversion, or removed): its files must not be mixed with the ones already read."""
-        if self._identity is not None and output_identity(self.root) != self._identity:
-            raise ManifestError(f"{self.root} was replaced or removed after this dataset was opened: its shard files "
-                                "are no longer the ones its manifest lists. Open the dataset again to read the new "
-                                "output")
+        conversion, or removed): its files must not be mixed with the ones already read.
+
+        The manifest's inode, size and time are compared; when they differ, its bytes: a remount
+        (NFS, FUSE) can change the first without any change to the output."""
+        if self._identity is None:
+            return
+        now = output_identity(self.root)
+        if now == self._identity:
+            return
+        if now != ("missing",) and manifest_sha256(self.root) == self._manifest_sha256:
+            self._identity = now  # the same manifest, so the same shard files (their SHA-256s are in it)
+            return
+        raise ManifestError(f"{self.root} was replaced or removed after this dataset was opened: its shard files "
+                            "are no longer the ones its manifest lists. Open the dataset again to read the new output")
 
     def path(self, relpath: str) -> Path:
         """Path of a shard file named in the manifest, checked before its first use in a process:

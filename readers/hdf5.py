@@ -19,6 +19,7 @@ from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
 from packer.shard_names import (
+    HDF5_FLAT_KEYS_SINCE,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,
     HDF5_KEY_BYTES,
@@ -81,7 +82,7 @@ class Hdf5Dataset(PackedDataset):
             return f[data], f[offsets][:]
 
         text = {t.name: varlen(t.name) for t in self.text_fields}
-        keys = HDF5_KEY_BYTES in f
+        keys = self.manifest.format_version >= HDF5_FLAT_KEYS_SINCE  # by the manifest, never guessed from the file
         kind = self.layout.image
         if kind is ImageStorage.NONE:
             return _Hdf5Shard(f, None, None, text=text, flat_keys=keys)

@@ -21,7 +21,8 @@ _ENVS: dict[tuple, list] = {}
 py-lmdb refuses to open one file twice in a process, and two datasets over the same output (train
 and eval views, a copy) are common, so they share one environment. The key includes the inode
 and modification time: an output converted again at the same path is a new file, never served
-from a stale map."""
+from a stale map, while a dataset that opened the old file keeps reading it (py-lmdb opens the
+new file beside it: another inode)."""
 
 
 def _identity(path: str) -> tuple:
@@ -38,8 +39,6 @@ def _acquire(path: str) -> tuple[tuple, lmdb.Environment]:
     key = _identity(path)
     entry = _ENVS.get(key)
     if entry is None:
-        for stale in [k for k in _ENVS if k[1] == path]:  # same path, replaced file: nobody should use it
-            _ENVS.pop(stale)[0].close()
         # lock=False: the files never change after conversion, so readers need no lock table.
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False)
         entry = _ENVS[key] = [env, 0]

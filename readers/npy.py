@@ -18,9 +18,10 @@ class _NpyShard(NamedTuple):
     images: Optional[np.ndarray]  # N x H x W x C, or the flat bytes of encoded images; None without images
     offsets: Optional[np.ndarray]  # N + 1 offsets into ``images`` when encoded
     keys: np.ndarray
-    labels_path: str
+    labels: np.ndarray  # mapped at the open, with the other files: never read later from a newer output
     text: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # field: (flat bytes, N + 1 offsets)
     shapes: Optional[np.ndarray] = None  # N x 3, raw images of varying sizes (stored like encoded ones)
+    where: str = ""  # the shard, for error messages
 
 
 class NpyDataset(PackedDataset):
@@ -38,7 +39,7 @@ class NpyDataset(PackedDataset):
             data, offsets = npy_varlen_suffixes(field)
             return mmap(data), np.load(self.path(shard.file(offsets)), allow_pickle=False)
 
-        labels = str(self.path(shard.file(NPY_LABELS)))
+        labels = mmap(NPY_LABELS)
         text = {f.name: varlen(f.name) for f in self.text_fields}
         kind = self.layout.image
         if kind is ImageStorage.NONE:
@@ -48,18 +49,18 @@ class NpyDataset(PackedDataset):
         shapes = None
         if kind is ImageStorage.VARIABLE:
             shapes = np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
-        return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes)
+        return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes, str(self.root / shard.name))
 
     def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
         if handle.offsets is None:
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
         if handle.shapes is not None:
-            return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.labels_path)
+            return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.where)
         return decode_image(data, self.layout.codec.name, self.layout.mode)
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
-        return np.load(handle.labels_path, allow_pickle=False)
+        return np.array(handle.labels)  # a copy: the labels stay cached after the shard is closed
 
     def read_field(self, handle: _NpyShard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]

@@ -57,7 +57,7 @@ try:
 except ImportError:  # Windows: part files are then judged by their age alone
     fcntl = None  # type: ignore[assignment]
 
-MANIFEST_BYTES = 1 << 30
+MANIFEST_BYTES = 256 << 20
 """The most a remote manifest may hold (its size is not known in advance): a server sending an
 endless one must not fill the memory."""
 PART_STALE = 3600.0  # seconds without a write after which an unlocked part file is a leftover

@@ -9,10 +9,12 @@ they deliver against the manifest.
   waiting in reads, unless the stream ends first: a minimum pace of about 17 KiB/s, far under any
   link a training job can use; a source that sends nothing for 60 s fails then. Time the reader
   spends not reading (a training step, a paused DataLoader) does not count. http(s) and ``pipe:``
-  reads return what has arrived and wait at most the time left in the window; a stalled ``pipe:``
+  reads return what has arrived and wait at most the time left in the window (for http, over all
+the receives of one read: a chunked body's framing included); a stalled ``pipe:``
   command is killed with its whole process group. fsspec gives no way to bound one read: its
   backend's own timeouts do, and the rule is checked after each read. Connecting and the HTTP
-  answer's headers wait up to ``TIMEOUT`` (60 s) per socket read. Set these module constants to
+  answer's headers wait up to ``TIMEOUT`` (60 s) per socket read: a server that trickles its
+  headers is bounded only by that. Set these module constants to
   change the rule for a process (they are read at each use). A stall is a ManifestError naming the
   URL, not a hang.
 """
@@ -139,17 +141,30 @@ class _HttpStream(_Paced):
     def __init__(self, url: str, response: http.client.HTTPResponse) -> None:
         super().__init__(url)
         self.response = response
-        # read1 returns what has arrived but waits for its first byte up to the socket's timeout,
-        # which is set before each read to the time left in the window. CPython keeps the socket
-        # as the SocketIO's private _sock; without it, reads wait up to TIMEOUT each and the rule
-        # is checked after them.
-        self.sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+        self.deadline = 0.0  # when the read in progress must have returned (time.monotonic)
+        # One read1 may receive many times from the socket (a chunked body's size lines and
+        # trailers), so each receive gets the time left until the read's deadline, not a fresh
+        # timeout: the socket's reads go through ``_receive``. CPython keeps the socket as the
+        # SocketIO's private _sock; without it, each receive waits up to TIMEOUT and the rule is
+        # checked after the read.
+        raw = getattr(response.fp, "raw", None)
+        self.sock = getattr(raw, "_sock", None)
+        if self.sock is not None:
+            self._readinto = raw.readinto  # type: ignore[union-attr]
+            raw.readinto = self._receive  # type: ignore[union-attr]
+
+    def _receive(self, buffer) -> int:
+        """The socket's ``readinto``, bounded by the deadline of the read in progress."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no more time left in the stall window")
+        self.sock.settimeout(left)  # type: ignore[union-attr]
+        return self._readinto(buffer)
 
     def _read_some(self, n: int, timeout: float) -> bytes:
         if self.response.isclosed():  # all of a Content-Length read: http.client closed it
             return b""
-        if self.sock is not None:
-            self.sock.settimeout(max(timeout, 0.001))  # the window's time left, whatever TIMEOUT is
+        self.deadline = time.monotonic() + max(timeout, 0.001)  # the window's time left, whatever TIMEOUT is
         return self.response.read1(n)
 
     def close(self) -> None:

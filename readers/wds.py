@@ -12,6 +12,7 @@ import io
 import os
 import random
 import warnings
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
@@ -112,6 +113,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         f = self.length_field(field)
         parts = [np.load(self._side_file(s, wds_lengths_suffix(f.name)), allow_pickle=False)
                  for s in self.manifest.shards]
+        self.check_unchanged()  # after the reads: the side files read were the opened output's
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
@@ -131,7 +133,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         if local != entry.samples:
             raise ManifestError(f"{path} holds {local} samples but the manifest says {entry.samples}; it is damaged")
 
-    def _local_tar(self, path) -> Iterator[dict]:
+    def _local_tar(self, path: Path) -> Iterator[dict]:
         """The samples of a local tar shard; the output is checked to be the one this dataset
         opened once the file is open (before its first sample is used), so no sample of a newer
         output written in its place is ever passed on."""

@@ -336,10 +336,11 @@ def test_verify_true_checks_every_file_before_its_first_read(outputs, tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_an_output_replaced_under_a_reader_is_an_error_not_a_mix(fmt, tmp_path):
     """A reader keeps the shards it has open, of the output it opened, and refuses to open a shard
-    of the output that ``--overwrite`` put in its place (same layout, other pixels)."""
+    of the output that ``--overwrite`` put in its place (same layout, other pixels and labels); a
+    dataset opened after it reads the new output, beside the old one."""
     first, second = tmp_path / "first", tmp_path / "second"
     make_tree(first, {"ant": 10, "bee": 10})
-    make_tree(second, {"ant": 10, "bee": 10}, size=(80, 40))
+    make_tree(second, {"ant": 15, "bee": 5}, size=(80, 40))  # shard 1: five ants, then five bees
     out = tmp_path / "out"
     config = ConvertConfig(fmt, PRE, ShardSize(samples=10))
     convert(first, out, config, workers=1)
@@ -353,8 +354,59 @@ def test_an_output_replaced_under_a_reader_is_an_error_not_a_mix(fmt, tmp_path):
             list(stream)
         return
     old = ds[0][0].clone()
+    ds._handle(1)  # shard 1 opened (as lengths() opens shards), none of it read yet
     convert(second, out, config, workers=1, overwrite=True)
-    assert torch.equal(ds[0][0], old)  # shard 0 stays the opened output's
+    new = open_dataset(out)
+    assert [new[i][1] for i in range(10, 20)] == [0] * 5 + [1] * 5 and not torch.equal(new[0][0], old)
+    assert torch.equal(ds[0][0], old)  # the shards open stay the opened output's, after another dataset
+    assert [ds[i][1] for i in range(10, 20)] == [1] * 10  # opened the new one: labels too
+    ds.close()
     with pytest.raises(ManifestError, match="was replaced or removed after this dataset was opened"):
         ds[10]
-    assert not torch.equal(open_dataset(out)[0][0], old)  # opened again: the new output
+
+
+def test_a_manifest_with_a_new_inode_but_the_same_bytes_is_not_a_replacement(outputs, tmp_path):
+    """A remount (NFS, FUSE) can give the manifest a new inode or time without any change to the
+    output: the reader compares its bytes before calling the output replaced."""
+    copy = damaged_copy(outputs, "npy", tmp_path)
+    ds = open_dataset(copy)
+    assert ds[0][1] == 0
+    manifest = copy / "manifest.json"
+    shutil.copy(manifest, tmp_path / "same.json")
+    os.replace(tmp_path / "same.json", manifest)  # a new inode, the same bytes
+    os.utime(manifest, ns=(1, 1))
+    assert ds[15][1] == 1
+    manifest.write_text(manifest.read_text().replace('"ant"', '"aunt"'))  # other bytes: replaced
+    with pytest.raises(ManifestError, match="was replaced or removed"):
+        ds.close()
+        ds[15]
+
+
+def test_the_lmdb_structure_walk_stays_bounded_on_a_crafted_tree(tmp_path, monkeypatch):
+    """A crafted file whose every page is a branch pointing at 500 others: a walk that queued each
+    reference would take pages x nodes steps and as much memory; it stops at the first page met
+    twice, or once more references than pages were queued."""
+    import packer.lmdb_pages as lmdb_pages
+
+    page, pages, nodes = 4096, 512, 500
+    data = bytearray(page * pages)
+    for meta in (0, 1):
+        at = meta * page
+        data[at + 10:at + 12] = (0x08).to_bytes(2, "little")  # P_META
+        data[at + 40:at + 44] = page.to_bytes(4, "little")
+        data[at + 128:at + 136] = (2).to_bytes(8, "little")  # the main tree's root: page 2
+    for number in range(2, pages):
+        at = number * page
+        data[at + 10:at + 12] = (0x01).to_bytes(2, "little")  # P_BRANCH
+        data[at + 12:at + 14] = (16 + 2 * nodes).to_bytes(2, "little")
+        for i in range(nodes):
+            node = 16 + 2 * nodes + 6 * i
+            data[at + 16 + 2 * i:at + 18 + 2 * i] = node.to_bytes(2, "little")
+            data[at + node:at + node + 2] = (2 + (number + i) % (pages - 2)).to_bytes(2, "little")
+    path = tmp_path / "crafted.lmdb"
+    path.write_bytes(bytes(data))
+    queued = []
+    children = lmdb_pages._children
+    monkeypatch.setattr(lmdb_pages, "_children", lambda *a: queued.append(len(found := children(*a))) or found)
+    structure_crc32(path)
+    assert queued[0] == nodes and sum(queued) <= pages + nodes  # not (pages - 2) * nodes

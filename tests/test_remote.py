@@ -462,3 +462,35 @@ def test_a_garbled_http_answer_is_a_packer_error(tmp_path):
         thread.join(10)
     assert isinstance(error, ManifestError), error
     assert str(error).startswith(f"cannot open {url}/manifest.json: BadStatusLine")
+
+
+def test_a_chunked_answer_trickling_its_framing_stalls_within_the_window(monkeypatch):
+    """One read of a chunked body may receive many times (the chunk-size line, byte by byte): the
+    window bounds the whole read, not each receive."""
+    monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while not stop.wait(0.2):  # a chunk-size line that never ends: "0000..."
+                try:
+                    conn.sendall(b"0")
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/shard-00000.tar"
+    try:
+        stream = open_stream(url)
+        error, seconds = bounded(lambda: stream.read(1024), 20)
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(10)
+    assert isinstance(error, ManifestError), error
+    assert str(error).startswith(f"{url} stalled: 0 bytes in the last") and seconds < 5

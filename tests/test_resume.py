@@ -148,3 +148,25 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     assert "shard-00000: recorded by an older packer (sha256-128 source digests); writing it again" in caplog.text
     assert resumed.manifest.duplicates == whole.duplicates
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb"])
+def test_resume_rewrites_shards_an_older_format_version_wrote(image_tree, tmp_path, caplog, fmt):
+    """A shard finished by a packer before 0.3.0 (its record names no format version) has hdf5
+    keys in the global heap or an lmdb file without its structure checksum: written again, so the
+    output holds one layout, the one its manifest names."""
+    from packer.output import DONE_SUFFIX
+
+    config = ConvertConfig(fmt, PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
+    whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
+    out = tmp_path / "out"
+    _interrupt_in_second_shard(image_tree, out, config)
+    record = staging_dir(out) / f"shard-00000{DONE_SUFFIX}"
+    d = json.loads(record.read_text())
+    assert d["format_version"] == whole.format_version == (4 if fmt == "hdf5" else 1)
+    del d["format_version"]
+    record.write_text(json.dumps(d))
+    resumed = convert(image_tree, out, config, workers=1, resume=True)
+    assert resumed.processed == 15  # every shard, the first one again
+    assert "shard-00000: written at another format version (before packer 0.3.0" in caplog.text
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()

@@ -13,6 +13,10 @@ from packer.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the
 from packer.text import TextConfig
 
 RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
+GEOMETRIES = ("torchvision", "fractional")
+"""How ``shorter-crop`` places its crop: ``torchvision``, as ``Resize(N)`` then ``CenterCrop(N)``
+compute it (the image resized to an integer size, the crop at a rounded offset); ``fractional``,
+the largest centred box of the target's aspect ratio resized in one step (packer before 0.3.0)."""
 COLOR_MODES = ("RGB", "L")
 INTERPOLATIONS = ("bilinear", "bicubic", "lanczos", "box", "hamming", "nearest")
 DTYPES = ("uint8", "float16", "float32")
@@ -35,7 +39,8 @@ class PreprocessConfig:
     normalization. Images of more than ``max_pixels`` pixels are skipped (decompression-bomb
     protection). ``reduced_decode`` lets the JPEG decoder scale an image down by M/8 (M = 1..5)
     while decoding as long as it stays at least the target size (packer.jpeg): faster decoding,
-    pixels within a few levels of a full decode (docs/BENCHMARKS.md).
+    pixels within a few levels of a full decode (docs/BENCHMARKS.md). ``geometry`` is how
+    ``shorter-crop`` places its crop (``GEOMETRIES``).
     """
 
     size: Optional[tuple[int, int]] = (224, 224)
@@ -50,6 +55,7 @@ class PreprocessConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     auto_normalize: bool = False
     reduced_decode: bool = True
+    geometry: str = "torchvision"
 
     def __post_init__(self) -> None:
         if self.max_pixels < 1:
@@ -59,6 +65,7 @@ class PreprocessConfig:
         _choice("mode", self.mode, COLOR_MODES)
         _choice("interpolation", self.interpolation, INTERPOLATIONS)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("geometry", self.geometry, GEOMETRIES)
         if self.resize == "none":
             object.__setattr__(self, "size", None)
         elif self.size is None or len(self.size) != 2 or min(self.size) < 1:
@@ -114,6 +121,8 @@ class PreprocessConfig:
             d["normalize"] = AUTO
         d.pop("mean", None)
         d.pop("std", None)
+        if self.resize != "shorter-crop":
+            d.pop("geometry")  # it places shorter-crop's crop only: other outputs' records are as before
         if self.reduced_decode:  # how: a record, so that a change of the method changes the fingerprint too
             from packer.jpeg import SCALING
 
@@ -125,6 +134,8 @@ class PreprocessConfig:
         """Inverse of ``to_dict``."""
         d = dict(d)
         d.setdefault("reduced_decode", False)  # outputs written before it existed decoded in full
+        if d.get("resize", "shorter-crop") == "shorter-crop":
+            d.setdefault("geometry", "fractional")  # shorter-crop outputs written before it existed
         d.pop("jpeg_scaling", None)  # how reduced_decode scaled (packer.jpeg): a record, not an option
         norm = d.pop("normalize", None)
         tuples = {k: tuple(d[k]) for k in ("size", "fill", "background") if d.get(k) is not None}

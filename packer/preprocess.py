@@ -185,7 +185,7 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
 def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
              histogram: bool) -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
-    img = resize(img, cfg, area)  # may be the image decoded into the scratch buffer, until image_pixels copies it
+    img = resize(img, cfg, area, original)  # may be the image decoded into the scratch buffer, until copied
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
     counts = img.histogram() if histogram else None
     return Decoded(image_pixels(img), original, counts)
@@ -355,9 +355,29 @@ def _rgb(color: tuple[int, ...]) -> tuple[int, int, int]:
     return tuple(color) * 3 if len(color) == 1 else tuple(color[:3])  # type: ignore[return-value]
 
 
-def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None) -> Image.Image:
+def torchvision_crop(original: tuple[int, int], size: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((resized width, height), (left, top))``: the size torchvision's ``Resize`` gives an image of
+    ``original`` (width, height) so that it covers ``size`` (width, height), and the offset at which
+    ``CenterCrop`` then cuts ``size`` out of it.
+
+    For a square ``size`` (N, N) it is ``Resize(N)``: the shorter side to N, the longer one to
+    ``int(N * long / short)`` (truncated, as torchvision computes it); other sizes scale by the side
+    that binds. The offsets are ``int(round((resized - size) / 2))``, Python's rounding (half to even)
+    as in torchvision's ``center_crop``.
+    """
+    (w, h), (tw, th) = original, size
+    if tw * h >= th * w:  # the width binds (the image is at least as tall as the target's shape)
+        rw, rh = tw, max(th, int(tw * h / w))
+    else:
+        rw, rh = max(tw, int(th * w / h)), th
+    return (rw, rh), (int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0)))
+
+
+def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
+           original: Optional[tuple[int, int]] = None) -> Image.Image:
     """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
-    holds the picture (None: all of it)."""
+    holds the picture (None: all of it). ``original`` is the picture's size before any scaled
+    decoding (None: the area's size), which torchvision's crop geometry is computed on."""
     if cfg.resize == "none":
         return img
     tw, th = cfg.size  # type: ignore[misc]
@@ -367,8 +387,21 @@ def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None)
     resample = _RESAMPLE[cfg.interpolation]
     if cfg.resize == "stretch":
         return img if same else img.resize((tw, th), resample, box=(x0, y0, x1, y1))
+    if cfg.resize == "shorter-crop" and cfg.geometry == "torchvision":
+        if same:
+            return img
+        ow, oh = original or (round(w), round(h))
+        (rw, rh), (left, top) = torchvision_crop((ow, oh), (tw, th))
+        if area is None and img.size == (ow, oh):
+            # The whole picture at its own size (a full decode): torchvision's two steps, byte for byte.
+            resized = img if (rw, rh) == (ow, oh) else img.resize((rw, rh), resample)
+            return resized.crop((left, top, left + tw, top + th))
+        # A scaled decode: the same crop, mapped into the decoded image, resized in one step.
+        sx, sy = w / rw, h / rh
+        return img.resize((tw, th), resample, box=(x0 + left * sx, y0 + top * sy,
+                                                   x0 + (left + tw) * sx, y0 + (top + th) * sy))
     if cfg.resize == "shorter-crop":
-        # Crop the largest centred box of the target aspect ratio, resize it in one step.
+        # fractional: the largest centred box of the target aspect ratio, resized in one step.
         if same:
             return img
         scale = max(tw / w, th / h)

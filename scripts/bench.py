@@ -70,16 +70,21 @@ def make_images(out: Path, count: int) -> None:
 def load(path: str, size: int = 224) -> np.ndarray:
     """Bare decode + resize as hand-written scripts and the peers' users do it, with Pillow alone:
     torchvision's image loader (``Image.open(path).convert("RGB")``: the whole JPEG decoded), then
-    one antialiased bilinear resize of the centred square to ``size`` x ``size``, packer's default.
-    On the benchmark's JPEGs (RGB, no EXIF orientation) the same pixels as packer with
-    ``reduced_decode=False``, without packer's own decoder (which reads plain JPEGs through
-    libjpeg-turbo's TurboJPEG API, ~9% faster than Image.open)."""
+    torchvision's ``Resize(size)`` and ``CenterCrop(size)`` as they act on a PIL image (the shorter
+    side to ``size``, the longer to ``int(size * long / short)``, bilinear; the crop at offsets
+    rounded half to even), packer's default geometry. On the benchmark's JPEGs (RGB, no EXIF
+    orientation) the same pixels as packer with ``reduced_decode=False``, without packer's own
+    decoder (which reads plain JPEGs through libjpeg-turbo's TurboJPEG API, ~9% faster than
+    Image.open)."""
     with Image.open(path) as img:
         img = img.convert("RGB")
     w, h = img.size
-    side = min(w, h)
-    left, top = (w - side) / 2, (h - side) / 2
-    return np.asarray(img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + side, top + side)))
+    short, long = (w, h) if w <= h else (h, w)
+    new_w, new_h = (size, int(size * long / short)) if w <= h else (int(size * long / short), size)
+    if (new_w, new_h) != (w, h):
+        img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    left, top = int(round((new_w - size) / 2.0)), int(round((new_h - size) / 2.0))
+    return np.asarray(img.crop((left, top, left + size, top + size)))
 
 
 def load_packer(path: str) -> np.ndarray:

@@ -324,3 +324,13 @@ def test_decode_error_rebuilds_from_its_message_alone():
     e = DecodeError("a/b.png: truncated")  # as torch's DataLoader rebuilds a worker's exception
     assert str(e) == "a/b.png: truncated"
     assert str(DecodeError("a/b.png", "truncated")) == "a/b.png: truncated"
+
+
+def test_geometry_is_recorded_for_shorter_crop_only_and_older_records_mean_fractional():
+    assert PreprocessConfig().to_dict()["geometry"] == "torchvision"
+    assert "geometry" not in PreprocessConfig(resize="stretch").to_dict()  # other outputs' records as before
+    old = PreprocessConfig().to_dict()
+    del old["geometry"]  # a shorter-crop output of packer before 0.3.0
+    assert PreprocessConfig.from_dict(old).geometry == "fractional"
+    with pytest.raises(ConfigError, match="geometry"):
+        PreprocessConfig(geometry="exact")

@@ -501,3 +501,85 @@ def test_image_pixels_are_what_numpy_gives(monkeypatch, tmp_path, encoder):
         want = np.asarray(opened.convert("RGB"))
     assert np.array_equal(decode((tmp_path / "a.png").read_bytes(), PreprocessConfig(size=None, resize="none")).pixels,
                           want)
+
+
+# --------------------------------------------------------------------------- torchvision's geometry
+
+
+def torchvision_resize(img: Image.Image, size) -> Image.Image:
+    """torchvision's ``Resize(size)`` on a PIL image, as its documentation and code define it: an int
+    resizes the shorter side to ``size`` and the longer one to ``int(size * long / short)``; a pair is
+    ``(height, width)``; PIL's bilinear resize, nothing done when the size does not change."""
+    w, h = img.size
+    if isinstance(size, int):
+        short, long = (w, h) if w <= h else (h, w)
+        new_short, new_long = size, int(size * long / short)
+        new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    else:
+        new_h, new_w = size
+    return img if (new_w, new_h) == (w, h) else img.resize((new_w, new_h), Image.BILINEAR)
+
+
+def torchvision_center_crop(img: Image.Image, size: int) -> Image.Image:
+    """torchvision's ``CenterCrop(size)`` on a PIL image: offsets ``int(round((side - size) / 2.0))``."""
+    w, h = img.size
+    top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
+    return img.crop((left, top, left + size, top + size))
+
+
+ODD_SIZES = [(333, 500), (500, 375), (225, 1000), (1000, 225), (301, 300), (224, 224), (225, 225), (227, 301)]
+
+
+def photo(path, size, seed=0, **save):
+    """A smooth-plus-noise picture of ``size`` (a crop in the wrong place shows in every pixel)."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), ((x + y) % 256)], -1)
+    noise = rng.integers(0, 40, (h, w, 3))
+    return save_array(path, np.clip(base + noise, 0, 255).astype(np.uint8), **save)
+
+
+@pytest.mark.parametrize("size", ODD_SIZES)
+def test_shorter_crop_is_torchvisions_resize_and_center_crop_byte_for_byte(tmp_path, size):
+    path = photo(tmp_path / "a.png", size)
+    got = load_image(path, PreprocessConfig(size=(224, 224), reduced_decode=False, mean=None, std=None))
+    want = np.asarray(torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 224), 224))
+    assert got.shape == (224, 224, 3) and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [(333, 500), (500, 375), (225, 1000)])
+def test_shorter_crop_of_a_jpeg_with_full_decode_is_torchvisions(tmp_path, size):
+    path = photo(tmp_path / "a.jpg", size, quality=90)
+    got = load_image(path, PreprocessConfig(size=(224, 224), reduced_decode=False))
+    want = np.asarray(torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 224), 224))
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [(333, 500), (500, 375), (1000, 225)])
+def test_stretch_is_torchvisions_resize_to_height_width(tmp_path, size):
+    path = photo(tmp_path / "a.jpg", size, quality=90)
+    got = load_image(path, PreprocessConfig(size=(200, 150), resize="stretch", reduced_decode=False))
+    want = np.asarray(torchvision_resize(Image.open(path).convert("RGB"), (150, 200)))  # torchvision: (h, w)
+    assert got.shape == (150, 200, 3) and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [(1000, 750), (750, 1000), (1333, 2000)])
+def test_shorter_crop_with_the_reduced_jpeg_decode_stays_close_to_torchvision(tmp_path, size):
+    """The decoder scales these by 1/2 to 5/8 before the resize; the crop is torchvision's, so only
+    the decode's own difference remains (a few levels on average, never a shifted picture)."""
+    path = photo(tmp_path / "a.jpg", size, quality=90)
+    got = load_image(path, PreprocessConfig(size=(224, 224))).astype(int)
+    want = np.asarray(torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 224), 224))
+    assert np.abs(got - want).mean() < 3
+
+
+def test_the_fractional_geometry_is_kept_as_an_option(tmp_path):
+    """packer before 0.3.0: the largest centred box of the target's shape, resized in one step."""
+    path = photo(tmp_path / "a.png", (333, 500))
+    got = load_image(path, PreprocessConfig(size=(224, 224), reduced_decode=False, geometry="fractional"))
+    box = (0.0, (500 - 333) / 2, 333.0, (500 - 333) / 2 + 333)
+    want = np.asarray(Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR, box=box))
+    assert np.array_equal(got, want)
+    torchvision = load_image(path, PreprocessConfig(size=(224, 224), reduced_decode=False))
+    assert not np.array_equal(got, torchvision)

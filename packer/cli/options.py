@@ -10,6 +10,7 @@ from packer.config import (
     COLOR_MODES,
     DEFAULT_MAX_PIXELS,
     DTYPES,
+    GEOMETRIES,
     INTERPOLATIONS,
     RESIZE_MODES,
     PreprocessConfig,
@@ -22,13 +23,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Two blocks, not one, because each keeps its place in `packer convert --help`: how pixels are
 # shaped comes first, how source files are decoded comes after the text options.
 _PREPROCESS_OPTIONS = (
-    click.option("--size", default="224", help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192."),
+    click.option("--size", default="224",
+                 help="Target size: 224 (square) or WIDTHxHEIGHT such as 256x192 (width first; torchvision's "
+                      "sizes are (height, width))."),
     click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
-                 help="shorter-crop: shorter side to size, centre crop; stretch: ignore aspect; "
-                      "pad: letterbox with --fill; none: keep each image's size."),
+                 help="shorter-crop: shorter side to size, centre crop (torchvision's Resize(N) + CenterCrop(N)); "
+                      "stretch: ignore aspect (Resize((H, W))); pad: letterbox with --fill; none: keep each "
+                      "image's size."),
+    click.option("--geometry", type=click.Choice(GEOMETRIES), default="torchvision",
+                 help="How shorter-crop places its crop: torchvision (an integer resized size, a rounded offset, "
+                      "as torchvision computes them) or fractional (the largest centred box of the target's shape, "
+                      "resized in one step; packer before 0.3.0)."),
     click.option("--mode", type=click.Choice(COLOR_MODES), default="RGB", help="Colour mode: RGB, or L for grayscale."),
     click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="bilinear",
-                 help="Resize filter (antialiased; bilinear matches torchvision's Resize)."),
+                 help="Resize filter (antialiased, Pillow's; bilinear is torchvision's Resize on PIL images: "
+                      "the same pixels with --full-decode)."),
     click.option("--fill", default="0,0,0", help="Padding colour for --resize pad (R,G,B or one gray value)."),
     click.option("--background", default="255,255,255",
                  help="Colour that transparent pixels are composited on (R,G,B or one gray value)."),
@@ -54,7 +63,7 @@ def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
 
 
 def preprocess_options(command: F) -> F:
-    """Add --size, --resize, --mode, --interpolation, --fill, --background, --normalize and --dtype."""
+    """Add --size, --resize, --geometry, --mode, --interpolation, --fill, --background, --normalize and --dtype."""
     return _apply(_PREPROCESS_OPTIONS, command)
 
 
@@ -64,12 +73,14 @@ def decode_options(command: F) -> F:
 
 
 def preprocess_config(size: str, resize: str, mode: str, interpolation: str, fill: str, background: str,
-                      normalize: str, dtype: str, max_pixels: int, full_decode: bool) -> PreprocessConfig:
+                      normalize: str, dtype: str, max_pixels: int, full_decode: bool,
+                      geometry: str = "torchvision") -> PreprocessConfig:
     """The PreprocessConfig of the options above; ConfigError or click.BadParameter for a bad value."""
     return PreprocessConfig(
         size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
         interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
         **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels, reduced_decode=not full_decode,
+        geometry=geometry,
     )
 
 

@@ -181,10 +181,10 @@ def profile_folder(source: str | os.PathLike, samples: int = 200, batch_size: in
             data = read_source(path, cfg.max_file_bytes)
             clock.lap("read")
             with Image.open(io.BytesIO(data)) as img:
-                img, _, area = oriented(img, cfg, path, data)
+                img, original, area = oriented(img, cfg, path, data)
                 img.load()  # Pillow decodes lazily: make it happen in this stage
                 clock.lap("decode")
-                pixels = np.asarray(resize(img, cfg, area))
+                pixels = np.asarray(resize(img, cfg, area, original))
                 array = finish_pixels(pixels[:, :, None] if pixels.ndim == 2 else pixels, cfg)
             clock.lap("preprocess")
             tensor = convert(array)

@@ -1,5 +1,5 @@
-"""torchvision ImageFolder's names on the readers (class_to_idx, targets, samples, imgs) and
-target_transform on every path of every reader."""
+"""torchvision ImageFolder's names on the readers (class_to_idx, targets, samples, imgs),
+target_transform on every path of every reader, and torchvision's image extensions packed."""
 
 from __future__ import annotations
 
@@ -7,13 +7,17 @@ import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import FORMATS, make_tree, write_image
+from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ShardSize
+from packer.config import ImageCodec, ShardSize
+from packer.discover import discover
 from packer.errors import ManifestError
+from packer.source_kinds import IMAGE_EXTENSIONS
 from readers import WdsDataset, make_loader, open_dataset
 from readers.collate import PackedBatch
 
@@ -219,4 +223,69 @@ def test_target_transform_on_text_outputs(tmp_path, fmt):
     batches = list(make_loader(ds, 3, shuffle=False, num_workers=0))
     assert [b["labels"].tolist() for b in batches] == [[10, 10, 10], [11, 11, 11]]
     assert batches[0]["texts"] == ["neg 0", "neg 1", "neg 2"]
+    close(ds)
+
+
+# Extensions ------------------------------------------------------------------------------------------
+PIL_FORMAT = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".ppm": "PPM", ".bmp": "BMP", ".pgm": "PPM",
+              ".tif": "TIFF", ".tiff": "TIFF", ".webp": "WEBP"}
+
+
+def test_every_torchvision_extension_is_packed(tmp_path):
+    assert set(TORCHVISION_IMG_EXTENSIONS) <= IMAGE_EXTENSIONS
+    src = tmp_path / "src"
+    for i, ext in enumerate(TORCHVISION_IMG_EXTENSIONS):
+        write_image(src / "a" / f"{i}{ext.upper() if i % 2 else ext}", (16, 12), mode="L" if ext == ".pgm" else "RGB",
+                    seed=i, format=PIL_FORMAT[ext])
+    found = discover(src)
+    assert len(found.items) == 9 and found.ignored == {} and found.skipped == []
+    result = convert(src, tmp_path / "o", ConvertConfig("npy", PreprocessConfig(size=(8, 6))), workers=1)
+    assert result.manifest.samples == 9
+
+
+def _netpbm_tree(root: Path, ext: str) -> dict[str, np.ndarray]:
+    """Two classes of Pillow-written netpbm files of odd sizes; returns Pillow's own decode of each."""
+    mode = "L" if ext == ".pgm" else "RGB"
+    want = {}
+    for c, cls in enumerate(("x", "y")):
+        for i in range(2):
+            path = write_image(root / cls / f"{i}{ext}", (13 + 4 * i, 9 + c), mode=mode, seed=10 * c + i)
+            with Image.open(path) as img:
+                assert img.format == "PPM" and img.mode == mode  # Pillow reads it natively
+                pixels = np.array(img)
+            want[f"{cls}/{i}{ext}"] = pixels.reshape(*pixels.shape[:2], -1)
+    return want
+
+
+@pytest.mark.parametrize("codec", ["raw", "png"])
+@pytest.mark.parametrize("ext", [".ppm", ".pgm"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_netpbm_files_read_back_as_pillow_decodes_them(tmp_path, fmt, ext, codec):
+    want = _netpbm_tree(tmp_path / "src", ext)
+    assert (tmp_path / "src" / "x" / f"0{ext}").read_bytes()[:2] == (b"P5" if ext == ".pgm" else b"P6")
+    mode = "L" if ext == ".pgm" else "RGB"
+    pre = PreprocessConfig(resize="none", mode=mode)
+    result = convert(tmp_path / "src", tmp_path / "o", ConvertConfig(fmt, pre, ShardSize(samples=3),
+                                                                     codec=ImageCodec(codec)), workers=1)
+    assert result.manifest.samples == 4
+    ds = open_dataset(result.output, normalize=False, return_meta=True)
+    got = read_all(ds)
+    assert sorted(meta["key"] for _, _, meta in got) == sorted(want)
+    for image, label, meta in got:
+        assert image.dtype == torch.uint8 and label == (meta["key"][0] == "y")
+        assert torch.equal(image, torch.from_numpy(want[meta["key"]]).permute(2, 0, 1))
+    close(ds)
+
+
+def test_plain_text_netpbm_is_packed_exactly(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "gray.pgm").write_bytes(b"P2\n# a comment\n3 2\n255\n0 128 255\n7 64 200\n")
+    (src / "colour.ppm").write_bytes(b"P3\n2 1\n255\n255 0 0  1 2 3\n")
+    convert(src, tmp_path / "g", ConvertConfig("npy", PreprocessConfig(resize="none", mode="L")), workers=1)
+    ds = open_dataset(tmp_path / "g", normalize=False, return_meta=True)
+    by_key = {meta["key"]: image for image, _, meta in read_all(ds)}
+    assert by_key["gray.pgm"].tolist() == [[[0, 128, 255], [7, 64, 200]]]
+    rgb = np.array(Image.open(src / "colour.ppm").convert("L")).reshape(1, 1, 2)
+    assert torch.equal(by_key["colour.ppm"], torch.from_numpy(rgb))
     close(ds)

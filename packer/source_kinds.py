@@ -5,7 +5,9 @@ Shared by discovery and the text reader, which both need them (and neither needs
 
 from __future__ import annotations
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif"})
+"""torchvision's ``IMG_EXTENSIONS`` (a folder ``ImageFolder`` reads is packed whole), and ``.gif``.
+Pillow decodes them all; ``.ppm`` and ``.pgm`` are the netpbm colour and gray formats."""
 TEXT_EXTENSIONS = frozenset({".txt"})
 JSON_EXTENSIONS = frozenset({".json"})
 FIELD_KINDS = ("image", "text", "json")

@@ -29,7 +29,8 @@ AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
 def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     """Open a packer output with the reader of its format; ``options`` go to that reader.
 
-    Common options: ``normalize`` (default True), ``transform``, ``return_meta``; the wds reader
+    Common options: ``normalize`` (default True), ``transform``, ``target_transform`` (applied to
+    each label, as torchvision's), ``return_meta``; the wds reader
     also takes ``shuffle`` (buffer size) and ``seed``. ``root`` may be a URL for wds outputs
     (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote``), with ``cache_dir=``.
     """

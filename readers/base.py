@@ -27,6 +27,7 @@ from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
 Transform = Callable[[torch.Tensor], Any]
+TargetTransform = Callable[[int], Any]
 
 
 _CHECKED: set[tuple] = set()
@@ -78,12 +79,16 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
     _CHECKED.add(key)
 
 
-def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = ()):
+def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = (),
+                 target_transform: Optional[TargetTransform] = None) -> tuple:
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
     ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
-    or the text of a text-only output)."""
+    or the text of a text-only output), ``target_transform`` to the label (torchvision's
+    ``target_transform``); ``meta["label"]`` keeps the stored label."""
     if transform is not None:
         image = transform(image)
+    if target_transform is not None:
+        label = target_transform(label)
     return (image, *rest, label) if meta is None else (image, *rest, label, meta)
 
 
@@ -101,7 +106,9 @@ def decode_field(field: TextField, data) -> Any:
 class ReaderBase:
     """What every reader holds: the output's path, its manifest and how samples are returned.
 
-    ``transform`` is applied to the image tensor (random augmentation at training time);
+    ``transform`` is applied to the image tensor (random augmentation at training time),
+    ``target_transform`` to each sample's int label (as torchvision's, e.g. to one-hot or to another
+    numbering; batches of a ``make_loader`` then go through the per-sample path, never around it);
     ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
     sample's position in the output, its source path relative to the converted folder, its label.
 
@@ -122,6 +129,7 @@ class ReaderBase:
         *,
         normalize: bool = True,
         transform: Optional[Transform] = None,
+        target_transform: Optional[TargetTransform] = None,
         return_meta: bool = False,
         verify: bool = False,
     ) -> None:
@@ -137,6 +145,7 @@ class ReaderBase:
         self.verify = bool(verify)
         self.convert = ImageConverter(self.manifest, normalize)
         self.transform = transform
+        self.target_transform = target_transform
         self.return_meta = return_meta
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
@@ -237,6 +246,21 @@ class ReaderBase:
     def classes(self) -> Optional[list[str]]:
         """Class names by index, or None for unlabelled data."""
         return self.manifest.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as torchvision's ``ImageFolder.class_to_idx``, from the manifest.
+
+        ``{}`` for unlabelled data (``classes`` is None and every label is -1): still a dict, so code
+        that looks names up or iterates it needs no special case."""
+        return {name: index for index, name in enumerate(self.manifest.classes or [])}
+
+    @property
+    def one_by_one(self) -> bool:
+        """True when samples must be made one by one (a ``transform``, a ``target_transform`` or
+        ``return_meta``): the whole-batch paths, which write images and labels straight into batch
+        tensors, would skip them."""
+        return self.transform is not None or self.target_transform is not None or self.return_meta
 
     @property
     def class_counts(self) -> Optional[list[int]]:

@@ -41,6 +41,7 @@ class PackedDataset(ReaderBase, Dataset):
         self.max_open_shards = max(1, int(max_open_shards))
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._labels: dict[int, np.ndarray] = {}
+        self._keys: dict[int, list[str]] = {}  # per shard, read by ``samples``: kept like the labels
         self._pid: Optional[int] = None
         self.memory: Optional[torch.Tensor] = None
         self._memory_view: Optional[np.ndarray] = None
@@ -93,7 +94,7 @@ class PackedDataset(ReaderBase, Dataset):
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        return build_sample(values[0], label, self.transform, meta, tuple(values[1:]))
+        return build_sample(values[0], label, self.transform, meta, tuple(values[1:]), self.target_transform)
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
@@ -102,9 +103,10 @@ class PackedDataset(ReaderBase, Dataset):
         batch tensor; ``packed_collate`` (``make_loader`` uses it) hands that tensor on without
         another copy. Float32 batches are contiguous NCHW; unnormalized batches keep the stored
         NHWC byte order (``channels_last``), so filling them is one plain copy per sample. With a
-        ``transform`` or ``return_meta`` the samples are read one by one as by ``dataset[i]``.
+        ``transform``, a ``target_transform`` or ``return_meta`` (``one_by_one``) the samples are
+        read one by one as by ``dataset[i]``.
         """
-        if self.transform is not None or self.return_meta or type(self).__getitem__ is not PackedDataset.__getitem__:
+        if self.one_by_one or type(self).__getitem__ is not PackedDataset.__getitem__:
             return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
         n = len(indices)
         if self.layout.has_image and self.layout.shape is None:  # images of their own sizes: no batch tensor
@@ -192,6 +194,46 @@ class PackedDataset(ReaderBase, Dataset):
         return np.concatenate([self._shard_labels(i) for i in range(len(self.manifest.shards))] or
                               [np.zeros(0, np.int64)])
 
+    @property
+    def targets(self) -> list[int]:
+        """Every sample's label in dataset order, as torchvision's ``ImageFolder.targets``: a list of
+        ints (-1 for unlabelled data), from the shards' label arrays alone (no image is read). A new
+        list at each access; ``labels`` is the same as one int64 array."""
+        return self.labels.tolist()
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(key, label)`` of every sample in dataset order, as torchvision's ``ImageFolder.samples``.
+
+        The key is the sample's source path relative to the converted folder (``"cat/001.jpg"``), as
+        the shards store it, not an absolute path: the source folder may be gone, or on another
+        machine. Read from the shards' keys and labels alone (no image is read); the keys are kept
+        per process after the first access. A new list at each access."""
+        out: list[tuple[str, int]] = []
+        for shard in range(len(self.manifest.shards)):
+            keys = self._shard_keys(shard)
+            with self._reading(shard):
+                out += zip(keys, self._shard_labels(shard).tolist())
+        return out
+
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        """The same list as ``samples`` (torchvision keeps ``imgs`` as an alias of it)."""
+        return self.samples
+
+    def _shard_keys(self, shard: int) -> list[str]:
+        keys = self._keys.get(shard)
+        if keys is None:
+            count = self.manifest.shards[shard].samples
+            with self._reading(shard):
+                keys = list(self.read_keys(self._handle(shard), count))
+            if len(keys) != count:
+                raise ManifestError(f"{self.root / self.manifest.shards[shard].name}: {len(keys)} keys where the "
+                                    f"manifest says {count} samples; the output is damaged, run packer verify "
+                                    f"{self.root}")
+            self._keys[shard] = keys
+        return keys
+
     def lengths(self, field: Optional[str] = None) -> np.ndarray:
         """Every sample's length of a text field in dataset order, int64: UTF-8 bytes for text and
         json, ids for token ids (``field`` defaults to the text/token field). Read from the shards'
@@ -245,6 +287,11 @@ class PackedDataset(ReaderBase, Dataset):
         """The sample key (relative source path) at ``local`` in an open shard."""
         raise NotImplementedError
 
+    def read_keys(self, handle: Any, count: int) -> list[str]:
+        """The keys of all ``count`` samples of an open shard, in order (``samples``); by default
+        ``read_key`` of each, which a format whose keys are one array can do in one read."""
+        return [self.read_key(handle, local) for local in range(count)]
+
     def close_shard(self, handle: Any) -> None:
         """Release an open shard."""
 
@@ -252,7 +299,7 @@ class PackedDataset(ReaderBase, Dataset):
     def _handle(self, shard: int) -> Any:
         if self._pid != os.getpid():
             # A fresh process (forked worker): handles inherited from the parent must not be used.
-            self._handles, self._labels, self._pid = OrderedDict(), {}, os.getpid()
+            self._handles, self._labels, self._keys, self._pid = OrderedDict(), {}, {}, os.getpid()
         handle = self._handles.get(shard)
         if handle is None:
             while len(self._handles) >= self.max_open_shards:
@@ -279,10 +326,10 @@ class PackedDataset(ReaderBase, Dataset):
         if self._pid == os.getpid():
             for handle in self._handles.values():
                 self.close_shard(handle)
-        self._handles, self._labels = OrderedDict(), {}
+        self._handles, self._labels, self._keys = OrderedDict(), {}, {}
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_handles"], state["_labels"], state["_pid"] = OrderedDict(), {}, None
+        state["_handles"], state["_labels"], state["_keys"], state["_pid"] = OrderedDict(), {}, {}, None
         state["_memory_view"] = None  # the shared tensor travels as a handle; numpy views of it do not
         return state

@@ -99,7 +99,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         """The tuple yielded for one decoded sample (see ``build_sample``)."""
         meta = {"index": index, "key": key, "label": label} if self.return_meta else None
         values = ((self.convert(array),) if array is not None else ()) + texts
-        return build_sample(values[0], label, self.transform, meta, values[1:])
+        return build_sample(values[0], label, self.transform, meta, values[1:], self.target_transform)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, Optional[np.ndarray], int, str, tuple]]:
         """``(index, image array or None, label, key, text field values)`` of each sample of one shard,
@@ -266,7 +266,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         n = len(items)
         labels = np.empty(n, dtype=np.int64)
         decoded = [(index, *self.decode(fields, path)) for index, fields, path in items]
-        if not self.fixed_images or self.transform is not None or self.return_meta:  # one by one, then collated
+        if not self.fixed_images or self.one_by_one:  # one by one (transforms, meta), then collated
             return [self._sample(*d) for d in decoded]  # type: ignore[return-value]
         slot, images = self.batch_tensor(n)
         for j, (_, array, label, _, _) in enumerate(decoded):

@@ -126,5 +126,13 @@ class Hdf5Dataset(PackedDataset):
         start, end = handle.file[HDF5_KEY_OFFSETS][local:local + 2]  # read when asked: return_meta only
         return bytes(handle.file[HDF5_KEY_BYTES][start:end]).decode("utf-8")
 
+    def read_keys(self, handle: _Hdf5Shard, count: int) -> list[str]:
+        """Every key of a shard in two reads (``samples``): one h5py read per key costs ~0.5 ms."""
+        if not handle.flat_keys:
+            return list(handle.file[HDF5_KEYS].asstr()[:count])
+        offsets = handle.file[HDF5_KEY_OFFSETS][:count + 1].tolist()  # two reads for the whole shard
+        flat = handle.file[HDF5_KEY_BYTES][:].tobytes()
+        return [flat[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
+
     def close_shard(self, handle: _Hdf5Shard) -> None:
         handle.file.close()

@@ -311,7 +311,7 @@ def make_loader(
     ours = "collate_fn" not in overrides  # a collate of the caller's own sees plain samples, never ring slots
     reader.shared_batches = ours
     ring = None
-    if workers and ours and not cuda and dataset.fixed_images and reader.transform is None and not reader.return_meta:
+    if workers and ours and not cuda and dataset.fixed_images and not reader.one_by_one:
         h, w, c = shape
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)

@@ -12,7 +12,7 @@ from packer.registry import get_format
 from packer.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the CLI's default comes from here
 from packer.text import TextConfig
 
-RESIZE_MODES = ("shorter-crop", "stretch", "pad", "none")
+RESIZE_MODES = ("shorter-crop", "shorter", "stretch", "pad", "none")
 GEOMETRIES = ("torchvision", "fractional")
 """How ``shorter-crop`` places its crop: ``torchvision``, as ``Resize(N)`` then ``CenterCrop(N)``
 compute it (the image resized to an integer size, the crop at a rounded offset); ``fractional``,
@@ -31,7 +31,11 @@ DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 102
 class PreprocessConfig:
     """The deterministic preprocessing applied once to every image.
 
-    ``size`` is (width, height) and is None only with ``resize="none"``. ``mean``/``std`` are per
+    ``size`` is (width, height) and is None only with ``resize="none"``; with ``resize="shorter"``
+    it is square, (N, N): the shorter side goes to N, the longer keeps the aspect ratio, as
+    torchvision's ``Resize(N)``. ``crop`` (width, height), when set, is then cut from the centre as
+    torchvision's ``CenterCrop`` cuts it (padded with ``fill`` where the image is smaller), and is
+    the stored size. ``mean``/``std`` are per
     channel on the 0..1 scale; None means no normalization (pixels scaled to 0..1). With
     ``dtype="uint8"`` pixels are stored as they are and readers normalize; with a float dtype the
     normalized values are stored. ``auto_normalize`` (uint8 only; ``mean``/``std`` are then None)
@@ -56,6 +60,7 @@ class PreprocessConfig:
     auto_normalize: bool = False
     reduced_decode: bool = True
     geometry: str = "torchvision"
+    crop: Optional[tuple[int, int]] = None
 
     def __post_init__(self) -> None:
         if self.max_pixels < 1:
@@ -73,6 +78,15 @@ class PreprocessConfig:
         elif self.size[0] * self.size[1] > self.max_pixels:
             raise ConfigError(f"--size {self.size[0]}x{self.size[1]} has more pixels than --max-pixels "
                               f"{self.max_pixels}; choose a smaller size")
+        elif self.resize == "shorter" and self.size[0] != self.size[1]:
+            raise ConfigError(f"--resize shorter takes one number, the shorter side's size (--size 256), not "
+                              f"{self.size[0]}x{self.size[1]}: the longer side follows the aspect ratio")
+        if self.crop is not None:
+            if len(self.crop) != 2 or min(self.crop) < 1:
+                raise ConfigError(f"--crop must be a positive size such as 224 or 224x160, got {self.crop}")
+            if self.crop[0] * self.crop[1] > self.max_pixels:
+                raise ConfigError(f"--crop {self.crop[0]}x{self.crop[1]} has more pixels than --max-pixels")
+            object.__setattr__(self, "crop", tuple(self.crop))
         c = self.channels
         object.__setattr__(self, "fill", _per_channel("--fill", self.fill, c, int))
         object.__setattr__(self, "background", _per_channel("--background", self.background, c, int))
@@ -109,7 +123,9 @@ class PreprocessConfig:
     @property
     def image_shape(self) -> Optional[tuple[int, int, int]]:
         """Stored (height, width, channels), or None when images keep their own size."""
-        if self.size is None:
+        if self.crop is not None:
+            return (self.crop[1], self.crop[0], self.channels)
+        if self.size is None or self.resize == "shorter":
             return None
         return (self.size[1], self.size[0], self.channels)
 
@@ -123,6 +139,8 @@ class PreprocessConfig:
         d.pop("std", None)
         if self.resize != "shorter-crop":
             d.pop("geometry")  # it places shorter-crop's crop only: other outputs' records are as before
+        if self.crop is None:
+            d.pop("crop")  # outputs without one keep the records of packers before it
         if self.reduced_decode:  # how: a record, so that a change of the method changes the fingerprint too
             from packer.jpeg import SCALING
 
@@ -138,7 +156,7 @@ class PreprocessConfig:
             d.setdefault("geometry", "fractional")  # shorter-crop outputs written before it existed
         d.pop("jpeg_scaling", None)  # how reduced_decode scaled (packer.jpeg): a record, not an option
         norm = d.pop("normalize", None)
-        tuples = {k: tuple(d[k]) for k in ("size", "fill", "background") if d.get(k) is not None}
+        tuples = {k: tuple(d[k]) for k in ("size", "fill", "background", "crop") if d.get(k) is not None}
         d.update(tuples)
         if norm == AUTO:
             return cls(**d, auto_normalize=True)

@@ -312,7 +312,7 @@ def draft_size(original: tuple[int, int], cfg: PreprocessConfig, swap: bool = Fa
     if cfg.resize == "stretch":
         need = (tw, th)
     else:
-        scale = max(tw / w, th / h) if cfg.resize == "shorter-crop" else min(tw / w, th / h)
+        scale = max(tw / w, th / h) if cfg.resize in ("shorter-crop", "shorter") else min(tw / w, th / h)
         need = (math.ceil(w * scale - 1e-6), math.ceil(h * scale - 1e-6))  # 1500 * (224 / 1500) is 224.00000001
     return (need[1], need[0]) if swap else need
 
@@ -376,10 +376,33 @@ def torchvision_crop(original: tuple[int, int], size: tuple[int, int]) -> tuple[
 def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
            original: Optional[tuple[int, int]] = None) -> Image.Image:
     """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
-    holds the picture (None: all of it). ``original`` is the picture's size before any scaled
-    decoding (None: the area's size), which torchvision's crop geometry is computed on."""
-    if cfg.resize == "none":
+    holds the picture (None: all of it), then ``cfg.crop``. ``original`` is the picture's size
+    before any scaled decoding (None: the area's size), which torchvision's geometry is computed on."""
+    resized = _resize(img, cfg, area, original)
+    return resized if cfg.crop is None else center_crop(resized, cfg.crop, cfg.fill)
+
+
+def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) -> Image.Image:
+    """torchvision's ``CenterCrop`` of ``size`` (width, height): offsets ``int(round((side - size) /
+    2))``; where the image is smaller, it is first padded (with ``fill``) as torchvision pads it,
+    ``(size - side) // 2`` before and the rest after."""
+    (w, h), (cw, ch) = img.size, size
+    if (w, h) == (cw, ch):
         return img
+    if cw > w or ch > h:
+        pw, ph = max(cw, w), max(ch, h)
+        canvas = Image.new(img.mode, (pw, ph), fill[0] if img.mode == "L" else _rgb(fill))
+        canvas.paste(img, ((cw - w) // 2 if cw > w else 0, (ch - h) // 2 if ch > h else 0))
+        img, (w, h) = canvas, (pw, ph)
+    left, top = int(round((w - cw) / 2.0)), int(round((h - ch) / 2.0))
+    return img.crop((left, top, left + cw, top + ch))
+
+
+def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
+            original: Optional[tuple[int, int]]) -> Image.Image:
+    """``resize`` without the crop."""
+    if cfg.resize == "none":
+        return img  # never decoded scaled: without a size there is nothing to scale to
     tw, th = cfg.size  # type: ignore[misc]
     x0, y0, x1, y1 = area or (0.0, 0.0, *img.size)
     w, h = x1 - x0, y1 - y0
@@ -387,6 +410,12 @@ def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
     resample = _RESAMPLE[cfg.interpolation]
     if cfg.resize == "stretch":
         return img if same else img.resize((tw, th), resample, box=(x0, y0, x1, y1))
+    if cfg.resize == "shorter":  # torchvision's Resize(N): the shorter side to N, the aspect kept
+        ow, oh = original or (round(w), round(h))
+        (rw, rh), _ = torchvision_crop((ow, oh), (tw, th))
+        if area is None and img.size == (rw, rh):
+            return img
+        return img.resize((rw, rh), resample, box=(x0, y0, x1, y1))
     if cfg.resize == "shorter-crop" and cfg.geometry == "torchvision":
         if same:
             return img

@@ -47,7 +47,7 @@ from readers.collate import (
     shared_memory_free,
 )
 from readers.mapstyle import PackedDataset
-from readers.sampler import EpochBatchSampler, LengthBucketSampler, distributed_rank
+from readers.sampler import EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
 from readers.tensors import BatchNormalize, ImageConverter
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,8 @@ class PackedLoader:
     ``loader`` is the underlying DataLoader, ``sampler`` the batch sampler (map-style readers).
     """
 
-    def __init__(self, dataset: ReaderBase, loader: DataLoader, sampler: Optional[EpochBatchSampler],
+    def __init__(self, dataset: ReaderBase, loader: DataLoader,
+                 sampler: Optional[Union[EpochBatchSampler, SamplerBatches]],
                  normalize: Optional[BatchNormalize], device: Optional[torch.device],
                  ring: Optional[SlotRing] = None, order: Optional[dict] = None) -> None:
         self.dataset, self.loader, self.sampler = dataset, loader, sampler
@@ -280,6 +281,13 @@ def make_loader(
     (``multiprocessing_context="spawn"``, ``num_workers=0``, ...). ``shuffle``, ``seed`` and
     ``drop_last`` go to the batch sampler; the rank split follows ``torch.distributed`` when it is
     initialised.
+
+    ``sampler=`` (a ``WeightedRandomSampler``, a ``DistributedSampler``, any iterable of indices)
+    or ``batch_sampler=`` (lists of indices) choose the order instead, on the map-style readers:
+    batches are still read whole; ``shuffle``, ``seed`` and the rank split are then the sampler's,
+    and a resumed epoch skips the batches already handed out (the same ones only if the sampler
+    draws the same order for the same epoch). With images of their own sizes (``--resize none``)
+    a ``transform`` that gives them one size lets batches be stacked.
     """
     if not isinstance(dataset, ReaderBase):
         raise TypeError(f"make_loader takes a packer reader (readers.open_dataset), not {type(dataset).__name__}")
@@ -298,9 +306,19 @@ def make_loader(
         reader.convert = ImageConverter(dataset.manifest, normalize=False)
     transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
     shape = m.fields["image"].get("shape") if m.has_image else None
-    if m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides:
-        raise ValueError("images of this output have different sizes (--resize none): use batch_size=1 or pass a "
-                         "collate_fn that can batch them")
+    if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
+            and dataset.transform is None):
+        raise ValueError("images of this output have different sizes (--resize none): use batch_size=1, a "
+                         "transform that gives every image one size, or a collate_fn that can batch them")
+    user_sampler = overrides.pop("sampler", None)
+    user_batches = overrides.pop("batch_sampler", None)
+    if (user_sampler is not None or user_batches is not None) and not isinstance(dataset, PackedDataset):
+        raise ValueError("tar shards are read in order, so a sampler cannot choose their samples: use shuffle= "
+                         "(a shuffle buffer), or convert to npy, lmdb or hdf5 for random access")
+    if user_sampler is not None and user_batches is not None:
+        raise ValueError("pass sampler= or batch_sampler=, not both (as DataLoader)")
+    if bucket_by_length and (user_sampler is not None or user_batches is not None):
+        raise ValueError("bucket_by_length makes its own batches: pass it or a sampler, not both")
     rank, world = distributed_rank()
     options = default_options(dataset, batch_size, transport, cuda=cuda, world_size=world)
     options.update(overrides)
@@ -328,8 +346,16 @@ def make_loader(
         options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))  # cuda: tensors, to be pinned
     options.setdefault("collate_fn", packed_collate)
     if isinstance(dataset, PackedDataset):
-        sampler: Optional[EpochBatchSampler]
-        if bucket_by_length:
+        sampler: Any
+        if user_sampler is not None or user_batches is not None:
+            # The caller's order, in whole batches of indices: __getitems__ still reads each batch
+            # into one tensor. shuffle and seed are the sampler's business then; so is the rank split.
+            sampler = SamplerBatches(user_batches if user_batches is not None else user_sampler, batch_size,
+                                     drop_last, batched=user_batches is not None)
+            if world > 1 and not hasattr(sampler.sampler, "set_epoch"):
+                log.warning("make_loader: torch.distributed is initialised but the sampler given has no "
+                            "set_epoch: every rank draws its own batches (a DistributedSampler splits them)")
+        elif bucket_by_length:
             field = bucket_by_length if isinstance(bucket_by_length, str) else None
             sampler = LengthBucketSampler(dataset.lengths(field), batch_size, shuffle=shuffle, seed=seed, rank=rank,
                                           world_size=world, drop_last=drop_last)
@@ -347,6 +373,8 @@ def make_loader(
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
     order = {"batch_size": batch_size, "world_size": world, "seed": seed,
              "bucket_by_length": bucket_by_length or False}
+    if isinstance(sampler, SamplerBatches):
+        order["sampler"] = type(sampler.sampler).__name__  # a state saved with another sampler is refused
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)

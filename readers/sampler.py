@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -265,3 +265,54 @@ def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.
 
 
 __all__ = ["EpochBatchSampler", "LengthBucketSampler", "padding_ratio", "distributed_rank"]
+
+
+class SamplerBatches:
+    """Batches of indices from a sampler of the caller's (``make_loader(ds, n,
+    sampler=WeightedRandomSampler(...))``: ``batch_size`` indices at a time; or, with ``batched``,
+    a batch sampler's own lists), with what ``make_loader``'s loader asks of its batch sampler:
+    ``set_epoch`` (passed to the sampler when it has one, as ``DistributedSampler`` does) and
+    ``start``, batches of the epoch to skip after a resume. Skipping gives the batches an
+    uninterrupted run would have given only when the sampler draws the same order for the same
+    epoch (a ``DistributedSampler``, or a generator the caller seeds per epoch)."""
+
+    def __init__(self, sampler: Any, batch_size: int, drop_last: bool = False, batched: bool = False) -> None:
+        self.sampler, self.batch_size, self.drop_last, self.batched = sampler, int(batch_size), bool(drop_last), batched
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select epoch ``epoch``, for the sampler too when it takes one."""
+        if int(epoch) != self.epoch:
+            self.start = 0
+        self.epoch = int(epoch)
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        if self.batched:
+            return n
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _batches(self) -> Iterator[list[int]]:
+        if self.batched:
+            yield from ([int(i) for i in batch] for batch in self.sampler)
+            return
+        batch: list[int] = []
+        for index in self.sampler:
+            batch.append(int(index))
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self.start = self.start, 0
+        for number, batch in enumerate(self._batches()):
+            if number >= start:
+                yield batch
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to check beyond the loader's own: the sampler is the caller's."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FORMATS
+from conftest import FORMATS, make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -282,3 +282,47 @@ def test_plain_dataloader_items_have_int_labels_and_subclasses_keep_their_getite
     ds = Flipped(packed["npy"])
     x, _ = next(iter(DataLoader(ds, batch_size=3)))
     assert torch.equal(x[0], open_dataset(packed["npy"])[0][0].flip(-1))
+
+
+def test_make_loader_takes_a_weighted_random_sampler_and_keeps_whole_batches(tmp_path):
+    """The README's class-balance recipe: only class 0 has weight, so only class 0 is drawn; batches
+    are still read whole, and each image is the one its index names."""
+    from torch.utils.data import WeightedRandomSampler
+
+    src = tmp_path / "src"
+    make_tree(src, {"ant": 6, "bee": 6})
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig("npy", PreprocessConfig(size=(8, 8)), ShardSize(samples=5)), workers=1)
+    ds = open_dataset(out)
+    weights = [1.0 if label == 0 else 0.0 for label in ds.targets]
+    drawn = WeightedRandomSampler(weights, 40, generator=torch.Generator().manual_seed(0))
+    loader = make_loader(ds, 8, sampler=drawn, num_workers=0)
+    labels = [label for _, batch in loader for label in batch.tolist()]
+    assert len(loader) == 5 and len(labels) == 40 and set(labels) == {0}
+    indices = list(WeightedRandomSampler(weights, 40, generator=torch.Generator().manual_seed(0)))
+    images, _ = next(iter(make_loader(ds, 8, sampler=indices, num_workers=0)))
+    assert all(torch.equal(images[k], ds[i][0]) for k, i in enumerate(indices[:8]))
+    batches = make_loader(ds, 99, batch_sampler=[[0, 11], [5]], num_workers=0)
+    assert [labels.tolist() for _, labels in batches] == [[0, 1], [0]]
+    with pytest.raises(ValueError, match="not both"):
+        make_loader(ds, 8, sampler=indices, batch_sampler=[[0]])
+
+
+def test_make_loader_refuses_a_sampler_for_tar_shards(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"ant": 3})
+    convert(src, tmp_path / "wds", ConvertConfig("wds", PreprocessConfig(size=(8, 8))), workers=1)
+    with pytest.raises(ValueError, match="tar shards are read in order"):
+        make_loader(open_dataset(tmp_path / "wds"), 2, sampler=[0, 1, 2])
+
+
+def test_images_of_their_own_sizes_batch_when_a_transform_gives_them_one(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"ant": 4, "bee": 4})
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig("npy", PreprocessConfig(resize="none")), workers=1)
+    ds = open_dataset(out, transform=lambda image: image[:, :16, :16])
+    images, labels = next(iter(make_loader(ds, 4, shuffle=False, num_workers=0)))
+    assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="a transform that gives every image one size"):
+        make_loader(open_dataset(out), 4)

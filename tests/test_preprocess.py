@@ -8,7 +8,7 @@ from conftest import write_image
 from PIL import Image
 
 from packer.config import PreprocessConfig
-from packer.errors import DecodeError
+from packer.errors import ConfigError, DecodeError
 from packer.preprocess import (
     IMAGE_BLOCKS_KEPT,
     decode,
@@ -583,3 +583,39 @@ def test_the_fractional_geometry_is_kept_as_an_option(tmp_path):
     assert np.array_equal(got, want)
     torchvision = load_image(path, PreprocessConfig(size=(224, 224), reduced_decode=False))
     assert not np.array_equal(got, torchvision)
+
+
+@pytest.mark.parametrize("size", ODD_SIZES)
+def test_the_evaluation_recipe_is_torchvisions_resize_256_and_center_crop_224(tmp_path, size):
+    """``--resize shorter --size 256 --crop 224`` is ``Resize(256)`` + ``CenterCrop(224)``."""
+    path = photo(tmp_path / "a.png", size)
+    cfg = PreprocessConfig(size=(256, 256), resize="shorter", crop=(224, 224), reduced_decode=False)
+    got = load_image(path, cfg)
+    want = np.asarray(torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 256), 224))
+    assert got.shape == (224, 224, 3) and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [(333, 500), (500, 375), (1000, 225)])
+def test_resize_shorter_keeps_the_aspect_ratio_as_torchvisions_resize(tmp_path, size):
+    path = photo(tmp_path / "a.jpg", size, quality=90)
+    got = load_image(path, PreprocessConfig(size=(160, 160), resize="shorter", reduced_decode=False))
+    want = np.asarray(torchvision_resize(Image.open(path).convert("RGB"), 160))
+    assert got.shape == want.shape and min(got.shape[:2]) == 160 and np.array_equal(got, want)
+    reduced = load_image(path, PreprocessConfig(size=(160, 160), resize="shorter")).astype(int)
+    assert reduced.shape == want.shape and np.abs(reduced - want).mean() < 3
+
+
+def test_a_crop_larger_than_the_image_is_padded_as_torchvision_pads_it(tmp_path):
+    path = photo(tmp_path / "a.png", (30, 20))
+    got = load_image(path, PreprocessConfig(resize="none", crop=(35, 24), fill=(0, 0, 0)))
+    src = np.asarray(Image.open(path).convert("RGB"))
+    want = np.zeros((24, 35, 3), np.uint8)  # torchvision: (35 - 30) // 2 = 2 left, (24 - 20) // 2 = 2 on top
+    want[2:22, 2:32] = src
+    assert np.array_equal(got, want)
+
+
+def test_resize_shorter_takes_one_number():
+    with pytest.raises(ConfigError, match="--resize shorter takes one number"):
+        PreprocessConfig(size=(256, 192), resize="shorter")
+    assert PreprocessConfig(size=(256, 256), resize="shorter").image_shape is None  # images keep their shapes
+    assert PreprocessConfig(size=(256, 256), resize="shorter", crop=(224, 200)).image_shape == (200, 224, 3)

@@ -79,8 +79,8 @@ from packer.text import TextConfig
                    "shards of --node-rank; `packer merge OUTPUT` publishes the output once every node is done.")
 @click.option("--node-rank", type=click.IntRange(min=0), default=None,
               help="This machine's number, 0 to N-1, with --num-nodes (e.g. $SLURM_ARRAY_TASK_ID).")
-def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, geometry: str, mode: str,
-            interpolation: str,
+def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: str, crop: Optional[str],
+            geometry: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
             encoding: str, tokenizer: Optional[str], max_length: Optional[int], full_decode: bool,
@@ -98,7 +98,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     """
     try:
         pre = preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype, max_pixels,
-                                full_decode, geometry)
+                                full_decode, geometry, crop)
         fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)

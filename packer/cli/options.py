@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import click
 
@@ -28,8 +28,11 @@ _PREPROCESS_OPTIONS = (
                       "sizes are (height, width))."),
     click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
                  help="shorter-crop: shorter side to size, centre crop (torchvision's Resize(N) + CenterCrop(N)); "
-                      "stretch: ignore aspect (Resize((H, W))); pad: letterbox with --fill; none: keep each "
-                      "image's size."),
+                      "shorter: shorter side to size, aspect kept (Resize(N)); stretch: ignore aspect "
+                      "(Resize((H, W))); pad: letterbox with --fill; none: keep each image's size."),
+    click.option("--crop", default=None,
+                 help="After the resize, cut this size (224 or WIDTHxHEIGHT) from the centre, as torchvision's "
+                      "CenterCrop: --resize shorter --size 256 --crop 224 is Resize(256) + CenterCrop(224)."),
     click.option("--geometry", type=click.Choice(GEOMETRIES), default="torchvision",
                  help="How shorter-crop places its crop: torchvision (an integer resized size, a rounded offset, "
                       "as torchvision computes them) or fractional (the largest centred box of the target's shape, "
@@ -63,7 +66,8 @@ def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
 
 
 def preprocess_options(command: F) -> F:
-    """Add --size, --resize, --geometry, --mode, --interpolation, --fill, --background, --normalize and --dtype."""
+    """Add --size, --resize, --crop, --geometry, --mode, --interpolation, --fill, --background,
+    --normalize and --dtype."""
     return _apply(_PREPROCESS_OPTIONS, command)
 
 
@@ -74,13 +78,13 @@ def decode_options(command: F) -> F:
 
 def preprocess_config(size: str, resize: str, mode: str, interpolation: str, fill: str, background: str,
                       normalize: str, dtype: str, max_pixels: int, full_decode: bool,
-                      geometry: str = "torchvision") -> PreprocessConfig:
+                      geometry: str = "torchvision", crop: Optional[str] = None) -> PreprocessConfig:
     """The PreprocessConfig of the options above; ConfigError or click.BadParameter for a bad value."""
     return PreprocessConfig(
         size=None if resize == "none" else parse_size(size), resize=resize, mode=mode,
         interpolation=interpolation, fill=_ints(fill, "--fill"), background=_ints(background, "--background"),
         **parse_normalize(normalize), dtype=dtype, max_pixels=max_pixels, reduced_decode=not full_decode,
-        geometry=geometry,
+        geometry=geometry, crop=parse_size(crop) if crop else None,
     )
 
 

@@ -82,8 +82,7 @@ def describe(output: Path, m: Manifest) -> str:
         lines += [
             f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} "
             f"(HWC), {pre['mode']}, {_codec(img)}",
-            f"  resize    {pre['resize']} to {size}, {pre['interpolation']}" if pre.get("size")
-            else "  resize    none (each image keeps its size)",
+            f"  resize    {_resize_line(pre, size)}",
             f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
         ]
     for f in m.text_fields:
@@ -148,3 +147,18 @@ def _classes(m: Manifest, most: int = 20) -> str:
     counts = m.class_counts or [None] * len(m.classes or [])
     shown = [f"{name} ({n})" if n is not None else name for name, n in zip(m.classes or [], counts)]
     return ", ".join(shown[:most]) + (" ..." if len(shown) > most else "")
+
+
+def _resize_line(pre: dict, size: str) -> str:
+    """How the images were resized and cropped, for ``packer info``."""
+    if not pre.get("size"):
+        line = "none (each image keeps its size)"
+    elif pre["resize"] == "shorter":
+        line = f"shorter side to {pre['size'][0]}, aspect kept, {pre['interpolation']}"
+    else:
+        line = f"{pre['resize']} to {size}, {pre['interpolation']}"
+        if pre["resize"] == "shorter-crop":
+            line += f", {pre.get('geometry', 'fractional')} geometry"
+    if pre.get("crop"):
+        line += f", then the centre {pre['crop'][0]}x{pre['crop'][1]}"
+    return line

@@ -103,10 +103,57 @@ def decode_field(field: TextField, data) -> Any:
     return text
 
 
+TRANSFORM_INPUTS = ("tensor", "pil")
+
+
+class ImageTransform:
+    """A reader's ``transform`` as torchvision's pipelines expect to be called on ImageFolder's images.
+
+    The transform gets the stored pixels: a uint8 C x H x W tensor (what torchvision v2's
+    ``ToImage`` gives, so v2 pipelines take it as they are), or with ``input="pil"`` a PIL image
+    (for classic pipelines that start with ``ToTensor``). When the reader normalizes and what the
+    transform returns is still a uint8 image, the output's normalization is applied to it then;
+    a pipeline that makes floats (``ToDtype(scale=True)``, ``Normalize``) is left as it made them,
+    never normalized twice. Outputs stored as floats are already normalized: the transform gets
+    them as they are.
+    """
+
+    def __init__(self, transform: Transform, normalize: Optional[BatchNormalize], input: str = "tensor") -> None:
+        if input not in TRANSFORM_INPUTS:
+            raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {input!r}")
+        self.transform, self.normalize, self.input = transform, normalize, input
+
+    def __call__(self, image: Any) -> Any:
+        if self.input == "pil" and torch.is_tensor(image) and image.dtype == torch.uint8:
+            image = _pil(image)
+        try:
+            out = self.transform(image)
+        except TypeError as e:
+            if "PIL" in str(e) and self.input != "pil":
+                raise TypeError(f"{e}. This transform wants a PIL image (torchvision's classic transforms, such "
+                                "as ToTensor, do): open the dataset with transform_input='pil', or use "
+                                "torchvision.transforms.v2, which takes the uint8 tensor the reader gives") from e
+            raise
+        if self.normalize is not None and torch.is_tensor(out) and out.dtype == torch.uint8 and out.dim() == 3:
+            out = self.normalize(out)
+        return out
+
+
+def _pil(image: torch.Tensor) -> Any:
+    """A PIL image of a uint8 C x H x W tensor (RGB or L)."""
+    from PIL import Image
+
+    hwc = image.permute(1, 2, 0).numpy()
+    return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc, "L" if hwc.shape[2] == 1 else "RGB")
+
+
 class ReaderBase:
     """What every reader holds: the output's path, its manifest and how samples are returned.
 
-    ``transform`` is applied to the image tensor (random augmentation at training time),
+    ``transform`` is applied to each image (random augmentation at training time) as torchvision's
+    pipelines expect: it gets the stored uint8 C x H x W tensor (a PIL image with
+    ``transform_input="pil"``) and the output's normalization follows it when it returns uint8
+    (see ImageTransform); on a text-only output it gets the text,
     ``target_transform`` to each sample's int label (as torchvision's, e.g. to one-hot or to another
     numbering; batches of a ``make_loader`` then go through the per-sample path, never around it);
     ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
@@ -130,6 +177,7 @@ class ReaderBase:
         normalize: bool = True,
         transform: Optional[Transform] = None,
         target_transform: Optional[TargetTransform] = None,
+        transform_input: str = "tensor",
         return_meta: bool = False,
         verify: bool = False,
     ) -> None:
@@ -143,8 +191,16 @@ class ReaderBase:
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
         self.manifest, self._identity = self._open_manifest()
         self.verify = bool(verify)
-        self.convert = ImageConverter(self.manifest, normalize)
+        images = self.manifest.has_image and self.manifest.fields["image"]["dtype"] == "uint8"
+        # With a transform on uint8 images, the transform gets the stored pixels and the
+        # normalization comes after it (ImageTransform); otherwise the converter normalizes.
+        self.convert = ImageConverter(self.manifest, normalize and (transform is None or not images))
         self.transform = transform
+        self.apply_transform: Optional[Callable[[Any], Any]] = None
+        if transform is not None:
+            after = BatchNormalize(self.manifest) if normalize and images else None
+            self.apply_transform = ImageTransform(transform, after, transform_input) if self.manifest.has_image \
+                else transform
         self.target_transform = target_transform
         self.return_meta = return_meta
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers

@@ -94,7 +94,7 @@ class PackedDataset(ReaderBase, Dataset):
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        return build_sample(values[0], label, self.transform, meta, tuple(values[1:]), self.target_transform)
+        return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform)
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).

@@ -164,13 +164,14 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
         if header is not None and orientation is not None:
             plain = plain_jpeg(data, header, orientation, cfg, path, scratch=True)
             if plain is not None:
-                return _resized(*plain, cfg, histogram)
+                return _resized(*plain, cfg, histogram, path)
         with warnings.catch_warnings():
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
-                return _resized(*oriented(img, cfg, path, None if orientation else data, scratch=True), cfg, histogram)
+                return _resized(*oriented(img, cfg, path, None if orientation else data, scratch=True), cfg, histogram,
+                                path)
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -183,9 +184,9 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
 
 
 def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
-             histogram: bool) -> Decoded:
+             histogram: bool, path: str = "<bytes>") -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
-    img = resize(img, cfg, area, original)  # may be the image decoded into the scratch buffer, until copied
+    img = resize(img, cfg, area, original, path)  # may be the image decoded into the scratch buffer, until copied
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
     counts = img.histogram() if histogram else None
     return Decoded(image_pixels(img), original, counts)
@@ -373,13 +374,40 @@ def torchvision_crop(original: tuple[int, int], size: tuple[int, int]) -> tuple[
     return (rw, rh), (int(round((rw - tw) / 2.0)), int(round((rh - th) / 2.0)))
 
 
+TWO_STEP_LIMIT = 16
+"""torchvision resizes the whole image, then crops: packer does the same (the same pixels) unless
+the resized image would have more than this many times the pixels of what is kept (a 10 x 20000
+strip: 224 x 448000), where it resizes the kept box in one step (within a level of the two steps)."""
+
+
 def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
-           original: Optional[tuple[int, int]] = None) -> Image.Image:
+           original: Optional[tuple[int, int]] = None, path: str = "<bytes>") -> Image.Image:
     """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
     holds the picture (None: all of it), then ``cfg.crop``. ``original`` is the picture's size
-    before any scaled decoding (None: the area's size), which torchvision's geometry is computed on."""
+    before any scaled decoding (None: the area's size), which torchvision's geometry is computed on.
+    DecodeError (naming ``path``) when ``--resize shorter`` would make more than ``--max-pixels``."""
+    if cfg.resize == "shorter":
+        x0, y0, x1, y1 = area or (0.0, 0.0, *img.size)
+        (rw, rh), _ = torchvision_crop(original or (round(x1 - x0), round(y1 - y0)), cfg.size)  # type: ignore[arg-type]
+        if cfg.crop is not None and rw * rh > TWO_STEP_LIMIT * cfg.crop[0] * cfg.crop[1]:
+            return _crop_in_one_step(img, (x0, y0, x1, y1), (rw, rh), cfg)
+        if cfg.crop is None and rw * rh > cfg.max_pixels:
+            raise DecodeError(path, f"too many pixels after the resize: {rw}x{rh} is more than --max-pixels "
+                                    f"{cfg.max_pixels:,} (--crop keeps a part of it)")
     resized = _resize(img, cfg, area, original)
     return resized if cfg.crop is None else center_crop(resized, cfg.crop, cfg.fill)
+
+
+def _crop_in_one_step(img: Image.Image, box: Area, resized: tuple[int, int], cfg: PreprocessConfig) -> Image.Image:
+    """``--crop`` of an image resized to ``resized``, done as one resize of the kept box of ``img``'s
+    ``box`` (torchvision's offsets; what lies outside the image is padded with ``fill`` after)."""
+    (x0, y0, x1, y1), (rw, rh), (cw, ch) = box, resized, cfg.crop  # type: ignore[misc]
+    sx, sy = (x1 - x0) / rw, (y1 - y0) / rh
+    kw, kh = min(cw, rw), min(ch, rh)
+    left, top = int(round((rw - kw) / 2.0)), int(round((rh - kh) / 2.0))
+    kept = img.resize((kw, kh), _RESAMPLE[cfg.interpolation],
+                      box=(x0 + left * sx, y0 + top * sy, x0 + (left + kw) * sx, y0 + (top + kh) * sy))
+    return center_crop(kept, (cw, ch), cfg.fill)
 
 
 def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) -> Image.Image:
@@ -421,7 +449,7 @@ def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
             return img
         ow, oh = original or (round(w), round(h))
         (rw, rh), (left, top) = torchvision_crop((ow, oh), (tw, th))
-        if area is None and img.size == (ow, oh):
+        if area is None and img.size == (ow, oh) and rw * rh <= TWO_STEP_LIMIT * tw * th:
             # The whole picture at its own size (a full decode): torchvision's two steps, byte for byte.
             resized = img if (rw, rh) == (ow, oh) else img.resize((rw, rh), resample)
             return resized.crop((left, top, left + tw, top + th))

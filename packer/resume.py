@@ -33,7 +33,10 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     file's size, inode and modification and change times, as older packers recorded it (the
     same bytes: their interrupted runs still resume)."""
     h = hashlib.sha256()
-    options = {"format": config.format, "preprocess": config.preprocess.to_dict(), "strict": strict,
+    preprocess = config.preprocess.to_dict()
+    if preprocess.get("geometry") == "fractional":
+        del preprocess["geometry"]  # what runs of packers before --geometry recorded: they still resume
+    options = {"format": config.format, "preprocess": preprocess, "strict": strict,
                "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
     if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}

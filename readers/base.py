@@ -103,7 +103,9 @@ def decode_field(field: TextField, data) -> Any:
     return text
 
 
-TRANSFORM_INPUTS = ("tensor", "pil")
+TRANSFORM_INPUTS = ("tensor", "pil", "normalized")
+"""What a reader's transform gets: the stored uint8 tensor, a PIL image, or (``normalized``, packer
+0.2.0's way) the normalized float32 tensor."""
 
 
 class ImageTransform:
@@ -119,8 +121,6 @@ class ImageTransform:
     """
 
     def __init__(self, transform: Transform, normalize: Optional[BatchNormalize], input: str = "tensor") -> None:
-        if input not in TRANSFORM_INPUTS:
-            raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {input!r}")
         self.transform, self.normalize, self.input = transform, normalize, input
 
     def __call__(self, image: Any) -> Any:
@@ -191,16 +191,11 @@ class ReaderBase:
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
         self.manifest, self._identity = self._open_manifest()
         self.verify = bool(verify)
-        images = self.manifest.has_image and self.manifest.fields["image"]["dtype"] == "uint8"
-        # With a transform on uint8 images, the transform gets the stored pixels and the
-        # normalization comes after it (ImageTransform); otherwise the converter normalizes.
-        self.convert = ImageConverter(self.manifest, normalize and (transform is None or not images))
-        self.transform = transform
-        self.apply_transform: Optional[Callable[[Any], Any]] = None
-        if transform is not None:
-            after = BatchNormalize(self.manifest) if normalize and images else None
-            self.apply_transform = ImageTransform(transform, after, transform_input) if self.manifest.has_image \
-                else transform
+        if transform_input not in TRANSFORM_INPUTS:
+            raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {transform_input!r}")
+        self.normalize = bool(normalize)
+        self.transform_input = transform_input
+        self.transform = transform  # sets convert and apply_transform (a property: assigning it later works too)
         self.target_transform = target_transform
         self.return_meta = return_meta
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
@@ -209,6 +204,28 @@ class ReaderBase:
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
+
+    @property
+    def transform(self) -> Optional[Transform]:
+        """The transform applied to each image (see the class); assigning it (``ds.transform = f``,
+        as ImageFolder code does) takes effect for the samples read after."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, transform: Optional[Transform]) -> None:
+        self._transform = transform
+        uint8 = self.manifest.has_image and self.manifest.fields["image"]["dtype"] == "uint8"
+        # With a transform on uint8 images, the transform gets the stored pixels and the
+        # normalization comes after it (ImageTransform); otherwise the converter normalizes.
+        # transform_input="normalized" keeps packer 0.2.0's way: the transform gets normalized floats.
+        before = self.transform_input == "normalized" or transform is None or not uint8
+        self.convert = ImageConverter(self.manifest, self.normalize and before)
+        self.apply_transform: Optional[Callable[[Any], Any]] = None
+        if transform is not None and self.manifest.has_image and self.transform_input != "normalized":
+            after = BatchNormalize(self.manifest) if self.normalize and uint8 else None
+            self.apply_transform = ImageTransform(transform, after, self.transform_input)
+        elif transform is not None:
+            self.apply_transform = transform
 
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:

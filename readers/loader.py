@@ -308,7 +308,7 @@ def make_loader(
     shape = m.fields["image"].get("shape") if m.has_image else None
     if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
             and dataset.transform is None):
-        raise ValueError("images of this output have different sizes (--resize none): use batch_size=1, a "
+        raise ValueError("images of this output have different sizes (--resize none or shorter): use batch_size=1, a "
                          "transform that gives every image one size, or a collate_fn that can batch them")
     user_sampler = overrides.pop("sampler", None)
     user_batches = overrides.pop("batch_sampler", None)
@@ -353,8 +353,9 @@ def make_loader(
             sampler = SamplerBatches(user_batches if user_batches is not None else user_sampler, batch_size,
                                      drop_last, batched=user_batches is not None)
             if world > 1 and not hasattr(sampler.sampler, "set_epoch"):
-                log.warning("make_loader: torch.distributed is initialised but the sampler given has no "
-                            "set_epoch: every rank draws its own batches (a DistributedSampler splits them)")
+                raise ValueError("torch.distributed is initialised, and the sampler given does not split the samples "
+                                 "between ranks (it has no set_epoch): every rank would draw the same batches, or "
+                                 "overlapping ones. Pass a DistributedSampler, or a sampler that takes the rank")
         elif bucket_by_length:
             field = bucket_by_length if isinstance(bucket_by_length, str) else None
             sampler = LengthBucketSampler(dataset.lengths(field), batch_size, shuffle=shuffle, seed=seed, rank=rank,
@@ -373,8 +374,10 @@ def make_loader(
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
     order = {"batch_size": batch_size, "world_size": world, "seed": seed,
              "bucket_by_length": bucket_by_length or False}
+    order["sampler"] = None  # make_loader's own
     if isinstance(sampler, SamplerBatches):
         order["sampler"] = type(sampler.sampler).__name__  # a state saved with another sampler is refused
+        del order["seed"]  # the caller's sampler draws the order, not make_loader's seed
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)

@@ -326,3 +326,37 @@ def test_images_of_their_own_sizes_batch_when_a_transform_gives_them_one(tmp_pat
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="a transform that gives every image one size"):
         make_loader(open_dataset(out), 4)
+
+
+def test_a_distributed_sampler_gets_the_loaders_epochs_and_resumes(tmp_path):
+    from torch.utils.data import DistributedSampler
+
+    src = tmp_path / "src"
+    make_tree(src, {"ant": 7, "bee": 7})
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig("npy", PreprocessConfig(size=(8, 8)), ShardSize(samples=5)), workers=1)
+    ds = open_dataset(out, return_meta=True)
+
+    def indices(loader, epoch):
+        loader.set_epoch(epoch)
+        return [[m["index"] for m in batch[2]] for batch in loader]
+
+    def order(epoch):
+        s = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=3)
+        s.set_epoch(epoch)
+        return list(s)
+
+    loader = make_loader(ds, 4, sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3), num_workers=0,
+                         collate_fn=lambda samples: (None, None, [s[2] for s in samples]))
+    first, second = indices(loader, 0), indices(loader, 1)
+    assert sum(first, []) == order(0) and sum(second, []) == order(1) and order(0) != order(1)
+    loader.set_epoch(1)
+    stream = iter(loader)
+    next(stream)
+    state = loader.state_dict()
+    again = make_loader(ds, 4, sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3), num_workers=0,
+                        collate_fn=lambda samples: (None, None, [s[2] for s in samples]))
+    again.load_state_dict(state)
+    assert [[m["index"] for m in batch[2]] for batch in again] == second[1:]
+    with pytest.raises(ValueError, match="sampler"):
+        make_loader(ds, 4, num_workers=0).load_state_dict(state)

@@ -619,3 +619,34 @@ def test_resize_shorter_takes_one_number():
         PreprocessConfig(size=(256, 192), resize="shorter")
     assert PreprocessConfig(size=(256, 256), resize="shorter").image_shape is None  # images keep their shapes
     assert PreprocessConfig(size=(256, 256), resize="shorter", crop=(224, 200)).image_shape == (200, 224, 3)
+
+
+def test_a_long_thin_image_is_cropped_without_resizing_all_of_it(tmp_path, monkeypatch):
+    """A 10 x 2000 strip resized whole to torchvision's 224 x 44800 first would take 30 MB for a
+    224 x 224 crop (a 10 x 50000 one, gigabytes): beyond TWO_STEP_LIMIT the kept box is resized in
+    one step, within a level or so of the two steps."""
+    import packer.preprocess as preprocess
+
+    path = photo(tmp_path / "strip.png", (10, 2000))
+    reference = torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 224), 224)
+    want = np.asarray(reference).astype(int)
+    sizes = []
+    real = Image.Image.resize
+
+    def resize(self, size, *args, **kwargs):
+        sizes.append(size)
+        return real(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", resize)
+    for cfg in (PreprocessConfig(size=(224, 224), reduced_decode=False),
+                PreprocessConfig(size=(224, 224), resize="shorter", crop=(224, 224), reduced_decode=False)):
+        sizes.clear()
+        got = load_image(path, cfg).astype(int)
+        assert sizes == [(224, 224)] and got.shape == (224, 224, 3) and np.abs(got - want).mean() < 2
+    assert preprocess.TWO_STEP_LIMIT * 224 * 224 < 224 * 44800
+
+
+def test_resize_shorter_refuses_a_result_over_max_pixels(tmp_path):
+    path = photo(tmp_path / "strip.png", (10, 2000))
+    with pytest.raises(DecodeError, match="too many pixels after the resize: 224x44800"):
+        load_image(path, PreprocessConfig(size=(224, 224), resize="shorter", max_pixels=1_000_000))

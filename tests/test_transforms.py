@@ -11,6 +11,7 @@ from PIL import Image
 
 from packer import PreprocessConfig
 from packer.config import IMAGENET_MEAN, IMAGENET_STD
+from packer.errors import ConfigError
 from readers import make_loader, open_dataset
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
@@ -84,3 +85,25 @@ def test_float_storage_gives_the_transform_its_stored_values(tmp_path_factory):
     ds = open_dataset(floats["npy"], transform=lambda image: seen.append(image) or image)
     image, _ = ds[0]
     assert seen[0].dtype == torch.float32 and torch.equal(image, open_dataset(floats["npy"])[0][0])
+
+
+def test_a_transform_assigned_after_opening_is_used(outputs):
+    """ImageFolder code sets ``ds.transform = val_tf`` on an open dataset (or ``subset.dataset``)."""
+    ds = open_dataset(outputs["npy"])
+    plain = ds[2][0]
+    ds.transform = lambda image: image.flip(-1)
+    assert torch.allclose(ds[2][0], plain.flip(-1))
+    images, _ = next(iter(make_loader(ds, 4, shuffle=False, num_workers=0)))
+    assert torch.allclose(images[2], plain.flip(-1))
+    ds.transform = None
+    assert torch.equal(ds[2][0], plain) and ds[2][0].dtype == torch.float32
+
+
+def test_transform_input_normalized_keeps_the_old_contract(outputs):
+    """packer 0.2.0's transforms got normalized floats: ``transform_input="normalized"`` still does."""
+    seen = []
+    ds = open_dataset(outputs["npy"], transform=lambda image: seen.append(image) or image,
+                      transform_input="normalized")
+    assert torch.equal(ds[1][0], open_dataset(outputs["npy"])[1][0]) and seen[0].dtype == torch.float32
+    with pytest.raises(ConfigError, match="transform_input must be one of"):
+        open_dataset(outputs["npy"], transform_input="numpy")

@@ -41,7 +41,9 @@ _PREPROCESS_OPTIONS = (
     click.option("--interpolation", type=click.Choice(INTERPOLATIONS), default="bilinear",
                  help="Resize filter (antialiased, Pillow's; bilinear is torchvision's Resize on PIL images: "
                       "the same pixels with --full-decode)."),
-    click.option("--fill", default="0,0,0", help="Padding colour for --resize pad (R,G,B or one gray value)."),
+    click.option("--fill", default="0,0,0",
+                 help="Padding colour for --resize pad, and where --crop is larger than the image (R,G,B or one "
+                      "gray value)."),
     click.option("--background", default="255,255,255",
                  help="Colour that transparent pixels are composited on (R,G,B or one gray value)."),
     click.option("--normalize", default="imagenet",

@@ -12,7 +12,7 @@ from packer.registry import get_format
 from packer.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the CLI's default comes from here
 from packer.text import TextConfig
 
-RESIZE_MODES = ("shorter-crop", "shorter", "stretch", "pad", "none")
+RESIZE_MODES = ("shorter-crop", "shorter", "max", "stretch", "pad", "none")
 GEOMETRIES = ("torchvision", "fractional")
 """How ``shorter-crop`` places its crop: ``torchvision``, as ``Resize(N)`` then ``CenterCrop(N)``
 compute it (the image resized to an integer size, the crop at a rounded offset); ``fractional``,
@@ -33,9 +33,10 @@ class PreprocessConfig:
 
     ``size`` is (width, height) and is None only with ``resize="none"``; with ``resize="shorter"``
     it is square, (N, N): the shorter side goes to N, the longer keeps the aspect ratio, as
-    torchvision's ``Resize(N)``. ``crop`` (width, height), when set, is then cut from the centre as
-    torchvision's ``CenterCrop`` cuts it (padded with ``fill`` where the image is smaller), and is
-    the stored size. ``mean``/``std`` are per
+    torchvision's ``Resize(N)``; with ``resize="max"`` too: the longer side goes to N when it is
+    longer (never enlarged), the aspect kept (FFCV's ``max_resolution``). ``crop`` (width,
+    height), when set, is then cut from the centre as torchvision's ``CenterCrop`` cuts it (padded
+    with ``fill`` where the image is smaller), and is the stored size. ``mean``/``std`` are per
     channel on the 0..1 scale; None means no normalization (pixels scaled to 0..1). With
     ``dtype="uint8"`` pixels are stored as they are and readers normalize; with a float dtype the
     normalized values are stored. ``auto_normalize`` (uint8 only; ``mean``/``std`` are then None)
@@ -78,9 +79,10 @@ class PreprocessConfig:
         elif self.size[0] * self.size[1] > self.max_pixels:
             raise ConfigError(f"--size {self.size[0]}x{self.size[1]} has more pixels than --max-pixels "
                               f"{self.max_pixels}; choose a smaller size")
-        elif self.resize == "shorter" and self.size[0] != self.size[1]:
-            raise ConfigError(f"--resize shorter takes one number, the shorter side's size (--size 256), not "
-                              f"{self.size[0]}x{self.size[1]}: the longer side follows the aspect ratio")
+        elif self.resize in ("shorter", "max") and self.size[0] != self.size[1]:
+            side = "shorter" if self.resize == "shorter" else "longer"
+            raise ConfigError(f"--resize {self.resize} takes one number, the {side} side's size (--size 256), not "
+                              f"{self.size[0]}x{self.size[1]}: the other side follows the aspect ratio")
         if self.crop is not None:
             if len(self.crop) != 2 or min(self.crop) < 1:
                 raise ConfigError(f"--crop must be a positive size such as 224 or 224x160, got {self.crop}")
@@ -125,7 +127,7 @@ class PreprocessConfig:
         """Stored (height, width, channels), or None when images keep their own size."""
         if self.crop is not None:
             return (self.crop[1], self.crop[0], self.channels)
-        if self.size is None or self.resize == "shorter":
+        if self.size is None or self.resize in ("shorter", "max"):
             return None
         return (self.size[1], self.size[0], self.channels)
 

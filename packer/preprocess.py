@@ -380,6 +380,16 @@ the resized image would have more than this many times the pixels of what is kep
 strip: 224 x 448000), where it resizes the kept box in one step (within a level of the two steps)."""
 
 
+def max_side(original: tuple[int, int], side: int) -> tuple[int, int]:
+    """The (width, height) of an image of ``original`` size with its longer side at most ``side``:
+    unchanged when it already fits (never enlarged), else the longer side ``side`` and the shorter
+    ``int(side * short / long)`` (truncated as torchvision's Resize truncates), at least 1."""
+    w, h = original
+    if max(w, h) <= side:
+        return (w, h)
+    return (side, max(1, int(side * h / w))) if w >= h else (max(1, int(side * w / h)), side)
+
+
 def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
            original: Optional[tuple[int, int]] = None, path: str = "<bytes>") -> Image.Image:
     """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
@@ -438,6 +448,12 @@ def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
     resample = _RESAMPLE[cfg.interpolation]
     if cfg.resize == "stretch":
         return img if same else img.resize((tw, th), resample, box=(x0, y0, x1, y1))
+    if cfg.resize == "max":  # the longer side to N when it is longer, the aspect kept (FFCV's max_resolution)
+        ow, oh = original or (round(w), round(h))
+        new = max_side((ow, oh), tw)
+        if area is None and img.size == new:
+            return img
+        return img.resize(new, resample, box=(x0, y0, x1, y1))
     if cfg.resize == "shorter":  # torchvision's Resize(N): the shorter side to N, the aspect kept
         ow, oh = original or (round(w), round(h))
         (rw, rh), _ = torchvision_crop((ow, oh), (tw, th))

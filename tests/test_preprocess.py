@@ -650,3 +650,23 @@ def test_resize_shorter_refuses_a_result_over_max_pixels(tmp_path):
     path = photo(tmp_path / "strip.png", (10, 2000))
     with pytest.raises(DecodeError, match="too many pixels after the resize: 224x44800"):
         load_image(path, PreprocessConfig(size=(224, 224), resize="shorter", max_pixels=1_000_000))
+
+
+@pytest.mark.parametrize("size, expected", [((500, 375), (224, 168)), ((375, 500), (168, 224)),
+                                            ((100, 50), (100, 50)), ((10, 2000), (1, 224)), ((224, 300), (167, 224))])
+def test_resize_max_bounds_the_longer_side_and_never_enlarges(tmp_path, size, expected):
+    """FFCV's max_resolution: the longer side at most N, the aspect kept; smaller images as they are."""
+    path = photo(tmp_path / "a.png", size)
+    got = load_image(path, PreprocessConfig(size=(224, 224), resize="max", reduced_decode=False))
+    source = Image.open(path).convert("RGB")
+    want = np.asarray(source if expected == size else source.resize(expected, Image.BILINEAR))
+    assert got.shape == (expected[1], expected[0], 3) and np.array_equal(got, want)
+
+
+def test_resize_max_with_the_reduced_decode_gives_the_same_size(tmp_path):
+    path = photo(tmp_path / "a.jpg", (1600, 1200), quality=90)
+    full = load_image(path, PreprocessConfig(size=(300, 300), resize="max", reduced_decode=False)).astype(int)
+    reduced = load_image(path, PreprocessConfig(size=(300, 300), resize="max")).astype(int)
+    assert full.shape == reduced.shape == (225, 300, 3) and np.abs(full - reduced).mean() < 3
+    with pytest.raises(ConfigError, match="--resize max takes one number, the longer side's size"):
+        PreprocessConfig(size=(300, 200), resize="max")

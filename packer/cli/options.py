@@ -28,7 +28,8 @@ _PREPROCESS_OPTIONS = (
                       "sizes are (height, width))."),
     click.option("--resize", type=click.Choice(RESIZE_MODES), default="shorter-crop",
                  help="shorter-crop: shorter side to size, centre crop (torchvision's Resize(N) + CenterCrop(N)); "
-                      "shorter: shorter side to size, aspect kept (Resize(N)); stretch: ignore aspect "
+                      "shorter: shorter side to size, aspect kept (Resize(N)); max: longer side at most size, "
+                      "aspect kept, never enlarged; stretch: ignore aspect "
                       "(Resize((H, W))); pad: letterbox with --fill; none: keep each image's size."),
     click.option("--crop", default=None,
                  help="After the resize, cut this size (224 or WIDTHxHEIGHT) from the centre, as torchvision's "

@@ -155,6 +155,8 @@ def _resize_line(pre: dict, size: str) -> str:
         line = "none (each image keeps its size)"
     elif pre["resize"] == "shorter":
         line = f"shorter side to {pre['size'][0]}, aspect kept, {pre['interpolation']}"
+    elif pre["resize"] == "max":
+        line = f"longer side at most {pre['size'][0]}, aspect kept, never enlarged, {pre['interpolation']}"
     else:
         line = f"{pre['resize']} to {size}, {pre['interpolation']}"
         if pre["resize"] == "shorter-crop":

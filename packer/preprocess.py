@@ -396,28 +396,33 @@ def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
     holds the picture (None: all of it), then ``cfg.crop``. ``original`` is the picture's size
     before any scaled decoding (None: the area's size), which torchvision's geometry is computed on.
     DecodeError (naming ``path``) when ``--resize shorter`` would make more than ``--max-pixels``."""
-    if cfg.resize == "shorter":
-        x0, y0, x1, y1 = area or (0.0, 0.0, *img.size)
-        (rw, rh), _ = torchvision_crop(original or (round(x1 - x0), round(y1 - y0)), cfg.size)  # type: ignore[arg-type]
+    resample = _RESAMPLE[cfg.interpolation]
+    if cfg.resize == "shorter":  # torchvision's Resize(N): the shorter side to N, the aspect kept
+        box = area or (0.0, 0.0, *img.size)
+        (rw, rh), _ = torchvision_crop(original or (round(box[2] - box[0]), round(box[3] - box[1])),
+                                       cfg.size)  # type: ignore[arg-type]
         if cfg.crop is not None and rw * rh > TWO_STEP_LIMIT * cfg.crop[0] * cfg.crop[1]:
-            return _crop_in_one_step(img, (x0, y0, x1, y1), (rw, rh), cfg)
+            return _crop_in_one_step(img, box, (rw, rh), cfg.crop, resample, cfg.fill)
         if cfg.crop is None and rw * rh > cfg.max_pixels:
             raise DecodeError(path, f"too many pixels after the resize: {rw}x{rh} is more than --max-pixels "
                                     f"{cfg.max_pixels:,} (--crop keeps a part of it)")
-    resized = _resize(img, cfg, area, original)
+        resized = img if area is None and img.size == (rw, rh) else img.resize((rw, rh), resample, box=box)
+    else:
+        resized = _resize(img, cfg, area, original)
     return resized if cfg.crop is None else center_crop(resized, cfg.crop, cfg.fill)
 
 
-def _crop_in_one_step(img: Image.Image, box: Area, resized: tuple[int, int], cfg: PreprocessConfig) -> Image.Image:
-    """``--crop`` of an image resized to ``resized``, done as one resize of the kept box of ``img``'s
-    ``box`` (torchvision's offsets; what lies outside the image is padded with ``fill`` after)."""
-    (x0, y0, x1, y1), (rw, rh), (cw, ch) = box, resized, cfg.crop  # type: ignore[misc]
+def _crop_in_one_step(img: Image.Image, box: Area, resized: tuple[int, int], crop: tuple[int, int],
+                      resample: Image.Resampling, fill: tuple[int, ...]) -> Image.Image:
+    """The centre ``crop`` of ``img``'s ``box`` resized to ``resized``, as one resize of the kept part
+    of the box (torchvision's offsets; what lies outside the image is padded with ``fill`` after)."""
+    (x0, y0, x1, y1), (rw, rh), (cw, ch) = box, resized, crop
     sx, sy = (x1 - x0) / rw, (y1 - y0) / rh
     kw, kh = min(cw, rw), min(ch, rh)
     left, top = int(round((rw - kw) / 2.0)), int(round((rh - kh) / 2.0))
-    kept = img.resize((kw, kh), _RESAMPLE[cfg.interpolation],
+    kept = img.resize((kw, kh), resample,
                       box=(x0 + left * sx, y0 + top * sy, x0 + (left + kw) * sx, y0 + (top + kh) * sy))
-    return center_crop(kept, (cw, ch), cfg.fill)
+    return center_crop(kept, (cw, ch), fill)
 
 
 def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) -> Image.Image:
@@ -438,7 +443,7 @@ def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) 
 
 def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
             original: Optional[tuple[int, int]]) -> Image.Image:
-    """``resize`` without the crop."""
+    """``resize`` without the crop, for every mode but ``shorter`` (which ``resize`` does itself)."""
     if cfg.resize == "none":
         return img  # never decoded scaled: without a size there is nothing to scale to
     tw, th = cfg.size  # type: ignore[misc]
@@ -454,12 +459,6 @@ def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
         if area is None and img.size == new:
             return img
         return img.resize(new, resample, box=(x0, y0, x1, y1))
-    if cfg.resize == "shorter":  # torchvision's Resize(N): the shorter side to N, the aspect kept
-        ow, oh = original or (round(w), round(h))
-        (rw, rh), _ = torchvision_crop((ow, oh), (tw, th))
-        if area is None and img.size == (rw, rh):
-            return img
-        return img.resize((rw, rh), resample, box=(x0, y0, x1, y1))
     if cfg.resize == "shorter-crop" and cfg.geometry == "torchvision":
         if same:
             return img
@@ -469,10 +468,8 @@ def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
             # The whole picture at its own size (a full decode): torchvision's two steps, byte for byte.
             resized = img if (rw, rh) == (ow, oh) else img.resize((rw, rh), resample)
             return resized.crop((left, top, left + tw, top + th))
-        # A scaled decode: the same crop, mapped into the decoded image, resized in one step.
-        sx, sy = w / rw, h / rh
-        return img.resize((tw, th), resample, box=(x0 + left * sx, y0 + top * sy,
-                                                   x0 + (left + tw) * sx, y0 + (top + th) * sy))
+        # A scaled decode (or a long strip): the same crop, mapped into the decoded image, one resize.
+        return _crop_in_one_step(img, (x0, y0, x1, y1), (rw, rh), (tw, th), resample, cfg.fill)
     if cfg.resize == "shorter-crop":
         # fractional: the largest centred box of the target aspect ratio, resized in one step.
         if same:

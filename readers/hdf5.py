@@ -127,7 +127,8 @@ class Hdf5Dataset(PackedDataset):
         return bytes(handle.file[HDF5_KEY_BYTES][start:end]).decode("utf-8")
 
     def read_keys(self, handle: _Hdf5Shard, count: int) -> list[str]:
-        """Every key of a shard in two reads (``samples``): one h5py read per key costs ~0.5 ms."""
+        """Every key of a shard in two reads (``samples``): each h5py read has a large fixed cost,
+        so one read per key would make ``samples`` slow on big outputs."""
         if not handle.flat_keys:
             return list(handle.file[HDF5_KEYS].asstr()[:count])
         offsets = handle.file[HDF5_KEY_OFFSETS][:count + 1].tolist()  # two reads for the whole shard

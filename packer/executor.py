@@ -34,6 +34,10 @@ DEFAULT_TIMEOUT = 120.0  # seconds one file may take before it is treated as han
 MAX_RETRIES = 3  # times one shard may fail for no file's fault (out of memory, ...) before giving up
 
 
+class RunStopped(Exception):
+    """``run_jobs`` ended because its ``should_stop`` said so; its workers are ended, nothing is written."""
+
+
 @dataclass
 class _Running:
     job: ShardJob
@@ -51,14 +55,15 @@ def run_jobs(
     progress: Optional[ProgressFn] = None,
     on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
     timeout: float = DEFAULT_TIMEOUT,
+    should_stop: Optional[Callable[[], bool]] = None,
 ) -> list[ShardResult]:
     """Write every shard with up to ``workers`` processes; results in job order.
 
     ``progress(n)`` gets the number of source files finished since its last call (negative when a
     shard that failed is counted again); ``on_result`` is called in the parent as each shard
-    finishes. Raises DecodeError in strict mode, whatever error a shard raised, PackerError when
-    a shard's process keeps dying for no file's fault, and KeyboardInterrupt after ending the
-    workers.
+    finishes. ``should_stop()``, asked about once a second, ends the run (RunStopped) when true.
+    Raises DecodeError in strict mode, whatever error a shard raised, PackerError when a shard's
+    process keeps dying for no file's fault, and KeyboardInterrupt after ending the workers.
     """
     ctx = _context()
     for fmt in {job.format for job in jobs}:
@@ -71,6 +76,8 @@ def run_jobs(
     failures: dict[int, int] = {}
     try:
         while queue or running:
+            if should_stop is not None and should_stop():
+                raise RunStopped()
             while queue and len(running) < workers:
                 job = queue.popleft()
                 remove_partial_files(job)

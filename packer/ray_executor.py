@@ -10,8 +10,14 @@ process: a file that crashes or hangs the decoder is skipped with the reason the
 files of an earlier attempt are removed first. A task whose Ray worker dies (node lost, killed, out
 of memory) is retried by Ray (``max_retries``); a task that fails by packer's own error (a bad
 file with ``--strict``, a full disk) returns that error instead of raising it, so Ray never
-retries it. Progress comes from the tasks through a small counter actor, so the driver's bar moves
-with files, not only with finished shards.
+retries it. Progress comes from the tasks through a small actor (the run's board), so the driver's
+bar moves with files, not only with finished shards.
+
+A run that fails or is interrupted stops its tasks through the same board: the driver marks the
+run stopped, each task asks about once a second and ends its shard's process, so nothing more is
+written. ``ray.cancel`` is not used: in Ray 2.x a forced cancel that meets a task just finishing
+can abort the driver's core worker (``Check failed: it != submissible_tasks_.end()``,
+ray-project/ray#54798), taking the whole ``packer convert`` process, or a notebook, with it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from packer.errors import PackerError
-from packer.executor import DEFAULT_TIMEOUT, run_jobs
+from packer.executor import DEFAULT_TIMEOUT, RunStopped, run_jobs
 from packer.records import ShardResult
 from packer.worker import ProgressFn, ShardJob
 
@@ -34,7 +40,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RETRIES = 3  # times Ray reruns a task whose worker died before the run fails
 POLL_SECONDS = 0.5  # how often the driver looks for finished tasks and progress
 REPORT_SECONDS = 0.5  # least time between two progress messages of one task
-CANCEL_WAIT_SECONDS = 10.0  # how long the driver waits for cancelled tasks to end before returning
+STOP_POLL_SECONDS = 1.0  # how often a task asks the board whether its run was stopped
+STOP_WAIT_SECONDS = 15.0  # how long the driver waits for stopped tasks to end before returning
 INSTALL_HINT = "pip install 'packer-datasets[ray]' (or pip install ray)"
 
 
@@ -64,7 +71,7 @@ class RayExecutor:
         self.max_retries = max_retries
         self._ray = import_ray()
         self._started = False
-        self._counter: Any = None  # the ProgressCounter actor, made on first use and kept for later runs
+        self._board: Any = None  # the RunBoard actor, made on first use and kept for later runs
 
     def __enter__(self) -> "RayExecutor":
         return self
@@ -94,9 +101,9 @@ class RayExecutor:
 
     def close(self) -> None:
         """Leave the cluster; stops the Ray instance if this executor started it."""
-        if self._counter is not None and self._ray.is_initialized():
-            self._ray.kill(self._counter)
-        self._counter = None
+        if self._board is not None and self._ray.is_initialized():
+            self._ray.kill(self._board)
+        self._board = None
         if self._started:
             self._ray.shutdown()
             self._started = False
@@ -121,11 +128,12 @@ class RayExecutor:
         """
         ray = self._ray
         self.connect()
-        counter = self._progress_counter() if progress is not None else None
+        board = self._run_board()
+        run = uuid.uuid4().hex
         task = ray.remote(_write_shard_task).options(num_cpus=1, max_retries=self.max_retries,
                                                      retry_exceptions=False)
         level = logging.getLogger("packer").getEffectiveLevel()
-        pending = {task.remote(absolute(job), counter, timeout, level): job for job in jobs}
+        pending = {task.remote(absolute(job), board, run, progress is not None, timeout, level): job for job in jobs}
         results: dict[int, ShardResult] = {}
         reported = 0
         try:
@@ -141,27 +149,25 @@ class RayExecutor:
                         on_result(job, result)
                 if progress is not None:
                     counts: dict[int, int] = {}
-                    if counter is not None:
+                    if board is not None:
                         try:
-                            counts = ray.get(counter.counts.remote())
+                            counts = ray.get(board.counts.remote(run))
                         except ray.exceptions.RayError:  # its node is gone: count finished shards only
-                            counter = self._counter = None
+                            board = None
                     done = sum(len(j.task.items) if j.number in results else counts.get(j.number, 0) for j in jobs)
                     if done != reported:
                         progress(done - reported)
                         reported = done
         except BaseException:
-            self._cancel(list(pending))
+            self._stop(board, run, list(pending))
             raise
         return [results[j.number] for j in jobs]
 
-    def _progress_counter(self) -> Any:
-        """The progress actor, emptied for a new run (starting one costs a worker process: kept)."""
-        ray = self._ray
-        if self._counter is None:
-            self._counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
-        ray.get(self._counter.clear.remote())
-        return self._counter
+    def _run_board(self) -> Any:
+        """The board actor (starting one costs a worker process: kept for later runs)."""
+        if self._board is None:
+            self._board = self._ray.remote(num_cpus=0)(RunBoard).remote()
+        return self._board
 
     def _outcome(self, ref: Any, job: ShardJob) -> ShardResult:
         """The ShardResult of a finished task; its error raised as packer's own."""
@@ -174,18 +180,21 @@ class RayExecutor:
                               f"retries a task only when its worker dies, up to {self.max_retries} times") from None
         if kind == "error":
             raise value
+        if kind == "stopped":  # only a stopped run's tasks stop, and that run is not waiting for them
+            raise PackerError(f"the Ray task writing {job.task.name} was stopped")
         return value
 
-    def _cancel(self, refs: list) -> None:
-        """End tasks still running (their workers are killed, so they write nothing more)."""
+    def _stop(self, board: Any, run: str, refs: list) -> None:
+        """Stop the run's tasks still running or queued (see the module docstring) and wait for them a
+        while: a stopped task ends its shard's process, so it writes nothing more."""
         ray = self._ray
-        for ref in refs:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - a task that just finished cannot be cancelled; nothing to do
-                pass
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_SECONDS)
+        if not refs:
+            return
+        try:
+            ray.get(board.stop.remote(run), timeout=STOP_WAIT_SECONDS)
+        except Exception:  # noqa: BLE001 - the board is gone with its node: the tasks end with the driver
+            return
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_SECONDS)
 
 
 def absolute(job: ShardJob) -> ShardJob:
@@ -195,63 +204,91 @@ def absolute(job: ShardJob) -> ShardJob:
     return replace(job, task=replace(job.task, items=items), directory=os.path.abspath(job.directory))
 
 
-class ProgressCounter:
-    """Files finished per shard, as the tasks report them (a Ray actor on the cluster).
+class RunBoard:
+    """What the driver and the tasks of its runs tell each other (a Ray actor on the cluster): files
+    finished per shard, and whether a run was stopped.
 
     Each attempt at a shard starts its count afresh under a new token, so a retried task's first
     attempt (whose last messages may still arrive) is not counted twice.
     """
 
     def __init__(self) -> None:
-        self._counts: dict[int, int] = {}
-        self._tokens: dict[int, str] = {}
+        self._counts: dict[str, dict[int, int]] = {}
+        self._tokens: dict[tuple[str, int], str] = {}
+        self._stopped: set[str] = set()
 
-    def clear(self) -> None:
-        """Forget every count (a new run begins)."""
-        self._counts.clear()
-        self._tokens.clear()
+    def start(self, run: str, number: int, token: str) -> bool:
+        """A new attempt at shard ``number`` of ``run`` begins; False if the run was stopped."""
+        self._tokens[run, number] = token
+        self._counts.setdefault(run, {})[number] = 0
+        return run not in self._stopped
 
-    def start(self, number: int, token: str) -> None:
-        """A new attempt at shard ``number`` begins."""
-        self._tokens[number] = token
-        self._counts[number] = 0
-
-    def add(self, number: int, token: str, n: int) -> None:
+    def add(self, run: str, number: int, token: str, n: int) -> None:
         """``n`` more files of shard ``number`` done (negative: a shard redone from its start)."""
-        if self._tokens.get(number) == token:
-            self._counts[number] += n
+        if self._tokens.get((run, number)) == token:
+            self._counts[run][number] += n
 
-    def counts(self) -> dict[int, int]:
-        """Files done so far, per shard number."""
-        return dict(self._counts)
+    def counts(self, run: str) -> dict[int, int]:
+        """Files done so far in ``run``, per shard number."""
+        return dict(self._counts.get(run, {}))
+
+    def stop(self, run: str) -> None:
+        """Tell ``run``'s tasks to end; its counts are forgotten."""
+        self._stopped.add(run)
+        self._counts.pop(run, None)
+        self._tokens = {k: v for k, v in self._tokens.items() if k[0] != run}
+
+    def stopped(self, run: str) -> bool:
+        """Whether ``run`` was stopped."""
+        return run in self._stopped
 
 
-def _write_shard_task(job: ShardJob, counter: Any, timeout: float, log_level: int) -> tuple[str, Any]:
-    """Body of one Ray task: ``("result", ShardResult)`` or ``("error", PackerError)``.
+def _write_shard_task(job: ShardJob, board: Any, run: str, counting: bool, timeout: float,
+                      log_level: int) -> tuple[str, Any]:
+    """Body of one Ray task: ``("result", ShardResult)``, ``("error", PackerError)`` or ``("stopped",
+    None)`` when the driver stopped the run.
 
     Runs in a Ray worker process: the shard is written by ``run_jobs`` in a child process, with
     the crash and hang isolation of local runs. Packer's own errors are returned, not raised, so
     that Ray does not retry them.
     """
+    import ray
+
     logging.getLogger("packer").setLevel(max(log_level, logging.WARNING))  # skipped files: the driver logs them
     token = uuid.uuid4().hex
+    try:
+        if not ray.get(board.start.remote(run, job.number, token), timeout=STOP_WAIT_SECONDS):
+            return "stopped", None
+    except ray.exceptions.RayError:  # the board's node is gone: the shard is written without it
+        board = None
     pending, last = 0, time.monotonic()
-    if counter is not None:
-        counter.start.remote(job.number, token)
+    asked, stopped = time.monotonic(), False
 
     def progress(n: int) -> None:
         nonlocal pending, last
         pending += n
-        if counter is not None and time.monotonic() - last >= REPORT_SECONDS:
-            counter.add.remote(job.number, token, pending)
+        if board is not None and counting and time.monotonic() - last >= REPORT_SECONDS:
+            board.add.remote(run, job.number, token, pending)
             pending, last = 0, time.monotonic()
+
+    def should_stop() -> bool:
+        nonlocal asked, stopped
+        if board is not None and not stopped and time.monotonic() - asked >= STOP_POLL_SECONDS:
+            try:
+                stopped = ray.get(board.stopped.remote(run), timeout=STOP_WAIT_SECONDS)
+            except ray.exceptions.RayError:  # slow (asked again) or gone with its node (the driver decides)
+                pass
+            asked = time.monotonic()
+        return stopped
 
     unseen = [p for p in (job.directory, *(job.task.items[0].paths if job.task.items else ())) if not os.path.exists(p)]
     if unseen:  # every file would be skipped as missing: a partial output, not a failure, unless said here
         return "error", PackerError(f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster the source and "
                                     "the output must be on a filesystem every node mounts at the same path")
     try:
-        [result] = run_jobs([job], 1, progress=progress, timeout=timeout)
+        [result] = run_jobs([job], 1, progress=progress, timeout=timeout, should_stop=should_stop)
+    except RunStopped:
+        return "stopped", None
     except PackerError as e:
         return "error", e
     return "result", result

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Optional, Sequence
 
+from packer.class_map import extend_class_map
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
@@ -41,17 +42,22 @@ def is_litter(name: str) -> bool:
 
 
 def is_packer_folder(path: str | os.PathLike) -> bool:
-    """True for a packer output (its manifest.json is a packer manifest), never read as input or as a
-    class: converting a folder twice with the output inside it must not add a class."""
-    manifest = os.path.join(path, "manifest.json")
-    if not os.path.isfile(manifest):
-        return False
-    try:
-        with open(manifest, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "manifest_version" in data and "shards" in data
+    """True for a packer output (its manifest.json is a packer manifest) or a folder of split outputs
+    (its splits.json), never read as input or as a class: converting a folder twice with the output
+    inside it must not add a class."""
+    records = (("manifest.json", ("manifest_version", "shards")), ("splits.json", ("splits_version", "splits")))
+    for name, keys in records:
+        record = os.path.join(path, name)
+        if not os.path.isfile(record):
+            continue
+        try:
+            with open(record, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and all(k in data for k in keys):
+            return True
+    return False
 
 
 def is_image_name(name: str) -> bool:
@@ -76,12 +82,16 @@ def discover(
     labels_file: Optional[str | os.PathLike] = None,
     fields: Optional[Sequence[str]] = None,
     allow_missing: bool = False,
+    classes: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
 ) -> Discovery:
     """List the samples under ``root`` in sorted relative-path order, with their labels.
 
     Top-level subfolders are classes (indices by sorted name) and deeper files belong to their
     top-level class. Without subfolders the samples are unlabelled. A ``labels_file`` (CSV of
-    relative path and label) overrides the folder classes.
+    relative path and label) overrides the folder classes. A given class map ``classes`` (names in
+    index order) decides the indices instead: a class it lacks is refused with its name, or with
+    ``add_classes`` appended at its end (see ``packer.class_map``).
 
     ``fields`` says what a sample is (see ``FIELD_KINDS``). One field: each file of that kind is a
     sample (images, or ``.txt`` texts). Several: files in one folder sharing a stem
@@ -100,18 +110,20 @@ def discover(
     unlisted += problems
     ignored = dict(sorted(ignored.items()))
     if labels_file is not None:
-        found = _with_labels_file(root, samples, ignored, Path(labels_file))
+        found = _with_labels_file(root, samples, ignored, Path(labels_file), classes, add_classes)
         found.skipped[:0] = unlisted
         found.fields = chosen
         return found
-    class_dirs = sorted(
-        e.name for e in os.scandir(root)
-        if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
-    )
+    class_dirs = class_folders(root)
     base = _joinable(root)
     if not class_dirs:
+        if classes is not None:
+            raise InputError(f"--classes gives a class map, but {root} has no class folders (its samples are "
+                             "unlabelled); leave --classes out, or give the folder that holds the class folders")
         items = [_item(base, i, c) for i, c in enumerate(samples)]
         return Discovery(root, items, None, unlisted, ignored, chosen)
+    if classes is not None:
+        class_dirs = extend_class_map(classes, class_dirs, add_classes, str(root))
     class_index = {name: i for i, name in enumerate(class_dirs)}
     items: list[SourceItem] = []
     skipped: list[Skipped] = list(unlisted)
@@ -122,6 +134,15 @@ def discover(
             continue
         items.append(_item(base, len(items), c, class_index[top]))
     return Discovery(root, items, class_dirs, skipped, ignored, chosen)
+
+
+def class_folders(root: str | os.PathLike) -> list[str]:
+    """The class folders of ``root``, sorted: its subfolders but litter, names that are not UTF-8 and
+    packer outputs."""
+    return sorted(
+        e.name for e in os.scandir(root)
+        if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
+    )
 
 
 class _Candidate(NamedTuple):
@@ -280,12 +301,17 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path) -> Discovery:
-    """Label ``samples`` from a CSV whose paths name a sample's key or any of its files."""
+def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path,
+                      given: Optional[Sequence[str]] = None, add_classes: bool = False) -> Discovery:
+    """Label ``samples`` from a CSV whose paths name a sample's key or any of its files (the labels are
+    names in the ``given`` class map, when there is one)."""
     known = {n for c in samples for n in (c.key, c.rel, *(rel for _, rel in c.files))}
     labels = read_labels_file(labels_file, known)
     names = sorted(set(labels.values()))
-    if all(n.isdigit() for n in names):
+    if given is not None:
+        classes = extend_class_map(given, names, add_classes, str(labels_file))
+        index = {n: i for i, n in enumerate(classes)}
+    elif all(n.isdigit() for n in names):
         classes = [str(i) for i in range(max(int(n) for n in names) + 1)] if names else []
         index = {n: int(n) for n in names}
     else:

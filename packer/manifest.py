@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from packer.class_map import class_map_digest
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ManifestError
 from packer.records import TEXT_KINDS, FileEntry, TextField
@@ -84,6 +85,7 @@ class Manifest:
             "packer_version": self.packer_version,
             "samples": self.samples,
             "classes": self.classes,
+            "class_map_sha256": self.class_map_sha256,
             "class_counts": self.class_counts,
             "stats": self.stats,
             "fields": self.fields,
@@ -123,12 +125,24 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
+        names = m.classes
+        if names is not None and (not isinstance(names, list) or not all(isinstance(c, str) for c in names)):
+            raise ManifestError(f"{where}: classes must be a list of names; the manifest is damaged")
+        recorded = d.get("class_map_sha256")  # absent in older manifests
+        if recorded is not None and recorded != m.class_map_sha256:
+            raise ManifestError(f"{where}: the class map does not match its recorded digest (class_map_sha256); "
+                                "the manifest was edited or is damaged")
         _check_layout(m, where)
         _check_shards(m, where)
         total = sum(s.samples for s in m.shards)
         if total != m.samples:
             raise ManifestError(f"{where}: shard sample counts add up to {total}, not {m.samples}")
         return m
+
+    @property
+    def class_map_sha256(self) -> Optional[str]:
+        """The digest of the class map (``packer.class_map.class_map_digest``); None when unlabelled."""
+        return class_map_digest(self.classes)
 
     @property
     def image_codec(self) -> str:
@@ -298,6 +312,10 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
     if not directory.is_dir():
         raise ManifestError(f"{directory} is not a folder; expected a packer output folder")
     if not path.is_file():
+        splits = _split_names(directory)
+        if splits:
+            raise ManifestError(f"{directory} holds the splits {', '.join(splits)} of one conversion, each a packer "
+                                f"output: open one of them, e.g. {directory / splits[0]}")
         raise ManifestError(
             f"{directory} has no {MANIFEST_NAME}: it is not a packer output, or its conversion did not finish"
         )
@@ -306,6 +324,15 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path} cannot be read as JSON: {e}") from None
     return parse_manifest(text, str(path), expect_format, str(directory))
+
+
+def _split_names(directory: Path) -> list[str]:
+    """The split names listed in ``directory``'s splits.json (``packer.dataset_splits``), if it has one."""
+    try:
+        data = json.loads((directory / "splits.json").read_text(encoding="utf-8"))
+        return [str(name) for name in data["splits"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def parse_manifest(

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
@@ -81,6 +81,9 @@ def convert(
     progress: Optional[ProgressFn] = None,
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
     executor: Optional[Executor] = None,
+    classes: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
+    discovery: Optional[Discovery] = None,
 ) -> ConvertResult:
     """Convert the image (or text) folder ``source`` into a packed output folder ``output``.
 
@@ -91,6 +94,9 @@ def convert(
     skipped. ``progress`` is called with the number of source files finished since its last call;
     ``on_plan`` once the work is known. ``executor`` runs the shards (default: ``workers`` local
     processes; ``packer.ray_executor.RayExecutor`` for a Ray cluster; ``workers`` is then unused).
+    ``classes`` gives the class map (names in index order) instead of the source's sorted class
+    folders; a class it lacks is refused, or appended with ``add_classes``. ``discovery``: the samples
+    to convert, already found under ``source`` (a split of it; see ``packer.dataset_splits``).
     Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
     folder is kept for ``resume``.
     """
@@ -98,7 +104,11 @@ def convert(
     output = Path(output)
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
-    found = discover_checked(source, output, labels_file, overwrite, strict, config.text)
+    if discovery is None:
+        found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes)
+    else:
+        check_output(output, overwrite, Path(source))
+        found = checked(discovery, strict, config.text)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
@@ -114,17 +124,23 @@ def convert(
 
 def discover_checked(
     source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool,
-    text: TextConfig = TextConfig(),
+    text: TextConfig = TextConfig(), classes: Optional[Sequence[str]] = None, add_classes: bool = False,
 ) -> Discovery:
     """The checks every conversion makes before any work: the output may be written, the source
     has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
-    says which fields make a sample)."""
+    says which fields make a sample, ``classes`` the class map, see ``convert``)."""
     check_output(output, overwrite, Path(source))
-    found = discover(source, labels_file, text.fields, text.allow_missing)
+    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes)
+    if not found.items and labels_file is not None and found.skipped:
+        raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
+                         "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
+    return checked(found, strict, text)
+
+
+def checked(found: Discovery, strict: bool, text: TextConfig = TextConfig()) -> Discovery:
+    """``found`` once it passes the checks of ``discover_checked`` on what was found (samples, fields, strict)."""
+    source = found.root
     if not found.items:
-        if labels_file is not None and found.skipped:
-            raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
-                             "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
         if found.skipped:
             raise InputError(f"no usable samples in {source}: all {len(found.skipped)} were skipped; first: "
                              f"{found.skipped[0].path}: {found.skipped[0].reason}")

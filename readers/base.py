@@ -11,16 +11,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from packer.class_map import differences
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
 from packer.registry import FORMATS, resolve
 from packer.sample_layout import SampleLayout
+from packer.splits_record import check_split_member
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
 from readers.remote import is_url, open_manifest
@@ -147,6 +149,22 @@ def _pil(image: torch.Tensor) -> Any:
     return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc, "L" if hwc.shape[2] == 1 else "RGB")
 
 
+def check_same_classes(datasets: Sequence["ReaderBase"]) -> None:
+    """ValueError unless every dataset has the same class map (or all are unlabelled), naming the first
+    pair that differs and how: combined, their labels would mean other classes."""
+    first = datasets[0]
+    for other in datasets[1:]:
+        if other.classes == first.classes:
+            continue
+        if first.classes is None or other.classes is None:
+            labelled, unlabelled = (first, other) if first.classes is not None else (other, first)
+            raise ValueError(f"{labelled.root} is labelled and {unlabelled.root} is not: they cannot be combined")
+        how = differences(first.classes, other.classes)
+        raise ValueError(f"{first.root} and {other.root} have different class maps ({how}), so one label means "
+                         f"another class in each; convert them with one class map (packer convert --classes "
+                         f"{first.root} ...)")
+
+
 class ReaderBase:
     """What every reader holds: the output's path, its manifest and how samples are returned.
 
@@ -190,6 +208,8 @@ class ReaderBase:
                               "always checked against the manifest's size and SHA-256 as they arrive")
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
         self.manifest, self._identity = self._open_manifest()
+        if not is_url(root):
+            check_split_member(self.root, self._manifest_sha256)
         self.verify = bool(verify)
         if transform_input not in TRANSFORM_INPUTS:
             raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {transform_input!r}")
@@ -319,6 +339,19 @@ class ReaderBase:
     def classes(self) -> Optional[list[str]]:
         """Class names by index, or None for unlabelled data."""
         return self.manifest.classes
+
+    @property
+    def class_map_sha256(self) -> Optional[str]:
+        """The digest of the class map (names in index order), the same for outputs whose labels agree;
+        None for unlabelled data."""
+        return self.manifest.class_map_sha256
+
+    def __add__(self, other: Any) -> Any:
+        """``a + b`` as torch's (ConcatDataset, ChainDataset for streams), refused when the class maps differ:
+        the same label would mean another class in each part. See ``readers.concat`` for more than two."""
+        if isinstance(other, ReaderBase):
+            check_same_classes([self, other])
+        return super().__add__(other)  # type: ignore[misc]
 
     @property
     def class_to_idx(self) -> dict[str, int]:

@@ -262,7 +262,7 @@ def test_expect_format_mismatch(tmp_path):
 
 def test_optional_keys_default(tmp_path):
     d = sample_manifest().to_dict()
-    for key in ("manifest_version", "packer_version", "classes", "skipped", "source", "sharding"):
+    for key in ("manifest_version", "packer_version", "classes", "class_map_sha256", "skipped", "source", "sharding"):
         del d[key]
     write_raw(tmp_path, d)
     m = read_manifest(tmp_path)

@@ -12,10 +12,11 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from packer.cli.options import decode_options, preprocess_config, preprocess_options
-from packer.cli.render import node_summary, summary
+from packer.cli.render import node_summary, splits_summary, summary
 from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
 from packer.config import DEFAULT_QUALITY, ConvertConfig, ImageCodec, parse_shard_size
+from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
 from packer.errors import ConfigError, DecodeError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
 from packer.output import staging_dir
@@ -57,6 +58,17 @@ from packer.text import TextConfig
               help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
+@click.option("--classes", "classes_from", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Take the class map (label indices) from this file (one class name per line) or packer output, "
+                   "so that another conversion of the same classes gets the same labels.")
+@click.option("--add-classes", is_flag=True,
+              help="With --classes: append classes the map lacks at its end instead of refusing them.")
+@click.option("--split", "split_spec", default=None,
+              help="Cut the class folders into several outputs, e.g. train=0.9,val=0.1: a stratified random split "
+                   "(seeded by --split-seed), one class map for all, OUTPUT/train, OUTPUT/val.")
+@click.option("--split-seed", type=click.IntRange(min=0), default=0, help="Seed of --split.")
+@click.option("--no-splits", is_flag=True,
+              help="Top-level folders named train, val, valid, validation or test are classes, not splits.")
 @decode_options
 @click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes.  [default: usable cores]", show_default=False)
@@ -83,14 +95,17 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             geometry: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
-            encoding: str, tokenizer: Optional[str], max_length: Optional[int], full_decode: bool,
+            encoding: str, tokenizer: Optional[str], max_length: Optional[int], classes_from: Optional[Path],
+            add_classes: bool, split_spec: Optional[str], split_seed: int, no_splits: bool, full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
             node_rank: Optional[int]) -> None:
     """Convert the image (or text) folder SOURCE into a packed output.
 
     Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
-    subfolders gives unlabelled samples. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
+    subfolders gives unlabelled samples. When every top-level folder is a split (train, val, valid,
+    validation, test) holding class folders, each split becomes an output of its own (OUTPUT/train,
+    ...) and all share one class map. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
     are one sample with several fields. Unreadable files are skipped and listed at the end and in
     the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
     With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
@@ -103,19 +118,39 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)
         node = _node_split(num_nodes, node_rank, executor_name, address, resume)
+        fractions = parse_split_spec(split_spec) if split_spec is not None else None
+        if add_classes and classes_from is None:
+            raise ConfigError("--add-classes extends the class map of --classes; give --classes too")
+        if fractions is not None and no_splits:
+            raise ConfigError("--split and --no-splits contradict each other")
+        splits = fractions is not None or (not no_splits and labels_file is None and split_folders(source) is not None)
+        if splits and node is not None:
+            raise ConfigError("--num-nodes converts one output; convert each split on its own, with the same "
+                              "--classes")
+        if fractions is not None and split_folders(source) is not None:
+            raise ConfigError(f"{source} is already split into folders ({', '.join(split_folders(source) or [])}); "
+                              "leave out --split, or give one split's folder")
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
+    try:
+        classes = read_class_map(classes_from) if classes_from is not None else None
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
     if output is None:
         resolved = source.resolve()
         output = resolved.parent / f"{resolved.name}-{fmt}"
     bars: list[tqdm] = []
 
+    names: list[str] = []  # the split being written, when there are splits
+
     def on_plan(found, tasks) -> None:
+        _close(bars)
+        where = f"{names[-1]}: " if names else ""
         bars.append(tqdm(total=sum(len(t.items) for t in tasks), unit="img", disable=quiet, dynamic_ncols=True,
-                         desc=f"packing {len(tasks)} shard(s)"))
+                         desc=f"{where}packing {len(tasks)} shard(s)"))
 
     def on_progress(n: int) -> None:
-        bars[0].update(n)
+        bars[-1].update(n)
 
     with stop_on_signals():
         try:
@@ -123,17 +158,24 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                 executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
                 if executor is not None:
                     executor.connect()  # before the progress bar: Ray prints while it starts
-                if node is not None:
+                if splits:
+                    result = convert_splits(source, output, config, fractions=fractions, seed=split_seed,
+                                            classes=classes, add_classes=add_classes, labels_file=labels_file,
+                                            workers=workers, overwrite=overwrite, strict=strict, resume=resume,
+                                            timeout=timeout, progress=on_progress, on_plan=on_plan,
+                                            on_split=names.append, executor=executor)
+                elif node is not None:
                     result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
                                           overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
                                           on_plan=on_plan)
                 else:
                     result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
                                          overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
-                                         progress=on_progress, on_plan=on_plan, executor=executor)
+                                         progress=on_progress, on_plan=on_plan, executor=executor,
+                                         classes=classes, add_classes=add_classes)
         except KeyboardInterrupt:
             _close(bars)
-            stage = staging_dir(output)
+            stage = staging_dir(output / names[-1]) if names else staging_dir(output)
             again = "the same command again" if node is not None else "the same command with --resume"
             kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
             click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
@@ -147,6 +189,8 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     _close(bars)
     if isinstance(result, NodeResult):
         node_summary(result)
+    elif isinstance(result, SplitsResult):
+        splits_summary(result)
     else:
         summary(result)
 

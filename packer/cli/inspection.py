@@ -5,29 +5,52 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import click
 from tqdm import tqdm
 
-from packer.cli.render import describe
+from packer.cli.render import compare_class_maps, describe, describe_splits
 from packer.errors import PackerError
-from packer.manifest import read_manifest
+from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.splits_record import is_splits_folder, read_splits, splits_problems
 from packer.verify import verify as verify_output
 
 
 @click.command()
-@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("outputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
-def info(output: Path, as_json: bool) -> None:
-    """Describe the packed output OUTPUT."""
+def info(outputs: tuple[Path, ...], as_json: bool) -> None:
+    """Describe the packed output OUTPUT (several: each, then whether their class maps agree).
+
+    A folder of splits (written from train/val/... folders or with --split) is described split by split.
+    """
+    if as_json and len(outputs) > 1:
+        raise click.UsageError("--json prints one manifest: give one output")
+    maps: list[tuple[str, Optional[list[str]]]] = []
     try:
-        m = read_manifest(output)
+        for n, output in enumerate(outputs):
+            if n:
+                click.echo("")
+            if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
+                record = read_splits(output)
+                if as_json:
+                    click.echo(json.dumps(record.to_dict(), indent=1, ensure_ascii=False))
+                    return
+                click.echo(describe_splits(output, record))
+                maps += [(str(output / name), read_manifest(output / name).classes) for name in record.splits
+                         if (output / name / MANIFEST_NAME).is_file()]
+                continue
+            m = read_manifest(output)
+            if as_json:
+                click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
+                return
+            click.echo(describe(output, m))
+            maps.append((str(output), m.classes))
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False))
-        return
-    click.echo(describe(output, m))
+    if len(outputs) > 1 or len(maps) > 1:
+        click.echo(compare_class_maps(maps))
 
 
 @click.command()
@@ -38,6 +61,8 @@ def verify(output: Path, quiet: bool) -> None:
 
     Exits 1 and names the shard, file and sample of each problem found.
     """
+    if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
+        return _verify_splits(output, quiet)
     try:
         m = read_manifest(output)
         with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
@@ -54,3 +79,30 @@ def verify(output: Path, quiet: bool) -> None:
             f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
         )
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _verify_splits(output: Path, quiet: bool) -> None:
+    """``packer verify`` of a folder of splits: the record against the splits, then each split in full."""
+    try:
+        record = read_splits(output)
+        problems = [f"{output}: {p}" for p in splits_problems(output, record)]
+        total = 0
+        for name in record.splits:
+            if not (output / name / MANIFEST_NAME).is_file():
+                continue
+            m = read_manifest(output / name)
+            total += m.samples
+            with tqdm(total=m.samples, unit="sample", disable=quiet, desc=f"verifying {name}",
+                      dynamic_ncols=True) as bar:
+                problems += [f"{name}: {p}" for p in verify_output(output / name, progress=bar.update)]
+    except KeyboardInterrupt:
+        click.echo("packer: verify interrupted", err=True)
+        sys.exit(130)
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    if problems:
+        for p in problems:
+            click.echo(f"  {p}", err=True)
+        raise click.ClickException(f"{output}: {len(problems)} problem(s) found; convert the splits again")
+    click.echo(f"packer: {output} is intact: {len(record.splits)} splits ({', '.join(record.splits)}), {total} "
+               "samples verified, one class map")

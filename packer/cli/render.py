@@ -8,10 +8,14 @@ from typing import Optional
 
 import click
 
-from packer.manifest import Manifest
+from packer.class_map import class_map_digest, differences, quoted
+from packer.dataset_splits import SplitsResult, describe_missing
+from packer.errors import PackerError
+from packer.manifest import Manifest, read_manifest
 from packer.pipeline import ConvertResult
 from packer.report import REPORT_NAME, reason_kind, shown
 from packer.split import NodeResult
+from packer.splits_record import SplitsRecord, splits_problems
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
 
@@ -25,6 +29,23 @@ def node_summary(result: NodeResult) -> None:
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} file(s) (listed in the report that packer merge writes)", err=True)
     click.echo(f"when every node is done: packer merge {result.output}")
+
+
+def splits_summary(result: SplitsResult) -> None:
+    """Print each split's summary, then the set: its splits, the shared class map, the classes splits lack."""
+    record = result.record
+    for name, split in result.results.items():
+        if split is None:
+            click.echo(f"packer: kept split {name} ({record.splits[name]['samples']} samples), finished and unchanged")
+        else:
+            summary(split)
+    how = "random split" if record.origin.get("kind") == "random" else "split folders found"
+    counts = ", ".join(f"{name} {entry['samples']}" for name, entry in record.splits.items())
+    classes = (f"one class map of {len(record.classes)} classes (sha256 {record.class_map_sha256[:12]})"
+               if record.classes is not None and record.class_map_sha256 else "unlabelled")
+    click.echo(f"packer: {how}: {counts} samples into {result.output}, {classes}, in {result.seconds:.1f} s")
+    for line in describe_missing(record):
+        click.echo(f"  {line} (their indices are kept)")
 
 
 def summary(result: ConvertResult) -> None:
@@ -74,7 +95,8 @@ def describe(output: Path, m: Manifest) -> str:
     lines = [
         f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
         f"  samples   {m.samples} in {len(m.shards)} shard(s), {human(total)}",
-        f"  classes   {len(m.classes)}: {_classes(m)}" if m.classes is not None else "  classes   none (unlabelled)",
+        f"  classes   {len(m.classes)} (map sha256 {m.class_map_sha256[:12]}): {_classes(m)}"
+        if m.classes is not None and m.class_map_sha256 else "  classes   none (unlabelled)",
         f"  fields    {', '.join(m.sample_fields)}",
     ]
     if m.has_image:
@@ -141,6 +163,49 @@ def _codec(image: dict) -> str:
 def _kinds(m: Manifest) -> str:
     kinds = Counter(reason_kind(s["reason"]) for s in m.skipped)
     return f" ({', '.join(f'{n} x {k}' for k, n in kinds.most_common())})" if kinds else ""
+
+
+def describe_splits(output: Path, record: SplitsRecord) -> str:
+    """The text ``packer info`` prints for a folder of splits: the set, then each split in brief."""
+    how = ("a seeded stratified split (" + ", ".join(f"{k}={v:g}" for k, v in record.origin["fractions"].items())
+           + f", seed {record.origin['seed']})" if record.origin.get("kind") == "random" else "split folders")
+    lines = [f"{output}: packer splits ({how}){'' if record.complete else ', UNFINISHED (run again with --resume)'}"]
+    if record.classes is not None and record.class_map_sha256:
+        shown = ", ".join(record.classes[:20]) + (" ..." if len(record.classes) > 20 else "")
+        lines.append(f"  classes   {len(record.classes)} (map sha256 {record.class_map_sha256[:12]}), one map for "
+                     f"every split: {shown}")
+    else:
+        lines.append("  classes   none (unlabelled)")
+    for name, entry in record.splits.items():
+        target = output / name
+        try:
+            m = read_manifest(target)
+            line = f"{m.samples} samples, {m.format}, {human(sum(f.bytes for s in m.shards for f in s.files))}"
+        except PackerError as e:
+            line = f"not readable: {e}"
+        absent = record.missing.get(name)
+        lines.append(f"  {name:<9} {line}" + (f"; no sample of {len(absent)} class(es): {quoted(absent)}"
+                                              if absent else ""))
+    lines += [f"  problem   {p}" for p in splits_problems(output, record)]
+    return "\n".join(lines)
+
+
+def compare_class_maps(maps: list[tuple[str, Optional[list[str]]]]) -> str:
+    """Whether the outputs ``(path, classes)`` share one class map; if not, which differ and how."""
+    first_path, first = maps[0]
+    differ = [(path, classes) for path, classes in maps[1:] if classes != first]
+    if not differ:
+        digest = class_map_digest(first)
+        return ("class maps: all unlabelled" if first is None else
+                f"class maps: all {len(maps)} equal (sha256 {digest[:12] if digest else '?'}): labels agree")
+    lines = [f"class maps DIFFER: a label means another class in these outputs than in {first_path}"]
+    for path, classes in differ:
+        if first is None or classes is None:
+            lines.append(f"  {path}: {'unlabelled' if classes is None else 'labelled'}, the first is not")
+        else:
+            lines.append(f"  {path}: {differences(first, classes)}")
+    lines.append(f"  convert them again with one map: packer convert ... --classes {first_path}")
+    return "\n".join(lines)
 
 
 def _classes(m: Manifest, most: int = 20) -> str:

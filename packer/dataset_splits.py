@@ -1,0 +1,340 @@
+"""Train/val/test splits converted as one: one output per split, one class map shared by all.
+
+A source whose top-level folders are all split names (``train``, ``val``, ...), each holding class
+folders, becomes ``OUT/train``, ``OUT/val``, ...; ``--split train=0.9,val=0.1`` cuts one class-folder
+tree into such outputs instead (stratified, seeded). Either way every split is labelled with the
+same class map, the sorted union of all splits' class names (or the one ``--classes`` gives), so a
+label means the same class in each, even when a split lacks some classes.
+
+``OUT/splits.json`` ties the outputs together: the class map, the splits with their manifests'
+SHA-256, and whether the set is complete. It is written first (incomplete) and last (complete), so a
+reader of ``OUT/val`` can tell a finished set from an interrupted or half-replaced one
+(``check_split_member``), and ``--resume`` keeps the splits already written when their options and
+source files are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from packer.class_map import class_map_digest, extend_class_map, quoted, read_class_file
+from packer.config import ConvertConfig
+from packer.discover import Discovery, class_folders, discover
+from packer.errors import ConfigError, InputError, ManifestError, OutputError
+from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
+from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
+from packer.output import is_packer_output, lock_output, release_output, remove_tree, staging_dir
+from packer.pipeline import ConvertResult, convert
+from packer.records import ShardTask
+from packer.resume import plan_fingerprint
+from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, write_splits
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
+"""Top-level folder names (any case) that make a source a set of splits."""
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""What a ``--split`` name may be: it names an output folder."""
+
+
+@dataclass
+class SplitsResult:
+    """The outcome of ``convert_splits``: the record written, and each split's conversion (None for a
+    split that ``--resume`` kept as it was)."""
+
+    output: Path
+    record: SplitsRecord
+    results: dict[str, Optional[ConvertResult]]
+    seconds: float = 0.0
+
+
+def is_split_name(name: str) -> bool:
+    """True for the folder names that mark splits (``SPLIT_NAMES``, any case)."""
+    return name.lower() in SPLIT_NAMES
+
+
+def split_folders(root: str | os.PathLike) -> Optional[list[str]]:
+    """The split folders of ``root`` when every top-level folder is a split name (train first, then the
+    order of ``SPLIT_NAMES``); None for an ordinary source. Other top-level folders mixed with split
+    names make them classes, with a warning."""
+    folders = class_folders(root)
+    named = [f for f in folders if is_split_name(f)]
+    if not named:
+        return None
+    if len(named) < len(folders):
+        log.warning("%s has folders named like splits (%s) beside other folders: all are taken as classes; move "
+                    "the others into the splits, or pass --no-splits to silence this", root, quoted(named))
+        return None
+    return sorted(named, key=lambda f: (SPLIT_NAMES.index(f.lower()), f))
+
+
+def parse_split_spec(text: str) -> list[tuple[str, float]]:
+    """``train=0.9,val=0.1`` as ``[("train", 0.9), ("val", 0.1)]``; ConfigError unless every name is a
+    folder name given once and the fractions are positive and add up to 1."""
+    parts: list[tuple[str, float]] = []
+    for piece in text.split(","):
+        name, eq, value = piece.strip().partition("=")
+        name = name.strip()
+        try:
+            fraction = float(value) if eq else math.nan
+        except ValueError:
+            fraction = math.nan
+        if not SPLIT_NAME.fullmatch(name) or not (0 < fraction <= 1):
+            raise ConfigError(f"--split {text!r}: expected NAME=FRACTION pairs such as train=0.9,val=0.1 (names of "
+                              f"letters, digits, '.', '_', '-'; fractions above 0), got {piece.strip()!r}")
+        if name in (n for n, _ in parts):
+            raise ConfigError(f"--split {text!r}: {name} is named twice")
+        parts.append((name, fraction))
+    if len(parts) < 2:
+        raise ConfigError(f"--split {text!r}: name at least two splits (e.g. train=0.9,val=0.1)")
+    total = sum(f for _, f in parts)
+    if abs(total - 1) > 1e-6:
+        raise ConfigError(f"--split {text!r}: the fractions add up to {total:g}, not 1")
+    return parts
+
+
+def split_counts(n: int, fractions: Sequence[float]) -> list[int]:
+    """``n`` samples shared out by ``fractions`` (summing to 1), each within one sample of its exact share
+    (largest remainders; ties to the earlier split)."""
+    exact = [n * f for f in fractions]
+    counts = [math.floor(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def stratified_split(found: Discovery, spec: Sequence[tuple[str, float]], seed: int) -> dict[str, Discovery]:
+    """``found`` cut into the splits of ``spec``: within each class (all samples when unlabelled) the
+    samples are ordered by a seeded hash of their key and shared out by ``split_counts``. The same
+    seed and files give the same splits on any machine; a file added later moves no other file. Each
+    split keeps the sorted order and the class map; files discovery skipped are reported with the first."""
+    by_label: dict[int, list] = {}
+    for item in found.items:
+        by_label.setdefault(item.label, []).append(item)
+    members: dict[str, list] = {name: [] for name, _ in spec}
+    fractions = [f for _, f in spec]
+    for label in sorted(by_label):
+        items = sorted(by_label[label], key=lambda it: _draw(seed, it.relpath))
+        start = 0
+        for (name, _), count in zip(spec, split_counts(len(items), fractions)):
+            members[name] += items[start:start + count]
+            start += count
+    parts = {}
+    for i, (name, _) in enumerate(spec):
+        items = sorted(members[name], key=lambda it: it.index)
+        parts[name] = replace(found, items=[replace(it, index=j) for j, it in enumerate(items)],
+                              skipped=list(found.skipped) if i == 0 else [])
+    return parts
+
+
+def _draw(seed: int, key: str) -> bytes:
+    return hashlib.sha256(f"{seed}\0{key}".encode("utf-8", "surrogateescape")).digest()
+
+
+def read_class_map(path: str | os.PathLike) -> list[str]:
+    """The class map in ``path``: a packer output's, a folder of splits', or a text file of one class name
+    per line (``packer.class_map.read_class_file``). InputError says what is wrong."""
+    path = Path(path)
+    return _from_output(path) if path.is_dir() else read_class_file(path)
+
+
+def _from_output(folder: Path) -> list[str]:
+    if (folder / SPLITS_NAME).is_file():
+        classes = read_splits(folder).classes
+    elif (folder / MANIFEST_NAME).is_file():
+        classes = read_manifest(folder).classes
+    else:
+        raise InputError(f"--classes {folder} is a folder but not a packer output (no {MANIFEST_NAME}); give a "
+                         "packer output or a text file of class names")
+    if classes is None:
+        raise InputError(f"--classes {folder} is an unlabelled packer output: it has no class map")
+    return list(classes)
+
+
+def folder_splits(source: Path, names: Sequence[str], config: ConvertConfig, classes: Optional[Sequence[str]],
+                  add_classes: bool) -> tuple[dict[str, Discovery], Optional[list[str]]]:
+    """Each split folder discovered, labelled with the common class map (``classes`` extended, or the
+    sorted union of the splits' class names); the map. Unlabelled splits (no class folders) stay so."""
+    text = config.text
+    found = {name: discover(source / name, None, text.fields, text.allow_missing) for name in names}
+    union = sorted({c for d in found.values() if d.classes is not None for c in d.classes})
+    labelled = [d for d in found.values() if d.classes is not None]
+    if not labelled:
+        if classes is not None:
+            raise InputError(f"--classes gives a class map, but no split of {source} has class folders")
+        return found, None
+    common = extend_class_map(classes, union, add_classes, str(source)) if classes is not None else union
+    index = {name: i for i, name in enumerate(common)}
+    for name, d in found.items():
+        if d.classes is not None:
+            old = d.classes
+            d.items = [replace(it, label=index[old[it.label]]) for it in d.items]
+            d.classes = list(common)
+    return found, list(common)
+
+
+def convert_splits(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    config: ConvertConfig,
+    *,
+    fractions: Optional[Sequence[tuple[str, float]]] = None,
+    seed: int = 0,
+    classes: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
+    labels_file: Optional[str | os.PathLike] = None,
+    workers: Optional[int] = None,
+    overwrite: bool = False,
+    strict: bool = False,
+    resume: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Optional[ProgressFn] = None,
+    on_plan: Optional[Callable] = None,
+    on_split: Optional[Callable[[str], None]] = None,
+    executor: Optional[Executor] = None,
+) -> SplitsResult:
+    """Convert ``source``'s split folders (or, with ``fractions``, a seeded stratified split of its class
+    folders; see ``stratified_split``) into one output per split under ``output``, sharing one class
+    map (see the module docstring). ``on_split(name)`` is called as each split begins; the other
+    arguments are ``packer.pipeline.convert``'s, for every split.
+    """
+    started = time.perf_counter()
+    source, output = Path(source), Path(output)
+    if fractions is not None:
+        found = discover(source, labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
+        parts = stratified_split(found, fractions, seed)
+        common = found.classes
+        origin: dict = {"kind": "random", "fractions": dict(fractions), "seed": seed}
+        roots = {name: source for name in parts}
+    else:
+        if labels_file is not None:
+            raise ConfigError("--labels with split folders: convert each split on its own with its --labels file "
+                              "and the same --classes")
+        names = split_folders(source)
+        if not names:
+            raise InputError(f"{source} has no split folders ({', '.join(SPLIT_NAMES)})")
+        parts, common = folder_splits(source, names, config, classes, add_classes)
+        origin = {"kind": "folders"}
+        roots = {name: source / name for name in parts}
+    for name, d in parts.items():
+        if not d.items and not d.skipped:
+            raise InputError(f"split {name} of {source} would hold no samples"
+                             + (" (too few samples for its fraction)" if fractions is not None else ""))
+    missing = {name: _missing(d, common) for name, d in parts.items()}
+    for name, absent in missing.items():
+        if absent:
+            log.warning("split %s has no sample of %d class(es), which keep their indices: %s", name, len(absent),
+                        quoted(absent))
+    lock = lock_output(output)
+    try:
+        previous = _check_parent(output, overwrite, resume, source)
+        output.mkdir(parents=True, exist_ok=True)
+        stamps = {name: _fingerprint(config, d, strict) for name, d in parts.items()}
+        record = SplitsRecord(common, {name: {"samples": len(d.items), "manifest_sha256": None,
+                                              "fingerprint": stamps[name]} for name, d in parts.items()},
+                              origin, {n: m for n, m in missing.items() if m})
+        kept = _kept(output, previous, stamps) if resume else set()
+        for name in kept:
+            record.splits[name]["manifest_sha256"] = previous.splits[name]["manifest_sha256"]
+            record.splits[name]["samples"] = previous.splits[name]["samples"]
+        write_splits(output, record)
+        if previous is not None:
+            for name in previous.splits.keys() - parts.keys():  # a split of the set replaced, not in this one
+                if is_packer_output(output / name):
+                    remove_tree(output / name)
+        results: dict[str, Optional[ConvertResult]] = {}
+        for name, d in parts.items():
+            if name in kept:
+                log.info("--resume: split %s is finished and unchanged; kept", name)
+                results[name] = None
+                continue
+            if on_split is not None:
+                on_split(name)
+            target = output / name
+            ours = previous is not None and name in previous.splits and is_packer_output(target)
+            result = convert(roots[name], target, config, workers=workers, overwrite=overwrite or ours,
+                             strict=strict, resume=resume and staging_dir(target).exists(), timeout=timeout,
+                             progress=progress, on_plan=on_plan, executor=executor, discovery=d)
+            results[name] = result
+            record.splits[name]["samples"] = result.manifest.samples
+            record.splits[name]["manifest_sha256"] = sha256_of(target / MANIFEST_NAME)
+            write_splits(output, record)
+        record.complete = True
+        write_splits(output, record)
+    finally:
+        release_output(output, lock)
+    return SplitsResult(output, record, results, time.perf_counter() - started)
+
+
+def _missing(found: Discovery, classes: Optional[Sequence[str]]) -> list[str]:
+    if classes is None or found.classes is None:
+        return []
+    present = {it.label for it in found.items}
+    return [name for i, name in enumerate(classes) if i not in present]
+
+
+def _fingerprint(config: ConvertConfig, found: Discovery, strict: bool) -> str:
+    """What decides a split's output: options, samples, labels, source file stamps and the class map."""
+    plan = plan_fingerprint(config, [ShardTask("split", tuple(found.items))], strict, stamps=True)
+    return hashlib.sha256(f"{plan}\0{class_map_digest(found.classes)}".encode()).hexdigest()
+
+
+def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path) -> Optional[SplitsRecord]:
+    """Refuse an ``output`` that splits may not be written into; the record of the splits already there."""
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise OutputError(f"{output} exists and is not a folder; choose another output path")
+    src, out = source.resolve(), output.resolve()
+    if src == out or out in src.parents:
+        raise OutputError(f"{output} holds the source folder {source}; choose an output outside it")
+    if not output.exists() or not any(output.iterdir()):
+        return None
+    if (output / MANIFEST_NAME).exists():
+        raise OutputError(f"{output} holds a single packer output; splits go into a folder of their own "
+                          f"(e.g. -o {output.parent / (output.name + '-splits')})")
+    if not (output / SPLITS_NAME).exists():
+        raise OutputError(f"{output} is a non-empty folder that holds no packer splits; refusing to write into it. "
+                          "Choose another output path or empty it first.")
+    previous = read_splits(output)
+    if previous.complete and not overwrite:
+        raise OutputError(f"{output} already holds packer splits ({', '.join(previous.splits)}); pass --overwrite "
+                          "to replace them")
+    if not previous.complete and not resume:
+        log.warning("discarding the unfinished splits in %s (pass --resume to keep the finished ones)", output)
+    return previous
+
+
+def _kept(output: Path, previous: Optional[SplitsRecord], stamps: dict[str, str]) -> set[str]:
+    """The splits an interrupted run finished that ``--resume`` keeps: same fingerprint, manifest unchanged."""
+    if previous is None:
+        return set()
+    kept = set()
+    for name, entry in previous.splits.items():
+        manifest = output / name / MANIFEST_NAME
+        if (name in stamps and entry.get("fingerprint") == stamps[name] and entry.get("manifest_sha256")
+                and manifest.is_file() and sha256_of(manifest) == entry["manifest_sha256"]):
+            try:
+                read_manifest(output / name)
+            except ManifestError:
+                continue
+            kept.add(name)
+    return kept
+
+
+def describe_missing(record: SplitsRecord) -> list[str]:
+    """One line per split that lacks classes of the map, for summaries."""
+    return [f"split {name} has no sample of {len(absent)} class(es): {quoted(absent)}"
+            for name, absent in record.missing.items()]
+
+
+__all__ = ["SPLIT_NAMES", "SplitsResult", "read_class_map", "convert_splits", "split_folders", "parse_split_spec",
+           "split_counts", "stratified_split", "is_split_name", "describe_missing"]

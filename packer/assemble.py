@@ -6,6 +6,8 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from packer import __version__
 from packer.config import ConvertConfig
 from packer.discover import Discovery
@@ -17,10 +19,12 @@ from packer.stats import auto_normalize, summarize
 
 
 def build_manifest(
-    config: ConvertConfig, layout: SampleLayout, found: Discovery, results: list[ShardResult], workers: int
+    config: ConvertConfig, layout: SampleLayout, found: Discovery, results: list[ShardResult], workers: int,
+    annotations: Optional[dict] = None,
 ) -> Manifest:
     """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
-    computed pixel statistics become ``preprocess.normalize``."""
+    computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
+    summary of its annotations (``packer.detection.Matched.summary``), completed with the box counts."""
     shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
@@ -52,7 +56,16 @@ def build_manifest(
         skipped=skipped,
         duplicates=find_duplicates(results),
         source=source_counts(found),
+        annotations=_with_box_counts(annotations, results) if annotations is not None else None,
     )
+
+
+def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:
+    """The manifest's ``annotations``: the summary, then the boxes stored, those the crop dropped, and the
+    images stored without any box."""
+    counts = {k: sum(r.boxes.get(k, 0) for r in results) for k in ("kept", "dropped", "without_boxes")}
+    return {**annotations, "boxes": counts["kept"], "boxes_dropped": counts["dropped"],
+            "images_without_boxes": counts["without_boxes"]}
 
 
 def source_counts(found: Discovery) -> dict:

@@ -196,10 +196,35 @@ class ShardSize:
         return "auto"
 
 
+DEFAULT_MIN_VISIBILITY = 0.1
+"""Least share of a box's area that must be left inside the stored image for the box to be kept (as
+Ultralytics keeps candidates after a geometric augmentation)."""
+
+BOX_COORDS = ("auto", "stored", "displayed")
+
+
+@dataclass(frozen=True)
+class DetectionConfig:
+    """``--annotations PATH`` (``format`` found from the content unless given) and the crop rule."""
+
+    path: str
+    format: Optional[str] = None
+    min_visibility: float = DEFAULT_MIN_VISIBILITY
+    coords: str = "auto"
+    """Which pixels the boxes are on: ``stored`` (the file's grid, EXIF orientation not applied),
+    ``displayed`` (the turned image), or ``auto`` (see ``packer.annotations``)."""
+
+    def __post_init__(self) -> None:
+        _choice("box-coords", self.coords, BOX_COORDS)
+        if not 0 <= self.min_visibility <= 1:
+            raise ConfigError(f"--min-box-visibility must be a share of the box's area, 0 to 1, not "
+                              f"{self.min_visibility}")
+
+
 @dataclass(frozen=True)
 class ConvertConfig:
     """Everything that decides the content of an output: format, preprocessing, shard layout, order,
-    image codec, how text is read.
+    image codec, how text is read, detection annotations.
 
     ``shuffle`` is None for sorted source order, or the seed of a global permutation of the samples
     (so that streamed tar shards need only a small read-time shuffle buffer).
@@ -211,6 +236,8 @@ class ConvertConfig:
     shuffle: Optional[int] = None
     codec: ImageCodec = field(default_factory=ImageCodec)
     text: TextConfig = field(default_factory=TextConfig)
+    detection: Optional[DetectionConfig] = None
+    """Detection annotations to carry through the geometry into each sample's ``target`` (``packer.detection``)."""
 
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats

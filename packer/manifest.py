@@ -31,7 +31,7 @@ MANIFEST_VERSION = 1
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 """What a shard file name may be made of."""
 
-TEXT_FIELD_NAMES = ("text", "json")
+TEXT_FIELD_NAMES = ("text", "json", "target")
 """Names of the variable-length fields a manifest may list besides image, label and key."""
 
 
@@ -75,6 +75,8 @@ class Manifest:
     """Pixel mean/std and original-size histograms (see docs/FORMATS.md); None in older outputs."""
     duplicates: list[list[str]] = field(default_factory=list)
     manifest_version: int = MANIFEST_VERSION
+    annotations: Optional[dict] = None
+    """Detection outputs: where the boxes came from and their categories (``packer.detection``)."""
 
     def to_dict(self) -> dict:
         """JSON-ready form, keys in a fixed order so two equal runs write equal files."""
@@ -95,6 +97,7 @@ class Manifest:
             "skipped": self.skipped,
             "duplicates": self.duplicates,
             "source": self.source,
+            **({"annotations": self.annotations} if self.annotations is not None else {}),
         }
 
     @classmethod
@@ -122,6 +125,7 @@ class Manifest:
                 stats=d.get("stats"),
                 duplicates=d.get("duplicates", []),
                 manifest_version=int(d.get("manifest_version", 1)),
+                annotations=d.get("annotations"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
@@ -133,6 +137,7 @@ class Manifest:
             raise ManifestError(f"{where}: the class map does not match its recorded digest (class_map_sha256); "
                                 "the manifest was edited or is damaged")
         _check_layout(m, where)
+        _check_annotations(m, where)
         _check_shards(m, where)
         total = sum(s.samples for s in m.shards)
         if total != m.samples:
@@ -258,9 +263,20 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
         if m.format_version < TEXT_SINCE:
             raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
                                 f"{m.format_version}; the manifest is damaged")
-        if not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json"):
+        if (not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json")
+                or (f["kind"] == "detection") != (name == "target")):
             raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
                                 f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
+
+
+def _check_annotations(m: "Manifest", where: str) -> None:
+    """A detection output's ``annotations`` name its categories (what its labels index)."""
+    if "target" not in m.fields:
+        return
+    names = (m.annotations or {}).get("categories")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ManifestError(f"{where}: a detection output needs annotations.categories, a list of names; the "
+                            "manifest is damaged")
 
 
 def _check_image_field(m: "Manifest", where: str) -> None:

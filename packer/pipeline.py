@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
+from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
 from packer.discover import Discovery, discover
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
@@ -109,13 +110,21 @@ def convert(
     else:
         check_output(output, overwrite, Path(source))
         found = checked(discovery, strict, config.text)
+    matched = None
+    if config.detection is not None:
+        if found.fields != ("image",):
+            raise InputError(f"--annotations pairs boxes with images, but the samples of {source} have the fields "
+                             f"{', '.join(found.fields)}; pass --fields image")
+        matched = match_targets(found, config.detection)
+        found = checked(matched.found, strict, config.text)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
     lock = lock_output(output)
     try:
         recover(output)
-        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor)
+        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor,
+                                 matched)
     finally:
         release_output(output, lock)
     result.seconds = time.perf_counter() - started
@@ -176,8 +185,10 @@ def _convert_locked(
     progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
     executor: Executor,
+    matched: Optional[Matched] = None,
 ) -> ConvertResult:
-    """The part of ``convert`` that runs while this process holds the output's lock."""
+    """The part of ``convert`` that runs while this process holds the output's lock (``matched``: the
+    annotations of a detection output)."""
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
@@ -187,7 +198,8 @@ def _convert_locked(
         log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
     if previous is not None:
         per_shard = previous.get("sources") == SOURCES_PER_SHARD
-        if previous.get("fingerprint") != plan_fingerprint(config, tasks, run.strict, stamps=not per_shard):
+        if previous.get("fingerprint") != plan_fingerprint(config, tasks, run.strict, stamps=not per_shard,
+                                                           extra=_targets_digest(matched, config)):
             raise OutputError(
                 f"the source files or options changed since the interrupted run in {stage}; "
                 "run without --resume to start over"
@@ -204,13 +216,14 @@ def _convert_locked(
             start_staging(output)  # replaces an unfinished run's folder with a new one
         except OSError as e:
             raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-        write_plan(stage, {"fingerprint": plan_fingerprint(config, tasks, run.strict), "workers": plan_workers,
-                           "sources": SOURCES_PER_SHARD})
+        write_plan(stage, {"fingerprint": plan_fingerprint(config, tasks, run.strict,
+                                                           extra=_targets_digest(matched, config)),
+                           "workers": plan_workers, "sources": SOURCES_PER_SHARD})
     if on_plan is not None:
         on_plan(found, tasks)
     try:
-        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text)
-                for i, t in enumerate(tasks)]
+        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text,
+                         detection=_detection_job(matched, config, t)) for i, t in enumerate(tasks)]
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
@@ -218,7 +231,8 @@ def _convert_locked(
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
             raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
                              + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
-        manifest = build_manifest(config, layout, found, results, plan_workers)
+        manifest = build_manifest(config, layout, found, results, plan_workers,
+                                  matched.summary if matched is not None else None)
         write_manifest(stage, manifest)
         write_report(stage / REPORT_NAME, manifest)
         publish(stage, output, run.overwrite, source)
@@ -233,6 +247,21 @@ def _convert_locked(
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     processed = sum(len(j.task.items) for j in todo)
     return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
+
+
+def _detection_job(matched: Optional[Matched], config: ConvertConfig, task: ShardTask) -> Optional[DetectionJob]:
+    """The annotations of ``task``'s images, for its worker (None for outputs without detection targets)."""
+    if matched is None or config.detection is None:
+        return None
+    return DetectionJob({it.index: matched.targets.get(it.index) for it in task.items}, config.detection.min_visibility,
+                        config.detection.coords)
+
+
+def _targets_digest(matched: Optional[Matched], config: ConvertConfig) -> str:
+    """What --resume compares of the annotations ("" without)."""
+    if matched is None or config.detection is None:
+        return ""
+    return annotations_digest(matched.targets, config.detection)
 
 
 def run_unfinished(

@@ -140,12 +140,20 @@ class Decoded(NamedTuple):
 
     ``pixels`` is HxWxC uint8; ``original_size`` the source image's (width, height) as displayed
     (after EXIF orientation), before resizing; ``histogram`` (only when asked for) the counts of
-    each 8-bit value per channel, 256 per channel, channel after channel (Pillow's ``histogram``).
+    each 8-bit value per channel, 256 per channel, channel after channel (Pillow's ``histogram``);
+    ``orientation`` the EXIF orientation applied (1..8; see ``packer.geometry``).
     """
 
     pixels: np.ndarray
     original_size: tuple[int, int]
     histogram: Optional[list[int]] = None
+    orientation: int = 1
+
+    @property
+    def stored_size(self) -> tuple[int, int]:
+        """The source's (width, height) as stored in the file, before the EXIF orientation."""
+        w, h = self.original_size
+        return (h, w) if self.orientation in (5, 6, 7, 8) else (w, h)
 
 
 def decode_image(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>") -> np.ndarray:
@@ -164,14 +172,14 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
         if header is not None and orientation is not None:
             plain = plain_jpeg(data, header, orientation, cfg, path, scratch=True)
             if plain is not None:
-                return _resized(*plain, cfg, histogram, path)
+                return _resized(*plain, cfg, histogram, path, orientation)
         with warnings.catch_warnings():
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
-                return _resized(*oriented(img, cfg, path, None if orientation else data, scratch=True), cfg, histogram,
-                                path)
+                turned = oriented(img, cfg, path, None if orientation else data, scratch=True)
+                return _resized(*turned, cfg, histogram, path, _orientation(img))
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -184,12 +192,12 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
 
 
 def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
-             histogram: bool, path: str = "<bytes>") -> Decoded:
+             histogram: bool, path: str = "<bytes>", orientation: int = 1) -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
     img = resize(img, cfg, area, original, path)  # may be the image decoded into the scratch buffer, until copied
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
     counts = img.histogram() if histogram else None
-    return Decoded(image_pixels(img), original, counts)
+    return Decoded(image_pixels(img), original, counts, orientation)
 
 
 def image_pixels(img: Image.Image) -> np.ndarray:

@@ -91,8 +91,9 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-TEXT_KINDS = ("text", "tokens", "json")
-"""What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON."""
+TEXT_KINDS = ("text", "tokens", "json", "detection")
+"""What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON, a
+detection target as UTF-8 JSON (``packer.detection``)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class TextField:
         if self.kind == "tokens":
             return {"kind": "tokens", "dtype": "int32", "shape": [None], "length_unit": "tokens",
                     "tokenizer": self.tokenizer, **source}
+        if self.kind == "detection":
+            return {"kind": "detection", "dtype": "str", "encoding": "utf-8", "shape": [], "length_unit": "bytes",
+                    "boxes": "XYXY float32 pixels of the stored image", "labels": "indices into annotations.categories"}
         return {"kind": self.kind, "dtype": "str", "encoding": "utf-8", "newlines": "LF", "shape": [],
                 "length_unit": "bytes", **source}
 
@@ -273,6 +277,8 @@ class ShardResult:
     sources: str = ""
     digest: str = SOURCE_DIGEST
     format_version: int = 0
+    boxes: dict[str, int] = field(default_factory=dict)
+    """Detection outputs: boxes ``kept`` and ``dropped`` (cut away by the crop), images ``without_boxes``."""
 
     def to_dict(self) -> dict:
         """JSON-ready form (the record of a finished shard kept for --resume)."""
@@ -281,6 +287,7 @@ class ShardResult:
             "skipped": [s.to_dict() for s in self.skipped],
             "keys": self.keys, "labels": self.labels, "digests": self.digests, "stats": self.stats.to_dict(),
             "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
+            **({"boxes": self.boxes} if self.boxes else {}),
         }
 
     @classmethod
@@ -292,4 +299,5 @@ class ShardResult:
             [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
             list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
             str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
+            {str(k): int(v) for k, v in d.get("boxes", {}).items()},
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 from packer.errors import ConfigError
-from packer.sample_layout import ENCODED_IMAGES, NO_IMAGE, TEXT_FIELDS, VARIABLE_RAW, SampleLayout
+from packer.sample_layout import DETECTION_TARGETS, ENCODED_IMAGES, NO_IMAGE, TEXT_FIELDS, VARIABLE_RAW, SampleLayout
 from packer.shard_names import HDF5_FLAT_KEYS_SINCE
 
 if TYPE_CHECKING:
@@ -33,7 +33,12 @@ TEXT_SINCE = 3
 """The format version that added text, token-id and json fields, samples without an image, and (npy,
 hdf5) raw images of varying sizes."""
 
-_COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE}
+DETECTION_SINCE = 5
+"""The format version that added detection targets (the ``target`` field, ``annotations`` in the
+manifest): older packers refuse such outputs instead of reading their images without the boxes."""
+
+_COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
+           DETECTION_TARGETS: DETECTION_SINCE}
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,12 @@ whose nodes must all see the same files) have each file's stamp in the fingerpri
 any worker started."""
 
 
-def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False) -> str:
+def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False,
+                     extra: str = "") -> str:
     """SHA-256 of everything that decides the output but the source files' contents: options and
-    shard plan (each sample's index, key, label and fields). With ``stamps``, also each source
-    file's size, inode and modification and change times, as older packers recorded it (the
-    same bytes: their interrupted runs still resume)."""
+    shard plan (each sample's index, key, label and fields), and ``extra`` (the annotations of a
+    detection output). With ``stamps``, also each source file's size, inode and modification and
+    change times, as older packers recorded it (the same bytes: their interrupted runs still resume)."""
     h = hashlib.sha256()
     preprocess = config.preprocess.to_dict()
     if preprocess.get("geometry") == "fractional":
@@ -40,6 +41,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
                "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
     if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
+    if config.detection is not None:  # absent otherwise, so that other fingerprints stay as they were
+        options["detection"] = {**asdict(config.detection), "path": None, "targets": extra}
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())

@@ -72,6 +72,7 @@ ENCODED_IMAGES = "encoded images"
 TEXT_FIELDS = "text fields"
 NO_IMAGE = "samples without an image"
 VARIABLE_RAW = "raw images of varying sizes"
+DETECTION_TARGETS = "detection targets"
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class SampleLayout:
             found.add(NO_IMAGE)
         if self.text:
             found.add(TEXT_FIELDS)
+        if any(f.kind == "detection" for f in self.text):
+            found.add(DETECTION_TARGETS)
         return frozenset(found)
 
     def fields(self) -> dict[str, dict]:
@@ -163,6 +166,8 @@ class SampleLayout:
                 extra.append(TextField("text", "tokens", text.tokenizer_info(), text.encoding, text.allow_missing))
             elif name in ("text", "json"):
                 extra.append(TextField(name, name, None, text.encoding, text.allow_missing))
+        if getattr(config, "detection", None) is not None:
+            extra.append(TextField("target", "detection"))
         if "image" not in fields:
             return cls.without_image(tuple(extra), pre.mode)
         codec = config.codec if config.codec.name == "jpeg" else ImageCodec(config.codec.name)  # quality: jpeg's

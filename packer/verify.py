@@ -236,6 +236,11 @@ def _text_problem(f: TextField, data: bytes) -> str:
         text = bytes(data).decode("utf-8")
         if f.kind == "json" and text:  # an empty json field is a missing one (--allow-missing)
             json.loads(text)
-    except (UnicodeDecodeError, ValueError) as e:
-        return f"{f.name} does not decode as {'JSON' if f.kind == 'json' else 'UTF-8 text'}: {e}"
+        if f.kind == "detection":
+            target = json.loads(text)
+            boxes, labels = target["boxes"], target["labels"]
+            if len(boxes) != len(labels) or any(len(b) != 4 or not b[0] <= b[2] or not b[1] <= b[3] for b in boxes):
+                return f"{f.name}: the boxes are not XYXY boxes, one per label"
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        return f"{f.name} does not decode as {'UTF-8 text' if f.kind == 'text' else 'JSON'}: {e}"
     return ""

@@ -23,6 +23,7 @@ import xxhash
 from packer import preprocess, text
 from packer.codecs import encode_image
 from packer.config import PreprocessConfig
+from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
 from packer.manifest import file_entry
 from packer.prefetch import Prefetcher, reads_are_slow
@@ -72,6 +73,8 @@ class ShardJob:
     strict: bool = False
     poisoned: dict[int, str] = field(default_factory=dict)
     text: TextConfig = field(default_factory=TextConfig)
+    detection: Optional[DetectionJob] = None
+    """Detection outputs: each item's annotations and the crop rule (``packer.detection``)."""
 
 
 def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
@@ -201,6 +204,13 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
     return sample, digest.hexdigest(), decoded
 
 
+def detection_target(item: SourceItem, job: ShardJob, decoded: preprocess.Decoded) -> tuple[bytes, int, int]:
+    """``(stored target, boxes kept, boxes dropped)`` of one image of a detection output."""
+    assert job.detection is not None
+    return target_bytes(job.detection.targets.get(item.index), decoded, job.preprocess,
+                        job.detection.min_visibility, item.relpath, job.detection.coords)
+
+
 def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
                ) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
     """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file (``st``:
@@ -293,6 +303,8 @@ def write_shard(
                 if isinstance(data, DecodeError):
                     raise data
                 sample, digest, decoded = read_sample(item, job, st, data)
+                if job.detection is not None:
+                    sample.fields[TARGET_FIELD], kept, dropped = detection_target(item, job, decoded)
             except DecodeError as e:
                 if job.strict:
                     raise DecodeError(item.relpath, e.reason) from None
@@ -303,6 +315,11 @@ def write_shard(
                 except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
                     raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
                 result.samples += 1
+                if job.detection is not None:
+                    counts = result.boxes
+                    counts["kept"] = counts.get("kept", 0) + kept
+                    counts["dropped"] = counts.get("dropped", 0) + dropped
+                    counts["without_boxes"] = counts.get("without_boxes", 0) + (kept == 0)
                 result.keys.append(item.relpath)
                 result.labels.append(item.label)
                 result.digests.append(digest)

@@ -82,13 +82,18 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
 
 
 def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = (),
-                 target_transform: Optional[TargetTransform] = None) -> tuple:
+                 target_transform: Optional[TargetTransform] = None, detection: bool = False) -> tuple:
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
     ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
     or the text of a text-only output), ``target_transform`` to the label (torchvision's
-    ``target_transform``); ``meta["label"]`` keeps the stored label."""
+    ``target_transform``); ``meta["label"]`` keeps the stored label. A ``detection`` output's
+    samples are ``(image, target[, meta])`` as torchvision's detection datasets give them, the
+    ``target_transform`` applied to the target dict."""
     if transform is not None:
         image = transform(image)
+    if detection:
+        target = rest[0] if target_transform is None else target_transform(rest[0])
+        return (image, target) if meta is None else (image, target, meta)
     if target_transform is not None:
         label = target_transform(label)
     return (image, *rest, label) if meta is None else (image, *rest, label, meta)
@@ -102,7 +107,23 @@ def decode_field(field: TextField, data) -> Any:
     text = bytes(data).decode("utf-8")
     if field.kind == "json":
         return json.loads(text) if text else None
+    if field.kind == "detection":
+        return detection_target(json.loads(text))
     return text
+
+
+def detection_target(stored: dict) -> dict:
+    """A stored detection target as torchvision's detection models take it: ``boxes`` float32 (N, 4) XYXY
+    pixels of the returned image, ``labels`` int64 (N,), ``iscrowd`` int64 and ``area`` float32 where
+    COCO gave them, ``difficult`` where VOC did, and the image's ``geometry`` (a dict; see
+    ``packer.geometry.Geometry``)."""
+    target = {"boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
+              "labels": torch.tensor(stored["labels"], dtype=torch.int64)}
+    for name, dtype in (("iscrowd", torch.int64), ("area", torch.float32), ("difficult", torch.int64)):
+        if name in stored:
+            target[name] = torch.tensor(stored[name], dtype=dtype)
+    target["geometry"] = stored.get("geometry")
+    return target
 
 
 TRANSFORM_INPUTS = ("tensor", "pil", "normalized")
@@ -224,6 +245,7 @@ class ReaderBase:
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
+        self.detection = any(f.kind == "detection" for f in self.text_fields)
 
     @property
     def transform(self) -> Optional[Transform]:
@@ -339,6 +361,11 @@ class ReaderBase:
     def classes(self) -> Optional[list[str]]:
         """Class names by index, or None for unlabelled data."""
         return self.manifest.classes
+
+    @property
+    def categories(self) -> Optional[list[str]]:
+        """A detection output's category names, which ``target["labels"]`` index; None for other outputs."""
+        return list(self.manifest.annotations["categories"]) if self.detection and self.manifest.annotations else None
 
     @property
     def class_map_sha256(self) -> Optional[str]:

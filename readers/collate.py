@@ -247,6 +247,21 @@ def pad_collate(
     return out
 
 
+def detection_collate(samples: Sequence[Any]) -> Any:
+    """Batch detection samples ``(image, target[, meta])`` as torchvision's detection models take them:
+    ``(images, targets[, metas])``, the images stacked (B, C, H, W) when they share a size (else a
+    list of tensors, which the models take too), the targets a list of dicts."""
+    if isinstance(samples, Numbered):
+        return Numbered(samples.number, detection_collate(samples.batch))
+    if len(samples) == 0:
+        raise ValueError("detection_collate got an empty batch")
+    images = [s[0] for s in samples]
+    targets = [s[1] for s in samples]
+    same = all(torch.is_tensor(i) and i.shape == images[0].shape for i in images)
+    batch = (torch.stack(images) if same else images, targets)
+    return batch if len(samples[0]) < 3 else (*batch, [s[2] for s in samples])
+
+
 class ArraysAcrossWorkers:
     """Wraps a collate that returns a dict of tensors so that, inside a DataLoader worker, the
     tensors go back to the main process as numpy arrays (``PackedLoader`` turns them into tensors).

@@ -42,6 +42,7 @@ from readers.collate import (
     Numbered,
     RingBatch,
     SlotRing,
+    detection_collate,
     packed_collate,
     pad_collate,
     shared_memory_free,
@@ -181,6 +182,11 @@ class PackedLoader:
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, self._consumed):
+            if self.dataset.detection:  # detection_collate's (images, targets[, metas])
+                self._consumed += 1
+                yield self._place_detection(batch)
+                batch = None
+                continue
             if isinstance(batch, dict):  # pad_collate's batches (outputs with text fields)
                 self._consumed += 1
                 yield self._place(batch)
@@ -203,6 +209,17 @@ class PackedLoader:
             out = None
         self.epoch += 1
         self._consumed = 0
+
+    def _place_detection(self, batch: tuple) -> tuple:
+        """A detection batch with its images and targets' tensors on the device, the images normalized."""
+        images, targets, *rest = batch
+        if self.device is not None:
+            move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+            images = move(images) if torch.is_tensor(images) else [move(i) for i in images]
+            targets = [{k: move(v) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets]
+        if self.normalize is not None:
+            images = self.normalize(images) if torch.is_tensor(images) else [self.normalize(i[None])[0] for i in images]
+        return (images, targets, *rest)
 
     def _place(self, batch: dict) -> dict:
         """A pad_collate batch with its tensors on the device and its images normalized (arrays that
@@ -307,7 +324,7 @@ def make_loader(
     transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
     shape = m.fields["image"].get("shape") if m.has_image else None
     if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
-            and dataset.transform is None):
+            and dataset.transform is None and not dataset.detection):
         raise ValueError("images of this output have different sizes (--resize none or shorter): use batch_size=1, a "
                          "transform that gives every image one size, or a collate_fn that can batch them")
     user_sampler = overrides.pop("sampler", None)
@@ -340,7 +357,9 @@ def make_loader(
         else:
             log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
                      free // 2**20, need // 2**20)
-    text = bool(dataset.text_fields)
+    text = bool(dataset.text_fields) and not dataset.detection
+    if dataset.detection:
+        options.setdefault("collate_fn", detection_collate)
     if text:
         pad = functools.partial(pad_collate, pad_id=dataset.pad_id, fields=m.sample_fields)
         options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))  # cuda: tensors, to be pinned

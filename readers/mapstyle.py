@@ -94,7 +94,8 @@ class PackedDataset(ReaderBase, Dataset):
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform)
+        return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
+                            self.detection)
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
@@ -136,7 +137,7 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 labels = self._shard_labels(shard)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
-                    out[j] = (*self._values(shard, at), label)
+                    out[j] = tuple(self._values(shard, at)) if self.detection else (*self._values(shard, at), label)
         return out
 
     def _values(self, shard: int, local: int) -> list:

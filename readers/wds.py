@@ -99,7 +99,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         """The tuple yielded for one decoded sample (see ``build_sample``)."""
         meta = {"index": index, "key": key, "label": label} if self.return_meta else None
         values = ((self.convert(array),) if array is not None else ()) + texts
-        return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform)
+        return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
+                            self.detection)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, Optional[np.ndarray], int, str, tuple]]:
         """``(index, image array or None, label, key, text field values)`` of each sample of one shard,

@@ -15,7 +15,14 @@ from packer.cli.options import decode_options, preprocess_config, preprocess_opt
 from packer.cli.render import node_summary, splits_summary, summary
 from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
-from packer.config import DEFAULT_QUALITY, ConvertConfig, ImageCodec, parse_shard_size
+from packer.config import (
+    DEFAULT_MIN_VISIBILITY,
+    DEFAULT_QUALITY,
+    ConvertConfig,
+    DetectionConfig,
+    ImageCodec,
+    parse_shard_size,
+)
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
 from packer.errors import ConfigError, DecodeError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
@@ -58,6 +65,18 @@ from packer.text import TextConfig
               help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.")
 @click.option("--max-length", type=click.IntRange(min=1), default=None,
               help="Truncate token ids to this many (special tokens kept); needs --tokenizer.")
+@click.option("--annotations", "annotations", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Detection boxes for the images: a COCO instances .json, a YOLO labels folder (.txt per image, "
+                   "names from classes.txt or data.yaml) or a Pascal VOC folder of .xml; boxes follow every resize, "
+                   "crop and pad, and readers return (image, target).")
+@click.option("--annotation-format", type=click.Choice(["coco", "yolo", "voc"]), default=None,
+              help="The format of --annotations.  [default: found from the content]", show_default=False)
+@click.option("--min-box-visibility", type=click.FloatRange(0, 1), default=DEFAULT_MIN_VISIBILITY,
+              help="Drop a box that the crop leaves with less than this share of its area (counted and reported).")
+@click.option("--box-coords", type=click.Choice(["auto", "stored", "displayed"]), default="auto",
+              help="Which pixels the boxes of --annotations are on when EXIF turns an image: the file's grid as "
+                   "stored, or the turned image (auto: YOLO's are on the turned image; COCO and VOC boxes by the "
+                   "image size they give; an image nothing decides is skipped and reported).")
 @click.option("--classes", "classes_from", type=click.Path(exists=True, path_type=Path), default=None,
               help="Take the class map (label indices) from this file (one class name per line) or packer output, "
                    "so that another conversion of the same classes gets the same labels.")
@@ -95,7 +114,9 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             geometry: str, mode: str, interpolation: str,
             fill: str, background: str, normalize: str, dtype: str, codec: str, quality: int, shard_size: str,
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
-            encoding: str, tokenizer: Optional[str], max_length: Optional[int], classes_from: Optional[Path],
+            encoding: str, tokenizer: Optional[str], max_length: Optional[int], annotations: Optional[Path],
+            annotation_format: Optional[str], min_box_visibility: float, box_coords: str,
+            classes_from: Optional[Path],
             add_classes: bool, split_spec: Optional[str], split_seed: int, no_splits: bool, full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
@@ -116,7 +137,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                                 full_decode, geometry, crop)
         fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
-        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text)
+        detection = (DetectionConfig(str(annotations), annotation_format, min_box_visibility, box_coords)
+                     if annotations is not None else None)
+        config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text,
+                               detection)
         node = _node_split(num_nodes, node_rank, executor_name, address, resume)
         fractions = parse_split_spec(split_spec) if split_spec is not None else None
         if add_classes and classes_from is None:
@@ -124,6 +148,12 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         if fractions is not None and no_splits:
             raise ConfigError("--split and --no-splits contradict each other")
         splits = fractions is not None or (not no_splits and labels_file is None and split_folders(source) is not None)
+        if splits and detection is not None:
+            raise ConfigError("--annotations with splits: convert each split on its own with its annotations "
+                              "(split folders), or pass --no-splits")
+        if node is not None and detection is not None:
+            raise ConfigError("--annotations with --num-nodes is not supported yet: convert on one machine or with "
+                              "--executor ray")
         if splits and node is not None:
             raise ConfigError("--num-nodes converts one output; convert each split on its own, with the same "
                               "--classes")

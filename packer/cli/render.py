@@ -112,6 +112,14 @@ def describe(output: Path, m: Manifest) -> str:
             tok = f.tokenizer or {}
             lines.append(f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
                          f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})")
+        elif f.kind == "detection":
+            a = m.annotations or {}
+            names = a.get("categories") or []
+            lines.append(f"  {f.name:<9} detection boxes (XYXY pixels of the stored image) from {a.get('source')} "
+                         f"({a.get('format')}): {a.get('boxes')} boxes, {a.get('boxes_dropped')} dropped by the crop "
+                         f"(under {a.get('min_visibility')} of their area left), {a.get('images_without_boxes')} "
+                         f"image(s) without any")
+            lines.append(f"  categories {len(names)}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
         else:
             lines.append(f"  {f.name:<9} UTF-8 {'JSON' if f.kind == 'json' else 'text'}, LF line ends")
     lines.append(f"  skipped   {len(m.skipped)} file(s){_kinds(m)}")

@@ -1,0 +1,146 @@
+"""Detection targets that follow the pixels: annotations matched to images, carried through each
+image's geometry, stored as each sample's ``target`` field.
+
+The parent matches the annotations (``packer.annotations``) to the discovered images
+(``match_targets``): an image the annotations do not list is skipped and reported (COCO, VOC) or
+kept as a negative with no boxes (YOLO, where no label file means no object), and every
+annotation that names no image found is reported. Each worker then decodes its images and maps
+their boxes (``target_bytes``) through the same geometry as the pixels (``packer.geometry``): the
+EXIF orientation, the resize, the crop or pad; boxes are clipped to the picture and dropped when
+less than ``min_visibility`` of their area is left. The target is stored as UTF-8 JSON
+(``{"boxes": [[x0, y0, x1, y1], ...], "labels": [...], ...}``, XYXY pixels of the stored image),
+which json, h5py, lmdb and webdataset all read without packer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+
+from packer.annotations import Annotations, ImageBoxes, load_annotations
+from packer.config import DEFAULT_MIN_VISIBILITY, DetectionConfig, PreprocessConfig
+from packer.discover import Discovery
+from packer.errors import DecodeError
+from packer.geometry import Geometry, image_geometry, map_boxes
+from packer.preprocess import Decoded
+from packer.records import UNLABELLED, Skipped
+
+TARGET_FIELD = "target"
+
+
+@dataclass(frozen=True)
+class DetectionJob:
+    """What a worker needs to write the targets of its shard: each item's record (by item index; None:
+    an image with no boxes) and the crop rule."""
+
+    targets: dict[int, Optional[ImageBoxes]]
+    min_visibility: float = DEFAULT_MIN_VISIBILITY
+    coords: str = "auto"
+
+
+@dataclass
+class Matched:
+    """The outcome of ``match_targets``: the discovery without the images that cannot be used, each kept
+    image's record, and counts for the manifest."""
+
+    found: Discovery
+    targets: dict[int, Optional[ImageBoxes]]
+    annotations: Annotations
+    summary: dict = field(default_factory=dict)
+
+
+def match_targets(found: Discovery, config: DetectionConfig) -> Matched:
+    """Pair every discovered image with its annotations (see the module docstring); the items are
+    numbered again in order, and every problem is in ``found.skipped`` with its reason."""
+    annotations = load_annotations(config.path, config.format)
+    kept, skipped, targets, used = [], list(found.skipped), {}, set()
+    skipped += annotations.problems
+    for item in found.items:
+        record = annotations.find(item.relpath)
+        if record is None and not annotations.background:
+            skipped.append(Skipped(item.relpath, f"not annotated: {annotations.source} does not list this image"))
+            continue
+        index = len(kept)
+        kept.append(replace(item, index=index, label=UNLABELLED))  # a detection sample's labels are its boxes
+        targets[index] = record
+        if record is not None:
+            used.add(id(record))
+    seen: set[int] = set()
+    for name, record in annotations.images.items():
+        if id(record) not in used and id(record) not in seen and record.boxes:
+            skipped.append(Skipped(record.where, f"annotation of a missing image: no image {name} in the source"))
+        seen.add(id(record))
+    matched = replace(found, items=kept, skipped=skipped, classes=None)
+    summary = {"format": annotations.format, "source": annotations.source,
+               "categories": annotations.categories, "category_ids": annotations.category_ids,
+               "min_visibility": config.min_visibility}
+    return Matched(matched, targets, annotations, summary)
+
+
+def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: PreprocessConfig, min_visibility: float,
+                 path: str, coords: str = "auto") -> tuple[bytes, int, int]:
+    """``(stored JSON, boxes kept, boxes dropped)`` of one image's target; DecodeError when the size its
+    annotation gives is neither the image's stored nor its displayed size, or when (``coords`` auto)
+    nothing tells on which of the two the boxes are: they would land on the wrong pixels."""
+    geometry = image_geometry(decoded.stored_size, decoded.orientation, cfg)
+    if record is None or not record.boxes:
+        return _encode(np.zeros((0, 4), np.float32), [], {}, geometry), 0, 0
+    boxes = np.asarray(record.boxes, np.float64)
+    displayed = _on_displayed(record, decoded, path, coords)
+    if record.normalized:
+        w, h = decoded.original_size if displayed else decoded.stored_size
+        boxes = boxes * np.array([w, h, w, h])
+    mapped = map_boxes(boxes, geometry, displayed, min_visibility)
+    kept = mapped.kept.tolist()
+    optional = (("iscrowd", record.iscrowd), ("area", record.area), ("difficult", record.difficult))
+    extra = {name: [values[i] for i in kept] for name, values in optional if values is not None}
+    if "area" in extra:  # COCO's area is of the source's pixels: scaled with the box, cut as much as the box was
+        sx, sy = geometry.scale
+        extra["area"] = [_short(a * sx * sy * share) for a, share in zip(extra["area"], mapped.share)]
+    labels = [record.labels[i] for i in kept]
+    return _encode(mapped.boxes, labels, extra, geometry), len(kept), len(record.boxes) - len(kept)
+
+
+def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str = "auto") -> bool:
+    """Whether the record's boxes are on the displayed image (``coords``, or the rules of
+    ``packer.annotations``); DecodeError when the record's size fits neither image, or nothing decides."""
+    stored, shown = decoded.stored_size, decoded.original_size
+    if record.size is not None and record.size not in (stored, shown):
+        raise DecodeError(path, f"annotation size mismatch: {record.where} gives {record.size[0]}x{record.size[1]}, "
+                                f"the image is {stored[0]}x{stored[1]}; its boxes would land on the wrong pixels")
+    if coords != "auto":
+        return coords == "displayed"
+    if record.normalized or decoded.orientation == 1:
+        return record.normalized  # YOLO: the displayed image, as Ultralytics reads it; orientation 1: the same
+    if record.size is not None and stored != shown:
+        return record.size == shown  # a 90-degree turn of a non-square image: the size says which
+    raise DecodeError(path, f"ambiguous box coordinates: EXIF orientation {decoded.orientation} turns this image, and "
+                            f"nothing in {record.where} says whether its boxes are on the stored or the turned image; "
+                            "pass --box-coords stored or --box-coords displayed")
+
+
+def _encode(boxes: np.ndarray, labels: list[int], extra: dict, geometry: Geometry) -> bytes:
+    """The stored target: float32 values written as the shortest decimals that read back to the same float32."""
+    target = {"boxes": [[_short(v) for v in box] for box in np.asarray(boxes, np.float32)], "labels": labels,
+              **extra, "geometry": geometry.to_dict()}
+    return json.dumps(target, separators=(",", ":")).encode("utf-8")
+
+
+def _short(value: float) -> float:
+    """``value`` as a float32, as the shortest decimal that reads back to that float32 (10.4, not
+    10.399999618530273): JSON readers get floats that round-trip to the stored boxes exactly."""
+    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
+
+
+def annotations_digest(targets: dict[int, Optional[ImageBoxes]], config: DetectionConfig) -> str:
+    """What --resume compares of the annotations: every matched record and the crop rule."""
+    import hashlib
+
+    h = hashlib.sha256(repr((config.min_visibility, config.coords, os.path.basename(config.path))).encode())
+    for index in sorted(targets):
+        h.update(repr((index, targets[index])).encode())
+    return h.hexdigest()

@@ -1,0 +1,302 @@
+"""Detection targets that follow the pixels: COCO, YOLO and VOC boxes through every resize mode, crop,
+pad and EXIF orientation, in every format, checked against where the rectangles really are."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import FORMATS
+from PIL import Image, ImageOps
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.cli import cli
+from packer.config import DetectionConfig, ShardSize
+from packer.manifest import read_manifest
+from packer.verify import verify
+from readers import make_loader, open_dataset
+
+# Stored (file) size and EXIF orientation of each image, and its rectangles: (x0, y0, x1, y1) on the
+# stored pixel grid, each in a colour of its own. Wide and tall images, so that the centre crop cuts
+# some rectangles (the ones near the long sides' ends) and removes others entirely.
+COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255)]
+IMAGES = [
+    ((120, 80), 1, [(10, 10, 40, 50), (50, 20, 110, 70), (2, 60, 12, 78)]),
+    ((160, 60), 3, [(0, 5, 12, 55), (60, 10, 100, 50), (140, 20, 158, 40)]),
+    ((90, 150), 6, [(20, 30, 70, 80), (5, 2, 30, 14), (40, 120, 85, 148)]),
+    ((140, 100), 8, [(30, 20, 110, 80), (118, 4, 138, 30)]),
+    ((100, 100), 1, []),  # an image without boxes: a negative, kept with an empty target
+]
+CATEGORIES = ["circle", "square", "star"]
+
+
+def write_images(root: Path) -> list[dict]:
+    """The images as PNGs (lossless: the colours are exact) with their EXIF orientation; returns, per
+    image, its name, stored size, orientation, rectangles and where they are on the displayed image
+    (found in the pixels Pillow turns upright, not computed)."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, ((w, h), orientation, rects) in enumerate(IMAGES):
+        pixels = np.zeros((h, w, 3), np.uint8)
+        for n, (x0, y0, x1, y1) in enumerate(rects):
+            pixels[y0:y1, x0:x1] = COLOURS[n]
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        name = f"img{i}.png"
+        Image.fromarray(pixels).save(root / name, exif=exif)
+        shown = np.asarray(ImageOps.exif_transpose(Image.open(root / name)))
+        displayed = [region(shown, COLOURS[n]) for n in range(len(rects))]
+        out.append({"name": name, "size": (w, h), "orientation": orientation, "rects": rects, "displayed": displayed,
+                    "shown_size": (shown.shape[1], shown.shape[0])})
+    return out
+
+
+def region(pixels: np.ndarray, colour: tuple, tolerance: int = 60) -> tuple[float, ...] | None:
+    """The box (pixel edges) of the pixels within ``tolerance`` of ``colour`` (None when there are none)."""
+    near = np.abs(pixels[..., :3].astype(int) - np.array(colour)).max(axis=-1) <= tolerance
+    ys, xs = np.nonzero(near)
+    if len(xs) == 0:
+        return None
+    return (float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1))
+
+
+def write_coco(path: Path, images: list[dict], displayed_sizes: bool = False) -> None:
+    """COCO boxes on the stored grid (sizes the files'), or with ``displayed_sizes`` on the turned image."""
+    entries, anns = [], []
+    for i, img in enumerate(images):
+        size = img["shown_size"] if displayed_sizes else img["size"]
+        entries.append({"id": i + 1, "file_name": img["name"], "width": size[0], "height": size[1]})
+        boxes = img["displayed"] if displayed_sizes else img["rects"]
+        for n, (x0, y0, x1, y1) in enumerate(boxes):
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": 10 + n % 3,
+                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+    cats = [{"id": 10 + k, "name": name} for k, name in enumerate(CATEGORIES)]
+    path.write_text(json.dumps({"images": entries, "annotations": anns, "categories": cats}))
+
+
+def write_yolo(folder: Path, images: list[dict]) -> None:
+    """YOLO rows on the displayed image (as Ultralytics reads them), names in classes.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "classes.txt").write_text("\n".join(CATEGORIES) + "\n")
+    for img in images:
+        w, h = img["shown_size"]
+        rows = [f"{n % 3} {(x0 + x1) / 2 / w:.6f} {(y0 + y1) / 2 / h:.6f} {(x1 - x0) / w:.6f} {(y1 - y0) / h:.6f}"
+                for n, (x0, y0, x1, y1) in enumerate(img["displayed"])]
+        if rows:  # an image without a label file is a negative
+            (folder / (Path(img["name"]).stem + ".txt")).write_text("\n".join(rows) + "\n")
+
+
+def write_voc(folder: Path, images: list[dict]) -> None:
+    """VOC objects on the stored grid, 1-based inclusive pixel indices."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for img in images:
+        root = ElementTree.Element("annotation")
+        ElementTree.SubElement(root, "filename").text = img["name"]
+        size = ElementTree.SubElement(root, "size")
+        ElementTree.SubElement(size, "width").text = str(img["size"][0])
+        ElementTree.SubElement(size, "height").text = str(img["size"][1])
+        for n, (x0, y0, x1, y1) in enumerate(img["rects"]):
+            obj = ElementTree.SubElement(root, "object")
+            ElementTree.SubElement(obj, "name").text = CATEGORIES[n % 3]
+            box = ElementTree.SubElement(obj, "bndbox")
+            for key, value in zip(("xmin", "ymin", "xmax", "ymax"), (x0 + 1, y0 + 1, x1, y1)):
+                ElementTree.SubElement(box, key).text = str(value)
+        ElementTree.ElementTree(root).write(folder / (Path(img["name"]).stem + ".xml"))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("det")
+    images = write_images(root / "images")
+    write_coco(root / "coco.json", images)
+    write_yolo(root / "labels", images)
+    write_voc(root / "voc", images)
+    return root, images
+
+
+def check_boxes_on_pixels(out: Path, images: list[dict], tolerance: float = 1.5) -> tuple[int, int]:
+    """Every returned box is where its rectangle's colour is in the returned image (within
+    ``tolerance`` pixels, the blur of resampling at the edges), every rectangle still visible has its
+    box, and labels name the right category. Returns (boxes seen, rectangles gone)."""
+    ds = open_dataset(out, normalize=False, return_meta=True)
+    by_name = {img["name"]: img for img in images}
+    seen = gone = 0
+    assert ds.categories == CATEGORIES
+    for image, target, meta in ds:
+        img = by_name[meta["key"]]
+        pixels = image.permute(1, 2, 0).numpy()
+        boxes, labels = target["boxes"], target["labels"]
+        assert boxes.dtype == torch.float32 and boxes.shape == (len(labels), 4) and labels.dtype == torch.int64
+        found = {}
+        for n in range(len(img["rects"])):
+            where = region(pixels, COLOURS[n], tolerance=40)
+            if where is not None and (where[2] - where[0]) * (where[3] - where[1]) >= 4:
+                found[n] = where
+        matched = set()
+        for box, label in zip(boxes.tolist(), labels.tolist()):
+            candidates = [n for n in found if n % 3 == label and n not in matched
+                          and max(abs(a - b) for a, b in zip(box, found[n])) <= tolerance]
+            assert candidates, f"{meta['key']}: box {box} (label {label}) is on no rectangle; rectangles {found}"
+            matched.add(candidates[0])
+            seen += 1
+        # a rectangle still clearly in the image has its box (the crop may drop a sliver of one)
+        for n, where in found.items():
+            if (where[2] - where[0]) >= 4 and (where[3] - where[1]) >= 4 and n not in matched:
+                area = (where[2] - where[0]) * (where[3] - where[1])
+                assert area < 0.3 * image.shape[1] * image.shape[2], f"{meta['key']}: rectangle {n} lost its box"
+        gone += len(img["rects"]) - len(matched)
+    return seen, gone
+
+
+MODES = {
+    "shorter-crop": PreprocessConfig(size=(64, 64)),
+    "fractional": PreprocessConfig(size=(64, 48), geometry="fractional"),
+    "shorter": PreprocessConfig(size=(50, 50), resize="shorter"),
+    "shorter+crop": PreprocessConfig(size=(72, 72), resize="shorter", crop=(56, 64)),
+    "max": PreprocessConfig(size=(100, 100), resize="max"),
+    "stretch": PreprocessConfig(size=(96, 40), resize="stretch"),
+    "pad": PreprocessConfig(size=(64, 64), resize="pad"),
+    "none": PreprocessConfig(size=None, resize="none"),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_coco_boxes_follow_every_resize_mode(dataset, tmp_path, mode):
+    root, images = dataset
+    config = ConvertConfig("npy", MODES[mode], detection=DetectionConfig(str(root / "coco.json"), coords="stored"))
+    convert(root / "images", tmp_path / "out", config, workers=1)
+    seen, gone = check_boxes_on_pixels(tmp_path / "out", images)
+    a = read_manifest(tmp_path / "out").annotations
+    assert a["boxes"] == seen and a["boxes_dropped"] == gone
+    assert a["categories"] == CATEGORIES and a["category_ids"] == [10, 11, 12] and a["format"] == "coco"
+    if mode in ("stretch", "pad", "none", "max", "shorter"):
+        assert gone == 0  # nothing is cut away
+    if mode == "shorter-crop":
+        assert gone > 0  # the crop cut away at least one rectangle, which is counted
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_stores_the_targets(dataset, tmp_path, fmt):
+    root, images = dataset
+    config = ConvertConfig(fmt, MODES["shorter-crop"], ShardSize(samples=2),
+                           detection=DetectionConfig(str(root / "coco.json"), coords="stored"))
+    convert(root / "images", tmp_path / "out", config, workers=2)
+    assert verify(tmp_path / "out") == []
+    check_boxes_on_pixels(tmp_path / "out", images)
+    ds = open_dataset(tmp_path / "out")
+    target = next(t for _, t in ds if len(t["labels"]))
+    assert set(target) == {"boxes", "labels", "iscrowd", "area", "geometry"}
+    assert target["geometry"]["size"] == [64, 64]
+
+
+@pytest.mark.parametrize("kind, path", [("yolo", "labels"), ("voc", "voc")])
+@pytest.mark.parametrize("mode", ["shorter-crop", "pad"])
+def test_yolo_and_voc_boxes_land_on_the_same_pixels(dataset, tmp_path, kind, path, mode):
+    root, images = dataset
+    coords = "stored" if kind == "voc" else "auto"  # YOLO's rows are on the turned image, as Ultralytics reads them
+    config = ConvertConfig("lmdb", MODES[mode], detection=DetectionConfig(str(root / path), coords=coords))
+    result = convert(root / "images", tmp_path / "out", config, workers=1)
+    check_boxes_on_pixels(tmp_path / "out", images)
+    a = result.manifest.annotations
+    assert a["format"] == kind and a["categories"] == CATEGORIES
+    assert result.manifest.samples == len(IMAGES)  # the negative is kept (YOLO: no label file; VOC: no object)
+    assert a["images_without_boxes"] >= 1
+
+
+@pytest.mark.parametrize("turned", [False, True])
+def test_auto_box_coords_follow_the_sizes_and_refuse_what_nothing_decides(dataset, tmp_path, turned):
+    """COCO sizes say on which image the boxes are where EXIF turns one by 90 degrees (6, 8); for a
+    half turn (3) the sizes are the same either way: that image is skipped, and --box-coords decides."""
+    root, images = dataset
+    write_coco(tmp_path / "coco.json", images, displayed_sizes=turned)
+    config = ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json")))
+    result = convert(root / "images", tmp_path / "auto", config, workers=1)
+    assert [s.path for s in result.skipped] == ["img1.png"]  # orientation 3
+    assert "ambiguous box coordinates" in result.skipped[0].reason and "--box-coords" in result.skipped[0].reason
+    check_boxes_on_pixels(tmp_path / "auto", images)
+    told = DetectionConfig(str(tmp_path / "coco.json"), coords="displayed" if turned else "stored")
+    convert(root / "images", tmp_path / "told", ConvertConfig("npy", MODES["pad"], detection=told), workers=1)
+    seen, gone = check_boxes_on_pixels(tmp_path / "told", images)
+    assert seen == sum(len(r) for _, _, r in IMAGES) and gone == 0
+
+
+def test_make_loader_batches_images_and_a_list_of_targets(dataset, tmp_path):
+    root, images = dataset
+    detection = DetectionConfig(str(root / "coco.json"), coords="stored")
+    config = ConvertConfig("npy", MODES["shorter-crop"], detection=detection)
+    convert(root / "images", tmp_path / "out", config, workers=1)
+    loader = make_loader(open_dataset(tmp_path / "out"), 2, shuffle=False, num_workers=0)
+    batches = list(loader)
+    assert [b[0].shape for b in batches] == [(2, 3, 64, 64), (2, 3, 64, 64), (1, 3, 64, 64)]
+    assert all(isinstance(b[1], list) and all("boxes" in t for t in b[1]) for b in batches)
+    assert batches[0][0].dtype == torch.float32  # normalized as the output says
+    config = ConvertConfig("npy", MODES["max"], detection=DetectionConfig(str(root / "coco.json"), coords="stored"))
+    convert(root / "images", tmp_path / "own-sizes", config, workers=1)
+    images_of_own_size, targets = next(iter(make_loader(open_dataset(tmp_path / "own-sizes"), 3, shuffle=False,
+                                                        num_workers=0)))
+    assert isinstance(images_of_own_size, list) and len(targets) == 3  # the models take a list
+
+
+def test_bad_annotations_are_reported_and_never_crash(tmp_path):
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    data["annotations"] += [
+        {"id": 900, "image_id": 1, "category_id": 99, "bbox": [1, 1, 5, 5]},  # no such category
+        {"id": 901, "image_id": 77, "category_id": 10, "bbox": [1, 1, 5, 5]},  # no such image
+        {"id": 902, "image_id": 1, "category_id": 10, "bbox": [1, 1, -5, 5]},  # no area
+        {"id": 903, "image_id": 1, "category_id": 10, "bbox": "oops"},  # malformed
+    ]
+    data["images"].append({"id": 50, "file_name": "gone.png", "width": 10, "height": 10})
+    data["annotations"].append({"id": 904, "image_id": 50, "category_id": 10, "bbox": [1, 1, 5, 5]})
+    data["images"] = [e for e in data["images"] if e["file_name"] != "img4.png"]  # an image the file misses
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "images"), "-f", "npy", "-o", str(tmp_path / "out"),
+                                      "--size", "64", "-q", "--annotations", str(tmp_path / "coco.json"),
+                                      "--box-coords", "stored"])
+    assert result.exit_code == 0, result.output
+    reasons = {s["path"]: s["reason"] for s in read_manifest(tmp_path / "out").skipped}
+    assert "category_id 99 is not in 'categories'" in reasons["coco.json#annotations[11] (id 900)"]
+    assert "image_id 77" in reasons["coco.json#annotations[12] (id 901)"]
+    assert "no area" in reasons["coco.json#annotations[13] (id 902)"]
+    assert "bbox" in reasons["coco.json#annotations[14] (id 903)"]
+    assert "no image gone.png" in reasons["coco.json"]
+    assert reasons["img4.png"].startswith("not annotated")
+    assert "bad annotation" in result.output and "Traceback" not in result.output
+    assert read_manifest(tmp_path / "out").samples == 4
+
+
+def test_an_annotation_of_another_size_skips_its_image(tmp_path):
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    data["images"][0]["width"] = 999
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    config = ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored"))
+    result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
+    assert [s.path for s in result.skipped] == ["img0.png"]
+    assert "annotation size mismatch" in result.skipped[0].reason
+
+
+def test_the_stored_targets_open_without_packer(dataset, tmp_path):
+    root, images = dataset
+    detection = DetectionConfig(str(root / "coco.json"), coords="stored")
+    config = ConvertConfig("wds", MODES["shorter-crop"], detection=detection)
+    convert(root / "images", tmp_path / "out", config, workers=1)
+    import tarfile
+
+    with tarfile.open(next((tmp_path / "out").glob("*.tar"))) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".target.json")}
+    target = json.loads(next(iter(members.values())))
+    assert set(target) >= {"boxes", "labels", "geometry"}
+    ours = {meta["index"]: t for _, t, meta in open_dataset(tmp_path / "out", return_meta=True)}
+    assert len(members) == len(ours) == len(IMAGES)
+    for name, raw in members.items():  # members are KEY.target.json, KEY the sample's index in sorted order
+        stored = json.loads(raw)
+        assert np.array_equal(np.asarray(stored["boxes"], np.float32).reshape(-1, 4),
+                              ours[int(name.split(".")[0])]["boxes"].numpy())

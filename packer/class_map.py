@@ -40,6 +40,8 @@ def read_class_file(path: str | os.PathLike) -> list[str]:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(f"--classes {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise InputError(f"--classes {path} cannot be read: {e.strerror or e}") from None
     names: list[str] = []
     where: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):

@@ -19,7 +19,6 @@ import hashlib
 import logging
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,19 +30,17 @@ from packer.discover import Discovery, class_folders, discover
 from packer.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
-from packer.output import is_packer_output, lock_output, release_output, remove_tree, staging_dir
-from packer.pipeline import ConvertResult, convert
+from packer.output import check_output, is_packer_output, lock_output, release_output, remove_tree, staging_dir
+from packer.pipeline import ConvertResult, checked, convert
 from packer.records import ShardTask
 from packer.resume import plan_fingerprint
-from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, write_splits
+from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, split_name_problem, write_splits
 
 log = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
 """Top-level folder names (any case) that make a source a set of splits."""
 
-SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-"""What a ``--split`` name may be: it names an output folder."""
 
 
 @dataclass
@@ -64,22 +61,26 @@ def is_split_name(name: str) -> bool:
 
 def split_folders(root: str | os.PathLike) -> Optional[list[str]]:
     """The split folders of ``root`` when every top-level folder is a split name (train first, then the
-    order of ``SPLIT_NAMES``); None for an ordinary source. Other top-level folders mixed with split
-    names make them classes, with a warning."""
+    order of ``SPLIT_NAMES``); None for an ordinary source. InputError when folders named like splits
+    sit beside others: labelling samples by split name would be wrong data, guessing the other way too."""
     folders = class_folders(root)
     named = [f for f in folders if is_split_name(f)]
     if not named:
         return None
     if len(named) < len(folders):
-        log.warning("%s has folders named like splits (%s) beside other folders: all are taken as classes; move "
-                    "the others into the splits, or pass --no-splits to silence this", root, quoted(named))
-        return None
+        others = [f for f in folders if not is_split_name(f)]
+        raise InputError(f"{root} has folders named like splits ({quoted(named)}) beside other folders "
+                         f"({quoted(others)}): move those into the splits (or away), or pass --no-splits if all of "
+                         "them are classes")
+    lowered = [f.lower() for f in named]
+    if len(set(lowered)) < len(lowered):
+        raise InputError(f"{root} has split folders that differ only in case ({quoted(named)}); rename one")
     return sorted(named, key=lambda f: (SPLIT_NAMES.index(f.lower()), f))
 
 
 def parse_split_spec(text: str) -> list[tuple[str, float]]:
     """``train=0.9,val=0.1`` as ``[("train", 0.9), ("val", 0.1)]``; ConfigError unless every name is a
-    folder name given once and the fractions are positive and add up to 1."""
+    folder name given once (in any case) and the fractions are positive and add up to 1."""
     parts: list[tuple[str, float]] = []
     for piece in text.split(","):
         name, eq, value = piece.strip().partition("=")
@@ -88,11 +89,12 @@ def parse_split_spec(text: str) -> list[tuple[str, float]]:
             fraction = float(value) if eq else math.nan
         except ValueError:
             fraction = math.nan
-        if not SPLIT_NAME.fullmatch(name) or not (0 < fraction <= 1):
-            raise ConfigError(f"--split {text!r}: expected NAME=FRACTION pairs such as train=0.9,val=0.1 (names of "
-                              f"letters, digits, '.', '_', '-'; fractions above 0), got {piece.strip()!r}")
-        if name in (n for n, _ in parts):
-            raise ConfigError(f"--split {text!r}: {name} is named twice")
+        problem = split_name_problem(name)
+        if problem or not (0 < fraction <= 1):
+            raise ConfigError(f"--split {text!r}: expected NAME=FRACTION pairs such as train=0.9,val=0.1 (fractions "
+                              f"above 0; {problem or 'names of letters, digits, .,_ and -'}), got {piece.strip()!r}")
+        if name.lower() in (n.lower() for n, _ in parts):
+            raise ConfigError(f"--split {text!r}: {name} is named twice (split names differ in more than case)")
         parts.append((name, fraction))
     if len(parts) < 2:
         raise ConfigError(f"--split {text!r}: name at least two splits (e.g. train=0.9,val=0.1)")
@@ -102,38 +104,51 @@ def parse_split_spec(text: str) -> list[tuple[str, float]]:
     return parts
 
 
-def split_counts(n: int, fractions: Sequence[float]) -> list[int]:
-    """``n`` samples shared out by ``fractions`` (summing to 1), each within one sample of its exact share
-    (largest remainders; ties to the earlier split)."""
+def split_counts(n: int, fractions: Sequence[float], owed: Optional[list[float]] = None) -> list[int]:
+    """``n`` samples shared out by ``fractions`` (summing to 1), each within one sample of its exact share.
+
+    The samples left over after each split takes the whole part of its share go, one each, to splits
+    whose share has a fraction left, those furthest below their share first: of this class alone, or
+    (``owed``, updated here: each split's exact share minus what it got, summed over the classes
+    shared out before) over all classes, so that many small classes still give each split its share
+    of the whole. Ties go to the earlier split.
+    """
     exact = [n * f for f in fractions]
     counts = [math.floor(x) for x in exact]
-    order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[:n - sum(counts)]:
+    behind = owed if owed is not None else [0.0] * len(fractions)
+    for i, x in enumerate(exact):
+        behind[i] += x - counts[i]
+    short = [i for i, x in enumerate(exact) if x > counts[i]]  # only these may take one more: the bound holds
+    for i in sorted(short, key=lambda i: (-behind[i], i))[:n - sum(counts)]:
         counts[i] += 1
+        behind[i] -= 1
     return counts
 
 
 def stratified_split(found: Discovery, spec: Sequence[tuple[str, float]], seed: int) -> dict[str, Discovery]:
     """``found`` cut into the splits of ``spec``: within each class (all samples when unlabelled) the
-    samples are ordered by a seeded hash of their key and shared out by ``split_counts``. The same
-    seed and files give the same splits on any machine; a file added later moves no other file. Each
-    split keeps the sorted order and the class map; files discovery skipped are reported with the first."""
+    samples are ordered by a seeded hash of their key and shared out by ``split_counts``, class after
+    class. The same seed and files give the same splits on any machine (adding files may move others).
+    Each split keeps the sorted order and the class map; the files discovery skipped or ignored are
+    reported with the first split."""
     by_label: dict[int, list] = {}
     for item in found.items:
         by_label.setdefault(item.label, []).append(item)
     members: dict[str, list] = {name: [] for name, _ in spec}
     fractions = [f for _, f in spec]
+    owed = [0.0] * len(spec)
     for label in sorted(by_label):
         items = sorted(by_label[label], key=lambda it: _draw(seed, it.relpath))
         start = 0
-        for (name, _), count in zip(spec, split_counts(len(items), fractions)):
+        for (name, _), count in zip(spec, split_counts(len(items), fractions, owed)):
             members[name] += items[start:start + count]
             start += count
     parts = {}
     for i, (name, _) in enumerate(spec):
         items = sorted(members[name], key=lambda it: it.index)
         parts[name] = replace(found, items=[replace(it, index=j) for j, it in enumerate(items)],
-                              skipped=list(found.skipped) if i == 0 else [])
+                              skipped=list(found.skipped) if i == 0 else [],
+                              ignored=dict(found.ignored) if i == 0 else {})
     return parts
 
 
@@ -150,7 +165,10 @@ def read_class_map(path: str | os.PathLike) -> list[str]:
 
 def _from_output(folder: Path) -> list[str]:
     if (folder / SPLITS_NAME).is_file():
-        classes = read_splits(folder).classes
+        record = read_splits(folder)
+        if not record.complete:
+            raise InputError(f"--classes {folder} is an unfinished conversion of splits; finish it (--resume) first")
+        classes = record.classes
     elif (folder / MANIFEST_NAME).is_file():
         classes = read_manifest(folder).classes
     else:
@@ -210,12 +228,74 @@ def convert_splits(
     """
     started = time.perf_counter()
     source, output = Path(source), Path(output)
+    parts, common, origin, roots = _plan(source, config, fractions, seed, classes, add_classes, labels_file)
+    missing = {name: _missing(d, common) for name, d in parts.items()}
+    for name, absent in missing.items():
+        if absent:
+            log.warning("split %s has no sample of %d class(es), which keep their indices: %s", name, len(absent),
+                        quoted(absent))
+    _check_parent(output, overwrite, resume, source)  # before the lock file is made beside it
+    lock = lock_output(output)
+    try:
+        previous = _check_parent(output, overwrite, resume, source, warn=True)
+        ours = {name for name in parts if previous is not None and name in previous.splits
+                and is_packer_output(output / name)}
+        for name, d in parts.items():  # every check of every split before anything is written
+            check_output(output / name, overwrite or name in ours, roots[name])
+            checked(d, strict, config.text)
+        stamps = {name: _fingerprint(config, d, strict) for name, d in parts.items()}
+        kept = _kept(output, previous, stamps) if resume else set()
+        plan_workers = previous.workers if resume and previous is not None and previous.workers else workers
+        record = SplitsRecord(common, {name: {"samples": len(d.items), "manifest_sha256": None,
+                                              "fingerprint": stamps[name]} for name, d in parts.items()},
+                              origin, {n: m for n, m in missing.items() if m}, workers=plan_workers,
+                              unlabelled=[n for n, d in parts.items() if d.classes is None and common is not None])
+        for name in kept:
+            record.splits[name].update(samples=previous.splits[name]["samples"],  # type: ignore[union-attr]
+                                       manifest_sha256=previous.splits[name]["manifest_sha256"])  # type: ignore
+        output.mkdir(parents=True, exist_ok=True)
+        write_splits(output, record)  # from here on, readers refuse the splits until the set is complete
+        results: dict[str, Optional[ConvertResult]] = {}
+        for name, d in parts.items():
+            if name in kept:
+                log.info("--resume: split %s is finished and unchanged; kept", name)
+                results[name] = None
+                continue
+            if on_split is not None:
+                on_split(name)
+            target = output / name
+            result = convert(roots[name], target, config, workers=plan_workers, overwrite=overwrite or name in ours,
+                             strict=strict, resume=resume and staging_dir(target).exists(), timeout=timeout,
+                             progress=progress, on_plan=on_plan, executor=executor, discovery=d)
+            results[name] = result
+            record.splits[name]["samples"] = result.manifest.samples
+            record.splits[name]["manifest_sha256"] = sha256_of(target / MANIFEST_NAME)
+            write_splits(output, record)
+        if previous is not None:
+            for name in previous.splits.keys() - parts.keys():  # splits of the set replaced that this one lacks
+                if is_packer_output(output / name):
+                    remove_tree(output / name)
+        record.complete = True
+        write_splits(output, record)
+    finally:
+        release_output(output, lock)
+    return SplitsResult(output, record, results, time.perf_counter() - started)
+
+
+def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tuple[str, float]]], seed: int,
+          classes: Optional[Sequence[str]], add_classes: bool, labels_file: Optional[str | os.PathLike]
+          ) -> tuple[dict[str, Discovery], Optional[list[str]], dict, dict[str, Path]]:
+    """The splits to write: ``(discovery of each, the shared class map, the record's origin, each one's
+    source folder)``; InputError for a source that cannot be split so."""
     if fractions is not None:
         found = discover(source, labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
+        if not found.items and labels_file is not None and found.skipped:
+            raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
+                             "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
         parts = stratified_split(found, fractions, seed)
-        common = found.classes
         origin: dict = {"kind": "random", "fractions": dict(fractions), "seed": seed}
         roots = {name: source for name in parts}
+        common = found.classes
     else:
         if labels_file is not None:
             raise ConfigError("--labels with split folders: convert each split on its own with its --labels file "
@@ -230,50 +310,7 @@ def convert_splits(
         if not d.items and not d.skipped:
             raise InputError(f"split {name} of {source} would hold no samples"
                              + (" (too few samples for its fraction)" if fractions is not None else ""))
-    missing = {name: _missing(d, common) for name, d in parts.items()}
-    for name, absent in missing.items():
-        if absent:
-            log.warning("split %s has no sample of %d class(es), which keep their indices: %s", name, len(absent),
-                        quoted(absent))
-    lock = lock_output(output)
-    try:
-        previous = _check_parent(output, overwrite, resume, source)
-        output.mkdir(parents=True, exist_ok=True)
-        stamps = {name: _fingerprint(config, d, strict) for name, d in parts.items()}
-        record = SplitsRecord(common, {name: {"samples": len(d.items), "manifest_sha256": None,
-                                              "fingerprint": stamps[name]} for name, d in parts.items()},
-                              origin, {n: m for n, m in missing.items() if m})
-        kept = _kept(output, previous, stamps) if resume else set()
-        for name in kept:
-            record.splits[name]["manifest_sha256"] = previous.splits[name]["manifest_sha256"]
-            record.splits[name]["samples"] = previous.splits[name]["samples"]
-        write_splits(output, record)
-        if previous is not None:
-            for name in previous.splits.keys() - parts.keys():  # a split of the set replaced, not in this one
-                if is_packer_output(output / name):
-                    remove_tree(output / name)
-        results: dict[str, Optional[ConvertResult]] = {}
-        for name, d in parts.items():
-            if name in kept:
-                log.info("--resume: split %s is finished and unchanged; kept", name)
-                results[name] = None
-                continue
-            if on_split is not None:
-                on_split(name)
-            target = output / name
-            ours = previous is not None and name in previous.splits and is_packer_output(target)
-            result = convert(roots[name], target, config, workers=workers, overwrite=overwrite or ours,
-                             strict=strict, resume=resume and staging_dir(target).exists(), timeout=timeout,
-                             progress=progress, on_plan=on_plan, executor=executor, discovery=d)
-            results[name] = result
-            record.splits[name]["samples"] = result.manifest.samples
-            record.splits[name]["manifest_sha256"] = sha256_of(target / MANIFEST_NAME)
-            write_splits(output, record)
-        record.complete = True
-        write_splits(output, record)
-    finally:
-        release_output(output, lock)
-    return SplitsResult(output, record, results, time.perf_counter() - started)
+    return parts, common, origin, roots
 
 
 def _missing(found: Discovery, classes: Optional[Sequence[str]]) -> list[str]:
@@ -289,10 +326,14 @@ def _fingerprint(config: ConvertConfig, found: Discovery, strict: bool) -> str:
     return hashlib.sha256(f"{plan}\0{class_map_digest(found.classes)}".encode()).hexdigest()
 
 
-def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path) -> Optional[SplitsRecord]:
-    """Refuse an ``output`` that splits may not be written into; the record of the splits already there."""
+def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path, warn: bool = False
+                  ) -> Optional[SplitsRecord]:
+    """Refuse an ``output`` that splits may not be written into; the record of the splits already there
+    (``warn``: say that an unfinished set is started over)."""
     if output.is_symlink() or (output.exists() and not output.is_dir()):
         raise OutputError(f"{output} exists and is not a folder; choose another output path")
+    if output.parent.exists() and not output.parent.is_dir():
+        raise OutputError(f"cannot create {output}: {output.parent} is not a folder")
     src, out = source.resolve(), output.resolve()
     if src == out or out in src.parents:
         raise OutputError(f"{output} holds the source folder {source}; choose an output outside it")
@@ -305,10 +346,12 @@ def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path) -> 
         raise OutputError(f"{output} is a non-empty folder that holds no packer splits; refusing to write into it. "
                           "Choose another output path or empty it first.")
     previous = read_splits(output)
+    if previous.complete and resume and not overwrite:
+        raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     if previous.complete and not overwrite:
         raise OutputError(f"{output} already holds packer splits ({', '.join(previous.splits)}); pass --overwrite "
                           "to replace them")
-    if not previous.complete and not resume:
+    if warn and not previous.complete and not resume:
         log.warning("discarding the unfinished splits in %s (pass --resume to keep the finished ones)", output)
     return previous
 

@@ -309,6 +309,9 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
     labels = read_labels_file(labels_file, known)
     names = sorted(set(labels.values()))
     if given is not None:
+        if names and all(n.isdigit() for n in names) and not set(names) <= set(given):
+            raise InputError(f"{labels_file} labels samples with class indices, but with --classes its labels must be "
+                             "class names of that map (an index would mean another class in each map)")
         classes = extend_class_map(given, names, add_classes, str(labels_file))
         index = {n: i for i, n in enumerate(classes)}
     elif all(n.isdigit() for n in names):

@@ -21,7 +21,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Callable, Optional, Sequence
 
 from packer.assemble import build_manifest, source_counts
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
@@ -106,11 +106,14 @@ def convert_node(
     progress: Optional[ProgressFn] = None,
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
     executor: Optional[Executor] = None,
+    classes: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
 ) -> NodeResult:
     """Write node ``node.rank``'s shards of the conversion of ``source`` into ``output``'s shared
     staging folder; ``merge(output)`` publishes the output once every node is done.
 
-    Arguments as for ``packer.convert``; ``--shard-size auto`` balances for ``node.nodes`` x
+    Arguments as for ``packer.convert`` (``classes``: the class map, so every node labels alike);
+    ``--shard-size auto`` balances for ``node.nodes`` x
     ``workers`` workers, so every node must be given the same ``workers`` (or an explicit shard
     size). ``on_plan`` gets this node's shards only. Errors leave the shared staging folder as it
     is (other nodes may be writing into it); running the node again continues it.
@@ -121,7 +124,7 @@ def convert_node(
     recorded = config_to_dict(config)
     if config_from_dict(recorded) != config:
         raise PackerError("this configuration cannot be recorded for packer merge; convert on one machine instead")
-    found = discover_checked(source, output, labels_file, overwrite, strict, config.text)
+    found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     plan_workers = executor.workers * node.nodes

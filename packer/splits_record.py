@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from packer.class_map import class_map_digest
-from packer.errors import ManifestError
+from packer.errors import ManifestError, OutputError
 
 SPLITS_NAME = "splits.json"
 SPLITS_VERSION = 1
@@ -23,11 +24,14 @@ SPLITS_VERSION = 1
 class SplitsRecord:
     """The content of ``splits.json``: the class map and the split outputs of one conversion.
 
-    ``splits`` maps each split's name (its folder) to ``{"samples", "manifest_sha256",
-    "fingerprint"}``, in the order they were written; ``manifest_sha256`` is None until that split is
-    finished. ``origin`` says how the splits were made (``{"kind": "folders"}`` or ``{"kind":
-    "random", "fractions": ..., "seed": ...}``); ``missing`` lists, per split, the classes of the map
-    it has no sample of.
+    ``splits`` maps each split's name (its folder) to ``{"samples", "manifest_sha256"}``, in the order
+    they were written; ``manifest_sha256`` is None until that split is finished. While the set is
+    unfinished, each entry also has the ``fingerprint`` that ``--resume`` compares, and ``workers``
+    the worker count its shard layout was planned for (the complete record keeps neither: equal
+    sources and options give an equal record). ``origin`` says how the splits were made
+    (``{"kind": "folders"}`` or ``{"kind": "random", "fractions": ..., "seed": ...}``); ``missing``
+    lists, per split, the classes of the map it has no sample of; ``unlabelled`` the split folders
+    that hold images without class folders (a test set without labels), which have no class map.
     """
 
     classes: Optional[list[str]]
@@ -35,6 +39,8 @@ class SplitsRecord:
     origin: dict
     missing: dict[str, list[str]] = field(default_factory=dict)
     complete: bool = False
+    workers: Optional[int] = None
+    unlabelled: list[str] = field(default_factory=list)
 
     @property
     def class_map_sha256(self) -> Optional[str]:
@@ -42,25 +48,60 @@ class SplitsRecord:
         return class_map_digest(self.classes)
 
     def to_dict(self) -> dict:
-        """JSON-ready form, keys in a fixed order."""
+        """JSON-ready form, keys in a fixed order; what only --resume needs is left out once complete."""
+        splits = {name: {k: v for k, v in entry.items() if not self.complete or k != "fingerprint"}
+                  for name, entry in self.splits.items()}
         return {"splits_version": SPLITS_VERSION, "complete": self.complete, "classes": self.classes,
-                "class_map_sha256": self.class_map_sha256, "origin": self.origin, "splits": self.splits,
-                "missing": self.missing}
+                "class_map_sha256": self.class_map_sha256, "origin": self.origin, "splits": splits,
+                "missing": self.missing, "unlabelled": self.unlabelled,
+                **({} if self.complete or self.workers is None else {"workers": self.workers})}
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "SplitsRecord":
-        """Parse and check ``splits.json``; ManifestError names ``where`` and what is wrong."""
+        """Parse and check ``splits.json``; ManifestError names ``where`` and what is wrong (a split name that
+        is not a plain folder name, an entry that is not a record, a damaged class map)."""
         try:
             if int(d["splits_version"]) > SPLITS_VERSION:
                 raise ManifestError(f"{where} was written by a newer packer (splits version {d['splits_version']}); "
                                     "upgrade packer to read it")
+            workers = d.get("workers")
             record = cls(d["classes"], dict(d["splits"]), dict(d["origin"]), dict(d.get("missing", {})),
-                         bool(d["complete"]))
+                         bool(d["complete"]), int(workers) if workers is not None else None,
+                         [str(n) for n in d.get("unlabelled", [])])
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer splits record (bad or missing entry: {e})") from None
+        for name, entry in record.splits.items():
+            problem = split_name_problem(name)
+            if problem or not isinstance(entry, dict) or not isinstance(entry.get("samples"), int):
+                raise ManifestError(f"{where}: split {name!r} is not a valid split ({problem or 'a bad entry'}); the "
+                                    "file is damaged")
+            digest = entry.get("manifest_sha256")
+            if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
+                raise ManifestError(f"{where}: split {name!r} has a bad manifest_sha256; the file is damaged")
+        if record.origin.get("kind") not in ("folders", "random") or (
+                record.origin["kind"] == "random" and not isinstance(record.origin.get("fractions"), dict)):
+            raise ManifestError(f"{where}: origin {record.origin!r} is not one packer writes; the file is damaged")
+        if record.classes is not None and (not isinstance(record.classes, list)
+                                           or not all(isinstance(c, str) for c in record.classes)):
+            raise ManifestError(f"{where}: classes must be a list of names; the file is damaged")
         if d.get("class_map_sha256") != record.class_map_sha256:
             raise ManifestError(f"{where}: the class map does not match its recorded digest; the file is damaged")
         return record
+
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""What a split's name may be: it names a folder inside the output."""
+
+RESERVED_NAMES = frozenset({"splits.json", "manifest.json", "report.txt"})
+
+
+def split_name_problem(name: object) -> Optional[str]:
+    """Why ``name`` cannot name a split (its folder in the output), or None."""
+    if not isinstance(name, str) or not SPLIT_NAME.fullmatch(name):
+        return "names are letters, digits, '.', '_' and '-', starting with a letter or digit"
+    if name.lower() in RESERVED_NAMES:
+        return f"{name} is the name of a file packer writes there"
+    return None
 
 
 def read_splits(folder: str | os.PathLike) -> SplitsRecord:
@@ -85,7 +126,7 @@ def check_split_member(root: str | os.PathLike, manifest_digest: Optional[str]) 
     """Refuse (ManifestError) to read ``root`` when it is a split of a set whose ``splits.json`` says the set
     is unfinished, or names another manifest for it (it was replaced on its own): its labels might not
     match the other splits'. A split moved out of its folder, or a folder that is no split, passes."""
-    root = Path(root)
+    root = Path(root).resolve()  # "." inside a split, or a link to one, is that split
     record_path = root.parent / SPLITS_NAME
     if not record_path.is_file():
         return
@@ -106,12 +147,21 @@ def write_splits(folder: Path, record: SplitsRecord) -> None:
     """Write ``splits.json`` atomically (a reader sees the old record or the new one)."""
     path = folder / SPLITS_NAME
     tmp = folder / f".{SPLITS_NAME}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record.to_dict(), f, indent=1, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record.to_dict(), f, indent=1, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a crash
+        finally:
+            os.close(directory)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def is_splits_folder(folder: str | os.PathLike) -> bool:
@@ -139,6 +189,6 @@ def splits_problems(folder: str | os.PathLike, record: SplitsRecord) -> list[str
             problems.append(f"split {name} was replaced after the splits were written (its manifest is not the one "
                             f"{SPLITS_NAME} records)")
         classes = read_manifest(folder / name).classes
-        if classes is not None and classes != record.classes:
+        if classes != (None if name in record.unlabelled else record.classes):
             problems.append(f"split {name} has another class map than {SPLITS_NAME} records")
     return problems

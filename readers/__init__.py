@@ -8,13 +8,12 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence, Union
-
-from torch.utils.data import ChainDataset, ConcatDataset, IterableDataset
+from typing import Union
 
 from packer.registry import FORMATS
-from readers.base import ReaderBase, check_same_classes
-from readers.collate import PackedBatch, packed_collate, pad_collate
+from readers.base import ReaderBase
+from readers.collate import PackedBatch, detection_collate, packed_collate, pad_collate
+from readers.combine import PackedChain, PackedConcat, check_same_classes, concat
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
@@ -40,21 +39,7 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     return FORMATS[manifest.format].reader_class()(root, **options)
 
 
-def concat(datasets: Sequence[ReaderBase]) -> Union[ConcatDataset, ChainDataset]:
-    """The datasets as one (torch's ConcatDataset; ChainDataset for wds streams), refused with ValueError
-    when their class maps differ: a label must mean the same class in every part."""
-    datasets = list(datasets)
-    if not datasets:
-        raise ValueError("concat needs at least one dataset")
-    check_same_classes(datasets)
-    if all(isinstance(d, IterableDataset) for d in datasets):
-        return ChainDataset(datasets)
-    if any(isinstance(d, IterableDataset) for d in datasets):
-        raise ValueError("concat cannot mix wds streams with map-style datasets; convert them to one kind")
-    return ConcatDataset(datasets)
-
-
-__all__ = ["open_dataset", "concat", "check_same_classes",
+__all__ = ["open_dataset", "concat", "check_same_classes", "PackedConcat", "PackedChain", "detection_collate",
            "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
            "PackedBatch", "packed_collate", "pad_collate",
            "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from packer.class_map import differences
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
@@ -25,6 +24,7 @@ from packer.sample_layout import SampleLayout
 from packer.splits_record import check_split_member
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
+from readers.combine import concat
 from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
@@ -168,22 +168,6 @@ def _pil(image: torch.Tensor) -> Any:
 
     hwc = image.permute(1, 2, 0).numpy()
     return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc, "L" if hwc.shape[2] == 1 else "RGB")
-
-
-def check_same_classes(datasets: Sequence["ReaderBase"]) -> None:
-    """ValueError unless every dataset has the same class map (or all are unlabelled), naming the first
-    pair that differs and how: combined, their labels would mean other classes."""
-    first = datasets[0]
-    for other in datasets[1:]:
-        if other.classes == first.classes:
-            continue
-        if first.classes is None or other.classes is None:
-            labelled, unlabelled = (first, other) if first.classes is not None else (other, first)
-            raise ValueError(f"{labelled.root} is labelled and {unlabelled.root} is not: they cannot be combined")
-        how = differences(first.classes, other.classes)
-        raise ValueError(f"{first.root} and {other.root} have different class maps ({how}), so one label means "
-                         f"another class in each; convert them with one class map (packer convert --classes "
-                         f"{first.root} ...)")
 
 
 class ReaderBase:
@@ -374,11 +358,9 @@ class ReaderBase:
         return self.manifest.class_map_sha256
 
     def __add__(self, other: Any) -> Any:
-        """``a + b`` as torch's (ConcatDataset, ChainDataset for streams), refused when the class maps differ:
-        the same label would mean another class in each part. See ``readers.concat`` for more than two."""
-        if isinstance(other, ReaderBase):
-            check_same_classes([self, other])
-        return super().__add__(other)  # type: ignore[misc]
+        """``a + b`` as torch's (a ConcatDataset; a ChainDataset for streams), refused with ValueError when
+        the class maps differ: the same label would mean another class in each part (``readers.concat``)."""
+        return concat([self, other])
 
     @property
     def class_to_idx(self) -> dict[str, int]:

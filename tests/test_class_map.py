@@ -99,3 +99,25 @@ def test_an_edited_class_map_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="does not match its recorded digest"):
         read_manifest(tmp_path / "out")
+
+
+def test_nodes_of_a_split_conversion_use_the_given_map(tmp_path):
+    make_tree(tmp_path / "src", {"cat": 1, "dog": 1, "emu": 1})
+    (tmp_path / "map.txt").write_text("emu\ndog\ncat\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(out), "--size", "12",
+                                      "-q", "--classes", str(tmp_path / "map.txt"), "--num-nodes", "1",
+                                      "--node-rank", "0"])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
+    ds = open_dataset(out, return_meta=True)
+    assert ds.classes == ["emu", "dog", "cat"]
+    assert {s[-1]["key"].split("/")[0]: s[1] for s in ds} == {"emu": 0, "dog": 1, "cat": 2}
+
+
+def test_class_indices_in_a_labels_file_are_refused_with_a_map(tmp_path):
+    make_tree(tmp_path / "src", {"x": 2})
+    (tmp_path / "labels.csv").write_text("x/img_000.png,0\nx/img_001.png,1\n")
+    with pytest.raises(InputError, match="class indices, but with --classes"):
+        convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE), workers=1,
+                labels_file=tmp_path / "labels.csv", classes=["cat", "dog"], add_classes=True)

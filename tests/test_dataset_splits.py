@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import FORMATS, make_tree
+from conftest import FORMATS, make_tree, write_image
 
 import packer.dataset_splits as dataset_splits
 from packer import ConvertConfig, PreprocessConfig
@@ -16,7 +16,7 @@ from packer.cli import cli
 from packer.config import ShardSize
 from packer.dataset_splits import convert_splits, parse_split_spec, split_counts, split_folders
 from packer.discover import discover
-from packer.errors import ConfigError, InputError, ManifestError, OutputError
+from packer.errors import ConfigError, DecodeError, InputError, ManifestError, OutputError
 from packer.splits_record import SPLITS_NAME, read_splits
 from readers import concat, open_dataset
 
@@ -80,12 +80,20 @@ def test_no_splits_keeps_split_named_folders_as_classes(split_tree, tmp_path):
     assert open_dataset(out).classes == ["train", "val"]
 
 
-def test_split_names_beside_other_folders_are_classes(tmp_path, caplog):
+def test_split_names_beside_other_folders_are_refused_not_guessed(tmp_path):
     make_tree(tmp_path / "src", {"train": 1, "zebra": 1})
-    assert split_folders(tmp_path / "src") is None
-    assert "taken as classes" in caplog.text
+    with pytest.raises(InputError, match="named like splits .*'train'.* beside other folders .*'zebra'.*--no-splits"):
+        split_folders(tmp_path / "src")
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q"])
+    assert result.exit_code == 1 and "--no-splits" in result.output and not (tmp_path / "o").exists()
+    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q",
+                                      "--no-splits"])
+    assert result.exit_code == 0 and open_dataset(tmp_path / "o").classes == ["train", "zebra"]
     make_tree(tmp_path / "two", {"Train": 1, "test": 1, "VAL": 1})
     assert split_folders(tmp_path / "two") == ["Train", "VAL", "test"]
+    make_tree(tmp_path / "cased", {"train": 1, "Train": 1})
+    with pytest.raises(InputError, match="differ only in case"):
+        split_folders(tmp_path / "cased")
 
 
 def test_a_random_split_is_stratified_seeded_and_exact_per_class(tmp_path):
@@ -225,3 +233,128 @@ def test_a_splits_output_inside_the_source_is_not_a_split_or_class(split_tree, t
     assert split_folders(split_tree) == ["train", "val"]  # the output is not a third folder
     found = discover(split_tree)
     assert "packed" not in (found.classes or [])
+
+
+def test_many_small_classes_still_give_each_split_its_share(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {f"c{i:02d}": 5 for i in range(20)}, size=(8, 8))
+    result = convert_splits(src, tmp_path / "out", ConvertConfig("npy", PRE), fractions=[("train", 0.9), ("val", 0.1)],
+                            workers=1)
+    assert {n: e["samples"] for n, e in result.record.splits.items()} == {"train": 90, "val": 10}
+
+
+def test_a_refused_overwrite_leaves_the_set_as_it_was(split_tree, tmp_path):
+    out = tmp_path / "out"
+    convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
+    before = (out / SPLITS_NAME).read_bytes()
+    (out / "val" / "notes.txt").write_text("mine")  # val is no longer only a packer output
+    with pytest.raises(OutputError, match="val is a non-empty folder"):
+        convert_splits(split_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
+    assert (out / SPLITS_NAME).read_bytes() == before
+    assert open_dataset(out / "train").manifest.format == "npy"  # untouched, still readable
+
+
+def test_strict_refuses_before_any_split_is_written(split_tree, tmp_path):
+    write_image(split_tree / "val" / "stray.png")  # not in a class folder: discovery skips it
+    with pytest.raises(DecodeError, match="stray.png"):
+        convert_splits(split_tree, tmp_path / "out", ConvertConfig("npy", PRE), workers=1, strict=True)
+    assert not (tmp_path / "out").exists()
+    (split_tree / "val" / "stray.png").unlink()
+    (split_tree / "val" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)  # found decoding
+    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "out"), "-q",
+                                      "--strict"])
+    assert result.exit_code == 1 and "unfinished" in result.output and "nothing written" not in result.output
+    with pytest.raises(ManifestError, match="unfinished"):
+        open_dataset(tmp_path / "out" / "train")
+
+
+def test_a_damaged_or_crafted_record_is_refused_and_deletes_nothing(split_tree, tmp_path):
+    out = tmp_path / "out"
+    convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
+    CliRunner().invoke(cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(tmp_path / "other"), "-q"])
+    good = json.loads((out / SPLITS_NAME).read_text())
+    for damage in ({"../other": {"samples": 1, "manifest_sha256": None}}, {"train": None},
+                   {"/abs": {"samples": 1}}, {"splits.json": {"samples": 1}}):
+        (out / SPLITS_NAME).write_text(json.dumps({**good, "complete": False, "splits": damage}))
+        with pytest.raises(ManifestError, match="damaged"):
+            read_splits(out)
+        with pytest.raises((ManifestError, OutputError)):
+            convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
+        assert (tmp_path / "other" / "manifest.json").is_file()
+    (out / SPLITS_NAME).write_text(json.dumps({**good, "origin": {"kind": "random"}}))
+    assert CliRunner().invoke(cli, ["info", str(out)]).exit_code == 1  # a message, not a KeyError
+
+
+def test_the_split_check_follows_links_and_the_current_folder(split_tree, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
+    data = json.loads((out / SPLITS_NAME).read_text())
+    (out / SPLITS_NAME).write_text(json.dumps({**data, "complete": False}))
+    (tmp_path / "link").symlink_to(out / "train")
+    with pytest.raises(ManifestError, match="unfinished"):
+        open_dataset(tmp_path / "link")
+    monkeypatch.chdir(out / "train")
+    with pytest.raises(ManifestError, match="unfinished"):
+        open_dataset(".")
+
+
+def test_chained_sums_and_concat_check_every_part(split_tree, tmp_path):
+    convert_splits(split_tree, tmp_path / "good", ConvertConfig("npy", PRE), workers=1)
+    CliRunner().invoke(cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(tmp_path / "alone"), "-q"])
+    s, b = open_dataset(tmp_path / "good" / "train"), open_dataset(tmp_path / "alone")
+    for attempt in (lambda: s + s + b, lambda: b + (s + s), lambda: concat([s + s, b])):
+        with pytest.raises(ValueError, match="different class maps"):
+            attempt()
+    both = s + open_dataset(tmp_path / "good" / "val")
+    assert len(both + s) == 20 and both.classes == ["a", "b", "c"]
+
+
+def test_an_unlabelled_split_beside_labelled_ones(tmp_path):
+    root = tmp_path / "ds"
+    make_tree(root / "train", {"a": 2, "b": 2}, size=(20, 16))
+    make_tree(root / "test" / "..", {"test": 3}, size=(20, 16))  # test/img_*.png: no class folders
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["convert", str(root), "-f", "npy", "-o", str(out), "--size", "12", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "test: unlabelled" in result.output
+    assert read_splits(out).unlabelled == ["test"] and open_dataset(out / "test").classes is None
+    info = CliRunner().invoke(cli, ["info", str(out)])
+    assert "DIFFER" not in info.output and "but test (unlabelled)" in info.output
+    verify = CliRunner().invoke(cli, ["verify", "-q", str(out)])
+    assert verify.exit_code == 0 and "(test unlabelled)" in verify.output
+
+
+def test_equal_sources_give_equal_records(split_tree, tmp_path):
+    import shutil
+
+    shutil.copytree(split_tree, tmp_path / "copy")
+    convert_splits(split_tree, tmp_path / "one", ConvertConfig("npy", PRE), workers=1)
+    convert_splits(tmp_path / "copy", tmp_path / "two", ConvertConfig("npy", PRE), workers=1)
+    assert (tmp_path / "one" / SPLITS_NAME).read_bytes() == (tmp_path / "two" / SPLITS_NAME).read_bytes()
+
+
+def test_an_interrupted_cli_run_says_what_is_kept(split_tree, tmp_path, monkeypatch):
+    real = dataset_splits.convert
+
+    def stop_at_val(source, target, *args, **kwargs):
+        if Path(target).name == "val":
+            raise KeyboardInterrupt
+        return real(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(dataset_splits, "convert", stop_at_val)
+    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 130
+    assert "finished: train" in result.output and "--resume" in result.output
+
+
+def test_reserved_split_names_are_refused():
+    for spec in ("splits.json=0.5,val=0.5", "manifest.json=0.5,val=0.5", "train=0.5,Train=0.5"):
+        with pytest.raises(ConfigError):
+            parse_split_spec(spec)
+
+
+def test_an_output_under_a_file_is_a_message(split_tree, tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "file" / "out"),
+                                      "-q"])
+    assert result.exit_code == 1 and "is not a folder" in result.output and "Traceback" not in result.output

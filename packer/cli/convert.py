@@ -24,7 +24,7 @@ from packer.config import (
     parse_shard_size,
 )
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
-from packer.errors import ConfigError, DecodeError, PackerError
+from packer.errors import ConfigError, DecodeError, InputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
 from packer.output import staging_dir
 from packer.pipeline import convert as run_convert
@@ -145,9 +145,14 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         fractions = parse_split_spec(split_spec) if split_spec is not None else None
         if add_classes and classes_from is None:
             raise ConfigError("--add-classes extends the class map of --classes; give --classes too")
-        if fractions is not None and no_splits:
-            raise ConfigError("--split and --no-splits contradict each other")
-        splits = fractions is not None or (not no_splits and labels_file is None and split_folders(source) is not None)
+        found_splits = None
+        if not no_splits and labels_file is None:
+            try:
+                found_splits = split_folders(source)
+            except InputError:
+                if fractions is None:
+                    raise  # with --split, a class folder named like a split is only a class
+        splits = fractions is not None or found_splits is not None
         if splits and detection is not None:
             raise ConfigError("--annotations with splits: convert each split on its own with its annotations "
                               "(split folders), or pass --no-splits")
@@ -157,11 +162,13 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         if splits and node is not None:
             raise ConfigError("--num-nodes converts one output; convert each split on its own, with the same "
                               "--classes")
-        if fractions is not None and split_folders(source) is not None:
-            raise ConfigError(f"{source} is already split into folders ({', '.join(split_folders(source) or [])}); "
-                              "leave out --split, or give one split's folder")
+        if fractions is not None and found_splits is not None:
+            raise ConfigError(f"{source} is already split into folders ({', '.join(found_splits)}); leave out "
+                              "--split, or give one split's folder")
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
     try:
         classes = read_class_map(classes_from) if classes_from is not None else None
     except PackerError as e:
@@ -197,7 +204,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                 elif node is not None:
                     result = convert_node(source, output, config, node, labels_file=labels_file, workers=workers,
                                           overwrite=overwrite, strict=strict, timeout=timeout, progress=on_progress,
-                                          on_plan=on_plan)
+                                          on_plan=on_plan, classes=classes, add_classes=add_classes)
                 else:
                     result = run_convert(source, output, config, labels_file=labels_file, workers=workers,
                                          overwrite=overwrite, strict=strict, resume=resume, timeout=timeout,
@@ -205,13 +212,22 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                                          classes=classes, add_classes=add_classes)
         except KeyboardInterrupt:
             _close(bars)
-            stage = staging_dir(output / names[-1]) if names else staging_dir(output)
             again = "the same command again" if node is not None else "the same command with --resume"
+            if splits:
+                done = names[:-1]
+                click.echo(f"packer: interrupted; the splits in {output} are unfinished (readers refuse them)"
+                           + (f"; finished: {', '.join(done)}" if done else "")
+                           + f". Run {again} to continue.", err=True)
+                sys.exit(130)
+            stage = staging_dir(output)
             kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
             click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
             sys.exit(130)
         except DecodeError as e:
             _close(bars)
+            if splits and names:
+                raise click.ClickException(f"stopped at the first bad file (--strict): {e}; the splits in {output} "
+                                           "are unfinished (readers refuse them)") from None
             raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
         except PackerError as e:
             _close(bars)

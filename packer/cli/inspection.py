@@ -39,7 +39,7 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
                     return
                 click.echo(describe_splits(output, record))
                 maps += [(str(output / name), read_manifest(output / name).classes) for name in record.splits
-                         if (output / name / MANIFEST_NAME).is_file()]
+                         if (output / name / MANIFEST_NAME).is_file() and name not in record.unlabelled]
                 continue
             m = read_manifest(output)
             if as_json:
@@ -104,5 +104,7 @@ def _verify_splits(output: Path, quiet: bool) -> None:
         for p in problems:
             click.echo(f"  {p}", err=True)
         raise click.ClickException(f"{output}: {len(problems)} problem(s) found; convert the splits again")
+    maps = "unlabelled" if record.classes is None else "one class map" + (
+        f" ({', '.join(record.unlabelled)} unlabelled)" if record.unlabelled else "")
     click.echo(f"packer: {output} is intact: {len(record.splits)} splits ({', '.join(record.splits)}), {total} "
-               "samples verified, one class map")
+               f"samples verified, {maps}")

@@ -43,6 +43,8 @@ def splits_summary(result: SplitsResult) -> None:
     counts = ", ".join(f"{name} {entry['samples']}" for name, entry in record.splits.items())
     classes = (f"one class map of {len(record.classes)} classes (sha256 {record.class_map_sha256[:12]})"
                if record.classes is not None and record.class_map_sha256 else "unlabelled")
+    if record.unlabelled:
+        classes += f" ({', '.join(record.unlabelled)}: unlabelled, no class folders)"
     click.echo(f"packer: {how}: {counts} samples into {result.output}, {classes}, in {result.seconds:.1f} s")
     for line in describe_missing(record):
         click.echo(f"  {line} (their indices are kept)")
@@ -180,8 +182,9 @@ def describe_splits(output: Path, record: SplitsRecord) -> str:
     lines = [f"{output}: packer splits ({how}){'' if record.complete else ', UNFINISHED (run again with --resume)'}"]
     if record.classes is not None and record.class_map_sha256:
         shown = ", ".join(record.classes[:20]) + (" ..." if len(record.classes) > 20 else "")
+        every = "every split" + (f" but {', '.join(record.unlabelled)} (unlabelled)" if record.unlabelled else "")
         lines.append(f"  classes   {len(record.classes)} (map sha256 {record.class_map_sha256[:12]}), one map for "
-                     f"every split: {shown}")
+                     f"{every}: {shown}")
     else:
         lines.append("  classes   none (unlabelled)")
     for name, entry in record.splits.items():

@@ -204,6 +204,27 @@ BOX_COORDS = ("auto", "stored", "displayed")
 
 
 @dataclass(frozen=True)
+class MaskConfig:
+    """``--masks DIR``: a class-index PNG per image (the same relative path, ``.png``), carried through
+    the image's geometry with nearest-neighbour resampling; ``ignore_index`` fills padding; ``coords``
+    as ``DetectionConfig.coords`` (which grid an EXIF-turned image's mask is drawn on)."""
+
+    folder: str
+    ignore_index: int = 255
+    coords: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ignore_index <= 255:
+            raise ConfigError(f"--mask-ignore must be 0..255 (masks are 8-bit), not {self.ignore_index}")
+        _choice("box-coords", self.coords, BOX_COORDS)
+
+    @property
+    def source_name(self) -> str:
+        """The masks folder's name, as the manifest records it (no absolute paths in an output)."""
+        return self.folder.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
 class DetectionConfig:
     """``--annotations PATH`` (``format`` found from the content unless given) and the crop rule."""
 
@@ -238,9 +259,14 @@ class ConvertConfig:
     text: TextConfig = field(default_factory=TextConfig)
     detection: Optional[DetectionConfig] = None
     """Detection annotations to carry through the geometry into each sample's ``target`` (``packer.detection``)."""
+    masks: Optional[MaskConfig] = None
+    """Segmentation masks to carry through the geometry into each sample's ``mask`` (``packer.segmentation``)."""
 
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats
+        if self.detection is not None and self.masks is not None:
+            raise ConfigError("--annotations and --masks together are not supported yet: convert the boxes and the "
+                              "masks into two outputs")
         if self.shuffle is not None and self.shuffle < 0:
             raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
         if self.codec.encoded and self.preprocess.dtype != "uint8":

@@ -100,7 +100,8 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
     extra = {name: [values[i] for i in kept] for name, values in optional if values is not None}
     if "area" in extra:  # COCO's area is of the source's pixels: scaled with the box, cut as much as the box was
         sx, sy = geometry.scale
-        extra["area"] = [_short(a * sx * sy * share) for a, share in zip(extra["area"], mapped.share)]
+        scaled = np.asarray(extra["area"], np.float64) * (sx * sy) * mapped.share
+        extra["area"] = scaled.astype(np.float32).tolist()
     labels = [record.labels[i] for i in kept]
     return _encode(mapped.boxes, labels, extra, geometry), len(kept), len(record.boxes) - len(kept)
 
@@ -124,16 +125,10 @@ def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str =
 
 
 def _encode(boxes: np.ndarray, labels: list[int], extra: dict, geometry: Geometry) -> bytes:
-    """The stored target: float32 values written as the shortest decimals that read back to the same float32."""
-    target = {"boxes": [[_short(v) for v in box] for box in np.asarray(boxes, np.float32)], "labels": labels,
+    """The stored target: the float32 values written exactly (as the decimals of their float64 value)."""
+    target = {"boxes": np.asarray(boxes, np.float32).tolist(), "labels": labels,
               **extra, "geometry": geometry.to_dict()}
     return json.dumps(target, separators=(",", ":")).encode("utf-8")
-
-
-def _short(value: float) -> float:
-    """``value`` as a float32, as the shortest decimal that reads back to that float32 (10.4, not
-    10.399999618530273): JSON readers get floats that round-trip to the stored boxes exactly."""
-    return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
 def annotations_digest(targets: dict[int, Optional[ImageBoxes]], config: DetectionConfig) -> str:

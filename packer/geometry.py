@@ -12,7 +12,7 @@ bottom-right corner of the last one, as COCO's and VOC's boxes are.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,7 +41,9 @@ class Geometry:
 
     def to_dict(self) -> dict:
         """JSON-ready form (what readers return as a sample's geometry)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return {"stored_size": list(self.stored_size), "orientation": self.orientation,
+                "original_size": list(self.original_size), "scale": list(self.scale), "offset": list(self.offset),
+                "size": list(self.size), "content": list(self.content)}
 
 
 def image_geometry(stored_size: tuple[int, int], orientation: int, cfg: PreprocessConfig) -> Geometry:
@@ -91,22 +93,32 @@ def _resize(w: int, h: int, cfg: PreprocessConfig) -> tuple[float, float, float,
 def orient_boxes(boxes: np.ndarray, stored_size: tuple[int, int], orientation: int) -> np.ndarray:
     """XYXY ``boxes`` on the stored pixel grid of ``stored_size`` (width, height), turned as the EXIF
     ``orientation`` turns the pixels (``packer.jpeg.upright``): boxes on the displayed image."""
-    if orientation == 1 or len(boxes) == 0:
-        return boxes
-    w, h = stored_size
-    x0, y0, x1, y1 = boxes.T
-    xs, ys = _orient_points(np.stack([x0, x1, x0, x1]), np.stack([y0, y0, y1, y1]), w, h, orientation)
-    return np.stack([xs.min(0), ys.min(0), xs.max(0), ys.max(0)], axis=1).astype(boxes.dtype)
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.array([orient_box(tuple(b), stored_size, orientation) for b in boxes.tolist()],
+                    np.float64).reshape(-1, 4)
 
 
-def _orient_points(x: np.ndarray, y: np.ndarray, w: float, h: float, orientation: int) -> tuple[np.ndarray, np.ndarray]:
-    """Where the stored points ``(x, y)`` of a ``w`` x ``h`` image are displayed under ``orientation``:
-    2 mirrors left-right, 3 turns 180 degrees, 4 mirrors top-bottom, 5 transposes, 6 turns 90
-    degrees clockwise, 7 transverses, 8 turns 90 degrees counter-clockwise (EXIF's meanings)."""
-    return {
-        2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y), 5: (y, x),
-        6: (h - y, x), 7: (h - y, w - x), 8: (y, w - x),
-    }.get(orientation, (x, y))
+def orient_box(box: tuple[float, float, float, float], stored_size: tuple[int, int], orientation: int
+               ) -> tuple[float, float, float, float]:
+    """One XYXY box of the stored grid on the displayed image (see ``orient_boxes``): 2 mirrors
+    left-right, 3 turns 180 degrees, 4 mirrors top-bottom, 5 transposes, 6 turns 90 degrees
+    clockwise, 7 transverses, 8 turns 90 degrees counter-clockwise (EXIF's meanings)."""
+    (x0, y0, x1, y1), (w, h) = box, stored_size
+    if orientation == 2:
+        return (w - x1, y0, w - x0, y1)
+    if orientation == 3:
+        return (w - x1, h - y1, w - x0, h - y0)
+    if orientation == 4:
+        return (x0, h - y1, x1, h - y0)
+    if orientation == 5:
+        return (y0, x0, y1, x1)
+    if orientation == 6:
+        return (h - y1, x0, h - y0, x1)
+    if orientation == 7:
+        return (h - y1, w - x1, h - y0, w - x0)
+    if orientation == 8:
+        return (y0, w - x1, y1, w - x0)
+    return (x0, y0, x1, y1)
 
 
 @dataclass(frozen=True)
@@ -120,25 +132,24 @@ class MappedBoxes:
     share: np.ndarray
 
 
-def map_boxes(boxes: np.ndarray, geometry: Geometry, displayed: bool, min_visibility: float) -> MappedBoxes:
-    """XYXY ``boxes`` of one source image carried through its ``geometry``: turned by the orientation
-    unless they are already on the ``displayed`` image, scaled and offset, clipped to the part of the
-    output that holds the picture. A box is dropped when less than ``min_visibility`` of its area (in
-    the output) is left, or nothing at all (a box with no area is kept only if it lies inside)."""
-    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
-    if not displayed:
-        boxes = orient_boxes(boxes, geometry.stored_size, geometry.orientation)
+def map_boxes(boxes, geometry: Geometry, displayed: bool, min_visibility: float) -> MappedBoxes:
+    """XYXY ``boxes`` of one source image (each of positive area) carried through its ``geometry``: turned
+    by the orientation unless they are already on the ``displayed`` image, scaled and offset, clipped
+    to the part of the output that holds the picture. A box is dropped when nothing of it is left, or
+    less than ``min_visibility`` of its area. (Plain Python: an image has a few boxes, for which numpy's
+    per-call cost is most of the time.)"""
     (sx, sy), (ox, oy) = geometry.scale, geometry.offset
-    placed = boxes * np.array([sx, sy, sx, sy]) + np.array([ox, oy, ox, oy])
     left, top, right, bottom = geometry.content
-    clipped = np.stack([np.clip(placed[:, 0], left, right), np.clip(placed[:, 1], top, bottom),
-                        np.clip(placed[:, 2], left, right), np.clip(placed[:, 3], top, bottom)], axis=1)
-    area = (placed[:, 2] - placed[:, 0]) * (placed[:, 3] - placed[:, 1])
-    left_area = (clipped[:, 2] - clipped[:, 0]) * (clipped[:, 3] - clipped[:, 1])
-    inside = (placed[:, 0] >= left) & (placed[:, 1] >= top) & (placed[:, 2] <= right) & (placed[:, 3] <= bottom)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(area > 0, left_area / np.where(area > 0, area, 1), inside.astype(np.float64))
-    keep = (share >= min_visibility) & (share > 0) if min_visibility > 0 else (share > 0) | inside
-    kept = np.flatnonzero(keep)
-    return MappedBoxes(clipped[kept].astype(np.float32), kept, np.minimum(share[kept], 1.0))
-
+    out, kept, shares = [], [], []
+    for i, box in enumerate(np.asarray(boxes, np.float64).reshape(-1, 4).tolist()):
+        x0, y0, x1, y1 = box if displayed else orient_box(tuple(box), geometry.stored_size, geometry.orientation)
+        x0, y0, x1, y1 = x0 * sx + ox, y0 * sy + oy, x1 * sx + ox, y1 * sy + oy
+        area = (x1 - x0) * (y1 - y0)
+        cx0, cy0 = min(max(x0, left), right), min(max(y0, top), bottom)
+        cx1, cy1 = min(max(x1, left), right), min(max(y1, top), bottom)
+        share = min(1.0, (cx1 - cx0) * (cy1 - cy0) / area) if area > 0 else 0.0
+        if share > 0 and share >= min_visibility:
+            out.append((cx0, cy0, cx1, cy1))
+            kept.append(i)
+            shares.append(share)
+    return MappedBoxes(np.array(out, np.float32).reshape(-1, 4), np.array(kept, np.int64), np.array(shares))

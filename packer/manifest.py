@@ -31,7 +31,7 @@ MANIFEST_VERSION = 1
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 """What a shard file name may be made of."""
 
-TEXT_FIELD_NAMES = ("text", "json", "target")
+TEXT_FIELD_NAMES = ("text", "json", "target", "mask")
 """Names of the variable-length fields a manifest may list besides image, label and key."""
 
 
@@ -264,7 +264,7 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
             raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
                                 f"{m.format_version}; the manifest is damaged")
         if (not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json")
-                or (f["kind"] == "detection") != (name == "target")):
+                or (f["kind"] == "detection") != (name == "target") or (f["kind"] == "mask") != (name == "mask")):
             raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
                                 f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
 

@@ -42,10 +42,11 @@ from packer.registry import get_format
 from packer.report import REPORT_NAME, reason_kind, write_report
 from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_fingerprint, unchanged_sources
 from packer.sample_layout import SampleLayout
+from packer.segmentation import mask_job, match_masks
 from packer.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from packer.system import usable_cpus
 from packer.text import TextConfig
-from packer.worker import ShardJob
+from packer.worker import ShardJob, source_stamp
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,13 @@ def convert(
                              f"{', '.join(found.fields)}; pass --fields image")
         matched = match_targets(found, config.detection)
         found = checked(matched.found, strict, config.text)
+    masks = None
+    if config.masks is not None:
+        if found.fields != ("image",):
+            raise InputError(f"--masks pairs masks with images, but the samples of {source} have the fields "
+                             f"{', '.join(found.fields)}; pass --fields image")
+        found, masks = match_masks(found, config.masks)
+        found = checked(found, strict, config.text)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
@@ -124,7 +132,7 @@ def convert(
     try:
         recover(output)
         result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor,
-                                 matched)
+                                 matched, masks)
     finally:
         release_output(output, lock)
     result.seconds = time.perf_counter() - started
@@ -186,9 +194,10 @@ def _convert_locked(
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
     executor: Executor,
     matched: Optional[Matched] = None,
+    masks: Optional[dict[int, str]] = None,
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock (``matched``: the
-    annotations of a detection output)."""
+    annotations of a detection output; ``masks``: each item's mask file)."""
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
@@ -199,7 +208,7 @@ def _convert_locked(
     if previous is not None:
         per_shard = previous.get("sources") == SOURCES_PER_SHARD
         if previous.get("fingerprint") != plan_fingerprint(config, tasks, run.strict, stamps=not per_shard,
-                                                           extra=_targets_digest(matched, config)):
+                                                           extra=_targets_digest(matched, config, masks)):
             raise OutputError(
                 f"the source files or options changed since the interrupted run in {stage}; "
                 "run without --resume to start over"
@@ -217,13 +226,14 @@ def _convert_locked(
         except OSError as e:
             raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
         write_plan(stage, {"fingerprint": plan_fingerprint(config, tasks, run.strict,
-                                                           extra=_targets_digest(matched, config)),
+                                                           extra=_targets_digest(matched, config, masks)),
                            "workers": plan_workers, "sources": SOURCES_PER_SHARD})
     if on_plan is not None:
         on_plan(found, tasks)
     try:
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text,
-                         detection=_detection_job(matched, config, t)) for i, t in enumerate(tasks)]
+                         detection=_detection_job(matched, config, t),
+                         segmentation=mask_job(masks, config.masks, t.items)) for i, t in enumerate(tasks)]
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = [by_name[t.name] for t in tasks]
@@ -257,8 +267,10 @@ def _detection_job(matched: Optional[Matched], config: ConvertConfig, task: Shar
                         config.detection.coords)
 
 
-def _targets_digest(matched: Optional[Matched], config: ConvertConfig) -> str:
-    """What --resume compares of the annotations ("" without)."""
+def _targets_digest(matched: Optional[Matched], config: ConvertConfig, masks: Optional[dict[int, str]] = None) -> str:
+    """What --resume compares of the annotations or masks ("" without): the masks' stamps, like the images'."""
+    if masks is not None:
+        return "".join(f"\0{i}\0{masks[i]}\0{source_stamp(masks[i])}" for i in sorted(masks))
     if matched is None or config.detection is None:
         return ""
     return annotations_digest(matched.targets, config.detection)

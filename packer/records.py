@@ -91,9 +91,10 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-TEXT_KINDS = ("text", "tokens", "json", "detection")
+TEXT_KINDS = ("text", "tokens", "json", "detection", "mask")
 """What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON, a
-detection target as UTF-8 JSON (``packer.detection``)."""
+detection target as UTF-8 JSON (``packer.detection``), a segmentation mask as a grayscale PNG of
+class indices (``packer.segmentation``)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class TextField:
     tokenizer: Optional[dict] = None
     encoding: str = "utf-8"
     allow_missing: bool = False
+    info: Optional[dict] = None
+    """A mask field's record: ``ignore_index`` (the value of padding) and ``source`` (the masks folder)."""
 
     @property
     def itemsize(self) -> int:
@@ -120,6 +123,9 @@ class TextField:
         if self.kind == "tokens":
             return {"kind": "tokens", "dtype": "int32", "shape": [None], "length_unit": "tokens",
                     "tokenizer": self.tokenizer, **source}
+        if self.kind == "mask":
+            return {"kind": "mask", "dtype": "uint8", "encoding": "png", "shape": [None, None],
+                    "values": "class indices (palette indices kept)", **(self.info or {})}
         if self.kind == "detection":
             return {"kind": "detection", "dtype": "str", "encoding": "utf-8", "shape": [], "length_unit": "bytes",
                     "boxes": "XYXY float32 pixels of the stored image", "labels": "indices into annotations.categories"}
@@ -129,8 +135,9 @@ class TextField:
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "TextField":
         """Inverse of ``to_dict``."""
+        info = {k: d[k] for k in ("ignore_index", "source") if k in d} if d.get("kind") == "mask" else None
         return cls(name, d["kind"], d.get("tokenizer"), d.get("source_encoding", "utf-8"),
-                   d.get("missing") == "stored empty")
+                   d.get("missing") == "stored empty", info)
 
 
 @dataclass

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 from packer.errors import ConfigError
-from packer.sample_layout import DETECTION_TARGETS, ENCODED_IMAGES, NO_IMAGE, TEXT_FIELDS, VARIABLE_RAW, SampleLayout
+from packer.sample_layout import (
+    DETECTION_TARGETS,
+    ENCODED_IMAGES,
+    NO_IMAGE,
+    SEGMENTATION_MASKS,
+    TEXT_FIELDS,
+    VARIABLE_RAW,
+    SampleLayout,
+)
 from packer.shard_names import HDF5_FLAT_KEYS_SINCE
 
 if TYPE_CHECKING:
@@ -35,10 +43,11 @@ hdf5) raw images of varying sizes."""
 
 DETECTION_SINCE = 5
 """The format version that added detection targets (the ``target`` field, ``annotations`` in the
-manifest): older packers refuse such outputs instead of reading their images without the boxes."""
+manifest) and segmentation masks (the ``mask`` field): older packers refuse such outputs instead of
+reading their images without the boxes or masks."""
 
 _COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
-           DETECTION_TARGETS: DETECTION_SINCE}
+           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE}
 
 
 @dataclass(frozen=True)

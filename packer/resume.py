@@ -43,6 +43,8 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
     if config.detection is not None:  # absent otherwise, so that other fingerprints stay as they were
         options["detection"] = {**asdict(config.detection), "path": None, "targets": extra}
+    if config.masks is not None:
+        options["masks"] = {**asdict(config.masks), "folder": None, "files": extra}
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())

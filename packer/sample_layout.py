@@ -73,6 +73,7 @@ TEXT_FIELDS = "text fields"
 NO_IMAGE = "samples without an image"
 VARIABLE_RAW = "raw images of varying sizes"
 DETECTION_TARGETS = "detection targets"
+SEGMENTATION_MASKS = "segmentation masks"
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ class SampleLayout:
             found.add(TEXT_FIELDS)
         if any(f.kind == "detection" for f in self.text):
             found.add(DETECTION_TARGETS)
+        if any(f.kind == "mask" for f in self.text):
+            found.add(SEGMENTATION_MASKS)
         return frozenset(found)
 
     def fields(self) -> dict[str, dict]:
@@ -168,6 +171,10 @@ class SampleLayout:
                 extra.append(TextField(name, name, None, text.encoding, text.allow_missing))
         if getattr(config, "detection", None) is not None:
             extra.append(TextField("target", "detection"))
+        masks = getattr(config, "masks", None)
+        if masks is not None:
+            extra.append(TextField("mask", "mask", info={"ignore_index": masks.ignore_index,
+                                                         "source": masks.source_name}))
         if "image" not in fields:
             return cls.without_image(tuple(extra), pre.mode)
         codec = config.codec if config.codec.name == "jpeg" else ImageCodec(config.codec.name)  # quality: jpeg's

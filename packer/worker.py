@@ -30,6 +30,7 @@ from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
+from packer.segmentation import MASK_FIELD, SegmentationJob, mask_bytes
 from packer.system import release_stop_signals
 from packer.text import TextConfig
 
@@ -75,6 +76,8 @@ class ShardJob:
     text: TextConfig = field(default_factory=TextConfig)
     detection: Optional[DetectionJob] = None
     """Detection outputs: each item's annotations and the crop rule (``packer.detection``)."""
+    segmentation: Optional[SegmentationJob] = None
+    """Segmentation outputs: each item's mask file (``packer.segmentation``)."""
 
 
 def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
@@ -305,6 +308,10 @@ def write_shard(
                 sample, digest, decoded = read_sample(item, job, st, data)
                 if job.detection is not None:
                     sample.fields[TARGET_FIELD], kept, dropped = detection_target(item, job, decoded)
+                if job.segmentation is not None:
+                    seg = job.segmentation
+                    sample.fields[MASK_FIELD] = mask_bytes(seg.masks[item.index], decoded, job.preprocess,
+                                                           seg.ignore_index, seg.coords, item.relpath)
             except DecodeError as e:
                 if job.strict:
                     raise DecodeError(item.relpath, e.reason) from None

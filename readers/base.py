@@ -8,6 +8,7 @@ Map-style readers share ``readers.mapstyle.PackedDataset``; tensors come from ``
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+from PIL import Image
 
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
@@ -88,7 +90,8 @@ def build_sample(image: Any, label: int, transform: Optional[Transform], meta: O
     or the text of a text-only output), ``target_transform`` to the label (torchvision's
     ``target_transform``); ``meta["label"]`` keeps the stored label. A ``detection`` output's
     samples are ``(image, target[, meta])`` as torchvision's detection datasets give them, the
-    ``target_transform`` applied to the target dict."""
+    ``target_transform`` applied to the target dict; a segmentation output's ``(image, mask[, meta])``
+    likewise, the mask an int64 (H, W) tensor."""
     if transform is not None:
         image = transform(image)
     if detection:
@@ -104,12 +107,20 @@ def decode_field(field: TextField, data) -> Any:
     the parsed object for json (None for a json field stored empty by --allow-missing)."""
     if field.kind == "tokens":
         return torch.from_numpy(np.frombuffer(data, dtype=TOKEN_DTYPE).astype(np.int64))
+    if field.kind == "mask":
+        return mask_tensor(data)
     text = bytes(data).decode("utf-8")
     if field.kind == "json":
         return json.loads(text) if text else None
     if field.kind == "detection":
         return detection_target(json.loads(text))
     return text
+
+
+def mask_tensor(data) -> torch.Tensor:
+    """A stored segmentation mask (a grayscale PNG of class indices) as an int64 (H, W) tensor."""
+    with Image.open(io.BytesIO(bytes(data))) as img:
+        return torch.from_numpy(np.asarray(img, dtype=np.uint8).astype(np.int64))
 
 
 def detection_target(stored: dict) -> dict:
@@ -229,7 +240,8 @@ class ReaderBase:
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
-        self.detection = any(f.kind == "detection" for f in self.text_fields)
+        self.detection = any(f.kind in ("detection", "mask") for f in self.text_fields)
+        """True for outputs whose samples are ``(image, target)``: detection boxes or a segmentation mask."""
 
     @property
     def transform(self) -> Optional[Transform]:
@@ -349,7 +361,13 @@ class ReaderBase:
     @property
     def categories(self) -> Optional[list[str]]:
         """A detection output's category names, which ``target["labels"]`` index; None for other outputs."""
-        return list(self.manifest.annotations["categories"]) if self.detection and self.manifest.annotations else None
+        return list(self.manifest.annotations["categories"]) if self.manifest.annotations else None
+
+    @property
+    def ignore_index(self) -> Optional[int]:
+        """A segmentation output's ignore index (the value of padding in the masks); None for other outputs."""
+        mask = next((f for f in self.text_fields if f.kind == "mask"), None)
+        return int((mask.info or {}).get("ignore_index", 255)) if mask is not None else None
 
     @property
     def class_map_sha256(self) -> Optional[str]:

@@ -250,7 +250,8 @@ def pad_collate(
 def detection_collate(samples: Sequence[Any]) -> Any:
     """Batch detection samples ``(image, target[, meta])`` as torchvision's detection models take them:
     ``(images, targets[, metas])``, the images stacked (B, C, H, W) when they share a size (else a
-    list of tensors, which the models take too), the targets a list of dicts."""
+    list of tensors, which the models take too), the targets a list of dicts. Segmentation samples
+    ``(image, mask)`` alike, the masks stacked (B, H, W) when they share a size."""
     if isinstance(samples, Numbered):
         return Numbered(samples.number, detection_collate(samples.batch))
     if len(samples) == 0:
@@ -258,7 +259,8 @@ def detection_collate(samples: Sequence[Any]) -> Any:
     images = [s[0] for s in samples]
     targets = [s[1] for s in samples]
     same = all(torch.is_tensor(i) and i.shape == images[0].shape for i in images)
-    batch = (torch.stack(images) if same else images, targets)
+    masks = all(torch.is_tensor(t) and t.shape == targets[0].shape for t in targets)
+    batch = (torch.stack(images) if same else images, torch.stack(targets) if masks else targets)
     return batch if len(samples[0]) < 3 else (*batch, [s[2] for s in samples])
 
 

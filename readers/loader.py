@@ -216,7 +216,11 @@ class PackedLoader:
         if self.device is not None:
             move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
             images = move(images) if torch.is_tensor(images) else [move(i) for i in images]
-            targets = [{k: move(v) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets]
+            if torch.is_tensor(targets):  # stacked masks
+                targets = move(targets)
+            else:
+                targets = [move(t) if torch.is_tensor(t) else {k: move(v) if torch.is_tensor(v) else v
+                                                               for k, v in t.items()} for t in targets]
         if self.normalize is not None:
             images = self.normalize(images) if torch.is_tensor(images) else [self.normalize(i[None])[0] for i in images]
         return (images, targets, *rest)

@@ -3,6 +3,7 @@
     python scripts/bench.py                       # 3,000 generated ImageNet-like JPEGs, 2 workers
     python scripts/bench.py --peers               # also WebDataset, LitData, MosaicML Streaming
     python scripts/bench.py --src ~/images --formats npy,lmdb --codecs raw,jpeg --out results/
+    python scripts/bench.py --detection-check     # conversion with COCO boxes against the same images without
 
 For each format and codec: conversion images/s (ratio to the bare decode+resize floor), output
 bytes, peak memory of the converter (largest process), and read samples/s of shuffled batches of
@@ -169,11 +170,15 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int) -> dict:
-    """Run one conversion in a fresh process (imports not timed); its seconds and output bytes."""
+def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int,
+                       annotations: Optional[Path] = None) -> dict:
+    """Run one conversion in a fresh process (imports not timed); its seconds and output bytes
+    (``annotations``: a COCO file whose boxes the conversion carries, packer.detection)."""
+    detection = f"DetectionConfig({str(annotations)!r}, coords='stored')" if annotations else "None"
     code = (
-        "import sys, time, json; from packer import ConvertConfig, convert; from packer.config import ImageCodec; "
-        f"cfg = ConvertConfig({fmt!r}, codec=ImageCodec({codec!r})); "
+        "import sys, time, json; from packer import ConvertConfig, convert; "
+        "from packer.config import DetectionConfig, ImageCodec; "
+        f"cfg = ConvertConfig({fmt!r}, codec=ImageCodec({codec!r}), detection={detection}); "
         "t = time.perf_counter(); r = convert(sys.argv[1], sys.argv[2], cfg, workers=int(sys.argv[3])); "
         "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.manifest.samples}))"
     )
@@ -292,6 +297,41 @@ def draft_check(count: int = 12) -> None:
               f"{diff.max()} (0..255 levels)", flush=True)
 
 
+def write_boxes(src: Path, path: Path, per_image: int = 6, seed: int = 0) -> int:
+    """A COCO instances file for the images under ``src``: ``per_image`` random boxes on each, in 20
+    categories, on the stored pixel grid. Returns the number of boxes."""
+    rng = np.random.default_rng(seed)
+    images, annotations = [], []
+    for i, item in enumerate(discover(src).items):
+        with Image.open(item.path) as img:
+            w, h = img.size
+        images.append({"id": i, "file_name": item.relpath, "width": w, "height": h})
+        for _ in range(per_image):
+            bw, bh = rng.uniform(0.05, 0.5) * w, rng.uniform(0.05, 0.5) * h
+            x, y = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
+            annotations.append({"id": len(annotations), "image_id": i, "category_id": int(rng.integers(20)),
+                                "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})
+    categories = [{"id": k, "name": f"class{k:02d}"} for k in range(20)]
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return len(annotations)
+
+
+def detection_check(src: Path, work: Path, workers: int, repeat: int, fmt: str = "npy") -> None:
+    """Conversion of ``src`` with COCO boxes (``write_boxes``) against the same images without, in
+    alternating pairs (ratios between neighbours; the median kept): what carrying boxes costs."""
+    boxes = write_boxes(src, work / "boxes.json")
+    plain, boxed = [], []
+    for _ in range(repeat):
+        plain.append(convert_subprocess(src, work / "plain", fmt, "raw", workers)["seconds"])
+        boxed.append(convert_subprocess(src, work / "boxed", fmt, "raw", workers, work / "boxes.json")["seconds"])
+    ratios = [p / b for p, b in zip(plain, boxed)]
+    n = len(discover(src).items)
+    print(f"detection check, {n} images, {boxes} COCO boxes, {fmt}, {workers} workers: with boxes "
+          f"{n / float(np.median(boxed)):.0f} images/s, without {n / float(np.median(plain)):.0f} images/s; speed with "
+          f"boxes / without: median {float(np.median(ratios)):.1%} (pairs {', '.join(f'{r:.1%}' for r in ratios)})",
+          flush=True)
+
+
 def memory_check(root: Path, workers: int) -> None:
     """Peak PSS (all processes) of one epoch through make_loader with ``workers`` workers, reading an
     output from its files and with ``in_memory=True`` (one shared copy, not one per worker)."""
@@ -320,6 +360,8 @@ def main() -> None:
                         help="only measure the memory of reading OUT with and without in_memory=True, then exit")
     parser.add_argument("--draft-check", action="store_true",
                         help="only measure reduced JPEG decoding against a full decode, then exit")
+    parser.add_argument("--detection-check", action="store_true",
+                        help="only measure conversion with COCO boxes against the same images without, then exit")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
     args = parser.parse_args()
@@ -335,6 +377,9 @@ def main() -> None:
         shutil.rmtree(src, ignore_errors=True)
         print(f"generating {args.images} JPEGs in {src}", flush=True)
         make_images(src, args.images)
+    if args.detection_check:
+        detection_check(src, args.work, args.workers, max(args.repeat, 5))
+        return
     listing = discover(src)
     items = [(i.path, max(i.label, 0)) for i in listing.items]
     n, w = len(items), args.workers

@@ -21,6 +21,7 @@ from packer.config import (
     ConvertConfig,
     DetectionConfig,
     ImageCodec,
+    MaskConfig,
     parse_shard_size,
 )
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
@@ -77,6 +78,11 @@ from packer.text import TextConfig
               help="Which pixels the boxes of --annotations are on when EXIF turns an image: the file's grid as "
                    "stored, or the turned image (auto: YOLO's are on the turned image; COCO and VOC boxes by the "
                    "image size they give; an image nothing decides is skipped and reported).")
+@click.option("--masks", "masks_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Semantic segmentation: a folder of class-index PNGs, REL.png for the image REL.*; resized with "
+                   "nearest-neighbour, cropped and padded exactly like their image; readers return (image, mask).")
+@click.option("--mask-ignore", type=click.IntRange(0, 255), default=255,
+              help="The mask value of padding (--resize pad, a --crop larger than the image).")
 @click.option("--classes", "classes_from", type=click.Path(exists=True, path_type=Path), default=None,
               help="Take the class map (label indices) from this file (one class name per line) or packer output, "
                    "so that another conversion of the same classes gets the same labels.")
@@ -116,7 +122,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
             encoding: str, tokenizer: Optional[str], max_length: Optional[int], annotations: Optional[Path],
             annotation_format: Optional[str], min_box_visibility: float, box_coords: str,
-            classes_from: Optional[Path],
+            masks_dir: Optional[Path], mask_ignore: int, classes_from: Optional[Path],
             add_classes: bool, split_spec: Optional[str], split_seed: int, no_splits: bool, full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
@@ -139,8 +145,9 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         detection = (DetectionConfig(str(annotations), annotation_format, min_box_visibility, box_coords)
                      if annotations is not None else None)
+        masks = MaskConfig(str(masks_dir), mask_ignore, box_coords) if masks_dir is not None else None
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text,
-                               detection)
+                               detection, masks)
         node = _node_split(num_nodes, node_rank, executor_name, address, resume)
         fractions = parse_split_spec(split_spec) if split_spec is not None else None
         if add_classes and classes_from is None:
@@ -153,12 +160,12 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                 if fractions is None:
                     raise  # with --split, a class folder named like a split is only a class
         splits = fractions is not None or found_splits is not None
-        if splits and detection is not None:
-            raise ConfigError("--annotations with splits: convert each split on its own with its annotations "
-                              "(split folders), or pass --no-splits")
-        if node is not None and detection is not None:
-            raise ConfigError("--annotations with --num-nodes is not supported yet: convert on one machine or with "
-                              "--executor ray")
+        if splits and (detection is not None or masks is not None):
+            raise ConfigError("--annotations and --masks with splits: convert each split on its own with its "
+                              "annotations or masks, or pass --no-splits")
+        if node is not None and (detection is not None or masks is not None):
+            raise ConfigError("--annotations and --masks with --num-nodes are not supported yet: convert on one "
+                              "machine or with --executor ray")
         if splits and node is not None:
             raise ConfigError("--num-nodes converts one output; convert each split on its own, with the same "
                               "--classes")

@@ -114,6 +114,10 @@ def describe(output: Path, m: Manifest) -> str:
             tok = f.tokenizer or {}
             lines.append(f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
                          f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})")
+        elif f.kind == "mask":
+            info = f.info or {}
+            lines.append(f"  {f.name:<9} segmentation masks from {info.get('source')}: class indices as grayscale PNG, "
+                         f"resized with nearest-neighbour, padding {info.get('ignore_index')}")
         elif f.kind == "detection":
             a = m.annotations or {}
             names = a.get("categories") or []

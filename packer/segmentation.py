@@ -1,0 +1,126 @@
+"""Semantic segmentation masks that follow the pixels: one class-index PNG per image, carried through
+the image's geometry and stored as each sample's ``mask`` field.
+
+``--masks DIR`` pairs ``DIR/REL.png`` with the image at ``REL.*`` (``match_masks``; an image without
+one is skipped and reported). Each worker decodes the mask without converting it to RGB (palette
+indices stay indices; an RGB mask is refused: its colours are not classes), turns it by the image's
+EXIF orientation when it is drawn on the stored grid, and resizes, crops and pads it exactly as the
+image with nearest-neighbour resampling, padding with the ignore index (``mask_bytes``), so no class
+index is invented. A mask of another size than its image is skipped with the reason. The mask is
+stored as a grayscale PNG, which every stock library opens.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from PIL import Image
+
+from packer.config import MaskConfig, PreprocessConfig
+from packer.discover import Discovery
+from packer.errors import DecodeError, InputError
+from packer.jpeg import upright
+from packer.preprocess import Decoded, read_source, resize
+from packer.records import Skipped
+
+MASK_FIELD = "mask"
+MASK_MODES = ("L", "P", "1", "I;16", "I")  # class indices; RGB(A) masks are colours, refused
+
+
+@dataclass(frozen=True)
+class SegmentationJob:
+    """What a worker needs to write the masks of its shard: each item's mask file (by item index)."""
+
+    masks: dict[int, str]
+    ignore_index: int = 255
+    coords: str = "auto"
+
+
+def match_masks(found: Discovery, config: MaskConfig) -> tuple[Discovery, dict[int, str]]:
+    """``found`` without the images that have no mask (skipped and reported), numbered again, and the
+    mask file of each kept item."""
+    folder = Path(config.folder)
+    if not folder.is_dir():
+        raise InputError(f"--masks {folder} is not a folder")
+    root = Path(found.root).resolve()
+    if folder.resolve() == root or root in folder.resolve().parents:
+        raise InputError(f"--masks {folder} is inside the source folder {found.root}, where its PNGs would be packed "
+                         "as images too; keep the masks beside the images' folder (e.g. data/images, data/masks)")
+    kept, skipped, masks = [], list(found.skipped), {}
+    for item in found.items:
+        path = folder / (os.path.splitext(item.relpath)[0] + ".png")
+        if not path.is_file():
+            name = f"{config.source_name}/{os.path.splitext(item.relpath)[0]}.png"
+            skipped.append(Skipped(item.relpath, f"no mask: {name} does not exist"))
+            continue
+        index = len(kept)
+        kept.append(replace(item, index=index))
+        masks[index] = str(path)
+    return replace(found, items=kept, skipped=skipped), masks
+
+
+def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index: int, coords: str,
+               key: str) -> bytes:
+    """The stored PNG of the mask at ``path`` for the image ``decoded`` (see the module docstring);
+    DecodeError (naming the image ``key``) when the mask cannot be used."""
+    data = read_source(path, max_bytes=cfg.max_file_bytes)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            mask = _indices(img, key)
+    except DecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Pillow reports a corrupt file in many ways
+        raise DecodeError(key, f"bad mask: {os.path.basename(path)} is not a readable image ({e})") from None
+    stored, shown = decoded.stored_size, decoded.original_size
+    if mask.size not in (stored, shown):
+        raise DecodeError(key, f"mask size mismatch: {os.path.basename(path)} is {mask.size[0]}x{mask.size[1]}, the "
+                               f"image {stored[0]}x{stored[1]}")
+    if _on_stored_grid(mask.size, decoded, coords, key):
+        mask = upright(mask, decoded.orientation)
+    # The image's own steps, with nearest-neighbour resampling and the ignore index as the fill: the
+    # same geometry (packer.geometry), no index that is not in the mask (but the padding's).
+    nearest = replace(cfg, interpolation="nearest", mode="L", fill=(ignore_index,), reduced_decode=False)
+    out = resize(mask, nearest, None, shown, key)
+    buf = io.BytesIO()
+    out.save(buf, "PNG", compress_level=1)  # lossless; level 1: masks compress well at any level
+    return buf.getvalue()
+
+
+def _indices(img: Image.Image, key: str) -> Image.Image:
+    """The mask as an 8-bit image of class indices (palette indices kept as they are)."""
+    if img.mode not in MASK_MODES:
+        raise DecodeError(key, f"bad mask: a {img.mode} image holds colours, not class indices; save masks as "
+                               "grayscale or palette PNGs of class indices")
+    if img.mode in ("I;16", "I"):
+        values = np.asarray(img)
+        if values.max(initial=0) > 255 or values.min(initial=0) < 0:
+            raise DecodeError(key, "bad mask: class indices above 255 do not fit an 8-bit mask")
+        return Image.fromarray(values.astype(np.uint8), "L")
+    if img.mode == "1":
+        return img.convert("L").point(lambda v: 1 if v else 0)
+    return Image.fromarray(np.asarray(img, dtype=np.uint8), "L")  # P: the palette indices themselves
+
+
+def _on_stored_grid(size: tuple[int, int], decoded: Decoded, coords: str, key: str) -> bool:
+    """Whether the mask is drawn on the image's stored grid (so it is turned with it): by ``coords``,
+    else by its size where a 90-degree turn tells them apart; DecodeError where nothing decides."""
+    if coords != "auto" or decoded.orientation == 1:
+        return coords != "displayed"
+    stored, shown = decoded.stored_size, decoded.original_size
+    if stored != shown:
+        return size == stored
+    raise DecodeError(key, f"ambiguous mask orientation: EXIF orientation {decoded.orientation} turns this image and "
+                           "its mask fits it either way; pass --box-coords stored or --box-coords displayed")
+
+
+def mask_job(masks: Optional[dict[int, str]], config: Optional[MaskConfig], items) -> Optional[SegmentationJob]:
+    """The masks of ``items`` (a shard's), for its worker; None for outputs without masks."""
+    if masks is None or config is None:
+        return None
+    return SegmentationJob({it.index: masks[it.index] for it in items}, config.ignore_index, config.coords)

@@ -31,7 +31,7 @@ MANIFEST_VERSION = 1
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 """What a shard file name may be made of."""
 
-TEXT_FIELD_NAMES = ("text", "json", "target", "mask")
+TEXT_FIELD_NAMES = ("text", "json", "target", "mask", "geometry")
 """Names of the variable-length fields a manifest may list besides image, label and key."""
 
 
@@ -167,8 +167,10 @@ class Manifest:
 
     @property
     def sample_fields(self) -> tuple[str, ...]:
-        """Names of the fields each sample returns, in order (``image``, ``text``, ``json``), before its label."""
-        return tuple(name for name in self.fields if name == "image" or name in TEXT_FIELD_NAMES)
+        """Names of the fields each sample returns, in order (``image``, ``text``, ``json``), before its label
+        (an image's ``geometry`` is not one: readers give it in the meta dict)."""
+        return tuple(name for name in self.fields if name == "image" or (name in TEXT_FIELD_NAMES
+                                                                         and name != "geometry"))
 
     @property
     def shard_offsets(self) -> list[int]:
@@ -264,7 +266,8 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
             raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
                                 f"{m.format_version}; the manifest is damaged")
         if (not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json")
-                or (f["kind"] == "detection") != (name == "target") or (f["kind"] == "mask") != (name == "mask")):
+                or (f["kind"] == "detection") != (name == "target") or (f["kind"] == "mask") != (name == "mask")
+                or (f["kind"] == "geometry") != (name == "geometry")):
             raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
                                 f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
 

@@ -91,10 +91,10 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-TEXT_KINDS = ("text", "tokens", "json", "detection", "mask")
+TEXT_KINDS = ("text", "tokens", "json", "detection", "mask", "geometry")
 """What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON, a
 detection target as UTF-8 JSON (``packer.detection``), a segmentation mask as a grayscale PNG of
-class indices (``packer.segmentation``)."""
+class indices (``packer.segmentation``), an image's geometry as UTF-8 JSON (``packer.geometry``)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,9 @@ class TextField:
         if self.kind == "mask":
             return {"kind": "mask", "dtype": "uint8", "encoding": "png", "shape": [None, None],
                     "values": "class indices (palette indices kept)", **(self.info or {})}
+        if self.kind == "geometry":
+            return {"kind": "geometry", "dtype": "str", "encoding": "utf-8", "shape": [],
+                    "holds": "how the source image's pixels map to the stored ones (scale, offset, orientation)"}
         if self.kind == "detection":
             return {"kind": "detection", "dtype": "str", "encoding": "utf-8", "shape": [], "length_unit": "bytes",
                     "boxes": "XYXY float32 pixels of the stored image", "labels": "indices into annotations.categories"}

@@ -18,6 +18,7 @@ from packer.sample_layout import (
     DETECTION_TARGETS,
     ENCODED_IMAGES,
     NO_IMAGE,
+    SAMPLE_GEOMETRY,
     SEGMENTATION_MASKS,
     TEXT_FIELDS,
     VARIABLE_RAW,
@@ -44,10 +45,11 @@ hdf5) raw images of varying sizes."""
 DETECTION_SINCE = 5
 """The format version that added detection targets (the ``target`` field, ``annotations`` in the
 manifest) and segmentation masks (the ``mask`` field): older packers refuse such outputs instead of
-reading their images without the boxes or masks."""
+reading their images without the boxes or masks; also each image's geometry beside a paired json
+(the ``geometry`` field), which readers return in the meta dict."""
 
 _COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
-           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE}
+           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE}
 
 
 @dataclass(frozen=True)

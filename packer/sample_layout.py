@@ -74,6 +74,7 @@ NO_IMAGE = "samples without an image"
 VARIABLE_RAW = "raw images of varying sizes"
 DETECTION_TARGETS = "detection targets"
 SEGMENTATION_MASKS = "segmentation masks"
+SAMPLE_GEOMETRY = "the geometry of each image"
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class SampleLayout:
             found.add(DETECTION_TARGETS)
         if any(f.kind == "mask" for f in self.text):
             found.add(SEGMENTATION_MASKS)
+        if any(f.kind == "geometry" for f in self.text):
+            found.add(SAMPLE_GEOMETRY)
         return frozenset(found)
 
     def fields(self) -> dict[str, dict]:
@@ -169,6 +172,8 @@ class SampleLayout:
                 extra.append(TextField("text", "tokens", text.tokenizer_info(), text.encoding, text.allow_missing))
             elif name in ("text", "json"):
                 extra.append(TextField(name, name, None, text.encoding, text.allow_missing))
+        if "image" in fields and "json" in fields:  # a paired json is stored as it is: with where its pixels went
+            extra.append(TextField("geometry", "geometry"))
         if getattr(config, "detection", None) is not None:
             extra.append(TextField("target", "detection"))
         masks = getattr(config, "masks", None)

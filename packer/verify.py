@@ -237,7 +237,7 @@ def _text_problem(f: TextField, data: bytes) -> str:
         return _mask_problem(f, data)
     try:
         text = bytes(data).decode("utf-8")
-        if f.kind == "json" and text:  # an empty json field is a missing one (--allow-missing)
+        if (f.kind == "json" and text) or f.kind == "geometry":  # an empty json is a missing one (--allow-missing)
             json.loads(text)
         if f.kind == "detection":
             target = json.loads(text)

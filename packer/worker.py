@@ -7,6 +7,7 @@ local executor's processes and, later, tasks on other machines.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from packer.codecs import encode_image
 from packer.config import PreprocessConfig
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
+from packer.geometry import image_geometry
 from packer.manifest import file_entry
 from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
@@ -192,6 +194,9 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
             data, decoded, image, encoded = read_image(files["image"], job)
             digest.update(b"image\0%d\0" % len(data) + data)
         for f in job.layout.text:
+            if f.kind == "geometry":  # where the image's pixels went, for the json's own coordinates
+                fields[f.name] = geometry_bytes(decoded, job.preprocess)
+                continue
             path = files.get(f.name)
             if path is None:  # --allow-missing: stored empty
                 fields[f.name] = b""
@@ -205,6 +210,13 @@ def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = 
         raise
     sample = Sample(item.index, item.relpath, image, item.label, encoded, fields)
     return sample, digest.hexdigest(), decoded
+
+
+def geometry_bytes(decoded: Optional[preprocess.Decoded], cfg: PreprocessConfig) -> bytes:
+    """The stored ``geometry`` field of one image: ``packer.geometry.Geometry`` as UTF-8 JSON."""
+    assert decoded is not None
+    geometry = image_geometry(decoded.stored_size, decoded.orientation, cfg)
+    return json.dumps(geometry.to_dict(), separators=(",", ":")).encode("utf-8")
 
 
 def detection_target(item: SourceItem, job: ShardJob, decoded: preprocess.Decoded) -> tuple[bytes, int, int]:

@@ -110,7 +110,7 @@ def decode_field(field: TextField, data) -> Any:
     if field.kind == "mask":
         return mask_tensor(data)
     text = bytes(data).decode("utf-8")
-    if field.kind == "json":
+    if field.kind in ("json", "geometry"):
         return json.loads(text) if text else None
     if field.kind == "detection":
         return detection_target(json.loads(text))
@@ -241,6 +241,9 @@ class ReaderBase:
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
         self.detection = any(f.kind in ("detection", "mask") for f in self.text_fields)
+        self.geometry = any(f.kind == "geometry" for f in self.text_fields)
+        """True when each image's geometry is stored (beside a paired json): the last text field, given in
+        ``return_meta``'s dict as ``"geometry"``, never in the sample tuple."""
         """True for outputs whose samples are ``(image, target)``: detection boxes or a segmentation mask."""
 
     @property
@@ -338,11 +341,11 @@ class ReaderBase:
 
     def length_field(self, field: Optional[str] = None) -> TextField:
         """The text field ``field`` names; by default the first text or token-id field (else json)."""
-        fields = {f.name: f for f in self.text_fields}
+        fields = {f.name: f for f in self.text_fields if f.kind in ("text", "tokens", "json")}
         if not fields:
             raise ValueError(f"{self.root} has no text fields, so its samples have no length")
         if field is None:
-            return next((f for f in self.text_fields if f.kind != "json"), self.text_fields[0])
+            return next((f for f in fields.values() if f.kind != "json"), next(iter(fields.values())))
         if field not in fields:
             raise ValueError(f"{self.root} has no field {field!r}; its text fields are {', '.join(fields)}")
         return fields[field]

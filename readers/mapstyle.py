@@ -93,7 +93,10 @@ class PackedDataset(ReaderBase, Dataset):
             values = self._values(shard, local)
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
+        geometry = values.pop() if self.geometry else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
+        if meta is not None and self.geometry:
+            meta["geometry"] = geometry
         return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
                             self.detection)
 
@@ -137,7 +140,10 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 labels = self._shard_labels(shard)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
-                    out[j] = tuple(self._values(shard, at)) if self.detection else (*self._values(shard, at), label)
+                    values = self._values(shard, at)
+                    if self.geometry:
+                        values.pop()  # in the meta dict only, and these samples have none
+                    out[j] = tuple(values) if self.detection else (*values, label)
         return out
 
     def _values(self, shard: int, local: int) -> list:

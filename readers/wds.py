@@ -98,6 +98,10 @@ class WdsDataset(ReaderBase, IterableDataset):
     def _sample(self, index: int, array: Optional[np.ndarray], label: int, key: str, texts: tuple):
         """The tuple yielded for one decoded sample (see ``build_sample``)."""
         meta = {"index": index, "key": key, "label": label} if self.return_meta else None
+        if self.geometry:
+            texts, geometry = texts[:-1], texts[-1]
+            if meta is not None:
+                meta["geometry"] = geometry
         values = ((self.convert(array),) if array is not None else ()) + texts
         return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
                             self.detection)

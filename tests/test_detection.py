@@ -300,3 +300,36 @@ def test_the_stored_targets_open_without_packer(dataset, tmp_path):
         stored = json.loads(raw)
         assert np.array_equal(np.asarray(stored["boxes"], np.float32).reshape(-1, 4),
                               ours[int(name.split(".")[0])]["boxes"].numpy())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_paired_json_is_stored_as_it_is_with_the_image_geometry(dataset, tmp_path, fmt):
+    """Other json beside an image is not touched (packer cannot know its coordinates), but the image's
+    geometry is stored with it, so the user's own coordinates can be mapped: the meta dict has it."""
+    root, images = dataset
+    src = tmp_path / "paired"
+    src.mkdir()
+    for img in images:
+        (src / img["name"]).write_bytes((root / "images" / img["name"]).read_bytes())
+        x0, y0, x1, y1 = img["displayed"][0] if img["displayed"] else (0, 0, 1, 1)
+        (src / (Path(img["name"]).stem + ".json")).write_text(json.dumps({"my_box": [x0, y0, x1, y1]}))
+    convert(src, tmp_path / "out", ConvertConfig(fmt, MODES["shorter-crop"]), workers=1)
+    ds = open_dataset(tmp_path / "out", normalize=False, return_meta=True)
+    by_name = {img["name"]: img for img in images}
+    checked = 0
+    for image, stored_json, label, meta in ds:
+        img = by_name[meta["key"] + ".png"]
+        g = meta["geometry"]
+        assert g["stored_size"] == list(img["size"]) and g["orientation"] == img["orientation"]
+        assert g["size"] == [64, 64]
+        if not img["rects"]:
+            continue
+        x0, y0, x1, y1 = stored_json["my_box"]  # as written: packer does not touch a json it cannot read
+        (sx, sy), (ox, oy) = g["scale"], g["offset"]
+        mapped = [x0 * sx + ox, y0 * sy + oy, x1 * sx + ox, y1 * sy + oy]
+        where = region(image.permute(1, 2, 0).numpy(), COLOURS[0], tolerance=40)
+        if where is not None and mapped[0] >= 0 and mapped[1] >= 0 and mapped[2] <= 64 and mapped[3] <= 64:
+            assert max(abs(a - b) for a, b in zip(mapped, where)) <= 1.5
+            checked += 1
+    assert checked >= 2  # boxes the crop kept whole, mapped by the stored geometry onto their pixels
+    assert len(next(iter(open_dataset(tmp_path / "out")))) == 3  # (image, json, label): geometry in meta only

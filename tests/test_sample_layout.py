@@ -16,6 +16,7 @@ from packer.registry import FORMATS, FormatSpec
 from packer.sample_layout import (
     ENCODED_IMAGES,
     NO_IMAGE,
+    SAMPLE_GEOMETRY,
     TEXT_FIELDS,
     VARIABLE_RAW,
     ImageStorage,
@@ -71,7 +72,7 @@ def test_features_name_what_a_layout_uses_beyond_fixed_raw_images():
     assert features["jpeg"] == features["png of own sizes"] == {ENCODED_IMAGES}
     assert features["raw of own sizes"] == {VARIABLE_RAW}
     assert features["text only"] == {NO_IMAGE, TEXT_FIELDS}
-    assert features["image, text, json"] == {TEXT_FIELDS}
+    assert features["image, text, json"] == {TEXT_FIELDS, SAMPLE_GEOMETRY}  # the json's image geometry beside it
 
 
 def test_check_image_refuses_a_missing_image_or_another_shape():

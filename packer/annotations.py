@@ -46,6 +46,8 @@ class ImageBoxes:
     iscrowd: Optional[tuple[int, ...]] = None
     area: Optional[tuple[float, ...]] = None
     difficult: Optional[tuple[int, ...]] = None
+    segmentation: Optional[tuple] = None
+    """COCO's instance outlines, one per box: polygons (lists of x, y) or RLE dicts, on the boxes' grid."""
 
 
 @dataclass
@@ -170,7 +172,7 @@ def read_coco(path: Path) -> Annotations:
             problems.append(Skipped(f"{where}#images[{n}]", f"bad annotation: an image needs id and file_name ({e})"))
             continue
         images[image_id] = {"name": PurePosixPath(name.replace("\\", "/")).as_posix(), "size": size, "boxes": [],
-                            "labels": [], "iscrowd": [], "area": []}
+                            "labels": [], "iscrowd": [], "area": [], "segmentation": []}
     for n, a in enumerate(data.get("annotations", [])):
         label = f"{where}#annotations[{n}]" + (f" (id {a.get('id')})" if isinstance(a, dict) and "id" in a else "")
         try:
@@ -185,6 +187,7 @@ def read_coco(path: Path) -> Annotations:
                 continue
             x, y, w, h = (_number(v) for v in a["bbox"])
             bad = _box_problem(x, y, x + w, y + h) if w > 0 and h > 0 else f"bbox {a['bbox']} has no area"
+            bad = bad or (_segmentation_problem(a["segmentation"], image["size"]) if "segmentation" in a else None)
             if bad:
                 problems.append(Skipped(label, f"bad annotation: {bad}"))
                 continue
@@ -194,16 +197,50 @@ def read_coco(path: Path) -> Annotations:
         image["boxes"].append((x, y, x + w, y + h))
         image["labels"].append(index[a["category_id"]])
         image["iscrowd"].append(int(bool(a.get("iscrowd", 0))))
+        image["segmentation"].append(a.get("segmentation"))
         area = a.get("area")
         image["area"].append(float(area) if isinstance(area, (int, float)) and not isinstance(area, bool) else w * h)
+    outlined = any(s is not None for image in images.values() for s in image["segmentation"])
     records: dict[str, ImageBoxes] = {}
     for image in images.values():
         if image["name"] in records:
             problems.append(Skipped(f"{where}#{image['name']}", "bad annotation: the file is listed twice in 'images'"))
             continue
+        segmentation = None
+        if outlined:  # the file has instance masks: every box must have its own, or it is left out
+            keep = [i for i, s in enumerate(image["segmentation"]) if s is not None]
+            for i in sorted(set(range(len(image["boxes"]))) - set(keep)):
+                problems.append(Skipped(f"{where}#{image['name']}", f"bad annotation: box {i} of this image has no "
+                                        "segmentation while the file's other annotations have one"))
+            for key in ("boxes", "labels", "iscrowd", "area", "segmentation"):
+                image[key] = [image[key][i] for i in keep]
+            segmentation = tuple(image["segmentation"])
         records[image["name"]] = ImageBoxes(tuple(image["boxes"]), tuple(image["labels"]), where, image["size"],
-                                            iscrowd=tuple(image["iscrowd"]), area=tuple(image["area"]))
+                                            iscrowd=tuple(image["iscrowd"]), area=tuple(image["area"]),
+                                            segmentation=segmentation)
     return Annotations("coco", [cats[i] for i in ids], ids, records, problems)
+
+
+def _segmentation_problem(seg, size: Optional[tuple[int, int]]) -> Optional[str]:
+    """Why a COCO ``segmentation`` cannot be used, or None: polygons are lists of at least 3 x, y pairs;
+    an RLE is ``{"size": [h, w], "counts": ...}`` of the image's size."""
+    if isinstance(seg, list):
+        if not seg or not all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 for p in seg):
+            return "a polygon segmentation needs lists of at least 3 x, y pairs"
+        try:
+            for polygon in seg:
+                for v in polygon:
+                    _number(v)
+        except ValueError as e:
+            return f"segmentation: {e}"
+        return None
+    if isinstance(seg, dict) and "counts" in seg and isinstance(seg.get("size"), list) and len(seg["size"]) == 2:
+        if size is not None and tuple(seg["size"]) != (size[1], size[0]):
+            return f"an RLE segmentation of size {seg['size']} on an image of {size[0]}x{size[1]}"
+        if not isinstance(seg["counts"], (str, list)):
+            return "an RLE segmentation's counts must be a string or a list of run lengths"
+        return None
+    return "segmentation must be polygons or an RLE dict ({'size': [h, w], 'counts': ...})"
 
 
 def read_yolo(path: Path) -> Annotations:

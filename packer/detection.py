@@ -20,13 +20,15 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
+from PIL import Image
 
 from packer.annotations import Annotations, ImageBoxes, load_annotations
 from packer.config import DEFAULT_MIN_VISIBILITY, DetectionConfig, PreprocessConfig
 from packer.discover import Discovery
 from packer.errors import DecodeError
 from packer.geometry import Geometry, image_geometry, map_boxes
-from packer.preprocess import Decoded
+from packer.jpeg import upright
+from packer.preprocess import Decoded, resize
 from packer.records import UNLABELLED, Skipped
 
 TARGET_FIELD = "target"
@@ -87,8 +89,11 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
     annotation gives is neither the image's stored nor its displayed size, or when (``coords`` auto)
     nothing tells on which of the two the boxes are: they would land on the wrong pixels."""
     geometry = image_geometry(decoded.stored_size, decoded.orientation, cfg)
-    if record is None or not record.boxes:
-        return _encode(np.zeros((0, 4), np.float32), [], {}, geometry), 0, 0
+    if record is None or not record.boxes:  # the same keys as the images with boxes have, empty
+        empty = {} if record is None else {name: [] for name, values in (
+            ("iscrowd", record.iscrowd), ("area", record.area), ("difficult", record.difficult),
+            ("masks", record.segmentation)) if values is not None}
+        return _encode(np.zeros((0, 4), np.float32), [], empty, geometry), 0, 0
     boxes = np.asarray(record.boxes, np.float64)
     displayed = _on_displayed(record, decoded, path, coords)
     if record.normalized:
@@ -102,8 +107,33 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
         sx, sy = geometry.scale
         scaled = np.asarray(extra["area"], np.float64) * (sx * sy) * mapped.share
         extra["area"] = scaled.astype(np.float32).tolist()
+    if record.segmentation is not None:
+        grid = decoded.original_size if displayed else decoded.stored_size
+        extra["masks"] = [_instance_mask(record.segmentation[i], grid, decoded, displayed, cfg, path) for i in kept]
     labels = [record.labels[i] for i in kept]
     return _encode(mapped.boxes, labels, extra, geometry), len(kept), len(record.boxes) - len(kept)
+
+
+def _instance_mask(seg, grid: tuple[int, int], decoded: Decoded, displayed: bool, cfg: PreprocessConfig,
+                   path: str) -> dict:
+    """One COCO segmentation (polygons or RLE on the boxes' ``grid``) through the image's geometry, as
+    the image's pixels went (nearest-neighbour), as a compressed RLE of the stored image (pycocotools)."""
+    from pycocotools import mask as cocomask  # the reference COCO mask code, never our own
+
+    w, h = grid
+    if isinstance(seg, list):
+        rle = cocomask.merge(cocomask.frPyObjects(seg, h, w))
+    elif isinstance(seg["counts"], list):
+        rle = cocomask.frPyObjects(seg, h, w)  # an uncompressed RLE (crowds)
+    else:
+        rle = {"size": list(seg["size"]), "counts": seg["counts"].encode("ascii")}
+    image = Image.fromarray(cocomask.decode(rle).astype(np.uint8), "L")
+    if not displayed:
+        image = upright(image, decoded.orientation)
+    nearest = replace(cfg, interpolation="nearest", mode="L", fill=(0,), reduced_decode=False)
+    out = np.asfortranarray(np.asarray(resize(image, nearest, None, decoded.original_size, path), np.uint8))
+    encoded = cocomask.encode(out)
+    return {"size": [int(v) for v in encoded["size"]], "counts": encoded["counts"].decode("ascii")}
 
 
 def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str = "auto") -> bool:

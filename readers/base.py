@@ -126,13 +126,19 @@ def mask_tensor(data) -> torch.Tensor:
 def detection_target(stored: dict) -> dict:
     """A stored detection target as torchvision's detection models take it: ``boxes`` float32 (N, 4) XYXY
     pixels of the returned image, ``labels`` int64 (N,), ``iscrowd`` int64 and ``area`` float32 where
-    COCO gave them, ``difficult`` where VOC did, and the image's ``geometry`` (a dict; see
-    ``packer.geometry.Geometry``)."""
+    COCO gave them, ``masks`` uint8 (N, H, W) where COCO gave segmentations, ``difficult`` where VOC
+    did, and the image's ``geometry`` (a dict; see ``packer.geometry.Geometry``)."""
     target = {"boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
               "labels": torch.tensor(stored["labels"], dtype=torch.int64)}
     for name, dtype in (("iscrowd", torch.int64), ("area", torch.float32), ("difficult", torch.int64)):
         if name in stored:
             target[name] = torch.tensor(stored[name], dtype=dtype)
+    if "masks" in stored:  # COCO instance masks, stored as RLE of the returned image
+        from pycocotools import mask as cocomask
+
+        w, h = (stored.get("geometry") or {}).get("size") or (0, 0)
+        masks = [cocomask.decode({"size": m["size"], "counts": m["counts"].encode("ascii")}) for m in stored["masks"]]
+        target["masks"] = (torch.from_numpy(np.stack(masks)) if masks else torch.zeros((0, h, w), dtype=torch.uint8))
     target["geometry"] = stored.get("geometry")
     return target
 

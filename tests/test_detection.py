@@ -333,3 +333,51 @@ def test_a_paired_json_is_stored_as_it_is_with_the_image_geometry(dataset, tmp_p
             checked += 1
     assert checked >= 2  # boxes the crop kept whole, mapped by the stored geometry onto their pixels
     assert len(next(iter(open_dataset(tmp_path / "out")))) == 3  # (image, json, label): geometry in meta only
+
+
+@pytest.mark.parametrize("mode", ["shorter-crop", "pad", "stretch", "shorter+crop"])
+def test_coco_instance_masks_follow_the_pixels(dataset, tmp_path, mode):
+    """Polygon and RLE segmentations (pycocotools) go through the same geometry: each returned mask
+    covers its rectangle's colour in the returned image, one mask per kept box."""
+    from pycocotools import mask as cocomask
+
+    root, images = dataset
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    sizes = {e["id"]: (e["width"], e["height"]) for e in data["images"]}
+    for n, a in enumerate(data["annotations"]):
+        x, y, w, h = a["bbox"]
+        if n % 2:  # a polygon: the rectangle's outline
+            a["segmentation"] = [[x, y, x + w, y, x + w, y + h, x, y + h]]
+        else:  # a compressed RLE of the rectangle
+            W, H = sizes[a["image_id"]]
+            m = np.zeros((H, W), np.uint8)
+            m[int(y):int(y + h), int(x):int(x + w)] = 1
+            rle = cocomask.encode(np.asfortranarray(m))
+            a["segmentation"] = {"size": [H, W], "counts": rle["counts"].decode("ascii")}
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    config = ConvertConfig("lmdb", MODES[mode], detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored"))
+    convert(root / "images", tmp_path / "out", config, workers=1)
+    seen = 0
+    for image, target, meta in open_dataset(tmp_path / "out", normalize=False, return_meta=True):
+        masks = target["masks"]
+        assert masks.dtype == torch.uint8 and masks.shape == (len(target["boxes"]), *image.shape[1:])
+        pixels = image.permute(1, 2, 0).numpy().astype(int)
+        for mask, box, label in zip(masks.numpy(), target["boxes"].tolist(), target["labels"].tolist()):
+            ys, xs = np.nonzero(mask)
+            assert len(xs) > 0
+            assert xs.min() >= box[0] - 1 and xs.max() + 1 <= box[2] + 1  # the mask lies in its box
+            assert ys.min() >= box[1] - 1 and ys.max() + 1 <= box[3] + 1
+            colours = {tuple(c) for c in pixels[_inner(mask.astype(bool))].tolist()}
+            assert len(colours) <= 1 and (not colours or list(colours)[0] in COLOURS)  # one rectangle's colour
+            seen += 1
+    assert seen == read_manifest(tmp_path / "out").annotations["boxes"]
+
+
+def _inner(region: np.ndarray) -> np.ndarray:
+    """``region`` without its border pixels (where resampling blends colours)."""
+    padded = np.pad(region, 1)
+    out = region.copy()
+    for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
+        out &= padded[dy:dy + region.shape[0], dx:dx + region.shape[1]]
+    return out

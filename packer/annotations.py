@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -48,6 +49,9 @@ class ImageBoxes:
     difficult: Optional[tuple[int, ...]] = None
     segmentation: Optional[tuple] = None
     """COCO's instance outlines, one per box: polygons (lists of x, y) or RLE dicts, on the boxes' grid."""
+    problem: Optional[str] = None
+    """Why this image's annotations cannot all be used (the image is then skipped, never stored with an
+    object missing), or None."""
 
 
 @dataclass
@@ -67,20 +71,10 @@ class Annotations:
     source: str = ""
 
     def find(self, relpath: str) -> Optional[ImageBoxes]:
-        """The record of the image at ``relpath`` (relative to the converted folder), matched by its path,
-        then by its path without the extension, then by its file name alone when that is unique."""
-        return (self.images.get(relpath) or self.images.get(_stem(relpath))
-                or self._by_name().get(PurePosixPath(relpath).name)
-                or self._by_name().get(PurePosixPath(_stem(relpath)).name))
-
-    def _by_name(self) -> dict[str, ImageBoxes]:
-        if not hasattr(self, "_names"):
-            counts: dict[str, int] = {}
-            for name in self.images:
-                counts[PurePosixPath(name).name] = counts.get(PurePosixPath(name).name, 0) + 1
-            self._names = {PurePosixPath(n).name: r for n, r in self.images.items()
-                           if counts[PurePosixPath(n).name] == 1}
-        return self._names
+        """The record of the image at ``relpath`` (relative to the converted folder): by its whole path
+        (COCO's ``file_name``), or by that path without its extension (YOLO's and VOC's files). Never by
+        the file name alone: ``cat/a.png`` and ``dog/a.png`` are two images."""
+        return self.images.get(relpath) or self.images.get(_stem(relpath))
 
 
 def _stem(relpath: str) -> str:
@@ -132,92 +126,120 @@ def _box_problem(x0: float, y0: float, x1: float, y1: float) -> Optional[str]:
     return None
 
 
+def _integer(value, least: int = 0) -> int:
+    """``value`` when it is a whole JSON number of at least ``least`` (not a bool, not 1.5), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{value!r} is not a whole number of at least {least}")
+    return value
+
+
 def read_coco(path: Path) -> Annotations:
     """A COCO instances file: ``images`` (id, file_name, width, height), ``categories`` (id, name) and
-    ``annotations`` (image_id, category_id, bbox ``[x, y, w, h]``, iscrowd, area)."""
+    ``annotations`` (image_id, category_id, bbox ``[x, y, w, h]``, iscrowd, area, segmentation).
+
+    What makes the file unusable as a whole (no such lists, a bad or repeated category or image id) is
+    an InputError; an annotation that cannot be used is reported, and its image marked so that it is
+    skipped rather than stored with an object missing (``ImageBoxes.problem``)."""
     if not path.is_file():
         raise InputError(f"--annotations {path}: no such file")
     if path.stat().st_size > MAX_ANNOTATION_BYTES:
         raise InputError(f"--annotations {path} is larger than {MAX_ANNOTATION_BYTES:,} bytes")
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InputError(f"--annotations {path} is not a COCO JSON file: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("images"), list) or not isinstance(
-            data.get("categories"), list):
-        raise InputError(f"--annotations {path} is not a COCO instances file: it needs 'images' and 'categories' "
-                         "lists (and 'annotations')")
+    if (not isinstance(data, dict) or not isinstance(data.get("images"), list)
+            or not isinstance(data.get("categories"), list) or not isinstance(data.get("annotations", []), list)):
+        raise InputError(f"--annotations {path} is not a COCO instances file: it needs 'images', 'categories' and "
+                         "'annotations' lists")
     where, problems = path.name, []
     cats: dict[int, str] = {}
     for n, c in enumerate(data["categories"]):
-        if not isinstance(c, dict) or not isinstance(c.get("id"), int) or not isinstance(c.get("name"), str):
-            problems.append(Skipped(f"{where}#categories[{n}]", f"bad annotation: a category needs an integer id and a "
-                                                                 f"name, got {str(c)[:80]}"))
-            continue
-        if c["id"] in cats:
-            raise InputError(f"--annotations {path}: category id {c['id']} is given twice")
-        cats[c["id"]] = c["name"]
+        try:
+            cid, name = _integer(c["id"]), c["name"]
+            if not isinstance(name, str) or not name:
+                raise ValueError("a category's name must be a text")
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"--annotations {path}: categories[{n}] needs an integer id and a name ({e}); every "
+                             "label depends on the categories, so the file is refused") from None
+        if cid in cats:
+            raise InputError(f"--annotations {path}: category id {cid} is given twice")
+        cats[cid] = name
     if len(set(cats.values())) != len(cats):
         raise InputError(f"--annotations {path}: two categories share a name; packer labels boxes by category name")
     ids = sorted(cats)
     index = {cid: i for i, cid in enumerate(ids)}
     images: dict[int, dict] = {}
+    names: set[str] = set()
     for n, img in enumerate(data["images"]):
         try:
-            image_id, name = img["id"], img["file_name"]
+            image_id, name = _integer(img["id"]), img["file_name"]
             if not isinstance(name, str) or not name:
                 raise ValueError("file_name must be a path")
-            size = (int(img["width"]), int(img["height"])) if "width" in img and "height" in img else None
-        except (KeyError, TypeError, ValueError) as e:
-            problems.append(Skipped(f"{where}#images[{n}]", f"bad annotation: an image needs id and file_name ({e})"))
-            continue
-        images[image_id] = {"name": PurePosixPath(name.replace("\\", "/")).as_posix(), "size": size, "boxes": [],
-                            "labels": [], "iscrowd": [], "area": [], "segmentation": []}
+            size = ((_integer(img["width"], 1), _integer(img["height"], 1))
+                    if img.get("width") is not None and img.get("height") is not None else None)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"--annotations {path}: images[{n}] needs an integer id, a file_name and whole positive "
+                             f"width and height ({e})") from None
+        if image_id in images:
+            raise InputError(f"--annotations {path}: image id {image_id} is given twice; its annotations could go to "
+                             "either image")
+        name = PurePosixPath(name.replace("\\", "/")).as_posix()
+        if name in names:
+            raise InputError(f"--annotations {path}: {name} is listed twice in 'images'")
+        names.add(name)
+        images[image_id] = {"name": name, "size": size, "boxes": [], "labels": [], "iscrowd": [], "area": [],
+                            "segmentation": [], "problem": None}
     for n, a in enumerate(data.get("annotations", [])):
         label = f"{where}#annotations[{n}]" + (f" (id {a.get('id')})" if isinstance(a, dict) and "id" in a else "")
+        image = None
         try:
-            image = images.get(a["image_id"])
+            if not isinstance(a, dict):
+                raise ValueError("an annotation must be an object")
+            key = a["image_id"]
+            image = images.get(key) if isinstance(key, int) and not isinstance(key, bool) else None
             if image is None:
-                problems.append(Skipped(label, f"annotation of a missing image: image_id {a['image_id']} is not in "
-                                               "'images'"))
+                problems.append(Skipped(label, f"annotation of a missing image: image_id {key!r} is not in 'images'"))
                 continue
-            if a["category_id"] not in index:
-                problems.append(Skipped(label, f"bad annotation: category_id {a['category_id']} is not in "
-                                               "'categories'"))
-                continue
+            category = a["category_id"]
+            if isinstance(category, bool) or category not in index:
+                raise ValueError(f"category_id {category!r} is not in 'categories'")
+            if not isinstance(a["bbox"], list) or len(a["bbox"]) != 4:
+                raise ValueError(f"bbox {a['bbox']!r} is not [x, y, w, h]")
             x, y, w, h = (_number(v) for v in a["bbox"])
             bad = _box_problem(x, y, x + w, y + h) if w > 0 and h > 0 else f"bbox {a['bbox']} has no area"
             bad = bad or (_segmentation_problem(a["segmentation"], image["size"]) if "segmentation" in a else None)
+            crowd = a.get("iscrowd", 0)
+            if crowd not in (0, 1) or isinstance(crowd, bool):
+                bad = bad or f"iscrowd {crowd!r} is not 0 or 1"
+            area = a.get("area", w * h)
+            if isinstance(area, bool) or not isinstance(area, (int, float)) or not math.isfinite(area) or area < 0:
+                bad = bad or f"area {area!r} is not a finite number >= 0"
             if bad:
-                problems.append(Skipped(label, f"bad annotation: {bad}"))
-                continue
+                raise ValueError(bad)
         except (KeyError, TypeError, ValueError) as e:
-            problems.append(Skipped(label, f"bad annotation: needs image_id, category_id and bbox [x, y, w, h] ({e})"))
+            reason = f"bad annotation: {e}" if not isinstance(e, KeyError) else f"bad annotation: needs {e}"
+            problems.append(Skipped(label, reason))
+            if image is not None and image["problem"] is None:
+                image["problem"] = f"{reason} ({label})"
             continue
         image["boxes"].append((x, y, x + w, y + h))
-        image["labels"].append(index[a["category_id"]])
-        image["iscrowd"].append(int(bool(a.get("iscrowd", 0))))
+        image["labels"].append(index[category])
+        image["iscrowd"].append(int(crowd))
         image["segmentation"].append(a.get("segmentation"))
-        area = a.get("area")
-        image["area"].append(float(area) if isinstance(area, (int, float)) and not isinstance(area, bool) else w * h)
+        image["area"].append(float(area))
     outlined = any(s is not None for image in images.values() for s in image["segmentation"])
     records: dict[str, ImageBoxes] = {}
     for image in images.values():
-        if image["name"] in records:
-            problems.append(Skipped(f"{where}#{image['name']}", "bad annotation: the file is listed twice in 'images'"))
-            continue
         segmentation = None
-        if outlined:  # the file has instance masks: every box must have its own, or it is left out
-            keep = [i for i, s in enumerate(image["segmentation"]) if s is not None]
-            for i in sorted(set(range(len(image["boxes"]))) - set(keep)):
-                problems.append(Skipped(f"{where}#{image['name']}", f"bad annotation: box {i} of this image has no "
-                                        "segmentation while the file's other annotations have one"))
-            for key in ("boxes", "labels", "iscrowd", "area", "segmentation"):
-                image[key] = [image[key][i] for i in keep]
+        if outlined:  # the file has instance masks: every box must have its own
+            if any(s is None for s in image["segmentation"]) and image["problem"] is None:
+                image["problem"] = "bad annotation: a box has no segmentation while the file's other boxes have one"
+                problems.append(Skipped(f"{where}#{image['name']}", image["problem"]))
             segmentation = tuple(image["segmentation"])
         records[image["name"]] = ImageBoxes(tuple(image["boxes"]), tuple(image["labels"]), where, image["size"],
                                             iscrowd=tuple(image["iscrowd"]), area=tuple(image["area"]),
-                                            segmentation=segmentation)
+                                            segmentation=segmentation, problem=image["problem"])
     return Annotations("coco", [cats[i] for i in ids], ids, records, problems)
 
 
@@ -243,10 +265,14 @@ def _segmentation_problem(seg, size: Optional[tuple[int, int]]) -> Optional[str]
     return "segmentation must be polygons or an RLE dict ({'size': [h, w], 'counts': ...})"
 
 
+YOLO_CLASS = re.compile(r"[0-9]+")
+
+
 def read_yolo(path: Path) -> Annotations:
     """A YOLO labels folder: ``REL/NAME.txt`` per image ``REL/NAME.*``, a row ``class cx cy w h`` per box
     (fractions of the image), class names from ``classes.txt`` or the ``names`` of a ``data.yaml`` in
-    the folder or the one above."""
+    the folder or the one above. An image's label file with a row that cannot be used marks the image
+    (``ImageBoxes.problem``): it is skipped, never stored with an object missing."""
     names = _yolo_names(path)
     problems: list[Skipped] = []
     records: dict[str, ImageBoxes] = {}
@@ -257,40 +283,43 @@ def read_yolo(path: Path) -> Annotations:
                 continue
             file = Path(folder) / name
             rel = file.relative_to(path).with_suffix("").as_posix()
+            where = f"{path.name}/{rel}.txt"
             try:
                 text = file.read_text(encoding="utf-8-sig")
             except (OSError, UnicodeDecodeError) as e:
-                problems.append(Skipped(f"{path.name}/{rel}.txt", f"bad annotation: cannot read it ({e})"))
+                problem = f"bad annotation: cannot read {where} ({e})"
+                problems.append(Skipped(where, problem))
+                records[rel] = ImageBoxes((), (), where, normalized=True, problem=problem)
                 continue
-            boxes, labels = [], []
+            boxes, labels, problem = [], [], None
             for lineno, line in enumerate(text.splitlines(), start=1):
                 parts = line.split()
                 if not parts:
                     continue
-                where = f"{path.name}/{rel}.txt:{lineno}"
                 try:
                     if len(parts) != 5:
                         raise ValueError(f"expected 'class cx cy w h', got {len(parts)} values"
                                          + (" (a segment: packer reads boxes)" if len(parts) > 5 else ""))
+                    if not YOLO_CLASS.fullmatch(parts[0]):
+                        raise ValueError(f"class {parts[0]!r} is not a class number")
                     cls = int(parts[0])
                     cx, cy, w, h = (_number(float(v)) for v in parts[1:])
+                    if names is not None and cls >= len(names):
+                        raise ValueError(f"class {cls} is not in the class names ({len(names)} of them)")
+                    box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+                    bad = _box_problem(*box) or (None if all(-1e-6 <= v <= 1 + 1e-6 for v in (cx, cy, w, h)) else
+                                                 "values must be fractions of the image, 0..1")
+                    if bad:
+                        raise ValueError(bad)
                 except ValueError as e:
-                    problems.append(Skipped(where, f"bad annotation: {e}"))
-                    continue
-                if cls < 0 or (names is not None and cls >= len(names)):
-                    problems.append(Skipped(where, f"bad annotation: class {cls} is not in the class names "
-                                                   f"({len(names or [])} of them)"))
-                    continue
-                box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
-                bad = _box_problem(*box) or (None if all(-1e-6 <= v <= 1 + 1e-6 for v in (cx, cy, w, h)) else
-                                             "values must be fractions of the image, 0..1")
-                if bad:
-                    problems.append(Skipped(where, f"bad annotation: {bad}"))
+                    reason = f"bad annotation: {e}"
+                    problems.append(Skipped(f"{where}:{lineno}", reason))
+                    problem = problem or f"{reason} ({where}:{lineno})"
                     continue
                 highest = max(highest, cls)
                 boxes.append(box)
                 labels.append(cls)
-            records[rel] = ImageBoxes(tuple(boxes), tuple(labels), f"{path.name}/{rel}.txt", normalized=True)
+            records[rel] = ImageBoxes(tuple(boxes), tuple(labels), where, normalized=True, problem=problem)
     categories = names if names is not None else [str(i) for i in range(highest + 1)]
     return Annotations("yolo", categories, list(range(len(categories))), records, problems, background=True)
 
@@ -318,18 +347,22 @@ def _yaml_names(path: Path) -> list[str]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as e:
         raise InputError(f"{path}: cannot read its class names ('names: [...]'): {e}") from None
     if isinstance(names, dict):
-        if sorted(names) != list(range(len(names))):
+        numbered = {int(k) if isinstance(k, str) and YOLO_CLASS.fullmatch(k) else k: v for k, v in names.items()}
+        if sorted(numbered, key=str) != sorted(range(len(numbered)), key=str):
             raise InputError(f"{path}: 'names' must number the classes 0..{len(names) - 1}")
-        names = [names[i] for i in range(len(names))]
-    if not isinstance(names, list) or not all(isinstance(n, (str, int)) for n in names):
-        raise InputError(f"{path}: 'names' must be a list of class names")
-    return [str(n) for n in names]
+        names = [numbered[i] for i in range(len(numbered))]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise InputError(f"{path}: 'names' must be a list of class names as text (quote names such as yes, no, "
+                         "1.0 that YAML reads as other values)")
+    if len(set(names)) != len(names):
+        raise InputError(f"{path}: two classes share a name in 'names'")
+    return list(names)
 
 
 def read_voc(path: Path) -> Annotations:
-    """A Pascal VOC ``Annotations`` folder: one ``.xml`` per image with its ``filename``, ``size`` and
-    ``object``s (``name``, ``bndbox`` of 1-based inclusive pixel indices, ``difficult``). Categories
-    are the names found, sorted."""
+    """A Pascal VOC ``Annotations`` folder: one ``REL/NAME.xml`` per image ``REL/NAME.*`` with its ``size``
+    and ``object``s (``name``, ``bndbox`` of 1-based inclusive pixel indices, ``difficult``). Categories
+    are the names found, sorted. A file or object that cannot be used marks its image (skipped)."""
     problems: list[Skipped] = []
     raw: dict[str, dict] = {}
     for folder, _, files in sorted(os.walk(path)):
@@ -337,45 +370,49 @@ def read_voc(path: Path) -> Annotations:
             if not name.lower().endswith(".xml"):
                 continue
             file = Path(folder) / name
+            key = file.relative_to(path).with_suffix("").as_posix()
             where = f"{path.name}/{file.relative_to(path).as_posix()}"
             try:
                 root = ElementTree.parse(file).getroot()
-            except (ElementTree.ParseError, OSError) as e:
-                problems.append(Skipped(where, f"bad annotation: not readable XML ({e})"))
+            except (ElementTree.ParseError, OSError, RecursionError) as e:
+                problem = f"bad annotation: {where} is not readable XML ({e})"
+                problems.append(Skipped(where, problem))
+                raw[key] = {"objects": [], "size": None, "where": where, "problem": problem}
                 continue
-            size = None
+            size, problem = None, None
             w, h = root.findtext("size/width"), root.findtext("size/height")
-            if w and h and w.strip().isdigit() and h.strip().isdigit() and int(w) > 0 and int(h) > 0:
-                size = (int(w), int(h))
+            try:
+                if w and h and w.strip() and h.strip():
+                    fw, fh = float(w), float(h)
+                    if not (fw.is_integer() and fh.is_integer() and fw > 0 and fh > 0):
+                        raise ValueError
+                    size = (int(fw), int(fh))
+            except ValueError:
+                problem = f"bad annotation: size {w!r} x {h!r} is not a whole positive width and height ({where})"
+                problems.append(Skipped(where, problem))
             objects = []
             for n, obj in enumerate(root.iter("object")):
                 label = obj.findtext("name")
                 try:
                     box = tuple(_number(float(obj.findtext(f"bndbox/{k}") or "x")) for k in ("xmin", "ymin", "xmax",
                                                                                               "ymax"))
-                except ValueError:
-                    problems.append(Skipped(f"{where}#object[{n}]", "bad annotation: bndbox needs numeric xmin, ymin, "
-                                                                    "xmax, ymax"))
-                    continue
-                # VOC counts pixels from 1, both ends included: pixel edges are xmin - 1 .. xmax
-                x0, y0, x1, y1 = box[0] - 1, box[1] - 1, box[2], box[3]
-                bad = None if label and label.strip() else "an object needs a name"
-                bad = bad or _box_problem(x0, y0, x1, y1)
-                if bad:
-                    problems.append(Skipped(f"{where}#object[{n}]", f"bad annotation: {bad}"))
+                    # VOC counts pixels from 1, both ends included: pixel edges are xmin - 1 .. xmax
+                    x0, y0, x1, y1 = box[0] - 1, box[1] - 1, box[2], box[3]
+                    bad = None if label and label.strip() else "an object needs a name"
+                    bad = bad or _box_problem(x0, y0, x1, y1)
+                    if bad:
+                        raise ValueError(bad)
+                except ValueError as e:
+                    reason = f"bad annotation: {e or 'bndbox needs numeric xmin, ymin, xmax, ymax'}"
+                    problems.append(Skipped(f"{where}#object[{n}]", reason))
+                    problem = problem or f"{reason} ({where}#object[{n}])"
                     continue
                 difficult = int((obj.findtext("difficult") or "0").strip() == "1")
                 objects.append((label.strip(), (x0, y0, x1, y1), difficult))
-            filename = (root.findtext("filename") or "").strip()
-            key = file.relative_to(path).with_suffix("").as_posix()
-            raw[key] = {"objects": objects, "size": size, "where": where, "filename": filename}
+            raw[key] = {"objects": objects, "size": size, "where": where, "problem": problem}
     names = sorted({o[0] for r in raw.values() for o in r["objects"]})
     index = {n: i for i, n in enumerate(names)}
-    records: dict[str, ImageBoxes] = {}
-    for key, r in raw.items():
-        record = ImageBoxes(tuple(o[1] for o in r["objects"]), tuple(index[o[0]] for o in r["objects"]), r["where"],
-                            r["size"], difficult=tuple(o[2] for o in r["objects"]))
-        records[key] = record
-        if r["filename"] and r["filename"] != PurePosixPath(key).name and r["filename"] not in records:
-            records[r["filename"]] = record  # matched by the file name it gives, too
+    records = {key: ImageBoxes(tuple(o[1] for o in r["objects"]), tuple(index[o[0]] for o in r["objects"]),
+                               r["where"], r["size"], difficult=tuple(o[2] for o in r["objects"]), problem=r["problem"])
+               for key, r in raw.items()}
     return Annotations("voc", names, list(names), records, problems)

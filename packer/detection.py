@@ -25,7 +25,7 @@ from PIL import Image
 from packer.annotations import Annotations, ImageBoxes, load_annotations
 from packer.config import DEFAULT_MIN_VISIBILITY, DetectionConfig, PreprocessConfig
 from packer.discover import Discovery
-from packer.errors import DecodeError
+from packer.errors import DecodeError, InputError
 from packer.geometry import Geometry, image_geometry, map_boxes
 from packer.jpeg import upright
 from packer.preprocess import Decoded, resize
@@ -59,23 +59,40 @@ def match_targets(found: Discovery, config: DetectionConfig) -> Matched:
     """Pair every discovered image with its annotations (see the module docstring); the items are
     numbered again in order, and every problem is in ``found.skipped`` with its reason."""
     annotations = load_annotations(config.path, config.format)
+    if not annotations.categories:
+        raise InputError(f"--annotations {config.path} names no category: nothing could be labelled")
     kept, skipped, targets, used = [], list(found.skipped), {}, set()
     skipped += annotations.problems
+    owners: dict[int, list] = {}
+    for item in found.items:
+        record = annotations.find(item.relpath)
+        if record is not None:
+            owners.setdefault(id(record), []).append(item.relpath)
     for item in found.items:
         record = annotations.find(item.relpath)
         if record is None and not annotations.background:
             skipped.append(Skipped(item.relpath, f"not annotated: {annotations.source} does not list this image"))
+            continue
+        if record is not None and len(owners[id(record)]) > 1:
+            others = [p for p in owners[id(record)] if p != item.relpath]
+            skipped.append(Skipped(item.relpath, f"ambiguous annotation: {record.where} would fit {others[0]} too; "
+                                                 "rename one of the images"))
+            used.add(id(record))
+            continue
+        if record is not None and record.problem is not None:
+            skipped.append(Skipped(item.relpath, f"{record.problem}: the image is left out rather than stored with "
+                                                 "an object missing"))
+            used.add(id(record))
             continue
         index = len(kept)
         kept.append(replace(item, index=index, label=UNLABELLED))  # a detection sample's labels are its boxes
         targets[index] = record
         if record is not None:
             used.add(id(record))
-    seen: set[int] = set()
     for name, record in annotations.images.items():
-        if id(record) not in used and id(record) not in seen and record.boxes:
-            skipped.append(Skipped(record.where, f"annotation of a missing image: no image {name} in the source"))
-        seen.add(id(record))
+        if id(record) not in used and (record.boxes or not annotations.background):
+            skipped.append(Skipped(f"{record.where}#{name}" if record.where != name else name,
+                                   f"annotation of a missing image: no image {name} in the source"))
     matched = replace(found, items=kept, skipped=skipped, classes=None)
     summary = {"format": annotations.format, "source": annotations.source,
                "categories": annotations.categories, "category_ids": annotations.category_ids,

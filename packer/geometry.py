@@ -50,16 +50,25 @@ def image_geometry(stored_size: tuple[int, int], orientation: int, cfg: Preproce
     """The geometry ``packer.preprocess`` applies to an image of ``stored_size`` with EXIF ``orientation``."""
     w, h = (stored_size[1], stored_size[0]) if orientation in (5, 6, 7, 8) else stored_size
     sx, sy, ox, oy, out = _resize(w, h, cfg)
+    # The picture's part of the resize's output: the image as placed, inside that output (shorter-crop
+    # keeps its window only; pad leaves the letterbox around it).
+    content = _within((ox, oy, ox + w * sx, oy + h * sy), out)
     if cfg.crop is not None:
         (ow, oh), (cw, ch) = out, cfg.crop
         # center_crop: pad a smaller side ((crop - side) // 2 before), then cut at the rounded centre
         px, py = ((cw - ow) // 2 if cw > ow else 0), ((ch - oh) // 2 if ch > oh else 0)
         pw, ph = max(cw, ow), max(ch, oh)
         left, top = int(round((pw - cw) / 2.0)), int(round((ph - ch) / 2.0))
-        ox, oy, out = ox + px - left, oy + py - top, (cw, ch)
-    right, bottom = ox + w * sx, oy + h * sy
-    content = (max(0.0, ox), max(0.0, oy), min(float(out[0]), right), min(float(out[1]), bottom))
+        dx, dy = px - left, py - top
+        ox, oy, out = ox + dx, oy + dy, (cw, ch)
+        content = _within((content[0] + dx, content[1] + dy, content[2] + dx, content[3] + dy), out)
     return Geometry(tuple(stored_size), orientation, (w, h), (sx, sy), (ox, oy), out, content)  # type: ignore[arg-type]
+
+
+def _within(box: tuple[float, float, float, float], size: tuple[int, int]) -> tuple[float, float, float, float]:
+    """``box`` cut to an image of ``size`` (empty boxes keep left <= right)."""
+    x0, y0 = min(max(box[0], 0.0), float(size[0])), min(max(box[1], 0.0), float(size[1]))
+    return (x0, y0, max(x0, min(box[2], float(size[0]))), max(y0, min(box[3], float(size[1]))))
 
 
 def _resize(w: int, h: int, cfg: PreprocessConfig) -> tuple[float, float, float, float, tuple[int, int]]:

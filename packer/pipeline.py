@@ -112,6 +112,9 @@ def convert(
         check_output(output, overwrite, Path(source))
         found = checked(discovery, strict, config.text)
     matched = None
+    if (config.detection is not None or config.masks is not None) and (labels_file is not None or classes is not None):
+        raise InputError("--labels and --classes label images by class; with --annotations or --masks the labels are "
+                         "the boxes' categories or the masks' indices: leave them out")
     if config.detection is not None:
         if found.fields != ("image",):
             raise InputError(f"--annotations pairs boxes with images, but the samples of {source} have the fields "

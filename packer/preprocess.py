@@ -177,9 +177,10 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
             # Pillow warns on odd but readable files (e.g. a palette image with bytes transparency).
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as img:
+                turn = _orientation(img)  # before oriented(): Pillow drops the tag of a TIFF it turns as it loads
                 # Without the data, oriented does not try libjpeg-turbo again on a plain JPEG it declined.
                 turned = oriented(img, cfg, path, None if orientation else data, scratch=True)
-                return _resized(*turned, cfg, histogram, path, _orientation(img))
+                return _resized(*turned, cfg, histogram, path, turn)
     except DecodeError:
         raise
     except UnidentifiedImageError:
@@ -263,6 +264,10 @@ def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", dat
     w, h = img.size
     _check_pixels(w, h, cfg, path)
     orientation = _orientation(img)
+    if img.format == "TIFF" and orientation != 1:
+        img.load()  # Pillow 13 turns a TIFF by its orientation as it loads and drops the tag: not twice
+        if _orientation(img) == 1:
+            return to_color_mode(img, cfg.mode, cfg.background), img.size, None
     turned = orientation in (5, 6, 7, 8)
     original = (h, w) if turned else (w, h)  # as displayed, after the EXIF orientation
     area = None

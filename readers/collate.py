@@ -288,10 +288,16 @@ class ArraysAcrossWorkers:
 
     @staticmethod
     def _arrays(batch: Any) -> Any:
-        if not isinstance(batch, dict):
-            return batch
         small = ArraysAcrossWorkers.INLINE_BYTES
-        return {k: v.numpy() if torch.is_tensor(v) and v.nbytes < small else v for k, v in batch.items()}
+        inline = lambda v: v.numpy() if torch.is_tensor(v) and v.nbytes < small else v  # noqa: E731
+        if isinstance(batch, dict):
+            return {k: inline(v) for k, v in batch.items()}
+        if isinstance(batch, tuple) and len(batch) >= 2 and isinstance(batch[1], list):
+            # detection_collate's (images, targets[, metas]): each target's few small tensors would
+            # otherwise cost a shared-memory file descriptor each, hundreds per batch
+            targets = [{k: inline(v) for k, v in t.items()} if isinstance(t, dict) else inline(t) for t in batch[1]]
+            return (batch[0], targets, *batch[2:])
+        return batch
 
 
 def _kind(x: Any) -> str | None:

@@ -213,6 +213,9 @@ class PackedLoader:
     def _place_detection(self, batch: tuple) -> tuple:
         """A detection batch with its images and targets' tensors on the device, the images normalized."""
         images, targets, *rest = batch
+        tensor = lambda v: torch.from_numpy(v) if isinstance(v, np.ndarray) else v  # noqa: E731 - crossed as numpy
+        if isinstance(targets, list):
+            targets = [{k: tensor(v) for k, v in t.items()} if isinstance(t, dict) else tensor(t) for t in targets]
         if self.device is not None:
             move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
             images = move(images) if torch.is_tensor(images) else [move(i) for i in images]
@@ -363,7 +366,7 @@ def make_loader(
                      free // 2**20, need // 2**20)
     text = bool(dataset.text_fields) and not dataset.detection
     if dataset.detection:
-        options.setdefault("collate_fn", detection_collate)
+        options.setdefault("collate_fn", detection_collate if cuda else ArraysAcrossWorkers(detection_collate))
     if text:
         pad = functools.partial(pad_collate, pad_id=dataset.pad_id, fields=m.sample_fields)
         options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))  # cuda: tensors, to be pinned

@@ -56,7 +56,8 @@ class PackedDataset(ReaderBase, Dataset):
         nothing is decoded again. Needs a fixed image size.
         """
         if not self.fixed_images:
-            raise ValueError("in_memory=True holds images of one size: this output has text fields or images of "
+            raise ValueError("in_memory=True holds images of one size and nothing else: this output has text fields, "
+                             "detection targets, masks or images of "
                              "several sizes (--resize none)")
         memory = torch.empty((len(self), *self.layout.shape), dtype=torch_dtype(self.layout.np_dtype)).share_memory_()
         view = memory.numpy()

@@ -265,10 +265,12 @@ def test_bad_annotations_are_reported_and_never_crash(tmp_path):
     assert "image_id 77" in reasons["coco.json#annotations[12] (id 901)"]
     assert "no area" in reasons["coco.json#annotations[13] (id 902)"]
     assert "bbox" in reasons["coco.json#annotations[14] (id 903)"]
-    assert "no image gone.png" in reasons["coco.json"]
+    assert "no image gone.png" in reasons["coco.json#gone.png"]
     assert reasons["img4.png"].startswith("not annotated")
+    # img0's other boxes are fine, but an object of it would be missing: left out, not stored as a partial truth
+    assert reasons["img0.png"].startswith("bad annotation") and "left out" in reasons["img0.png"]
     assert "bad annotation" in result.output and "Traceback" not in result.output
-    assert read_manifest(tmp_path / "out").samples == 4
+    assert read_manifest(tmp_path / "out").samples == 3
 
 
 def test_an_annotation_of_another_size_skips_its_image(tmp_path):
@@ -381,3 +383,59 @@ def _inner(region: np.ndarray) -> np.ndarray:
     for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
         out &= padded[dy:dy + region.shape[0], dx:dx + region.shape[1]]
     return out
+
+
+def test_images_are_matched_by_path_never_by_a_shared_file_name(tmp_path):
+    from packer.errors import InputError  # noqa: F401 - documents what the refusals are
+
+    for folder in ("cat", "dog"):
+        (tmp_path / "src" / folder).mkdir(parents=True)
+        Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(tmp_path / "src" / folder / "a.png")
+    coco = {"images": [{"id": 1, "file_name": "cat/a.png", "width": 30, "height": 30}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20]}],
+            "categories": [{"id": 1, "name": "thing"}]}
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    config = ConvertConfig("npy", MODES["none"], detection=DetectionConfig(str(tmp_path / "coco.json")))
+    result = convert(tmp_path / "src", tmp_path / "out", config, workers=1)
+    assert [s.path for s in result.skipped] == ["dog/a.png"] and result.manifest.annotations["boxes"] == 1
+    # YOLO: a label file for train/a, none for val/a (a negative, not train's boxes)
+    (tmp_path / "labels" / "cat").mkdir(parents=True)
+    (tmp_path / "labels" / "classes.txt").write_text("thing\n")
+    (tmp_path / "labels" / "cat" / "a.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    config = ConvertConfig("npy", MODES["none"], detection=DetectionConfig(str(tmp_path / "labels")))
+    convert(tmp_path / "src", tmp_path / "yolo", config, workers=1)
+    boxes = {m["key"]: len(t["boxes"]) for _, t, m in open_dataset(tmp_path / "yolo", return_meta=True)}
+    assert boxes == {"cat/a.png": 1, "dog/a.png": 0}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["images"].append(dict(d["images"][0], file_name="other.png")), "image id 1 is given twice"),
+    (lambda d: d["images"][0].update(id=[1]), "images\\[0\\] needs an integer id"),
+    (lambda d: d["images"][0].update(width=float("inf")), "whole positive"),
+    (lambda d: d.update(annotations=None), "'annotations' lists"),
+    (lambda d: d["categories"][0].update(id="10"), "categories\\[0\\] needs an integer id"),
+])
+def test_coco_files_that_cannot_be_trusted_are_refused_with_a_message(tmp_path, change, message):
+    from packer.errors import InputError
+
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    change(data)
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=message):
+        convert(tmp_path / "images", tmp_path / "out",
+                ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"))), workers=1)
+
+
+@pytest.mark.parametrize("bad", [{"area": float("nan")}, {"iscrowd": "0"}, {"area": -3}])
+def test_bad_values_mark_their_image_instead_of_being_stored(tmp_path, bad):
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    data["annotations"][0].update(bad)  # an annotation of img0
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    config = ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored"))
+    result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
+    assert "img0.png" in {s.path for s in result.skipped}
+    assert "NaN" not in "".join(p.read_text(errors="ignore") for p in (tmp_path / "out").glob("*.json"))

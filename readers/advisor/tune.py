@@ -216,9 +216,10 @@ class LoaderMeasure:
 
 
 def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: Trial,
-                     cuda: bool = False, text: bool = False) -> dict[str, str]:
+                     cuda: bool = False, text: bool = False, detection: bool = False) -> dict[str, str]:
     """Python to paste for ``trial``: ``{"make_loader": ..., "DataLoader": ...}``, each complete (imports
-    included) and defining ``loader``; ``text`` for outputs with text fields (padded batches)."""
+    included) and defining ``loader``; ``text`` for outputs with text fields (padded batches),
+    ``detection`` for outputs of ``(image, target)`` samples (``detection_collate``)."""
     path = repr(str(root))
     args = [f"open_dataset({path})", f"batch_size={batch_size}", f"num_workers={trial.num_workers}"]
     if trial.num_workers:
@@ -235,7 +236,11 @@ def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: 
         dl += [f"prefetch_factor={trial.prefetch_factor or DEFAULT_PREFETCH}", "persistent_workers=True"]
     if cuda:
         dl.append("pin_memory=True")
-    if text:
+    if detection:
+        dl.append("collate_fn=detection_collate")
+        plain = ("from torch.utils.data import DataLoader\n\nfrom readers import detection_collate, open_dataset\n\n"
+                 + _call("loader = DataLoader", dl))
+    elif text:
         opened, dl[0] = dl[0], "dataset"
         dl.append("collate_fn=partial(pad_collate, pad_id=dataset.pad_id, fields=dataset.manifest.sample_fields)")
         plain = ("from functools import partial\n\nfrom torch.utils.data import DataLoader\n\n"

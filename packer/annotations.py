@@ -15,6 +15,7 @@ the file and the reason instead of failing. Which pixels the boxes refer to (``c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -69,6 +70,9 @@ class Annotations:
     problems: list[Skipped] = field(default_factory=list)
     background: bool = False
     source: str = ""
+    digest: str = ""
+    """SHA-256 of the annotation file's bytes, or of a folder's files' paths, sizes and times (what
+    ``--resume`` compares)."""
 
     def find(self, relpath: str) -> Optional[ImageBoxes]:
         """The record of the image at ``relpath`` (relative to the converted folder): by its whole path
@@ -111,7 +115,23 @@ def load_annotations(path: str | os.PathLike, fmt: Optional[str] = None) -> Anno
         raise InputError(f"--annotation-format must be one of {', '.join(ANNOTATION_FORMATS)}, not {fmt!r}")
     found = {"coco": read_coco, "yolo": read_yolo, "voc": read_voc}[fmt](path)
     found.source = path.name
+    found.digest = _digest(path)
     return found
+
+
+def _digest(path: Path) -> str:
+    """See ``Annotations.digest``."""
+    h = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    for folder, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            st = os.stat(os.path.join(folder, name))
+            h.update(f"{os.path.relpath(os.path.join(folder, name), path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
 
 
 def _number(value) -> float:
@@ -131,6 +151,14 @@ def _integer(value, least: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{value!r} is not a whole number of at least {least}")
     return value
+
+
+_NUMBERS = (int, float)  # exact types: a bool is not a coordinate
+
+
+def _where(file: str, n: int, a) -> str:
+    """How a report names annotation ``n`` of ``file``: its position, and its id when it has one."""
+    return f"{file}#annotations[{n}]" + (f" (id {a.get('id')})" if isinstance(a, dict) and "id" in a else "")
 
 
 def read_coco(path: Path) -> Annotations:
@@ -191,42 +219,47 @@ def read_coco(path: Path) -> Annotations:
         images[image_id] = {"name": name, "size": size, "boxes": [], "labels": [], "iscrowd": [], "area": [],
                             "segmentation": [], "problem": None}
     for n, a in enumerate(data.get("annotations", [])):
-        label = f"{where}#annotations[{n}]" + (f" (id {a.get('id')})" if isinstance(a, dict) and "id" in a else "")
         image = None
-        try:
-            if not isinstance(a, dict):
+        try:  # the common case checked in few steps: this loop runs once per box, before any worker starts
+            if type(a) is not dict:
                 raise ValueError("an annotation must be an object")
             key = a["image_id"]
-            image = images.get(key) if isinstance(key, int) and not isinstance(key, bool) else None
+            image = images.get(key) if type(key) is int else None
             if image is None:
-                problems.append(Skipped(label, f"annotation of a missing image: image_id {key!r} is not in 'images'"))
+                problems.append(Skipped(_where(where, n, a), f"annotation of a missing image: image_id {key!r} is not "
+                                                             "in 'images'"))
                 continue
             category = a["category_id"]
-            if isinstance(category, bool) or category not in index:
+            if type(category) is not int or category not in index:
                 raise ValueError(f"category_id {category!r} is not in 'categories'")
-            if not isinstance(a["bbox"], list) or len(a["bbox"]) != 4:
-                raise ValueError(f"bbox {a['bbox']!r} is not [x, y, w, h]")
-            x, y, w, h = (_number(v) for v in a["bbox"])
-            bad = _box_problem(x, y, x + w, y + h) if w > 0 and h > 0 else f"bbox {a['bbox']} has no area"
-            bad = bad or (_segmentation_problem(a["segmentation"], image["size"]) if "segmentation" in a else None)
+            bbox = a["bbox"]
+            if type(bbox) is not list or len(bbox) != 4 or not all(type(v) in _NUMBERS for v in bbox):
+                raise ValueError(f"bbox {bbox!r} is not [x, y, w, h] of numbers")
+            x, y, w, h = bbox
+            if not math.isfinite(x + y + w + h) or w <= 0 or h <= 0:
+                raise ValueError(f"bbox {bbox} has no area or is not finite")
             crowd = a.get("iscrowd", 0)
-            if crowd not in (0, 1) or isinstance(crowd, bool):
-                bad = bad or f"iscrowd {crowd!r} is not 0 or 1"
+            if type(crowd) is not int or crowd not in (0, 1):
+                raise ValueError(f"iscrowd {crowd!r} is not 0 or 1")
             area = a.get("area", w * h)
-            if isinstance(area, bool) or not isinstance(area, (int, float)) or not math.isfinite(area) or area < 0:
-                bad = bad or f"area {area!r} is not a finite number >= 0"
-            if bad:
-                raise ValueError(bad)
+            if type(area) not in _NUMBERS or not math.isfinite(area) or area < 0:
+                raise ValueError(f"area {area!r} is not a finite number >= 0")
+            segmentation = a.get("segmentation")
+            if segmentation is not None:
+                bad = _segmentation_problem(segmentation, image["size"])
+                if bad:
+                    raise ValueError(bad)
         except (KeyError, TypeError, ValueError) as e:
+            label = _where(where, n, a)
             reason = f"bad annotation: {e}" if not isinstance(e, KeyError) else f"bad annotation: needs {e}"
             problems.append(Skipped(label, reason))
             if image is not None and image["problem"] is None:
                 image["problem"] = f"{reason} ({label})"
             continue
-        image["boxes"].append((x, y, x + w, y + h))
+        image["boxes"].append((float(x), float(y), float(x + w), float(y + h)))
         image["labels"].append(index[category])
-        image["iscrowd"].append(int(crowd))
-        image["segmentation"].append(a.get("segmentation"))
+        image["iscrowd"].append(crowd)
+        image["segmentation"].append(segmentation)
         image["area"].append(float(area))
     outlined = any(s is not None for image in images.values() for s in image["segmentation"])
     records: dict[str, ImageBoxes] = {}

@@ -276,7 +276,7 @@ def _targets_digest(matched: Optional[Matched], config: ConvertConfig, masks: Op
         return "".join(f"\0{i}\0{masks[i]}\0{source_stamp(masks[i])}" for i in sorted(masks))
     if matched is None or config.detection is None:
         return ""
-    return annotations_digest(matched.targets, config.detection)
+    return annotations_digest(matched, config.detection)
 
 
 def run_unfinished(

@@ -320,16 +320,20 @@ def detection_check(src: Path, work: Path, workers: int, repeat: int, fmt: str =
     """Conversion of ``src`` with COCO boxes (``write_boxes``) against the same images without, in
     alternating pairs (ratios between neighbours; the median kept): what carrying boxes costs."""
     boxes = write_boxes(src, work / "boxes.json")
-    plain, boxed = [], []
+    plain, boxed, cpu_plain, cpu_boxed = [], [], [], []
     for _ in range(repeat):
-        plain.append(convert_subprocess(src, work / "plain", fmt, "raw", workers)["seconds"])
-        boxed.append(convert_subprocess(src, work / "boxed", fmt, "raw", workers, work / "boxes.json")["seconds"])
+        for seconds, cpu, coco in ((plain, cpu_plain, None), (boxed, cpu_boxed, work / "boxes.json")):
+            before = _cpu_seconds()
+            seconds.append(convert_subprocess(src, work / "out", fmt, "raw", workers, coco)["seconds"])
+            cpu.append(_cpu_seconds() - before)  # the conversion's processes: its whole work, whatever the clock
     ratios = [p / b for p, b in zip(plain, boxed)]
+    cpu_ratios = [b / p for p, b in zip(cpu_plain, cpu_boxed)]
     n = len(discover(src).items)
     print(f"detection check, {n} images, {boxes} COCO boxes, {fmt}, {workers} workers: with boxes "
           f"{n / float(np.median(boxed)):.0f} images/s, without {n / float(np.median(plain)):.0f} images/s; speed with "
-          f"boxes / without: median {float(np.median(ratios)):.1%} (pairs {', '.join(f'{r:.1%}' for r in ratios)})",
-          flush=True)
+          f"boxes / without: median {float(np.median(ratios)):.1%} (pairs {', '.join(f'{r:.1%}' for r in ratios)}); "
+          f"CPU seconds with / without (imports included): median {float(np.median(cpu_ratios)):.1%} "
+          f"(pairs {', '.join(f'{r:.1%}' for r in cpu_ratios)})", flush=True)
 
 
 def memory_check(root: Path, workers: int) -> None:

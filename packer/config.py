@@ -212,6 +212,8 @@ class MaskConfig:
     folder: str
     ignore_index: int = 255
     coords: str = "auto"
+    sidecar: bool = False
+    """Masks beside their images instead (``0001.jpg`` with ``0001.png`` in one folder); ``folder`` unused."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.ignore_index <= 255:
@@ -221,6 +223,8 @@ class MaskConfig:
     @property
     def source_name(self) -> str:
         """The masks folder's name, as the manifest records it (no absolute paths in an output)."""
+        if self.sidecar:
+            return "beside the images"
         return self.folder.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
 
 

@@ -44,6 +44,8 @@ class SegmentationJob:
 def match_masks(found: Discovery, config: MaskConfig) -> tuple[Discovery, dict[int, str]]:
     """``found`` without the images that have no mask (skipped and reported), numbered again, and the
     mask file of each kept item."""
+    if config.sidecar:
+        return _match_sidecars(found)
     folder = Path(config.folder)
     if not folder.is_dir():
         raise InputError(f"--masks {folder} is not a folder")
@@ -62,6 +64,29 @@ def match_masks(found: Discovery, config: MaskConfig) -> tuple[Discovery, dict[i
         kept.append(replace(item, index=index))
         masks[index] = str(path)
     return replace(found, items=kept, skipped=skipped), masks
+
+
+def _match_sidecars(found: Discovery) -> tuple[Discovery, dict[int, str]]:
+    """Masks beside their images: ``REL/NAME.png`` is the mask of the image ``REL/NAME.EXT`` (another
+    extension) and no sample of its own; a PNG no image claims is an image, which then needs a mask."""
+    by_stem: dict[str, list] = {}
+    for item in found.items:
+        by_stem.setdefault(os.path.splitext(item.relpath)[0], []).append(item)
+    kept, skipped, masks = [], list(found.skipped), {}
+    for stem, items in by_stem.items():
+        pngs = [it for it in items if it.relpath.lower().endswith(".png")]
+        images = [it for it in items if it not in pngs]
+        if len(images) == 1 and len(pngs) == 1:
+            index = len(kept)
+            kept.append(replace(images[0], index=index))
+            masks[index] = pngs[0].path
+            continue
+        reason = ("no mask: no .png shares its stem" if not pngs else
+                  f"ambiguous mask: {len(images)} images share the stem of {pngs[0].relpath}")
+        skipped += [Skipped(it.relpath, reason) for it in (images or pngs)]
+    order = sorted(range(len(kept)), key=lambda i: kept[i].relpath)  # the sorted order of the images
+    items = [replace(kept[i], index=n) for n, i in enumerate(order)]
+    return replace(found, items=items, skipped=skipped), {n: masks[i] for n, i in enumerate(order)}
 
 
 def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index: int, coords: str,

@@ -126,3 +126,19 @@ def test_masks_inside_the_source_are_refused(data, tmp_path):
     with pytest.raises(InputError, match="inside the source folder"):
         convert(data, tmp_path / "out", ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"))),
                 workers=1)
+
+
+def test_masks_beside_their_images(data, tmp_path):
+    """--mask-sidecar: 0.png beside 0.jpg is 0.jpg's mask, not a sample; an image without one is skipped."""
+    src = tmp_path / "side"
+    src.mkdir()
+    for i in range(len(IMAGES)):
+        Image.open(data / "images" / f"{i}.png").save(src / f"{i}.tif", exif=Image.open(data / "images" / f"{i}.png")
+                                                      .getexif())
+        (src / f"{i}.png").write_bytes((data / "masks" / f"{i}.png").read_bytes())
+    Image.new("RGB", (20, 20)).save(src / "lonely.jpg")
+    config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig("", sidecar=True))
+    result = convert(src, tmp_path / "out", config, workers=1)
+    assert result.manifest.samples == len(IMAGES)
+    assert [(s.path, s.reason.split(":")[0]) for s in result.skipped] == [("lonely.jpg", "no mask")]
+    check_masks(tmp_path / "out")

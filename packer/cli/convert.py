@@ -81,6 +81,8 @@ from packer.text import TextConfig
 @click.option("--masks", "masks_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Semantic segmentation: a folder of class-index PNGs, REL.png for the image REL.*; resized with "
                    "nearest-neighbour, cropped and padded exactly like their image; readers return (image, mask).")
+@click.option("--mask-sidecar", is_flag=True,
+              help="Segmentation masks beside their images: 0001.png is the mask of 0001.jpg in the same folder.")
 @click.option("--mask-ignore", type=click.IntRange(0, 255), default=255,
               help="The mask value of padding (--resize pad, a --crop larger than the image).")
 @click.option("--classes", "classes_from", type=click.Path(exists=True, path_type=Path), default=None,
@@ -122,7 +124,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             shuffle_seed: Optional[int], labels_file: Optional[Path], fields_: Optional[str], allow_missing: bool,
             encoding: str, tokenizer: Optional[str], max_length: Optional[int], annotations: Optional[Path],
             annotation_format: Optional[str], min_box_visibility: float, box_coords: str,
-            masks_dir: Optional[Path], mask_ignore: int, classes_from: Optional[Path],
+            masks_dir: Optional[Path], mask_sidecar: bool, mask_ignore: int, classes_from: Optional[Path],
             add_classes: bool, split_spec: Optional[str], split_seed: int, no_splits: bool, full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
             quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
@@ -145,7 +147,10 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         detection = (DetectionConfig(str(annotations), annotation_format, min_box_visibility, box_coords)
                      if annotations is not None else None)
-        masks = MaskConfig(str(masks_dir), mask_ignore, box_coords) if masks_dir is not None else None
+        if masks_dir is not None and mask_sidecar:
+            raise ConfigError("--masks DIR and --mask-sidecar say two places for the masks: give one")
+        masks = (MaskConfig(str(masks_dir or ""), mask_ignore, box_coords, sidecar=mask_sidecar)
+                 if masks_dir is not None or mask_sidecar else None)
         config = ConvertConfig(fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text,
                                detection, masks)
         node = _node_split(num_nodes, node_rank, executor_name, address, resume)

@@ -72,13 +72,16 @@ def verify(output: Path, quiet: bool) -> None:
         sys.exit(130)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
+    _fail_on(problems, output, "convert again, or restore the files named above")
+    click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _fail_on(problems: list, output: Path, what_to_do: str) -> None:
+    """Print each problem on stderr and exit 1 naming ``what_to_do``; nothing when there are none."""
     if problems:
         for p in problems:
             click.echo(f"  {p}", err=True)
-        raise click.ClickException(
-            f"{output}: {len(problems)} problem(s) found; convert again, or restore the files named above"
-        )
-    click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+        raise click.ClickException(f"{output}: {len(problems)} problem(s) found; {what_to_do}")
 
 
 def _verify_splits(output: Path, quiet: bool) -> None:
@@ -100,10 +103,7 @@ def _verify_splits(output: Path, quiet: bool) -> None:
         sys.exit(130)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    if problems:
-        for p in problems:
-            click.echo(f"  {p}", err=True)
-        raise click.ClickException(f"{output}: {len(problems)} problem(s) found; convert the splits again")
+    _fail_on(problems, output, "convert the splits again")
     maps = "unlabelled" if record.classes is None else "one class map" + (
         f" ({', '.join(record.unlabelled)} unlabelled)" if record.unlabelled else "")
     click.echo(f"packer: {output} is intact: {len(record.splits)} splits ({', '.join(record.splits)}), {total} "

@@ -138,13 +138,30 @@ def _instance_mask(seg, grid: tuple[int, int], decoded: Decoded, displayed: bool
     from pycocotools import mask as cocomask  # the reference COCO mask code, never our own
 
     w, h = grid
-    if isinstance(seg, list):
-        rle = cocomask.merge(cocomask.frPyObjects(seg, h, w))
-    elif isinstance(seg["counts"], list):
-        rle = cocomask.frPyObjects(seg, h, w)  # an uncompressed RLE (crowds)
-    else:
-        rle = {"size": list(seg["size"]), "counts": seg["counts"].encode("ascii")}
-    image = Image.fromarray(cocomask.decode(rle).astype(np.uint8), "L")
+    try:
+        if isinstance(seg, list):
+            rle = cocomask.merge(cocomask.frPyObjects(seg, h, w))
+        else:
+            if list(seg["size"]) != [h, w]:
+                raise ValueError(f"an RLE of size {seg['size']} (h, w) on an image of {w}x{h}")
+            if isinstance(seg["counts"], list):
+                if sum(seg["counts"]) != h * w:
+                    raise ValueError(f"the RLE's runs add up to {sum(seg['counts'])} pixels, not {h * w}")
+                rle = cocomask.frPyObjects(seg, h, w)  # an uncompressed RLE (crowds)
+            else:
+                rle = {"size": list(seg["size"]), "counts": seg["counts"].encode("ascii")}
+        decoded_mask = cocomask.decode(rle)
+        # pycocotools decodes any string: a damaged one gives values other than 0 and 1, or runs that do
+        # not encode back to the same string. Only an RLE that round-trips is the mask it says.
+        again = None if isinstance(seg, list) else cocomask.encode(np.asfortranarray(decoded_mask))["counts"]
+        if decoded_mask.max(initial=0) > 1 or (again is not None and again != rle["counts"]):
+            raise ValueError("its runs do not describe a mask of this size")
+    except (ValueError, TypeError, UnicodeEncodeError) as e:
+        raise DecodeError(path, f"bad annotation: its segmentation cannot be read ({e})") from None
+    if decoded_mask.shape != (h, w) or not decoded_mask.any():
+        raise DecodeError(path, "bad annotation: a segmentation covers no pixel of the image (its box would be kept "
+                                "without its mask)")
+    image = Image.fromarray(decoded_mask.astype(np.uint8), "L")
     if not displayed:
         image = upright(image, decoded.orientation)
     nearest = replace(cfg, interpolation="nearest", mode="L", fill=(0,), reduced_decode=False)
@@ -161,6 +178,11 @@ def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str =
         raise DecodeError(path, f"annotation size mismatch: {record.where} gives {record.size[0]}x{record.size[1]}, "
                                 f"the image is {stored[0]}x{stored[1]}; its boxes would land on the wrong pixels")
     if coords != "auto":
+        named = shown if coords == "displayed" else stored
+        if record.size is not None and stored != shown and record.size != named:
+            raise DecodeError(path, f"annotation size contradicts --box-coords {coords}: {record.where} gives "
+                                    f"{record.size[0]}x{record.size[1]}, the {coords} image is "
+                                    f"{named[0]}x{named[1]}; its boxes would land on the wrong pixels")
         return coords == "displayed"
     if record.normalized or decoded.orientation == 1:
         return record.normalized  # YOLO: the displayed image, as Ultralytics reads it; orientation 1: the same

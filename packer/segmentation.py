@@ -29,6 +29,7 @@ from packer.preprocess import Decoded, read_source, resize
 from packer.records import Skipped
 
 MASK_FIELD = "mask"
+LOSSLESS_FORMATS = ("PNG", "TIFF", "BMP", "GIF", "PPM")  # what a mask may be read from: nothing moves an index
 MASK_MODES = ("L", "P", "1", "I;16", "I")  # class indices; RGB(A) masks are colours, refused
 
 
@@ -96,12 +97,15 @@ def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index:
     data = read_source(path, max_bytes=cfg.max_file_bytes)
     try:
         with Image.open(io.BytesIO(data)) as img:
+            if img.format not in LOSSLESS_FORMATS:
+                raise DecodeError(key, f"bad mask: {os.path.basename(path)} is a {img.format} file; lossy compression "
+                                       "moves class indices: save masks as PNG")
             img.load()
             mask = _indices(img, key)
     except DecodeError:
         raise
-    except Exception as e:  # noqa: BLE001 - Pillow reports a corrupt file in many ways
-        raise DecodeError(key, f"bad mask: {os.path.basename(path)} is not a readable image ({e})") from None
+    except Exception:  # noqa: BLE001 - Pillow reports a corrupt file in many ways
+        raise DecodeError(key, f"bad mask: {os.path.basename(path)} is not a readable image") from None
     stored, shown = decoded.stored_size, decoded.original_size
     if mask.size not in (stored, shown):
         raise DecodeError(key, f"mask size mismatch: {os.path.basename(path)} is {mask.size[0]}x{mask.size[1]}, the "
@@ -120,8 +124,9 @@ def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index:
 def _indices(img: Image.Image, key: str) -> Image.Image:
     """The mask as an 8-bit image of class indices (palette indices kept as they are)."""
     if img.mode not in MASK_MODES:
-        raise DecodeError(key, f"bad mask: a {img.mode} image holds colours, not class indices; save masks as "
-                               "grayscale or palette PNGs of class indices")
+        what = "holds colours" if img.mode.startswith(("RGB", "CMYK", "YCbCr", "HSV", "LAB")) else "is not one channel"
+        raise DecodeError(key, f"bad mask: a {img.mode} image {what}, not class indices; save masks as grayscale or "
+                               "palette PNGs of class indices")
     if img.mode in ("I;16", "I"):
         values = np.asarray(img)
         if values.max(initial=0) > 255 or values.min(initial=0) < 0:
@@ -135,9 +140,15 @@ def _indices(img: Image.Image, key: str) -> Image.Image:
 def _on_stored_grid(size: tuple[int, int], decoded: Decoded, coords: str, key: str) -> bool:
     """Whether the mask is drawn on the image's stored grid (so it is turned with it): by ``coords``,
     else by its size where a 90-degree turn tells them apart; DecodeError where nothing decides."""
-    if coords != "auto" or decoded.orientation == 1:
-        return coords != "displayed"
     stored, shown = decoded.stored_size, decoded.original_size
+    if coords != "auto":
+        named = shown if coords == "displayed" else stored
+        if stored != shown and size != named:
+            raise DecodeError(key, f"mask size contradicts --box-coords {coords}: the mask is {size[0]}x{size[1]}, the "
+                                   f"{coords} image {named[0]}x{named[1]}")
+        return coords != "displayed"
+    if decoded.orientation == 1:
+        return True
     if stored != shown:
         return size == stored
     raise DecodeError(key, f"ambiguous mask orientation: EXIF orientation {decoded.orientation} turns this image and "

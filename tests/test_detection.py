@@ -439,3 +439,26 @@ def test_bad_values_mark_their_image_instead_of_being_stored(tmp_path, bad):
     result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
     assert "img0.png" in {s.path for s in result.skipped}
     assert "NaN" not in "".join(p.read_text(errors="ignore") for p in (tmp_path / "out").glob("*.json"))
+
+
+@pytest.mark.parametrize("rle, reason", [
+    ({"counts": [10, 5000000, 10]}, "cannot be read"),  # runs beyond the image
+    ({"counts": [10, 50, 10]}, "cannot be read"),  # runs that do not fill it
+    ({"counts": "garbage!!~~"}, "cannot be read"),
+    ({"counts": "P1"}, "cannot be read"),  # decodes to values other than 0 and 1
+    ({"counts": [120 * 80]}, "covers no pixel"),  # a valid RLE of nothing: the box would have no mask
+])
+def test_an_unreadable_or_empty_rle_skips_its_image_never_crashes(tmp_path, rle, reason):
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    w, h = images[0]["size"]
+    for a in data["annotations"]:
+        x, y, bw, bh = a["bbox"]
+        a["segmentation"] = [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]
+    data["annotations"][0]["segmentation"] = {"size": [h, w], **rle}
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    config = ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored"))
+    result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert reason in reasons["img0.png"] and result.manifest.samples == len(IMAGES) - 1

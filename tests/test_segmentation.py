@@ -142,3 +142,23 @@ def test_masks_beside_their_images(data, tmp_path):
     assert result.manifest.samples == len(IMAGES)
     assert [(s.path, s.reason.split(":")[0]) for s in result.skipped] == [("lonely.jpg", "no mask")]
     check_masks(tmp_path / "out")
+
+
+def test_a_forced_grid_that_the_mask_size_contradicts_is_refused(data, tmp_path):
+    """Image 1 is turned by EXIF 6 and its mask is drawn on the stored grid: --box-coords displayed says
+    otherwise, and the sizes prove it wrong: skipped, never turned the wrong way."""
+    config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"), coords="displayed"))
+    result = convert(data / "images", tmp_path / "out", config, workers=1)
+    assert {s.path: s.reason.split(":")[0] for s in result.skipped} == {"1.png": "mask size contradicts --box-coords "
+                                                                                 "displayed"}
+    check_masks(tmp_path / "out")
+
+
+def test_a_lossy_mask_is_refused(data, tmp_path):
+    import shutil
+
+    shutil.copytree(data, tmp_path / "d")
+    Image.open(data / "masks" / "2.png").convert("L").save(tmp_path / "d" / "masks" / "2.png", format="JPEG")
+    config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(tmp_path / "d" / "masks")))
+    result = convert(tmp_path / "d" / "images", tmp_path / "out", config, workers=1)
+    assert [(s.path, "lossy compression" in s.reason) for s in result.skipped] == [("2.png", True)]

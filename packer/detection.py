@@ -26,9 +26,8 @@ from packer.annotations import Annotations, ImageBoxes, load_annotations
 from packer.config import DEFAULT_MIN_VISIBILITY, DetectionConfig, PreprocessConfig
 from packer.discover import Discovery
 from packer.errors import DecodeError, InputError
-from packer.geometry import Geometry, image_geometry, map_boxes
-from packer.jpeg import upright
-from packer.preprocess import Decoded, resize
+from packer.geometry import Geometry, GridError, carry_indices, grid_is_displayed, image_geometry, map_boxes
+from packer.preprocess import Decoded
 from packer.records import UNLABELLED, Skipped
 
 TARGET_FIELD = "target"
@@ -63,13 +62,12 @@ def match_targets(found: Discovery, config: DetectionConfig) -> Matched:
         raise InputError(f"--annotations {config.path} names no category: nothing could be labelled")
     kept, skipped, targets, used = [], list(found.skipped), {}, set()
     skipped += annotations.problems
+    records = [annotations.find(item.relpath) for item in found.items]
     owners: dict[int, list] = {}
-    for item in found.items:
-        record = annotations.find(item.relpath)
+    for item, record in zip(found.items, records):
         if record is not None:
             owners.setdefault(id(record), []).append(item.relpath)
-    for item in found.items:
-        record = annotations.find(item.relpath)
+    for item, record in zip(found.items, records):
         if record is None and not annotations.background:
             skipped.append(Skipped(item.relpath, f"not annotated: {annotations.source} does not list this image"))
             continue
@@ -162,35 +160,22 @@ def _instance_mask(seg, grid: tuple[int, int], decoded: Decoded, displayed: bool
         raise DecodeError(path, "bad annotation: a segmentation covers no pixel of the image (its box would be kept "
                                 "without its mask)")
     image = Image.fromarray(decoded_mask.astype(np.uint8), "L")
-    if not displayed:
-        image = upright(image, decoded.orientation)
-    nearest = replace(cfg, interpolation="nearest", mode="L", fill=(0,), reduced_decode=False)
-    out = np.asfortranarray(np.asarray(resize(image, nearest, None, decoded.original_size, path), np.uint8))
+    out = carry_indices(image, decoded.orientation, displayed, cfg, decoded.original_size, 0, path)
+    out = np.asfortranarray(np.asarray(out, np.uint8))
     encoded = cocomask.encode(out)
     return {"size": [int(v) for v in encoded["size"]], "counts": encoded["counts"].decode("ascii")}
 
 
 def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str = "auto") -> bool:
-    """Whether the record's boxes are on the displayed image (``coords``, or the rules of
-    ``packer.annotations``); DecodeError when the record's size fits neither image, or nothing decides."""
-    stored, shown = decoded.stored_size, decoded.original_size
-    if record.size is not None and record.size not in (stored, shown):
-        raise DecodeError(path, f"annotation size mismatch: {record.where} gives {record.size[0]}x{record.size[1]}, "
-                                f"the image is {stored[0]}x{stored[1]}; its boxes would land on the wrong pixels")
-    if coords != "auto":
-        named = shown if coords == "displayed" else stored
-        if record.size is not None and stored != shown and record.size != named:
-            raise DecodeError(path, f"annotation size contradicts --box-coords {coords}: {record.where} gives "
-                                    f"{record.size[0]}x{record.size[1]}, the {coords} image is "
-                                    f"{named[0]}x{named[1]}; its boxes would land on the wrong pixels")
-        return coords == "displayed"
-    if record.normalized or decoded.orientation == 1:
-        return record.normalized  # YOLO: the displayed image, as Ultralytics reads it; orientation 1: the same
-    if record.size is not None and stored != shown:
-        return record.size == shown  # a 90-degree turn of a non-square image: the size says which
-    raise DecodeError(path, f"ambiguous box coordinates: EXIF orientation {decoded.orientation} turns this image, and "
-                            f"nothing in {record.where} says whether its boxes are on the stored or the turned image; "
-                            "pass --box-coords stored or --box-coords displayed")
+    """Whether the record's boxes are on the displayed image (``packer.geometry.grid_is_displayed``);
+    DecodeError naming the annotation when the sizes forbid placing them."""
+    try:
+        return grid_is_displayed(record.size, decoded.stored_size, decoded.original_size, decoded.orientation,
+                                 coords, record.normalized)
+    except GridError as e:
+        what = {"mismatch": "annotation size mismatch", "contradicts": f"annotation size contradicts --box-coords "
+                f"{coords}", "ambiguous": "ambiguous box coordinates"}[e.kind]
+        raise DecodeError(path, f"{what}: {record.where}: {e}; its boxes would land on the wrong pixels") from None
 
 
 def _encode(boxes: np.ndarray, labels: list[int], extra: dict, geometry: Geometry) -> bytes:

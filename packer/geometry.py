@@ -12,12 +12,15 @@ bottom-right corner of the last one, as COCO's and VOC's boxes are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import numpy as np
+from PIL import Image
 
 from packer.config import PreprocessConfig
-from packer.preprocess import max_side, torchvision_crop
+from packer.jpeg import upright
+from packer.preprocess import max_side, resize, torchvision_crop
 
 
 @dataclass(frozen=True)
@@ -162,3 +165,51 @@ def map_boxes(boxes, geometry: Geometry, displayed: bool, min_visibility: float)
             kept.append(i)
             shares.append(share)
     return MappedBoxes(np.array(out, np.float32).reshape(-1, 4), np.array(kept, np.int64), np.array(shares))
+
+
+class GridError(ValueError):
+    """``grid_is_displayed`` cannot tell, or is told something the sizes contradict; ``kind`` is
+    ``mismatch`` (the size fits neither grid), ``contradicts`` (a forced grid the size disproves) or
+    ``ambiguous`` (an EXIF-turned image that nothing decides)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+def grid_is_displayed(size: Optional[tuple[int, int]], stored: tuple[int, int], shown: tuple[int, int],
+                      orientation: int, coords: str, normalized: bool = False) -> bool:
+    """Whether coordinates drawn for an image (boxes, a mask; ``size`` the image size they give, None
+    when unknown) are on its displayed grid (EXIF applied) rather than its stored one.
+
+    ``coords`` ``stored`` or ``displayed`` says which, unless the size proves it wrong; ``auto``:
+    ``normalized`` ones (YOLO's) are on the displayed image, as Ultralytics reads them; an unturned
+    image has one grid; a 90-degree turn of a non-square image is told by the size; anything else
+    is a GridError, never a guess: the coordinates would land on the wrong pixels.
+    """
+    if size is not None and size not in (stored, shown):
+        raise GridError("mismatch", f"{size[0]}x{size[1]}, the image {stored[0]}x{stored[1]}")
+    if coords != "auto":
+        named = shown if coords == "displayed" else stored
+        if size is not None and stored != shown and size != named:
+            raise GridError("contradicts", f"{size[0]}x{size[1]}, the {coords} image {named[0]}x{named[1]}")
+        return coords == "displayed"
+    if normalized or orientation == 1:
+        return normalized
+    if size is not None and stored != shown:
+        return size == shown
+    raise GridError("ambiguous", f"EXIF orientation {orientation} turns this image, and nothing says whether they "
+                                 "are on the stored or the turned image; pass --box-coords stored or --box-coords "
+                                 "displayed")
+
+
+def carry_indices(image: Image.Image, orientation: int, displayed: bool, cfg: PreprocessConfig,
+                  shown: tuple[int, int], fill: int, path: str) -> Image.Image:
+    """An 8-bit image of indices drawn for a source image (a class mask, an instance mask) through that
+    image's steps: turned by its EXIF ``orientation`` unless already ``displayed``, then its resize,
+    crop and pad with nearest-neighbour resampling and ``fill`` as padding, so no index appears that
+    was not in it (but ``fill``). ``shown`` is the source's displayed size."""
+    if not displayed:
+        image = upright(image, orientation)
+    nearest = replace(cfg, interpolation="nearest", mode="L", fill=(fill,), reduced_decode=False)
+    return resize(image, nearest, None, shown, path)

@@ -24,8 +24,8 @@ from PIL import Image
 from packer.config import MaskConfig, PreprocessConfig
 from packer.discover import Discovery
 from packer.errors import DecodeError, InputError
-from packer.jpeg import upright
-from packer.preprocess import Decoded, read_source, resize
+from packer.geometry import GridError, carry_indices, grid_is_displayed
+from packer.preprocess import Decoded, read_source
 from packer.records import Skipped
 
 MASK_FIELD = "mask"
@@ -106,16 +106,15 @@ def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index:
         raise
     except Exception:  # noqa: BLE001 - Pillow reports a corrupt file in many ways
         raise DecodeError(key, f"bad mask: {os.path.basename(path)} is not a readable image") from None
-    stored, shown = decoded.stored_size, decoded.original_size
-    if mask.size not in (stored, shown):
-        raise DecodeError(key, f"mask size mismatch: {os.path.basename(path)} is {mask.size[0]}x{mask.size[1]}, the "
-                               f"image {stored[0]}x{stored[1]}")
-    if _on_stored_grid(mask.size, decoded, coords, key):
-        mask = upright(mask, decoded.orientation)
-    # The image's own steps, with nearest-neighbour resampling and the ignore index as the fill: the
-    # same geometry (packer.geometry), no index that is not in the mask (but the padding's).
-    nearest = replace(cfg, interpolation="nearest", mode="L", fill=(ignore_index,), reduced_decode=False)
-    out = resize(mask, nearest, None, shown, key)
+    try:
+        displayed = grid_is_displayed(mask.size, decoded.stored_size, decoded.original_size, decoded.orientation,
+                                      coords)
+    except GridError as e:
+        what = {"mismatch": "mask size mismatch", "contradicts": f"mask size contradicts --box-coords {coords}",
+                "ambiguous": "ambiguous mask orientation"}[e.kind]
+        detail = str(e) if e.kind == "ambiguous" else f"{os.path.basename(path)} is {e}"
+        raise DecodeError(key, f"{what}: {detail}") from None
+    out = carry_indices(mask, decoded.orientation, displayed, cfg, decoded.original_size, ignore_index, key)
     buf = io.BytesIO()
     out.save(buf, "PNG", compress_level=1)  # lossless; level 1: masks compress well at any level
     return buf.getvalue()
@@ -135,24 +134,6 @@ def _indices(img: Image.Image, key: str) -> Image.Image:
     if img.mode == "1":
         return img.convert("L").point(lambda v: 1 if v else 0)
     return Image.fromarray(np.asarray(img, dtype=np.uint8), "L")  # P: the palette indices themselves
-
-
-def _on_stored_grid(size: tuple[int, int], decoded: Decoded, coords: str, key: str) -> bool:
-    """Whether the mask is drawn on the image's stored grid (so it is turned with it): by ``coords``,
-    else by its size where a 90-degree turn tells them apart; DecodeError where nothing decides."""
-    stored, shown = decoded.stored_size, decoded.original_size
-    if coords != "auto":
-        named = shown if coords == "displayed" else stored
-        if stored != shown and size != named:
-            raise DecodeError(key, f"mask size contradicts --box-coords {coords}: the mask is {size[0]}x{size[1]}, the "
-                                   f"{coords} image {named[0]}x{named[1]}")
-        return coords != "displayed"
-    if decoded.orientation == 1:
-        return True
-    if stored != shown:
-        return size == stored
-    raise DecodeError(key, f"ambiguous mask orientation: EXIF orientation {decoded.orientation} turns this image and "
-                           "its mask fits it either way; pass --box-coords stored or --box-coords displayed")
 
 
 def mask_job(masks: Optional[dict[int, str]], config: Optional[MaskConfig], items) -> Optional[SegmentationJob]:

@@ -84,17 +84,17 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
 
 
 def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = (),
-                 target_transform: Optional[TargetTransform] = None, detection: bool = False) -> tuple:
+                 target_transform: Optional[TargetTransform] = None, has_target: bool = False) -> tuple:
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
     ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
     or the text of a text-only output), ``target_transform`` to the label (torchvision's
-    ``target_transform``); ``meta["label"]`` keeps the stored label. A ``detection`` output's
-    samples are ``(image, target[, meta])`` as torchvision's detection datasets give them, the
+    ``target_transform``); ``meta["label"]`` keeps the stored label. With ``has_target`` (a detection
+    output) samples are ``(image, target[, meta])`` as torchvision's detection datasets give them, the
     ``target_transform`` applied to the target dict; a segmentation output's ``(image, mask[, meta])``
     likewise, the mask an int64 (H, W) tensor."""
     if transform is not None:
         image = transform(image)
-    if detection:
+    if has_target:
         target = rest[0] if target_transform is None else target_transform(rest[0])
         return (image, target) if meta is None else (image, target, meta)
     if target_transform is not None:
@@ -246,11 +246,11 @@ class ReaderBase:
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
-        self.detection = any(f.kind in ("detection", "mask") for f in self.text_fields)
+        self.has_target = any(f.kind in ("detection", "mask") for f in self.text_fields)
+        """True for outputs whose samples are ``(image, target)``: detection boxes, or a segmentation mask."""
         self.geometry = any(f.kind == "geometry" for f in self.text_fields)
         """True when each image's geometry is stored (beside a paired json): the last text field, given in
         ``return_meta``'s dict as ``"geometry"``, never in the sample tuple."""
-        """True for outputs whose samples are ``(image, target)``: detection boxes or a segmentation mask."""
 
     @property
     def transform(self) -> Optional[Transform]:

@@ -182,7 +182,7 @@ class PackedLoader:
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, self._consumed):
-            if self.dataset.detection:  # detection_collate's (images, targets[, metas])
+            if self.dataset.has_target:  # detection_collate's (images, targets[, metas])
                 self._consumed += 1
                 yield self._place_detection(batch)
                 batch = None
@@ -331,7 +331,7 @@ def make_loader(
     transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
     shape = m.fields["image"].get("shape") if m.has_image else None
     if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
-            and dataset.transform is None and not dataset.detection):
+            and dataset.transform is None and not dataset.has_target):
         raise ValueError("images of this output have different sizes (--resize none or shorter): use batch_size=1, a "
                          "transform that gives every image one size, or a collate_fn that can batch them")
     user_sampler = overrides.pop("sampler", None)
@@ -364,8 +364,8 @@ def make_loader(
         else:
             log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
                      free // 2**20, need // 2**20)
-    text = bool(dataset.text_fields) and not dataset.detection
-    if dataset.detection:
+    text = bool(dataset.text_fields) and not dataset.has_target
+    if dataset.has_target:
         options.setdefault("collate_fn", detection_collate if cuda else ArraysAcrossWorkers(detection_collate))
     if text:
         pad = functools.partial(pad_collate, pad_id=dataset.pad_id, fields=m.sample_fields)

@@ -99,7 +99,7 @@ class PackedDataset(ReaderBase, Dataset):
         if meta is not None and self.geometry:
             meta["geometry"] = geometry
         return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
-                            self.detection)
+                            self.has_target)
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
@@ -144,7 +144,7 @@ class PackedDataset(ReaderBase, Dataset):
                     values = self._values(shard, at)
                     if self.geometry:
                         values.pop()  # in the meta dict only, and these samples have none
-                    out[j] = tuple(values) if self.detection else (*values, label)
+                    out[j] = tuple(values) if self.has_target else (*values, label)
         return out
 
     def _values(self, shard: int, local: int) -> list:

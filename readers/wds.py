@@ -104,7 +104,7 @@ class WdsDataset(ReaderBase, IterableDataset):
                 meta["geometry"] = geometry
         values = ((self.convert(array),) if array is not None else ()) + texts
         return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
-                            self.detection)
+                            self.has_target)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[int, Optional[np.ndarray], int, str, tuple]]:
         """``(index, image array or None, label, key, text field values)`` of each sample of one shard,

@@ -32,6 +32,18 @@ def split_tree(tmp_path) -> Path:
     return root
 
 
+def interrupt_at_val(monkeypatch) -> None:
+    """Make the conversion of split ``val`` stop as Ctrl-C would, the splits before it finished."""
+    real = dataset_splits.convert
+
+    def stop_at_val(source, target, *args, **kwargs):
+        if Path(target).name == "val":
+            raise KeyboardInterrupt
+        return real(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(dataset_splits, "convert", stop_at_val)
+
+
 def labels_by_name(out: Path) -> list[tuple[str, str]]:
     """(class folder of the sample's key, class name of its label) for every sample."""
     ds = open_dataset(out, return_meta=True)
@@ -170,14 +182,7 @@ def test_opening_the_splits_folder_names_its_splits(split_tree, tmp_path):
 def test_an_interrupted_set_is_refused_by_readers_and_resumed(split_tree, tmp_path, monkeypatch):
     out = tmp_path / "out"
     config = ConvertConfig("npy", PRE)
-    real = dataset_splits.convert
-
-    def stop_at_val(source, target, *args, **kwargs):
-        if Path(target).name == "val":
-            raise KeyboardInterrupt
-        return real(source, target, *args, **kwargs)
-
-    monkeypatch.setattr(dataset_splits, "convert", stop_at_val)
+    interrupt_at_val(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         convert_splits(split_tree, out, config, workers=1)
     monkeypatch.undo()
@@ -334,14 +339,7 @@ def test_equal_sources_give_equal_records(split_tree, tmp_path):
 
 
 def test_an_interrupted_cli_run_says_what_is_kept(split_tree, tmp_path, monkeypatch):
-    real = dataset_splits.convert
-
-    def stop_at_val(source, target, *args, **kwargs):
-        if Path(target).name == "val":
-            raise KeyboardInterrupt
-        return real(source, target, *args, **kwargs)
-
-    monkeypatch.setattr(dataset_splits, "convert", stop_at_val)
+    interrupt_at_val(monkeypatch)
     result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "out"), "-q"])
     assert result.exit_code == 130
     assert "finished: train" in result.output and "--resume" in result.output

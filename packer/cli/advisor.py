@@ -70,7 +70,7 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
             measure = LoaderMeasure(ds, batch_size, device=None if device == "cpu" else device, tick=tick)
             result = run_tune(measure, max_workers=most, seconds=seconds, margin=margin, on_trial=on_trial)
     code = recommended_code(output, ds.manifest.format, batch_size, result.best, cuda, bool(ds.text_fields),
-                            ds.detection)
+                            ds.has_target)
     if as_json:
         click.echo(json.dumps(_tune_json(output, ds.manifest, batch_size, device, cpus, seconds, result, code),
                               indent=1))

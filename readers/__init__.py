@@ -14,6 +14,7 @@ from packer.registry import FORMATS
 from readers.base import ReaderBase
 from readers.collate import PackedBatch, detection_collate, packed_collate, pad_collate
 from readers.combine import PackedChain, PackedConcat, check_same_classes, concat
+from readers.crops import CenterCrop, RandomResizedCrop
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
@@ -31,15 +32,17 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     """Open a packer output with the reader of its format; ``options`` go to that reader.
 
     Common options: ``normalize`` (default True), ``transform``, ``target_transform`` (applied to
-    each label, as torchvision's), ``return_meta``; the wds reader
-    also takes ``shuffle`` (buffer size) and ``seed``. ``root`` may be a URL for wds outputs
+    each label, as torchvision's), ``return_meta``, ``crop`` (``RandomResizedCrop(224)``,
+    ``CenterCrop(224, resize=256)``) and ``flip``, drawn from ``seed`` per epoch and sample
+    (``readers.crops``); the wds reader also takes ``shuffle`` (buffer size). ``root`` may be a URL for wds outputs
     (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote``), with ``cache_dir=``.
     """
     manifest = open_manifest(root)
     return FORMATS[manifest.format].reader_class()(root, **options)
 
 
-__all__ = ["open_dataset", "concat", "check_same_classes", "PackedConcat", "PackedChain", "detection_collate",
+__all__ = ["open_dataset", "RandomResizedCrop", "CenterCrop", "concat", "check_same_classes", "PackedConcat",
+           "PackedChain", "detection_collate",
            "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
            "PackedBatch", "packed_collate", "pad_collate",
            "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from packer.codecs import decode_image
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
@@ -27,6 +28,7 @@ from packer.splits_record import check_split_member
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
 from readers.combine import concat
+from readers.crops import Augment, CenterCrop, Placement, RandomResizedCrop, render, stored_size
 from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
@@ -100,6 +102,14 @@ def build_sample(image: Any, label: int, transform: Optional[Transform], meta: O
     if target_transform is not None:
         label = target_transform(label)
     return (image, *rest, label) if meta is None else (image, *rest, label, meta)
+
+
+def placement_meta(meta: Optional[dict], placement: Optional[Placement]) -> None:
+    """Say in a sample's meta dict what its crop and flip were: ``"crop"`` (left, top, right,
+    bottom in the stored image's pixels) and ``"flip"``."""
+    if meta is not None and placement is not None:
+        meta["crop"] = [round(v, 4) for v in placement.box]
+        meta["flip"] = placement.flip
 
 
 def decode_field(field: TextField, data) -> Any:
@@ -199,6 +209,13 @@ class ReaderBase:
     ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
     sample's position in the output, its source path relative to the converted folder, its label.
 
+    ``crop`` (``readers.RandomResizedCrop`` or ``readers.CenterCrop``) gives every image that size,
+    from images stored in any size; ``flip=True`` mirrors each image left to right with probability
+    1/2. Both are drawn per sample from ``(seed, epoch, index)`` (``readers.crops``): the same for
+    the same seed and epoch whatever the workers, new every epoch (``set_epoch``; ``make_loader``
+    follows its own epochs). With ``return_meta`` the meta dict says what was done (``"crop"``:
+    the box in the stored image's pixels, and ``"flip"``).
+
     Each shard file is checked when a process first opens it: its size against the manifest (and,
     for LMDB, the checksum of the pages LMDB follows, so a damaged file is refused instead of
     crashing the process), and that the output is still the one this dataset opened (an output
@@ -220,6 +237,9 @@ class ReaderBase:
         transform_input: str = "tensor",
         return_meta: bool = False,
         verify: bool = False,
+        crop: Optional[RandomResizedCrop | CenterCrop] = None,
+        flip: bool = False,
+        seed: int = 0,
     ) -> None:
         if is_url(root) and not self.reads_urls:
             raise ConfigError(f"{type(self).__name__} reads local folders only ({root} is a URL): the "
@@ -240,6 +260,7 @@ class ReaderBase:
         self.transform = transform  # sets convert and apply_transform (a property: assigning it later works too)
         self.target_transform = target_transform
         self.return_meta = return_meta
+        self.seed = int(seed)
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
         self._offsets = self.manifest.shard_offsets
@@ -251,6 +272,8 @@ class ReaderBase:
         self.geometry = any(f.kind == "geometry" for f in self.text_fields)
         """True when each image's geometry is stored (beside a paired json): the last text field, given in
         ``return_meta``'s dict as ``"geometry"``, never in the sample tuple."""
+        self.augment = self._augment(crop, flip)
+        """The crop and flip applied to each image (``readers.crops.Augment``), or None."""
 
     @property
     def transform(self) -> Optional[Transform]:
@@ -274,11 +297,56 @@ class ReaderBase:
         elif transform is not None:
             self.apply_transform = transform
 
+    def _augment(self, crop: Any, flip: bool) -> Optional[Augment]:
+        """The crop and flip asked for, checked against what this output stores; None for neither."""
+        if crop is None and not flip:
+            return None
+        if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
+            raise ConfigError(f"crop takes readers.RandomResizedCrop(size) or readers.CenterCrop(size), not "
+                              f"{type(crop).__name__}; a torchvision transform goes to transform=")
+        what = "crop=" if crop is not None else "flip=True"
+        if not self.manifest.has_image:
+            raise ConfigError(f"{what} needs images, and {self.root} stores none")
+        if self.layout.np_dtype != np.uint8:
+            raise ConfigError(f"{what} crops and flips 8-bit images, and {self.root} stores {self.layout.np_dtype} "
+                              "(--dtype): convert with --dtype uint8 (readers normalize it as the manifest says)")
+        if self.has_target:
+            raise ConfigError(f"{what} would move the pixels under this output's detection boxes or masks, and "
+                              "this reader cannot move them with it yet: read it without crop= and flip=")
+        return Augment(crop, bool(flip))
+
+    @property
+    def image_shape(self) -> Optional[tuple[int, int, int]]:
+        """(H, W, C) of every image this reader returns, or None when images keep their own sizes."""
+        if not self.layout.has_image:
+            return None
+        size = self.augment.size if self.augment is not None else None
+        if size is None:
+            return self.layout.shape
+        return (size[0], size[1], self.layout.channels)
+
+    def epoch_now(self) -> int:
+        """The epoch whose crops and flips samples read now get (``set_epoch``)."""
+        return int(getattr(self, "epoch", 0))
+
+    def stored_out(self, stored: Any, index: int, epoch: int, codec: Optional[str] = None
+                   ) -> tuple[np.ndarray, Optional[Placement]]:
+        """One stored image (an HWC array, or encoded bytes; ``codec`` defaults to the output's) as
+        this reader returns it, with the Placement that made it: decoded, then cropped and flipped as
+        ``augment`` draws it for ``(seed, epoch, index)``. Without ``augment`` just the decoded
+        pixels (and None)."""
+        codec, mode = codec or self.layout.codec.name, self.layout.mode
+        if self.augment is None:
+            return (stored if codec == "raw" else decode_image(stored, codec, mode)), None
+        h, w = stored_size(stored, codec)
+        placement = self.augment.placements(self.seed, epoch, [index], [h], [w])[0]
+        return render(stored, codec, mode, placement), placement
+
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:
         a free slot of make_loader's ring when there is one, else fresh (shared) memory. Float32 when
         normalizing, contiguous; otherwise the stored dtype in the stored NHWC byte order."""
-        h, w, c = self.layout.shape
+        h, w, c = self.image_shape
         out_dtype = self.convert.batch_dtype(self.layout.np_dtype)
         claimed = self.ring.claim(n, out_dtype) if self.ring is not None else None
         if claimed is not None:
@@ -342,8 +410,9 @@ class ReaderBase:
 
     @property
     def fixed_images(self) -> bool:
-        """True when samples are one image of one size and nothing else: batches are one tensor."""
-        return self.layout.fixed_images
+        """True when samples are one image of one size and nothing else: batches are one tensor
+        (images stored in one size, or given one by ``crop``)."""
+        return self.layout.has_image and not self.text_fields and self.image_shape is not None
 
     def length_field(self, field: Optional[str] = None) -> TextField:
         """The text field ``field`` names; by default the first text or token-id field (else json)."""

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import h5py
 import numpy as np
 
-from packer.codecs import decode_image, raw_image
+from packer.codecs import raw_image
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
@@ -99,7 +99,7 @@ class Hdf5Dataset(PackedDataset):
         nbytes = images.dtype.itemsize * int(np.prod(shape))
         return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text, flat_keys=keys)
 
-    def read_image(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
+    def read_stored(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
         if handle.mapped is not None:
             start = handle.chunks[local]  # local is always < the shard's samples: checked by locate()
             return handle.mapped[start:start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
@@ -108,7 +108,7 @@ class Hdf5Dataset(PackedDataset):
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
         if handle.shapes is not None:
             return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.file.filename)
-        return decode_image(data, self.layout.codec.name, self.layout.mode)
+        return data
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
         return handle.file[HDF5_LABELS][:]

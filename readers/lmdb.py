@@ -8,7 +8,7 @@ from typing import NamedTuple
 import lmdb
 import numpy as np
 
-from packer.codecs import NpyDecoder, decode_image, decode_npy
+from packer.codecs import NpyDecoder, decode_npy
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
@@ -79,11 +79,9 @@ class LmdbDataset(PackedDataset):
             raise ManifestError(f"{handle.name} has no key {key.decode()}; the shard is damaged")
         return value
 
-    def read_image(self, handle: _LmdbShard, local: int) -> np.ndarray:
+    def read_stored(self, handle: _LmdbShard, local: int) -> np.ndarray | memoryview:
         value = self._get(handle, lmdb_image_key(local))
-        if self.layout.codec.encoded:
-            return decode_image(value, self.layout.codec.name, self.layout.mode)
-        return handle.npy(value)
+        return value if self.layout.codec.encoded else handle.npy(value)
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
         return decode_npy(bytes(self._get(handle, LMDB_LABELS)))

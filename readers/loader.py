@@ -110,7 +110,7 @@ def batch_bytes(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dty
         stored = sum(f.bytes for s in m.shards for f in s.files) / max(1, m.samples)
         return int(batch_size * max(stored, 4096 if not m.has_image else 224 * 224 * m.fields["image"]["channels"]))
     itemsize = torch.empty(0, dtype=transport_dtype).element_size()
-    return batch_size * itemsize * int(torch.tensor(m.fields["image"]["shape"]).prod())
+    return batch_size * itemsize * int(np.prod(dataset.image_shape))
 
 
 def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype, *, cores: Optional[int] = None,
@@ -286,7 +286,7 @@ def make_loader(
     batch_size: int,
     *,
     shuffle: bool = True,
-    seed: int = 0,
+    seed: Optional[int] = None,
     drop_last: bool = False,
     device: Union[str, torch.device, None] = None,
     bucket_by_length: Union[bool, str] = False,
@@ -304,7 +304,9 @@ def make_loader(
     on the GPU). ``overrides`` replace any default or add any DataLoader option
     (``multiprocessing_context="spawn"``, ``num_workers=0``, ...). ``shuffle``, ``seed`` and
     ``drop_last`` go to the batch sampler; the rank split follows ``torch.distributed`` when it is
-    initialised.
+    initialised. ``seed`` (by default the dataset's, ``open_dataset(..., seed=)``, else 0) seeds the
+    shuffle and the dataset's random crops and flips (``crop=``, ``flip=``), which follow the
+    loader's epochs: each batch carries its epoch to the worker that reads it.
 
     ``sampler=`` (a ``WeightedRandomSampler``, a ``DistributedSampler``, any iterable of indices)
     or ``batch_sampler=`` (lists of indices) choose the order instead, on the map-style readers:
@@ -329,11 +331,14 @@ def make_loader(
         normalize = dataset.convert.normalize
         reader.convert = ImageConverter(dataset.manifest, normalize=False)
     transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
-    shape = m.fields["image"].get("shape") if m.has_image else None
+    seed = int(getattr(dataset, "seed", 0)) if seed is None else int(seed)
+    reader.seed = seed
+    shape = dataset.image_shape
     if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
             and dataset.transform is None and not dataset.has_target):
-        raise ValueError("images of this output have different sizes (--resize none or shorter): use batch_size=1, a "
-                         "transform that gives every image one size, or a collate_fn that can batch them")
+        raise ValueError("images of this output have different sizes (--resize none, shorter or max): open it with "
+                         "crop=readers.RandomResizedCrop(N) or CenterCrop(N), or use batch_size=1, a transform "
+                         "that gives every image one size, or a collate_fn that can batch them")
     user_sampler = overrides.pop("sampler", None)
     user_batches = overrides.pop("batch_sampler", None)
     if (user_sampler is not None or user_batches is not None) and not isinstance(dataset, PackedDataset):
@@ -392,7 +397,6 @@ def make_loader(
         loader = DataLoader(reader, batch_sampler=sampler, **options)
     else:  # tar shards: the reader makes the batches itself, an equal number per rank (see configure_batches)
         sampler = None
-        reader.seed = seed
         reader.shuffle = (reader.shuffle or WDS_SHUFFLE_BUFFER) if shuffle else 0
         reader.configure_batches(batch_size, drop_last=drop_last, rank=rank, world_size=world, workers=workers,
                                  control=torch.zeros(2, dtype=torch.int64).share_memory_())

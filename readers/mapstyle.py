@@ -17,11 +17,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from packer.codecs import decode_image
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
-from readers.base import ReaderBase, build_sample, decode_field
+from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
+from readers.crops import render, stored_size
 from readers.tensors import torch_dtype
 
 
@@ -45,6 +47,9 @@ class PackedDataset(ReaderBase, Dataset):
         self._pid: Optional[int] = None
         self.memory: Optional[torch.Tensor] = None
         self._memory_view: Optional[np.ndarray] = None
+        # The epoch of the crops and flips, in shared memory: DataLoader workers (persistent ones too)
+        # see set_epoch. make_loader's batches carry their epoch instead (readers.sampler.EpochBatch).
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_() if self.augment is not None else None
         if in_memory:
             self.load_into_memory()
 
@@ -55,10 +60,9 @@ class PackedDataset(ReaderBase, Dataset):
         ones receive it as a shared-memory handle. Encoded images (jpeg, png) are held decoded, so
         nothing is decoded again. Needs a fixed image size.
         """
-        if not self.fixed_images:
+        if not self.layout.fixed_images:
             raise ValueError("in_memory=True holds images of one size and nothing else: this output has text fields, "
-                             "detection targets, masks or images of "
-                             "several sizes (--resize none)")
+                             "detection targets, masks or images of several sizes (--resize none, shorter or max)")
         memory = torch.empty((len(self), *self.layout.shape), dtype=torch_dtype(self.layout.np_dtype)).share_memory_()
         view = memory.numpy()
         for shard in range(len(self.manifest.shards)):
@@ -69,14 +73,35 @@ class PackedDataset(ReaderBase, Dataset):
         self.close()  # the files are not needed any more
 
     def _image(self, shard: int, local: int) -> np.ndarray:
-        """The stored image at ``local`` in ``shard``: from memory (``in_memory``) or the shard's files."""
+        """The stored image at ``local`` in ``shard``, decoded: from memory (``in_memory``) or the shard's files."""
+        stored = self._stored(shard, local)
+        if self.memory is None and self.layout.codec.encoded:
+            stored = decode_image(stored, self.layout.codec.name, self.layout.mode)
+            self._check_image(stored, shard)
+        return stored
+
+    def _stored(self, shard: int, local: int) -> Any:
+        """The image at ``local`` in ``shard`` as stored: raw pixels (from memory with ``in_memory``,
+        where images are held decoded), or an encoded image's bytes."""
         if self.memory is not None:
             if self._memory_view is None:
                 self._memory_view = self.memory.numpy()
             return self._memory_view[self._offsets[shard] + local]
-        image = self.read_image(self._handle(shard), local)
-        self._check_image(image, shard)
-        return image
+        stored = self.read_stored(self._handle(shard), local)
+        if not self.layout.codec.encoded:
+            self._check_image(stored, shard)
+        return stored
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the crops and flips of epoch ``epoch`` (``crop=``, ``flip=``), in this process and in
+        the DataLoader workers reading this dataset. ``make_loader``'s loaders need no call: each of
+        their batches carries its epoch."""
+        if self._epoch is not None:
+            self._epoch.fill_(int(epoch))
+
+    def epoch_now(self) -> int:
+        """The epoch of the crops and flips of samples read now (``set_epoch``)."""
+        return int(self._epoch.item()) if self._epoch is not None else 0
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index within the shard) of dataset index ``index``; negatives count from the end."""
@@ -89,15 +114,21 @@ class PackedDataset(ReaderBase, Dataset):
         return shard, index - self._offsets[shard]
 
     def __getitem__(self, index: int):
+        return self._sample_at(index, self.epoch_now())
+
+    def _sample_at(self, index: int, epoch: int):
+        """Sample ``index`` as ``dataset[index]`` gives it, cropped and flipped for ``epoch``."""
         shard, local = self.locate(int(index))
+        placement: list = []
         with self._reading(shard):
-            values = self._values(shard, local)
+            values = self._values(shard, local, epoch, placement)
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         geometry = values.pop() if self.geometry else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
         if meta is not None and self.geometry:
             meta["geometry"] = geometry
+        placement_meta(meta, placement[0] if placement else None)
         return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
                             self.has_target)
 
@@ -111,13 +142,19 @@ class PackedDataset(ReaderBase, Dataset):
         ``transform``, a ``target_transform`` or ``return_meta`` (``one_by_one``) the samples are
         read one by one as by ``dataset[i]``.
         """
-        if self.one_by_one or type(self).__getitem__ is not PackedDataset.__getitem__:
-            return [self[i] for i in indices]  # per sample, as dataset[i] (also a subclass's own __getitem__)
+        epoch = getattr(indices, "epoch", None)
+        epoch = self.epoch_now() if epoch is None else int(epoch)
+        if type(self).__getitem__ is not PackedDataset.__getitem__:
+            return [self[i] for i in indices]  # a subclass's own __getitem__
+        if self.one_by_one:
+            return [self._sample_at(i, epoch) for i in indices]  # per sample, as dataset[i]
         n = len(indices)
-        if self.layout.has_image and self.layout.shape is None:  # images of their own sizes: no batch tensor
-            return [self[i] for i in indices]
+        if self.layout.has_image and self.image_shape is None:  # images of their own sizes: no batch tensor
+            return [self._sample_at(i, epoch) for i in indices]
         if self.text_fields:
-            return self._text_samples(indices)
+            return self._text_samples(indices, epoch)
+        if self.augment is not None:
+            return self._augmented_batch(indices, epoch)
         slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
         # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
@@ -133,7 +170,31 @@ class PackedDataset(ReaderBase, Dataset):
                         self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
         return PackedBatch(images, torch.from_numpy(labels), slot)
 
-    def _text_samples(self, indices: list[int]) -> list[tuple]:
+    def _augmented_batch(self, indices: list[int], epoch: int) -> PackedBatch:
+        """The samples at ``indices`` cropped and flipped for ``epoch``, each rendered straight into
+        its row of one batch tensor (see ``__getitems__``); the crops of a shard's samples are drawn
+        together."""
+        n = len(indices)
+        slot, images = self.batch_tensor(n)
+        labels = np.empty(n, dtype=np.int64)
+        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
+        codec = "raw" if self.memory is not None else self.layout.codec.name
+        for shard, rows, local in self._by_shard(indices):
+            with self._reading(shard):
+                labels[rows] = self._shard_labels(shard)[local]
+                stored = [self._stored(shard, at) for at in local.tolist()]
+                sizes = np.array([stored_size(s, codec) for s in stored], dtype=np.int64).reshape(-1, 2)
+                places = self.augment.placements(self.seed, epoch, (local + self._offsets[shard]).tolist(),
+                                                 sizes[:, 0], sizes[:, 1])
+                for j, data, placement in zip(rows.tolist(), stored, places):
+                    image = render(data, codec, self.layout.mode, placement)
+                    if hwc is not None:
+                        hwc[j] = image
+                    else:
+                        self.convert.into(image, images[j])
+        return PackedBatch(images, torch.from_numpy(labels), slot)
+
+    def _text_samples(self, indices: list[int], epoch: int) -> list[tuple]:
         """The samples at ``indices`` of an output with text fields, as ``dataset[i]`` gives them, read
         shard by shard (pad_collate batches them)."""
         out: list = [None] * len(indices)
@@ -141,15 +202,22 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 labels = self._shard_labels(shard)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
-                    values = self._values(shard, at)
+                    values = self._values(shard, at, epoch)
                     if self.geometry:
                         values.pop()  # in the meta dict only, and these samples have none
                     out[j] = tuple(values) if self.has_target else (*values, label)
         return out
 
-    def _values(self, shard: int, local: int) -> list:
-        """The field values of one sample, in order: the image tensor (if any), then each text field's value."""
-        values = [self.convert(self._image(shard, local))] if self.layout.has_image else []
+    def _values(self, shard: int, local: int, epoch: int = 0, placement: Optional[list] = None) -> list:
+        """The field values of one sample, in order: the image tensor (if any, cropped and flipped for
+        ``epoch``), then each text field's value. The Placement used is appended to ``placement``."""
+        values = []
+        if self.layout.has_image:
+            codec = "raw" if self.memory is not None else None  # held decoded
+            image, used = self.stored_out(self._stored(shard, local), self._offsets[shard] + local, epoch, codec)
+            if placement is not None and used is not None:
+                placement.append(used)
+            values.append(self.convert(image))
         if self.text_fields:
             handle = self._handle(shard)
             values += [decode_field(f, self.read_field(handle, local, f.name)) for f in self.text_fields]
@@ -272,7 +340,15 @@ class PackedDataset(ReaderBase, Dataset):
         raise NotImplementedError
 
     def read_image(self, handle: Any, local: int) -> np.ndarray:
-        """The stored HWC image at ``local`` in an open shard.
+        """The stored HWC image at ``local`` in an open shard, decoded (see ``read_stored``)."""
+        stored = self.read_stored(handle, local)
+        if not self.layout.codec.encoded:
+            return stored
+        return decode_image(stored, self.layout.codec.name, self.layout.mode)
+
+    def read_stored(self, handle: Any, local: int) -> Any:
+        """The image at ``local`` in an open shard as stored: an HWC array of raw pixels, or the
+        bytes (any buffer) of an encoded image.
 
         May be a read-only view of the shard's file, valid until the shard is closed: use it before
         the next ``_handle`` call (which may close shards) and never write into it.

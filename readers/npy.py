@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from packer.codecs import decode_image, raw_image
+from packer.codecs import raw_image
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.sample_layout import ImageStorage
@@ -51,13 +51,13 @@ class NpyDataset(PackedDataset):
             shapes = np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
         return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes, str(self.root / shard.name))
 
-    def read_image(self, handle: _NpyShard, local: int) -> np.ndarray:
+    def read_stored(self, handle: _NpyShard, local: int) -> np.ndarray:
         if handle.offsets is None:
             return handle.images[local]
         data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
         if handle.shapes is not None:
             return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.where)
-        return decode_image(data, self.layout.codec.name, self.layout.mode)
+        return data
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
         return np.array(handle.labels)  # a copy: the labels stay cached after the shard is closed

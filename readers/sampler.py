@@ -37,6 +37,18 @@ def distributed_rank() -> tuple[int, int]:
     return 0, 1
 
 
+class EpochBatch(list):
+    """A batch of indices (a list) that carries the epoch it belongs to, for the reader that reads
+    it in whichever DataLoader worker: its random crops and flips are that epoch's (``readers.crops``)."""
+
+    def __init__(self, indices: Sequence[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = int(epoch)
+
+    def __reduce__(self) -> tuple:
+        return (EpochBatch, (list(self), self.epoch))
+
+
 class EpochBatchSampler(Sampler[list[int]]):
     """Batches of indices into a dataset of ``size`` samples for one rank (see the module docstring)."""
 
@@ -110,7 +122,8 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self.start = self.start, 0
-        yield from self.batches(self.epoch)[start:]
+        for batch in self.batches(self.epoch)[start:]:
+            yield EpochBatch(batch, self.epoch)
 
     def state_dict(self, consumed: int = 0) -> dict:
         """The position after ``consumed`` batches of the current epoch (see ``load_state_dict``)."""
@@ -312,7 +325,7 @@ class SamplerBatches:
         start, self.start = self.start, 0
         for number, batch in enumerate(self._batches()):
             if number >= start:
-                yield batch
+                yield EpochBatch(batch, self.epoch)
 
     def load_state_dict(self, state: dict) -> None:
         """Nothing to check beyond the loader's own: the sampler is the caller's."""

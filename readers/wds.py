@@ -19,13 +19,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.codecs import NpyDecoder, decode_image
+from packer.codecs import NpyDecoder
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.shard_names import TAR_SUFFIX, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
-from readers.base import ReaderBase, build_sample, decode_field
+from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import Numbered, PackedBatch
+from readers.crops import Placement
 from readers.remote import file_url, is_url, iter_remote_tar, read_remote_file
 
 
@@ -43,19 +44,18 @@ class WdsDataset(ReaderBase, IterableDataset):
     format_name = "wds"
     reads_urls = True
 
-    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, seed: int = 0,
-                 cache_dir: Optional[str | os.PathLike] = None, **options) -> None:
+    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, cache_dir: Optional[str | os.PathLike] = None,
+                 **options) -> None:
         super().__init__(root, **options)
         self.cache_dir = cache_dir  # for URL roots: where streamed shards are kept (readers.remote)
         self.shuffle = int(shuffle)
-        self.seed = int(seed)
         self.epoch = 0
         self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
         self._batching: Optional[dict] = None  # set by configure_batches
         self._npy = NpyDecoder()  # the images of an output share one npy header: parsed once
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle of epoch ``epoch`` (same seed and epoch give the same order).
+        """Select the shuffle, crops and flips of epoch ``epoch`` (same seed and epoch give the same order).
 
         Each further iteration without a call moves to the next epoch's order, so that
         ``persistent_workers=True`` (whose worker copies never see this call) still reshuffles.
@@ -88,16 +88,18 @@ class WdsDataset(ReaderBase, IterableDataset):
                 f"{len(shards)} shard(s) for {workers} DataLoader workers: some workers stay idle; "
                 "convert with a smaller --shard-size for more shards", stacklevel=2,
             )
-        samples = (s for shard in shards[worker::workers] for s in self.iter_shard(shard))
+        samples = (s for shard in shards[worker::workers] for s in self.iter_shard(shard, epoch))
         if self.shuffle:
             rng = random.Random((self.seed * 1_000_003 + epoch) * 4099 + worker)
             samples = shuffle_buffer(samples, self.shuffle, rng)
-        for index, array, label, key, texts in samples:
-            yield self._sample(index, array, label, key, texts)
+        for sample in samples:
+            yield self._sample(*sample)
 
-    def _sample(self, index: int, array: Optional[np.ndarray], label: int, key: str, texts: tuple):
+    def _sample(self, index: int, array: Optional[np.ndarray], label: int, key: str, texts: tuple,
+                placement: Optional[Placement] = None):
         """The tuple yielded for one decoded sample (see ``build_sample``)."""
         meta = {"index": index, "key": key, "label": label} if self.return_meta else None
+        placement_meta(meta, placement)
         if self.geometry:
             texts, geometry = texts[:-1], texts[-1]
             if meta is not None:
@@ -106,11 +108,11 @@ class WdsDataset(ReaderBase, IterableDataset):
         return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
                             self.has_target)
 
-    def iter_shard(self, shard: int) -> Iterator[tuple[int, Optional[np.ndarray], int, str, tuple]]:
-        """``(index, image array or None, label, key, text field values)`` of each sample of one shard,
-        in stored order."""
+    def iter_shard(self, shard: int, epoch: int = 0) -> Iterator[tuple]:
+        """``(index, image array or None, label, key, text field values, Placement or None)`` of each
+        sample of one shard, in stored order, cropped and flipped for ``epoch``."""
         for index, fields, path in self.iter_shard_raw(shard):
-            yield (index, *self.decode(fields, path))
+            yield (index, *self.decode(fields, path, index, epoch))
 
     def lengths(self, field: Optional[str] = None) -> np.ndarray:
         """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
@@ -157,19 +159,21 @@ class WdsDataset(ReaderBase, IterableDataset):
             return self.path(relpath)
         return io.BytesIO(read_remote_file(self.root, next(f for f in shard.files if f.path == relpath)))
 
-    def decode(self, fields: dict, path: str) -> tuple[Optional[np.ndarray], int, str, tuple]:
-        """``(image array or None, label, key, text field values)`` of one sample's tar fields."""
-        codec, mode = self.layout.codec.name, self.layout.mode
+    def decode(self, fields: dict, path: str, index: int = 0, epoch: int = 0) -> tuple:
+        """``(image array or None, label, key, text field values, Placement or None)`` of one sample's
+        tar fields; the image cropped and flipped for sample ``index`` in ``epoch`` (``crop=``, ``flip=``)."""
+        codec = self.layout.codec.name
         array, label, meta = decode_tar_sample(fields, path, codec if self.layout.has_image else None, self._npy)
         stored = tar_fields(fields, self.text_fields, path)
         texts = tuple(decode_field(f, stored[f.name]) for f in self.text_fields)
-        if array is not None and codec != "raw":
+        placement = None
+        if array is not None and (codec != "raw" or self.augment is not None):
             try:
-                array = decode_image(array, codec, mode)
+                array, placement = self.stored_out(array, index, epoch)
             except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
                 raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
                                     f"run packer verify {self.root}") from None
-        return array, label, meta.get("key", fields["__key__"]), texts
+        return array, label, meta.get("key", fields["__key__"]), texts, placement
 
     # Whole batches, for make_loader ---------------------------------------------------------------
     def configure_batches(self, batch_size: int, *, drop_last: bool = False, rank: int = 0, world_size: int = 1,
@@ -265,17 +269,21 @@ class WdsDataset(ReaderBase, IterableDataset):
             items = [next(stream) for _ in range(n)]
             if g < skip:
                 continue  # consumed before a resume: read, not decoded
-            yield Numbered(g, self._make_batch(items))  # make_loader puts them in order
+            yield Numbered(g, self._make_batch(items, epoch))  # make_loader puts them in order
 
-    def _make_batch(self, items: list) -> PackedBatch:
+    def _make_batch(self, items: list, epoch: int) -> PackedBatch:
         n = len(items)
         labels = np.empty(n, dtype=np.int64)
-        decoded = [(index, *self.decode(fields, path)) for index, fields, path in items]
+        decoded = [(index, *self.decode(fields, path, index, epoch)) for index, fields, path in items]
         if not self.fixed_images or self.one_by_one:  # one by one (transforms, meta), then collated
             return [self._sample(*d) for d in decoded]  # type: ignore[return-value]
         slot, images = self.batch_tensor(n)
-        for j, (_, array, label, _, _) in enumerate(decoded):
-            self.convert.into(array, images[j])
+        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
+        for j, (_, array, label, _, _, _) in enumerate(decoded):
+            if hwc is not None and array.dtype == hwc.dtype:
+                hwc[j] = array
+            else:
+                self.convert.into(array, images[j])
             labels[j] = label
         return PackedBatch(images, torch.from_numpy(labels), slot)
 

@@ -1,0 +1,326 @@
+"""Random and centre crops, flips: torchvision's distribution, Pillow's pixels, the same batches
+whatever the workers, new crops each epoch, exact resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FORMATS, write_image
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ImageCodec, ShardSize
+from packer.errors import ConfigError
+from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
+from readers.crops import RANDOMS, Augment, uniforms
+
+MAX = PreprocessConfig(resize="max", size=(72, 72))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict:
+    """Images of several sizes and aspect ratios, stored at their own sizes (``--resize max 72``),
+    raw in every format and as JPEG in npy and wds."""
+    src = tmp_path_factory.mktemp("src") / "images"
+    sizes = [(120, 80), (60, 90), (200, 50), (72, 72), (40, 30), (90, 160)]
+    for i in range(18):
+        write_image(src / f"c{i % 3}" / f"{i:02d}.png", sizes[i % len(sizes)], seed=i)
+    out = tmp_path_factory.mktemp("out")
+    found = {"_src": src}
+    for fmt in FORMATS:
+        convert(src, out / fmt, ConvertConfig(fmt, MAX, ShardSize(samples=7)), workers=1)
+        found[fmt] = out / fmt
+    for fmt in ("npy", "wds"):
+        convert(src, out / f"{fmt}-jpeg", ConvertConfig(fmt, MAX, ShardSize(samples=7), codec=ImageCodec("jpeg")),
+                workers=1)
+        found[f"{fmt}-jpeg"] = out / f"{fmt}-jpeg"
+    return found
+
+
+def torchvision_get_params(height: int, width: int, scale, ratio, g: torch.Generator) -> tuple[int, int, int, int]:
+    """``RandomResizedCrop.get_params`` as torchvision documents and implements it, on torch's generator."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
+        aspect_ratio = math.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item(), generator=g).item())
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
+            return i, j, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def summary(boxes: np.ndarray, height: int, width: int, fallback_box) -> dict:
+    top, left, h, w = boxes.T.astype(np.float64)
+    q = [0.1, 0.25, 0.5, 0.75, 0.9]
+    return {"area": np.quantile(h * w / (height * width), q), "log_ratio": np.quantile(np.log(w / h), q),
+            "top": np.mean(top / max(1, height - h.min())),
+            "fallback": np.mean(np.all(boxes == np.asarray(fallback_box), axis=1))}
+
+
+@pytest.mark.parametrize("height,width", [(256, 192), (300, 40)])
+def test_crop_parameters_follow_torchvision_over_ten_thousand_samples(height, width):
+    crop = RandomResizedCrop(224)
+    n = 10_000
+    ours = crop.boxes(np.full(n, height), np.full(n, width), uniforms(7, 0, np.arange(n)))
+    g = torch.Generator().manual_seed(0)
+    theirs = np.array([torchvision_get_params(height, width, crop.scale, crop.ratio, g) for _ in range(n)])
+    fallback = crop._fallback(height, width)
+    a, b = summary(ours, height, width, fallback), summary(theirs, height, width, fallback)
+    assert np.abs(a["area"] - b["area"]).max() < 0.02
+    assert np.abs(a["log_ratio"] - b["log_ratio"]).max() < 0.03
+    assert abs(a["fallback"] - b["fallback"]) < 0.025
+    if width == 40:  # a strip: most tries do not fit, so the fallback is common
+        assert b["fallback"] > 0.3
+    assert (ours[:, 2] <= height).all() and (ours[:, 3] <= width).all() and (ours[:, :2] >= 0).all()
+    assert (ours[:, 0] + ours[:, 2] <= height).all() and (ours[:, 1] + ours[:, 3] <= width).all()
+
+
+def test_uniforms_depend_on_seed_epoch_and_index_alone():
+    u = uniforms(3, 1, [5, 9, 5])
+    assert u.shape == (3, RANDOMS) and (u >= 0).all() and (u < 1).all()
+    assert np.array_equal(u[0], u[2]) and not np.array_equal(u[0], u[1])
+    assert np.array_equal(uniforms(3, 1, [9])[0], u[1])  # not the position in the batch
+    assert not np.array_equal(uniforms(3, 2, [5]), uniforms(3, 1, [5]))
+    assert not np.array_equal(uniforms(4, 1, [5]), uniforms(3, 1, [5]))
+    big = uniforms(0, 0, np.arange(20_000))
+    assert abs(big.mean() - 0.5) < 0.005 and abs(np.corrcoef(big[:, 0], big[:, 1])[0, 1]) < 0.03
+    flips = Augment(None, True).placements(0, 0, list(range(4000)), [10] * 4000, [10] * 4000)
+    assert 0.47 < np.mean([p.flip for p in flips]) < 0.53
+
+
+def reference(stored: np.ndarray, meta: dict, size) -> np.ndarray:
+    """Pillow cutting the box out of the stored image and resizing it (torchvision's resized_crop on PIL)."""
+    img = Image.fromarray(stored[:, :, 0] if stored.shape[2] == 1 else stored)
+    left, top, right, bottom = meta["crop"]
+    out = img.crop((int(left), int(top), int(right), int(bottom))).resize(size[::-1], Image.Resampling.BILINEAR)
+    if meta["flip"]:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(out)
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def samples(ds) -> list:
+    return list(ds) if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset" else \
+        [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("name", [*FORMATS, "npy-jpeg", "wds-jpeg"])
+def test_crop_pixels_are_pillow_cutting_and_resizing_the_stored_image(outputs, name):
+    plain = {m["index"]: img.permute(1, 2, 0).numpy() for img, _, m in
+             samples(open_dataset(outputs[name], normalize=False, return_meta=True))}
+    crop = RandomResizedCrop((24, 32), full_decode=True)  # a reduced JPEG decode is checked on photographs below
+    ds = open_dataset(outputs[name], normalize=False, return_meta=True, crop=crop, flip=True, seed=5)
+    got = samples(ds)
+    assert len(got) == 18 and {tuple(img.shape) for img, _, _ in got} == {(3, 24, 32)}
+    flips = 0
+    for img, label, meta in got:
+        want = reference(plain[meta["index"]], meta, (24, 32))
+        diff = np.abs(img.permute(1, 2, 0).numpy().astype(int) - want.astype(int))
+        assert diff.max() <= 2, (meta, diff.max())
+        assert label == meta["label"]
+        flips += meta["flip"]
+    assert 0 < flips < 18
+
+
+def test_center_crop_with_resize_is_torchvisions_evaluation_recipe(outputs):
+    ds = open_dataset(outputs["npy"], normalize=False, crop=CenterCrop(32, resize=40))
+    plain = open_dataset(outputs["npy"], normalize=False)
+    for i in range(len(ds)):
+        stored = plain[i][0].permute(1, 2, 0).numpy()
+        h, w = stored.shape[:2]
+        # torchvision: Resize(40) (shorter side to 40, longer truncated), then CenterCrop(32)
+        nw, nh = (40, int(40 * h / w)) if w <= h else (int(40 * w / h), 40)
+        resized = np.asarray(Image.fromarray(stored).resize((nw, nh), Image.Resampling.BILINEAR))
+        top, left = int(round((nh - 32) / 2.0)), int(round((nw - 32) / 2.0))
+        want = resized[top:top + 32, left:left + 32]
+        got = ds[i][0].permute(1, 2, 0).numpy()
+        # <= 2: one resize of the box or of the whole image round Pillow's fixed-point weights alike but
+        # for the last bit of the scale, in each of its two passes
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+
+def test_center_crop_without_resize_pads_small_images_as_torchvision(outputs):
+    ds = open_dataset(outputs["lmdb"], normalize=False, return_meta=True, crop=CenterCrop(64))
+    plain = open_dataset(outputs["lmdb"], normalize=False)
+    for i in range(len(ds)):
+        stored = plain[i][0].permute(1, 2, 0).numpy()
+        h, w = stored.shape[:2]
+        padded = np.zeros((max(h, 64) + 2, max(w, 64) + 2, 3), np.uint8)  # torchvision pads, then crops
+        pt, pl = max(0, (64 - h) // 2), max(0, (64 - w) // 2)
+        padded[pt:pt + h, pl:pl + w] = stored
+        ph, pw = h + max(0, 64 - h), w + max(0, 64 - w)
+        top, left = int(round((ph - 64) / 2.0)), int(round((pw - 64) / 2.0))
+        assert np.array_equal(ds[i][0].permute(1, 2, 0).numpy(), padded[top:top + 64, left:left + 64])
+
+
+def epoch_batches(ds, epochs=(0,), **options) -> list[torch.Tensor]:
+    loader = make_loader(ds, 4, seed=11, **options)
+    out = []
+    for epoch in epochs:
+        loader.set_epoch(epoch)
+        out += [images.clone() for images, _ in loader]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "npy-jpeg"])
+def test_same_batches_with_0_1_and_2_workers_and_new_crops_each_epoch(outputs, fmt):
+    ds = open_dataset(outputs[fmt], crop=RandomResizedCrop(24), flip=True)
+    runs = [epoch_batches(ds, (0, 1), num_workers=w) for w in (0, 1, 2)]
+    assert len(runs[0]) == 10 and all(b.shape[1:] == (3, 24, 24) for b in runs[0])
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    unshuffled = [make_loader(ds, 18, shuffle=False, num_workers=0) for _ in range(2)]
+    unshuffled[1].set_epoch(1)
+    e0, e1 = (next(iter(loader))[0] for loader in unshuffled)
+    assert not torch.equal(e0, e1)  # the same samples, other crops
+    centre = open_dataset(outputs[fmt], crop=CenterCrop(24))
+    c0, c1 = epoch_batches(centre, (0,), shuffle=False), epoch_batches(centre, (1,), shuffle=False)
+    assert all(torch.equal(a, b) for a, b in zip(c0, c1))  # a centre crop is the same every epoch
+
+
+def test_tar_shards_give_each_sample_the_same_crop_whatever_the_workers(outputs):
+    def by_index(workers: int) -> dict:
+        ds = open_dataset(outputs["wds-jpeg"], crop=RandomResizedCrop(24), flip=True, return_meta=True, seed=2)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        return {meta["index"]: img for img, _, meta in loader}
+
+    first = by_index(0)
+    assert sorted(first) == list(range(18))
+    for workers in (1, 2):
+        assert all(torch.equal(first[i], img) for i, img in by_index(workers).items())
+    batches = [torch.cat(epoch_batches(open_dataset(outputs["wds"], crop=RandomResizedCrop(24)), (0, 1),
+                                       num_workers=w, shuffle=False)) for w in (0, 2)]
+    assert batches[0].shape == (36, 3, 24, 24)
+
+
+def test_resume_mid_epoch_gives_the_batches_of_the_uninterrupted_run(outputs):
+    ds = open_dataset(outputs["lmdb"], crop=RandomResizedCrop(24), flip=True)
+    whole = epoch_batches(ds, (0, 1, 2), num_workers=2)
+    loader = make_loader(ds, 4, seed=11, num_workers=2)
+    taken = [images.clone() for images, _ in loader]  # epoch 0
+    for n, (images, _) in enumerate(loader):  # epoch 1, stopped after 2 batches
+        taken.append(images.clone())
+        if n == 1:
+            break
+    state = loader.state_dict()
+    again = make_loader(open_dataset(outputs["lmdb"], crop=RandomResizedCrop(24), flip=True), 4, seed=11,
+                        num_workers=2)
+    again.load_state_dict(state)
+    taken += [images.clone() for images, _ in again]  # the rest of epoch 1
+    taken += [images.clone() for images, _ in again]  # epoch 2
+    assert len(taken) == len(whole) == 15
+    assert all(torch.equal(a, b) for a, b in zip(whole, taken))
+
+
+def test_a_plain_dataloader_follows_set_epoch_in_persistent_workers(outputs):
+    ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(24), normalize=False)
+    loader = DataLoader(ds, batch_size=6, num_workers=2, persistent_workers=True)
+
+    def epoch(e: int) -> torch.Tensor:
+        ds.set_epoch(e)
+        return torch.cat([images for images, _ in loader])
+
+    e0, e1, e0_again = epoch(0), epoch(1), epoch(0)
+    assert e0.shape == (18, 3, 24, 24) and not torch.equal(e0, e1) and torch.equal(e0, e0_again)
+    assert torch.equal(e0, torch.stack([ds[i][0] for i in range(18)]))  # dataset[i] in this process follows it too
+    ds.set_epoch(1)
+    assert torch.equal(e1, torch.stack([ds[i][0] for i in range(18)]))
+
+
+def test_flip_alone_mirrors_about_half_the_stored_images(outputs):
+    plain = open_dataset(outputs["npy"], normalize=False)
+    ds = open_dataset(outputs["npy"], normalize=False, flip=True, return_meta=True)
+    flipped = 0
+    for i in range(len(ds)):
+        img, _, meta = ds[i]
+        want = plain[i][0].flip(-1) if meta["flip"] else plain[i][0]
+        assert torch.equal(img, want)
+        flipped += meta["flip"]
+    assert 0 < flipped < len(ds)
+
+
+def test_gray_images_are_cropped_in_one_channel(tmp_path):
+    src = tmp_path / "src"
+    for i in range(4):
+        write_image(src / "a" / f"{i}.png", (50 + 10 * i, 40), mode="L", seed=i)
+    convert(src, tmp_path / "out", ConvertConfig("hdf5", PreprocessConfig(resize="none", mode="L")), workers=1)
+    ds = open_dataset(tmp_path / "out", normalize=False, crop=RandomResizedCrop(16), return_meta=True)
+    img, _, meta = ds[2]
+    assert img.shape == (1, 16, 16) and img.dtype == torch.uint8
+    stored = open_dataset(tmp_path / "out", normalize=False)[2][0].permute(1, 2, 0).numpy()
+    assert np.abs(img.permute(1, 2, 0).numpy().astype(int) - reference(stored, meta, (16, 16)).astype(int)).max() <= 2
+    ds.return_meta = False
+    images, labels = next(iter(make_loader(ds, 4, num_workers=0)))
+    assert images.shape == (4, 1, 16, 16)
+
+
+def test_large_jpegs_are_decoded_at_a_reduced_scale_close_to_a_full_decode(tmp_path):
+    src = tmp_path / "src"
+    photos = sorted((Path(__file__).parents[1] / "sample_data" / "images").glob("*/*"))[:4]
+    for i, photo in enumerate(photos):  # photographs: what the reduced decode is for
+        (src / "a").mkdir(parents=True, exist_ok=True)
+        Image.open(photo).convert("RGB").resize((1000, 750), Image.Resampling.BICUBIC).save(src / "a" / f"{i}.jpg",
+                                                                                           quality=90)
+    convert(src, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(resize="none"), codec=ImageCodec("jpeg")),
+            workers=1)
+    plain = open_dataset(tmp_path / "out", normalize=False)
+    diffs, reduced = [], 0
+    for epoch in range(3):
+        for full_decode in (False, True):
+            ds = open_dataset(tmp_path / "out", normalize=False, return_meta=True,
+                              crop=RandomResizedCrop(224, full_decode=full_decode))
+            ds.set_epoch(epoch)
+            for i in range(len(ds)):
+                img, _, meta = ds[i]
+                want = reference(plain[i][0].permute(1, 2, 0).numpy(), meta, (224, 224)).astype(int)
+                diff = np.abs(img.permute(1, 2, 0).numpy().astype(int) - want)
+                if full_decode:
+                    assert diff.max() <= 2
+                else:
+                    diffs.append(diff)
+                    reduced += meta["crop"][2] - meta["crop"][0] >= 224 * 8 / 5  # large enough to decode at 5/8
+    assert reduced >= 3
+    diff = np.concatenate([d.ravel() for d in diffs])
+    assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 3
+
+
+def test_crops_are_refused_where_they_cannot_be_right(tmp_path, outputs):
+    with pytest.raises(ConfigError, match="RandomResizedCrop"):
+        open_dataset(outputs["npy"], crop="224")
+    src = tmp_path / "src"
+    write_image(src / "a" / "0.png", (20, 20))
+    convert(src, tmp_path / "f32", ConvertConfig("npy", PreprocessConfig(size=(8, 8), dtype="float32")), workers=1)
+    with pytest.raises(ConfigError, match="8-bit"):
+        open_dataset(tmp_path / "f32", crop=RandomResizedCrop(4))
+    with pytest.raises(ValueError, match="positive int"):
+        RandomResizedCrop(0)
+    with pytest.raises(ValueError, match="padded"):
+        CenterCrop(224, resize=200)
+    with pytest.raises(ValueError, match="different sizes"):
+        make_loader(open_dataset(outputs["npy"]), 4)
+    with pytest.raises(ValueError, match="different sizes"):
+        make_loader(open_dataset(outputs["npy"], flip=True), 4)  # a flip alone keeps the sizes
+
+
+def test_in_memory_images_are_cropped_like_the_files(outputs, tmp_path):
+    src = outputs["_src"]
+    convert(src, tmp_path / "fixed", ConvertConfig("npy", PreprocessConfig(size=(48, 40))), workers=1)
+    a = open_dataset(tmp_path / "fixed", crop=RandomResizedCrop(24), flip=True, in_memory=True)
+    b = open_dataset(tmp_path / "fixed", crop=RandomResizedCrop(24), flip=True)
+    assert all(torch.equal(x, y) for x, y in zip(epoch_batches(a, num_workers=0), epoch_batches(b, num_workers=0)))

@@ -366,6 +366,9 @@ def main() -> None:
                         help="only measure reduced JPEG decoding against a full decode, then exit")
     parser.add_argument("--detection-check", action="store_true",
                         help="only measure conversion with COCO boxes against the same images without, then exit")
+    parser.add_argument("--train-check", action="store_true",
+                        help="only run the training task (random-resized crops + flips into batches; bench_train.py)")
+    parser.add_argument("--ffcv-python", help="with --train-check: a Python with ffcv installed, to run FFCV too")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
     args = parser.parse_args()
@@ -383,6 +386,13 @@ def main() -> None:
         make_images(src, args.images)
     if args.detection_check:
         detection_check(src, args.work, args.workers, max(args.repeat, 5))
+        return
+    if args.train_check:
+        import bench_train
+
+        results = bench_train.run(args, src)
+        (args.work / "train.json").write_text(json.dumps(results, indent=2))
+        print(bench_train.markdown(results))
         return
     listing = discover(src)
     items = [(i.path, max(i.label, 0)) for i in listing.items]

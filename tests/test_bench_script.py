@@ -29,3 +29,22 @@ def test_peer_load_gives_packers_full_decode_pixels_without_packers_decoder(tmp_
     got = bench.load(str(path))
     assert got.dtype == np.uint8 and got.shape == (224, 224, 3)
     assert np.array_equal(got, expected)
+
+
+def test_training_task_folder_pipeline_and_table(tmp_path):
+    import bench_train
+
+    for i in range(3):
+        write_image(tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg", (120, 90), seed=i, quality=90)
+    items = bench_train.items_of(tmp_path / "src")
+    assert [label for _, label in items] == [0, 0, 1]
+    image, label = bench_train.FolderTrainSet(items)[2]
+    assert image.shape == (3, 224, 224) and str(image.dtype) == "torch.float32"
+    assert label == 1 and -3 < float(image.min()) < float(image.max()) < 3  # normalized, not 0..255
+    results = {"images": 3, "workers": 2, "epochs": 1, "default_bytes": 2**20, "default_convert_s": 1.0, "rows": [
+        {"tool": "packer", "stored": "max 256, raw", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
+        {"tool": "FFCV", "stored": "max 256, raw", "rate": 200.0, "bytes": 2**21, "convert_s": 1.0},
+        {"tool": "folder (Pillow, torchvision-style)", "stored": "source files", "rate": 100.0, "bytes": 2**20,
+         "convert_s": 0.0}]}
+    table = bench_train.markdown(results)
+    assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table

@@ -3,7 +3,7 @@ whatever the workers, new crops each epoch, exact resume."""
 
 from __future__ import annotations
 
-import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,9 @@ from packer.config import ImageCodec, ShardSize
 from packer.errors import ConfigError
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
 from readers.crops import RANDOMS, Augment, uniforms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from bench_train import get_params as torchvision_get_params  # noqa: E402  (torchvision's, written out)
 
 MAX = PreprocessConfig(resize="max", size=(72, 72))
 
@@ -42,29 +45,6 @@ def outputs(tmp_path_factory) -> dict:
     return found
 
 
-def torchvision_get_params(height: int, width: int, scale, ratio, g: torch.Generator) -> tuple[int, int, int, int]:
-    """``RandomResizedCrop.get_params`` as torchvision documents and implements it, on torch's generator."""
-    area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
-        aspect_ratio = math.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item(), generator=g).item())
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
-        if 0 < w <= width and 0 < h <= height:
-            i = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
-            j = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
-            return i, j, h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
 def summary(boxes: np.ndarray, height: int, width: int, fallback_box) -> dict:
     top, left, h, w = boxes.T.astype(np.float64)
     q = [0.1, 0.25, 0.5, 0.75, 0.9]
@@ -79,7 +59,7 @@ def test_crop_parameters_follow_torchvision_over_ten_thousand_samples(height, wi
     n = 10_000
     ours = crop.boxes(np.full(n, height), np.full(n, width), uniforms(7, 0, np.arange(n)))
     g = torch.Generator().manual_seed(0)
-    theirs = np.array([torchvision_get_params(height, width, crop.scale, crop.ratio, g) for _ in range(n)])
+    theirs = np.array([torchvision_get_params(height, width, g, crop.scale, crop.ratio) for _ in range(n)])
     fallback = crop._fallback(height, width)
     a, b = summary(ours, height, width, fallback), summary(theirs, height, width, fallback)
     assert np.abs(a["area"] - b["area"]).max() < 0.02

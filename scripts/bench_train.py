@@ -1,0 +1,253 @@
+"""The training task of scripts/bench.py (``--train-check``): random-resized crops and flips into batches.
+
+Photographs are stored once in their own sizes, the longer side at most 256 (packer's
+``--resize max --size 256``, FFCV's ``max_resolution=256``), as raw pixels and as JPEG q90, and read
+back as shuffled float32 batches of 64 through ``RandomResizedCrop(224)`` + a horizontal flip,
+normalized with ImageNet's mean and std, in 2 workers:
+
+- packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``;
+- the torchvision-style folder pipeline: each file opened with Pillow every epoch, cropped with
+  ``RandomResizedCrop.get_params``'s draw, resized (bilinear, antialiased), flipped, made a tensor
+  and normalized, per sample in a ``DataLoader`` (written with Pillow: torchvision cannot be
+  installed beside this machine's torch);
+- FFCV, when ``--ffcv-python`` names a Python with ffcv installed: its ``RandomResizedCropRGBImageDecoder``
+  + ``RandomHorizontalFlip`` + ``NormalizeImage`` + ``ToTensor`` + ``ToTorchImage`` from a ``.beton`` written
+  with ``RGBImageField(max_resolution=256)``, ``write_mode`` raw and jpg. This file runs itself
+  there with ``--ffcv-side`` (it imports neither packer nor readers on that side).
+
+Every rate is samples/s over ``--epochs`` epochs after one warm-up epoch (FFCV compiles its pipeline
+then), all measured in one run; storage is the bytes on disk of each form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+BATCH = 64
+SIZE = 224
+MAX_SIDE = 256
+
+
+def du(path: Path) -> int:
+    """Bytes of the files under ``path`` (or of one file)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def items_of(src: Path) -> list[tuple[str, int]]:
+    """(path, label) of every image under the class folders of ``src``, in sorted order."""
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    return [(str(f), k) for k, c in enumerate(classes) for f in sorted((src / c).iterdir()) if f.is_file()]
+
+
+def timed(loader, epochs: int) -> float:
+    """Samples/s over ``epochs`` passes of ``loader`` after one warm-up pass."""
+    for _ in loader:
+        pass
+    count, start = 0, time.perf_counter()
+    for _ in range(epochs):
+        for batch in loader:
+            count += len(batch[1])
+    return count / (time.perf_counter() - start)
+
+
+# The folder pipeline --------------------------------------------------------------------------------
+def get_params(height: int, width: int, g: torch.Generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's ``RandomResizedCrop.get_params``, as it documents and implements it."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
+        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g).item())
+        w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            i = int(torch.randint(0, height - h + 1, size=(1,), generator=g).item())
+            j = int(torch.randint(0, width - w + 1, size=(1,), generator=g).item())
+            return i, j, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class FolderTrainSet(torch.utils.data.Dataset):
+    """ImageFolder + RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize, with Pillow."""
+
+    def __init__(self, items: list[tuple[str, int]]) -> None:
+        self.items = items
+        self.mean = torch.tensor(MEAN).view(3, 1, 1)
+        self.std = torch.tensor(STD).view(3, 1, 1)
+        self.g = torch.Generator().manual_seed(0)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        path, label = self.items[index]
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+        i, j, h, w = get_params(img.height, img.width, self.g)
+        img = img.crop((j, i, j + w, i + h)).resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+        if torch.rand(1, generator=self.g).item() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float().div_(255)
+        return (x - self.mean) / self.std, label
+
+
+def seed_worker(worker: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    info.dataset.g.manual_seed(1000 + worker)
+
+
+def folder_loader(items: list[tuple[str, int]], workers: int):
+    return torch.utils.data.DataLoader(FolderTrainSet(items), batch_size=BATCH, shuffle=True, num_workers=workers,
+                                       persistent_workers=workers > 0, worker_init_fn=seed_worker)
+
+
+# packer ---------------------------------------------------------------------------------------------
+def packer_convert(src: Path, out: Path, codec: str, workers: int, resize: str = "max", size: int = MAX_SIDE) -> float:
+    """Seconds of ``packer convert`` (a fresh process, as users run it) of ``src`` into an npy output."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "packer", "convert", str(src), "-f", "npy", "-o", str(out), "--overwrite",
+                    "--resize", resize, "--size", str(size), "--codec", codec, "--quality", "90", "--workers",
+                    str(workers), "-q"], check=True)
+    return time.perf_counter() - start
+
+
+def packer_loader(out: Path, workers: int):
+    from readers import RandomResizedCrop, make_loader, open_dataset
+
+    ds = open_dataset(out, crop=RandomResizedCrop(SIZE), flip=True)
+    return make_loader(ds, BATCH, num_workers=workers)
+
+
+# FFCV (run in its own Python, --ffcv-side) ----------------------------------------------------------
+def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
+    """Write a .beton per write mode and read it through FFCV's training pipeline: {mode: {rate, bytes}}."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+    from ffcv.writer import DatasetWriter
+    from PIL import Image
+
+    items = items_of(src)
+
+    class Photos:
+        def __len__(self) -> int:
+            return len(items)
+
+        def __getitem__(self, i: int):
+            with Image.open(items[i][0]) as img:
+                return img.convert("RGB"), items[i][1]
+
+    found = {}
+    for mode in ("raw", "jpg"):
+        path = work / f"ffcv-{mode}.beton"
+        start = time.perf_counter()
+        DatasetWriter(str(path), {"image": RGBImageField(write_mode=mode, max_resolution=MAX_SIDE, jpeg_quality=90),
+                                  "label": IntField()}, num_workers=workers).from_indexed_dataset(Photos())
+        seconds = time.perf_counter() - start
+        mean, std = np.array(MEAN) * 255, np.array(STD) * 255
+        loader = Loader(str(path), batch_size=BATCH, num_workers=workers, order=OrderOption.RANDOM, drop_last=False,
+                        pipelines={"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip(),
+                                             NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
+                                   "label": [IntDecoder(), ToTensor(), Squeeze()]})
+        batch = next(iter(loader))
+        assert tuple(batch[0].shape[1:]) == (3, SIZE, SIZE) and batch[0].dtype == torch.float32, batch[0].shape
+        found[mode] = {"rate": timed(loader, epochs), "bytes": du(path), "convert_s": seconds}
+    return found
+
+
+def run(args: argparse.Namespace, src: Path) -> dict:
+    """Every form of the training task, measured in one run."""
+    items = items_of(src)
+    work = args.work / "train"
+    work.mkdir(parents=True, exist_ok=True)
+    w = args.workers
+    results: dict = {"images": len(items), "workers": w, "epochs": args.epochs, "rows": []}
+    results["source_bytes"] = du(src)
+    default = work / "npy-default"
+    results["default_convert_s"] = packer_convert(src, default, "raw", w, "shorter-crop", SIZE)
+    results["default_bytes"] = du(default)
+    for codec in ("raw", "jpeg"):
+        out = work / f"npy-max256-{codec}"
+        seconds = packer_convert(src, out, codec, w)
+        rate = timed(packer_loader(out, w), args.epochs)
+        results["rows"].append({"tool": "packer", "stored": f"max 256, {codec}", "rate": rate, "bytes": du(out),
+                                "convert_s": seconds})
+        print(f"packer max 256 {codec}: {rate:.0f} samples/s, {du(out) / 2**20:.0f} MB", flush=True)
+    if args.ffcv_python:
+        side = subprocess.run([args.ffcv_python, __file__, "--ffcv-side", "--src", str(src), "--work", str(work),
+                               "--workers", str(w), "--epochs", str(args.epochs)], check=True, capture_output=True,
+                              text=True)
+        for mode, found in json.loads(side.stdout.strip().splitlines()[-1]).items():
+            results["rows"].append({"tool": "FFCV", "stored": f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}",
+                                    **found})
+            print(f"FFCV max 256 {mode}: {found['rate']:.0f} samples/s", flush=True)
+    rate = timed(folder_loader(items, w), args.epochs)
+    results["rows"].append({"tool": "folder (Pillow, torchvision-style)", "stored": "source files", "rate": rate,
+                            "bytes": results["source_bytes"], "convert_s": 0.0})
+    print(f"folder: {rate:.0f} samples/s", flush=True)
+    return results
+
+
+def markdown(results: dict) -> str:
+    """The training-task table for docs/BENCHMARKS.md."""
+    rows = results["rows"]
+    ffcv = {r["stored"]: r["rate"] for r in rows if r["tool"] == "FFCV"}
+    folder = next(r["rate"] for r in rows if r["tool"].startswith("folder"))
+    lines = [f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
+             f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up", "",
+             "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        peer = ffcv.get(r["stored"]) if r["tool"] == "packer" else None
+        vs_ffcv = f"{r['rate'] / peer:.2f}x" if peer else ""
+        lines.append(f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {r['rate'] / folder:.2f}x | {vs_ffcv} | "
+                     f"{r['bytes'] / 2**20:.1f} | {r['convert_s']:.1f} |")
+    lines.append(f"| packer default (224 crops, raw) | shorter-crop 224 | | | | "
+                 f"{results['default_bytes'] / 2**20:.1f} | {results['default_convert_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", type=Path, required=True)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--ffcv-python", help="a Python with ffcv installed, to run FFCV's side of the task")
+    parser.add_argument("--ffcv-side", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ffcv_side:
+        print(json.dumps(ffcv_side(args.src, args.work, args.workers, args.epochs)))
+        return
+    torch.set_num_threads(1)
+    results = run(args, args.src)
+    (args.work / "train.json").write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

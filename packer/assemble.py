@@ -15,6 +15,7 @@ from packer.manifest import Manifest, ShardEntry
 from packer.records import ShardResult, ShardStats
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
+from packer.source_codec import SOURCE_STATS
 from packer.stats import auto_normalize, summarize
 
 
@@ -25,7 +26,9 @@ def build_manifest(
     """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
     summary of its annotations (``packer.detection.Matched.summary``), completed with the box counts."""
-    shards = [ShardEntry(r.name, r.samples, r.files) for r in results]
+    source = layout.has_image and layout.codec.name == "source"
+    shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
+                         if source else None) for r in results]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
     if config.shard_size.is_auto:
@@ -41,6 +44,8 @@ def build_manifest(
     preprocess = config.preprocess.to_dict()
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
         preprocess["normalize"] = auto_normalize(stats["pixels"])
+    elif source and stats["pixels"] is not None and any((r.image_sources or {}).get("kept") for r in results):
+        stats["pixels"]["counted"] = SOURCE_STATS  # kept JPEGs were decoded at 1/8 scale (packer.source_codec)
     return Manifest(
         format=config.format,
         format_version=get_format(config.format).version(layout),

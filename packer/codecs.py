@@ -109,11 +109,21 @@ def codec(extension: str) -> Codec:
 
 
 IMAGE_EXTENSIONS = {"raw": "npy", "jpeg": "jpg", "png": "png"}
-"""The image codecs, each with the extension of its bytes (the wds member ``KEY.EXT``). Where a
-format stores bytes per image (lmdb, wds), raw images are ``.npy`` bytes; npy and hdf5 store raw
-pixels as one N x H x W x C array."""
+"""The image codecs of one encoding, each with the extension of its bytes (the wds member ``KEY.EXT``).
+Where a format stores bytes per image (lmdb, wds), raw images are ``.npy`` bytes; npy and hdf5 store
+raw pixels as one N x H x W x C array."""
 
-IMAGE_CODECS = tuple(IMAGE_EXTENSIONS)
+IMAGE_CODECS = (*IMAGE_EXTENSIONS, "source")
+"""Every image codec: those of IMAGE_EXTENSIONS, and ``source`` (each image JPEG or PNG by its own
+bytes, ``packer.source_codec``)."""
+
+
+def image_extension(codec: str, data: bytes | memoryview | None = None) -> str:
+    """The file extension of one stored image's bytes: the codec's, or for ``source`` ``jpg`` or
+    ``png`` by the bytes themselves."""
+    if codec != "source":
+        return IMAGE_EXTENSIONS[codec]
+    return "jpg" if data is not None and bytes(data[:3]) == b"\xff\xd8\xff" else "png"
 
 PNG_COMPRESS_LEVEL = 1
 """zlib level of stored PNGs. Level 1 encodes several times faster than Pillow's default 6 for
@@ -152,6 +162,9 @@ def decode_image(data: bytes | memoryview | np.ndarray, codec: str, mode: str = 
     if codec == "raw":
         return decode_npy(bytes(data))
     _known(codec)
+    if codec == "source":
+        raise ValueError("--codec source images are decoded by packer.source_codec.decode_stored, which applies "
+                         "the EXIF orientation of the files it kept")
     if codec == "jpeg":
         pixels = _decode_jpeg(data, mode)
         if pixels is not None:
@@ -185,6 +198,6 @@ def _decode_jpeg(data: bytes | memoryview | np.ndarray, mode: str) -> Optional[n
 
 
 def _known(codec: str) -> None:
-    if codec not in IMAGE_EXTENSIONS:
+    if codec not in IMAGE_CODECS:
         raise PackerError(f"unknown image codec {codec!r}; this packer knows {', '.join(IMAGE_CODECS)}. "
                           "Upgrade packer to read outputs written with newer codecs")

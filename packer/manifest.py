@@ -42,10 +42,21 @@ class ShardEntry:
     name: str
     samples: int
     files: list[FileEntry]
+    image_sources: Optional[dict] = None
+    """``--codec source`` outputs: ``kept`` (runs ``[start, stop)`` of samples stored as their source
+    files' bytes) and the counts re-encoded as ``jpeg`` and ``png``; None for other outputs."""
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
-        return {"name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files]}
+        return {"name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
+                **({"image_sources": self.image_sources} if self.image_sources is not None else {})}
+
+    def kept_sources(self) -> list[bool]:
+        """Per sample of the shard, True where its image is its source file's bytes (``--codec source``)."""
+        kept = [False] * self.samples
+        for start, stop in (self.image_sources or {}).get("kept", []):
+            kept[start:stop] = [True] * (stop - start)
+        return kept
 
     def file(self, suffix: str) -> str:
         """The relative path of this shard's file whose name ends with ``suffix``."""
@@ -106,7 +117,7 @@ class Manifest:
         try:
             shards = [
                 ShardEntry(s["name"], _whole(s["samples"], "a shard's samples", where),
-                           [_file_entry(f, where) for f in s["files"]])
+                           [_file_entry(f, where) for f in s["files"]], s.get("image_sources"))
                 for s in d["shards"]
             ]
             m = cls(

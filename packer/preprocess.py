@@ -141,13 +141,16 @@ class Decoded(NamedTuple):
     ``pixels`` is HxWxC uint8; ``original_size`` the source image's (width, height) as displayed
     (after EXIF orientation), before resizing; ``histogram`` (only when asked for) the counts of
     each 8-bit value per channel, 256 per channel, channel after channel (Pillow's ``histogram``);
-    ``orientation`` the EXIF orientation applied (1..8; see ``packer.geometry``).
+    ``orientation`` the EXIF orientation applied (1..8; see ``packer.geometry``). ``kept``: the
+    source file is stored as it is (``--codec source``) and was not decoded into ``pixels``, which
+    then only have its shape (a read-only view of one zero).
     """
 
     pixels: np.ndarray
     original_size: tuple[int, int]
     histogram: Optional[list[int]] = None
     orientation: int = 1
+    kept: bool = False
 
     @property
     def stored_size(self) -> tuple[int, int]:

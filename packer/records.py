@@ -289,6 +289,22 @@ class ShardResult:
     format_version: int = 0
     boxes: dict[str, int] = field(default_factory=dict)
     """Detection outputs: boxes ``kept`` and ``dropped`` (cut away by the crop), images ``without_boxes``."""
+    image_sources: dict = field(default_factory=dict)
+    """``--codec source`` outputs: ``kept``, the runs ``[start, stop)`` of the shard's samples stored as
+    their source files' bytes, and how many were re-encoded as ``jpeg`` and as ``png``
+    (``add_image_source``)."""
+
+    def add_image_source(self, local: int, kept: bool, codec: str) -> None:
+        """Record how the image of the shard's sample ``local`` (the next one) was stored."""
+        if not self.image_sources:
+            self.image_sources = {"kept": [], "jpeg": 0, "png": 0}
+        sources = self.image_sources
+        if not kept:
+            sources[codec] += 1
+        elif sources["kept"] and sources["kept"][-1][1] == local:
+            sources["kept"][-1][1] = local + 1
+        else:
+            sources["kept"].append([local, local + 1])
 
     def to_dict(self) -> dict:
         """JSON-ready form (the record of a finished shard kept for --resume)."""
@@ -298,6 +314,7 @@ class ShardResult:
             "keys": self.keys, "labels": self.labels, "digests": self.digests, "stats": self.stats.to_dict(),
             "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
             **({"boxes": self.boxes} if self.boxes else {}),
+            **({"image_sources": self.image_sources} if self.image_sources else {}),
         }
 
     @classmethod
@@ -310,4 +327,5 @@ class ShardResult:
             list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
             str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
             {str(k): int(v) for k, v in d.get("boxes", {}).items()},
+            dict(d.get("image_sources", {})),
         )

@@ -20,6 +20,7 @@ from packer.sample_layout import (
     NO_IMAGE,
     SAMPLE_GEOMETRY,
     SEGMENTATION_MASKS,
+    SOURCE_BYTES,
     TEXT_FIELDS,
     VARIABLE_RAW,
     SampleLayout,
@@ -48,8 +49,14 @@ manifest) and segmentation masks (the ``mask`` field): older packers refuse such
 reading their images without the boxes or masks; also each image's geometry beside a paired json
 (the ``geometry`` field), which readers return in the meta dict."""
 
+SOURCE_SINCE = 6
+"""The format version that added ``--codec source`` (``fields.image.codec`` ``source``): stored images
+that are JPEG or PNG by their content, a kept file with its EXIF orientation still to apply, and
+the manifest's ``image_sources`` per shard."""
+
 _COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
-           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE}
+           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE,
+           SOURCE_BYTES: SOURCE_SINCE}
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,23 @@ def shown(path: str) -> str:
     return path if path.isprintable() else repr(path)[1:-1]
 
 
+def source_counts(m: Manifest) -> str:
+    """How a ``--codec source`` output stored its images: kept as the source files' bytes, re-encoded."""
+    kept = sum(stop - start for s in m.shards for start, stop in (s.image_sources or {}).get("kept", []))
+    jpeg = sum((s.image_sources or {}).get("jpeg", 0) for s in m.shards)
+    png = sum((s.image_sources or {}).get("png", 0) for s in m.shards)
+    quality = m.fields["image"].get("quality")
+    return f"the source files' bytes ({kept:,} kept; re-encoded: {jpeg:,} as JPEG quality {quality}, {png:,} as PNG)"
+
+
 def render_report(m: Manifest) -> str:
     """Plain-text report of an output: counts, skipped files by reason, duplicates, empty classes."""
     lines = [
         f"packer {m.packer_version}: {m.samples} samples in {len(m.shards)} {m.format} shard(s) "
         f"from {m.source.get('files', '?')} {'image file(s)' if m.sample_fields == ('image',) else 'source samples'}",
     ]
+    if m.has_image and m.fields["image"].get("codec") == "source":
+        lines.append(f"images stored as {source_counts(m)}")
     if m.classes is not None and m.class_counts is not None:
         lines.append("")
         lines.append("samples per class:")

@@ -30,9 +30,10 @@ DEFAULT_QUALITY = 90
 
 @dataclass(frozen=True)
 class ImageCodec:
-    """How stored images are encoded: ``raw`` pixels, ``jpeg`` (lossy, at ``quality``) or ``png``
-    (lossless). ``quality`` matters for jpeg only; above 95 Pillow advises that files grow for no
-    visible gain."""
+    """How stored images are encoded: ``raw`` pixels, ``jpeg`` (lossy, at ``quality``), ``png``
+    (lossless), or ``source``: each JPEG or PNG file's own bytes where the preprocessing keeps its
+    pixels, the others re-encoded (JPEG at ``quality``, PNG; ``packer.source_codec``). ``quality``
+    matters for jpeg and source only; above 95 Pillow advises that files grow for no visible gain."""
 
     name: str = "raw"
     quality: int = DEFAULT_QUALITY
@@ -49,8 +50,10 @@ class ImageCodec:
         return self.name != "raw"
 
     def to_dict(self) -> dict:
-        """The manifest's entries for it in ``fields.image``: ``codec``, and ``quality`` for jpeg."""
-        return {"codec": self.name, "quality": self.quality} if self.name == "jpeg" else {"codec": self.name}
+        """The manifest's entries for it in ``fields.image``: ``codec``, and ``quality`` for jpeg and source."""
+        if self.name in ("jpeg", "source"):
+            return {"codec": self.name, "quality": self.quality}
+        return {"codec": self.name}
 
 
 class ImageStorage(enum.Enum):
@@ -75,6 +78,7 @@ VARIABLE_RAW = "raw images of varying sizes"
 DETECTION_TARGETS = "detection targets"
 SEGMENTATION_MASKS = "segmentation masks"
 SAMPLE_GEOMETRY = "the geometry of each image"
+SOURCE_BYTES = "source file bytes"
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,8 @@ class SampleLayout:
         found = set()
         if self.image is ImageStorage.ENCODED:
             found.add(ENCODED_IMAGES)
+        if self.image is ImageStorage.ENCODED and self.codec.name == "source":
+            found.add(SOURCE_BYTES)
         if self.image is ImageStorage.VARIABLE:
             found.add(VARIABLE_RAW)
         if self.image is ImageStorage.NONE:
@@ -207,7 +213,7 @@ class SampleLayout:
 def _recorded_quality(image: dict) -> int:
     """The JPEG quality a manifest's image field records: only a record (nothing reads images by
     it), so a value out of range in a damaged manifest falls back to the default, not an error."""
-    quality = image.get("quality") if image.get("codec") == "jpeg" else None
+    quality = image.get("quality") if image.get("codec") in ("jpeg", "source") else None
     if isinstance(quality, int) and not isinstance(quality, bool) and 1 <= quality <= 95:
         return quality
     return DEFAULT_QUALITY

@@ -128,10 +128,19 @@ def decode_tar_sample(
         if codec is None:
             image = None
         else:
-            image = (npy or CODECS["npy"].decode)(fields["npy"]) if codec == "raw" else fields[IMAGE_EXTENSIONS[codec]]
+            image = ((npy or CODECS["npy"].decode)(fields["npy"]) if codec == "raw"
+                     else fields[_image_member(fields, codec)])
         return image, CODECS["cls"].decode(fields["cls"]), meta
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None
+
+
+def _image_member(fields: dict, codec: str) -> str:
+    """The extension of a sample's image member: the codec's, or with ``source`` (JPEG or PNG per
+    image) whichever of ``jpg`` and ``png`` the sample has."""
+    if codec != "source":
+        return IMAGE_EXTENSIONS[codec]
+    return "jpg" if "jpg" in fields else "png"
 
 
 def tar_fields(fields: dict, text: Sequence[TextField], name: str = "tar") -> dict[str, bytes]:

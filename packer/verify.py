@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from packer.codecs import decode_image
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of, unsafe_file
 from packer.records import StoredSample, TextField, stored_crc32
 from packer.registry import FORMATS
 from packer.sample_layout import SampleLayout
+from packer.source_codec import decode_stored
 
 STALL_SECONDS = 60.0
 """How long a shard's scan may go without finishing a sample before verify stops it and reports the
@@ -219,7 +219,7 @@ def _sample_problem(s: StoredSample, layout: SampleLayout) -> str:
     image = s.image
     if s.encoded is not None:
         try:
-            image = decode_image(s.encoded, layout.codec.name, layout.mode)
+            image = decode_stored(s.encoded, layout.codec.name, layout.mode)
         except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
             return f"image does not decode as {layout.codec.name}: {type(e).__name__}: {e}"
     if (image is None or image.dtype != layout.np_dtype or image.ndim != 3

@@ -21,8 +21,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import xxhash
 
-from packer import preprocess, text
-from packer.codecs import encode_image
+from packer import preprocess, source_codec, text
+from packer.codecs import encode_image, image_extension
 from packer.config import PreprocessConfig
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
@@ -232,9 +232,18 @@ def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None, da
     its os.stat, if the caller took it; ``data``: its bytes, if the caller read them)."""
     if data is None:
         data = read_source(path, job, st)
+    codec = job.layout.codec
+    if codec.name == "source":
+        kept = source_codec.keep(data, job.preprocess, path, full=job.preprocess.auto_normalize)
+        if kept is not None:  # stored as it is: no pixels made, only the shape the writers check
+            (w, h), channels = kept.original_size, job.layout.channels
+            shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (h, w, channels))
+            return data, preprocess.Decoded(shape, kept.original_size, kept.histogram, kept.orientation, True), \
+                shape, data
     decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
     image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
-    codec = job.layout.codec
+    if codec.name == "source":
+        return data, decoded, image, encode_image(image, source_codec.reencode_codec(data), codec.quality)
     return data, decoded, image, encode_image(image, codec.name, codec.quality) if codec.encoded else None
 
 
@@ -333,6 +342,9 @@ def write_shard(
                     writer.add(sample)
                 except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
                     raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
+                if job.layout.has_image and job.layout.codec.name == "source":
+                    result.add_image_source(result.samples, bool(decoded and decoded.kept),
+                                            image_extension("source", sample.encoded).replace("jpg", "jpeg"))
                 result.samples += 1
                 if job.detection is not None:
                     counts = result.boxes

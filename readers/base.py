@@ -18,17 +18,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.codecs import decode_image
 from packer.errors import ConfigError, ManifestError
 from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
 from packer.registry import FORMATS, resolve
 from packer.sample_layout import SampleLayout
+from packer.source_codec import decode_stored
 from packer.splits_record import check_split_member
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
 from readers.combine import concat
-from readers.crops import Augment, CenterCrop, Placement, RandomResizedCrop, render, stored_size
+from readers.crops import Augment, CenterCrop, Placement, RandomResizedCrop, render, stored_size, upright_stored
 from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
@@ -337,7 +337,8 @@ class ReaderBase:
         pixels (and None)."""
         codec, mode = codec or self.layout.codec.name, self.layout.mode
         if self.augment is None:
-            return (stored if codec == "raw" else decode_image(stored, codec, mode)), None
+            return (stored if codec == "raw" else decode_stored(stored, codec, mode)), None
+        stored, codec = upright_stored(stored, codec, mode)
         h, w = stored_size(stored, codec)
         placement = self.augment.placements(self.seed, epoch, [index], [h], [w])[0]
         return render(stored, codec, mode, placement), placement

@@ -9,8 +9,9 @@ The parameters of a sample come from a counter-based generator keyed by ``(seed,
 whatever the number of DataLoader workers or ranks and whatever order the samples are read in, new
 crops every epoch, and a resumed epoch draws what the uninterrupted one drew. They are drawn as
 torchvision's ``RandomResizedCrop.get_params`` draws them (area and log aspect ratio uniform, ten
-tries, then the centre-crop fallback); the crop is cut out and resized with Pillow's antialiased
-bilinear filter, as torchvision's ``resized_crop`` does on PIL images.
+tries, then the centre-crop fallback); the crop is cut out and resized with antialiased bilinear
+interpolation, as torchvision's ``resized_crop`` does (torch's uint8 kernel, which its tensor
+transforms use; within a level of Pillow's, which it uses on PIL images).
 
 Only the pixels the crop needs are decoded where the decoder allows it: a JPEG whose crop is
 large next to the output size is decoded at libjpeg-turbo's reduced M/8 scale (``packer.jpeg``).
@@ -24,10 +25,12 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from packer import jpeg
-from packer.codecs import decode_image
+from packer.source_codec import decode_stored
 
 Size = Union[int, Sequence[int]]
 
@@ -249,6 +252,22 @@ class Augment:
         return out
 
 
+def upright_stored(stored, codec: str, mode: str) -> tuple:
+    """``(stored, codec)`` to crop from: as given, except for ``--codec source`` images, which are JPEG
+    or PNG by their bytes and may carry an EXIF orientation: a JPEG already upright stays bytes
+    (``jpeg``, decoded at a reduced scale where that pays), any other is decoded upright (``raw``)."""
+    if codec != "source":
+        return stored, codec
+    from packer.preprocess import _exif_orientation
+    from packer.source_codec import decode_source
+
+    data = bytes(stored)
+    header = jpeg.plain_header(data)
+    if header is not None and (header.exif is None or _exif_orientation(header.exif) == 1):
+        return data, "jpeg"
+    return decode_source(data, mode), "raw"
+
+
 def stored_size(stored, codec: str) -> tuple[int, int]:
     """(height, width) of a stored image: an array's shape, or read from an encoded image's header."""
     if isinstance(stored, np.ndarray) and codec == "raw":
@@ -262,41 +281,45 @@ def stored_size(stored, codec: str) -> tuple[int, int]:
         return img.height, img.width
 
 
-def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
+def render(stored, codec: str, mode: str, placement: Placement, flip_view: bool = False) -> np.ndarray:
     """The HxWxC uint8 image ``placement`` makes of one stored image: an HWC uint8 array (raw), or
-    the bytes of a JPEG or PNG. JPEGs are decoded at the smallest M/8 scale that still gives the
-    box at least the output's size (a Placement that ``cut``s whole pixels then resizes the box
-    where it lies, on the scaled pixels)."""
+    the bytes of a JPEG or PNG. ``flip_view``: a flipped image may be a view with negative strides,
+    for a caller that reads it once (normalizing costs no more so; copying one does).
+
+    A box cut out of the image (``cut``, inside it) is resized by torch's antialiased bilinear
+    interpolation of uint8 images, the kernel torchvision's tensor transforms use (several times
+    Pillow's speed, within a level of its pixels); a box resized where it lies, or one that pads,
+    by Pillow. JPEGs are decoded at the smallest M/8 scale that still gives the box at least the
+    output's size, the box then resized where it lies on the scaled pixels."""
     (oh, ow), (left, top, right, bottom) = placement.size, placement.box
-    image: Optional[Image.Image] = None
     if codec == "jpeg":
         data = bytes(stored)
         header = jpeg.plain_header(data)
         if header is not None and placement.reduced and right > left and bottom > top:
             w, h = header.width, header.height
             need = (math.ceil(w * ow / (right - left)), math.ceil(h * oh / (bottom - top)))
-            scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
-            if scaled is not None and scaled.eighths < 8:
-                f = scaled.eighths / 8
-                out = scaled.image.resize((ow, oh), Image.Resampling.BILINEAR,
-                                          box=(left * f, top * f, right * f, bottom * f))
-                return _finish(out, placement.flip)
-            if scaled is not None:
-                image = scaled.image
-        if image is None:
-            stored = decode_image(data, codec, mode)
+            if jpeg.eighths_for((w, h), need) <= jpeg.MAX_EIGHTHS:
+                scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
+                if scaled is not None and scaled.eighths < 8:
+                    f = scaled.eighths / 8
+                    out = scaled.image.resize((ow, oh), Image.Resampling.BILINEAR,
+                                              box=(left * f, top * f, right * f, bottom * f))
+                    return _finish(out, placement.flip)
+        stored = decode_stored(data, codec, mode)
     elif codec != "raw":
-        stored = decode_image(stored, codec, mode)
-    if image is None:
-        array = np.asarray(stored)
-        if placement.cut and _inside(placement.box, array.shape):
-            x0, y0, x1, y1 = (int(v) for v in placement.box)
-            array = array[y0:y1, x0:x1]
-            placement = placement._replace(box=(0.0, 0.0, float(x1 - x0), float(y1 - y0)), cut=False)
-            if (y1 - y0, x1 - x0) == (oh, ow):  # nothing to resize: the cut is the image
-                out = array[:, ::-1] if placement.flip else array
-                return np.ascontiguousarray(out)
-        image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if array.shape[2] == 1 else array))
+        stored = decode_stored(stored, codec, mode)
+    array = np.asarray(stored)
+    if placement.cut and _inside(placement.box, array.shape):
+        x0, y0, x1, y1 = (int(v) for v in placement.box)
+        out = torch.from_numpy(np.array(array[y0:y1, x0:x1], order="C"))  # a copy: the stored view is read-only
+        if out.shape[:2] != (oh, ow):
+            nchw = out.permute(2, 0, 1).unsqueeze(0)  # channels_last: the fast uint8 kernel
+            out = F.interpolate(nchw, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False)[0]
+            out = out.permute(1, 2, 0)
+        if placement.flip and flip_view:
+            return out.numpy()[:, ::-1]
+        return (torch.flip(out, dims=[1]) if placement.flip else out).numpy()
+    image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if array.shape[2] == 1 else array))
     box = placement.box
     if placement.cut:
         image = image.crop(tuple(int(v) for v in box))  # pads with zeros where the box lies outside

@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from packer.codecs import decode_image
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
+from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
-from readers.crops import render, stored_size
+from readers.crops import render, stored_size, upright_stored
 from readers.tensors import torch_dtype
 
 
@@ -76,7 +76,7 @@ class PackedDataset(ReaderBase, Dataset):
         """The stored image at ``local`` in ``shard``, decoded: from memory (``in_memory``) or the shard's files."""
         stored = self._stored(shard, local)
         if self.memory is None and self.layout.codec.encoded:
-            stored = decode_image(stored, self.layout.codec.name, self.layout.mode)
+            stored = decode_stored(stored, self.layout.codec.name, self.layout.mode)
             self._check_image(stored, shard)
         return stored
 
@@ -182,12 +182,12 @@ class PackedDataset(ReaderBase, Dataset):
         for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
                 labels[rows] = self._shard_labels(shard)[local]
-                stored = [self._stored(shard, at) for at in local.tolist()]
-                sizes = np.array([stored_size(s, codec) for s in stored], dtype=np.int64).reshape(-1, 2)
+                stored = [upright_stored(self._stored(shard, at), codec, self.layout.mode) for at in local.tolist()]
+                sizes = np.array([stored_size(s, c) for s, c in stored], dtype=np.int64).reshape(-1, 2)
                 places = self.augment.placements(self.seed, epoch, (local + self._offsets[shard]).tolist(),
                                                  sizes[:, 0], sizes[:, 1])
-                for j, data, placement in zip(rows.tolist(), stored, places):
-                    image = render(data, codec, self.layout.mode, placement)
+                for j, (data, kind), placement in zip(rows.tolist(), stored, places):
+                    image = render(data, kind, self.layout.mode, placement, flip_view=hwc is None)
                     if hwc is not None:
                         hwc[j] = image
                     else:
@@ -344,7 +344,7 @@ class PackedDataset(ReaderBase, Dataset):
         stored = self.read_stored(handle, local)
         if not self.layout.codec.encoded:
             return stored
-        return decode_image(stored, self.layout.codec.name, self.layout.mode)
+        return decode_stored(stored, self.layout.codec.name, self.layout.mode)
 
     def read_stored(self, handle: Any, local: int) -> Any:
         """The image at ``local`` in an open shard as stored: an HWC array of raw pixels, or the

@@ -127,10 +127,27 @@ def folder_loader(items: list[tuple[str, int]], workers: int):
 def packer_convert(src: Path, out: Path, codec: str, workers: int, resize: str = "max", size: int = MAX_SIDE) -> float:
     """Seconds of ``packer convert`` (a fresh process, as users run it) of ``src`` into an npy output."""
     start = time.perf_counter()
+    sizing = ["--size", str(size)] if resize != "none" else []
     subprocess.run([sys.executable, "-m", "packer", "convert", str(src), "-f", "npy", "-o", str(out), "--overwrite",
-                    "--resize", resize, "--size", str(size), "--codec", codec, "--quality", "90", "--workers",
-                    str(workers), "-q"], check=True)
+                    "--resize", resize, *sizing, "--codec", codec, "--quality", "90", "--workers", str(workers),
+                    "-q"], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
+
+
+def source_identical(src: Path, out: Path) -> str:
+    """How many stored images of a ``--codec source`` output hash equal to their source files."""
+    import hashlib
+
+    from packer.manifest import read_manifest
+    from packer.registry import FORMATS
+    from packer.sample_layout import SampleLayout
+
+    m = read_manifest(out)
+    layout, same = SampleLayout.from_manifest(m), 0
+    for shard in m.shards:
+        for s in FORMATS[m.format].scan(out, shard, layout):
+            same += hashlib.sha256(bytes(s.encoded)).digest() == hashlib.sha256((src / s.key).read_bytes()).digest()
+    return f"{same} of {m.samples}"
 
 
 def packer_loader(out: Path, workers: int):
@@ -189,13 +206,16 @@ def run(args: argparse.Namespace, src: Path) -> dict:
     default = work / "npy-default"
     results["default_convert_s"] = packer_convert(src, default, "raw", w, "shorter-crop", SIZE)
     results["default_bytes"] = du(default)
-    for codec in ("raw", "jpeg"):
-        out = work / f"npy-max256-{codec}"
-        seconds = packer_convert(src, out, codec, w)
+    for resize, codec in (("max", "raw"), ("max", "jpeg"), ("none", "source")):
+        out = work / f"npy-{resize}-{codec}"
+        seconds = packer_convert(src, out, codec, w, resize)
         rate = timed(packer_loader(out, w), args.epochs)
-        results["rows"].append({"tool": "packer", "stored": f"max 256, {codec}", "rate": rate, "bytes": du(out),
+        stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
+        results["rows"].append({"tool": "packer", "stored": stored, "rate": rate, "bytes": du(out),
                                 "convert_s": seconds})
-        print(f"packer max 256 {codec}: {rate:.0f} samples/s, {du(out) / 2**20:.0f} MB", flush=True)
+        print(f"packer {stored}: {rate:.0f} samples/s, {du(out) / 2**20:.0f} MB", flush=True)
+        if codec == "source":
+            results["source_identical"] = source_identical(src, out)
     if args.ffcv_python:
         side = subprocess.run([args.ffcv_python, __file__, "--ffcv-side", "--src", str(src), "--work", str(work),
                                "--workers", str(w), "--epochs", str(args.epochs)], check=True, capture_output=True,
@@ -227,6 +247,11 @@ def markdown(results: dict) -> str:
                      f"{r['bytes'] / 2**20:.1f} | {r['convert_s']:.1f} |")
     lines.append(f"| packer default (224 crops, raw) | shorter-crop 224 | | | | "
                  f"{results['default_bytes'] / 2**20:.1f} | {results['default_convert_s']:.1f} |")
+    source = next((r for r in rows if r["stored"] == "none, source"), None)
+    if source is not None:
+        lines += ["", f"`--resize none --codec source` converted in {source['convert_s']:.1f} s, "
+                      f"{results['default_convert_s'] / source['convert_s']:.2f}x the speed of the default conversion; "
+                      f"stored images equal to their source files (SHA-256): {results.get('source_identical')}"]
     return "\n".join(lines)
 
 

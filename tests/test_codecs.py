@@ -196,7 +196,7 @@ def test_raw_image_codec_is_npy():
     pixels = np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 4, 3)
     assert encode_image(pixels, "raw") == encode_npy(pixels)
     assert np.array_equal(decode_image(encode_npy(pixels), "raw"), pixels)
-    assert IMAGE_CODECS == ("raw", "jpeg", "png") and IMAGE_EXTENSIONS["jpeg"] == "jpg"
+    assert IMAGE_CODECS == ("raw", "jpeg", "png", "source") and IMAGE_EXTENSIONS["jpeg"] == "jpg"
 
 
 @pytest.mark.parametrize("pixels", [np.zeros((4, 4, 3), np.float32), np.zeros((4, 4, 4), np.uint8),

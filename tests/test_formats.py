@@ -71,7 +71,7 @@ def test_each_format_description_names_its_writer_scanner_and_reader():
         assert callable(spec.scan) and spec.scanner.startswith(f"packer.formats.{name}:")
         reader = spec.reader_class()
         assert reader.format_name == name and getattr(readers, reader.__name__) is reader
-        assert spec.newest == 5  # 5: detection targets (hdf5 4: keys off HDF5's global heap)
+        assert spec.newest == 6  # 6: --codec source (5: detection targets; hdf5 4: keys off HDF5's global heap)
 
 
 def test_get_format():

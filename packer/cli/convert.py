@@ -43,9 +43,12 @@ from packer.text import TextConfig
               help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
 @preprocess_options
 @click.option("--codec", type=click.Choice(IMAGE_CODECS), default="raw",
-              help="How images are stored: raw pixels, jpeg (lossy, several times smaller) or png (lossless); "
-                   "readers decode jpeg and png. Needs --dtype uint8.")
-@click.option("--quality", type=click.IntRange(1, 95), default=DEFAULT_QUALITY, help="JPEG quality for --codec jpeg.")
+              help="How images are stored: raw pixels, jpeg (lossy, several times smaller), png (lossless), or "
+                   "source: each JPEG/PNG file's own bytes where the preprocessing keeps its pixels (--resize none, "
+                   "or max within --size), the others re-encoded (JPEG, or PNG for lossless sources); readers "
+                   "decode them all. Needs --dtype uint8.")
+@click.option("--quality", type=click.IntRange(1, 95), default=DEFAULT_QUALITY,
+              help="JPEG quality for --codec jpeg, and for the JPEGs --codec source re-encodes.")
 @click.option("--shard-size", default="auto",
               help="auto (<=256 MiB, balanced over workers), a sample count (1000), or bytes (256MB, 1GiB).")
 @click.option("--shuffle", "shuffle_seed", type=click.IntRange(min=0), default=None,

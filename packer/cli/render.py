@@ -13,7 +13,7 @@ from packer.dataset_splits import SplitsResult, describe_missing
 from packer.errors import PackerError
 from packer.manifest import Manifest, read_manifest
 from packer.pipeline import ConvertResult
-from packer.report import REPORT_NAME, reason_kind, shown
+from packer.report import REPORT_NAME, reason_kind, shown, source_counts
 from packer.split import NodeResult
 from packer.splits_record import SplitsRecord, splits_problems
 
@@ -105,7 +105,7 @@ def describe(output: Path, m: Manifest) -> str:
         img = m.fields["image"]
         lines += [
             f"  image     {img['dtype']} {'x'.join(map(str, img['shape'])) if img['shape'] else 'variable size'} "
-            f"(HWC), {pre['mode']}, {_codec(img)}",
+            f"(HWC), {pre['mode']}, {_codec(img, m)}",
             f"  resize    {_resize_line(pre, size)}",
             f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
         ]
@@ -169,8 +169,10 @@ def _floats(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
 
 
-def _codec(image: dict) -> str:
+def _codec(image: dict, m: Manifest) -> str:
     codec = image.get("codec", "raw")
+    if codec == "source":
+        return "stored as " + source_counts(m)
     return {"raw": "raw pixels", "png": "stored as PNG"}.get(codec, f"stored as JPEG quality {image.get('quality')}")
 
 

@@ -23,7 +23,7 @@ from typing import ClassVar, Iterator
 
 import numpy as np
 
-from packer.codecs import CODECS, IMAGE_EXTENSIONS, npy_header
+from packer.codecs import CODECS, image_extension, npy_header
 from packer.formats.base import HashedFile, encoded_bytes
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
@@ -77,7 +77,7 @@ class WdsWriter:
             ImageStorage.FIXED: _npy_parts, ImageStorage.VARIABLE: _npy_parts,
             ImageStorage.ENCODED: lambda sample: (encoded_bytes(sample, layout),), ImageStorage.NONE: None,
         }, self.name)
-        self._members = TAR_MEMBERS[:-1] + ((IMAGE_EXTENSIONS[layout.codec.name],) if layout.has_image else ())
+        self._members = TAR_MEMBERS[:-1] + (("image",) if layout.has_image else ())
         self._f = HashedFile(self.directory / self.file_name)  # in order: nobody reads it back for the manifest
         self._offset = 0
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
@@ -100,6 +100,8 @@ class WdsWriter:
             "json": (CODECS["json"].encode({"key": sample.key, "label": sample.label, "crc32": sample.crc32}),),
         }
         for ext in self._members:
+            if ext == "image":  # KEY.npy, .jpg or .png; with --codec source, the extension of each image's bytes
+                ext = image_extension(self.layout.codec.name, image[0] if image else None)
             self._member(f"{key}.{ext}", *values.get(ext, image))
         for f in self.layout.text:
             value = sample.fields[f.name]

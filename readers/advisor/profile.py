@@ -26,13 +26,13 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import default_collate
 
-from packer.codecs import decode_image
 from packer.config import PreprocessConfig
 from packer.errors import DecodeError, InputError
 from packer.manifest import read_manifest
 from packer.preprocess import finish_pixels, oriented, read_source, resize
 from packer.registry import FORMATS
 from packer.sample_layout import SampleLayout
+from packer.source_codec import decode_stored
 from readers.advisor.folder import converter_for, folder_items
 from readers.advisor.timing import check_images, one_thread
 from readers.tensors import ImageConverter
@@ -237,7 +237,7 @@ def profile_output(root: str | os.PathLike, samples: int = 200, batch_size: int 
                 else:
                     data = bytes(sample.encoded)  # type: ignore[arg-type]
                     clock.lap("read")
-                    array = decode_image(data, codec, mode)
+                    array = decode_stored(data, codec, mode)
                     clock.lap("decode")
                 tensor = convert(array)
                 clock.lap("to_tensor")

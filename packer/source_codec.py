@@ -1,0 +1,144 @@
+"""``--codec source``: each source file's own bytes, where the preprocessing would not change its pixels.
+
+A JPEG or PNG file is kept byte for byte when decoding it as the converter decodes (EXIF orientation
+applied, nothing resized, no colour conversion) already gives the pixels the options ask for: under
+``--resize none``, or ``--resize max`` when its longer side is within ``--size``, without ``--crop``,
+in its own colour mode (RGB, or gray with ``--mode L``). Every other file is re-encoded from its
+preprocessed pixels: a JPEG at ``--quality``, anything else (a lossless source) as PNG. Readers
+decode each stored image by its content and apply the EXIF orientation a kept file carries, so the
+pixels are the conversion's (``decode_source``).
+
+A kept JPEG is still decoded at conversion, to refuse a damaged file and to count its pixels for the
+statistics, but at 1/8 scale (libjpeg-turbo decodes every coefficient, skipping most of the inverse
+DCT): its histogram is that of the 8x8 block averages, weighted by the file's pixel count, so the
+recorded mean is right and the spread somewhat low. With ``--normalize auto``, whose normalization
+comes from those statistics, kept JPEGs are decoded in full instead.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, NamedTuple, Optional
+
+import numpy as np
+from PIL import Image
+
+from packer import jpeg
+from packer.codecs import decode_image
+from packer.errors import DecodeError
+
+if TYPE_CHECKING:  # the converter's settings; readers, which decode these images too, never load them
+    from packer.config import PreprocessConfig
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+SOURCE_STATS = "kept JPEGs counted at 1/8 scale"
+"""What the manifest's statistics say of how kept JPEGs were counted (not said when decoded in full)."""
+
+
+def source_format(data: bytes) -> Optional[str]:
+    """``jpeg`` or ``png`` by the file's first bytes, else None."""
+    if data.startswith(jpeg.SOI):
+        return "jpeg"
+    if data.startswith(PNG_SIGNATURE):
+        return "png"
+    return None
+
+
+def reencode_codec(data: bytes) -> str:
+    """The codec a file that must change is stored in: JPEG for a JPEG source, PNG for any other (lossless)."""
+    return "jpeg" if source_format(data) == "jpeg" else "png"
+
+
+class Kept(NamedTuple):
+    """A source file stored as it is: its displayed (width, height), EXIF orientation, and the
+    pixel histogram the statistics take (Pillow's layout, 256 counts per channel)."""
+
+    original_size: tuple[int, int]
+    orientation: int
+    histogram: list[int]
+
+
+def _within(size: tuple[int, int], cfg: PreprocessConfig) -> bool:
+    """True when the preprocessing keeps an image of displayed ``size`` as it is."""
+    if cfg.crop is not None or cfg.dtype != "uint8":
+        return False
+    if cfg.resize == "none":
+        return True
+    return cfg.resize == "max" and cfg.size is not None and max(size) <= cfg.size[0]
+
+
+def keep(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", full: bool = False) -> Optional[Kept]:
+    """What a file that can be stored as it is holds (``Kept``), or None when it must be re-encoded
+    (or when only the full decode can tell, which then also reports a damaged file). ``full``:
+    count a kept JPEG's pixels from a full decode. DecodeError for too many pixels."""
+    fmt = source_format(data)
+    if fmt == "jpeg":
+        return _keep_jpeg(data, cfg, path, full)
+    if fmt == "png":
+        return _keep_png(data, cfg, path)
+    return None
+
+
+def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Optional[Kept]:
+    from packer.preprocess import _check_pixels, _exif_orientation
+
+    header = jpeg.plain_header(data)
+    if header is None or header.gray != (cfg.mode == "L") or cfg.mode not in ("RGB", "L"):
+        return None  # CMYK, XMP, several APP1 blocks, another colour mode: re-encoded from Pillow's decode
+    orientation = 1 if header.exif is None else _exif_orientation(header.exif)
+    if orientation is None:
+        return None
+    w, h = header.width, header.height
+    displayed = (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+    if not _within(displayed, cfg):
+        return None
+    _check_pixels(w, h, cfg, path)
+    need = None if full else (max(1, -(-w // 8)), max(1, -(-h // 8)))
+    scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
+    if scaled is None:
+        return None  # libjpeg-turbo refuses it: the full decode reports it, or re-encodes what Pillow reads
+    counts = scaled.image.histogram()
+    if scaled.eighths != 8:
+        weight = (w * h) / (scaled.image.width * scaled.image.height)
+        counts = np.rint(np.asarray(counts, dtype=np.float64) * weight).astype(np.int64).tolist()
+    return Kept(displayed, orientation, counts)
+
+
+def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:
+    from packer.preprocess import _check_pixels, _orientation
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.mode != cfg.mode or img.mode not in ("RGB", "L") or "transparency" in img.info:
+                return None  # palette, alpha, 16-bit, another mode: re-encoded from the converted pixels
+            orientation = _orientation(img)
+            w, h = img.size
+            displayed = (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+            if not _within(displayed, cfg):
+                return None
+            _check_pixels(w, h, cfg, path)
+            img.load()  # the whole file decoded: a damaged one is refused here
+            return Kept(displayed, orientation, img.histogram())
+    except DecodeError:
+        raise
+    except Exception:  # noqa: BLE001 - damaged or odd: the full decode reports it, or re-encodes it
+        return None
+
+
+def decode_stored(data, codec: str, mode: str = "RGB") -> np.ndarray:
+    """The HxWxC pixels of one stored image of any encoded codec (``codecs.decode_image``), the
+    ``source`` codec's by ``decode_source``."""
+    if codec == "source":
+        return decode_source(data, mode)
+    return decode_image(data, codec, mode)
+
+
+def decode_source(data, mode: str = "RGB") -> np.ndarray:
+    """The HxWxC uint8 pixels of a stored ``--codec source`` image (a kept file, or one packer
+    re-encoded), as the converter decodes a file under ``--resize none``: by its content, turned by
+    its EXIF orientation, in ``mode``. Errors pass through (DecodeError for a damaged file)."""
+    from packer.config import PreprocessConfig
+    from packer.preprocess import decode
+
+    return decode(bytes(data), PreprocessConfig(size=None, resize="none", mode=mode, mean=None, std=None)).pixels

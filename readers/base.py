@@ -340,7 +340,7 @@ class ReaderBase:
             return (stored if codec == "raw" else decode_stored(stored, codec, mode)), None
         stored, codec = upright_stored(stored, codec, mode)
         h, w = stored_size(stored, codec)
-        placement = self.augment.placements(self.seed, epoch, [index], [h], [w])[0]
+        placement = self.augment.placement(self.seed, epoch, index, h, w)
         return render(stored, codec, mode, placement), placement
 
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -42,28 +42,36 @@ RANDOMS = 4 * ATTEMPTS + 1
 
 _FLIP = 4 * ATTEMPTS
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = 0x9E3779B97F4A7C15
+_M64 = (1 << 64) - 1
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a bijection of uint64 whose output bits each depend on every input bit."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit integers whose output bits each depend on every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class Draws:
+    """The uniform numbers in [0, 1) of one sample: ``draws(k)`` is a function of ``(seed, epoch,
+    index, k)`` alone, the same on every machine and in every process, computed when asked for (a
+    crop usually needs 4 of them, not all ``RANDOMS``)."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        key = _mix(_mix((seed + _GOLDEN) & _M64) ^ (epoch & _M64))
+        self.stream = _mix(key ^ _mix((index + _GOLDEN) & _M64))
+
+    def __call__(self, k: int) -> float:
+        return (_mix((self.stream + (k + 1) * _GOLDEN) & _M64) >> 11) * (1.0 / (1 << 53))
 
 
 def uniforms(seed: int, epoch: int, indices: Sequence[int] | np.ndarray, count: int = RANDOMS) -> np.ndarray:
-    """``(len(indices), count)`` float64 numbers uniform in [0, 1), a function of ``(seed, epoch,
-    index, column)`` alone: the same on every machine and in every process (numpy's uint64
-    arithmetic wraps, as splitmix64 wants)."""
-    with np.errstate(over="ignore"):
-        key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64) + _GOLDEN)
-        key = _mix(key ^ np.uint64(epoch & 0xFFFFFFFFFFFFFFFF))
-        index = np.asarray(indices, dtype=np.int64).astype(np.uint64).reshape(-1, 1)
-        stream = _mix(key ^ _mix(index + _GOLDEN))
-        column = np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN
-        bits = _mix(stream + column)
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    """``(len(indices), count)`` float64: the first ``count`` numbers of each sample's ``Draws``."""
+    rows = [Draws(seed, epoch, int(i)) for i in np.asarray(indices).reshape(-1).tolist()]
+    return np.array([[d(k) for k in range(count)] for d in rows], dtype=np.float64).reshape(len(rows), count)
 
 
 def _pair(size: Size, name: str) -> tuple[int, int]:
@@ -81,14 +89,18 @@ class Placement(NamedTuple):
     pixels, resized to ``size`` (height, width), then mirrored left to right when ``flip``. With
     ``cut`` the box (whole pixels) is cut out before the resize, as torchvision's ``resized_crop``
     does, so the filter never reaches past it; otherwise it is resized where it lies, which is what
-    resizing the whole image and then cropping gives (``CenterCrop(resize=...)``). ``reduced``: a
-    JPEG may be decoded at a reduced scale (see ``render``)."""
+    resizing the whole image and then cropping gives. ``whole``: (height, width) the whole image is
+    resized to first, the box then cut from that resized image at ``offset`` (top, left) (torchvision's
+    ``Resize`` then ``CenterCrop``; ``box`` still says where it lies in the stored image). ``reduced``:
+    a JPEG may be decoded at a reduced scale (see ``render``)."""
 
     box: tuple[float, float, float, float]
     size: tuple[int, int]
     flip: bool
     cut: bool
-    reduced: bool = True
+    reduced: bool = False
+    whole: Optional[tuple[int, int]] = None
+    offset: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -97,14 +109,15 @@ class RandomResizedCrop:
     over height, drawn uniform in log space) resized to ``size``, as torchvision's
     ``RandomResizedCrop(size, scale, ratio)`` with bilinear antialiased resizing.
 
-    JPEGs are decoded at the smallest M/8 scale that keeps the crop at least ``size`` (much less
-    work for large images; on photographs the pixels differ from a full decode by a fraction of a
-    level on average, see ``docs/READERS.md``); ``full_decode=True`` always decodes them in full."""
+    ``reduced_decode=True`` decodes a JPEG at the smallest M/8 scale that keeps the crop at least
+    ``size`` (much less work when the stored images are large next to the crop), at the cost of
+    pixels further from a full decode than torchvision's tolerance (see ``docs/READERS.md``); off
+    by default."""
 
     size: Size
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    full_decode: bool = False
+    reduced_decode: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "RandomResizedCrop size"))
@@ -121,31 +134,32 @@ class RandomResizedCrop:
         """True: the crop changes with the seed, the epoch and the sample."""
         return True
 
-    def boxes(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """``(n, 4)`` int64 boxes (top, left, height, width) for images of ``heights`` x ``widths``,
-        from the uniform numbers ``u`` (one row per image, see ``uniforms``), as torchvision's
-        ``get_params`` draws them."""
-        h = np.asarray(heights, dtype=np.int64).reshape(-1, 1)
-        w = np.asarray(widths, dtype=np.int64).reshape(-1, 1)
-        n = ATTEMPTS
-        area = (h * w).astype(np.float64)
-        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 0:n])
+    def box(self, height: int, width: int, u: Callable[[int], float]) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop of an image of ``height`` x ``width``, drawn from the
+        sample's numbers ``u`` (``Draws``) as torchvision's ``get_params`` draws them: try ``k`` takes
+        numbers ``k`` (area), ``ATTEMPTS + k`` (log aspect ratio), ``2 * ATTEMPTS + k`` (top) and
+        ``3 * ATTEMPTS + k`` (left)."""
+        area, (s0, s1) = height * width, self.scale
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = np.exp(lo + (hi - lo) * u[:, n:2 * n])
-        cw = np.rint(np.sqrt(target * aspect)).astype(np.int64)  # rint: half to even, as Python's round
-        ch = np.rint(np.sqrt(target / aspect)).astype(np.int64)
-        fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
-        first = np.argmax(fits, axis=1)
-        rows = np.arange(len(first))
-        ch, cw = ch[rows, first], cw[rows, first]
-        top = np.floor(u[rows, 2 * n + first] * (h[:, 0] - ch + 1)).astype(np.int64)
-        left = np.floor(u[rows, 3 * n + first] * (w[:, 0] - cw + 1)).astype(np.int64)
-        out = np.stack([top, left, ch, cw], axis=1)
-        for row in np.flatnonzero(~fits.any(axis=1)):  # torchvision's fallback: a centre crop
-            out[row] = self._fallback(int(h[row, 0]), int(w[row, 0]))
-        return out
+        for k in range(ATTEMPTS):
+            target = area * (s0 + (s1 - s0) * u(k))
+            aspect = math.exp(lo + (hi - lo) * u(ATTEMPTS + k))
+            cw, ch = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+            if 0 < cw <= width and 0 < ch <= height:
+                top = int(u(2 * ATTEMPTS + k) * (height - ch + 1))
+                left = int(u(3 * ATTEMPTS + k) * (width - cw + 1))
+                return top, left, ch, cw
+        return self._fallback(height, width)
+
+    def boxes(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``(n, 4)`` int64 boxes (top, left, height, width), one per image, from rows of ``uniforms``."""
+        out = [self.box(int(h), int(w), row.__getitem__) for h, w, row in
+               zip(np.asarray(heights).reshape(-1), np.asarray(widths).reshape(-1), np.asarray(u))]
+        return np.array(out, dtype=np.int64).reshape(-1, 4)
 
     def _fallback(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """torchvision's centre crop of the nearest allowed ratio, at least a pixel on each side (its
+        own can be 0 pixels high for a strip of extreme ratio, which would give a black image)."""
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
             cw, ch = width, int(round(width / self.ratio[0]))
@@ -153,12 +167,14 @@ class RandomResizedCrop:
             ch, cw = height, int(round(height * self.ratio[1]))
         else:
             cw, ch = width, height
+        ch, cw = min(max(ch, 1), height), min(max(cw, 1), width)
         return (height - ch) // 2, (width - cw) // 2, ch, cw
 
-    def placements(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> list[Placement]:
-        """Each image's Placement (without the flip, which ``Augment`` adds)."""
-        return [Placement((float(x), float(y), float(x + cw), float(y + ch)), self.size, False, True,
-                          not self.full_decode) for y, x, ch, cw in self.boxes(heights, widths, u).tolist()]
+    def placement(self, height: int, width: int, u: Callable[[int], float]) -> Placement:
+        """The Placement of one image (without the flip, which ``Augment`` adds)."""
+        y, x, ch, cw = self.box(height, width, u)
+        return Placement((float(x), float(y), float(x + cw), float(y + ch)), self.size, False, True,
+                         self.reduced_decode)
 
 
 @dataclass(frozen=True)
@@ -166,12 +182,12 @@ class CenterCrop:
     """The centre ``size`` (height, width) of each image, as torchvision's ``CenterCrop`` (padded
     with zeros where the image is smaller); with ``resize=N`` the image's shorter side is first
     resized to N, as ``Resize(N)`` does: the evaluation recipe ``Resize(256)`` + ``CenterCrop(224)``
-    is ``CenterCrop(224, resize=256)``. The same for every epoch and seed. JPEGs are decoded at a
-    reduced scale where that still covers the crop, unless ``full_decode`` (as ``RandomResizedCrop``)."""
+    is ``CenterCrop(224, resize=256)``. The same for every epoch and seed. ``reduced_decode`` as
+    ``RandomResizedCrop``'s."""
 
     size: Size
     resize: Optional[int] = None
-    full_decode: bool = False
+    reduced_decode: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _pair(self.size, "CenterCrop size"))
@@ -186,18 +202,13 @@ class CenterCrop:
         """False: the same crop every epoch."""
         return False
 
-    def placements(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> list[Placement]:
-        """Each image's Placement (``u`` is not used)."""
-        return [self.placement(int(h), int(w)) for h, w in zip(np.asarray(heights).tolist(),
-                                                               np.asarray(widths).tolist())]
-
-    def placement(self, height: int, width: int) -> Placement:
-        """The Placement of one image of ``height`` x ``width``."""
+    def placement(self, height: int, width: int, u: Optional[Callable[[int], float]] = None) -> Placement:
+        """The Placement of one image of ``height`` x ``width`` (``u`` is not used)."""
         ch, cw = self.size
         if self.resize is None:
             top, left = _centre(height, ch), _centre(width, cw)
             return Placement((float(left), float(top), float(left + cw), float(top + ch)), self.size, False, True,
-                             not self.full_decode)
+                             self.reduced_decode)
         if width <= height:  # torchvision's Resize(N): the shorter side to N, the longer truncated
             new_w, new_h = self.resize, int(self.resize * height / width)
         else:
@@ -205,7 +216,7 @@ class CenterCrop:
         top, left = int(round((new_h - ch) / 2.0)), int(round((new_w - cw) / 2.0))
         sx, sy = width / new_w, height / new_h
         return Placement((left * sx, top * sy, (left + cw) * sx, (top + ch) * sy), self.size, False, False,
-                         not self.full_decode)
+                         self.reduced_decode, (new_h, new_w), (top, left))
 
 
 def _centre(length: int, crop: int) -> int:
@@ -240,22 +251,23 @@ class Augment:
     def placements(self, seed: int, epoch: int, indices: Sequence[int], heights: Sequence[int],
                    widths: Sequence[int]) -> list[Placement]:
         """The Placement of each sample ``indices[i]``, stored as ``heights[i]`` x ``widths[i]``."""
-        u = uniforms(seed, epoch, indices) if self.random else np.zeros((len(indices), RANDOMS))
-        h, w = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+        return [self.placement(seed, epoch, int(i), int(h), int(w)) for i, h, w in zip(indices, heights, widths)]
+
+    def placement(self, seed: int, epoch: int, index: int, height: int, width: int) -> Placement:
+        """The Placement of sample ``index``, stored as ``height`` x ``width``, in ``epoch``."""
+        u = Draws(seed, epoch, index)
         if self.crop is None:
-            out = [Placement((0.0, 0.0, float(x), float(y)), (y, x), False, True)
-                   for y, x in zip(h.tolist(), w.tolist())]
+            out = Placement((0.0, 0.0, float(width), float(height)), (height, width), False, True)
         else:
-            out = self.crop.placements(h, w, u)
-        if self.flip:
-            out = [p._replace(flip=bool(f < 0.5)) for p, f in zip(out, u[:, _FLIP].tolist())]
-        return out
+            out = self.crop.placement(height, width, u)
+        return out._replace(flip=u(_FLIP) < 0.5) if self.flip else out
 
 
 def upright_stored(stored, codec: str, mode: str) -> tuple:
     """``(stored, codec)`` to crop from: as given, except for ``--codec source`` images, which are JPEG
     or PNG by their bytes and may carry an EXIF orientation: a JPEG already upright stays bytes
-    (``jpeg``, decoded at a reduced scale where that pays), any other is decoded upright (``raw``)."""
+    (``jpeg``, which ``reduced_decode`` may decode at a reduced scale), any other is decoded upright
+    (``raw``)."""
     if codec != "source":
         return stored, codec
     from packer.preprocess import _exif_orientation
@@ -283,50 +295,76 @@ def stored_size(stored, codec: str) -> tuple[int, int]:
 
 def render(stored, codec: str, mode: str, placement: Placement, flip_view: bool = False) -> np.ndarray:
     """The HxWxC uint8 image ``placement`` makes of one stored image: an HWC uint8 array (raw), or
-    the bytes of a JPEG or PNG. ``flip_view``: a flipped image may be a view with negative strides,
-    for a caller that reads it once (normalizing costs no more so; copying one does).
+    the bytes of a JPEG or PNG, in ``mode`` (RGB or L). ``flip_view``: a flipped image may be a view
+    with negative strides, for a caller that reads it once (normalizing costs no more so; copying
+    one does).
 
-    A box cut out of the image (``cut``, inside it) is resized by torch's antialiased bilinear
-    interpolation of uint8 images, the kernel torchvision's tensor transforms use (several times
-    Pillow's speed, within a level of its pixels); a box resized where it lies, or one that pads,
-    by Pillow. JPEGs are decoded at the smallest M/8 scale that still gives the box at least the
-    output's size, the box then resized where it lies on the scaled pixels."""
-    (oh, ow), (left, top, right, bottom) = placement.size, placement.box
+    Resizing is torch's antialiased bilinear interpolation of uint8 images, the kernel torchvision's
+    tensor transforms use (several times Pillow's speed, within a level of its pixels): of the box
+    cut out (``cut``), or of the whole image before the box is cut (``whole``). A box that pads is
+    cut by Pillow. With ``reduced``, a JPEG is decoded at the smallest M/8 scale that still gives the
+    box at least the output's size, the box then resized where it lies on the scaled pixels."""
+    (oh, ow), channels = placement.size, 1 if mode == "L" else 3
     if codec == "jpeg":
         data = bytes(stored)
-        header = jpeg.plain_header(data)
-        if header is not None and placement.reduced and right > left and bottom > top:
-            w, h = header.width, header.height
-            need = (math.ceil(w * ow / (right - left)), math.ceil(h * oh / (bottom - top)))
-            if jpeg.eighths_for((w, h), need) <= jpeg.MAX_EIGHTHS:
-                scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
-                if scaled is not None and scaled.eighths < 8:
-                    f = scaled.eighths / 8
-                    out = scaled.image.resize((ow, oh), Image.Resampling.BILINEAR,
-                                              box=(left * f, top * f, right * f, bottom * f))
-                    return _finish(out, placement.flip)
+        scaled = _reduced(data, mode, placement) if placement.reduced else None
+        if scaled is not None:
+            return scaled
         stored = decode_stored(data, codec, mode)
     elif codec != "raw":
         stored = decode_stored(stored, codec, mode)
     array = np.asarray(stored)
+    if array.ndim != 3 or array.shape[2] != channels:
+        raise ValueError(f"a stored image of shape {array.shape} in an output of {mode} images")
+    if placement.whole is not None:
+        array = _resized(torch.from_numpy(np.array(array, order="C")), placement.whole).numpy()
+        (top, left), (ch, cw) = placement.offset, placement.size
+        placement = placement._replace(box=(float(left), float(top), float(left + cw), float(top + ch)), whole=None)
     if placement.cut and _inside(placement.box, array.shape):
         x0, y0, x1, y1 = (int(v) for v in placement.box)
-        out = torch.from_numpy(np.array(array[y0:y1, x0:x1], order="C"))  # a copy: the stored view is read-only
-        if out.shape[:2] != (oh, ow):
-            nchw = out.permute(2, 0, 1).unsqueeze(0)  # channels_last: the fast uint8 kernel
-            out = F.interpolate(nchw, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False)[0]
-            out = out.permute(1, 2, 0)
+        cut = np.array(array[y0:y1, x0:x1], order="C")  # a copy: stored views are read-only
+        out = _resized(torch.from_numpy(cut), (oh, ow))
         if placement.flip and flip_view:
             return out.numpy()[:, ::-1]
         return (torch.flip(out, dims=[1]) if placement.flip else out).numpy()
-    image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if array.shape[2] == 1 else array))
-    box = placement.box
-    if placement.cut:
-        image = image.crop(tuple(int(v) for v in box))  # pads with zeros where the box lies outside
-        box = (0.0, 0.0, float(image.width), float(image.height))
-    if image.size != (ow, oh) or box != (0.0, 0.0, float(ow), float(oh)):
-        image = image.resize((ow, oh), Image.Resampling.BILINEAR, box=box)
+    image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if channels == 1 else array))
+    image = image.crop(tuple(int(v) for v in placement.box))  # pads with zeros where the box lies outside
+    if image.size != (ow, oh):
+        image = image.resize((ow, oh), Image.Resampling.BILINEAR)
     return _finish(image, placement.flip)
+
+
+def _resized(hwc: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """An HxWxC uint8 tensor resized to ``size`` (height, width), antialiased bilinear (HWC out)."""
+    if tuple(hwc.shape[:2]) == tuple(size):
+        return hwc
+    nchw = hwc.permute(2, 0, 1).unsqueeze(0)  # channels_last: torch's fast uint8 kernel
+    return F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)[0].permute(1, 2, 0)
+
+
+def _reduced(data: bytes, mode: str, placement: Placement) -> Optional[np.ndarray]:
+    """``render`` of a JPEG decoded at a reduced scale, or None where it would not be smaller, the
+    file is not one libjpeg-turbo decodes in ``mode``, or it has more pixels than Pillow's
+    decompression-bomb limit (the full decode then refuses it)."""
+    header = jpeg.plain_header(data)
+    (oh, ow), (left, top, right, bottom) = placement.size, placement.box
+    if header is None or header.gray != (mode == "L") or right <= left or bottom <= top:
+        return None
+    w, h = header.width, header.height
+    if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:
+        return None
+    if placement.whole is not None:  # the box of the resized image, at the stored image's scale
+        (nh, nw), (y0, x0) = placement.whole, placement.offset
+        left, top, right, bottom = x0 * w / nw, y0 * h / nh, (x0 + ow) * w / nw, (y0 + oh) * h / nh
+    need = (math.ceil(w * ow / (right - left)), math.ceil(h * oh / (bottom - top)))
+    if jpeg.eighths_for((w, h), need) > jpeg.MAX_EIGHTHS:
+        return None
+    scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
+    if scaled is None or scaled.eighths == 8:
+        return None
+    f = scaled.eighths / 8
+    out = scaled.image.resize((ow, oh), Image.Resampling.BILINEAR, box=(left * f, top * f, right * f, bottom * f))
+    return _finish(out, placement.flip)
 
 
 def _inside(box: tuple[float, float, float, float], shape: tuple[int, ...]) -> bool:

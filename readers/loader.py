@@ -405,9 +405,12 @@ def make_loader(
     order = {"batch_size": batch_size, "world_size": world, "seed": seed,
              "bucket_by_length": bucket_by_length or False}
     order["sampler"] = None  # make_loader's own
+    if dataset.augment is not None:
+        order["augment"] = repr(dataset.augment)  # the crops a resumed run continues with
     if isinstance(sampler, SamplerBatches):
         order["sampler"] = type(sampler.sampler).__name__  # a state saved with another sampler is refused
-        del order["seed"]  # the caller's sampler draws the order, not make_loader's seed
+        if dataset.augment is None or not dataset.augment.random:
+            del order["seed"]  # the caller's sampler draws the order, not make_loader's seed
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import warnings
 from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
@@ -25,6 +26,17 @@ from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
 from readers.crops import render, stored_size, upright_stored
 from readers.tensors import torch_dtype
+
+_WARNED: list[bool] = []
+
+
+def _warn_epochs() -> None:
+    """Warn once per process that random crops read in DataLoader workers, without ``set_epoch``, repeat."""
+    if not _WARNED:
+        _WARNED.append(True)
+        warnings.warn("random crops and flips are drawn for epoch 0 every epoch: call dataset.set_epoch(epoch) "
+                      "before each epoch (as with DistributedSampler), or read through readers.make_loader, "
+                      "whose batches carry their epoch", stacklevel=3)
 
 
 class PackedDataset(ReaderBase, Dataset):
@@ -49,7 +61,8 @@ class PackedDataset(ReaderBase, Dataset):
         self._memory_view: Optional[np.ndarray] = None
         # The epoch of the crops and flips, in shared memory: DataLoader workers (persistent ones too)
         # see set_epoch. make_loader's batches carry their epoch instead (readers.sampler.EpochBatch).
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_() if self.augment is not None else None
+        # -1: never set (epoch 0, and a warning in DataLoader workers, where crops would repeat every epoch).
+        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_() if self.augment is not None else None
         if in_memory:
             self.load_into_memory()
 
@@ -100,8 +113,13 @@ class PackedDataset(ReaderBase, Dataset):
             self._epoch.fill_(int(epoch))
 
     def epoch_now(self) -> int:
-        """The epoch of the crops and flips of samples read now (``set_epoch``)."""
-        return int(self._epoch.item()) if self._epoch is not None else 0
+        """The epoch of the crops and flips of samples read now (``set_epoch``; 0 before any call)."""
+        epoch = int(self._epoch.item()) if self._epoch is not None else 0
+        if epoch >= 0:
+            return epoch
+        if self.augment is not None and self.augment.random and get_worker_info() is not None:
+            _warn_epochs()
+        return 0
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, index within the shard) of dataset index ``index``; negatives count from the end."""
@@ -213,8 +231,11 @@ class PackedDataset(ReaderBase, Dataset):
         ``epoch``), then each text field's value. The Placement used is appended to ``placement``."""
         values = []
         if self.layout.has_image:
-            codec = "raw" if self.memory is not None else None  # held decoded
-            image, used = self.stored_out(self._stored(shard, local), self._offsets[shard] + local, epoch, codec)
+            if self.augment is None:
+                image, used = self._image(shard, local), None  # decoded and checked against the manifest
+            else:
+                codec = "raw" if self.memory is not None else None  # held decoded
+                image, used = self.stored_out(self._stored(shard, local), self._offsets[shard] + local, epoch, codec)
             if placement is not None and used is not None:
                 placement.append(used)
             values.append(self.convert(image))

@@ -29,6 +29,9 @@ from readers.collate import Numbered, PackedBatch
 from readers.crops import Placement
 from readers.remote import file_url, is_url, iter_remote_tar, read_remote_file
 
+PASS_SLOTS = 64
+"""DataLoader workers whose passes a tar-shard reader counts in shared memory (see ``set_epoch``)."""
+
 
 class WdsDataset(ReaderBase, IterableDataset):
     """Iterable dataset over a wds output.
@@ -50,18 +53,34 @@ class WdsDataset(ReaderBase, IterableDataset):
         self.cache_dir = cache_dir  # for URL roots: where streamed shards are kept (readers.remote)
         self.shuffle = int(shuffle)
         self.epoch = 0
-        self._passes = 0  # iterations since set_epoch: persistent workers never see set_epoch
+        # [the epoch set_epoch chose, then the passes each DataLoader worker (by id) began since], in
+        # shared memory: workers, persistent or made anew each epoch, see set_epoch and count their passes
+        self._epochs = torch.zeros(1 + PASS_SLOTS, dtype=torch.int64).share_memory_()
+        self._local_passes = -1  # a worker beyond PASS_SLOTS counts its own
         self._batching: Optional[dict] = None  # set by configure_batches
         self._npy = NpyDecoder()  # the images of an output share one npy header: parsed once
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle, crops and flips of epoch ``epoch`` (same seed and epoch give the same order).
+        """Select the shuffle, crops and flips of epoch ``epoch`` (same seed and epoch give the same
+        order), in this process and in the DataLoader workers reading this dataset.
 
-        Each further iteration without a call moves to the next epoch's order, so that
-        ``persistent_workers=True`` (whose worker copies never see this call) still reshuffles.
+        Each further pass without a call moves to the next epoch: every worker counts its passes
+        (up to PASS_SLOTS workers; beyond, each copy counts its own).
         """
         self.epoch = int(epoch)
-        self._passes = 0
+        self._epochs[0] = self.epoch
+        self._epochs[1:] = 0
+        self._local_passes = -1
+
+    def _pass_epoch(self, worker: int) -> int:
+        """The epoch of the pass worker ``worker`` (0 without workers) begins now: set_epoch's, plus
+        the passes it began since."""
+        if worker >= PASS_SLOTS:
+            self._local_passes += 1
+            return int(self._epochs[0]) + self._local_passes
+        done = int(self._epochs[1 + worker])
+        self._epochs[1 + worker] = done + 1
+        return int(self._epochs[0]) + done
 
     def shard_order(self, epoch: Optional[int] = None) -> list[int]:
         """All shard numbers in an epoch's order (shuffled when ``shuffle`` is on)."""
@@ -80,8 +99,7 @@ class WdsDataset(ReaderBase, IterableDataset):
             return
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch = self.epoch + self._passes
-        self._passes += 1
+        epoch = self._pass_epoch(worker)
         shards = self.shard_order(epoch)
         if workers > len(shards) and worker == 0:
             warnings.warn(

@@ -410,3 +410,43 @@ def test_the_lmdb_structure_walk_stays_bounded_on_a_crafted_tree(tmp_path, monke
     monkeypatch.setattr(lmdb_pages, "_children", lambda *a: queued.append(len(found := children(*a))) or found)
     structure_crc32(path)
     assert queued[0] == nodes and sum(queued) <= pages + nodes  # not (pages - 2) * nodes
+
+
+def test_an_encoded_image_of_another_size_is_refused_by_every_read_path(tmp_path):
+    """A JPEG of the wrong size in a fixed-size output (same byte length, so no size check sees it)."""
+    import io
+
+    from PIL import Image
+
+    from packer.config import ImageCodec
+    from packer.shard_names import npy_varlen_suffixes
+
+    src = tmp_path / "src"
+    make_tree(src, {"a": 3})
+    out = tmp_path / "out"
+    convert(src, out, ConvertConfig("npy", PreprocessConfig(size=(40, 32)), ShardSize(samples=3),
+                                    codec=ImageCodec("jpeg")), workers=1)
+    data_name, offsets_name = npy_varlen_suffixes("images")
+    shard = read_manifest(out).shards[0]
+    flat = np.load(out / shard.file(data_name))
+    offsets = np.load(out / shard.file(offsets_name))
+    buf = io.BytesIO()
+    Image.new("RGB", (12, 10), (200, 10, 10)).save(buf, "JPEG", quality=50)
+    small = buf.getvalue()
+    length = int(offsets[2] - offsets[1])
+    assert len(small) <= length
+    flat[offsets[1]:offsets[2]] = np.frombuffer(small + bytes(length - len(small)), np.uint8)
+    np.save(out / shard.file(data_name), flat)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for f in manifest["shards"][0]["files"]:  # make the shard's checksums match, as an attacker would
+        if f["path"].endswith(data_name):
+            f["sha256"] = sha256_of(out / f["path"])
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    ds = open_dataset(out)
+    with pytest.raises(ManifestError, match="stored image"):
+        ds[1]
+    with pytest.raises(ManifestError, match="stored image"):
+        ds.__getitems__([0, 1])
+    ds.return_meta = True
+    with pytest.raises(ManifestError, match="stored image"):
+        ds[1]

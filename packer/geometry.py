@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 from PIL import Image
 
+from packer.boxes import MappedBoxes, place_boxes
 from packer.config import PreprocessConfig
 from packer.jpeg import upright
 from packer.preprocess import max_side, resize, torchvision_crop
@@ -133,38 +134,16 @@ def orient_box(box: tuple[float, float, float, float], stored_size: tuple[int, i
     return (x0, y0, x1, y1)
 
 
-@dataclass(frozen=True)
-class MappedBoxes:
-    """Boxes after the geometry: those kept (XYXY in output pixels, clipped to the picture), the
-    indices into the input of the ones kept, and the share of each kept box's area left after the
-    clipping; the others were cut away or kept too little of their area."""
-
-    boxes: np.ndarray
-    kept: np.ndarray
-    share: np.ndarray
-
-
 def map_boxes(boxes, geometry: Geometry, displayed: bool, min_visibility: float) -> MappedBoxes:
     """XYXY ``boxes`` of one source image (each of positive area) carried through its ``geometry``: turned
     by the orientation unless they are already on the ``displayed`` image, scaled and offset, clipped
-    to the part of the output that holds the picture. A box is dropped when nothing of it is left, or
-    less than ``min_visibility`` of its area. (Plain Python: an image has a few boxes, for which numpy's
-    per-call cost is most of the time.)"""
-    (sx, sy), (ox, oy) = geometry.scale, geometry.offset
-    left, top, right, bottom = geometry.content
-    out, kept, shares = [], [], []
-    for i, box in enumerate(np.asarray(boxes, np.float64).reshape(-1, 4).tolist()):
-        x0, y0, x1, y1 = box if displayed else orient_box(tuple(box), geometry.stored_size, geometry.orientation)
-        x0, y0, x1, y1 = x0 * sx + ox, y0 * sy + oy, x1 * sx + ox, y1 * sy + oy
-        area = (x1 - x0) * (y1 - y0)
-        cx0, cy0 = min(max(x0, left), right), min(max(y0, top), bottom)
-        cx1, cy1 = min(max(x1, left), right), min(max(y1, top), bottom)
-        share = min(1.0, (cx1 - cx0) * (cy1 - cy0) / area) if area > 0 else 0.0
-        if share > 0 and share >= min_visibility:
-            out.append((cx0, cy0, cx1, cy1))
-            kept.append(i)
-            shares.append(share)
-    return MappedBoxes(np.array(out, np.float32).reshape(-1, 4), np.array(kept, np.int64), np.array(shares))
+    to the part of the output that holds the picture (``packer.boxes.place_boxes``: a box is dropped
+    when nothing of it is left, or less than ``min_visibility`` of its area)."""
+    rows = np.asarray(boxes, np.float64).reshape(-1, 4).tolist()
+    if not displayed:
+        rows = [orient_box(tuple(box), geometry.stored_size, geometry.orientation) for box in rows]
+    return place_boxes(np.array(rows, np.float64).reshape(-1, 4), geometry.scale, geometry.offset, geometry.content,
+                       min_visibility)
 
 
 class GridError(ValueError):

@@ -28,7 +28,17 @@ from packer.splits_record import check_split_member
 from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
 from readers.combine import concat
-from readers.crops import Augment, CenterCrop, Placement, RandomResizedCrop, render, stored_size, upright_stored
+from readers.crops import (
+    Augment,
+    CenterCrop,
+    Placement,
+    RandomResizedCrop,
+    place_mask,
+    place_target,
+    render,
+    stored_size,
+    upright_stored,
+)
 from readers.remote import is_url, open_manifest
 from readers.tensors import BatchNormalize, ImageConverter
 
@@ -310,10 +320,15 @@ class ReaderBase:
         if self.layout.np_dtype != np.uint8:
             raise ConfigError(f"{what} crops and flips 8-bit images, and {self.root} stores {self.layout.np_dtype} "
                               "(--dtype): convert with --dtype uint8 (readers normalize it as the manifest says)")
-        if self.has_target:
-            raise ConfigError(f"{what} would move the pixels under this output's detection boxes or masks, and "
-                              "this reader cannot move them with it yet: read it without crop= and flip=")
         return Augment(crop, bool(flip))
+
+    def place_target(self, target: Any, placement: Optional[Placement]) -> Any:
+        """A sample's target (detection dict, or segmentation mask) moved with its image's crop and flip."""
+        if placement is None or not self.has_target:
+            return target
+        if torch.is_tensor(target):  # a segmentation mask: the ignore index where a centre crop pads
+            return place_mask(target, placement, self.ignore_index)
+        return place_target(target, placement, float((self.manifest.annotations or {}).get("min_visibility", 0.0)))
 
     @property
     def image_shape(self) -> Optional[tuple[int, int, int]]:

@@ -229,7 +229,7 @@ class PackedDataset(ReaderBase, Dataset):
     def _values(self, shard: int, local: int, epoch: int = 0, placement: Optional[list] = None) -> list:
         """The field values of one sample, in order: the image tensor (if any, cropped and flipped for
         ``epoch``), then each text field's value. The Placement used is appended to ``placement``."""
-        values = []
+        values, used = [], None
         if self.layout.has_image:
             if self.augment is None:
                 image, used = self._image(shard, local), None  # decoded and checked against the manifest
@@ -242,6 +242,8 @@ class PackedDataset(ReaderBase, Dataset):
         if self.text_fields:
             handle = self._handle(shard)
             values += [decode_field(f, self.read_field(handle, local, f.name)) for f in self.text_fields]
+            if self.has_target and used is not None:  # the boxes or mask follow the pixels
+                values[1] = self.place_target(values[1], used)
         return values
 
     def _by_shard(self, indices: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

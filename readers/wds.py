@@ -191,6 +191,8 @@ class WdsDataset(ReaderBase, IterableDataset):
             except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
                 raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
                                     f"run packer verify {self.root}") from None
+        if self.has_target and placement is not None:  # the boxes or mask follow the pixels
+            texts = (self.place_target(texts[0], placement), *texts[1:])
         return array, label, meta.get("key", fields["__key__"]), texts, placement
 
     # Whole batches, for make_loader ---------------------------------------------------------------

@@ -19,7 +19,7 @@ from packer.cli import cli
 from packer.config import DetectionConfig, ShardSize
 from packer.manifest import read_manifest
 from packer.verify import verify
-from readers import make_loader, open_dataset
+from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
 
 # Stored (file) size and EXIF orientation of each image, and its rectangles: (x0, y0, x1, y1) on the
 # stored pixel grid, each in a colour of its own. Wide and tall images, so that the centre crop cuts
@@ -119,11 +119,14 @@ def dataset(tmp_path_factory) -> tuple[Path, list[dict]]:
     return root, images
 
 
-def check_boxes_on_pixels(out: Path, images: list[dict], tolerance: float = 1.5) -> tuple[int, int]:
+def check_boxes_on_pixels(out: Path, images: list[dict], tolerance: float = 1.5, epoch: int = 0,
+                          **options) -> tuple[int, int]:
     """Every returned box is where its rectangle's colour is in the returned image (within
     ``tolerance`` pixels, the blur of resampling at the edges), every rectangle still visible has its
-    box, and labels name the right category. Returns (boxes seen, rectangles gone)."""
-    ds = open_dataset(out, normalize=False, return_meta=True)
+    box, and labels name the right category. Returns (boxes seen, rectangles gone). ``options`` go to
+    the reader (``crop=``, ``flip=``), read in ``epoch``."""
+    ds = open_dataset(out, normalize=False, return_meta=True, **options)
+    ds.set_epoch(epoch)
     by_name = {img["name"]: img for img in images}
     seen = gone = 0
     assert ds.categories == CATEGORIES
@@ -462,3 +465,80 @@ def test_an_unreadable_or_empty_rle_skips_its_image_never_crashes(tmp_path, rle,
     result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
     reasons = {s.path: s.reason for s in result.skipped}
     assert reason in reasons["img0.png"] and result.manifest.samples == len(IMAGES) - 1
+
+
+READER_CROPS = {
+    "random": {"crop": RandomResizedCrop(48, scale=(0.25, 1.0)), "flip": True},
+    "centre": {"crop": CenterCrop(40, resize=56)},
+    "padded centre": {"crop": CenterCrop(120)},
+    "flip": {"flip": True},
+}
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+@pytest.mark.parametrize("name", list(READER_CROPS))
+def test_boxes_follow_the_readers_crops_and_flips(dataset, tmp_path, name, fmt):
+    root, images = dataset
+    config = ConvertConfig(fmt, MODES["max"], detection=DetectionConfig(str(root / "coco.json")))
+    convert(root / "images", tmp_path / "out", config, workers=1)
+    seen = 0
+    for epoch in range(4):
+        seen += check_boxes_on_pixels(tmp_path / "out", images, 2.0, epoch, **READER_CROPS[name])[0]
+    assert seen > 0
+    # the geometry still maps the source's displayed rectangles onto the returned boxes (those not clipped)
+    ds = open_dataset(tmp_path / "out", return_meta=True, **READER_CROPS[name])
+    by_name = {img["name"]: img for img in images}
+    for _, target, meta in ds:
+        g = target["geometry"]
+        (sx, sy), (ox, oy), (w, h) = g["scale"], g["offset"], g["size"]
+        assert (w, h) == (48, 48) if name == "random" else True
+        mapped = []
+        for x0, y0, x1, y1 in by_name[meta["key"]]["displayed"]:
+            xs, ys = sorted((x0 * sx + ox, x1 * sx + ox)), sorted((y0 * sy + oy, y1 * sy + oy))
+            mapped.append((xs[0], ys[0], xs[1], ys[1]))
+        for box in target["boxes"].tolist():
+            inside = 0.5 < box[0] and 0.5 < box[1] and box[2] < w - 0.5 and box[3] < h - 0.5
+            if inside:
+                assert min(max(abs(a - b) for a, b in zip(box, m)) for m in mapped) < 1e-3
+
+
+def test_instance_masks_and_a_loader_follow_the_readers_crops(dataset, tmp_path):
+    from pycocotools import mask as cocomask
+
+    root, images = dataset
+    data = json.loads((root / "coco.json").read_text())
+    sizes = {e["id"]: (e["width"], e["height"]) for e in data["images"]}
+    for a in data["annotations"]:
+        x, y, w, h = a["bbox"]
+        W, H = sizes[a["image_id"]]
+        m = np.zeros((H, W), np.uint8)
+        m[int(y):int(y + h), int(x):int(x + w)] = 1
+        a["segmentation"] = {"size": [H, W], "counts": cocomask.encode(np.asfortranarray(m))["counts"].decode()}
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    detection = DetectionConfig(str(tmp_path / "coco.json"), coords="stored")
+    convert(root / "images", tmp_path / "out", ConvertConfig("hdf5", MODES["max"], detection=detection), workers=1)
+    crop = {"crop": RandomResizedCrop(48, scale=(0.3, 1.0)), "flip": True}
+    ds = open_dataset(tmp_path / "out", normalize=False, return_meta=True, **crop)
+    seen = 0
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for i in range(len(ds)):
+            image, target, meta = ds[i]
+            masks = target["masks"]
+            assert masks.shape == (len(target["boxes"]), 48, 48) and "area" in target
+            pixels = image.permute(1, 2, 0).numpy().astype(int)
+            for mask, box in zip(masks.numpy(), target["boxes"].tolist()):
+                ys, xs = np.nonzero(mask)
+                if not len(xs):
+                    continue
+                # in its box, within the stored mask's pixel (nearest-neighbour) scaled by the crop
+                assert xs.min() >= box[0] - 2 and xs.max() + 1 <= box[2] + 2
+                assert ys.min() >= box[1] - 2 and ys.max() + 1 <= box[3] + 2
+                inner = pixels[_inner(_inner(mask.astype(bool)))]  # two pixels in: a downscale blurs 1.5
+                if len(inner):  # one rectangle's colour (within the blur of upsampling its edge)
+                    near = [c for c in COLOURS if np.abs(inner - np.array(c)).max() <= 8]
+                    assert len(near) == 1, (meta, {tuple(c) for c in inner.tolist()})
+                seen += 1
+    assert seen > 10
+    images_batch, targets = next(iter(make_loader(open_dataset(tmp_path / "out", **crop), 4, num_workers=2)))
+    assert images_batch.shape == (4, 3, 48, 48) and len(targets) == 4 and targets[0]["masks"].shape[1:] == (48, 48)

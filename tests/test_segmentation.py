@@ -49,10 +49,12 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def check_masks(out: Path, ignore: int = 255) -> None:
+def check_masks(out: Path, ignore: int = 255, epoch: int = 0, **options) -> None:
     """Every mask pixel well inside a class region sits on that class's colour, and every pixel well
-    inside a colour has that class; only the mask's indices (and the ignore index) appear."""
-    ds = open_dataset(out, normalize=False)
+    inside a colour has that class; only the mask's indices (and the ignore index) appear. ``options``
+    go to the reader (``crop=``, ``flip=``), read in ``epoch``."""
+    ds = open_dataset(out, normalize=False, **options)
+    ds.set_epoch(epoch)
     assert ds.ignore_index == ignore
     for image, mask in ds:
         assert mask.dtype == torch.int64 and mask.shape == image.shape[1:]
@@ -162,3 +164,21 @@ def test_a_lossy_mask_is_refused(data, tmp_path):
     config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(tmp_path / "d" / "masks")))
     result = convert(tmp_path / "d" / "images", tmp_path / "out", config, workers=1)
     assert [(s.path, "lossy compression" in s.reason) for s in result.skipped] == [("2.png", True)]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_masks_follow_the_readers_crops_and_flips(data, tmp_path, fmt):
+    from readers import CenterCrop, RandomResizedCrop
+
+    config = ConvertConfig(fmt, MODES["max"], masks=MaskConfig(str(data / "masks")))
+    convert(data / "images", tmp_path / "out", config, workers=1)
+    for epoch in range(4):
+        check_masks(tmp_path / "out", epoch=epoch, crop=RandomResizedCrop(40, scale=(0.3, 1.0)), flip=True)
+    check_masks(tmp_path / "out", crop=CenterCrop(120))  # padded: the ignore index under the padding
+    ds = open_dataset(tmp_path / "out", normalize=False, crop=CenterCrop(120))
+    image, mask = next(iter(ds))
+    assert mask.shape == (120, 120)
+    assert (mask == 255).any()  # the padding of a 100-pixel image to 120
+    images, masks = next(iter(make_loader(open_dataset(tmp_path / "out", crop=RandomResizedCrop(40), flip=True), 3,
+                                          num_workers=0)))
+    assert images.shape == (3, 3, 40, 40) and masks.shape == (3, 40, 40) and masks.dtype == torch.int64

@@ -44,7 +44,7 @@ def build_manifest(
     preprocess = config.preprocess.to_dict()
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
         preprocess["normalize"] = auto_normalize(stats["pixels"])
-    elif source and stats["pixels"] is not None and any((r.image_sources or {}).get("kept") for r in results):
+    elif source and stats["pixels"] is not None and any(r.scaled_counts for r in results):
         stats["pixels"]["counted"] = SOURCE_STATS  # kept JPEGs were decoded at 1/8 scale (packer.source_codec)
     return Manifest(
         format=config.format,

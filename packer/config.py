@@ -279,6 +279,12 @@ class ConvertConfig:
                 f"use --dtype uint8 (readers then normalize as the manifest records), or --codec raw to store "
                 f"{self.preprocess.dtype} values"
             )
+        pre = self.preprocess
+        if self.codec.name == "source" and (pre.resize not in ("none", "max") or pre.crop is not None):
+            what = f"--resize {pre.resize}" if pre.crop is None else "--crop"
+            raise ConfigError(f"--codec source keeps the files that --resize none or max (without --crop) leaves as "
+                              f"they are; with {what} every image changes and would be re-encoded: use --codec "
+                              "jpeg or png, or --resize max --size N")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

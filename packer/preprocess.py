@@ -151,6 +151,8 @@ class Decoded(NamedTuple):
     histogram: Optional[list[int]] = None
     orientation: int = 1
     kept: bool = False
+    scaled_counts: bool = False
+    """With ``kept``: ``histogram`` was counted at 1/8 scale (``packer.source_codec``)."""
 
     @property
     def stored_size(self) -> tuple[int, int]:

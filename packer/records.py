@@ -156,6 +156,9 @@ class StoredSample:
     crc32: int
     encoded: Optional[bytes] = None
     fields: dict[str, bytes] = field(default_factory=dict)
+    shape: Optional[tuple[int, ...]] = None
+    """The (H, W, C) the shard's index of sizes records for the image (images of varying size, format
+    version 6; raw npy and hdf5 images are rebuilt from it), None where it has none."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,8 @@ class ShardResult:
     format_version: int = 0
     boxes: dict[str, int] = field(default_factory=dict)
     """Detection outputs: boxes ``kept`` and ``dropped`` (cut away by the crop), images ``without_boxes``."""
+    scaled_counts: int = 0
+    """``--codec source`` outputs: images whose pixels ``stats`` counted at 1/8 scale (kept JPEGs)."""
     image_sources: dict = field(default_factory=dict)
     """``--codec source`` outputs: ``kept``, the runs ``[start, stop)`` of the shard's samples stored as
     their source files' bytes, and how many were re-encoded as ``jpeg`` and as ``png``
@@ -315,6 +320,7 @@ class ShardResult:
             "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
             **({"boxes": self.boxes} if self.boxes else {}),
             **({"image_sources": self.image_sources} if self.image_sources else {}),
+            **({"scaled_counts": self.scaled_counts} if self.scaled_counts else {}),
         }
 
     @classmethod
@@ -327,5 +333,5 @@ class ShardResult:
             list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
             str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
             {str(k): int(v) for k, v in d.get("boxes", {}).items()},
-            dict(d.get("image_sources", {})),
+            int(d.get("scaled_counts", 0)), dict(d.get("image_sources", {})),
         )

@@ -17,7 +17,9 @@ from packer.errors import ConfigError
 from packer.sample_layout import (
     DETECTION_TARGETS,
     ENCODED_IMAGES,
+    ENCODED_SIZES,
     NO_IMAGE,
+    RAW_SIZES,
     SAMPLE_GEOMETRY,
     SEGMENTATION_MASKS,
     SOURCE_BYTES,
@@ -52,11 +54,12 @@ reading their images without the boxes or masks; also each image's geometry besi
 SOURCE_SINCE = 6
 """The format version that added ``--codec source`` (``fields.image.codec`` ``source``): stored images
 that are JPEG or PNG by their content, a kept file with its EXIF orientation still to apply, and
-the manifest's ``image_sources`` per shard."""
+the manifest's ``image_sources`` per shard; and an index of the (H, W, C) of images of varying size
+in every format (npy and hdf5 had it for raw images since version 3)."""
 
 _COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
            DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE,
-           SOURCE_BYTES: SOURCE_SINCE}
+           SOURCE_BYTES: SOURCE_SINCE, ENCODED_SIZES: SOURCE_SINCE}
 
 
 @dataclass(frozen=True)
@@ -123,15 +126,16 @@ FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
         FormatSpec("npy", "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard",
-                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE}),
+                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE}),
         FormatSpec("lmdb", "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard",
-                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1}, whole_file=True,
+                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE}, whole_file=True,
                    structure="packer.lmdb_pages:structure_crc32"),
         FormatSpec("hdf5", "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard",
-                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE},
+                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
                    oldest_written=HDF5_FLAT_KEYS_SINCE, whole_file=True),
         FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
-                   "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1}, random_access=False),
+                   "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
+                   random_access=False),
     )
 }
 """Every format, in the order the CLI lists them."""

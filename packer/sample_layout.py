@@ -79,6 +79,8 @@ DETECTION_TARGETS = "detection targets"
 SEGMENTATION_MASKS = "segmentation masks"
 SAMPLE_GEOMETRY = "the geometry of each image"
 SOURCE_BYTES = "source file bytes"
+ENCODED_SIZES = "the size of each encoded image of varying size"
+RAW_SIZES = "the size of each raw image of varying size, apart from the images"
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,12 @@ class SampleLayout:
         return int(np.prod(self.shape)) * self.np_dtype.itemsize
 
     @property
+    def sizes_indexed(self) -> bool:
+        """True when each shard holds an index of its images' (H, W, C), apart from the images: images of
+        varying size (``NPY_IMAGE_SHAPES`` and its kin in ``packer.shard_names``)."""
+        return self.has_image and self.shape is None
+
+    @property
     def fixed_images(self) -> bool:
         """True when a sample is one image of one size (raw or encoded) and nothing else: batches are
         one tensor."""
@@ -135,6 +143,10 @@ class SampleLayout:
             found.add(ENCODED_IMAGES)
         if self.image is ImageStorage.ENCODED and self.codec.name == "source":
             found.add(SOURCE_BYTES)
+        if self.image is ImageStorage.ENCODED and self.shape is None:
+            found.add(ENCODED_SIZES)
+        if self.image is ImageStorage.VARIABLE:
+            found.add(RAW_SIZES)
         if self.image is ImageStorage.VARIABLE:
             found.add(VARIABLE_RAW)
         if self.image is ImageStorage.NONE:

@@ -17,7 +17,8 @@ NPY_IMAGE_BYTES, NPY_IMAGE_OFFSETS = npy_varlen_suffixes("images")
 ``.images.npy``."""
 
 NPY_IMAGE_SHAPES = ".images.shapes.npy"
-"""N x 3 int64 (H, W, C) of each raw image of an npy shard whose images vary in size."""
+"""N x 3 int64 (H, W, C) of each image of an npy shard whose images vary in size: raw ones (format
+version 3), encoded ones (version 6); also the side file of a tar shard's images (version 6)."""
 
 HDF5_SUFFIX = ".h5"
 HDF5_IMAGES, HDF5_LABELS, HDF5_KEYS, HDF5_CRC32 = "images", "labels", "keys", "crc32"
@@ -43,7 +44,8 @@ HDF5_FLAT_KEYS_SINCE = 4
 """The hdf5 format version that moved keys off the global heap (``HDF5_KEY_BYTES``)."""
 
 HDF5_IMAGE_SHAPES = "images_shapes"
-"""N x 3 int64 (H, W, C) of each raw image of an HDF5 shard whose images vary in size."""
+"""N x 3 int64 (H, W, C) of each image of an HDF5 shard whose images vary in size (encoded ones from
+format version 6)."""
 
 LMDB_SUFFIX = ".lmdb"
 TAR_SUFFIX = ".tar"
@@ -51,6 +53,9 @@ TAR_SUFFIX = ".tar"
 LMDB_LABELS = b"labels"
 LMDB_LENGTH = b"length"
 LMDB_CRC32 = b"crc32"
+LMDB_IMAGE_SHAPES = b"image_shapes"
+"""N x 3 int64 (H, W, C), as ``.npy`` bytes, of each image of an LMDB shard whose images vary in size
+(format version 6)."""
 
 
 def lmdb_image_key(i: int) -> bytes:

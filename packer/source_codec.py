@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # the converter's settings; readers, which decode these image
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
+NO_PIXEL_LIMIT = 1 << 62
+"""The pixel limit readers decode stored ``source`` images under: none (the conversion applied its own)."""
+
 SOURCE_STATS = "kept JPEGs counted at 1/8 scale"
 """What the manifest's statistics say of how kept JPEGs were counted (not said when decoded in full)."""
 
@@ -52,11 +55,13 @@ def reencode_codec(data: bytes) -> str:
 
 class Kept(NamedTuple):
     """A source file stored as it is: its displayed (width, height), EXIF orientation, and the
-    pixel histogram the statistics take (Pillow's layout, 256 counts per channel)."""
+    pixel histogram the statistics take (Pillow's layout, 256 counts per channel); ``scaled`` when
+    that histogram was counted at 1/8 scale (and weighted to the file's pixel count)."""
 
     original_size: tuple[int, int]
     orientation: int
     histogram: list[int]
+    scaled: bool = False
 
 
 def _within(size: tuple[int, int], cfg: PreprocessConfig) -> bool:
@@ -81,28 +86,50 @@ def keep(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", full: bool =
 
 
 def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Optional[Kept]:
-    from packer.preprocess import _check_pixels, _exif_orientation
+    from packer.preprocess import _check_pixels, _exif_orientation, _orientation
 
-    header = jpeg.plain_header(data)
-    if header is None or header.gray != (cfg.mode == "L") or cfg.mode not in ("RGB", "L"):
-        return None  # CMYK, XMP, several APP1 blocks, another colour mode: re-encoded from Pillow's decode
-    orientation = 1 if header.exif is None else _exif_orientation(header.exif)
-    if orientation is None:
+    if cfg.mode not in ("RGB", "L"):
         return None
-    w, h = header.width, header.height
+    header = jpeg.plain_header(data)
+    if header is not None:
+        w, h, gray = header.width, header.height, header.gray
+        orientation = 1 if header.exif is None else _exif_orientation(header.exif)
+    if header is None or orientation is None:  # XMP, several APP1 blocks, EXIF Pillow must read: Pillow decides
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                if img.format != "JPEG" or img.mode not in ("RGB", "L"):
+                    return None  # CMYK, YCCK: re-encoded from the converted pixels
+                (w, h), gray, orientation = img.size, img.mode == "L", _orientation(img)
+        except Exception:  # noqa: BLE001 - damaged or odd: the full decode reports it, or re-encodes it
+            return None
+    if gray != (cfg.mode == "L"):
+        return None  # another colour mode: re-encoded from the converted pixels
     displayed = (h, w) if orientation in (5, 6, 7, 8) else (w, h)
     if not _within(displayed, cfg):
         return None
     _check_pixels(w, h, cfg, path)
-    need = None if full else (max(1, -(-w // 8)), max(1, -(-h // 8)))
-    scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
+    scaled = None if full else jpeg.decode_scaled(data, (w, h), (max(1, -(-w // 8)), max(1, -(-h // 8))), gray)
+    if scaled is None:  # in full: asked for, or an image under 8 pixels a side, which does not scale
+        scaled = jpeg.decode_scaled(data, (w, h), None, gray)
     if scaled is None:
         return None  # libjpeg-turbo refuses it: the full decode reports it, or re-encodes what Pillow reads
     counts = scaled.image.histogram()
-    if scaled.eighths != 8:
-        weight = (w * h) / (scaled.image.width * scaled.image.height)
-        counts = np.rint(np.asarray(counts, dtype=np.float64) * weight).astype(np.int64).tolist()
-    return Kept(displayed, orientation, counts)
+    if scaled.eighths == 8:
+        return Kept(displayed, orientation, counts)
+    return Kept(displayed, orientation, weighted(counts, w * h), True)
+
+
+def weighted(counts: list[int], pixels: int) -> list[int]:
+    """A histogram of 256 counts per channel scaled so that each channel counts ``pixels`` exactly
+    (largest remainders first): the 1/8-scale decode's blocks, each for the pixels it stands for."""
+    hist = np.asarray(counts, np.float64).reshape(-1, 256)
+    exact = hist * (pixels / hist.sum(axis=1, keepdims=True))
+    out = np.floor(exact).astype(np.int64)
+    for channel, row in enumerate(exact - out):
+        short = pixels - int(out[channel].sum())
+        if short:
+            out[channel, np.argsort(-row, kind="stable")[:short]] += 1
+    return out.reshape(-1).tolist()
 
 
 def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:
@@ -110,7 +137,8 @@ def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:
 
     try:
         with Image.open(io.BytesIO(data)) as img:
-            if img.mode != cfg.mode or img.mode not in ("RGB", "L") or "transparency" in img.info:
+            bits = data[24] if len(data) > 24 else 0  # IHDR's bit depth: Pillow opens 16-bit RGB as RGB
+            if img.mode != cfg.mode or img.mode not in ("RGB", "L") or "transparency" in img.info or bits != 8:
                 return None  # palette, alpha, 16-bit, another mode: re-encoded from the converted pixels
             orientation = _orientation(img)
             w, h = img.size
@@ -141,4 +169,11 @@ def decode_source(data, mode: str = "RGB") -> np.ndarray:
     from packer.config import PreprocessConfig
     from packer.preprocess import decode
 
-    return decode(bytes(data), PreprocessConfig(size=None, resize="none", mode=mode, mean=None, std=None)).pixels
+    # No pixel limit (the conversion checked each file against its --max-pixels), and Pillow's own
+    # limit, which decode sets for the converter, left as the caller had it.
+    cfg = PreprocessConfig(size=None, resize="none", mode=mode, mean=None, std=None, max_pixels=NO_PIXEL_LIMIT)
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        return decode(bytes(data), cfg).pixels
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit

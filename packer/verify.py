@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of, unsafe_file
 from packer.records import StoredSample, TextField, stored_crc32
-from packer.registry import FORMATS
+from packer.registry import FORMATS, SOURCE_SINCE
 from packer.sample_layout import SampleLayout
 from packer.source_codec import decode_stored
 
@@ -185,6 +185,7 @@ def check_samples(
     The labels read are appended to ``labels`` when given.
     """
     layout = SampleLayout.from_manifest(manifest)
+    sized = layout.sizes_indexed and manifest.format_version >= SOURCE_SINCE  # every image's size is indexed
     problems: list[Problem] = []
     position = 0
     try:
@@ -192,7 +193,7 @@ def check_samples(
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)
-            message = _sample_problem(s, layout)
+            message = _sample_problem(s, layout, sized)
             if message:
                 problems.append(Problem(shard.name, message, s.local, s.key))
             if progress is not None:
@@ -203,9 +204,10 @@ def check_samples(
     return problems
 
 
-def _sample_problem(s: StoredSample, layout: SampleLayout) -> str:
+def _sample_problem(s: StoredSample, layout: SampleLayout, sized: bool = False) -> str:
     """What is wrong with one stored sample, or ``""``. Checked against the stored CRC-32 first (over
-    the image's stored bytes and then each text field's), then decoded to check its shape or text."""
+    the image's stored bytes and then each text field's), then decoded to check its shape or text,
+    and with ``sized`` its size against the shard's index of sizes."""
     if stored_crc32(s.encoded, s.image, (s.fields[f.name] for f in layout.text)) != s.crc32:
         what = "image bytes" if s.encoded is None else f"{layout.codec.name} image bytes"
         what = "stored bytes" if layout.text else what
@@ -226,6 +228,9 @@ def _sample_problem(s: StoredSample, layout: SampleLayout) -> str:
             or (layout.shape is not None and image.shape != layout.shape)):
         found = "missing" if image is None else f"{image.dtype} {image.shape}"
         return f"image is {found}, expected {layout.dtype} {layout.shape or '(H, W, C)'}"
+    if sized and s.shape != tuple(image.shape):
+        recorded = "no size" if s.shape is None else f"{s.shape}"
+        return f"image is {tuple(image.shape)}, its shard's index of sizes has {recorded}"
     return ""
 
 

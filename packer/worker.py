@@ -238,8 +238,8 @@ def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None, da
         if kept is not None:  # stored as it is: no pixels made, only the shape the writers check
             (w, h), channels = kept.original_size, job.layout.channels
             shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (h, w, channels))
-            return data, preprocess.Decoded(shape, kept.original_size, kept.histogram, kept.orientation, True), \
-                shape, data
+            decoded = preprocess.Decoded(shape, kept.original_size, kept.histogram, kept.orientation, True, kept.scaled)
+            return data, decoded, shape, data
     decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
     image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
     if codec.name == "source":
@@ -345,6 +345,7 @@ def write_shard(
                 if job.layout.has_image and job.layout.codec.name == "source":
                     result.add_image_source(result.samples, bool(decoded and decoded.kept),
                                             image_extension("source", sample.encoded).replace("jpg", "jpeg"))
+                    result.scaled_counts += bool(decoded and decoded.scaled_counts)
                 result.samples += 1
                 if job.detection is not None:
                     counts = result.boxes

@@ -392,14 +392,9 @@ def place_target(target: dict, placement: Placement, min_visibility: float) -> d
     ``geometry`` composed with the crop (its x scale negative after a flip)."""
     from packer.boxes import place_boxes
 
-    (oh, ow) = placement.size
     (sx, sy), (ox, oy) = _affine(placement)
-    geometry = dict(target.get("geometry") or {})
-    content = (0.0, 0.0, float(ow), float(oh))
-    if geometry.get("content"):  # the picture's part of the stored image (the rest is --fill padding)
-        c0, c1, c2, c3 = geometry["content"]
-        xs, ys = sorted((c0 * sx + ox, c2 * sx + ox)), sorted((c1 * sy + oy, c3 * sy + oy))
-        content = (max(0.0, xs[0]), max(0.0, ys[0]), min(float(ow), xs[1]), min(float(oh), ys[1]))
+    geometry = place_geometry(target.get("geometry"), placement)
+    content = tuple(geometry["content"]) if geometry else (0.0, 0.0, float(placement.size[1]), float(placement.size[0]))
     mapped = place_boxes(target["boxes"].numpy(), (sx, sy), (ox, oy), content, min_visibility)
     sized = (mapped.boxes[:, 2] - mapped.boxes[:, 0] >= MIN_BOX) & (mapped.boxes[:, 3] - mapped.boxes[:, 1] >= MIN_BOX)
     keep = torch.from_numpy(mapped.kept[sized])
@@ -412,11 +407,27 @@ def place_target(target: dict, placement: Placement, min_visibility: float) -> d
         out["area"] = target["area"][keep] * float(abs(sx * sy)) * share
     if "masks" in target:
         out["masks"] = place_mask(target["masks"][keep], placement, 0)
-    if geometry:
-        gs, go = geometry.get("scale") or (1.0, 1.0), geometry.get("offset") or (0.0, 0.0)
-        geometry.update(scale=[gs[0] * sx, gs[1] * sy], offset=[go[0] * sx + ox, go[1] * sy + oy], size=[ow, oh],
-                        content=list(content))
-    out["geometry"] = geometry or None
+    out["geometry"] = geometry
+    return out
+
+
+def place_geometry(geometry: Optional[dict], placement: Placement) -> Optional[dict]:
+    """An image's geometry (``packer.geometry.Geometry.to_dict``: source points to the stored image)
+    composed with ``placement``: source points to the returned image, the x scale negative after a
+    flip; ``content`` (the picture's part) cut to the returned image. None stays None."""
+    if not geometry:
+        return geometry
+    (oh, ow) = placement.size
+    (sx, sy), (ox, oy) = _affine(placement)
+    out = dict(geometry)
+    content = (0.0, 0.0, float(ow), float(oh))
+    if geometry.get("content"):  # the picture's part of the stored image (the rest is --fill padding)
+        c0, c1, c2, c3 = geometry["content"]
+        xs, ys = sorted((c0 * sx + ox, c2 * sx + ox)), sorted((c1 * sy + oy, c3 * sy + oy))
+        content = (max(0.0, xs[0]), max(0.0, ys[0]), min(float(ow), xs[1]), min(float(oh), ys[1]))
+    gs, go = geometry.get("scale") or (1.0, 1.0), geometry.get("offset") or (0.0, 0.0)
+    out.update(scale=[gs[0] * sx, gs[1] * sy], offset=[go[0] * sx + ox, go[1] * sy + oy], size=[ow, oh],
+               content=list(content))
     return out
 
 

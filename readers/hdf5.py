@@ -120,6 +120,11 @@ class Hdf5Dataset(PackedDataset):
     def read_lengths(self, handle: _Hdf5Shard, field: TextField) -> np.ndarray:
         return np.diff(handle.text[field.name][1]) // field.itemsize
 
+    def read_shapes(self, handle: _Hdf5Shard, shard: ShardEntry) -> Optional[np.ndarray]:
+        if handle.shapes is not None:
+            return handle.shapes
+        return handle.file[HDF5_IMAGE_SHAPES][:] if HDF5_IMAGE_SHAPES in handle.file else None
+
     def read_key(self, handle: _Hdf5Shard, local: int) -> str:
         if not handle.flat_keys:  # format versions 1 to 3: strings in HDF5's global heap
             return handle.file[HDF5_KEYS].asstr()[local]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import lmdb
 import numpy as np
@@ -12,7 +12,15 @@ from packer.codecs import NpyDecoder, decode_npy
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
-from packer.shard_names import LMDB_LABELS, LMDB_SUFFIX, lmdb_field_key, lmdb_image_key, lmdb_key_key, lmdb_lengths_key
+from packer.shard_names import (
+    LMDB_IMAGE_SHAPES,
+    LMDB_LABELS,
+    LMDB_SUFFIX,
+    lmdb_field_key,
+    lmdb_image_key,
+    lmdb_key_key,
+    lmdb_lengths_key,
+)
 from readers.mapstyle import PackedDataset
 
 _ENVS: dict[tuple, list] = {}
@@ -91,6 +99,10 @@ class LmdbDataset(PackedDataset):
 
     def read_lengths(self, handle: _LmdbShard, field: TextField) -> np.ndarray:
         return decode_npy(bytes(self._get(handle, lmdb_lengths_key(field.name))))
+
+    def read_shapes(self, handle: _LmdbShard, shard: ShardEntry) -> Optional[np.ndarray]:
+        value = handle.txn.get(LMDB_IMAGE_SHAPES)
+        return decode_npy(bytes(value)) if value is not None else None
 
     def read_key(self, handle: _LmdbShard, local: int) -> str:
         return bytes(self._get(handle, lmdb_key_key(local))).decode("utf-8")

@@ -24,7 +24,7 @@ from packer.records import TextField
 from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
-from readers.crops import render, stored_size, upright_stored
+from readers.crops import place_geometry, render, stored_size, upright_stored
 from readers.tensors import torch_dtype
 
 _WARNED: list[bool] = []
@@ -144,8 +144,8 @@ class PackedDataset(ReaderBase, Dataset):
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
         geometry = values.pop() if self.geometry else None
         meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        if meta is not None and self.geometry:
-            meta["geometry"] = geometry
+        if meta is not None and self.geometry:  # composed with the crop: it maps onto the returned image
+            meta["geometry"] = place_geometry(geometry, placement[0]) if placement else geometry
         placement_meta(meta, placement[0] if placement else None)
         return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
                             self.has_target)
@@ -333,6 +333,27 @@ class PackedDataset(ReaderBase, Dataset):
             self._keys[shard] = keys
         return keys
 
+    @property
+    def image_sizes(self) -> np.ndarray:
+        """``(N, 2)`` int64 (height, width) of every image as returned without a crop, in dataset order,
+        from the shards' index of sizes alone (no image is read): for aspect-ratio batching, or to know
+        what a crop cuts from. ValueError for an output without images, or one of varying sizes that
+        an older packer wrote without the index (convert it again)."""
+        if not self.layout.has_image:
+            raise ValueError(f"{self.root} stores no images")
+        if self.layout.shape is not None:
+            return np.tile(np.array(self.layout.shape[:2], np.int64), (len(self), 1))
+        parts = []
+        for shard in range(len(self.manifest.shards)):
+            entry = self.manifest.shards[shard]
+            with self._reading(shard):
+                shapes = self.read_shapes(self._handle(shard), entry)
+            if shapes is None or shapes.shape != (entry.samples, 3):
+                raise ValueError(f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
+                                 f"packer {self.manifest.packer_version}); convert it again with this packer")
+            parts.append(np.asarray(shapes[:, :2], np.int64))
+        return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+
     def lengths(self, field: Optional[str] = None) -> np.ndarray:
         """Every sample's length of a text field in dataset order, int64: UTF-8 bytes for text and
         json, ids for token ids (``field`` defaults to the text/token field). Read from the shards'
@@ -392,6 +413,10 @@ class PackedDataset(ReaderBase, Dataset):
 
     def read_key(self, handle: Any, local: int) -> str:
         """The sample key (relative source path) at ``local`` in an open shard."""
+        raise NotImplementedError
+
+    def read_shapes(self, handle: Any, shard: ShardEntry) -> Optional[np.ndarray]:
+        """The shard's index of its images' (H, W, C) (N x 3 int64), or None where it has none."""
         raise NotImplementedError
 
     def read_keys(self, handle: Any, count: int) -> list[str]:

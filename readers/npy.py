@@ -69,5 +69,12 @@ class NpyDataset(PackedDataset):
     def read_lengths(self, handle: _NpyShard, field: TextField) -> np.ndarray:
         return np.diff(handle.text[field.name][1]) // field.itemsize
 
+    def read_shapes(self, handle: _NpyShard, shard: ShardEntry) -> Optional[np.ndarray]:
+        if handle.shapes is not None:
+            return handle.shapes
+        if not any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):
+            return None
+        return np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
+
     def read_key(self, handle: _NpyShard, local: int) -> str:
         return str(handle.keys[local])

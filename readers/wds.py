@@ -22,11 +22,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.codecs import NpyDecoder
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
-from packer.shard_names import TAR_SUFFIX, wds_lengths_suffix
+from packer.shard_names import NPY_IMAGE_SHAPES, TAR_SUFFIX, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import Numbered, PackedBatch
-from readers.crops import Placement
+from readers.crops import Placement, place_geometry
 from readers.remote import file_url, is_url, iter_remote_tar, read_remote_file
 
 PASS_SLOTS = 64
@@ -120,8 +120,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         placement_meta(meta, placement)
         if self.geometry:
             texts, geometry = texts[:-1], texts[-1]
-            if meta is not None:
-                meta["geometry"] = geometry
+            if meta is not None:  # composed with the crop: it maps onto the returned image
+                meta["geometry"] = place_geometry(geometry, placement) if placement is not None else geometry
         values = ((self.convert(array),) if array is not None else ()) + texts
         return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
                             self.has_target)
@@ -140,6 +140,23 @@ class WdsDataset(ReaderBase, IterableDataset):
                  for s in self.manifest.shards]
         self.check_unchanged()  # after the reads: the side files read were the opened output's
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    @property
+    def image_sizes(self) -> np.ndarray:
+        """``(N, 2)`` int64 (height, width) of every image in stored order, from the shards' side files
+        alone (see ``PackedDataset.image_sizes``)."""
+        if not self.layout.has_image:
+            raise ValueError(f"{self.root} stores no images")
+        if self.layout.shape is not None:
+            return np.tile(np.array(self.layout.shape[:2], np.int64), (len(self), 1))
+        parts = []
+        for entry in self.manifest.shards:
+            if not any(f.path.endswith(NPY_IMAGE_SHAPES) for f in entry.files):
+                raise ValueError(f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
+                                 f"packer {self.manifest.packer_version}); convert it again with this packer")
+            parts.append(np.load(self._side_file(entry, NPY_IMAGE_SHAPES), allow_pickle=False)[:, :2])
+        self.check_unchanged()
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros((0, 2), np.int64)
 
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
         """``(index, tar fields, shard path)`` of each sample of one shard, not decoded (cheap to skip)."""

@@ -113,15 +113,13 @@ def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
     """(samples/s, peak PSS bytes) over ``epochs`` epochs after one warm-up epoch, loader start included
     in the warm-up only (persistent workers). Memory is sampled during the warm-up epoch only: reading
     /proc/PID/smaps_rollup of processes that map large files costs enough CPU to slow the reads."""
+    from bench_train import count_rate
+
     with PeakMemory() as mem:
         loader = make()
         for _ in loader:
             pass
-    count, start = 0, time.perf_counter()
-    for _ in range(epochs):
-        for batch in loader:
-            count += len(batch[1])
-    rate = count / (time.perf_counter() - start)
+    rate = count_rate(loader, epochs)
     del loader
     return rate, mem.peak
 

@@ -53,15 +53,20 @@ def items_of(src: Path) -> list[tuple[str, int]]:
     return [(str(f), k) for k, c in enumerate(classes) for f in sorted((src / c).iterdir()) if f.is_file()]
 
 
-def timed(loader, epochs: int) -> float:
-    """Samples/s over ``epochs`` passes of ``loader`` after one warm-up pass."""
-    for _ in loader:
-        pass
+def count_rate(loader, epochs: int) -> float:
+    """Samples/s over ``epochs`` passes of ``loader`` (batches whose second item is the labels)."""
     count, start = 0, time.perf_counter()
     for _ in range(epochs):
         for batch in loader:
             count += len(batch[1])
     return count / (time.perf_counter() - start)
+
+
+def timed(loader, epochs: int) -> float:
+    """Samples/s over ``epochs`` passes of ``loader`` after one warm-up pass."""
+    for _ in loader:
+        pass
+    return count_rate(loader, epochs)
 
 
 # The folder pipeline --------------------------------------------------------------------------------

@@ -205,7 +205,7 @@ def read_lmdb(path):
         env.close()
 
 
-def check_lmdb(path, samples):
+def check_lmdb(path, samples, varying: bool = False):
     data = read_lmdb(path)
     n = len(samples)
     assert data[b"length"] == str(n).encode("ascii")
@@ -220,6 +220,10 @@ def check_lmdb(path, samples):
         image = np.load(io.BytesIO(data[b"%08d.image" % i]), allow_pickle=False)
         assert image.dtype == s.image.dtype and np.array_equal(image, s.image)
         assert data[b"%08d.key" % i].decode("utf-8") == s.key
+    if varying:  # images of varying size: their (H, W, C), apart from the images (format version 6)
+        shapes = np.load(io.BytesIO(data[b"image_shapes"]), allow_pickle=False)
+        assert shapes.dtype == np.int64 and shapes.tolist() == [list(s.image.shape) for s in samples]
+        expected_keys.add(b"image_shapes")
     assert set(data) == expected_keys
 
 
@@ -239,7 +243,7 @@ def test_lmdb_layout(tmp_path, n):
 def test_lmdb_variable_shapes(tmp_path):
     samples = [Sample(i, f"k{i}", np.full((2 + i, 3 + 2 * i, 3), i, np.uint8), i) for i in range(4)]
     files = write("lmdb", tmp_path, samples, layout=SampleLayout("uint8", None, 3))
-    check_lmdb(tmp_path / files[0], samples)
+    check_lmdb(tmp_path / files[0], samples, varying=True)
 
 
 def test_lmdb_map_grows_from_tiny(tmp_path, monkeypatch):
@@ -277,7 +281,7 @@ def test_lmdb_map_never_fills_whatever_the_sizes(tmp_path, monkeypatch, commit_b
     writer._env.set_mapsize(writer._map_size)
     for s in samples:
         writer.add(s)
-    check_lmdb(tmp_path / writer.close()[0], samples)
+    check_lmdb(tmp_path / writer.close()[0], samples, varying=True)
 
 
 def test_lmdb_map_grows_with_underestimated_variable_size(tmp_path, monkeypatch):
@@ -290,7 +294,7 @@ def test_lmdb_map_grows_with_underestimated_variable_size(tmp_path, monkeypatch)
         writer.add(s)
     files = writer.close()
     assert writer._map_size >= 32 * 1024**2
-    check_lmdb(tmp_path / files[0], samples)
+    check_lmdb(tmp_path / files[0], samples, varying=True)
 
 
 # --------------------------------------------------------------------------- wds

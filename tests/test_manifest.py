@@ -195,10 +195,12 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
     # hdf5 moved its keys off HDF5's global heap in version 4, which every hdf5 output is now
     assert {format_version("hdf5", codec, text) for codec in ("raw", "jpeg") for text in (False, True)} == {4}
     assert FORMAT_VERSIONS["hdf5"] == 6  # the newest: --codec source
-    # raw images of their own sizes changed the npy and hdf5 layouts only
+    # raw images of their own sizes changed the npy and hdf5 layouts (3); version 6 indexed the sizes of
+    # images of varying size in lmdb and wds, and of encoded ones in every format
     varying = {fmt: format_version(fmt, "raw", shape=None) for fmt in FORMATS}
-    assert varying == {"npy": 3, "lmdb": 1, "hdf5": 4, "wds": 1}
-    assert format_version("npy", "jpeg", shape=None) == 2
+    assert varying == {"npy": 3, "lmdb": 6, "hdf5": 4, "wds": 6}
+    assert {fmt: format_version(fmt, "jpeg", shape=None) for fmt in FORMATS} == {f: 6 for f in FORMATS}
+    assert format_version("npy", "jpeg") == 2  # encoded images of one size: as before
 
 
 def test_image_codec_defaults_to_raw(tmp_path):

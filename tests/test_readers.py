@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -19,8 +20,10 @@ from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
 from packer.discover import discover
 from packer.errors import ManifestError
+from packer.manifest import read_manifest, sha256_of
 from packer.preprocess import load_image
 from packer.registry import get_format
+from packer.verify import verify
 from readers import NpyDataset, WdsDataset, open_dataset
 
 PRE = PreprocessConfig(size=(40, 32))
@@ -426,7 +429,7 @@ def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
         write_image(src / "a" / f"{i}.png", (10 + i, 7 + 2 * i), seed=i)
     pre = PreprocessConfig(resize="none", dtype=dtype)
     result = convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2)), workers=2)
-    assert result.manifest.format_version == {"npy": 3, "hdf5": 4}.get(fmt, 1)
+    assert result.manifest.format_version == {"npy": 3, "hdf5": 4}.get(fmt, 6)  # lmdb, wds: sizes indexed (6)
     ds = open_dataset(result.output, normalize=False, return_meta=True)
     got = list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))]
     assert len(got) == 5
@@ -436,3 +439,46 @@ def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
     if hasattr(ds, "close"):
         ds.close()
     assert verify(result.output) == []
+
+
+@pytest.mark.parametrize("codec", ["raw", "jpeg", "source"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_image_sizes_come_from_the_index_without_reading_an_image(tmp_path, fmt, codec):
+    from conftest import make_tree
+
+    from packer.shard_names import NPY_IMAGE_SHAPES
+
+    src = tmp_path / "src"
+    make_tree(src, {"a": 3, "b": 2}, size=(90, 60))
+    pre = PreprocessConfig(resize="max", size=(80, 80))
+    convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2), codec=ImageCodec(codec)), workers=1)
+    ds = open_dataset(tmp_path / "out")
+    want = [tuple(image.shape[1:]) for image, *_ in (list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))])]
+
+    def no_image(*args, **kwargs):
+        raise AssertionError("an image was read")
+
+    ds = open_dataset(tmp_path / "out")
+    ds.read_image = ds.read_stored = ds.iter_shard_raw = no_image
+    sizes = ds.image_sizes
+    assert sizes.dtype == np.int64 and [tuple(s) for s in sizes.tolist()] == want
+    assert read_manifest(tmp_path / "out").format_version == (6 if fmt in ("lmdb", "wds") or codec != "raw" else
+                                                             {"npy": 3, "hdf5": 4}[fmt])
+    if fmt in ("npy", "wds"):  # a size index that lies is found by verify
+        shard = read_manifest(tmp_path / "out").shards[0]
+        path = tmp_path / "out" / shard.file(NPY_IMAGE_SHAPES)
+        shapes = np.load(path)
+        shapes[0, 0] += 1
+        np.save(path, shapes)
+        manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+        for f in manifest["shards"][0]["files"]:
+            if f["path"] == shard.file(NPY_IMAGE_SHAPES):
+                f["sha256"], f["bytes"] = sha256_of(path), path.stat().st_size
+        (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+        problems = verify(tmp_path / "out")
+        # raw npy images are rebuilt from the index (a wrong size cannot be read); others are checked against it
+        assert problems and (codec == "raw" and fmt == "npy" or any("index of sizes" in p.message for p in problems))
+
+
+def test_an_output_of_one_size_has_sizes_too(packed):
+    assert open_dataset(packed["npy"]).image_sizes.tolist() == [[32, 40]] * 15

@@ -15,7 +15,9 @@ from packer.records import TextField
 from packer.registry import FORMATS, FormatSpec
 from packer.sample_layout import (
     ENCODED_IMAGES,
+    ENCODED_SIZES,
     NO_IMAGE,
+    RAW_SIZES,
     SAMPLE_GEOMETRY,
     TEXT_FIELDS,
     VARIABLE_RAW,
@@ -69,8 +71,9 @@ def test_the_image_storage_is_decided_once_from_codec_shape_and_fields():
 def test_features_name_what_a_layout_uses_beyond_fixed_raw_images():
     features = {case: SampleLayout.from_config(*CASES[case]).features() for case in CASES}
     assert features["fixed raw"] == features["gray float32"] == frozenset()
-    assert features["jpeg"] == features["png of own sizes"] == {ENCODED_IMAGES}
-    assert features["raw of own sizes"] == {VARIABLE_RAW}
+    assert features["jpeg"] == {ENCODED_IMAGES}
+    assert features["png of own sizes"] == {ENCODED_IMAGES, ENCODED_SIZES}  # their sizes indexed (version 6)
+    assert features["raw of own sizes"] == {VARIABLE_RAW, RAW_SIZES}
     assert features["text only"] == {NO_IMAGE, TEXT_FIELDS}
     assert features["image, text, json"] == {TEXT_FIELDS, SAMPLE_GEOMETRY}  # the json's image geometry beside it
 

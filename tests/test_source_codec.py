@@ -13,6 +13,7 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize, parse_normalize
+from packer.errors import ConfigError
 from packer.manifest import read_manifest
 from packer.registry import FORMATS as SPECS
 from packer.sample_layout import SampleLayout
@@ -145,8 +146,9 @@ def test_what_is_kept_follows_the_preprocessing(sources, tmp_path):
     # within 100 as displayed: turned.jpg (70x100), rgb.png (90x60), turned.png (80x50); not plain.jpg (120x80)
     assert kept(PreprocessConfig(resize="max", size=(100, 100))) == {"a/turned.jpg", "b/rgb.png", "b/turned.png"}
     assert kept(PreprocessConfig(resize="none", size=None, mode="L")) == {"a/gray.jpg"}
-    assert kept(PreprocessConfig(resize="none", size=None, crop=(32, 32))) == set()
-    assert kept(PreprocessConfig(size=(64, 64))) == set()  # shorter-crop: every image resized
+    for pre in (PreprocessConfig(resize="none", size=None, crop=(32, 32)), PreprocessConfig(size=(64, 64))):
+        with pytest.raises(ConfigError, match="every image changes"):  # nothing could be kept: refused
+            ConvertConfig("npy", pre, codec=ImageCodec("source"))
 
 
 def test_a_damaged_jpeg_is_reported_not_stored(tmp_path):
@@ -173,3 +175,61 @@ def test_every_output_verifies_and_info_says_how_images_are_stored(outputs):
     assert "the source files' bytes (4 kept" in info.stdout
     assert json.loads((outputs["wds"] / "manifest.json").read_text())["shards"][0]["image_sources"]["kept"]
     assert torch.is_tensor(open_dataset(outputs["npy"])[0][0])
+
+
+def png16(pixels: np.ndarray) -> bytes:
+    """A 16-bit RGB PNG (Pillow writes none), chunk by chunk as the PNG specification lays it out."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    h, w, _ = pixels.shape
+    rows = b"".join(b"\x00" + pixels[y].astype(">u2").tobytes() for y in range(h))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def test_camera_style_jpegs_tiny_ones_and_16_bit_pngs(tmp_path):
+    src = tmp_path / "src"
+    xmp = write_image(src / "a" / "xmp.jpg", (80, 60), seed=1, quality=90)
+    Image.open(xmp).save(xmp, quality=90, xmp=b"<x:xmpmeta xmlns:x='adobe:ns:meta/'></x:xmpmeta>")  # an APP1 of XMP
+    write_image(src / "a" / "tiny.jpg", (5, 5), seed=2, quality=90)  # under 8 pixels: no 1/8 decode
+    deep = src / "a" / "deep.png"
+    deep.write_bytes(png16(np.random.default_rng(0).integers(0, 65536, (20, 30, 3), dtype=np.uint16)))
+    rgb16 = deep.read_bytes()
+    write_image(src / "a" / "rgb.png", (30, 20), seed=3)
+    pre = PreprocessConfig(resize="none", size=None)
+    convert(src, tmp_path / "out", ConvertConfig("npy", pre, codec=ImageCodec("source")), workers=1)
+    convert(src, tmp_path / "ref", ConvertConfig("npy", pre, codec=ImageCodec("png")), workers=1)
+    flags = [f for s in read_manifest(tmp_path / "out").shards for f in s.kept_sources()]
+    kept = {key for (key, _), f in zip(open_dataset(tmp_path / "out").samples, flags) if f}
+    assert kept == {"a/xmp.jpg", "a/tiny.jpg", "a/rgb.png"}  # the 16-bit PNG is re-encoded in 8 bits
+    assert rgb16[24] == 16
+    got = by_key(open_dataset(tmp_path / "out", normalize=False, return_meta=True))
+    want = by_key(open_dataset(tmp_path / "ref", normalize=False, return_meta=True))
+    assert all(torch.equal(got[k], want[k]) for k in kept)
+
+
+def test_readers_leave_pillows_pixel_limit_as_they_found_it(outputs):
+    before = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = 1000  # far below these images: the conversion's own limit applied already
+    try:
+        ds = open_dataset(outputs["lmdb"], normalize=False)
+        assert [tuple(ds[i][0].shape[1:]) for i in range(2)]
+        assert Image.MAX_IMAGE_PIXELS == 1000
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
+
+
+def test_counts_of_kept_jpegs_add_up_exactly_and_a_png_only_output_is_not_flagged(sources, outputs, tmp_path):
+    m = read_manifest(outputs["npy"])
+    ref = read_manifest(outputs["png"])
+    assert m.stats["pixels"]["count"] == ref.stats["pixels"]["count"]  # weighted to whole pixels, per channel
+    src = tmp_path / "src"
+    for name in ("rgb.png", "turned.png"):
+        (src / "b").mkdir(parents=True, exist_ok=True)
+        (src / "b" / name).write_bytes((sources / "b" / name).read_bytes())
+    convert(src, tmp_path / "png-only", ConvertConfig("npy", MAX, codec=ImageCodec("source")), workers=1)
+    assert "counted" not in read_manifest(tmp_path / "png-only").stats["pixels"]

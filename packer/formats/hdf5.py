@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import h5py
 import numpy as np
@@ -78,15 +78,21 @@ class _EncodedImages:
     """JPEG/PNG bytes: the variable-length field ``images`` (``images_bytes``, ``images_offsets``)."""
 
     def __init__(self, file: h5py.File, layout: SampleLayout) -> None:
-        self.layout = layout
+        self.layout, self._file = layout, file
         self._bytes = Hdf5VarlenWriter(file, "images")
+        self._shapes: Optional[list[tuple[int, ...]]] = [] if layout.sizes_indexed else None
 
     def add(self, sample: Sample) -> None:
         self.layout.check_image(sample.image)
         self._bytes.add(encoded_bytes(sample, self.layout))
+        if self._shapes is not None:
+            self._shapes.append(sample.image.shape)
 
     def close(self) -> None:
         self._bytes.close()
+        if self._shapes is not None:  # their sizes vary: (H, W, C) of each, apart from the bytes
+            shapes = np.asarray(self._shapes, np.int64).reshape(-1, 3)
+            self._file.create_dataset(HDF5_IMAGE_SHAPES, data=shapes, track_times=False)
 
 
 class _VariableImages:
@@ -167,9 +173,9 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
         streams = {t.name: _varlen(f, shard, t.name) for t in layout.text}
         images = _scan_images(f, shard, layout)
         for i in range(shard.samples):
-            pixels, data = next(images)
+            pixels, data, shape = next(images)
             fields = {name: next(stream) for name, stream in streams.items()}
-            yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+            yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
 
 
 def read_keys(f: h5py.File, where: str) -> list[str]:
@@ -182,15 +188,17 @@ def read_keys(f: h5py.File, where: str) -> list[str]:
 
 
 def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
-    """``(pixels, encoded bytes)`` of each sample of a shard (either None), as its layout stores them."""
+    """``(pixels, encoded bytes, recorded shape)`` of each sample of a shard (any None), as its layout stores them."""
     if layout.image is ImageStorage.NONE:
-        return itertools.repeat((None, None))
+        return itertools.repeat((None, None, None))
     if layout.image is ImageStorage.FIXED:
         images = f[HDF5_IMAGES]
         if len(images) != shard.samples:
             raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
-        return ((images[i], None) for i in range(shard.samples))
-    shapes = f[HDF5_IMAGE_SHAPES][:] if layout.image is ImageStorage.VARIABLE else None
+        return ((images[i], None, None) for i in range(shard.samples))
+    shapes = f[HDF5_IMAGE_SHAPES][:] if layout.sizes_indexed and HDF5_IMAGE_SHAPES in f else None
+    if layout.image is ImageStorage.VARIABLE and shapes is None:
+        raise ValueError(f"{shard.name}: no {HDF5_IMAGE_SHAPES} for its raw images of varying size")
     return varlen_images(_varlen(f, shard, "images"), layout, shapes, shard.name)
 
 

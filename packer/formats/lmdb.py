@@ -30,6 +30,7 @@ from packer.records import Sample, StoredSample
 from packer.sample_layout import ImageStorage, SampleLayout, choose
 from packer.shard_names import (
     LMDB_CRC32,
+    LMDB_IMAGE_SHAPES,
     LMDB_LABELS,
     LMDB_LENGTH,
     LMDB_SUFFIX,
@@ -85,6 +86,7 @@ class LmdbWriter:
         self._value = bytearray()
         self.labels: list[int] = []
         self.crcs: list[int] = []
+        self.shapes: Optional[list[tuple[int, ...]]] = [] if layout.sizes_indexed else None
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
         self.digests: dict[str, str] = {}  # none: the file is not written in order
 
@@ -102,6 +104,8 @@ class LmdbWriter:
             self._put(key, value)
         self.labels.append(sample.label)
         self.crcs.append(sample.crc32)
+        if self.shapes is not None:
+            self.shapes.append(sample.image.shape)
         if self._txn_bytes >= COMMIT_BYTES:
             self._commit()
 
@@ -149,6 +153,8 @@ class LmdbWriter:
             (LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))),
             (LMDB_LENGTH, str(len(self.labels)).encode("ascii")),
             *((lmdb_lengths_key(name), encode_npy(np.asarray(v, dtype=np.int64))) for name, v in self.lengths.items()),
+            *([(LMDB_IMAGE_SHAPES, encode_npy(np.asarray(self.shapes, np.int64).reshape(-1, 3)))]
+              if self.shapes is not None else []),
         ]):
             self._put(key, value)
         self._commit()
@@ -173,6 +179,8 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
 
             length = int(get(LMDB_LENGTH))
             labels, crcs = decode_npy(get(LMDB_LABELS)), decode_npy(get(LMDB_CRC32))
+            shapes = txn.get(LMDB_IMAGE_SHAPES) if layout.sizes_indexed else None  # none before format version 6
+            shapes = decode_npy(shapes) if shapes is not None else None
             if not length == len(labels) == len(crcs) == shard.samples:
                 raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
                                  f"the manifest says {shard.samples}")
@@ -181,6 +189,8 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
                 value = get(lmdb_image_key(i)) if image else None
                 pixels = decode_npy(value) if image and not encoded else None
                 fields = {f.name: get(lmdb_field_key(i, f.name)) for f in layout.text}
-                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields)
+                shape = tuple(int(v) for v in shapes[i]) if shapes is not None and i < len(shapes) else None
+                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields,
+                                   shape)
     finally:
         env.close()

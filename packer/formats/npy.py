@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
@@ -57,18 +57,26 @@ class _FixedImages:
 
 
 class _EncodedImages:
-    """JPEG/PNG bytes: the variable-length field ``images``."""
+    """JPEG/PNG bytes: the variable-length field ``images``; when their sizes vary,
+    ``NAME.images.shapes.npy`` (N x 3 int64) beside it."""
 
     def __init__(self, directory: Path, shard: str, layout: SampleLayout, capacity: int) -> None:
-        self.layout = layout
+        self.layout, self.directory, self.shard = layout, directory, shard
         self._bytes = NpyVarlenWriter(directory, shard, "images")
+        self._shapes: Optional[list[tuple[int, ...]]] = [] if layout.sizes_indexed else None
 
     def add(self, sample: Sample) -> None:
         self.layout.check_image(sample.image)
         self._bytes.add(encoded_bytes(sample, self.layout))
+        if self._shapes is not None:
+            self._shapes.append(sample.image.shape)
 
     def close(self, digests: dict[str, str]) -> list[str]:
-        return self._bytes.close()
+        names = self._bytes.close()
+        if self._shapes is not None:
+            names.append(f"{self.shard}{NPY_IMAGE_SHAPES}")
+            np.save(self.directory / names[-1], np.asarray(self._shapes, np.int64).reshape(-1, 3), allow_pickle=False)
+        return names
 
 
 class _VariableImages:
@@ -146,21 +154,28 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
     streams = {f.name: _varlen(directory, shard, f.name) for f in layout.text}
     images = _scan_images(directory, shard, layout)
     for i in range(shard.samples):
-        pixels, data = next(images)
+        pixels, data, shape = next(images)
         fields = {name: next(stream) for name, stream in streams.items()}
-        yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields)
+        yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
 
 
 def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
-    """``(pixels, encoded bytes)`` of each sample of a shard (either None), as its layout stores them."""
+    """``(pixels, encoded bytes, recorded shape)`` of each sample of a shard (any None), as its layout stores them."""
     if layout.image is ImageStorage.NONE:
-        return itertools.repeat((None, None))
+        return itertools.repeat((None, None, None))
     if layout.image is ImageStorage.FIXED:
         return _rows(directory, shard)
     shapes = None
-    if layout.image is ImageStorage.VARIABLE:
+    if _has_shapes(shard, layout):
         shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
     return varlen_images(_varlen(directory, shard, "images"), layout, shapes, shard.name)
+
+
+def _has_shapes(shard: ShardEntry, layout: SampleLayout) -> bool:
+    """Whether the shard has ``NAME.images.shapes.npy``: raw images of varying size, and encoded ones
+    written at format version 6 (older shards have none)."""
+    return layout.image is ImageStorage.VARIABLE or (layout.sizes_indexed and
+                                                     any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files))
 
 
 def _rows(directory: Path, shard: ShardEntry) -> Iterator[tuple]:
@@ -169,7 +184,7 @@ def _rows(directory: Path, shard: ShardEntry) -> Iterator[tuple]:
     for i in range(shard.samples):
         if i >= len(rows):
             raise ValueError(f"{shard.file(NPY_IMAGES)} is truncated: it ends before sample {i}")
-        yield np.asarray(rows[i]), None
+        yield np.asarray(rows[i]), None, None
 
 
 def _varlen(directory: Path, shard: ShardEntry, field: str) -> Iterator[bytes]:

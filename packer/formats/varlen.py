@@ -19,7 +19,7 @@ import numpy as np
 
 from packer.codecs import npy_header, raw_image
 from packer.formats.base import HashedFile
-from packer.sample_layout import SampleLayout
+from packer.sample_layout import ImageStorage, SampleLayout
 from packer.shard_names import hdf5_varlen_names, npy_varlen_suffixes
 
 CHUNK_BYTES = 64 * 1024
@@ -149,11 +149,14 @@ def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str) -> Itera
 
 
 def varlen_images(stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str
-                  ) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes]]]:
-    """``(pixels, encoded bytes)`` of each sample of an image field stored as a variable-length
-    field: encoded images as their bytes, raw images of their own sizes rebuilt with ``shapes``."""
+                  ) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes], Optional[tuple[int, ...]]]]:
+    """``(pixels, encoded bytes, recorded shape)`` of each sample of an image field stored as a
+    variable-length field: encoded images as their bytes (with the (H, W, C) ``shapes`` records, if
+    any), raw images of their own sizes rebuilt with ``shapes``."""
+    encoded = layout.image is not ImageStorage.VARIABLE
     for i, data in enumerate(stream):
-        if shapes is None:
-            yield None, data
+        shape = tuple(int(v) for v in shapes[i]) if shapes is not None and i < len(shapes) else None
+        if encoded:
+            yield None, data, shape
         else:
-            yield raw_image(data, layout.dtype, shapes[i], where), None
+            yield raw_image(data, layout.dtype, shapes[i], where), None, shape

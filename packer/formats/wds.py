@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
@@ -28,7 +28,14 @@ from packer.formats.base import HashedFile, encoded_bytes
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
 from packer.sample_layout import ImageStorage, SampleLayout, choose
-from packer.shard_names import TAR_MEMBERS, TAR_SUFFIX, TEXT_MEMBERS, tar_member_key, wds_lengths_suffix
+from packer.shard_names import (
+    NPY_IMAGE_SHAPES,
+    TAR_MEMBERS,
+    TAR_SUFFIX,
+    TEXT_MEMBERS,
+    tar_member_key,
+    wds_lengths_suffix,
+)
 from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
 from packer.text import TOKEN_DTYPE
 
@@ -81,6 +88,7 @@ class WdsWriter:
         self._f = HashedFile(self.directory / self.file_name)  # in order: nobody reads it back for the manifest
         self._offset = 0
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
+        self.shapes: Optional[list[tuple[int, ...]]] = [] if layout.sizes_indexed else None
         self.digests: dict[str, str] = {}
 
     def _member(self, name: str, *parts) -> None:
@@ -103,6 +111,8 @@ class WdsWriter:
             if ext == "image":  # KEY.npy, .jpg or .png; with --codec source, the extension of each image's bytes
                 ext = image_extension(self.layout.codec.name, image[0] if image else None)
             self._member(f"{key}.{ext}", *values.get(ext, image))
+        if self.shapes is not None:
+            self.shapes.append(sample.image.shape)
         for f in self.layout.text:
             value = sample.fields[f.name]
             self.lengths[f.name].append(len(value) // f.itemsize)
@@ -125,6 +135,9 @@ class WdsWriter:
         for name, lengths in self.lengths.items():
             names.append(f"{self.shard}{wds_lengths_suffix(name)}")
             np.save(self.directory / names[-1], np.asarray(lengths, dtype=np.int64), allow_pickle=False)
+        if self.shapes is not None:  # images of varying size: (H, W, C) of each, known without the tar
+            names.append(f"{self.shard}{NPY_IMAGE_SHAPES}")
+            np.save(self.directory / names[-1], np.asarray(self.shapes, np.int64).reshape(-1, 3), allow_pickle=False)
         return names
 
 
@@ -139,13 +152,17 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
     their bytes, the text fields as theirs)."""
     n = 0
     codec = layout.codec.name if layout.has_image else None
+    shapes = None
+    if layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):  # format version 6
+        shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
     for n, fields in enumerate(iter_tar_samples(directory / shard.file(TAR_SUFFIX)), start=1):
         pixels, label, meta = decode_tar_sample(fields, shard.name, codec)
         key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
         stored = tar_fields(fields, layout.text, shard.name)
+        shape = tuple(int(v) for v in shapes[n - 1]) if shapes is not None and n <= len(shapes) else None
         if layout.image is not ImageStorage.ENCODED:
-            yield StoredSample(n - 1, key, label, pixels, crc, None, stored)
+            yield StoredSample(n - 1, key, label, pixels, crc, None, stored, shape)
         else:
-            yield StoredSample(n - 1, key, label, None, crc, pixels, stored)
+            yield StoredSample(n - 1, key, label, None, crc, pixels, stored, shape)
     if n != shard.samples:
         raise ValueError(f"{shard.name}: the tar holds {n} samples; the manifest says {shard.samples}")

@@ -173,6 +173,7 @@ def test_every_output_verifies_and_info_says_how_images_are_stored(outputs):
     info = subprocess.run([sys.executable, "-m", "packer", "info", str(outputs["hdf5"])], capture_output=True,
                           text=True)
     assert "the source files' bytes (4 kept" in info.stdout
+    assert "kept JPEGs counted at 1/8 scale" in info.stdout
     assert json.loads((outputs["wds"] / "manifest.json").read_text())["shards"][0]["image_sources"]["kept"]
     assert torch.is_tensor(open_dataset(outputs["npy"])[0][0])
 

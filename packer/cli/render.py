@@ -143,8 +143,9 @@ def _stats(stats: Optional[dict]) -> list[str]:
     px = stats.get("pixels")
     if px:
         scale = "of pixel/255" if px["scale"] == "0..1" else "of the stored values"
+        counted = f"; {px['counted']}: the std a little low" if px.get("counted") else ""
         lines.append(f"  pixels    mean {_floats(px['mean'])}, std {_floats(px['std'])} "
-                     f"({scale}, {px['count']:,} per channel)")
+                     f"({scale}, {px['count']:,} per channel{counted})")
     sizes = stats.get("original_sizes")
     if sizes:
         bins = sizes["bins"]

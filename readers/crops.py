@@ -13,8 +13,10 @@ tries, then the centre-crop fallback); the crop is cut out and resized with anti
 interpolation, as torchvision's ``resized_crop`` does (torch's uint8 kernel, which its tensor
 transforms use; within a level of Pillow's, which it uses on PIL images).
 
-Only the pixels the crop needs are decoded where the decoder allows it: a JPEG whose crop is
-large next to the output size is decoded at libjpeg-turbo's reduced M/8 scale (``packer.jpeg``).
+JPEGs decode in full (torchvision's pixels); with ``reduced_decode=True`` a JPEG whose crop is large
+next to the output size is decoded at libjpeg-turbo's reduced M/8 scale (``packer.jpeg``), less
+work for pixels further from a full decode. Detection targets, masks and an image's geometry are
+moved with the pixels (``place_target``, ``place_mask``, ``place_geometry``).
 """
 
 from __future__ import annotations
@@ -462,4 +464,5 @@ def _finish(image: Image.Image, flip: bool) -> np.ndarray:
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-__all__ = ["RandomResizedCrop", "CenterCrop", "Augment", "Placement", "uniforms", "render", "stored_size"]
+__all__ = ["RandomResizedCrop", "CenterCrop", "Augment", "Placement", "Draws", "uniforms", "render", "stored_size",
+           "upright_stored", "place_target", "place_mask", "place_geometry"]

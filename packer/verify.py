@@ -24,6 +24,7 @@ from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, 
 from packer.records import StoredSample, TextField, stored_crc32
 from packer.registry import FORMATS, SOURCE_SINCE
 from packer.sample_layout import SampleLayout
+from packer.shard_names import LMDB_SUFFIX
 from packer.source_codec import decode_stored
 
 STALL_SECONDS = 60.0
@@ -90,8 +91,11 @@ def check_counts(manifest: Manifest, labels: list[int]) -> list[Problem]:
 
 
 def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
-    """Files in the output that the manifest does not list (a shard dropped from the manifest?)."""
+    """Files in the output that the manifest does not list (a shard dropped from the manifest?). An
+    LMDB shard's lock file (``shard-NNNNN.lmdb-lock``) is not one: opening the shard with LMDB's own
+    defaults (``mdb_stat``, ``lmdb.open(path, subdir=False)``) makes it, and it holds no data."""
     listed = {f.path for s in manifest.shards for f in s.files} | {MANIFEST_NAME, "report.txt"}
+    listed |= {f"{path}-lock" for path in listed if path.endswith(LMDB_SUFFIX)}
     return [Problem("output", f"{p.name} is not listed in the manifest")
             for p in sorted(root.iterdir()) if p.name not in listed]
 

@@ -160,3 +160,17 @@ def test_encoded_image_with_a_matching_crc_that_does_not_decode_is_named(encoded
     env.close()
     found = [p for p in verify(copy) if p.sample is not None]
     assert [(p.sample, p.message.split(":")[0]) for p in found] == [(1, "image does not decode as png")]
+
+
+def test_an_lmdb_lock_file_left_by_stock_tools_is_not_a_problem_but_other_files_are(outputs, tmp_path):
+    copy = tmp_path / "lmdb"
+    shutil.copytree(outputs["lmdb"], copy)
+    first = copy / read_manifest(copy).shards[0].files[0].path
+    env = lmdb.open(str(first), subdir=False, readonly=True)  # LMDB's defaults: it makes NAME.lmdb-lock
+    with env.begin() as txn:
+        assert txn.get(b"length") is not None
+    env.close()
+    assert (copy / f"{first.name}-lock").is_file()
+    assert verify(copy) == []
+    (copy / "stray.bin").write_bytes(b"x")
+    assert [p.message for p in verify(copy)] == ["stray.bin is not listed in the manifest"]

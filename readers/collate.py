@@ -53,11 +53,16 @@ class Numbered(NamedTuple):
 
 
 def packed_collate(batch: Any) -> Any:
-    """Collate for packer readers: a ``PackedBatch`` as it is, anything else by ``default_collate``."""
+    """Collate for packer readers: a ``PackedBatch`` as it is, samples with text or json fields (a
+    ``str``, a json ``dict`` or the ``None`` of one stored empty) by ``pad_collate``, anything else
+    by ``default_collate``."""
     if isinstance(batch, Numbered):
         return Numbered(batch.number, packed_collate(batch.batch))
     if isinstance(batch, PackedBatch):
         return batch.collated()
+    if batch and all(isinstance(s, tuple) for s in batch) and any(
+            x is None or isinstance(x, (str, dict)) for s in batch for x in s[:-1]):
+        return pad_collate(batch)
     return default_collate(batch)
 
 
@@ -312,7 +317,7 @@ def _kind(x: Any) -> str | None:
         return "image" if x.ndim >= 2 else None
     if isinstance(x, str):
         return "text"
-    if isinstance(x, dict):
+    if isinstance(x, dict) or x is None:  # None: a json stored empty (--allow-missing), the only None readers give
         return "json"
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
         return "label"

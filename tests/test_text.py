@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FORMATS, write_image
+from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -200,6 +201,12 @@ def test_allow_missing_stores_the_field_empty(tmp_path):
     by_key = {meta["key"]: (text, obj) for _, text, obj, _, meta in read_all(ds)}
     assert by_key["dogs/0002"] == ("a dog number 2", None)
     assert verify(result.output) == []
+    from readers import packed_collate, pad_collate
+
+    for collate in (pad_collate, packed_collate):  # the None of the missing json batches too
+        batches = list(DataLoader(open_dataset(result.output), batch_size=3, collate_fn=collate))
+        assert sum(len(b["json"]) for b in batches) == len(ds) and None in [j for b in batches for j in b["json"]]
+        assert batches[0]["images"].shape[1:] == (3, 16, 16) and len(batches[0]["texts"]) == 3
 
 
 def test_a_bad_file_in_a_pair_skips_the_sample_naming_the_file(tmp_path):

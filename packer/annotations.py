@@ -301,6 +301,13 @@ def _segmentation_problem(seg, size: Optional[tuple[int, int]]) -> Optional[str]
 YOLO_CLASS = re.compile(r"[0-9]+")
 
 
+def _mark(problems: list[Skipped], first: Optional[str], place: str, reason: str) -> str:
+    """Report one bad entry of an image's annotation (at ``place``); returns the image's problem, its
+    first bad entry, which skips the image."""
+    problems.append(Skipped(place, reason))
+    return first or f"{reason} ({place})"
+
+
 def read_yolo(path: Path) -> Annotations:
     """A YOLO labels folder: ``REL/NAME.txt`` per image ``REL/NAME.*``, a row ``class cx cy w h`` per box
     (fractions of the image), class names from ``classes.txt`` or the ``names`` of a ``data.yaml`` in
@@ -345,9 +352,7 @@ def read_yolo(path: Path) -> Annotations:
                     if bad:
                         raise ValueError(bad)
                 except ValueError as e:
-                    reason = f"bad annotation: {e}"
-                    problems.append(Skipped(f"{where}:{lineno}", reason))
-                    problem = problem or f"{reason} ({where}:{lineno})"
+                    problem = _mark(problems, problem, f"{where}:{lineno}", f"bad annotation: {e}")
                     continue
                 highest = max(highest, cls)
                 boxes.append(box)
@@ -437,8 +442,7 @@ def read_voc(path: Path) -> Annotations:
                         raise ValueError(bad)
                 except ValueError as e:
                     reason = f"bad annotation: {e or 'bndbox needs numeric xmin, ymin, xmax, ymax'}"
-                    problems.append(Skipped(f"{where}#object[{n}]", reason))
-                    problem = problem or f"{reason} ({where}#object[{n}])"
+                    problem = _mark(problems, problem, f"{where}#object[{n}]", reason)
                     continue
                 difficult = int((obj.findtext("difficult") or "0").strip() == "1")
                 objects.append((label.strip(), (x0, y0, x1, y1), difficult))

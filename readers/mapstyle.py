@@ -24,7 +24,7 @@ from packer.records import TextField
 from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
-from readers.crops import place_geometry, render, stored_size, upright_stored
+from readers.crops import place_geometry
 from readers.tensors import torch_dtype
 
 _WARNED: list[bool] = []
@@ -171,8 +171,6 @@ class PackedDataset(ReaderBase, Dataset):
             return [self._sample_at(i, epoch) for i in indices]
         if self.text_fields:
             return self._text_samples(indices, epoch)
-        if self.augment is not None:
-            return self._augmented_batch(indices, epoch)
         slot, images = self.batch_tensor(n)
         labels = np.empty(n, dtype=np.int64)
         # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
@@ -181,35 +179,16 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 labels[rows] = self._shard_labels(shard)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
-                    image = self._image(shard, at)
+                    if self.augment is None:
+                        image = self._image(shard, at)
+                    else:  # cropped and flipped; a flipped view where normalizing reads it once anyway
+                        codec = "raw" if self.memory is not None else None  # held decoded
+                        image = self.stored_out(self._stored(shard, at), self._offsets[shard] + at, epoch, codec,
+                                                flip_view=hwc is None)[0]
                     if hwc is not None and image.dtype == hwc.dtype:
                         hwc[j] = image
                     else:
                         self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
-        return PackedBatch(images, torch.from_numpy(labels), slot)
-
-    def _augmented_batch(self, indices: list[int], epoch: int) -> PackedBatch:
-        """The samples at ``indices`` cropped and flipped for ``epoch``, each rendered straight into
-        its row of one batch tensor (see ``__getitems__``); the crops of a shard's samples are drawn
-        together."""
-        n = len(indices)
-        slot, images = self.batch_tensor(n)
-        labels = np.empty(n, dtype=np.int64)
-        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
-        codec = "raw" if self.memory is not None else self.layout.codec.name
-        for shard, rows, local in self._by_shard(indices):
-            with self._reading(shard):
-                labels[rows] = self._shard_labels(shard)[local]
-                stored = [upright_stored(self._stored(shard, at), codec, self.layout.mode) for at in local.tolist()]
-                sizes = np.array([stored_size(s, c) for s, c in stored], dtype=np.int64).reshape(-1, 2)
-                places = self.augment.placements(self.seed, epoch, (local + self._offsets[shard]).tolist(),
-                                                 sizes[:, 0], sizes[:, 1])
-                for j, (data, kind), placement in zip(rows.tolist(), stored, places):
-                    image = render(data, kind, self.layout.mode, placement, flip_view=hwc is None)
-                    if hwc is not None:
-                        hwc[j] = image
-                    else:
-                        self.convert.into(image, images[j])
         return PackedBatch(images, torch.from_numpy(labels), slot)
 
     def _text_samples(self, indices: list[int], epoch: int) -> list[tuple]:

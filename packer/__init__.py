@@ -7,7 +7,7 @@ does not load the converter's pipeline and writers.
 
 from __future__ import annotations
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 _LAZY = {
     "ConvertConfig": "packer.config",
@@ -15,6 +15,7 @@ _LAZY = {
     "TextConfig": "packer.text",
     "ConvertResult": "packer.pipeline",
     "convert": "packer.pipeline",
+    "repack": "packer.repacking",
     "verify": "packer.verify",
 }
 

@@ -27,8 +27,9 @@ def build_manifest(
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
     summary of its annotations (``packer.detection.Matched.summary``), completed with the box counts."""
     source = layout.has_image and layout.codec.name == "source"
+    # Shards without samples are not published (packer.finish); their skipped files still count.
     shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                         if source else None) for r in results]
+                         if source else None) for r in results if r.samples]
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
     if config.shard_size.is_auto:

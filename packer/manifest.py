@@ -88,6 +88,9 @@ class Manifest:
     manifest_version: int = MANIFEST_VERSION
     annotations: Optional[dict] = None
     """Detection outputs: where the boxes came from and their categories (``packer.detection``)."""
+    history: list[dict] = field(default_factory=list)
+    """What was done to the output after its conversion, oldest first (a repack: ``packer.repack``);
+    absent from the file while empty."""
 
     def to_dict(self) -> dict:
         """JSON-ready form, keys in a fixed order so two equal runs write equal files."""
@@ -109,6 +112,7 @@ class Manifest:
             "duplicates": self.duplicates,
             "source": self.source,
             **({"annotations": self.annotations} if self.annotations is not None else {}),
+            **({"history": self.history} if self.history else {}),
         }
 
     @classmethod
@@ -137,6 +141,7 @@ class Manifest:
                 duplicates=d.get("duplicates", []),
                 manifest_version=int(d.get("manifest_version", 1)),
                 annotations=d.get("annotations"),
+                history=d.get("history", []),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None

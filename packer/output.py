@@ -17,6 +17,7 @@ from typing import IO, Optional
 from packer.errors import OutputError, PackerError
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
+from packer.registry import get_format
 from packer.system import stop_signals_held
 
 STAGING_MARK = ".packer-staging"
@@ -63,6 +64,7 @@ def is_packer_output(folder: Path) -> bool:
     except PackerError:
         return False
     own = {MANIFEST_NAME, "report.txt", STAGING_MARK} | {f.path for s in manifest.shards for f in s.files}
+    own |= set(get_format(manifest.format).files_of_output(manifest))
     return all(entry.name in own for entry in folder.iterdir())
 
 
@@ -161,9 +163,10 @@ def read_plan(stage: Path) -> Optional[dict]:
         return None
 
 
-def record_shard(stage: Path, result: ShardResult) -> None:
-    """Note a finished shard, written after its files are closed and hashed."""
-    _write_json(stage / f"{result.name}{DONE_SUFFIX}", result.to_dict())
+def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None) -> None:
+    """Note a finished shard, written after its files are closed and hashed, under its ``planned``
+    name (default: its own; ``packer.finish`` renames shards before publishing)."""
+    _write_json(stage / f"{planned or result.name}{DONE_SUFFIX}", result.to_dict())
 
 
 def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:

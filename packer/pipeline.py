@@ -17,10 +17,11 @@ from typing import Callable, Optional, Sequence
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
 from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
-from packer.discover import Discovery, discover
+from packer.discover import Discovery, discover, is_packer_folder
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.manifest import Manifest, write_manifest
+from packer.finish import name_shards, write_output
+from packer.manifest import Manifest
 from packer.output import (
     check_output,
     discard,
@@ -39,7 +40,7 @@ from packer.output import (
 from packer.plan import plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.registry import get_format
-from packer.report import REPORT_NAME, reason_kind, write_report
+from packer.report import reason_kind
 from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_fingerprint, unchanged_sources
 from packer.sample_layout import SampleLayout
 from packer.segmentation import mask_job, match_masks
@@ -150,11 +151,25 @@ def discover_checked(
     has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
     says which fields make a sample, ``classes`` the class map, see ``convert``)."""
     check_output(output, overwrite, Path(source))
+    refuse_packer_output(Path(source))
     found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes)
     if not found.items and labels_file is not None and found.skipped:
         raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
                          "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
     return checked(found, strict, text)
+
+
+def refuse_packer_output(source: Path) -> None:
+    """InputError for a packer output (or a folder of split outputs) given as the source folder: walked
+    for files, its report.txt would become a text sample and its shards litter. ``packer.repack``
+    converts an output into another format from its own shards."""
+    if not is_packer_folder(source):
+        return
+    if (source / "manifest.json").is_file():
+        raise InputError(f"{source} is a packer output, not a folder of source files: repack it with packer convert "
+                         f"{source} -f FORMAT -o OUTPUT (from Python: packer.repack)")
+    raise InputError(f"{source} holds split outputs (splits.json), not source files: repack each split on its own "
+                     f"(packer convert {source / 'train'} -f FORMAT -o OUTPUT, ...)")
 
 
 def checked(found: Discovery, strict: bool, text: TextConfig = TextConfig()) -> Discovery:
@@ -244,10 +259,10 @@ def _convert_locked(
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
             raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
                              + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
+        results = name_shards(stage, results, [t.name for t in tasks])
         manifest = build_manifest(config, layout, found, results, plan_workers,
                                   matched.summary if matched is not None else None)
-        write_manifest(stage, manifest)
-        write_report(stage / REPORT_NAME, manifest)
+        write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
     except KeyboardInterrupt:
         raise  # the staging folder stays, with its finished shards, for --resume

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from packer.formats.base import ShardWriter
-    from packer.manifest import ShardEntry
+    from packer.manifest import Manifest, ShardEntry
     from packer.records import StoredSample
 
 ENCODED_SINCE = 2
@@ -57,6 +57,10 @@ that are JPEG or PNG by their content, a kept file with its EXIF orientation sti
 the manifest's ``image_sources`` per shard; and an index of the (H, W, C) of images of varying size
 in every format (npy and hdf5 had it for raw images since version 3)."""
 
+INDEXES_SINCE = 7
+"""The wds format version that added the other loaders' indexes: ``NAME.idx`` beside each tar (NVIDIA
+DALI) and ``shardindex.json`` (``wids``). Every wds output is written at it; readers read older ones."""
+
 _COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
            DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE,
            SOURCE_BYTES: SOURCE_SINCE, ENCODED_SIZES: SOURCE_SINCE}
@@ -73,7 +77,11 @@ class FormatSpec:
     copy); ``random_access`` formats are read map-style (any sampler, ``in_memory``), the others as
     streams. ``structure`` names a function ``(path) -> int`` that checksums the parts of a shard
     file its library trusts (``packer.lmdb_pages``): recorded at conversion, compared by readers
-    before the library opens the file.
+    before the library opens the file. ``output_files`` names a function ``(manifest) -> {name:
+    bytes}``: files of the whole output made from its manifest (other loaders' shard lists), written
+    beside it and checked by ``verify`` against it, from version ``output_files_since``. ``indexer``
+    names a function ``(directory, shard, layout) -> (keys, crc32s)`` that reads those of a shard's
+    samples without their images (``packer combine``'s duplicate report, ``--append``).
     """
 
     name: str
@@ -85,6 +93,9 @@ class FormatSpec:
     whole_file: bool = False
     random_access: bool = True
     structure: str = ""
+    output_files: str = ""
+    output_files_since: int = 0
+    indexer: str = ""
 
     @property
     def newest(self) -> int:
@@ -111,6 +122,16 @@ class FormatSpec:
         """The function that checksums a shard file's structure (see the class), or None."""
         return resolve(self.structure) if self.structure else None
 
+    def read_index(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout) -> "tuple[list[str], Any]":
+        """The keys and stored CRC-32s (an int64 array) of one shard's samples, read without images."""
+        return resolve(self.indexer)(directory, shard, layout)
+
+    def files_of_output(self, manifest: "Manifest") -> dict[str, bytes]:
+        """The files made from ``manifest`` that an output of its version holds (see the class)."""
+        if not self.output_files or manifest.format_version < self.output_files_since:
+            return {}
+        return resolve(self.output_files)(manifest)
+
     def reader_class(self) -> type:
         """The ``readers`` Dataset class of this format (imports ``readers``: call it from there)."""
         return resolve(self.reader)
@@ -126,16 +147,18 @@ FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
         FormatSpec("npy", "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard",
-                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE}),
+                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
+                   indexer="packer.formats.npy:scan_index"),
         FormatSpec("lmdb", "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard",
                    "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE}, whole_file=True,
-                   structure="packer.lmdb_pages:structure_crc32"),
+                   structure="packer.lmdb_pages:structure_crc32", indexer="packer.formats.lmdb:scan_index"),
         FormatSpec("hdf5", "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard",
                    "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
-                   oldest_written=HDF5_FLAT_KEYS_SINCE, whole_file=True),
+                   oldest_written=HDF5_FLAT_KEYS_SINCE, whole_file=True, indexer="packer.formats.hdf5:scan_index"),
         FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
                    "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
-                   random_access=False),
+                   oldest_written=INDEXES_SINCE, random_access=False, output_files="packer.formats.wds:output_files",
+                   output_files_since=INDEXES_SINCE, indexer="packer.formats.wds:scan_index"),
     )
 }
 """Every format, in the order the CLI lists them."""

@@ -50,6 +50,17 @@ format version 6)."""
 LMDB_SUFFIX = ".lmdb"
 TAR_SUFFIX = ".tar"
 
+DALI_INDEX = ".idx"
+"""Suffix of a tar shard's index for NVIDIA DALI's ``readers.webdataset`` (``index_paths``): the text
+file DALI's ``wds2idx`` makes, written by the writer from the offsets it knows (format version 7)."""
+
+DALI_INDEX_VERSION = "v1.2"
+"""The ``wds2idx`` index version written on the first line of every ``DALI_INDEX`` file."""
+
+WIDS_INDEX = "shardindex.json"
+"""The shard list of a tar-shard output for ``wids.ShardListDataset`` (its ``widsindex`` tool's name
+and layout: each shard's URL, relative to the file, and sample count; format version 7)."""
+
 LMDB_LABELS = b"labels"
 LMDB_LENGTH = b"length"
 LMDB_CRC32 = b"crc32"

@@ -28,7 +28,7 @@ from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.manifest import write_manifest
+from packer.finish import name_shards, write_output
 from packer.output import (
     STAGING_MARK,
     finished_shards,
@@ -45,7 +45,6 @@ from packer.output import (
 from packer.pipeline import ConvertResult, discover_checked, run_unfinished
 from packer.plan import plan_tasks
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
-from packer.report import REPORT_NAME, write_report
 from packer.resume import current_digests, plan_fingerprint
 from packer.sample_layout import SampleLayout
 from packer.system import usable_cpus
@@ -275,10 +274,10 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         results = [finished[name] for name in names]
         if not any(r.samples for r in results):
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
+        results = name_shards(stage, results, names)
         manifest = build_manifest(config, layout, found, results, plan["workers"])
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
-        write_manifest(stage, manifest)
-        write_report(stage / REPORT_NAME, manifest)
+        write_output(stage, manifest)
         publish(stage, output, overwrite, source)
     except OSError as e:
         raise OutputError(f"cannot write the output in {stage.parent}: {e.strerror or e}") from None

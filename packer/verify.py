@@ -73,7 +73,26 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
         else:
             problems += _isolated_check(root, manifest, shard, progress, labels_seen)
     problems += check_counts(manifest, labels_seen)
+    problems += check_output_files(root, manifest)
     problems += check_extra_files(root, manifest)
+    return problems
+
+
+def check_output_files(root: Path, manifest: Manifest) -> list[Problem]:
+    """The files made from the manifest (``wids``' shard list of a tar-shard output) against what the
+    manifest makes of them now: other loaders trust them to find the shards and count the samples."""
+    problems = []
+    for name, expected in FORMATS[manifest.format].files_of_output(manifest).items():
+        path = root / name
+        why = unsafe_file(path, root)
+        if why:
+            problems.append(Problem("output", f"{name} {why}"))
+        elif not path.is_file():
+            problems.append(Problem("output", f"{name} is missing; packer writes it from the manifest for other "
+                                    "loaders (convert again, or restore it from a copy)"))
+        elif path.read_bytes() != expected:
+            problems.append(Problem("output", f"{name} does not match the manifest; it was changed since packer "
+                                    "wrote it (other loaders would read the wrong shards or counts)"))
     return problems
 
 
@@ -95,6 +114,7 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
     LMDB shard's lock file (``shard-NNNNN.lmdb-lock``) is not one: opening the shard with LMDB's own
     defaults (``mdb_stat``, ``lmdb.open(path, subdir=False)``) makes it, and it holds no data."""
     listed = {f.path for s in manifest.shards for f in s.files} | {MANIFEST_NAME, "report.txt"}
+    listed |= set(FORMATS[manifest.format].files_of_output(manifest))
     listed |= {f"{path}-lock" for path in listed if path.endswith(LMDB_SUFFIX)}
     return [Problem("output", f"{p.name} is not listed in the manifest")
             for p in sorted(root.iterdir()) if p.name not in listed]

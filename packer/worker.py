@@ -31,6 +31,7 @@ from packer.manifest import file_entry
 from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
+from packer.repack_shard import RepackJob, stored_samples
 from packer.sample_layout import SampleLayout
 from packer.segmentation import MASK_FIELD, SegmentationJob, mask_bytes
 from packer.system import release_stop_signals
@@ -80,6 +81,9 @@ class ShardJob:
     """Detection outputs: each item's annotations and the crop rule (``packer.detection``)."""
     segmentation: Optional[SegmentationJob] = None
     """Segmentation outputs: each item's mask file (``packer.segmentation``)."""
+    repack: Optional[RepackJob] = None
+    """Repacking a packer output: where its samples are (``packer.repack``); the items are dataset
+    indices into it, each with the path of its source shard's first file, whose stamp --resume compares."""
 
 
 def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
@@ -300,6 +304,8 @@ def write_shard(
 
     ``progress(n)`` is told of finished files every few files; ``at(position)`` before each.
     """
+    if job.repack is not None:
+        return write_repacked(job, progress, at)
     report = progress
     directory = Path(job.directory)
     writer = get_format(job.format).writer_class()(directory, job.task.name, job.layout, len(job.task.items))
@@ -361,6 +367,49 @@ def write_shard(
             if report is not None and (now := time.monotonic()) >= next_report:
                 report(pending)
                 pending, next_report = 0, now + PROGRESS_SECONDS
+    if report is not None and pending:
+        report(pending)
+    return closed(job, writer, result, sources, at)
+
+
+def write_repacked(job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
+                   ) -> ShardResult:
+    """Write one shard of a repack (``job.repack``): the source output's samples, each stored again
+    as the target layout stores it (``packer.repack_shard``); no statistics (the source's hold)."""
+    assert job.repack is not None
+    directory = Path(job.directory)
+    writer = get_format(job.format).writer_class()(directory, job.task.name, job.layout, len(job.task.items))
+    result = ShardResult(job.task.name, 0, [])
+    sources = hashlib.sha256()
+    pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
+    source_image = job.layout.has_image and job.layout.codec.name == "source"
+    for position, (item, sample, kept) in enumerate(stored_samples(job.repack, job.task.items, job.layout)):
+        if at is not None:
+            at(position + 1)
+        sources.update(item_stamp(item))
+        try:
+            writer.add(sample)
+        except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
+            raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
+        if source_image:
+            result.add_image_source(result.samples, kept,
+                                    image_extension("source", sample.encoded).replace("jpg", "jpeg"))
+        result.samples += 1
+        result.keys.append(sample.key)
+        result.labels.append(sample.label)
+        pending += 1
+        if progress is not None and (now := time.monotonic()) >= next_report:
+            progress(pending)
+            pending, next_report = 0, now + PROGRESS_SECONDS
+    if progress is not None and pending:
+        progress(pending)
+    return closed(job, writer, result, sources, at)
+
+
+def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Callable[[int], None]]) -> ShardResult:
+    """Close the shard's writer after its last sample and complete ``result`` with its files (hashed),
+    format version and the digest of its sources' stamps (``sources``, a hashlib object)."""
+    directory = Path(job.directory)
     if at is not None:
         at(FINISHING)
     # Closed only after the last item: a shard cut short by an error never looks finished.
@@ -368,8 +417,6 @@ def write_shard(
         files = writer.close()
     except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
         raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
-    if report is not None and pending:
-        report(pending)
     spec = get_format(job.format)
     structure = spec.structure_checksum()
     result.files = [file_entry(directory, name, writer.digests.get(name), structure) for name in files]

@@ -19,6 +19,7 @@ from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import PackedLoader, make_loader
 from readers.mapstyle import PackedDataset
+from readers.mixture import Mixture, open_mixture
 from readers.npy import NpyDataset
 from readers.remote import open_manifest
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
@@ -41,8 +42,8 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     return FORMATS[manifest.format].reader_class()(root, **options)
 
 
-__all__ = ["open_dataset", "RandomResizedCrop", "CenterCrop", "concat", "check_same_classes", "PackedConcat",
-           "PackedChain", "detection_collate",
+__all__ = ["open_dataset", "open_mixture", "Mixture", "RandomResizedCrop", "CenterCrop", "concat",
+           "check_same_classes", "PackedConcat", "PackedChain", "detection_collate",
            "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
            "PackedBatch", "packed_collate", "pad_collate",
            "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",

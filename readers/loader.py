@@ -48,6 +48,7 @@ from readers.collate import (
     shared_memory_free,
 )
 from readers.mapstyle import PackedDataset
+from readers.mixture import Mixture
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
 from readers.tensors import BatchNormalize, ImageConverter
 
@@ -244,7 +245,7 @@ class PackedLoader:
         epoch, consumed = self.epoch, self._consumed
         if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
             epoch, consumed = epoch + 1, 0
-        return {"epoch": epoch, "batches": consumed, "size": self.dataset.manifest.samples, **self.order}
+        return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue after the batches ``state`` says were handed out.
@@ -252,7 +253,7 @@ class PackedLoader:
         Refused when the batch order would differ from the run that saved it: another batch size,
         seed, world size, dataset size, bucketing, or (tar shards) worker count; pass the same values.
         """
-        mine = {"size": self.dataset.manifest.samples, **self.order}
+        mine = {"size": _size(self.dataset), **self.order}
         state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
         for key, value in mine.items():
             if key in state and state[key] != value:
@@ -262,6 +263,11 @@ class PackedLoader:
             self.sampler.load_state_dict(state)
         self.epoch = int(state["epoch"])
         self._resume_at = int(state["batches"])
+
+
+def _size(dataset: Any) -> int:
+    """The samples a loader's epoch order is made for: an output's, or a mixture's epoch."""
+    return len(dataset) if isinstance(dataset, Mixture) else dataset.manifest.samples
 
 
 def _in_order(batches: Iterable, first: int) -> Iterator:
@@ -315,8 +321,11 @@ def make_loader(
     draws the same order for the same epoch). With images of their own sizes (``--resize none``)
     a ``transform`` that gives them one size lets batches be stacked.
     """
+    if isinstance(dataset, Mixture):
+        return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
-        raise TypeError(f"make_loader takes a packer reader (readers.open_dataset), not {type(dataset).__name__}")
+        raise TypeError(f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
+                        f"{type(dataset).__name__}")
     device = torch.device(device) if device is not None else None
     cuda = device is not None and device.type == "cuda"
     normalize = None
@@ -414,6 +423,45 @@ def make_loader(
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order)
+
+
+def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Optional[int], drop_last: bool,
+                    device: Union[str, torch.device, None], overrides: dict) -> PackedLoader:
+    """``make_loader`` of a mixture: make_loader's sampler (equal batches per rank, exact resume) over
+    the mixture's epoch; each part normalizes its own samples in the workers (``readers.mixture``)."""
+    if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
+        raise ValueError("a mixture draws its own samples: pass no sampler or batch_sampler")
+    device = torch.device(device) if device is not None else None
+    cuda = device is not None and device.type == "cuda"
+    first = mixture.datasets[0]
+    m = first.manifest
+    if m.has_image and first.image_shape is None and batch_size > 1 and "collate_fn" not in overrides \
+            and first.transform is None and not first.has_target:
+        raise ValueError("the mixture's images have different sizes: open its parts with crop=readers.RandomResizedCrop"
+                         "(N) or CenterCrop(N), or use batch_size=1 or a collate_fn that can batch them")
+    seed = mixture.seed if seed is None else int(seed)
+    rank, world = distributed_rank()
+    transport = first.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
+    options = default_options(first, batch_size, transport, cuda=cuda, world_size=world)
+    options.update(overrides)
+    if not int(options.get("num_workers") or 0):
+        options.pop("persistent_workers", None)
+        options.pop("prefetch_factor", None)
+    if first.has_target:
+        options.setdefault("collate_fn", detection_collate if cuda else ArraysAcrossWorkers(detection_collate))
+    elif first.text_fields:
+        pad = functools.partial(pad_collate, pad_id=first.pad_id, fields=m.sample_fields)
+        options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))
+    options.setdefault("collate_fn", packed_collate)
+    sampler = EpochBatchSampler(len(mixture), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world,
+                                drop_last=drop_last)
+    loader = DataLoader(mixture, batch_sampler=sampler, **options)
+    order = {"batch_size": batch_size, "world_size": world, "seed": seed, "bucket_by_length": False, "sampler": None,
+             "mixture": {"parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
+                         "seed": mixture.seed}}
+    if first.augment is not None:
+        order["augment"] = repr(first.augment)
+    return PackedLoader(mixture, loader, sampler, None, device, None, order)
 
 
 __all__ = ["make_loader", "PackedLoader", "default_options", "physical_cores", "available_memory"]

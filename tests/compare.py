@@ -16,6 +16,7 @@ from PIL import Image
 
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.report import REPORT_NAME
+from packer.shard_names import DALI_INDEX, WIDS_INDEX
 
 Row = tuple[str, int, np.ndarray]
 """One stored sample: (key, label, image)."""
@@ -97,7 +98,8 @@ def assert_rows_equal(got: list[Row], want: list[Row]) -> None:
 
 
 def check_files(out: Path, manifest: Manifest) -> None:
-    """Every file in the manifest exists with its size and SHA-256; nothing else is in the folder."""
+    """Every file in the manifest exists with its size and SHA-256; a wds output also has each shard's
+    DALI index and the wids shard list (format version 7); nothing else is in the folder."""
     listed = set()
     for shard in manifest.shards:
         assert shard.files
@@ -107,8 +109,19 @@ def check_files(out: Path, manifest: Manifest) -> None:
             assert f.sha256 == hashlib.sha256(data).hexdigest()
             assert f.path.startswith(shard.name)
             listed.add(f.path)
+    of_output = set()
+    if manifest.format == "wds":
+        assert manifest.format_version == 7
+        for shard in manifest.shards:
+            lines = (out / shard.file(DALI_INDEX)).read_text(encoding="ascii").splitlines()
+            assert lines[0] == f"v1.2 {shard.samples}" and len(lines) == 1 + shard.samples
+        index = json.loads((out / WIDS_INDEX).read_text(encoding="utf-8"))
+        assert index["__kind__"] == "wids-shard-index-v1" and index["shardlist"] == [
+            {"url": s.file(".tar"), "nsamples": s.samples, "filesize": (out / s.file(".tar")).stat().st_size}
+            for s in manifest.shards]
+        of_output = {WIDS_INDEX}
     on_disk = {p.name for p in out.iterdir()}
-    assert on_disk == listed | {MANIFEST_NAME, REPORT_NAME}
+    assert on_disk == listed | of_output | {MANIFEST_NAME, REPORT_NAME}
 
 
 def files_of(out: Path) -> dict[str, bytes]:

@@ -53,3 +53,27 @@ def sizes(tasks: list[ShardTask]) -> list[int]:
 def no_staging(out: Path) -> bool:
     """True when no staging folder of ``out`` is left behind."""
     return not staging_dir(out).exists()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo process group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shard_file(out: Path, position: int, suffix: str) -> Path:
+    """The file ending in ``suffix`` of the ``position``-th shard of the output ``out``, by its
+    manifest: published names carry the output's content tag (``shard-00001-TAG.tar``)."""
+    from packer.manifest import read_manifest
+
+    return out / read_manifest(out).shards[position].file(suffix)
+
+
+def shard_names(out: Path) -> list[str]:
+    """The names of the output's shards, in order."""
+    from packer.manifest import read_manifest
+
+    return [s.name for s in read_manifest(out).shards]

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FORMATS, make_tree, pack_every_format
+from helpers import shard_names
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -54,7 +56,8 @@ def test_a_damaged_first_tar_header_names_the_shard(outputs, tmp_path):
     data = bytearray(tar.read_bytes())
     data[148] ^= 0x01  # a digit of the first header's checksum field: tarfile.open fails on it
     tar.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=r"shard-00000\.tar is not a complete tar file"):
+    assert re.fullmatch(r"shard-00000-[0-9a-f]{12}\.tar", tar.name)
+    with pytest.raises(ManifestError, match=re.escape(f"{tar.name} is not a complete tar file")):
         read_every_sample(copy)
 
 
@@ -68,7 +71,8 @@ def test_a_shard_shorter_than_recorded_is_an_error_not_the_end(outputs, fmt, tmp
     (copy / "manifest.json").write_text(json.dumps(manifest))
     ds = open_dataset(copy)
     assert len(ds) == 20
-    with pytest.raises(ManifestError, match=r"shard-00000\.\S+.*(the output|the shard) is damaged"):
+    first = re.escape(manifest["shards"][0]["name"])
+    with pytest.raises(ManifestError, match=first + r"\.\S+.*(the output|the shard) is damaged"):
         for _ in ds:
             pass
     with pytest.raises(ManifestError):
@@ -96,7 +100,7 @@ def test_a_shard_file_replaced_by_a_fifo_is_refused_at_once(outputs, fmt, tmp_pa
     assert f"{target.name} is not a regular file" in read.stderr
     checked = _in_subprocess(f"from packer.verify import verify\nfor p in verify({str(copy)!r}): print(p)")
     assert checked.returncode == 0, checked.stderr
-    assert f"shard-00001: {target.name} is not a regular file (a FIFO, device or folder)" in checked.stdout
+    assert f"{shard.name}: {target.name} is not a regular file (a FIFO, device or folder)" in checked.stdout
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -111,7 +115,7 @@ def test_a_shard_file_linked_to_a_copy_outside_the_output_is_refused(outputs, fm
     with pytest.raises(ManifestError, match="symbolic link to a file outside the output"):
         read_every_sample(copy)
     problems = [str(p) for p in verify(copy)]
-    assert f"shard-00000: {target.name} is a symbolic link to a file outside the output" in problems
+    assert f"{shard.name}: {target.name} is a symbolic link to a file outside the output" in problems
 
 
 def test_a_link_that_stays_inside_the_output_is_read(outputs, tmp_path):
@@ -162,6 +166,7 @@ def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tm
     as_hdf5_version_1(copy)
     keys = [meta["key"] for *_, meta in open_dataset(copy, return_meta=True)]
     assert keys == [f"{c}/img_{i:03d}.png" for c in ("ant", "bee") for i in range(10)] and verify(copy) == []
+    first = read_manifest(copy).shards[0].name
     shard = copy / read_manifest(copy).shards[0].files[0].path
     data = bytearray(shard.read_bytes())
     heap = data.index(b"GCOL")  # header 16 bytes; each object: index 2, refs 2, reserved 4, size 8, data to 8s
@@ -172,8 +177,8 @@ def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tm
     checked = _in_subprocess("import packer.verify as v\nv.STALL_SECONDS = 2\n"
                              f"for p in v.verify({str(copy)!r}): print(p)", timeout=120)
     assert checked.returncode == 0, checked.stderr
-    assert "shard-00000: shard-00000.h5 has changed" in checked.stdout
-    assert "shard-00000 sample 0: unreadable: the hdf5 library made no progress for 2 s" in checked.stdout
+    assert f"{first}: {first}.h5 has changed" in checked.stdout
+    assert f"{first} sample 0: unreadable: the hdf5 library made no progress for 2 s" in checked.stdout
     assert "shard-00001" not in checked.stdout
     # verify=True: the file's SHA-256 is checked before h5py reads anything of it
     read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r}, return_meta=True, "
@@ -189,7 +194,7 @@ def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
     checked = _in_subprocess(code, timeout=60)
     assert checked.returncode == 0, checked.stderr
     lines = checked.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines[:2]] == ["shard-00000 sample 0", "shard-00001 sample 0"]
+    assert [line.split(":")[0] for line in lines[:2]] == [f"{name} sample 0" for name in shard_names(outputs["npy"])]
     assert "made no progress for 1 s after sample 0 (stopped)" in lines[0] and int(lines[-1].split()[1]) < 10
 
 
@@ -298,13 +303,15 @@ def test_an_lmdb_page_number_past_the_file_is_refused_not_a_sigbus(lmdb_output, 
     of its file and the process dies of SIGBUS; with it, the shard is refused and the process lives."""
     copy = tmp_path / "copy"
     shutil.copytree(lmdb_output, copy)
-    point_first_value_past_the_end(copy / read_manifest(copy).shards[1].files[0].path)
+    damaged = copy / read_manifest(copy).shards[1].files[0].path
+    point_first_value_past_the_end(damaged)
     read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1], flush=True)\nds[6]"
     unchecked = _in_subprocess("import readers.base\nreaders.base.check_file = lambda *a: None\n" + read)
     assert unchecked.returncode == -signal.SIGBUS and unchecked.stdout.split() == ["0"]
     checked = _in_subprocess(read)
     assert checked.returncode == 1 and checked.stdout.split() == ["0"]
-    assert "shard-00001.lmdb is damaged where its library looks up records" in checked.stderr
+    assert re.fullmatch(r"shard-00001-[0-9a-f]{12}\.lmdb", damaged.name)
+    assert f"{damaged.name} is damaged where its library looks up records" in checked.stderr
     assert "ManifestError" in checked.stderr and "Traceback" in checked.stderr  # raised, not a crash
 
 
@@ -320,7 +327,7 @@ def test_verify_true_checks_every_file_before_its_first_read(outputs, tmp_path):
     assert read_every_sample(copy) == 20
     ds = open_dataset(copy, verify=True)
     assert ds[9][1] == 0  # shard 0 is intact
-    with pytest.raises(ManifestError, match=r"shard-00001\.images\.npy has changed: its SHA-256 does not match"):
+    with pytest.raises(ManifestError, match=re.escape(f"{images.name} has changed: its SHA-256 does not match")):
         ds[10]
     for fmt in FORMATS:  # intact outputs read the same with it, twice (checked once per process)
         plain = [label for _, label in open_dataset(outputs[fmt])]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import FORMATS, make_tree
+from helpers import free_port
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -160,12 +160,6 @@ def test_defaults_follow_cores_memory_and_dataset(packed, monkeypatch):
     assert 1 <= loader_module.physical_cores() <= __import__("packer.system").system.usable_cpus()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
     import torch.distributed as dist
 
@@ -190,7 +184,7 @@ def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
 def test_ddp_two_processes(packed, tmp_path):
     roots = {fmt: str(packed[fmt]) for fmt in FORMATS}
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, roots, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()

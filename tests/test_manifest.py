@@ -186,7 +186,7 @@ def test_newer_format_version(tmp_path):
 
 
 def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
-    for fmt in ("npy", "lmdb", "wds"):
+    for fmt in ("npy", "lmdb"):
         assert format_version(fmt, "raw") == 1
         assert format_version(fmt, "jpeg") == format_version(fmt, "png") == 2
         assert format_version(fmt, "raw", text=True) == format_version(fmt, "jpeg", text=True) == 3
@@ -195,11 +195,17 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
     # hdf5 moved its keys off HDF5's global heap in version 4, which every hdf5 output is now
     assert {format_version("hdf5", codec, text) for codec in ("raw", "jpeg") for text in (False, True)} == {4}
     assert FORMAT_VERSIONS["hdf5"] == 6  # the newest: --codec source
+    # wds added other loaders' indexes (DALI's .idx, wids' shardindex.json) in version 7, which every wds output is now
+    assert {format_version("wds", codec, text, shape, image) for codec in ("raw", "jpeg", "png", "source")
+            for text in (False, True) for shape in ((8, 8, 3), None) for image in (True, False)
+            if image or text} == {7}
+    assert FORMAT_VERSIONS["wds"] == 7
     # raw images of their own sizes changed the npy and hdf5 layouts (3); version 6 indexed the sizes of
     # images of varying size in lmdb and wds, and of encoded ones in every format
     varying = {fmt: format_version(fmt, "raw", shape=None) for fmt in FORMATS}
-    assert varying == {"npy": 3, "lmdb": 6, "hdf5": 4, "wds": 6}
-    assert {fmt: format_version(fmt, "jpeg", shape=None) for fmt in FORMATS} == {f: 6 for f in FORMATS}
+    assert varying == {"npy": 3, "lmdb": 6, "hdf5": 4, "wds": 7}
+    assert {fmt: format_version(fmt, "jpeg", shape=None) for fmt in FORMATS} == {"npy": 6, "lmdb": 6, "hdf5": 6,
+                                                                                 "wds": 7}
     assert format_version("npy", "jpeg") == 2  # encoded images of one size: as before
 
 

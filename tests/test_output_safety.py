@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from compare import check_files
 from conftest import FORMATS, make_tree
-from helpers import no_staging
+from helpers import no_staging, shard_file
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -73,7 +73,7 @@ def test_an_old_output_left_by_a_killed_publish_comes_back(tmp_path, src):
 def test_verify_reports_a_garbage_lmdb_file_instead_of_crashing(tmp_path, src):
     out = tmp_path / "lmdb"
     convert(src, out, ConvertConfig("lmdb", PRE))
-    shard = out / "shard-00000.lmdb"
+    shard = shard_file(out, 0, ".lmdb")
     size = shard.stat().st_size
     shard.write_bytes(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
     problems = verify(out)
@@ -86,7 +86,7 @@ def test_verify_reports_a_garbage_lmdb_file_instead_of_crashing(tmp_path, src):
 def test_object_arrays_are_refused_not_mapped(tmp_path, src):
     out = tmp_path / "npy"
     convert(src, out, ConvertConfig("npy", PRE))
-    images = out / "shard-00000.images.npy"
+    images = shard_file(out, 0, ".images.npy")
     np.save(images, np.array([object()] * 3, dtype=object), allow_pickle=True)
     problems = verify(out)
     assert any("not a packer image array" in p.message for p in problems)

@@ -3,6 +3,7 @@ determinism, shuffling."""
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -46,7 +47,9 @@ def test_convert_end_to_end(image_tree, tmp_path, fmt, workers):
     assert m.samples == 15
     assert m.classes == ["ant", "bee", "cat"]
     assert len(m.shards) == workers
-    assert [s.name for s in m.shards] == [shard_name(i) for i in range(workers)]
+    tag = m.shards[0].name.rsplit("-", 1)[1]
+    assert [s.name for s in m.shards] == [f"{shard_name(i)}-{tag}" for i in range(workers)]
+    assert re.fullmatch("[0-9a-f]{12}", tag)
     assert m.shard_offsets[-1] == 15
     assert m.skipped == [] and result.skipped == []
     assert m.source == {"files": 15, "ignored": {".txt": 1}}
@@ -81,7 +84,7 @@ def test_convert_encoded_images_round_trip(image_tree, tmp_path, fmt, codec):
     out = tmp_path / "out"
     convert(image_tree, out, ConvertConfig(fmt, pre, ShardSize(samples=6), codec=ImageCodec(codec, 90)), workers=2)
     m = read_manifest(out)
-    assert m.format_version == (4 if fmt == "hdf5" else 2) and m.image_codec == codec
+    assert m.format_version == {"hdf5": 4, "wds": 7}.get(fmt, 2) and m.image_codec == codec  # wds: always 7
     assert m.fields["image"] == {"dtype": "uint8", "shape": [48, 64, 3], "channels": 3, "layout": "HWC",
                                  "codec": codec, **({"quality": 90} if codec == "jpeg" else {})}
     check_files(out, m)
@@ -148,9 +151,11 @@ def test_every_file_of_a_shard_skipped(tmp_path, fmt):
     out = tmp_path / "out"
     convert(src, out, ConvertConfig(fmt, PRE, ShardSize(samples=1)), workers=1)
     m = read_manifest(out)
-    assert [s.samples for s in m.shards] == [1, 0, 0]
+    assert [s.samples for s in m.shards] == [1]  # the empty shards are not published (their files are gone)
     assert sorted(s["path"] for s in m.skipped) == ["b/2.png", "b/3.png"]
     check_files(out, m)
+    assert not list(out.glob("shard-00001*")) and not list(out.glob("shard-00002*"))
+    assert m.shards[0].name.startswith("shard-00000-")
     assert [k for k, _, _ in stored(out, m)] == ["a/1.png"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tarfile
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FORMATS
+from helpers import shard_file
 from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -151,10 +153,11 @@ def test_missing_shard_file_is_named(tmp_path, packed):
 
     copy = tmp_path / "npy"
     shutil.copytree(packed["npy"], copy)
-    (copy / "shard-00001.images.npy").unlink()
+    missing = shard_file(copy, 1, ".images.npy")
+    missing.unlink()
     ds = NpyDataset(copy)
     ds[0]
-    with pytest.raises(ManifestError, match="shard-00001.images.npy"):
+    with pytest.raises(ManifestError, match=re.escape(missing.name)):
         ds[7]
 
 
@@ -171,7 +174,7 @@ def test_wds_reader_refuses_unsafe_member_names(tmp_path, packed):
 
     copy = tmp_path / "wds"
     shutil.copytree(packed["wds"], copy)
-    shard = copy / "shard-00000.tar"
+    shard = shard_file(copy, 0, ".tar")
     with tarfile.open(shard, "w") as tar:
         info = tarfile.TarInfo("../evil.npy")
         info.size = 3
@@ -408,12 +411,12 @@ def test_damaged_jpg_member_is_named_by_the_wds_reader(tmp_path, encoded):
 
     copy = tmp_path / "o"
     shutil.copytree(encoded["wds", "jpeg"], copy)
-    path = copy / "shard-00000.tar"
+    path = shard_file(copy, 0, ".tar")
     data = bytearray(path.read_bytes())
     at = data.find(b"\xff\xd8\xff")  # the first JPEG
     data[at:at + 64] = bytes(64)
     path.write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match="shard-00000.tar: sample 000000000 is damaged.*packer verify"):
+    with pytest.raises(ManifestError, match=re.escape(path.name) + ": sample 000000000 is damaged.*packer verify"):
         list(WdsDataset(copy))
 
 
@@ -429,7 +432,8 @@ def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
         write_image(src / "a" / f"{i}.png", (10 + i, 7 + 2 * i), seed=i)
     pre = PreprocessConfig(resize="none", dtype=dtype)
     result = convert(src, tmp_path / "out", ConvertConfig(fmt, pre, ShardSize(samples=2)), workers=2)
-    assert result.manifest.format_version == {"npy": 3, "hdf5": 4}.get(fmt, 6)  # lmdb, wds: sizes indexed (6)
+    # lmdb: sizes indexed (6); wds: every output at 7 (other loaders' indexes)
+    assert result.manifest.format_version == {"npy": 3, "hdf5": 4, "wds": 7}.get(fmt, 6)
     ds = open_dataset(result.output, normalize=False, return_meta=True)
     got = list(ds) if fmt == "wds" else [ds[i] for i in range(len(ds))]
     assert len(got) == 5
@@ -462,7 +466,8 @@ def test_image_sizes_come_from_the_index_without_reading_an_image(tmp_path, fmt,
     ds.read_image = ds.read_stored = ds.iter_shard_raw = no_image
     sizes = ds.image_sizes
     assert sizes.dtype == np.int64 and [tuple(s) for s in sizes.tolist()] == want
-    assert read_manifest(tmp_path / "out").format_version == (6 if fmt in ("lmdb", "wds") or codec != "raw" else
+    assert read_manifest(tmp_path / "out").format_version == (7 if fmt == "wds" else
+                                                             6 if fmt == "lmdb" or codec != "raw" else
                                                              {"npy": 3, "hdf5": 4}[fmt])
     if fmt in ("npy", "wds"):  # a size index that lies is found by verify
         shard = read_manifest(tmp_path / "out").shards[0]

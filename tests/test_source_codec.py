@@ -72,7 +72,7 @@ def by_key(ds) -> dict:
 def test_kept_files_are_stored_byte_for_byte_and_the_manifest_says_which(sources, outputs, fmt):
     m = read_manifest(outputs[fmt])
     layout = SampleLayout.from_manifest(m)
-    assert m.format_version == 6 and m.fields["image"]["codec"] == "source"
+    assert m.format_version == (7 if fmt == "wds" else 6) and m.fields["image"]["codec"] == "source"
     kept, reencoded = set(), {}
     for shard in m.shards:
         flags = shard.kept_sources()

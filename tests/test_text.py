@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FORMATS, write_image
+from helpers import shard_file
 from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -146,7 +147,7 @@ def test_text_round_trip_is_exact(text_outputs, fmt):
     classes = ds.classes
     assert got == {k: (v, classes.index(k.split("/")[0])) for k, v in expected.items()}
     m = result.manifest
-    assert m.format_version == (4 if fmt == "hdf5" else 3) and m.sample_fields == ("text",) and not m.has_image
+    assert m.format_version == {"hdf5": 4, "wds": 7}.get(fmt, 3) and m.sample_fields == ("text",) and not m.has_image
     assert m.fields["text"]["kind"] == "text" and m.fields["text"]["length_unit"] == "bytes"
     reasons = {s.path: s.reason for s in result.skipped}
     assert "not valid UTF-8 text" in reasons["neg/latin.txt"] and reasons["neg/empty.txt"].startswith("empty file")
@@ -245,15 +246,16 @@ def test_text_only_outputs_open_with_stock_libraries(text_outputs):
     flat = np.load(npy_out / shard.file(".text.bytes.npy"), mmap_mode="r")
     offsets = np.load(npy_out / shard.file(".text.offsets.npy"))
     first = bytes(flat[offsets[0]:offsets[1]]).decode("utf-8")
-    with h5py.File(text_outputs["hdf5"].output / f"{shard.name}.h5") as f:
+    # each output's shards carry its own content tag: each output's first shard, by its manifest
+    with h5py.File(shard_file(text_outputs["hdf5"].output, 0, ".h5")) as f:
         assert bytes(f["text_bytes"][f["text_offsets"][0]:f["text_offsets"][1]]).decode() == first
-    env = lmdb.open(str(text_outputs["lmdb"].output / f"{shard.name}.lmdb"), subdir=False, readonly=True, lock=False)
+    env = lmdb.open(str(shard_file(text_outputs["lmdb"].output, 0, ".lmdb")), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
         assert txn.get(b"00000000.text").decode("utf-8") == first
     env.close()
     import webdataset as wds
 
-    tar = str(text_outputs["wds", "tokens"].output / f"{shard.name}.tar")
+    tar = str(shard_file(text_outputs["wds", "tokens"].output, 0, ".tar"))
     sample = next(iter(wds.WebDataset(tar, shardshuffle=False).decode()))
     assert sample["tokens.npy"].dtype == np.int32 and sample["tokens.npy"][0] == 2
 

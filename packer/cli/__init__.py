@@ -5,7 +5,7 @@ bad file or ``verify`` found damage (the message says why; nothing is written), 
 130 interrupted (Ctrl-C or SIGTERM; finished shards are kept for ``--resume``).
 
 One module per group of commands, each a plain ``click.command`` added to the group here:
-``convert`` (convert, merge), ``inspection`` (info, verify), ``advisor`` (tune, profile, bench).
+``convert`` (convert, merge, combine), ``inspection`` (info, verify), ``advisor`` (tune, profile, bench).
 ``render`` formats what they print, ``options`` declares the preprocessing options once and
 ``signals`` holds the one way Ctrl-C and SIGTERM stop a command that writes.
 """
@@ -30,8 +30,8 @@ def cli(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
 
 
-for _command in (convert.convert, convert.merge, inspection.info, inspection.verify, advisor.tune, advisor.profile,
-                 advisor.bench):
+for _command in (convert.convert, convert.merge, convert.combine, inspection.info, inspection.verify, advisor.tune,
+                 advisor.profile, advisor.bench):
     cli.add_command(_command)
 
 

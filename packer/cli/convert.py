@@ -1,4 +1,4 @@
-"""``packer convert`` and ``packer merge``, which publishes a conversion split with ``--num-nodes``."""
+"""``packer convert``, ``packer merge`` (publishes a conversion split with ``--num-nodes``) and ``packer combine``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import click
+from click.core import ParameterSource
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -15,6 +16,7 @@ from packer.cli.options import decode_options, preprocess_config, preprocess_opt
 from packer.cli.render import node_summary, splits_summary, summary
 from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
+from packer.combining import combine as combine_outputs
 from packer.config import (
     DEFAULT_MIN_VISIBILITY,
     DEFAULT_QUALITY,
@@ -25,12 +27,15 @@ from packer.config import (
     parse_shard_size,
 )
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
+from packer.discover import is_packer_folder
 from packer.errors import ConfigError, DecodeError, InputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
+from packer.manifest import MANIFEST_NAME
 from packer.output import staging_dir
 from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
 from packer.registry import FORMAT_NAMES  # the --format choices
+from packer.repacking import REPACK_OPTIONS, repack
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.split import merge as merge_output
 from packer.text import TextConfig
@@ -142,7 +147,14 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
     With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
     averaged to one.
+
+    SOURCE may also be a packer output: it is then repacked from its own shards into another
+    --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing.
     """
+    if (source / MANIFEST_NAME).is_file() and is_packer_folder(source):
+        _repack(source, fmt, output, codec, quality, shard_size, workers, overwrite, resume, timeout, quiet,
+                executor_name, address)
+        return
     try:
         pre = preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype, max_pixels,
                                 full_decode, geometry, crop)
@@ -256,6 +268,58 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         summary(result)
 
 
+def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality: int, shard_size: str,
+            workers: Optional[int], overwrite: bool, resume: bool, timeout: float, quiet: bool, executor_name: str,
+            address: Optional[str]) -> None:
+    """``packer convert`` of a packer output: ``packer.repack``, refusing the options it cannot honour."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+
+    refused = [max(p.opts, key=len) for p in ctx.command.params
+               if p.name not in REPACK_OPTIONS and p.name is not None and given(p.name)]
+    if refused:
+        raise click.UsageError(f"{source} is a packer output, repacked from its own shards: its samples, order, labels "
+                               f"and preprocessing stay as they are, so {', '.join(refused)} cannot be given here "
+                               "(convert the source folder to change them)")
+    if output is None:
+        resolved = source.resolve()
+        output = resolved.parent / f"{resolved.name}-{fmt}"
+    bars: list[tqdm] = []
+
+    def on_plan(samples: int, tasks) -> None:
+        bars.append(tqdm(total=samples, unit="sample", disable=quiet, dynamic_ncols=True,
+                         desc=f"repacking into {len(tasks)} shard(s)"))
+
+    with stop_on_signals():
+        try:
+            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:
+                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
+                if executor is not None:
+                    executor.connect()
+                result = repack(source, output, fmt, codec=codec if given("codec") else None,
+                                quality=quality if given("quality") else None,
+                                shard_size=parse_shard_size(shard_size), workers=workers, overwrite=overwrite,
+                                resume=resume, timeout=timeout, progress=lambda n: bars[-1].update(n),
+                                on_plan=on_plan, executor=executor)
+        except KeyboardInterrupt:
+            _close(bars)
+            stage = staging_dir(output)
+            kept = (f" Finished shards are kept in {stage}: run the same command with --resume to continue."
+                    if stage.exists() else "")
+            click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
+            sys.exit(130)
+        except ConfigError as e:
+            _close(bars)
+            raise click.UsageError(str(e)) from None
+        except PackerError as e:
+            _close(bars)
+            raise click.ClickException(str(e)) from None
+    _close(bars)
+    summary(result)
+
+
 def _node_split(num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str],
                 resume: bool) -> Optional[NodeSplit]:
     """The static split asked for, if any; ConfigError for options that cannot go together."""
@@ -295,4 +359,39 @@ def merge(output: Path, overwrite: bool) -> None:
             sys.exit(130)
         except PackerError as e:
             raise click.ClickException(str(e)) from None
+    summary(result)
+
+
+@click.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option("--copy", is_flag=True,
+              help="Copy every shard file instead of hard-linking it where the filesystem allows.")
+@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes for shards whose labels are remapped.  [default: usable cores]",
+              show_default=False)
+@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def combine(inputs: tuple[Path, ...], output: Path, copy: bool, workers: Optional[int], overwrite: bool,
+            quiet: bool) -> None:
+    """Combine packer OUTPUTS of one format and one preprocessing into one output, decoding nothing.
+
+    Shard files are hard-linked (copied across filesystems, or with --copy). Class maps are unified
+    by name: the first input's, then the classes later ones add, sorted, at the end; shards whose
+    labels change are written again with their stored bytes. Samples stored in more than one input
+    are reported.
+    """
+    bar = tqdm(total=None, unit="sample", disable=quiet, dynamic_ncols=True, desc="combining")
+    with stop_on_signals():
+        try:
+            result = combine_outputs(list(inputs), output, overwrite=overwrite, link=not copy, workers=workers,
+                                     progress=bar.update)
+        except KeyboardInterrupt:
+            bar.close()
+            click.echo("packer: combine interrupted; no output was written", err=True)
+            sys.exit(130)
+        except PackerError as e:
+            bar.close()
+            raise click.ClickException(str(e)) from None
+    bar.close()
     summary(result)

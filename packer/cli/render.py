@@ -154,7 +154,8 @@ def _stats(stats: Optional[dict]) -> list[str]:
             if side["min"] is None:
                 continue
             shown = ", ".join(f"{label}: {n}" for label, n in zip(labels, side["counts"]) if n)
-            lines.append(f"  {name:<9} {side['min']}..{side['max']}, median {side['median']} (original; {shown})")
+            median = f", median {side['median']}" if side.get("median") is not None else ""  # unknown when combined
+            lines.append(f"  {name:<9} {side['min']}..{side['max']}{median} (original; {shown})")
     return lines
 
 

@@ -178,6 +178,12 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
             yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
 
 
+def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
+    """The keys and stored CRC-32s of a shard's samples, read without any image."""
+    with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
+        return read_keys(f, shard.name), f[HDF5_CRC32][:].astype(np.int64)
+
+
 def read_keys(f: h5py.File, where: str) -> list[str]:
     """Every key of an open shard: from the UTF-8 bytes field (format version 4 on), else from the
     strings dataset ``keys`` of earlier versions."""

@@ -17,6 +17,9 @@ Pillow for encoded images.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from pathlib import Path
 from typing import ClassVar, Iterator, Optional
 
@@ -168,7 +171,48 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
     """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
     bytes, the text fields as theirs)."""
     image, encoded = layout.has_image, layout.image is ImageStorage.ENCODED
-    env = lmdb.open(str(directory / shard.file(LMDB_SUFFIX)), subdir=False, readonly=True, lock=False)
+    with contextlib.ExitStack() as stack:
+        env = _open_readonly(directory / shard.file(LMDB_SUFFIX), stack)
+        yield from _scan_env(env, shard, layout, image, encoded)
+
+
+def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
+    """The keys and stored CRC-32s of a shard's samples, read without any image."""
+    with contextlib.ExitStack() as stack:
+        env = _open_readonly(directory / shard.file(LMDB_SUFFIX), stack)
+        stack.callback(env.close)
+        with env.begin() as txn:
+            found = txn.get(LMDB_CRC32)
+            if found is None:
+                raise KeyError(f"{shard.name}: key {LMDB_CRC32.decode()} is missing")
+            crcs = decode_npy(found)
+            keys = []
+            for i in range(len(crcs)):
+                value = txn.get(lmdb_key_key(i))
+                if value is None:
+                    raise KeyError(f"{shard.name}: key {lmdb_key_key(i).decode()} is missing")
+                keys.append(bytes(value).decode("utf-8"))
+        return keys, crcs.astype(np.int64)
+
+
+def _open_readonly(path: Path, stack: contextlib.ExitStack) -> "lmdb.Environment":
+    """A shard's environment opened read-only without locks."""
+    try:
+        return lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    except lmdb.Error as e:
+        if "already open in this process" not in str(e):
+            raise
+    # py-lmdb refuses a second open of a file this process has open, and a forked child (verify's
+    # scan, a repack worker) inherits that record from a parent holding a reader of this output,
+    # without the open environment itself. A private copy is another file.
+    copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="packer-scan-"))) / path.name
+    shutil.copyfile(path, copy)
+    return lmdb.open(str(copy), subdir=False, readonly=True, lock=False)
+
+
+def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, image: bool, encoded: bool
+              ) -> Iterator[StoredSample]:
+    """``scan_shard`` of an open environment, which it closes."""
     try:
         with env.begin() as txn:
             def get(key: bytes) -> bytes:

@@ -159,6 +159,12 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
         yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
 
 
+def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
+    """The keys and stored CRC-32s of a shard's samples, read without any image."""
+    keys, crcs = (np.load(directory / shard.file(s), allow_pickle=False) for s in (NPY_KEYS, NPY_CRC32))
+    return [str(k) for k in keys], crcs.astype(np.int64)
+
+
 def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
     """``(pixels, encoded bytes, recorded shape)`` of each sample of a shard (any None), as its layout stores them."""
     if layout.image is ImageStorage.NONE:

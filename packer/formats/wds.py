@@ -9,6 +9,10 @@ sorted listing): ``KEY.npy`` (the HxWxC image; ``KEY.jpg`` or ``KEY.png`` with a
 the tar; text-only samples have no image member. ``webdataset.WebDataset(urls).decode()`` reads
 them unchanged (``.decode("rgb8")`` for uint8 pixels of jpg/png members).
 
+Other loaders get their indexes too: ``NAME.idx`` beside each tar (NVIDIA DALI's ``wds2idx``
+format, from the offsets the writer knows) and one ``shardindex.json`` for the output (``wids``'
+shard list, made from the manifest by ``output_files``).
+
 The tar is POSIX ustar, as webdataset's own TarWriter (through ``tarfile``) writes it, but not
 through webdataset, whose import pulls in torch: two seconds and a large address space in every
 converter process that has no use for torch. Member times, owners and modes are fixed so equal
@@ -17,6 +21,7 @@ inputs give byte-identical tars, whatever the Python version.
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 from typing import ClassVar, Iterator, Optional
@@ -25,14 +30,17 @@ import numpy as np
 
 from packer.codecs import CODECS, image_extension, npy_header
 from packer.formats.base import HashedFile, encoded_bytes
-from packer.manifest import ShardEntry
+from packer.manifest import Manifest, ShardEntry
 from packer.records import Sample, StoredSample
 from packer.sample_layout import ImageStorage, SampleLayout, choose
 from packer.shard_names import (
+    DALI_INDEX,
+    DALI_INDEX_VERSION,
     NPY_IMAGE_SHAPES,
     TAR_MEMBERS,
     TAR_SUFFIX,
     TEXT_MEMBERS,
+    WIDS_INDEX,
     tar_member_key,
     wds_lengths_suffix,
 )
@@ -90,6 +98,8 @@ class WdsWriter:
         self.lengths: dict[str, list[int]] = {f.name: [] for f in layout.text}
         self.shapes: Optional[list[tuple[int, ...]]] = [] if layout.sizes_indexed else None
         self.digests: dict[str, str] = {}
+        self._index: list[str] = []  # one DALI index line per sample
+        self._components: list[str] = []  # the current sample's members: "EXT OFFSET SIZE NAME"
 
     def _member(self, name: str, *parts) -> None:
         size = sum(memoryview(p).nbytes for p in parts)
@@ -97,6 +107,8 @@ class WdsWriter:
         pad = -size % tarfile.BLOCKSIZE
         for part in (header, *parts, tarfile.NUL * pad):
             self._f.write(part)
+        # DALI's index gives each member's extension (after the first dot), data offset and size.
+        self._components.append(f"{name.partition('.')[2]} {self._offset + len(header)} {size} {name}")
         self._offset += len(header) + size + pad
 
     def add(self, sample: Sample) -> None:
@@ -122,6 +134,8 @@ class WdsWriter:
                 self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", npy_header(TOKEN_DTYPE.str, (len(value) // 4,)), value)
             else:
                 self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", value)
+        self._index.append(" ".join(self._components))
+        self._components.clear()
 
     def close(self) -> list[str]:
         """Write the tar end marker (two zero blocks, then zeros to a whole record, as tarfile does) and close."""
@@ -131,7 +145,9 @@ class WdsWriter:
         self._f.write(end)
         self._f.file.close()
         self.digests[self.file_name] = self._f.hexdigest()
-        names = [self.file_name]
+        names = [self.file_name, f"{self.shard}{DALI_INDEX}"]
+        index = "".join(f"{line}\n" for line in (f"{DALI_INDEX_VERSION} {len(self._index)}", *self._index))
+        (self.directory / names[-1]).write_text(index, encoding="ascii")
         for name, lengths in self.lengths.items():
             names.append(f"{self.shard}{wds_lengths_suffix(name)}")
             np.save(self.directory / names[-1], np.asarray(lengths, dtype=np.int64), allow_pickle=False)
@@ -139,6 +155,42 @@ class WdsWriter:
             names.append(f"{self.shard}{NPY_IMAGE_SHAPES}")
             np.save(self.directory / names[-1], np.asarray(self.shapes, np.int64).reshape(-1, 3), allow_pickle=False)
         return names
+
+
+def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
+    """The keys and stored CRC-32s of a shard's samples, from its ``KEY.json`` members alone: found
+    through ``NAME.idx`` (format version 7), else by walking the tar's headers."""
+    metas: list[bytes] = []
+    tar_path = directory / shard.file(TAR_SUFFIX)
+    index = [f.path for f in shard.files if f.path.endswith(DALI_INDEX)]
+    with open(tar_path, "rb") as f:
+        if index:
+            for line in (directory / index[0]).read_text(encoding="ascii").splitlines()[1:]:
+                parts = line.split(" ")
+                for at in range(0, len(parts) - 3, 4):
+                    if parts[at] == "json":
+                        f.seek(int(parts[at + 1]))
+                        metas.append(f.read(int(parts[at + 2])))
+        else:
+            with tarfile.open(fileobj=f, mode="r:") as tar:
+                for member in tar:
+                    if member.isfile() and member.name.partition(".")[2] == "json":
+                        extracted = tar.extractfile(member)
+                        metas.append(extracted.read() if extracted is not None else b"")
+    if len(metas) != shard.samples:
+        raise ValueError(f"{shard.name}: {len(metas)} samples in its tar; the manifest says {shard.samples}")
+    decoded = [json.loads(m) for m in metas]
+    return [str(d["key"]) for d in decoded], np.asarray([int(d["crc32"]) for d in decoded], dtype=np.int64)
+
+
+def output_files(manifest: Manifest) -> dict[str, bytes]:
+    """The files of a tar-shard output made from its manifest: ``shardindex.json``, the shard list of
+    ``wids.ShardListDataset`` (as its ``widsindex create`` writes it, without the MD5 sums: the
+    manifest's SHA-256 covers the files)."""
+    shards = [{"url": s.file(TAR_SUFFIX), "nsamples": s.samples,
+               "filesize": next(f.bytes for f in s.files if f.path.endswith(TAR_SUFFIX))} for s in manifest.shards]
+    index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
+    return {WIDS_INDEX: (json.dumps(index, indent=1) + "\n").encode("utf-8")}
 
 
 def _npy_parts(sample: Sample) -> tuple:

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.errors import ConfigError, ManifestError
-from packer.manifest import MANIFEST_NAME, Manifest, sha256_of, unsafe_file
+from packer.errors import ConfigError, ManifestError, PackerError
+from packer.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
 from packer.registry import FORMATS, resolve
 from packer.sample_layout import SampleLayout
@@ -394,8 +394,21 @@ class ReaderBase:
         if now != ("missing",) and manifest_sha256(self.root) == self._manifest_sha256:
             self._identity = now  # the same manifest, so the same shard files (their SHA-256s are in it)
             return
+        if now != ("missing",) and self._still_listed():
+            self._identity = now  # appended to (packer convert --append): this version's files are all still there
+            return
         raise ManifestError(f"{self.root} was replaced or removed after this dataset was opened: its shard files "
                             "are no longer the ones its manifest lists. Open the dataset again to read the new output")
+
+    def _still_listed(self) -> bool:
+        """Whether the output's manifest now lists every shard this dataset reads with the very same
+        files (names, sizes, SHA-256s): true after an append, which adds shards and rewrites none. The
+        dataset then goes on reading the version it opened."""
+        try:
+            newer = {s.name: s.files for s in read_manifest(Path(self.root)).shards}
+        except (PackerError, OSError):
+            return False
+        return all(newer.get(s.name) == s.files for s in self.manifest.shards)
 
     def path(self, relpath: str) -> Path:
         """Path of a shard file named in the manifest, checked before its first use in a process:

@@ -12,8 +12,10 @@ from click.core import ParameterSource
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from packer.appending import append as append_files
+from packer.appending import config_of
 from packer.cli.options import decode_options, preprocess_config, preprocess_options
-from packer.cli.render import node_summary, splits_summary, summary
+from packer.cli.render import append_summary, node_summary, splits_summary, summary
 from packer.cli.signals import stop_on_signals
 from packer.codecs import IMAGE_CODECS
 from packer.combining import combine as combine_outputs
@@ -30,7 +32,7 @@ from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec
 from packer.discover import is_packer_folder
 from packer.errors import ConfigError, DecodeError, InputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
-from packer.manifest import MANIFEST_NAME
+from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.output import staging_dir
 from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
@@ -113,6 +115,10 @@ from packer.text import TextConfig
 @click.option("--timeout", type=click.FloatRange(min=1), default=DEFAULT_TIMEOUT,
               help="Seconds one file may take to decode before it is skipped as hanging.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
+@click.option("--append", "append_", is_flag=True,
+              help="Add the files of SOURCE that the existing output OUTPUT does not hold yet, as new shards: its "
+                   "shards stay as they are, its preprocessing and class map are used (a new class needs "
+                   "--add-classes).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local",
               help="local: worker processes on this machine; ray: one Ray task per shard on a Ray cluster, the "
@@ -135,7 +141,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
             masks_dir: Optional[Path], mask_sidecar: bool, mask_ignore: int, classes_from: Optional[Path],
             add_classes: bool, split_spec: Optional[str], split_seed: int, no_splits: bool, full_decode: bool,
             max_pixels: int, workers: Optional[int], strict: bool, resume: bool, timeout: float, overwrite: bool,
-            quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
+            append_: bool, quiet: bool, executor_name: str, address: Optional[str], num_nodes: Optional[int],
             node_rank: Optional[int]) -> None:
     """Convert the image (or text) folder SOURCE into a packed output.
 
@@ -151,9 +157,15 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     SOURCE may also be a packer output: it is then repacked from its own shards into another
     --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing.
     """
-    if (source / MANIFEST_NAME).is_file() and is_packer_folder(source):
+    if (source / MANIFEST_NAME).is_file() and is_packer_folder(source) and not append_:
         _repack(source, fmt, output, codec, quality, shard_size, workers, overwrite, resume, timeout, quiet,
                 executor_name, address)
+        return
+    if append_:
+        _append(source, fmt, output, shard_size, fields_, encoding, tokenizer, max_length, allow_missing, add_classes,
+                workers, strict, timeout, quiet, executor_name, address,
+                lambda: preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype,
+                                          max_pixels, full_decode, geometry, crop), ImageCodec(codec, quality))
         return
     try:
         pre = preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype, max_pixels,
@@ -318,6 +330,92 @@ def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality:
             raise click.ClickException(str(e)) from None
     _close(bars)
     summary(result)
+
+
+APPEND_REFUSED = ("labels_file", "annotations", "annotation_format", "masks_dir", "mask_sidecar", "classes_from",
+                  "split_spec", "split_seed", "no_splits", "resume", "overwrite", "num_nodes", "node_rank",
+                  "shuffle_seed")
+"""Options that ``--append`` cannot take: the output decides them, or they make other outputs."""
+
+PREPROCESS_PARAMS = {"size": "size", "resize": "resize", "crop": "crop", "geometry": "geometry", "mode": "mode",
+                     "interpolation": "interpolation", "fill": "fill", "background": "background", "dtype": "dtype",
+                     "max_pixels": "max_pixels", "full_decode": "reduced_decode", "normalize": "normalize"}
+"""``packer convert`` parameters of the preprocessing, and the PreprocessConfig field each sets."""
+
+
+def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, fields_: Optional[str], encoding: str,
+            tokenizer: Optional[str], max_length: Optional[int], allow_missing: bool, add_classes: bool,
+            workers: Optional[int], strict: bool, timeout: float, quiet: bool, executor_name: str,
+            address: Optional[str], given_preprocess, given_codec: ImageCodec) -> None:
+    """``packer convert --append``: the new files of SOURCE converted as OUTPUT was (``packer.appending``).
+    Preprocessing options left out are OUTPUT's; one given with another value is refused."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+
+    try:
+        refused = [max(p.opts, key=len) for p in ctx.command.params if p.name in APPEND_REFUSED and given(p.name)]
+        if refused:
+            raise ConfigError(f"--append adds to an output as it is: {', '.join(refused)} cannot be given with it")
+        if output is None or not (output / MANIFEST_NAME).is_file():
+            raise ConfigError("--append needs -o OUTPUT, an existing packer output to add to")
+        old = read_manifest(output)
+        fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
+        text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
+        config = config_of(old, parse_shard_size(shard_size), text)
+        if any(given(name) for name in PREPROCESS_PARAMS) or given("codec") or given("quality"):
+            pre = given_preprocess()
+            for name, attr in PREPROCESS_PARAMS.items():
+                if not given(name):
+                    continue
+                attrs = ("mean", "std", "auto_normalize") if attr == "normalize" else (attr,)
+                mine = tuple(getattr(pre, a) for a in attrs)
+                theirs = tuple(getattr(config.preprocess, a) for a in attrs)
+                if mine != theirs and not (attr == "normalize" and pre.auto_normalize
+                                           and isinstance(old.preprocess.get("normalize"), dict)
+                                           and old.preprocess["normalize"].get("auto")):
+                    raise ConfigError(f"--{name.replace('_', '-')} differs from how {output} was converted "
+                                      f"({mine if len(mine) > 1 else mine[0]} where it has "
+                                      f"{theirs if len(theirs) > 1 else theirs[0]}): leave it out to take the output's")
+            for name, value, theirs in (("codec", given_codec.name, config.codec.name),
+                                        ("quality", given_codec.quality, config.codec.quality)):
+                if given(name) and value != theirs and (name == "codec" or config.codec.name in ("jpeg", "source")):
+                    raise ConfigError(f"--{name} {value} differs from {output}'s {theirs}: leave it out")
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    bars: list[tqdm] = []
+
+    def on_plan(found, tasks) -> None:
+        bars.append(tqdm(total=len(found.items), unit="img", disable=quiet, dynamic_ncols=True,
+                         desc=f"appending {len(tasks)} shard(s)"))
+
+    with stop_on_signals():
+        try:
+            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:
+                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
+                if executor is not None:
+                    executor.connect()
+                result = append_files(source, output, config, add_classes=add_classes, workers=workers,
+                                      strict=strict, timeout=timeout, progress=lambda n: bars[-1].update(n),
+                                      on_plan=on_plan, executor=executor)
+        except KeyboardInterrupt:
+            _close(bars)
+            click.echo(f"packer: interrupted; {output} is as it was", err=True)
+            sys.exit(130)
+        except DecodeError as e:
+            _close(bars)
+            raise click.ClickException(f"stopped at the first bad file (--strict), {output} unchanged: {e}") from None
+        except ConfigError as e:
+            _close(bars)
+            raise click.UsageError(str(e)) from None
+        except PackerError as e:
+            _close(bars)
+            raise click.ClickException(str(e)) from None
+    _close(bars)
+    append_summary(result, source)
 
 
 def _node_split(num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str],

@@ -79,6 +79,27 @@ def summary(result: ConvertResult) -> None:
         click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
 
 
+def append_summary(result, source) -> None:
+    """Print a finished append (``packer.appending.AppendResult``): what was added, and what was reported."""
+    m = result.manifest
+    if not result.added:
+        click.echo(f"packer: nothing to append: every sample of {source} is in {result.output} already")
+    else:
+        new = [h for h in m.history if h.get("action") == "append"][-1]
+        click.echo(f"packer: appended {result.added} samples in {len(new['shards'])} new shard(s) to {result.output} "
+                   f"in {result.seconds:.1f} s; it now holds {m.samples} samples in {len(m.shards)} shard(s)")
+    if result.changed:
+        click.echo(f"warning: {len(result.changed)} file(s) that {result.output} holds were modified after it was "
+                   f"written and are not packed again: {', '.join(result.changed[:SHOW_SKIPPED])}", err=True)
+    if result.removed:
+        click.echo(f"warning: {len(result.removed)} sample(s) of {result.output} are no longer in {source} (still in "
+                   f"the output): {', '.join(result.removed[:SHOW_SKIPPED])}", err=True)
+    if result.skipped:
+        click.echo(f"skipped {len(result.skipped)} new file(s), all listed in {result.output / REPORT_NAME}:", err=True)
+        for s in result.skipped[:SHOW_SKIPPED]:
+            click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
+
+
 def human(n: float) -> str:
     """A byte count in decimal units: ``512 B``, ``1.5 KB`` ... ``TB``."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -132,7 +153,25 @@ def describe(output: Path, m: Manifest) -> str:
     lines += _stats(m.stats)
     if m.duplicates:
         lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
+    lines += [f"  history   {_event(h)}" for h in m.history]
     return "\n".join(lines)
+
+
+def _event(entry: dict) -> str:
+    """One ``history`` entry of a manifest in words."""
+    action = entry.get("action")
+    if action == "append":
+        added = f", classes added: {', '.join(entry['classes_added'])}" if entry.get("classes_added") else ""
+        return (f"{entry.get('at', '?')}: appended {entry.get('samples')} samples in {len(entry.get('shards', []))} "
+                f"shard(s) (packer {entry.get('packer_version')}{added})")
+    if action == "repack":
+        was = entry.get("from", {})
+        return (f"repacked from {was.get('format')} version {was.get('format_version')} ({was.get('codec')} images), "
+                f"{entry.get('samples')} samples (packer {entry.get('packer_version')})")
+    if action == "combine":
+        parts = ", ".join(f"{i.get('name')} ({i.get('samples')})" for i in entry.get("inputs", []))
+        return f"combined from {parts} (packer {entry.get('packer_version')})"
+    return str(entry)
 
 
 def _stats(stats: Optional[dict]) -> list[str]:

@@ -1,0 +1,297 @@
+"""``packer convert SOURCE -o OUT --append``: the source files that OUT does not hold yet, as new shards.
+
+OUT's shards are never rewritten: their files are hard-linked into the new version (LMDB files
+copied, see ``packer.combining``) under their own names, so their bytes and checksums stay, and a
+reader opened before the append keeps reading the version it opened (its files are still there,
+with the same names and SHA-256s). The new samples are converted exactly as a conversion would
+(OUT's preprocessing, codec and class map; a class OUT lacks is refused unless ``add_classes``
+appends it at the end), into shards named after their own content, after OUT's. The new version
+replaces OUT in one rename once complete, under OUT's lock; an interrupted append leaves OUT as
+it was. A sample is matched to OUT by its key (its relative path): files whose keys OUT holds are
+not packed again; those modified since OUT was written, and OUT's keys no longer in SOURCE, are
+reported. The manifest's ``history`` records each append (when, how many samples, which shards).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from packer import __version__
+from packer.assemble import find_duplicates, source_counts
+from packer.combining import _placed, cross_duplicates, merged_stats
+from packer.config import ConvertConfig
+from packer.discover import Discovery
+from packer.errors import ConfigError, InputError, OutputError
+from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
+from packer.finish import content_tag, write_output
+from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
+from packer.output import discard, lock_output, publish, record_shard, recover, release_output, start_staging
+from packer.pipeline import ConvertResult, checked, refuse_packer_output
+from packer.plan import estimate_sample_bytes, plan_shards, shard_name
+from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
+from packer.registry import get_format
+from packer.sample_layout import SampleLayout
+from packer.stats import summarize
+from packer.system import stop_signals_held, usable_cpus
+from packer.worker import ShardJob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AppendResult(ConvertResult):
+    """A finished append: the new version of the output, the samples added, and what was reported."""
+
+    added: int = 0
+    changed: list[str] = field(default_factory=list)
+    """Keys OUT holds whose source files were modified after OUT was written (not packed again)."""
+    removed: list[str] = field(default_factory=list)
+    """Keys OUT holds that are no longer in the source."""
+
+
+def config_of(manifest: Manifest, shard_size, text=None) -> ConvertConfig:
+    """The conversion settings an output was written with (its preprocessing and codec), cutting new
+    shards by ``shard_size``: what an append converts its new files with."""
+    from packer.config import PreprocessConfig
+    from packer.sample_layout import ImageCodec
+
+    preprocess = dict(manifest.preprocess)
+    norm = preprocess.get("normalize")
+    auto = isinstance(norm, dict) and bool(norm.get("auto"))
+    if auto:
+        preprocess["normalize"] = {"mean": norm["mean"], "std": norm["std"]}
+    pre = PreprocessConfig.from_dict(preprocess)
+    image = manifest.fields.get("image") or {}
+    codec = ImageCodec(image.get("codec", "raw"), int(image.get("quality", 90)))
+    from packer.text import TextConfig
+
+    return ConvertConfig(manifest.format, pre, shard_size, None, codec, text or TextConfig())
+
+
+def append(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    config: ConvertConfig,
+    *,
+    add_classes: bool = False,
+    workers: Optional[int] = None,
+    strict: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Optional[ProgressFn] = None,
+    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]] = None,
+    executor: Optional[Executor] = None,
+) -> AppendResult:
+    """Add the files of ``source`` that ``output`` does not hold yet (see the module). ``config`` must
+    describe what ``output`` holds (``config_of(read_manifest(output), ...)`` does; its shard size
+    cuts the new shards); ConfigError naming the first difference otherwise."""
+    from packer.discover import discover
+
+    started = time.perf_counter()
+    source, output = Path(source), Path(output)
+    old = read_manifest(output)
+    if old.annotations is not None or any(f.kind in ("detection", "mask") for f in old.text_fields):
+        raise ConfigError(f"{output} holds detection or segmentation targets: --append does not add to such outputs "
+                          "yet; convert the new images on their own and read both (readers.concat)")
+    if config.format != old.format:
+        raise ConfigError(f"{output} is a {old.format} output: append to it with --format {old.format}")
+    if config.shuffle is not None:
+        raise ConfigError("--shuffle with --append: new samples are added after the others, in sorted order")
+    refuse_packer_output(source)
+    if source.resolve() == output.resolve() or output.resolve() in source.resolve().parents:
+        raise OutputError(f"{output} holds the source folder {source}; append from a folder outside it")
+    try:
+        found = discover(source, None, config.text.fields, config.text.allow_missing, old.classes, add_classes)
+    except InputError as e:  # the class map is the output's, not one given with --classes
+        raise InputError(str(e).replace("the class map of --classes lacks", f"{output} lacks")) from None
+    if (old.classes is None) != (found.classes is None):
+        what = "unlabelled" if old.classes is None else "labelled"
+        raise InputError(f"{output} is {what} and the samples of {source} are not: they cannot share one output")
+    _check_preprocess(config, old, output)
+    layout = SampleLayout.from_config(config, found.fields)
+    old_layout = SampleLayout.from_manifest(old)
+    if layout != old_layout:
+        raise ConfigError(f"{source} would be stored otherwise than {output}'s samples "
+                          f"({_differing(layout, old_layout)}); give the options it was converted with (packer info "
+                          "shows them), or leave them out")
+    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
+    lock = lock_output(output)
+    try:
+        recover(output)
+        old = read_manifest(output)  # again, under the lock: another append may have finished meanwhile
+        result = _append_locked(source, output, config, layout, old, found, strict, timeout, progress, on_plan,
+                                executor)
+    finally:
+        release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> None:
+    """ConfigError naming the preprocessing options that differ from the output's."""
+    mine, theirs = json.loads(json.dumps(config.preprocess.to_dict())), dict(old.preprocess)  # tuples as lists
+    norms = mine.pop("normalize", None), theirs.pop("normalize", None)
+    auto = isinstance(norms[1], dict) and bool(norms[1].get("auto"))
+    same_norm = norms[0] == norms[1] or (auto and (norms[0] == "auto" or (
+        isinstance(norms[0], dict) and norms[0].get("mean") == norms[1]["mean"])))
+    keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if keys or not same_norm:
+        shown = [f"{k}: {mine.get(k)!r} where {output} has {theirs.get(k)!r}" for k in keys[:3]]
+        if not same_norm:
+            shown.append(f"normalize: {norms[0]!r} where {output} has {norms[1]!r}")
+        raise ConfigError(f"--append converts new files as {output} was converted, and these options differ: "
+                          + "; ".join(shown) + ". Leave them out to take the output's")
+
+
+def _differing(a: SampleLayout, b: SampleLayout) -> str:
+    fa, fb = a.fields(), b.fields()
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+    return ", ".join(f"{k}: {fa.get(k)} against {fb.get(k)}" for k in keys[:3])
+
+
+def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: SampleLayout, old: Manifest,
+                   found: Discovery, strict: bool, timeout: float, progress: Optional[ProgressFn],
+                   on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Executor) -> AppendResult:
+    """The part of ``append`` that runs under the output's lock."""
+    spec = get_format(old.format)
+    old_layout = SampleLayout.from_manifest(old)
+    held: set[str] = set()
+    for shard in old.shards:
+        held.update(spec.read_index(output, shard, old_layout)[0])
+    written_at = os.stat(output / MANIFEST_NAME).st_mtime
+    changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
+    removed = sorted(held - {it.relpath for it in found.items})
+    base = _next_index(old)
+    # A file skipped before (corrupt, say) is tried again only once it was modified since.
+    skipped_before = {s["path"] for s in old.skipped}
+    todo = (it for it in found.items if it.relpath not in held
+            and (it.relpath not in skipped_before or _modified_after(it, written_at)))
+    fresh = [replace(it, index=base + n) for n, it in enumerate(todo)]
+    skipped = [s for s in found.skipped if s.path not in skipped_before]
+    if changed:
+        log.warning("%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
+                    len(changed), output, ", ".join(changed[:5]))
+    if removed:
+        log.warning("%d sample(s) of %s are no longer in %s (kept in the output): %s", len(removed), output, source,
+                    ", ".join(removed[:5]))
+    if not fresh:
+        return AppendResult(output, old, 0.0, skipped, found.ignored, 0, 0, changed, removed)
+    new_found = checked(Discovery(found.root, fresh, found.classes, skipped, found.ignored, found.fields), strict,
+                        config.text)
+    first = len(old.shards)
+    tasks = [replace(t, name=shard_name(first + i)) for i, t in enumerate(
+        plan_shards(new_found.items, config.shard_size, estimate_sample_bytes(layout, new_found.items),
+                    executor.workers))]
+    if on_plan is not None:
+        on_plan(new_found, tasks)
+    stage = start_staging(output)
+    try:
+        jobs = [ShardJob(first + i, t, config.format, layout, config.preprocess, str(stage), strict, text=config.text)
+                for i, t in enumerate(tasks)]
+        results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
+        for shard in old.shards:  # under their own names: readers of the old version find them
+            _placed(stage, output, shard, shard.name, True)
+        results = _name_new(stage, sorted(results, key=lambda r: r.name), first)
+        if not any(r.samples for r in results):
+            kinds = Counter(s.reason.split(":")[0] for r in results for s in r.skipped)
+            raise InputError(f"none of the {len(fresh)} new samples in {source} could be packed ("
+                             + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
+        manifest = _appended_manifest(output, stage, old, layout, new_found, results, config, changed, removed)
+        write_output(stage, manifest)
+        publish(stage, output, True)
+    except BaseException:
+        discard(stage)  # OUT is untouched until publish renames the new version into place
+        raise
+    added = sum(r.samples for r in results)
+    all_skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped[len(old.skipped):]]
+    return AppendResult(output, manifest, 0.0, all_skipped, found.ignored, len(fresh), added, changed, removed)
+
+
+def _modified_after(item: SourceItem, when: float) -> bool:
+    """Whether any of the item's files was modified after ``when`` (a time stamp)."""
+    try:
+        return any(os.stat(p).st_mtime > when for p in item.paths)
+    except OSError:
+        return False
+
+
+def _next_index(old: Manifest) -> int:
+    """The first sample index (wds KEY) no sample of ``old`` used."""
+    last = [h["next_index"] for h in old.history if h.get("action") == "append" and "next_index" in h]
+    return max([int(old.source.get("files", 0) or 0), old.samples, *last])
+
+
+def _name_new(stage: Path, results: list[ShardResult], first: int) -> list[ShardResult]:
+    """The new shards under their published names (``shard-NNNNN-TAG``, ``TAG`` the new shards' own
+    content tag, ``NNNNN`` counting on from the output's last shard); empty ones removed."""
+    tag = content_tag([r for r in results if r.samples])
+    named, position = [], first
+    with stop_signals_held():
+        for r in results:
+            if not r.samples:
+                for f in r.files:
+                    (stage / f.path).unlink(missing_ok=True)
+                named.append(replace(r, files=[]))
+                continue
+            name = f"shard-{position:05d}-{tag}"
+            position += 1
+            files = []
+            for f in r.files:
+                path = name + f.path[len(r.name):]
+                os.replace(stage / f.path, stage / path)
+                files.append(replace(f, path=path))
+            renamed = replace(r, name=name, files=files)
+            record_shard(stage, renamed, r.name)
+            named.append(renamed)
+    return named
+
+
+def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleLayout, found: Discovery,
+                       results: list[ShardResult], config: ConvertConfig, changed: list[str], removed: list[str]
+                       ) -> Manifest:
+    """The output's manifest with the new shards after the old ones (see the module)."""
+    classes = found.classes
+    counts = None
+    if classes is not None:
+        counts = list(old.class_counts or [0] * len(old.classes or [])) + [0] * (len(classes) - len(old.classes or []))
+        for label in (label for r in results for label in r.labels):
+            counts[label] += 1
+    source_codec = layout.has_image and layout.codec.name == "source"
+    new_shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
+                             if source_codec else None) for r in results if r.samples]
+    new_stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
+    probe = replace(old, stats=new_stats, samples=sum(s.samples for s in new_shards), shards=new_shards)
+    stats = merged_stats([old, probe])
+    duplicates = sorted([*old.duplicates, *find_duplicates(results)])
+    # Samples stored with the same bytes as one OUT holds: compared through the stored bytes.
+    across = cross_duplicates([output, stage], [old, probe], layout)
+    duplicates = sorted(duplicates + [sorted(key.split(":", 1)[1] for key in group) for group in across])
+    added = sum(s.samples for s in new_shards)
+    entry = {"action": "append", "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "packer_version": __version__, "samples": added, "files": len(found.items) + len(found.skipped),
+             "shards": [s.name for s in new_shards], "next_index": _next_index(old) + len(found.items),
+             "changed": len(changed), "removed": len(removed),
+             **({"classes_added": (classes or [])[len(old.classes or []):]}
+                if classes and len(classes) > len(old.classes or []) else {})}
+    counted = source_counts(found)
+    ignored = dict(old.source.get("ignored") or {})
+    for ext, n in (counted.get("ignored") or {}).items():
+        ignored[ext] = ignored.get(ext, 0) + n
+    return replace(
+        old, packer_version=__version__, samples=old.samples + added, classes=classes, class_counts=counts,
+        shards=[*old.shards, *new_shards], stats=stats, duplicates=duplicates,
+        skipped=[*old.skipped, *(s.to_dict() for s in found.skipped),
+                 *(s.to_dict() for r in results for s in r.skipped)],
+        source={"files": int(old.source.get("files", 0)) + counted["files"], "ignored": ignored},
+        history=[*old.history, entry],
+    )
+
+
+__all__ = ["append", "AppendResult", "config_of"]

@@ -33,6 +33,9 @@ class Discovery:
     skipped: list[Skipped] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
     fields: tuple[str, ...] = ("image",)
+    places: Optional[dict[int, tuple]] = None
+    """Sources that are containers (Parquet, saved datasets, tar shards; ``packer.containers``):
+    where each item's image is inside them, by item index. None for a folder of files."""
 
 
 def is_litter(name: str) -> bool:

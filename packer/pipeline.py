@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
+from packer.containers import container_kind, discover_container, job_for
 from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
 from packer.discover import Discovery, discover, is_packer_folder
 from packer.errors import DecodeError, InputError, OutputError
@@ -113,6 +114,9 @@ def convert(
         check_output(output, overwrite, Path(source))
         found = checked(discovery, strict, config.text)
     matched = None
+    if found.places is not None and (config.detection is not None or config.masks is not None):
+        raise InputError(f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
+                         "image files; convert the images of a folder")
     if (config.detection is not None or config.masks is not None) and (labels_file is not None or classes is not None):
         raise InputError("--labels and --classes label images by class; with --annotations or --masks the labels are "
                          "the boxes' categories or the masks' indices: leave them out")
@@ -152,6 +156,17 @@ def discover_checked(
     says which fields make a sample, ``classes`` the class map, see ``convert``)."""
     check_output(output, overwrite, Path(source))
     refuse_packer_output(Path(source))
+    kind = container_kind(Path(source))
+    if kind is not None:
+        if labels_file is not None or (text.fields and tuple(text.fields) != ("image",)):
+            raise InputError(f"{source} is a {kind} source: its images are labelled by their own column or member; "
+                             "--labels and --fields do not apply")
+        found, places = discover_container(Path(source), kind, classes, add_classes)
+        found.places = places
+        return checked(found, strict, text)
+    if Path(source).is_file():
+        raise InputError(f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset "
+                         "samples")
     found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes)
     if not found.items and labels_file is not None and found.skipped:
         raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
@@ -251,6 +266,7 @@ def _convert_locked(
     try:
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text,
                          detection=_detection_job(matched, config, t),
+                         container=job_for(found.places, t.items) if found.places is not None else None,
                          segmentation=mask_job(masks, config.masks, t.items)) for i, t in enumerate(tasks)]
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}

@@ -24,6 +24,7 @@ import xxhash
 from packer import preprocess, source_codec, text
 from packer.codecs import encode_image, image_extension
 from packer.config import PreprocessConfig
+from packer.containers import ContainerJob, container_bytes
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
 from packer.geometry import image_geometry
@@ -81,6 +82,8 @@ class ShardJob:
     """Detection outputs: each item's annotations and the crop rule (``packer.detection``)."""
     segmentation: Optional[SegmentationJob] = None
     """Segmentation outputs: each item's mask file (``packer.segmentation``)."""
+    container: Optional[ContainerJob] = None
+    """Sources that are containers (``packer.containers``): where the items' images are inside them."""
     repack: Optional[RepackJob] = None
     """Repacking a packer output: where its samples are (``packer.repack``); the items are dataset
     indices into it, each with the path of its source shard's first file, whose stamp --resume compares."""
@@ -313,13 +316,16 @@ def write_shard(
     sources = hashlib.sha256()
     pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
-    paths = [None if item.index in job.poisoned else item.paths for item in job.task.items]
+    fetched = container_bytes(job.container, job.preprocess.max_file_bytes) if job.container is not None else None
+    paths = [None if item.index in job.poisoned or fetched is not None else item.paths for item in job.task.items]
     # Started by read_ahead once reads turn out to come from the storage, not the page cache (only
     # runs of image-only samples are timed); once started it asks for every sample's files.
     with Prefetcher(paths, job.preprocess.max_file_bytes) as prefetch:
         for position, item in enumerate(job.task.items):
             prefetch.advance(position)
-            if not ahead and not item.parts and item.index not in job.poisoned:
+            if fetched is not None:  # the image's bytes from inside its container, in order
+                ahead.append((None, next(fetched)))
+            elif not ahead and not item.parts and item.index not in job.poisoned:
                 ahead.extend(read_ahead(job, position, at, prefetch))
             if at is not None:
                 at(position + 1)

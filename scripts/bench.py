@@ -4,6 +4,7 @@
     python scripts/bench.py --peers               # also WebDataset, LitData, MosaicML Streaming
     python scripts/bench.py --src ~/images --formats npy,lmdb --codecs raw,jpeg --out results/
     python scripts/bench.py --detection-check     # conversion with COCO boxes against the same images without
+    python scripts/bench.py --grow-check          # repack, combine and append against a fresh conversion
 
 For each format and codec: conversion images/s (ratio to the bare decode+resize floor), output
 bytes, peak memory of the converter (largest process), and read samples/s of shuffled batches of
@@ -334,6 +335,58 @@ def detection_check(src: Path, work: Path, workers: int, repeat: int, fmt: str =
           f"(pairs {', '.join(f'{r:.1%}' for r in cpu_ratios)})", flush=True)
 
 
+def _packer_cli(*args: str) -> float:
+    """Seconds of one ``packer`` command in a fresh process (imports included, as a user runs it)."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "packer", *args, "-q"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def grow_check(src: Path, work: Path, workers: int, repeat: int, fmt: str = "lmdb") -> None:
+    """Repack, combine and append against a fresh conversion of the same images, each run as the
+    ``packer`` command (imports included), in rounds (medians kept): repack ``fmt`` -> npy and wds,
+    combine the two halves' outputs into one, append the second half to the first half's output."""
+    halves = [work / "grow-a", work / "grow-b"]
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    for half in halves:
+        shutil.rmtree(half, ignore_errors=True)
+    for n, path in enumerate(files):
+        target = halves[n % 2] / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(path.resolve())
+    both = work / "grow-both"
+    shutil.rmtree(both, ignore_errors=True)
+    for path in files:
+        (both / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (both / path.relative_to(src)).symlink_to(path.resolve())
+    j = str(workers)
+    times: dict[str, list[float]] = {k: [] for k in ("fresh", "repack-npy", "repack-wds", "combine", "append")}
+    for _ in range(repeat):
+        out = {k: work / f"grow-{k}-out" for k in ("fresh", "a", "b", "npy", "wds", "combined", "appended")}
+        for path in out.values():
+            shutil.rmtree(path, ignore_errors=True)
+        times["fresh"].append(_packer_cli("convert", str(both), "-f", fmt, "-o", str(out["fresh"]), "-j", j))
+        times["repack-npy"].append(_packer_cli("convert", str(out["fresh"]), "-f", "npy", "-o", str(out["npy"]),
+                                               "-j", j))
+        times["repack-wds"].append(_packer_cli("convert", str(out["fresh"]), "-f", "wds", "-o", str(out["wds"]),
+                                               "-j", j))
+        _packer_cli("convert", str(halves[0]), "-f", fmt, "-o", str(out["a"]), "-j", j)
+        _packer_cli("convert", str(halves[1]), "-f", fmt, "-o", str(out["b"]), "-j", j)
+        times["combine"].append(_packer_cli("combine", str(out["a"]), str(out["b"]), "-o", str(out["combined"]),
+                                            "-j", j))
+        shutil.copytree(out["a"], out["appended"])
+        times["append"].append(_packer_cli("convert", str(both), "-f", fmt, "-o", str(out["appended"]), "--append",
+                                           "-j", j))
+    fresh = float(np.median(times["fresh"]))
+    print(f"grow check, {len(files)} images, {fmt}, {workers} workers, {repeat} rounds, median seconds of the packer "
+          f"command (imports included): fresh conversion {fresh:.2f} s", flush=True)
+    for key, what in (("repack-npy", f"repack {fmt} -> npy"), ("repack-wds", f"repack {fmt} -> wds"),
+                      ("combine", "combine the two halves"), ("append", "append the second half to the first")):
+        t = float(np.median(times[key]))
+        print(f"  {what}: {t:.2f} s, {fresh / t:.1f}x the fresh conversion's speed", flush=True)
+
+
 def memory_check(root: Path, workers: int) -> None:
     """Peak PSS (all processes) of one epoch through make_loader with ``workers`` workers, reading an
     output from its files and with ``in_memory=True`` (one shared copy, not one per worker)."""
@@ -364,6 +417,8 @@ def main() -> None:
                         help="only measure reduced JPEG decoding against a full decode, then exit")
     parser.add_argument("--detection-check", action="store_true",
                         help="only measure conversion with COCO boxes against the same images without, then exit")
+    parser.add_argument("--grow-check", action="store_true",
+                        help="repack, combine and append against a fresh conversion of the same images")
     parser.add_argument("--train-check", action="store_true",
                         help="only run the training task (random-resized crops + flips into batches; bench_train.py)")
     parser.add_argument("--ffcv-python", help="with --train-check: a Python with ffcv installed, to run FFCV too")
@@ -384,6 +439,9 @@ def main() -> None:
         make_images(src, args.images)
     if args.detection_check:
         detection_check(src, args.work, args.workers, max(args.repeat, 5))
+        return
+    if args.grow_check:
+        grow_check(src, args.work, args.workers, args.repeat)
         return
     if args.train_check:
         import bench_train

@@ -28,6 +28,7 @@ from packer.config import (
     MaskConfig,
     parse_shard_size,
 )
+from packer.containers import container_kind
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
 from packer.discover import is_packer_folder
 from packer.errors import ConfigError, DecodeError, InputError, PackerError
@@ -44,7 +45,7 @@ from packer.text import TextConfig
 
 
 @click.command()
-@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
 @click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(FORMAT_NAMES)), help="Output format.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Output folder.  [default: SOURCE-FORMAT beside the source]", show_default=False)
@@ -155,7 +156,9 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
     averaged to one.
 
     SOURCE may also be a packer output: it is then repacked from its own shards into another
-    --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing.
+    --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing. Or a
+    container of images: a .parquet file (or a folder of them), a Hugging Face dataset saved with
+    save_to_disk, or WebDataset .tar shards (a file, or a folder of them).
     """
     if (source / MANIFEST_NAME).is_file() and is_packer_folder(source) and not append_:
         _repack(source, fmt, output, codec, quality, shard_size, workers, overwrite, resume, timeout, quiet,
@@ -185,7 +188,7 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         if add_classes and classes_from is None:
             raise ConfigError("--add-classes extends the class map of --classes; give --classes too")
         found_splits = None
-        if not no_splits and labels_file is None:
+        if not no_splits and labels_file is None and source.is_dir() and container_kind(source) is None:
             try:
                 found_splits = split_folders(source)
             except InputError:

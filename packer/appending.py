@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -44,6 +43,9 @@ from packer.system import stop_signals_held, usable_cpus
 from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
+
+APPEND_BALANCED = 1000
+"""Least samples per new shard for which ``--shard-size auto`` splits an append over the workers."""
 
 
 @dataclass
@@ -81,6 +83,7 @@ def append(
     output: str | os.PathLike,
     config: ConvertConfig,
     *,
+    labels_file: Optional[str | os.PathLike] = None,
     add_classes: bool = False,
     workers: Optional[int] = None,
     strict: bool = False,
@@ -91,12 +94,46 @@ def append(
 ) -> AppendResult:
     """Add the files of ``source`` that ``output`` does not hold yet (see the module). ``config`` must
     describe what ``output`` holds (``config_of(read_manifest(output), ...)`` does; its shard size
-    cuts the new shards); ConfigError naming the first difference otherwise."""
-    from packer.discover import discover
+    cuts the new shards); ConfigError naming the first difference otherwise. ``labels_file``: the
+    new files' labels, for an output labelled by a ``--labels`` file (required then)."""
 
     started = time.perf_counter()
     source, output = Path(source), Path(output)
-    old = read_manifest(output)
+    read_manifest(output)  # a clear error now for a folder that is no output
+    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
+    lock = lock_output(output)
+    try:
+        recover(output)
+        # Everything from here on under the lock: another append that finished meanwhile (a class
+        # added, say) is what this one adds to.
+        old = read_manifest(output)
+        found, layout = _checked_source(source, output, config, old, labels_file, add_classes)
+        result = _append_locked(source, output, config, layout, old, found, strict, timeout, progress, on_plan,
+                                executor)
+    finally:
+        release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Manifest,
+                    labels_file: Optional[str | os.PathLike], add_classes: bool) -> tuple[Discovery, SampleLayout]:
+    """What discovery finds in ``source`` for ``output``, once every check passes, and the layout."""
+    from packer.discover import discover
+    from packer.splits_record import SPLITS_NAME
+
+    splits = output.parent / SPLITS_NAME
+    try:
+        listed = json.loads(splits.read_text(encoding="utf-8")).get("splits") or {} if splits.is_file() else {}
+    except (OSError, ValueError, AttributeError):
+        listed = {}
+    if output.name in listed:
+        raise ConfigError(f"{output} is a split of the set in {output.parent} ({SPLITS_NAME}): appending to one split "
+                          "would change it apart from the others; convert the set again")
+    labelled_by_file = old.source.get("labels") == "file"
+    if labelled_by_file and labels_file is None:
+        raise ConfigError(f"{output} was labelled by a --labels file, not by class folders: pass --labels with the "
+                          "new files' labels")
     if old.annotations is not None or any(f.kind in ("detection", "mask") for f in old.text_fields):
         raise ConfigError(f"{output} holds detection or segmentation targets: --append does not add to such outputs "
                           "yet; convert the new images on their own and read both (readers.concat)")
@@ -108,7 +145,7 @@ def append(
     if source.resolve() == output.resolve() or output.resolve() in source.resolve().parents:
         raise OutputError(f"{output} holds the source folder {source}; append from a folder outside it")
     try:
-        found = discover(source, None, config.text.fields, config.text.allow_missing, old.classes, add_classes)
+        found = discover(source, labels_file, config.text.fields, config.text.allow_missing, old.classes, add_classes)
     except InputError as e:  # the class map is the output's, not one given with --classes
         raise InputError(str(e).replace("the class map of --classes lacks", f"{output} lacks")) from None
     if (old.classes is None) != (found.classes is None):
@@ -118,25 +155,23 @@ def append(
     layout = SampleLayout.from_config(config, found.fields)
     old_layout = SampleLayout.from_manifest(old)
     if layout != old_layout:
-        raise ConfigError(f"{source} would be stored otherwise than {output}'s samples "
-                          f"({_differing(layout, old_layout)}); give the options it was converted with (packer info "
-                          "shows them), or leave them out")
-    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    lock = lock_output(output)
-    try:
-        recover(output)
-        old = read_manifest(output)  # again, under the lock: another append may have finished meanwhile
-        result = _append_locked(source, output, config, layout, old, found, strict, timeout, progress, on_plan,
-                                executor)
-    finally:
-        release_output(output, lock)
-    result.seconds = time.perf_counter() - started
-    return result
+        raise ConfigError(f"the samples of {source} would be stored otherwise than {output}'s "
+                          f"({_differing(layout, old_layout)}): their text options (--fields, --tokenizer, --encoding, "
+                          "--allow-missing) must be those the output was converted with (packer info shows them)")
+    return found, layout
 
 
 def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> None:
     """ConfigError naming the preprocessing options that differ from the output's."""
-    mine, theirs = json.loads(json.dumps(config.preprocess.to_dict())), dict(old.preprocess)  # tuples as lists
+    # Both through PreprocessConfig, so that what older packers left out reads as what they did.
+    mine = json.loads(json.dumps(config.preprocess.to_dict()))  # tuples as lists
+    recorded = dict(old.preprocess)
+    if isinstance(recorded.get("normalize"), dict) and recorded["normalize"].get("auto"):
+        recorded["normalize"] = {"mean": recorded["normalize"]["mean"], "std": recorded["normalize"]["std"]}
+    from packer.config import PreprocessConfig
+
+    theirs = json.loads(json.dumps(PreprocessConfig.from_dict(recorded).to_dict()))
+    theirs["normalize"] = old.preprocess.get("normalize")
     norms = mine.pop("normalize", None), theirs.pop("normalize", None)
     auto = isinstance(norms[1], dict) and bool(norms[1].get("auto"))
     same_norm = norms[0] == norms[1] or (auto and (norms[0] == "auto" or (
@@ -169,11 +204,10 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
     changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
     removed = sorted(held - {it.relpath for it in found.items})
     base = _next_index(old)
-    # A file skipped before (corrupt, say) is tried again only once it was modified since.
+    # A file skipped before (corrupt, or not labelled then) is tried again: fixed, it is packed now;
+    # still bad, it is reported once, with today's reason.
     skipped_before = {s["path"] for s in old.skipped}
-    todo = (it for it in found.items if it.relpath not in held
-            and (it.relpath not in skipped_before or _modified_after(it, written_at)))
-    fresh = [replace(it, index=base + n) for n, it in enumerate(todo)]
+    fresh = [replace(it, index=base + n) for n, it in enumerate(it for it in found.items if it.relpath not in held)]
     skipped = [s for s in found.skipped if s.path not in skipped_before]
     if changed:
         log.warning("%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
@@ -186,9 +220,11 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
     new_found = checked(Discovery(found.root, fresh, found.classes, skipped, found.ignored, found.fields), strict,
                         config.text)
     first = len(old.shards)
+    # --shard-size auto balances the new shards over the workers only where each would still hold
+    # APPEND_BALANCED samples: a weekly append of a few files is one shard, not one per core.
+    balance = max(1, min(executor.workers, len(new_found.items) // APPEND_BALANCED))
     tasks = [replace(t, name=shard_name(first + i)) for i, t in enumerate(
-        plan_shards(new_found.items, config.shard_size, estimate_sample_bytes(layout, new_found.items),
-                    executor.workers))]
+        plan_shards(new_found.items, config.shard_size, estimate_sample_bytes(layout, new_found.items), balance))]
     if on_plan is not None:
         on_plan(new_found, tasks)
     stage = start_staging(output)
@@ -199,10 +235,10 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
         for shard in old.shards:  # under their own names: readers of the old version find them
             _placed(stage, output, shard, shard.name, True)
         results = _name_new(stage, sorted(results, key=lambda r: r.name), first)
-        if not any(r.samples for r in results):
-            kinds = Counter(s.reason.split(":")[0] for r in results for s in r.skipped)
-            raise InputError(f"none of the {len(fresh)} new samples in {source} could be packed ("
-                             + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
+        if not any(r.samples for r in results):  # every new file was bad: the output stays as it is
+            discard(stage)
+            bad = [s for r in results for s in r.skipped]
+            return AppendResult(output, old, 0.0, bad, found.ignored, len(fresh), 0, changed, removed)
         manifest = _appended_manifest(output, stage, old, layout, new_found, results, config, changed, removed)
         write_output(stage, manifest)
         publish(stage, output, True)
@@ -281,15 +317,18 @@ def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleL
              **({"classes_added": (classes or [])[len(old.classes or []):]}
                 if classes and len(classes) > len(old.classes or []) else {})}
     counted = source_counts(found)
+    tried = {it.relpath for it in found.items}
+    retried = [s for s in old.skipped if s["path"] in tried]  # counted in the output's files already
     ignored = dict(old.source.get("ignored") or {})
     for ext, n in (counted.get("ignored") or {}).items():
         ignored[ext] = ignored.get(ext, 0) + n
     return replace(
         old, packer_version=__version__, samples=old.samples + added, classes=classes, class_counts=counts,
         shards=[*old.shards, *new_shards], stats=stats, duplicates=duplicates,
-        skipped=[*old.skipped, *(s.to_dict() for s in found.skipped),
+        skipped=[*(s for s in old.skipped if s["path"] not in tried), *(s.to_dict() for s in found.skipped),
                  *(s.to_dict() for r in results for s in r.skipped)],
-        source={"files": int(old.source.get("files", 0)) + counted["files"], "ignored": ignored},
+        source={**old.source, "files": int(old.source.get("files", 0)) + counted["files"] - len(retried),
+                "ignored": ignored},
         history=[*old.history, entry],
     )
 

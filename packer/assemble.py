@@ -75,8 +75,12 @@ def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:
 
 
 def source_counts(found: Discovery) -> dict:
-    """The manifest's ``source`` entry: image files counted (packed plus skipped) and ignored files."""
-    return {"files": len(found.items) + len(found.skipped), "ignored": found.ignored}
+    """The manifest's ``source`` entry: image files counted (packed plus skipped) and ignored files;
+    ``labels: "file"`` when a ``--labels`` file gave them (``--append`` then needs one too)."""
+    counts = {"files": len(found.items) + len(found.skipped), "ignored": found.ignored}
+    if found.labels_from == "file":
+        counts["labels"] = "file"
+    return counts
 
 
 def find_duplicates(results: list[ShardResult]) -> list[list[str]]:

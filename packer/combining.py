@@ -12,6 +12,7 @@ stds up to float rounding; size histograms added; a merged median is unknown, so
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ from typing import Optional, Sequence
 from packer import __version__
 from packer.class_map import differences, extend_class_map
 from packer.config import PreprocessConfig
-from packer.errors import InputError, OutputError
+from packer.errors import InputError, ManifestError, OutputError
 from packer.executor import Executor, LocalExecutor, ProgressFn
 from packer.finish import name_shards, write_output
 from packer.manifest import FileEntry, Manifest, ShardEntry, read_manifest, sha256_of
@@ -205,16 +206,21 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
     """Groups of keys of samples stored with identical bytes in different inputs (``INPUT:KEY``):
     candidates by their stored CRC-32 (read without images), confirmed by comparing the bytes."""
     spec = get_format(manifests[0].format)
+    names = input_names(roots)
     seen: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)  # crc -> (input, shard, local, key)
     for n, (root, m) in enumerate(zip(roots, manifests)):
         for s, shard in enumerate(m.shards):
-            keys, crcs = spec.read_index(root, shard, layout)
+            try:
+                keys, crcs = spec.read_index(root, shard, layout)
+            except (KeyError, ValueError) as e:
+                raise ManifestError(f"{root}: {shard.name} has no per-sample checksums to compare ({e}): an output of "
+                                    "a packer before 0.2; convert its source folder again") from None
             for local, (key, crc) in enumerate(zip(keys, crcs.tolist())):
                 seen[int(crc)].append((n, s, local, key))
     wanted = {entry for group in seen.values() if len({e[0] for e in group}) > 1 for entry in group}
     if not wanted:
         return []
-    stored: dict[tuple[int, int, int], bytes] = {}
+    stored: dict[tuple[int, int, int], bytes] = {}  # the SHA-256 of each candidate's stored bytes
     by_shard = defaultdict(set)
     for n, s, local, _ in wanted:
         by_shard[(n, s)].add(local)
@@ -224,7 +230,10 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
             if sample.local in locals_:
                 image = sample.encoded if sample.encoded is not None else (
                     sample.image.tobytes() if sample.image is not None else b"")
-                stored[(n, s, sample.local)] = bytes(image) + b"".join(bytes(v) for v in sample.fields.values())
+                h = hashlib.sha256(bytes(image))
+                for value in sample.fields.values():
+                    h.update(len(value).to_bytes(8, "little") + bytes(value))
+                stored[(n, s, sample.local)] = h.digest()
     groups = []
     for group in seen.values():
         by_bytes = defaultdict(list)
@@ -233,8 +242,15 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
                 by_bytes[stored[(n, s, local)]].append((n, key))
         for members in by_bytes.values():
             if len({n for n, _ in members}) > 1:
-                groups.append(sorted(f"{roots[n].name}:{key}" for n, key in members))
+                groups.append(sorted(f"{names[n]}:{key}" for n, key in members))
     return sorted(groups)
+
+
+def input_names(roots: list[Path]) -> list[str]:
+    """How the combined manifest names each input: its folder's name, numbered (``NAME#1``, from 1
+    in input order) when two inputs' folders have the same name (never a path: an output holds none)."""
+    plain = [r.name for r in roots]
+    return plain if len(set(plain)) == len(plain) else [f"{name}#{n}" for n, name in enumerate(plain, start=1)]
 
 
 def merged_stats(manifests: list[Manifest]) -> Optional[dict]:
@@ -292,8 +308,9 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
             ignored[ext] += n
     seeds = {m.sharding.get("shuffle_seed") for m in manifests}
     sharding = {"shard_size": "as the inputs'", "shuffle_seed": seeds.pop() if len(seeds) == 1 else None}
-    skipped = [{**s, "input": root.name} for root, m in zip(roots, manifests) for s in m.skipped]
-    own = [[f"{root.name}:{key}" for key in group] for root, m in zip(roots, manifests) for group in m.duplicates]
+    names = input_names(roots)
+    skipped = [{**s, "input": name} for name, m in zip(names, manifests) for s in m.skipped]
+    own = [[f"{name}:{key}" for key in group] for name, m in zip(names, manifests) for group in m.duplicates]
     annotations = first.annotations
     if annotations is not None:
         annotations = dict(annotations)
@@ -301,9 +318,10 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
             if key in annotations:
                 annotations[key] = sum(int((m.annotations or {}).get(key, 0)) for m in manifests)
     entry = {"action": "combine", "packer_version": __version__, "samples": sum(r.samples for r in results),
-             "inputs": [{"name": root.name, "samples": m.samples, "format_version": m.format_version,
+             "inputs": [{"name": name, "samples": m.samples, "format_version": m.format_version,
                          "manifest_sha256": sha256_of(root / "manifest.json"),
-                         **({"history": m.history} if m.history else {})} for root, m in zip(roots, manifests)]}
+                         **({"history": m.history} if m.history else {})}
+                        for name, root, m in zip(names, roots, manifests)]}
     if duplicates:
         shown = "; ".join(", ".join(g) for g in duplicates[:DUPLICATES_SHOWN])
         log.warning("%d group(s) of samples are stored in more than one input: %s", len(duplicates), shown)

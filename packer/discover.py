@@ -33,6 +33,8 @@ class Discovery:
     skipped: list[Skipped] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
     fields: tuple[str, ...] = ("image",)
+    labels_from: str = "folders"
+    """Where the labels came from: ``folders`` (class folders, or none), ``file`` (``--labels``)."""
     places: Optional[dict[int, tuple]] = None
     """Sources that are containers (Parquet, saved datasets, tar shards; ``packer.containers``):
     where each item's image is inside them, by item index. None for a folder of files."""
@@ -116,6 +118,7 @@ def discover(
         found = _with_labels_file(root, samples, ignored, Path(labels_file), classes, add_classes)
         found.skipped[:0] = unlisted
         found.fields = chosen
+        found.labels_from = "file"
         return found
     class_dirs = class_folders(root)
     base = _joinable(root)

@@ -114,9 +114,11 @@ class FormatSpec:
         """The class that writes one shard of this format."""
         return resolve(self.writer)
 
-    def scan(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout) -> "Iterator[StoredSample]":
-        """Every sample of one shard, in order, read back with the format's stock library (``verify``)."""
-        return resolve(self.scanner)(directory, shard, layout)
+    def scan(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout, start: int = 0
+             ) -> "Iterator[StoredSample]":
+        """Every sample of one shard from sample ``start`` on, in order, read back with the format's
+        stock library (``verify``; a repack reads a run of a shard from where it starts)."""
+        return resolve(self.scanner)(directory, shard, layout, start)
 
     def structure_checksum(self) -> "Optional[Callable[[Path], int]]":
         """The function that checksums a shard file's structure (see the class), or None."""

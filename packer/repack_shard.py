@@ -64,9 +64,9 @@ def stored_samples(job: RepackJob, items: tuple[SourceItem, ...], target: Sample
     for shard, start in job.shards:
         lo, hi = max(first - start, 0), min(stop - start, shard.samples)
         kept_runs = (shard.image_sources or {}).get("kept", [])
-        scan = spec.scan(root, shard, job.layout)
+        scan = spec.scan(root, shard, job.layout, lo)
         try:
-            for stored in scan:
+            for stored in _readable(scan, job.root, shard.name):
                 if stored.local < lo:
                     continue
                 if stored.local >= hi:
@@ -75,18 +75,32 @@ def stored_samples(job: RepackJob, items: tuple[SourceItem, ...], target: Sample
                 position += 1
                 where = f"{job.root}: {shard.name} sample {stored.local} ({stored.key})"
                 fields = {name: bytes(value) for name, value in stored.fields.items()}
-                if stored_crc32(stored.encoded, stored.image, fields.values()) != stored.crc32:
+                # -1: no checksum recorded (tar shards of packer 0.1); there is nothing to compare then.
+                if stored.crc32 >= 0 and stored_crc32(stored.encoded, stored.image, fields.values()) != stored.crc32:
                     raise ManifestError(f"{where} does not match its CRC-32; the output is damaged (run packer "
                                         "verify on it), so it is not repacked")
                 kept = any(a <= stored.local < b for a, b in kept_runs)
                 image, encoded = _image(stored, job.layout, target, where)
                 label = job.labels[stored.label] if job.labels is not None and stored.label >= 0 else stored.label
                 yield item, Sample(item.index, stored.key, image, label, encoded, fields), kept
+                if stored.local + 1 >= hi:
+                    break  # the run is done: the next sample is not read at all
         finally:
             scan.close()  # type: ignore[attr-defined]
     if position != len(items):
         raise ManifestError(f"{job.root}: {len(items) - position} of the samples its manifest lists could not be "
                             "read back; the output is damaged (run packer verify on it)")
+
+
+def _readable(scan: Iterator[StoredSample], root: str, shard: str) -> Iterator[StoredSample]:
+    """``scan``'s samples, its library's errors (a key or file that is not there) a ManifestError
+    naming the shard: an output of a packer before 0.2, without per-sample checksums, or a damaged one."""
+    try:
+        yield from scan
+    except (KeyError, ValueError, ManifestError) as e:
+        raise ManifestError(f"{root}: {shard} cannot be read back ({e}): a damaged output (run packer verify on it), "
+                            "or one of a packer before 0.2, which recorded no per-sample checksums; convert its "
+                            "source folder again") from None
 
 
 def _image(stored: StoredSample, source: SampleLayout, target: SampleLayout, where: str

@@ -17,7 +17,7 @@ from packer.text import TOKEN_DTYPE
 
 
 def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None,
-                     size: Optional[int] = None) -> Iterator[dict]:
+                     size: Optional[int] = None, offset: int = 0) -> Iterator[dict]:
     """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order.
 
     ``source`` is a path (read with seeks) or a readable binary stream (read sequentially). Members are
@@ -25,13 +25,14 @@ def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None,
     cannot point anywhere. ``size`` is the shard's size in bytes (the manifest's; for a path, its
     file's size when not given): a member whose header claims more bytes than are left in it is
     refused before it is read, so memory stays bounded by the shard's size. Errors are ManifestError
-    naming the shard.
+    naming the shard. ``offset`` (a path only): where to start, the header of a sample's first member.
     """
     name = name or str(source)
     if isinstance(source, Path):
         try:
             with open(source, "rb") as f:
                 budget = size if size is not None else os.fstat(f.fileno()).st_size
+                f.seek(offset)  # tarfile starts at the file's position
                 yield from _grouped(_open_tar(_Capped(f, budget), "r:", name), name, f, budget)  # type: ignore[arg-type]
         except OSError as e:
             raise ManifestError(f"{name} cannot be read ({e.strerror}); the shard is damaged") from None

@@ -115,12 +115,14 @@ def batch_bytes(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dty
 
 
 def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype, *, cores: Optional[int] = None,
-                    memory: Optional[int] = None, cuda: bool = False, world_size: int = 1) -> dict[str, Any]:
+                    memory: Optional[int] = None, cuda: bool = False, world_size: int = 1,
+                    samples: Optional[int] = None) -> dict[str, Any]:
     """The DataLoader options ``make_loader`` picks for this dataset on this machine.
 
     ``cores`` and ``memory`` default to ``physical_cores()`` and ``available_memory()``, shared
     between the processes of a distributed job on this machine (``LOCAL_WORLD_SIZE``, set by
-    torchrun). Workers are capped by this rank's batches (tar shards: its shards).
+    torchrun). Workers are capped by this rank's batches (tar shards: its shards) of ``samples``
+    (default: the dataset's; a mixture's epoch for one of its parts).
     """
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     cores = max(1, (physical_cores() if cores is None else cores) // local)
@@ -130,7 +132,7 @@ def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch
     if isinstance(dataset, IterableDataset):
         units = -(-len(dataset.manifest.shards) // world_size)
     else:
-        units = -(-len(dataset) // world_size // batch_size)
+        units = -(-(len(dataset) if samples is None else samples) // world_size // batch_size)
     workers = max(0, min(cores, units))
     prefetch = 2
     if memory is not None and workers:
@@ -322,6 +324,8 @@ def make_loader(
     a ``transform`` that gives them one size lets batches be stacked.
     """
     if isinstance(dataset, Mixture):
+        if bucket_by_length:
+            raise ValueError("bucket_by_length batches one output by its lengths; a mixture draws its own samples")
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
         raise TypeError(f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
@@ -439,10 +443,12 @@ def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Opti
             and first.transform is None and not first.has_target:
         raise ValueError("the mixture's images have different sizes: open its parts with crop=readers.RandomResizedCrop"
                          "(N) or CenterCrop(N), or use batch_size=1 or a collate_fn that can batch them")
-    seed = mixture.seed if seed is None else int(seed)
+    if seed is not None and int(seed) != mixture.seed:
+        mixture = mixture.with_seed(int(seed))  # as for one dataset: the loader's seed draws the crops too
+    seed = mixture.seed
     rank, world = distributed_rank()
     transport = first.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
-    options = default_options(first, batch_size, transport, cuda=cuda, world_size=world)
+    options = default_options(first, batch_size, transport, cuda=cuda, world_size=world, samples=len(mixture))
     options.update(overrides)
     if not int(options.get("num_workers") or 0):
         options.pop("persistent_workers", None)

@@ -9,24 +9,48 @@ that goes on across epochs: its ``n_k`` draws of epoch ``e`` are positions ``e *
 ``(seed, k, c)``). So a small part is repeated only once all of it was seen, a large one is seen in
 full over several epochs, and which sample index ``i`` of epoch ``e`` is depends on the seed, the
 epoch and ``i`` alone: any worker count, any rank split, and a mid-epoch resume
-(``make_loader(mixture, ...)``, ``loader.state_dict()``) read exactly the same samples.
+(``make_loader(mixture, ...)``, ``loader.state_dict()``) read exactly the same samples. A part's
+random crops and flips are those of its cycle (the part's epoch ``c``), so a sample drawn twice,
+in two cycles, is cropped anew.
 """
 
 from __future__ import annotations
 
+import copy
+import numbers
 import os
+import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from readers.collate import PackedBatch
 from readers.combine import check_same_classes
 from readers.mapstyle import PackedDataset
 from readers.sampler import EpochBatch
 
+_WARNED: list[bool] = []
+
 PartSpec = Union[tuple[Union[str, os.PathLike, PackedDataset], float], Sequence[Any]]
+
+
+def _kind(ds: PackedDataset) -> dict:
+    """What must agree between a mixture's parts for their samples to batch and mean the same: the
+    fields but the image's storage (text kinds and tokenizers, mask classes), the returned image's
+    shape, dtype and normalization, the detection categories, how samples are returned."""
+    m = ds.manifest
+    image = m.fields.get("image")
+    return {
+        "fields": {name: f for name, f in m.fields.items() if name != "image"},
+        "image shape": ds.image_shape,
+        "image dtype": str(ds.convert.batch_dtype(np.dtype(image["dtype"]))) if image else None,
+        "normalized": ds.convert.normalize is not None,
+        "target": ds.has_target,
+        "categories": (m.annotations or {}).get("categories"),
+        "returned": (ds.return_meta, ds.one_by_one),
+    }
 
 
 def allocate(weights: Sequence[float], total: int) -> list[int]:
@@ -45,45 +69,85 @@ class Mixture(Dataset):
 
     def __init__(self, parts: Mapping[str, tuple[PackedDataset, float]], epoch_size: Optional[int] = None,
                  seed: int = 0) -> None:
-        if not parts:
-            raise ValueError("a mixture needs at least one part")
+        if not isinstance(parts, Mapping) or not parts:
+            raise ValueError("a mixture needs its parts as a dict of name -> (dataset, weight), at least one")
         self.names = list(parts)
-        self.datasets = [parts[n][0] for n in self.names]
-        self.weights = [float(parts[n][1]) for n in self.names]
-        for name, ds, weight in zip(self.names, self.datasets, self.weights):
+        self.datasets = [copy.copy(parts[n][0]) for n in self.names]  # the caller's readers keep their settings
+        weights = [parts[n][1] for n in self.names]
+        for name, ds, weight in zip(self.names, self.datasets, weights):
             if not isinstance(ds, PackedDataset):
-                raise ValueError(f"mixture part {name!r} is {type(ds).__name__}: tar shards are read in order, so "
-                                 "their samples cannot be drawn one by one; repack it for random access (packer "
-                                 "convert OUTPUT -f lmdb -o OUTPUT-lmdb)")
-            if not weight > 0 or not np.isfinite(weight):
-                raise ValueError(f"mixture part {name!r} has weight {weight}: weights must be positive numbers")
+                why = ("tar shards are read in order, so their samples cannot be drawn one by one; repack it for "
+                       "random access (packer convert OUTPUT -f lmdb -o OUTPUT-lmdb)") if hasattr(ds, "manifest") \
+                    else "give one output's reader (readers.open_dataset) or its folder"
+                raise ValueError(f"mixture part {name!r} is {type(ds).__name__}: {why}")
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not weight > 0 \
+                    or not np.isfinite(weight):
+                raise ValueError(f"mixture part {name!r} has weight {weight!r}: weights must be positive numbers")
             if len(ds) == 0:
                 raise ValueError(f"mixture part {name!r} holds no samples")
+        self.weights = [float(w) for w in weights]
         check_same_classes(self.datasets)
         first = self.datasets[0]
         for name, ds in zip(self.names[1:], self.datasets[1:]):
-            ours = (ds.manifest.sample_fields, ds.image_shape, ds.has_target)
-            theirs = (first.manifest.sample_fields, first.image_shape, first.has_target)
+            ours, theirs = _kind(ds), _kind(first)
             if ours != theirs:
-                raise ValueError(f"mixture part {name!r} gives samples of fields, image shape and target {ours}, part "
-                                 f"{self.names[0]!r} {theirs}: batches need one kind (crop them to one size with "
-                                 "crop=, or convert them alike)")
-        self.epoch_size = int(epoch_size) if epoch_size is not None else sum(len(d) for d in self.datasets)
-        if self.epoch_size < 1:
-            raise ValueError(f"epoch_size must be at least 1, got {epoch_size}")
+                differ = ", ".join(k for k in ours if ours[k] != theirs[k])
+                raise ValueError(f"mixture parts {self.names[0]!r} and {name!r} give samples of other kinds ({differ}: "
+                                 f"{ {k: theirs[k] for k in ours if ours[k] != theirs[k]} } against "
+                                 f"{ {k: ours[k] for k in ours if ours[k] != theirs[k]} }); batches need one kind: "
+                                 "crop them to one size with crop=, open them with the same options, or convert "
+                                 "them alike")
+        if epoch_size is None:
+            epoch_size = sum(len(d) for d in self.datasets)
+        if isinstance(epoch_size, bool) or not isinstance(epoch_size, numbers.Integral) or epoch_size < 1:
+            raise ValueError(f"epoch_size must be a whole number of at least 1, got {epoch_size!r}")
+        self.epoch_size = int(epoch_size)
         self.seed = int(seed)
         for ds in self.datasets:
-            ds.seed = self.seed  # the parts' random crops follow the mixture's seed and epochs
+            ds.seed = self.seed  # the parts' random crops follow the mixture's seed (and the parts' cycles)
         self.counts = allocate(self.weights, self.epoch_size)
+        starved = [n for n, c in zip(self.names, self.counts) if c == 0]
+        if starved:
+            raise ValueError(f"mixture part(s) {', '.join(map(repr, starved))} would get no sample of an epoch of "
+                             f"{self.epoch_size}: raise their weight or epoch_size")
         # Sample i of an epoch is draw rank[i] of part part[i]: the parts interleaved evenly, so that
         # every stretch of the epoch has about the proportions (the loader shuffles it anyway).
         keys = np.concatenate([(np.arange(n) + 0.5) / n for n in self.counts if n]) if any(self.counts) else []
         owners = np.concatenate([np.full(n, k) for k, n in enumerate(self.counts) if n])
         ranks = np.concatenate([np.arange(n) for n in self.counts if n])
         order = np.lexsort((owners, keys))
-        self._part, self._rank = owners[order].astype(np.int64), ranks[order].astype(np.int64)
-        self._epoch = torch.full((1,), 0, dtype=torch.int64).share_memory_()
+        small = np.int32 if self.epoch_size < 2**31 else np.int64
+        self._part, self._rank = owners[order].astype(np.int8 if len(self.names) < 128 else np.int32), \
+            ranks[order].astype(small)
+        # -1: never set (epoch 0, and a warning in DataLoader workers, where the draws would repeat every epoch).
+        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         self._cycles: dict[tuple[int, int], np.ndarray] = {}
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cycles"] = {}  # rebuilt where needed: a part's permutation is as large as the part
+        return state
+
+    def with_seed(self, seed: int) -> "Mixture":
+        """This mixture drawn with another seed (streams, crops and flips)."""
+        other = copy.copy(self)
+        other.seed, other._cycles = int(seed), {}
+        other.datasets = [copy.copy(d) for d in self.datasets]
+        for ds in other.datasets:
+            ds.seed = other.seed
+        return other
+
+    def epoch_now(self) -> int:
+        """The epoch drawn now (``set_epoch``; 0 before any call, with a warning in DataLoader workers)."""
+        epoch = int(self._epoch.item())
+        if epoch >= 0:
+            return epoch
+        if get_worker_info() is not None and not _WARNED:
+            _WARNED.append(True)
+            warnings.warn("a mixture read in DataLoader workers draws epoch 0 every epoch: call mixture.set_epoch("
+                          "epoch) before each epoch, or read it through readers.make_loader, whose batches carry "
+                          "their epoch", stacklevel=3)
+        return 0
 
     # What make_loader and PackedLoader ask of a dataset.
     @property
@@ -110,13 +174,18 @@ class Mixture(Dataset):
 
     def draw(self, index: int, epoch: int) -> tuple[int, int]:
         """``(part, index into that part)`` of mixture sample ``index`` in ``epoch``."""
+        k, _, i = self._draw(index, epoch)
+        return k, i
+
+    def _draw(self, index: int, epoch: int) -> tuple[int, int, int]:
+        """``(part, cycle, index into that part)`` of mixture sample ``index`` in ``epoch``."""
         if not 0 <= index < self.epoch_size:
             raise IndexError(f"index {index} out of range for a mixture epoch of {self.epoch_size} samples")
         k = int(self._part[index])
         length = len(self.datasets[k])
         position = epoch * self.counts[k] + int(self._rank[index])
         cycle, offset = divmod(position, length)
-        return k, int(self._permutation(k, cycle)[offset])
+        return k, cycle, int(self._permutation(k, cycle)[offset])
 
     def _permutation(self, part: int, cycle: int) -> np.ndarray:
         """Cycle ``cycle`` of part ``part``'s stream (kept for the cycles in use, two a part at most)."""
@@ -125,22 +194,26 @@ class Mixture(Dataset):
         if found is None:
             for old in [k for k in self._cycles if k[0] == part and k[1] < cycle - 1]:
                 del self._cycles[old]
-            found = np.random.default_rng([self.seed, part, cycle]).permutation(len(self.datasets[part]))
+            n = len(self.datasets[part])
+            found = np.random.default_rng([self.seed, part, cycle]).permutation(
+                np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
             self._cycles[key] = found
         return found
 
     def __getitem__(self, index: int):
-        return self.__getitems__(EpochBatch([int(index)], int(self._epoch.item())))[0]
+        return self.__getitems__(EpochBatch([int(index)], self.epoch_now()))[0]
 
     def __getitems__(self, indices: list[int]):
-        """The samples at ``indices``, read part by part in batches, in the order asked."""
+        """The samples at ``indices``, read part by part (and cycle by cycle) in batches, in the order asked."""
         epoch = getattr(indices, "epoch", None)
-        epoch = int(self._epoch.item()) if epoch is None else int(epoch)
-        drawn = [self.draw(int(i), epoch) for i in indices]
-        rows: dict[int, list[int]] = {}
-        for row, (k, _) in enumerate(drawn):
-            rows.setdefault(k, []).append(row)
-        got = {k: self.datasets[k].__getitems__(EpochBatch([drawn[r][1] for r in rs], epoch)) for k, rs in rows.items()}
+        epoch = self.epoch_now() if epoch is None else int(epoch)
+        drawn = [self._draw(int(i), epoch) for i in indices]
+        rows: dict[tuple[int, int], list[int]] = {}
+        for row, (k, cycle, _) in enumerate(drawn):
+            rows.setdefault((k, cycle), []).append(row)
+        # A part's crops and flips are those of its cycle: a sample drawn again is cropped anew.
+        got = {(k, cycle): self.datasets[k].__getitems__(EpochBatch([drawn[r][2] for r in rs], cycle))
+               for (k, cycle), rs in rows.items()}
         if all(isinstance(b, PackedBatch) for b in got.values()):
             first = next(iter(got.values()))
             images = torch.empty((len(indices), *first.images.shape[1:]), dtype=first.images.dtype)

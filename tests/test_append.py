@@ -209,3 +209,55 @@ def test_duplicates_of_stored_samples_are_reported(tmp_path):
     append(src, out, again(out), workers=1)
     assert read_manifest(out).duplicates == [["cat/cat-001.png", "cat/copy.png"]]
     assert json.loads((out / "manifest.json").read_text())["history"][0]["samples"] == 1
+
+
+def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
+    src = tmp_path / "src"
+    add(src, "cat", [1, 2, 3, 4])
+    add(src, "dog", [5, 6, 7, 8])
+    convert(src, tmp_path / "set", ConvertConfig("npy", PRE), workers=1)  # no split folders: one output
+    from packer.dataset_splits import convert_splits
+
+    convert_splits(src, tmp_path / "splits", ConvertConfig("npy", PRE), fractions=[("train", 0.5), ("val", 0.5)],
+                   seed=0, workers=1)
+    add(src, "cat", [9])
+    with pytest.raises(ConfigError, match="is a split of the set in .*convert the set again"):
+        append(src, tmp_path / "splits" / "train", again(tmp_path / "splits" / "train"))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("cat/cat-001.png,dog\ncat/cat-002.png,cat\n")
+    by_file = tmp_path / "by-file"
+    convert(src, by_file, ConvertConfig("npy", PRE), labels_file=labels, workers=1)
+    with pytest.raises(ConfigError, match="was labelled by a --labels file.*pass --labels"):
+        append(src, by_file, again(by_file))
+    more = tmp_path / "more.csv"
+    more.write_text("cat/cat-003.png,dog\n")
+    append(src, by_file, again(by_file), labels_file=more, workers=1)
+    assert [(k, label) for k, label, _ in samples(by_file)][-1] == ("cat/cat-003.png", read_manifest(
+        by_file).classes.index("dog"))
+    runner = CliRunner()
+    wrong = runner.invoke(cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "set"), "--append"])
+    assert wrong.exit_code == 2 and "is a npy output: append to it with --format npy" in wrong.output
+    address = runner.invoke(cli, ["convert", str(src), "-f", "npy", "-o", str(tmp_path / "set"), "--append",
+                                  "--address", "auto"])
+    assert address.exit_code == 2 and "--address is for --executor ray" in address.output
+
+
+def test_a_lock_file_of_lmdb_tools_a_fixed_file_and_many_workers(tmp_path):
+    import lmdb
+
+    from packer.executor import LocalExecutor
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    add(src, "cat", [1, 2])
+    (src / "cat" / "broken.png").write_bytes(b"not yet an image")
+    convert(src, out, ConvertConfig("lmdb", PRE), workers=1)
+    assert [s["path"] for s in read_manifest(out).skipped] == ["cat/broken.png"]
+    lmdb.open(str(shard_file(out, 0, ".lmdb")), subdir=False, readonly=True).close()  # leaves NAME.lmdb-lock
+    time.sleep(0.05)
+    write_image(src / "cat" / "broken.png", (20, 16), seed=7)  # fixed since
+    add(src, "cat", list(range(10, 15)))
+    result = append(src, out, config_of(read_manifest(out), ShardSize()), executor=LocalExecutor(4))
+    m = read_manifest(out)
+    assert result.added == 6 and m.skipped == [] and m.source["files"] == 8
+    assert len(m.shards) == 2  # six new samples: one new shard, not one per worker
+    assert verify(out) == []

@@ -154,3 +154,16 @@ def test_the_command_combines_and_reports(outputs, tmp_path):
     assert "wrote 10 samples" in result.output and "1 group(s) have identical bytes" in result.output
     again = CliRunner().invoke(cli, ["combine", str(outputs["a", "lmdb"]), str(outputs["b", "lmdb"]), "-o", str(out)])
     assert again.exit_code == 1 and "--overwrite" in again.output
+
+
+def test_inputs_of_one_folder_name_are_told_apart_by_their_position(outputs, tmp_path):
+    import shutil
+
+    a, b = tmp_path / "x" / "npy", tmp_path / "y" / "npy"
+    shutil.copytree(outputs["a", "npy"], a)
+    shutil.copytree(outputs["b", "npy"], b)
+    out = tmp_path / "c"
+    combine([a, b], out)
+    m = read_manifest(out)
+    assert m.duplicates == [["npy#1:cat/cat-1.png", "npy#2:emu/emu-1.png"]]
+    assert [i["name"] for i in m.history[0]["inputs"]] == ["npy#1", "npy#2"]

@@ -136,7 +136,7 @@ def test_parts_that_cannot_mix_are_refused(parts, tmp_path):
     convert(src, other, ConvertConfig("npy", PRE), workers=1)
     with pytest.raises(ValueError, match="different class maps"):
         open_mixture({"a": (parts["web"], 1), "b": (other, 1)})
-    with pytest.raises(ValueError, match="weight 0.0: weights must be positive"):
+    with pytest.raises(ValueError, match="weight 0: weights must be positive"):
         open_mixture({"a": (parts["web"], 0), "b": (parts["cur"], 1)})
     sizes = tmp_path / "sizes"
     convert(tmp_path / "src-tars", sizes, ConvertConfig("npy", PreprocessConfig(resize="none")), workers=1)
@@ -201,3 +201,44 @@ def test_two_ddp_ranks_get_equal_batches_and_resume_exactly_across_epochs(parts,
         assert ranks[r]["resumed"] == ranks[r]["epochs"][1:]
     assert len(ranks[0]["epochs"][0]) == 6  # 45 samples: 23 a rank (one repeated), in batches of 4
     assert ranks[0]["epochs"][0] != ranks[1]["epochs"][0]
+
+
+def test_parts_that_would_batch_wrongly_are_refused(parts, tmp_path):
+    web, cur = open_dataset(parts["web"], normalize=False), open_dataset(parts["cur"])
+    with pytest.raises(ValueError, match="give samples of other kinds \\(image dtype, normalized"):
+        open_mixture({"web": (web, 1), "cur": (cur, 1)})
+    src = tmp_path / "halves"
+    for i in range(4):
+        write_image(src / ("a" if i % 2 else "b") / f"h-{i}.png", (20, 16), seed=i)
+    halves = tmp_path / "halves-out"
+    convert(src, halves, ConvertConfig("npy", PreprocessConfig(size=(16, 12), dtype="float16")), workers=1)
+    with pytest.raises(ValueError, match="image dtype"):
+        open_mixture({"web": (web, 1), "h": (open_dataset(halves, normalize=False), 1)})
+    with pytest.raises(ValueError, match="would get no sample of an epoch of 100: raise their weight"):
+        open_mixture({"web": (parts["web"], 1), "cur": (parts["cur"], 0.001)}, epoch_size=100)
+    for bad in (2.7, "10", True):
+        with pytest.raises(ValueError, match="epoch_size must be a whole number"):
+            open_mixture({"web": (parts["web"], 1)}, epoch_size=bad)
+    with pytest.raises(ValueError, match="weight '0.5': weights must be positive numbers"):
+        open_mixture({"web": (parts["web"], "0.5")})
+    with pytest.raises(ValueError, match="bucket_by_length"):
+        make_loader(open_mixture({"web": (parts["web"], 1)}), 4, bucket_by_length=True)
+
+
+def test_a_sample_drawn_twice_in_an_epoch_is_cropped_anew_and_the_callers_readers_are_left_alone(parts):
+    cur = open_dataset(parts["cur"], crop=RandomResizedCrop(8), flip=True, seed=123)
+    mix = open_mixture({"cur": (cur, 1)}, epoch_size=39, seed=4)  # 13 samples drawn 3 times an epoch
+    assert cur.seed == 123
+    mix.set_epoch(0)
+    by_sample: dict[int, list] = {}
+    for i in range(39):
+        by_sample.setdefault(mix.draw(i, 0)[1], []).append(mix[i][0])
+    assert all(len(v) == 3 for v in by_sample.values())
+    assert all(not torch.equal(v[0], v[1]) or not torch.equal(v[1], v[2]) for v in by_sample.values())
+    first = [keys_of(b) for b in make_loader(mix, 13, num_workers=0)]
+    other = [keys_of(b) for b in make_loader(mix, 13, num_workers=0, seed=5)]  # the loader's seed draws too
+    assert first != other
+
+
+def keys_of(batch) -> list:
+    return batch[0].flatten()[:4].tolist()

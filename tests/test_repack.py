@@ -234,3 +234,54 @@ def test_repacking_the_same_output_twice_gives_the_same_bytes(original, tmp_path
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert [s[1] for s in samples(tmp_path / "a")] == [s[1] for s in samples(original)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_shard_is_read_from_any_sample_on_without_the_samples_before(tree, tmp_path, fmt):
+    out = tmp_path / fmt
+    convert(tree, out, ConvertConfig(fmt, SIZES, ShardSize(samples=8), codec=ImageCodec("png")), workers=1)
+    m = read_manifest(out)
+    layout = SampleLayout.from_manifest(m)
+    whole = list(SPECS[fmt].scan(out, m.shards[0], layout))
+    for start in (1, 5, 7):
+        rest = list(SPECS[fmt].scan(out, m.shards[0], layout, start))
+        assert [(s.local, s.key, s.crc32, s.encoded, s.shape) for s in rest] == \
+            [(s.local, s.key, s.crc32, s.encoded, s.shape) for s in whole[start:]]
+    if fmt == "wds":  # without its DALI index (older outputs) the tar is read from its start, the same samples
+        entry = m.shards[0]
+        older = type(entry)(entry.name, entry.samples, [f for f in entry.files if not f.path.endswith(".idx")])
+        assert [s.key for s in SPECS[fmt].scan(out, older, layout, 5)] == [s.key for s in whole[5:]]
+
+
+def test_repacking_into_small_shards_reads_each_source_sample_once(original, tmp_path, monkeypatch):
+    import packer.repack_shard as rs
+    from packer.worker import write_shard
+
+    reads: list[int] = []
+    real = rs.get_format
+
+    class Counting:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def scan(self, root, shard, layout, start=0):
+            for s in self.spec.scan(root, shard, layout, start):
+                reads.append(s.local)
+                yield s
+
+    class InProcess:  # the shards written here, where the counting scanner is
+        workers = 1
+
+        def run(self, jobs, *, progress=None, on_result=None, timeout=None):
+            results = []
+            for job in jobs:
+                results.append(write_shard(job))
+                if on_result is not None:
+                    on_result(job, results[-1])
+            return results
+
+    monkeypatch.setattr(rs, "get_format", lambda name: Counting(real(name)))
+    repack(original, tmp_path / "small", "npy", shard_size=ShardSize(samples=1), executor=InProcess())
+    once = sorted(local for shard in read_manifest(original).shards for local in range(shard.samples))
+    assert sorted(reads) == once  # each sample read once, not once per target shard before it
+    assert verify(tmp_path / "small") == []

@@ -165,7 +165,8 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
                 executor_name, address)
         return
     if append_:
-        _append(source, fmt, output, shard_size, fields_, encoding, tokenizer, max_length, allow_missing, add_classes,
+        _append(source, fmt, output, shard_size, labels_file, fields_, encoding, tokenizer, max_length, allow_missing,
+                add_classes,
                 workers, strict, timeout, quiet, executor_name, address,
                 lambda: preprocess_config(size, resize, mode, interpolation, fill, background, normalize, dtype,
                                           max_pixels, full_decode, geometry, crop), ImageCodec(codec, quality))
@@ -294,6 +295,8 @@ def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality:
 
     refused = [max(p.opts, key=len) for p in ctx.command.params
                if p.name not in REPACK_OPTIONS and p.name is not None and given(p.name)]
+    if address is not None and executor_name != "ray":
+        raise click.UsageError("--address is for --executor ray")
     if refused:
         raise click.UsageError(f"{source} is a packer output, repacked from its own shards: its samples, order, labels "
                                f"and preprocessing stay as they are, so {', '.join(refused)} cannot be given here "
@@ -335,7 +338,7 @@ def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality:
     summary(result)
 
 
-APPEND_REFUSED = ("labels_file", "annotations", "annotation_format", "masks_dir", "mask_sidecar", "classes_from",
+APPEND_REFUSED = ("annotations", "annotation_format", "masks_dir", "mask_sidecar", "classes_from",
                   "split_spec", "split_seed", "no_splits", "resume", "overwrite", "num_nodes", "node_rank",
                   "shuffle_seed")
 """Options that ``--append`` cannot take: the output decides them, or they make other outputs."""
@@ -346,8 +349,9 @@ PREPROCESS_PARAMS = {"size": "size", "resize": "resize", "crop": "crop", "geomet
 """``packer convert`` parameters of the preprocessing, and the PreprocessConfig field each sets."""
 
 
-def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, fields_: Optional[str], encoding: str,
-            tokenizer: Optional[str], max_length: Optional[int], allow_missing: bool, add_classes: bool,
+def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, labels_file: Optional[Path],
+            fields_: Optional[str], encoding: str, tokenizer: Optional[str], max_length: Optional[int],
+            allow_missing: bool, add_classes: bool,
             workers: Optional[int], strict: bool, timeout: float, quiet: bool, executor_name: str,
             address: Optional[str], given_preprocess, given_codec: ImageCodec) -> None:
     """``packer convert --append``: the new files of SOURCE converted as OUTPUT was (``packer.appending``).
@@ -363,7 +367,11 @@ def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, fie
             raise ConfigError(f"--append adds to an output as it is: {', '.join(refused)} cannot be given with it")
         if output is None or not (output / MANIFEST_NAME).is_file():
             raise ConfigError("--append needs -o OUTPUT, an existing packer output to add to")
+        if address is not None and executor_name != "ray":
+            raise ConfigError("--address is for --executor ray")
         old = read_manifest(output)
+        if fmt != old.format:
+            raise ConfigError(f"{output} is a {old.format} output: append to it with --format {old.format}")
         fields = tuple(f.strip() for f in fields_.split(",")) if fields_ else None
         text = TextConfig(encoding, tokenizer, max_length, allow_missing, fields)
         config = config_of(old, parse_shard_size(shard_size), text)
@@ -401,7 +409,8 @@ def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, fie
                 executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
                 if executor is not None:
                     executor.connect()
-                result = append_files(source, output, config, add_classes=add_classes, workers=workers,
+                result = append_files(source, output, config, labels_file=labels_file, add_classes=add_classes,
+                                      workers=workers,
                                       strict=strict, timeout=timeout, progress=lambda n: bars[-1].update(n),
                                       on_plan=on_plan, executor=executor)
         except KeyboardInterrupt:

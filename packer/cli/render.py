@@ -82,7 +82,10 @@ def summary(result: ConvertResult) -> None:
 def append_summary(result, source) -> None:
     """Print a finished append (``packer.appending.AppendResult``): what was added, and what was reported."""
     m = result.manifest
-    if not result.added:
+    if not result.added and result.processed:
+        click.echo(f"packer: nothing appended: none of the {result.processed} new file(s) of {source} could be packed; "
+                   f"{result.output} is unchanged")
+    elif not result.added:
         click.echo(f"packer: nothing to append: every sample of {source} is in {result.output} already")
     else:
         new = [h for h in m.history if h.get("action") == "append"][-1]
@@ -95,7 +98,8 @@ def append_summary(result, source) -> None:
         click.echo(f"warning: {len(result.removed)} sample(s) of {result.output} are no longer in {source} (still in "
                    f"the output): {', '.join(result.removed[:SHOW_SKIPPED])}", err=True)
     if result.skipped:
-        click.echo(f"skipped {len(result.skipped)} new file(s), all listed in {result.output / REPORT_NAME}:", err=True)
+        where = f", all listed in {result.output / REPORT_NAME}" if result.added else ""
+        click.echo(f"skipped {len(result.skipped)} new file(s){where}:", err=True)
         for s in result.skipped[:SHOW_SKIPPED]:
             click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
 

@@ -162,17 +162,17 @@ class Hdf5Writer:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with h5py alone (encoded images as their bytes, the
-    text fields as theirs)."""
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:
+    """Every sample of one shard from sample ``start`` on, in order, read with h5py alone (encoded
+    images as their bytes, the text fields as theirs)."""
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
         labels, keys, crcs = f[HDF5_LABELS][:], read_keys(f, shard.name), f[HDF5_CRC32][:]
         if not len(labels) == len(keys) == len(crcs) == shard.samples:
             raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                              f"the manifest says {shard.samples}")
-        streams = {t.name: _varlen(f, shard, t.name) for t in layout.text}
-        images = _scan_images(f, shard, layout)
-        for i in range(shard.samples):
+        streams = {t.name: _varlen(f, shard, t.name, start) for t in layout.text}
+        images = _scan_images(f, shard, layout, start)
+        for i in range(start, shard.samples):
             pixels, data, shape = next(images)
             fields = {name: next(stream) for name, stream in streams.items()}
             yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
@@ -193,7 +193,7 @@ def read_keys(f: h5py.File, where: str) -> list[str]:
     return [b.decode("utf-8") for b in iter_varlen(f[HDF5_KEY_BYTES][:], offsets, len(offsets) - 1, where)]
 
 
-def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
+def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[tuple]:
     """``(pixels, encoded bytes, recorded shape)`` of each sample of a shard (any None), as its layout stores them."""
     if layout.image is ImageStorage.NONE:
         return itertools.repeat((None, None, None))
@@ -201,14 +201,14 @@ def _scan_images(f: h5py.File, shard: ShardEntry, layout: SampleLayout) -> Itera
         images = f[HDF5_IMAGES]
         if len(images) != shard.samples:
             raise ValueError(f"{shard.name}: {len(images)} images; the manifest says {shard.samples}")
-        return ((images[i], None, None) for i in range(shard.samples))
+        return ((images[i], None, None) for i in range(start, shard.samples))
     shapes = f[HDF5_IMAGE_SHAPES][:] if layout.sizes_indexed and HDF5_IMAGE_SHAPES in f else None
     if layout.image is ImageStorage.VARIABLE and shapes is None:
         raise ValueError(f"{shard.name}: no {HDF5_IMAGE_SHAPES} for its raw images of varying size")
-    return varlen_images(_varlen(f, shard, "images"), layout, shapes, shard.name)
+    return varlen_images(_varlen(f, shard, "images", start), layout, shapes, shard.name, start)
 
 
-def _varlen(f: h5py.File, shard: ShardEntry, field: str) -> Iterator[bytes]:
+def _varlen(f: h5py.File, shard: ShardEntry, field: str, start: int = 0) -> Iterator[bytes]:
     """The bytes of each sample of variable-length field ``field``, from its two datasets."""
     data, offsets = hdf5_varlen_names(field)
-    return iter_varlen(f[data], f[offsets][:], shard.samples, f"{shard.name} {data}")
+    return iter_varlen(f[data], f[offsets][:], shard.samples, f"{shard.name} {data}", start)

@@ -167,13 +167,13 @@ class LmdbWriter:
         return [self.file_name]
 
 
-def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with lmdb and numpy alone (encoded images as their
-    bytes, the text fields as theirs)."""
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:
+    """Every sample of one shard from sample ``start`` on, in order, read with lmdb and numpy alone
+    (encoded images as their bytes, the text fields as theirs)."""
     image, encoded = layout.has_image, layout.image is ImageStorage.ENCODED
     with contextlib.ExitStack() as stack:
         env = _open_readonly(directory / shard.file(LMDB_SUFFIX), stack)
-        yield from _scan_env(env, shard, layout, image, encoded)
+        yield from _scan_env(env, shard, layout, image, encoded, start)
 
 
 def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
@@ -210,8 +210,8 @@ def _open_readonly(path: Path, stack: contextlib.ExitStack) -> "lmdb.Environment
     return lmdb.open(str(copy), subdir=False, readonly=True, lock=False)
 
 
-def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, image: bool, encoded: bool
-              ) -> Iterator[StoredSample]:
+def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, image: bool, encoded: bool,
+              start: int = 0) -> Iterator[StoredSample]:
     """``scan_shard`` of an open environment, which it closes."""
     try:
         with env.begin() as txn:
@@ -228,7 +228,7 @@ def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, 
             if not length == len(labels) == len(crcs) == shard.samples:
                 raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
                                  f"the manifest says {shard.samples}")
-            for i in range(length):
+            for i in range(start, length):
                 key = get(lmdb_key_key(i)).decode("utf-8")
                 value = get(lmdb_image_key(i)) if image else None
                 pixels = decode_npy(value) if image and not encoded else None

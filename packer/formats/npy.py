@@ -141,9 +141,9 @@ class NpyWriter:
         return files + self.names
 
 
-def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with numpy alone (encoded images as their bytes,
-    the text fields as theirs).
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:
+    """Every sample of one shard from sample ``start`` on, in order, read with numpy alone (encoded
+    images as their bytes, the text fields as theirs).
 
     A truncated images file yields the samples it still holds, then fails naming the first missing.
     """
@@ -151,9 +151,9 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iter
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
         raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
                          f"the manifest says {shard.samples}")
-    streams = {f.name: _varlen(directory, shard, f.name) for f in layout.text}
-    images = _scan_images(directory, shard, layout)
-    for i in range(shard.samples):
+    streams = {f.name: _varlen(directory, shard, f.name, start) for f in layout.text}
+    images = _scan_images(directory, shard, layout, start)
+    for i in range(start, shard.samples):
         pixels, data, shape = next(images)
         fields = {name: next(stream) for name, stream in streams.items()}
         yield StoredSample(i, str(keys[i]), int(labels[i]), pixels, int(crcs[i]), data, fields, shape)
@@ -165,16 +165,16 @@ def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tupl
     return [str(k) for k in keys], crcs.astype(np.int64)
 
 
-def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[tuple]:
+def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[tuple]:
     """``(pixels, encoded bytes, recorded shape)`` of each sample of a shard (any None), as its layout stores them."""
     if layout.image is ImageStorage.NONE:
         return itertools.repeat((None, None, None))
     if layout.image is ImageStorage.FIXED:
-        return _rows(directory, shard)
+        return _rows(directory, shard, start)
     shapes = None
     if _has_shapes(shard, layout):
         shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
-    return varlen_images(_varlen(directory, shard, "images"), layout, shapes, shard.name)
+    return varlen_images(_varlen(directory, shard, "images", start), layout, shapes, shard.name, start)
 
 
 def _has_shapes(shard: ShardEntry, layout: SampleLayout) -> bool:
@@ -184,21 +184,22 @@ def _has_shapes(shard: ShardEntry, layout: SampleLayout) -> bool:
                                                      any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files))
 
 
-def _rows(directory: Path, shard: ShardEntry) -> Iterator[tuple]:
-    """``(pixels, None)`` of each sample of an images file of one shape; a cut file fails at its end."""
+def _rows(directory: Path, shard: ShardEntry, start: int = 0) -> Iterator[tuple]:
+    """``(pixels, None)`` of each sample of an images file of one shape, from ``start`` on; a cut file
+    fails at its end."""
     rows = _complete_rows(directory / shard.file(NPY_IMAGES))
-    for i in range(shard.samples):
+    for i in range(start, shard.samples):
         if i >= len(rows):
             raise ValueError(f"{shard.file(NPY_IMAGES)} is truncated: it ends before sample {i}")
         yield np.asarray(rows[i]), None, None
 
 
-def _varlen(directory: Path, shard: ShardEntry, field: str) -> Iterator[bytes]:
-    """The bytes of each sample of variable-length field ``field``, read from its two files."""
+def _varlen(directory: Path, shard: ShardEntry, field: str, start: int = 0) -> Iterator[bytes]:
+    """The bytes of each sample of variable-length field ``field`` from ``start`` on, read from its two files."""
     data, offsets = npy_varlen_suffixes(field)
     flat = _complete_rows(directory / shard.file(data), ndim=1)
     return iter_varlen(flat, np.load(directory / shard.file(offsets), allow_pickle=False), shard.samples,
-                       shard.file(data))
+                       shard.file(data), start)
 
 
 def _complete_rows(path: Path, ndim: int = 4) -> np.ndarray:

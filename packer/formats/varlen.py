@@ -128,7 +128,7 @@ class Hdf5VarlenWriter:
         self._file.create_dataset(self.names[1], data=np.asarray(self.offsets, np.int64), track_times=False)
 
 
-def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str) -> Iterator[bytes]:
+def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str, start: int = 0) -> Iterator[bytes]:
     """The bytes of each of ``count`` samples of a flat array (numpy or h5py) and its offsets.
 
     ValueError naming ``where`` when the offsets are not N + 1 non-decreasing values from 0, or at
@@ -141,20 +141,20 @@ def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str) -> Itera
         raise ValueError(f"{where}: offsets are {offsets.dtype} {offsets.shape}, expected {count + 1} integers")
     if count and (offsets[0] != 0 or np.any(np.diff(offsets) < 0)):
         raise ValueError(f"{where}: offsets do not start at 0 and grow; the shard is damaged")
-    for i in range(count):
-        start, end = int(offsets[i]), int(offsets[i + 1])
+    for i in range(start, count):
+        begin, end = int(offsets[i]), int(offsets[i + 1])
         if end > len(flat):
             raise ValueError(f"{where} is truncated: it ends before sample {i}")
-        yield bytes(flat[start:end])
+        yield bytes(flat[begin:end])
 
 
-def varlen_images(stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str
-                  ) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes], Optional[tuple[int, ...]]]]:
+def varlen_images(stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str,
+                  start: int = 0) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes], Optional[tuple[int, ...]]]]:
     """``(pixels, encoded bytes, recorded shape)`` of each sample of an image field stored as a
     variable-length field: encoded images as their bytes (with the (H, W, C) ``shapes`` records, if
     any), raw images of their own sizes rebuilt with ``shapes``."""
     encoded = layout.image is not ImageStorage.VARIABLE
-    for i, data in enumerate(stream):
+    for i, data in enumerate(stream, start):
         shape = tuple(int(v) for v in shapes[i]) if shapes is not None and i < len(shapes) else None
         if encoded:
             yield None, data, shape

@@ -157,6 +157,26 @@ class WdsWriter:
         return names
 
 
+def _sample_offset(directory: Path, shard: ShardEntry, tar: Path, start: int) -> tuple[int, int]:
+    """``(offset of the header of sample start's first member, start)`` from the shard's DALI index,
+    checked against the tar (the member name there); ``(0, 0)`` without an index or when it does not match."""
+    index = [f.path for f in shard.files if f.path.endswith(DALI_INDEX)]
+    if not index:
+        return 0, 0
+    lines = (directory / index[0]).read_text(encoding="ascii").splitlines()
+    if start + 1 >= len(lines):
+        return 0, 0
+    parts = lines[start + 1].split(" ")
+    data, name = int(parts[1]), parts[3]
+    header = data - tarfile.BLOCKSIZE  # names of a key and an extension fit one ustar header
+    with open(tar, "rb") as f:
+        f.seek(max(header, 0))
+        block = f.read(tarfile.BLOCKSIZE)
+    if header < 0 or block[:100].rstrip(b"\0") != name.encode("ascii", "replace"):
+        return 0, 0
+    return header, start
+
+
 def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
     """The keys and stored CRC-32s of a shard's samples, from its ``KEY.json`` members alone: found
     through ``NAME.idx`` (format version 7), else by walking the tar's headers."""
@@ -199,15 +219,20 @@ def _npy_parts(sample: Sample) -> tuple:
     return npy_header(pixels.dtype.str, pixels.shape), pixels.data
 
 
-def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
-    """Every sample of one shard, in order, read with tarfile and numpy alone (encoded images as
-    their bytes, the text fields as theirs)."""
-    n = 0
+def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:
+    """Every sample of one shard from sample ``start`` on, in order, read with tarfile and numpy alone
+    (encoded images as their bytes, the text fields as theirs). With ``NAME.idx`` (format version
+    7) the tar is read from that sample's first member on; older shards are read from the start."""
     codec = layout.codec.name if layout.has_image else None
     shapes = None
     if layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):  # format version 6
         shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
-    for n, fields in enumerate(iter_tar_samples(directory / shard.file(TAR_SUFFIX)), start=1):
+    tar = directory / shard.file(TAR_SUFFIX)
+    offset, first = _sample_offset(directory, shard, tar, start) if start else (0, 0)
+    n = first
+    for n, fields in enumerate(iter_tar_samples(tar, offset=offset), start=first + 1):
+        if n <= start:
+            continue
         pixels, label, meta = decode_tar_sample(fields, shard.name, codec)
         key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
         stored = tar_fields(fields, layout.text, shard.name)

@@ -44,7 +44,7 @@ from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
 
-APPEND_BALANCED = 1000
+APPEND_BALANCED = 100
 """Least samples per new shard for which ``--shard-size auto`` splits an append over the workers."""
 
 

@@ -44,6 +44,16 @@ def test_intact_output_verifies(outputs, fmt):
     assert result.exit_code == 0 and "is intact: 12 samples in 2 shard(s)" in result.output
 
 
+def test_verify_in_a_process_that_reads_the_same_lmdb_output(outputs):
+    # py-lmdb refuses to open a file twice in one process, and verify's forked children inherit the
+    # reader's record of it: verify used to fail there on an intact output.
+    from readers import open_dataset
+
+    ds = open_dataset(outputs["lmdb"])
+    assert ds[0][0].shape == (3, 24, 32) and ds[11][1] == 1  # every shard opened by the reader
+    assert verify(outputs["lmdb"]) == []
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_flipped_byte_is_traced_to_its_sample(outputs, fmt, tmp_path):
     copy, path = damaged_copy(outputs, fmt, tmp_path)

@@ -35,7 +35,7 @@ from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.output import discard, lock_output, publish, record_shard, recover, release_output, start_staging
 from packer.pipeline import ConvertResult, checked, refuse_packer_output
 from packer.plan import estimate_sample_bytes, plan_shards, shard_name
-from packer.records import ShardResult, ShardStats, ShardTask, Skipped, SourceItem
+from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
 from packer.stats import summarize
@@ -246,7 +246,7 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
         discard(stage)  # OUT is untouched until publish renames the new version into place
         raise
     added = sum(r.samples for r in results)
-    all_skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped[len(old.skipped):]]
+    all_skipped = [*new_found.skipped, *(s for r in results for s in r.skipped)]  # this run's, not the output's
     return AppendResult(output, manifest, 0.0, all_skipped, found.ignored, len(fresh), added, changed, removed)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import click
 from click.core import ParameterSource
@@ -284,6 +284,17 @@ def convert(source: Path, fmt: str, output: Optional[Path], size: str, resize: s
         summary(result)
 
 
+@contextlib.contextmanager
+def _executor(name: str, address: Optional[str], workers: Optional[int]) -> Iterator[Optional[RayExecutor]]:
+    """The executor ``--executor`` names: None for local worker processes, or a Ray executor connected
+    now (before any progress bar: Ray prints while it starts)."""
+    with contextlib.ExitStack() as stack:
+        executor = stack.enter_context(RayExecutor(address, workers)) if name == "ray" else None
+        if executor is not None:
+            executor.connect()
+        yield executor
+
+
 def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality: int, shard_size: str,
             workers: Optional[int], overwrite: bool, resume: bool, timeout: float, quiet: bool, executor_name: str,
             address: Optional[str]) -> None:
@@ -312,10 +323,7 @@ def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality:
 
     with stop_on_signals():
         try:
-            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:
-                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
-                if executor is not None:
-                    executor.connect()
+            with logging_redirect_tqdm(), _executor(executor_name, address, workers) as executor:
                 result = repack(source, output, fmt, codec=codec if given("codec") else None,
                                 quality=quality if given("quality") else None,
                                 shard_size=parse_shard_size(shard_size), workers=workers, overwrite=overwrite,
@@ -405,10 +413,7 @@ def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, lab
 
     with stop_on_signals():
         try:
-            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:
-                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
-                if executor is not None:
-                    executor.connect()
+            with logging_redirect_tqdm(), _executor(executor_name, address, workers) as executor:
                 result = append_files(source, output, config, labels_file=labels_file, add_classes=add_classes,
                                       workers=workers,
                                       strict=strict, timeout=timeout, progress=lambda n: bars[-1].update(n),

@@ -24,22 +24,23 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer import __version__
-from packer.assemble import find_duplicates, source_counts
-from packer.combining import _placed, cross_duplicates, merged_stats
-from packer.config import ConvertConfig
+from packer.assemble import class_counts, find_duplicates, shard_entries, source_counts
+from packer.combining import cross_duplicates, differing, merged_stats, place_shard
+from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import content_tag, write_output
-from packer.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
-from packer.output import discard, lock_output, publish, record_shard, recover, release_output, start_staging
+from packer.finish import name_shards, write_output
+from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.output import discard, lock_output, publish, recover, release_output, start_staging
 from packer.pipeline import ConvertResult, checked, refuse_packer_output
 from packer.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.registry import get_format
-from packer.sample_layout import SampleLayout
+from packer.sample_layout import ImageCodec, SampleLayout
 from packer.stats import summarize
-from packer.system import stop_signals_held, usable_cpus
+from packer.system import usable_cpus
+from packer.text import TextConfig
 from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
@@ -59,23 +60,22 @@ class AppendResult(ConvertResult):
     """Keys OUT holds that are no longer in the source."""
 
 
-def config_of(manifest: Manifest, shard_size, text=None) -> ConvertConfig:
-    """The conversion settings an output was written with (its preprocessing and codec), cutting new
-    shards by ``shard_size``: what an append converts its new files with."""
-    from packer.config import PreprocessConfig
-    from packer.sample_layout import ImageCodec
-
+def recorded_preprocess(manifest: Manifest) -> PreprocessConfig:
+    """The preprocessing an output records, as PreprocessConfig reads it (what older packers left out
+    read as what they did); a computed ``--normalize auto`` as the values it computed."""
     preprocess = dict(manifest.preprocess)
     norm = preprocess.get("normalize")
-    auto = isinstance(norm, dict) and bool(norm.get("auto"))
-    if auto:
+    if isinstance(norm, dict) and norm.get("auto"):
         preprocess["normalize"] = {"mean": norm["mean"], "std": norm["std"]}
-    pre = PreprocessConfig.from_dict(preprocess)
+    return PreprocessConfig.from_dict(preprocess)
+
+
+def config_of(manifest: Manifest, shard_size: ShardSize, text: Optional[TextConfig] = None) -> ConvertConfig:
+    """The conversion settings an output was written with (its preprocessing and codec), cutting new
+    shards by ``shard_size``: what an append converts its new files with."""
     image = manifest.fields.get("image") or {}
     codec = ImageCodec(image.get("codec", "raw"), int(image.get("quality", 90)))
-    from packer.text import TextConfig
-
-    return ConvertConfig(manifest.format, pre, shard_size, None, codec, text or TextConfig())
+    return ConvertConfig(manifest.format, recorded_preprocess(manifest), shard_size, None, codec, text or TextConfig())
 
 
 def append(
@@ -155,9 +155,10 @@ def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Mani
     layout = SampleLayout.from_config(config, found.fields)
     old_layout = SampleLayout.from_manifest(old)
     if layout != old_layout:
-        raise ConfigError(f"the samples of {source} would be stored otherwise than {output}'s "
-                          f"({_differing(layout, old_layout)}): their text options (--fields, --tokenizer, --encoding, "
-                          "--allow-missing) must be those the output was converted with (packer info shows them)")
+        how = differing(layout.fields(), old_layout.fields())
+        raise ConfigError(f"the samples of {source} would be stored otherwise than {output}'s ({how}): their text "
+                          "options (--fields, --tokenizer, --encoding, --allow-missing) must be those the output was "
+                          "converted with (packer info shows them)")
     return found, layout
 
 
@@ -165,12 +166,7 @@ def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> Non
     """ConfigError naming the preprocessing options that differ from the output's."""
     # Both through PreprocessConfig, so that what older packers left out reads as what they did.
     mine = json.loads(json.dumps(config.preprocess.to_dict()))  # tuples as lists
-    recorded = dict(old.preprocess)
-    if isinstance(recorded.get("normalize"), dict) and recorded["normalize"].get("auto"):
-        recorded["normalize"] = {"mean": recorded["normalize"]["mean"], "std": recorded["normalize"]["std"]}
-    from packer.config import PreprocessConfig
-
-    theirs = json.loads(json.dumps(PreprocessConfig.from_dict(recorded).to_dict()))
+    theirs = json.loads(json.dumps(recorded_preprocess(old).to_dict()))
     theirs["normalize"] = old.preprocess.get("normalize")
     norms = mine.pop("normalize", None), theirs.pop("normalize", None)
     auto = isinstance(norms[1], dict) and bool(norms[1].get("auto"))
@@ -183,12 +179,6 @@ def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> Non
             shown.append(f"normalize: {norms[0]!r} where {output} has {norms[1]!r}")
         raise ConfigError(f"--append converts new files as {output} was converted, and these options differ: "
                           + "; ".join(shown) + ". Leave them out to take the output's")
-
-
-def _differing(a: SampleLayout, b: SampleLayout) -> str:
-    fa, fb = a.fields(), b.fields()
-    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
-    return ", ".join(f"{k}: {fa.get(k)} against {fb.get(k)}" for k in keys[:3])
 
 
 def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: SampleLayout, old: Manifest,
@@ -233,8 +223,9 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
                 for i, t in enumerate(tasks)]
         results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
         for shard in old.shards:  # under their own names: readers of the old version find them
-            _placed(stage, output, shard, shard.name, True)
-        results = _name_new(stage, sorted(results, key=lambda r: r.name), first)
+            place_shard(stage, output, shard, shard.name, True)
+        results = sorted(results, key=lambda r: r.name)
+        results = name_shards(stage, results, [r.name for r in results], first)
         if not any(r.samples for r in results):  # every new file was bad: the output stays as it is
             discard(stage)
             bad = [s for r in results for s in r.skipped]
@@ -264,44 +255,13 @@ def _next_index(old: Manifest) -> int:
     return max([int(old.source.get("files", 0) or 0), old.samples, *last])
 
 
-def _name_new(stage: Path, results: list[ShardResult], first: int) -> list[ShardResult]:
-    """The new shards under their published names (``shard-NNNNN-TAG``, ``TAG`` the new shards' own
-    content tag, ``NNNNN`` counting on from the output's last shard); empty ones removed."""
-    tag = content_tag([r for r in results if r.samples])
-    named, position = [], first
-    with stop_signals_held():
-        for r in results:
-            if not r.samples:
-                for f in r.files:
-                    (stage / f.path).unlink(missing_ok=True)
-                named.append(replace(r, files=[]))
-                continue
-            name = f"shard-{position:05d}-{tag}"
-            position += 1
-            files = []
-            for f in r.files:
-                path = name + f.path[len(r.name):]
-                os.replace(stage / f.path, stage / path)
-                files.append(replace(f, path=path))
-            renamed = replace(r, name=name, files=files)
-            record_shard(stage, renamed, r.name)
-            named.append(renamed)
-    return named
-
-
 def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleLayout, found: Discovery,
                        results: list[ShardResult], config: ConvertConfig, changed: list[str], removed: list[str]
                        ) -> Manifest:
     """The output's manifest with the new shards after the old ones (see the module)."""
     classes = found.classes
-    counts = None
-    if classes is not None:
-        counts = list(old.class_counts or [0] * len(old.classes or [])) + [0] * (len(classes) - len(old.classes or []))
-        for label in (label for r in results for label in r.labels):
-            counts[label] += 1
-    source_codec = layout.has_image and layout.codec.name == "source"
-    new_shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                             if source_codec else None) for r in results if r.samples]
+    counts = class_counts(results, len(classes), list(old.class_counts or [])) if classes is not None else None
+    new_shards = shard_entries(results, layout)
     new_stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     probe = replace(old, stats=new_stats, samples=sum(s.samples for s in new_shards), shards=new_shards)
     stats = merged_stats([old, probe])

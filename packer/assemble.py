@@ -27,20 +27,12 @@ def build_manifest(
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
     summary of its annotations (``packer.detection.Matched.summary``), completed with the box counts."""
     source = layout.has_image and layout.codec.name == "source"
-    # Shards without samples are not published (packer.finish); their skipped files still count.
-    shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                         if source else None) for r in results if r.samples]
+    shards = shard_entries(results, layout)
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
     if config.shard_size.is_auto:
         sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
-    counts = None
-    if found.classes is not None:
-        labels = [label for r in results for label in r.labels]
-        counts = [0] * len(found.classes)
-        for label in labels:
-            if 0 <= label < len(counts):
-                counts[label] += 1
+    counts = class_counts(results, len(found.classes)) if found.classes is not None else None
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
@@ -64,6 +56,24 @@ def build_manifest(
         source=source_counts(found),
         annotations=_with_box_counts(annotations, results) if annotations is not None else None,
     )
+
+
+def shard_entries(results: list[ShardResult], layout: SampleLayout) -> list[ShardEntry]:
+    """The manifest's entries of the shards written (those without samples are not published, see
+    ``packer.finish``), with which images are source files' own bytes for ``--codec source``."""
+    source = layout.has_image and layout.codec.name == "source"
+    return [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
+                       if source else None) for r in results if r.samples]
+
+
+def class_counts(results: list[ShardResult], classes: int, start: Optional[list[int]] = None) -> list[int]:
+    """Samples per class of ``classes`` in the shards written, added to ``start`` (counts already held)."""
+    counts = list(start or []) + [0] * (classes - len(start or []))
+    for r in results:
+        for label in r.labels:
+            if 0 <= label < classes:
+                counts[label] += 1
+    return counts
 
 
 def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from packer import __version__
+from packer.assemble import shard_entries
 from packer.class_map import differences, extend_class_map
 from packer.config import PreprocessConfig
 from packer.errors import InputError, ManifestError, OutputError
@@ -98,7 +99,7 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
             raise InputError(f"{root} is a {m.format} output and {roots[0]} a {first.format} one: repack it first "
                              f"(packer convert {root} -f {first.format} -o {root}-{first.format})")
         if SampleLayout.from_manifest(m) != layout:
-            raise InputError(f"{root} and {roots[0]} store other fields ({_differing(m.fields, first.fields)}): "
+            raise InputError(f"{root} and {roots[0]} store other fields ({differing(m.fields, first.fields)}): "
                              "convert them alike to combine them")
         if m.format_version != first.format_version:
             raise InputError(f"{root} is {m.format} version {m.format_version} and {roots[0]} version "
@@ -107,7 +108,7 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
         mine, theirs = dict(m.preprocess), dict(first.preprocess)
         norms = mine.pop("normalize", None), theirs.pop("normalize", None)
         if mine != theirs:
-            raise InputError(f"{root} and {roots[0]} were preprocessed differently ({_differing(mine, theirs)}): "
+            raise InputError(f"{root} and {roots[0]} were preprocessed differently ({differing(mine, theirs)}): "
                              "their samples are not alike, convert them with the same options")
         auto = [isinstance(n, dict) and bool(n.get("auto")) for n in norms]
         if norms[0] != norms[1] and not all(auto):
@@ -125,7 +126,7 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
     return layout
 
 
-def _differing(a: dict, b: dict) -> str:
+def differing(a: dict, b: dict) -> str:
     """The keys of two records whose values differ, with both values."""
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return ", ".join(f"{k}: {a.get(k)!r} against {b.get(k)!r}" for k in keys[:3])
@@ -164,7 +165,7 @@ def _write_shards(stage: Path, roots: list[Path], manifests: list[Manifest], lay
         for shard, start in zip(m.shards, m.shard_offsets):
             planned = shard_name(len(results))
             if mapping is None:
-                results.append(_placed(stage, root, shard, planned, link))
+                results.append(place_shard(stage, root, shard, planned, link))
                 if progress is not None:
                     progress(shard.samples)
                 continue
@@ -180,7 +181,7 @@ def _write_shards(stage: Path, roots: list[Path], manifests: list[Manifest], lay
     return [r for r in results if r is not None], sum(len(j.task.items) for j in jobs)
 
 
-def _placed(stage: Path, root: Path, shard: ShardEntry, planned: str, link: bool) -> ShardResult:
+def place_shard(stage: Path, root: Path, shard: ShardEntry, planned: str, link: bool) -> ShardResult:
     """One input shard's files in ``stage`` under the planned name, hard-linked where allowed (LMDB
     files are copied: py-lmdb refuses to open one file twice in a process, and a link is the same file,
     so a reader of the input and one of the result could not live in one process)."""
@@ -299,9 +300,7 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
     if isinstance(preprocess.get("normalize"), dict) and preprocess["normalize"].get("auto") and stats \
             and stats["pixels"] is not None:
         preprocess["normalize"] = auto_normalize(stats["pixels"])  # the combined data's own, as --normalize auto
-    source_codec = layout.has_image and layout.codec.name == "source"
-    shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                         if source_codec else None) for r in results if r.samples]
+    shards = shard_entries(results, layout)
     ignored: dict[str, int] = defaultdict(int)
     for m in manifests:
         for ext, n in (m.source.get("ignored") or {}).items():

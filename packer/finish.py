@@ -3,8 +3,8 @@ without samples removed, the others given names unique to the output, then the m
 files made from it.
 
 A shard is planned as ``shard-NNNNN`` and published as ``shard-NNNNN-TAG``: ``NNNNN`` counts only
-shards that hold samples, and ``TAG`` is a digest of the content of every shard, the same for
-every shard of the output. Caches that key a shard by its file name (``wids`` with a shared
+shards that hold samples, and ``TAG`` is a digest of the content of the shards written together
+(all of a conversion's; an append's new ones). Caches that key a shard by its file name (``wids`` with a shared
 ``cache_dir``, webdataset's) can then never hand back one output's shard for another's, while a
 conversion of the same files with the same options still gives byte-identical files and names.
 A shard with no samples (every file of its run was skipped) is not published: an empty tar is a
@@ -43,16 +43,17 @@ def published_name(position: int, tag: str) -> str:
     return f"shard-{position:05d}-{tag}"
 
 
-def name_shards(stage: Path, results: list[ShardResult], planned: list[str]) -> list[ShardResult]:
+def name_shards(stage: Path, results: list[ShardResult], planned: list[str], first: int = 0) -> list[ShardResult]:
     """Delete the files of the shards without samples and rename the others' to their published
-    names (see the module), returning the results as they now are (an empty shard with no files).
+    names (see the module), numbered from ``first`` (an append's follow the output's), returning the
+    results as they now are (an empty shard with no files).
 
     Each shard's record for ``--resume`` (under its ``planned`` name) is rewritten as soon as its
     files are renamed, so an interrupted rename leaves at most one shard to write again. Results
     already renamed by an interrupted run are renamed again only where their name changed."""
     tag = content_tag([r for r in results if r.samples])
     named = []
-    position = 0
+    position = first
     with stop_signals_held():
         for plan_name, result in zip(planned, results):
             if not result.samples:

@@ -6,13 +6,14 @@ talking to any other; the parent only collects their results and writes the mani
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
@@ -235,35 +236,16 @@ def _convert_locked(
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
     tasks = plan_tasks(found, config, layout, plan_workers)
-    finished: dict[str, ShardResult] = {}
-    if run.resume and previous is None:
-        log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
-    if previous is not None:
-        per_shard = previous.get("sources") == SOURCES_PER_SHARD
-        if previous.get("fingerprint") != plan_fingerprint(config, tasks, run.strict, stamps=not per_shard,
-                                                           extra=_targets_digest(matched, config, masks)):
-            raise OutputError(
-                f"the source files or options changed since the interrupted run in {stage}; "
-                "run without --resume to start over"
-            )
-        finished = current_digests(finished_shards(stage, [t.name for t in tasks]))
-        finished = current_layout(finished, get_format(config.format).version(layout))
-        if per_shard:
-            finished = unchanged_sources(finished, tasks)
-        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
-    else:
-        if stage.exists() and not run.resume:
-            log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
-        try:
-            start_staging(output)  # replaces an unfinished run's folder with a new one
-        except OSError as e:
-            raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-        write_plan(stage, {"fingerprint": plan_fingerprint(config, tasks, run.strict,
-                                                           extra=_targets_digest(matched, config, masks)),
-                           "workers": plan_workers, "sources": SOURCES_PER_SHARD})
+    per_shard = previous is None or previous.get("sources") == SOURCES_PER_SHARD
+    extra = _targets_digest(matched, config, masks)
+    recorded = plan_fingerprint(config, tasks, run.strict, extra=extra)
+    # Plans of older packers (and of split runs) also covered each file's stamp.
+    expected = recorded if per_shard else plan_fingerprint(config, tasks, run.strict, stamps=True, extra=extra)
+    finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
+                             version=get_format(config.format).version(layout), workers=plan_workers)
     if on_plan is not None:
         on_plan(found, tasks)
-    try:
+    with publishing(stage):
         jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text,
                          detection=_detection_job(matched, config, t),
                          container=job_for(found.places, t.items) if found.places is not None else None,
@@ -280,17 +262,53 @@ def _convert_locked(
                                   matched.summary if matched is not None else None)
         write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
+    skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
+    processed = sum(len(j.task.items) for j in todo)
+    return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
+
+
+def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict], resume: bool, *, expected: str,
+                  recorded: str, version: int, workers: int) -> dict[str, ShardResult]:
+    """The shards of ``tasks`` that an interrupted run finished and that still hold, when there is
+    one to resume (``previous``, its plan record; refused unless its fingerprint is ``expected``);
+    otherwise none, in a new staging folder whose plan records ``recorded`` and ``workers``.
+    ``version``: the format version this run writes (shards written at another are written again)."""
+    stage = staging_dir(output)
+    if resume and previous is None:
+        log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
+    if previous is not None:
+        if previous.get("fingerprint") != expected:
+            raise OutputError(f"the source files or options changed since the interrupted run in {stage}; "
+                              "run without --resume to start over")
+        finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)
+        if previous.get("sources") == SOURCES_PER_SHARD:
+            finished = unchanged_sources(finished, tasks)
+        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
+        return finished
+    if stage.exists() and not resume:
+        log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
+    try:
+        start_staging(output)  # replaces an unfinished run's folder with a new one
+    except OSError as e:
+        raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
+    write_plan(stage, {"fingerprint": recorded, "workers": workers, "sources": SOURCES_PER_SHARD})
+    return {}
+
+
+@contextlib.contextmanager
+def publishing(stage: Path) -> Iterator[None]:
+    """The work in a staging folder up to its publishing: a Ctrl-C leaves the folder, with its finished
+    shards, for --resume; any other failure removes it (an OSError as an OutputError naming where)."""
+    try:
+        yield
     except KeyboardInterrupt:
-        raise  # the staging folder stays, with its finished shards, for --resume
+        raise
     except OSError as e:
         discard(stage)
         raise OutputError(f"cannot write the output in {stage.parent}: {_describe_os_error(e)}") from None
     except BaseException:
         discard(stage)
         raise
-    skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    processed = sum(len(j.task.items) for j in todo)
-    return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
 
 
 def _detection_job(matched: Optional[Matched], config: ConvertConfig, task: ShardTask) -> Optional[DetectionJob]:

@@ -22,30 +22,26 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer import __version__
+from packer.assemble import class_counts, shard_entries
 from packer.config import DEFAULT_QUALITY, PreprocessConfig, ShardSize
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.finish import name_shards, write_output
-from packer.manifest import Manifest, ShardEntry, read_manifest, sha256_of
+from packer.manifest import Manifest, read_manifest, sha256_of
 from packer.output import (
     check_output,
-    discard,
-    finished_shards,
     lock_output,
     publish,
     read_plan,
     recover,
     release_output,
     staging_dir,
-    start_staging,
-    write_plan,
 )
-from packer.pipeline import ConvertResult, run_unfinished
+from packer.pipeline import ConvertResult, publishing, run_unfinished, staged_shards
 from packer.plan import plan_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
 from packer.repack_shard import RepackJob, overlapping
-from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, unchanged_sources
 from packer.sample_layout import ImageCodec, SampleLayout
 from packer.system import usable_cpus
 from packer.worker import ShardJob
@@ -140,23 +136,12 @@ def _repack_locked(source: Path, output: Path, src: Manifest, src_layout: Sample
     plan_workers = previous.get("workers", executor.workers) if previous else executor.workers
     tasks = plan_shards(items, shard_size, _sample_bytes(src, layout), plan_workers)
     fingerprint = _fingerprint(source, fmt, layout, shard_size, tasks)
-    finished: dict[str, ShardResult] = {}
-    if resume and previous is None:
-        log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
-    if previous is not None:
-        if previous.get("fingerprint") != fingerprint:
-            raise OutputError(f"{source} or the options changed since the interrupted run in {stage}; "
-                              "run without --resume to start over")
-        finished = current_digests(finished_shards(stage, [t.name for t in tasks]))
-        finished = unchanged_sources(current_layout(finished, get_format(fmt).version(layout)), tasks)
-        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
-    else:
-        start_staging(output)
-        write_plan(stage, {"fingerprint": fingerprint, "workers": plan_workers, "sources": SOURCES_PER_SHARD})
+    finished = staged_shards(output, tasks, previous, resume, expected=fingerprint, recorded=fingerprint,
+                             version=get_format(fmt).version(layout), workers=plan_workers)
     if on_plan is not None:
         on_plan(len(items), tasks)
     root = str(source.resolve())
-    try:
+    with publishing(stage):
         jobs = [ShardJob(i, t, fmt, layout, PreprocessConfig(), str(stage),
                          repack=RepackJob(root, src.format, src_layout,
                                           overlapping(src.shards, t.items[0].index, t.items[-1].index + 1)))
@@ -167,14 +152,6 @@ def _repack_locked(source: Path, output: Path, src: Manifest, src_layout: Sample
         manifest = repacked_manifest(source, src, layout, fmt, results, shard_size, plan_workers)
         write_output(stage, manifest)
         publish(stage, output, overwrite, source)
-    except KeyboardInterrupt:
-        raise  # the staging folder stays, with its finished shards, for --resume
-    except OSError as e:
-        discard(stage)
-        raise OutputError(f"cannot write the output in {stage.parent}: {e.strerror or e}") from None
-    except BaseException:
-        discard(stage)
-        raise
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, 0.0, skipped, {}, sum(len(j.task.items) for j in todo))
 
@@ -185,19 +162,12 @@ def repacked_manifest(source: Path, src: Manifest, layout: SampleLayout, fmt: st
     statistics, preprocessing, skipped files, duplicates, annotations), the new shards, and one more
     ``history`` entry. OutputError when the shards written do not hold exactly the source's samples."""
     samples = sum(r.samples for r in results)
-    counts = None
-    if src.classes is not None:
-        counts = [0] * len(src.classes)
-        for label in (label for r in results for label in r.labels):
-            if 0 <= label < len(counts):
-                counts[label] += 1
+    counts = class_counts(results, len(src.classes)) if src.classes is not None else None
     if samples != src.samples or (src.class_counts is not None and counts != list(src.class_counts)):
         raise OutputError(f"repacking {source} wrote {samples} samples (class counts {counts}) where its manifest "
                           f"lists {src.samples} ({src.class_counts}); nothing was published: run packer verify "
                           f"{source}")
-    source_codec = layout.has_image and layout.codec.name == "source"
-    shards = [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                         if source_codec else None) for r in results if r.samples]
+    shards = shard_entries(results, layout)
     sharding: dict = {"shard_size": shard_size.describe(), "shuffle_seed": src.sharding.get("shuffle_seed")}
     if shard_size.is_auto:
         sharding["balanced_for_workers"] = workers

@@ -309,12 +309,11 @@ def write_shard(
     """
     if job.repack is not None:
         return write_repacked(job, progress, at)
-    report = progress
+    counted = _Counted(progress)
     directory = Path(job.directory)
     writer = get_format(job.format).writer_class()(directory, job.task.name, job.layout, len(job.task.items))
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
-    pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
     fetched = container_bytes(job.container, job.preprocess.max_file_bytes) if job.container is not None else None
     paths = [None if item.index in job.poisoned or fetched is not None else item.paths for item in job.task.items]
@@ -369,12 +368,8 @@ def write_shard(
                 result.digests.append(digest)
                 if decoded is not None:
                     result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
-            pending += 1
-            if report is not None and (now := time.monotonic()) >= next_report:
-                report(pending)
-                pending, next_report = 0, now + PROGRESS_SECONDS
-    if report is not None and pending:
-        report(pending)
+            counted.one()
+    counted.flush()
     return closed(job, writer, result, sources, at)
 
 
@@ -387,7 +382,7 @@ def write_repacked(job: ShardJob, progress: Optional[ProgressFn] = None, at: Opt
     writer = get_format(job.format).writer_class()(directory, job.task.name, job.layout, len(job.task.items))
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
-    pending, next_report = 0, time.monotonic() + PROGRESS_SECONDS
+    counted = _Counted(progress)
     source_image = job.layout.has_image and job.layout.codec.name == "source"
     for position, (item, sample, kept) in enumerate(stored_samples(job.repack, job.task.items, job.layout)):
         if at is not None:
@@ -403,13 +398,30 @@ def write_repacked(job: ShardJob, progress: Optional[ProgressFn] = None, at: Opt
         result.samples += 1
         result.keys.append(sample.key)
         result.labels.append(sample.label)
-        pending += 1
-        if progress is not None and (now := time.monotonic()) >= next_report:
-            progress(pending)
-            pending, next_report = 0, now + PROGRESS_SECONDS
-    if progress is not None and pending:
-        progress(pending)
+        counted.one()
+    counted.flush()
     return closed(job, writer, result, sources, at)
+
+
+class _Counted:
+    """Finished items told to ``progress`` at most every ``PROGRESS_SECONDS`` (see there), the rest by ``flush``."""
+
+    def __init__(self, progress: Optional[ProgressFn]) -> None:
+        self.progress, self.pending = progress, 0
+        self.next = time.monotonic() + PROGRESS_SECONDS
+
+    def one(self) -> None:
+        """One more item finished."""
+        self.pending += 1
+        if self.progress is not None and (now := time.monotonic()) >= self.next:
+            self.progress(self.pending)
+            self.pending, self.next = 0, now + PROGRESS_SECONDS
+
+    def flush(self) -> None:
+        """Tell the items not told yet."""
+        if self.progress is not None and self.pending:
+            self.progress(self.pending)
+        self.pending = 0
 
 
 def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Callable[[int], None]]) -> ShardResult:

@@ -64,6 +64,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
+    """Run ``target(rank, world, port, payload, out)`` in ``world`` spawned processes (a gloo group on
+    a free port), each writing ``out/rankR.json``; their JSON, in rank order."""
+    import json
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, payload, str(out))) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0, "a rank failed or hung"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 def shard_file(out: Path, position: int, suffix: str) -> Path:
     """The file ending in ``suffix`` of the ``position``-th shard of the output ``out``, by its
     manifest: published names carry the output's content tag (``shard-00001-TAG.tar``)."""

@@ -4,13 +4,12 @@ mid-epoch resume, the shared batch ring, and DDP with two real processes."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import FORMATS, make_tree
-from helpers import free_port
+from helpers import run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -183,15 +182,7 @@ def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
 
 def test_ddp_two_processes(packed, tmp_path):
     roots = {fmt: str(packed[fmt]) for fmt in FORMATS}
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, roots, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        assert p.exitcode == 0, "a rank failed or hung"
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_ranks(_ddp_rank, roots, tmp_path)
     for fmt in FORMATS:
         a, b = ranks[0][fmt], ranks[1][fmt]
         assert a["len"] == b["len"]

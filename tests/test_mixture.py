@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import write_image
-from helpers import free_port
+from helpers import run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -181,15 +180,7 @@ def _ddp_rank(rank: int, world: int, port: int, spec: dict, out: str) -> None:
 
 def test_two_ddp_ranks_get_equal_batches_and_resume_exactly_across_epochs(parts, tmp_path):
     spec = {"web": (str(parts["web"]), 0.7), "cur": (str(parts["cur"]), 0.3)}
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, spec, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        assert p.exitcode == 0, "a rank failed or hung"
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_ranks(_ddp_rank, spec, tmp_path)
     mix = open_mixture({n: (p, w) for n, (p, w) in spec.items()}, epoch_size=45, seed=9)
     for epoch in range(3):
         a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]

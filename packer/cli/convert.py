@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import click
 from click.core import ParameterSource
@@ -295,6 +295,24 @@ def _executor(name: str, address: Optional[str], workers: Optional[int]) -> Iter
         yield executor
 
 
+@contextlib.contextmanager
+def _reported(bars: list[tqdm], interrupted: Callable[[], str]) -> Iterator[None]:
+    """Around a command's work: its progress bars closed whatever happens, a Ctrl-C exit 130 with the
+    message ``interrupted()`` gives, a ConfigError a usage error (exit 2), another PackerError exit 1."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        _close(bars)
+        click.echo(interrupted(), err=True)
+        sys.exit(130)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        _close(bars)
+
+
 def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality: int, shard_size: str,
             workers: Optional[int], overwrite: bool, resume: bool, timeout: float, quiet: bool, executor_name: str,
             address: Optional[str]) -> None:
@@ -321,28 +339,19 @@ def _repack(source: Path, fmt: str, output: Optional[Path], codec: str, quality:
         bars.append(tqdm(total=samples, unit="sample", disable=quiet, dynamic_ncols=True,
                          desc=f"repacking into {len(tasks)} shard(s)"))
 
-    with stop_on_signals():
-        try:
-            with logging_redirect_tqdm(), _executor(executor_name, address, workers) as executor:
-                result = repack(source, output, fmt, codec=codec if given("codec") else None,
-                                quality=quality if given("quality") else None,
-                                shard_size=parse_shard_size(shard_size), workers=workers, overwrite=overwrite,
-                                resume=resume, timeout=timeout, progress=lambda n: bars[-1].update(n),
-                                on_plan=on_plan, executor=executor)
-        except KeyboardInterrupt:
-            _close(bars)
-            stage = staging_dir(output)
-            kept = (f" Finished shards are kept in {stage}: run the same command with --resume to continue."
-                    if stage.exists() else "")
-            click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
-            sys.exit(130)
-        except ConfigError as e:
-            _close(bars)
-            raise click.UsageError(str(e)) from None
-        except PackerError as e:
-            _close(bars)
-            raise click.ClickException(str(e)) from None
-    _close(bars)
+    def interrupted() -> str:
+        stage = staging_dir(output)
+        kept = (f" Finished shards are kept in {stage}: run the same command with --resume to continue."
+                if stage.exists() else "")
+        return f"packer: interrupted; no output was written.{kept}"
+
+    with stop_on_signals(), _reported(bars, interrupted):
+        with logging_redirect_tqdm(), _executor(executor_name, address, workers) as executor:
+            result = repack(source, output, fmt, codec=codec if given("codec") else None,
+                            quality=quality if given("quality") else None,
+                            shard_size=parse_shard_size(shard_size), workers=workers, overwrite=overwrite,
+                            resume=resume, timeout=timeout, progress=lambda n: bars[-1].update(n),
+                            on_plan=on_plan, executor=executor)
     summary(result)
 
 
@@ -411,27 +420,14 @@ def _append(source: Path, fmt: str, output: Optional[Path], shard_size: str, lab
         bars.append(tqdm(total=len(found.items), unit="img", disable=quiet, dynamic_ncols=True,
                          desc=f"appending {len(tasks)} shard(s)"))
 
-    with stop_on_signals():
+    with stop_on_signals(), _reported(bars, lambda: f"packer: interrupted; {output} is as it was"):
         try:
             with logging_redirect_tqdm(), _executor(executor_name, address, workers) as executor:
                 result = append_files(source, output, config, labels_file=labels_file, add_classes=add_classes,
-                                      workers=workers,
-                                      strict=strict, timeout=timeout, progress=lambda n: bars[-1].update(n),
-                                      on_plan=on_plan, executor=executor)
-        except KeyboardInterrupt:
-            _close(bars)
-            click.echo(f"packer: interrupted; {output} is as it was", err=True)
-            sys.exit(130)
+                                      workers=workers, strict=strict, timeout=timeout,
+                                      progress=lambda n: bars[-1].update(n), on_plan=on_plan, executor=executor)
         except DecodeError as e:
-            _close(bars)
             raise click.ClickException(f"stopped at the first bad file (--strict), {output} unchanged: {e}") from None
-        except ConfigError as e:
-            _close(bars)
-            raise click.UsageError(str(e)) from None
-        except PackerError as e:
-            _close(bars)
-            raise click.ClickException(str(e)) from None
-    _close(bars)
     append_summary(result, source)
 
 
@@ -497,16 +493,7 @@ def combine(inputs: tuple[Path, ...], output: Path, copy: bool, workers: Optiona
     are reported.
     """
     bar = tqdm(total=None, unit="sample", disable=quiet, dynamic_ncols=True, desc="combining")
-    with stop_on_signals():
-        try:
-            result = combine_outputs(list(inputs), output, overwrite=overwrite, link=not copy, workers=workers,
-                                     progress=bar.update)
-        except KeyboardInterrupt:
-            bar.close()
-            click.echo("packer: combine interrupted; no output was written", err=True)
-            sys.exit(130)
-        except PackerError as e:
-            bar.close()
-            raise click.ClickException(str(e)) from None
-    bar.close()
+    with stop_on_signals(), _reported([bar], lambda: "packer: combine interrupted; no output was written"):
+        result = combine_outputs(list(inputs), output, overwrite=overwrite, link=not copy, workers=workers,
+                                 progress=bar.update)
     summary(result)

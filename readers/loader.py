@@ -49,7 +49,7 @@ from readers.collate import (
 )
 from readers.mapstyle import PackedDataset
 from readers.mixture import Mixture
-from readers.sampler import EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
+from readers.sampler import ORDER_VERSION, EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
 from readers.tensors import BatchNormalize, ImageConverter
 
 log = logging.getLogger(__name__)
@@ -418,6 +418,8 @@ def make_loader(
     order = {"batch_size": batch_size, "world_size": world, "seed": seed,
              "bucket_by_length": bucket_by_length or False}
     order["sampler"] = None  # make_loader's own
+    if isinstance(sampler, EpochBatchSampler):
+        order["order"] = ORDER_VERSION  # a mid-epoch state of another epoch order is refused by the sampler
     if dataset.augment is not None:
         order["augment"] = repr(dataset.augment)  # the crops a resumed run continues with
     if isinstance(sampler, SamplerBatches):
@@ -463,6 +465,7 @@ def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Opti
                                 drop_last=drop_last)
     loader = DataLoader(mixture, batch_sampler=sampler, **options)
     order = {"batch_size": batch_size, "world_size": world, "seed": seed, "bucket_by_length": False, "sampler": None,
+             "order": ORDER_VERSION,
              "mixture": {"parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
                          "seed": mixture.seed}}
     if first.augment is not None:

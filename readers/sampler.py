@@ -2,8 +2,11 @@
 
 ``EpochBatchSampler`` is a batch sampler for the map-style readers (any ``Dataset`` with a length):
 
-- the order of an epoch is ``torch.randperm`` seeded by ``(seed, epoch)``: the same on every rank
-  and in every run, different in every epoch;
+- the order of an epoch is a seeded random permutation (``readers.permutation``, keyed by
+  ``(seed, epoch)``): the same on every rank and in every run, different in every epoch. It is
+  evaluated batch by batch as the epoch goes, never built whole, so that an epoch of 10^8 samples
+  starts at once and holds no list of them (order version ``ORDER_VERSION``; packer 0.6 and
+  earlier drew ``torch.randperm``);
 - with ``world_size`` ranks, rank ``r`` takes positions ``r, r + world_size, ...`` of that order,
   so the ranks are disjoint and together see every sample exactly once per epoch;
 - every rank yields the same number of batches (DDP hangs when one rank runs out first): sizes are
@@ -27,6 +30,16 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+from readers.permutation import Permutation
+
+ORDER_VERSION = 2
+"""Which epoch order ``EpochBatchSampler`` draws: 2, the lazy ``Permutation``; 1 (states that do not say),
+``torch.randperm``. A state saved mid-epoch under another version cannot be continued exactly."""
+
+_CHUNK = 16384
+"""Positions of the epoch order evaluated at once: enough to make numpy's per-call cost vanish,
+few enough that the first batch comes in about a millisecond."""
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -80,23 +93,27 @@ class EpochBatchSampler(Sampler[list[int]]):
             self.start = 0
         self.epoch = int(epoch)
 
+    def permutation(self, epoch: int) -> Permutation:
+        """The order of epoch ``epoch`` (all ranks): its position ``i`` holds the ``i``-th index drawn."""
+        return Permutation(self.size, self.seed * 1_000_003 + epoch)
+
     def order(self, epoch: int) -> list[int]:
         """Every index of the dataset in epoch ``epoch``'s order (all ranks)."""
         if not self.shuffle:
             return list(range(self.size))
-        g = torch.Generator()
-        g.manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.size, generator=g).tolist()
+        return self.permutation(epoch).take(0, self.size).tolist()
 
-    def batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of epoch ``epoch``, in order."""
-        mine = self.order(epoch)[self.rank::self.world_size]
+    def batch_bounds(self) -> np.ndarray:
+        """Where this rank's batches start in its share of the order, and where the last one ends
+        (``len(self) + 1`` offsets; the same in every epoch)."""
         b = self.batch_size
+        mine = (self.size - self.rank + self.world_size - 1) // self.world_size  # positions r, r + world, ...
         if self.drop_last:
             full = self.size // self.world_size // b  # the smallest rank's count of full batches
-            return [mine[i * b:(i + 1) * b] for i in range(full)]
+            return np.arange(full + 1, dtype=np.int64) * b
         count = len(self)
-        sizes = [b] * (count - 1) + [len(mine) - b * (count - 1)]
+        sizes = np.full(count, b, dtype=np.int64)
+        sizes[-1] = mine - b * (count - 1)
         # A rank with fewer samples may be short of one for its last batch: take them from the end
         # of the batches before it, one each, so every batch keeps at least one sample.
         k = count - 2
@@ -106,13 +123,27 @@ class EpochBatchSampler(Sampler[list[int]]):
                 sizes[-1] += 1
             k -= 1
         if sizes[-1] < 1:  # batch_size 1 and uneven ranks
-            raise ValueError(f"rank {self.rank} has {len(mine)} samples for {count} batches of {b}: "
+            raise ValueError(f"rank {self.rank} has {mine} samples for {count} batches of {b}: "
                              "use drop_last=True, or a batch size above 1")
-        out, pos = [], 0
-        for n in sizes:
-            out.append(mine[pos:pos + n])
-            pos += n
-        return out
+        return np.concatenate(([0], np.cumsum(sizes)))
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of epoch ``epoch`` from batch ``start`` on, evaluated a chunk of the
+        order at a time (see ``readers.permutation``)."""
+        bounds = self.batch_bounds()
+        perm = self.permutation(epoch) if self.shuffle else None
+        per_chunk = max(1, _CHUNK // self.batch_size)
+        for first in range(start, len(bounds) - 1, per_chunk):
+            last = min(first + per_chunk, len(bounds) - 1)
+            positions = np.arange(bounds[first], bounds[last], dtype=np.int64) * self.world_size + self.rank
+            indices = (perm[positions] if perm is not None else positions).tolist()
+            base = int(bounds[first])
+            for k in range(first, last):
+                yield indices[int(bounds[k]) - base:int(bounds[k + 1]) - base]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of epoch ``epoch``, in order."""
+        return list(self.iter_batches(epoch))
 
     def __len__(self) -> int:
         per_rank = self.size // self.world_size
@@ -122,7 +153,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         start, self.start = self.start, 0
-        for batch in self.batches(self.epoch)[start:]:
+        for batch in self.iter_batches(self.epoch, start):
             yield EpochBatch(batch, self.epoch)
 
     def state_dict(self, consumed: int = 0) -> dict:
@@ -131,7 +162,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         if consumed >= len(self):
             epoch, consumed = epoch + 1, 0
         return {"epoch": epoch, "batches": int(consumed), "seed": self.seed, "size": self.size,
-                "world_size": self.world_size, "batch_size": self.batch_size}
+                "world_size": self.world_size, "batch_size": self.batch_size, "order": ORDER_VERSION}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at batch ``state["batches"]`` of epoch ``state["epoch"]`` on the next iteration.
@@ -143,6 +174,11 @@ class EpochBatchSampler(Sampler[list[int]]):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(f"cannot resume: the state was saved with {key}={state[key]}, "
                                  f"this sampler has {key}={getattr(self, key)}")
+        if self.shuffle and state.get("order", 1) != ORDER_VERSION and int(state["batches"]) > 0:
+            raise ValueError(f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
+                             "that shuffled epochs in another order (packer 0.6 or earlier), so the rest of the epoch "
+                             "would repeat some samples and miss others. Resume at the next epoch: set "
+                             "state['epoch'] += 1 and state['batches'] = 0")
         self.epoch = int(state["epoch"])
         self.start = int(state["batches"])
 
@@ -200,8 +236,8 @@ class LengthBucketSampler(EpochBatchSampler):
     def all_batches(self, epoch: int) -> list[list[int]]:
         """Every rank's batches of epoch ``epoch``, interleaved: rank ``r`` takes ``[r::world_size]``."""
         g = torch.Generator()
-        g.manual_seed(self.seed * 1_000_003 + epoch)  # the first draw is order(epoch)
-        order = torch.randperm(self.size, generator=g).numpy() if self.shuffle else np.arange(self.size)
+        g.manual_seed(self.seed * 1_000_003 + epoch)  # shuffles the batches
+        order = self.permutation(epoch).take(0, self.size) if self.shuffle else np.arange(self.size)
         b = self.batch_size
         if self.drop_last:
             order = order[:len(self) * self.world_size * b]
@@ -252,6 +288,11 @@ class LengthBucketSampler(EpochBatchSampler):
     def batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of epoch ``epoch``, in order."""
         return self.all_batches(epoch)[self.rank::self.world_size]
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of epoch ``epoch`` from batch ``start`` on: bucketing sorts the whole
+        epoch by length, so they are made up front (O(samples) per epoch, unlike EpochBatchSampler)."""
+        return iter(self.batches(epoch)[start:])
 
     def state_dict(self, consumed: int = 0) -> dict:
         """The position after ``consumed`` batches of the current epoch (see ``load_state_dict``)."""

@@ -210,3 +210,40 @@ def test_bucket_sampler_refuses_bad_arguments():
     with pytest.raises(ValueError, match="bucket_batches"):
         LengthBucketSampler([1, 2], 2, bucket_batches=0)
     assert len(LengthBucketSampler([1, 2, 3, 4], 1, world_size=2, rank=1).batches(0)) == 2
+
+
+def test_epoch_start_does_not_build_the_order():
+    """10 million samples: the first batch comes without the epoch's order being made (no list of
+    10^7 ints; torch.randperm alone took a second here)."""
+    s = EpochBatchSampler(10_000_000, 256, seed=5, rank=1, world_size=8)
+    s.set_epoch(3)
+    first = next(iter(s))
+    assert len(first) == 256 and first.epoch == 3
+    perm = s.permutation(3)
+    assert first == perm[np.arange(256) * 8 + 1].tolist()  # positions 1, 9, 17, ... of the epoch's order
+    assert len(set(first)) == 256 and all(0 <= i < 10_000_000 for i in first)
+
+
+def test_lazy_batches_equal_the_whole_order_cut_up():
+    """The batches evaluated chunk by chunk are the epoch's order split over ranks and cut as before."""
+    size, batch, world = 40_003, 7, 3
+    for rank in range(world):
+        s = EpochBatchSampler(size, batch, seed=2, rank=rank, world_size=world)
+        mine = s.order(1)[rank::world]
+        got = s.batches(1)
+        assert [i for b in got for i in b] == mine
+        assert len(got) == len(s) and all(len(b) == batch for b in got[:-2])
+        s.set_epoch(1)
+        s.load_state_dict(s.state_dict(consumed=1500))
+        assert [list(b) for b in s] == got[1500:]
+
+
+def test_a_mid_epoch_state_of_the_old_order_is_refused():
+    """States saved by packer 0.6 (torch.randperm order) cannot continue mid-epoch: samples would
+    repeat; at an epoch boundary they can."""
+    s = EpochBatchSampler(100, 8, seed=1)
+    old = {k: v for k, v in s.state_dict(consumed=3).items() if k != "order"}
+    with pytest.raises(ValueError, match="another order"):
+        s.load_state_dict(old)
+    s.load_state_dict({**old, "epoch": 1, "batches": 0})
+    assert s.epoch == 1 and s.start == 0

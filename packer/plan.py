@@ -19,6 +19,14 @@ from packer.discover import Discovery
 from packer.records import ShardTask, SourceItem
 from packer.sample_layout import SampleLayout
 
+AUTO_SHARDS_PER_WORKER = 4
+"""``auto`` gives each worker at least this many shards: an interrupted run keeps its finished shards
+for --resume, so with one shard per worker a Ctrl-C at 70% kept nothing."""
+
+AUTO_MIN_SAMPLES = 1000
+"""...unless that makes shards smaller than this: a few seconds of work each, below which more
+shards only mean more files for the readers to open."""
+
 
 def shard_name(i: int) -> str:
     """Name of the ``i``-th shard; every file of the shard starts with it."""
@@ -31,7 +39,8 @@ def plan_shards(
     """Cut the sorted items into contiguous shards.
 
     A sample count or byte size gives shards of that size (the last one smaller). ``auto`` gives
-    shards of at most 256 MiB, as many as a multiple of ``workers`` and of equal size, so that no
+    shards of at most 256 MiB and at least ``AUTO_SHARDS_PER_WORKER`` per worker (while they keep
+    ``AUTO_MIN_SAMPLES`` each), as many as a multiple of ``workers`` and of equal size, so that no
     worker waits for another at the end.
     """
     n = len(items)
@@ -43,7 +52,9 @@ def plan_shards(
         per = max(1, int(size.bytes // max(sample_bytes, 1)))
     else:
         most = max(1, int(DEFAULT_SHARD_BYTES // max(sample_bytes, 1)))  # samples in 256 MiB
-        shards = min(n, math.ceil(math.ceil(n / most) / workers) * workers)
+        by_bytes = math.ceil(n / most)
+        wanted = min(max(by_bytes, AUTO_SHARDS_PER_WORKER * workers), max(by_bytes, n // AUTO_MIN_SAMPLES))
+        shards = min(n, math.ceil(wanted / workers) * workers)
         base, extra = divmod(n, shards)
         bounds, start = [], 0
         for i in range(shards):

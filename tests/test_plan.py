@@ -106,3 +106,16 @@ def test_estimate_sample_bytes(tmp_path):
     assert estimate_sample_bytes(SampleLayout("uint8", None, 3), src) == (10 * 20 * 3 + 30 * 40 * 3) / 2
     assert estimate_sample_bytes(SampleLayout("float16", None, 1), src[:1]) == 10 * 20 * 2
     assert estimate_sample_bytes(SampleLayout("uint8", None, 3), []) == 1024**2
+
+
+@pytest.mark.parametrize(
+    "n, workers, expected",
+    [
+        (100_000, 2, [12_500] * 8),  # 4 shards per worker: a Ctrl-C at 70% keeps 5 of 8 for --resume
+        (10_000, 4, [834] * 4 + [833] * 8),  # 16 would be under 1000 samples: 10, rounded up to 12
+        (2_000, 2, [1000, 1000]),  # small outputs stay one shard per worker
+        (5_000, 1, [1250] * 4),
+    ],
+)
+def test_plan_auto_gives_each_worker_several_shards(n, workers, expected):
+    assert sizes(plan_shards(items(n), ShardSize(), 3000, workers)) == expected

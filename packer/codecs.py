@@ -51,6 +51,19 @@ def decode_npy(data: bytes) -> np.ndarray:
     return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
 
 
+def npy_view(data) -> np.ndarray:
+    """The array in a buffer holding a ``.npy`` file, as a view of the buffer (read-only when it is)
+    rather than a copy; a copy for what a view cannot show (Fortran order). Object arrays are refused."""
+    head = io.BytesIO(bytes(data[:min(len(data), 65546)]))  # magic, length and the longest v1 header
+    major, _ = np.lib.format.read_magic(head)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(head)
+    if fortran or dtype.hasobject:
+        return decode_npy(bytes(data))
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(data, dtype=dtype, count=count, offset=head.tell()).reshape(shape)
+
+
 class NpyDecoder:
     """``decode_npy`` for a run of ``.npy`` values that share one header (a shard's images): the
     header of the first is parsed once (numpy parses each with ``ast``, slow next to the rest of a

@@ -9,6 +9,7 @@ of the flat bytes dataset and decoded.
 
 from __future__ import annotations
 
+import mmap
 from typing import NamedTuple, Optional
 
 import h5py
@@ -111,7 +112,21 @@ class Hdf5Dataset(PackedDataset):
         return data
 
     def read_labels(self, handle: _Hdf5Shard) -> np.ndarray:
-        return handle.file[HDF5_LABELS][:]
+        labels = handle.file[HDF5_LABELS]
+        offset = labels.id.get_offset()
+        if offset is None or labels.chunks is not None or labels.compression is not None or not labels.size:
+            return labels[:]
+        # Contiguous and unfiltered (as packer writes it): a view of the file at the data's offset,
+        # shared by every worker through the page cache instead of a copy in each. Mapped from the
+        # open file, not its path: an output replaced since the open must not be read.
+        try:
+            fd = handle.file.id.get_vfd_handle()
+        except (OSError, ValueError, TypeError):
+            return labels[:]  # a driver without a file descriptor
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        nbytes = labels.dtype.itemsize * labels.size
+        mapped = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_READ, offset=start)
+        return np.frombuffer(mapped, dtype=labels.dtype, count=labels.size, offset=offset - start).reshape(labels.shape)
 
     def read_field(self, handle: _Hdf5Shard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]

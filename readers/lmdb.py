@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 import lmdb
 import numpy as np
 
-from packer.codecs import NpyDecoder, decode_npy
+from packer.codecs import NpyDecoder, decode_npy, npy_view
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
@@ -92,7 +92,7 @@ class LmdbDataset(PackedDataset):
         return value if self.layout.codec.encoded else handle.npy(value)
 
     def read_labels(self, handle: _LmdbShard) -> np.ndarray:
-        return decode_npy(bytes(self._get(handle, LMDB_LABELS)))
+        return npy_view(self._get(handle, LMDB_LABELS))
 
     def read_field(self, handle: _LmdbShard, local: int, field: str) -> memoryview:
         return self._get(handle, lmdb_field_key(local, field))

@@ -54,7 +54,7 @@ class PackedDataset(ReaderBase, Dataset):
         super().__init__(root, **options)
         self.max_open_shards = max(1, int(max_open_shards))
         self._handles: OrderedDict[int, Any] = OrderedDict()
-        self._labels: dict[int, np.ndarray] = {}
+        self._labels: dict[int, np.ndarray] = {}  # of the open shards: views of their files (see _shard_labels)
         self._keys: dict[int, list[str]] = {}  # per shard, read by ``samples``: kept like the labels
         self._pid: Optional[int] = None
         self.memory: Optional[torch.Tensor] = None
@@ -269,8 +269,10 @@ class PackedDataset(ReaderBase, Dataset):
     def labels(self) -> np.ndarray:
         """Every sample's label in dataset order, int64, read from the shards' label arrays alone
         (no image is read)."""
-        return np.concatenate([self._shard_labels(i) for i in range(len(self.manifest.shards))] or
-                              [np.zeros(0, np.int64)])
+        out = np.empty(len(self), dtype=np.int64)
+        for i, start in enumerate(self._offsets[:-1]):
+            out[start:self._offsets[i + 1]] = self._shard_labels(i)  # copied shard by shard (see _shard_labels)
+        return out
 
     @property
     def targets(self) -> list[int]:
@@ -414,7 +416,9 @@ class PackedDataset(ReaderBase, Dataset):
         handle = self._handles.get(shard)
         if handle is None:
             while len(self._handles) >= self.max_open_shards:
-                self.close_shard(self._handles.popitem(last=False)[1])
+                closed, old = self._handles.popitem(last=False)
+                self.close_shard(old)
+                self._labels.pop(closed, None)  # a view of the closed shard's map, which holds a file open
             handle = self.open_shard(self.manifest.shards[shard])
             try:
                 self.check_unchanged()  # after the open: the files open now are the manifest's, or this fails
@@ -427,6 +431,11 @@ class PackedDataset(ReaderBase, Dataset):
         return handle
 
     def _shard_labels(self, shard: int) -> np.ndarray:
+        """The labels of ``shard``, read-only: a view of its mapped files (shared by every worker through
+        the page cache; nothing is copied per worker, so a worker's memory does not grow with the
+        dataset). Kept while the shard is open, dropped when it is closed: a map holds a file open,
+        and LMDB's is unmapped with its environment, so use the view at once (index or copy it), and
+        never keep it past opening another shard."""
         labels = self._labels.get(shard)
         if labels is None:
             labels = self._labels[shard] = self.read_labels(self._handle(shard))

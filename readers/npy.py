@@ -60,7 +60,7 @@ class NpyDataset(PackedDataset):
         return data
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
-        return np.array(handle.labels)  # a copy: the labels stay cached after the shard is closed
+        return handle.labels  # a view of the mapped file (see PackedDataset._shard_labels)
 
     def read_field(self, handle: _NpyShard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]

@@ -487,3 +487,66 @@ def test_image_sizes_come_from_the_index_without_reading_an_image(tmp_path, fmt,
 
 def test_an_output_of_one_size_has_sizes_too(packed):
     assert open_dataset(packed["npy"]).image_sizes.tolist() == [[32, 40]] * 15
+
+
+@pytest.fixture(scope="module")
+def many_labels(tmp_path_factory) -> dict[str, Path]:
+    """3,000 tiny images in 3 classes, in 6 shards of 500, as npy, lmdb and hdf5."""
+    from conftest import make_tree
+
+    root = tmp_path_factory.mktemp("src") / "images"
+    make_tree(root, {"a": 1000, "b": 1000, "c": 1000}, size=(4, 4))
+    out = tmp_path_factory.mktemp("many")
+    cfg = {f: ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=500)) for f in ("npy", "lmdb", "hdf5")}
+    for fmt, c in cfg.items():
+        convert(root, out / fmt, c, workers=2)
+    return {fmt: out / fmt for fmt in cfg}
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_labels_are_views_of_the_files_not_copies(many_labels, fmt):
+    """Every worker used to copy every shard's labels (8 B a sample each): they are now views of the
+    mapped files, which the page cache shares between processes."""
+    ds = open_dataset(many_labels[fmt])
+    labels = ds._shard_labels(1)
+    assert labels.tolist() == [0] * 500 and not labels.flags.owndata and not labels.flags.writeable
+    base = labels
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    import mmap
+    assert isinstance(base, (mmap.mmap, memoryview)), type(base)
+    assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_a_workers_labels_take_no_memory_per_sample(many_labels, fmt):
+    """One sample of each of the 6 shards, read in a batch: what reading their labels leaves
+    allocated in this process is a few objects per shard, not 8 bytes per sample (4,000 per shard,
+    the copies every worker made before)."""
+    import inspect
+    import tracemalloc
+
+    ds = open_dataset(many_labels[fmt])
+    code = type(ds).read_labels.__code__
+    lines = range(code.co_firstlineno, code.co_firstlineno + len(inspect.getsource(type(ds).read_labels).splitlines()))
+    tracemalloc.start(30)
+    try:
+        batch = ds.__getitems__(list(range(0, 3000, 500)))
+        traces = tracemalloc.take_snapshot().traces
+    finally:
+        tracemalloc.stop()
+    assert [int(sample[1]) for sample in batch] == [0, 0, 1, 1, 2, 2]
+    kept = sum(t.size for t in traces
+               if any(f.filename == code.co_filename and f.lineno in lines for f in t.traceback))
+    assert kept < 6 * 1500, kept  # npy: nothing at all, the labels were mapped with the shard
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_labels_are_dropped_with_their_shard(many_labels, fmt):
+    """A view of a closed LMDB map would read freed memory, and npy's and hdf5's maps hold their
+    files open: the views leave the cache with their shard."""
+    ds = open_dataset(many_labels[fmt], max_open_shards=2)
+    assert [int(s[1]) for s in ds.__getitems__([0, 500, 1000])] == [0, 0, 1]
+    assert sorted(ds._labels) == sorted(ds._handles) == [1, 2]
+    assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
+    assert len(ds._labels) <= 2

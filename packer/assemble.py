@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from packer import __version__
 from packer.config import ConvertConfig
 from packer.discover import Discovery
@@ -68,12 +70,12 @@ def shard_entries(results: list[ShardResult], layout: SampleLayout) -> list[Shar
 
 def class_counts(results: list[ShardResult], classes: int, start: Optional[list[int]] = None) -> list[int]:
     """Samples per class of ``classes`` in the shards written, added to ``start`` (counts already held)."""
-    counts = list(start or []) + [0] * (classes - len(start or []))
+    counts = np.zeros(max(classes, len(start or [])), dtype=np.int64)
+    counts[:len(start or [])] = start or []
     for r in results:
-        for label in r.labels:
-            if 0 <= label < classes:
-                counts[label] += 1
-    return counts
+        labels = np.asarray(r.labels, dtype=np.int64)
+        counts[:classes] += np.bincount(labels[(labels >= 0) & (labels < classes)], minlength=classes)
+    return counts.tolist()
 
 
 def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:
@@ -94,7 +96,40 @@ def source_counts(found: Discovery) -> dict:
 
 
 def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
-    """Groups of sample keys whose source files have identical bytes, in key order."""
+    """Groups of sample keys whose source files have identical bytes (each group in stored order,
+    the groups sorted).
+
+    The digests are sorted as 128-bit numbers in numpy rather than grouped in a dict of lists: a
+    dict of N lists made the garbage collector walk the parent's heap again and again, so the
+    step after the workers cost more per file the more files there were."""
+    digests = [d for r in results for d in r.digests]
+    if not digests:
+        return []
+    joined = "".join(digests)
+    try:
+        raw = bytes.fromhex(joined) if len(joined) == 32 * len(digests) else None
+    except ValueError:
+        raw = None
+    if raw is None:  # digests that are not all 128-bit hex (none this packer records)
+        return _duplicates_by_dict(results)
+    halves = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)  # native order: faster to sort
+    order = np.argsort(halves[:, 0], kind="stable")  # stable: equal digests keep their stored order
+    high, low = halves[order, 0], halves[order, 1]
+    same_high = high[1:] == high[:-1]
+    same = same_high & (low[1:] == low[:-1])
+    if (same_high & ~same).any():  # digests that share only their first 64 bits: sort by all 128
+        order = np.lexsort((halves[:, 1], halves[:, 0]))
+        high, low = halves[order, 0], halves[order, 1]
+        same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
+    if not same.any():
+        return []
+    keys = [k for r in results for k in r.keys]
+    edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))  # a run of equal pairs a..b-1: rows a..b
+    runs = zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist())
+    return sorted([keys[i] for i in order[a:b + 1].tolist()] for a, b in runs)
+
+
+def _duplicates_by_dict(results: list[ShardResult]) -> list[list[str]]:
     groups: dict[str, list[str]] = {}
     for r in results:
         for key, digest in zip(r.keys, r.digests):

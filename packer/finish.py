@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from packer.manifest import Manifest, write_manifest
-from packer.output import record_shard
+from packer.output import record_renamed
 from packer.records import ShardResult
 from packer.registry import get_format
 from packer.report import REPORT_NAME, write_report
@@ -73,7 +73,7 @@ def name_shards(stage: Path, results: list[ShardResult], planned: list[str], fir
                     files.append(replace(f, path=path))
                 renamed = replace(result, name=name, files=files)
             if renamed != result:
-                record_shard(stage, renamed, plan_name)
+                record_renamed(stage, plan_name, renamed)
             named.append(renamed)
     return named
 

@@ -8,6 +8,7 @@ finished shard (its files' SHA-256), so an interrupted run continues where it st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,9 @@ from packer.system import stop_signals_held
 STAGING_MARK = ".packer-staging"
 PLAN_RECORD = ".packer-plan.json"
 DONE_SUFFIX = ".done.json"
+RENAMED_SUFFIX = ".renamed.json"
+"""Beside a shard's record once ``packer.finish`` renamed its files: the new name and paths, a few
+bytes, where rewriting the record (every sample's key and digest) cost a second per 400k files."""
 
 
 def check_output(output: Path, overwrite: bool, source: Optional[Path] = None) -> None:
@@ -167,15 +171,38 @@ def read_plan(stage: Path) -> Optional[dict]:
 def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None) -> None:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
     name (default: its own; ``packer.finish`` renames shards before publishing)."""
-    _write_json(stage / f"{planned or result.name}{DONE_SUFFIX}", result.to_dict())
+    name = planned or result.name
+    (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
+    _write_json(stage / f"{name}{DONE_SUFFIX}", result.to_dict())
+
+
+def record_renamed(stage: Path, planned: str, result: ShardResult) -> None:
+    """Note that the recorded shard ``planned`` is now ``result`` (its files renamed, or deleted for a
+    shard without samples); ``finished_shards`` gives it so."""
+    _write_json(stage / f"{planned}{RENAMED_SUFFIX}", {"name": result.name, "files": [f.path for f in result.files]})
+
+
+def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
+    """``result`` as ``record_renamed`` last left it (itself when it was never renamed)."""
+    try:
+        record = json.loads((stage / f"{planned}{RENAMED_SUFFIX}").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return result
+    paths = record["files"]
+    if paths and len(paths) != len(result.files):
+        raise ValueError(f"{planned}: its rename record does not match its files")
+    return dataclasses.replace(result, name=record["name"],
+                               files=[dataclasses.replace(f, path=p) for f, p in zip(result.files, paths)])
 
 
 def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
-    """Shards of an interrupted run whose record exists and whose files still match their SHA-256."""
+    """Shards of an interrupted run whose record exists and whose files still match their SHA-256
+    (as renamed by ``record_renamed``)."""
     finished = {}
     for name in names:
         try:
             result = ShardResult.from_dict(json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8")))
+            result = _renamed(stage, name, result)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if all(_intact(stage, f.path, f.bytes, f.sha256) for f in result.files):
@@ -213,7 +240,8 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
             if moved:
                 os.rename(old, output)
             raise
-    for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in output.glob(f"*{DONE_SUFFIX}")]]:
+    records = [*output.glob(f"*{DONE_SUFFIX}"), *output.glob(f"*{RENAMED_SUFFIX}")]
+    for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in records]]:
         (output / record).unlink(missing_ok=True)
     if moved:
         remove_tree(old)

@@ -170,3 +170,35 @@ def test_resume_rewrites_shards_an_older_format_version_wrote(image_tree, tmp_pa
     assert resumed.processed == 15  # every shard, the first one again
     assert "shard-00000: written at another format version (before packer 0.3.0" in caplog.text
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "whole" / MANIFEST_NAME).read_bytes()
+
+
+def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypatch):
+    """A Ctrl-C after the first shard's files were renamed to their published names (but before the
+    others'): --resume finds the renamed shard by its rename record, keeps every shard, and
+    publishes what an uninterrupted run does."""
+    import packer.finish
+    from packer.output import RENAMED_SUFFIX
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    real = packer.finish.record_renamed
+    calls: list[str] = []
+
+    def stop_after_the_first(stage, planned, result):
+        real(stage, planned, result)
+        calls.append(planned)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.finish, "record_renamed", stop_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        convert(image_tree, out, config, workers=1)
+    monkeypatch.setattr(packer.finish, "record_renamed", real)
+    stage = staging_dir(out)
+    assert calls == ["shard-00000"] and [p.name for p in stage.glob(f"*{RENAMED_SUFFIX}")] == [
+        f"shard-00000{RENAMED_SUFFIX}"]
+    renamed = json.loads((stage / f"shard-00000{RENAMED_SUFFIX}").read_text())["name"]
+    assert renamed.startswith("shard-00000-") and (stage / f"{renamed}.images.npy").is_file()
+    assert convert(image_tree, out, config, workers=1, resume=True).processed == 0
+    convert(image_tree, tmp_path / "fresh", config, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
+    assert not list(out.glob(f"*{RENAMED_SUFFIX}"))

@@ -48,3 +48,21 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
          "convert_s": 0.0}]}
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table
+
+
+def test_scale_tree_is_byte_distinct_32px_jpegs_and_extrapolates_through_the_two_largest(tmp_path):
+    import bench_scale
+    from PIL import Image
+
+    root = bench_scale.make_tree(tmp_path / "tree", 60, folders=3)
+    files = sorted(root.rglob("*.jpg"))
+    assert [f.relative_to(root).as_posix() for f in files[:2]] == ["c0/0000000.jpg", "c0/0000003.jpg"]
+    assert len({f.read_bytes() for f in files}) == 60  # the COM segment makes every file distinct
+    with Image.open(files[-1]) as img:
+        assert img.size == (32, 32) and img.format == "JPEG"
+    (root / "c0" / "0000000.jpg").unlink()
+    assert bench_scale.make_tree(tmp_path / "tree", 60, folders=3) == root  # complete: reused as it is
+    assert not (root / "c0" / "0000000.jpg").exists()
+    slope, intercept, at = bench_scale.extrapolate([(10, 99.0), (100, 2.0), (1000, 11.0)], at=10_000)
+    assert (slope, intercept, at) == (0.01, 1.0, 101.0)
+    assert "| 1,000 | npy | 2.50 |" in bench_scale.table(["size", "format", "s"], [[1000, "npy", 2.5]], markdown=True)

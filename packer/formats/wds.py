@@ -28,7 +28,8 @@ from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.codecs import CODECS, image_extension, npy_header
+from packer.codecs import CODECS, NpyDecoder, image_extension, npy_header
+from packer.errors import ManifestError
 from packer.formats.base import HashedFile, encoded_bytes
 from packer.manifest import Manifest, ShardEntry
 from packer.records import Sample, StoredSample
@@ -44,17 +45,8 @@ from packer.shard_names import (
     tar_member_key,
     wds_lengths_suffix,
 )
-from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
+from packer.tario import USTAR_OWNER, decode_tar_sample, iter_shard_samples, packer_header, tar_fields
 from packer.text import TOKEN_DTYPE
-
-USTAR_OWNER = "packer"
-"""User and group name of every member (uid and gid 0, mode 0444, mtime 0)."""
-
-_BEFORE_SIZE = b"0000444\0" + b"0000000\0" * 2  # mode, uid, gid: octal digits and a NUL, as tarfile writes them
-_AFTER_SIZE = b"00000000000\0"  # mtime 0
-_AFTER_CHECKSUM = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + USTAR_OWNER.encode().ljust(32, b"\0") * 2
-                   + bytes(16 + 155 + 12))  # regular file, no link, ustar magic, owners, no device, no prefix
-_FIXED_SUM = sum(_BEFORE_SIZE) + sum(_AFTER_SIZE) + sum(b" " * 8) + sum(_AFTER_CHECKSUM)
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -71,10 +63,7 @@ def ustar_header(name: str, size: int) -> bytes:
         info.size, info.mtime, info.mode = size, 0, 0o444
         info.uname = info.gname = USTAR_OWNER
         return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
-    size_field = b"%011o\0" % size
-    checksum = _FIXED_SUM + sum(raw) + sum(size_field)
-    return b"".join((raw, bytes(100 - len(raw)), _BEFORE_SIZE, size_field, _AFTER_SIZE, b"%06o\0 " % checksum,
-                     _AFTER_CHECKSUM))
+    return packer_header(raw, size)
 
 
 class WdsWriter:
@@ -179,24 +168,20 @@ def _sample_offset(directory: Path, shard: ShardEntry, tar: Path, start: int) ->
 
 def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tuple[list[str], np.ndarray]:
     """The keys and stored CRC-32s of a shard's samples, from its ``KEY.json`` members alone: found
-    through ``NAME.idx`` (format version 7), else by walking the tar's headers."""
+    through ``NAME.idx`` (format version 7), else by walking the tar's headers (``iter_shard_samples``)."""
     metas: list[bytes] = []
     tar_path = directory / shard.file(TAR_SUFFIX)
     index = [f.path for f in shard.files if f.path.endswith(DALI_INDEX)]
-    with open(tar_path, "rb") as f:
-        if index:
+    if index:
+        with open(tar_path, "rb") as f:
             for line in (directory / index[0]).read_text(encoding="ascii").splitlines()[1:]:
                 parts = line.split(" ")
                 for at in range(0, len(parts) - 3, 4):
                     if parts[at] == "json":
                         f.seek(int(parts[at + 1]))
                         metas.append(f.read(int(parts[at + 2])))
-        else:
-            with tarfile.open(fileobj=f, mode="r:") as tar:
-                for member in tar:
-                    if member.isfile() and member.name.partition(".")[2] == "json":
-                        extracted = tar.extractfile(member)
-                        metas.append(extracted.read() if extracted is not None else b"")
+    else:
+        metas = [fields["json"] for fields in iter_shard_samples(tar_path) if "json" in fields]
     if len(metas) != shard.samples:
         raise ValueError(f"{shard.name}: {len(metas)} samples in its tar; the manifest says {shard.samples}")
     decoded = [json.loads(m) for m in metas]
@@ -220,22 +205,29 @@ def _npy_parts(sample: Sample) -> tuple:
 
 
 def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:
-    """Every sample of one shard from sample ``start`` on, in order, read with tarfile and numpy alone
-    (encoded images as their bytes, the text fields as theirs). With ``NAME.idx`` (format version
-    7) the tar is read from that sample's first member on; older shards are read from the start."""
+    """Every sample of one shard from sample ``start`` on, in order, read with numpy alone (encoded
+    images as their bytes, the text fields as theirs; the tar's headers walked by
+    ``iter_shard_samples``, which refuses what packer never writes). With ``NAME.idx`` (format
+    version 7) the tar is read from that sample's first member on; older shards from the start."""
     codec = layout.codec.name if layout.has_image else None
+    npy = NpyDecoder()  # the images of a shard share one .npy header: parsed once
     shapes = None
     if layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):  # format version 6
         shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
     tar = directory / shard.file(TAR_SUFFIX)
     offset, first = _sample_offset(directory, shard, tar, start) if start else (0, 0)
     n = first
-    for n, fields in enumerate(iter_tar_samples(tar, offset=offset), start=first + 1):
+    samples = iter_shard_samples(tar, offset=offset)
+    for n, fields in enumerate(samples, start=first + 1):
         if n <= start:
             continue
-        pixels, label, meta = decode_tar_sample(fields, shard.name, codec)
+        try:
+            pixels, label, meta = decode_tar_sample(fields, shard.name, codec, npy)
+            stored = tar_fields(fields, layout.text, shard.name)
+        except ManifestError:
+            next(samples, None)  # a sample cut short by a break in the tar: the walk's error names the break
+            raise
         key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
-        stored = tar_fields(fields, layout.text, shard.name)
         shape = tuple(int(v) for v in shapes[n - 1]) if shapes is not None and n <= len(shapes) else None
         if layout.image is not ImageStorage.ENCODED:
             yield StoredSample(n - 1, key, label, pixels, crc, None, stored, shape)

@@ -106,11 +106,14 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     if not digests:
         return []
     joined = "".join(digests)
-    try:
-        raw = bytes.fromhex(joined) if len(joined) == 32 * len(digests) else None
-    except ValueError:
-        raw = None
-    if raw is None:  # digests that are not all 128-bit hex (none this packer records)
+    raw = None
+    if (all(len(r.keys) == len(r.digests) for r in results) and all(len(d) == 32 for d in digests)
+            and joined == joined.lower()):
+        try:
+            raw = bytes.fromhex(joined)
+        except ValueError:
+            pass
+    if raw is None:  # digests that are not all lowercase 128-bit hex (none this packer records)
         return _duplicates_by_dict(results)
     halves = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)  # native order: faster to sort
     order = np.argsort(halves[:, 0], kind="stable")  # stable: equal digests keep their stored order

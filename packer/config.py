@@ -170,7 +170,7 @@ class ShardSize:
     """How samples are cut into shards: a sample count, a byte budget, or ``auto``.
 
     ``auto`` cuts shards of at most 256 MiB, at least 4 per worker when they keep 1000 samples each
-    (``packer.plan``), and makes their number a multiple of the worker count, so that every worker
+    (up to 64; ``packer.plan``), and makes their number a multiple of the worker count, so that every worker
     gets the same amount of work.
     """
 

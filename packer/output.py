@@ -182,6 +182,21 @@ def record_renamed(stage: Path, planned: str, result: ShardResult) -> None:
     _write_json(stage / f"{planned}{RENAMED_SUFFIX}", {"name": result.name, "files": [f.path for f in result.files]})
 
 
+def forget_renamed(stage: Path, planned: str) -> None:
+    """Delete the files of the recorded shard ``planned`` under their published names, and its rename
+    record: a shard that --resume writes again is written under its planned name, and its old files
+    would be published beside the new ones."""
+    try:
+        record = json.loads((stage / f"{planned}{RENAMED_SUFFIX}").read_text(encoding="utf-8"))
+        paths = [str(p) for p in record["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        paths = []
+    for path in paths:
+        if "/" not in path and path.startswith("shard-"):  # a shard file of the stage, nothing else
+            (stage / path).unlink(missing_ok=True)
+    (stage / f"{planned}{RENAMED_SUFFIX}").unlink(missing_ok=True)
+
+
 def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
     """``result`` as ``record_renamed`` last left it (itself when it was never renamed)."""
     try:

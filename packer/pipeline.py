@@ -28,6 +28,7 @@ from packer.output import (
     check_output,
     discard,
     finished_shards,
+    forget_renamed,
     is_packer_output,
     lock_output,
     publish,
@@ -283,6 +284,9 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
         finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)
         if previous.get("sources") == SOURCES_PER_SHARD:
             finished = unchanged_sources(finished, tasks)
+        for task in tasks:
+            if task.name not in finished:
+                forget_renamed(stage, task.name)  # written again: its files of an interrupted publish go
         log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
         return finished
     if stage.exists() and not resume:

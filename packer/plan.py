@@ -27,6 +27,11 @@ AUTO_MIN_SAMPLES = 1000
 """...unless that makes shards smaller than this: a few seconds of work each, below which more
 shards only mean more files for the readers to open."""
 
+AUTO_MAX_EXTRA_SHARDS = 64
+"""...and never more shards than this for resumability alone (the readers' default
+``max_open_shards``: random batches over more shards than a reader keeps open reopen a shard on
+almost every read). Shards the 256 MiB cap asks for are not limited."""
+
 
 def shard_name(i: int) -> str:
     """Name of the ``i``-th shard; every file of the shard starts with it."""
@@ -40,8 +45,8 @@ def plan_shards(
 
     A sample count or byte size gives shards of that size (the last one smaller). ``auto`` gives
     shards of at most 256 MiB and at least ``AUTO_SHARDS_PER_WORKER`` per worker (while they keep
-    ``AUTO_MIN_SAMPLES`` each), as many as a multiple of ``workers`` and of equal size, so that no
-    worker waits for another at the end.
+    ``AUTO_MIN_SAMPLES`` each, and up to ``AUTO_MAX_EXTRA_SHARDS``), as many as a multiple of
+    ``workers`` and of equal size, so that no worker waits for another at the end.
     """
     n = len(items)
     if n == 0:
@@ -52,9 +57,9 @@ def plan_shards(
         per = max(1, int(size.bytes // max(sample_bytes, 1)))
     else:
         most = max(1, int(DEFAULT_SHARD_BYTES // max(sample_bytes, 1)))  # samples in 256 MiB
-        by_bytes = math.ceil(n / most)
-        wanted = min(max(by_bytes, AUTO_SHARDS_PER_WORKER * workers), max(by_bytes, n // AUTO_MIN_SAMPLES))
-        shards = min(n, math.ceil(wanted / workers) * workers)
+        by_bytes = math.ceil(math.ceil(n / most) / workers) * workers  # rounded up: each under 256 MiB
+        extra = min(AUTO_SHARDS_PER_WORKER * workers, AUTO_MAX_EXTRA_SHARDS, n // AUTO_MIN_SAMPLES)
+        shards = min(n, max(by_bytes, extra // workers * workers))  # rounded down: each of 1000 samples or more
         base, extra = divmod(n, shards)
         bounds, start = [], 0
         for i in range(shards):

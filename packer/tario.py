@@ -106,7 +106,8 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]], budget: Op
     current: dict = {}
     try:
         with tar:
-            for info in tar:
+            while (info := tar.next()) is not None:
+                tar.members.clear()  # tarfile keeps every header it read: memory that grew with the shard
                 if not info.isfile():
                     continue
                 member = PurePosixPath(info.name)

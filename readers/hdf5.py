@@ -125,7 +125,10 @@ class Hdf5Dataset(PackedDataset):
             return labels[:]  # a driver without a file descriptor
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         nbytes = labels.dtype.itemsize * labels.size
-        mapped = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_READ, offset=start)
+        try:
+            mapped = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_READ, offset=start)
+        except (OSError, ValueError):  # a filesystem that cannot map files, or a file shorter than its dataset
+            return labels[:]
         return np.frombuffer(mapped, dtype=labels.dtype, count=labels.size, offset=offset - start).reshape(labels.shape)
 
     def read_field(self, handle: _Hdf5Shard, local: int, field: str) -> np.ndarray:

@@ -271,7 +271,13 @@ class PackedDataset(ReaderBase, Dataset):
         (no image is read)."""
         out = np.empty(len(self), dtype=np.int64)
         for i, start in enumerate(self._offsets[:-1]):
-            out[start:self._offsets[i + 1]] = self._shard_labels(i)  # copied shard by shard (see _shard_labels)
+            with self._reading(i):
+                labels = self._shard_labels(i)  # copied shard by shard (see _shard_labels)
+                if len(labels) != self._offsets[i + 1] - start:
+                    raise ManifestError(f"{self.root / self.manifest.shards[i].name}: {len(labels)} labels where "
+                                        f"the manifest says {self._offsets[i + 1] - start} samples; the output is "
+                                        f"damaged, run packer verify {self.root}")
+                out[start:self._offsets[i + 1]] = labels
         return out
 
     @property
@@ -409,10 +415,15 @@ class PackedDataset(ReaderBase, Dataset):
         """Release an open shard."""
 
     # Handle lifecycle -------------------------------------------------------------------------
-    def _handle(self, shard: int) -> Any:
+    def _in_this_process(self) -> None:
+        """Forget what a parent process left (a forked worker): its handles must not be used, and its
+        label views may be of maps that opening a shard here unmaps (LMDB closes inherited
+        environments), so they are dropped before any is read."""
         if self._pid != os.getpid():
-            # A fresh process (forked worker): handles inherited from the parent must not be used.
             self._handles, self._labels, self._keys, self._pid = OrderedDict(), {}, {}, os.getpid()
+
+    def _handle(self, shard: int) -> Any:
+        self._in_this_process()
         handle = self._handles.get(shard)
         if handle is None:
             while len(self._handles) >= self.max_open_shards:
@@ -436,6 +447,7 @@ class PackedDataset(ReaderBase, Dataset):
         dataset). Kept while the shard is open, dropped when it is closed: a map holds a file open,
         and LMDB's is unmapped with its environment, so use the view at once (index or copy it), and
         never keep it past opening another shard."""
+        self._in_this_process()
         labels = self._labels.get(shard)
         if labels is None:
             labels = self._labels[shard] = self.read_labels(self._handle(shard))

@@ -5,8 +5,11 @@ seconds per epoch in every rank's main process, before the first batch. ``Permut
 any position to its index in constant memory: a keyed Feistel network on the smallest power of four
 at or above ``n`` (a bijection of that domain), with cycle walking (positions that land at or past
 ``n`` are mapped again until they fall inside, which keeps it a bijection of ``range(n)``). Six
-rounds of the splitmix64 finalizer make the order indistinguishable from a uniform shuffle for
-training (tests/test_permutation.py compares it with ``numpy``'s).
+rounds of the splitmix64 finalizer mix well enough for training (tests/test_permutation.py compares
+it with ``numpy``'s shuffle), though not uniformly over all n! orders, which small sizes show (a
+power of four is only ever evenly permuted; each of 5 elements lands unevenly): below
+``MATERIALIZED_BELOW`` elements the order is ``numpy``'s own seeded permutation, made whole (at most
+512 KB).
 
 The order is a function of the key alone: the same on every rank, in every process and on every
 platform (only 64-bit integer arithmetic), so workers, ranks and resumed runs agree without
@@ -18,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 ROUNDS = 6
+MATERIALIZED_BELOW = 1 << 16
 _MASK64 = (1 << 64) - 1
 _C1, _C2, _GOLDEN = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 
@@ -41,10 +45,13 @@ class Permutation:
     """The permutation of ``range(n)`` keyed by ``key`` (any int); ``p[positions]`` gives the indices
     at those positions (an int64 array for an array, an int for an int)."""
 
-    def __init__(self, n: int, key: int) -> None:
+    def __init__(self, n: int, key: int, materialized_below: int = MATERIALIZED_BELOW) -> None:
         if n < 0:
             raise ValueError(f"a permutation of {n} elements")
         self.n = int(n)
+        self._table = None
+        if self.n < materialized_below:
+            self._table = np.random.default_rng(int(key) & _MASK64).permutation(self.n).astype(np.int64)
         half = 1
         while (1 << (2 * half)) < self.n:
             half += 1
@@ -70,6 +77,9 @@ class Permutation:
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         if pos.size and (pos.min() < 0 or pos.max() >= self.n):
             raise IndexError(f"positions outside a permutation of {self.n}")
+        if self._table is not None:
+            out = self._table[pos]
+            return int(out[0]) if scalar else out.reshape(np.shape(positions))
         x = self._encrypt(pos.astype(np.uint64))
         n = np.uint64(self.n)
         outside = np.flatnonzero(x >= n)

@@ -5,7 +5,7 @@
 - the order of an epoch is a seeded random permutation (``readers.permutation``, keyed by
   ``(seed, epoch)``): the same on every rank and in every run, different in every epoch. It is
   evaluated batch by batch as the epoch goes, never built whole, so that an epoch of 10^8 samples
-  starts at once and holds no list of them (order version ``ORDER_VERSION``; packer 0.6 and
+  starts at once and holds no list of them (order version ``ORDER_VERSION``; packer 0.6.0 and
   earlier drew ``torch.randperm``);
 - with ``world_size`` ranks, rank ``r`` takes positions ``r, r + world_size, ...`` of that order,
   so the ranks are disjoint and together see every sample exactly once per epoch;
@@ -176,7 +176,7 @@ class EpochBatchSampler(Sampler[list[int]]):
                                  f"this sampler has {key}={getattr(self, key)}")
         if self.shuffle and state.get("order", 1) != ORDER_VERSION and int(state["batches"]) > 0:
             raise ValueError(f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
-                             "that shuffled epochs in another order (packer 0.6 or earlier), so the rest of the epoch "
+                             "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the epoch "
                              "would repeat some samples and miss others. Resume at the next epoch: set "
                              "state['epoch'] += 1 and state['batches'] = 0")
         self.epoch = int(state["epoch"])

@@ -23,7 +23,7 @@ from packer.codecs import NpyDecoder
 from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.shard_names import NPY_IMAGE_SHAPES, TAR_SUFFIX, wds_lengths_suffix
-from packer.tario import decode_tar_sample, iter_tar_samples, tar_fields
+from packer.tario import decode_tar_sample, iter_shard_samples, tar_fields
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import Numbered, PackedBatch
 from readers.crops import Placement, place_geometry
@@ -178,13 +178,20 @@ class WdsDataset(ReaderBase, IterableDataset):
     def _local_tar(self, path: Path) -> Iterator[dict]:
         """The samples of a local tar shard; the output is checked to be the one this dataset
         opened once the file is open (before its first sample is used), so no sample of a newer
-        output written in its place is ever passed on."""
+        output written in its place is ever passed on. Each sample is passed on once the next one has
+        begun (or the tar ended cleanly): the sample in progress where a damaged tar breaks may lack
+        members, and is never passed on."""
         checked = False
-        for fields in iter_tar_samples(path):
+        pending = None
+        for fields in iter_shard_samples(path):  # headers walked here, not by tarfile (see packer.tario)
             if not checked:
                 self.check_unchanged()
                 checked = True
-            yield fields
+            if pending is not None:
+                yield pending
+            pending = fields
+        if pending is not None:
+            yield pending
 
     def _side_file(self, shard: ShardEntry, suffix: str):
         """A small file of a shard, to read: local (size checked), or fetched whole from the URL root

@@ -42,8 +42,15 @@ def test_duplicates_named():
     x, y = "1" * 16 + "0" * 16, "1" * 16 + "2" * 16
     shared = [ShardResult("s0", 4, [], keys=["a", "b", "c", "d"], digests=[x, y, x, y])]
     assert find_duplicates(shared) == [["a", "c"], ["b", "d"]]
-    # Digests of another length (none this packer records) are still grouped
+    # Digests of other lengths or case, or fewer keys than digests (none this packer records), are
+    # grouped as strings
     assert find_duplicates([ShardResult("s0", 2, [], keys=["a", "b"], digests=["ab", "ab"])]) == [["a", "b"]]
+    odd = [ShardResult("s0", 3, [], keys=["a", "b", "c"], digests=["1" * 32, "0" * 30, "0" * 34])]
+    assert find_duplicates(odd) == []
+    assert find_duplicates([ShardResult("s0", 2, [], keys=["a", "b"], digests=["AB" * 16, "ab" * 16])]) == []
+    short = [ShardResult("s0", 3, [], keys=["a", "b"], digests=[a, b, a]), ShardResult("s1", 1, [], keys=["c"],
+                                                                                        digests=[a])]
+    assert find_duplicates(short) == _duplicates_by_dict(short) == [["a", "c"]]
 
 
 def test_class_counts():

@@ -57,7 +57,8 @@ def test_a_damaged_first_tar_header_names_the_shard(outputs, tmp_path):
     data[148] ^= 0x01  # a digit of the first header's checksum field: tarfile.open fails on it
     tar.write_bytes(bytes(data))
     assert re.fullmatch(r"shard-00000-[0-9a-f]{12}\.tar", tar.name)
-    with pytest.raises(ManifestError, match=re.escape(f"{tar.name} is not a complete tar file")):
+    with pytest.raises(ManifestError, match=re.escape(f"{tar.name}: the tar header at byte 0 is damaged (its checksum "
+                                                      "does not match)")):
         read_every_sample(copy)
 
 

@@ -112,7 +112,10 @@ def test_estimate_sample_bytes(tmp_path):
     "n, workers, expected",
     [
         (100_000, 2, [12_500] * 8),  # 4 shards per worker: a Ctrl-C at 70% keeps 5 of 8 for --resume
-        (10_000, 4, [834] * 4 + [833] * 8),  # 16 would be under 1000 samples: 10, rounded up to 12
+        (10_000, 4, [1250] * 8),  # 16 would be under 1000 samples: 10, rounded down to 8
+        (3_900, 2, [1950, 1950]),  # 3 of 1300, rounded down to 2: never under 1000 samples
+        (1_000_000, 32, [15_625] * 64),  # 128 wanted, 64 at most (readers keep 64 shards open)
+        (1_000_000, 100, [10_000] * 100),  # more workers than 64: one shard each, as before
         (2_000, 2, [1000, 1000]),  # small outputs stay one shard per worker
         (5_000, 1, [1250] * 4),
     ],

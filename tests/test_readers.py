@@ -491,13 +491,16 @@ def test_an_output_of_one_size_has_sizes_too(packed):
 
 @pytest.fixture(scope="module")
 def many_labels(tmp_path_factory) -> dict[str, Path]:
-    """3,000 tiny images in 3 classes, in 6 shards of 500, as npy, lmdb and hdf5."""
+    """3,000 tiny images in 3 classes, in 6 shards of 500, as npy, lmdb and hdf5 (``FMT-300``: in
+    shards of 300)."""
     from conftest import make_tree
 
     root = tmp_path_factory.mktemp("src") / "images"
     make_tree(root, {"a": 1000, "b": 1000, "c": 1000}, size=(4, 4))
     out = tmp_path_factory.mktemp("many")
     cfg = {f: ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=500)) for f in ("npy", "lmdb", "hdf5")}
+    cfg.update({f"{f}-300": ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=300))
+                for f in ("npy", "lmdb", "hdf5")})
     for fmt, c in cfg.items():
         convert(root, out / fmt, c, workers=2)
     return {fmt: out / fmt for fmt in cfg}
@@ -550,3 +553,64 @@ def test_labels_are_dropped_with_their_shard(many_labels, fmt):
     assert sorted(ds._labels) == sorted(ds._handles) == [1, 2]
     assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
     assert len(ds._labels) <= 2
+
+
+def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
+    """Reading a 3,000-sample tar shard: the memory held after 2,500 samples is what it was after
+    500 (tarfile kept every member's header: three per sample, ~1.5 KB a sample). The stream path
+    (remote shards, through tarfile) drops them as it goes too."""
+    import io
+    import itertools
+    import tracemalloc
+
+    from packer.tario import iter_tar_samples
+
+    src = tmp_path / "src"
+    from conftest import make_tree
+    make_tree(src, {"a": 3000}, size=(4, 4))
+    out = tmp_path / "wds"
+    convert(src, out, ConvertConfig("wds", PreprocessConfig(size=(4, 4)), ShardSize(samples=3000)), workers=1)
+    tar = next(f.path for f in read_manifest(out).shards[0].files if f.path.endswith(".tar"))
+
+    def held_after(samples, counts) -> list[int]:
+        tracemalloc.start()
+        try:
+            got, done = [], 0
+            for n in counts:
+                for _ in itertools.islice(samples, n - done):
+                    pass
+                done = n
+                got.append(tracemalloc.get_traced_memory()[0])
+            return got
+        finally:
+            tracemalloc.stop()
+
+    first, later = held_after(iter(open_dataset(out)), [500, 2500])
+    assert later - first < 50_000, (first, later)
+    stream = io.BytesIO((out / tar).read_bytes())
+    first, later = held_after(iter_tar_samples(stream, name=tar), [500, 2500])
+    assert later - first < 50_000, (first, later)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_label_views_do_not_cross_a_fork(many_labels, fmt):
+    """Two datasets read in a parent, then in a forked child (DataLoader workers, a mixture's parts):
+    the child's first open closes the environments LMDB inherited, so views cached by the parent
+    would read unmapped memory (a segfault) or another file's labels. The child drops them first."""
+    import multiprocessing as mp
+
+    a, b = open_dataset(many_labels[fmt]), open_dataset(many_labels[f"{fmt}-300"])  # other files, other maps
+    want = [int(s[1]) for s in a.__getitems__([0, 600, 1200, 1800, 2400])]
+    assert want == [0, 0, 1, 1, 2] and [int(s[1]) for s in b.__getitems__([0, 600, 1200, 1800, 2400])] == want
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        got = [[int(s[1]) for s in ds.__getitems__([2400, 1800, 1200, 600, 0])] for ds in (a, b)]
+        send.send(got)
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0, f"the forked reader died (exit code {proc.exitcode})"
+    assert recv.recv() == [want[::-1]] * 2

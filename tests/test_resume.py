@@ -202,3 +202,32 @@ def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypat
     convert(image_tree, tmp_path / "fresh", config, workers=1)
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
     assert not list(out.glob(f"*{RENAMED_SUFFIX}"))
+
+
+def test_a_renamed_shard_written_again_leaves_no_old_files(image_tree, tmp_path, monkeypatch):
+    """A Ctrl-C among the renames, then the renamed shard's source changes: --resume writes that shard
+    again, and its files under the old published name are not published beside the new ones."""
+    import packer.finish
+    from packer.output import is_packer_output
+    from packer.verify import verify
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    real = packer.finish.record_renamed
+
+    def stop_after_the_first(stage, planned, result):
+        real(stage, planned, result)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.finish, "record_renamed", stop_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        convert(image_tree, out, config, workers=1)
+    monkeypatch.setattr(packer.finish, "record_renamed", real)
+    old = sorted(p.name for p in staging_dir(out).glob("shard-00000-*"))
+    assert old
+    write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=97)  # in the renamed shard
+    assert convert(image_tree, out, config, workers=1, resume=True).processed == 5
+    assert is_packer_output(out) and verify(out) == []
+    assert not set(old) & {p.name for p in out.iterdir()}  # the content tag changed with the content
+    convert(image_tree, tmp_path / "fresh", config, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()

@@ -212,12 +212,19 @@ def test_bucket_sampler_refuses_bad_arguments():
     assert len(LengthBucketSampler([1, 2, 3, 4], 1, world_size=2, rank=1).batches(0)) == 2
 
 
-def test_epoch_start_does_not_build_the_order():
-    """10 million samples: the first batch comes without the epoch's order being made (no list of
-    10^7 ints; torch.randperm alone took a second here)."""
+def test_epoch_start_does_not_build_the_order(monkeypatch):
+    """10 million samples: the first batch comes with one chunk of the epoch's order evaluated, not
+    the whole of it (a list of 10^7 ints; torch.randperm alone took a second here)."""
+    from readers.permutation import Permutation
+
+    evaluated: list[int] = []
+    real = Permutation.__getitem__
+    monkeypatch.setattr(Permutation, "__getitem__", lambda self, p: evaluated.append(np.size(p)) or real(self, p))
     s = EpochBatchSampler(10_000_000, 256, seed=5, rank=1, world_size=8)
     s.set_epoch(3)
     first = next(iter(s))
+    assert evaluated == [16384]  # 64 batches of 256: one chunk
+    monkeypatch.setattr(Permutation, "__getitem__", real)
     assert len(first) == 256 and first.epoch == 3
     perm = s.permutation(3)
     assert first == perm[np.arange(256) * 8 + 1].tolist()  # positions 1, 9, 17, ... of the epoch's order

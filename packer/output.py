@@ -26,7 +26,8 @@ PLAN_RECORD = ".packer-plan.json"
 DONE_SUFFIX = ".done.json"
 RENAMED_SUFFIX = ".renamed.json"
 """Beside a shard's record once ``packer.finish`` renamed its files: the new name and paths, a few
-bytes, where rewriting the record (every sample's key and digest) cost a second per 400k files."""
+bytes, where rewriting the record (every sample's key and digest) cost time per file after the
+workers (docs/BENCHMARKS.md, the scale benchmark)."""
 
 
 def check_output(output: Path, overwrite: bool, source: Optional[Path] = None) -> None:

@@ -39,7 +39,7 @@ ORDER_VERSION = 2
 
 _CHUNK = 16384
 """Positions of the epoch order evaluated at once: enough to make numpy's per-call cost vanish,
-few enough that the first batch comes in about a millisecond."""
+few enough that the first batch does not wait for much more of the epoch than it needs."""
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -176,8 +176,8 @@ class EpochBatchSampler(Sampler[list[int]]):
                                  f"this sampler has {key}={getattr(self, key)}")
         if self.shuffle and state.get("order", 1) != ORDER_VERSION and int(state["batches"]) > 0:
             raise ValueError(f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
-                             "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the epoch "
-                             "would repeat some samples and miss others. Resume at the next epoch: set "
+                             "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the "
+                             "epoch would repeat some samples and miss others. Resume at the next epoch: set "
                              "state['epoch'] += 1 and state['batches'] = 0")
         self.epoch = int(state["epoch"])
         self.start = int(state["batches"])

@@ -557,7 +557,7 @@ def test_labels_are_dropped_with_their_shard(many_labels, fmt):
 
 def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
     """Reading a 3,000-sample tar shard: the memory held after 2,500 samples is what it was after
-    500 (tarfile kept every member's header: three per sample, ~1.5 KB a sample). The stream path
+    500 (tarfile kept every member's header, three per sample). The stream path
     (remote shards, through tarfile) drops them as it goes too."""
     import io
     import itertools

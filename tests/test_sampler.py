@@ -214,7 +214,7 @@ def test_bucket_sampler_refuses_bad_arguments():
 
 def test_epoch_start_does_not_build_the_order(monkeypatch):
     """10 million samples: the first batch comes with one chunk of the epoch's order evaluated, not
-    the whole of it (a list of 10^7 ints; torch.randperm alone took a second here)."""
+    the whole of it (a list of 10^7 ints, as torch.randperm made it before)."""
     from readers.permutation import Permutation
 
     evaluated: list[int] = []

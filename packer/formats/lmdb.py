@@ -26,7 +26,7 @@ from typing import ClassVar, Iterator, Optional
 import lmdb
 import numpy as np
 
-from packer.codecs import decode_npy, encode_npy, npy_header
+from packer.codecs import NpyDecoder, decode_npy, encode_npy, npy_header
 from packer.formats.base import encoded_bytes
 from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
@@ -228,10 +228,11 @@ def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, 
             if not length == len(labels) == len(crcs) == shard.samples:
                 raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
                                  f"the manifest says {shard.samples}")
+            npy = NpyDecoder()  # the images of a shard share one .npy header: parsed once, not per image
             for i in range(start, length):
                 key = get(lmdb_key_key(i)).decode("utf-8")
                 value = get(lmdb_image_key(i)) if image else None
-                pixels = decode_npy(value) if image and not encoded else None
+                pixels = npy(value) if image and not encoded else None
                 fields = {f.name: get(lmdb_field_key(i, f.name)) for f in layout.text}
                 shape = tuple(int(v) for v in shapes[i]) if shapes is not None and i < len(shapes) else None
                 yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields,

@@ -116,14 +116,9 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     if raw is None:  # digests that are not all lowercase 128-bit hex (none this packer records)
         return _duplicates_by_dict(results)
     halves = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)  # native order: faster to sort
-    order = np.argsort(halves[:, 0], kind="stable")  # stable: equal digests keep their stored order
+    order = np.lexsort((halves[:, 1], halves[:, 0]))  # stable: equal digests keep their stored order
     high, low = halves[order, 0], halves[order, 1]
-    same_high = high[1:] == high[:-1]
-    same = same_high & (low[1:] == low[:-1])
-    if (same_high & ~same).any():  # digests that share only their first 64 bits: sort by all 128
-        order = np.lexsort((halves[:, 1], halves[:, 0]))
-        high, low = halves[order, 0], halves[order, 1]
-        same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
+    same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
     if not same.any():
         return []
     keys = [k for r in results for k in r.keys]

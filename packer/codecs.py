@@ -80,7 +80,7 @@ class NpyDecoder:
             prefix, dtype, shape, nbytes = self._header
             if len(data) == len(prefix) + nbytes and bytes(data[: len(prefix)]) == prefix:
                 return np.frombuffer(data, dtype=dtype, offset=len(prefix)).reshape(shape)
-        array = decode_npy(bytes(data))
+        array = npy_view(data)
         if self._header is None and array.dtype.isnative and not array.dtype.hasobject and array.flags.c_contiguous:
             self._header = (bytes(data[: len(data) - array.nbytes]), array.dtype, array.shape, array.nbytes)
         return array

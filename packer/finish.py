@@ -48,8 +48,9 @@ def name_shards(stage: Path, results: list[ShardResult], planned: list[str], fir
     names (see the module), numbered from ``first`` (an append's follow the output's), returning the
     results as they now are (an empty shard with no files).
 
-    Each shard's record for ``--resume`` (under its ``planned`` name) is rewritten as soon as its
-    files are renamed, so an interrupted rename leaves at most one shard to write again. Results
+    Each shard's rename is recorded for ``--resume`` (``output.record_renamed``, beside its record
+    under its ``planned`` name) as soon as its files are renamed, so an interrupted rename leaves at
+    most one shard to write again. Results
     already renamed by an interrupted run are renamed again only where their name changed."""
     tag = content_tag([r for r in results if r.samples])
     named = []

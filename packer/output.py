@@ -183,14 +183,21 @@ def record_renamed(stage: Path, planned: str, result: ShardResult) -> None:
     _write_json(stage / f"{planned}{RENAMED_SUFFIX}", {"name": result.name, "files": [f.path for f in result.files]})
 
 
+def _rename_record(stage: Path, planned: str) -> Optional[dict]:
+    """What ``record_renamed`` last noted of the shard ``planned``; None if it never was renamed."""
+    try:
+        return json.loads((stage / f"{planned}{RENAMED_SUFFIX}").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
 def forget_renamed(stage: Path, planned: str) -> None:
     """Delete the files of the recorded shard ``planned`` under their published names, and its rename
     record: a shard that --resume writes again is written under its planned name, and its old files
     would be published beside the new ones."""
     try:
-        record = json.loads((stage / f"{planned}{RENAMED_SUFFIX}").read_text(encoding="utf-8"))
-        paths = [str(p) for p in record["files"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        paths = [str(p) for p in (_rename_record(stage, planned) or {}).get("files", [])]
+    except (OSError, ValueError, TypeError, AttributeError):
         paths = []
     for path in paths:
         if "/" not in path and path.startswith("shard-"):  # a shard file of the stage, nothing else
@@ -200,9 +207,8 @@ def forget_renamed(stage: Path, planned: str) -> None:
 
 def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
     """``result`` as ``record_renamed`` last left it (itself when it was never renamed)."""
-    try:
-        record = json.loads((stage / f"{planned}{RENAMED_SUFFIX}").read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    record = _rename_record(stage, planned)
+    if record is None:
         return result
     paths = record["files"]
     if paths and len(paths) != len(result.files):

@@ -6,11 +6,12 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from packer import __version__
+from packer.columns import StrColumn
 from packer.config import ConvertConfig
 from packer.discover import Discovery
 from packer.manifest import Manifest, ShardEntry
@@ -102,17 +103,17 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     The digests are sorted as 128-bit numbers in numpy rather than grouped in a dict of lists: a
     dict of N lists made the garbage collector walk the parent's heap again and again, so the
     step after the workers cost more per file the more files there were."""
-    digests = [d for r in results for d in r.digests]
-    if not digests:
+    if not any(len(r.digests) for r in results):
         return []
-    joined = "".join(digests)
+    parts = [_hex128(r.digests) if len(r.keys) == len(r.digests) else None for r in results]
     raw = None
-    if (all(len(r.keys) == len(r.digests) for r in results) and all(len(d) == 32 for d in digests)
-            and joined == joined.lower()):
-        try:
-            raw = bytes.fromhex(joined)
-        except ValueError:
-            pass
+    if all(p is not None for p in parts):
+        joined = "".join(parts)  # type: ignore[arg-type]
+        if joined == joined.lower():
+            try:
+                raw = bytes.fromhex(joined)
+            except ValueError:
+                pass
     if raw is None:  # digests that are not all lowercase 128-bit hex (none this packer records)
         return _duplicates_by_dict(results)
     halves = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)  # native order: faster to sort
@@ -121,10 +122,22 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
     if not same.any():
         return []
-    keys = [k for r in results for k in r.keys]
+    starts = np.cumsum([0] + [len(r.keys) for r in results])
+
+    def key(row: int) -> str:  # only the keys of duplicates are decoded
+        shard = int(np.searchsorted(starts, row, side="right")) - 1
+        return results[shard].keys[row - int(starts[shard])]
+
     edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))  # a run of equal pairs a..b-1: rows a..b
     runs = zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist())
-    return sorted([keys[i] for i in order[a:b + 1].tolist()] for a, b in runs)
+    return sorted([key(i) for i in order[a:b + 1].tolist()] for a, b in runs)
+
+
+def _hex128(digests: Sequence[str]) -> Optional[str]:
+    """``digests`` concatenated when each has 32 characters (a 128-bit hex digest), else None."""
+    if isinstance(digests, StrColumn):
+        return digests.joined() if digests.uniform_width() == 32 or not len(digests) else None
+    return "".join(digests) if all(len(d) == 32 for d in digests) else None
 
 
 def _duplicates_by_dict(results: list[ShardResult]) -> list[list[str]]:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import csv
 import json
 import os
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
+
 from packer.class_map import extend_class_map
 from packer.errors import InputError
+from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, TableBuilder
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
 
@@ -28,7 +32,8 @@ class Discovery:
     """
 
     root: Path
-    items: list[SourceItem]
+    items: Sequence[SourceItem]
+    """A list, or for a folder of single-field samples an ``ItemTable`` (no object per file)."""
     classes: Optional[list[str]]
     skipped: list[Skipped] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
@@ -109,13 +114,26 @@ def discover(
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
-    files, ignored, unlisted = _walk(root)
-    chosen = tuple(f for f in FIELD_KINDS if f in fields) if fields else _find_fields(files)
-    samples, problems = _samples(files, chosen, ignored, allow_missing)
+    listing, ignored, by_kind, unlisted = _walk(root)
+    if fields:
+        chosen = tuple(f for f in FIELD_KINDS if f in fields)
+    elif sum(1 for counts in by_kind if counts) < 2:  # one kind of file (or none): nothing to pair
+        chosen = ("image",) if by_kind[_KIND_CODES["image"]] else ("text",)
+    else:
+        chosen = _find_fields(listing.pairs())
+    for code, counts in enumerate(by_kind):  # files of the kinds that are not fields are not used
+        if FIELD_KINDS[code] not in chosen:
+            for ext, n in counts.items():
+                ignored[ext] = ignored.get(ext, 0) + n
+    if len(chosen) == 1 and labels_file is None:
+        return _single_field(root, listing, chosen[0], dict(sorted(ignored.items())), unlisted, classes, add_classes)
+    files = listing.pairs()
+    del listing
+    samples, problems = _samples(files, chosen, allow_missing)
     unlisted += problems
     ignored = dict(sorted(ignored.items()))
     if labels_file is not None:
-        found = _with_labels_file(root, samples, ignored, Path(labels_file), classes, add_classes)
+        found = _with_labels_file(root, samples, ignored, Path(labels_file), chosen, classes, add_classes)
         found.skipped[:0] = unlisted
         found.fields = chosen
         found.labels_from = "file"
@@ -126,20 +144,52 @@ def discover(
         if classes is not None:
             raise InputError(f"--classes gives a class map, but {root} has no class folders (its samples are "
                              "unlabelled); leave --classes out, or give the folder that holds the class folders")
-        items = [_item(base, i, c) for i, c in enumerate(samples)]
-        return Discovery(root, items, None, unlisted, ignored, chosen)
+        items = _builder(base, chosen)
+        for c in samples:
+            items.add(c.key, UNLABELLED, c.files)
+        return Discovery(root, items.build(), None, unlisted, ignored, chosen)
     if classes is not None:
         class_dirs = extend_class_map(classes, class_dirs, add_classes, str(root))
     class_index = {name: i for i, name in enumerate(class_dirs)}
-    items: list[SourceItem] = []
+    items = _builder(base, chosen)
     skipped: list[Skipped] = list(unlisted)
     for c in samples:
         top, slash, _ = c.key.partition("/")
         if not slash:
             skipped.append(Skipped(c.key, "not inside a class folder (the source has class subfolders)"))
             continue
-        items.append(_item(base, len(items), c, class_index[top]))
-    return Discovery(root, items, class_dirs, skipped, ignored, chosen)
+        items.add(c.key, class_index[top], c.files)
+    return Discovery(root, items.build(), class_dirs, skipped, ignored, chosen)
+
+
+def _single_field(root: Path, listing: "_Listing", field_: str, ignored: dict[str, int], unlisted: list[Skipped],
+                  classes: Optional[Sequence[str]], add_classes: bool) -> Discovery:
+    """``discover`` of a tree whose samples are single files of field ``field_``, into an
+    ``ItemTable`` over the walk's own buffers (no object per file; see ``discover`` for the rules)."""
+    keep = np.frombuffer(listing.kinds, np.uint8) == _KIND_CODES[field_]
+    class_dirs = class_folders(root)
+    labels = None
+    skipped = list(unlisted)
+    if not class_dirs and classes is not None:
+        raise InputError(f"--classes gives a class map, but {root} has no class folders (its samples are "
+                         "unlabelled); leave --classes out, or give the folder that holds the class folders")
+    if class_dirs:
+        if classes is not None:
+            class_dirs = extend_class_map(classes, class_dirs, add_classes, str(root))
+        labels = np.full(len(listing), UNLABELLED, np.int32)
+        for index, name in enumerate(class_dirs):
+            # The listing is sorted, so a class folder's files are one run: those from "name/" on, before "name0".
+            prefix = (name + "/").encode("utf-8")
+            labels[listing.first_from(prefix):listing.first_from(prefix[:-1] + b"0")] = index
+        outside = keep & (labels == UNLABELLED)
+        for i in np.flatnonzero(outside).tolist():
+            skipped.append(Skipped(listing.rel(i), "not inside a class folder (the source has class subfolders)"))
+        keep &= ~outside
+    mode = IMAGES if field_ == "image" else SINGLE
+    table = ItemTable(_joinable(root), listing.blob, np.frombuffer(listing.ends, np.int64), labels, mode, (field_,))
+    if not keep.all():
+        table = table.take(np.flatnonzero(keep)).compact(renumber=True)
+    return Discovery(root, table, class_dirs or None, skipped, ignored, (field_,))
 
 
 def class_folders(root: str | os.PathLike) -> list[str]:
@@ -160,10 +210,10 @@ class _Candidate(NamedTuple):
     rel: str  # the one file of a single-field sample, the first file of a paired one
 
 
-def _item(base: str, index: int, c: _Candidate, label: int = UNLABELLED) -> SourceItem:
-    """The source item of candidate ``c``, its paths under ``base`` (``_joinable`` of the root)."""
-    parts = tuple((f, base + rel) for f, rel in c.files) if c.files else ()
-    return SourceItem(index, base + c.rel, c.key, label, parts)
+def _builder(base: str, fields: tuple[str, ...]) -> TableBuilder:
+    """A builder of the ``ItemTable`` of samples of ``fields`` under ``base`` (``_joinable`` of the
+    root), to which each candidate's key, label and ``files`` are added."""
+    return TableBuilder(base, PAIRED if len(fields) > 1 else IMAGES if fields == ("image",) else SINGLE, fields)
 
 
 def _joinable(root: Path) -> str:
@@ -201,17 +251,11 @@ def _stem(rel: str) -> tuple[str, str]:
 
 
 def _samples(
-    files: list[tuple[str, str]], fields: tuple[str, ...], ignored: dict[str, int], allow_missing: bool
+    files: list[tuple[str, str]], fields: tuple[str, ...], allow_missing: bool
 ) -> tuple[list[_Candidate], list[Skipped]]:
-    """Group the listed files into samples of ``fields``; files of other kinds are counted in
-    ``ignored``, paired samples that cannot be used are returned as skipped."""
-    used: list[tuple[str, str]] = []
-    for rel, kind in files:
-        if kind in fields:
-            used.append((kind, rel))
-        else:
-            ext = os.path.splitext(rel)[1].lower()  # never empty: the walk keeps known kinds only
-            ignored[ext] = ignored.get(ext, 0) + 1
+    """Group the listed files of the kinds in ``fields`` into samples (the other files are counted as
+    ignored by the caller); paired samples that cannot be used are returned as skipped."""
+    used = [(kind, rel) for rel, kind in files if kind in fields]
     if len(fields) == 1:
         if fields == ("image",):
             return [_Candidate(rel, (), rel) for _, rel in used], []
@@ -242,61 +286,152 @@ def _samples(
     return samples, skipped
 
 
-def _walk(root: Path) -> tuple[list[tuple[str, str]], dict[str, int], list[Skipped]]:
-    """All image, text and json files under root as sorted (POSIX relative path, field kind) pairs,
-    other files counted by extension, and what could not be listed or named.
+_KIND_CODES = {kind: code for code, kind in enumerate(FIELD_KINDS)}
+_CODE_OF_EXTENSION = {ext: _KIND_CODES[kind] for ext, kind in _KIND_OF_EXTENSION.items()}
 
-    Iterative (no recursion limit on deep trees) and in sorted order, real folders before symlinks
-    to folders; symlinked folders are followed, each real folder at most once, so a symlink loop
-    ends and a folder reachable twice is always found under the same path. Paths are plain strings:
-    pathlib objects per file made discovery several times slower, and the workers wait for it.
-    """
-    found: list[tuple[str, str]] = []
-    ignored: Counter[str] = Counter()
-    problems: list[Skipped] = []
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[str, str]] = [(os.fspath(root), "")]  # (folder, its relative POSIX path)
-    while stack:
-        folder, rel_dir = stack.pop()
-        prefix = rel_dir + "/" if rel_dir else ""
-        try:
-            st = os.stat(folder)
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as e:
-            problems.append(Skipped(prefix or "/", f"cannot read folder: {e.strerror or e}"))
-            continue
-        subfolders = []
-        for entry in entries:
-            name = entry.name
-            if is_litter(name):
-                continue
-            rel = prefix + name
-            if not _utf8(name):  # the folder's own name was checked when it was listed
-                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-                problems.append(Skipped(shown, "file name is not valid UTF-8; rename it"))
-                continue
-            try:
-                is_dir = entry.is_dir(follow_symlinks=True)
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if not is_packer_folder(entry.path):
-                    subfolders.append((entry.is_symlink(), name, entry.path))
-                continue
-            dot = name.rfind(".")  # os.path.splitext's extension: the name does not start with a dot
-            ext = name[dot:].lower() if dot > 0 else ""
-            kind = _KIND_OF_EXTENSION.get(ext)
-            if kind is not None:
-                found.append((rel, kind))
+
+class _Listing:
+    """The files the walk found, in sorted path order, in flat buffers (an object per file cost
+    hundreds of bytes at 10^8 files): their relative POSIX paths' UTF-8 bytes back to back, the
+    ``ends`` offsets that bound them, and each one's kind (its index in ``FIELD_KINDS``)."""
+
+    def __init__(self) -> None:
+        self.blob = bytearray()
+        self.ends = array("q", [0])
+        self.kinds = bytearray()
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def rel(self, i: int) -> str:
+        """The relative path of the ``i``-th file."""
+        return self.blob[self.ends[i]:self.ends[i + 1]].decode("utf-8")
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every file as a (relative path, field kind) pair, in order (for the rarer paths that group
+        files: paired samples, a labels file)."""
+        return [(self.rel(i), FIELD_KINDS[k]) for i, k in enumerate(self.kinds)]
+
+    def first_from(self, prefix: bytes) -> int:
+        """Position of the first file whose path's bytes sort at or after ``prefix`` (UTF-8 sorts as
+        the code points do, so this is the order of the paths as strings)."""
+        lo, hi = 0, len(self)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.blob[self.ends[mid]:self.ends[mid + 1]] < prefix:
+                lo = mid + 1
             else:
-                ignored[ext or "(no extension)"] += 1
-        # Pushed in reverse so that they are walked in sorted order, real folders first.
-        stack.extend((path, prefix + name) for _, name, path in sorted(subfolders, reverse=True))
-    found.sort()
-    return found, dict(sorted(ignored.items())), problems
+                hi = mid
+        return lo
+
+    def spliced(self, inserts: list[tuple[int, "_Listing"]]) -> "_Listing":
+        """This listing with each of ``inserts`` (position, listing), in position order, put in at its position."""
+        if not inserts:
+            return self
+        out, done = _Listing(), 0
+        for at, part in [*inserts, (len(self), None)]:
+            out._extend(self, done, at)
+            if part is not None:
+                out._extend(part, 0, len(part))
+            done = at
+        return out
+
+    def _extend(self, other: "_Listing", a: int, b: int) -> None:
+        start, shift = other.ends[a], len(self.blob)
+        self.blob += other.blob[start:other.ends[b]]
+        self.ends.extend(e - start + shift for e in other.ends[a + 1:b + 1])
+        self.kinds += other.kinds[a:b]
+
+
+def _walk(root: Path) -> tuple[_Listing, dict[str, int], list[Counter[str]], list[Skipped]]:
+    """All image, text and json files under root in sorted relative-path order (a ``_Listing``), other
+    files counted by extension, the files of each kind counted by extension (what discovery reports
+    as ignored when that kind is not a field), and what could not be listed or named.
+
+    Each folder's entries are walked in sorted order of their paths (a folder's name sorts with a
+    ``/`` after it), so the files come out sorted with no list of them all to sort. Iterative (no
+    recursion limit on deep trees). Symlinked folders are followed, each real folder at most once,
+    and only after every folder reachable without one: a folder reachable both ways is found
+    under its real path, and a symlink loop ends. Paths are plain strings (pathlib objects per file
+    made discovery several times slower, and the workers wait for it).
+    """
+    ignored: Counter[str] = Counter()
+    by_kind: list[Counter[str]] = [Counter() for _ in FIELD_KINDS]
+    problems: list[Skipped] = []
+    listing = _walk_tree(os.fspath(root), "", set(), ignored, by_kind, problems)
+    return listing, dict(sorted(ignored.items())), by_kind, problems
+
+
+def _walk_tree(folder: str, rel_dir: str, seen: set[tuple[int, int]], ignored: Counter[str],
+               by_kind: list[Counter[str]], problems: list[Skipped]) -> _Listing:
+    """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them."""
+    out = _Listing()
+    blob, ends, kinds = out.blob, out.ends, out.kinds
+    linked: list[tuple[int, str, str]] = []  # (position, path, relative path) of symlinked folders
+    stack = [iter(_entries(folder, rel_dir, seen, problems))]
+    while stack:
+        entry = next(stack[-1], None)
+        if entry is None:
+            stack.pop()
+            continue
+        _, rel, path, code = entry
+        if code is _FOLDER:
+            stack.append(iter(_entries(path, rel, seen, problems)))
+        elif code is _LINKED_FOLDER:
+            linked.append((len(kinds), path, rel))
+        elif code is _OTHER:
+            ignored[path] += 1  # for other files, the entry's path field holds the extension
+        else:
+            blob += rel.encode("utf-8")
+            ends.append(len(blob))
+            kinds.append(code)
+            by_kind[code][path] += 1
+    inserts = [(at, _walk_tree(path, rel, seen, ignored, by_kind, problems)) for at, path, rel in linked]
+    return out.spliced([(at, part) for at, part in inserts if len(part)])
+
+
+_FOLDER, _LINKED_FOLDER, _OTHER = "folder", "linked folder", "other"
+
+
+def _entries(folder: str, rel_dir: str, seen: set[tuple[int, int]], problems: list[Skipped]) -> list[tuple]:
+    """The entries of one folder in sorted path order, as (sort key, relative path, path or
+    extension, kind): a kind code for a file of a field kind (with its extension), ``_OTHER`` for
+    another file (with its extension), ``_FOLDER`` or ``_LINKED_FOLDER`` (with its path). Empty for
+    a folder already walked (by its device and inode) or one that cannot be read (reported)."""
+    prefix = rel_dir + "/" if rel_dir else ""
+    try:
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            return []
+        seen.add((st.st_dev, st.st_ino))
+        listed = list(os.scandir(folder))
+    except OSError as e:
+        problems.append(Skipped(prefix or "/", f"cannot read folder: {e.strerror or e}"))
+        return []
+    entries = []
+    for entry in listed:
+        name = entry.name
+        if is_litter(name):
+            continue
+        rel = prefix + name
+        if not _utf8(name):  # the folder's own name was checked when it was listed
+            shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+            problems.append(Skipped(shown, "file name is not valid UTF-8; rename it"))
+            continue
+        try:
+            is_dir = entry.is_dir(follow_symlinks=True)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if not is_packer_folder(entry.path):
+                entries.append((name + "/", rel, entry.path, _LINKED_FOLDER if entry.is_symlink() else _FOLDER))
+            continue
+        dot = name.rfind(".")  # os.path.splitext's extension: the name does not start with a dot
+        ext = name[dot:].lower() if dot > 0 else ""
+        code = _CODE_OF_EXTENSION.get(ext)
+        entries.append((name, rel, ext or "(no extension)", _OTHER if code is None else code))
+    entries.sort(key=lambda e: e[0])
+    return entries
 
 
 def _utf8(name: str) -> bool:
@@ -308,7 +443,8 @@ def _utf8(name: str) -> bool:
 
 
 def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path,
-                      given: Optional[Sequence[str]] = None, add_classes: bool = False) -> Discovery:
+                      fields: tuple[str, ...], given: Optional[Sequence[str]] = None,
+                      add_classes: bool = False) -> Discovery:
     """Label ``samples`` from a CSV whose paths name a sample's key or any of its files (the labels are
     names in the ``given`` class map, when there is one)."""
     known = {n for c in samples for n in (c.key, c.rel, *(rel for _, rel in c.files))}
@@ -327,8 +463,7 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
         classes = names
         index = {n: i for i, n in enumerate(names)}
     listed: set[str] = set()
-    base = _joinable(root)
-    items: list[SourceItem] = []
+    items = _builder(_joinable(root), fields)
     skipped: list[Skipped] = []
     for c in samples:
         names_of = [c.key, c.rel, *(rel for _, rel in c.files)]
@@ -337,10 +472,10 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
             skipped.append(Skipped(c.key, f"no label in {labels_file.name}"))
             continue
         listed.update(n for n in names_of if n in labels)
-        items.append(_item(base, len(items), c, index[labels[hit]]))
+        items.add(c.key, index[labels[hit]], c.files)
     for rel in sorted(set(labels) - listed):
         skipped.append(Skipped(rel, f"listed in {labels_file.name} but not found in the source folder"))
-    return Discovery(root, items, classes, skipped, ignored)
+    return Discovery(root, items.build(), classes, skipped, ignored)
 
 
 def read_labels_file(path: Path, known: Optional[set[str]] = None) -> dict[str, str]:

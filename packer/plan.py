@@ -16,6 +16,7 @@ from PIL import Image
 
 from packer.config import DEFAULT_SHARD_BYTES, ConvertConfig, ShardSize
 from packer.discover import Discovery
+from packer.item_table import ItemTable
 from packer.records import ShardTask, SourceItem
 from packer.sample_layout import SampleLayout
 
@@ -66,16 +67,24 @@ def plan_shards(
             end = start + base + (1 if i < extra else 0)
             bounds.append((start, end))
             start = end
-        return [ShardTask(shard_name(i), tuple(items[a:b])) for i, (a, b) in enumerate(bounds)]
-    return [ShardTask(shard_name(i), tuple(items[a : a + per])) for i, a in enumerate(range(0, n, per))]
+        return [ShardTask(shard_name(i), _part(items, a, b)) for i, (a, b) in enumerate(bounds)]
+    return [ShardTask(shard_name(i), _part(items, a, a + per)) for i, a in enumerate(range(0, n, per))]
 
 
-def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> list[SourceItem]:
+def _part(items: Sequence[SourceItem], start: int, stop: int) -> Sequence[SourceItem]:
+    """A shard's items: a view of an ``ItemTable`` (no object per item), else a tuple."""
+    return items[start:stop] if isinstance(items, ItemTable) else tuple(items[start:stop])
+
+
+def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> Sequence[SourceItem]:
     """The order samples are stored in: sorted source order, or with a seed the permutation
-    ``numpy.random.default_rng(seed).permutation(len(items))`` of it."""
+    ``numpy.random.default_rng(seed).permutation(len(items))`` of it (a view of an ``ItemTable``)."""
     if seed is None:
-        return list(items)
-    return [items[i] for i in np.random.default_rng(seed).permutation(len(items))]
+        return items if isinstance(items, ItemTable) else list(items)
+    order = np.random.default_rng(seed).permutation(len(items))
+    if isinstance(items, ItemTable):
+        return items.take(order)
+    return [items[i] for i in order]
 
 
 def estimate_sample_bytes(layout: SampleLayout, items: Sequence[SourceItem]) -> float:

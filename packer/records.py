@@ -11,6 +11,8 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from zlib_ng.zlib_ng import crc32
 
+from packer.columns import IntColumn, StrColumn
+
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
 
@@ -178,7 +180,8 @@ class ShardTask:
     """The work of one shard: its name and the source items it holds, in order."""
 
     name: str
-    items: tuple[SourceItem, ...]
+    items: Sequence[SourceItem]
+    """A tuple, or a view of the discovery's ``packer.item_table.ItemTable``."""
 
 
 @dataclass
@@ -283,9 +286,9 @@ class ShardResult:
     samples: int
     files: list[FileEntry]
     skipped: list[Skipped] = field(default_factory=list)
-    keys: list[str] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
+    keys: Sequence[str] = field(default_factory=list)
+    labels: Sequence[int] = field(default_factory=list)
+    digests: Sequence[str] = field(default_factory=list)
     stats: ShardStats = field(default_factory=ShardStats)
     sources: str = ""
     digest: str = SOURCE_DIGEST
@@ -298,6 +301,13 @@ class ShardResult:
     """``--codec source`` outputs: ``kept``, the runs ``[start, stop)`` of the shard's samples stored as
     their source files' bytes, and how many were re-encoded as ``jpeg`` and as ``png``
     (``add_image_source``)."""
+
+    def packed(self) -> "ShardResult":
+        """This result with its per-sample lists as columns (``packer.columns``): what the parent holds
+        of every shard until the manifest is written, a few bytes a sample instead of ~180."""
+        self.keys, self.labels, self.digests = StrColumn.of(self.keys), IntColumn.of(self.labels), \
+            StrColumn.of(self.digests)
+        return self
 
     def add_image_source(self, local: int, kept: bool, codec: str) -> None:
         """Record how the image of the shard's sample ``local`` (the next one) was stored."""
@@ -316,7 +326,8 @@ class ShardResult:
         return {
             "name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
             "skipped": [s.to_dict() for s in self.skipped],
-            "keys": self.keys, "labels": self.labels, "digests": self.digests, "stats": self.stats.to_dict(),
+            "keys": list(self.keys), "labels": list(self.labels), "digests": list(self.digests),
+            "stats": self.stats.to_dict(),
             "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
             **({"boxes": self.boxes} if self.boxes else {}),
             **({"image_sources": self.image_sources} if self.image_sources else {}),
@@ -329,9 +340,9 @@ class ShardResult:
         shard --resume then writes again."""
         return cls(
             d["name"], int(d["samples"]), [FileEntry.from_dict(f) for f in d["files"]],
-            [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]), [int(v) for v in d["labels"]],
-            list(d["digests"]), ShardStats.from_dict(d["stats"]), str(d.get("sources", "")),
-            str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
+            [Skipped(s["path"], s["reason"]) for s in d["skipped"]], list(d["keys"]),
+            [int(v) for v in d["labels"]], list(d["digests"]), ShardStats.from_dict(d["stats"]),
+            str(d.get("sources", "")), str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
             {str(k): int(v) for k, v in d.get("boxes", {}).items()},
             int(d.get("scaled_counts", 0)), dict(d.get("image_sources", {})),
-        )
+        ).packed()

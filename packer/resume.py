@@ -13,6 +13,7 @@ import logging
 from dataclasses import asdict
 
 from packer.config import ConvertConfig
+from packer.item_table import ItemTable
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask
 from packer.text import TextConfig
 from packer.worker import fields_stamp, files_stamp, sources_digest
@@ -48,6 +49,10 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
+        fast = task.items.plan_lines() if isinstance(task.items, ItemTable) and not stamps else None
+        if fast is not None:  # the same bytes, without an object per item
+            h.update(fast.encode())
+            continue
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
             stamp = files_stamp(item) if stamps else fields_stamp(item)

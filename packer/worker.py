@@ -440,4 +440,4 @@ def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Cal
     result.files = [file_entry(directory, name, writer.digests.get(name), structure) for name in files]
     result.format_version = spec.version(job.layout)
     result.sources = sources.hexdigest()
-    return result
+    return result.packed()

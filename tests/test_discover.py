@@ -161,6 +161,44 @@ def test_order_is_sorted_and_deterministic(tmp_path):
     assert again.classes == first.classes
 
 
+def test_order_is_the_paths_sorted_when_names_prefix_each_other(tmp_path):
+    """The walk emits files in sorted order with no sort of them all: a folder sorts as its name and a
+    slash, so ``b.png`` comes before ``b/x.png`` and ``b/x.png`` before ``b0.png``, as sorting the
+    paths does."""
+    names = ["a/b.png", "a/b/x.png", "a/b0.png", "a/b-c.png", "a/b-/y.png", "a/ba/z.png", "a/é/q.png", "a/z.png",
+             "b/1.png"]
+    for n in reversed(names):
+        touch(tmp_path / n)
+    assert rels(discover(tmp_path)) == sorted(names)
+
+
+def test_folder_reachable_by_a_symlink_is_found_under_its_real_path(tmp_path):
+    """Symlinked folders are walked after every real one: a symlink that sorts before the folder it
+    points at does not take its files, and is not walked twice."""
+    touch(tmp_path / "b" / "real" / "x.png")
+    touch(tmp_path / "b" / "y.png")
+    touch(tmp_path / "a" / "z.png")
+    (tmp_path / "a" / "link").symlink_to(tmp_path / "b" / "real", target_is_directory=True)
+    outside = tmp_path.parent / (tmp_path.name + "-outside")
+    touch(outside / "o.png")
+    (tmp_path / "a" / "away").symlink_to(outside, target_is_directory=True)
+    found = discover(tmp_path)
+    assert rels(found) == ["a/away/o.png", "a/z.png", "b/real/x.png", "b/y.png"]
+    assert [(i.index, i.label) for i in found.items] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+
+
+def test_single_field_items_share_the_walks_buffers(tmp_path):
+    """A folder of images is held as an ItemTable: no SourceItem object per file until one is asked for."""
+    from packer.item_table import ItemTable
+
+    for n in ["c/1.png", "c/2.png", "d/3.png"]:
+        touch(tmp_path / n)
+    found = discover(tmp_path)
+    assert isinstance(found.items, ItemTable) and found.items.rows is None
+    assert found.items.labels.tolist() == [0, 0, 1]
+    assert found.items[2].path == os.path.join(str(tmp_path), "d", "3.png")
+
+
 def test_items_cover_make_tree(tmp_path):
     paths = make_tree(tmp_path, {"x": 2, "y": 3})
     found = discover(tmp_path)

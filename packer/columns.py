@@ -1,0 +1,139 @@
+"""Read-only columns of per-sample values in flat buffers: what a shard's result carries per sample.
+
+A shard's result lists each written sample's key, label and source digest. As Python lists they
+cost the parent about 180 bytes a sample (a string object per key and per digest, an int per label)
+for the whole run; as columns they cost the bytes of the values plus 8 bytes an offset (none for
+digests, which are all 32 characters). Both columns are ``Sequence``s equal to the lists they hold.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional, Sequence, overload
+
+import numpy as np
+
+
+class _Column:
+    """Equality with any column, list or tuple of the same values, as a list has."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (_Column, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))  # type: ignore[arg-type]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator:
+        raise NotImplementedError
+
+
+class StrColumn(_Column, Sequence[str]):
+    """Strings as their UTF-8 bytes back to back: ``offsets`` (N + 1) bound them, or, when every
+    string has ``width`` bytes, nothing does."""
+
+    __slots__ = ("blob", "offsets", "width", "count")
+
+    def __init__(self, blob: bytes, offsets: Optional[np.ndarray], width: int = 0, count: int = 0) -> None:
+        self.blob, self.offsets, self.width = blob, offsets, width
+        self.count = len(offsets) - 1 if offsets is not None else count
+
+    @classmethod
+    def of(cls, values: Iterable[str]) -> "StrColumn":
+        """The column of ``values`` (a list, or anything iterable of str)."""
+        if isinstance(values, StrColumn):
+            return values
+        encoded = [v.encode("utf-8") if isinstance(v, str) else _not_str(v) for v in values]
+        blob = b"".join(encoded)
+        widths = {len(e) for e in encoded}
+        if len(widths) == 1:
+            return cls(blob, None, widths.pop(), len(encoded))
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        return cls(blob, offsets)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.count))]
+        if not -self.count <= i < self.count:
+            raise IndexError(f"value {i} of a column of {self.count}")
+        i %= self.count
+        if self.offsets is None:
+            return self.blob[i * self.width:(i + 1) * self.width].decode("utf-8")
+        return self.blob[int(self.offsets[i]):int(self.offsets[i + 1])].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        if self.offsets is None:
+            w = self.width
+            for a in range(0, self.count * w, w):
+                yield self.blob[a:a + w].decode("utf-8")
+            return
+        bounds = self.offsets.tolist()
+        for a, b in zip(bounds, bounds[1:]):
+            yield self.blob[a:b].decode("utf-8")
+
+    def __repr__(self) -> str:
+        return f"StrColumn({self.count} values)"
+
+    def __reduce__(self):
+        return (StrColumn, (self.blob, self.offsets, self.width, self.count))
+
+    def joined(self) -> str:
+        """Every value, concatenated (one decode, not one a value)."""
+        return self.blob.decode("utf-8")
+
+    def uniform_width(self) -> int:
+        """The byte length every value has, 0 when they differ (or for an empty column)."""
+        return self.width if self.offsets is None else 0
+
+
+def _not_str(value: object) -> bytes:
+    raise TypeError(f"a column of strings cannot hold {type(value).__name__} {value!r}")
+
+
+class IntColumn(_Column, Sequence[int]):
+    """Integers in one numpy array (int64: labels, counts)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    @classmethod
+    def of(cls, values: Iterable[int]) -> "IntColumn":
+        """The column of ``values``."""
+        if isinstance(values, IntColumn):
+            return values
+        return cls(np.asarray(list(values) if not isinstance(values, (list, tuple, np.ndarray)) else values,
+                              dtype=np.int64).reshape(-1))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.values[i].tolist()
+        return int(self.values[i])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.values.tolist())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.values if dtype is None else self.values.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"IntColumn({len(self.values)} values)"
+
+    def __reduce__(self):
+        return (IntColumn, (self.values,))

@@ -6,12 +6,12 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from packer import __version__
-from packer.columns import StrColumn
+from packer.columns import HexColumn
 from packer.config import ConvertConfig
 from packer.discover import Discovery
 from packer.manifest import Manifest, ShardEntry
@@ -100,44 +100,40 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     """Groups of sample keys whose source files have identical bytes (each group in stored order,
     the groups sorted).
 
-    The digests are sorted as 128-bit numbers in numpy rather than grouped in a dict of lists: a
-    dict of N lists made the garbage collector walk the parent's heap again and again, so the
-    step after the workers cost more per file the more files there were."""
+    The first 64 bits of every 128-bit digest are sorted in place in numpy, 8 bytes a sample; only
+    the samples whose first 64 bits another one shares (the duplicates, and almost never any other)
+    are compared whole and have their keys decoded. A dict of N lists, the way before, cost an
+    object per sample and made the garbage collector walk the parent's heap again and again."""
     if not any(len(r.digests) for r in results):
         return []
-    parts = [_hex128(r.digests) if len(r.keys) == len(r.digests) else None for r in results]
-    raw = None
-    if all(p is not None for p in parts):
-        joined = "".join(parts)  # type: ignore[arg-type]
-        if joined == joined.lower():
-            try:
-                raw = bytes.fromhex(joined)
-            except ValueError:
-                pass
-    if raw is None:  # digests that are not all lowercase 128-bit hex (none this packer records)
+    raws = [_raw128(r) for r in results]
+    if any(raw is None for raw in raws):  # digests that are not all 128-bit hex (none this packer records)
         return _duplicates_by_dict(results)
-    halves = np.frombuffer(raw, dtype=">u8").astype(np.uint64).reshape(-1, 2)  # native order: faster to sort
-    order = np.lexsort((halves[:, 1], halves[:, 0]))  # stable: equal digests keep their stored order
-    high, low = halves[order, 0], halves[order, 1]
-    same = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
-    if not same.any():
+    # Native-order words of big-endian digests: not their numeric order, but equal where the digests are.
+    firsts = [np.frombuffer(raw, np.uint64)[::2] for raw in raws]  # type: ignore[arg-type]
+    high = np.concatenate(firsts)
+    high.sort()
+    shared = np.unique(high[1:][high[1:] == high[:-1]])
+    del high
+    if not shared.size:
         return []
-    starts = np.cumsum([0] + [len(r.keys) for r in results])
-
-    def key(row: int) -> str:  # only the keys of duplicates are decoded
-        shard = int(np.searchsorted(starts, row, side="right")) - 1
-        return results[shard].keys[row - int(starts[shard])]
-
-    edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))  # a run of equal pairs a..b-1: rows a..b
-    runs = zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist())
-    return sorted([key(i) for i in order[a:b + 1].tolist()] for a, b in runs)
+    groups: dict[bytes, list[str]] = {}
+    for r, raw, first in zip(results, raws, firsts):
+        at = np.minimum(np.searchsorted(shared, first), len(shared) - 1)
+        for local in np.flatnonzero(shared[at] == first).tolist():  # in stored order
+            groups.setdefault(raw[local * 16:(local + 1) * 16], []).append(r.keys[local])  # type: ignore[index]
+    return sorted(keys for keys in groups.values() if len(keys) > 1)
 
 
-def _hex128(digests: Sequence[str]) -> Optional[str]:
-    """``digests`` concatenated when each has 32 characters (a 128-bit hex digest), else None."""
-    if isinstance(digests, StrColumn):
-        return digests.joined() if digests.uniform_width() == 32 or not len(digests) else None
-    return "".join(digests) if all(len(d) == 32 for d in digests) else None
+def _raw128(result: ShardResult) -> Optional[bytes]:
+    """The 16 bytes of each of ``result``'s digests back to back; None unless each is a lowercase
+    128-bit hex digest and there is one per key."""
+    digests = result.digests
+    if len(result.keys) != len(digests):
+        return None
+    if not isinstance(digests, HexColumn):
+        digests = HexColumn.of(digests) if len(digests) else HexColumn(b"", 16)
+    return digests.raw if isinstance(digests, HexColumn) and digests.width == 16 else None
 
 
 def _duplicates_by_dict(results: list[ShardResult]) -> list[list[str]]:

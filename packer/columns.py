@@ -2,8 +2,9 @@
 
 A shard's result lists each written sample's key, label and source digest. As Python lists they
 cost the parent about 180 bytes a sample (a string object per key and per digest, an int per label)
-for the whole run; as columns they cost the bytes of the values plus 8 bytes an offset (none for
-digests, which are all 32 characters). Both columns are ``Sequence``s equal to the lists they hold.
+for the whole run; as columns they cost the bytes of the values plus 8 bytes an offset for keys, the
+16 bytes a 128-bit digest is for digests, 4 for labels. Every column is a ``Sequence`` equal to the
+list it holds.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class StrColumn(_Column, Sequence[str]):
         encoded = [v.encode("utf-8") if isinstance(v, str) else _not_str(v) for v in values]
         blob = b"".join(encoded)
         widths = {len(e) for e in encoded}
-        if len(widths) == 1:
+        if len(widths) == 1 and min(widths) > 0:
             return cls(blob, None, widths.pop(), len(encoded))
         offsets = np.zeros(len(encoded) + 1, np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
@@ -98,12 +99,61 @@ class StrColumn(_Column, Sequence[str]):
         return self.width if self.offsets is None else 0
 
 
+class HexColumn(_Column, Sequence[str]):
+    """Lowercase hexadecimal strings of ``width`` bytes each (source digests), held as those bytes."""
+
+    __slots__ = ("raw", "width")
+
+    def __init__(self, raw: bytes, width: int) -> None:
+        self.raw, self.width = raw, width
+
+    @classmethod
+    def of(cls, values: Iterable[str]) -> "HexColumn | StrColumn":
+        """The column of ``values``: a HexColumn when they are all lowercase hex of one even length,
+        else a StrColumn (digests recorded by another packer)."""
+        if isinstance(values, (HexColumn, StrColumn)):
+            return values
+        values = list(values)
+        lengths = {len(v) if isinstance(v, str) else -1 for v in values}
+        if len(lengths) == 1 and (n := lengths.pop()) > 0 and n % 2 == 0:
+            joined = "".join(values)
+            if joined == joined.lower():
+                try:
+                    return cls(bytes.fromhex(joined), n // 2)
+                except ValueError:
+                    pass
+        return StrColumn.of(values)
+
+    def __len__(self) -> int:
+        return len(self.raw) // self.width if self.width else 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"value {i} of a column of {n}")
+        i %= n
+        return self.raw[i * self.width:(i + 1) * self.width].hex()
+
+    def __iter__(self) -> Iterator[str]:
+        w = self.width
+        for a in range(0, len(self.raw), w):
+            yield self.raw[a:a + w].hex()
+
+    def __repr__(self) -> str:
+        return f"HexColumn({len(self)} values of {self.width} bytes)"
+
+    def __reduce__(self):
+        return (HexColumn, (self.raw, self.width))
+
+
 def _not_str(value: object) -> bytes:
     raise TypeError(f"a column of strings cannot hold {type(value).__name__} {value!r}")
 
 
 class IntColumn(_Column, Sequence[int]):
-    """Integers in one numpy array (int64: labels, counts)."""
+    """Integers in one numpy array (labels: int32)."""
 
     __slots__ = ("values",)
 
@@ -111,12 +161,14 @@ class IntColumn(_Column, Sequence[int]):
         self.values = values
 
     @classmethod
-    def of(cls, values: Iterable[int]) -> "IntColumn":
-        """The column of ``values``."""
+    def of(cls, values: Iterable[int], dtype: type = np.int32) -> "IntColumn":
+        """The column of ``values``, as ``dtype``, or int64 where one does not fit in it."""
         if isinstance(values, IntColumn):
             return values
-        return cls(np.asarray(list(values) if not isinstance(values, (list, tuple, np.ndarray)) else values,
-                              dtype=np.int64).reshape(-1))
+        values = list(values) if not isinstance(values, (list, tuple, np.ndarray)) else values
+        wide = np.asarray(values, dtype=np.int64).reshape(-1)
+        narrow = wide.astype(dtype)
+        return cls(narrow if np.array_equal(narrow, wide) else wide)
 
     def __len__(self) -> int:
         return len(self.values)

@@ -13,7 +13,7 @@ import logging
 from dataclasses import asdict
 
 from packer.config import ConvertConfig
-from packer.item_table import ItemTable
+from packer.item_table import PAIRED, ItemTable
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask
 from packer.text import TextConfig
 from packer.worker import fields_stamp, files_stamp, sources_digest
@@ -26,6 +26,10 @@ SOURCES_PER_SHARD = "per-shard"
 and the fingerprint covers only options and plan. Plans without it (older packers', and split runs',
 whose nodes must all see the same files) have each file's stamp in the fingerprint, taken before
 any worker started."""
+
+
+FINGERPRINT_BLOCK = 8192
+"""Items of an ``ItemTable`` whose lines are hashed at a time."""
 
 
 def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False,
@@ -49,9 +53,10 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
-        fast = task.items.plan_lines() if isinstance(task.items, ItemTable) and not stamps else None
-        if fast is not None:  # the same bytes, without an object per item
-            h.update(fast.encode())
+        if isinstance(task.items, ItemTable) and task.items.mode != PAIRED and not stamps:
+            # The same bytes, without an object per item, a block at a time (a shard may be huge).
+            for a in range(0, len(task.items), FINGERPRINT_BLOCK):
+                h.update(task.items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())  # type: ignore[union-attr]
             continue
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:

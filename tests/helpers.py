@@ -94,3 +94,15 @@ def shard_names(out: Path) -> list[str]:
     from packer.manifest import read_manifest
 
     return [s.name for s in read_manifest(out).shards]
+
+
+def as_older_sha256_record(record: dict, tree: Path) -> dict:
+    """A shard record as packers before 0.8.0 and XXH3 source digests wrote it: keys and digests as
+    JSON lists, the digests SHA-256 prefixes of the source files under ``tree``, no ``digest`` name."""
+    import hashlib
+
+    d = dict(record)
+    del d["digest"], d["digests_hex"], d["count"]
+    d["keys"] = d.pop("keys_nul").split("\0")
+    d["digests"] = [hashlib.sha256((tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
+    return d

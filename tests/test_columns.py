@@ -1,11 +1,12 @@
 """Columns of per-sample values: equal to the lists they pack, in a few bytes a value."""
 
+import json
 import pickle
 
 import numpy as np
 import pytest
 
-from packer.columns import IntColumn, StrColumn
+from packer.columns import HexColumn, IntColumn, StrColumn
 from packer.records import ShardResult
 
 
@@ -27,6 +28,25 @@ def test_digests_need_no_offsets():
     assert len(col.blob) == 32 * 1000
 
 
+def test_hex_digests_are_held_as_their_bytes():
+    digests = [f"{i:032x}" for i in range(1000)]
+    col = HexColumn.of(digests)
+    assert isinstance(col, HexColumn) and col.width == 16 and len(col.raw) == 16 * 1000
+    assert col == digests and col[7] == digests[7] and col[-1] == digests[-1] and col[2:4] == digests[2:4]
+    assert pickle.loads(pickle.dumps(col)) == digests
+
+
+@pytest.mark.parametrize("values", [["ABCD", "abcd"], ["abc", "def"], ["ab", "abcd"], ["zz", "yy"], [None, "ab"]])
+def test_other_digests_stay_strings(values):
+    """Digests an older packer recorded, or anything else, are kept as they are, never changed."""
+    if None in values:
+        with pytest.raises(TypeError):
+            HexColumn.of(values)
+        return
+    col = HexColumn.of(values)
+    assert isinstance(col, StrColumn) and col == values
+
+
 def test_empty_and_refused_values():
     assert StrColumn.of([]) == [] and len(StrColumn.of([])) == 0
     with pytest.raises(TypeError, match="int 3"):
@@ -35,7 +55,8 @@ def test_empty_and_refused_values():
 
 def test_int_column():
     col = IntColumn.of([3, -1, 7])
-    assert col == [3, -1, 7] and col[1] == -1 and col[1:] == [-1, 7]
+    assert col == [3, -1, 7] and col[1] == -1 and col[1:] == [-1, 7] and col.values.dtype == np.int32
+    assert IntColumn.of([2**40]).values.dtype == np.int64 and IntColumn.of([2**40]) == [2**40]
     assert np.asarray(col, dtype=np.int64).tolist() == [3, -1, 7]
     assert pickle.loads(pickle.dumps(col)) == [3, -1, 7]
 
@@ -44,9 +65,31 @@ def test_packed_result_round_trips_through_its_record():
     """A result as the parent holds it, and as --resume reads it back from its JSON record."""
     r = ShardResult("shard-00000", 2, [], keys=["a/1.jpg", "b/é.jpg"], labels=[0, 1],
                     digests=["0" * 32, "f" * 32]).packed()
-    assert isinstance(r.keys, StrColumn) and isinstance(r.labels, IntColumn)
+    assert isinstance(r.keys, StrColumn) and isinstance(r.labels, IntColumn) and isinstance(r.digests, HexColumn)
     d = r.to_dict()
-    assert (d["keys"], d["labels"], d["digests"]) == (["a/1.jpg", "b/é.jpg"], [0, 1], ["0" * 32, "f" * 32])
+    assert (d["keys_nul"], d["count"], d["digests_hex"]) == ("a/1.jpg\0b/é.jpg", 2, "0" * 32 + "f" * 32)
     back = ShardResult.from_dict(d)
     assert back.keys == r.keys and back.labels == r.labels and back.digests == r.digests
     assert pickle.loads(pickle.dumps(r)).keys == ["a/1.jpg", "b/é.jpg"]
+
+
+@pytest.mark.parametrize("keys, labels, digests", [
+    ([], [], []),
+    ([""], [0], ["ab" * 16]),
+    (["a\0b", "c"], [1, 2], ["ab" * 16, "cd" * 16]),  # a key with a NUL (a Parquet column): a list
+    (["x", "y"], [2**40, -1], ["sha-256-ish", "other"]),  # past int32, digests of another kind: lists
+])
+def test_records_of_every_kind_round_trip(keys, labels, digests):
+    r = ShardResult("s", len(keys), [], keys=keys, labels=labels, digests=digests).packed()
+    back = ShardResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert (list(back.keys), list(back.labels), list(back.digests)) == (keys, labels, digests)
+
+
+def test_records_of_older_packers_are_read():
+    """0.7.0 and before wrote JSON lists: their interrupted runs still resume."""
+    d = ShardResult("s", 2, [], keys=["a", "b"], labels=[0, 1], digests=["0" * 32, "1" * 32]).packed().to_dict()
+    for new in ("keys_nul", "count", "labels_i32", "digests_hex"):
+        d.pop(new)
+    d.update(keys=["a", "b"], labels=[0, 1], digests=["0" * 32, "1" * 32])
+    back = ShardResult.from_dict(d)
+    assert back.keys == ["a", "b"] and back.labels == [0, 1] and back.digests == ["0" * 32, "1" * 32]

@@ -85,18 +85,16 @@ def test_merge_names_missing_and_damaged_shards_and_their_nodes(tree, tmp_path):
 def _as_an_older_packers_records(tree: Path, out: Path, nodes: NodeSplit) -> int:
     """Rewrite node ``nodes.rank``'s shard records as packers before XXH3 source digests wrote them
     (SHA-256 prefixes, no ``digest``); how many."""
-    import hashlib
     import json
+
+    from helpers import as_older_sha256_record
 
     from packer.output import DONE_SUFFIX
 
     records = sorted(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
     mine = [r for i, r in enumerate(records) if nodes.owner(i) == nodes.rank]
     for record in mine:
-        d = json.loads(record.read_text())
-        del d["digest"]
-        d["digests"] = [hashlib.sha256((tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
-        record.write_text(json.dumps(d))
+        record.write_text(json.dumps(as_older_sha256_record(json.loads(record.read_text()), tree)))
     return len(mine)
 
 

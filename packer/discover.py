@@ -15,6 +15,7 @@ import numpy as np
 
 from packer.class_map import extend_class_map
 from packer.errors import InputError
+from packer.folder_stamps import FolderStamps
 from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, TableBuilder
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
@@ -43,6 +44,9 @@ class Discovery:
     places: Optional[dict[int, tuple]] = None
     """Sources that are containers (Parquet, saved datasets, tar shards; ``packer.containers``):
     where each item's image is inside them, by item index. None for a folder of files."""
+    folders: Optional[FolderStamps] = None
+    """The folders the walk listed and their stamps (``packer.folder_stamps``); None where no walk
+    found the items (containers, splits of a discovery)."""
 
 
 def is_litter(name: str) -> bool:
@@ -114,7 +118,17 @@ def discover(
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
-    listing, ignored, by_kind, unlisted = _walk(root)
+    listing, walk = _walk(root)
+    found = _samples_found(root, listing, walk, labels_file, fields, allow_missing, classes, add_classes)
+    found.folders = walk.folders
+    return found
+
+
+def _samples_found(root: Path, listing: "_Listing", walk: "_Walk", labels_file: Optional[str | os.PathLike],
+                   fields: Optional[Sequence[str]], allow_missing: bool, classes: Optional[Sequence[str]],
+                   add_classes: bool) -> Discovery:
+    """What ``discover`` finds in the files a walk listed (see there for the rules)."""
+    ignored, by_kind, unlisted = dict(sorted(walk.ignored.items())), walk.by_kind, walk.problems
     if fields:
         chosen = tuple(f for f in FIELD_KINDS if f in fields)
     elif sum(1 for counts in by_kind if counts) < 2:  # one kind of file (or none): nothing to pair
@@ -343,10 +357,23 @@ class _Listing:
         self.kinds += other.kinds[a:b]
 
 
-def _walk(root: Path) -> tuple[_Listing, dict[str, int], list[Counter[str]], list[Skipped]]:
-    """All image, text and json files under root in sorted relative-path order (a ``_Listing``), other
-    files counted by extension, the files of each kind counted by extension (what discovery reports
-    as ignored when that kind is not a field), and what could not be listed or named.
+class _Walk:
+    """What one walk keeps besides the files: the folders it has listed (device and inode), other files
+    counted by extension, each kind's files counted by extension, what could not be listed or named,
+    and each listed folder's stamps."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, int]] = set()
+        self.ignored: Counter[str] = Counter()
+        self.by_kind: list[Counter[str]] = [Counter() for _ in FIELD_KINDS]
+        self.problems: list[Skipped] = []
+        self.folders = FolderStamps()
+
+
+def _walk(root: Path) -> tuple[_Listing, _Walk]:
+    """All image, text and json files under root in sorted relative-path order (a ``_Listing``), and
+    the rest of what the walk saw (``_Walk``: other files, each kind's files by extension, which
+    discovery reports as ignored when that kind is not a field, what could not be listed or named).
 
     Each folder's entries are walked in sorted order of their paths (a folder's name sorts with a
     ``/`` after it), so the files come out sorted with no list of them all to sort. Iterative (no
@@ -355,20 +382,17 @@ def _walk(root: Path) -> tuple[_Listing, dict[str, int], list[Counter[str]], lis
     under its real path, and a symlink loop ends. Paths are plain strings (pathlib objects per file
     made discovery several times slower, and the workers wait for it).
     """
-    ignored: Counter[str] = Counter()
-    by_kind: list[Counter[str]] = [Counter() for _ in FIELD_KINDS]
-    problems: list[Skipped] = []
-    listing = _walk_tree(os.fspath(root), "", set(), ignored, by_kind, problems)
-    return listing, dict(sorted(ignored.items())), by_kind, problems
+    walk = _Walk()
+    return _walk_tree(os.fspath(root), "", walk), walk
 
 
-def _walk_tree(folder: str, rel_dir: str, seen: set[tuple[int, int]], ignored: Counter[str],
-               by_kind: list[Counter[str]], problems: list[Skipped]) -> _Listing:
+def _walk_tree(folder: str, rel_dir: str, walk: _Walk) -> _Listing:
     """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them."""
     out = _Listing()
     blob, ends, kinds = out.blob, out.ends, out.kinds
+    ignored, by_kind = walk.ignored, walk.by_kind
     linked: list[tuple[int, str, str]] = []  # (position, path, relative path) of symlinked folders
-    stack = [iter(_entries(folder, rel_dir, seen, problems))]
+    stack = [iter(_entries(folder, rel_dir, walk))]
     while stack:
         entry = next(stack[-1], None)
         if entry is None:
@@ -376,7 +400,7 @@ def _walk_tree(folder: str, rel_dir: str, seen: set[tuple[int, int]], ignored: C
             continue
         _, rel, path, code = entry
         if code is _FOLDER:
-            stack.append(iter(_entries(path, rel, seen, problems)))
+            stack.append(iter(_entries(path, rel, walk)))
         elif code is _LINKED_FOLDER:
             linked.append((len(kinds), path, rel))
         elif code is _OTHER:
@@ -386,26 +410,32 @@ def _walk_tree(folder: str, rel_dir: str, seen: set[tuple[int, int]], ignored: C
             ends.append(len(blob))
             kinds.append(code)
             by_kind[code][path] += 1
-    inserts = [(at, _walk_tree(path, rel, seen, ignored, by_kind, problems)) for at, path, rel in linked]
+    inserts = [(at, _walk_tree(path, rel, walk)) for at, path, rel in linked]
     return out.spliced([(at, part) for at, part in inserts if len(part)])
 
 
 _FOLDER, _LINKED_FOLDER, _OTHER = "folder", "linked folder", "other"
 
 
-def _entries(folder: str, rel_dir: str, seen: set[tuple[int, int]], problems: list[Skipped]) -> list[tuple]:
+def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
     """The entries of one folder in sorted path order, as (sort key, relative path, path or
     extension, kind): a kind code for a file of a field kind (with its extension), ``_OTHER`` for
     another file (with its extension), ``_FOLDER`` or ``_LINKED_FOLDER`` (with its path). Empty for
-    a folder already walked (by its device and inode) or one that cannot be read (reported)."""
+    a folder already walked (by its device and inode) or one that cannot be read (reported). Each
+    folder listed, or that could not be, is stamped into ``walk.folders``."""
     prefix = rel_dir + "/" if rel_dir else ""
+    problems = walk.problems
+    st = None
     try:
         st = os.stat(folder)
-        if (st.st_dev, st.st_ino) in seen:
+        if (st.st_dev, st.st_ino) in walk.seen:
             return []
-        seen.add((st.st_dev, st.st_ino))
+        walk.seen.add((st.st_dev, st.st_ino))
+        walk.folders.add(rel_dir, st)
         listed = list(os.scandir(folder))
     except OSError as e:
+        if st is None:
+            walk.folders.add(rel_dir, None)
         problems.append(Skipped(prefix or "/", f"cannot read folder: {e.strerror or e}"))
         return []
     entries = []

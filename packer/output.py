@@ -23,6 +23,8 @@ from packer.system import stop_signals_held
 
 STAGING_MARK = ".packer-staging"
 PLAN_RECORD = ".packer-plan.json"
+SAVED_DISCOVERY = ".packer-discovery"
+"""The folder of the run's saved discovery (``packer.saved_discovery``); removed on publishing."""
 DONE_SUFFIX = ".done.json"
 RENAMED_SUFFIX = ".renamed.json"
 """Beside a shard's record once ``packer.finish`` renamed its files: the new name and paths, a few
@@ -174,7 +176,23 @@ def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None
     name (default: its own; ``packer.finish`` renames shards before publishing)."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
-    _write_json(stage / f"{name}{DONE_SUFFIX}", result.to_dict())
+    stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
+    _write_json(stage / f"{name}{DONE_SUFFIX}", {**result.to_dict(), FILE_STAMPS: stamps})
+
+
+FILE_STAMPS = "file_stamps"
+"""In a shard's record: each of its files' ``file_stamp`` as it was recorded. --resume keeps a file
+whose stamp is unchanged without reading it again for its SHA-256 (a resume at 70% of a large
+output read 70% of it back); any write to a file changes its change time, which no tool sets."""
+
+
+def file_stamp(path: Path) -> list[int]:
+    """Size, modification and change times (ns), inode and device of a file (empty if it is gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def record_renamed(stage: Path, planned: str, result: ShardResult) -> None:
@@ -223,17 +241,21 @@ def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
     finished = {}
     for name in names:
         try:
-            result = ShardResult.from_dict(json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8")))
-            result = _renamed(stage, name, result)
-        except (OSError, ValueError, KeyError, TypeError):
+            record = json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8"))
+            result = _renamed(stage, name, ShardResult.from_dict(record))
+            stamps = record.get(FILE_STAMPS, {})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if all(_intact(stage, f.path, f.bytes, f.sha256) for f in result.files):
+        if all(_intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
             finished[name] = result
     return finished
 
 
-def _intact(stage: Path, relpath: str, size: int, digest: str) -> bool:
+def _intact(stage: Path, relpath: str, size: int, digest: str, stamp: Optional[list] = None) -> bool:
+    """The file holds what was recorded: its stamp is the recorded one, or else its SHA-256 is."""
     path = stage / relpath
+    if stamp and file_stamp(path) == stamp and stamp[0] == size:
+        return True
     return path.is_file() and path.stat().st_size == size and sha256_of(path) == digest
 
 
@@ -265,6 +287,8 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
     records = [*output.glob(f"*{DONE_SUFFIX}"), *output.glob(f"*{RENAMED_SUFFIX}")]
     for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in records]]:
         (output / record).unlink(missing_ok=True)
+    if (output / SAVED_DISCOVERY).is_dir():
+        remove_tree(output / SAVED_DISCOVERY)
     if moved:
         remove_tree(old)
 

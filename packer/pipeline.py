@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -40,12 +40,15 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.plan import plan_tasks
+from packer.plan import on_table, plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.registry import get_format
 from packer.report import reason_kind
 from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_fingerprint, unchanged_sources
 from packer.sample_layout import SampleLayout
+from packer.saved_discovery import can_save, discovery_options
+from packer.saved_discovery import load as load_discovery
+from packer.saved_discovery import save as save_discovery
 from packer.segmentation import mask_job, match_masks
 from packer.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from packer.system import usable_cpus
@@ -110,11 +113,40 @@ def convert(
     output = Path(output)
     if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
-    if discovery is None:
-        found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes)
-    else:
-        check_output(output, overwrite, Path(source))
-        found = checked(discovery, strict, config.text)
+    options = discovery_options(labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
+    lock, locked = None, False
+    try:
+        found, walked = None, None
+        if discovery is None and resume and staging_dir(output).is_dir():
+            lock, locked = lock_output(output), True  # before reading what the interrupted run saved
+            found = reused_discovery(Path(source), output, overwrite, strict, config.text, options)
+        if found is None and discovery is None:
+            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes)
+            walked = found if can_save(found) else None
+        elif found is None:
+            check_output(output, overwrite, Path(source))
+            found = checked(discovery, strict, config.text)
+        if not locked:
+            lock, locked = lock_output(output), True
+        result = _matched_and_converted(Path(source), output, config, found, walked, options, labels_file, classes,
+                                        strict, RunOptions(0, overwrite, strict, resume, timeout), workers,
+                                        progress, on_plan, executor)
+    finally:
+        if locked:
+            release_output(output, lock)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _matched_and_converted(
+    source: Path, output: Path, config: ConvertConfig, found: Discovery, walked: Optional[Discovery], options: dict,
+    labels_file: Optional[str | os.PathLike], classes: Optional[Sequence[str]], strict: bool, run: "RunOptions",
+    workers: Optional[int], progress: Optional[ProgressFn],
+    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Optional[Executor],
+) -> ConvertResult:
+    """The rest of ``convert``, under the output's lock: the discovery's boxes or masks matched, then
+    the shards planned, written, merged and published (``walked``: the discovery to save for --resume,
+    when a walk made it; ``run``: its options but the worker count, which comes from the executor)."""
     matched = None
     if found.places is not None and (config.detection is not None or config.masks is not None):
         raise InputError(f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
@@ -137,16 +169,23 @@ def convert(
         found = checked(found, strict, config.text)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    run = RunOptions(executor.workers, overwrite, strict, resume, timeout)
-    lock = lock_output(output)
-    try:
-        recover(output)
-        result = _convert_locked(Path(source), output, config, layout, found, run, progress, on_plan, executor,
-                                 matched, masks)
-    finally:
-        release_output(output, lock)
-    result.seconds = time.perf_counter() - started
-    return result
+    run = replace(run, workers=executor.workers)
+    recover(output)
+    return _convert_locked(source, output, config, layout, found, run, progress, on_plan, executor, matched, masks,
+                           walked, options)
+
+
+def reused_discovery(source: Path, output: Path, overwrite: bool, strict: bool, text: TextConfig,
+                     options: dict) -> Optional[Discovery]:
+    """What the interrupted run in ``output``'s staging folder found in ``source``, if no folder of the
+    tree changed since (``packer.saved_discovery``), after the checks ``discover_checked`` makes; None
+    where it must be walked again."""
+    check_output(output, overwrite, source)
+    refuse_packer_output(source)
+    if not source.is_dir() or container_kind(source) is not None:
+        return None
+    found = load_discovery(staging_dir(output), source, options)
+    return checked(found, strict, text) if found is not None else None
 
 
 def discover_checked(
@@ -230,9 +269,12 @@ def _convert_locked(
     executor: Executor,
     matched: Optional[Matched] = None,
     masks: Optional[dict[int, str]] = None,
+    walked: Optional[Discovery] = None,
+    options: Optional[dict] = None,
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock (``matched``: the
-    annotations of a detection output; ``masks``: each item's mask file)."""
+    annotations of a detection output; ``masks``: each item's mask file; ``walked``: the discovery a
+    walk made, saved in the staging folder with its ``options`` for --resume)."""
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
@@ -244,6 +286,10 @@ def _convert_locked(
     expected = recorded if per_shard else plan_fingerprint(config, tasks, run.strict, stamps=True, extra=extra)
     finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
                              version=get_format(config.format).version(layout), workers=plan_workers)
+    if walked is not None:
+        save_discovery(stage, walked, options or {})  # its items now mapped from the saved files
+        if walked is found:
+            tasks = on_table(tasks, found.items)  # and the walk's buffers freed
     if on_plan is not None:
         on_plan(found, tasks)
     with publishing(stage):

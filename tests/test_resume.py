@@ -1,11 +1,11 @@
 """packer.resume through convert(..., resume=True): which finished shards an interrupted run keeps,
 and which it writes again (files changed since, records of older packers)."""
 
-import hashlib
 import json
 
 import pytest
 from conftest import add_varied_files, write_image
+from helpers import as_older_sha256_record
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -140,9 +140,7 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     record = staging_dir(out) / f"shard-00000{DONE_SUFFIX}"
     d = json.loads(record.read_text())
     assert d["digest"] == "xxh3-128"
-    del d["digest"]
-    d["digests"] = [hashlib.sha256((image_tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
-    record.write_text(json.dumps(d))
+    record.write_text(json.dumps(as_older_sha256_record(d, image_tree)))
     resumed = convert(image_tree, out, config, workers=1, resume=True)
     assert resumed.processed == 16  # every shard, the first one again
     assert "shard-00000: recorded by an older packer (sha256-128 source digests); writing it again" in caplog.text
@@ -231,3 +229,34 @@ def test_a_renamed_shard_written_again_leaves_no_old_files(image_tree, tmp_path,
     assert not set(old) & {p.name for p in out.iterdir()}  # the content tag changed with the content
     convert(image_tree, tmp_path / "fresh", config, workers=1)
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
+
+
+def test_kept_shards_are_trusted_by_their_stamps_not_read_again(image_tree, tmp_path, monkeypatch):
+    """A finished shard whose files' size, times and inode are as recorded is kept without hashing
+    them again; one whose file was written since (same bytes, even with its old modification time)
+    is hashed, and kept when its SHA-256 still matches."""
+    import os
+
+    import packer.output
+    from packer.output import DONE_SUFFIX, FILE_STAMPS
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    record = json.loads((staging_dir(out) / f"shard-00000{DONE_SUFFIX}").read_text())
+    assert sorted(record[FILE_STAMPS]) == sorted(f["path"] for f in record["files"])
+    hashed = []
+    real = packer.output.sha256_of
+    monkeypatch.setattr(packer.output, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    assert convert(image_tree, out, config, workers=1, resume=True).processed == 10
+    assert hashed == []
+
+    out2 = tmp_path / "out2"
+    _interrupt_after_first_shard(image_tree, out2, config)
+    labels = staging_dir(out2) / "shard-00000.labels.npy"
+    st = labels.stat()
+    labels.write_bytes(labels.read_bytes())  # the same bytes, written again
+    os.utime(labels, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert convert(image_tree, out2, config, workers=1, resume=True).processed == 10
+    assert hashed == ["shard-00000.labels.npy"]
+    assert (out2 / MANIFEST_NAME).read_bytes() == (out / MANIFEST_NAME).read_bytes()

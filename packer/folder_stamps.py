@@ -1,0 +1,88 @@
+"""What discovery saw of each folder it listed, to tell later whether the tree is still the same.
+
+Adding, removing or renaming a file changes its folder's modification time, and so does anything
+that changes a folder's entries; a change of permissions changes its change time. So a tree whose
+every listed folder still has the device, inode and both times discovery recorded holds the same
+files under the same names, and ``--resume`` can take the plan it saved instead of walking the
+tree again (the files' contents are checked per shard, by their own stamps). A folder changed in
+the last ``RACY_SECONDS`` before the walk is never trusted: on filesystems with coarse timestamps
+a file added in the same tick as the walk would leave no trace.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+RACY_SECONDS = 2.0
+
+STAMP_FIELDS = 4
+"""Per folder: device, inode, modification time and change time in nanoseconds (all -1 when the
+folder could not be read: it must still be unreadable)."""
+
+
+class FolderStamps:
+    """The folders one walk listed (paths relative to its root) and their stamps, in flat buffers
+    (a tree of one folder per sample has as many folders as files)."""
+
+    def __init__(self, walked_at_ns: Optional[int] = None) -> None:
+        self.walked_at_ns = walked_at_ns if walked_at_ns is not None else _now_ns()
+        self.blob = bytearray()
+        self.ends = array("q", [0])
+        self.stamps = array("q")
+
+    def __len__(self) -> int:
+        return len(self.ends) - 1
+
+    def add(self, rel: str, st: Optional[os.stat_result]) -> None:
+        """One folder, as ``os.stat`` found it (None: it could not be read)."""
+        self.blob += rel.encode("utf-8", "surrogateescape")
+        self.ends.append(len(self.blob))
+        self.stamps.extend(_stamp(st))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(UTF-8 paths as uint8, their N + 1 offsets, N x STAMP_FIELDS stamps), to save."""
+        return (np.frombuffer(bytes(self.blob), np.uint8), np.frombuffer(self.ends, np.int64).copy(),
+                np.frombuffer(self.stamps, np.int64).reshape(-1, STAMP_FIELDS).copy())
+
+    @classmethod
+    def from_arrays(cls, walked_at_ns: int, blob: np.ndarray, ends: np.ndarray, stamps: np.ndarray) -> "FolderStamps":
+        """Inverse of ``arrays``."""
+        out = cls(walked_at_ns)
+        out.blob = bytearray(blob.tobytes())
+        out.ends = array("q", ends.tolist())
+        out.stamps = array("q", stamps.reshape(-1).tolist())
+        return out
+
+    def first_change(self, root: Path) -> Optional[str]:
+        """The first folder under ``root`` that is not as recorded, or changed too close to the walk
+        to tell (its relative path, ``/`` for the root), else None: the tree is the same."""
+        racy = self.walked_at_ns - int(RACY_SECONDS * 1e9)
+        stamps = np.frombuffer(self.stamps, np.int64).reshape(-1, STAMP_FIELDS)
+        ends = self.ends
+        for i in range(len(self)):
+            rel = self.blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
+            recorded = tuple(stamps[i].tolist())
+            try:
+                st: Optional[os.stat_result] = os.stat(os.path.join(root, rel) if rel else root)
+            except OSError:
+                st = None
+            if _stamp(st) != recorded or max(recorded[2], recorded[3]) >= racy:
+                return rel or "/"
+        return None
+
+
+def _stamp(st: Optional[os.stat_result]) -> tuple[int, int, int, int]:
+    if st is None:
+        return (-1, -1, -1, -1)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _now_ns() -> int:
+    import time
+
+    return time.time_ns()

@@ -15,7 +15,7 @@ from packer.columns import HexColumn
 from packer.config import ConvertConfig
 from packer.discover import Discovery
 from packer.manifest import Manifest, ShardEntry
-from packer.records import ShardResult, ShardStats
+from packer.records import ShardResult, ShardStats, in_memory
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
 from packer.source_codec import SOURCE_STATS
@@ -102,33 +102,41 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
 
     The first 64 bits of every 128-bit digest are sorted in place in numpy, 8 bytes a sample; only
     the samples whose first 64 bits another one shares (the duplicates, and almost never any other)
-    are compared whole and have their keys decoded. A dict of N lists, the way before, cost an
-    object per sample and made the garbage collector walk the parent's heap again and again."""
-    if not any(len(r.digests) for r in results):
+    are compared whole and have their keys decoded, in a second pass over the shards. The digests
+    are read one shard at a time (a finished shard's are in its record on disk). A dict of N lists,
+    the way before, cost an object per sample and made the garbage collector walk the heap."""
+    counts = [len(r.digests) for r in results]
+    if not any(counts):
         return []
-    raws = [_raw128(r) for r in results]
-    if any(raw is None for raw in raws):  # digests that are not all 128-bit hex (none this packer records)
-        return _duplicates_by_dict(results)
-    # Native-order words of big-endian digests: not their numeric order, but equal where the digests are.
-    firsts = [np.frombuffer(raw, np.uint64)[::2] for raw in raws]  # type: ignore[arg-type]
-    high = np.concatenate(firsts)
+    high = np.empty(sum(counts), np.uint64)
+    at = 0
+    for r, n in zip(results, counts):
+        raw = _raw128(r)
+        if raw is None or len(raw) != 16 * n:  # digests that are not 128-bit hex (none this packer records)
+            return _duplicates_by_dict(results)
+        # Native-order words of big-endian digests: not their numeric order, but equal where the digests are.
+        high[at:at + n] = np.frombuffer(raw, np.uint64)[::2]
+        at += n
     high.sort()
     shared = np.unique(high[1:][high[1:] == high[:-1]])
     del high
     if not shared.size:
         return []
     groups: dict[bytes, list[str]] = {}
-    for r, raw, first in zip(results, raws, firsts):
-        at = np.minimum(np.searchsorted(shared, first), len(shared) - 1)
-        for local in np.flatnonzero(shared[at] == first).tolist():  # in stored order
-            groups.setdefault(raw[local * 16:(local + 1) * 16], []).append(r.keys[local])  # type: ignore[index]
+    for r in results:
+        raw = _raw128(r)
+        first = np.frombuffer(raw, np.uint64)[::2]  # type: ignore[arg-type]
+        hits = np.flatnonzero(shared[np.minimum(np.searchsorted(shared, first), len(shared) - 1)] == first)
+        keys = in_memory(r.keys) if len(hits) else ()
+        for local in hits.tolist():  # in stored order
+            groups.setdefault(raw[local * 16:(local + 1) * 16], []).append(keys[local])  # type: ignore[index]
     return sorted(keys for keys in groups.values() if len(keys) > 1)
 
 
 def _raw128(result: ShardResult) -> Optional[bytes]:
     """The 16 bytes of each of ``result``'s digests back to back; None unless each is a lowercase
     128-bit hex digest and there is one per key."""
-    digests = result.digests
+    digests = in_memory(result.digests)
     if len(result.keys) != len(digests):
         return None
     if not isinstance(digests, HexColumn):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing as mp
 import os
+import sys
+import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -98,8 +102,12 @@ def discover(
     allow_missing: bool = False,
     classes: Optional[Sequence[str]] = None,
     add_classes: bool = False,
+    processes: int = 1,
 ) -> Discovery:
     """List the samples under ``root`` in sorted relative-path order, with their labels.
+
+    ``processes`` may walk the root's subfolders in parallel once the walk takes a while (see
+    ``PARALLEL_AFTER``); the result is the same.
 
     Top-level subfolders are classes (indices by sorted name) and deeper files belong to their
     top-level class. Without subfolders the samples are unlabelled. A ``labels_file`` (CSV of
@@ -118,7 +126,7 @@ def discover(
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
-    listing, walk = _walk(root)
+    listing, walk = _walk(root, processes)
     found = _samples_found(root, listing, walk, labels_file, fields, allow_missing, classes, add_classes)
     found.folders = walk.folders
     return found
@@ -370,29 +378,111 @@ class _Walk:
         self.folders = FolderStamps()
 
 
-def _walk(root: Path) -> tuple[_Listing, _Walk]:
+PARALLEL_AFTER = 0.25
+"""Seconds of walking the root's first subfolders in this process after which the remaining ones
+are walked by a pool of processes (when discovery may use more than one): a small tree never pays
+for starting them, a large one walks its subfolders on every core."""
+
+
+def _walk(root: Path, processes: int = 1) -> tuple[_Listing, _Walk]:
     """All image, text and json files under root in sorted relative-path order (a ``_Listing``), and
     the rest of what the walk saw (``_Walk``: other files, each kind's files by extension, which
-    discovery reports as ignored when that kind is not a field, what could not be listed or named).
+    discovery reports as ignored when that kind is not a field, what could not be listed or named,
+    in sorted order of their paths).
 
     Each folder's entries are walked in sorted order of their paths (a folder's name sorts with a
     ``/`` after it), so the files come out sorted with no list of them all to sort. Iterative (no
     recursion limit on deep trees). Symlinked folders are followed, each real folder at most once,
     and only after every folder reachable without one: a folder reachable both ways is found
-    under its real path, and a symlink loop ends. Paths are plain strings (pathlib objects per file
-    made discovery several times slower, and the workers wait for it).
+    under its real path, and a symlink loop ends. With ``processes`` > 1, the root's subfolders
+    left after ``PARALLEL_AFTER`` seconds are walked by that many processes, to the same result.
+    Paths are plain strings (pathlib objects per file made discovery several times slower, and the
+    workers wait for it).
     """
     walk = _Walk()
-    return _walk_tree(os.fspath(root), "", walk), walk
+    try:
+        listing = _walk_tree(os.fspath(root), "", walk, processes)
+    except _Overlap:  # a folder reachable by two real paths (a bind mount) in two subfolders: walk in order
+        walk = _Walk()
+        listing = _walk_tree(os.fspath(root), "", walk)
+    walk.problems.sort(key=lambda s: s.path)
+    return listing, walk
 
 
-def _walk_tree(folder: str, rel_dir: str, walk: _Walk) -> _Listing:
-    """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them."""
-    out = _Listing()
+class _Overlap(Exception):
+    """Processes walking two subfolders both listed one folder: the walk starts again in one process."""
+
+
+def _walk_tree(folder: str, rel_dir: str, walk: _Walk, processes: int = 1) -> _Listing:
+    """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them: its real
+    folders first (subfolders of it in a pool of ``processes`` once walking them takes long), then
+    its symlinked ones, each spliced in at its place."""
+    return _with_linked(*_walk_top(folder, rel_dir, walk, processes), walk)
+
+
+def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int) -> tuple[_Listing, list[tuple[int, str, str]]]:
+    """The files under the real folders of ``folder``, and its symlinked folders by their position
+    (see ``_walk_tree``)."""
+    entries = _entries(folder, rel_dir, walk)
+    pieces: list = [_Listing()]  # listings, and the pool's results for subfolders, in order
+    linked: list[tuple[int, int, str, str]] = []  # (piece, position in it, path, relative path)
+    started, pool = time.perf_counter(), None
+    folders_left = sum(e[3] is _FOLDER for e in entries) if processes > 1 else 0
+    try:
+        if folders_left < 2:
+            linked += [(0, at, path, rel) for at, path, rel in _walk_real(pieces[0], [iter(entries)], walk)]
+            entries = []
+        for entry in entries:
+            if entry[3] is _FOLDER:
+                if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
+                    pool = _context().Pool(processes)
+                folders_left -= 1
+                if pool is not None:
+                    pieces += [pool.apply_async(_walk_subfolder, (entry[2], entry[1])), _Listing()]
+                    continue
+            links = _walk_real(pieces[-1], [iter([entry])], walk)
+            linked += [(len(pieces) - 1, at, path, rel) for at, path, rel in links]
+        for n, piece in enumerate(pieces):
+            if not isinstance(piece, _Listing):
+                pieces[n], links = _merged(piece.get(), walk)
+                linked += [(n, at, path, rel) for at, path, rel in links]
+    finally:
+        if pool is not None:
+            pool.terminate()
+    out = pieces[0] if len(pieces) == 1 else _Listing().spliced([(0, p) for p in pieces])
+    starts = list(accumulate((len(p) for p in pieces), initial=0))
+    linked.sort(key=lambda link: (starts[link[0]] + link[1], link[0]))  # stable: in the order they were met
+    return out, [(starts[n] + at, path, rel) for n, at, path, rel in linked]
+
+
+def _with_linked(out: _Listing, linked: list[tuple[int, str, str]], walk: _Walk) -> _Listing:
+    """``out`` with the files of each of its symlinked folders ``linked`` (position, path, relative
+    path) spliced in, and those of the symlinked folders inside them: walked in order, each one's
+    own symlinked folders before the next, without recursion (a chain of them may be deep)."""
+    frames: list[list] = [[out, linked, 0, [], 0]]  # listing, its links, the next one, inserts, its position
+    while True:
+        frame = frames[-1]
+        listing, links, i, inserts, at = frame
+        if i < len(links):
+            frame[2] = i + 1
+            position, path, rel = links[i]
+            sub = _Listing()
+            frames.append([sub, _walk_real(sub, [iter(_entries(path, rel, walk))], walk), 0, [], position])
+            continue
+        frames.pop()
+        done = listing.spliced([(p, part) for p, part in inserts if len(part)])
+        if not frames:
+            return done
+        frames[-1][3].append((at, done))
+
+
+def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk) -> list[tuple[int, str, str]]:
+    """Walk the entries of ``stack`` (an iterator of entries per folder, ``_entries``' tuples) and the
+    real folders among them into ``out``; return the symlinked folders met, by their position in
+    ``out`` (walked after every real folder)."""
     blob, ends, kinds = out.blob, out.ends, out.kinds
     ignored, by_kind = walk.ignored, walk.by_kind
-    linked: list[tuple[int, str, str]] = []  # (position, path, relative path) of symlinked folders
-    stack = [iter(_entries(folder, rel_dir, walk))]
+    linked: list[tuple[int, str, str]] = []
     while stack:
         entry = next(stack[-1], None)
         if entry is None:
@@ -410,8 +500,40 @@ def _walk_tree(folder: str, rel_dir: str, walk: _Walk) -> _Listing:
             ends.append(len(blob))
             kinds.append(code)
             by_kind[code][path] += 1
-    inserts = [(at, _walk_tree(path, rel, walk)) for at, path, rel in linked]
-    return out.spliced([(at, part) for at, part in inserts if len(part)])
+    return linked
+
+
+def _walk_subfolder(folder: str, rel: str) -> tuple:
+    """In a pool's process: the real folders under ``folder`` walked as ``_walk_real`` does, returned
+    as plain buffers and counts with the symlinked folders met."""
+    walk = _Walk()
+    out = _Listing()
+    linked = _walk_real(out, [iter(_entries(folder, rel, walk))], walk)
+    stamps = walk.folders
+    return (out.blob, out.ends, out.kinds, linked, walk.seen, walk.ignored, walk.by_kind, walk.problems,
+            (stamps.blob, stamps.ends, stamps.stamps))
+
+
+def _merged(result: tuple, walk: _Walk) -> tuple[_Listing, list[tuple[int, str, str]]]:
+    """A pool's ``_walk_subfolder`` result added into ``walk``: its listing, and its symlinked folders."""
+    blob, ends, kinds, linked, seen, ignored, by_kind, problems, (fblob, fends, fstamps) = result
+    if not seen.isdisjoint(walk.seen):
+        raise _Overlap()
+    walk.seen |= seen
+    walk.ignored.update(ignored)
+    for mine, theirs in zip(walk.by_kind, by_kind):
+        mine.update(theirs)
+    walk.problems += problems
+    walk.folders.extend(fblob, fends, fstamps)
+    out = _Listing()
+    out.blob, out.ends, out.kinds = blob, ends, kinds
+    return out, linked
+
+
+def _context():
+    # As the converter's executor: fork on Linux (the walk's code is loaded, nothing else runs),
+    # spawn elsewhere.
+    return mp.get_context("fork" if sys.platform == "linux" else "spawn")
 
 
 _FOLDER, _LINKED_FOLDER, _OTHER = "folder", "linked folder", "other"
@@ -421,17 +543,21 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
     """The entries of one folder in sorted path order, as (sort key, relative path, path or
     extension, kind): a kind code for a file of a field kind (with its extension), ``_OTHER`` for
     another file (with its extension), ``_FOLDER`` or ``_LINKED_FOLDER`` (with its path). Empty for
-    a folder already walked (by its device and inode) or one that cannot be read (reported). Each
-    folder listed, or that could not be, is stamped into ``walk.folders``."""
+    a folder already walked (by its device and inode) or one that cannot be read (reported).
+
+    Whatever decides what the walk lists is stamped into ``walk.folders`` (``packer.folder_stamps``):
+    each folder met, walked or not (a symlink to one already walked may later point elsewhere), each
+    packer output left out (it stops being one when its manifest goes), each broken symlink (it may
+    come to point at a folder)."""
     prefix = rel_dir + "/" if rel_dir else ""
     problems = walk.problems
     st = None
     try:
         st = os.stat(folder)
+        walk.folders.add(rel_dir, st)
         if (st.st_dev, st.st_ino) in walk.seen:
             return []
         walk.seen.add((st.st_dev, st.st_ino))
-        walk.folders.add(rel_dir, st)
         listed = list(os.scandir(folder))
     except OSError as e:
         if st is None:
@@ -455,13 +581,24 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
         if is_dir:
             if not is_packer_folder(entry.path):
                 entries.append((name + "/", rel, entry.path, _LINKED_FOLDER if entry.is_symlink() else _FOLDER))
+            else:
+                walk.folders.add(rel, _stat(entry.path))
             continue
+        if entry.is_symlink() and _stat(entry.path) is None:
+            walk.folders.add(rel, None)
         dot = name.rfind(".")  # os.path.splitext's extension: the name does not start with a dot
         ext = name[dot:].lower() if dot > 0 else ""
         code = _CODE_OF_EXTENSION.get(ext)
         entries.append((name, rel, ext or "(no extension)", _OTHER if code is None else code))
     entries.sort(key=lambda e: e[0])
     return entries
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def _utf8(name: str) -> bool:

@@ -44,6 +44,13 @@ class FolderStamps:
         self.ends.append(len(self.blob))
         self.stamps.extend(_stamp(st))
 
+    def extend(self, blob: bytearray, ends: array, stamps: array) -> None:
+        """Add the folders another walk's FolderStamps holds (its ``blob``, ``ends`` and ``stamps``)."""
+        shift = len(self.blob)
+        self.blob += blob
+        self.ends.extend(e + shift for e in ends[1:])
+        self.stamps.extend(stamps)
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(UTF-8 paths as uint8, their N + 1 offsets, N x STAMP_FIELDS stamps), to save."""
         return (np.frombuffer(bytes(self.blob), np.uint8), np.frombuffer(self.ends, np.int64).copy(),
@@ -51,7 +58,11 @@ class FolderStamps:
 
     @classmethod
     def from_arrays(cls, walked_at_ns: int, blob: np.ndarray, ends: np.ndarray, stamps: np.ndarray) -> "FolderStamps":
-        """Inverse of ``arrays``."""
+        """Inverse of ``arrays`` (ValueError for arrays that do not fit together)."""
+        n = len(ends) - 1
+        if (n < 0 or stamps.shape != (n, STAMP_FIELDS) or int(ends[0]) != 0 or int(ends[-1]) != len(blob)
+                or (n and int(np.diff(ends).min()) < 0)):
+            raise ValueError("the saved folder stamps do not fit together")
         out = cls(walked_at_ns)
         out.blob = bytearray(blob.tobytes())
         out.ends = array("q", ends.tolist())

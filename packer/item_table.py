@@ -85,11 +85,6 @@ class ItemTable(Sequence[SourceItem]):
     def __repr__(self) -> str:
         return f"ItemTable({len(self)} {self.mode} items under {self.base!r})"
 
-    def view(self, rows: range | np.ndarray | None) -> "ItemTable":
-        """The records ``rows`` of this table's buffers (another table's ``rows``: the same items,
-        from this table's buffers when they hold the same records)."""
-        return ItemTable(self.base, self.blob, self.offsets, self.labels, self.mode, self.fields, self.indices, rows)
-
     def take(self, positions: Sequence[int] | np.ndarray) -> "ItemTable":
         """The items at ``positions`` of this table, in that order (a view)."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -143,7 +138,9 @@ class ItemTable(Sequence[SourceItem]):
         return rows if isinstance(rows, range) else rows.tolist()
 
     def _select(self, rows: range | np.ndarray) -> "ItemTable":
-        return self.view(rows if isinstance(rows, range) else np.ascontiguousarray(rows, dtype=np.int64))
+        if not isinstance(rows, range):
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+        return ItemTable(self.base, self.blob, self.offsets, self.labels, self.mode, self.fields, self.indices, rows)
 
     def _records(self) -> list[str]:
         """Every record of this table, decoded, in order (a run of ASCII records in one decode)."""

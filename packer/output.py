@@ -171,13 +171,15 @@ def read_plan(stage: Path) -> Optional[dict]:
         return None
 
 
-def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None) -> None:
+def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None) -> Path:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
-    name (default: its own; ``packer.finish`` renames shards before publishing)."""
+    name (default: its own; ``packer.finish`` renames shards before publishing); the record's path."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
     stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
-    _write_json(stage / f"{name}{DONE_SUFFIX}", {**result.to_dict(), FILE_STAMPS: stamps})
+    record = stage / f"{name}{DONE_SUFFIX}"
+    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps})
+    return record
 
 
 FILE_STAMPS = "file_stamps"
@@ -237,17 +239,18 @@ def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
 
 def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
     """Shards of an interrupted run whose record exists and whose files still match their SHA-256
-    (as renamed by ``record_renamed``)."""
+    (as renamed by ``record_renamed``), their per-sample columns left in their records (``kept_in``)."""
     finished = {}
     for name in names:
         try:
-            record = json.loads((stage / f"{name}{DONE_SUFFIX}").read_text(encoding="utf-8"))
+            path = stage / f"{name}{DONE_SUFFIX}"
+            record = json.loads(path.read_text(encoding="utf-8"))
             result = _renamed(stage, name, ShardResult.from_dict(record))
             stamps = record.get(FILE_STAMPS, {})
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if all(_intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
-            finished[name] = result
+            finished[name] = result.kept_in(path)
     return finished
 
 
@@ -272,6 +275,8 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
     back, and an old output is renamed back if the new one cannot take its place.
     """
     check_output(output, overwrite, source)
+    if (stage / SAVED_DISCOVERY).is_dir():
+        remove_tree(stage / SAVED_DISCOVERY)  # only ever for --resume: never published
     old = _old_dir(output)
     with stop_signals_held():
         moved = False

@@ -40,7 +40,7 @@ from packer.output import (
     start_staging,
     write_plan,
 )
-from packer.plan import on_table, plan_tasks
+from packer.plan import plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.registry import get_format
 from packer.report import reason_kind
@@ -121,7 +121,8 @@ def convert(
             lock, locked = lock_output(output), True  # before reading what the interrupted run saved
             found = reused_discovery(Path(source), output, overwrite, strict, config.text, options)
         if found is None and discovery is None:
-            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes)
+            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes,
+                                     max(1, workers or usable_cpus()))
             walked = found if can_save(found) else None
         elif found is None:
             check_output(output, overwrite, Path(source))
@@ -191,10 +192,12 @@ def reused_discovery(source: Path, output: Path, overwrite: bool, strict: bool, 
 def discover_checked(
     source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool,
     text: TextConfig = TextConfig(), classes: Optional[Sequence[str]] = None, add_classes: bool = False,
+    processes: int = 1,
 ) -> Discovery:
     """The checks every conversion makes before any work: the output may be written, the source
     has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
-    says which fields make a sample, ``classes`` the class map, see ``convert``)."""
+    says which fields make a sample, ``classes`` the class map, see ``convert``; ``processes``
+    may walk a folder source, see ``discover``)."""
     check_output(output, overwrite, Path(source))
     refuse_packer_output(Path(source))
     kind = container_kind(Path(source))
@@ -208,7 +211,7 @@ def discover_checked(
     if Path(source).is_file():
         raise InputError(f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset "
                          "samples")
-    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes)
+    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes, processes)
     if not found.items and labels_file is not None and found.skipped:
         raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
                          "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
@@ -287,9 +290,7 @@ def _convert_locked(
     finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
                              version=get_format(config.format).version(layout), workers=plan_workers)
     if walked is not None:
-        save_discovery(stage, walked, options or {})  # its items now mapped from the saved files
-        if walked is found:
-            tasks = on_table(tasks, found.items)  # and the walk's buffers freed
+        save_discovery(stage, walked, options or {})
     if on_plan is not None:
         on_plan(found, tasks)
     with publishing(stage):
@@ -390,7 +391,7 @@ def run_unfinished(
             progress(done_items)
     todo = [j for j in jobs if j.task.name not in finished]
     fresh = executor.run(todo, progress=progress, timeout=timeout,
-                         on_result=lambda job, result: record_shard(stage, result)) if todo else []
+                         on_result=lambda job, result: result.kept_in(record_shard(stage, result))) if todo else []
     return todo, fresh
 
 

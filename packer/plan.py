@@ -76,14 +76,6 @@ def _part(items: Sequence[SourceItem], start: int, stop: int) -> Sequence[Source
     return items[start:stop] if isinstance(items, ItemTable) else tuple(items[start:stop])
 
 
-def on_table(tasks: list[ShardTask], table: Sequence[SourceItem]) -> list[ShardTask]:
-    """``tasks`` with each ``ItemTable`` view re-pointed at the same rows of ``table``, a table of the
-    same records in other buffers (the discovery once it is saved); other tasks unchanged."""
-    if not isinstance(table, ItemTable):
-        return tasks
-    return [ShardTask(t.name, table.view(t.items.rows)) if isinstance(t.items, ItemTable) else t for t in tasks]
-
-
 def stored_order(items: Sequence[SourceItem], seed: Optional[int]) -> Sequence[SourceItem]:
     """The order samples are stored in: sorted source order, or with a seed the permutation
     ``numpy.random.default_rng(seed).permutation(len(items))`` of it (a view of an ``ItemTable``)."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
+import os
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -263,6 +266,58 @@ class ShardStats:
                    Counter({int(k): int(v) for k, v in d["heights"].items()}))
 
 
+@functools.lru_cache(maxsize=2)
+def _recorded(path: str, stamp: tuple[int, int, int]) -> tuple[Sequence, Sequence, Sequence]:
+    """The per-sample columns of the shard record at ``path`` (as its ``stamp`` says it is now)."""
+    keys, labels, digests = read_per_sample_record(json.loads(Path(path).read_text(encoding="utf-8")))
+    return StrColumn.of(keys), IntColumn.of(labels), HexColumn.of(digests)
+
+
+class RecordedColumn(Sequence):
+    """One per-sample column (0 keys, 1 labels, 2 digests) of a shard record on disk, read when asked
+    for (the last two records read are kept): the parent holds ``count`` and a path, not the values."""
+
+    __slots__ = ("path", "which", "count")
+
+    def __init__(self, path: str, which: int, count: int) -> None:
+        self.path, self.which, self.count = path, which, count
+
+    def column(self) -> Sequence:
+        """The values, read from the record (OSError or ValueError where it is gone or damaged)."""
+        st = os.stat(self.path)
+        column = _recorded(self.path, (st.st_size, st.st_mtime_ns, st.st_ino))[self.which]
+        if len(column) != self.count:
+            raise ValueError(f"{self.path} no longer holds the {self.count} samples it was written with")
+        return column
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        return self.column()[i]
+
+    def __iter__(self):
+        return iter(self.column())
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.column(), dtype=dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (Sequence, np.ndarray)) or isinstance(other, str):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RecordedColumn({['keys', 'labels', 'digests'][self.which]} of {self.path}, {self.count} values)"
+
+
+def in_memory(column: Sequence) -> Sequence:
+    """``column`` itself, or a ``RecordedColumn``'s values read from its record."""
+    return column.column() if isinstance(column, RecordedColumn) else column
+
+
 def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Sequence[str]) -> dict:
     """A shard record's per-sample values, each as one JSON string where it can be: ``keys_nul``, the
     keys joined by NUL (never in a file name); ``labels_i32``, base64 of little-endian int32s;
@@ -271,8 +326,12 @@ def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Seque
     do not fit (a NUL in a key, a label past int32, another kind of digest) are JSON lists, as
     packers before 0.8.0 wrote them all."""
     record: dict = {}
-    joined = "\0".join(keys)
-    if joined.count("\0") != max(len(keys) - 1, 0):  # a key holds a NUL itself
+    if isinstance(keys, StrColumn):
+        joined = keys.joined_by_nul()  # None: a key holds a NUL itself
+    else:
+        joined = "\0".join(keys)
+        joined = joined if joined.count("\0") == max(len(keys) - 1, 0) else None
+    if joined is None:
         record["keys"] = list(keys)
     else:
         record["keys_nul"], record["count"] = joined, len(keys)
@@ -344,6 +403,15 @@ class ShardResult:
     """``--codec source`` outputs: ``kept``, the runs ``[start, stop)`` of the shard's samples stored as
     their source files' bytes, and how many were re-encoded as ``jpeg`` and as ``png``
     (``add_image_source``)."""
+
+    def kept_in(self, record: Path) -> "ShardResult":
+        """This result with its per-sample columns left in its shard's ``record`` on disk (read back
+        when asked for, ``RecordedColumn``): what the parent holds of a finished shard, nothing a
+        sample."""
+        n = len(self.keys)
+        if len(self.labels) == n and len(self.digests) == n:
+            self.keys, self.labels, self.digests = (RecordedColumn(str(record), which, n) for which in range(3))
+        return self
 
     def packed(self) -> "ShardResult":
         """This result with its per-sample lists as columns (``packer.columns``): what the parent holds

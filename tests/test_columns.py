@@ -93,3 +93,34 @@ def test_records_of_older_packers_are_read():
     d.update(keys=["a", "b"], labels=[0, 1], digests=["0" * 32, "1" * 32])
     back = ShardResult.from_dict(d)
     assert back.keys == ["a", "b"] and back.labels == [0, 1] and back.digests == ["0" * 32, "1" * 32]
+
+
+def test_results_kept_in_their_records(tmp_path):
+    """After its record is written, the parent holds a shard's result without its per-sample values:
+    they are read back from the record when asked for, and duplicates are found the same way."""
+    from packer.assemble import class_counts, find_duplicates
+    from packer.output import record_shard
+    from packer.records import RecordedColumn
+
+    def result(name, keys, digests):
+        return ShardResult(name, len(keys), [], keys=keys, labels=[k.startswith("b") for k in keys],
+                           digests=digests).packed()
+
+    held = [result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32]),
+            result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32])]
+    kept = [result(r.name, list(r.keys), list(r.digests)) for r in held]
+    for r in kept:
+        r.kept_in(record_shard(tmp_path, r))
+    assert all(isinstance(c, RecordedColumn) for r in kept for c in (r.keys, r.labels, r.digests))
+    assert kept[1].keys == ["b/1", "b/2"] and kept[1].labels == [1, 1] and kept[0].digests[1] == "2" * 32
+    assert find_duplicates(kept) == find_duplicates(held) == [["a/1", "b/2"]]
+    assert class_counts(kept, 2) == class_counts(held, 2) == [2, 2]
+    record_shard(tmp_path, result("shard-00000", ["a/1"], ["1" * 32]))  # the record replaced behind its back
+    with pytest.raises(ValueError, match="no longer holds the 2 samples"):
+        list(kept[0].keys)
+
+
+@pytest.mark.parametrize("values", [[], ["a"], ["ab", "cd", "ef"], ["a", "", "dög/é", "xyz"], [""], ["", ""]])
+def test_joined_by_nul_equals_the_join(values):
+    assert StrColumn.of(values).joined_by_nul() == "\0".join(values)
+    assert StrColumn.of(["a\0b", "c"]).joined_by_nul() is None

@@ -432,3 +432,86 @@ def test_labels_header_is_any_first_row_without_a_sample(tmp_path):
     found = discover(tmp_path / "src", labels_file=labels)
     assert [(i.relpath, i.label) for i in found.items] == [("cat/1.jpg", 5), ("dog/2.jpg", 0)]
     assert found.classes == [str(i) for i in range(6)] and found.skipped == []
+
+
+def _hostile_tree(root):
+    """Class folders with nested ones, a file at the root, ignored files, symlinked folders inside and
+    outside the tree, a name that is not UTF-8 and an unreadable folder."""
+    for n in ["a/1.png", "a/sub/2.png", "a/sub/x.csv", "b/3.png", "b-c/4.png", "c/é.png", "c/d/e/5.png", "top.png",
+              "d/6.png", "d/7.txt"]:
+        touch(root / n)
+    outside = root.parent / (root.name + "-outside")
+    touch(outside / "o.png")
+    (root / "b" / "away").symlink_to(outside, target_is_directory=True)
+    (root / "b" / "again").symlink_to(root / "c" / "d", target_is_directory=True)
+    (root / "d" / "loop").symlink_to(root, target_is_directory=True)
+    touch(root / "c" / os.fsdecode(b"bad\xff.png"))
+    locked = root / "e"
+    locked.mkdir()
+    touch(locked / "hidden.png")
+    locked.chmod(0)
+    return locked
+
+
+@pytest.mark.parametrize("fields", [None, ("image", "text")])
+def test_the_parallel_walk_finds_what_the_serial_walk_finds(tmp_path, monkeypatch, fields):
+    """With several processes the root's subfolders are walked in a pool: the same items, labels,
+    skipped and ignored files, in the same order, as one process finds."""
+    import packer.discover
+
+    root = tmp_path / "src"
+    locked = _hostile_tree(root)
+    try:
+        serial = discover(root, fields=fields)
+        monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
+        parallel = discover(root, fields=fields, processes=2)
+    finally:
+        locked.chmod(0o755)
+    assert list(parallel.items) == list(serial.items)
+    assert (parallel.classes, parallel.skipped, parallel.ignored) == (serial.classes, serial.skipped, serial.ignored)
+    assert len(parallel.folders) == len(serial.folders)
+    if fields is None:
+        assert "b/away/o.png" in rels(serial) and "b/again/5.png" not in rels(serial)  # under c/d, its real path
+        assert "c/d/e/5.png" in rels(serial)
+
+
+def test_a_folder_two_processes_both_list_means_one_walk_again(tmp_path, monkeypatch):
+    """A folder reachable by two real paths (a bind mount) seen by two processes: the walk is done
+    again in one process, which lists it once."""
+    import packer.discover
+
+    root = tmp_path / "src"
+    for n in ["a/1.png", "b/2.png", "c/3.png"]:
+        touch(root / n)
+    serial = discover(root)
+    real = packer.discover._merged
+    calls = []
+
+    def overlapping(result, walk):
+        calls.append(1)
+        if len(calls) == 1:
+            raise packer.discover._Overlap()
+        return real(result, walk)
+
+    monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
+    monkeypatch.setattr(packer.discover, "_merged", overlapping)
+    again = discover(root, processes=2)
+    assert list(again.items) == list(serial.items) and calls == [1]
+
+
+def test_a_deep_chain_of_symlinked_folders_is_walked_as_deep_as_the_system_resolves(tmp_path):
+    """Each symlinked folder holds a symlink to the next, 1,200 deep (deeper than Python's recursion
+    limit): walked until the system refuses to resolve the path (40 symlinks on Linux), where the
+    last link counts as an ignored file (it is not a folder one can list), never a crash."""
+    root, chain = tmp_path / "src", tmp_path / "chain"
+    touch(root / "a" / "0.png")
+    depth = 1200
+    for i in range(depth):
+        touch(chain / str(i) / "x.png")
+    (root / "a" / "next").symlink_to(chain / "0", target_is_directory=True)
+    for i in range(depth - 1):
+        (chain / str(i) / "next").symlink_to(chain / str(i + 1), target_is_directory=True)
+    found = discover(root)
+    deepest = max(len(rel.split("/")) for rel in rels(found)) - 2
+    assert len(rels(found)) == deepest + 1 and 30 <= deepest < depth
+    assert found.ignored == {"(no extension)": 1} and found.skipped == []

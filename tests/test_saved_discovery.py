@@ -1,20 +1,22 @@
 """The discovery saved in the staging folder: --resume takes it instead of walking an unchanged tree,
-walks again when any folder changed, and the run maps its items from it."""
+walks again when any folder changed or anything about it does not fit."""
 
-import mmap
+import json
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import write_image
+from conftest import make_tree, write_image
 
 import packer.folder_stamps
 import packer.pipeline
+import packer.saved_discovery
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from packer.discover import discover
 from packer.errors import OutputError
 from packer.folder_stamps import FolderStamps
-from packer.item_table import ItemTable
 from packer.manifest import MANIFEST_NAME
 from packer.output import SAVED_DISCOVERY, staging_dir
 
@@ -105,20 +107,97 @@ def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settle
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
 
 
-def test_the_run_maps_its_items_from_the_saved_discovery(image_tree, tmp_path):
-    """Once saved, the items leave the parent's heap: the plan's shards are views of the mapped file."""
-    seen = {}
+def test_a_resume_from_another_working_directory_reads_the_same_files(tmp_path, monkeypatch, settled):
+    """A source given relative to the first run's working directory, resumed by its absolute path from
+    another: the saved items are read under the source as it is named now."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    make_tree(a / "src", {"ant": 5, "bee": 6})
+    for p in (a / "src").rglob("*.png"):  # the same names, other pictures, under B/src
+        write_image(b / "src" / p.relative_to(a / "src"), (40, 30), seed=999)
+    out = tmp_path / "out"
+    monkeypatch.chdir(a)
+    interrupted("src", out)
+    monkeypatch.chdir(b)
+    with_reuse = convert(a / "src", out, CONFIG, workers=1, resume=True)
+    assert with_reuse.processed == 6
+    convert(a / "src", tmp_path / "fresh", CONFIG, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
 
-    def on_plan(found, tasks):
-        seen["blob"] = found.items.blob
-        seen["tasks"] = tasks
 
-    shuffled = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=5), shuffle=7)
-    convert(image_tree, tmp_path / "out", shuffled, workers=1, on_plan=on_plan)
-    assert isinstance(seen["blob"], mmap.mmap)
-    assert all(isinstance(t.items, ItemTable) and t.items.blob is seen["blob"] for t in seen["tasks"])
-    convert(image_tree, tmp_path / "held", shuffled, workers=1)
-    assert (tmp_path / "out" / MANIFEST_NAME).read_bytes() == (tmp_path / "held" / MANIFEST_NAME).read_bytes()
+def test_a_symlink_retargeted_outside_the_tree_means_a_new_walk(tmp_path, settled):
+    """root/b -> ext/cur -> root/a: b is not walked (a is), but it is stamped, so pointing ext/cur
+    elsewhere is noticed."""
+    root, ext = tmp_path / "root", tmp_path / "ext"
+    make_tree(root, {"a": 6})
+    make_tree(ext / "new", {"x": 4})
+    os.symlink(root / "a", ext / "cur")
+    os.symlink(ext / "cur", root / "b")
+    out = tmp_path / "out"
+    interrupted(root, out)
+    os.unlink(ext / "cur")
+    os.symlink(ext / "new" / "x", ext / "cur")
+    with pytest.raises(OutputError, match="changed since the interrupted"):  # the walk finds b's 4 new files
+        convert(root, out, CONFIG, workers=1, resume=True)
+
+
+def test_a_packer_output_inside_the_source_is_stamped(image_tree, tmp_path, settled):
+    """An output inside the source is left out of the walk; once its manifest goes, it is a class folder."""
+    old = image_tree / "old-out"
+    old.mkdir()
+    (old / "manifest.json").write_text(json.dumps({"manifest_version": 1, "shards": []}))
+    write_image(old / "preview.png", (8, 8))
+    out = tmp_path / "out"
+    interrupted(image_tree, out)
+    (old / "manifest.json").unlink()
+    with pytest.raises(OutputError, match="changed since the interrupted"):
+        convert(image_tree, out, CONFIG, workers=1, resume=True)
+
+
+def test_a_save_cut_short_is_never_taken(image_tree, tmp_path, monkeypatch, settled):
+    """A resume that walks again saves its discovery anew; stopped in the middle, it leaves no
+    discovery.json, so the next resume walks (rather than read half of one and half of another)."""
+    out = tmp_path / "out"
+    interrupted(image_tree, out)
+    (image_tree / "ant" / "notes.csv").write_text("x")  # a folder changed, the samples did not
+    real = np.save
+
+    def torn(path, arr, *args, **kwargs):
+        if str(path).endswith("folder_stamps.npy"):
+            open(path, "wb").close()
+            raise KeyboardInterrupt
+        return real(path, arr, *args, **kwargs)
+
+    monkeypatch.setattr(packer.saved_discovery.np, "save", torn)
+    with pytest.raises(KeyboardInterrupt):
+        convert(image_tree, out, CONFIG, workers=1, resume=True)
+    monkeypatch.setattr(packer.saved_discovery.np, "save", real)
+    assert not (staging_dir(out) / SAVED_DISCOVERY / "discovery.json").exists()
+    assert convert(image_tree, out, CONFIG, workers=1, resume=True).processed == 10
+
+
+def test_a_discovery_that_cannot_be_saved_is_a_warning(image_tree, tmp_path, monkeypatch, caplog):
+    real = packer.saved_discovery._write
+
+    def full(folder, found, options):
+        real(folder, found, options)  # most of it written, then the disk is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(packer.saved_discovery, "_write", full)
+    with caplog.at_level("WARNING", logger="packer"):
+        convert(image_tree, tmp_path / "out", CONFIG, workers=1)
+    assert "cannot save the discovery" in caplog.text and "No space left on device" in caplog.text
+    assert not (tmp_path / "out" / SAVED_DISCOVERY).exists()
+
+
+def test_a_source_under_a_folder_whose_name_is_not_utf8(tmp_path, monkeypatch, settled):
+    parent = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    os.mkdir(parent)
+    src = Path(os.fsdecode(os.path.join(parent, b"src")))
+    make_tree(src, {"ant": 5, "bee": 6})
+    out = tmp_path / "out"
+    interrupted(src, out)
+    monkeypatch.setattr(packer.pipeline, "discover_checked", no_walk)
+    assert convert(src, out, CONFIG, workers=1, resume=True).processed == 6
 
 
 def test_folder_stamps_notice_what_changes_a_folder(tmp_path, settled):

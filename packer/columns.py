@@ -1,10 +1,10 @@
 """Read-only columns of per-sample values in flat buffers: what a shard's result carries per sample.
 
-A shard's result lists each written sample's key, label and source digest. As Python lists they
-cost the parent about 180 bytes a sample (a string object per key and per digest, an int per label)
-for the whole run; as columns they cost the bytes of the values plus 8 bytes an offset for keys, the
-16 bytes a 128-bit digest is for digests, 4 for labels. Every column is a ``Sequence`` equal to the
-list it holds.
+A shard's result lists each written sample's key, label and source digest. As Python lists they cost
+the parent a string object per key and per digest and an int per label for the whole run
+(docs/BENCHMARKS.md, the scale benchmark); as columns they cost the bytes of the values plus 8 bytes
+an offset for keys, the 16 bytes a 128-bit digest is for digests, 4 for labels. Every column is a
+``Sequence`` equal to the list it holds.
 """
 
 from __future__ import annotations

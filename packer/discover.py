@@ -313,9 +313,9 @@ _CODE_OF_EXTENSION = {ext: _KIND_CODES[kind] for ext, kind in _KIND_OF_EXTENSION
 
 
 class _Listing:
-    """The files the walk found, in sorted path order, in flat buffers (an object per file cost
-    hundreds of bytes at 10^8 files): their relative POSIX paths' UTF-8 bytes back to back, the
-    ``ends`` offsets that bound them, and each one's kind (its index in ``FIELD_KINDS``)."""
+    """The files the walk found, in sorted path order, in flat buffers (not an object per file): their
+    relative POSIX paths' UTF-8 bytes back to back, the ``ends`` offsets that bound them, and each
+    one's kind (its index in ``FIELD_KINDS``)."""
 
     def __init__(self) -> None:
         self.blob = bytearray()

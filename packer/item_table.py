@@ -1,12 +1,12 @@
 """The source items of a conversion held in a few flat arrays instead of one Python object each.
 
 Discovery of a folder of N files used to hold N ``SourceItem`` objects, with two strings each, in
-the parent for the whole run (and every worker forked from it started with them): about 450 bytes a
-file, tens of gigabytes at 10^8 files. An ``ItemTable`` holds the same items as one buffer of UTF-8
-relative paths, an array of their end offsets and an array of labels, about the length of a path
-plus 12 bytes a file, in buffers that forked workers share and never copy (numpy's data is not
-touched by reference counting). It is a ``Sequence[SourceItem]``: each item is made when it is asked
-for, and slices, ``take`` and ``shuffled`` are views over the same buffers.
+the parent for the whole run (and every worker forked from it started with them): most of the
+parent's memory per file (docs/BENCHMARKS.md, the scale benchmark). An ``ItemTable`` holds the same
+items as one buffer of UTF-8 relative paths, an array of their end offsets and an array of labels,
+about the length of a path plus 12 bytes a file, in buffers that forked workers share and never copy
+(numpy's data is not touched by reference counting). It is a ``Sequence[SourceItem]``: each item is
+made when it is asked for, and slices and ``take`` are views over the same buffers.
 """
 
 from __future__ import annotations

@@ -321,8 +321,8 @@ def in_memory(column: Sequence) -> Sequence:
 def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Sequence[str]) -> dict:
     """A shard record's per-sample values, each as one JSON string where it can be: ``keys_nul``, the
     keys joined by NUL (never in a file name); ``labels_i32``, base64 of little-endian int32s;
-    ``digests_hex``, the 128-bit digests back to back. A record of JSON lists cost the parent ~500
-    bytes a sample of the shard to write and ~1 us a sample to read back on --resume. Values that
+    ``digests_hex``, the 128-bit digests back to back. A record of JSON lists cost the parent an
+    object a value to write, and as many to read back on --resume. Values that
     do not fit (a NUL in a key, a label past int32, another kind of digest) are JSON lists, as
     packers before 0.8.0 wrote them all."""
     record: dict = {}
@@ -415,7 +415,7 @@ class ShardResult:
 
     def packed(self) -> "ShardResult":
         """This result with its per-sample lists as columns (``packer.columns``): what the parent holds
-        of every shard until the manifest is written, a few bytes a sample instead of ~180."""
+        of a shard until its record is written (``kept_in``), its values' bytes instead of an object each."""
         self.keys, self.labels, self.digests = StrColumn.of(self.keys), IntColumn.of(self.labels), \
             HexColumn.of(self.digests)
         return self

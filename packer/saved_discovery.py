@@ -1,8 +1,8 @@
 """The discovery of a run, kept on disk in its staging folder: read back by ``--resume`` instead of
 walking the source again.
 
-A walk of 10^8 files takes minutes, and an interrupted run used to walk the whole tree again before
-it could tell which shards it had finished. The saved discovery holds the items (an ``ItemTable``'s
+An interrupted run used to walk the whole tree again before it could tell which shards it had
+finished, the longest part of its start at 10^8 files. The saved discovery holds the items (an ``ItemTable``'s
 buffers), what the walk left out, and the stamps of every folder it listed
 (``packer.folder_stamps``): while no folder changed, the tree holds the same files under the same
 names, and the saved items are what a walk would find. Files whose contents changed are found per

@@ -276,13 +276,15 @@ def child_verify(p: dict) -> dict:
 
 
 def child_discover(p: dict) -> dict:
-    """``packer.discover.discover`` alone: wall, CPU and peak RSS of this process."""
+    """``packer.discover.discover`` alone, with ``processes``: wall, CPU (this process and the pool's)
+    and peak RSS of this process."""
     from packer.discover import discover
 
     before, rss = maxrss_kib(), rss_kib()
-    wall, cpu = time.perf_counter(), time.process_time()
-    found = discover(p["root"])
+    wall, cpu, pool_cpu = time.perf_counter(), time.process_time(), children_cpu()
+    found = discover(p["root"], processes=p.get("processes", 1))
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "items": len(found.items),
+            "pool_cpu_s": children_cpu() - pool_cpu, "processes": p.get("processes", 1),
             "peak_kib": maxrss_kib(), "baseline_kib": max(before, rss)}
 
 
@@ -521,12 +523,15 @@ def report(results: dict, markdown: bool) -> str:
             "finished: shard records in the staging folder after the interrupt; kept: those the resume reused "
             "(its log). Ratio 1.0: all work redone; 0.3: only the unfinished 30%. Both times include the CLI's "
             f"start-up ({results.get('cli_startup_s', 0):.2f} s, added to the in-process conversion time).")
-    d = results.get("discovery")
-    if d:
+    runs = [d for d in (results.get("discovery"), results.get("discovery_parallel")) if d]
+    if runs:
         section("Discovery alone (empty files)",
-                ["files", "wall s", "CPU µs/file", "peak RSS MiB", "after imports MiB", "bytes/file"],
-                [[d["items"], d["wall_s"], d["cpu_s"] / d["items"] * 1e6, d["peak_kib"] / 1024,
-                  d["baseline_kib"] / 1024, (d["peak_kib"] - d["baseline_kib"]) * 1024 / d["items"]]])
+                ["files", "processes", "wall s", "CPU µs/file", "pool CPU µs/file", "peak RSS MiB",
+                 "after imports MiB", "bytes/file"],
+                [[d["items"], d.get("processes", 1), d["wall_s"], d["cpu_s"] / d["items"] * 1e6,
+                  d.get("pool_cpu_s", 0.0) / d["items"] * 1e6, d["peak_kib"] / 1024, d["baseline_kib"] / 1024,
+                  (d["peak_kib"] - d["baseline_kib"]) * 1024 / d["items"]] for d in runs],
+                "CPU: of the discovering process; pool CPU: of the processes that walked subfolders for it.")
     section(f"Extrapolation to {TARGET:.0e} files (line through the two largest sizes)",
             ["measure", "format", "slope per file", "intercept", f"at {TARGET:.0e}", "note"],
             [[*row, "flat: the slope is noise" if row[2] <= 0 else ""] for row in extrapolations(results)],
@@ -672,6 +677,8 @@ def run(args: argparse.Namespace) -> dict:
         root = make_tree(work / f"empty-{args.discovery_files}", args.discovery_files, empty=True, folders=1000)
         print(f"tree of {args.discovery_files:,} empty files ready in {time.perf_counter() - t:.1f} s", flush=True)
         results["discovery"] = run_child("discover", {"root": str(root)})
+        if args.workers > 1:
+            results["discovery_parallel"] = run_child("discover", {"root": str(root), "processes": args.workers})
     return results
 
 

@@ -536,14 +536,15 @@ def test_a_workers_labels_take_no_memory_per_sample(many_labels, fmt):
     tracemalloc.start(30)
     try:
         batch = ds.__getitems__(list(range(0, 3000, 500)))
-        gc.collect()  # h5py's objects for a dataset form cycles: garbage until the collector runs, not kept
+        gc.collect()
         traces = tracemalloc.take_snapshot().traces
     finally:
         tracemalloc.stop()
     assert [int(sample[1]) for sample in batch] == [0, 0, 1, 1, 2, 2]
-    kept = sum(t.size for t in traces
-               if any(f.filename == code.co_filename and f.lineno in lines for f in t.traceback))
-    assert kept < 6 * 1500, kept  # npy: nothing at all, the labels were mapped with the shard
+    kept = [t.size for t in traces if any(f.filename == code.co_filename and f.lineno in lines for f in t.traceback)]
+    # A copy of a shard's labels is one block of 4,000 bytes; what else h5py keeps (its registries
+    # grow now and then) is small blocks. npy: nothing at all, the labels were mapped with the shard.
+    assert max(kept, default=0) < 8 * 500 and sum(kept) < 6 * 8 * 500, kept
 
 
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])

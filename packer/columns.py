@@ -55,6 +55,23 @@ class StrColumn(_Column, Sequence[str]):
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
         return cls(blob, offsets)
 
+    @classmethod
+    def from_joined(cls, joined: str, count: int) -> "StrColumn":
+        """The column of ``count`` values joined by NUL (``joined_by_nul``), split in numpy, not one object
+        a value (a NUL byte in UTF-8 is only ever the character); ValueError if the count is not there."""
+        data = np.frombuffer(joined.encode("utf-8"), np.uint8)
+        if count == 0:
+            if len(data):
+                raise ValueError("values where none were counted")
+            return cls(b"", np.zeros(1, np.int64))
+        nul = np.flatnonzero(data == 0)
+        if len(nul) != count - 1:
+            raise ValueError(f"{len(nul) + 1} values where {count} were counted")
+        offsets = np.empty(count + 1, np.int64)
+        offsets[0], offsets[-1] = 0, len(data) - len(nul)
+        offsets[1:-1] = nul - np.arange(len(nul))
+        return cls(data[data != 0].tobytes() if len(nul) else data.tobytes(), offsets)
+
     def __len__(self) -> int:
         return self.count
 

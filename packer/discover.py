@@ -9,9 +9,8 @@ import os
 import sys
 import time
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path, PurePosixPath
 from typing import Iterator, NamedTuple, Optional, Sequence
 
@@ -358,10 +357,15 @@ class _Listing:
             done = at
         return out
 
+    def extend(self, other: "_Listing") -> None:
+        """Append every file of ``other``."""
+        self._extend(other, 0, len(other))
+
     def _extend(self, other: "_Listing", a: int, b: int) -> None:
         start, shift = other.ends[a], len(self.blob)
         self.blob += other.blob[start:other.ends[b]]
-        self.ends.extend(e - start + shift for e in other.ends[a + 1:b + 1])
+        moved = np.frombuffer(other.ends, np.int64)[a + 1:b + 1] - start + shift  # a new array: no buffer held
+        self.ends.frombytes(moved.tobytes())
         self.kinds += other.kinds[a:b]
 
 
@@ -422,37 +426,58 @@ def _walk_tree(folder: str, rel_dir: str, walk: _Walk, processes: int = 1) -> _L
 
 def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int) -> tuple[_Listing, list[tuple[int, str, str]]]:
     """The files under the real folders of ``folder``, and its symlinked folders by their position
-    (see ``_walk_tree``)."""
+    (see ``_walk_tree``). Subfolders walked by the pool are added in order as soon as they and all
+    before them are done, so the parent holds little more than the listing itself."""
     entries = _entries(folder, rel_dir, walk)
-    pieces: list = [_Listing()]  # listings, and the pool's results for subfolders, in order
-    linked: list[tuple[int, int, str, str]] = []  # (piece, position in it, path, relative path)
-    started, pool = time.perf_counter(), None
+    out = _Listing()
     folders_left = sum(e[3] is _FOLDER for e in entries) if processes > 1 else 0
+    if folders_left < 2:
+        return out, _walk_real(out, [iter(entries)], walk)
+    linked: list[tuple[int, str, str]] = []
+    queue: deque = deque()  # the pool's results, and listings of the entries between them, not yet in out
+    started, pool = time.perf_counter(), None
     try:
-        if folders_left < 2:
-            linked += [(0, at, path, rel) for at, path, rel in _walk_real(pieces[0], [iter(entries)], walk)]
-            entries = []
         for entry in entries:
             if entry[3] is _FOLDER:
                 if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
                     pool = _context().Pool(processes)
                 folders_left -= 1
                 if pool is not None:
-                    pieces += [pool.apply_async(_walk_subfolder, (entry[2], entry[1])), _Listing()]
+                    queue.append(pool.apply_async(_walk_subfolder, (entry[2], entry[1])))
+                    _flush(queue, out, linked, walk, wait=False)
                     continue
-            links = _walk_real(pieces[-1], [iter([entry])], walk)
-            linked += [(len(pieces) - 1, at, path, rel) for at, path, rel in links]
-        for n, piece in enumerate(pieces):
-            if not isinstance(piece, _Listing):
-                pieces[n], links = _merged(piece.get(), walk)
-                linked += [(n, at, path, rel) for at, path, rel in links]
+            if not queue:
+                linked += _walk_real(out, [iter([entry])], walk)
+                continue
+            if not isinstance(queue[-1], tuple):
+                queue.append((_Listing(), []))
+            segment, links = queue[-1]
+            links += _walk_real(segment, [iter([entry])], walk)
+        _flush(queue, out, linked, walk, wait=True)
     finally:
         if pool is not None:
             pool.terminate()
-    out = pieces[0] if len(pieces) == 1 else _Listing().spliced([(0, p) for p in pieces])
-    starts = list(accumulate((len(p) for p in pieces), initial=0))
-    linked.sort(key=lambda link: (starts[link[0]] + link[1], link[0]))  # stable: in the order they were met
-    return out, [(starts[n] + at, path, rel) for n, at, path, rel in linked]
+    return out, linked
+
+
+def _flush(queue: deque, out: _Listing, linked: list[tuple[int, str, str]], walk: _Walk, wait: bool) -> None:
+    """Move the done head of ``queue`` into ``out`` (and its symlinked folders into ``linked``, by
+    their position there): every item with ``wait``, else those done before the first that is not
+    (a listing of entries is done once something follows it)."""
+    while queue:
+        head = queue[0]
+        if isinstance(head, tuple):
+            if not wait and len(queue) == 1:
+                return
+            listing, links = head
+        elif wait or head.ready():
+            listing, links = _merged(head.get(), walk)
+        else:
+            return
+        queue.popleft()
+        base = len(out)
+        out.extend(listing)
+        linked += [(base + at, path, rel) for at, path, rel in links]
 
 
 def _with_linked(out: _Listing, linked: list[tuple[int, str, str]], walk: _Walk) -> _Listing:

@@ -266,11 +266,12 @@ class ShardStats:
                    Counter({int(k): int(v) for k, v in d["heights"].items()}))
 
 
-@functools.lru_cache(maxsize=2)
-def _recorded(path: str, stamp: tuple[int, int, int]) -> tuple[Sequence, Sequence, Sequence]:
-    """The per-sample columns of the shard record at ``path`` (as its ``stamp`` says it is now)."""
-    keys, labels, digests = read_per_sample_record(json.loads(Path(path).read_text(encoding="utf-8")))
-    return StrColumn.of(keys), IntColumn.of(labels), HexColumn.of(digests)
+@functools.lru_cache(maxsize=6)
+def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
+    """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
+    column = read_per_sample_record(json.loads(Path(path).read_text(encoding="utf-8")), (which,))[which]
+    assert column is not None
+    return column
 
 
 class RecordedColumn(Sequence):
@@ -285,7 +286,7 @@ class RecordedColumn(Sequence):
     def column(self) -> Sequence:
         """The values, read from the record (OSError or ValueError where it is gone or damaged)."""
         st = os.stat(self.path)
-        column = _recorded(self.path, (st.st_size, st.st_mtime_ns, st.st_ino))[self.which]
+        column = _recorded(self.path, (st.st_size, st.st_mtime_ns, st.st_ino), self.which)
         if len(column) != self.count:
             raise ValueError(f"{self.path} no longer holds the {self.count} samples it was written with")
         return column
@@ -347,21 +348,20 @@ def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Seque
     return record
 
 
-def read_per_sample_record(d: dict) -> tuple[list[str], list[int], Sequence[str]]:
-    """Keys, labels and digests of a shard record (``per_sample_record``'s or a list form)."""
-    if "keys_nul" in d:
-        keys = d["keys_nul"].split("\0") if int(d["count"]) else []
-        if len(keys) != int(d["count"]):
-            raise ValueError("the record's keys do not match its count")
-    else:
-        keys = list(d["keys"])
-    if "labels_i32" in d:
-        labels = np.frombuffer(base64.b64decode(d["labels_i32"]), "<i4").tolist()
-    else:
-        labels = [int(v) for v in d["labels"]]
-    digests: Sequence[str] = HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d \
-        else list(d["digests"])
-    return keys, labels, digests
+def read_per_sample_record(d: dict, which: tuple[int, ...] = (0, 1, 2)) -> list[Optional[Sequence]]:
+    """Keys, labels and digests (those ``which`` names: 0, 1, 2; None for the others) of a shard record
+    (``per_sample_record``'s or a list form), as columns made without an object a value."""
+    out: list[Optional[Sequence]] = [None, None, None]
+    if 0 in which:
+        out[0] = StrColumn.from_joined(d["keys_nul"], int(d["count"])) if "keys_nul" in d \
+            else StrColumn.of(list(d["keys"]))
+    if 1 in which:
+        out[1] = IntColumn(np.frombuffer(base64.b64decode(d["labels_i32"]), "<i4").astype(np.int32)) \
+            if "labels_i32" in d else IntColumn.of([int(v) for v in d["labels"]])
+    if 2 in which:
+        out[2] = HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d \
+            else HexColumn.of(list(d["digests"]))
+    return out
 
 
 SOURCE_DIGEST = "xxh3-128"

@@ -123,4 +123,12 @@ def test_results_kept_in_their_records(tmp_path):
 @pytest.mark.parametrize("values", [[], ["a"], ["ab", "cd", "ef"], ["a", "", "dög/é", "xyz"], [""], ["", ""]])
 def test_joined_by_nul_equals_the_join(values):
     assert StrColumn.of(values).joined_by_nul() == "\0".join(values)
+    assert StrColumn.from_joined("\0".join(values), len(values)) == values
     assert StrColumn.of(["a\0b", "c"]).joined_by_nul() is None
+
+
+def test_joined_values_must_match_their_count():
+    with pytest.raises(ValueError, match="2 values where 3"):
+        StrColumn.from_joined("a\0b", 3)
+    with pytest.raises(ValueError, match="none were counted"):
+        StrColumn.from_joined("a", 0)

@@ -147,6 +147,7 @@ def child_convert(p: dict) -> dict:
     """One conversion through ``packer.convert``, timed phase by phase from inside the packer parent."""
     import packer.pipeline as pipeline
     from packer import ConvertConfig, PreprocessConfig, convert
+    from packer.config import parse_shard_size
 
     marks: dict[str, dict] = {}
 
@@ -171,7 +172,8 @@ def child_convert(p: dict) -> dict:
         mark("plan")
         shards.append(len(tasks))
 
-    config = ConvertConfig(p["format"], preprocess=PreprocessConfig(size=(SIDE, SIDE)))
+    config = ConvertConfig(p["format"], preprocess=PreprocessConfig(size=(SIDE, SIDE)),
+                           shard_size=parse_shard_size(p.get("shard_size", "auto")))
     mark("start")
     result = convert(p["source"], p["output"], config, workers=p["workers"], overwrite=True, on_plan=on_plan)
     mark("end")
@@ -356,14 +358,14 @@ def interrupt_at(proc: subprocess.Popen, plan_record: Path, after_plan: float) -
 
 
 def measure_resume(tree: Path, fmt: str, work: Path, workers: int, row: dict, startup: float,
-                   reference: list[tuple[str, str]], tries: int = 3) -> dict:
+                   reference: list[tuple[str, str]], tries: int = 3, shard_size: str = "auto") -> dict:
     """Interrupt a CLI conversion at ``INTERRUPT_AT`` of the uninterrupted conversion ``row``'s time,
     resume it, and compare the result with the ``reference`` shard files of that conversion."""
     from packer.output import DONE_SUFFIX, PLAN_RECORD, staging_dir
 
     out = work / f"resume-{fmt}"
     cmd = [sys.executable, "-m", "packer", "-v", "convert", str(tree), "-f", fmt, "-o", str(out),
-           "--workers", str(workers), "--size", str(SIDE), "-q"]
+           "--workers", str(workers), "--size", str(SIDE), "--shard-size", shard_size, "-q"]
     # the plan record is written just before on_plan is called, at row["plan_wall_s"] into a conversion
     after_plan = max(0.0, INTERRUPT_AT * row["wall_s"] - row["plan_wall_s"])
     uninterrupted = row["wall_s"] + startup
@@ -596,11 +598,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 usage="bench_scale.py [--sizes N,N,...] [--formats npy,wds,lmdb] [--workers N] "
-                                      "[--discovery-files N] [--epoch-sizes N,...] [--no-resume] [--work DIR] "
+                                      "[--shard-size S] [--discovery-files N] [--epoch-sizes N,...] [--no-resume] "
+                                      "[--work DIR] "
                                       "[--markdown FILE] [--json FILE] [--quick]")
     p.add_argument("--sizes", default="10000,100000", help="source files per tree, comma-separated")
     p.add_argument("--formats", default="npy,wds,lmdb")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--shard-size", default="auto", help="packer's --shard-size for every conversion")
     p.add_argument("--discovery-files", type=int, default=0, help="also time discovery alone on this many empty files")
     p.add_argument("--epoch-sizes", default="10000000", help="simulated sizes for the epoch-start measure")
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bench-scale"), help="trees and outputs (cached)")
@@ -632,7 +636,7 @@ def run(args: argparse.Namespace) -> dict:
         for fmt in args.format_list:
             out = work / f"out-{n}-{fmt}"
             r = run_child("convert", {"source": str(trees[n]), "output": str(out), "format": fmt,
-                                      "workers": args.workers})
+                                      "workers": args.workers, "shard_size": args.shard_size})
             row = convert_row(n, fmt, r)
             results["rows"].append(row)
             outputs[(n, fmt)] = (out, row)
@@ -668,7 +672,8 @@ def run(args: argparse.Namespace) -> dict:
         results["cli_startup_s"] = startup
         for fmt in args.format_list:
             out, row = outputs[(large, fmt)]
-            rec = measure_resume(trees[large], fmt, work, args.workers, row, startup, shard_digests(out))
+            rec = measure_resume(trees[large], fmt, work, args.workers, row, startup, shard_digests(out),
+                                 shard_size=args.shard_size)
             results["resume"].append({"size": large, **rec})
             print(f"resume of {fmt}: {rec['finished_shards']} of {rec['shards']} shards kept, ratio "
                   f"{rec['ratio']:.2f}", flush=True)

@@ -14,11 +14,12 @@ from typing import Iterable, Iterator, Optional, Sequence, overload
 import numpy as np
 
 
-class _Column:
-    """Equality with any column, list or tuple of the same values, as a list has."""
+class ValueSequence:
+    """Equality with any other such sequence, list or tuple of the same values, as a list has (the
+    columns here, ``records.RecordedColumn``, ``item_table.ItemTable``); unhashable, like a list."""
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (_Column, list, tuple)):
+        if not isinstance(other, (ValueSequence, list, tuple)):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))  # type: ignore[arg-type]
 
@@ -31,7 +32,7 @@ class _Column:
         raise NotImplementedError
 
 
-class StrColumn(_Column, Sequence[str]):
+class StrColumn(ValueSequence, Sequence[str]):
     """Strings as their UTF-8 bytes back to back: ``offsets`` (N + 1) bound them, or, when every
     string has ``width`` bytes, nothing does."""
 
@@ -107,10 +108,6 @@ class StrColumn(_Column, Sequence[str]):
     def __reduce__(self):
         return (StrColumn, (self.blob, self.offsets, self.width, self.count))
 
-    def joined(self) -> str:
-        """Every value, concatenated (one decode, not one a value)."""
-        return self.blob.decode("utf-8")
-
     def joined_by_nul(self) -> Optional[str]:
         """Every value, NUL between each two, made from the buffer in one pass (no object a value);
         None when a value holds a NUL itself."""
@@ -125,12 +122,8 @@ class StrColumn(_Column, Sequence[str]):
             return cells.tobytes()[:-1].decode("utf-8")
         return np.insert(data, self.offsets[1:-1], 0).tobytes().decode("utf-8")
 
-    def uniform_width(self) -> int:
-        """The byte length every value has, 0 when they differ (or for an empty column)."""
-        return self.width if self.offsets is None else 0
 
-
-class HexColumn(_Column, Sequence[str]):
+class HexColumn(ValueSequence, Sequence[str]):
     """Lowercase hexadecimal strings of ``width`` bytes each (source digests), held as those bytes."""
 
     __slots__ = ("raw", "width")
@@ -183,7 +176,7 @@ def _not_str(value: object) -> bytes:
     raise TypeError(f"a column of strings cannot hold {type(value).__name__} {value!r}")
 
 
-class IntColumn(_Column, Sequence[int]):
+class IntColumn(ValueSequence, Sequence[int]):
     """Integers in one numpy array (labels: int32)."""
 
     __slots__ = ("values",)

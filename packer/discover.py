@@ -18,7 +18,7 @@ import numpy as np
 
 from packer.class_map import extend_class_map
 from packer.errors import InputError
-from packer.folder_stamps import FolderStamps
+from packer.folder_stamps import FolderStamps, stat_or_none
 from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, TableBuilder
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
@@ -607,9 +607,9 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
             if not is_packer_folder(entry.path):
                 entries.append((name + "/", rel, entry.path, _LINKED_FOLDER if entry.is_symlink() else _FOLDER))
             else:
-                walk.folders.add(rel, _stat(entry.path))
+                walk.folders.add(rel, stat_or_none(entry.path))
             continue
-        if entry.is_symlink() and _stat(entry.path) is None:
+        if entry.is_symlink() and stat_or_none(entry.path) is None:
             walk.folders.add(rel, None)
         dot = name.rfind(".")  # os.path.splitext's extension: the name does not start with a dot
         ext = name[dot:].lower() if dot > 0 else ""
@@ -617,13 +617,6 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
         entries.append((name, rel, ext or "(no extension)", _OTHER if code is None else code))
     entries.sort(key=lambda e: e[0])
     return entries
-
-
-def _stat(path: str) -> Optional[os.stat_result]:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
 
 
 def _utf8(name: str) -> bool:

@@ -78,12 +78,17 @@ class FolderStamps:
         for i in range(len(self)):
             rel = self.blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
             recorded = tuple(stamps[i].tolist())
-            try:
-                st: Optional[os.stat_result] = os.stat(os.path.join(root, rel) if rel else root)
-            except OSError:
-                st = None
+            st = stat_or_none(os.path.join(root, rel) if rel else root)
             if _stamp(st) != recorded or max(recorded[2], recorded[3]) >= racy:
                 return rel or "/"
+        return None
+
+
+def stat_or_none(path: str | os.PathLike) -> Optional[os.stat_result]:
+    """``os.stat(path)`` (links followed), None when it fails: a missing file, a broken link, no access."""
+    try:
+        return os.stat(path)
+    except OSError:
         return None
 
 

@@ -16,6 +16,7 @@ from typing import Iterator, Optional, Sequence, overload
 
 import numpy as np
 
+from packer.columns import ValueSequence
 from packer.records import UNLABELLED, SourceItem
 
 IMAGES = "images"
@@ -28,7 +29,7 @@ PAIRED = "paired"
 _SEP = "\0"  # never in a file name, so it can join a paired record's parts
 
 
-class ItemTable(Sequence[SourceItem]):
+class ItemTable(ValueSequence, Sequence[SourceItem]):
     """Source items in flat arrays (see the module docstring); read-only.
 
     ``base`` is prepended to every relative path (the source root with a separator at its end);
@@ -74,14 +75,6 @@ class ItemTable(Sequence[SourceItem]):
         for row in self._row_list():
             yield self._item(row)
 
-    def __eq__(self, other: object) -> bool:
-        # Equal to any table, list or tuple of the same items, as a tuple of them would be.
-        if not isinstance(other, (ItemTable, list, tuple)):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value, like a list
-
     def __repr__(self) -> str:
         return f"ItemTable({len(self)} {self.mode} items under {self.base!r})"
 
@@ -90,12 +83,12 @@ class ItemTable(Sequence[SourceItem]):
         positions = np.asarray(positions, dtype=np.int64)
         return self._select(self._row_array()[positions])
 
-    def plan_lines(self) -> Optional[str]:
+    def plan_lines(self) -> str:
         """``"\0{index}\0{key}\0{label}\0{field stamp}"`` of every item, joined: the plan fingerprint's
-        bytes for these items (``packer.resume``), without making the items; None for paired samples,
-        whose lines the caller makes from the items."""
+        bytes for these items (``packer.resume``), without making the items (paired samples, whose
+        field stamp differs per item, from their items)."""
         if self.mode == PAIRED:
-            return None
+            return "".join([f"\0{it.index}\0{it.relpath}\0{it.label}\0{it.fields_stamp}" for it in self])
         stamp = "" if self.mode == IMAGES else f"\0{self.fields[0]}"
         rows = self._row_array()
         indices = rows.tolist() if self.indices is None else self.indices[rows].tolist()

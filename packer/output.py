@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Optional
 
 from packer.errors import OutputError, PackerError
+from packer.folder_stamps import stat_or_none
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
 from packer.registry import get_format
@@ -190,9 +191,8 @@ output read 70% of it back); any write to a file changes its change time, which 
 
 def file_stamp(path: Path) -> list[int]:
     """Size, modification and change times (ns), inode and device of a file (empty if it is gone)."""
-    try:
-        st = path.stat()
-    except OSError:
+    st = stat_or_none(path)
+    if st is None:
         return []
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 

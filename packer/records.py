@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from zlib_ng.zlib_ng import crc32
 
-from packer.columns import HexColumn, IntColumn, StrColumn
+from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -44,6 +44,12 @@ class SourceItem:
     def paths(self) -> tuple[str, ...]:
         """Every source file of this sample."""
         return tuple(p for _, p in self.parts) if self.parts else (self.path,)
+
+    @property
+    def fields_stamp(self) -> str:
+        """A paired sample's field names, each after a NUL, as the plan fingerprint and ``worker.files_stamp``
+        end a sample's line with them (empty for an image-only one)."""
+        return "".join(f"\0{f}" for f, _ in self.parts)
 
 
 @dataclass
@@ -274,7 +280,7 @@ def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
     return column
 
 
-class RecordedColumn(Sequence):
+class RecordedColumn(ValueSequence, Sequence):
     """One per-sample column (0 keys, 1 labels, 2 digests) of a shard record on disk, read when asked
     for (the last two records read are kept): the parent holds ``count`` and a path, not the values."""
 
@@ -302,13 +308,6 @@ class RecordedColumn(Sequence):
 
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.column(), dtype=dtype)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, (Sequence, np.ndarray)) or isinstance(other, str):
-            return NotImplemented
-        return list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"RecordedColumn({['keys', 'labels', 'digests'][self.which]} of {self.path}, {self.count} values)"

@@ -13,10 +13,10 @@ import logging
 from dataclasses import asdict
 
 from packer.config import ConvertConfig
-from packer.item_table import PAIRED, ItemTable
+from packer.item_table import ItemTable
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask
 from packer.text import TextConfig
-from packer.worker import fields_stamp, files_stamp, sources_digest
+from packer.worker import files_stamp, sources_digest
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,14 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(task.name.encode())
-        if isinstance(task.items, ItemTable) and task.items.mode != PAIRED and not stamps:
+        if isinstance(task.items, ItemTable) and not stamps:
             # The same bytes, without an object per item, a block at a time (a shard may be huge).
             for a in range(0, len(task.items), FINGERPRINT_BLOCK):
-                h.update(task.items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())  # type: ignore[union-attr]
+                h.update(task.items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
             continue
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
-            stamp = files_stamp(item) if stamps else fields_stamp(item)
+            stamp = files_stamp(item) if stamps else item.fields_stamp
             lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
         h.update("".join(lines).encode())
     return h.hexdigest()

@@ -27,6 +27,7 @@ from packer.config import PreprocessConfig
 from packer.containers import ContainerJob, container_bytes
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
+from packer.folder_stamps import stat_or_none as source_stat
 from packer.geometry import image_geometry
 from packer.manifest import file_entry
 from packer.prefetch import Prefetcher, reads_are_slow
@@ -128,14 +129,6 @@ def source_digest(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-def source_stat(path: str) -> Optional[os.stat_result]:
-    """``os.stat(path)``, None when it fails (a missing file, a broken link)."""
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
 def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
     """What --resume compares of a source file: size, modification and change times, inode (of
     ``st``, its os.stat, when the caller took it)."""
@@ -147,13 +140,8 @@ def files_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> str:
     """The stamps of one sample's files, a paired sample's followed by its fields' names (``st``: an
     image-only sample's os.stat, when the caller took it)."""
     if item.parts:
-        return "/".join(map(source_stamp, item.paths)) + fields_stamp(item)
+        return "/".join(map(source_stamp, item.paths)) + item.fields_stamp
     return source_stamp(item.path, st)
-
-
-def fields_stamp(item: SourceItem) -> str:
-    """A paired sample's field names, as ``files_stamp`` ends with them (empty for an image-only one)."""
-    return "".join(f"\0{f}" for f, _ in item.parts)
 
 
 def item_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> bytes:

@@ -53,6 +53,19 @@ def pack_every_format(tmp_path_factory, classes: dict[str, int], preprocess, sam
     return {fmt: out / fmt for fmt in FORMATS}
 
 
+def pair_tree(root: Path, per_class: int = 3) -> Path:
+    """cats/dogs with NNNN.png + NNNN.txt + NNNN.json, and one sample (dogs/0002) lacking its json."""
+    import json
+
+    for c, cls in enumerate(("cats", "dogs")):
+        for i in range(per_class):
+            write_image(root / cls / f"{i:04d}.png", (20 + i, 16), seed=10 * c + i)
+            (root / cls / f"{i:04d}.txt").write_text(f"a {cls[:-1]} number {i}", encoding="utf-8")
+            if not (cls == "dogs" and i == 2):
+                (root / cls / f"{i:04d}.json").write_text(json.dumps({"n": i, "cls": cls}), encoding="utf-8")
+    return root
+
+
 def add_varied_files(root: Path) -> None:
     """Originals in more size bins (a wide and a tall one) and a file every run skips."""
     write_image(root / "ant" / "wide.png", (300, 20), seed=5)

@@ -15,7 +15,7 @@ def test_strings_of_varying_length():
     col = StrColumn.of(values)
     assert col == values and list(col) == values and len(col) == 4
     assert col[1] == "dög/é.png" and col[-1] == "a" and col[1:3] == values[1:3]
-    assert col.uniform_width() == 0
+    assert col.offsets is not None  # values of several lengths: bounded by offsets
     with pytest.raises(IndexError):
         col[4]
 
@@ -23,8 +23,8 @@ def test_strings_of_varying_length():
 def test_digests_need_no_offsets():
     digests = [f"{i:032x}" for i in range(1000)]
     col = StrColumn.of(digests)
-    assert col.offsets is None and col.uniform_width() == 32
-    assert col == digests and col.joined() == "".join(digests)
+    assert col.offsets is None and col.width == 32
+    assert col == digests and col.blob == "".join(digests).encode()
     assert len(col.blob) == 32 * 1000
 
 

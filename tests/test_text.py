@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import FORMATS, write_image
+from conftest import FORMATS, pair_tree, write_image
 from helpers import shard_file
 from torch.utils.data import DataLoader
 
@@ -48,17 +48,6 @@ def text_tree(root: Path) -> Path:
     for rel, text in TEXTS.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text, encoding="utf-8")
-    return root
-
-
-def pair_tree(root: Path) -> Path:
-    """cats/dogs with NNNN.png + NNNN.txt + NNNN.json, and one sample lacking its json."""
-    for c, cls in enumerate(("cats", "dogs")):
-        for i in range(3):
-            write_image(root / cls / f"{i:04d}.png", (20 + i, 16), seed=10 * c + i)
-            (root / cls / f"{i:04d}.txt").write_text(f"a {cls[:-1]} number {i}", encoding="utf-8")
-            if not (cls == "dogs" and i == 2):
-                (root / cls / f"{i:04d}.json").write_text(json.dumps({"n": i, "cls": cls}), encoding="utf-8")
     return root
 
 

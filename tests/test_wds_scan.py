@@ -5,7 +5,6 @@ naming the shard and the byte, of a damaged, cut or hostile tar (issue 26)."""
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import tarfile
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import make_tree, write_image
+from conftest import make_tree, pair_tree
 
 import packer.formats.wds as wds
 import packer.tario as tario
@@ -41,17 +40,6 @@ def _tokenizer(path: Path) -> Path:
     return path
 
 
-def _paired(root: Path) -> Path:
-    """Images with a text and a json field each, one json missing (a sample without its member)."""
-    for c, cls in enumerate(("cats", "dogs")):
-        for i in range(4):
-            write_image(root / cls / f"{i:04d}.png", (20 + i, 16), seed=10 * c + i)
-            (root / cls / f"{i:04d}.txt").write_text(f"a {cls[:-1]} number {i}", encoding="utf-8")
-            if (c, i) != (1, 2):
-                (root / cls / f"{i:04d}.json").write_text(json.dumps({"n": i}), encoding="utf-8")
-    return root
-
-
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, Path]:
     """A wds output of every kind packer writes, in shards of 3 samples."""
@@ -71,7 +59,8 @@ def outputs(tmp_path_factory) -> dict[str, Path]:
         "png": (images, ConvertConfig("wds", SMALL, shards, codec=ImageCodec("png"))),
         "source": (images, ConvertConfig("wds", PreprocessConfig(size=None, resize="none"), shards,
                                          codec=ImageCodec("source"))),
-        "paired": (_paired(base / "pairs"), ConvertConfig("wds", SMALL, shards, text=TextConfig(allow_missing=True))),
+        "paired": (pair_tree(base / "pairs", per_class=4),
+                   ConvertConfig("wds", SMALL, shards, text=TextConfig(allow_missing=True))),
         "text": (texts, ConvertConfig("wds", shard_size=shards)),
         "tokens": (texts, ConvertConfig("wds", shard_size=shards,
                                         text=TextConfig(tokenizer=str(_tokenizer(base / "tok.json"))))),

@@ -344,11 +344,11 @@ class ReaderBase:
         """The epoch whose crops and flips samples read now get (``set_epoch``)."""
         return int(getattr(self, "epoch", 0))
 
-    def stored_out(self, stored: Any, index: int, epoch: int, codec: Optional[str] = None, flip_view: bool = False
+    def stored_out(self, stored: Any, index: int, epoch: int, codec: Optional[str] = None
                    ) -> tuple[np.ndarray, Optional[Placement]]:
         """One stored image (an HWC array, or encoded bytes; ``codec`` defaults to the output's) as
         this reader returns it, with the Placement that made it: decoded, then cropped and flipped as
-        ``augment`` draws it for ``(seed, epoch, index)`` (``flip_view``: see ``crops.render``).
+        ``augment`` draws it for ``(seed, epoch, index)``.
         Without ``augment`` just the decoded pixels (and None)."""
         codec, mode = codec or self.layout.codec.name, self.layout.mode
         if self.augment is None:
@@ -356,7 +356,7 @@ class ReaderBase:
         stored, codec = upright_stored(stored, codec, mode)
         h, w = stored_size(stored, codec)
         placement = self.augment.placement(self.seed, epoch, index, h, w)
-        return render(stored, codec, mode, placement, flip_view), placement
+        return render(stored, codec, mode, placement), placement
 
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:

@@ -295,11 +295,11 @@ def stored_size(stored, codec: str) -> tuple[int, int]:
         return img.height, img.width
 
 
-def render(stored, codec: str, mode: str, placement: Placement, flip_view: bool = False) -> np.ndarray:
+def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
     """The HxWxC uint8 image ``placement`` makes of one stored image: an HWC uint8 array (raw), or
-    the bytes of a JPEG or PNG, in ``mode`` (RGB or L). ``flip_view``: a flipped image may be a view
-    with negative strides, for a caller that reads it once (normalizing costs no more so; copying
-    one does).
+    the bytes of a JPEG or PNG, in ``mode`` (RGB or L). A resized box comes back as an HWC view of
+    channel-planar (CHW) memory, flipped or not, as torch's kernel writes it: normalizing it into a
+    CHW batch then reads memory in order (a flipped view with negative strides read at half speed).
 
     Resizing is torch's antialiased bilinear interpolation of uint8 images, the kernel torchvision's
     tensor transforms use (several times Pillow's speed, within a level of its pixels): of the box
@@ -326,8 +326,6 @@ def render(stored, codec: str, mode: str, placement: Placement, flip_view: bool 
         x0, y0, x1, y1 = (int(v) for v in placement.box)
         cut = np.array(array[y0:y1, x0:x1], order="C")  # a copy: stored views are read-only
         out = _resized(torch.from_numpy(cut), (oh, ow))
-        if placement.flip and flip_view:
-            return out.numpy()[:, ::-1]
         return (torch.flip(out, dims=[1]) if placement.flip else out).numpy()
     image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if channels == 1 else array))
     image = image.crop(tuple(int(v) for v in placement.box))  # pads with zeros where the box lies outside

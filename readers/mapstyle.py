@@ -181,10 +181,9 @@ class PackedDataset(ReaderBase, Dataset):
                 for j, at in zip(rows.tolist(), local.tolist()):
                     if self.augment is None:
                         image = self._image(shard, at)
-                    else:  # cropped and flipped; a flipped view where normalizing reads it once anyway
+                    else:  # cropped and flipped
                         codec = "raw" if self.memory is not None else None  # held decoded
-                        image = self.stored_out(self._stored(shard, at), self._offsets[shard] + at, epoch, codec,
-                                                flip_view=hwc is None)[0]
+                        image = self.stored_out(self._stored(shard, at), self._offsets[shard] + at, epoch, codec)[0]
                     if hwc is not None and image.dtype == hwc.dtype:
                         hwc[j] = image
                     else:

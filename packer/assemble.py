@@ -6,7 +6,7 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -35,7 +35,9 @@ def build_manifest(
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
     if config.shard_size.is_auto:
         sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
-    counts = class_counts(results, len(found.classes)) if found.classes is not None else None
+    # One pass over the shards' records (each parsed once, on disk): labels counted as the digests are read.
+    counts = np.zeros(len(found.classes), np.int64) if found.classes is not None else None
+    duplicates = find_duplicates(results, None if counts is None else lambda r: _add_labels(counts, r))
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
@@ -48,14 +50,14 @@ def build_manifest(
         packer_version=__version__,
         samples=sum(r.samples for r in results),
         classes=found.classes,
-        class_counts=counts,
+        class_counts=None if counts is None else counts.tolist(),
         stats=stats,
         fields=layout.fields(),
         preprocess=preprocess,
         sharding=sharding,
         shards=shards,
         skipped=skipped,
-        duplicates=find_duplicates(results),
+        duplicates=duplicates,
         source=source_counts(found),
         annotations=_with_box_counts(annotations, results) if annotations is not None else None,
     )
@@ -74,9 +76,15 @@ def class_counts(results: list[ShardResult], classes: int, start: Optional[list[
     counts = np.zeros(max(classes, len(start or [])), dtype=np.int64)
     counts[:len(start or [])] = start or []
     for r in results:
-        labels = np.asarray(r.labels, dtype=np.int64)
-        counts[:classes] += np.bincount(labels[(labels >= 0) & (labels < classes)], minlength=classes)
+        _add_labels(counts[:classes], r)
     return counts.tolist()
+
+
+def _add_labels(counts: np.ndarray, result: ShardResult) -> None:
+    """Add ``result``'s samples per class to ``counts`` (one per class; labels outside, such as
+    ``UNLABELLED``, are not counted)."""
+    labels = np.asarray(result.labels, dtype=np.int64)
+    counts += np.bincount(labels[(labels >= 0) & (labels < len(counts))], minlength=len(counts))
 
 
 def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:
@@ -96,9 +104,11 @@ def source_counts(found: Discovery) -> dict:
     return counts
 
 
-def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
+def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardResult], None]] = None
+                    ) -> list[list[str]]:
     """Groups of sample keys whose source files have identical bytes (each group in stored order,
-    the groups sorted).
+    the groups sorted). ``each``, when given, is called with every result just before its digests are
+    read (``build_manifest`` counts its labels then, while its record is the one parsed).
 
     The first 64 bits of every 128-bit digest are sorted in place in numpy, 8 bytes a sample; only
     the samples whose first 64 bits another one shares (the duplicates, and almost never any other)
@@ -106,19 +116,25 @@ def find_duplicates(results: list[ShardResult]) -> list[list[str]]:
     are read one shard at a time (a finished shard's are in its record on disk). A dict of N lists,
     the way before, cost an object per sample and made the garbage collector walk the heap."""
     counts = [len(r.digests) for r in results]
-    if not any(counts):
-        return []
     high = np.empty(sum(counts), np.uint64)
-    at = 0
+    at, by_dict = 0, False
     for r, n in zip(results, counts):
-        raw = _raw128(r)
+        if each is not None:
+            each(r)
+        raw = _raw128(r) if n and not by_dict else b""
         if raw is None or len(raw) != 16 * n:  # digests that are not 128-bit hex (none this packer records)
-            return _duplicates_by_dict(results)
+            by_dict = True
+            continue
         # Native-order words of big-endian digests: not their numeric order, but equal where the digests are.
         high[at:at + n] = np.frombuffer(raw, np.uint64)[::2]
         at += n
+    if by_dict:
+        return _duplicates_by_dict(results)
     high.sort()
-    shared = np.unique(high[1:][high[1:] == high[:-1]])
+    shared = high[1:][high[1:] == high[:-1]]  # sorted, so each value once is a comparison away
+    first = np.ones(shared.size, bool)
+    first[1:] = shared[1:] != shared[:-1]
+    shared = shared[first]  # (np.unique would import numpy.ma: a fixed cost in every run)
     del high
     if not shared.size:
         return []

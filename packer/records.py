@@ -272,10 +272,17 @@ class ShardStats:
                    Counter({int(k): int(v) for k, v in d["heights"].items()}))
 
 
+@functools.lru_cache(maxsize=1)
+def _record(path: str, stamp: tuple[int, int, int]) -> dict:
+    """The shard record at ``path`` (as its ``stamp`` says it is now), parsed: the last one read is
+    kept, so that reading its labels and then its digests parses it once."""
+    return json.loads(Path(path).read_bytes())
+
+
 @functools.lru_cache(maxsize=6)
 def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
     """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
-    column = read_per_sample_record(json.loads(Path(path).read_text(encoding="utf-8")), (which,))[which]
+    column = read_per_sample_record(_record(path, stamp), (which,))[which]
     assert column is not None
     return column
 

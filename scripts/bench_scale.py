@@ -635,6 +635,9 @@ def run(args: argparse.Namespace) -> dict:
     for n in args.size_list:
         for fmt in args.format_list:
             out = work / f"out-{n}-{fmt}"
+            # A fresh conversion: --overwrite would delete the previous run's output after publishing
+            # (kernel time proportional to its bytes, not to the files), inside the after-workers phase.
+            remove_output(out)
             r = run_child("convert", {"source": str(trees[n]), "output": str(out), "format": fmt,
                                       "workers": args.workers, "shard_size": args.shard_size})
             row = convert_row(n, fmt, r)

@@ -95,10 +95,11 @@ def test_records_of_older_packers_are_read():
     assert back.keys == ["a", "b"] and back.labels == [0, 1] and back.digests == ["0" * 32, "1" * 32]
 
 
-def test_results_kept_in_their_records(tmp_path):
+def test_results_kept_in_their_records(tmp_path, monkeypatch):
     """After its record is written, the parent holds a shard's result without its per-sample values:
     they are read back from the record when asked for, and duplicates are found the same way."""
-    from packer.assemble import class_counts, find_duplicates
+    from packer import records
+    from packer.assemble import _add_labels, class_counts, find_duplicates
     from packer.output import record_shard
     from packer.records import RecordedColumn
 
@@ -115,6 +116,15 @@ def test_results_kept_in_their_records(tmp_path):
     assert kept[1].keys == ["b/1", "b/2"] and kept[1].labels == [1, 1] and kept[0].digests[1] == "2" * 32
     assert find_duplicates(kept) == find_duplicates(held) == [["a/1", "b/2"]]
     assert class_counts(kept, 2) == class_counts(held, 2) == [2, 2]
+    records._record.cache_clear()
+    records._recorded.cache_clear()
+    parsed = []
+    real = records.json.loads
+    monkeypatch.setattr(records.json, "loads", lambda text: parsed.append(1) or real(text))
+    counts = np.zeros(2, np.int64)
+    assert find_duplicates(kept, lambda r: _add_labels(counts, r)) == [["a/1", "b/2"]]
+    assert counts.tolist() == [2, 2]
+    assert len(parsed) == 2 + 2  # each record once for its labels and digests, then again for the keys of a duplicate
     record_shard(tmp_path, result("shard-00000", ["a/1"], ["1" * 32]))  # the record replaced behind its back
     with pytest.raises(ValueError, match="no longer holds the 2 samples"):
         list(kept[0].keys)

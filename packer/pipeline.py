@@ -33,7 +33,6 @@ from packer.output import (
     lock_output,
     publish,
     read_plan,
-    record_shard,
     recover,
     release_output,
     staging_dir,
@@ -383,15 +382,15 @@ def run_unfinished(
     executor: Executor, jobs: list[ShardJob], finished: dict[str, ShardResult], stage: Path,
     progress: Optional[ProgressFn], timeout: float,
 ) -> tuple[list[ShardJob], list[ShardResult]]:
-    """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each result
-    recorded in ``stage`` for --resume as it comes. Returns the jobs run and their results."""
+    """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each shard
+    recorded in ``stage`` for --resume by its worker as it finishes. Returns the jobs run and their
+    results (their per-sample values left in their records)."""
     if progress is not None:
         done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
         if done_items:
             progress(done_items)
-    todo = [j for j in jobs if j.task.name not in finished]
-    fresh = executor.run(todo, progress=progress, timeout=timeout,
-                         on_result=lambda job, result: result.kept_in(record_shard(stage, result))) if todo else []
+    todo = [replace(j, directory=str(stage), record=True) for j in jobs if j.task.name not in finished]
+    fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
     return todo, fresh
 
 

@@ -30,6 +30,7 @@ from packer.errors import DecodeError, OutputError
 from packer.folder_stamps import stat_or_none as source_stat
 from packer.geometry import image_geometry
 from packer.manifest import file_entry
+from packer.output import record_shard
 from packer.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
@@ -88,6 +89,10 @@ class ShardJob:
     repack: Optional[RepackJob] = None
     """Repacking a packer output: where its samples are (``packer.repack``); the items are dataset
     indices into it, each with the path of its source shard's first file, whose stamp --resume compares."""
+    record: bool = False
+    """Write the finished shard's record (``packer.output.record_shard``) in ``directory`` here, and
+    return the result with its per-sample values left in it (``ShardResult.kept_in``): the parent then
+    never holds a shard's keys, labels and digests, nor the text of its record."""
 
 
 def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
@@ -428,4 +433,5 @@ def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Cal
     result.files = [file_entry(directory, name, writer.digests.get(name), structure) for name in files]
     result.format_version = spec.version(job.layout)
     result.sources = sources.hexdigest()
-    return result.packed()
+    result.packed()
+    return result.kept_in(record_shard(directory, result)) if job.record else result

@@ -95,3 +95,24 @@ def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned
     result = write_shard(job)
     assert result.samples == 14 and [s.path for s in result.skipped] == [poisoned.relpath]
     assert requested == [item.path for item in items[4:] if item is not poisoned]  # 0-3: the first run of reads
+
+
+def test_a_recording_worker_leaves_the_per_sample_values_in_the_shard_record(image_tree, tmp_path):
+    """With ``record`` the worker writes the shard's record itself: what crosses the pipe to the
+    parent names that record and counts, and holds no key, label or digest."""
+    import dataclasses
+    import pickle
+
+    from packer.executor import run_jobs
+    from packer.output import finished_shards
+    from packer.records import RecordedColumn
+
+    plain = write_shard(_job(image_tree, tmp_path))
+    job = dataclasses.replace(_job(image_tree, tmp_path), record=True)
+    [result] = run_jobs([job], 1)
+    assert all(isinstance(c, RecordedColumn) for c in (result.keys, result.labels, result.digests))
+    assert len(pickle.dumps(result)) < len(pickle.dumps(plain)) - 16 * plain.samples  # no digests, no keys
+    assert list(result.keys) == list(plain.keys) and list(result.labels) == list(plain.labels)
+    assert list(result.digests) == list(plain.digests)
+    kept = finished_shards(tmp_path, [job.task.name])
+    assert list(kept[job.task.name].keys) == list(plain.keys)  # the record --resume reads

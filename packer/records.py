@@ -272,14 +272,29 @@ class ShardStats:
                    Counter({int(k): int(v) for k, v in d["heights"].items()}))
 
 
-@functools.lru_cache(maxsize=1)
-def _record(path: str, stamp: tuple[int, int, int]) -> dict:
-    """The shard record at ``path`` (as its ``stamp`` says it is now), parsed: the last one read is
-    kept, so that reading its labels and then its digests parses it once."""
-    return json.loads(Path(path).read_bytes())
+class _LastRecord:
+    """The last shard record read, parsed, so that reading its labels and then its digests parses it
+    once; dropped before the next one is read (an lru_cache would hold both while reading)."""
+
+    key: Optional[tuple] = None
+    parsed: Optional[dict] = None
+
+    @classmethod
+    def get(cls, path: str, stamp: tuple[int, int, int]) -> dict:
+        if cls.key != (path, stamp) or cls.parsed is None:
+            cls.cache_clear()
+            cls.parsed, cls.key = json.loads(Path(path).read_bytes()), (path, stamp)
+        return cls.parsed
+
+    @classmethod
+    def cache_clear(cls) -> None:
+        cls.key = cls.parsed = None
 
 
-@functools.lru_cache(maxsize=6)
+_record = _LastRecord.get
+
+
+@functools.lru_cache(maxsize=2)
 def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
     """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
     column = read_per_sample_record(_record(path, stamp), (which,))[which]
@@ -289,7 +304,7 @@ def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
 
 class RecordedColumn(ValueSequence, Sequence):
     """One per-sample column (0 keys, 1 labels, 2 digests) of a shard record on disk, read when asked
-    for (the last two records read are kept): the parent holds ``count`` and a path, not the values."""
+    for (the last two columns read are kept): the parent holds ``count`` and a path, not the values."""
 
     __slots__ = ("path", "which", "count")
 

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -290,3 +291,16 @@ def _mask_problem(f: TextField, data: bytes) -> str:
     except Exception as e:  # noqa: BLE001 - Pillow reports damage in many ways
         return f"{f.name} does not decode as a PNG: {e}"
     return ""
+
+
+class _VerifyModule(types.ModuleType):
+    """Once this module is imported, Python binds it as the package's ``packer.verify`` attribute,
+    which until then named the function (``from packer import verify``): calling the module calls
+    the function, so ``packer.verify(path)`` works either way, and ``import packer.verify as v`` still
+    gives the module, whose names (``v.STALL_SECONDS``, ``v.check_samples``) stay its own."""
+
+    def __call__(self, output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None) -> list[Problem]:
+        return self.verify(output, progress)
+
+
+sys.modules[__name__].__class__ = _VerifyModule

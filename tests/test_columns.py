@@ -116,7 +116,7 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     assert kept[1].keys == ["b/1", "b/2"] and kept[1].labels == [1, 1] and kept[0].digests[1] == "2" * 32
     assert find_duplicates(kept) == find_duplicates(held) == [["a/1", "b/2"]]
     assert class_counts(kept, 2) == class_counts(held, 2) == [2, 2]
-    records._record.cache_clear()
+    records._LastRecord.cache_clear()
     records._recorded.cache_clear()
     parsed = []
     real = records.json.loads

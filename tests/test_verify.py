@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import shutil
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -186,3 +188,17 @@ def test_an_lmdb_lock_file_left_by_stock_tools_is_not_a_problem_but_other_files_
     assert verify(copy) == []
     (copy / "stray.bin").write_bytes(b"x")
     assert [p.message for p in verify(copy)] == ["stray.bin is not listed in the manifest"]
+
+
+@pytest.mark.parametrize("first", ["import packer.verify", "from packer import verify"])
+def test_packer_verify_is_callable_whichever_way_it_was_imported_first(first, tmp_path):
+    """``from packer import verify`` names the module once ``packer.verify`` was imported (Python binds
+    a submodule to its package): it must verify all the same, and the module keep its names."""
+    code = (f"{first}\nfrom packer import verify\nimport packer.verify as v\n"
+            "from packer.errors import ManifestError\n"
+            f"try:\n    verify({str(tmp_path / 'none')!r})\n"
+            "except ManifestError as e:\n    print('not a folder' in str(e))\n"
+            "print(callable(v.verify), v.STALL_SECONDS > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True"]

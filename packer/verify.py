@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ from packer.source_codec import decode_stored
 STALL_SECONDS = 60.0
 """How long a shard's scan may go without finishing a sample before verify stops it and reports the
 shard: a sample takes milliseconds; a library looping on damaged data would take forever."""
+
+PROGRESS_SECONDS = 0.1
+"""How often a shard's checking process reports its samples done (a message per sample cost the
+two processes more than checking a small sample)."""
 
 
 @dataclass(frozen=True)
@@ -165,8 +170,20 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
 
 
 def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn) -> None:
+    pending, last = 0, time.monotonic()
+
+    def progress(n: int) -> None:
+        nonlocal pending, last
+        pending += n
+        now = time.monotonic()
+        if now - last >= PROGRESS_SECONDS:
+            conn.send(("progress", pending))
+            pending, last = 0, now
+
     labels: list[int] = []
-    found = check_samples(root, manifest, shard, lambda n: conn.send(("progress", n)), labels)
+    found = check_samples(root, manifest, shard, progress, labels)
+    if pending:
+        conn.send(("progress", pending))
     conn.send(("done", (found, labels)))
     conn.close()
 

@@ -46,6 +46,18 @@ def test_intact_output_verifies(outputs, fmt):
     assert result.exit_code == 0 and "is intact: 12 samples in 2 shard(s)" in result.output
 
 
+@pytest.mark.parametrize("every", [0.0, 60.0])
+def test_progress_counts_every_sample_once_however_often_it_is_sent(outputs, monkeypatch, every):
+    """A shard's checking process sends its count every PROGRESS_SECONDS (a message a sample cost more
+    than the check): the counts still add up to the samples, the last ones sent with the shard's end."""
+    import packer.verify as v
+
+    monkeypatch.setattr(v, "PROGRESS_SECONDS", every)
+    told: list[int] = []
+    assert verify(outputs["npy"], progress=told.append) == []
+    assert sum(told) == 12 and len(told) == (12 if every == 0 else 2)
+
+
 def test_verify_in_a_process_that_reads_the_same_lmdb_output(outputs):
     # py-lmdb refuses to open a file twice in one process, and verify's forked children inherit the
     # reader's record of it: verify used to fail there on an intact output.

@@ -3,9 +3,12 @@ clean CLI error from a crash, the sizes of planned shards, and whether a run lef
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
+from typing import Iterator
 
+import pytest
 from click.testing import Result
 
 from packer.output import staging_dir
@@ -106,3 +109,23 @@ def as_older_sha256_record(record: dict, tree: Path) -> dict:
     d["keys"] = d.pop("keys_nul").split("\0")
     d["digests"] = [hashlib.sha256((tree / key).read_bytes()).hexdigest()[:32] for key in d["keys"]]
     return d
+
+
+@contextlib.contextmanager
+def later_shards_unfinished(first: int = 1) -> Iterator[None]:
+    """While inside, the worker of every shard from number ``first`` on waits before closing its
+    shard (the patch reaches the forked workers), so that a Ctrl-C raised from the progress of its
+    samples finds it unfinished. Workers record their shard as soon as it is closed: without the
+    wait a fast shard may finish between its last progress message and the Ctrl-C."""
+    import packer.worker
+
+    real = packer.worker.closed
+
+    def waiting(job, *args, **kwargs):
+        if job.number >= first:
+            time.sleep(120)  # killed by the parent's Ctrl-C long before
+        return real(job, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packer.worker, "closed", waiting)
+        yield

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from conftest import add_varied_files, write_image
-from helpers import as_older_sha256_record
+from helpers import as_older_sha256_record, later_shards_unfinished
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -28,7 +28,7 @@ def _interrupt_after_first_shard(tree, out, config) -> None:
         if sum(finished) > 5:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(tree, out, config, workers=1, progress=stop_in_second_shard)
 
 
@@ -96,7 +96,7 @@ def _interrupt_in_second_shard(source, out, config) -> None:
         if sum(finished) >= 8:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(source, out, config, workers=1, progress=stop_in_second_shard)
 
 

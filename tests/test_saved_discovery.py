@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_tree, write_image
+from helpers import later_shards_unfinished
 
 import packer.folder_stamps
 import packer.pipeline
@@ -39,7 +40,7 @@ def interrupted(tree, out, config=CONFIG, **kwargs):
         if sum(done) > 5:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(tree, out, config, workers=1, progress=stop, **kwargs)
 
 
@@ -237,7 +238,7 @@ def test_masks_are_matched_again_to_a_reused_discovery(tmp_path, monkeypatch, se
             raise KeyboardInterrupt
 
     out = tmp_path / "out"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(tmp_path / "seg" / "images", out, config, workers=1, progress=stop)
     monkeypatch.setattr(packer.pipeline, "discover_checked", no_walk)
     assert convert(tmp_path / "seg" / "images", out, config, workers=1, resume=True).processed == 2

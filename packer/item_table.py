@@ -29,6 +29,30 @@ PAIRED = "paired"
 _SEP = "\0"  # never in a file name, so it can join a paired record's parts
 
 
+class _Buffers:
+    """The arrays an ``ItemTable`` and all its views share, released together (``ItemTable.release``)."""
+
+    __slots__ = ("blob", "offsets", "labels", "indices", "count")
+
+    def __init__(self, blob, offsets: np.ndarray, labels: Optional[np.ndarray], indices: Optional[np.ndarray]) -> None:
+        self.blob, self.offsets, self.labels, self.indices = blob, offsets, labels, indices
+        self.count = len(offsets) - 1
+
+
+class ReleasedItems(RuntimeError):
+    """An ``ItemTable`` read after ``release``."""
+
+
+def _released(name: str):
+    def get(self):
+        value = getattr(self._b, name)
+        if value is None and self._b.offsets is None:
+            raise ReleasedItems("these source items were released once their shards were written "
+                                "(ItemTable.release); keep a compact() copy to read them later")
+        return value
+    return property(get)
+
+
 class ItemTable(ValueSequence, Sequence[SourceItem]):
     """Source items in flat arrays (see the module docstring); read-only.
 
@@ -40,22 +64,32 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
     ``range`` for a run of them (what the plan's shards are), an int64 array for any other choice.
     """
 
-    __slots__ = ("base", "blob", "offsets", "labels", "mode", "fields", "indices", "rows")
+    __slots__ = ("base", "_b", "mode", "fields", "rows")
 
     def __init__(self, base: str, blob: bytes | bytearray, offsets: np.ndarray,
                  labels: Optional[np.ndarray] = None, mode: str = IMAGES, fields: tuple[str, ...] = ("image",),
-                 indices: Optional[np.ndarray] = None, rows: Optional[range | np.ndarray] = None) -> None:
+                 indices: Optional[np.ndarray] = None, rows: Optional[range | np.ndarray] = None,
+                 _shared: Optional[_Buffers] = None) -> None:
         self.base = base
-        self.blob = blob
-        self.offsets = offsets
-        self.labels = labels
+        self._b = _shared if _shared is not None else _Buffers(blob, offsets, labels, indices)
         self.mode = mode
         self.fields = fields
-        self.indices = indices
         self.rows = rows
 
+    blob = _released("blob")
+    offsets = _released("offsets")
+    labels = _released("labels")
+    indices = _released("indices")
+
     def __len__(self) -> int:
-        return len(self.offsets) - 1 if self.rows is None else len(self.rows)
+        return self._b.count if self.rows is None else len(self.rows)
+
+    def release(self) -> None:
+        """Drop the arrays this table and every view of it share (their memory is freed once nothing
+        else holds them): a conversion's parent does so once its shards are written, before the
+        manifest step, which needs only the count. Any later read raises ``ReleasedItems``."""
+        b = self._b
+        b.blob = b.offsets = b.labels = b.indices = None
 
     @overload
     def __getitem__(self, i: int) -> SourceItem: ...
@@ -120,7 +154,7 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
 
     # ------------------------------------------------------------------------------------------
     def _rows(self) -> range | np.ndarray:
-        return range(len(self.offsets) - 1) if self.rows is None else self.rows
+        return range(self._b.count) if self.rows is None else self.rows
 
     def _row_array(self) -> np.ndarray:
         rows = self._rows()
@@ -133,7 +167,7 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
     def _select(self, rows: range | np.ndarray) -> "ItemTable":
         if not isinstance(rows, range):
             rows = np.ascontiguousarray(rows, dtype=np.int64)
-        return ItemTable(self.base, self.blob, self.offsets, self.labels, self.mode, self.fields, self.indices, rows)
+        return ItemTable(self.base, b"", np.zeros(1, np.int64), None, self.mode, self.fields, None, rows, self._b)
 
     def _records(self) -> list[str]:
         """Every record of this table, decoded, in order (a run of ASCII records in one decode)."""
@@ -149,12 +183,14 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
         return [blob[a:b].decode("utf-8") for a, b in zip(self.offsets[rows].tolist(), self.offsets[rows + 1].tolist())]
 
     def _record(self, row: int) -> str:
-        return self.blob[int(self.offsets[row]):int(self.offsets[row + 1])].decode("utf-8")
+        offsets = self.offsets
+        return self._b.blob[int(offsets[row]):int(offsets[row + 1])].decode("utf-8")
 
     def _item(self, row: int) -> SourceItem:
-        record = self._record(row)
-        index = row if self.indices is None else int(self.indices[row])
-        label = UNLABELLED if self.labels is None else int(self.labels[row])
+        record = self._record(row)  # raises ReleasedItems after release
+        b = self._b
+        index = row if b.indices is None else int(b.indices[row])
+        label = UNLABELLED if b.labels is None else int(b.labels[row])
         base = self.base
         if self.mode == IMAGES:
             return SourceItem(index, base + record, record, label)

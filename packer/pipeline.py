@@ -23,6 +23,7 @@ from packer.discover import Discovery, discover, is_packer_folder
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.finish import name_shards, write_output
+from packer.item_table import ItemTable
 from packer.manifest import Manifest
 from packer.output import (
     check_output,
@@ -129,7 +130,8 @@ def convert(
         if not locked:
             lock, locked = lock_output(output), True
         result = _matched_and_converted(Path(source), output, config, found, walked, options, labels_file, classes,
-                                        strict, RunOptions(0, overwrite, strict, resume, timeout), workers,
+                                        strict, RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
+                                        workers,
                                         progress, on_plan, executor)
     finally:
         if locked:
@@ -257,6 +259,10 @@ class RunOptions:
     strict: bool = False
     resume: bool = False
     timeout: float = DEFAULT_TIMEOUT
+    own_items: bool = False
+    """The discovery is this conversion's own (not a caller's, as a split's): its items are released
+    once the shards are written (``ItemTable.release``), so that the manifest step's memory does not
+    add to theirs."""
 
 
 def _convert_locked(
@@ -305,12 +311,15 @@ def _convert_locked(
             raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
                              + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
         results = name_shards(stage, results, [t.name for t in tasks])
+        processed = sum(len(j.task.items) for j in todo)
+        del jobs, todo
+        if run.own_items and isinstance(found.items, ItemTable):
+            found.items.release()
         manifest = build_manifest(config, layout, found, results, plan_workers,
                                   matched.summary if matched is not None else None)
         write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    processed = sum(len(j.task.items) for j in todo)
     return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
 
 

@@ -214,6 +214,27 @@ def test_progress_and_on_plan(image_tree, tmp_path):
     assert planned == [(15, [6, 6, 3])]
 
 
+def test_the_items_of_its_own_discovery_are_released_once_the_shards_are_written(image_tree, tmp_path):
+    """The parent drops the discovery's arrays before the manifest step (its memory would add to
+    theirs); a discovery the caller gave (a split's) is the caller's and is kept."""
+    import gc
+    import weakref
+
+    from packer.item_table import ReleasedItems
+
+    held = []
+    convert(image_tree, tmp_path / "own", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=1,
+            on_plan=lambda found, tasks: held.append((found, weakref.ref(found.items.offsets), tasks)))
+    found, offsets, tasks = held[0]
+    gc.collect()
+    assert offsets() is None and len(found.items) == 15 and [len(t.items) for t in tasks] == [6, 6, 3]
+    with pytest.raises(ReleasedItems, match="released once their shards were written"):
+        tasks[0].items[0]
+    given = discover(image_tree)
+    convert(image_tree, tmp_path / "given", ConvertConfig("npy", PRE), workers=1, discovery=given)
+    assert given.items[0].relpath == "ant/img_000.png" and len(list(given.items)) == 15
+
+
 def test_progress_with_worker_processes(image_tree, tmp_path):
     seen = []
     convert(image_tree, tmp_path / "out", ConvertConfig("wds", PRE), workers=2, progress=seen.append)

@@ -15,7 +15,7 @@ from packer.columns import HexColumn
 from packer.config import ConvertConfig
 from packer.discover import Discovery
 from packer.manifest import Manifest, ShardEntry
-from packer.records import ShardResult, ShardStats, in_memory
+from packer.records import ShardResult, ShardStats, forget_read_records, in_memory
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
 from packer.source_codec import SOURCE_STATS
@@ -38,6 +38,7 @@ def build_manifest(
     # One pass over the shards' records (each parsed once, on disk): labels counted as the digests are read.
     counts = np.zeros(len(found.classes), np.int64) if found.classes is not None else None
     duplicates = find_duplicates(results, None if counts is None else lambda r: _add_labels(counts, r))
+    forget_read_records()
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     preprocess = config.preprocess.to_dict()
     if config.preprocess.auto_normalize and stats["pixels"] is not None:
@@ -140,6 +141,8 @@ def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardRe
         return []
     groups: dict[bytes, list[str]] = {}
     for r in results:
+        if not len(r.digests):
+            continue  # nothing to group (keys without digests: an older record's shard without samples)
         raw = _raw128(r)
         first = np.frombuffer(raw, np.uint64)[::2]  # type: ignore[arg-type]
         hits = np.flatnonzero(shared[np.minimum(np.searchsorted(shared, first), len(shared) - 1)] == first)

@@ -1,9 +1,9 @@
-"""The Ray executor: one Ray task per shard on a cluster, the plan, records and manifest on the driver.
+"""The Ray executor: one Ray task per shard on a cluster, the plan and manifest on the driver.
 
-The driver (the ``packer convert`` process) plans the shards, keeps the staging folder, its lock and
-the records of finished shards exactly as a local run does (``packer.pipeline``), and only hands
-the running of shard jobs to Ray. Each task writes its shard straight into the staging folder, which
-must be on a filesystem every node sees, so a task carries paths, never data.
+The driver (the ``packer convert`` process) plans the shards, keeps the staging folder and its lock
+exactly as a local run does (``packer.pipeline``), and only hands the running of shard jobs to Ray.
+Each task writes its shard and then its shard's record straight into the staging folder, as a local
+worker does; the folder must be on a filesystem every node sees, so a task carries paths, never data.
 
 A task runs its shard the way the local executor does, through ``run_jobs`` with one worker
 process: a file that crashes or hangs the decoder is skipped with the reason there too, and partial

@@ -294,6 +294,12 @@ class _LastRecord:
 _record = _LastRecord.get
 
 
+def forget_read_records() -> None:
+    """Drop what was kept of the shard records read last (``build_manifest`` is done with them)."""
+    _LastRecord.cache_clear()
+    _recorded.cache_clear()
+
+
 @functools.lru_cache(maxsize=2)
 def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
     """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""

@@ -130,19 +130,30 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     """check_samples in a child process where the platform forks: a damaged LMDB or HDF5 file can
     crash its library (SIGBUS, SIGSEGV) or send it into an endless loop (a damaged HDF5 heap), and
     verify must report either, not die or hang with it. A child that sends no word for
-    ``STALL_SECONDS`` (it reports each sample as it goes) is killed and the shard reported."""
+    ``STALL_SECONDS`` (it reports its samples every ``PROGRESS_SECONDS``) is killed and the shard
+    reported, naming the sample it was at: each sample it finishes is counted in shared memory at
+    once, so that the samples of its last report not yet sent are not lost."""
     if sys.platform != "linux":
         return check_samples(root, manifest, shard, progress, labels)
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send), daemon=True)
+    checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
+    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send, checked), daemon=True)
     proc.start()
     send.close()
     result = None
     done = 0
+
+    def catch_up() -> int:  # the samples finished that no report has counted yet
+        unsent = max(int(checked.value) - done, 0)
+        if unsent and progress is not None:
+            progress(unsent)
+        return done + unsent
+
     try:
         while result is None:
             if not receive.poll(STALL_SECONDS):
+                done = catch_up()
                 return [Problem(shard.name, f"unreadable: the {manifest.format} library made no progress for "
                                 f"{STALL_SECONDS:g} s after sample {done} (stopped); the shard is damaged, or its "
                                 "disk far too slow", done)]
@@ -161,6 +172,7 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
             proc.kill()
         proc.join()
     if result is None:
+        catch_up()
         code = proc.exitcode or 0
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         return [Problem(shard.name, f"unreadable: reading it crashed the {manifest.format} library ({how})")]
@@ -169,12 +181,13 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     return found
 
 
-def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn) -> None:
+def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn, checked) -> None:
     pending, last = 0, time.monotonic()
 
     def progress(n: int) -> None:
         nonlocal pending, last
         pending += n
+        checked.value += n
         now = time.monotonic()
         if now - last >= PROGRESS_SECONDS:
             conn.send(("progress", pending))

@@ -434,4 +434,9 @@ def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Cal
     result.format_version = spec.version(job.layout)
     result.sources = sources.hexdigest()
     result.packed()
-    return result.kept_in(record_shard(directory, result)) if job.record else result
+    if not job.record:
+        return result
+    try:
+        return result.kept_in(record_shard(directory, result))
+    except OSError as e:  # disk full: name the shard, as for its files
+        raise OutputError(f"cannot write {job.task.name}'s record in {directory}: {e}") from None

@@ -51,6 +51,10 @@ def test_duplicates_named():
     short = [ShardResult("s0", 3, [], keys=["a", "b"], digests=[a, b, a]), ShardResult("s1", 1, [], keys=["c"],
                                                                                         digests=[a])]
     assert find_duplicates(short) == _duplicates_by_dict(short) == [["a", "c"]]
+    d = "ab" * 16
+    without = [ShardResult("s0", 1, [], keys=["x"], digests=[]), ShardResult("s1", 2, [], keys=["b1", "b2"],
+                                                                          digests=[d, d])]
+    assert find_duplicates(without) == find_duplicates(without[::-1]) == [["b1", "b2"]]  # keys, no digests
 
 
 def test_class_counts():

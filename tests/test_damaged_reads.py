@@ -199,6 +199,21 @@ def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
     assert "made no progress for 1 s after sample 0 (stopped)" in lines[0] and int(lines[-1].split()[1]) < 10
 
 
+def test_a_scanner_stuck_after_some_samples_is_reported_at_the_sample_it_reached(outputs):
+    """The child reports its samples every PROGRESS_SECONDS: the stall message still names the sample
+    it stopped at, and the progress bar gets every sample finished, not the last report's count."""
+    code = ("import time, packer.verify as v\nv.STALL_SECONDS = 1\nreal = v.check_samples\n"
+            "def stuck(root, manifest, shard, progress=None, labels=None):\n"
+            "    for _ in range(3):\n        progress(1)\n    time.sleep(600)\n"
+            "v.check_samples = stuck\ntold = []\n"
+            f"for p in v.verify({str(outputs['npy'])!r}, progress=told.append): print(p)\nprint('told', sum(told))")
+    checked = _in_subprocess(code, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    lines = checked.stdout.splitlines()
+    assert "made no progress for 1 s after sample 3 (stopped)" in lines[0], lines
+    assert lines[-1] == f"told {3 * len(shard_names(outputs['npy']))}"
+
+
 # --------------------------------------------------------------------------- LMDB's structure (case 4)
 
 

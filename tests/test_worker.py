@@ -116,3 +116,20 @@ def test_a_recording_worker_leaves_the_per_sample_values_in_the_shard_record(ima
     assert list(result.digests) == list(plain.digests)
     kept = finished_shards(tmp_path, [job.task.name])
     assert list(kept[job.task.name].keys) == list(plain.keys)  # the record --resume reads
+
+
+def test_a_record_that_cannot_be_written_is_an_output_error_naming_the_shard(image_tree, tmp_path, monkeypatch):
+    """A full disk when the worker writes its shard's record is the clear OutputError that a full disk
+    gets when it writes the shard's files (Ray returns it instead of retrying a failed task)."""
+    import dataclasses
+    import errno
+
+    import packer.worker
+    from packer.errors import OutputError
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(packer.worker, "record_shard", full)
+    with pytest.raises(OutputError, match="cannot write shard-00000's record in .*No space left on device"):
+        write_shard(dataclasses.replace(_job(image_tree, tmp_path), record=True))

@@ -172,15 +172,24 @@ def read_plan(stage: Path) -> Optional[dict]:
         return None
 
 
-def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None) -> Path:
+def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None, plan: Optional[str] = None
+                 ) -> Path:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
-    name (default: its own; ``packer.finish`` renames shards before publishing); the record's path."""
+    name (default: its own; ``packer.finish`` renames shards before publishing); the record's path.
+    ``plan``: the fingerprint of the plan it was written for (``PLAN_OF_RECORD``)."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
     stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
     record = stage / f"{name}{DONE_SUFFIX}"
-    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps})
+    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps, **({PLAN_OF_RECORD: plan} if plan else {})})
     return record
+
+
+PLAN_OF_RECORD = "plan"
+"""In a shard's record: the fingerprint of the plan its worker wrote it for. Workers record their own
+shards, and a worker of an earlier run that outlived it (a Ray task on a node the driver lost touch
+with) could record a shard in a staging folder a new run has made since: --resume keeps a record
+only of the plan it resumes (records without one, of packers before 0.8.1, are kept as before)."""
 
 
 FILE_STAMPS = "file_stamps"
@@ -241,6 +250,7 @@ def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
     """Shards of an interrupted run whose record exists and whose files still match their SHA-256
     (as renamed by ``record_renamed``), their per-sample columns left in their records (``kept_in``)."""
     finished = {}
+    plan = (read_plan(stage) or {}).get("fingerprint")
     for name in names:
         try:
             path = stage / f"{name}{DONE_SUFFIX}"
@@ -249,6 +259,8 @@ def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
             stamps = record.get(FILE_STAMPS, {})
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
+        if PLAN_OF_RECORD in record and record[PLAN_OF_RECORD] != plan:
+            continue  # written for another plan, by a worker of an earlier run
         if all(_intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
             finished[name] = result.kept_in(path)
     return finished

@@ -76,7 +76,7 @@ def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, 
                        "workers": plan["workers"]})
     record = stage / f"shard-00000{DONE_SUFFIX}"
     older = json.loads(record.read_text())
-    del older["sources"]
+    del older["sources"], older["plan"]  # neither in records of older packers
     record.write_text(json.dumps(older))
     if changed:
         write_image(image_tree / "cat" / "img_005.png", (9, 9), seed=99)  # even one in an unfinished shard
@@ -264,3 +264,21 @@ def test_kept_shards_are_trusted_by_their_stamps_not_read_again(image_tree, tmp_
     assert convert(image_tree, out2, config, workers=1, resume=True).processed == 10
     assert hashed == ["shard-00000.labels.npy"]
     assert (out2 / MANIFEST_NAME).read_bytes() == (out / MANIFEST_NAME).read_bytes()
+
+
+def test_a_record_written_for_another_plan_is_not_kept(image_tree, tmp_path):
+    """Workers record their own shards; one of an earlier run that outlived it (a Ray task on a lost
+    node) may record a shard in the staging folder of a new run: --resume keeps only records of the
+    plan it resumes."""
+    from packer.output import DONE_SUFFIX, PLAN_OF_RECORD, read_plan
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    path = staging_dir(out) / f"shard-00000{DONE_SUFFIX}"
+    record = json.loads(path.read_text())
+    assert record[PLAN_OF_RECORD] == read_plan(staging_dir(out))["fingerprint"]
+    path.write_text(json.dumps({**record, PLAN_OF_RECORD: "0" * 64}))
+    assert convert(image_tree, out, config, workers=1, resume=True).processed == 15
+    convert(image_tree, tmp_path / "fresh", config, workers=1)
+    assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()

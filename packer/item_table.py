@@ -68,10 +68,9 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
 
     def __init__(self, base: str, blob: bytes | bytearray, offsets: np.ndarray,
                  labels: Optional[np.ndarray] = None, mode: str = IMAGES, fields: tuple[str, ...] = ("image",),
-                 indices: Optional[np.ndarray] = None, rows: Optional[range | np.ndarray] = None,
-                 _shared: Optional[_Buffers] = None) -> None:
+                 indices: Optional[np.ndarray] = None, rows: Optional[range | np.ndarray] = None) -> None:
         self.base = base
-        self._b = _shared if _shared is not None else _Buffers(blob, offsets, labels, indices)
+        self._b = _Buffers(blob, offsets, labels, indices)
         self.mode = mode
         self.fields = fields
         self.rows = rows
@@ -167,7 +166,9 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
     def _select(self, rows: range | np.ndarray) -> "ItemTable":
         if not isinstance(rows, range):
             rows = np.ascontiguousarray(rows, dtype=np.int64)
-        return ItemTable(self.base, b"", np.zeros(1, np.int64), None, self.mode, self.fields, None, rows, self._b)
+        view = ItemTable.__new__(ItemTable)  # over the same buffers, released with them
+        view.base, view._b, view.mode, view.fields, view.rows = self.base, self._b, self.mode, self.fields, rows
+        return view
 
     def _records(self) -> list[str]:
         """Every record of this table, decoded, in order (a run of ASCII records in one decode)."""

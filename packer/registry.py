@@ -96,6 +96,10 @@ class FormatSpec:
     output_files: str = ""
     output_files_since: int = 0
     indexer: str = ""
+    intact_scanner: str = ""
+    """``scan`` of a shard whose files verify found as the manifest records them, where the format can
+    trust its own index then (wds: members sliced where ``NAME.idx`` says, headers not walked again);
+    empty: ``scanner``."""
 
     @property
     def newest(self) -> int:
@@ -119,6 +123,12 @@ class FormatSpec:
         """Every sample of one shard from sample ``start`` on, in order, read back with the format's
         stock library (``verify``; a repack reads a run of a shard from where it starts)."""
         return resolve(self.scanner)(directory, shard, layout, start)
+
+    def scan_intact(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout) -> "Iterator[StoredSample]":
+        """``scan`` of a shard whose files are byte for byte as recorded (``intact_scanner``)."""
+        if not self.intact_scanner:
+            return self.scan(directory, shard, layout)
+        return resolve(self.intact_scanner)(directory, shard, layout)
 
     def structure_checksum(self) -> "Optional[Callable[[Path], int]]":
         """The function that checksums a shard file's structure (see the class), or None."""
@@ -160,7 +170,8 @@ FORMATS: dict[str, FormatSpec] = {
         FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
                    "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
                    oldest_written=INDEXES_SINCE, random_access=False, output_files="packer.formats.wds:output_files",
-                   output_files_since=INDEXES_SINCE, indexer="packer.formats.wds:scan_index"),
+                   output_files_since=INDEXES_SINCE, indexer="packer.formats.wds:scan_index",
+                   intact_scanner="packer.formats.wds:scan_intact_shard"),
     )
 }
 """Every format, in the order the CLI lists them."""

@@ -77,7 +77,8 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
                 padded = _padded_copy(root, shard, Path(tmp))
                 problems += _isolated_check(padded, manifest, shard, progress, labels_seen)
         else:
-            problems += _isolated_check(root, manifest, shard, progress, labels_seen)
+            # Files as recorded: their bytes are the writer's, which a format may then read by its own index.
+            problems += _isolated_check(root, manifest, shard, progress, labels_seen, intact=not file_problems)
     problems += check_counts(manifest, labels_seen)
     problems += check_output_files(root, manifest)
     problems += check_extra_files(root, manifest)
@@ -126,7 +127,8 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
             for p in sorted(root.iterdir()) if p.name not in listed]
 
 
-def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress, labels: list[int]) -> list[Problem]:
+def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress, labels: list[int],
+                    intact: bool = False) -> list[Problem]:
     """check_samples in a child process where the platform forks: a damaged LMDB or HDF5 file can
     crash its library (SIGBUS, SIGSEGV) or send it into an endless loop (a damaged HDF5 heap), and
     verify must report either, not die or hang with it. A child that sends no word for
@@ -134,11 +136,11 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     reported, naming the sample it was at: each sample it finishes is counted in shared memory at
     once, so that the samples of its last report not yet sent are not lost."""
     if sys.platform != "linux":
-        return check_samples(root, manifest, shard, progress, labels)
+        return check_samples(root, manifest, shard, progress, labels, intact=intact)
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
-    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send, checked), daemon=True)
+    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send, checked, intact), daemon=True)
     proc.start()
     send.close()
     result = None
@@ -181,7 +183,7 @@ def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress,
     return found
 
 
-def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn, checked) -> None:
+def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn, checked, intact: bool) -> None:
     pending, last = 0, time.monotonic()
 
     def progress(n: int) -> None:
@@ -194,7 +196,7 @@ def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn, che
             pending, last = 0, now
 
     labels: list[int] = []
-    found = check_samples(root, manifest, shard, progress, labels)
+    found = check_samples(root, manifest, shard, progress, labels, intact=intact)
     if pending:
         conn.send(("progress", pending))
     conn.send(("done", (found, labels)))
@@ -233,18 +235,21 @@ def check_files(root: Path, shard: ShardEntry) -> list[Problem]:
 
 def check_samples(
     root: Path, manifest: Manifest, shard: ShardEntry, progress: Optional[Callable[[int], None]] = None,
-    labels: Optional[list[int]] = None,
+    labels: Optional[list[int]] = None, intact: bool = False,
 ) -> list[Problem]:
     """Decode every sample of a shard and compare it with its stored checksum and the recorded layout.
 
-    The labels read are appended to ``labels`` when given.
+    The labels read are appended to ``labels`` when given. ``intact``: the shard's files were found
+    as the manifest records them (``check_files``), so the format may read them by its own index
+    (``FormatSpec.scan_intact``).
     """
     layout = SampleLayout.from_manifest(manifest)
     sized = layout.sizes_indexed and manifest.format_version >= SOURCE_SINCE  # every image's size is indexed
     problems: list[Problem] = []
     position = 0
     try:
-        for s in FORMATS[manifest.format].scan(root, shard, layout):
+        spec = FORMATS[manifest.format]
+        for s in (spec.scan_intact(root, shard, layout) if intact else spec.scan(root, shard, layout)):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)

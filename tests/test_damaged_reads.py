@@ -203,7 +203,7 @@ def test_a_scanner_stuck_after_some_samples_is_reported_at_the_sample_it_reached
     """The child reports its samples every PROGRESS_SECONDS: the stall message still names the sample
     it stopped at, and the progress bar gets every sample finished, not the last report's count."""
     code = ("import time, packer.verify as v\nv.STALL_SECONDS = 1\nreal = v.check_samples\n"
-            "def stuck(root, manifest, shard, progress=None, labels=None):\n"
+            "def stuck(root, manifest, shard, progress=None, labels=None, **kwargs):\n"
             "    for _ in range(3):\n        progress(1)\n    time.sleep(600)\n"
             "v.check_samples = stuck\ntold = []\n"
             f"for p in v.verify({str(outputs['npy'])!r}, progress=told.append): print(p)\nprint('told', sum(told))")

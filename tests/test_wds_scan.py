@@ -121,6 +121,56 @@ def test_the_scan_of_every_kind_of_wds_output_is_the_tarfile_based_scan(outputs,
         crcs.tolist() == [r[4] for r in walked[:3]]  # without the DALI index, from the tar's headers
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("window", [512, 1536, 1 << 22])
+def test_the_scan_of_an_intact_shard_by_its_index_is_the_walk(outputs, kind, window, monkeypatch):
+    """verify reads a shard whose files match the manifest by its NAME.idx, never walking its headers:
+    the same samples as the walk, for every kind of output and reads of any size; without the index
+    (before format version 7), the walk."""
+    out = outputs[kind]
+    manifest = read_manifest(out)
+    layout = SampleLayout.from_manifest(manifest)
+
+    def records(scan, shards) -> list[tuple]:
+        return [(s.local, s.key, s.label, None if s.image is None else (s.image.dtype.str, s.image.shape,
+                 s.image.tobytes()), s.crc32, s.encoded, s.fields, s.shape)
+                for shard in shards for s in scan(out, shard, layout)]
+
+    walked = records(wds.scan_shard, manifest.shards)
+    monkeypatch.setattr(wds, "_WINDOW", window)
+    with monkeypatch.context() as m:
+        m.setattr(wds, "iter_shard_samples", lambda *a, **k: pytest.fail("walked"))
+        assert records(wds.scan_intact_shard, manifest.shards) == walked
+    older = [type(s)(s.name, s.samples, [f for f in s.files if not f.path.endswith(".idx")]) for s in manifest.shards]
+    assert records(wds.scan_intact_shard, older) == walked
+
+
+def test_verify_reads_intact_wds_shards_by_their_index_and_damaged_ones_by_their_headers(outputs, tmp_path,
+                                                                                         monkeypatch):
+    import packer.formats.wds as wds_module
+    from packer.verify import verify
+
+    marks = tmp_path / "walked"  # the shards are checked in forked processes: they leave a file
+    real = wds_module.iter_shard_samples
+
+    def walk(*args, **kwargs):
+        with marks.open("a") as f:
+            f.write("walked\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wds_module, "iter_shard_samples", walk)
+    assert verify(outputs["raw"]) == [] and not marks.exists()
+    copy = tmp_path / "raw"
+    shutil.copytree(outputs["raw"], copy)
+    tar = tars(copy)[1]
+    data = bytearray(tar.read_bytes())
+    data[header_offsets(tar)[5] + 512] ^= 0xFF  # the second sample's image (members: cls, json, npy)
+    tar.write_bytes(bytes(data))
+    problems = verify(copy)
+    assert marks.read_text() == "walked\n" and any("SHA-256" in p.message for p in problems)
+    assert any(p.sample == 1 for p in problems), problems  # found by the walk
+
+
 @pytest.mark.parametrize("window", [512, 700, 1024, 1536, 5000])
 def test_reads_of_any_size_give_the_same_samples(outputs, window, monkeypatch):
     """Members cut by the end of a read, members larger than a read (read alone), headers across two."""

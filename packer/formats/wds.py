@@ -209,11 +209,7 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: 
     images as their bytes, the text fields as theirs; the tar's headers walked by
     ``iter_shard_samples``, which refuses what packer never writes). With ``NAME.idx`` (format
     version 7) the tar is read from that sample's first member on; older shards from the start."""
-    codec = layout.codec.name if layout.has_image else None
-    npy = NpyDecoder()  # the images of a shard share one .npy header: parsed once
-    shapes = None
-    if layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):  # format version 6
-        shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
+    stored = _Stored(directory, shard, layout)
     tar = directory / shard.file(TAR_SUFFIX)
     offset, first = _sample_offset(directory, shard, tar, start) if start else (0, 0)
     n = first
@@ -222,16 +218,65 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: 
         if n <= start:
             continue
         try:
-            pixels, label, meta = decode_tar_sample(fields, shard.name, codec, npy)
-            stored = tar_fields(fields, layout.text, shard.name)
+            sample = stored(n - 1, fields)
         except ManifestError:
             next(samples, None)  # a sample cut short by a break in the tar: the walk's error names the break
             raise
-        key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
-        shape = tuple(int(v) for v in shapes[n - 1]) if shapes is not None and n <= len(shapes) else None
-        if layout.image is not ImageStorage.ENCODED:
-            yield StoredSample(n - 1, key, label, pixels, crc, None, stored, shape)
-        else:
-            yield StoredSample(n - 1, key, label, None, crc, pixels, stored, shape)
+        yield sample
     if n != shard.samples:
         raise ValueError(f"{shard.name}: the tar holds {n} samples; the manifest says {shard.samples}")
+
+
+def scan_intact_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) -> Iterator[StoredSample]:
+    """``scan_shard`` of a shard whose files verify found as the manifest records them (their
+    SHA-256): their bytes are the writer's, so each member is sliced from the tar where the shard's
+    ``NAME.idx`` says it is, its headers not walked again; every sample is still decoded and checked
+    against its CRC-32 by the caller. Shards without the index (before format version 7) are walked."""
+    index = [f.path for f in shard.files if f.path.endswith(DALI_INDEX)]
+    if not index:
+        yield from scan_shard(directory, shard, layout)
+        return
+    stored = _Stored(directory, shard, layout)
+    lines = (directory / index[0]).read_text(encoding="ascii").splitlines()[1:]
+    buf, start = b"", 0  # the window: buf holds the tar's bytes from offset start on
+    with open(directory / shard.file(TAR_SUFFIX), "rb") as f:
+        for n, line in enumerate(lines):
+            parts = line.split(" ")  # per member: extension, data offset, size, member name
+            fields = {"__key__": parts[3].partition(".")[0]}
+            for at in range(0, len(parts) - 3, 4):
+                offset, size = int(parts[at + 1]), int(parts[at + 2])
+                if offset < start or offset + size > start + len(buf):
+                    f.seek(offset)
+                    buf, start = f.read(max(_WINDOW, size)), offset
+                fields[parts[at]] = buf[offset - start:offset - start + size]
+            yield stored(n, fields)
+    if len(lines) != shard.samples:
+        raise ValueError(f"{shard.name}: its index lists {len(lines)} samples; the manifest says {shard.samples}")
+
+
+_WINDOW = 1 << 22
+"""Bytes of the tar ``scan_intact_shard`` reads at once (a member larger than that alone)."""
+
+
+class _Stored:
+    """A shard's grouped tar samples (``{"__key__": KEY, EXT: bytes}``) as the ``StoredSample`` that
+    verify checks: decoded as readers decode them, with the size its shard indexes."""
+
+    def __init__(self, directory: Path, shard: ShardEntry, layout: SampleLayout) -> None:
+        self.shard, self.layout = shard, layout
+        self.codec = layout.codec.name if layout.has_image else None
+        self.npy = NpyDecoder()  # the images of a shard share one .npy header: parsed once
+        self.shapes = None
+        if layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):  # format version 6
+            self.shapes = np.load(directory / shard.file(NPY_IMAGE_SHAPES), allow_pickle=False)
+
+    def __call__(self, local: int, fields: dict) -> StoredSample:
+        """Sample ``local`` of the shard; ManifestError when it is damaged."""
+        pixels, label, meta = decode_tar_sample(fields, self.shard.name, self.codec, self.npy)
+        stored = tar_fields(fields, self.layout.text, self.shard.name)
+        key, crc = meta.get("key", fields["__key__"]), int(meta.get("crc32", -1))
+        shapes = self.shapes
+        shape = tuple(int(v) for v in shapes[local]) if shapes is not None and local < len(shapes) else None
+        if self.layout.image is not ImageStorage.ENCODED:
+            return StoredSample(local, key, label, pixels, crc, None, stored, shape)
+        return StoredSample(local, key, label, None, crc, pixels, stored, shape)

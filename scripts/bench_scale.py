@@ -269,7 +269,7 @@ def child_epoch(p: dict) -> dict:
 
 def child_verify(p: dict) -> dict:
     """``packer.verify`` of one output: wall, CPU of this process and of the shard checkers it forks."""
-    from packer.verify import verify  # `from packer import verify` gives the module (a lazy-import quirk)
+    from packer.verify import verify
 
     wall, cpu, kids = time.perf_counter(), time.process_time(), children_cpu()
     problems = verify(p["output"])

@@ -398,7 +398,8 @@ def run_unfinished(
         done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
         if done_items:
             progress(done_items)
-    plan = str((read_plan(stage) or {}).get("fingerprint", ""))
+    plan = (read_plan(stage) or {}).get("fingerprint")
+    plan = plan if isinstance(plan, str) else ""  # no plan record (or an odd one): records name none
     todo = [replace(j, directory=str(stage), record=True, plan=plan) for j in jobs if j.task.name not in finished]
     fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
     return todo, fresh

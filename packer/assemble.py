@@ -158,8 +158,7 @@ def _raw128(result: ShardResult) -> Optional[bytes]:
     digests = in_memory(result.digests)
     if len(result.keys) != len(digests):
         return None
-    if not isinstance(digests, HexColumn):
-        digests = HexColumn.of(digests) if len(digests) else HexColumn(b"", 16)
+    digests = HexColumn.of(digests) if len(digests) else HexColumn(b"", 16)  # a HexColumn stays itself
     return digests.raw if isinstance(digests, HexColumn) and digests.width == 16 else None
 
 

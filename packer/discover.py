@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-import multiprocessing as mp
 import os
-import sys
 import time
 from array import array
 from collections import Counter, deque
@@ -22,6 +20,7 @@ from packer.folder_stamps import FolderStamps, stat_or_none
 from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, TableBuilder
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
+from packer.system import process_context
 
 OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "__macosx", "$recycle.bin"})
 
@@ -440,7 +439,7 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int) -> tuple[_
         for entry in entries:
             if entry[3] is _FOLDER:
                 if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
-                    pool = _context().Pool(processes)
+                    pool = process_context().Pool(processes)
                 folders_left -= 1
                 if pool is not None:
                     queue.append(pool.apply_async(_walk_subfolder, (entry[2], entry[1])))
@@ -555,10 +554,6 @@ def _merged(result: tuple, walk: _Walk) -> tuple[_Listing, list[tuple[int, str, 
     return out, linked
 
 
-def _context():
-    # As the converter's executor: fork on Linux (the walk's code is loaded, nothing else runs),
-    # spawn elsewhere.
-    return mp.get_context("fork" if sys.platform == "linux" else "spawn")
 
 
 _FOLDER, _LINKED_FOLDER, _OTHER = "folder", "linked folder", "other"

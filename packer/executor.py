@@ -11,10 +11,8 @@ it with the reason, and runs the shard again.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -25,7 +23,7 @@ from typing import Callable, Optional, Protocol
 from packer.errors import PackerError
 from packer.records import ShardResult, SourceItem
 from packer.registry import get_format
-from packer.system import release_stop_signals, stop_signals_held
+from packer.system import process_context, release_stop_signals, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
 
 log = logging.getLogger(__name__)
@@ -65,7 +63,7 @@ def run_jobs(
     Raises DecodeError in strict mode, whatever error a shard raised, PackerError when a shard's
     process keeps dying for no file's fault, and KeyboardInterrupt after ending the workers.
     """
-    ctx = _context()
+    ctx = process_context()
     for fmt in {job.format for job in jobs}:
         get_format(fmt).import_modules()  # before the forks: every worker starts with its writer imported
     log_level = logging.getLogger("packer").getEffectiveLevel()
@@ -205,7 +203,7 @@ def remove_partial_files(job: ShardJob) -> None:
 def probe(job: ShardJob, item: SourceItem, timeout: float) -> Optional[str]:
     """Read one sample of ``job`` as its worker does (every file of it: image, text, tokenizer) in a
     throw-away process: None if that works (or fails cleanly), else why not."""
-    proc = _context().Process(target=_probe_target, args=(job, item), daemon=True)
+    proc = process_context().Process(target=_probe_target, args=(job, item), daemon=True)
     with stop_signals_held():
         proc.start()
     proc.join(timeout)
@@ -232,12 +230,3 @@ def _probe_target(job: ShardJob, item: SourceItem) -> None:
         pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
 
 
-def _context():
-    # Linux: fork, as DataLoader does by default. Children start at once with the worker code
-    # already imported, and, unlike spawn and forkserver, they do not re-run the caller's main
-    # module, so a script that calls packer.convert() without an `if __name__ == "__main__"`
-    # guard still works. The child runs only packer's own code and shares no lock with the
-    # parent (each shard has its own pipe). Elsewhere (macOS, Windows), fork is unsafe: spawn.
-    if sys.platform == "linux":
-        return mp.get_context("fork")
-    return mp.get_context("spawn")

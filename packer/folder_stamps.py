@@ -12,6 +12,7 @@ a file added in the same tick as the walk would leave no trace.
 from __future__ import annotations
 
 import os
+import time
 from array import array
 from pathlib import Path
 from typing import Optional
@@ -30,7 +31,7 @@ class FolderStamps:
     (a tree of one folder per sample has as many folders as files)."""
 
     def __init__(self, walked_at_ns: Optional[int] = None) -> None:
-        self.walked_at_ns = walked_at_ns if walked_at_ns is not None else _now_ns()
+        self.walked_at_ns = walked_at_ns if walked_at_ns is not None else time.time_ns()
         self.blob = bytearray()
         self.ends = array("q", [0])
         self.stamps = array("q")
@@ -96,9 +97,3 @@ def _stamp(st: Optional[os.stat_result]) -> tuple[int, int, int, int]:
     if st is None:
         return (-1, -1, -1, -1)
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _now_ns() -> int:
-    import time
-
-    return time.time_ns()

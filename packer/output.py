@@ -172,16 +172,17 @@ def read_plan(stage: Path) -> Optional[dict]:
         return None
 
 
-def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None, plan: Optional[str] = None
-                 ) -> Path:
+def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None,
+                 fingerprint: Optional[str] = None) -> Path:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
     name (default: its own; ``packer.finish`` renames shards before publishing); the record's path.
-    ``plan``: the fingerprint of the plan it was written for (``PLAN_OF_RECORD``)."""
+    ``fingerprint``: that of the plan it was written for (``PLAN_OF_RECORD``)."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
     stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
     record = stage / f"{name}{DONE_SUFFIX}"
-    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps, **({PLAN_OF_RECORD: plan} if plan else {})})
+    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps,
+                         **({PLAN_OF_RECORD: fingerprint} if fingerprint else {})})
     return record
 
 
@@ -307,8 +308,6 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
     records = [*output.glob(f"*{DONE_SUFFIX}"), *output.glob(f"*{RENAMED_SUFFIX}")]
     for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in records]]:
         (output / record).unlink(missing_ok=True)
-    if (output / SAVED_DISCOVERY).is_dir():
-        remove_tree(output / SAVED_DISCOVERY)
     if moved:
         remove_tree(old)
 

@@ -398,9 +398,10 @@ def run_unfinished(
         done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
         if done_items:
             progress(done_items)
-    plan = (read_plan(stage) or {}).get("fingerprint")
-    plan = plan if isinstance(plan, str) else ""  # no plan record (or an odd one): records name none
-    todo = [replace(j, directory=str(stage), record=True, plan=plan) for j in jobs if j.task.name not in finished]
+    fingerprint = (read_plan(stage) or {}).get("fingerprint")
+    fingerprint = fingerprint if isinstance(fingerprint, str) else ""  # no plan record (or an odd one): none
+    todo = [replace(j, directory=str(stage), record=True, plan_fingerprint=fingerprint)
+            for j in jobs if j.task.name not in finished]
     fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
     return todo, fresh
 

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing as mp
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
+
+
+def process_context():
+    """The multiprocessing context packer starts its processes with (shard workers, the walk's pool).
+
+    Linux: fork, as DataLoader does by default. Children start at once with packer's code already
+    imported, and, unlike spawn and forkserver, they do not re-run the caller's main module, so a
+    script that calls packer.convert() without an `if __name__ == "__main__"` guard still works.
+    The children run only packer's own code and share no lock with the parent. Elsewhere (macOS,
+    Windows), fork is unsafe: spawn."""
+    return mp.get_context("fork" if sys.platform == "linux" else "spawn")
 
 
 def usable_cpus() -> int:

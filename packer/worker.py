@@ -93,7 +93,7 @@ class ShardJob:
     """Write the finished shard's record (``packer.output.record_shard``) in ``directory`` here, and
     return the result with its per-sample values left in it (``ShardResult.kept_in``): the parent then
     never holds a shard's keys, labels and digests, nor the text of its record."""
-    plan: str = ""
+    plan_fingerprint: str = ""
     """With ``record``: the fingerprint of the run's plan, written into the record
     (``packer.output.PLAN_OF_RECORD``)."""
 
@@ -440,6 +440,6 @@ def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Cal
     if not job.record:
         return result
     try:
-        return result.kept_in(record_shard(directory, result, plan=job.plan or None))
+        return result.kept_in(record_shard(directory, result, fingerprint=job.plan_fingerprint or None))
     except OSError as e:  # disk full: name the shard, as for its files
         raise OutputError(f"cannot write {job.task.name}'s record in {directory}: {e}") from None

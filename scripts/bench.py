@@ -409,7 +409,9 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMAT_NAMES))
     parser.add_argument("--codecs", default="raw,jpeg")
     parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
-    parser.add_argument("--repeat", type=int, default=3, help="floor + conversion pairs per output (medians kept)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="floor + conversion pairs per output; with --train-check, rounds of every conversion "
+                        "and read (medians kept)")
     parser.add_argument("--peers", action="store_true", help="also run WebDataset, LitData, Streaming if installed")
     parser.add_argument("--memory-check", type=Path, metavar="OUT",
                         help="only measure the memory of reading OUT with and without in_memory=True, then exit")

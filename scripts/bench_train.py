@@ -5,7 +5,8 @@ Photographs are stored once in their own sizes, the longer side at most 256 (pac
 back as shuffled float32 batches of 64 through ``RandomResizedCrop(224)`` + a horizontal flip,
 normalized with ImageNet's mean and std, in 2 workers:
 
-- packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``;
+- packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``; the
+  ``--codec source`` output (the photographs in full) also with ``RandomResizedCrop(224, reduced_decode=True)``;
 - the torchvision-style folder pipeline: each file opened with Pillow every epoch, cropped with
   ``RandomResizedCrop.get_params``'s draw, resized (bilinear, antialiased), flipped, made a tensor
   and normalized, per sample in a ``DataLoader`` (written with Pillow: torchvision cannot be
@@ -16,7 +17,10 @@ normalized with ImageNet's mean and std, in 2 workers:
   there with ``--ffcv-side`` (it imports neither packer nor readers on that side).
 
 Every rate is samples/s over ``--epochs`` epochs after one warm-up epoch (FFCV compiles its pipeline
-then), all measured in one run; storage is the bytes on disk of each form.
+then), all measured in one run of ``--repeat`` rounds: each round converts and reads every form once,
+the tools taking turns, and the table gives the medians with each ratio's range over the rounds (a
+2-core machine shared with other jobs moves single figures by 10-20%); storage is the bytes on disk
+of each form.
 """
 
 from __future__ import annotations
@@ -155,16 +159,46 @@ def source_identical(src: Path, out: Path) -> str:
     return f"{same} of {m.samples}"
 
 
-def packer_loader(out: Path, workers: int):
+def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
+    """CPU ms per photograph, in this process, of what each conversion does to a file's bytes: the
+    ``--codec source`` check of a kept JPEG (``source_codec.keep``), its 1/8-scale decode alone (the
+    part that entropy-decodes the whole file), and the default preprocessing (shorter side to 224,
+    centre crop, with the statistics' histogram): the ceiling of the two conversions' ratio."""
+    import simplejpeg
+
+    from packer import preprocess, source_codec
+    from packer.config import PreprocessConfig
+
+    datas = [Path(p).read_bytes() for p, _ in items[:count]]
+    kept = PreprocessConfig(size=None, resize="none", mode="RGB", mean=None, std=None)
+    default = PreprocessConfig(size=(SIZE, SIZE), resize="shorter-crop", mode="RGB", mean=None, std=None)
+
+    def eighth(data: bytes) -> None:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        simplejpeg.decode_jpeg(data, colorspace="RGBX", min_height=-(-height // 8), min_width=-(-width // 8))
+
+    def ms(fn) -> float:
+        fn(datas[0])
+        start = time.process_time()
+        for data in datas:
+            fn(data)
+        return (time.process_time() - start) / len(datas) * 1e3
+
+    return {"keep_ms": ms(lambda d: source_codec.keep(d, kept)), "eighth_decode_ms": ms(eighth),
+            "default_ms": ms(lambda d: preprocess.finish_pixels(preprocess.decode(d, default, histogram=True).pixels,
+                                                                default))}
+
+
+def packer_loader(out: Path, workers: int, reduced_decode: bool = False):
     from readers import RandomResizedCrop, make_loader, open_dataset
 
-    ds = open_dataset(out, crop=RandomResizedCrop(SIZE), flip=True)
+    ds = open_dataset(out, crop=RandomResizedCrop(SIZE, reduced_decode=reduced_decode), flip=True)
     return make_loader(ds, BATCH, num_workers=workers)
 
 
 # FFCV (run in its own Python, --ffcv-side) ----------------------------------------------------------
 def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
-    """Write a .beton per write mode and read it through FFCV's training pipeline: {mode: {rate, bytes}}."""
+    """Write a .beton per write mode and read it through FFCV's training pipeline: {mode: {rate, bytes, convert_s}}."""
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
@@ -200,64 +234,113 @@ def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
     return found
 
 
+def median(values: list[float]) -> float:
+    """The median of ``values`` (the mean of the middle two for an even count)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def run(args: argparse.Namespace, src: Path) -> dict:
-    """Every form of the training task, measured in one run."""
+    """Every form of the training task, measured in one run: ``--repeat`` rounds, each converting and
+    reading every form once, packer's, FFCV's and the folder's reads taking turns, so that a change
+    in the machine's load falls on all of them alike. Each row keeps every round's figures and
+    their median (``rate``, ``convert_s``)."""
     items = items_of(src)
     work = args.work / "train"
     work.mkdir(parents=True, exist_ok=True)
-    w = args.workers
-    results: dict = {"images": len(items), "workers": w, "epochs": args.epochs, "rows": []}
+    w, rounds = args.workers, max(1, args.repeat)
+    results: dict = {"images": len(items), "workers": w, "epochs": args.epochs, "rounds": rounds, "rows": []}
     results["source_bytes"] = du(src)
-    default = work / "npy-default"
-    results["default_convert_s"] = packer_convert(src, default, "raw", w, "shorter-crop", SIZE)
-    results["default_bytes"] = du(default)
-    for resize, codec in (("max", "raw"), ("max", "jpeg"), ("none", "source")):
-        out = work / f"npy-{resize}-{codec}"
-        seconds = packer_convert(src, out, codec, w, resize)
-        rate = timed(packer_loader(out, w), args.epochs)
-        stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
-        results["rows"].append({"tool": "packer", "stored": stored, "rate": rate, "bytes": du(out),
-                                "convert_s": seconds})
-        print(f"packer {stored}: {rate:.0f} samples/s, {du(out) / 2**20:.0f} MB", flush=True)
-        if codec == "source":
-            results["source_identical"] = source_identical(src, out)
-    if args.ffcv_python:
-        side = subprocess.run([args.ffcv_python, __file__, "--ffcv-side", "--src", str(src), "--work", str(work),
-                               "--workers", str(w), "--epochs", str(args.epochs)], check=True, capture_output=True,
-                              text=True)
-        for mode, found in json.loads(side.stdout.strip().splitlines()[-1]).items():
-            results["rows"].append({"tool": "FFCV", "stored": f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}",
-                                    **found})
-            print(f"FFCV max 256 {mode}: {found['rate']:.0f} samples/s", flush=True)
-    rate = timed(folder_loader(items, w), args.epochs)
-    results["rows"].append({"tool": "folder (Pillow, torchvision-style)", "stored": "source files", "rate": rate,
-                            "bytes": results["source_bytes"], "convert_s": 0.0})
-    print(f"folder: {rate:.0f} samples/s", flush=True)
+    rows: dict[tuple[str, str], dict] = {}
+    default_runs: list[float] = []
+
+    def add(tool: str, stored: str, rate: float, nbytes: int, convert_s: float) -> None:
+        row = rows.setdefault((tool, stored), {"tool": tool, "stored": stored, "rates": [], "convert_runs": []})
+        row["rates"].append(rate)
+        row["bytes"] = nbytes
+        row["convert_runs"].append(convert_s)
+        print(f"round {len(row['rates'])}: {tool} {stored}: {rate:.0f} samples/s", flush=True)
+
+    for r in range(rounds):
+        default = work / "npy-default"
+        default_runs.append(packer_convert(src, default, "raw", w, "shorter-crop", SIZE))
+        results["default_bytes"] = du(default)
+        for resize, codec in (("max", "raw"), ("max", "jpeg"), ("none", "source")):
+            out = work / f"npy-{resize}-{codec}"
+            seconds = packer_convert(src, out, codec, w, resize)
+            stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
+            add("packer", stored, timed(packer_loader(out, w), args.epochs), du(out), seconds)
+            if codec == "source":  # the photographs in full: a crop may be decoded at a reduced scale
+                add("packer", "none, source, reduced_decode", timed(packer_loader(out, w, True), args.epochs), du(out),
+                    seconds)
+                if r == 0:
+                    results["source_identical"] = source_identical(src, out)
+        if args.ffcv_python:
+            side = subprocess.run([args.ffcv_python, __file__, "--ffcv-side", "--src", str(src), "--work", str(work),
+                                   "--workers", str(w), "--epochs", str(args.epochs)], check=True,
+                                  capture_output=True, text=True)
+            for mode, found in json.loads(side.stdout.strip().splitlines()[-1]).items():
+                add("FFCV", f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}", found["rate"], found["bytes"],
+                    found["convert_s"])
+        add("folder (Pillow, torchvision-style)", "source files", timed(folder_loader(items, w), args.epochs),
+            results["source_bytes"], 0.0)
+    results["source_costs"] = source_costs(items)
+    results["default_convert_runs"] = default_runs
+    results["default_convert_s"] = median(default_runs)
+    for row in rows.values():
+        row["rate"] = median(row["rates"])
+        row["convert_s"] = median(row["convert_runs"])
+        results["rows"].append(row)
     return results
 
 
 def markdown(results: dict) -> str:
-    """The training-task table for docs/BENCHMARKS.md."""
+    """The training-task table for docs/BENCHMARKS.md: medians over the rounds, and each ratio's
+    lowest and highest over the rounds (rows measured in the same round compared)."""
     rows = results["rows"]
-    ffcv = {r["stored"]: r["rate"] for r in rows if r["tool"] == "FFCV"}
-    folder = next(r["rate"] for r in rows if r["tool"].startswith("folder"))
+    ffcv = {r["stored"]: r for r in rows if r["tool"] == "FFCV"}
+    folder = next(r for r in rows if r["tool"].startswith("folder"))
+    rounds = results.get("rounds", 1)
     lines = [f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
-             f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up", "",
-             "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
+             f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
+             f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",
+             "", "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         peer = ffcv.get(r["stored"]) if r["tool"] == "packer" else None
-        vs_ffcv = f"{r['rate'] / peer:.2f}x" if peer else ""
-        lines.append(f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {r['rate'] / folder:.2f}x | {vs_ffcv} | "
+        vs_ffcv = _ratio(r, peer) if peer else ""
+        lines.append(f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {_ratio(r, folder)} | {vs_ffcv} | "
                      f"{r['bytes'] / 2**20:.1f} | {r['convert_s']:.1f} |")
     lines.append(f"| packer default (224 crops, raw) | shorter-crop 224 | | | | "
                  f"{results['default_bytes'] / 2**20:.1f} | {results['default_convert_s']:.1f} |")
     source = next((r for r in rows if r["stored"] == "none, source"), None)
     if source is not None:
-        lines += ["", f"`--resize none --codec source` converted in {source['convert_s']:.1f} s, "
-                      f"{results['default_convert_s'] / source['convert_s']:.2f}x the speed of the default conversion; "
-                      f"stored images equal to their source files (SHA-256): {results.get('source_identical')}"]
+        runs = list(zip(results.get("default_convert_runs", [results["default_convert_s"]]),
+                        source.get("convert_runs", [source["convert_s"]])))
+        each = ", ".join(f"{d / s:.2f}x" for d, s in runs)
+        lines += ["", f"`--resize none --codec source` converted in {source['convert_s']:.1f} s (median), "
+                      f"{results['default_convert_s'] / source['convert_s']:.2f}x the speed of the default "
+                      f"conversion (each round: {each}); stored images equal to their source files (SHA-256): "
+                      f"{results.get('source_identical')}"]
+    costs = results.get("source_costs")
+    if costs:
+        lines += ["", f"Per photograph, CPU in one process: `--codec source`'s check of a kept JPEG "
+                      f"{costs['keep_ms']:.3f} ms (its 1/8-scale decode alone {costs['eighth_decode_ms']:.3f} ms), "
+                      f"the default preprocessing {costs['default_ms']:.3f} ms: at most "
+                      f"{costs['default_ms'] / costs['keep_ms']:.2f}x from the per-file work"]
     return "\n".join(lines)
+
+
+def _ratio(row: dict, base: dict) -> str:
+    """``row``'s median rate over ``base``'s, and with several rounds the lowest and highest of
+    the per-round ratios."""
+    text = f"{row['rate'] / base['rate']:.2f}x"
+    pairs = list(zip(row.get("rates", []), base.get("rates", [])))
+    if len(pairs) > 1:
+        each = [a / b for a, b in pairs]
+        text += f" [{min(each):.2f}-{max(each):.2f}]"
+    return text
 
 
 def main() -> None:
@@ -267,6 +350,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--ffcv-python", help="a Python with ffcv installed, to run FFCV's side of the task")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every conversion and read (medians kept)")
     parser.add_argument("--ffcv-side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ffcv_side:

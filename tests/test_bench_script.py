@@ -48,6 +48,25 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
          "convert_s": 0.0}]}
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table
+    # With rounds: medians, and each ratio's range over the rounds' own pairs.
+    results["rounds"] = 3
+    results["rows"][0].update(rates=[300.0, 280.0, 330.0], rate=bench_train.median([300.0, 280.0, 330.0]))
+    results["rows"][1].update(rates=[200.0, 140.0, 220.0], rate=200.0)
+    results["rows"][2].update(rates=[100.0, 100.0, 110.0], rate=100.0)
+    table = bench_train.markdown(results)
+    assert "| packer | max 256, raw | 300 | 3.00x [2.80-3.00] | 1.50x [1.50-2.00] | 2.0 | 1.0 |" in table
+    assert "3 rounds (medians" in table
+    assert bench_train.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    costs = bench_train.source_costs(items)
+    assert set(costs) == {"keep_ms", "eighth_decode_ms", "default_ms"} and all(v > 0 for v in costs.values())
+    results["source_costs"] = {"keep_ms": 0.5, "eighth_decode_ms": 0.4, "default_ms": 1.25}
+    results["rows"].append({"tool": "packer", "stored": "none, source", "rate": 150.0, "bytes": 2**20,
+                            "convert_s": 0.5, "convert_runs": [0.5]})
+    results["default_convert_runs"] = [1.0]
+    table = bench_train.markdown(results)
+    assert "2.00x the speed of the default conversion (each round: 2.00x)" in table
+    assert "check of a kept JPEG 0.500 ms (its 1/8-scale decode alone 0.400 ms), the default preprocessing " \
+           "1.250 ms: at most 2.50x" in table
 
 
 def test_scale_tree_is_byte_distinct_32px_jpegs_and_extrapolates_through_the_two_largest(tmp_path):

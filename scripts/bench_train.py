@@ -337,7 +337,7 @@ def _ratio(row: dict, base: dict) -> str:
     the per-round ratios."""
     text = f"{row['rate'] / base['rate']:.2f}x"
     pairs = list(zip(row.get("rates", []), base.get("rates", [])))
-    if len(pairs) > 1:
+    if len(pairs) > 1 and row is not base:
         each = [a / b for a, b in pairs]
         text += f" [{min(each):.2f}-{max(each):.2f}]"
     return text

@@ -56,6 +56,7 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x [2.80-3.00] | 1.50x [1.50-2.00] | 2.0 | 1.0 |" in table
     assert "3 rounds (medians" in table
+    assert "| folder (Pillow, torchvision-style) | source files | 100 | 1.00x |  |" in table
     assert bench_train.median([4.0, 1.0, 3.0, 2.0]) == 2.5
     costs = bench_train.source_costs(items)
     assert set(costs) == {"keep_ms", "eighth_decode_ms", "default_ms"} and all(v > 0 for v in costs.values())

@@ -108,7 +108,10 @@ def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Opt
     if not _within(displayed, cfg):
         return None
     _check_pixels(w, h, cfg, path)
-    scaled = None if full else jpeg.decode_scaled(data, (w, h), (max(1, -(-w // 8)), max(1, -(-h // 8))), gray)
+    # w // 8, not w / 8 rounded up: eighths_for compares with the exact scaled size, so asking for
+    # the rounded-up size chose 2/8 (four times the pixels) for any side that is not a multiple of 8
+    eighth = (max(1, w // 8), max(1, h // 8))
+    scaled = None if full else jpeg.decode_scaled(data, (w, h), eighth, gray)
     if scaled is None:  # in full: asked for, or an image under 8 pixels a side, which does not scale
         scaled = jpeg.decode_scaled(data, (w, h), None, gray)
     if scaled is None:

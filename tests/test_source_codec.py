@@ -17,7 +17,7 @@ from packer.errors import ConfigError
 from packer.manifest import read_manifest
 from packer.registry import FORMATS as SPECS
 from packer.sample_layout import SampleLayout
-from packer.source_codec import SOURCE_STATS
+from packer.source_codec import SOURCE_STATS, keep
 from readers import RandomResizedCrop, open_dataset
 
 MAX = PreprocessConfig(resize="max", size=(256, 256))
@@ -133,6 +133,26 @@ def test_statistics_of_kept_jpegs_are_counted_at_one_eighth_unless_normalizing_b
     a, b = read_manifest(tmp_path / "auto"), read_manifest(tmp_path / "auto-png")
     assert "counted" not in a.stats["pixels"]
     assert a.preprocess["normalize"] == b.preprocess["normalize"]  # full decodes: the same statistics exactly
+
+
+def test_kept_jpegs_are_checked_at_one_eighth_whatever_their_size(tmp_path, monkeypatch):
+    from packer import jpeg
+
+    scales = []
+    decode_scaled = jpeg.decode_scaled
+
+    def spy(*args, **kwargs):
+        out = decode_scaled(*args, **kwargs)
+        scales.append(out.eighths if out is not None else None)
+        return out
+
+    monkeypatch.setattr(jpeg, "decode_scaled", spy)
+    pre = PreprocessConfig(resize="none", size=None)
+    for size in ((500, 375), (80, 60), (64, 48), (9, 8)):  # sides that are not multiples of 8 and ones that are
+        data = write_image(tmp_path / f"{size[0]}x{size[1]}.jpg", size, quality=90).read_bytes()
+        kept = keep(data, pre)
+        assert kept is not None and kept.scaled and kept.original_size == size
+    assert scales == [1, 1, 1, 1]  # libjpeg-turbo's 1/8: its smallest scale, the least inverse DCT work
 
 
 def test_what_is_kept_follows_the_preprocessing(sources, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ from packer.registry import FORMATS, SOURCE_SINCE
 from packer.sample_layout import SampleLayout
 from packer.shard_names import LMDB_SUFFIX
 from packer.source_codec import decode_stored
+from packer.system import usable_cpus
 
 STALL_SECONDS = 60.0
 """How long a shard's scan may go without finishing a sample before verify stops it and reports the
@@ -54,31 +56,37 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None) -> list[Problem]:
-    """Check a packed output completely; returns the problems found (empty when it is intact).
+def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None,
+           workers: Optional[int] = None) -> list[Problem]:
+    """Check a packed output completely; returns the problems found (empty when it is intact), shard
+    by shard in the manifest's order.
 
-    Raises ManifestError when the folder is not a readable packer output at all.
+    Each shard's files are hashed here, one shard after another, while up to ``workers`` shards
+    (default: the usable cores) have their samples checked, each in a process of its own
+    (``_ShardChecks``). Raises ManifestError when the folder is not a readable packer output at all.
     """
     root = Path(output)
     manifest = read_manifest(root)
-    FORMATS[manifest.format].import_modules()  # once, not in each shard's child process
-    problems: list[Problem] = []
+    spec = FORMATS[manifest.format]
+    spec.import_modules()  # once, not in each shard's child process
+    per_shard: list[list[Problem]] = []
     labels_seen: list[int] = []
-    for shard in manifest.shards:
-        file_problems = check_files(root, shard)
-        problems += file_problems
-        if any(unsafe_file(root / f.path, root) for f in shard.files):
-            continue  # reported by check_files; reading it could block forever or leave the output
-        if FORMATS[manifest.format].whole_file and any("truncated" in p.message for p in file_problems):
-            # LMDB memory-maps its file (reading past the end of a cut file kills the process with
-            # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
-            # size instead: lost pages read as zeros, and the samples still intact are told apart.
-            with tempfile.TemporaryDirectory() as tmp:
-                padded = _padded_copy(root, shard, Path(tmp))
-                problems += _isolated_check(padded, manifest, shard, progress, labels_seen)
-        else:
-            # Files as recorded: their bytes are the writer's, which a format may then read by its own index.
-            problems += _isolated_check(root, manifest, shard, progress, labels_seen, intact=not file_problems)
+    with _ShardChecks(manifest, progress, labels_seen, usable_cpus() if workers is None else workers) as checks:
+        for shard in manifest.shards:
+            file_problems = check_files(root, shard)
+            per_shard.append(list(file_problems))
+            if any(unsafe_file(root / f.path, root) for f in shard.files):
+                continue  # reported by check_files; reading it could block forever or leave the output
+            if spec.whole_file and any("truncated" in p.message for p in file_problems):
+                # LMDB memory-maps its file (reading past the end of a cut file kills the process with
+                # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
+                # size instead: lost pages read as zeros, and the samples still intact are told apart.
+                scratch = tempfile.TemporaryDirectory()
+                checks.start(_padded_copy(root, shard, Path(scratch.name)), shard, per_shard[-1], scratch=scratch)
+            else:
+                # Files as recorded: their bytes are the writer's, which a format may then read by its own index.
+                checks.start(root, shard, per_shard[-1], intact=not file_problems)
+    problems = [p for found in per_shard for p in found]
     problems += check_counts(manifest, labels_seen)
     problems += check_output_files(root, manifest)
     problems += check_extra_files(root, manifest)
@@ -127,60 +135,132 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
             for p in sorted(root.iterdir()) if p.name not in listed]
 
 
-def _isolated_check(root: Path, manifest: Manifest, shard: ShardEntry, progress, labels: list[int],
-                    intact: bool = False) -> list[Problem]:
-    """check_samples in a child process where the platform forks: a damaged LMDB or HDF5 file can
-    crash its library (SIGBUS, SIGSEGV) or send it into an endless loop (a damaged HDF5 heap), and
-    verify must report either, not die or hang with it. A child that sends no word for
-    ``STALL_SECONDS`` (it reports its samples every ``PROGRESS_SECONDS``) is killed and the shard
-    reported, naming the sample it was at: each sample it finishes is counted in shared memory at
-    once, so that the samples of its last report not yet sent are not lost."""
-    if sys.platform != "linux":
-        return check_samples(root, manifest, shard, progress, labels, intact=intact)
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
-    proc = ctx.Process(target=_check_in_child, args=(root, manifest, shard, send, checked, intact), daemon=True)
-    proc.start()
-    send.close()
-    result = None
-    done = 0
+class _Child:
+    """One shard's checking process, as ``_ShardChecks`` follows it."""
 
-    def catch_up() -> int:  # the samples finished that no report has counted yet
-        unsent = max(int(checked.value) - done, 0)
-        if unsent and progress is not None:
-            progress(unsent)
-        return done + unsent
+    def __init__(self, shard: ShardEntry, proc, receive, checked, into: list[Problem], scratch) -> None:
+        self.shard, self.proc, self.receive, self.checked, self.into, self.scratch = \
+            shard, proc, receive, checked, into, scratch
+        self.heard = time.monotonic()  # when it last sent word
+        self.done = 0  # samples its reports counted
+        self.result: Optional[tuple] = None
+        self.ended = False  # its pipe closed without a result: it died
 
-    try:
-        while result is None:
-            if not receive.poll(STALL_SECONDS):
-                done = catch_up()
-                return [Problem(shard.name, f"unreadable: the {manifest.format} library made no progress for "
-                                f"{STALL_SECONDS:g} s after sample {done} (stopped); the shard is damaged, or its "
-                                "disk far too slow", done)]
-            kind, value = receive.recv()
-            if kind == "progress":
-                done += value
-                if progress is not None:
-                    progress(value)
-            elif kind == "done":
-                result = value
-    except EOFError:
-        pass
-    finally:
-        receive.close()
-        if result is None and proc.is_alive():  # stalled, or this loop left by an exception: not outlived
-            proc.kill()
-        proc.join()
-    if result is None:
-        catch_up()
-        code = proc.exitcode or 0
+
+class _ShardChecks:
+    """``check_samples`` of each shard started, at most ``workers`` at once, each in a child process
+    where the platform forks: a damaged LMDB or HDF5 file can crash its library (SIGBUS, SIGSEGV) or
+    send it into an endless loop (a damaged HDF5 heap), and verify must report either, not die or
+    hang with it. A child that sends no word for ``STALL_SECONDS`` (it reports its samples every
+    ``PROGRESS_SECONDS``) is killed and its shard reported, naming the sample it was at: each sample
+    it finishes is counted in shared memory at once, so that the samples of its last report not yet
+    sent are not lost. Each shard's problems go to the list given for it, its labels to ``labels``.
+    Leaving the ``with`` block waits for every child; leaving it by an exception kills them."""
+
+    def __init__(self, manifest: Manifest, progress: Optional[Callable[[int], None]], labels: list[int],
+                 workers: int) -> None:
+        self.manifest, self.progress, self.labels = manifest, progress, labels
+        self.workers = max(1, workers)
+        self.running: list[_Child] = []
+
+    def __enter__(self) -> "_ShardChecks":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            while kind is None and self.running:
+                self._serve()
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        """End every child still running (verify interrupted): none outlives it, no scratch copy is left."""
+        for child in self.running:
+            child.proc.kill()
+            child.proc.join()
+            child.receive.close()
+            if child.scratch is not None:
+                child.scratch.cleanup()
+        self.running.clear()
+
+    def start(self, root: Path, shard: ShardEntry, into: list[Problem], intact: bool = False,
+              scratch: Optional[tempfile.TemporaryDirectory] = None) -> None:
+        """Check the samples of ``shard`` under ``root`` (``intact``: see ``check_samples``), once
+        fewer than ``workers`` shards are being checked; ``scratch`` is removed when it is done."""
+        if sys.platform != "linux":
+            try:
+                into += check_samples(root, self.manifest, shard, self.progress, self.labels, intact=intact)
+            finally:
+                if scratch is not None:
+                    scratch.cleanup()
+            return
+        while len(self.running) >= self.workers:
+            self._serve()
+        ctx = mp.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
+        proc = ctx.Process(target=_check_in_child, args=(root, self.manifest, shard, send, checked, intact),
+                           daemon=True)
+        proc.start()
+        send.close()
+        self.running.append(_Child(shard, proc, receive, checked, into, scratch))
+
+    def _serve(self) -> None:
+        """Read what the running children sent, waiting for word at most until the first of them
+        stalls, and end those that finished, died or stalled."""
+        deadline = min(child.heard for child in self.running) + STALL_SECONDS
+        ready = mp_connection.wait([child.receive for child in self.running],
+                                   timeout=max(0.0, deadline - time.monotonic()))
+        for child in self.running:
+            if child.receive in ready:
+                self._read(child)
+        now = time.monotonic()
+        for child in list(self.running):
+            stalled = child.result is None and not child.ended and now - child.heard >= STALL_SECONDS
+            if child.result is not None or child.ended or stalled:
+                self._end(child, stalled)
+
+    def _read(self, child: _Child) -> None:
+        """Every message ``child`` has sent so far."""
+        try:
+            while child.result is None and child.receive.poll():
+                kind, value = child.receive.recv()
+                child.heard = time.monotonic()
+                if kind == "progress":
+                    child.done += value
+                    if self.progress is not None:
+                        self.progress(value)
+                elif kind == "done":
+                    child.result = value
+        except EOFError:
+            child.ended = True
+
+    def _end(self, child: _Child, stalled: bool) -> None:
+        self.running.remove(child)
+        child.receive.close()
+        if child.result is None and child.proc.is_alive():  # stalled
+            child.proc.kill()
+        child.proc.join()
+        if child.scratch is not None:
+            child.scratch.cleanup()
+        fmt, name = self.manifest.format, child.shard.name
+        if child.result is not None:
+            found, shard_labels = child.result
+            child.into += found
+            self.labels += shard_labels
+            return
+        unsent = max(int(child.checked.value) - child.done, 0)  # finished, but in no report yet
+        if unsent and self.progress is not None:
+            self.progress(unsent)
+        done = child.done + unsent
+        if stalled:
+            child.into.append(Problem(name, f"unreadable: the {fmt} library made no progress for {STALL_SECONDS:g} s "
+                                      f"after sample {done} (stopped); the shard is damaged, or its disk far too "
+                                      "slow", done))
+            return
+        code = child.proc.exitcode or 0
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        return [Problem(shard.name, f"unreadable: reading it crashed the {manifest.format} library ({how})")]
-    found, shard_labels = result
-    labels += shard_labels
-    return found
+        child.into.append(Problem(name, f"unreadable: reading it crashed the {fmt} library ({how})"))
 
 
 def _check_in_child(root: Path, manifest: Manifest, shard: ShardEntry, conn, checked, intact: bool) -> None:

@@ -6,6 +6,7 @@ import io
 import shutil
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from packer.errors import ManifestError
 from packer.manifest import read_manifest
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
-from packer.verify import verify
+from packer.verify import Problem, verify
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,8 @@ def test_intact_output_verifies(outputs, fmt):
     assert verify(outputs[fmt]) == []
     result = CliRunner().invoke(cli, ["verify", str(outputs[fmt]), "-q"])
     assert result.exit_code == 0 and "is intact: 12 samples in 2 shard(s)" in result.output
+    result = CliRunner().invoke(cli, ["verify", str(outputs[fmt]), "-q", "-j", "1"])
+    assert result.exit_code == 0 and "is intact: 12 samples in 2 shard(s)" in result.output
 
 
 @pytest.mark.parametrize("every", [0.0, 60.0])
@@ -56,6 +59,51 @@ def test_progress_counts_every_sample_once_however_often_it_is_sent(outputs, mon
     told: list[int] = []
     assert verify(outputs["npy"], progress=told.append) == []
     assert sum(told) == 12 and len(told) == (12 if every == 0 else 2)
+
+
+@pytest.mark.parametrize("workers", [2, 1])
+def test_shards_are_checked_side_by_side_and_reported_in_shard_order(outputs, tmp_path, monkeypatch, workers):
+    """Up to ``workers`` shards have their samples checked at once, each in its own process; the
+    problems still come shard by shard in the manifest's order, whichever shard finishes first."""
+    import packer.verify as v
+
+    names = [s.name for s in read_manifest(outputs["npy"]).shards]
+    wait = 30.0 if workers == 2 else 1.0  # one at a time: the first shard waits for the second in vain
+
+    def meet(root, manifest, shard, progress=None, labels=None, intact=False):
+        (tmp_path / shard.name).touch()
+        other = tmp_path / names[1 - names.index(shard.name)]
+        deadline = time.monotonic() + wait
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if shard.name == names[0]:
+            time.sleep(0.3)  # the first shard finishes last
+        return [Problem(shard.name, "met" if other.exists() else "alone")]
+
+    monkeypatch.setattr(v, "check_samples", meet)
+    found = [(p.shard, p.message) for p in verify(outputs["npy"], workers=workers)]
+    first = "met" if workers == 2 else "alone"
+    assert found[:2] == [(names[0], first), (names[1], "met")]
+
+
+def test_an_interrupted_verify_leaves_no_checking_process(outputs, monkeypatch):
+    import multiprocessing as mp
+
+    import packer.verify as v
+
+    def stuck(root, manifest, shard, progress=None, labels=None, intact=False):
+        progress(1)
+        time.sleep(600)
+
+    def interrupt(n: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(v, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(v, "check_samples", stuck)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        verify(outputs["npy"], progress=interrupt, workers=2)
+    assert time.monotonic() - began < 30 and not mp.active_children()
 
 
 def test_verify_in_a_process_that_reads_the_same_lmdb_output(outputs):

@@ -56,17 +56,19 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
 @click.command()
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def verify(output: Path, quiet: bool) -> None:
+@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
+              help="Shards checked at once, each in a process of its own.  [default: usable cores]")
+def verify(output: Path, quiet: bool, workers: Optional[int]) -> None:
     """Re-read every shard of OUTPUT: sizes, SHA-256 checksums, and that every sample decodes intact.
 
     Exits 1 and names the shard, file and sample of each problem found.
     """
     if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
-        return _verify_splits(output, quiet)
+        return _verify_splits(output, quiet, workers)
     try:
         m = read_manifest(output)
         with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
-            problems = verify_output(output, progress=bar.update)
+            problems = verify_output(output, progress=bar.update, workers=workers)
     except KeyboardInterrupt:
         click.echo("packer: verify interrupted", err=True)
         sys.exit(130)
@@ -84,7 +86,7 @@ def _fail_on(problems: list, output: Path, what_to_do: str) -> None:
         raise click.ClickException(f"{output}: {len(problems)} problem(s) found; {what_to_do}")
 
 
-def _verify_splits(output: Path, quiet: bool) -> None:
+def _verify_splits(output: Path, quiet: bool, workers: Optional[int] = None) -> None:
     """``packer verify`` of a folder of splits: the record against the splits, then each split in full."""
     try:
         record = read_splits(output)
@@ -97,7 +99,8 @@ def _verify_splits(output: Path, quiet: bool) -> None:
             total += m.samples
             with tqdm(total=m.samples, unit="sample", disable=quiet, desc=f"verifying {name}",
                       dynamic_ncols=True) as bar:
-                problems += [f"{name}: {p}" for p in verify_output(output / name, progress=bar.update)]
+                problems += [f"{name}: {p}" for p in verify_output(output / name, progress=bar.update,
+                                                                   workers=workers)]
     except KeyboardInterrupt:
         click.echo("packer: verify interrupted", err=True)
         sys.exit(130)

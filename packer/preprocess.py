@@ -349,18 +349,25 @@ def finish_pixels(pixels: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
 def to_color_mode(img: Image.Image, mode: str, background: tuple[int, ...]) -> Image.Image:
     """Convert any Pillow mode to ``mode`` (RGB or L).
 
-    Transparency is composited over ``background``; 16- and 32-bit integer images are scaled to
-    8 bits (Pillow's own conversion would clip them); CMYK and YCbCr use Pillow's conversion.
+    Transparency is composited over ``background``: an alpha channel, and the transparent colour of
+    a palette, RGB or grayscale image (a PNG's tRNS chunk, Pillow's ``info["transparency"]``);
+    16- and 32-bit integer images are scaled to 8 bits (Pillow's own conversion would clip them);
+    CMYK and YCbCr use Pillow's conversion.
     """
+    key = img.info.get("transparency") if img.mode in ("P", "RGB", "L", "I;16", "I;16L", "I;16B", "I;16N", "I") \
+        else None
     if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
         a = np.asarray(img).astype(np.int64)
         peak = 65535 if img.mode.startswith("I;16") or a.max(initial=0) > 255 else 255
-        img = Image.fromarray((np.clip(a, 0, peak) * 255 // peak).astype(np.uint8), "L")
+        gray = Image.fromarray((np.clip(a, 0, peak) * 255 // peak).astype(np.uint8), "L")
+        if isinstance(key, int):  # the transparent gray value, before scaling: an alpha of its own
+            gray.putalpha(Image.fromarray(np.where(a == key, 0, 255).astype(np.uint8), "L"))
+        img = gray
     elif img.mode == "F":
         a = np.nan_to_num(np.asarray(img, dtype=np.float32))
         img = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), "L")
-    if img.mode == "P" and "transparency" in img.info:
-        img = img.convert("RGBA")
+    if img.mode in ("P", "RGB", "L") and key is not None:
+        img = img.convert("RGBA")  # Pillow turns the transparent colour into alpha 0
     if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
         rgba = img.convert("RGBA")
         bg = Image.new("RGBA", rgba.size, _rgb(background) + (255,))

@@ -196,6 +196,30 @@ def test_palette_transparency_composited(tmp_path):
     assert out[1, 1].tolist() == [250, 0, 0]
 
 
+@pytest.mark.parametrize("mode", ["RGB", "L", "I;16"])
+def test_a_transparent_colour_is_composited_like_alpha(tmp_path, mode):
+    """A PNG's tRNS colour key (RGB, grayscale, 16-bit grayscale): its pixels are transparent, as
+    Pillow's own RGBA conversion and every viewer show them, so they lie on --background."""
+    if mode == "I;16":
+        a = np.full((2, 3), 40000, np.uint16)
+        a[0, 0] = 1000
+        key: object = 1000
+        Image.fromarray(a).save(tmp_path / "k.png", transparency=key)
+        kept = [40000 * 255 // 65535] * 3
+    else:
+        a = np.full((2, 3, 3), (200, 100, 50), np.uint8)
+        a[0, 0] = (10, 20, 30)
+        if mode == "L":
+            a = a[:, :, 0]
+        key = (10, 20, 30) if mode == "RGB" else 10
+        Image.fromarray(a).save(tmp_path / "k.png", transparency=key)
+        kept = [200, 100, 50] if mode == "RGB" else [200] * 3
+    assert "transparency" in Image.open(tmp_path / "k.png").info
+    out = load_image(tmp_path / "k.png", PreprocessConfig(resize="none", background=(0, 0, 250)))
+    assert out[0, 0].tolist() == [0, 0, 250]
+    assert out[1, 2].tolist() == kept
+
+
 def test_16bit_grayscale_scaled_to_8bit(tmp_path):
     a = np.array([[0, 32768, 65535, 255, 1000]], dtype=np.uint16)
     path = save_array(tmp_path / "deep.png", a)

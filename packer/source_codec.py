@@ -10,9 +10,10 @@ pixels are the conversion's (``decode_source``).
 
 A kept JPEG is still decoded at conversion, to refuse a damaged file and to count its pixels for the
 statistics, but at 1/8 scale (libjpeg-turbo decodes every coefficient, skipping most of the inverse
-DCT): its histogram is that of the 8x8 block averages, weighted by the file's pixel count, so the
-recorded mean is right and the spread somewhat low. With ``--normalize auto``, whose normalization
-comes from those statistics, kept JPEGs are decoded in full instead.
+DCT): its histogram is that of the 8x8 block averages, each counted for the pixels its block covers
+(``block_histogram``), so the recorded mean is close and the spread somewhat low. With
+``--normalize auto``, whose normalization comes from those statistics, kept JPEGs are decoded in
+full instead.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def reencode_codec(data: bytes) -> str:
 class Kept(NamedTuple):
     """A source file stored as it is: its displayed (width, height), EXIF orientation, and the
     pixel histogram the statistics take (Pillow's layout, 256 counts per channel); ``scaled`` when
-    that histogram was counted at 1/8 scale (and weighted to the file's pixel count)."""
+    that histogram was counted at 1/8 scale (each block for the pixels it covers)."""
 
     original_size: tuple[int, int]
     orientation: int
@@ -116,23 +117,24 @@ def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Opt
         scaled = jpeg.decode_scaled(data, (w, h), None, gray)
     if scaled is None:
         return None  # libjpeg-turbo refuses it: the full decode reports it, or re-encodes what Pillow reads
-    counts = scaled.image.histogram()
     if scaled.eighths == 8:
-        return Kept(displayed, orientation, counts)
-    return Kept(displayed, orientation, weighted(counts, w * h), True)
+        return Kept(displayed, orientation, scaled.image.histogram())
+    return Kept(displayed, orientation, block_histogram(scaled.image, (w, h)), True)
 
 
-def weighted(counts: list[int], pixels: int) -> list[int]:
-    """A histogram of 256 counts per channel scaled so that each channel counts ``pixels`` exactly
-    (largest remainders first): the 1/8-scale decode's blocks, each for the pixels it stands for."""
-    hist = np.asarray(counts, np.float64).reshape(-1, 256)
-    exact = hist * (pixels / hist.sum(axis=1, keepdims=True))
-    out = np.floor(exact).astype(np.int64)
-    for channel, row in enumerate(exact - out):
-        short = pixels - int(out[channel].sum())
-        if short:
-            out[channel, np.argsort(-row, kind="stable")[:short]] += 1
-    return out.reshape(-1).tolist()
+def block_histogram(image: Image.Image, size: tuple[int, int]) -> list[int]:
+    """The histogram (Pillow's layout, 256 counts per channel) of a JPEG of ``size`` (width, height,
+    as stored) decoded at 1/8 scale (``image``): each block average counted for the source pixels
+    its 8x8 block covers, so partial blocks at the right and bottom edges count less and every
+    channel counts exactly width x height pixels."""
+    (w, h), pixels = size, np.asarray(image)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    rows = np.minimum(8, h - 8 * np.arange(pixels.shape[0]))
+    cols = np.minimum(8, w - 8 * np.arange(pixels.shape[1]))
+    weights = (rows[:, None] * cols[None, :]).ravel().astype(np.float64)
+    counts = [np.bincount(pixels[:, :, c].ravel(), weights=weights, minlength=256) for c in range(pixels.shape[2])]
+    return np.rint(np.concatenate(counts)).astype(np.int64).tolist()
 
 
 def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:

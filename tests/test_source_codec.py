@@ -155,6 +155,27 @@ def test_kept_jpegs_are_checked_at_one_eighth_whatever_their_size(tmp_path, monk
     assert scales == [1, 1, 1, 1]  # libjpeg-turbo's 1/8: its smallest scale, the least inverse DCT work
 
 
+@pytest.mark.parametrize("size", [(9, 8), (17, 33), (80, 60), (500, 375)])
+def test_a_kept_jpegs_statistics_count_each_block_for_the_pixels_it_covers(tmp_path, size):
+    """Partial 8x8 blocks at the right and bottom edges stand for fewer pixels: counted as whole
+    blocks, a 9x8 JPEG's mean was 13 levels off its pixels' (a differential review's finding)."""
+    w, h = size
+    ramp = np.zeros((h, w, 3), np.uint8)  # dark to light towards the partial blocks: their weight shows
+    ramp[:, :, 0] = np.linspace(0, 255, w, dtype=np.uint8)[None, :]
+    ramp[:, :, 1] = np.linspace(0, 255, h, dtype=np.uint8)[:, None]
+    ramp[:, :, 2] = 128
+    path = tmp_path / "ramp.jpg"
+    Image.fromarray(ramp).save(path, quality=90)
+    kept = keep(path.read_bytes(), PreprocessConfig(resize="none", size=None))
+    assert kept is not None and kept.scaled
+    hist = np.asarray(kept.histogram, np.int64).reshape(3, 256)
+    assert (hist.sum(axis=1) == w * h).all()  # every channel counts every pixel once
+    mean = (hist * np.arange(256)).sum(axis=1) / (w * h)
+    with Image.open(path) as img:
+        full = np.asarray(img.convert("RGB"), np.float64).reshape(-1, 3).mean(axis=0)
+    assert np.abs(mean - full).max() < 2, (mean, full)
+
+
 def test_what_is_kept_follows_the_preprocessing(sources, tmp_path):
     def kept(pre: PreprocessConfig) -> set:
         out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"

@@ -21,10 +21,11 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ElementTree
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import Optional, Sequence
 
+from packer.class_map import extend_class_map, quoted
 from packer.errors import InputError
 from packer.records import Skipped
 
@@ -79,6 +80,25 @@ class Annotations:
         (COCO's ``file_name``), or by that path without its extension (YOLO's and VOC's files). Never by
         the file name alone: ``cat/a.png`` and ``dog/a.png`` are two images."""
         return self.images.get(relpath) or self.images.get(_stem(relpath))
+
+
+def with_categories(annotations: Annotations, names: Sequence[str], add: bool, where: str) -> Annotations:
+    """``annotations`` with ``names`` (``--classes``: another output's categories, or a file's) as
+    their categories, in that order: every box's label moved to its category's index there, so that
+    outputs converted separately (a VOC ``val`` that lacks a category, whose sorted names would
+    shift) label alike. A category ``names`` lacks is refused, or appended with ``add``
+    (``extend_class_map``); a given name the source lacks keeps no source id (None)."""
+    own = annotations.categories
+    doubled = sorted({n for n in own if own.count(n) > 1})
+    if doubled:
+        raise InputError(f"{where} names the categories {quoted(doubled)} more than once: their boxes cannot be put "
+                         "in --classes's order by name; give each category a name of its own")
+    order = extend_class_map(names, own, add, where)
+    moved = [order.index(n) for n in own]
+    ids = dict(zip(own, annotations.category_ids))
+    images = {key: replace(record, labels=tuple(moved[label] for label in record.labels))
+              for key, record in annotations.images.items()}
+    return replace(annotations, categories=list(order), category_ids=[ids.get(n) for n in order], images=images)
 
 
 def _stem(relpath: str) -> str:

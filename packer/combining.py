@@ -116,10 +116,11 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
                              "convert them with the same --normalize")
         if (m.annotations is None) != (first.annotations is None):
             raise InputError(f"{root} and {roots[0]}: only one holds detection targets")
-        if m.annotations is not None and m.classes != first.classes:
-            how = differences(first.classes or [], m.classes or [])
+        if m.annotations is not None and m.annotations.get("categories") != first.annotations.get("categories"):
+            how = differences(first.annotations.get("categories") or [], m.annotations.get("categories") or [])
             raise InputError(f"{root} and {roots[0]} have other categories ({how}): their boxes' labels cannot be "
-                             "remapped without rewriting every target; convert them with one class map (--classes)")
+                             "remapped without rewriting every target; convert them with one category list "
+                             f"(packer convert ... --annotations ... --classes {roots[0]})")
         if any(f.kind == "mask" for f in layout.text) and m.classes != first.classes:
             raise InputError(f"{root} and {roots[0]} have other mask classes: a mask's pixels are class indices, "
                              "so their maps must be equal to combine them")

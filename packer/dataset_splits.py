@@ -170,7 +170,8 @@ def _from_output(folder: Path) -> list[str]:
             raise InputError(f"--classes {folder} is an unfinished conversion of splits; finish it (--resume) first")
         classes = record.classes
     elif (folder / MANIFEST_NAME).is_file():
-        classes = read_manifest(folder).classes
+        m = read_manifest(folder)
+        classes = m.classes if m.annotations is None else m.annotations.get("categories")  # detection: categories
     else:
         raise InputError(f"--classes {folder} is a folder but not a packer output (no {MANIFEST_NAME}); give a "
                          "packer output or a text file of class names")

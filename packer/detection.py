@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from PIL import Image
 
-from packer.annotations import Annotations, ImageBoxes, load_annotations
+from packer.annotations import Annotations, ImageBoxes, load_annotations, with_categories
 from packer.config import DEFAULT_MIN_VISIBILITY, DetectionConfig, PreprocessConfig
 from packer.discover import Discovery
 from packer.errors import DecodeError, InputError
@@ -52,14 +52,21 @@ class Matched:
     targets: dict[int, Optional[ImageBoxes]]
     annotations: Annotations
     summary: dict = field(default_factory=dict)
+    ordered: bool = False
+    """The categories were put in ``--classes``'s order (part of what ``--resume`` compares)."""
 
 
-def match_targets(found: Discovery, config: DetectionConfig) -> Matched:
+def match_targets(found: Discovery, config: DetectionConfig, categories: Optional[Sequence[str]] = None,
+                  add_categories: bool = False) -> Matched:
     """Pair every discovered image with its annotations (see the module docstring); the items are
-    numbered again in order, and every problem is in ``found.skipped`` with its reason."""
+    numbered again in order, and every problem is in ``found.skipped`` with its reason.
+    ``categories`` (``--classes``) orders the categories instead of the annotations' own order
+    (``annotations.with_categories``; ``add_categories``: append those it lacks)."""
     annotations = load_annotations(config.path, config.format)
     if not annotations.categories:
         raise InputError(f"--annotations {config.path} names no category: nothing could be labelled")
+    if categories is not None:
+        annotations = with_categories(annotations, categories, add_categories, f"--annotations {config.path}")
     kept, skipped, targets, used = [], list(found.skipped), {}, set()
     skipped += annotations.problems
     records = [annotations.find(item.relpath) for item in found.items]
@@ -95,7 +102,7 @@ def match_targets(found: Discovery, config: DetectionConfig) -> Matched:
     summary = {"format": annotations.format, "source": annotations.source,
                "categories": annotations.categories, "category_ids": annotations.category_ids,
                "min_visibility": config.min_visibility}
-    return Matched(matched, targets, annotations, summary)
+    return Matched(matched, targets, annotations, summary, ordered=categories is not None)
 
 
 def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: PreprocessConfig, min_visibility: float,
@@ -200,6 +207,8 @@ def annotations_digest(matched: Matched, config: DetectionConfig) -> str:
 
     h = hashlib.sha256(repr((config.min_visibility, config.coords, os.path.basename(config.path),
                              matched.annotations.format, matched.annotations.digest)).encode())
+    if matched.ordered:  # only then: the fingerprints of runs without --classes stay what they were
+        h.update(repr(("categories", matched.annotations.categories)).encode())
     h.update("".join(f"\0{i}\0{r.where if r is not None else ''}" for i, r in sorted(matched.targets.items(),
                                                                                    key=lambda e: e[0])).encode())
     return h.hexdigest()

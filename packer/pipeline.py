@@ -121,8 +121,10 @@ def convert(
             lock, locked = lock_output(output), True  # before reading what the interrupted run saved
             found = reused_discovery(Path(source), output, overwrite, strict, config.text, options)
         if found is None and discovery is None:
-            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, classes, add_classes,
-                                     max(1, workers or usable_cpus()))
+            # With --annotations, --classes orders the boxes' categories, not class folders
+            folder_classes = classes if config.detection is None else None
+            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, folder_classes,
+                                     add_classes and folder_classes is not None, max(1, workers or usable_cpus()))
             walked = found if can_save(found) else None
         elif found is None:
             check_output(output, overwrite, Path(source))
@@ -130,9 +132,9 @@ def convert(
         if not locked:
             lock, locked = lock_output(output), True
         result = _matched_and_converted(Path(source), output, config, found, walked, options, labels_file, classes,
-                                        strict, RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
-                                        workers,
-                                        progress, on_plan, executor)
+                                        add_classes, strict,
+                                        RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
+                                        workers, progress, on_plan, executor)
     finally:
         if locked:
             release_output(output, lock)
@@ -142,7 +144,8 @@ def convert(
 
 def _matched_and_converted(
     source: Path, output: Path, config: ConvertConfig, found: Discovery, walked: Optional[Discovery], options: dict,
-    labels_file: Optional[str | os.PathLike], classes: Optional[Sequence[str]], strict: bool, run: "RunOptions",
+    labels_file: Optional[str | os.PathLike], classes: Optional[Sequence[str]], add_classes: bool, strict: bool,
+    run: "RunOptions",
     workers: Optional[int], progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Optional[Executor],
 ) -> ConvertResult:
@@ -153,14 +156,17 @@ def _matched_and_converted(
     if found.places is not None and (config.detection is not None or config.masks is not None):
         raise InputError(f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
                          "image files; convert the images of a folder")
-    if (config.detection is not None or config.masks is not None) and (labels_file is not None or classes is not None):
-        raise InputError("--labels and --classes label images by class; with --annotations or --masks the labels are "
-                         "the boxes' categories or the masks' indices: leave them out")
+    if config.masks is not None and (labels_file is not None or classes is not None):
+        raise InputError("--labels and --classes label images by class; with --masks the labels are the masks' "
+                         "indices: leave them out")
+    if config.detection is not None and labels_file is not None:
+        raise InputError("--labels labels images by class; with --annotations the labels are the boxes' categories: "
+                         "leave it out (--classes orders the categories)")
     if config.detection is not None:
         if found.fields != ("image",):
             raise InputError(f"--annotations pairs boxes with images, but the samples of {source} have the fields "
                              f"{', '.join(found.fields)}; pass --fields image")
-        matched = match_targets(found, config.detection)
+        matched = match_targets(found, config.detection, classes, add_classes)
         found = checked(matched.found, strict, config.text)
     masks = None
     if config.masks is not None:

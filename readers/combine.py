@@ -15,8 +15,9 @@ from packer.class_map import differences
 
 
 def check_same_classes(datasets: Sequence[Any]) -> None:
-    """ValueError unless every dataset has the same class map (``classes``; all may be unlabelled),
-    naming the first pair that differs and how: combined, their labels would mean other classes."""
+    """ValueError unless every dataset has the same class map (``classes``; all may be unlabelled) and,
+    for detection outputs, the same categories (``categories``, what their boxes' labels index), naming
+    the first pair that differs and how: combined, their labels would mean other classes."""
     if any(not hasattr(d, "classes") for d in datasets):
         odd = next(d for d in datasets if not hasattr(d, "classes"))
         raise ValueError(f"{type(odd).__name__} has no class map to compare: combine packer datasets with "
@@ -32,6 +33,17 @@ def check_same_classes(datasets: Sequence[Any]) -> None:
         raise ValueError(f"{_name(first)} and {_name(other)} have different class maps ({how}), so one label means "
                          f"another class in each; convert them with one class map (packer convert --classes "
                          f"{_name(first)} ...)")
+    for other in datasets[1:]:  # detection outputs: their boxes' labels index the categories
+        mine, theirs = getattr(first, "categories", None), getattr(other, "categories", None)
+        if mine == theirs:
+            continue
+        if mine is None or theirs is None:
+            boxed, plain = (first, other) if mine is not None else (other, first)
+            raise ValueError(f"{_name(boxed)} holds detection targets and {_name(plain)} does not: they cannot be "
+                             "combined")
+        raise ValueError(f"{_name(first)} and {_name(other)} have different detection categories "
+                         f"({differences(mine, theirs)}), so one box label means another category in each; convert "
+                         f"them with one category list (packer convert ... --annotations ... --classes {_name(first)})")
 
 
 def _name(dataset: Any) -> str:
@@ -47,6 +59,11 @@ class _Checked:
     def classes(self) -> Optional[list[str]]:
         """The class map every part has."""
         return self.datasets[0].classes
+
+    @property
+    def categories(self) -> Optional[list[str]]:
+        """The detection categories every part has (None without detection targets)."""
+        return getattr(self.datasets[0], "categories", None)
 
     @property
     def class_to_idx(self) -> dict[str, int]:

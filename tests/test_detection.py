@@ -550,3 +550,54 @@ def test_instance_masks_and_a_loader_follow_the_readers_crops(dataset, tmp_path)
     assert seen > 10
     images_batch, targets = next(iter(make_loader(open_dataset(tmp_path / "out", **crop), 4, num_workers=2)))
     assert images_batch.shape == (4, 3, 48, 48) and len(targets) == 4 and targets[0]["masks"].shape[1:] == (48, 48)
+
+
+def test_outputs_converted_apart_share_one_category_order_with_classes(dataset, tmp_path):
+    """A VOC set that lacks a category sorts the names it has ("circle", "star": star is 1 there, 2 in
+    the full set). Read or combined with the full set's output it is refused, never mislabelled;
+    converted with --classes FULL_OUTPUT it takes that order, and then combines."""
+    from packer.dataset_splits import read_class_map
+
+    root, _ = dataset
+    val_voc = tmp_path / "val_voc"
+    val_voc.mkdir()
+    for xml in sorted((root / "voc").glob("*.xml")):
+        tree = ElementTree.parse(xml)
+        for obj in list(tree.getroot().iter("object")):
+            if obj.findtext("name") == "square":
+                tree.getroot().remove(obj)
+        tree.write(val_voc / xml.name)
+    pre = PreprocessConfig(size=None, resize="none")
+
+    def voc(folder: Path) -> ConvertConfig:
+        return ConvertConfig("npy", pre, detection=DetectionConfig(str(folder), coords="stored"))
+
+    convert(root / "images", tmp_path / "train", voc(root / "voc"), workers=1)
+    convert(root / "images", tmp_path / "val", voc(val_voc), workers=1)
+    train, val = open_dataset(tmp_path / "train"), open_dataset(tmp_path / "val")
+    assert val.categories == ["circle", "star"]
+    with pytest.raises(ValueError, match="different detection categories .*only the first has 'square'"):
+        train + val
+    refused = CliRunner().invoke(cli, ["combine", str(tmp_path / "train"), str(tmp_path / "val"), "-o",
+                                       str(tmp_path / "both")])
+    assert refused.exit_code == 1 and "other categories" in refused.output
+
+    assert read_class_map(tmp_path / "train") == CATEGORIES  # a detection output's --classes: its categories
+    made = CliRunner().invoke(cli, ["convert", str(root / "images"), "-f", "npy", "-o", str(tmp_path / "val2"),
+                                    "--resize", "none", "--annotations", str(val_voc), "--box-coords", "stored",
+                                    "--classes", str(tmp_path / "train"), "-q"])
+    assert made.exit_code == 0, made.output
+    val2 = open_dataset(tmp_path / "val2")
+    assert val2.categories == CATEGORIES and len(train + val2) == 2 * len(IMAGES)
+    for i in range(len(val2)):
+        (_, target), (_, plain) = val2[i], val[i]
+        assert [CATEGORIES[k] for k in target["labels"].tolist()] == [val.categories[k] for k in plain["labels"]]
+    assert read_manifest(tmp_path / "val2").annotations["category_ids"] == ["circle", None, "star"]
+
+    (tmp_path / "names.txt").write_text("circle\nsquare\n")  # lacks "star": refused, or appended
+    args = ["convert", str(root / "images"), "-f", "npy", "--resize", "none", "--annotations", str(val_voc),
+            "--box-coords", "stored", "--classes", str(tmp_path / "names.txt"), "-q"]
+    lacking = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "val3")])
+    assert lacking.exit_code == 1 and "'star'" in lacking.output and "--add-classes" in lacking.output
+    added = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "val4"), "--add-classes"])
+    assert added.exit_code == 0 and open_dataset(tmp_path / "val4").categories == ["circle", "square", "star"]

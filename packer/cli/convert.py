@@ -98,7 +98,8 @@ from packer.text import TextConfig
               help="The mask value of padding (--resize pad, a --crop larger than the image).")
 @click.option("--classes", "classes_from", type=click.Path(exists=True, path_type=Path), default=None,
               help="Take the class map (label indices) from this file (one class name per line) or packer output, "
-                   "so that another conversion of the same classes gets the same labels.")
+                   "so that another conversion of the same classes gets the same labels. With --annotations: the "
+                   "order of the categories (a detection output gives its categories).")
 @click.option("--add-classes", is_flag=True,
               help="With --classes: append classes the map lacks at its end instead of refusing them.")
 @click.option("--split", "split_spec", default=None,

@@ -118,9 +118,14 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
         return _encode(np.zeros((0, 4), np.float32), [], empty, geometry), 0, 0
     boxes = np.asarray(record.boxes, np.float64)
     displayed = _on_displayed(record, decoded, path, coords)
+    w, h = decoded.original_size if displayed else decoded.stored_size
     if record.normalized:
-        w, h = decoded.original_size if displayed else decoded.stored_size
         boxes = boxes * np.array([w, h, w, h])
+    outside = np.flatnonzero((boxes[:, 2] <= 0) | (boxes[:, 3] <= 0) | (boxes[:, 0] >= w) | (boxes[:, 1] >= h))
+    if len(outside):  # no crop put it there: the annotation is wrong (another image's, another grid)
+        box = ", ".join(f"{v:g}" for v in boxes[outside[0]])
+        raise DecodeError(path, f"bad annotation: {record.where}: box {int(outside[0])} ({box}) lies wholly outside "
+                                f"the {w}x{h} image; the image is left out rather than stored with a box of nothing")
     mapped = map_boxes(boxes, geometry, displayed, min_visibility)
     kept = mapped.kept.tolist()
     optional = (("iscrowd", record.iscrowd), ("area", record.area), ("difficult", record.difficult))

@@ -452,6 +452,23 @@ def test_bad_values_mark_their_image_instead_of_being_stored(tmp_path, bad):
     assert "NaN" not in "".join(p.read_text(errors="ignore") for p in (tmp_path / "out").glob("*.json"))
 
 
+@pytest.mark.parametrize("bbox", [[400, 300, 20, 20], [-30, 10, 30, 20], [120, 0, 10, 10]])
+def test_a_box_wholly_outside_its_image_skips_the_image_with_its_reason(tmp_path, bbox):
+    """img0 is 120x80: no crop put these boxes there, so the annotation is wrong (another image's,
+    another grid) and is reported, not dropped as a crop's casualty."""
+    images = write_images(tmp_path / "images")
+    write_coco(tmp_path / "coco.json", images)
+    data = json.loads((tmp_path / "coco.json").read_text())
+    data["annotations"][0]["bbox"] = bbox  # an annotation of img0
+    (tmp_path / "coco.json").write_text(json.dumps(data))
+    pre = PreprocessConfig(size=None, resize="none")
+    config = ConvertConfig("npy", pre, detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored"))
+    result = convert(tmp_path / "images", tmp_path / "out", config, workers=1)
+    reasons = {s.path: s.reason for s in result.skipped}
+    assert "lies wholly outside the 120x80 image" in reasons["img0.png"] and "box 0" in reasons["img0.png"]
+    assert result.manifest.samples == len(IMAGES) - 1 and result.manifest.annotations["boxes_dropped"] == 0
+
+
 @pytest.mark.parametrize("rle, reason", [
     ({"counts": [10, 5000000, 10]}, "cannot be read"),  # runs beyond the image
     ({"counts": [10, 50, 10]}, "cannot be read"),  # runs that do not fill it

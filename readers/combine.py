@@ -44,6 +44,11 @@ def check_same_classes(datasets: Sequence[Any]) -> None:
         raise ValueError(f"{_name(first)} and {_name(other)} have different detection categories "
                          f"({differences(mine, theirs)}), so one box label means another category in each; convert "
                          f"them with one category list (packer convert ... --annotations ... --classes {_name(first)})")
+    for other in datasets[1:]:  # segmentation outputs: the mask value of padding, which a loss ignores
+        mine, theirs = getattr(first, "ignore_index", None), getattr(other, "ignore_index", None)
+        if mine != theirs:
+            raise ValueError(f"{_name(first)} and {_name(other)} pad their masks with other values ({mine} and "
+                             f"{theirs}): one loss cannot ignore both; convert them with the same --mask-ignore")
 
 
 def _name(dataset: Any) -> str:
@@ -64,6 +69,11 @@ class _Checked:
     def categories(self) -> Optional[list[str]]:
         """The detection categories every part has (None without detection targets)."""
         return getattr(self.datasets[0], "categories", None)
+
+    @property
+    def ignore_index(self) -> Optional[int]:
+        """The mask value of padding every part has (None without masks)."""
+        return getattr(self.datasets[0], "ignore_index", None)
 
     @property
     def class_to_idx(self) -> dict[str, int]:

@@ -182,3 +182,15 @@ def test_masks_follow_the_readers_crops_and_flips(data, tmp_path, fmt):
     images, masks = next(iter(make_loader(open_dataset(tmp_path / "out", crop=RandomResizedCrop(40), flip=True), 3,
                                           num_workers=0)))
     assert images.shape == (3, 3, 40, 40) and masks.shape == (3, 40, 40) and masks.dtype == torch.int64
+
+
+def test_outputs_whose_masks_pad_with_other_values_are_not_read_as_one(data, tmp_path):
+    """One loss cannot ignore two padding values: a + b refuses them, as combine does."""
+    for name, ignore in (("a", 255), ("b", 77), ("c", 255)):
+        convert(data / "images", tmp_path / name, ConvertConfig("npy", MODES["pad"],
+                                                                 masks=MaskConfig(str(data / "masks"), ignore)),
+                workers=1)
+    a, b, c = (open_dataset(tmp_path / name) for name in "abc")
+    with pytest.raises(ValueError, match=r"pad their masks with other values \(255 and 77\)"):
+        a + b
+    assert (a + c).ignore_index == 255

@@ -104,7 +104,8 @@ def convert(
     ``on_plan`` once the work is known. ``executor`` runs the shards (default: ``workers`` local
     processes; ``packer.ray_executor.RayExecutor`` for a Ray cluster; ``workers`` is then unused).
     ``classes`` gives the class map (names in index order) instead of the source's sorted class
-    folders; a class it lacks is refused, or appended with ``add_classes``. ``discovery``: the samples
+    folders, or with ``config.detection`` the categories' order instead of the annotations' own; a
+    class it lacks is refused, or appended with ``add_classes``. ``discovery``: the samples
     to convert, already found under ``source`` (a split of it; see ``packer.dataset_splits``).
     Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
     folder is kept for ``resume``.

@@ -192,13 +192,16 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
         held.update(spec.read_index(output, shard, old_layout)[0])
     written_at = os.stat(output / MANIFEST_NAME).st_mtime
     changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
-    removed = sorted(held - {it.relpath for it in found.items})
+    # Removed: no longer in the source at all. A held file that discovery skipped is still there: a
+    # --labels file listing only the new files' labels leaves the held ones out.
+    present = {it.relpath for it in found.items} | {s.path for s in found.skipped}
+    removed = sorted(held - present)
     base = _next_index(old)
     # A file skipped before (corrupt, or not labelled then) is tried again: fixed, it is packed now;
-    # still bad, it is reported once, with today's reason.
+    # still bad, it is reported once, with today's reason. One the output holds is not reported.
     skipped_before = {s["path"] for s in old.skipped}
     fresh = [replace(it, index=base + n) for n, it in enumerate(it for it in found.items if it.relpath not in held)]
-    skipped = [s for s in found.skipped if s.path not in skipped_before]
+    skipped = [s for s in found.skipped if s.path not in skipped_before and s.path not in held]
     if changed:
         log.warning("%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
                     len(changed), output, ", ".join(changed[:5]))
@@ -242,9 +245,11 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
 
 
 def _modified_after(item: SourceItem, when: float) -> bool:
-    """Whether any of the item's files was modified after ``when`` (a time stamp)."""
+    """Whether any of the item's files was modified, or replaced, after ``when`` (a time stamp): its
+    change time too, since a copy that keeps the original's modification time (``cp -p``, ``rsync
+    -a``, ``tar x``) sets that one back."""
     try:
-        return any(os.stat(p).st_mtime > when for p in item.paths)
+        return any(max(st.st_mtime, st.st_ctime) > when for st in (os.stat(p) for p in item.paths))
     except OSError:
         return False
 

@@ -143,8 +143,10 @@ def test_changed_and_removed_files_are_reported_and_nothing_else_changes(tmp_pat
     add(src, "cat", [1, 2, 3])
     convert(src, out, ConvertConfig("hdf5", PRE), workers=1)
     before = digests(out)
+    old_times = os.stat(src / "cat" / "cat-001.png")
     time.sleep(0.05)
-    write_image(src / "cat" / "cat-001.png", (20, 16), seed=99)  # changed since the output was written
+    write_image(src / "cat" / "cat-001.png", (20, 16), seed=99)  # changed since the output was written,
+    os.utime(src / "cat" / "cat-001.png", ns=(old_times.st_atime_ns, old_times.st_mtime_ns))  # as cp -p leaves it
     (src / "cat" / "cat-002.png").unlink()
     result = append(src, out, again(out))
     assert result.added == 0 and result.changed == ["cat/cat-001.png"] and result.removed == ["cat/cat-002.png"]
@@ -231,9 +233,14 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
         append(src, by_file, again(by_file))
     more = tmp_path / "more.csv"
     more.write_text("cat/cat-003.png,dog\n")
-    append(src, by_file, again(by_file), labels_file=more, workers=1)
+    result = append(src, by_file, again(by_file), labels_file=more, workers=1)
     assert [(k, label) for k, label, _ in samples(by_file)][-1] == ("cat/cat-003.png", read_manifest(
         by_file).classes.index("dog"))
+    # The held files, which more.csv does not list, are neither skipped nor removed: still there, stored.
+    m = read_manifest(by_file)
+    assert result.removed == [] and m.history[-1]["removed"] == 0
+    assert not {"cat/cat-001.png", "cat/cat-002.png"} & {s["path"] for s in m.skipped} and m.samples == 3
+    assert m.source["files"] == 9 == m.samples + len(m.skipped)  # as a fresh conversion counts the tree
     runner = CliRunner()
     wrong = runner.invoke(cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "set"), "--append"])
     assert wrong.exit_code == 2 and "is a npy output: append to it with --format npy" in wrong.output

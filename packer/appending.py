@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer import __version__
-from packer.assemble import class_counts, find_duplicates, shard_entries, source_counts
+from packer.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.combining import cross_duplicates, differing, merged_stats, place_shard
 from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.discover import Discovery
@@ -270,10 +270,10 @@ def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleL
     new_stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
     probe = replace(old, stats=new_stats, samples=sum(s.samples for s in new_shards), shards=new_shards)
     stats = merged_stats([old, probe])
-    duplicates = sorted([*old.duplicates, *find_duplicates(results)])
     # Samples stored with the same bytes as one OUT holds: compared through the stored bytes.
     across = cross_duplicates([output, stage], [old, probe], layout)
-    duplicates = sorted(duplicates + [sorted(key.split(":", 1)[1] for key in group) for group in across])
+    duplicates = merged_groups([*old.duplicates, *find_duplicates(results),
+                                *(sorted(key.split(":", 1)[1] for key in group) for group in across)])
     added = sum(s.samples for s in new_shards)
     entry = {"action": "append", "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "packer_version": __version__, "samples": added, "files": len(found.items) + len(found.skipped),

@@ -6,7 +6,7 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -103,6 +103,34 @@ def source_counts(found: Discovery) -> dict:
     if found.labels_from == "file":
         counts["labels"] = "file"
     return counts
+
+
+def merged_groups(groups: Iterable[Sequence[str]]) -> list[list[str]]:
+    """Duplicate groups with every two that share a key joined into one, each keeping its keys in the
+    order first seen, the groups sorted: an append's or a combine's groups (the output's own, the new
+    samples', and those across the two) overlap where a file has copies on both sides."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    seen: list[str] = []
+    for group in groups:
+        for key in group:
+            if key not in parent:
+                parent[key] = key
+                seen.append(key)
+        for key in group[1:]:
+            a, b = root(group[0]), root(key)
+            if a != b:
+                parent[b] = a
+    joined: dict[str, list[str]] = {}
+    for key in seen:
+        joined.setdefault(root(key), []).append(key)
+    return sorted(group for group in joined.values() if len(group) > 1)
 
 
 def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardResult], None]] = None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from packer import __version__
-from packer.assemble import shard_entries
+from packer.assemble import merged_groups, shard_entries
 from packer.class_map import differences, extend_class_map
 from packer.config import PreprocessConfig
 from packer.errors import InputError, ManifestError, OutputError
@@ -330,7 +330,7 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
         samples=sum(r.samples for r in results), classes=classes, fields=layout.fields(), preprocess=preprocess,
         shards=shards, skipped=skipped, source={"files": sum(int(m.source.get("files", 0)) for m in manifests),
                                                 "ignored": dict(ignored)},
-        sharding=sharding, class_counts=counts, stats=stats, duplicates=sorted(own + duplicates),
+        sharding=sharding, class_counts=counts, stats=stats, duplicates=merged_groups(own + duplicates),
         annotations=annotations, history=[entry],
     )
 

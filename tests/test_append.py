@@ -211,6 +211,12 @@ def test_duplicates_of_stored_samples_are_reported(tmp_path):
     append(src, out, again(out), workers=1)
     assert read_manifest(out).duplicates == [["cat/cat-001.png", "cat/copy.png"]]
     assert json.loads((out / "manifest.json").read_text())["history"][0]["samples"] == 1
+    # Copies on both sides of the next append: one group of four, as a fresh conversion finds them,
+    # not the output's group, the new files' group and the group across them overlapping.
+    write_image(src / "cat" / "copy2.png", (20, 16), seed=1)
+    write_image(src / "cat" / "copy3.png", (20, 16), seed=1)
+    append(src, out, again(out), workers=1)
+    assert read_manifest(out).duplicates == [["cat/cat-001.png", "cat/copy.png", "cat/copy2.png", "cat/copy3.png"]]
 
 
 def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):

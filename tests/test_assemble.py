@@ -62,3 +62,11 @@ def test_class_counts():
     assert class_counts(results, 3) == [1, 1, 3]
     assert class_counts(results, 4, start=[5, 0, 1]) == [6, 1, 4, 0]
     assert class_counts([ShardResult("s0", 0, [])], 2) == [0, 0]
+
+
+def test_overlapping_duplicate_groups_are_merged():
+    from packer.assemble import merged_groups
+
+    groups = [["a", "b"], ["a", "b", "x", "y"], ["x", "y"], ["p", "q"], [], ["q", "r"], ["solo"]]
+    assert merged_groups(groups) == [["a", "b", "x", "y"], ["p", "q", "r"]]
+    assert merged_groups([]) == []

@@ -139,6 +139,12 @@ def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Mani
                           "yet; convert the new images on their own and read both (readers.concat)")
     if config.format != old.format:
         raise ConfigError(f"{output} is a {old.format} output: append to it with --format {old.format}")
+    from packer.containers import container_kind
+
+    kind = container_kind(source)
+    if kind is not None:  # what is new in a container is not a list of new files
+        raise ConfigError(f"{source} is a {kind} container: --append adds the new files of a folder; convert the "
+                          f"container on its own and read both (readers.concat), or combine them (packer combine)")
     if config.shuffle is not None:
         raise ConfigError("--shuffle with --append: new samples are added after the others, in sorted order")
     refuse_packer_output(source)

@@ -274,3 +274,18 @@ def test_a_lock_file_of_lmdb_tools_a_fixed_file_and_many_workers(tmp_path):
     assert result.added == 6 and m.skipped == [] and m.source["files"] == 8
     assert len(m.shards) == 2  # six new samples: one new shard, not one per worker
     assert verify(out) == []
+
+
+def test_appending_a_container_is_refused_with_what_to_do(tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    add(src, "cat", [1, 2])
+    convert(src, tmp_path / "shards", ConvertConfig("wds", PRE), workers=1)
+    convert(src, tmp_path / "out", ConvertConfig("npy", PRE), workers=1)
+    (tmp_path / "tars").mkdir()
+    for tar in (tmp_path / "shards").glob("*.tar"):
+        shutil.copy(tar, tmp_path / "tars")
+    refused = CliRunner().invoke(cli, ["convert", str(tmp_path / "tars"), "-f", "npy", "-o", str(tmp_path / "out"),
+                                       "--append"])
+    assert refused.exit_code == 2 and "is a tar container: --append adds the new files of a folder" in refused.output

@@ -306,8 +306,9 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
     for m in manifests:
         for ext, n in (m.source.get("ignored") or {}).items():
             ignored[ext] += n
-    seeds = {m.sharding.get("shuffle_seed") for m in manifests}
-    sharding = {"shard_size": "as the inputs'", "shuffle_seed": seeds.pop() if len(seeds) == 1 else None}
+    # The inputs' orders one after another are no seed's permutation of the whole (a single input's is)
+    sharding = {"shard_size": "as the inputs'",
+                "shuffle_seed": manifests[0].sharding.get("shuffle_seed") if len(manifests) == 1 else None}
     names = input_names(roots)
     skipped = [{**s, "input": name} for name, m in zip(names, manifests) for s in m.skipped]
     own = [[f"{name}:{key}" for key in group] for name, m in zip(names, manifests) for group in m.duplicates]

@@ -167,3 +167,15 @@ def test_inputs_of_one_folder_name_are_told_apart_by_their_position(outputs, tmp
     m = read_manifest(out)
     assert m.duplicates == [["npy#1:cat/cat-1.png", "npy#2:emu/emu-1.png"]]
     assert [i["name"] for i in m.history[0]["inputs"]] == ["npy#1", "npy#2"]
+
+
+def test_inputs_shuffled_with_one_seed_combine_into_no_seed_order(tmp_path):
+    """Two outputs shuffled with seed 3, one after the other, are no seed-3 permutation of their union:
+    the combined manifest records no seed."""
+    a = tree(tmp_path / "a", {"cat": [1, 2, 3], "dog": [4, 5]})
+    b = tree(tmp_path / "b", {"cat": [6, 7], "dog": [8]})
+    for name, src in (("A", a), ("B", b)):
+        convert(src, tmp_path / name, ConvertConfig("npy", PRE, ShardSize(samples=2), shuffle=3), workers=1)
+    assert read_manifest(tmp_path / "A").sharding["shuffle_seed"] == 3
+    combine([tmp_path / "A", tmp_path / "B"], tmp_path / "C", workers=1)
+    assert read_manifest(tmp_path / "C").sharding["shuffle_seed"] is None

@@ -85,8 +85,9 @@ def run_jobs(
                                    daemon=True)
                 with stop_signals_held():  # a Ctrl-C during fork would otherwise be lost
                     proc.start()
+                    # Recorded before the held signals arrive: an interrupt then ends this worker too.
+                    running.append(_Running(job, proc, receive, since=time.monotonic()))
                 send.close()
-                running.append(_Running(job, proc, receive, since=time.monotonic()))
             wait([r.conn for r in running] + [r.proc.sentinel for r in running], timeout=1.0)
             now = time.monotonic()
             for r in list(running):
@@ -223,6 +224,7 @@ def _probe_target(job: ShardJob, item: SourceItem) -> None:
     from packer.worker import read_sample
 
     die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended quietly, as a shard worker (run_shard_process)
     release_stop_signals()
     try:
         read_sample(item, job)

@@ -104,10 +104,14 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
     Messages are ``("progress", n)``, and last ``("result", ShardResult)`` or ``("error",
     exception)``. Before each file its 1-based position goes into ``positions[job.number]``, a
     lock-free shared array the parent reads to name the file of a crash or hang. The process
-    ignores Ctrl-C (the parent decides how to stop) and exits at once if its converter,
-    ``parent``, is gone.
+    ignores Ctrl-C (the parent decides how to stop), ends quietly on SIGTERM (which
+    multiprocessing sends the daemonic children still running when their parent exits), and
+    exits at once if its converter, ``parent``, is gone.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Not the converter's handler (raise KeyboardInterrupt): a worker started as the run was
+    # interrupted would print that traceback when terminated.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
     release_stop_signals()  # held back by the parent while it forked this process
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")

@@ -133,3 +133,31 @@ def test_a_record_that_cannot_be_written_is_an_output_error_naming_the_shard(ima
     monkeypatch.setattr(packer.worker, "record_shard", full)
     with pytest.raises(OutputError, match="cannot write shard-00000's record in .*No space left on device"):
         write_shard(dataclasses.replace(_job(image_tree, tmp_path), record=True))
+
+
+def test_a_worker_ends_on_sigterm_whatever_handler_its_converter_had(image_tree, tmp_path, monkeypatch, capfd):
+    """multiprocessing terminates (SIGTERM) the daemonic children still running when a converter
+    exits: a worker started as the run was interrupted must end there, quietly, not run the
+    converter's handler, which raises KeyboardInterrupt (a traceback on the user's terminal)."""
+    import logging
+    import multiprocessing as mp
+    import os
+    import signal
+
+    from packer.system import request_stop
+
+    monkeypatch.setattr(packer.worker, "write_shard", lambda *args, **kwargs: time.sleep(60))
+    previous = signal.signal(signal.SIGTERM, request_stop)  # as the CLI installs it
+    try:
+        ctx = mp.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=packer.worker.run_shard_process,
+                           args=(_job(image_tree, tmp_path), send, None, os.getpid(), logging.WARNING), daemon=True)
+        proc.start()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    time.sleep(0.5)  # inside its shard
+    proc.terminate()
+    proc.join(10)
+    assert proc.exitcode == -signal.SIGTERM and not receive.poll()  # ended, nothing sent
+    assert "Traceback" not in capfd.readouterr().err

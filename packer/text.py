@@ -91,7 +91,9 @@ def decode_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     except UnicodeDecodeError as e:
         raise DecodeError(path, f"not valid {e.encoding.replace('-sig', '').upper()} text: {e.reason} at byte "
                                 f"{e.start}; pass --encoding if the files use another encoding") from None
-    if text.startswith("\ufeff"):  # a BOM under an explicit --encoding (utf-16 drops its own)
+    # A BOM under an explicit --encoding that keeps it (utf-16-le, latin-1's bytes of one): dropped once.
+    # utf-8-sig, utf-16 and utf-32 drop their own, and a second U+FEFF is the text's.
+    if text.startswith("\ufeff") and codecs.lookup(encoding).name not in ("utf-8-sig", "utf-16", "utf-32"):
         text = text[1:]
     if not text:
         raise DecodeError(path, "empty file: only a byte-order mark")

@@ -130,7 +130,8 @@ def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch
     memory = None if memory is None else memory // local
     per_batch = batch_bytes(dataset, batch_size, transport_dtype)
     if isinstance(dataset, IterableDataset):
-        units = -(-len(dataset.manifest.shards) // world_size)
+        # The smallest rank's shards: every rank runs as many workers, and one without a shard is idle
+        units = max(1, len(dataset.manifest.shards) // world_size)
     else:
         units = -(-(len(dataset) if samples is None else samples) // world_size // batch_size)
     workers = max(0, min(cores, units))

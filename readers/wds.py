@@ -228,28 +228,33 @@ class WdsDataset(ReaderBase, IterableDataset):
         reading shards ``r, r + world_size, ...`` and, within a rank, DataLoader worker ``k`` of
         ``workers`` every ``workers``-th of those; each epoch a worker reads its shards in a shuffled
         order through the shuffle buffer, in batches of ``batch_size`` with one partial batch at
-        its end (none with ``drop_last``). So with one rank every sample comes exactly once per
-        epoch, whatever the worker count. Ranks must yield equal batch counts (DDP waits for the
-        slowest): a rank with fewer batches than the largest adds full batches drawn from another
-        pass over its shards (a few samples repeat); with ``drop_last`` the ranks with more drop
-        some instead. ``control`` is a shared ``[epoch, batches to skip]`` tensor that the loader
-        sets before each pass, also for persistent workers.
+        its end (none with ``drop_last``); a worker left without a shard reads none. So with one
+        rank every sample comes exactly once per epoch, whatever the worker count. Ranks must yield
+        equal batch counts (DDP waits for the slowest): a rank with fewer batches than the largest
+        adds full batches drawn from another pass over its shards (a few samples repeat); with
+        ``drop_last`` the ranks with more drop some instead. ``control`` is a shared ``[epoch,
+        batches to skip]`` tensor that the loader sets before each pass, also for persistent workers.
         """
         self._batching = {"batch_size": int(batch_size), "drop_last": drop_last, "rank": rank, "world": world_size,
                           "workers": max(1, workers),
                           "control": control if control is not None else torch.zeros(2, dtype=torch.int64)}
         shards = len(self.manifest.shards)
-        if shards < world_size * max(1, workers):
+        if shards < world_size:
+            warnings.warn(f"{shards} shard(s) for {world_size} rank(s): some ranks read the same shards, so samples "
+                          "repeat within an epoch; convert with a smaller --shard-size for more shards", stacklevel=2)
+        elif shards < world_size * max(1, workers):
             warnings.warn(f"{shards} shard(s) for {world_size} rank(s) x {max(1, workers)} worker(s): some workers "
-                          "read the same shards, so samples repeat within an epoch; convert with a smaller "
-                          "--shard-size for more shards", stacklevel=2)
+                          "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
+                          "shards", stacklevel=2)
 
     def _shares(self, rank: int, workers: int) -> list[list[int]]:
-        """Shard numbers read by each DataLoader worker of ``rank`` (a worker without its own borrows one)."""
+        """Shard numbers read by each DataLoader worker of ``rank``: every ``workers``-th of the rank's.
+        A worker left without one reads none (another's would repeat samples within the epoch); a
+        rank without one (fewer shards than ranks) borrows one, as DDP needs batches from every rank."""
         b = self._batching
         everything = list(range(len(self.manifest.shards)))
         mine = everything[rank::b["world"]] or everything[rank % len(everything):][:1]
-        return [mine[k::workers] or [mine[k % len(mine)]] for k in range(workers)]
+        return [mine[k::workers] for k in range(workers)]
 
     def _natural_counts(self, rank: int, workers: int) -> list[int]:
         b = self._batching
@@ -276,9 +281,9 @@ class WdsDataset(ReaderBase, IterableDataset):
             for k, c in enumerate(counts):
                 if c:
                     sizes[k][-1] = held[k] - size * (c - 1)  # the partial batch at the end of a worker's data
-        k = 0
+        k, reading = 0, [w for w in range(workers) if shares[w]]  # never an idle worker: it has nothing to read
         while sum(len(x) for x in sizes) < count:  # fewer than the largest rank: resampled full batches
-            sizes[k % workers].append(size)
+            sizes[reading[k % len(reading)]].append(size)
             k += 1
         while sum(len(x) for x in sizes) > count:  # drop_last: more than the smallest rank
             max(sizes, key=len).pop()

@@ -226,6 +226,29 @@ def test_tar_shard_batch_plan_is_exact_for_one_rank_and_equal_across_ranks(packe
         assert all(n == 5 for x in ds.batch_plan(workers)[1] for n in x)
 
 
+def test_tar_shard_workers_beyond_the_shards_stay_idle_and_every_sample_comes_once(packed):
+    """6 shards: with 8 workers two have none of their own and read nothing (they used to re-read
+    another's, repeating its samples within the epoch); across ranks every rank runs as many
+    workers, the smallest rank's shards by default."""
+    ds = open_dataset(packed["wds"])
+    ds.configure_batches(4, workers=8)
+    shares, sizes, seq = ds.batch_plan(8)
+    assert sorted(s for share in shares for s in share) == list(range(6)) and shares[6:] == [[], []]
+    assert sum(map(sum, sizes)) == N and sizes[6:] == [[], []]
+    for rank in range(4):  # 6 shards over 4 ranks x 2 workers: ranks 2 and 3 hold one each
+        ds.configure_batches(4, workers=2, rank=rank, world_size=4)
+        shares, sizes, seq = ds.batch_plan(2)
+        assert all(sizes[w] == [] for w in range(2) if not shares[w]) and len(seq) == len(ds)
+    with pytest.warns(UserWarning, match="no shard of their own and stay idle"):
+        loader = make_loader(open_dataset(packed["wds"]), 4, num_workers=8, seed=3)
+    labels = torch.cat([y for _, y in loader])
+    assert len(labels) == N and torch.bincount(labels).tolist() == [8, 7, 8]
+    from readers.loader import default_options
+
+    options = default_options(open_dataset(packed["wds"]), 4, torch.uint8, cores=16, memory=2**34, world_size=4)
+    assert options["num_workers"] == 1  # ranks 0 and 1 hold 2 shards, ranks 2 and 3 one: one worker each
+
+
 def test_resume_refuses_another_setup(packed):
     loader = make_loader(open_dataset(packed["wds"]), 4, num_workers=2, seed=5)
     state = loader.state_dict()

@@ -74,7 +74,16 @@ def test_invalid_utf8_names_the_byte_and_suggests_encoding():
         decode_text(b"ok \xff no", "x.txt")
     assert "not valid UTF-8 text" in e.value.reason and "byte 3" in e.value.reason and "--encoding" in e.value.reason
     assert decode_text("caf\u00e9\r\n".encode("latin-1"), "x.txt", "latin-1") == "caf\u00e9\n"
-    assert decode_text("\ufeffhi".encode("utf-16"), "x.txt", "utf-16") == "hi"
+    assert decode_text("hi".encode("utf-16"), "x.txt", "utf-16") == "hi"  # utf-16 writes a BOM, and drops it
+    assert decode_text("\ufeffhi".encode("utf-16-le"), "x.txt", "utf-16-le") == "hi"  # a BOM this codec keeps
+
+
+def test_a_second_byte_order_mark_is_the_texts_own():
+    """Only one leading BOM is dropped, as Python's decoders drop it: the U+FEFF after it is text."""
+    for encoding, data in (("utf-8", b"\xef\xbb\xbf" + "\ufeffword".encode()),
+                           ("utf-16", "\ufeffword".encode("utf-16")), ("utf-32", "\ufeffword".encode("utf-32"))):
+        assert decode_text(data, "x.txt", encoding) == data.decode(encoding + ("-sig" if encoding == "utf-8" else ""))
+        assert decode_text(data, "x.txt", encoding) == "\ufeffword"
 
 
 def test_a_file_of_only_a_bom_is_empty():

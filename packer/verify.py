@@ -82,7 +82,11 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
                 # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
                 # size instead: lost pages read as zeros, and the samples still intact are told apart.
                 scratch = tempfile.TemporaryDirectory()
-                checks.start(_padded_copy(root, shard, Path(scratch.name)), shard, per_shard[-1], scratch=scratch)
+                try:
+                    checks.start(_padded_copy(root, shard, Path(scratch.name)), shard, per_shard[-1], scratch=scratch)
+                except BaseException:  # not yet a running child's (an interrupt while waiting for a free one)
+                    scratch.cleanup()
+                    raise
             else:
                 # Files as recorded: their bytes are the writer's, which a format may then read by its own index.
                 checks.start(root, shard, per_shard[-1], intact=not file_problems)

@@ -106,6 +106,32 @@ def test_an_interrupted_verify_leaves_no_checking_process(outputs, monkeypatch):
     assert time.monotonic() - began < 30 and not mp.active_children()
 
 
+@pytest.mark.parametrize("workers", [1, 4])
+def test_an_interrupted_verify_leaves_no_padded_copy(outputs, tmp_path, monkeypatch, workers):
+    """Truncated LMDB shards are scanned from padded copies in temporary folders: an interrupt, even
+    while verify waits for a free child, removes them at once, not when the exception is collected."""
+    import tempfile
+
+    copy = tmp_path / "lmdb"
+    shutil.copytree(outputs["lmdb"], copy)
+    for shard in read_manifest(copy).shards:
+        path = copy / shard.files[0].path
+        path.write_bytes(path.read_bytes()[:-1])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def interrupt(n: int) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        verify(copy, progress=interrupt, workers=workers)
+    except KeyboardInterrupt:
+        assert list(scratch.iterdir()) == []
+    else:
+        raise AssertionError("the progress callback's interrupt was lost")
+
+
 def test_verify_in_a_process_that_reads_the_same_lmdb_output(outputs):
     # py-lmdb refuses to open a file twice in one process, and verify's forked children inherit the
     # reader's record of it: verify used to fail there on an intact output.

@@ -35,6 +35,9 @@ STALL_SECONDS = 60.0
 """How long a shard's scan may go without finishing a sample before verify stops it and reports the
 shard: a sample takes milliseconds; a library looping on damaged data would take forever."""
 
+READ_AT_ONCE = 64
+"""Messages read from one checking process before the others are served."""
+
 PROGRESS_SECONDS = 0.1
 """How often a shard's checking process reports its samples done (a message per sample cost the
 two processes more than checking a small sample)."""
@@ -81,6 +84,7 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
                 # LMDB memory-maps its file (reading past the end of a cut file kills the process with
                 # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
                 # size instead: lost pages read as zeros, and the samples still intact are told apart.
+                checks.reserve()  # a child free first: no more padded copies on disk than children at work
                 scratch = tempfile.TemporaryDirectory()
                 try:
                     checks.start(_padded_copy(root, shard, Path(scratch.name)), shard, per_shard[-1], scratch=scratch)
@@ -198,8 +202,7 @@ class _ShardChecks:
                 if scratch is not None:
                     scratch.cleanup()
             return
-        while len(self.running) >= self.workers:
-            self._serve()
+        self.reserve()
         ctx = mp.get_context("fork")
         receive, send = ctx.Pipe(duplex=False)
         checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
@@ -208,6 +211,11 @@ class _ShardChecks:
         proc.start()
         send.close()
         self.running.append(_Child(shard, proc, receive, checked, into, scratch))
+
+    def reserve(self) -> None:
+        """Wait until fewer than ``workers`` shards are being checked."""
+        while len(self.running) >= self.workers:
+            self._serve()
 
     def _serve(self) -> None:
         """Read what the running children sent, waiting for word at most until the first of them
@@ -218,16 +226,21 @@ class _ShardChecks:
         for child in self.running:
             if child.receive in ready:
                 self._read(child)
-        now = time.monotonic()
         for child in list(self.running):
-            stalled = child.result is None and not child.ended and now - child.heard >= STALL_SECONDS
-            if child.result is not None or child.ended or stalled:
-                self._end(child, stalled)
+            quiet = child.result is None and not child.ended and time.monotonic() - child.heard >= STALL_SECONDS
+            if quiet and child.receive.poll():  # word came while this process was busy: not a stall
+                self._read(child)
+                quiet = False
+            if child.result is not None or child.ended or quiet:
+                self._end(child, quiet)
 
     def _read(self, child: _Child) -> None:
-        """Every message ``child`` has sent so far."""
+        """What ``child`` has sent, up to ``READ_AT_ONCE`` messages: a child that reports faster
+        than the progress callback takes them must not keep the others waiting."""
         try:
-            while child.result is None and child.receive.poll():
+            for _ in range(READ_AT_ONCE):
+                if child.result is not None or not child.receive.poll():
+                    break
                 kind, value = child.receive.recv()
                 child.heard = time.monotonic()
                 if kind == "progress":
@@ -418,8 +431,9 @@ class _VerifyModule(types.ModuleType):
     the function, so ``packer.verify(path)`` works either way, and ``import packer.verify as v`` still
     gives the module, whose names (``v.STALL_SECONDS``, ``v.check_samples``) stay its own."""
 
-    def __call__(self, output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None) -> list[Problem]:
-        return self.verify(output, progress)
+    def __call__(self, output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None,
+                 workers: Optional[int] = None) -> list[Problem]:
+        return self.verify(output, progress, workers)
 
 
 sys.modules[__name__].__class__ = _VerifyModule

@@ -132,6 +132,25 @@ def test_an_interrupted_verify_leaves_no_padded_copy(outputs, tmp_path, monkeypa
         raise AssertionError("the progress callback's interrupt was lost")
 
 
+def test_a_busy_parent_does_not_take_a_childs_queued_word_for_a_stall(outputs, monkeypatch):
+    """A progress callback that blocks longer than STALL_SECONDS once (a paused terminal): the other
+    shard's reports wait in its pipe, and it is read, not killed as stalled (the review's finding)."""
+    import packer
+    import packer.verify as v
+
+    monkeypatch.setattr(v, "STALL_SECONDS", 1.0)
+    monkeypatch.setattr(v, "PROGRESS_SECONDS", 0.0)
+    blocked = []
+
+    def slow(n: int) -> None:
+        if not blocked:
+            blocked.append(n)
+            time.sleep(1.5)
+
+    assert verify(outputs["npy"], progress=slow, workers=2) == []
+    assert packer.verify(outputs["npy"], workers=1) == []  # the module called as the function takes workers too
+
+
 def test_verify_in_a_process_that_reads_the_same_lmdb_output(outputs):
     # py-lmdb refuses to open a file twice in one process, and verify's forked children inherit the
     # reader's record of it: verify used to fail there on an intact output.

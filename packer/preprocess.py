@@ -346,6 +346,10 @@ def finish_pixels(pixels: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=cfg.dtype)
 
 
+_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+"""Pillow's 16- and 32-bit integer modes, which ``to_color_mode`` scales to 8 bits."""
+
+
 def to_color_mode(img: Image.Image, mode: str, background: tuple[int, ...]) -> Image.Image:
     """Convert any Pillow mode to ``mode`` (RGB or L).
 
@@ -354,9 +358,8 @@ def to_color_mode(img: Image.Image, mode: str, background: tuple[int, ...]) -> I
     16- and 32-bit integer images are scaled to 8 bits (Pillow's own conversion would clip them);
     CMYK and YCbCr use Pillow's conversion.
     """
-    key = img.info.get("transparency") if img.mode in ("P", "RGB", "L", "I;16", "I;16L", "I;16B", "I;16N", "I") \
-        else None
-    if img.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
+    key = img.info.get("transparency") if img.mode in ("P", "RGB", "L", *_INTEGER_MODES) else None
+    if img.mode in _INTEGER_MODES:
         a = np.asarray(img).astype(np.int64)
         peak = 65535 if img.mode.startswith("I;16") or a.max(initial=0) > 255 else 255
         gray = Image.fromarray((np.clip(a, 0, peak) * 255 // peak).astype(np.uint8), "L")

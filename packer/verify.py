@@ -84,13 +84,7 @@ def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] 
                 # LMDB memory-maps its file (reading past the end of a cut file kills the process with
                 # SIGBUS) and HDF5 refuses a cut file outright. Scan a copy padded back to its recorded
                 # size instead: lost pages read as zeros, and the samples still intact are told apart.
-                checks.reserve()  # a child free first: no more padded copies on disk than children at work
-                scratch = tempfile.TemporaryDirectory()
-                try:
-                    checks.start(_padded_copy(root, shard, Path(scratch.name)), shard, per_shard[-1], scratch=scratch)
-                except BaseException:  # not yet a running child's (an interrupt while waiting for a free one)
-                    scratch.cleanup()
-                    raise
+                checks.start(root, shard, per_shard[-1], padded=True)
             else:
                 # Files as recorded: their bytes are the writer's, which a format may then read by its own index.
                 checks.start(root, shard, per_shard[-1], intact=not file_problems)
@@ -192,30 +186,32 @@ class _ShardChecks:
         self.running.clear()
 
     def start(self, root: Path, shard: ShardEntry, into: list[Problem], intact: bool = False,
-              scratch: Optional[tempfile.TemporaryDirectory] = None) -> None:
-        """Check the samples of ``shard`` under ``root`` (``intact``: see ``check_samples``), once
-        fewer than ``workers`` shards are being checked; ``scratch`` is removed when it is done."""
-        if sys.platform != "linux":
-            try:
-                into += check_samples(root, self.manifest, shard, self.progress, self.labels, intact=intact)
-            finally:
-                if scratch is not None:
-                    scratch.cleanup()
-            return
-        self.reserve()
-        ctx = mp.get_context("fork")
-        receive, send = ctx.Pipe(duplex=False)
-        checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
-        proc = ctx.Process(target=_check_in_child, args=(root, self.manifest, shard, send, checked, intact),
-                           daemon=True)
-        proc.start()
-        send.close()
-        self.running.append(_Child(shard, proc, receive, checked, into, scratch))
-
-    def reserve(self) -> None:
-        """Wait until fewer than ``workers`` shards are being checked."""
+              padded: bool = False) -> None:
+        """Check the samples of ``shard`` under ``root`` (``intact``: see ``check_samples``) once fewer
+        than ``workers`` shards are being checked; ``padded``: in a temporary copy of its files
+        padded to their recorded sizes, made only then (no more copies on disk than children at
+        work) and removed when its child is done, or at once if none takes it."""
         while len(self.running) >= self.workers:
             self._serve()
+        scratch = tempfile.TemporaryDirectory() if padded else None
+        child = None
+        try:
+            where = root if scratch is None else _padded_copy(root, shard, Path(scratch.name))
+            if sys.platform != "linux":
+                into += check_samples(where, self.manifest, shard, self.progress, self.labels, intact=intact)
+                return
+            ctx = mp.get_context("fork")
+            receive, send = ctx.Pipe(duplex=False)
+            checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
+            proc = ctx.Process(target=_check_in_child, args=(where, self.manifest, shard, send, checked, intact),
+                               daemon=True)
+            proc.start()
+            send.close()
+            child = _Child(shard, proc, receive, checked, into, scratch)
+            self.running.append(child)
+        finally:
+            if scratch is not None and child is None:
+                scratch.cleanup()
 
     def _serve(self) -> None:
         """Read what the running children sent, waiting for word at most until the first of them

@@ -51,19 +51,35 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     if config.masks is not None:
         options["masks"] = {**asdict(config.masks), "folder": None, "files": extra}
     h.update(json.dumps(options, sort_keys=True).encode())
+    scattered: dict[int, ItemTable] = {}
     for task in tasks:
         h.update(task.name.encode())
         if isinstance(task.items, ItemTable) and not stamps:
+            if task.items.scattered:
+                # A shuffled plan: its rows, then (below) the table they pick from, read in order once.
+                # Reading each item where the shard wants it would decompress a block per item.
+                h.update(b"\0rows\0" + task.items.row_bytes())
+                whole = task.items.whole()
+                scattered.setdefault(id(whole.records), whole)
+                continue
             # The same bytes, without an object per item, a block at a time (a shard may be huge).
-            for a in range(0, len(task.items), FINGERPRINT_BLOCK):
-                h.update(task.items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
+            _hash_lines(h, task.items)
             continue
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
             stamp = files_stamp(item) if stamps else item.fields_stamp
             lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
         h.update("".join(lines).encode())
+    for whole in scattered.values():
+        h.update(b"\0table\0")
+        _hash_lines(h, whole)
     return h.hexdigest()
+
+
+def _hash_lines(h, items: ItemTable) -> None:
+    """Hash ``items``' plan lines, ``FINGERPRINT_BLOCK`` items at a time."""
+    for a in range(0, len(items), FINGERPRINT_BLOCK):
+        h.update(items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
 
 
 def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:

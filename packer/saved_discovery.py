@@ -11,8 +11,11 @@ that cannot save (a full disk) only warns, and a saved discovery that cannot be 
 
 Layout (``SAVED_DIR`` in the staging folder; never published): ``discovery.json`` (version, root,
 the options that decide discovery, classes, fields, skipped and ignored files, counts; ASCII JSON,
-so paths that are not UTF-8 survive), ``keys.bin`` (the records, UTF-8, back to back),
-``offsets.npy`` (int64, N + 1), ``labels.npy`` (int32, absent for unlabelled items),
+so paths that are not UTF-8 survive), ``keys.bin`` (the records' compressed blocks, as
+``packer.record_blocks`` describes them), ``key_block_ends.npy`` and ``key_block_rows.npy`` (int64,
+one per block: its end in ``keys.bin``, the records up to its end), ``labels.npy`` (int32, one per
+item) or ``label_starts.npy`` (int64) and ``label_values.npy`` (int32) for labels in runs (both
+absent for unlabelled items), ``indices.npy`` (int64, when the items are not numbered 0 to N - 1),
 ``folders.bin``/``folder_ends.npy``/``folder_stamps.npy``. ``discovery.json`` is removed before
 the rest is written and written last, so a folder without it, or with parts of another, is ignored.
 """
@@ -30,13 +33,15 @@ import numpy as np
 
 from packer.discover import Discovery
 from packer.folder_stamps import FolderStamps
-from packer.item_table import ItemTable
+from packer.item_table import ItemTable, LabelRuns
 from packer.output import SAVED_DISCOVERY as SAVED_DIR
+from packer.record_blocks import RecordBlocks
 from packer.records import Skipped
 
 log = logging.getLogger(__name__)
 
-SAVED_VERSION = 1
+SAVED_VERSION = 2
+"""2: the records in compressed blocks and labels in runs (1: flat records and offsets, never read now)."""
 
 
 def discovery_options(labels_file: Optional[str | os.PathLike], fields: Optional[Sequence[str]], allow_missing: bool,
@@ -79,10 +84,16 @@ def _write(folder: Path, found: Discovery, options: dict) -> None:
     (folder / "discovery.json").unlink(missing_ok=True)  # what follows belongs to no saved discovery until it is back
     if table.rows is not None or table.indices is not None:
         table = table.compact()
-    (folder / "keys.bin").write_bytes(table.blob)
-    np.save(folder / "offsets.npy", np.asarray(table.offsets, np.int64))
-    (folder / "labels.npy").unlink(missing_ok=True)
-    if table.labels is not None:
+    data, ends, rows = table.records.arrays()
+    (folder / "keys.bin").write_bytes(data)
+    np.save(folder / "key_block_ends.npy", ends)
+    np.save(folder / "key_block_rows.npy", rows)
+    for name in ("labels.npy", "label_starts.npy", "label_values.npy", "offsets.npy"):
+        (folder / name).unlink(missing_ok=True)
+    if isinstance(table.labels, LabelRuns):
+        np.save(folder / "label_starts.npy", table.labels.starts)
+        np.save(folder / "label_values.npy", table.labels.values)
+    elif table.labels is not None:
         np.save(folder / "labels.npy", np.asarray(table.labels, np.int32))
     (folder / "indices.npy").unlink(missing_ok=True)
     if table.indices is not None:
@@ -96,7 +107,8 @@ def _write(folder: Path, found: Discovery, options: dict) -> None:
         "fields": list(found.fields), "item_fields": list(table.fields), "classes": found.classes,
         "skipped": [s.to_dict() for s in found.skipped], "ignored": found.ignored, "labels_from": found.labels_from,
         "options": options, "items": len(table), "walked_at_ns": found.folders.walked_at_ns,
-        "labels": table.labels is not None, "indices": table.indices is not None,
+        "labels": None if table.labels is None else "runs" if isinstance(table.labels, LabelRuns) else "array",
+        "indices": table.indices is not None,
     }
     tmp = folder / "discovery.json.tmp"
     tmp.write_text(json.dumps(record), encoding="ascii")  # \u escapes keep surrogates of non-UTF-8 paths
@@ -135,15 +147,19 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
 def _read(folder: Path, record: dict, root: Path) -> Discovery:
     """The discovery of a saved ``record``, its paths under ``root`` as given now (ValueError if damaged)."""
     n = int(record["items"])
-    offsets = np.load(folder / "offsets.npy")
-    labels = np.load(folder / "labels.npy") if record["labels"] else None
+    records = RecordBlocks.from_arrays((folder / "keys.bin").read_bytes(), np.load(folder / "key_block_ends.npy"),
+                                       np.load(folder / "key_block_rows.npy"))
+    labels = None
+    if record["labels"] == "runs":
+        labels = LabelRuns(np.load(folder / "label_starts.npy"), np.load(folder / "label_values.npy"), n)
+    elif record["labels"] == "array":
+        labels = np.load(folder / "labels.npy")
+        if labels.dtype != np.int32:
+            raise ValueError("its labels are not int32")
     indices = np.load(folder / "indices.npy") if record["indices"] else None
-    blob = (folder / "keys.bin").read_bytes()
-    if (offsets.shape != (n + 1,) or offsets.dtype != np.int64 or int(offsets[-1]) != len(blob)
-            or (n and int(np.diff(offsets).min()) < 0) or (labels is not None and labels.shape != (n,))
-            or (indices is not None and indices.shape != (n,))):
+    if len(records) != n:
         raise ValueError("its arrays do not match")
     base = os.path.join(os.fspath(root), "")  # never the first run's: it may have named the source otherwise
-    table = ItemTable(base, blob, offsets, labels, str(record["mode"]), tuple(record["item_fields"]), indices)
+    table = ItemTable(base, records, labels, str(record["mode"]), tuple(record["item_fields"]), indices)
     return Discovery(root, table, record["classes"], [Skipped(s["path"], s["reason"]) for s in record["skipped"]],
                      dict(record["ignored"]), tuple(record["fields"]), str(record["labels_from"]))

@@ -515,3 +515,21 @@ def test_a_deep_chain_of_symlinked_folders_is_walked_as_deep_as_the_system_resol
     deepest = max(len(rel.split("/")) for rel in rels(found)) - 2
     assert len(rels(found)) == deepest + 1 and 30 <= deepest < depth
     assert found.ignored == {"(no extension)": 1} and found.skipped == []
+
+
+def test_class_runs_across_compressed_blocks(tmp_path):
+    """Labels are runs of the sorted listing: folders that end inside a block, span several blocks,
+    and files outside any class folder, each labelled as its top folder says."""
+    from packer.item_table import LabelRuns
+    from packer.record_blocks import BLOCK
+
+    sizes = {"a": 3, "b": 2 * BLOCK + 5, "b0": 1, "c": BLOCK - 1}
+    for name, n in sizes.items():
+        for i in range(n):
+            touch(tmp_path / name / f"{i:04d}.png")
+    touch(tmp_path / "loose.png")
+    found = discover(tmp_path)
+    assert isinstance(found.items.labels, LabelRuns) and found.classes == ["a", "b", "b0", "c"]
+    assert [(it.relpath.split("/")[0], it.label) for it in found.items] == \
+        [(name, k) for k, (name, n) in enumerate(sizes.items()) for _ in range(n)]
+    assert [s.path for s in found.skipped] == ["loose.png"]

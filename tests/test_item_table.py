@@ -1,4 +1,4 @@
-"""ItemTable: source items in flat buffers, equal item for item to the SourceItems they stand for."""
+"""ItemTable: source items in compact buffers, equal item for item to the SourceItems they stand for."""
 
 import pickle
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from packer.config import ConvertConfig
-from packer.item_table import IMAGES, PAIRED, SINGLE, TableBuilder
+from packer.item_table import IMAGES, PAIRED, SINGLE, LabelRuns, TableBuilder
 from packer.records import UNLABELLED, ShardTask, SourceItem
 from packer.resume import plan_fingerprint
 
@@ -55,11 +55,11 @@ def test_text_and_paired_records():
 def test_slices_and_takes_are_views_that_keep_each_items_index():
     t = images()
     part = t[1:4]
-    assert part.blob is t.blob and isinstance(part.rows, range)
+    assert part.records is t.records and isinstance(part.rows, range)
     assert list(part) == [expected(i, label) for i, label in [(1, 0), (2, 1), (3, 1)]]
     assert list(part[1:]) == [expected(2, 1), expected(3, 1)]
     shuffled = t.take([4, 0, 2])
-    assert [it.index for it in shuffled] == [4, 0, 2] and shuffled.blob is t.blob
+    assert [it.index for it in shuffled] == [4, 0, 2] and shuffled.records is t.records
     assert [it.index for it in shuffled.take([2, 0])] == [2, 4]
     assert list(t[::2]) == [t[0], t[2], t[4]]
 
@@ -67,7 +67,7 @@ def test_slices_and_takes_are_views_that_keep_each_items_index():
 def test_compact_copies_only_its_records():
     t = images()
     part = t.take([3, 1]).compact()
-    assert len(part.blob) == len((KEYS[3] + KEYS[1]).encode())
+    assert list(part.records) == [KEYS[3], KEYS[1]] and part.records is not t.records
     assert list(part) == [expected(3, 1), expected(1, 0)]
     assert [it.index for it in t.take([3, 1]).compact(renumber=True)] == [0, 1]
 
@@ -92,17 +92,75 @@ def test_equal_to_lists_and_tuples_of_the_same_items():
     assert t != "not items"
 
 
-@pytest.mark.parametrize("shuffled", [False, True])
 @pytest.mark.parametrize("mode", [IMAGES, SINGLE])
-def test_fingerprint_of_a_table_equals_that_of_its_items(mode, shuffled):
+def test_fingerprint_of_a_table_equals_that_of_its_items(mode):
     """The fast path of plan_fingerprint gives the bytes the items give (an interrupted run resumes)."""
-    b = TableBuilder(BASE, mode, ("image",) if mode == IMAGES else ("text",))
-    for i, key in enumerate(KEYS * 40):
-        b.add(f"{i}/{key}", i % 3 - 1)
-    t = b.build()
-    if shuffled:
-        t = t.take(np.random.default_rng(0).permutation(len(t)))
+    t = numbered(mode)
     config = ConvertConfig(format="npy")
     as_tables = [ShardTask("shard-00000", t[:77]), ShardTask("shard-00001", t[77:])]
     as_tuples = [ShardTask(task.name, tuple(task.items)) for task in as_tables]
     assert plan_fingerprint(config, as_tables) == plan_fingerprint(config, as_tuples)
+
+
+def numbered(mode=IMAGES, labels=lambda i: i % 3 - 1):
+    b = TableBuilder(BASE, mode, ("image",) if mode == IMAGES else ("text",))
+    for i, key in enumerate(KEYS * 40):
+        b.add(f"{i}/{key}", labels(i))
+    return b.build()
+
+
+def shuffled_fingerprint(t, seed=0):
+    t = t.take(np.random.default_rng(seed).permutation(len(t)))
+    return plan_fingerprint(ConvertConfig(format="npy"), [ShardTask("shard-00000", t[:77]),
+                                                          ShardTask("shard-00001", t[77:])])
+
+
+def test_fingerprint_of_a_shuffled_plan_holds_its_order_and_every_item():
+    """A shuffled plan's shards are hashed as their rows plus the table read in order (reading each
+    item where its shard wants it decompresses a block per item): still a fingerprint of the order,
+    the keys and the labels."""
+    t = numbered()
+    assert shuffled_fingerprint(t) == shuffled_fingerprint(numbered())
+    assert shuffled_fingerprint(t, seed=1) != shuffled_fingerprint(t)
+    assert shuffled_fingerprint(numbered(labels=lambda i: i % 3)) != shuffled_fingerprint(t)
+    unshuffled = plan_fingerprint(ConvertConfig(format="npy"), [ShardTask("shard-00000", t)])
+    assert shuffled_fingerprint(t) != unshuffled
+
+
+def test_labels_of_class_folders_are_held_as_runs():
+    t = numbered(labels=lambda i: i // 150)
+    assert isinstance(t.labels, LabelRuns) and t.labels.starts.tolist() == [0, 150]
+    assert [it.label for it in t] == [0] * 150 + [1] * 50
+    assert t.take([160, 1]).compact().labels[np.arange(2)].tolist() == [1, 0]
+
+
+def test_labels_without_runs_stay_an_array():
+    t = images(labels=(0, 1, 0, 1, 0))
+    assert isinstance(t.labels, np.ndarray) and [it.label for it in t] == [0, 1, 0, 1, 0]
+
+
+def test_kept_renumbers_and_keeps_labels():
+    t = images()
+    keep = np.array([True, False, True, False, True])
+    kept = t.kept(keep)
+    assert [(it.index, it.relpath, it.label) for it in kept] == [(0, KEYS[0], 0), (1, KEYS[2], 1), (2, KEYS[4], 1)]
+    runs = numbered(labels=lambda i: i // 150)
+    kept = runs.kept(np.arange(200) % 2 == 0)
+    assert isinstance(kept.labels, LabelRuns) and kept.labels.starts.tolist() == [0, 75] and len(kept) == 100
+
+
+def test_label_runs_index_like_the_array_they_stand_for():
+    rng = np.random.default_rng(3)
+    array = np.repeat(rng.integers(-1, 4, 50), rng.integers(1, 9, 50)).astype(np.int32)
+    runs = LabelRuns.of_array(array)
+    rows = rng.integers(0, len(array), 300)
+    assert runs[rows].tolist() == array[rows].tolist()
+    assert [runs[i] for i in range(len(array))] == array.tolist()
+    keep = rng.random(len(array)) < 0.5
+    assert runs.kept(keep)[np.arange(int(keep.sum()))].tolist() == array[keep].tolist()
+    spans = LabelRuns.of_spans([(7, 9, 2), (2, 4, 1)], 12)
+    assert spans[np.arange(12)].tolist() == [-1, -1, 1, 1, -1, -1, -1, 2, 2, -1, -1, -1]
+    with pytest.raises(IndexError):
+        runs[len(array)]
+    with pytest.raises(ValueError):
+        LabelRuns(np.array([1]), np.array([0]), 5)

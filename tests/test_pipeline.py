@@ -224,7 +224,7 @@ def test_the_items_of_its_own_discovery_are_released_once_the_shards_are_written
 
     held = []
     convert(image_tree, tmp_path / "own", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=1,
-            on_plan=lambda found, tasks: held.append((found, weakref.ref(found.items.offsets), tasks)))
+            on_plan=lambda found, tasks: held.append((found, weakref.ref(found.items.records), tasks)))
     found, offsets, tasks = held[0]
     gc.collect()
     assert offsets() is None and len(found.items) == 15 and [len(t.items) for t in tasks] == [6, 6, 3]

@@ -92,15 +92,15 @@ def test_other_options_mean_a_new_walk(image_tree, tmp_path, settled, caplog):
     assert "discovery options differ" in caplog.text and resumed.processed == 10
 
 
-@pytest.mark.parametrize("damage", ["truncate keys", "remove offsets", "bad json"])
+@pytest.mark.parametrize("damage", ["truncate keys", "remove block ends", "bad json"])
 def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settled, damage):
     out = tmp_path / "out"
     interrupted(image_tree, out)
     saved = staging_dir(out) / SAVED_DISCOVERY
     if damage == "truncate keys":
         os.truncate(saved / "keys.bin", 10)
-    elif damage == "remove offsets":
-        (saved / "offsets.npy").unlink()
+    elif damage == "remove block ends":
+        (saved / "key_block_ends.npy").unlink()
     else:
         (saved / "discovery.json").write_text("{")
     assert convert(image_tree, out, CONFIG, workers=1, resume=True).processed == 10

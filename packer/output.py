@@ -20,6 +20,7 @@ from packer.folder_stamps import stat_or_none
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
 from packer.registry import get_format
+from packer.shard_samples import SAMPLES_FILE, SAMPLES_SUFFIX, write_samples
 from packer.system import stop_signals_held
 
 STAGING_MARK = ".packer-staging"
@@ -173,17 +174,21 @@ def read_plan(stage: Path) -> Optional[dict]:
 
 
 def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None,
-                 fingerprint: Optional[str] = None) -> Path:
+                 fingerprint: Optional[str] = None) -> ShardResult:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
-    name (default: its own; ``packer.finish`` renames shards before publishing); the record's path.
-    ``fingerprint``: that of the plan it was written for (``PLAN_OF_RECORD``)."""
+    name (default: its own; ``packer.finish`` renames shards before publishing): its record and the
+    record's side file of digests and labels (``packer.shard_samples``). Returns ``result`` with its
+    per-sample columns left in them (``ShardResult.kept_in``). ``fingerprint``: that of the plan it
+    was written for (``PLAN_OF_RECORD``)."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
     stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
     record = stage / f"{name}{DONE_SUFFIX}"
+    samples = write_samples(stage, name, result)
     _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps,
-                         **({PLAN_OF_RECORD: fingerprint} if fingerprint else {})})
-    return record
+                         **({PLAN_OF_RECORD: fingerprint} if fingerprint else {}),
+                         **({SAMPLES_FILE: samples} if samples else {})})
+    return result.kept_in(record, (str(stage / f"{name}{SAMPLES_SUFFIX}"), samples) if samples else ())
 
 
 PLAN_OF_RECORD = "plan"
@@ -263,7 +268,9 @@ def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
         if PLAN_OF_RECORD in record and record[PLAN_OF_RECORD] != plan:
             continue  # written for another plan, by a worker of an earlier run
         if all(_intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
-            finished[name] = result.kept_in(path)
+            samples = record.get(SAMPLES_FILE)
+            side = (str(stage / f"{name}{SAMPLES_SUFFIX}"), samples) if isinstance(samples, list) else ()
+            finished[name] = result.kept_in(path, side)
     return finished
 
 
@@ -305,7 +312,7 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
             if moved:
                 os.rename(old, output)
             raise
-    records = [*output.glob(f"*{DONE_SUFFIX}"), *output.glob(f"*{RENAMED_SUFFIX}")]
+    records = [*output.glob(f"*{DONE_SUFFIX}"), *output.glob(f"*{RENAMED_SUFFIX}"), *output.glob(f"*{SAMPLES_SUFFIX}")]
     for record in [PLAN_RECORD, STAGING_MARK, *[p.name for p in records]]:
         (output / record).unlink(missing_ok=True)
     if moved:

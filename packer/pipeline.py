@@ -323,7 +323,7 @@ def _convert_locked(
         if run.own_items and isinstance(found.items, ItemTable):
             found.items.release()
         manifest = build_manifest(config, layout, found, results, plan_workers,
-                                  matched.summary if matched is not None else None)
+                                  matched.summary if matched is not None else None, scratch=stage)
         write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]

@@ -430,14 +430,18 @@ class ShardResult:
     """``--codec source`` outputs: ``kept``, the runs ``[start, stop)`` of the shard's samples stored as
     their source files' bytes, and how many were re-encoded as ``jpeg`` and as ``png``
     (``add_image_source``)."""
+    samples_file: tuple = ()
+    """Where the record's side file of digests and labels is, and its stamp as written
+    (``packer.shard_samples``): empty where there is none. Not part of ``to_dict``."""
 
-    def kept_in(self, record: Path) -> "ShardResult":
+    def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back
         when asked for, ``RecordedColumn``): what the parent holds of a finished shard, nothing a
-        sample."""
+        sample. ``samples_file``: the record's side file and its stamp (``packer.shard_samples``), if any."""
         n = len(self.keys)
         if len(self.labels) == n and len(self.digests) == n:
             self.keys, self.labels, self.digests = (RecordedColumn(str(record), which, n) for which in range(3))
+            self.samples_file = samples_file
         return self
 
     def packed(self) -> "ShardResult":

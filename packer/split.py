@@ -275,7 +275,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         if not any(r.samples for r in results):
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
         results = name_shards(stage, results, names)
-        manifest = build_manifest(config, layout, found, results, plan["workers"])
+        manifest = build_manifest(config, layout, found, results, plan["workers"], scratch=stage)
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
         write_output(stage, manifest)
         publish(stage, output, overwrite, source)

@@ -444,6 +444,6 @@ def closed(job: ShardJob, writer, result: ShardResult, sources, at: Optional[Cal
     if not job.record:
         return result
     try:
-        return result.kept_in(record_shard(directory, result, fingerprint=job.plan_fingerprint or None))
+        return record_shard(directory, result, fingerprint=job.plan_fingerprint or None)
     except OSError as e:  # disk full: name the shard, as for its files
         raise OutputError(f"cannot write {job.task.name}'s record in {directory}: {e}") from None

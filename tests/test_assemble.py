@@ -31,6 +31,33 @@ def test_duplicates_as_the_grouping_by_digest_gives_them(seed):
     assert find_duplicates(results) == _duplicates_by_dict(results)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_duplicates_spilled_to_bucket_files_are_the_same(seed, tmp_path, monkeypatch):
+    """Past SPILL_WORDS samples the first words go to bucket files in the scratch folder, searched
+    one at a time: the same groups, and the folder left as it was."""
+    import packer.assemble
+
+    monkeypatch.setattr(packer.assemble, "SPILL_WORDS", 3)
+    results = _results(seed)
+    assert find_duplicates(results, scratch=tmp_path) == _duplicates_by_dict(results)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_spilled_search_counts_every_shard_even_with_odd_digests(tmp_path, monkeypatch):
+    """A shard whose digests are not 128-bit hex sends the search to the dict; ``each`` still sees
+    every shard (the class counts are taken there)."""
+    import packer.assemble
+
+    monkeypatch.setattr(packer.assemble, "SPILL_WORDS", 1)
+    a = "ab" * 16
+    results = [ShardResult("s0", 1, [], keys=["odd"], digests=["xy"]),
+               ShardResult("s1", 2, [], keys=["a", "b"], digests=[a, a])]
+    seen = []
+    for scratch in (None, tmp_path):
+        assert find_duplicates(results, seen.append, scratch) == [["a", "b"]]
+    assert [r.name for r in seen] == ["s0", "s1"] * 2
+
+
 def test_duplicates_named():
     a, b, c = "0" * 32, "f" * 32, "0" * 31 + "1"
     results = [ShardResult("s0", 3, [], keys=["z.jpg", "y.jpg", "x.jpg"], digests=[a, b, a]),

@@ -110,8 +110,7 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     held = [result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32]),
             result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32])]
     kept = [result(r.name, list(r.keys), list(r.digests)) for r in held]
-    for r in kept:
-        r.kept_in(record_shard(tmp_path, r))
+    kept = [record_shard(tmp_path, r) for r in kept]
     assert all(isinstance(c, RecordedColumn) for r in kept for c in (r.keys, r.labels, r.digests))
     assert kept[1].keys == ["b/1", "b/2"] and kept[1].labels == [1, 1] and kept[0].digests[1] == "2" * 32
     assert find_duplicates(kept) == find_duplicates(held) == [["a/1", "b/2"]]
@@ -124,7 +123,7 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     counts = np.zeros(2, np.int64)
     assert find_duplicates(kept, lambda r: _add_labels(counts, r)) == [["a/1", "b/2"]]
     assert counts.tolist() == [2, 2]
-    assert len(parsed) == 2 + 2  # each record once for its labels and digests, then again for the keys of a duplicate
+    assert len(parsed) == 2  # labels and digests from the side files; a record parsed only for a duplicate's keys
     record_shard(tmp_path, result("shard-00000", ["a/1"], ["1" * 32]))  # the record replaced behind its back
     with pytest.raises(ValueError, match="no longer holds the 2 samples"):
         list(kept[0].keys)

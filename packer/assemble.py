@@ -17,6 +17,7 @@ from packer.columns import HexColumn
 from packer.config import ConvertConfig
 from packer.discover import Discovery
 from packer.manifest import Manifest, ShardEntry
+from packer.output import SCRATCH_PREFIX
 from packer.records import ShardResult, ShardStats, forget_read_records, in_memory
 from packer.registry import get_format
 from packer.sample_layout import SampleLayout
@@ -165,7 +166,7 @@ def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardRe
         shared = _repeated_in_memory(words_of, sum(counts))
     else:
         assert scratch is not None
-        with tempfile.TemporaryDirectory(prefix=".packer-duplicates-", dir=scratch) as folder:
+        with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch) as folder:
             shared = _repeated_in_buckets(words_of, (buckets - 1).bit_length(), Path(folder))
     if shared is None:  # digests that are not 128-bit hex (none this packer records)
         return _duplicates_by_dict(results)

@@ -27,6 +27,9 @@ STAGING_MARK = ".packer-staging"
 PLAN_RECORD = ".packer-plan.json"
 SAVED_DISCOVERY = ".packer-discovery"
 """The folder of the run's saved discovery (``packer.saved_discovery``); removed on publishing."""
+SCRATCH_PREFIX = ".packer-scratch-"
+"""Folders of passing scratch files in the staging folder (the duplicate search's buckets); any
+left by a killed run are removed on publishing."""
 DONE_SUFFIX = ".done.json"
 RENAMED_SUFFIX = ".renamed.json"
 """Beside a shard's record once ``packer.finish`` renamed its files: the new name and paths, a few
@@ -300,6 +303,8 @@ def publish(stage: Path, output: Path, overwrite: bool, source: Optional[Path] =
     check_output(output, overwrite, source)
     if (stage / SAVED_DISCOVERY).is_dir():
         remove_tree(stage / SAVED_DISCOVERY)  # only ever for --resume: never published
+    for scratch in stage.glob(f"{SCRATCH_PREFIX}*"):
+        remove_tree(scratch)  # a killed run's (a Ctrl-C removes its own): never published
     old = _old_dir(output)
     with stop_signals_held():
         moved = False

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from packer import __version__
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
 from packer.containers import container_kind, discover_container, job_for
@@ -341,7 +342,11 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
         log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
     if previous is not None:
         if previous.get("fingerprint") != expected:
-            raise OutputError(f"the source files or options changed since the interrupted run in {stage}; "
+            started = previous.get("packer")
+            other = "" if started == __version__ else (
+                f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
+                f"such as those with --shuffle, packer {__version__} draws otherwise)")
+            raise OutputError(f"the source files or options changed since the interrupted run in {stage}{other}; "
                               "run without --resume to start over")
         finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)
         if previous.get("sources") == SOURCES_PER_SHARD:
@@ -357,7 +362,8 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
         start_staging(output)  # replaces an unfinished run's folder with a new one
     except OSError as e:
         raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-    write_plan(stage, {"fingerprint": recorded, "workers": workers, "sources": SOURCES_PER_SHARD})
+    write_plan(stage, {"fingerprint": recorded, "workers": workers, "sources": SOURCES_PER_SHARD,
+                       "packer": __version__})
     return {}
 
 

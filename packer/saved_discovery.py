@@ -10,7 +10,8 @@ shard, by the stamps each worker records (``packer.resume``). Saving is an optim
 that cannot save (a full disk) only warns, and a saved discovery that cannot be read means a walk.
 
 Layout (``SAVED_DIR`` in the staging folder; never published): ``discovery.json`` (version, root,
-the options that decide discovery, classes, fields, skipped and ignored files, counts; ASCII JSON,
+the options that decide discovery, classes, fields, skipped and ignored files, counts, each other
+file's CRC-32, checked before any is read; ASCII JSON,
 so paths that are not UTF-8 survive), ``keys.bin`` (the records' compressed blocks, as
 ``packer.record_blocks`` describes them), ``key_block_ends.npy`` and ``key_block_rows.npy`` (int64,
 one per block: its end in ``keys.bin``, the records up to its end), ``labels.npy`` (int32, one per
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -102,13 +104,14 @@ def _write(folder: Path, found: Discovery, options: dict) -> None:
     (folder / "folders.bin").write_bytes(blob.tobytes())
     np.save(folder / "folder_ends.npy", ends)
     np.save(folder / "folder_stamps.npy", stamps)
+    written = sorted(p.name for p in folder.iterdir() if p.name in _PARTS)
     record = {
         "version": SAVED_VERSION, "root": os.path.abspath(found.root), "mode": table.mode,
         "fields": list(found.fields), "item_fields": list(table.fields), "classes": found.classes,
         "skipped": [s.to_dict() for s in found.skipped], "ignored": found.ignored, "labels_from": found.labels_from,
         "options": options, "items": len(table), "walked_at_ns": found.folders.walked_at_ns,
         "labels": None if table.labels is None else "runs" if isinstance(table.labels, LabelRuns) else "array",
-        "indices": table.indices is not None,
+        "indices": table.indices is not None, "crc32": {name: _crc32(folder / name) for name in written},
     }
     tmp = folder / "discovery.json.tmp"
     tmp.write_text(json.dumps(record), encoding="ascii")  # \u escapes keep surrogates of non-UTF-8 paths
@@ -127,6 +130,9 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
             log.info("--resume: the source or its discovery options differ from the interrupted run's; walking it "
                      "again")
             return None
+        for name, crc in record["crc32"].items():
+            if name not in _PARTS or _crc32(folder / name) != crc:
+                raise ValueError(f"{name} is not the file that was saved (its CRC-32 differs)")
         stamps = FolderStamps.from_arrays(int(record["walked_at_ns"]), np.fromfile(folder / "folders.bin", np.uint8),
                                           np.load(folder / "folder_ends.npy"), np.load(folder / "folder_stamps.npy"))
         changed = stamps.first_change(source)
@@ -142,6 +148,21 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
     log.info("--resume: %d samples as the interrupted run found them (no folder under %s changed)",
              len(found.items), source)
     return found
+
+
+_PARTS = frozenset({"keys.bin", "key_block_ends.npy", "key_block_rows.npy", "labels.npy", "label_starts.npy",
+                    "label_values.npy", "indices.npy", "folders.bin", "folder_ends.npy", "folder_stamps.npy"})
+"""The files of a saved discovery, each checked against its CRC-32 before it is read: a damaged
+block of paths would fail to decompress in the middle of the run, a damaged label be read as
+another class."""
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _read(folder: Path, record: dict, root: Path) -> Discovery:

@@ -282,3 +282,20 @@ def test_a_record_written_for_another_plan_is_not_kept(image_tree, tmp_path):
     assert convert(image_tree, out, config, workers=1, resume=True).processed == 15
     convert(image_tree, tmp_path / "fresh", config, workers=1)
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
+
+
+def test_a_shuffled_run_of_an_older_packer_is_refused_naming_the_versions(image_tree, tmp_path):
+    """Shuffled plans are fingerprinted otherwise since 0.8.3: a run an older packer interrupted is
+    refused with a message that says which packer started it, not only that files or options changed."""
+    from packer import __version__
+    from packer.output import read_plan, write_plan
+
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5), shuffle=3)
+    out = tmp_path / "out"
+    _interrupt_after_first_shard(image_tree, out, config)
+    stage = staging_dir(out)
+    plan = read_plan(stage)
+    assert plan["packer"] == __version__
+    write_plan(stage, {**{k: v for k, v in plan.items() if k != "packer"}, "fingerprint": "0" * 64})
+    with pytest.raises(OutputError, match=r"started by packer before 0\.8\.3.*--shuffle"):
+        convert(image_tree, out, config, workers=1, resume=True)

@@ -92,8 +92,11 @@ def test_other_options_mean_a_new_walk(image_tree, tmp_path, settled, caplog):
     assert "discovery options differ" in caplog.text and resumed.processed == 10
 
 
-@pytest.mark.parametrize("damage", ["truncate keys", "remove block ends", "bad json"])
-def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settled, damage):
+@pytest.mark.parametrize("damage", ["truncate keys", "remove block ends", "bad json", "flip a key byte",
+                                    "flip a label"])
+def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settled, damage, caplog):
+    """Whatever the damage, the resume walks again (a flipped byte in a compressed block of paths
+    failed in the middle of the run; a flipped label would have been read as another class)."""
     out = tmp_path / "out"
     interrupted(image_tree, out)
     saved = staging_dir(out) / SAVED_DISCOVERY
@@ -101,9 +104,16 @@ def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settle
         os.truncate(saved / "keys.bin", 10)
     elif damage == "remove block ends":
         (saved / "key_block_ends.npy").unlink()
+    elif damage.startswith("flip"):
+        path = saved / ("keys.bin" if damage == "flip a key byte" else "label_values.npy")
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
     else:
         (saved / "discovery.json").write_text("{")
-    assert convert(image_tree, out, CONFIG, workers=1, resume=True).processed == 10
+    with caplog.at_level("INFO", logger="packer"):
+        assert convert(image_tree, out, CONFIG, workers=1, resume=True).processed == 10
+    assert "cannot be read" in caplog.text or damage == "bad json"
     convert(image_tree, tmp_path / "fresh", CONFIG, workers=1)
     assert (out / MANIFEST_NAME).read_bytes() == (tmp_path / "fresh" / MANIFEST_NAME).read_bytes()
 

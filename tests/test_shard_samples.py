@@ -61,3 +61,22 @@ def test_side_files_are_not_published(image_tree, tmp_path):
     convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(16, 16))), workers=1)
     assert not list((tmp_path / "out").glob(f"*{SAMPLES_SUFFIX}"))
     assert not list((tmp_path / "out").glob("*.done.json"))
+
+
+def test_scratch_left_by_a_killed_run_is_not_published(image_tree, tmp_path, monkeypatch):
+    """The duplicate search's bucket folder of a run killed outright (no Ctrl-C to clean it up),
+    found again by a --resume in the same staging folder, is removed on publishing."""
+    import packer.pipeline
+    from packer import ConvertConfig, PreprocessConfig, convert
+    from packer.output import SCRATCH_PREFIX
+
+    real = packer.pipeline.build_manifest
+
+    def after_a_kill(*args, scratch=None, **kwargs):
+        (scratch / f"{SCRATCH_PREFIX}old").mkdir()
+        (scratch / f"{SCRATCH_PREFIX}old" / "000.u64").write_bytes(b"\0" * 8)
+        return real(*args, scratch=scratch, **kwargs)
+
+    monkeypatch.setattr(packer.pipeline, "build_manifest", after_a_kill)
+    convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(16, 16))), workers=1)
+    assert not list((tmp_path / "out").glob(f"{SCRATCH_PREFIX}*"))

@@ -137,6 +137,10 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
     if record.segmentation is not None:
         grid = decoded.original_size if displayed else decoded.stored_size
         extra["masks"] = [_instance_mask(record.segmentation[i], grid, decoded, displayed, cfg, path) for i in kept]
+    if len(kept) and float(mapped.share.min()) < 1.0:
+        # What the crop left of each annotated box: a reader's crop cuts further, and drops a box by the
+        # share of the annotation left in all, not by the share of the stored box (packer.boxes).
+        extra["visible"] = mapped.share.astype(np.float32).tolist()
     labels = [record.labels[i] for i in kept]
     return _encode(mapped.boxes, labels, extra, geometry), len(kept), len(record.boxes) - len(kept)
 
@@ -197,8 +201,8 @@ def _encode(boxes: np.ndarray, labels: list[int], extra: dict, geometry: Geometr
     parts = ['{"boxes":[' + ",".join("[%.9g,%.9g,%.9g,%.9g]" % tuple(b) for b in values) + "]",
              '"labels":' + json.dumps(labels)]
     for name, value in extra.items():
-        if name == "area":
-            parts.append('"area":[' + ",".join("%.9g" % v for v in np.asarray(value, np.float32).tolist()) + "]")
+        if name in ("area", "visible"):
+            parts.append(f'"{name}":[' + ",".join("%.9g" % v for v in np.asarray(value, np.float32).tolist()) + "]")
         else:
             parts.append(f"{json.dumps(name)}:{json.dumps(value, separators=(',', ':'))}")
     parts.append('"geometry":' + json.dumps(geometry.to_dict(), separators=(",", ":")) + "}")

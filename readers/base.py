@@ -147,10 +147,12 @@ def detection_target(stored: dict) -> dict:
     """A stored detection target as torchvision's detection models take it: ``boxes`` float32 (N, 4) XYXY
     pixels of the returned image, ``labels`` int64 (N,), ``iscrowd`` int64 and ``area`` float32 where
     COCO gave them, ``masks`` uint8 (N, H, W) where COCO gave segmentations, ``difficult`` where VOC
-    did, and the image's ``geometry`` (a dict; see ``packer.geometry.Geometry``)."""
+    did, ``visible`` float32 (the share of each annotated box inside the image) where the conversion's
+    crop cut a box, and the image's ``geometry`` (a dict; see ``packer.geometry.Geometry``)."""
     target = {"boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
               "labels": torch.tensor(stored["labels"], dtype=torch.int64)}
-    for name, dtype in (("iscrowd", torch.int64), ("area", torch.float32), ("difficult", torch.int64)):
+    for name, dtype in (("iscrowd", torch.int64), ("area", torch.float32), ("difficult", torch.int64),
+                        ("visible", torch.float32)):
         if name in stored:
             target[name] = torch.tensor(stored[name], dtype=dtype)
     if "masks" in stored:  # COCO instance masks, stored as RLE of the returned image

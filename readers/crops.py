@@ -385,8 +385,9 @@ def _affine(placement: Placement) -> tuple[tuple[float, float], tuple[float, flo
 def place_target(target: dict, placement: Placement, min_visibility: float) -> dict:
     """A detection target (``readers.base.detection_target``) of the stored image, moved onto the image
     ``placement`` makes: boxes scaled, offset, mirrored with the flip and clipped to the picture,
-    dropped as the converter drops them (less than ``min_visibility`` of their area left;
-    ``packer.boxes``) or narrower or lower than ``MIN_BOX`` pixels (torchvision's
+    dropped as the converter drops them (less than ``min_visibility`` of the annotated box's area left,
+    counting what the conversion's crop cut: ``visible``; ``packer.boxes``) or narrower or lower than
+    ``MIN_BOX`` pixels (torchvision's
     ``SanitizeBoundingBoxes``), the other per-box values kept for the boxes kept (``area`` scaled, and cut as
     much as its box), instance masks cut and resized as the pixels (nearest-neighbour), and the
     ``geometry`` composed with the crop (its x scale negative after a flip)."""
@@ -395,13 +396,18 @@ def place_target(target: dict, placement: Placement, min_visibility: float) -> d
     (sx, sy), (ox, oy) = _affine(placement)
     geometry = place_geometry(target.get("geometry"), placement)
     content = tuple(geometry["content"]) if geometry else (0.0, 0.0, float(placement.size[1]), float(placement.size[0]))
-    mapped = place_boxes(target["boxes"].numpy(), (sx, sy), (ox, oy), content, min_visibility)
-    sized = (mapped.boxes[:, 2] - mapped.boxes[:, 0] >= MIN_BOX) & (mapped.boxes[:, 3] - mapped.boxes[:, 1] >= MIN_BOX)
+    mapped = place_boxes(target["boxes"].numpy(), (sx, sy), (ox, oy), content, 0.0)
+    # The share left of each annotated box: the conversion's crop may have cut it already ("visible").
+    visible = mapped.share * (target["visible"].numpy()[mapped.kept] if "visible" in target else 1.0)
+    sized = ((mapped.boxes[:, 2] - mapped.boxes[:, 0] >= MIN_BOX) & (mapped.boxes[:, 3] - mapped.boxes[:, 1] >= MIN_BOX)
+             & (visible >= min_visibility))
     keep = torch.from_numpy(mapped.kept[sized])
     out = {"boxes": torch.from_numpy(mapped.boxes[sized]).reshape(-1, 4)}
     for name in ("labels", "iscrowd", "difficult"):
         if name in target:
             out[name] = target[name][keep]
+    if "visible" in target:
+        out["visible"] = torch.from_numpy(visible[sized].astype(np.float32))
     if "area" in target:
         share = torch.from_numpy(mapped.share[sized].astype(np.float32))
         out["area"] = target["area"][keep] * float(abs(sx * sy)) * share

@@ -103,8 +103,8 @@ class Mixture(Dataset):
             raise ValueError(f"epoch_size must be a whole number of at least 1, got {epoch_size!r}")
         self.epoch_size = int(epoch_size)
         self.seed = int(seed)
-        for ds in self.datasets:
-            ds.seed = self.seed  # the parts' random crops follow the mixture's seed (and the parts' cycles)
+        for k, ds in enumerate(self.datasets):
+            ds.seed = part_seed(self.seed, k)  # the parts' random crops follow the mixture's seed (and their cycles)
         self.counts = allocate(self.weights, self.epoch_size)
         starved = [n for n, c in zip(self.names, self.counts) if c == 0]
         if starved:
@@ -133,8 +133,8 @@ class Mixture(Dataset):
         other = copy.copy(self)
         other.seed, other._cycles = int(seed), {}
         other.datasets = [copy.copy(d) for d in self.datasets]
-        for ds in other.datasets:
-            ds.seed = other.seed
+        for k, ds in enumerate(other.datasets):
+            ds.seed = part_seed(other.seed, k)
         return other
 
     def epoch_now(self) -> int:
@@ -233,6 +233,12 @@ class Mixture(Dataset):
         parts = ", ".join(f"{n!r}: ({getattr(d, 'root', '?')!s}, {w:g})"
                           for n, d, w in zip(self.names, self.datasets, self.weights))
         return f"Mixture({{{parts}}}, epoch_size={self.epoch_size}, seed={self.seed})"
+
+
+def part_seed(seed: int, part: int) -> int:
+    """The seed of part ``part``'s crops and flips in a mixture seeded ``seed``: drawn from both, so
+    that the parts' samples of one position in a cycle do not all get the same numbers."""
+    return int(np.random.SeedSequence([seed, part]).generate_state(1, np.uint32)[0])
 
 
 def open_mixture(parts: Mapping[str, PartSpec], epoch_size: Optional[int] = None, seed: int = 0,

@@ -360,3 +360,31 @@ def test_a_state_saved_with_other_crops_or_seed_is_refused(outputs):
     saved = make_loader(ds, 4, seed=1, sampler=sampler, num_workers=0).state_dict()
     with pytest.raises(ValueError, match="seed"):  # the seed draws the crops, even with the caller's sampler
         make_loader(ds, 4, seed=2, sampler=sampler, num_workers=0).load_state_dict(saved)
+
+
+def test_a_box_the_conversion_cut_is_dropped_by_the_share_of_its_annotation_left(tmp_path):
+    """min_visibility is a share of the annotated box, whatever cut it: a box the conversion's crop
+    left 11.8% of, which a reader's crop cuts to 1 of its 4 stored pixels (2.9% of the annotation),
+    is dropped; the reader dropped it by the 25% of the stored box left."""
+    import json
+
+    from packer.config import DetectionConfig
+
+    px = np.zeros((40, 100, 3), np.uint8)
+    px[5:35, 66:100] = (255, 0, 0)
+    (tmp_path / "img").mkdir()
+    Image.fromarray(px).save(tmp_path / "img" / "a.png")
+    (tmp_path / "coco.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.png", "width": 100, "height": 40}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [66, 5, 34, 30], "area": 1020,
+                         "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "obj"}]}))
+    convert(tmp_path / "img", tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(40, 40)), detection=
+            DetectionConfig(str(tmp_path / "coco.json"), coords="stored", min_visibility=0.1)), workers=1)
+    _, stored = open_dataset(tmp_path / "out")[0]
+    assert stored["boxes"].tolist() == [[36.0, 5.0, 40.0, 35.0]]
+    assert stored["visible"].tolist() == pytest.approx([4 / 34])
+    _, cut = open_dataset(tmp_path / "out", crop=CenterCrop((40, 34)))[0]
+    assert cut["boxes"].shape == (0, 4) and cut["visible"].shape == (0,)
+    _, whole = open_dataset(tmp_path / "out", crop=CenterCrop((40, 40)))[0]  # nothing more cut: kept as stored
+    assert whole["boxes"].tolist() == [[36.0, 5.0, 40.0, 35.0]] and whole["visible"].tolist() == pytest.approx([4 / 34])

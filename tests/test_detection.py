@@ -193,7 +193,8 @@ def test_every_format_stores_the_targets(dataset, tmp_path, fmt):
     check_boxes_on_pixels(tmp_path / "out", images)
     ds = open_dataset(tmp_path / "out")
     target = next(t for _, t in ds if len(t["labels"]))
-    assert set(target) == {"boxes", "labels", "iscrowd", "area", "geometry"}
+    assert set(target) - {"visible"} == {"boxes", "labels", "iscrowd", "area", "geometry"}
+    assert all(0 < v <= 1 for v in target.get("visible", []))  # present where the crop cut a box
     assert target["geometry"]["size"] == [64, 64]
 
 

@@ -233,3 +233,22 @@ def test_a_sample_drawn_twice_in_an_epoch_is_cropped_anew_and_the_callers_reader
 
 def keys_of(batch) -> list:
     return batch[0].flatten()[:4].tolist()
+
+
+def test_parts_draw_crops_of_their_own(parts):
+    """Parts of one mixture seed take their crops from numbers of their own: the same output twice as
+    two parts gives sample j of each other crops (they all shared the mixture's seed)."""
+    from readers.mixture import part_seed
+
+    a, b = (open_dataset(parts["web"], crop=RandomResizedCrop(8), flip=True, return_meta=True) for _ in range(2))
+    mix = open_mixture({"a": (a, 1), "b": (b, 1)}, seed=5)
+    assert [d.seed for d in mix.datasets] == [part_seed(5, 0), part_seed(5, 1)] and part_seed(5, 0) != part_seed(5, 1)
+    mix.set_epoch(0)
+    seen = {}
+    for i in range(len(mix)):
+        part, j = mix.draw(i, 0)
+        meta = mix[i][-1]
+        seen[part, j] = (meta["crop"], meta["flip"])
+    pairs = [(seen[0, j], seen[1, j]) for p, j in seen if p == 0 and (1, j) in seen]
+    assert len(pairs) > 20 and sum(x == y for x, y in pairs) < len(pairs) // 4
+    assert [d.seed for d in mix.with_seed(6).datasets] == [part_seed(6, 0), part_seed(6, 1)]

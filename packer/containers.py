@@ -28,7 +28,7 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from packer.class_map import extend_class_map
 from packer.discover import Discovery
@@ -160,8 +160,14 @@ def _arrow_samples(source: Path, kind: str) -> dict:
             feature = features.get(label) or {}
             if feature.get("_type") == "ClassLabel" or "names" in feature:
                 names = list(feature.get("names") or [])
-            label_kind = "int" if pa.types.is_integer(schema.field(label).type) else "str"
+            kind_here = _label_kind(path, label, schema.field(label).type)
+            if label_kind is not None and kind_here != label_kind:
+                raise InputError(f"{source}: the {label!r} column holds class indices in some files and class names "
+                                 f"in others ({path.name}); give every file one kind of label")
+            label_kind = kind_here
         labels = table.column(label).to_pylist() if label is not None else [None] * table.num_rows
+        if label is not None and pa.types.is_floating(schema.field(label).type):
+            labels = [_whole(v, path, label) for v in labels]
         if has_path:
             found = table.column(column) if kind == "arrow" else table.column(len(wanted) - 1)
             paths += (found.combine_chunks().field("path") if kind == "arrow" else found).to_pylist()
@@ -183,6 +189,32 @@ def _image_column(schema, pa) -> Optional[str]:
     return next((c for c in IMAGE_COLUMNS if c in usable), usable[0] if usable else None)
 
 
+def _label_kind(path: Path, column: str, kind) -> str:
+    """``int`` (class indices) or ``str`` (class names) for a label column of Arrow type ``kind``;
+    floats count as indices (pandas writes integers with a missing value as floats). Anything else is
+    refused: its values are not one class per sample."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return "int"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "str"
+    raise InputError(f"{path}: its label column {column!r} is of type {kind}, neither class indices (integers) nor "
+                     "class names (strings); multi-label and other labels are not supported: convert without that "
+                     "column, or give --labels")
+
+
+def _whole(value, path: Path, column: str) -> Optional[int]:
+    """A float label as the class index it stands for (None stays missing); a fraction is refused."""
+    if value is None or value != value:  # NaN: a missing label
+        return None
+    if float(value).is_integer():
+        return int(value)
+    raise InputError(f"{path}: its label column {column!r} holds {value}, not a class index")
+
+
 # -- WebDataset tar shards --------------------------------------------------------------------------------------------
 
 def _tar_samples(source: Path) -> dict:
@@ -193,12 +225,18 @@ def _tar_samples(source: Path) -> dict:
         groups: dict[str, dict[str, tuple[int, int]]] = {}
         try:
             with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+                last = None
                 for member in tar:
                     if not member.isfile():
                         continue
                     base, _, ext = PurePosixPath(member.name).name.partition(".")
                     key = str(PurePosixPath(member.name).parent / base) if "/" in member.name else base
-                    groups.setdefault(key, {})[ext.lower()] = (member.offset_data, member.size)
+                    members = groups.setdefault(key, {})
+                    if (key != last and members) or ext.lower() in members:
+                        # A reader of the tar takes them as two samples; grouped by key, one would overwrite the other.
+                        raise InputError(f"{path}: the key {key!r} comes twice ({member.name}); keys must be unique")
+                    members[ext.lower()] = (member.offset_data, member.size)
+                    last = key
                 labels = {}
                 for key, members in groups.items():
                     for ext in ("cls", "json"):
@@ -223,7 +261,15 @@ def _tar_samples(source: Path) -> dict:
                 except (ValueError, UnicodeDecodeError, AttributeError):
                     skipped.append(Skipped(where, f"its .{ext} member holds no label"))
                     continue
-                label_kind = "int" if isinstance(value, int) else "str"
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+                    skipped.append(Skipped(where, f"its .{ext} label {json.dumps(value)[:40]} is neither a class index "
+                                                  "nor a class name"))
+                    continue
+                kind_here = None if value is None else "int" if isinstance(value, int) else "str"
+                if kind_here is not None and label_kind is not None and kind_here != label_kind:
+                    raise InputError(f"{source}: some samples are labelled by class index and others by class name "
+                                     f"(first other: {where}); label them all one way")
+                label_kind = kind_here or label_kind
             offset, size = members[image]
             rows.append((where, str(path.resolve()), offset, size, value))
     return {"rows": rows, "names": None, "column": "", "label_kind": label_kind, "kind": "tar", "skipped": skipped}
@@ -281,8 +327,10 @@ def job_for(places: dict[int, tuple], items: Sequence[SourceItem]) -> Optional[C
     return ContainerJob(kind, column, tuple(places[it.index][2] for it in items))
 
 
-def container_bytes(job: ContainerJob, max_bytes: int) -> Iterator[bytes | DecodeError]:
-    """The image bytes of each item of ``job``, in order (a DecodeError for one that cannot be used)."""
+def container_bytes(job: ContainerJob, max_bytes: int, on_file: Optional[Callable[[Path], None]] = None
+                    ) -> Iterator[bytes | DecodeError]:
+    """The image bytes of each item of ``job``, in order (a DecodeError for one that cannot be used).
+    ``on_file`` is called with each file outside the container that a row names, before it is read."""
     if job.kind == "tar":
         handles: dict[str, object] = {}
         try:
@@ -310,6 +358,8 @@ def container_bytes(job: ContainerJob, max_bytes: int) -> Iterator[bytes | Decod
         if not data and isinstance(value, dict) and value.get("path"):
             # The datasets Image feature keeps a local file's path instead of its bytes until embedded.
             external = Path(value["path"]) if os.path.isabs(value["path"]) else Path(path).parent / value["path"]
+            if on_file is not None:
+                on_file(external)
             try:
                 data = read_source(external, max_bytes)
             except DecodeError as e:

@@ -26,13 +26,13 @@ from typing import Callable, Optional, Sequence
 
 from packer.class_map import class_map_digest, extend_class_map, quoted, read_class_file
 from packer.config import ConvertConfig
-from packer.discover import Discovery, class_folders, discover
+from packer.discover import Discovery, class_folders, discover, field_kind, is_litter
 from packer.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.output import check_output, is_packer_output, lock_output, release_output, remove_tree, staging_dir
 from packer.pipeline import ConvertResult, checked, convert
-from packer.records import ShardTask
+from packer.records import ShardTask, Skipped
 from packer.resume import plan_fingerprint
 from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, split_name_problem, write_splits
 
@@ -305,6 +305,11 @@ def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tupl
         if not names:
             raise InputError(f"{source} has no split folders ({', '.join(SPLIT_NAMES)})")
         parts, common = folder_splits(source, names, config, classes, add_classes)
+        stray = _beside_splits(source)
+        if stray:  # in no split: reported with the first one's, as a folder's files outside any class are
+            first = parts[names[0]]
+            first.skipped[:0] = [Skipped(n, "beside the split folders, in none of them: move it into a split's "
+                                            "class folder") for n in stray]
         origin = {"kind": "folders"}
         roots = {name: source / name for name in parts}
     for name, d in parts.items():
@@ -312,6 +317,16 @@ def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tupl
             raise InputError(f"split {name} of {source} would hold no samples"
                              + (" (too few samples for its fraction)" if fractions is not None else ""))
     return parts, common, origin, roots
+
+
+def _beside_splits(source: Path) -> list[str]:
+    """The sample files (images, texts, json) at the top of a source of split folders, sorted."""
+    try:
+        entries = list(os.scandir(source))
+    except OSError:
+        return []
+    return sorted(e.name for e in entries if not is_litter(e.name) and field_kind(e.name) is not None
+                  and e.is_file())
 
 
 def _missing(found: Discovery, classes: Optional[Sequence[str]]) -> list[str]:

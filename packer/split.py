@@ -25,6 +25,7 @@ from typing import IO, Callable, Optional, Sequence
 
 from packer.assemble import build_manifest, source_counts
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
+from packer.containers import job_for
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
@@ -141,7 +142,8 @@ def convert_node(
     locks = _lock_node(output, node)
     try:
         stage = join_staging(output, plan, node)
-        jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict, text=config.text)
+        jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict, text=config.text,
+                         container=job_for(found.places, t.items) if found.places is not None else None)
                 for i, t in enumerate(tasks) if node.owner(i) == node.rank]
         finished = current_digests(finished_shards(stage, [j.task.name for j in jobs]))
         if on_plan is not None:

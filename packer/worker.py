@@ -315,7 +315,12 @@ def write_shard(
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
-    fetched = container_bytes(job.container, job.preprocess.max_file_bytes) if job.container is not None else None
+    # A row's image kept as a file beside the container (the datasets Image feature before embedding)
+    # is stamped too: the parent's stamps cover the container alone, so --resume writes such a shard
+    # again rather than keep pixels of a file that changed since.
+    fetched = container_bytes(job.container, job.preprocess.max_file_bytes,
+                              lambda path: sources.update(f"\0file\0{path}\0{source_stamp(str(path))}".encode())
+                              ) if job.container is not None else None
     paths = [None if item.index in job.poisoned or fetched is not None else item.paths for item in job.task.items]
     # Started by read_ahead once reads turn out to come from the storage, not the page cache (only
     # runs of image-only samples are timed); once started it asks for every sample's files.

@@ -135,3 +135,78 @@ def test_sources_that_cannot_be_read_are_refused_with_a_reason(folder, tmp_path)
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "one.parquet"), "-f", "npy", "-o", str(tmp_path / "w"),
                                       "--labels", str(labels)])
     assert result.exit_code == 1 and "--labels and --fields do not apply" in result.output
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_tar_key_that_comes_twice_is_refused_not_merged(folder, tmp_path):
+    """webdataset reads a.jpg, b.jpg, a.png as three samples: grouped by key, the second a overwrote
+    the first's label and lost its image, unreported."""
+    src, out, files = folder
+    (tmp_path / "t").mkdir()
+    write_tar(tmp_path / "t" / "s.tar", [("a.png", files[0].read_bytes()), ("a.cls", b"0"),
+                                         ("b.png", files[1].read_bytes()), ("b.cls", b"0"),
+                                         ("a.jpg", files[-1].read_bytes()), ("a.cls", b"1")])
+    with pytest.raises(InputError, match="the key 'a' comes twice"):
+        convert(tmp_path / "t", tmp_path / "x", ConvertConfig("npy", PRE))
+
+
+def test_labels_that_are_not_one_class_are_refused_or_reported(folder, tmp_path):
+    src, out, files = folder
+    (tmp_path / "mixed").mkdir()
+    write_tar(tmp_path / "mixed" / "s.tar", [("a.png", files[0].read_bytes()), ("a.cls", b"0"),
+                                             ("b.png", files[1].read_bytes()), ("b.json", b'{"label": "cat"}')])
+    with pytest.raises(InputError, match="by class index and others by class name"):
+        convert(tmp_path / "mixed", tmp_path / "x", ConvertConfig("npy", PRE))
+    (tmp_path / "odd").mkdir()
+    write_tar(tmp_path / "odd" / "s.tar", [("a.png", files[0].read_bytes()), ("a.json", b'{"label": "ant"}'),
+                                           ("b.png", files[1].read_bytes()), ("b.json", b'{"label": [1, 2]}'),
+                                           ("c.png", files[2].read_bytes()), ("c.json", b'{"caption": "x"}')])
+    with pytest.raises(InputError, match="have no label"):  # c has none, a has one: refused as before
+        convert(tmp_path / "odd", tmp_path / "y", ConvertConfig("npy", PRE))
+    image = {"bytes": files[0].read_bytes(), "path": "a.png"}
+    pq.write_table(pa.table({"image": [image, image], "label": [0.0, 1.0]}), tmp_path / "floats.parquet")
+    convert(tmp_path / "floats.parquet", tmp_path / "f", ConvertConfig("npy", PRE))
+    assert read_manifest(tmp_path / "f").classes == ["0", "1"] and verify(tmp_path / "f") == []
+    pq.write_table(pa.table({"image": [image], "label": [0.5]}), tmp_path / "half.parquet")
+    with pytest.raises(InputError, match="holds 0.5, not a class index"):
+        convert(tmp_path / "half.parquet", tmp_path / "h", ConvertConfig("npy", PRE))
+    for name, values in (("bools", [True, False]), ("lists", [[0, 1], [1]])):
+        pq.write_table(pa.table({"image": [image, image], "label": values}), tmp_path / f"{name}.parquet")
+        with pytest.raises(InputError, match="neither class indices"):
+            convert(tmp_path / f"{name}.parquet", tmp_path / name, ConvertConfig("npy", PRE))
+
+
+def test_resume_rewrites_a_shard_whose_row_names_a_file_that_changed(folder, tmp_path):
+    """Rows holding a path instead of bytes (the datasets Image feature before embedding): a file
+    replaced after the interruption is read again, not kept as the finished shard stored it."""
+    from helpers import later_shards_unfinished
+
+    src, out, files = folder
+    (tmp_path / "s" / "files").mkdir(parents=True)
+    cells = []
+    for i, p in enumerate(files):
+        (tmp_path / "s" / "files" / f"{i}{p.suffix}").write_bytes(p.read_bytes())
+        cells.append({"bytes": None, "path": f"files/{i}{p.suffix}"})
+    pq.write_table(pa.table({"image": pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                             "label": [p.parent.name for p in files]}), tmp_path / "s" / "t.parquet")
+    config = ConvertConfig("npy", PRE, ShardSize(samples=3))
+    done: list[int] = []
+
+    def stop_in_second_shard(n):
+        done.append(n)
+        if sum(done) > 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
+        convert(tmp_path / "s" / "t.parquet", tmp_path / "got", config, workers=1, progress=stop_in_second_shard)
+    (tmp_path / "s" / "files" / "0.png").write_bytes(files[1].read_bytes())  # row 0, in the finished shard
+    convert(tmp_path / "s" / "t.parquet", tmp_path / "got", config, workers=1, resume=True)
+    convert(tmp_path / "s" / "t.parquet", tmp_path / "fresh", config, workers=1)
+    same(samples(tmp_path / "got"), samples(tmp_path / "fresh"))

@@ -356,3 +356,15 @@ def test_an_output_under_a_file_is_a_message(split_tree, tmp_path):
     result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "file" / "out"),
                                       "-q"])
     assert result.exit_code == 1 and "is not a folder" in result.output and "Traceback" not in result.output
+
+
+def test_images_beside_the_split_folders_are_reported(split_tree, tmp_path):
+    """Files at the top of a source of split folders are in no split: reported with the first split's
+    skipped files (they vanished from every report), as files outside any class folder are."""
+    write_image(split_tree / "extra_0.png", (20, 16), seed=1)
+    write_image(split_tree / "extra_1.jpg", (20, 16), seed=2)
+    (split_tree / "notes.md").write_text("not a sample")
+    result = convert_splits(split_tree, tmp_path / "out", ConvertConfig("npy", PRE), workers=1)
+    reported = {s.path: s.reason for s in result.results["train"].skipped}
+    assert set(reported) == {"extra_0.png", "extra_1.jpg"} and "beside the split folders" in reported["extra_0.png"]
+    assert not result.results["val"].skipped

@@ -189,3 +189,20 @@ def test_nodes_started_together_as_processes_then_merge(tree, tmp_path):
     convert(tree, tmp_path / "single", ConvertConfig("hdf5", PRE, ShardSize(samples=3)), workers=2)
     assert_same_output(tmp_path / "single", out)
     assert read_manifest(out).samples == 16
+
+
+def test_a_container_source_split_over_nodes_equals_a_single_run(tree, tmp_path):
+    """Each node's workers read the rows of a Parquet source, not the file as an image (they were
+    given no container job: every sample was skipped as corrupt)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(tree.rglob("*.png"))
+    rows = [{"bytes": p.read_bytes(), "path": p.relative_to(tree).as_posix()} for p in files]
+    pq.write_table(pa.table({"image": rows, "label": [p.parent.name for p in files]}), tmp_path / "t.parquet")
+    config = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
+    convert(tmp_path / "t.parquet", tmp_path / "single", config, workers=1)
+    run_nodes(tmp_path / "t.parquet", tmp_path / "split", config, 2)
+    merge(tmp_path / "split")
+    assert read_manifest(tmp_path / "split").samples == len(files) - 1 > 4  # all but bee/broken.png
+    assert_same_output(tmp_path / "single", tmp_path / "split")

@@ -26,6 +26,7 @@ from typing import Callable, Optional, Sequence
 
 from packer.class_map import class_map_digest, extend_class_map, quoted, read_class_file
 from packer.config import ConvertConfig
+from packer.containers import container_kind
 from packer.discover import Discovery, class_folders, discover, field_kind, is_litter
 from packer.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
@@ -288,6 +289,10 @@ def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tupl
           ) -> tuple[dict[str, Discovery], Optional[list[str]], dict, dict[str, Path]]:
     """The splits to write: ``(discovery of each, the shared class map, the record's origin, each one's
     source folder)``; InputError for a source that cannot be split so."""
+    kind = container_kind(Path(source))
+    if kind is not None:  # they would be walked as folders, and found to hold no samples
+        raise InputError(f"{source} is a {kind} source: --split and split folders apply to folders of images; "
+                         "convert each split's files as an output of its own, with the same --classes")
     if fractions is not None:
         found = discover(source, labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
         if not found.items and labels_file is not None and found.skipped:

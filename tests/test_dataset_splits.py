@@ -368,3 +368,15 @@ def test_images_beside_the_split_folders_are_reported(split_tree, tmp_path):
     reported = {s.path: s.reason for s in result.results["train"].skipped}
     assert set(reported) == {"extra_0.png", "extra_1.jpg"} and "beside the split folders" in reported["extra_0.png"]
     assert not result.results["val"].skipped
+
+
+def test_a_container_source_cannot_be_split_and_says_so(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write_image(tmp_path / "a.png", (20, 16), seed=1)
+    image = {"bytes": (tmp_path / "a.png").read_bytes(), "path": "a.png"}
+    pq.write_table(pa.table({"image": [image] * 4, "label": ["x", "y"] * 2}), tmp_path / "t.parquet")
+    with pytest.raises(InputError, match="is a parquet source: --split and split folders apply to folders"):
+        convert_splits(tmp_path / "t.parquet", tmp_path / "out", ConvertConfig("npy", PRE),
+                       fractions=parse_split_spec("train=0.5,val=0.5"))

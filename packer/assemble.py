@@ -268,7 +268,7 @@ def _raw128(result: ShardResult) -> Optional[bytes]:
     (``packer.shard_samples``: no parse of the record)."""
     side = read_samples(result)
     if side is not None:
-        return np.ascontiguousarray(side["digest"]).tobytes()
+        return side["digest"].tobytes()
     digests = in_memory(result.digests)
     if len(result.keys) != len(digests):
         return None

@@ -55,15 +55,24 @@ class LabelRuns:
 
     @classmethod
     def of_spans(cls, spans: Sequence[tuple[int, int, int]], count: int) -> "LabelRuns":
-        """Runs from disjoint (start, stop, label) spans; the items outside them are ``UNLABELLED``."""
-        starts, values, at = [], [], 0
+        """Runs from disjoint (start, stop, label) spans; the items outside them are ``UNLABELLED``.
+        Neighbouring spans of one label make one run."""
+        starts: list[int] = []
+        values: list[int] = []
+
+        def run(start: int, label: int) -> None:
+            if not values or values[-1] != label:
+                starts.append(start)
+                values.append(label)
+
+        at = 0
         for a, b, label in sorted(s for s in spans if s[0] < s[1]):
             if a > at:
-                starts.append(at), values.append(UNLABELLED)
-            starts.append(a), values.append(label)
+                run(at, UNLABELLED)
+            run(a, label)
             at = b
         if at < count:
-            starts.append(at), values.append(UNLABELLED)
+            run(at, UNLABELLED)
         return cls(np.array(starts, np.int64), np.array(values, np.int32), count)
 
     @classmethod
@@ -110,20 +119,7 @@ class LabelRuns:
             n = int(np.count_nonzero(keep[a:b]))
             spans.append((at, at + n, label))
             at += n
-        return LabelRuns.of_spans(_joined(spans), at)
-
-
-def _joined(spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Spans with neighbours of one label joined (``of_spans`` then makes one run of them)."""
-    out: list[tuple[int, int, int]] = []
-    for a, b, label in spans:
-        if a == b:
-            continue
-        if out and out[-1][1] == a and out[-1][2] == label:
-            out[-1] = (out[-1][0], b, label)
-        else:
-            out.append((a, b, label))
-    return out
+        return LabelRuns.of_spans(spans, at)
 
 
 Labels = Union[np.ndarray, LabelRuns]
@@ -229,8 +225,8 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
 
     @property
     def scattered(self) -> bool:
-        """True for a view whose rows are not one run of the records (a shuffled plan's shard):
-        each of its items is read on its own, a block decompressed for it."""
+        """True for a view whose rows are not one run of the records (a shuffled plan's shard): its
+        records are read ``SCATTERED_CHUNK`` at a time, in row order."""
         rows = self.rows
         return rows is not None and not (isinstance(rows, range) and rows.step == 1)
 

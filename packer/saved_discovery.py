@@ -11,7 +11,7 @@ that cannot save (a full disk) only warns, and a saved discovery that cannot be 
 
 Layout (``SAVED_DIR`` in the staging folder; never published): ``discovery.json`` (version, root,
 the options that decide discovery, classes, fields, skipped and ignored files, counts, each other
-file's CRC-32, checked before any is read; ASCII JSON,
+file's SHA-256, checked before any is read; ASCII JSON,
 so paths that are not UTF-8 survive), ``keys.bin`` (the records' compressed blocks, as
 ``packer.record_blocks`` describes them), ``key_block_ends.npy`` and ``key_block_rows.npy`` (int64,
 one per block: its end in ``keys.bin``, the records up to its end), ``labels.npy`` (int32, one per
@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import shutil
-import zlib
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -36,6 +35,7 @@ import numpy as np
 from packer.discover import Discovery
 from packer.folder_stamps import FolderStamps
 from packer.item_table import ItemTable, LabelRuns
+from packer.manifest import sha256_of
 from packer.output import SAVED_DISCOVERY as SAVED_DIR
 from packer.record_blocks import RecordBlocks
 from packer.records import Skipped
@@ -111,7 +111,7 @@ def _write(folder: Path, found: Discovery, options: dict) -> None:
         "skipped": [s.to_dict() for s in found.skipped], "ignored": found.ignored, "labels_from": found.labels_from,
         "options": options, "items": len(table), "walked_at_ns": found.folders.walked_at_ns,
         "labels": None if table.labels is None else "runs" if isinstance(table.labels, LabelRuns) else "array",
-        "indices": table.indices is not None, "crc32": {name: _crc32(folder / name) for name in written},
+        "indices": table.indices is not None, "sha256": {name: sha256_of(folder / name) for name in written},
     }
     tmp = folder / "discovery.json.tmp"
     tmp.write_text(json.dumps(record), encoding="ascii")  # \u escapes keep surrogates of non-UTF-8 paths
@@ -130,9 +130,9 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
             log.info("--resume: the source or its discovery options differ from the interrupted run's; walking it "
                      "again")
             return None
-        for name, crc in record["crc32"].items():
-            if name not in _PARTS or _crc32(folder / name) != crc:
-                raise ValueError(f"{name} is not the file that was saved (its CRC-32 differs)")
+        for name, digest in record["sha256"].items():
+            if name not in _PARTS or sha256_of(folder / name) != digest:
+                raise ValueError(f"{name} is not the file that was saved (its SHA-256 differs)")
         stamps = FolderStamps.from_arrays(int(record["walked_at_ns"]), np.fromfile(folder / "folders.bin", np.uint8),
                                           np.load(folder / "folder_ends.npy"), np.load(folder / "folder_stamps.npy"))
         changed = stamps.first_change(source)
@@ -152,17 +152,9 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
 
 _PARTS = frozenset({"keys.bin", "key_block_ends.npy", "key_block_rows.npy", "labels.npy", "label_starts.npy",
                     "label_values.npy", "indices.npy", "folders.bin", "folder_ends.npy", "folder_stamps.npy"})
-"""The files of a saved discovery, each checked against its CRC-32 before it is read: a damaged
+"""The files of a saved discovery, each checked against its SHA-256 before it is read: a damaged
 block of paths would fail to decompress in the middle of the run, a damaged label be read as
 another class."""
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def _read(folder: Path, record: dict, root: Path) -> Discovery:

@@ -111,6 +111,22 @@ def as_older_sha256_record(record: dict, tree: Path) -> dict:
     return d
 
 
+def interrupted_after(source, out, config, items: int) -> None:
+    """Run a one-worker conversion of ``source`` and stop it as by Ctrl-C once its progress counts
+    more than ``items`` files, the shards not finished by then left unfinished."""
+    from packer import convert
+
+    done: list[int] = []
+
+    def stop(n):
+        done.append(n)
+        if sum(done) > items:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
+        convert(source, out, config, workers=1, progress=stop)
+
+
 @contextlib.contextmanager
 def later_shards_unfinished(first: int = 1) -> Iterator[None]:
     """While inside, the worker of every shard from number ``first`` on waits before closing its

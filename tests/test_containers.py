@@ -186,7 +186,7 @@ def test_labels_that_are_not_one_class_are_refused_or_reported(folder, tmp_path)
 def test_resume_rewrites_a_shard_whose_row_names_a_file_that_changed(folder, tmp_path):
     """Rows holding a path instead of bytes (the datasets Image feature before embedding): a file
     replaced after the interruption is read again, not kept as the finished shard stored it."""
-    from helpers import later_shards_unfinished
+    from helpers import interrupted_after
 
     src, out, files = folder
     (tmp_path / "s" / "files").mkdir(parents=True)
@@ -197,15 +197,7 @@ def test_resume_rewrites_a_shard_whose_row_names_a_file_that_changed(folder, tmp
     pq.write_table(pa.table({"image": pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
                              "label": [p.parent.name for p in files]}), tmp_path / "s" / "t.parquet")
     config = ConvertConfig("npy", PRE, ShardSize(samples=3))
-    done: list[int] = []
-
-    def stop_in_second_shard(n):
-        done.append(n)
-        if sum(done) > 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
-        convert(tmp_path / "s" / "t.parquet", tmp_path / "got", config, workers=1, progress=stop_in_second_shard)
+    interrupted_after(tmp_path / "s" / "t.parquet", tmp_path / "got", config, 3)
     (tmp_path / "s" / "files" / "0.png").write_bytes(files[1].read_bytes())  # row 0, in the finished shard
     convert(tmp_path / "s" / "t.parquet", tmp_path / "got", config, workers=1, resume=True)
     convert(tmp_path / "s" / "t.parquet", tmp_path / "fresh", config, workers=1)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from conftest import add_varied_files, write_image
-from helpers import as_older_sha256_record, later_shards_unfinished
+from helpers import as_older_sha256_record, interrupted_after, later_shards_unfinished
 
 import packer.pipeline
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -21,15 +21,7 @@ PRE = PreprocessConfig(size=(16, 12))
 
 def _interrupt_after_first_shard(tree, out, config) -> None:
     """Run a conversion of ``tree`` (one worker, shards of 5) and stop it in its second shard."""
-    finished: list[int] = []
-
-    def stop_in_second_shard(n):
-        finished.append(n)
-        if sum(finished) > 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
-        convert(tree, out, config, workers=1, progress=stop_in_second_shard)
+    interrupted_after(tree, out, config, 5)
 
 
 def test_resume_writes_again_a_finished_shard_whose_files_changed(image_tree, tmp_path, caplog):

@@ -28,17 +28,20 @@ from packer.stats import auto_normalize, summarize
 
 def build_manifest(
     config: ConvertConfig, layout: SampleLayout, found: Discovery, results: list[ShardResult], workers: int,
-    annotations: Optional[dict] = None, scratch: Optional[Path] = None,
+    annotations: Optional[dict] = None, scratch: Optional[Path] = None, fixed_samples: Optional[int] = None,
 ) -> Manifest:
     """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
     summary of its annotations (``packer.detection.Matched.summary``), completed with the box counts.
-    ``scratch``: a folder the duplicate search may spill to (``find_duplicates``)."""
+    ``scratch``: a folder the duplicate search may spill to (``find_duplicates``). ``fixed_samples``:
+    ``packer.plan.ShardPlan.fixed_samples``."""
     source = layout.has_image and layout.codec.name == "source"
     shards = shard_entries(results, layout)
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
     sharding: dict = {"shard_size": config.shard_size.describe(), "shuffle_seed": config.shuffle}
-    if config.shard_size.is_auto:
+    if config.shard_size.is_auto and fixed_samples is not None:
+        sharding["samples_per_shard"] = fixed_samples  # a large source's cut (packer.plan.auto_cut)
+    elif config.shard_size.is_auto:
         sharding["balanced_for_workers"] = workers  # auto layouts depend on it; see plan_shards
     # One pass over the shards' records (each parsed once, on disk): labels counted as the digests are read.
     counts = np.zeros(len(found.classes), np.int64) if found.classes is not None else None

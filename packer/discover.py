@@ -9,7 +9,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import Callable, Iterator, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -101,11 +101,13 @@ def discover(
     classes: Optional[Sequence[str]] = None,
     add_classes: bool = False,
     processes: int = 1,
+    on_walk: Optional["WalkWatcher"] = None,
 ) -> Discovery:
     """List the samples under ``root`` in sorted relative-path order, with their labels.
 
     ``processes`` may walk the root's subfolders in parallel once the walk takes a while (see
-    ``PARALLEL_AFTER``); the result is the same.
+    ``PARALLEL_AFTER``); the result is the same. ``on_walk`` is told of the walk's progress as it
+    goes (``WalkWatcher``).
 
     Top-level subfolders are classes (indices by sorted name) and deeper files belong to their
     top-level class. Without subfolders the samples are unlabelled. A ``labels_file`` (CSV of
@@ -124,7 +126,7 @@ def discover(
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"source folder {root} does not exist or is not a folder")
-    listing, walk = _walk(root, processes)
+    listing, walk = _walk(root, processes, on_walk)
     found = _samples_found(root, listing, walk, labels_file, fields, allow_missing, classes, add_classes)
     found.folders = walk.folders
     return found
@@ -395,13 +397,45 @@ class _Walk:
         self.folders = FolderStamps()
 
 
+WATCH_WAIT = 0.05
+"""Seconds the walk waits for its pool's next subfolder before telling its ``WalkWatcher`` again."""
+
 PARALLEL_AFTER = 0.25
 """Seconds of walking the root's first subfolders in this process after which the remaining ones
 are walked by a pool of processes (when discovery may use more than one): a small tree never pays
 for starting them, a large one walks its subfolders on every core."""
 
 
-def _walk(root: Path, processes: int = 1) -> tuple[_Listing, _Walk]:
+class WalkWatcher(Protocol):
+    """What discovery tells of a walk under way (``packer.early_start`` starts shards from it), often:
+    at every folder it finishes, and while it waits for its pool."""
+
+    def __call__(self, root: Path, listing: "_Listing", stable: int, walk: "_Walk") -> None:
+        """``listing``: the files listed so far under ``root`` (it grows); its first ``stable`` are
+        those of the finished listing, in its order (the walk adds nothing before them, and no file
+        of a symlinked folder, which are spliced in at the end); ``walk``: the rest it saw so far."""
+        ...
+
+
+def prefix_samples(root: Path, listing: "_Listing", stable: int, walk: "_Walk",
+                   fields: Optional[Sequence[str]]) -> Optional[Discovery]:
+    """What ``discover`` (without a labels file or class map) would find in the first ``stable`` files
+    of a walk under way (``WalkWatcher``), when its samples are single files: a prefix of what it
+    finds in the whole tree unless a file listed later changes the fields (auto-detected) or the
+    labels. None while the walk has seen files of several kinds (paired samples need the whole walk)."""
+    if fields:
+        chosen = tuple(f for f in FIELD_KINDS if f in fields)
+    else:
+        seen = [FIELD_KINDS[code] for code, counts in enumerate(walk.by_kind) if counts]
+        chosen = tuple(seen) if seen else ("image",)
+    if len(chosen) != 1:
+        return None
+    prefix = _Listing()
+    prefix._extend(listing, 0, stable)
+    return _single_field(root, prefix, chosen[0], {}, [], None, False)
+
+
+def _walk(root: Path, processes: int = 1, on_walk: Optional[WalkWatcher] = None) -> tuple[_Listing, _Walk]:
     """All image, text and json files under root in sorted relative-path order (a ``_Listing``), and
     the rest of what the walk saw (``_Walk``: other files, each kind's files by extension, which
     discovery reports as ignored when that kind is not a field, what could not be listed or named,
@@ -417,8 +451,9 @@ def _walk(root: Path, processes: int = 1) -> tuple[_Listing, _Walk]:
     workers wait for it).
     """
     walk = _Walk()
+    watch = None if on_walk is None else (lambda listing, stable: on_walk(root, listing, stable, walk))
     try:
-        listing = _walk_tree(os.fspath(root), "", walk, processes)
+        listing = _walk_tree(os.fspath(root), "", walk, processes, watch)
     except _Overlap:  # a folder reachable by two real paths (a bind mount) in two subfolders: walk in order
         walk = _Walk()
         listing = _walk_tree(os.fspath(root), "", walk)
@@ -430,23 +465,32 @@ class _Overlap(Exception):
     """Processes walking two subfolders both listed one folder: the walk starts again in one process."""
 
 
-def _walk_tree(folder: str, rel_dir: str, walk: _Walk, processes: int = 1) -> _Listing:
+def _walk_tree(folder: str, rel_dir: str, walk: _Walk, processes: int = 1,
+               watch: Optional[Callable[["_Listing", int], None]] = None) -> _Listing:
     """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them: its real
     folders first (subfolders of it in a pool of ``processes`` once walking them takes long), then
-    its symlinked ones, each spliced in at its place."""
-    return _with_linked(*_walk_top(folder, rel_dir, walk, processes), walk)
+    its symlinked ones, each spliced in at its place. ``watch(listing, stable)``: see ``WalkWatcher``."""
+    return _with_linked(*_walk_top(folder, rel_dir, walk, processes, watch), walk)
 
 
-def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int) -> tuple[_Listing, list[tuple[int, str, str]]]:
+def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
+              watch: Optional[Callable[["_Listing", int], None]] = None,
+              ) -> tuple[_Listing, list[tuple[int, str, str]]]:
     """The files under the real folders of ``folder``, and its symlinked folders by their position
     (see ``_walk_tree``). Subfolders walked by the pool are added in order as soon as they and all
     before them are done, so the parent holds little more than the listing itself."""
     entries = _entries(folder, rel_dir, walk)
     out = _Listing()
+    linked: list[tuple[int, str, str]] = []
+
+    def watched(first_link: Optional[int]) -> None:  # the files before any symlinked folder are final
+        stops = [len(out)] + ([linked[0][0]] if linked else []) + ([first_link] if first_link is not None else [])
+        watch(out, min(stops))  # type: ignore[misc]
+
+    seen = None if watch is None else watched
     folders_left = sum(e[3] is _FOLDER for e in entries) if processes > 1 else 0
     if folders_left < 2:
-        return out, _walk_real(out, [iter(entries)], walk)
-    linked: list[tuple[int, str, str]] = []
+        return out, _walk_real(out, [iter(entries)], walk, seen)
     queue: deque = deque()  # the pool's results, and listings of the entries between them, not yet in out
     started, pool = time.perf_counter(), None
     try:
@@ -460,12 +504,17 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int) -> tuple[_
                     _flush(queue, out, linked, walk, wait=False)
                     continue
             if not queue:
-                linked += _walk_real(out, [iter([entry])], walk)
+                linked += _walk_real(out, [iter([entry])], walk, seen)
                 continue
             if not isinstance(queue[-1], tuple):
                 queue.append((_Listing(), []))
             segment, links = queue[-1]
             links += _walk_real(segment, [iter([entry])], walk)
+        while seen is not None and queue and not isinstance(queue[0], tuple):
+            _flush(queue, out, linked, walk, wait=False)  # told of each subfolder as it joins the listing
+            seen(None)
+            if queue and not isinstance(queue[0], tuple):
+                queue[0].wait(WATCH_WAIT)
         _flush(queue, out, linked, walk, wait=True)
     finally:
         if pool is not None:
@@ -514,10 +563,12 @@ def _with_linked(out: _Listing, linked: list[tuple[int, str, str]], walk: _Walk)
         frames[-1][3].append((at, done))
 
 
-def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk) -> list[tuple[int, str, str]]:
+def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk,
+               watch: Optional[Callable[[Optional[int]], None]] = None) -> list[tuple[int, str, str]]:
     """Walk the entries of ``stack`` (an iterator of entries per folder, ``_entries``' tuples) and the
     real folders among them into ``out``; return the symlinked folders met, by their position in
-    ``out`` (walked after every real folder)."""
+    ``out`` (walked after every real folder). ``watch`` is called as each folder is done, with the
+    position of the first symlinked folder met (None before one)."""
     add, kinds = out.paths.add, out.kinds
     ignored, by_kind = walk.ignored, walk.by_kind
     linked: list[tuple[int, str, str]] = []
@@ -525,6 +576,8 @@ def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk) -> list
         entry = next(stack[-1], None)
         if entry is None:
             stack.pop()
+            if watch is not None:
+                watch(linked[0][0] if linked else None)
             continue
         _, rel, path, code = entry
         if code is _FOLDER:

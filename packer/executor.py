@@ -41,6 +41,8 @@ class _Running:
     job: ShardJob
     proc: object
     conn: object
+    slot: object
+    """The worker's position (``run_shard_process``), a lock-free shared one-element array."""
     reported: int = 0
     position: int = 0
     since: float = 0.0
@@ -63,69 +65,144 @@ def run_jobs(
     Raises DecodeError in strict mode, whatever error a shard raised, PackerError when a shard's
     process keeps dying for no file's fault, and KeyboardInterrupt after ending the workers.
     """
-    ctx = process_context()
-    for fmt in {job.format for job in jobs}:
-        get_format(fmt).import_modules()  # before the forks: every worker starts with its writer imported
-    log_level = logging.getLogger("packer").getEffectiveLevel()
-    positions = ctx.Array("q", max((j.number for j in jobs), default=0) + 1, lock=False)
-    queue = deque(jobs)
-    running: list[_Running] = []
-    results: dict[int, ShardResult] = {}
-    failures: dict[int, int] = {}
+    runner = JobRunner(workers, progress=progress, on_result=on_result, timeout=timeout)
     try:
-        while queue or running:
-            if should_stop is not None and should_stop():
-                raise RunStopped()
-            while queue and len(running) < workers:
-                job = queue.popleft()
-                remove_partial_files(job)
-                receive, send = ctx.Pipe(duplex=False)
-                positions[job.number] = 0
-                proc = ctx.Process(target=run_shard_process, args=(job, send, positions, os.getpid(), log_level),
-                                   daemon=True)
-                with stop_signals_held():  # a Ctrl-C during fork would otherwise be lost
-                    proc.start()
-                    # Recorded before the held signals arrive: an interrupt then ends this worker too.
-                    running.append(_Running(job, proc, receive, since=time.monotonic()))
-                send.close()
-            wait([r.conn for r in running] + [r.proc.sentinel for r in running], timeout=1.0)
-            now = time.monotonic()
-            for r in list(running):
-                outcome = _collect(r, progress)
-                if positions[r.job.number] != r.position:
-                    r.position, r.since = positions[r.job.number], now
-                if outcome is None and r.proc.is_alive():
-                    if r.position != FINISHING and time.monotonic() - r.since > timeout:
-                        log.warning("%s: no progress for %.0f s; ending its worker", r.job.task.name, timeout)
-                        r.proc.kill()
-                        r.proc.join()
-                        outcome = ("died", None)
-                    else:
-                        continue
-                running.remove(r)
-                r.conn.close()
-                r.proc.join()
-                kind, value = outcome if outcome is not None else ("died", None)
-                if kind == "result":
-                    for skipped in value.skipped:  # logged here, in the parent, where the CLI shows it
-                        log.info("skipped %s: %s", skipped.path, skipped.reason)
-                    results[r.job.number] = value
-                    if on_result is not None:
-                        on_result(r.job, value)
-                elif kind == "error":
-                    raise value
-                else:
-                    if progress is not None and r.reported:
-                        progress(-r.reported)  # the shard runs again from its start
-                    queue.appendleft(_after_failure(r, failures, timeout))
+        runner.add(jobs)
+        results = runner.finish(should_stop)
     except BaseException:
-        for r in running:
-            r.proc.kill()
-        for r in running:
-            r.proc.join()
-            r.conn.close()
+        runner.stop()
         raise
     return [results[j.number] for j in jobs]
+
+
+class JobRunner:
+    """``run_jobs``' loop as an object, for a parent that has other work while its shards run: jobs
+    can be added while others run (``packer.early_start`` adds shards as discovery walks), the loop
+    advanced a step at a time, and jobs cancelled. Job numbers are unique among its jobs."""
+
+    def __init__(self, workers: int, *, progress: Optional[ProgressFn] = None,
+                 on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.workers = workers
+        self.progress = progress
+        self.on_result = on_result
+        self.timeout = timeout
+        self.results: dict[int, ShardResult] = {}
+        """Finished shards by job number."""
+        self._ctx = process_context()
+        self._log_level = logging.getLogger("packer").getEffectiveLevel()
+        self._queue: deque[ShardJob] = deque()
+        self._running: list[_Running] = []
+        self._failures: dict[int, int] = {}
+        self._formats: set[str] = set()
+        self._jobs: dict[int, ShardJob] = {}
+        self._reported: dict[int, int] = {}  # files each finished job counted in progress
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job is queued or running."""
+        return bool(self._queue or self._running)
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a worker."""
+        return len(self._queue)
+
+    def add(self, jobs: list[ShardJob]) -> None:
+        """Queue ``jobs`` after those already queued."""
+        for fmt in {job.format for job in jobs} - self._formats:
+            get_format(fmt).import_modules()  # before the forks: every worker starts with its writer imported
+            self._formats.add(fmt)
+        self._queue.extend(jobs)
+        self._jobs.update((job.number, job) for job in jobs)
+
+    def cancel(self, numbers: set[int]) -> None:
+        """Forget the jobs ``numbers``: dequeued, their workers ended, the files they wrote deleted (their
+        records too), their finished results dropped and their files counted back from ``progress``."""
+        self._queue = deque(j for j in self._queue if j.number not in numbers)
+        for r in [r for r in self._running if r.job.number in numbers]:
+            r.proc.kill()
+            r.proc.join()
+            r.conn.close()
+            self._running.remove(r)
+            if self.progress is not None and r.reported:
+                self.progress(-r.reported)
+            remove_partial_files(r.job, records=True)
+        for number in numbers:
+            if self.results.pop(number, None) is not None:
+                remove_partial_files(self._jobs[number], records=True)
+                if self.progress is not None and self._reported.get(number):
+                    self.progress(-self._reported[number])
+            self._jobs.pop(number, None)
+
+    def step(self, timeout: float) -> None:
+        """Start queued jobs on free workers, wait up to ``timeout`` seconds for news from the running
+        ones, and take it (see ``run_jobs`` for what it raises)."""
+        while self._queue and len(self._running) < self.workers:
+            self._start(self._queue.popleft())
+        if not self._running:
+            return
+        wait([r.conn for r in self._running] + [r.proc.sentinel for r in self._running], timeout=timeout)
+        now = time.monotonic()
+        for r in list(self._running):
+            outcome = _collect(r, self.progress)
+            if r.slot[0] != r.position:
+                r.position, r.since = r.slot[0], now
+            if outcome is None and r.proc.is_alive():
+                if r.position != FINISHING and time.monotonic() - r.since > self.timeout:
+                    log.warning("%s: no progress for %.0f s; ending its worker", r.job.task.name, self.timeout)
+                    r.proc.kill()
+                    r.proc.join()
+                    outcome = ("died", None)
+                else:
+                    continue
+            self._running.remove(r)
+            r.conn.close()
+            r.proc.join()
+            kind, value = outcome if outcome is not None else ("died", None)
+            if kind == "result":
+                for skipped in value.skipped:  # logged here, in the parent, where the CLI shows it
+                    log.info("skipped %s: %s", skipped.path, skipped.reason)
+                self.results[r.job.number] = value
+                self._reported[r.job.number] = r.reported
+                if self.on_result is not None:
+                    self.on_result(r.job, value)
+            elif kind == "error":
+                raise value
+            else:
+                if self.progress is not None and r.reported:
+                    self.progress(-r.reported)  # the shard runs again from its start
+                self._queue.appendleft(_after_failure(r, self._failures, self.timeout))
+
+    def finish(self, should_stop: Optional[Callable[[], bool]] = None) -> dict[int, ShardResult]:
+        """Run until every job is done; the results by job number. ``should_stop``: see ``run_jobs``."""
+        while self.busy:
+            if should_stop is not None and should_stop():
+                raise RunStopped()
+            self.step(1.0)
+        return self.results
+
+    def stop(self) -> None:
+        """End every running worker (after an error or an interrupt); the queue is dropped."""
+        self._queue.clear()
+        for r in self._running:
+            r.proc.kill()
+        for r in self._running:
+            r.proc.join()
+            r.conn.close()
+        self._running.clear()
+
+    def _start(self, job: ShardJob) -> None:
+        remove_partial_files(job)
+        receive, send = self._ctx.Pipe(duplex=False)
+        slot = self._ctx.Array("q", 1, lock=False)
+        proc = self._ctx.Process(target=run_shard_process, args=(job, send, slot, os.getpid(), self._log_level),
+                                 daemon=True)
+        with stop_signals_held():  # a Ctrl-C during fork would otherwise be lost
+            proc.start()
+            # Recorded before the held signals arrive: an interrupt then ends this worker too.
+            self._running.append(_Running(job, proc, receive, slot, since=time.monotonic()))
+        send.close()
 
 
 class Executor(Protocol):
@@ -193,12 +270,12 @@ def _after_failure(r: _Running, failures: dict[int, int], timeout: float) -> Sha
     return job
 
 
-def remove_partial_files(job: ShardJob) -> None:
+def remove_partial_files(job: ShardJob, records: bool = False) -> None:
     """Delete what an earlier attempt at ``job``'s shard left (crash, kill): every file of a shard
-    starts with its name; the record of a finished shard is kept."""
+    starts with its name; the record of a finished shard is kept, unless ``records``."""
     for path in Path(job.directory).glob(f"{job.task.name}.*"):
-        if not path.name.endswith(".done.json"):
-            path.unlink()
+        if records or not path.name.endswith(".done.json"):
+            path.unlink(missing_ok=True)
 
 
 def probe(job: ShardJob, item: SourceItem, timeout: float) -> Optional[str]:

@@ -20,7 +20,8 @@ from packer.assemble import build_manifest
 from packer.config import ConvertConfig
 from packer.containers import container_kind, discover_container, job_for
 from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
-from packer.discover import Discovery, discover, is_packer_folder
+from packer.discover import Discovery, WalkWatcher, discover, is_packer_folder
+from packer.early_start import EarlyStart, early_start_allowed
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.finish import name_shards, write_output
@@ -117,6 +118,11 @@ def convert(
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     options = discovery_options(labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
     lock, locked = None, False
+    early = None
+    if early_start_allowed(Path(source), config, labels_file=labels_file, classes=classes, resume=resume,
+                           executor=executor, discovery=discovery):
+        early = EarlyStart(output, config, max(1, workers or usable_cpus()), strict=strict, timeout=timeout,
+                           fields=config.text.fields)
     try:
         found, walked = None, None
         if discovery is None and resume and staging_dir(output).is_dir():
@@ -126,8 +132,11 @@ def convert(
             # With --annotations, --classes orders the boxes' categories, not class folders
             folder_classes = classes if config.detection is None else None
             found = discover_checked(source, output, labels_file, overwrite, strict, config.text, folder_classes,
-                                     add_classes and folder_classes is not None, max(1, workers or usable_cpus()))
+                                     add_classes and folder_classes is not None, max(1, workers or usable_cpus()),
+                                     on_walk=early)
             walked = found if can_save(found) else None
+            if early is not None and early.lock is not None:
+                lock, locked = early.lock, True  # taken when the first shard started
         elif found is None:
             check_output(output, overwrite, Path(source))
             found = checked(discovery, strict, config.text)
@@ -136,10 +145,16 @@ def convert(
         result = _matched_and_converted(Path(source), output, config, found, walked, options, labels_file, classes,
                                         add_classes, strict,
                                         RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
-                                        workers, progress, on_plan, executor)
+                                        workers, progress, on_plan, executor, early)
+    except BaseException:
+        if early is not None:
+            early.abandon()
+        raise
     finally:
         if locked:
             release_output(output, lock)
+        elif early is not None and early.lock is not None:  # taken by the early start of a walk that failed
+            release_output(output, early.lock)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -150,10 +165,12 @@ def _matched_and_converted(
     run: "RunOptions",
     workers: Optional[int], progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Optional[Executor],
+    early: Optional[EarlyStart] = None,
 ) -> ConvertResult:
     """The rest of ``convert``, under the output's lock: the discovery's boxes or masks matched, then
     the shards planned, written, merged and published (``walked``: the discovery to save for --resume,
-    when a walk made it; ``run``: its options but the worker count, which comes from the executor)."""
+    when a walk made it; ``run``: its options but the worker count, which comes from the executor;
+    ``early``: the shards started during the walk)."""
     matched = None
     if found.places is not None and (config.detection is not None or config.masks is not None):
         raise InputError(f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
@@ -182,7 +199,7 @@ def _matched_and_converted(
     run = replace(run, workers=executor.workers)
     recover(output)
     return _convert_locked(source, output, config, layout, found, run, progress, on_plan, executor, matched, masks,
-                           walked, options)
+                           walked, options, early if early is not None and early.runner is not None else None)
 
 
 def reused_discovery(source: Path, output: Path, overwrite: bool, strict: bool, text: TextConfig,
@@ -202,11 +219,12 @@ def discover_checked(
     source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool,
     text: TextConfig = TextConfig(), classes: Optional[Sequence[str]] = None, add_classes: bool = False,
     processes: int = 1,
+    on_walk: Optional[WalkWatcher] = None,
 ) -> Discovery:
     """The checks every conversion makes before any work: the output may be written, the source
     has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
     says which fields make a sample, ``classes`` the class map, see ``convert``; ``processes``
-    may walk a folder source, see ``discover``)."""
+    and ``on_walk`` may walk a folder source, see ``discover``)."""
     check_output(output, overwrite, Path(source))
     refuse_packer_output(Path(source))
     kind = container_kind(Path(source))
@@ -220,7 +238,7 @@ def discover_checked(
     if Path(source).is_file():
         raise InputError(f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset "
                          "samples")
-    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes, processes)
+    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes, processes, on_walk)
     if not found.items and labels_file is not None and found.skipped:
         raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
                          "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
@@ -287,21 +305,28 @@ def _convert_locked(
     masks: Optional[dict[int, str]] = None,
     walked: Optional[Discovery] = None,
     options: Optional[dict] = None,
+    early: Optional[EarlyStart] = None,
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock (``matched``: the
     annotations of a detection output; ``masks``: each item's mask file; ``walked``: the discovery a
-    walk made, saved in the staging folder with its ``options`` for --resume)."""
+    walk made, saved in the staging folder with its ``options`` for --resume; ``early``: the shards
+    that started while it walked, which the plan keeps or writes again)."""
     stage = staging_dir(output)
     previous = read_plan(stage) if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
-    tasks = plan_tasks(found, config, layout, plan_workers)
+    shard_plan = plan_tasks(found, config, layout, plan_workers)
+    tasks = shard_plan.tasks
     per_shard = previous is None or previous.get("sources") == SOURCES_PER_SHARD
     extra = _targets_digest(matched, config, masks)
     recorded = plan_fingerprint(config, tasks, run.strict, extra=extra)
     # Plans of older packers (and of split runs) also covered each file's stamp.
     expected = recorded if per_shard else plan_fingerprint(config, tasks, run.strict, stamps=True, extra=extra)
-    finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
-                             version=get_format(config.format).version(layout), workers=plan_workers)
+    if early is not None:
+        kept_early = early.settle(tasks, layout, recorded, plan_workers)
+        finished: dict[str, ShardResult] = {}
+    else:
+        finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
+                                 version=get_format(config.format).version(layout), workers=plan_workers)
     if walked is not None:
         save_discovery(stage, walked, options or {})
     if on_plan is not None:
@@ -311,9 +336,14 @@ def _convert_locked(
                          detection=_detection_job(matched, config, t),
                          container=job_for(found.places, t.items) if found.places is not None else None,
                          segmentation=mask_job(masks, config.masks, t.items)) for i, t in enumerate(tasks)]
-        todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
-        by_name = {**finished, **{r.name: r for r in fresh}}
-        results = [by_name[t.name] for t in tasks]
+        if early is not None:
+            todo = [replace(j, record=True, plan_fingerprint=recorded) for j in jobs if j.task.name not in kept_early]
+            results = early.finish(todo, progress)
+            todo = jobs  # every shard was written by this run
+        else:
+            todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
+            by_name = {**finished, **{r.name: r for r in fresh}}
+            results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
             raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
@@ -324,7 +354,8 @@ def _convert_locked(
         if run.own_items and isinstance(found.items, ItemTable):
             found.items.release()
         manifest = build_manifest(config, layout, found, results, plan_workers,
-                                  matched.summary if matched is not None else None, scratch=stage)
+                                  matched.summary if matched is not None else None, scratch=stage,
+                                  fixed_samples=shard_plan.fixed_samples)
         write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -33,6 +34,24 @@ AUTO_MAX_EXTRA_SHARDS = 64
 ``max_open_shards``: random batches over more shards than a reader keeps open reopen a shard on
 almost every read). Shards the 256 MiB cap asks for are not limited."""
 
+AUTO_FIXED_MAX_SAMPLES = 20_000
+"""``auto`` on a large source (see ``auto_cut``) cuts shards of at most this many samples: about half a
+minute of one worker's decoding, the most an interrupted run loses per worker."""
+
+ESTIMATE_PREFIX = 4096
+"""``auto_cut`` estimates the stored bytes per sample from the first this many samples only, so that the
+cut of a large source is known from the start of its sorted list (``packer.early_start``)."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The shards of a conversion, and how ``auto`` cut them."""
+
+    tasks: list[ShardTask]
+    fixed_samples: Optional[int] = None
+    """With ``--shard-size auto`` on a large source (``auto_cut``): the samples of every shard but the
+    last; None where the cut was balanced for the workers (or a size was given)."""
+
 
 def shard_name(i: int) -> str:
     """Name of the ``i``-th shard; every file of the shard starts with it."""
@@ -40,20 +59,22 @@ def shard_name(i: int) -> str:
 
 
 def plan_shards(
-    items: Sequence[SourceItem], size: ShardSize, sample_bytes: float, workers: int = 1
+    items: Sequence[SourceItem], size: ShardSize, sample_bytes: float, workers: int = 1,
+    fixed: Optional[int] = None,
 ) -> list[ShardTask]:
     """Cut the sorted items into contiguous shards.
 
     A sample count or byte size gives shards of that size (the last one smaller). ``auto`` gives
     shards of at most 256 MiB and at least ``AUTO_SHARDS_PER_WORKER`` per worker (while they keep
     ``AUTO_MIN_SAMPLES`` each, and up to ``AUTO_MAX_EXTRA_SHARDS``), as many as a multiple of
-    ``workers`` and of equal size, so that no worker waits for another at the end.
+    ``workers`` and of equal size, so that no worker waits for another at the end; or, given
+    ``fixed`` (``auto_cut`` of a large source), shards of ``fixed`` samples.
     """
     n = len(items)
     if n == 0:
         return []
-    if size.samples is not None:
-        per = size.samples
+    if size.samples is not None or (size.is_auto and fixed is not None):
+        per = size.samples or fixed
     elif size.bytes is not None:
         per = max(1, int(size.bytes // max(sample_bytes, 1)))
     else:
@@ -121,7 +142,37 @@ def _file_size(path: str) -> int:
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def plan_tasks(found: Discovery, config: ConvertConfig, layout: SampleLayout, workers: int) -> list[ShardTask]:
+def auto_samples(layout: SampleLayout, items: Sequence[SourceItem]) -> int:
+    """The samples per shard of ``auto``'s cut of a large source: as many as fit 256 MiB by the
+    stored bytes of the first ``ESTIMATE_PREFIX`` of ``items`` (exact for fixed image shapes), at most
+    ``AUTO_FIXED_MAX_SAMPLES``."""
+    estimate = estimate_sample_bytes(layout, items[:ESTIMATE_PREFIX])
+    return max(1, min(AUTO_FIXED_MAX_SAMPLES, int(DEFAULT_SHARD_BYTES // max(estimate, 1))))
+
+
+def fixed_cut_from(per: int) -> int:
+    """The sample count from which ``auto`` cuts shards of ``per`` samples (``auto_samples``): enough for
+    ``AUTO_MAX_EXTRA_SHARDS`` of them, where the balanced cut would give about as many anyway."""
+    return max(AUTO_MAX_EXTRA_SHARDS * per, ESTIMATE_PREFIX)
+
+
+def auto_cut(items: Sequence[SourceItem], size: ShardSize, layout: SampleLayout) -> Optional[int]:
+    """The fixed sample count of ``auto``'s shards of ``items`` (in stored order), or None for the
+    balanced cut.
+
+    A large source (``fixed_cut_from``) is cut into shards of one sample count decided by its first
+    samples alone, so that the cut of every shard is known as soon as discovery has listed it: its
+    shards can start while the rest of the tree is walked (``packer.early_start``). The balanced cut
+    depends on the sample count, which only the end of the walk knows."""
+    if not size.is_auto or len(items) < ESTIMATE_PREFIX:
+        return None
+    per = auto_samples(layout, items)
+    return per if len(items) >= fixed_cut_from(per) else None
+
+
+def plan_tasks(found: Discovery, config: ConvertConfig, layout: SampleLayout, workers: int) -> ShardPlan:
     """The shards of a conversion of ``found``: its samples in stored order, cut by ``plan_shards``."""
     items = stored_order(found.items, config.shuffle)
-    return plan_shards(items, config.shard_size, estimate_sample_bytes(layout, items), workers)
+    fixed = auto_cut(items, config.shard_size, layout)
+    sample_bytes = estimate_sample_bytes(layout, items) if fixed is None else 0.0
+    return ShardPlan(plan_shards(items, config.shard_size, sample_bytes, workers, fixed), fixed)

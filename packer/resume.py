@@ -63,7 +63,7 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
                 scattered.setdefault(id(whole.records), whole)
                 continue
             # The same bytes, without an object per item, a block at a time (a shard may be huge).
-            _hash_lines(h, task.items)
+            hash_plan_lines(h, task.items)
             continue
         lines = []  # one update per shard: the same bytes as one per item, in less time
         for item in task.items:
@@ -72,12 +72,13 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
         h.update("".join(lines).encode())
     for whole in scattered.values():
         h.update(b"\0table\0")
-        _hash_lines(h, whole)
+        hash_plan_lines(h, whole)
     return h.hexdigest()
 
 
-def _hash_lines(h, items: ItemTable) -> None:
-    """Hash ``items``' plan lines, ``FINGERPRINT_BLOCK`` items at a time."""
+def hash_plan_lines(h, items: ItemTable) -> None:
+    """Hash ``items``' plan lines, ``FINGERPRINT_BLOCK`` items at a time (``packer.early_start``
+    compares shards by them)."""
     for a in range(0, len(items), FINGERPRINT_BLOCK):
         h.update(items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
 

@@ -128,7 +128,8 @@ def convert_node(
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     plan_workers = executor.workers * node.nodes
-    tasks = plan_tasks(found, config, layout, plan_workers)
+    shard_plan = plan_tasks(found, config, layout, plan_workers)
+    tasks = shard_plan.tasks
     plan = {
         # Every file's stamp, as before per-shard stamps (single runs): a node that joins must see the
         # files the others saw, as merge publishes every node's shards without reading the sources.
@@ -137,7 +138,7 @@ def convert_node(
         "split": {"nodes": node.nodes, "shards": [t.name for t in tasks], "config": recorded,
                   "source": str(Path(source).absolute()), "classes": found.classes,
                   "skipped": [s.to_dict() for s in found.skipped], "counts": source_counts(found),
-                  "fields": list(found.fields)},
+                  "fields": list(found.fields), "fixed_samples": shard_plan.fixed_samples},
     }
     locks = _lock_node(output, node)
     try:
@@ -277,7 +278,8 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         if not any(r.samples for r in results):
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
         results = name_shards(stage, results, names)
-        manifest = build_manifest(config, layout, found, results, plan["workers"], scratch=stage)
+        manifest = build_manifest(config, layout, found, results, plan["workers"], scratch=stage,
+                                  fixed_samples=split.get("fixed_samples"))
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
         write_output(stage, manifest)
         publish(stage, output, overwrite, source)

@@ -98,12 +98,12 @@ class ShardJob:
     (``packer.output.PLAN_OF_RECORD``)."""
 
 
-def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: int) -> None:
+def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) -> None:
     """Body of a shard's worker process: write the shard, reporting through ``conn``.
 
     Messages are ``("progress", n)``, and last ``("result", ShardResult)`` or ``("error",
-    exception)``. Before each file its 1-based position goes into ``positions[job.number]``, a
-    lock-free shared array the parent reads to name the file of a crash or hang. The process
+    exception)``. Before each file its 1-based position goes into ``slot[0]``, a lock-free
+    shared one-element array the parent reads to name the file of a crash or hang. The process
     ignores Ctrl-C (the parent decides how to stop), ends quietly on SIGTERM (which
     multiprocessing sends the daemonic children still running when their parent exits), and
     exits at once if its converter, ``parent``, is gone.
@@ -122,7 +122,7 @@ def run_shard_process(job: ShardJob, conn, positions, parent: int, log_level: in
             os.kill(parent, 0)  # signal 0 only asks whether the converter still exists
         except ProcessLookupError:
             os._exit(1)
-        positions[job.number] = position
+        slot[0] = position
 
     try:
         result = write_shard(job, progress=lambda n: conn.send(("progress", n)), at=at)

@@ -1,0 +1,235 @@
+"""Shards that start while discovery is still walking the source tree.
+
+At 10^8 files the walk alone takes minutes, and every worker would wait for it. Where the cut of the
+shards does not depend on the number of samples (``--shard-size N`` samples, or ``auto`` on a large
+source: ``packer.plan.auto_cut``), the shards over the files that the walk has listed for good are
+known before it ends. ``EarlyStart`` watches the walk (``packer.discover.WalkWatcher``) and hands
+those shards to workers as they become known.
+
+When the walk ends, the pipeline plans every shard exactly as it does without an early start. Each
+shard started early is kept only where it is the final plan's shard of its name, with the same
+samples (index, key, label), fields and layout. Any other is cancelled, its files deleted, and it is
+written again from the final plan. The output is therefore the one a run without an early start
+writes: a file listed late that changes the fields (auto-detected) or the sample count's cut costs
+time, never correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import IO, Optional, Sequence
+
+from packer import __version__
+from packer.config import ConvertConfig
+from packer.containers import container_kind
+from packer.discover import prefix_samples
+from packer.executor import JobRunner
+from packer.item_table import ItemTable
+from packer.output import discard, lock_output, recover, staging_dir, start_staging, write_plan
+from packer.plan import ESTIMATE_PREFIX, auto_samples, fixed_cut_from, shard_name
+from packer.records import ShardResult, ShardTask, SourceItem
+from packer.resume import SOURCES_PER_SHARD, hash_plan_lines
+from packer.sample_layout import SampleLayout
+from packer.worker import ProgressFn, ShardJob
+
+log = logging.getLogger(__name__)
+
+EARLY_AFTER = 1.0
+"""Seconds of walking before any shard starts early: a tree that a second lists is planned whole, as
+before, and never pays for watching its walk."""
+
+CHECK_EVERY = 0.05
+"""Seconds between two looks at the walk (and at the workers started early)."""
+
+REBUILD_GROWTH = 1.25
+"""The listing's final files must have grown by this factor (or doubled, while workers are still busy)
+before the samples over them are found again: each time costs work in proportion to all of them."""
+
+
+def early_start_allowed(source: Path, config: ConvertConfig, *, labels_file: object, classes: object,
+                        resume: bool, executor: object, discovery: object) -> bool:
+    """Whether a conversion may start shards while it walks: a folder of single-file samples in
+    sorted order, whose labels come from its class folders, with a cut known from its first samples
+    (see the module). ``--resume`` plans from what the interrupted run saved; other executors (Ray) run
+    the plan they are given."""
+    size = config.shard_size
+    return (discovery is None and not resume and executor is None and labels_file is None and classes is None
+            and config.detection is None and config.masks is None and config.shuffle is None
+            and (size.samples is not None or size.is_auto)
+            and source.is_dir() and container_kind(source) is None)
+
+
+class EarlyStart:
+    """Watches a walk (``packer.discover.WalkWatcher``) and runs the shards it makes known, in the
+    staging folder of ``output``, with up to ``workers`` processes; then ``settle`` keeps those that
+    the final plan has, and ``finish`` runs the rest (see the module)."""
+
+    def __init__(self, output: Path, config: ConvertConfig, workers: int, *, strict: bool = False,
+                 timeout: float, fields: Optional[Sequence[str]] = None) -> None:
+        self.output = output
+        self.config = config
+        self.workers = workers
+        self.strict = strict
+        self.timeout = timeout
+        self.fields = tuple(fields) if fields else None
+        self.lock: Optional[IO] = None
+        """The output's lock, once the first shard is known (the pipeline then holds it)."""
+        self.runner: Optional[JobRunner] = None
+        self.planned = False
+        """Whether ``settle`` has recorded the final plan in the staging folder."""
+        self._started = time.monotonic()
+        self._next_look = self._started + EARLY_AFTER
+        self._jobs: dict[int, tuple[ShardJob, str]] = {}  # shards started early, with their plan lines' digest
+        self._layout: Optional[SampleLayout] = None  # the layout they were made for
+        self._per: Optional[int] = None  # samples per shard
+        self._built = 0  # final files of the listing the samples were last found in
+        self._given_up = False
+        self._progress: Optional[ProgressFn] = None
+        self._pending = 0  # files finished before the progress bar exists
+
+    @property
+    def started(self) -> int:
+        """Shards started early (and not cancelled)."""
+        return len(self._jobs)
+
+    # the walk's watcher -------------------------------------------------------------------------
+    def __call__(self, root: Path, listing, stable: int, walk) -> None:
+        """``packer.discover.WalkWatcher``: start the shards over the first ``stable`` files listed."""
+        now = time.monotonic()
+        if now < self._next_look or self._given_up:
+            return
+        self._next_look = now + CHECK_EVERY
+        if self.runner is not None:
+            self.runner.step(0)
+        busy = self.runner is not None and self.runner.queued >= self.workers
+        if stable < self._built * (2 if busy else REBUILD_GROWTH) or stable == 0:
+            return
+        self._built = stable
+        found = prefix_samples(root, listing, stable, walk, self.fields)
+        if found is None:
+            return
+        layout = SampleLayout.from_config(self.config, found.fields)
+        if self._layout is not None and layout != self._layout:
+            self._give_up(f"the fields found so far changed ({', '.join(found.fields)})")
+            return
+        items = found.items
+        if self._per is None and not self._choose_cut(layout, items):
+            return
+        self._layout = layout
+        self._add_shards(items)
+
+    def _choose_cut(self, layout: SampleLayout, items: Sequence[SourceItem]) -> bool:
+        """Decide the samples per shard once enough samples are known for it; whether it is decided."""
+        size = self.config.shard_size
+        if size.samples is not None:
+            self._per = size.samples
+            return True
+        if len(items) < ESTIMATE_PREFIX:
+            return False
+        per = auto_samples(layout, items)
+        if len(items) < fixed_cut_from(per):
+            return False  # not known yet to be a large source: the balanced cut may still apply
+        self._per = per
+        return True
+
+    def _add_shards(self, items: Sequence[SourceItem]) -> None:
+        per = self._per
+        assert per is not None and self._layout is not None
+        first, last = len(self._jobs), len(items) // per
+        if last <= first:
+            return
+        if self.runner is None:
+            self._start_staging()
+        stage = str(staging_dir(self.output))
+        jobs = []
+        for k in range(first, last):
+            task = ShardTask(shard_name(k), items[k * per:(k + 1) * per])
+            job = ShardJob(k, task, self.config.format, self._layout, self.config.preprocess, stage, self.strict,
+                           text=self.config.text, record=True)
+            self._jobs[k] = (job, lines_digest(task.items))
+            jobs.append(job)
+        log.info("walking on; started shards %d to %d early", first, last - 1)
+        self.runner.add(jobs)  # type: ignore[union-attr]
+        self.runner.step(0)  # type: ignore[union-attr]
+
+    def _start_staging(self) -> None:
+        """Lock the output and start its staging folder, as the pipeline does after a walk."""
+        self.lock = lock_output(self.output)
+        recover(self.output)
+        stage = staging_dir(self.output)
+        if stage.exists():
+            log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
+        start_staging(self.output)
+        self.runner = JobRunner(self.workers, progress=self._count, timeout=self.timeout)
+
+    def _give_up(self, why: str) -> None:
+        log.info("no more shards start early: %s", why)
+        self._given_up = True
+
+    def _count(self, n: int) -> None:
+        if self._progress is None:
+            self._pending += n
+        else:
+            self._progress(n)
+
+    # after the walk -----------------------------------------------------------------------------
+    def settle(self, tasks: list[ShardTask], layout: SampleLayout, fingerprint: str, workers: int) -> set[str]:
+        """Keep the shards started early that are ``tasks``' shards of their names (same samples,
+        same ``layout``), cancel the others, and record the plan (``fingerprint``, ``workers``) in the
+        staging folder; the names of the shards kept."""
+        kept, dropped = set(), set()
+        for k, (job, digest) in self._jobs.items():
+            final = tasks[k] if k < len(tasks) else None
+            if (final is not None and final.name == job.task.name and job.layout == layout
+                    and len(final.items) == len(job.task.items) and lines_digest(final.items) == digest):
+                kept.add(k)
+            else:
+                dropped.add(k)
+        if dropped:
+            log.warning("%d of the %d shards started early do not match the final plan; writing them again",
+                        len(dropped), len(self._jobs))
+            assert self.runner is not None
+            self.runner.cancel(dropped)
+            for k in dropped:
+                del self._jobs[k]
+        write_plan(staging_dir(self.output), {"fingerprint": fingerprint, "workers": workers,
+                                               "sources": SOURCES_PER_SHARD, "packer": __version__})
+        self.planned = True
+        log.info("%d shard(s) started while the source was walked", len(kept))
+        return {tasks[k].name for k in kept}
+
+    def finish(self, jobs: list[ShardJob], progress: Optional[ProgressFn]) -> list[ShardResult]:
+        """Run ``jobs`` (the final plan's shards not kept by ``settle``) beside those still running, until
+        all are done; the results of every shard of the plan, in plan order. ``progress`` gets the files
+        finished, those finished before it was given first."""
+        assert self.runner is not None
+        self._progress = progress
+        if progress is not None and self._pending:
+            progress(self._pending)
+        self._pending = 0
+        self.runner.add(jobs)
+        results = self.runner.finish()
+        numbers = sorted(set(self._jobs) | {j.number for j in jobs})
+        return [results[k] for k in numbers]
+
+    def abandon(self) -> None:
+        """End the workers started early after a failure or an interrupt; a staging folder without a
+        plan yet holds nothing --resume could use, and goes."""
+        if self.runner is not None:
+            self.runner.stop()
+            if not self.planned:
+                discard(staging_dir(self.output))
+
+
+def lines_digest(items: Sequence[SourceItem]) -> str:
+    """SHA-256 of a shard's plan lines (each sample's index, key, label and fields), what ``settle``
+    compares: the bytes of ``packer.resume.plan_fingerprint`` for these items."""
+    h = hashlib.sha256()
+    if isinstance(items, ItemTable):
+        hash_plan_lines(h, items)
+    else:
+        h.update("".join(f"\0{it.index}\0{it.relpath}\0{it.label}\0{it.fields_stamp}" for it in items).encode())
+    return h.hexdigest()

@@ -37,9 +37,9 @@ from packer.worker import ProgressFn, ShardJob
 
 log = logging.getLogger(__name__)
 
-EARLY_AFTER = 1.0
-"""Seconds of walking before any shard starts early: a tree that a second lists is planned whole, as
-before, and never pays for watching its walk."""
+EARLY_AFTER = 0.25
+"""Seconds of walking before any shard starts early (as ``discover.PARALLEL_AFTER`` starts the walk's
+pool): a tree listed in less is planned whole, as before, and never pays for watching its walk."""
 
 CHECK_EVERY = 0.05
 """Seconds between two looks at the walk (and at the workers started early)."""

@@ -21,6 +21,10 @@ folders, all byte-distinct, and measures, each in a fresh child process:
   uninterrupted conversion's time, then run again with ``--resume``; its shards compared with the
   uninterrupted output's;
 - ``packer.verify`` CPU (its own and its per-shard children's) per file;
+- shards started during the walk (``packer.early_start``): the largest tree converted to npy with a
+  cut known from its first samples (``--early-shard-size``), with the early start and without,
+  alternated ``--early-rounds`` times: wall, when the first shard started, the parent's peak, and
+  whether both wrote the same shards;
 - optionally (``--discovery-files``), ``packer.discover.discover`` alone on a tree of empty files.
 
 Prints the tables; ``--markdown`` writes them with an extrapolation to 10^8 files (the per-file slope
@@ -145,6 +149,8 @@ def smaps(pid: int) -> dict[str, int]:
 
 def child_convert(p: dict) -> dict:
     """One conversion through ``packer.convert``, timed phase by phase from inside the packer parent."""
+    import packer.early_start as early_start
+    import packer.executor as executor
     import packer.pipeline as pipeline
     from packer import ConvertConfig, PreprocessConfig, convert
     from packer.config import parse_shard_size
@@ -166,6 +172,24 @@ def child_convert(p: dict) -> dict:
             mark("workers_done")
 
     pipeline.run_unfinished = timed_run
+    real_finish, real_start = early_start.EarlyStart.finish, executor.JobRunner._start
+
+    def timed_finish(*args, **kwargs):  # the early start's run of the rest of the plan, as run_unfinished
+        mark("workers_start")
+        try:
+            return real_finish(*args, **kwargs)
+        finally:
+            mark("workers_done")
+
+    def first_start(*args, **kwargs):
+        if "first_worker" not in marks:
+            mark("first_worker")
+        return real_start(*args, **kwargs)
+
+    early_start.EarlyStart.finish = timed_finish
+    executor.JobRunner._start = first_start
+    if not p.get("early", True):
+        early_start.EARLY_AFTER = float("inf")  # no shard starts before the walk ends
     shards: list[int] = []
 
     def on_plan(found, tasks) -> None:
@@ -425,7 +449,31 @@ def convert_row(size: int, fmt: str, r: dict) -> dict:
         "peak_workers_start_mib": before["maxrss_kib"] / 1024, "peak_workers_done_mib": done["maxrss_kib"] / 1024,
         "peak_mib": end["maxrss_kib"] / 1024, "worker_peak_mib": r["worker_peak_kib"] / 1024,
         "duplicates": r["duplicates"], "skipped": r["skipped"], "bytes": r["bytes"],
+        "first_worker_s": m.get("first_worker", before)["wall"],
     }
+
+
+def measure_early(tree: Path, work: Path, workers: int, shard_size: str, rounds: int) -> list[dict]:
+    """Conversions of ``tree`` (npy) with shards started during the walk and without, alternated
+    ``rounds`` times: wall, when the first shard started, when the plan was known, the parent's peak,
+    and whether both wrote the same shards."""
+    rows, digests = [], {}
+    for i in range(rounds):
+        for early in (True, False):
+            out = work / f"out-early-{early}"
+            remove_output(out)
+            r = run_child("convert", {"source": str(tree), "output": str(out), "format": "npy", "workers": workers,
+                                      "shard_size": shard_size, "early": early})
+            row = convert_row(int(r["samples"]), "npy", r)
+            digests[early] = shard_digests(out)
+            rows.append({"early": early, "round": i, "shards": row["shards"], "wall_s": row["wall_s"],
+                         "first_worker_s": row["first_worker_s"], "plan_s": row["plan_wall_s"],
+                         "peak_mib": row["peak_mib"], "baseline_mib": row["baseline_mib"]})
+            print(f"early start {'on' if early else 'off'}: {row['wall_s']:.1f} s, first shard at "
+                  f"{row['first_worker_s']:.2f} s", flush=True)
+    for row in rows:
+        row["same_shards"] = digests[True] == digests[False]
+    return rows
 
 
 # Tables ----------------------------------------------------------------------------------------------
@@ -525,6 +573,13 @@ def report(results: dict, markdown: bool) -> str:
             "finished: shard records in the staging folder after the interrupt; kept: those the resume reused "
             "(its log). Ratio 1.0: all work redone; 0.3: only the unfinished 30%. Both times include the CLI's "
             f"start-up ({results.get('cli_startup_s', 0):.2f} s, added to the in-process conversion time).")
+    section("Shards started during the walk (npy, largest size)",
+            ["early start", "round", "shards", "wall s", "first shard s", "plan known s", "parent peak MiB",
+             "same shards"],
+            [[("on" if e["early"] else "off"), e["round"], e["shards"], e["wall_s"], e["first_worker_s"], e["plan_s"],
+              e["peak_mib"], e["same_shards"]] for e in results.get("early", [])],
+            f"--shard-size {results.get('early_shard_size')}: a cut known from the first samples, as --shard-size "
+            "auto makes for a large source (packer.early_start); off: no shard starts before the walk ends.")
     runs = [d for d in (results.get("discovery"), results.get("discovery_parallel")) if d]
     if runs:
         section("Discovery alone (empty files)",
@@ -609,6 +664,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--epoch-sizes", default="10000000", help="simulated sizes for the epoch-start measure")
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bench-scale"), help="trees and outputs (cached)")
     p.add_argument("--no-resume", action="store_true", help="skip the interrupt-and-resume measure")
+    p.add_argument("--early-rounds", type=int, default=2,
+                   help="rounds of the early-start measure at the largest size (0: skip it)")
+    p.add_argument("--early-shard-size", default="20000", help="the --shard-size of the early-start measure")
     p.add_argument("--markdown", type=Path, help="write the tables and the extrapolation here")
     p.add_argument("--json", type=Path, help="write the raw records here")
     p.add_argument("--quick", action="store_true", help="a smoke run: sizes 2000,5000, formats npy,wds")
@@ -680,6 +738,9 @@ def run(args: argparse.Namespace) -> dict:
             results["resume"].append({"size": large, **rec})
             print(f"resume of {fmt}: {rec['finished_shards']} of {rec['shards']} shards kept, ratio "
                   f"{rec['ratio']:.2f}", flush=True)
+    if args.early_rounds:
+        results["early_shard_size"] = args.early_shard_size
+        results["early"] = measure_early(trees[large], work, args.workers, args.early_shard_size, args.early_rounds)
     if args.discovery_files:
         t = time.perf_counter()
         root = make_tree(work / f"empty-{args.discovery_files}", args.discovery_files, empty=True, folders=1000)

@@ -80,20 +80,16 @@ class EarlyStart:
         self.runner: Optional[JobRunner] = None
         self.planned = False
         """Whether ``settle`` has recorded the final plan in the staging folder."""
-        self._started = time.monotonic()
-        self._next_look = self._started + EARLY_AFTER
+        self._next_look = time.monotonic() + EARLY_AFTER
         self._jobs: dict[int, tuple[ShardJob, str]] = {}  # shards started early, with their plan lines' digest
         self._layout: Optional[SampleLayout] = None  # the layout they were made for
         self._per: Optional[int] = None  # samples per shard
         self._built = 0  # final files of the listing the samples were last found in
+        self._items: Optional[Sequence[SourceItem]] = None  # the samples found over them
+        self._shards = 0  # the whole shards they hold
         self._given_up = False
         self._progress: Optional[ProgressFn] = None
         self._pending = 0  # files finished before the progress bar exists
-
-    @property
-    def started(self) -> int:
-        """Shards started early (and not cancelled)."""
-        return len(self._jobs)
 
     # the walk's watcher -------------------------------------------------------------------------
     def __call__(self, root: Path, listing, stable: int, walk) -> None:
@@ -104,22 +100,31 @@ class EarlyStart:
         self._next_look = now + CHECK_EVERY
         if self.runner is not None:
             self.runner.step(0)
-        busy = self.runner is not None and self.runner.queued >= self.workers
-        if stable < self._built * (2 if busy else REBUILD_GROWTH) or stable == 0:
-            return
-        self._built = stable
-        found = prefix_samples(root, listing, stable, walk, self.fields)
+            if self.runner.queued >= self.workers:
+                return  # work enough queued: the listing is looked at again when it runs short
+        if len(self._jobs) >= self._shards:  # every shard known so far is handed out: look at the walk
+            if stable == 0 or stable < self._built * REBUILD_GROWTH:
+                return
+            self._built = stable
+            if not self._known(prefix_samples(root, listing, stable, walk, self.fields)):
+                return
+        self._feed()
+
+    def _known(self, found) -> bool:
+        """Take the samples found over the listing's final files (``prefix_samples``); whether shards
+        can be cut from them."""
         if found is None:
-            return
+            return False
         layout = SampleLayout.from_config(self.config, found.fields)
         if self._layout is not None and layout != self._layout:
             self._give_up(f"the fields found so far changed ({', '.join(found.fields)})")
-            return
-        items = found.items
-        if self._per is None and not self._choose_cut(layout, items):
-            return
+            return False
+        if self._per is None and not self._choose_cut(layout, found.items):
+            return False
         self._layout = layout
-        self._add_shards(items)
+        self._items = found.items
+        self._shards = len(found.items) // self._per  # type: ignore[operator]
+        return True
 
     def _choose_cut(self, layout: SampleLayout, items: Sequence[SourceItem]) -> bool:
         """Decide the samples per shard once enough samples are known for it; whether it is decided."""
@@ -135,25 +140,28 @@ class EarlyStart:
         self._per = per
         return True
 
-    def _add_shards(self, items: Sequence[SourceItem]) -> None:
-        per = self._per
-        assert per is not None and self._layout is not None
-        first, last = len(self._jobs), len(items) // per
-        if last <= first:
+    def _feed(self) -> None:
+        """Queue the next known shards until ``workers`` wait. Each holds a compact copy of its own
+        samples (``ItemTable.compact``): no queued shard keeps a copy of the whole listing alive, so
+        what the early start adds to the parent is bounded by the shards in flight, not the tree."""
+        per, items = self._per, self._items
+        if per is None or items is None or len(self._jobs) >= self._shards:
             return
         if self.runner is None:
             self._start_staging()
-        stage = str(staging_dir(self.output))
-        jobs = []
-        for k in range(first, last):
-            task = ShardTask(shard_name(k), items[k * per:(k + 1) * per])
+        assert self.runner is not None and self._layout is not None
+        stage, jobs = str(staging_dir(self.output)), []
+        while len(self._jobs) < self._shards and self.runner.queued + len(jobs) < self.workers:
+            k = len(self._jobs)
+            part = items[k * per:(k + 1) * per]
+            task = ShardTask(shard_name(k), part.compact() if isinstance(part, ItemTable) else part)
             job = ShardJob(k, task, self.config.format, self._layout, self.config.preprocess, stage, self.strict,
                            text=self.config.text, record=True)
             self._jobs[k] = (job, lines_digest(task.items))
             jobs.append(job)
-        log.info("walking on; started shards %d to %d early", first, last - 1)
-        self.runner.add(jobs)  # type: ignore[union-attr]
-        self.runner.step(0)  # type: ignore[union-attr]
+        log.debug("walking on; shards %d to %d start early", jobs[0].number, jobs[-1].number)
+        self.runner.add(jobs)
+        self.runner.step(0)
 
     def _start_staging(self) -> None:
         """Lock the output and start its staging folder, as the pipeline does after a walk."""
@@ -198,6 +206,7 @@ class EarlyStart:
         write_plan(staging_dir(self.output), {"fingerprint": fingerprint, "workers": workers,
                                                "sources": SOURCES_PER_SHARD, "packer": __version__})
         self.planned = True
+        self._items = None
         log.info("%d shard(s) started while the source was walked", len(kept))
         return {tasks[k].name for k in kept}
 

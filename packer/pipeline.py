@@ -376,7 +376,8 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
             started = previous.get("packer")
             other = "" if started == __version__ else (
                 f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
-                f"such as those with --shuffle, packer {__version__} draws otherwise)")
+                f"such as those with --shuffle or of a large source with --shard-size auto, packer {__version__} "
+                "draws otherwise)")
             raise OutputError(f"the source files or options changed since the interrupted run in {stage}{other}; "
                               "run without --resume to start over")
         finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)

@@ -30,14 +30,14 @@ def watched(monkeypatch):
     monkeypatch.setattr(packer.early_start, "CHECK_EVERY", 0.0)
     monkeypatch.setattr(packer.early_start, "REBUILD_GROWTH", 1.0)
     started: list[str] = []
-    add = packer.early_start.EarlyStart._add_shards
+    feed = packer.early_start.EarlyStart._feed
 
-    def recording(self, items):
+    def recording(self):
         before = set(self._jobs)
-        add(self, items)
+        feed(self)
         started.extend(self._jobs[k][0].task.items[0].relpath for k in sorted(set(self._jobs) - before))
 
-    monkeypatch.setattr(packer.early_start.EarlyStart, "_add_shards", recording)
+    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", recording)
     return started
 
 
@@ -184,13 +184,14 @@ def test_a_class_folder_made_during_the_walk_relabels_the_early_shards(tmp_path,
     shards started early hold the old labels, and are written again."""
     tree = _tree(tmp_path / "src", classes=4, per_class=10)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
-    add = packer.early_start.EarlyStart._add_shards
+    feed = packer.early_start.EarlyStart._feed
 
-    def adding_a_class(self, items):
-        add(self, items)
-        (tree / "a-new").mkdir(exist_ok=True)  # listed by the final class map, not by the walk
+    def adding_a_class(self):
+        feed(self)
+        if self._jobs:
+            (tree / "a-new").mkdir(exist_ok=True)  # listed by the final class map, not by the walk
 
-    monkeypatch.setattr(packer.early_start.EarlyStart, "_add_shards", adding_a_class)
+    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", adding_a_class)
     with caplog.at_level(logging.WARNING, logger="packer"):
         convert(tree, tmp_path / "early", config, workers=2)
     assert "do not match the final plan" in caplog.text
@@ -198,3 +199,23 @@ def test_a_class_folder_made_during_the_walk_relabels_the_early_shards(tmp_path,
     _never_early(monkeypatch)
     convert(tree, tmp_path / "plain", config, workers=2)
     assert_same_output(tmp_path / "early", tmp_path / "plain")
+
+
+def test_queued_early_shards_hold_their_own_samples_only(tmp_path, watched, monkeypatch):
+    """At most ``workers`` early shards wait in the queue, each with a compact copy of its samples:
+    none keeps the listing of the whole tree alive."""
+    tree = _tree(tmp_path / "src", classes=6, per_class=20)
+    config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=4))
+    queued, holding = [], []
+    feed = packer.early_start.EarlyStart._feed
+
+    def looking(self):
+        feed(self)
+        if self.runner is not None:
+            queued.append(self.runner.queued)
+        holding.extend(len(job.task.items.records) for job, _ in self._jobs.values())
+
+    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", looking)
+    convert(tree, tmp_path / "out", config, workers=2)
+    assert watched and max(queued) <= 2
+    assert set(holding) == {4}

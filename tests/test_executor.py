@@ -1,0 +1,57 @@
+"""The local executor's loop as an object (packer.executor.JobRunner): jobs added while others run,
+and cancelled ones leave neither files nor counted progress behind."""
+
+from __future__ import annotations
+
+import time
+
+import packer.worker
+from packer.config import PreprocessConfig
+from packer.discover import discover
+from packer.executor import JobRunner
+from packer.records import ShardTask
+from packer.sample_layout import SampleLayout
+from packer.worker import ShardJob
+
+
+def _jobs(tree, stage, per: int = 5) -> list[ShardJob]:
+    items = discover(tree).items
+    layout = SampleLayout("uint8", (8, 8, 3), 3)
+    return [ShardJob(k, ShardTask(f"shard-{k:05d}", items[a:a + per]), "npy", layout,
+                     PreprocessConfig(size=(8, 8)), str(stage), record=True)
+            for k, a in enumerate(range(0, len(items), per))]
+
+
+def test_jobs_added_while_others_run_all_finish(image_tree, tmp_path):
+    first, second, third = _jobs(image_tree, tmp_path)
+    counted: list[int] = []
+    runner = JobRunner(2, progress=counted.append)
+    runner.add([first])
+    runner.step(0)
+    runner.add([second, third])
+    results = runner.finish()
+    assert sorted(results) == [0, 1, 2] and [results[k].samples for k in range(3)] == [5, 5, 5]
+    assert sum(counted) == 15 and not runner.busy
+    assert sorted(p.name for p in tmp_path.glob("*.done.json")) == [f"shard-0000{k}.done.json" for k in range(3)]
+
+
+def test_cancelled_jobs_leave_no_files_and_are_counted_back(image_tree, tmp_path, monkeypatch):
+    done, slow, queued = _jobs(image_tree, tmp_path)
+    real = packer.worker.closed
+
+    def waiting(job, *args, **kwargs):  # the second shard stays unfinished until it is cancelled
+        if job.number == 1:
+            time.sleep(120)
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(packer.worker, "closed", waiting)
+    counted: list[int] = []
+    runner = JobRunner(2, progress=counted.append)
+    runner.add([done, slow, queued])
+    while 0 not in runner.results or sum(counted) < 10:  # the first done, the second written to its end
+        runner.step(0.1)
+    assert list(tmp_path.glob("shard-00001.*"))  # its files are there, not yet closed
+    runner.cancel({0, 1, 2})
+    assert not runner.busy and runner.results == {}
+    assert sum(counted) == 0  # the cancelled shards' files counted back
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("shard-")]

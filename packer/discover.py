@@ -422,12 +422,17 @@ def prefix_samples(root: Path, listing: "_Listing", stable: int, walk: "_Walk",
     """What ``discover`` (without a labels file or class map) would find in the first ``stable`` files
     of a walk under way (``WalkWatcher``), when its samples are single files: a prefix of what it
     finds in the whole tree unless a file listed later changes the fields (auto-detected) or the
-    labels. None while the walk has seen files of several kinds (paired samples need the whole walk)."""
+    labels. None where the samples may be paired: several ``fields`` given, or, auto-detected, files
+    of another kind seen so far that are at least ``PAIRED_SHARE`` of the main kind's (fewer cannot
+    pair with enough stems; a stray ``notes.txt`` changes nothing)."""
     if fields:
         chosen = tuple(f for f in FIELD_KINDS if f in fields)
     else:
-        seen = [FIELD_KINDS[code] for code, counts in enumerate(walk.by_kind) if counts]
-        chosen = tuple(seen) if seen else ("image",)
+        counts = {FIELD_KINDS[code]: sum(n.values()) for code, n in enumerate(walk.by_kind)}
+        main = "image" if counts["image"] or not counts["text"] else "text"
+        if any(n >= PAIRED_SHARE * counts[main] for kind, n in counts.items() if kind != main and n):
+            return None
+        chosen = (main,)
     if len(chosen) != 1:
         return None
     prefix = _Listing()

@@ -219,3 +219,16 @@ def test_queued_early_shards_hold_their_own_samples_only(tmp_path, watched, monk
     convert(tree, tmp_path / "out", config, workers=2)
     assert watched and max(queued) <= 2
     assert set(holding) == {4}
+
+
+def test_a_stray_text_file_among_the_images_does_not_stop_the_early_start(tmp_path, watched, monkeypatch):
+    tree = _tree(tmp_path / "src", classes=4, per_class=10)
+    (tree / "c00" / "README.txt").write_text("where these photographs come from")
+    (tree / "c02" / "meta.json").write_text("{}")
+    config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
+    early = convert(tree, tmp_path / "early", config, workers=2)
+    assert watched and watched[0] == "c00/img_000.png"
+    _never_early(monkeypatch)
+    plain = convert(tree, tmp_path / "plain", config, workers=2)
+    assert_same_output(tmp_path / "early", tmp_path / "plain")
+    assert early.ignored == plain.ignored == {".json": 1, ".txt": 1}

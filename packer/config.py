@@ -171,8 +171,8 @@ class ShardSize:
 
     ``auto`` cuts shards of at most 256 MiB, at least 4 per worker when they keep 1000 samples each
     (up to 64; ``packer.plan``), and makes their number a multiple of the worker count, so that every worker
-    gets the same amount of work. A source large enough for 64 shards of one count (at most 20,000
-    samples, fitting 256 MiB by its first samples) is cut at that count instead, a cut known before
+    gets the same amount of work. A source of images of one shape (no text) large enough for 64
+    shards of one count (at most 20,000 samples, fitting 256 MiB) is cut at that count instead, a cut known before
     the walk of the tree ends (``packer.plan.auto_cut``, ``packer.early_start``).
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -502,7 +503,7 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
         for entry in entries:
             if entry[3] is _FOLDER:
                 if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
-                    pool = process_context().Pool(processes)
+                    pool = process_context().Pool(processes, initializer=_pool_signals)
                 folders_left -= 1
                 if pool is not None:
                     queue.append(pool.apply_async(_walk_subfolder, (entry[2], entry[1])))
@@ -596,6 +597,14 @@ def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk,
             kinds.append(code)
             by_kind[code][path] += 1
     return linked
+
+
+def _pool_signals() -> None:
+    """In each process of the walk's pool: end quietly on SIGTERM and leave Ctrl-C to the parent. A
+    pool process inherits the converter's handlers, which raise KeyboardInterrupt: such a process
+    printed a traceback at the pool's end, or hung the parent's ``terminate`` holding the pool's lock."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _walk_subfolder(folder: str, rel: str) -> tuple:

@@ -12,6 +12,13 @@ samples (index, key, label), fields and layout. Any other is cancelled, its file
 written again from the final plan. The output is therefore the one a run without an early start
 writes: a file listed late that changes the fields (auto-detected) or the sample count's cut costs
 time, never correctness.
+
+The workers are driven from inside the walk (its watcher, every 50 ms), so what the executor does in
+the parent happens there too: a file that crashes or hangs its decoder is tried alone in a throw-away
+process (``executor.probe``) while the walk waits, up to ``--timeout``. Early shards are recorded
+without the plan's fingerprint, which is not known before the walk ends; ``--resume`` keeps such
+records by their source stamps, as those of packers before 0.8.1 (the plan record itself is written
+by ``settle``, after the shards the final plan does not have are deleted).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from packer.discover import prefix_samples
 from packer.executor import JobRunner
 from packer.item_table import ItemTable
 from packer.output import discard, lock_output, recover, staging_dir, start_staging, write_plan
-from packer.plan import ESTIMATE_PREFIX, auto_samples, fixed_cut_from, shard_name
+from packer.plan import ESTIMATE_PREFIX, auto_samples, fixed_cut_from, fixed_size, shard_name
 from packer.records import ShardResult, ShardTask, SourceItem
 from packer.resume import SOURCES_PER_SHARD, hash_plan_lines
 from packer.sample_layout import SampleLayout
@@ -49,17 +56,22 @@ REBUILD_GROWTH = 1.25
 before the samples over them are found again: each time costs work in proportion to all of them."""
 
 
-def early_start_allowed(source: Path, config: ConvertConfig, *, labels_file: object, classes: object,
-                        resume: bool, executor: object, discovery: object) -> bool:
+def early_start_allowed(source: Path, output: Path, config: ConvertConfig, *, labels_file: object,
+                        classes: object, resume: bool, executor: object, discovery: object) -> bool:
     """Whether a conversion may start shards while it walks: a folder of single-file samples in
     sorted order, whose labels come from its class folders, with a cut known from its first samples
     (see the module). ``--resume`` plans from what the interrupted run saved; other executors (Ray) run
-    the plan they are given."""
+    the plan they are given. Not either where an interrupted run's staging folder is there: a run
+    without ``--resume`` discards it only once its walk is done, so that a Ctrl-C during the walk of a
+    run that forgot ``--resume`` loses nothing; nor with the output inside the source, where the
+    folders that taking the output's lock makes would be walked as classes."""
     size = config.shard_size
-    return (discovery is None and not resume and executor is None and labels_file is None and classes is None
+    if not (discovery is None and not resume and executor is None and labels_file is None and classes is None
             and config.detection is None and config.masks is None and config.shuffle is None
             and (size.samples is not None or size.is_auto)
-            and source.is_dir() and container_kind(source) is None)
+            and source.is_dir() and container_kind(source) is None and not staging_dir(output).exists()):
+        return False
+    return source.resolve() not in output.resolve().parents
 
 
 class EarlyStart:
@@ -81,7 +93,9 @@ class EarlyStart:
         self.planned = False
         """Whether ``settle`` has recorded the final plan in the staging folder."""
         self._next_look = time.monotonic() + EARLY_AFTER
-        self._jobs: dict[int, tuple[ShardJob, str]] = {}  # shards started early, with their plan lines' digest
+        # Shards started early, by number: what settle compares (name, samples, layout, plan lines' digest),
+        # not their items, which would add up to a copy of the listing.
+        self._jobs: dict[int, tuple[str, int, SampleLayout, str]] = {}
         self._layout: Optional[SampleLayout] = None  # the layout they were made for
         self._per: Optional[int] = None  # samples per shard
         self._built = 0  # final files of the listing the samples were last found in
@@ -132,6 +146,10 @@ class EarlyStart:
         if size.samples is not None:
             self._per = size.samples
             return True
+        if not fixed_size(layout):
+            self._give_up("--shard-size auto balances shards of images of their own sizes, or with texts, "
+                          "for the sample count, which the end of the walk gives")
+            return False
         if len(items) < ESTIMATE_PREFIX:
             return False
         per = auto_samples(layout, items)
@@ -142,8 +160,10 @@ class EarlyStart:
 
     def _feed(self) -> None:
         """Queue the next known shards until ``workers`` wait. Each holds a compact copy of its own
-        samples (``ItemTable.compact``): no queued shard keeps a copy of the whole listing alive, so
-        what the early start adds to the parent is bounded by the shards in flight, not the tree."""
+        samples (``ItemTable.compact``), dropped once it is written (``JobRunner``): no queued shard
+        keeps a copy of the listing alive. What the early start adds to the parent is the samples
+        over the listing's final files (``_items``, ~3 B a file of a class-folder tree, two while
+        they are found again), until the walk ends."""
         per, items = self._per, self._items
         if per is None or items is None or len(self._jobs) >= self._shards:
             return
@@ -157,7 +177,7 @@ class EarlyStart:
             task = ShardTask(shard_name(k), part.compact() if isinstance(part, ItemTable) else part)
             job = ShardJob(k, task, self.config.format, self._layout, self.config.preprocess, stage, self.strict,
                            text=self.config.text, record=True)
-            self._jobs[k] = (job, lines_digest(task.items))
+            self._jobs[k] = (task.name, len(task.items), self._layout, lines_digest(task.items))
             jobs.append(job)
         log.debug("walking on; shards %d to %d start early", jobs[0].number, jobs[-1].number)
         self.runner.add(jobs)
@@ -189,10 +209,10 @@ class EarlyStart:
         same ``layout``), cancel the others, and record the plan (``fingerprint``, ``workers``) in the
         staging folder; the names of the shards kept."""
         kept, dropped = set(), set()
-        for k, (job, digest) in self._jobs.items():
+        for k, (name, count, early_layout, digest) in self._jobs.items():
             final = tasks[k] if k < len(tasks) else None
-            if (final is not None and final.name == job.task.name and job.layout == layout
-                    and len(final.items) == len(job.task.items) and lines_digest(final.items) == digest):
+            if (final is not None and final.name == name and early_layout == layout
+                    and len(final.items) == count and lines_digest(final.items) == digest):
                 kept.add(k)
             else:
                 dropped.add(k)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from packer.errors import PackerError
-from packer.records import ShardResult, SourceItem
+from packer.records import ShardResult, ShardTask, SourceItem
 from packer.registry import get_format
 from packer.system import process_context, release_stop_signals, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
@@ -119,6 +119,8 @@ class JobRunner:
     def cancel(self, numbers: set[int]) -> None:
         """Forget the jobs ``numbers``: dequeued, their workers ended, the files they wrote deleted (their
         records too), their finished results dropped and their files counted back from ``progress``."""
+        for job in [j for j in self._queue if j.number in numbers]:
+            remove_partial_files(job, records=True)  # an attempt that died left its files, and waits to run again
         self._queue = deque(j for j in self._queue if j.number not in numbers)
         for r in [r for r in self._running if r.job.number in numbers]:
             r.proc.kill()
@@ -134,6 +136,7 @@ class JobRunner:
                 if self.progress is not None and self._reported.get(number):
                     self.progress(-self._reported[number])
             self._jobs.pop(number, None)
+            self._failures.pop(number, None)  # a new job of that number starts with none
 
     def step(self, timeout: float) -> None:
         """Start queued jobs on free workers, wait up to ``timeout`` seconds for news from the running
@@ -165,6 +168,8 @@ class JobRunner:
                     log.info("skipped %s: %s", skipped.path, skipped.reason)
                 self.results[r.job.number] = value
                 self._reported[r.job.number] = r.reported
+                # All that cancel needs of a finished job is where its files are: not its items.
+                self._jobs[r.job.number] = replace(r.job, task=ShardTask(r.job.task.name, ()), poisoned={})
                 if self.on_result is not None:
                     self.on_result(r.job, value)
             elif kind == "error":

@@ -119,7 +119,7 @@ def convert(
     options = discovery_options(labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
     lock, locked = None, False
     early = None
-    if early_start_allowed(Path(source), config, labels_file=labels_file, classes=classes, resume=resume,
+    if early_start_allowed(Path(source), output, config, labels_file=labels_file, classes=classes, resume=resume,
                            executor=executor, discovery=discovery):
         early = EarlyStart(output, config, max(1, workers or usable_cpus()), strict=strict, timeout=timeout,
                            fields=config.text.fields)

@@ -150,6 +150,12 @@ def auto_samples(layout: SampleLayout, items: Sequence[SourceItem]) -> int:
     return max(1, min(AUTO_FIXED_MAX_SAMPLES, int(DEFAULT_SHARD_BYTES // max(estimate, 1))))
 
 
+def fixed_size(layout: SampleLayout) -> bool:
+    """Whether every sample of ``layout`` stores at most the same bytes (one image shape, no text): the
+    samples ``auto`` may cut a large source of at one count (``auto_cut``)."""
+    return layout.sample_bytes is not None and not layout.text
+
+
 def fixed_cut_from(per: int) -> int:
     """The sample count from which ``auto`` cuts shards of ``per`` samples (``auto_samples``): enough for
     ``AUTO_MAX_EXTRA_SHARDS`` of them, where the balanced cut would give about as many anyway."""
@@ -160,11 +166,13 @@ def auto_cut(items: Sequence[SourceItem], size: ShardSize, layout: SampleLayout)
     """The fixed sample count of ``auto``'s shards of ``items`` (in stored order), or None for the
     balanced cut.
 
-    A large source (``fixed_cut_from``) is cut into shards of one sample count decided by its first
-    samples alone, so that the cut of every shard is known as soon as discovery has listed it: its
-    shards can start while the rest of the tree is walked (``packer.early_start``). The balanced cut
-    depends on the sample count, which only the end of the walk knows."""
-    if not size.is_auto or len(items) < ESTIMATE_PREFIX:
+    A large source (``fixed_cut_from``) of samples whose images have one shape (at most those bytes
+    each, encoded or not) and no text is cut into shards of one sample count, decided before the end
+    of the walk: the cut of every shard is known as soon as discovery has listed it, and its shards
+    can start while the rest of the tree is walked (``packer.early_start``). The balanced cut depends
+    on the sample count, which only the end of the walk knows; an estimate of sizes that vary by
+    sample, from the first samples alone, could make shards far over 256 MiB."""
+    if not size.is_auto or len(items) < ESTIMATE_PREFIX or not fixed_size(layout):
         return None
     per = auto_samples(layout, items)
     return per if len(items) >= fixed_cut_from(per) else None

@@ -30,14 +30,13 @@ def watched(monkeypatch):
     monkeypatch.setattr(packer.early_start, "CHECK_EVERY", 0.0)
     monkeypatch.setattr(packer.early_start, "REBUILD_GROWTH", 1.0)
     started: list[str] = []
-    feed = packer.early_start.EarlyStart._feed
+    made = packer.early_start.ShardJob
 
-    def recording(self):
-        before = set(self._jobs)
-        feed(self)
-        started.extend(self._jobs[k][0].task.items[0].relpath for k in sorted(set(self._jobs) - before))
+    def recording(number, task, *args, **kwargs):  # early_start makes a ShardJob for each early shard
+        started.append(task.items[0].relpath)
+        return made(number, task, *args, **kwargs)
 
-    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", recording)
+    monkeypatch.setattr(packer.early_start, "ShardJob", recording)
     return started
 
 
@@ -207,15 +206,19 @@ def test_queued_early_shards_hold_their_own_samples_only(tmp_path, watched, monk
     tree = _tree(tmp_path / "src", classes=6, per_class=20)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=4))
     queued, holding = [], []
-    feed = packer.early_start.EarlyStart._feed
+    feed, made = packer.early_start.EarlyStart._feed, packer.early_start.ShardJob
 
     def looking(self):
         feed(self)
         if self.runner is not None:
             queued.append(self.runner.queued)
-        holding.extend(len(job.task.items.records) for job, _ in self._jobs.values())
+
+    def holding_what(number, task, *args, **kwargs):
+        holding.append(len(task.items.records))
+        return made(number, task, *args, **kwargs)
 
     monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", looking)
+    monkeypatch.setattr(packer.early_start, "ShardJob", holding_what)
     convert(tree, tmp_path / "out", config, workers=2)
     assert watched and max(queued) <= 2
     assert set(holding) == {4}
@@ -232,3 +235,48 @@ def test_a_stray_text_file_among_the_images_does_not_stop_the_early_start(tmp_pa
     plain = convert(tree, tmp_path / "plain", config, workers=2)
     assert_same_output(tmp_path / "early", tmp_path / "plain")
     assert early.ignored == plain.ignored == {".json": 1, ".txt": 1}
+
+
+def test_no_early_start_with_the_output_inside_the_source(tmp_path, watched):
+    """Taking the output's lock makes its parent folders: inside the source, walked as a class."""
+    tree = _tree(tmp_path / "src", classes=3, per_class=10)
+    config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
+    convert(tree, tree / "m-new" / "out", config, workers=2)
+    assert watched == []
+    assert read_manifest(tree / "m-new" / "out").classes == ["c00", "c01", "c02"]
+
+
+def test_a_run_without_resume_keeps_an_interrupted_run_until_its_walk_ends(tmp_path, watched, monkeypatch):
+    """A run that forgot --resume, stopped during its walk, must not have discarded the interrupted run."""
+    tree = _tree(tmp_path / "src", classes=4, per_class=10)
+    config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
+    _never_early(monkeypatch)
+    interrupted_after(tree, tmp_path / "out", config, items=5)
+    stage = tmp_path / ".out.packer-partial"
+    records = sorted(p.name for p in stage.glob("*.done.json"))
+    assert records
+    monkeypatch.setattr(packer.early_start, "EARLY_AFTER", 0.0)
+    walked = packer.discover._samples_found
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.discover, "_samples_found", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(tree, tmp_path / "out", config, workers=2)
+    assert watched == [] and sorted(p.name for p in stage.glob("*.done.json")) == records
+    monkeypatch.setattr(packer.discover, "_samples_found", walked)
+    convert(tree, tmp_path / "out", config, workers=2, resume=True)
+    check_files(tmp_path / "out", read_manifest(tmp_path / "out"))
+
+
+def test_auto_keeps_the_balanced_cut_for_images_of_their_own_sizes(tmp_path, watched, monkeypatch):
+    """An estimate from the first samples could make shards of varying images far over 256 MiB."""
+    tree = _tree(tmp_path / "src", classes=8, per_class=25)
+    monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
+    monkeypatch.setattr(packer.early_start, "ESTIMATE_PREFIX", 16)
+    monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)
+    config = ConvertConfig(format="npy", preprocess=PreprocessConfig(resize="none"))
+    convert(tree, tmp_path / "out", config, workers=2)
+    assert read_manifest(tmp_path / "out").sharding["balanced_for_workers"] == 2
+    assert watched == []

@@ -55,3 +55,16 @@ def test_cancelled_jobs_leave_no_files_and_are_counted_back(image_tree, tmp_path
     assert not runner.busy and runner.results == {}
     assert sum(counted) == 0  # the cancelled shards' files counted back
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("shard-")]
+
+
+def test_a_cancelled_job_waiting_to_run_again_leaves_no_files(image_tree, tmp_path):
+    """A job whose worker died waits in the queue to run again, its partial files still there."""
+    first, second, third = _jobs(image_tree, tmp_path)
+    runner = JobRunner(1)
+    runner.add([first, second, third])
+    (tmp_path / "shard-00002.npy").write_bytes(b"half a shard")  # as a killed attempt leaves it
+    (tmp_path / "shard-00002.done.json").write_text("{}")
+    runner.cancel({2})
+    assert runner.queued == 2
+    assert not list(tmp_path.glob("shard-00002.*"))
+    assert sorted(runner.finish()) == [0, 1]

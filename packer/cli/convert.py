@@ -58,8 +58,8 @@ from packer.text import TextConfig
 @click.option("--quality", type=click.IntRange(1, 95), default=DEFAULT_QUALITY,
               help="JPEG quality for --codec jpeg, and for the JPEGs --codec source re-encodes.")
 @click.option("--shard-size", default="auto",
-              help="auto (<=256 MiB, balanced over workers; a large source: one sample count, <=20000), a sample count "
-                   "(1000), or bytes (256MB, 1GiB).")
+              help="auto (<=256 MiB, balanced over workers; a large fixed-shape source: one count, <=20000), a "
+                   "sample count (1000), or bytes (256MB, 1GiB).")
 @click.option("--shuffle", "shuffle_seed", type=click.IntRange(min=0), default=None,
               help="Store samples in a permutation seeded by this number instead of sorted order (good for "
                    "wds, whose readers then need only a small shuffle buffer).  [default: sorted order]",

@@ -13,7 +13,7 @@ written again from the final plan. The output is therefore the one a run without
 writes: a file listed late that changes the fields (auto-detected) or the sample count's cut costs
 time, never correctness.
 
-The workers are driven from inside the walk (its watcher, every 50 ms), so what the executor does in
+The workers are driven from inside the walk (its watcher, every ``CHECK_EVERY`` seconds), so what the executor does in
 the parent happens there too: a file that crashes or hangs its decoder is tried alone in a throw-away
 process (``executor.probe``) while the walk waits, up to ``--timeout``. Early shards are recorded
 without the plan's fingerprint, which is not known before the walk ends; ``--resume`` keeps such
@@ -29,16 +29,15 @@ import time
 from pathlib import Path
 from typing import IO, Optional, Sequence
 
-from packer import __version__
 from packer.config import ConvertConfig
 from packer.containers import container_kind
 from packer.discover import prefix_samples
 from packer.executor import JobRunner
 from packer.item_table import ItemTable
 from packer.output import discard, lock_output, recover, staging_dir, start_staging, write_plan
-from packer.plan import ESTIMATE_PREFIX, auto_samples, fixed_cut_from, fixed_size, shard_name
+from packer.plan import auto_cut, fixed_size, shard_name
 from packer.records import ShardResult, ShardTask, SourceItem
-from packer.resume import SOURCES_PER_SHARD, hash_plan_lines
+from packer.resume import hash_plan_lines, plan_record
 from packer.sample_layout import SampleLayout
 from packer.worker import ProgressFn, ShardJob
 
@@ -52,8 +51,8 @@ CHECK_EVERY = 0.05
 """Seconds between two looks at the walk (and at the workers started early)."""
 
 REBUILD_GROWTH = 1.25
-"""The listing's final files must have grown by this factor (or doubled, while workers are still busy)
-before the samples over them are found again: each time costs work in proportion to all of them."""
+"""The listing's final files must have grown by this factor before the samples over them are found
+again (only when every shard known is handed out): each time costs work in proportion to all of them."""
 
 
 def early_start_allowed(source: Path, output: Path, config: ConvertConfig, *, labels_file: object,
@@ -150,13 +149,8 @@ class EarlyStart:
             self._give_up("--shard-size auto balances shards of images of their own sizes, or with texts, "
                           "for the sample count, which the end of the walk gives")
             return False
-        if len(items) < ESTIMATE_PREFIX:
-            return False
-        per = auto_samples(layout, items)
-        if len(items) < fixed_cut_from(per):
-            return False  # not known yet to be a large source: the balanced cut may still apply
-        self._per = per
-        return True
+        self._per = auto_cut(items, size, layout)  # None while not known to be a large source
+        return self._per is not None
 
     def _feed(self) -> None:
         """Queue the next known shards until ``workers`` wait. Each holds a compact copy of its own
@@ -187,10 +181,7 @@ class EarlyStart:
         """Lock the output and start its staging folder, as the pipeline does after a walk."""
         self.lock = lock_output(self.output)
         recover(self.output)
-        stage = staging_dir(self.output)
-        if stage.exists():
-            log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
-        start_staging(self.output)
+        start_staging(self.output)  # none was there (early_start_allowed)
         self.runner = JobRunner(self.workers, progress=self._count, timeout=self.timeout)
 
     def _give_up(self, why: str) -> None:
@@ -223,8 +214,7 @@ class EarlyStart:
             self.runner.cancel(dropped)
             for k in dropped:
                 del self._jobs[k]
-        write_plan(staging_dir(self.output), {"fingerprint": fingerprint, "workers": workers,
-                                               "sources": SOURCES_PER_SHARD, "packer": __version__})
+        write_plan(staging_dir(self.output), plan_record(fingerprint, workers))
         self.planned = True
         self._items = None
         log.info("%d shard(s) started while the source was walked", len(kept))
@@ -254,11 +244,7 @@ class EarlyStart:
 
 
 def lines_digest(items: Sequence[SourceItem]) -> str:
-    """SHA-256 of a shard's plan lines (each sample's index, key, label and fields), what ``settle``
-    compares: the bytes of ``packer.resume.plan_fingerprint`` for these items."""
+    """SHA-256 of a shard's plan lines (``packer.resume.hash_plan_lines``), what ``settle`` compares."""
     h = hashlib.sha256()
-    if isinstance(items, ItemTable):
-        hash_plan_lines(h, items)
-    else:
-        h.update("".join(f"\0{it.index}\0{it.relpath}\0{it.label}\0{it.fields_stamp}" for it in items).encode())
+    hash_plan_lines(h, items)
     return h.hexdigest()

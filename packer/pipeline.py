@@ -46,7 +46,14 @@ from packer.plan import plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.registry import get_format
 from packer.report import reason_kind
-from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_fingerprint, unchanged_sources
+from packer.resume import (
+    SOURCES_PER_SHARD,
+    current_digests,
+    current_layout,
+    plan_fingerprint,
+    plan_record,
+    unchanged_sources,
+)
 from packer.sample_layout import SampleLayout
 from packer.saved_discovery import can_save, discovery_options
 from packer.saved_discovery import load as load_discovery
@@ -394,8 +401,7 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
         start_staging(output)  # replaces an unfinished run's folder with a new one
     except OSError as e:
         raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-    write_plan(stage, {"fingerprint": recorded, "workers": workers, "sources": SOURCES_PER_SHARD,
-                       "packer": __version__})
+    write_plan(stage, plan_record(recorded, workers))
     return {}
 
 

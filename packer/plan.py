@@ -35,8 +35,8 @@ AUTO_MAX_EXTRA_SHARDS = 64
 almost every read). Shards the 256 MiB cap asks for are not limited."""
 
 AUTO_FIXED_MAX_SAMPLES = 20_000
-"""``auto`` on a large source (see ``auto_cut``) cuts shards of at most this many samples: about half a
-minute of one worker's decoding, the most an interrupted run loses per worker."""
+"""``auto`` on a large source (see ``auto_cut``) cuts shards of at most this many samples: what an
+interrupted run loses per worker stays a shard of this size, however large the source."""
 
 ESTIMATE_PREFIX = 4096
 """``auto_cut`` estimates the stored bytes per sample from the first this many samples only, so that the
@@ -49,8 +49,8 @@ class ShardPlan:
 
     tasks: list[ShardTask]
     fixed_samples: Optional[int] = None
-    """With ``--shard-size auto`` on a large source (``auto_cut``): the samples of every shard but the
-    last; None where the cut was balanced for the workers (or a size was given)."""
+    """With ``--shard-size auto`` on a large source (``auto_cut``): the sample count the shards were
+    cut at; None where the cut was balanced for the workers (or a size was given)."""
 
 
 def shard_name(i: int) -> str:

@@ -11,10 +11,12 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict
+from typing import Sequence
 
+from packer import __version__
 from packer.config import ConvertConfig
 from packer.item_table import ItemTable
-from packer.records import SOURCE_DIGEST, ShardResult, ShardTask
+from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, SourceItem
 from packer.text import TextConfig
 from packer.worker import files_stamp, sources_digest
 
@@ -54,33 +56,39 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     scattered: dict[int, ItemTable] = {}
     for task in tasks:
         h.update(task.name.encode())
-        if isinstance(task.items, ItemTable) and not stamps:
-            if task.items.scattered:
-                # A shuffled plan: its rows, then (below) the table they pick from, read in order once.
-                # Reading each item where the shard wants it would decompress a block per item.
-                h.update(b"\0rows\0" + task.items.row_bytes())
-                whole = task.items.whole()
-                scattered.setdefault(id(whole.records), whole)
-                continue
-            # The same bytes, without an object per item, a block at a time (a shard may be huge).
+        if stamps:
+            lines = [f"\0{item.index}\0{item.relpath}\0{item.label}\0{files_stamp(item)}" for item in task.items]
+            h.update("".join(lines).encode())
+        elif isinstance(task.items, ItemTable) and task.items.scattered:
+            # A shuffled plan: its rows, then (below) the table they pick from, read in order once.
+            # Reading each item where the shard wants it would decompress a block per item.
+            h.update(b"\0rows\0" + task.items.row_bytes())
+            whole = task.items.whole()
+            scattered.setdefault(id(whole.records), whole)
+        else:
             hash_plan_lines(h, task.items)
-            continue
-        lines = []  # one update per shard: the same bytes as one per item, in less time
-        for item in task.items:
-            stamp = files_stamp(item) if stamps else item.fields_stamp
-            lines.append(f"\0{item.index}\0{item.relpath}\0{item.label}\0{stamp}")
-        h.update("".join(lines).encode())
     for whole in scattered.values():
         h.update(b"\0table\0")
         hash_plan_lines(h, whole)
     return h.hexdigest()
 
 
-def hash_plan_lines(h, items: ItemTable) -> None:
-    """Hash ``items``' plan lines, ``FINGERPRINT_BLOCK`` items at a time (``packer.early_start``
-    compares shards by them)."""
+def hash_plan_lines(h, items: Sequence[SourceItem]) -> None:
+    """Hash ``items``' plan lines (each one's index, key, label and fields): of an ``ItemTable``
+    without an object per item, ``FINGERPRINT_BLOCK`` items at a time (a shard may be huge); of other
+    items in one update, the same bytes as one per item in less time (``packer.early_start`` compares
+    shards by them too)."""
+    if not isinstance(items, ItemTable):
+        h.update("".join(f"\0{it.index}\0{it.relpath}\0{it.label}\0{it.fields_stamp}" for it in items).encode())
+        return
     for a in range(0, len(items), FINGERPRINT_BLOCK):
         h.update(items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
+
+
+def plan_record(fingerprint: str, workers: int) -> dict:
+    """The plan record a new staging folder starts with (``output.write_plan``): what --resume must find
+    unchanged, with per-shard source stamps and the packer that made it."""
+    return {"fingerprint": fingerprint, "workers": workers, "sources": SOURCES_PER_SHARD, "packer": __version__}
 
 
 def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:

@@ -67,7 +67,6 @@ def test_shards_started_during_the_walk_give_the_same_output(tmp_path, watched, 
 def test_a_large_source_under_auto_starts_early_with_a_fixed_cut(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=8, per_class=25)
     monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.early_start, "ESTIMATE_PREFIX", 16)
     monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # 64 shards of 3 from 192 samples on
     convert(tree, tmp_path / "early", CONFIG, workers=2)
     manifest = read_manifest(tmp_path / "early")
@@ -82,7 +81,6 @@ def test_a_large_source_under_auto_starts_early_with_a_fixed_cut(tmp_path, watch
 def test_a_source_below_the_fixed_cut_is_balanced_and_starts_nothing_early(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=4, per_class=10)
     monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.early_start, "ESTIMATE_PREFIX", 16)
     monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # the fixed cut would need 192 samples
     convert(tree, tmp_path / "out", CONFIG, workers=2)
     manifest = read_manifest(tmp_path / "out")
@@ -274,7 +272,6 @@ def test_auto_keeps_the_balanced_cut_for_images_of_their_own_sizes(tmp_path, wat
     """An estimate from the first samples could make shards of varying images far over 256 MiB."""
     tree = _tree(tmp_path / "src", classes=8, per_class=25)
     monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.early_start, "ESTIMATE_PREFIX", 16)
     monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)
     config = ConvertConfig(format="npy", preprocess=PreprocessConfig(resize="none"))
     convert(tree, tmp_path / "out", config, workers=2)

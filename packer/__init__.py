@@ -7,7 +7,7 @@ does not load the converter's pipeline and writers.
 
 from __future__ import annotations
 
-__version__ = "0.9.0"
+__version__ = "0.9.1"
 
 _LAZY = {
     "ConvertConfig": "packer.config",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -18,10 +17,10 @@ from packer.class_map import extend_class_map
 from packer.errors import InputError
 from packer.folder_stamps import FolderStamps, stat_or_none
 from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, LabelRuns, TableBuilder
+from packer.process_pool import ProcessPool
 from packer.record_blocks import RecordBlocks
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.source_kinds import FIELD_KINDS, IMAGE_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
-from packer.system import process_context
 
 OS_LITTER = frozenset({"thumbs.db", "desktop.ini", "ehthumbs.db", "__macosx", "$recycle.bin"})
 
@@ -503,10 +502,10 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
         for entry in entries:
             if entry[3] is _FOLDER:
                 if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
-                    pool = process_context().Pool(processes, initializer=_pool_signals)
+                    pool = ProcessPool(processes)
                 folders_left -= 1
                 if pool is not None:
-                    queue.append(pool.apply_async(_walk_subfolder, (entry[2], entry[1])))
+                    queue.append(pool.submit(_walk_subfolder, entry[2], entry[1]))
                     _flush(queue, out, linked, walk, wait=False)
                     continue
             if not queue:
@@ -524,7 +523,7 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
         _flush(queue, out, linked, walk, wait=True)
     finally:
         if pool is not None:
-            pool.terminate()
+            pool.close()
     return out, linked
 
 
@@ -597,14 +596,6 @@ def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk,
             kinds.append(code)
             by_kind[code][path] += 1
     return linked
-
-
-def _pool_signals() -> None:
-    """In each process of the walk's pool: end quietly on SIGTERM and leave Ctrl-C to the parent. A
-    pool process inherits the converter's handlers, which raise KeyboardInterrupt: such a process
-    printed a traceback at the pool's end, or hung the parent's ``terminate`` holding the pool's lock."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _walk_subfolder(folder: str, rel: str) -> tuple:

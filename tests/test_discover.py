@@ -533,22 +533,3 @@ def test_class_runs_across_compressed_blocks(tmp_path):
     assert [(it.relpath.split("/")[0], it.label) for it in found.items] == \
         [(name, k) for k, (name, n) in enumerate(sizes.items()) for _ in range(n)]
     assert [s.path for s in found.skipped] == ["loose.png"]
-
-
-def test_the_walks_pool_leaves_ctrl_c_to_the_parent_and_ends_on_sigterm():
-    """Pool processes inherit the converter's handlers, which raise KeyboardInterrupt: one that did
-    printed a traceback, or hung the parent's terminate holding the pool's lock."""
-    import signal
-
-    from packer.discover import _pool_signals
-    from packer.system import process_context
-
-    with process_context().Pool(1, initializer=_pool_signals) as pool:
-        handlers = pool.apply(_handlers)
-    assert handlers == (signal.SIG_DFL, signal.SIG_IGN)
-
-
-def _handlers():
-    import signal
-
-    return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)

@@ -497,12 +497,16 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
     if folders_left < 2:
         return out, _walk_real(out, [iter(entries)], walk, seen)
     queue: deque = deque()  # the pool's results, and listings of the entries between them, not yet in out
-    started, pool = time.perf_counter(), None
+    started, pool, alone = time.perf_counter(), None, False
     try:
         for entry in entries:
             if entry[3] is _FOLDER:
-                if pool is None and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
-                    pool = ProcessPool(processes)
+                if (pool is None and not alone and folders_left > 1
+                        and time.perf_counter() - started > PARALLEL_AFTER):
+                    try:
+                        pool = ProcessPool(processes)
+                    except OSError:  # no fork (no memory for one): the walk goes on in this process
+                        alone = True
                 folders_left -= 1
                 if pool is not None:
                     queue.append(pool.submit(_walk_subfolder, entry[2], entry[1]))

@@ -23,8 +23,8 @@ from typing import Callable, Optional, Protocol
 from packer.errors import PackerError
 from packer.records import ShardResult, ShardTask, SourceItem
 from packer.registry import get_format
-from packer.system import process_context, release_stop_signals, stop_signals_held
-from packer.worker import FINISHING, ProgressFn, ShardJob, die_with_parent, run_shard_process
+from packer.system import die_with_parent, process_context, release_stop_signals, stop_signals_held
+from packer.worker import FINISHING, ProgressFn, ShardJob, run_shard_process
 
 log = logging.getLogger(__name__)
 

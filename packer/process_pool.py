@@ -16,7 +16,7 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any, Callable, Optional
 
-from packer.system import process_context
+from packer.system import die_with_parent, process_context, release_stop_signals, stop_signals_held
 
 ORPHAN_CHECK = 1.0
 """Seconds an idle pool process waits for a task before it checks that its parent still lives (a
@@ -46,8 +46,8 @@ class Pending:
         while not self._done:
             self._pool.pump(None)
         if self._here:  # raised in the process, or the process died: the error (if any) is raised here
-            self._here = False
             self._value = self.fn(*self.args)
+            self._here = False
         return self._value
 
     def _finish(self, value: Any, here: bool = False) -> None:
@@ -65,13 +65,22 @@ class ProcessPool:
         self._idle: list[tuple[Any, Any]] = []
         self._busy: dict[Any, tuple[tuple[Any, Any], Pending]] = {}
         self._waiting: deque[Pending] = deque()
-        for _ in range(max(1, processes)):
-            mine, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, os.getpid()), daemon=True)
-            process.start()
-            theirs.close()  # the process holds the only other end: its death reads as an end here
-            self._workers.append((process, mine))
-            self._idle.append((process, mine))
+        forked = context.get_start_method() == "fork"
+        try:
+            for _ in range(max(1, processes)):
+                mine, theirs = context.Pipe()
+                # A forked process inherits this process's ends of every pipe, its own one's included:
+                # it closes them, else a send to a parent killed outright would wait forever.
+                inherited = [conn for _, conn in self._workers] + [mine] if forked else []
+                process = context.Process(target=_serve, args=(theirs, os.getpid(), inherited), daemon=True)
+                with stop_signals_held():  # a Ctrl-C landing in fork's handlers would be dropped
+                    process.start()
+                theirs.close()  # the process holds the only other end: its death reads as an end here
+                self._workers.append((process, mine))
+                self._idle.append((process, mine))
+        except BaseException:  # a fork refused (no memory), or Ctrl-C: no process left behind
+            self.close()
+            raise
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Pending:
         """Run ``fn(*args)`` in a pool process (``fn`` and the arguments must pickle)."""
@@ -136,11 +145,18 @@ class ProcessPool:
         conn.close()
 
 
-def _serve(conn: Any, parent: int) -> None:
+def _serve(conn: Any, parent: int, inherited: list) -> None:
     """A pool process: run each task received and send back (True, result), or (False, None) when it
-    raised (the parent runs it again itself, to raise the error there); end on the end of the pipe."""
+    raised (the parent runs it again itself, to raise the error there); end on the end of the pipe,
+    or with the parent (``inherited``: the parent's pipe ends a fork copied, closed here)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the converter's handlers raise KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # in a pool process that printed a traceback at the end
+    release_stop_signals()
+    for end in inherited:
+        end.close()
+    die_with_parent()  # killed with it, also while busy with a long task
+    if os.getppid() != parent:  # it died before that took effect
+        return
     while True:
         while not conn.poll(ORPHAN_CHECK):
             if os.getppid() != parent:

@@ -111,3 +111,17 @@ def release_stop_signals() -> None:
     """In a child forked under ``stop_signals_held``: take the inherited block off again."""
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
+    while a decoder hangs). Elsewhere the per-file check in ``worker.run_shard_process`` and the
+    walk pool's idle check do the job."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from packer.registry import get_format
 from packer.repack_shard import RepackJob, stored_samples
 from packer.sample_layout import SampleLayout
 from packer.segmentation import MASK_FIELD, SegmentationJob, mask_bytes
-from packer.system import release_stop_signals
+from packer.system import die_with_parent, release_stop_signals
 from packer.text import TextConfig
 
 log = logging.getLogger(__name__)
@@ -168,19 +167,6 @@ def sources_digest(items: Iterable[SourceItem]) -> str:
     for item in items:
         h.update(item_stamp(item))
     return h.hexdigest()
-
-
-def die_with_parent() -> None:
-    """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
-    while a decoder hangs). Elsewhere the per-file check in ``run_shard_process`` does the job."""
-    if sys.platform != "linux":
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None

@@ -81,3 +81,70 @@ def test_pool_processes_leave_ctrl_c_to_the_parent_and_end_on_sigterm():
     printed a traceback at the pool's end."""
     with ProcessPool(1) as pool:
         assert pool.submit(_handlers).get() == (signal.SIG_DFL, signal.SIG_IGN)
+
+
+def _big(n: int) -> bytes:
+    return b"x" * n
+
+
+_ORPHAN = """
+import os, signal, sys, time
+from packer.process_pool import ProcessPool
+pool = ProcessPool(2)
+busy = [pool.submit(time.sleep, 60), pool.submit(bytes, 8 << 20)]  # one busy, one blocked sending 8 MB
+time.sleep(0.5)
+print(" ".join(str(p.pid) for p, _ in pool._workers), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_pool_processes_do_not_outlive_a_parent_killed_outright():
+    """A process busy with a task, or blocked sending a result larger than the pipe holds, ends
+    with its parent: the fork's copies of the parent's pipe ends are closed, and the kernel kills
+    it when the parent dies."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    deadline = time.perf_counter() + 10
+    while time.perf_counter() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, monkeypatch):
+    import packer.discover
+    from packer.discover import discover
+    from packer.system import process_context
+
+    context = process_context()
+    started: list = []
+    real_start = type(context.Process(target=int)).start
+
+    def start(self):
+        if started:
+            raise OSError(12, "Cannot allocate memory")
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(type(context.Process(target=int)), "start", start)
+    with pytest.raises(OSError):
+        ProcessPool(2)
+    assert started and started[0].exitcode is not None  # the first one was killed and waited for
+    for name in ["a/1.png", "b/2.png", "c/3.png"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
+    started.clear()
+    found = discover(tmp_path, processes=2)
+    assert [it.relpath for it in found.items] == ["a/1.png", "b/2.png", "c/3.png"]

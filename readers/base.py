@@ -275,6 +275,7 @@ class ReaderBase:
         self.seed = int(seed)
         self.ring: Optional[SlotRing] = None  # set by make_loader: reused shared batch buffers
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
+        self.encoded_batches = False  # set by make_loader(decode="device"): JPEG bytes and crops cross instead
         self._offsets = self.manifest.shard_offsets
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from readers.device_decode import EncodedBatch
+
 
 class PackedBatch(list):
     """The samples of one batch, already collated: ``images`` (N, C, H, W) and ``labels`` (N,).
@@ -60,6 +62,8 @@ def packed_collate(batch: Any) -> Any:
         return Numbered(batch.number, packed_collate(batch.batch))
     if isinstance(batch, PackedBatch):
         return batch.collated()
+    if isinstance(batch, EncodedBatch):  # make_loader(decode="device"): decoded by the loader
+        return batch
     if batch and all(isinstance(s, tuple) for s in batch) and any(
             x is None or isinstance(x, (str, dict)) for s in batch for x in s[:-1]):
         return pad_collate(batch)

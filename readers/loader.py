@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from packer.system import usable_cpus
+from readers import device_decode
 from readers.base import ReaderBase
 from readers.collate import (
     ArraysAcrossWorkers,
@@ -47,6 +48,7 @@ from readers.collate import (
     pad_collate,
     shared_memory_free,
 )
+from readers.device_decode import DECODE_WHERE
 from readers.mapstyle import PackedDataset
 from readers.mixture import Mixture
 from readers.sampler import ORDER_VERSION, EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
@@ -159,8 +161,9 @@ class PackedLoader:
     def __init__(self, dataset: ReaderBase, loader: DataLoader,
                  sampler: Optional[Union[EpochBatchSampler, SamplerBatches]],
                  normalize: Optional[BatchNormalize], device: Optional[torch.device],
-                 ring: Optional[SlotRing] = None, order: Optional[dict] = None) -> None:
-        self.dataset, self.loader, self.sampler = dataset, loader, sampler
+                 ring: Optional[SlotRing] = None, order: Optional[dict] = None,
+                 decoder: Optional[device_decode.DeviceDecoder] = None) -> None:
+        self.dataset, self.loader, self.sampler, self.decoder = dataset, loader, sampler, decoder
         self.normalize, self.device, self.ring = normalize, device, ring
         self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
         self.epoch = 0
@@ -194,6 +197,11 @@ class PackedLoader:
             if isinstance(batch, dict):  # pad_collate's batches (outputs with text fields)
                 self._consumed += 1
                 yield self._place(batch)
+                batch = None
+                continue
+            if isinstance(batch, device_decode.EncodedBatch):  # decode="device"
+                self._consumed += 1
+                yield self.decoder(batch)  # type: ignore[misc]
                 batch = None
                 continue
             if isinstance(batch, RingBatch):
@@ -299,6 +307,7 @@ def make_loader(
     drop_last: bool = False,
     device: Union[str, torch.device, None] = None,
     bucket_by_length: Union[bool, str] = False,
+    decode: str = "workers",
     **overrides: Any,
 ) -> PackedLoader:
     """A loader of ``(images, labels)`` batches over a packer reader, with the defaults above.
@@ -323,8 +332,17 @@ def make_loader(
     and a resumed epoch skips the batches already handed out (the same ones only if the sampler
     draws the same order for the same epoch). With images of their own sizes (``--resize none``)
     a ``transform`` that gives them one size lets batches be stacked.
+
+    ``decode="device"``: for JPEG-stored outputs read with ``crop=``, the workers send each batch's
+    JPEG bytes and crop placements, and the loader decodes, crops, flips and normalizes them on
+    ``device`` (nvJPEG through torchvision on CUDA; see ``readers.device_decode``). The same crops
+    as ``decode="workers"`` (the default), within a level or two of each pixel.
     """
+    if decode not in DECODE_WHERE:
+        raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, DECODE_WHERE))}")
     if isinstance(dataset, Mixture):
+        if decode != "workers":
+            raise ValueError("decode='device' reads one output; a mixture's parts are decoded in the workers")
         if bucket_by_length:
             raise ValueError("bucket_by_length batches one output by its lengths; a mixture draws its own samples")
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
@@ -344,6 +362,13 @@ def make_loader(
         # normalized once on the GPU.
         normalize = dataset.convert.normalize
         reader.convert = ImageConverter(dataset.manifest, normalize=False)
+    decoder = None
+    if decode == "device":
+        why = device_decode.refusal(dataset, isinstance(dataset, PackedDataset), "collate_fn" in overrides)
+        if why is not None:
+            raise ValueError(f"make_loader(decode='device') cannot read {dataset.root}: {why}")
+        decoder = device_decode.DeviceDecoder(device, dataset.layout.mode, dataset.convert.normalize)
+        reader.encoded_batches, normalize = True, None  # the decoder normalizes on the device
     transport = reader.convert.batch_dtype(np.dtype(m.fields["image"]["dtype"] if m.has_image else "uint8"))
     seed = int(getattr(dataset, "seed", 0)) if seed is None else int(seed)
     reader.seed = seed
@@ -372,7 +397,7 @@ def make_loader(
     ours = "collate_fn" not in overrides  # a collate of the caller's own sees plain samples, never ring slots
     reader.shared_batches = ours
     ring = None
-    if workers and ours and not cuda and dataset.fixed_images and not reader.one_by_one:
+    if workers and ours and not cuda and decoder is None and dataset.fixed_images and not reader.one_by_one:
         h, w, c = shape
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
@@ -429,7 +454,7 @@ def make_loader(
             del order["seed"]  # the caller's sampler draws the order, not make_loader's seed
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
-    return PackedLoader(reader, loader, sampler, normalize, device, ring, order)
+    return PackedLoader(reader, loader, sampler, normalize, device, ring, order, decoder)
 
 
 def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Optional[int], drop_last: bool,

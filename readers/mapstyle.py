@@ -24,7 +24,8 @@ from packer.records import TextField
 from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
-from readers.crops import place_geometry
+from readers.crops import place_geometry, render, stored_size, upright_stored
+from readers.device_decode import BatchBuilder, EncodedBatch, inside
 from readers.tensors import torch_dtype
 
 _WARNED: list[bool] = []
@@ -166,6 +167,8 @@ class PackedDataset(ReaderBase, Dataset):
             return [self[i] for i in indices]  # a subclass's own __getitem__
         if self.one_by_one:
             return [self._sample_at(i, epoch) for i in indices]  # per sample, as dataset[i]
+        if self.encoded_batches:
+            return self._encoded_batch(indices, epoch)
         n = len(indices)
         if self.layout.has_image and self.image_shape is None:  # images of their own sizes: no batch tensor
             return [self._sample_at(i, epoch) for i in indices]
@@ -189,6 +192,26 @@ class PackedDataset(ReaderBase, Dataset):
                     else:
                         self.convert.into(image, images[j])  # before the next shard opens: LMDB views live until then
         return PackedBatch(images, torch.from_numpy(labels), slot)
+
+    def _encoded_batch(self, indices: list[int], epoch: int) -> EncodedBatch:
+        """The batch at ``indices`` for ``make_loader(..., decode="device")``: the bytes and crops of
+        plain upright JPEGs, and the pixels this worker renders of any other sample (a PNG, an EXIF-
+        turned source file, a box that pads); see ``readers.device_decode``."""
+        h, w, c = self.image_shape  # type: ignore[misc]
+        batch, mode = BatchBuilder(len(indices), (h, w), c), self.layout.mode
+        for shard, rows, local in self._by_shard(indices):
+            with self._reading(shard):
+                batch.labels[rows] = self._shard_labels(shard)[local]
+                for j, at in zip(rows.tolist(), local.tolist()):
+                    codec = "raw" if self.memory is not None else self.layout.codec.name  # held decoded
+                    stored, codec = upright_stored(self._stored(shard, at), codec, mode)
+                    height, width = stored_size(stored, codec)
+                    placement = self.augment.placement(self.seed, epoch, self._offsets[shard] + at, height, width)
+                    if codec == "jpeg" and inside(placement, height, width):
+                        batch.add_encoded(j, bytes(stored), placement)
+                    else:
+                        batch.add_pixels(j, render(stored, codec, mode, placement))
+        return batch.batch()
 
     def _text_samples(self, indices: list[int], epoch: int) -> list[tuple]:
         """The samples at ``indices`` of an output with text fields, as ``dataset[i]`` gives them, read

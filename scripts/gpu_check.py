@@ -11,7 +11,10 @@ Converts generated images (npy and wds) and a small text corpus, then checks, fo
 - ``BatchNormalize`` on CUDA equals the numpy CPU path;
 - tar shards (wds) and padded text batches (``pad_collate`` dicts) land on the GPU too;
 - throughput of float32 batches: GPU normalization vs CPU normalization in the workers, and with
-  ``non_blocking`` copies overlapping the next batch.
+  ``non_blocking`` copies overlapping the next batch;
+- ``decode="device"``: random-resized crops of a JPEG output decoded by nvJPEG (torchvision) on the
+  GPU, within 3 levels of the workers' crops, and both decodes' samples/s with 2 and ``--workers``
+  workers (the faster one should be the default: see readers/device_decode.py).
 
 Prints a JSON report and writes it to ``--out``; exits 1 when a check fails.
 """
@@ -60,7 +63,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from packer import ConvertConfig, PreprocessConfig, convert
-    from readers import BatchNormalize, make_loader, open_dataset
+    from packer.config import ImageCodec
+    from readers import BatchNormalize, RandomResizedCrop, make_loader, open_dataset
 
     report: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     failures: list[str] = []
@@ -122,6 +126,26 @@ def main() -> int:
         "normalized in the workers, then copied": rate(_CpuThenCopy(make_loader(ds, 64, num_workers=args.workers,
                                                                               pin_memory=True))),
     }
+    # decode="device": the JPEG crops of a training read decoded by nvJPEG on the GPU, against the workers
+    jpeg = convert(src, work / "npy-jpeg", ConvertConfig("npy", PreprocessConfig(resize="max", size=(256, 256)),
+                                                         codec=ImageCodec("jpeg")), workers=args.workers).output
+    crops = open_dataset(jpeg, crop=RandomResizedCrop(224), flip=True)
+    on_gpu = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers, decode="device")
+    in_workers = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers)
+    worst, batches = 0.0, 0
+    for (gi, gl), (wi, wl) in zip(on_gpu, in_workers):
+        if not (gi.is_cuda and gi.dtype == torch.float32 and torch.equal(gl, wl)):
+            check("decode=device: float32 batches on the gpu, labels equal", False, (str(gi.device), str(gi.dtype)))
+            break
+        worst = max(worst, float((gi - wi).abs().max()) * 255 * 0.225)  # in levels (ImageNet's smallest std)
+        batches += 1
+    check("decode=device crops within 3 levels of the workers' (nvJPEG vs libjpeg-turbo)",
+          worst <= 3 and batches == len(in_workers), {"max_levels": worst, "batches": batches})
+    report["RandomResizedCrop(224) + flip from max-256 jpeg, float32 samples/s on the gpu"] = {
+        f"decode={where}, {w} workers": rate(make_loader(crops, 64, device="cuda", seed=5, num_workers=w,
+                                                         decode=where))
+        for w in sorted({2, args.workers}) for where in ("workers", "device")}
+
     report["failures"] = failures
     text = json.dumps(report, indent=1, default=str)
     print(text)

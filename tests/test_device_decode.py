@@ -1,0 +1,155 @@
+"""make_loader(..., decode="device"): JPEG bytes and crop placements cross from the workers, and the
+loader decodes, crops, flips and normalizes them where the batches go. Checked here on the CPU (the
+same code as on CUDA but for the decoder): the batches are decode="workers"' batches within a level
+of each pixel, in every crop mode, with PNG and EXIF-turned source files rendered by the workers."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_image
+from PIL import Image
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ImageCodec, ShardSize
+from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
+from readers.device_decode import EncodedBatch
+
+MAX = PreprocessConfig(resize="max", size=(72, 72))
+STD = 0.225  # the smallest of ImageNet's stds: a level is at most 1 / (255 * STD) of a normalized value
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict:
+    """Images of several sizes stored at their own (``--resize max 72``) as JPEG (npy, lmdb), raw
+    (npy), and as ``--codec source`` with a PNG and an EXIF-turned JPEG among plain JPEGs."""
+    src = tmp_path_factory.mktemp("src") / "images"
+    sizes = [(120, 80), (60, 90), (200, 50), (72, 72), (40, 30), (90, 160)]
+    for i in range(18):
+        write_image(src / f"c{i % 3}" / f"{i:02d}.png", sizes[i % len(sizes)], seed=i)
+    sources = tmp_path_factory.mktemp("sources") / "images"
+    for i in range(10):
+        write_image(sources / f"c{i % 2}" / f"{i:02d}.jpg", (64 + 4 * i, 48), seed=i, quality=90)
+    write_image(sources / "c0" / "png.png", (50, 70), seed=20)
+    turned = write_image(sources / "c1" / "turned.jpg", (60, 40), seed=21, quality=90)
+    with Image.open(turned) as img:
+        exif = img.getexif()
+        exif[0x0112] = 6
+        img.save(turned, exif=exif, quality=90)
+    out = tmp_path_factory.mktemp("out")
+    found = {}
+    for name, fmt, codec, source in [("npy", "npy", "jpeg", src), ("lmdb", "lmdb", "jpeg", src),
+                                     ("raw", "npy", "raw", src), ("wds", "wds", "jpeg", src),
+                                     ("source", "npy", "source", sources)]:
+        convert(source, out / name, ConvertConfig(fmt, MAX, ShardSize(samples=7), codec=ImageCodec(codec)), workers=1)
+        found[name] = out / name
+    return found
+
+
+def _pairs(path, crop, workers: int = 2, normalize: bool = True, **kw):
+    ds = open_dataset(path, crop=crop, flip=True, normalize=normalize)
+    plain = make_loader(ds, 5, num_workers=workers, seed=4, **kw)
+    device = make_loader(ds, 5, num_workers=workers, seed=4, decode="device", **kw)
+    return list(zip(plain, device))
+
+
+def _levels(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max()) * (255 * STD if a.dtype == torch.float32 else 1)
+
+
+@pytest.mark.parametrize("name", ["npy", "lmdb", "source"])
+@pytest.mark.parametrize("crop", [RandomResizedCrop(48), CenterCrop(40, resize=56), CenterCrop(64)],
+                         ids=["random", "resize-centre", "padding-centre"])
+def test_device_batches_are_the_workers_batches_within_a_level(outputs, name, crop):
+    pairs = _pairs(outputs[name], crop)
+    assert len(pairs) == (4 if name != "source" else 3)
+    for (images, labels), (on_device, their_labels) in pairs:
+        assert torch.equal(labels, their_labels)
+        assert on_device.shape == images.shape and on_device.dtype == torch.float32 and on_device.is_contiguous()
+        assert _levels(images, on_device) <= 1.01
+
+
+def test_uint8_batches_without_normalization_and_no_workers(outputs):
+    for (images, labels), (on_device, their_labels) in _pairs(outputs["npy"], RandomResizedCrop(48), workers=0,
+                                                              normalize=False):
+        assert on_device.dtype == torch.uint8 and torch.equal(labels, their_labels)
+        assert _levels(images, on_device) <= 1
+
+
+def test_workers_send_jpeg_bytes_and_render_only_what_the_device_cannot(outputs):
+    """The plain JPEGs cross as their stored bytes; the PNG, the EXIF-turned file and the boxes that
+    pad are rendered by the worker."""
+    ds = open_dataset(outputs["source"], crop=RandomResizedCrop(48), flip=True)
+    ds.encoded_batches, ds.seed = True, 0
+    batch = ds.__getitems__(list(range(len(ds))))
+    assert isinstance(batch, EncodedBatch) and len(batch.labels) == 12
+    assert len(batch.rows) == 10 and len(batch.done) == 2  # the PNG and the turned JPEG
+    ends = [0, *batch.ends.tolist()]
+    assert all(bytes(batch.data[a:b].numpy()).startswith(b"\xff\xd8") for a, b in zip(ends, ends[1:]))
+    padded = open_dataset(outputs["npy"], crop=CenterCrop(300))
+    padded.encoded_batches, padded.seed = True, 0
+    assert len(padded.__getitems__([0, 1, 2]).done) == 3
+
+
+def test_resume_mid_epoch_gives_the_rest_of_the_uninterrupted_epoch(outputs):
+    ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), flip=True)
+    whole = [b[0] for b in make_loader(ds, 5, num_workers=2, seed=1, decode="device")]
+    first = make_loader(ds, 5, num_workers=2, seed=1, decode="device")
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    del it
+    again = make_loader(ds, 5, num_workers=2, seed=1, decode="device")
+    again.load_state_dict(state)
+    rest = [b[0] for b in again]
+    assert len(rest) == len(whole) - 1 and all(torch.equal(a, b) for a, b in zip(rest, whole[1:]))
+
+
+@pytest.mark.parametrize("case,message", [
+    ("raw", "this output stores raw"),
+    ("wds", "tar shards"),
+    ("no crop", "crop=RandomResizedCrop"),
+    ("transform", "a transform"),
+    ("collate", "collate_fn"),
+    ("where", "decode='gpu'"),
+])
+def test_what_the_device_cannot_decode_is_refused_with_the_reason(outputs, case, message):
+    path = outputs["raw" if case == "raw" else "wds" if case == "wds" else "npy"]
+    crop = None if case == "no crop" else RandomResizedCrop(48)
+    ds = open_dataset(path, crop=crop, transform=(lambda x: x) if case == "transform" else None)
+    kw = {"collate_fn": list} if case == "collate" else {}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        make_loader(ds, 5, decode="gpu" if case == "where" else "device", **kw)
+
+
+def test_cuda_without_torchvision_says_what_to_install(outputs, monkeypatch):
+    real = builtins.__import__
+
+    def no_torchvision(name, *args, **kwargs):
+        if name.startswith("torchvision"):
+            raise ImportError("No module named 'torchvision'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchvision)
+    ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48))
+    with pytest.raises(ImportError, match="pip install torchvision"):
+        make_loader(ds, 5, device="cuda", decode="device")
+
+
+def test_same_pixels_as_pillow_within_two_levels(outputs):
+    """A device crop against Pillow cropping and resizing the decoded stored image (the issue's check
+    of the workers' crops, applied to the device's)."""
+    ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
+    ds.encoded_batches, ds.seed = True, 0
+    batch = ds.__getitems__([0])
+    from readers.device_decode import DeviceDecoder
+
+    image = DeviceDecoder(None, "RGB", None)(batch)[0][0].permute(1, 2, 0).numpy()
+    x0, y0, x1, y1 = batch.boxes[0].tolist()
+    ends = batch.ends.tolist()
+    with Image.open(__import__("io").BytesIO(bytes(batch.data[:ends[0]].numpy()))) as img:
+        expected = np.asarray(img.convert("RGB").crop((x0, y0, x1, y1)).resize((48, 48), Image.Resampling.BILINEAR))
+    assert np.abs(image.astype(int) - expected.astype(int)).max() <= 2

@@ -65,8 +65,8 @@ class BatchBuilder:
         self.labels = np.empty(n, dtype=np.int64)
 
     def add_encoded(self, row: int, data: bytes, placement: Placement) -> None:
-        """Send ``data`` (a plain upright JPEG) for the device to crop as ``placement`` says (its box
-        within the image: see ``inside``)."""
+        """Send ``data`` (a plain upright JPEG) for the device to crop as ``placement`` says (a crop the
+        device makes: see ``on_device``)."""
         if placement.whole is not None:
             (top, left), box = placement.offset, (0, 0, 0, 0)
             whole = (*placement.whole, top, left)
@@ -96,11 +96,28 @@ class BatchBuilder:
             torch.from_numpy(self.labels), torch.tensor([self.n, self.channels, h, w], dtype=torch.int64))
 
 
-def inside(placement: Placement, height: int, width: int) -> bool:
-    """True when the device can make ``placement`` of an image of ``height`` x ``width``: a box within
-    it, or a ``CenterCrop(resize=)`` (whose box lies within the resized image). A box that reaches
-    past the image pads, which the worker does."""
-    return placement.whole is not None or (placement.cut and _inside(placement.box, (height, width)))
+MAX_SHRINK = 32
+"""The most a crop is shrunk on the device, per side: torch's antialiased kernel on CUDA refuses
+shrinking by about 94 or more (the filter no longer fits its shared memory); the worker renders
+such a crop (a crop of a large ``--resize none`` image to a small size)."""
+
+
+def on_device(placement: Placement, height: int, width: int) -> bool:
+    """True when the device makes ``placement`` of an image of ``height`` x ``width`` as the worker
+    would: a box within the image, or a ``CenterCrop(resize=)`` (whose box lies within the resized
+    image), shrunk at most ``MAX_SHRINK`` times. The worker renders the others: a box that reaches
+    past the image (it pads), and ``reduced_decode`` crops (decoded at a reduced scale, which the
+    device's full decode would not give)."""
+    if placement.reduced:
+        return False
+    (oh, ow), (left, top, right, bottom) = placement.size, placement.box
+    if placement.whole is not None:
+        (rh, rw), (box_h, box_w) = placement.whole, (height, width)
+    else:
+        if not placement.cut or not _inside(placement.box, (height, width)):
+            return False
+        (rh, rw), (box_h, box_w) = (oh, ow), (bottom - top, right - left)
+    return box_h <= MAX_SHRINK * rh and box_w <= MAX_SHRINK * rw
 
 
 def refusal(dataset, random_access: bool, collate_given: bool) -> Optional[str]:
@@ -112,6 +129,8 @@ def refusal(dataset, random_access: bool, collate_given: bool) -> Optional[str]:
     if codec not in ("jpeg", "source"):
         return (f"it decodes JPEG-stored images (--codec jpeg or source), and this output stores "
                 f"{codec or 'no images'}: its images are decoded in the workers")
+    if getattr(dataset, "memory", None) is not None:
+        return "in_memory=True holds the images decoded already: there is nothing left to decode on the device"
     if dataset.augment is None or dataset.augment.crop is None:
         return "it makes batches of crops of one size: open the dataset with crop=RandomResizedCrop(N) or CenterCrop(N)"
     if dataset.one_by_one or dataset.text_fields or dataset.has_target:
@@ -154,11 +173,24 @@ class DeviceDecoder:
         if not files:
             return []
         if self._jpeg is not None:
-            return self._jpeg(files, self.mode, self.device)
+            try:
+                return self._jpeg(files, self.mode, self.device)
+            except RuntimeError:  # one file nvJPEG does not take (arithmetic coding, odd subsampling) fails all
+                return [self._one(f) for f in files]
+        return [self._on_cpu(f) for f in files]
+
+    def _one(self, data: torch.Tensor) -> torch.Tensor:
+        """One file by nvJPEG, else by libjpeg-turbo as the workers decode it."""
+        try:
+            return self._jpeg([data], self.mode, self.device)[0]  # type: ignore[misc]
+        except RuntimeError:
+            return self._on_cpu(data)
+
+    def _on_cpu(self, data: torch.Tensor) -> torch.Tensor:
         from packer.source_codec import decode_stored
 
-        return [torch.from_numpy(_hwc(decode_stored(f.numpy().tobytes(), "jpeg", self.mode))).permute(2, 0, 1)
-                .to(self.device) for f in files]
+        pixels = _hwc(decode_stored(data.numpy().tobytes(), "jpeg", self.mode))
+        return torch.from_numpy(pixels).permute(2, 0, 1).to(self.device)
 
 
 def _hwc(image) -> np.ndarray:

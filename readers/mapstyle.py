@@ -25,7 +25,7 @@ from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
 from readers.crops import place_geometry, render, stored_size, upright_stored
-from readers.device_decode import BatchBuilder, EncodedBatch, inside
+from readers.device_decode import BatchBuilder, EncodedBatch, on_device
 from readers.tensors import torch_dtype
 
 _WARNED: list[bool] = []
@@ -196,7 +196,7 @@ class PackedDataset(ReaderBase, Dataset):
     def _encoded_batch(self, indices: list[int], epoch: int) -> EncodedBatch:
         """The batch at ``indices`` for ``make_loader(..., decode="device")``: the bytes and crops of
         plain upright JPEGs, and the pixels this worker renders of any other sample (a PNG, an EXIF-
-        turned source file, a box that pads); see ``readers.device_decode``."""
+        turned source file, a crop the device does not make: ``device_decode.on_device``)."""
         h, w, c = self.image_shape  # type: ignore[misc]
         batch, mode = BatchBuilder(len(indices), (h, w), c), self.layout.mode
         for shard, rows, local in self._by_shard(indices):
@@ -207,7 +207,7 @@ class PackedDataset(ReaderBase, Dataset):
                     stored, codec = upright_stored(self._stored(shard, at), codec, mode)
                     height, width = stored_size(stored, codec)
                     placement = self.augment.placement(self.seed, epoch, self._offsets[shard] + at, height, width)
-                    if codec == "jpeg" and inside(placement, height, width):
+                    if codec == "jpeg" and on_device(placement, height, width):
                         batch.add_encoded(j, bytes(stored), placement)
                     else:
                         batch.add_pixels(j, render(stored, codec, mode, placement))

@@ -13,7 +13,8 @@ Converts generated images (npy and wds) and a small text corpus, then checks, fo
 - throughput of float32 batches: GPU normalization vs CPU normalization in the workers, and with
   ``non_blocking`` copies overlapping the next batch;
 - ``decode="device"``: random-resized crops of a JPEG output decoded by nvJPEG (torchvision) on the
-  GPU, within 3 levels of the workers' crops, and both decodes' samples/s with 2 and ``--workers``
+  GPU, within a level of the workers' crops on average (the largest difference reported), and both
+  decodes' samples/s with 2 and ``--workers``
   workers (the faster one should be the default: see readers/device_decode.py).
 
 Prints a JSON report and writes it to ``--out``; exits 1 when a check fails.
@@ -132,15 +133,17 @@ def main() -> int:
     crops = open_dataset(jpeg, crop=RandomResizedCrop(224), flip=True)
     on_gpu = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers, decode="device")
     in_workers = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers)
-    worst, batches = 0.0, 0
+    worst, mean, batches = 0.0, 0.0, 0
     for (gi, gl), (wi, wl) in zip(on_gpu, in_workers):
         if not (gi.is_cuda and gi.dtype == torch.float32 and torch.equal(gl, wl)):
             check("decode=device: float32 batches on the gpu, labels equal", False, (str(gi.device), str(gi.dtype)))
             break
-        worst = max(worst, float((gi - wi).abs().max()) * 255 * 0.225)  # in levels (ImageNet's smallest std)
-        batches += 1
-    check("decode=device crops within 3 levels of the workers' (nvJPEG vs libjpeg-turbo)",
-          worst <= 3 and batches == len(in_workers), {"max_levels": worst, "batches": batches})
+        levels = (gi - wi).abs() * 255 * 0.225  # in levels (ImageNet's smallest std: an upper bound)
+        worst, mean, batches = max(worst, float(levels.max())), mean + float(levels.mean()), batches + 1
+    # torchvision bounds nvJPEG against libjpeg-turbo by the mean difference, not the largest: so do we
+    check("decode=device crops within a level of the workers' on average (nvJPEG vs libjpeg-turbo)",
+          mean / max(batches, 1) <= 1 and batches == len(in_workers),
+          {"mean_levels": mean / max(batches, 1), "max_levels": worst, "batches": batches})
     report["RandomResizedCrop(224) + flip from max-256 jpeg, float32 samples/s on the gpu"] = {
         f"decode={where}, {w} workers": rate(make_loader(crops, 64, device="cuda", seed=5, num_workers=w,
                                                          decode=where))

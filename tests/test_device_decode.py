@@ -153,3 +153,57 @@ def test_same_pixels_as_pillow_within_two_levels(outputs):
     with Image.open(__import__("io").BytesIO(bytes(batch.data[:ends[0]].numpy()))) as img:
         expected = np.asarray(img.convert("RGB").crop((x0, y0, x1, y1)).resize((48, 48), Image.Resampling.BILINEAR))
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 2
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """JPEGs stored in full (``--resize none``) at ten times the crops below: reduced-scale decodes apply."""
+    src = tmp_path_factory.mktemp("large") / "images"
+    for i in range(6):
+        write_image(src / f"c{i % 2}" / f"{i:02d}.png", (640 + 16 * i, 480), seed=i)
+    out = tmp_path_factory.mktemp("large-out") / "npy"
+    convert(src, out, ConvertConfig("npy", PreprocessConfig(resize="none", size=None), ShardSize(samples=4),
+                                    codec=ImageCodec("jpeg")), workers=1)
+    return out
+
+
+@pytest.mark.parametrize("crop", [RandomResizedCrop(32, reduced_decode=True),
+                                  CenterCrop(32, resize=40, reduced_decode=True), RandomResizedCrop(4)],
+                         ids=["random-reduced", "centre-reduced", "shrunk-over-32x"])
+def test_reduced_decodes_and_large_shrinks_are_rendered_by_the_workers_as_before(large, crop):
+    """The device decodes in full and CUDA's antialiased kernel refuses large shrinks: such crops are
+    the workers' own (the same pixels exactly)."""
+    for (images, labels), (on_device, their_labels) in _pairs(large, crop, workers=0, normalize=False):
+        assert torch.equal(labels, their_labels) and torch.equal(images.contiguous(), on_device)
+
+
+def test_no_device_decode_of_images_held_decoded_in_memory(tmp_path):
+    write_image(tmp_path / "src" / "a" / "0.png", (40, 30))
+    out = convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(32, 32)),
+                                                                    codec=ImageCodec("jpeg")), workers=1).output
+    ds = open_dataset(out, crop=RandomResizedCrop(24), in_memory=True)
+    with pytest.raises(ValueError, match="in_memory"):
+        make_loader(ds, 5, decode="device")
+
+
+def test_a_file_the_gpu_decoder_refuses_is_decoded_as_the_workers_decode_it(outputs):
+    """nvJPEG fails a whole batched call for one file it does not take (arithmetic coding, say): the
+    batch is decoded file by file, that one by libjpeg-turbo."""
+    from readers.device_decode import DeviceDecoder
+
+    ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
+    ds.encoded_batches, ds.seed = True, 0
+    batch = ds.__getitems__(list(range(6)))
+    plain = DeviceDecoder(None, "RGB", None)
+    calls: list[int] = []
+
+    def picky(files, mode, device):
+        calls.append(len(files))
+        if any(len(f) == len(files[0]) for f in files) and len(files) > 1 or len(calls) == 2:
+            raise RuntimeError("nvjpeg: unsupported JPEG")
+        return [plain._on_cpu(f) for f in files]
+
+    refusing = DeviceDecoder(None, "RGB", None)
+    refusing._jpeg = picky
+    assert torch.equal(refusing(batch)[0], plain(batch)[0])
+    assert calls[0] == 6 and calls[1:] == [1] * 6  # the batch, then each file (the first by the CPU)

@@ -118,6 +118,53 @@ def test_crop_pixels_are_pillow_cutting_and_resizing_the_stored_image(outputs, n
     assert 0 < flips < 18
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_enlarged_crops_are_within_a_level_of_torchs_kernel_and_two_of_pillows(channels):
+    """Crops enlarged on both sides take OpenCV's bilinear kernel (readers.crops._resized): the same
+    weights as torch's antialiased kernel in fixed point. Against both, on sharp random pixels."""
+    import torch.nn.functional as F
+
+    from readers.crops import _resized
+
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        h, w = (int(v) for v in rng.integers(2, 120, size=2))
+        size = (int(rng.integers(h, 160)), int(rng.integers(w, 160)))
+        image = rng.integers(0, 256, size=(h + 7, w + 5, channels), dtype=np.uint8)
+        cut = image[3:3 + h, 2:2 + w]  # a view, as crops are cut
+        out = _resized(cut, size)
+        assert out.shape == (*size, channels)
+        nchw = torch.from_numpy(np.ascontiguousarray(cut)).permute(2, 0, 1)[None]
+        torchs = F.interpolate(nchw, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+        assert np.abs(out.astype(int) - torchs.permute(1, 2, 0).numpy().astype(int)).max() <= 1
+        pil = Image.fromarray(np.ascontiguousarray(cut[:, :, 0] if channels == 1 else cut))
+        pillows = np.asarray(pil.resize(size[::-1], Image.Resampling.BILINEAR)).reshape(*size, channels)
+        assert np.abs(out.astype(int) - pillows.astype(int)).max() <= 2
+
+
+_AFTER_OPENCV_THREADS = """
+import sys
+import cv2
+import numpy as np
+from readers import RandomResizedCrop, make_loader, open_dataset
+big = np.zeros((2000, 2000, 3), np.uint8)
+cv2.resize(big, (3000, 3000))  # the parent's OpenCV thread pool starts
+ds = open_dataset(sys.argv[1], crop=RandomResizedCrop(96), flip=True)
+ds[0]
+print(sum(len(labels) for _, labels in make_loader(ds, 4, num_workers=2)))
+"""
+
+
+def test_workers_forked_after_the_parent_used_opencvs_threads_finish(outputs):
+    """Workers enlarge crops with OpenCV after a parent that started its thread pool: they must not
+    touch that pool (asking OpenCV for one thread there hung the worker)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _AFTER_OPENCV_THREADS, str(outputs["npy"])],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "18", done.stderr[-2000:]
+
+
 def test_center_crop_with_resize_is_torchvisions_evaluation_recipe(outputs):
     ds = open_dataset(outputs["npy"], normalize=False, crop=CenterCrop(32, resize=40))
     plain = open_dataset(outputs["npy"], normalize=False)

@@ -301,8 +301,9 @@ def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
     channel-planar (CHW) memory, flipped or not, as torch's kernel writes it: normalizing it into a
     CHW batch then reads memory in order (a flipped view with negative strides read at half speed).
 
-    Resizing is torch's antialiased bilinear interpolation of uint8 images, the kernel torchvision's
-    tensor transforms use (several times Pillow's speed, within a level of its pixels): of the box
+    Resizing is antialiased bilinear interpolation of uint8 images (``_resized``: torch's kernel, the
+    one torchvision's tensor transforms use, or OpenCV's for enlarging; within a level of Pillow's
+    pixels and several times its speed): of the box
     cut out (``cut``), or of the whole image before the box is cut (``whole``). A box that pads is
     cut by Pillow. With ``reduced``, a JPEG is decoded at the smallest M/8 scale that still gives the
     box at least the output's size, the box then resized where it lies on the scaled pixels."""

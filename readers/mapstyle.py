@@ -203,8 +203,7 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 batch.labels[rows] = self._shard_labels(shard)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
-                    codec = "raw" if self.memory is not None else self.layout.codec.name  # held decoded
-                    stored, codec = upright_stored(self._stored(shard, at), codec, mode)
+                    stored, codec = upright_stored(self._stored(shard, at), self.layout.codec.name, mode)
                     height, width = stored_size(stored, codec)
                     placement = self.augment.placement(self.seed, epoch, self._offsets[shard] + at, height, width)
                     if codec == "jpeg" and on_device(placement, height, width):

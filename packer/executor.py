@@ -23,7 +23,7 @@ from typing import Callable, Optional, Protocol
 from packer.errors import PackerError
 from packer.records import ShardResult, ShardTask, SourceItem
 from packer.registry import get_format
-from packer.system import die_with_parent, process_context, release_stop_signals, stop_signals_held
+from packer.system import as_child_process, process_context, stop_signals_held
 from packer.worker import FINISHING, ProgressFn, ShardJob, run_shard_process
 
 log = logging.getLogger(__name__)
@@ -305,9 +305,7 @@ def _probe_target(job: ShardJob, item: SourceItem) -> None:
     from packer.errors import DecodeError
     from packer.worker import read_sample
 
-    die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended quietly, as a shard worker (run_shard_process)
-    release_stop_signals()
+    as_child_process(ignore_ctrl_c=False)
     try:
         read_sample(item, job)
     except DecodeError:

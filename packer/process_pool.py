@@ -11,12 +11,11 @@ error is raised where the caller waits, with its own traceback, and nothing is l
 from __future__ import annotations
 
 import os
-import signal
 from collections import deque
 from multiprocessing import connection
 from typing import Any, Callable, Optional
 
-from packer.system import die_with_parent, process_context, release_stop_signals, stop_signals_held
+from packer.system import as_child_process, process_context, stop_signals_held
 
 ORPHAN_CHECK = 1.0
 """Seconds an idle pool process waits for a task before it checks that its parent still lives (a
@@ -149,12 +148,9 @@ def _serve(conn: Any, parent: int, inherited: list) -> None:
     """A pool process: run each task received and send back (True, result), or (False, None) when it
     raised (the parent runs it again itself, to raise the error there); end on the end of the pipe,
     or with the parent (``inherited``: the parent's pipe ends a fork copied, closed here)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the converter's handlers raise KeyboardInterrupt:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # in a pool process that printed a traceback at the end
-    release_stop_signals()
+    as_child_process()  # killed with the parent, also while busy with a long task
     for end in inherited:
         end.close()
-    die_with_parent()  # killed with it, also while busy with a long task
     if os.getppid() != parent:  # it died before that took effect
         return
     while True:

@@ -113,6 +113,19 @@ def release_stop_signals() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def as_child_process(ignore_ctrl_c: bool = True) -> None:
+    """First thing in a process the converter forks (a shard worker, a probe, the walk's pool): end
+    quietly on SIGTERM (not with the converter's handler, which raises KeyboardInterrupt and printed
+    its traceback when a child started as the run was interrupted was terminated), leave Ctrl-C to
+    the parent with ``ignore_ctrl_c``, die with the parent, and take off the hold on stop signals
+    under which the parent forked (``stop_signals_held``)."""
+    if ignore_ctrl_c:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+    release_stop_signals()
+
+
 def die_with_parent() -> None:
     """Linux: have the kernel kill this process the moment its parent dies (even by SIGKILL, even
     while a decoder hangs). Elsewhere the per-file check in ``worker.run_shard_process`` and the

@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from packer.registry import get_format
 from packer.repack_shard import RepackJob, stored_samples
 from packer.sample_layout import SampleLayout
 from packer.segmentation import MASK_FIELD, SegmentationJob, mask_bytes
-from packer.system import die_with_parent, release_stop_signals
+from packer.system import as_child_process
 from packer.text import TextConfig
 
 log = logging.getLogger(__name__)
@@ -107,12 +106,7 @@ def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) ->
     multiprocessing sends the daemonic children still running when their parent exits), and
     exits at once if its converter, ``parent``, is gone.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Not the converter's handler (raise KeyboardInterrupt): a worker started as the run was
-    # interrupted would print that traceback when terminated.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with_parent()
-    release_stop_signals()  # held back by the parent while it forked this process
+    as_child_process()
     logging.basicConfig(level=log_level, format="%(levelname)s %(message)s")
     preprocess.keep_image_memory()
 

@@ -356,10 +356,17 @@ class ReaderBase:
         codec, mode = codec or self.layout.codec.name, self.layout.mode
         if self.augment is None:
             return (stored if codec == "raw" else decode_stored(stored, codec, mode)), None
-        stored, codec = upright_stored(stored, codec, mode)
-        h, w = stored_size(stored, codec)
-        placement = self.augment.placement(self.seed, epoch, index, h, w)
+        stored, codec, placement, _ = self.placed(stored, index, epoch, codec)
         return render(stored, codec, mode, placement), placement
+
+    def placed(self, stored: Any, index: int, epoch: int, codec: str
+               ) -> tuple[Any, str, Placement, tuple[int, int]]:
+        """One stored image made ready to crop (``upright_stored``: its codec may change), the
+        Placement ``augment`` draws for ``(seed, epoch, index)``, and the (height, width) it was drawn
+        for; ``render`` makes the image."""
+        stored, codec = upright_stored(stored, codec, self.layout.mode)
+        h, w = stored_size(stored, codec)
+        return stored, codec, self.augment.placement(self.seed, epoch, index, h, w), (h, w)  # type: ignore[union-attr]
 
     def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size:

@@ -303,7 +303,7 @@ def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
 
     Resizing is antialiased bilinear interpolation of uint8 images (``_resized``: torch's kernel, the
     one torchvision's tensor transforms use, or OpenCV's for enlarging; within a level of Pillow's
-    pixels and several times its speed): of the box
+    pixels, and faster): of the box
     cut out (``cut``), or of the whole image before the box is cut (``whole``). A box that pads is
     cut by Pillow. With ``reduced``, a JPEG is decoded at the smallest M/8 scale that still gives the
     box at least the output's size, the box then resized where it lies on the scaled pixels."""
@@ -344,7 +344,7 @@ def _resized(hwc: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
     Enlarged (or kept) on both sides, there is no filter to widen and antialiased bilinear is plain
     bilinear with half-pixel centres: OpenCV's kernel, the same weights in 11-bit fixed point, within
-    a level of torch's and 2-3 times its speed (a C-contiguous HWC array), for outputs up to
+    a level of torch's and faster (docs/BENCHMARKS.md; a C-contiguous HWC array), for outputs up to
     ``OPENCV_MAX_PIXELS``. Larger outputs, or shrunk on either side:
     torch's antialiased kernel, the one torchvision's tensor transforms use (an HWC view of planar
     memory, which a CHW batch then reads in order)."""

@@ -189,13 +189,8 @@ class DeviceDecoder:
     def _on_cpu(self, data: torch.Tensor) -> torch.Tensor:
         from packer.source_codec import decode_stored
 
-        pixels = _hwc(decode_stored(data.numpy().tobytes(), "jpeg", self.mode))
+        pixels = decode_stored(data.numpy().tobytes(), "jpeg", self.mode)  # HxWxC, gray too
         return torch.from_numpy(pixels).permute(2, 0, 1).to(self.device)
-
-
-def _hwc(image) -> np.ndarray:
-    array = np.asarray(image)
-    return array[:, :, None] if array.ndim == 2 else array
 
 
 def _crop(image: torch.Tensor, box: list[int], whole: list[int], size: tuple[int, int], flip: bool) -> torch.Tensor:

@@ -48,7 +48,6 @@ from readers.collate import (
     pad_collate,
     shared_memory_free,
 )
-from readers.device_decode import DECODE_WHERE
 from readers.mapstyle import PackedDataset
 from readers.mixture import Mixture
 from readers.sampler import ORDER_VERSION, EpochBatchSampler, LengthBucketSampler, SamplerBatches, distributed_rank
@@ -339,8 +338,8 @@ def make_loader(
     as ``decode="workers"`` (the default), within a level of each pixel with libjpeg-turbo's decode;
     ``scripts/gpu_check.py`` measures nvJPEG's difference, and which decode is faster.
     """
-    if decode not in DECODE_WHERE:
-        raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, DECODE_WHERE))}")
+    if decode not in device_decode.DECODE_WHERE:
+        raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, device_decode.DECODE_WHERE))}")
     if isinstance(dataset, Mixture):
         if decode != "workers":
             raise ValueError("decode='device' reads one output; a mixture's parts are decoded in the workers")

@@ -24,7 +24,7 @@ from packer.records import TextField
 from packer.source_codec import decode_stored
 from readers.base import ReaderBase, build_sample, decode_field, placement_meta
 from readers.collate import PackedBatch
-from readers.crops import place_geometry, render, stored_size, upright_stored
+from readers.crops import place_geometry, render
 from readers.device_decode import BatchBuilder, EncodedBatch, on_device
 from readers.tensors import torch_dtype
 
@@ -203,9 +203,8 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 batch.labels[rows] = self._shard_labels(shard)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
-                    stored, codec = upright_stored(self._stored(shard, at), self.layout.codec.name, mode)
-                    height, width = stored_size(stored, codec)
-                    placement = self.augment.placement(self.seed, epoch, self._offsets[shard] + at, height, width)
+                    stored, codec, placement, (height, width) = self.placed(
+                        self._stored(shard, at), self._offsets[shard] + at, epoch, self.layout.codec.name)
                     if codec == "jpeg" and on_device(placement, height, width):
                         batch.add_encoded(j, bytes(stored), placement)
                     else:

@@ -3,7 +3,7 @@
     from readers import open_dataset, make_loader
     loader = make_loader(open_dataset("packed/npy"), batch_size=64, device="cuda")
     for epoch in range(epochs):
-        loader.set_epoch(epoch)
+        loader.set_epoch(epoch)  # optional: each new pass is the next epoch
         for images, labels in loader:
             ...
 
@@ -165,29 +165,48 @@ class PackedLoader:
         self.dataset, self.loader, self.sampler, self.decoder = dataset, loader, sampler, decoder
         self.normalize, self.device, self.ring = normalize, device, ring
         self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
-        self.epoch = 0
+        self.epoch = 0  # of the current pass (or of the next one, before any pass)
         self._consumed = 0  # batches handed out in the current epoch
-        self._resume_at = 0
+        self._chosen: Optional[tuple[int, int]] = None  # (epoch, first batch) of the next pass, if one was asked for
+        self._passes = 0  # passes begun: each new one moves on to the next epoch unless one was chosen
+        if sampler is not None:
+            # Frameworks (Lightning) call set_epoch on loader.sampler: that call chooses the epoch as ours does.
+            sampler.follow(self.set_epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the shuffle of epoch ``epoch`` (without calls, each full pass moves to the next epoch)."""
-        if int(epoch) != self.epoch:
-            self._resume_at = 0
-        self.epoch = int(epoch)
+        """Make the next pass epoch ``epoch``'s order (without a call, each new pass is the next epoch's).
+
+        After ``load_state_dict``, the epoch the state was saved in keeps its place in that epoch.
+        """
+        epoch = int(epoch)
+        if self._chosen is None or self._chosen[0] != epoch:
+            self._chosen = (epoch, 0)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator:
+        # The epoch is chosen when the first batch is asked for, not at iter(): Lightning calls iter()
+        # once only to check that the loader is iterable, and calls set_epoch between iter() and the
+        # first batch. A framework that stops after len(self) batches never runs a pass to its end,
+        # yet the next pass is the next epoch.
+        if self._chosen is not None:
+            epoch, start = self._chosen
+        else:
+            epoch, start = self.epoch + (1 if self._passes else 0), 0
+        self._chosen = None
+        self._passes += 1
+        number = self._passes
+        self.epoch, self._consumed = epoch, start
         if self.sampler is not None:
-            self.sampler.set_epoch(self.epoch)
-            self.sampler.start = self._resume_at
+            self.sampler.begin(epoch, start)
         else:  # seen by the workers, persistent ones too, when this pass starts
-            self.dataset._batching["control"].copy_(torch.tensor([self.epoch, self._resume_at]))  # type: ignore
-        self._consumed, self._resume_at = self._resume_at, 0
+            self.dataset._batching["control"].copy_(torch.tensor([epoch, start]))  # type: ignore
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
-        for batch in _in_order(self.loader, self._consumed):
+        for batch in _in_order(self.loader, start):
+            if number != self._passes:  # a newer pass began: this one is left, its count no longer ours
+                return
             if self.dataset.has_target:  # detection_collate's (images, targets[, metas])
                 self._consumed += 1
                 yield self._place_detection(batch)
@@ -218,8 +237,6 @@ class PackedLoader:
             images = labels = rest = None  # so that only the caller holds the batch now
             yield out
             out = None
-        self.epoch += 1
-        self._consumed = 0
 
     def _place_detection(self, batch: tuple) -> tuple:
         """A detection batch with its images and targets' tensors on the device, the images normalized."""
@@ -252,7 +269,7 @@ class PackedLoader:
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
         the batch order depends on, checked when loading)."""
-        epoch, consumed = self.epoch, self._consumed
+        epoch, consumed = self._chosen if self._chosen is not None else (self.epoch, self._consumed)
         if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
             epoch, consumed = epoch + 1, 0
         return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}
@@ -272,7 +289,7 @@ class PackedLoader:
         if self.sampler is not None:
             self.sampler.load_state_dict(state)
         self.epoch = int(state["epoch"])
-        self._resume_at = int(state["batches"])
+        self._chosen = (self.epoch, int(state["batches"]))
 
 
 def _size(dataset: Any) -> int:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Iterator, Sequence
+import weakref
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -62,7 +63,39 @@ class EpochBatch(list):
         return (EpochBatch, (list(self), self.epoch))
 
 
-class EpochBatchSampler(Sampler[list[int]]):
+class EpochChoice:
+    """What every batch sampler of ``make_loader`` has: the epoch to iterate, the batches of it to skip
+    (``start``, after a resume), and whom to tell when someone else calls ``set_epoch``.
+
+    A training framework (Lightning) calls ``set_epoch`` on ``loader.sampler``: ``make_loader``'s
+    loader follows that call (``follow``), and sets the epoch it chose itself through ``begin``.
+    """
+
+    epoch: int = 0
+    start: int = 0  # batches of this epoch to skip (set when resuming)
+    _follower: Optional[weakref.WeakMethod] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of epoch ``epoch``; call before iterating each epoch."""
+        self.begin(int(epoch), 0 if int(epoch) != self.epoch else self.start)
+        follower = self._follower() if self._follower is not None else None
+        if follower is not None:
+            follower(int(epoch))
+
+    def begin(self, epoch: int, start: int) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start`` next (no one is told: the caller chose it)."""
+        self.epoch, self.start = int(epoch), int(start)
+
+    def follow(self, follower: Optional[Callable[[int], None]]) -> None:
+        """Call ``follower(epoch)``, a bound method, after each ``set_epoch`` (None: call no one).
+
+        Held weakly: its object (the loader) holds this sampler, and a cycle between them would keep
+        a DataLoader's worker processes alive until the garbage collector happens to run.
+        """
+        self._follower = None if follower is None else weakref.WeakMethod(follower)  # type: ignore[arg-type]
+
+
+class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
     """Batches of indices into a dataset of ``size`` samples for one rank (see the module docstring)."""
 
     def __init__(
@@ -84,14 +117,6 @@ class EpochBatchSampler(Sampler[list[int]]):
             raise ValueError(f"{size} samples cannot be split over {world_size} ranks")
         self.size, self.batch_size, self.shuffle, self.seed = int(size), int(batch_size), bool(shuffle), int(seed)
         self.rank, self.world_size, self.drop_last = int(rank), int(world_size), bool(drop_last)
-        self.epoch = 0
-        self.start = 0  # batches of this epoch to skip (set when resuming)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the order of epoch ``epoch``; call before iterating each epoch."""
-        if int(epoch) != self.epoch:
-            self.start = 0
-        self.epoch = int(epoch)
 
     def permutation(self, epoch: int) -> Permutation:
         """The order of epoch ``epoch`` (all ranks): its position ``i`` holds the ``i``-th index drawn."""
@@ -321,7 +346,7 @@ def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.
 __all__ = ["EpochBatchSampler", "LengthBucketSampler", "padding_ratio", "distributed_rank"]
 
 
-class SamplerBatches:
+class SamplerBatches(EpochChoice):
     """Batches of indices from a sampler of the caller's (``make_loader(ds, n,
     sampler=WeightedRandomSampler(...))``: ``batch_size`` indices at a time; or, with ``batched``,
     a batch sampler's own lists), with what ``make_loader``'s loader asks of its batch sampler:
@@ -332,14 +357,10 @@ class SamplerBatches:
 
     def __init__(self, sampler: Any, batch_size: int, drop_last: bool = False, batched: bool = False) -> None:
         self.sampler, self.batch_size, self.drop_last, self.batched = sampler, int(batch_size), bool(drop_last), batched
-        self.epoch = 0
-        self.start = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select epoch ``epoch``, for the sampler too when it takes one."""
-        if int(epoch) != self.epoch:
-            self.start = 0
-        self.epoch = int(epoch)
+    def begin(self, epoch: int, start: int) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start`` next, the sampler's epoch too when it takes one."""
+        super().begin(epoch, start)
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
 

@@ -3,6 +3,7 @@ mid-epoch resume, the shared batch ring, and DDP with two real processes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -368,3 +369,80 @@ def test_a_distributed_sampler_gets_the_loaders_epochs_and_resumes(tmp_path):
     assert [[m["index"] for m in batch[2]] for batch in again] == second[1:]
     with pytest.raises(ValueError, match="sampler"):
         make_loader(ds, 4, num_workers=0).load_state_dict(state)
+
+
+
+def first_pass(loader):
+    """The first ``len(loader)`` batches of a new pass, as a framework takes them: the pass is never
+    run to its end (its generator is left suspended after its last batch)."""
+    return itertools.islice(iter(loader), len(loader))
+
+
+def passes(loader, count: int) -> list[list[list[int]]]:
+    """The batch indices of ``count`` passes, each taken as ``first_pass`` takes it."""
+    return [indices(first_pass(loader)) for _ in range(count)]
+
+
+def epochs(loader, numbers) -> list[list[list[int]]]:
+    """The batch indices of whole passes over the epochs ``numbers``, chosen with ``set_epoch``."""
+    out = []
+    for epoch in numbers:
+        loader.set_epoch(epoch)
+        out.append(indices(loader))
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_new_pass_is_the_next_epoch_when_a_framework_stops_after_len_batches(packed, fmt):
+    def fresh():
+        return make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=7)
+
+    taken, want = passes(fresh(), 3), epochs(fresh(), range(3))
+    assert taken == want
+    assert want[0] != want[1] != want[2]
+    assert all(sorted(sum(e, [])) == list(range(N)) for e in taken)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "wds"])
+def test_set_epoch_on_the_loaders_sampler_chooses_the_epoch(packed, fmt):
+    """Lightning calls set_epoch on ``loader.sampler`` (not on the loader) before each epoch."""
+    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=7)
+    got = []
+    for epoch in (0, 1, 1, 4):
+        loader.sampler.set_epoch(epoch)
+        got.append(indices(first_pass(loader)))
+    want = epochs(make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=7), (0, 1, 1, 4))
+    assert got == want and got[1] == got[2] and got[0] != got[1] != got[3]
+
+
+def test_an_explicit_set_epoch_wins_over_moving_on(packed):
+    loader = make_loader(open_dataset(packed["npy"], return_meta=True), 4, num_workers=0, seed=7)
+    first, second = indices(loader), indices(loader)
+    assert first != second
+    loader.set_epoch(0)
+    assert indices(loader) == first
+    assert indices(loader) == second  # and without a call, on again from there
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_resumed_state_keeps_its_place_when_the_framework_sets_the_same_epoch(packed, fmt):
+    """Lightning restores the loader's state, then calls set_epoch with the epoch it was saved in."""
+
+    def fresh():
+        return make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=5)
+
+    full = passes(fresh(), 3)
+    first = fresh()
+    passes(first, 1)
+    stream = iter(first)  # epoch 1, two batches taken, then the job is stopped
+    seen = [next(stream)[2]["index"].tolist() for _ in range(2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del stream
+    assert (state["epoch"], state["batches"]) == (1, 2)
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    if resumed.sampler is not None:
+        resumed.sampler.set_epoch(1)
+    resumed.set_epoch(1)
+    assert seen + indices(first_pass(resumed)) == full[1]
+    assert indices(first_pass(resumed)) == full[2]

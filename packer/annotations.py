@@ -91,13 +91,17 @@ def with_categories(annotations: Annotations, names: Sequence[str], add: bool, w
     own = annotations.categories
     doubled = sorted({n for n in own if own.count(n) > 1})
     if doubled:
-        raise InputError(f"{where} names the categories {quoted(doubled)} more than once: their boxes cannot be put "
-                         "in --classes's order by name; give each category a name of its own")
+        raise InputError(
+            f"{where} names the categories {quoted(doubled)} more than once: their boxes cannot be put "
+            "in --classes's order by name; give each category a name of its own"
+        )
     order = extend_class_map(names, own, add, where)
     moved = [order.index(n) for n in own]
     ids = dict(zip(own, annotations.category_ids))
-    images = {key: replace(record, labels=tuple(moved[label] for label in record.labels))
-              for key, record in annotations.images.items()}
+    images = {
+        key: replace(record, labels=tuple(moved[label] for label in record.labels))
+        for key, record in annotations.images.items()
+    }
     return replace(annotations, categories=list(order), category_ids=[ids.get(n) for n in order], images=images)
 
 
@@ -110,8 +114,10 @@ def detect_format(path: Path) -> str:
     if path.is_file():
         if path.suffix.lower() == ".json":
             return "coco"
-        raise InputError(f"--annotations {path}: a file must be a COCO instances .json; give a folder for YOLO "
-                         "(.txt label files) or Pascal VOC (.xml files)")
+        raise InputError(
+            f"--annotations {path}: a file must be a COCO instances .json; give a folder for YOLO "
+            "(.txt label files) or Pascal VOC (.xml files)"
+        )
     if not path.is_dir():
         raise InputError(f"--annotations {path}: no such file or folder")
     kinds = {"xml": 0, "txt": 0}
@@ -196,10 +202,16 @@ def read_coco(path: Path) -> Annotations:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InputError(f"--annotations {path} is not a COCO JSON file: {e}") from None
-    if (not isinstance(data, dict) or not isinstance(data.get("images"), list)
-            or not isinstance(data.get("categories"), list) or not isinstance(data.get("annotations", []), list)):
-        raise InputError(f"--annotations {path} is not a COCO instances file: it needs 'images', 'categories' and "
-                         "'annotations' lists")
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("images"), list)
+        or not isinstance(data.get("categories"), list)
+        or not isinstance(data.get("annotations", []), list)
+    ):
+        raise InputError(
+            f"--annotations {path} is not a COCO instances file: it needs 'images', 'categories' and "
+            "'annotations' lists"
+        )
     where, problems = path.name, []
     cats: dict[int, str] = {}
     for n, c in enumerate(data["categories"]):
@@ -208,8 +220,10 @@ def read_coco(path: Path) -> Annotations:
             if not isinstance(name, str) or not name:
                 raise ValueError("a category's name must be a text")
         except (KeyError, TypeError, ValueError) as e:
-            raise InputError(f"--annotations {path}: categories[{n}] needs an integer id and a name ({e}); every "
-                             "label depends on the categories, so the file is refused") from None
+            raise InputError(
+                f"--annotations {path}: categories[{n}] needs an integer id and a name ({e}); every "
+                "label depends on the categories, so the file is refused"
+            ) from None
         if cid in cats:
             raise InputError(f"--annotations {path}: category id {cid} is given twice")
         cats[cid] = name
@@ -224,20 +238,34 @@ def read_coco(path: Path) -> Annotations:
             image_id, name = _integer(img["id"]), img["file_name"]
             if not isinstance(name, str) or not name:
                 raise ValueError("file_name must be a path")
-            size = ((_integer(img["width"], 1), _integer(img["height"], 1))
-                    if img.get("width") is not None and img.get("height") is not None else None)
+            size = (
+                (_integer(img["width"], 1), _integer(img["height"], 1))
+                if img.get("width") is not None and img.get("height") is not None
+                else None
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise InputError(f"--annotations {path}: images[{n}] needs an integer id, a file_name and whole positive "
-                             f"width and height ({e})") from None
+            raise InputError(
+                f"--annotations {path}: images[{n}] needs an integer id, a file_name and whole positive "
+                f"width and height ({e})"
+            ) from None
         if image_id in images:
-            raise InputError(f"--annotations {path}: image id {image_id} is given twice; its annotations could go to "
-                             "either image")
+            raise InputError(
+                f"--annotations {path}: image id {image_id} is given twice; its annotations could go to either image"
+            )
         name = PurePosixPath(name.replace("\\", "/")).as_posix()
         if name in names:
             raise InputError(f"--annotations {path}: {name} is listed twice in 'images'")
         names.add(name)
-        images[image_id] = {"name": name, "size": size, "boxes": [], "labels": [], "iscrowd": [], "area": [],
-                            "segmentation": [], "problem": None}
+        images[image_id] = {
+            "name": name,
+            "size": size,
+            "boxes": [],
+            "labels": [],
+            "iscrowd": [],
+            "area": [],
+            "segmentation": [],
+            "problem": None,
+        }
     for n, a in enumerate(data.get("annotations", [])):
         image = None
         try:  # the common case checked in few steps: this loop runs once per box, before any worker starts
@@ -246,8 +274,9 @@ def read_coco(path: Path) -> Annotations:
             key = a["image_id"]
             image = images.get(key) if type(key) is int else None
             if image is None:
-                problems.append(Skipped(_where(where, n, a), f"annotation of a missing image: image_id {key!r} is not "
-                                                             "in 'images'"))
+                problems.append(
+                    Skipped(_where(where, n, a), f"annotation of a missing image: image_id {key!r} is not in 'images'")
+                )
                 continue
             category = a["category_id"]
             if type(category) is not int or category not in index:
@@ -290,9 +319,16 @@ def read_coco(path: Path) -> Annotations:
                 image["problem"] = "bad annotation: a box has no segmentation while the file's other boxes have one"
                 problems.append(Skipped(f"{where}#{image['name']}", image["problem"]))
             segmentation = tuple(image["segmentation"])
-        records[image["name"]] = ImageBoxes(tuple(image["boxes"]), tuple(image["labels"]), where, image["size"],
-                                            iscrowd=tuple(image["iscrowd"]), area=tuple(image["area"]),
-                                            segmentation=segmentation, problem=image["problem"])
+        records[image["name"]] = ImageBoxes(
+            tuple(image["boxes"]),
+            tuple(image["labels"]),
+            where,
+            image["size"],
+            iscrowd=tuple(image["iscrowd"]),
+            area=tuple(image["area"]),
+            segmentation=segmentation,
+            problem=image["problem"],
+        )
     return Annotations("coco", [cats[i] for i in ids], ids, records, problems)
 
 
@@ -358,8 +394,10 @@ def read_yolo(path: Path) -> Annotations:
                     continue
                 try:
                     if len(parts) != 5:
-                        raise ValueError(f"expected 'class cx cy w h', got {len(parts)} values"
-                                         + (" (a segment: packer reads boxes)" if len(parts) > 5 else ""))
+                        raise ValueError(
+                            f"expected 'class cx cy w h', got {len(parts)} values"
+                            + (" (a segment: packer reads boxes)" if len(parts) > 5 else "")
+                        )
                     if not YOLO_CLASS.fullmatch(parts[0]):
                         raise ValueError(f"class {parts[0]!r} is not a class number")
                     cls = int(parts[0])
@@ -367,8 +405,11 @@ def read_yolo(path: Path) -> Annotations:
                     if names is not None and cls >= len(names):
                         raise ValueError(f"class {cls} is not in the class names ({len(names)} of them)")
                     box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
-                    bad = _box_problem(*box) or (None if all(-1e-6 <= v <= 1 + 1e-6 for v in (cx, cy, w, h)) else
-                                                 "values must be fractions of the image, 0..1")
+                    bad = _box_problem(*box) or (
+                        None
+                        if all(-1e-6 <= v <= 1 + 1e-6 for v in (cx, cy, w, h))
+                        else "values must be fractions of the image, 0..1"
+                    )
                     if bad:
                         raise ValueError(bad)
                 except ValueError as e:
@@ -410,8 +451,10 @@ def _yaml_names(path: Path) -> list[str]:
             raise InputError(f"{path}: 'names' must number the classes 0..{len(names) - 1}")
         names = [numbered[i] for i in range(len(numbered))]
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise InputError(f"{path}: 'names' must be a list of class names as text (quote names such as yes, no, "
-                         "1.0 that YAML reads as other values)")
+        raise InputError(
+            f"{path}: 'names' must be a list of class names as text (quote names such as yes, no, "
+            "1.0 that YAML reads as other values)"
+        )
     if len(set(names)) != len(names):
         raise InputError(f"{path}: two classes share a name in 'names'")
     return list(names)
@@ -452,8 +495,9 @@ def read_voc(path: Path) -> Annotations:
             for n, obj in enumerate(root.iter("object")):
                 label = obj.findtext("name")
                 try:
-                    box = tuple(_number(float(obj.findtext(f"bndbox/{k}") or "x")) for k in ("xmin", "ymin", "xmax",
-                                                                                              "ymax"))
+                    box = tuple(
+                        _number(float(obj.findtext(f"bndbox/{k}") or "x")) for k in ("xmin", "ymin", "xmax", "ymax")
+                    )
                     # VOC counts pixels from 1, both ends included: pixel edges are xmin - 1 .. xmax
                     x0, y0, x1, y1 = box[0] - 1, box[1] - 1, box[2], box[3]
                     bad = None if label and label.strip() else "an object needs a name"
@@ -469,7 +513,15 @@ def read_voc(path: Path) -> Annotations:
             raw[key] = {"objects": objects, "size": size, "where": where, "problem": problem}
     names = sorted({o[0] for r in raw.values() for o in r["objects"]})
     index = {n: i for i, n in enumerate(names)}
-    records = {key: ImageBoxes(tuple(o[1] for o in r["objects"]), tuple(index[o[0]] for o in r["objects"]),
-                               r["where"], r["size"], difficult=tuple(o[2] for o in r["objects"]), problem=r["problem"])
-               for key, r in raw.items()}
+    records = {
+        key: ImageBoxes(
+            tuple(o[1] for o in r["objects"]),
+            tuple(index[o[0]] for o in r["objects"]),
+            r["where"],
+            r["size"],
+            difficult=tuple(o[2] for o in r["objects"]),
+            problem=r["problem"],
+        )
+        for key, r in raw.items()
+    }
     return Annotations("voc", names, list(names), records, problems)

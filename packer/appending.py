@@ -108,16 +108,23 @@ def append(
         # added, say) is what this one adds to.
         old = read_manifest(output)
         found, layout = _checked_source(source, output, config, old, labels_file, add_classes)
-        result = _append_locked(source, output, config, layout, old, found, strict, timeout, progress, on_plan,
-                                executor)
+        result = _append_locked(
+            source, output, config, layout, old, found, strict, timeout, progress, on_plan, executor
+        )
     finally:
         release_output(output, lock)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Manifest,
-                    labels_file: Optional[str | os.PathLike], add_classes: bool) -> tuple[Discovery, SampleLayout]:
+def _checked_source(
+    source: Path,
+    output: Path,
+    config: ConvertConfig,
+    old: Manifest,
+    labels_file: Optional[str | os.PathLike],
+    add_classes: bool,
+) -> tuple[Discovery, SampleLayout]:
     """What discovery finds in ``source`` for ``output``, once every check passes, and the layout."""
     from packer.discover import discover
     from packer.splits_record import SPLITS_NAME
@@ -128,23 +135,30 @@ def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Mani
     except (OSError, ValueError, AttributeError):
         listed = {}
     if output.name in listed:
-        raise ConfigError(f"{output} is a split of the set in {output.parent} ({SPLITS_NAME}): appending to one split "
-                          "would change it apart from the others; convert the set again")
+        raise ConfigError(
+            f"{output} is a split of the set in {output.parent} ({SPLITS_NAME}): appending to one split "
+            "would change it apart from the others; convert the set again"
+        )
     labelled_by_file = old.source.get("labels") == "file"
     if labelled_by_file and labels_file is None:
-        raise ConfigError(f"{output} was labelled by a --labels file, not by class folders: pass --labels with the "
-                          "new files' labels")
+        raise ConfigError(
+            f"{output} was labelled by a --labels file, not by class folders: pass --labels with the new files' labels"
+        )
     if old.annotations is not None or any(f.kind in ("detection", "mask") for f in old.text_fields):
-        raise ConfigError(f"{output} holds detection or segmentation targets: --append does not add to such outputs "
-                          "yet; convert the new images on their own and read both (readers.concat)")
+        raise ConfigError(
+            f"{output} holds detection or segmentation targets: --append does not add to such outputs "
+            "yet; convert the new images on their own and read both (readers.concat)"
+        )
     if config.format != old.format:
         raise ConfigError(f"{output} is a {old.format} output: append to it with --format {old.format}")
     from packer.containers import container_kind
 
     kind = container_kind(source)
     if kind is not None:  # what is new in a container is not a list of new files
-        raise ConfigError(f"{source} is a {kind} container: --append adds the new files of a folder; convert the "
-                          f"container on its own and read both (readers.concat), or combine them (packer combine)")
+        raise ConfigError(
+            f"{source} is a {kind} container: --append adds the new files of a folder; convert the "
+            f"container on its own and read both (readers.concat), or combine them (packer combine)"
+        )
     if config.shuffle is not None:
         raise ConfigError("--shuffle with --append: new samples are added after the others, in sorted order")
     refuse_packer_output(source)
@@ -162,9 +176,11 @@ def _checked_source(source: Path, output: Path, config: ConvertConfig, old: Mani
     old_layout = SampleLayout.from_manifest(old)
     if layout != old_layout:
         how = differing(layout.fields(), old_layout.fields())
-        raise ConfigError(f"the samples of {source} would be stored otherwise than {output}'s ({how}): their text "
-                          "options (--fields, --tokenizer, --encoding, --allow-missing) must be those the output was "
-                          "converted with (packer info shows them)")
+        raise ConfigError(
+            f"the samples of {source} would be stored otherwise than {output}'s ({how}): their text "
+            "options (--fields, --tokenizer, --encoding, --allow-missing) must be those the output was "
+            "converted with (packer info shows them)"
+        )
     return found, layout
 
 
@@ -176,20 +192,34 @@ def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> Non
     theirs["normalize"] = old.preprocess.get("normalize")
     norms = mine.pop("normalize", None), theirs.pop("normalize", None)
     auto = isinstance(norms[1], dict) and bool(norms[1].get("auto"))
-    same_norm = norms[0] == norms[1] or (auto and (norms[0] == "auto" or (
-        isinstance(norms[0], dict) and norms[0].get("mean") == norms[1]["mean"])))
+    same_norm = norms[0] == norms[1] or (
+        auto and (norms[0] == "auto" or (isinstance(norms[0], dict) and norms[0].get("mean") == norms[1]["mean"]))
+    )
     keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if keys or not same_norm:
         shown = [f"{k}: {mine.get(k)!r} where {output} has {theirs.get(k)!r}" for k in keys[:3]]
         if not same_norm:
             shown.append(f"normalize: {norms[0]!r} where {output} has {norms[1]!r}")
-        raise ConfigError(f"--append converts new files as {output} was converted, and these options differ: "
-                          + "; ".join(shown) + ". Leave them out to take the output's")
+        raise ConfigError(
+            f"--append converts new files as {output} was converted, and these options differ: "
+            + "; ".join(shown)
+            + ". Leave them out to take the output's"
+        )
 
 
-def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: SampleLayout, old: Manifest,
-                   found: Discovery, strict: bool, timeout: float, progress: Optional[ProgressFn],
-                   on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Executor) -> AppendResult:
+def _append_locked(
+    source: Path,
+    output: Path,
+    config: ConvertConfig,
+    layout: SampleLayout,
+    old: Manifest,
+    found: Discovery,
+    strict: bool,
+    timeout: float,
+    progress: Optional[ProgressFn],
+    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
+    executor: Executor,
+) -> AppendResult:
     """The part of ``append`` that runs under the output's lock."""
     spec = get_format(old.format)
     old_layout = SampleLayout.from_manifest(old)
@@ -209,27 +239,43 @@ def _append_locked(source: Path, output: Path, config: ConvertConfig, layout: Sa
     fresh = [replace(it, index=base + n) for n, it in enumerate(it for it in found.items if it.relpath not in held)]
     skipped = [s for s in found.skipped if s.path not in skipped_before and s.path not in held]
     if changed:
-        log.warning("%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
-                    len(changed), output, ", ".join(changed[:5]))
+        log.warning(
+            "%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
+            len(changed),
+            output,
+            ", ".join(changed[:5]),
+        )
     if removed:
-        log.warning("%d sample(s) of %s are no longer in %s (kept in the output): %s", len(removed), output, source,
-                    ", ".join(removed[:5]))
+        log.warning(
+            "%d sample(s) of %s are no longer in %s (kept in the output): %s",
+            len(removed),
+            output,
+            source,
+            ", ".join(removed[:5]),
+        )
     if not fresh:
         return AppendResult(output, old, 0.0, skipped, found.ignored, 0, 0, changed, removed)
-    new_found = checked(Discovery(found.root, fresh, found.classes, skipped, found.ignored, found.fields), strict,
-                        config.text)
+    new_found = checked(
+        Discovery(found.root, fresh, found.classes, skipped, found.ignored, found.fields), strict, config.text
+    )
     first = len(old.shards)
     # --shard-size auto balances the new shards over the workers only where each would still hold
     # APPEND_BALANCED samples: a weekly append of a few files is one shard, not one per core.
     balance = max(1, min(executor.workers, len(new_found.items) // APPEND_BALANCED))
-    tasks = [replace(t, name=shard_name(first + i)) for i, t in enumerate(
-        plan_shards(new_found.items, config.shard_size, estimate_sample_bytes(layout, new_found.items), balance))]
+    tasks = [
+        replace(t, name=shard_name(first + i))
+        for i, t in enumerate(
+            plan_shards(new_found.items, config.shard_size, estimate_sample_bytes(layout, new_found.items), balance)
+        )
+    ]
     if on_plan is not None:
         on_plan(new_found, tasks)
     stage = start_staging(output)
     try:
-        jobs = [ShardJob(first + i, t, config.format, layout, config.preprocess, str(stage), strict, text=config.text)
-                for i, t in enumerate(tasks)]
+        jobs = [
+            ShardJob(first + i, t, config.format, layout, config.preprocess, str(stage), strict, text=config.text)
+            for i, t in enumerate(tasks)
+        ]
         results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
         for shard in old.shards:  # under their own names: readers of the old version find them
             place_shard(stage, output, shard, shard.name, True)
@@ -266,9 +312,17 @@ def _next_index(old: Manifest) -> int:
     return max([int(old.source.get("files", 0) or 0), old.samples, *last])
 
 
-def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleLayout, found: Discovery,
-                       results: list[ShardResult], config: ConvertConfig, changed: list[str], removed: list[str]
-                       ) -> Manifest:
+def _appended_manifest(
+    output: Path,
+    stage: Path,
+    old: Manifest,
+    layout: SampleLayout,
+    found: Discovery,
+    results: list[ShardResult],
+    config: ConvertConfig,
+    changed: list[str],
+    removed: list[str],
+) -> Manifest:
     """The output's manifest with the new shards after the old ones (see the module)."""
     classes = found.classes
     counts = class_counts(results, len(classes), list(old.class_counts or [])) if classes is not None else None
@@ -278,15 +332,30 @@ def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleL
     stats = merged_stats([old, probe])
     # Samples stored with the same bytes as one OUT holds: compared through the stored bytes.
     across = cross_duplicates([output, stage], [old, probe], layout)
-    duplicates = merged_groups([*old.duplicates, *find_duplicates(results),
-                                *(sorted(key.split(":", 1)[1] for key in group) for group in across)])
+    duplicates = merged_groups(
+        [
+            *old.duplicates,
+            *find_duplicates(results),
+            *(sorted(key.split(":", 1)[1] for key in group) for group in across),
+        ]
+    )
     added = sum(s.samples for s in new_shards)
-    entry = {"action": "append", "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "packer_version": __version__, "samples": added, "files": len(found.items) + len(found.skipped),
-             "shards": [s.name for s in new_shards], "next_index": _next_index(old) + len(found.items),
-             "changed": len(changed), "removed": len(removed),
-             **({"classes_added": (classes or [])[len(old.classes or []):]}
-                if classes and len(classes) > len(old.classes or []) else {})}
+    entry = {
+        "action": "append",
+        "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "packer_version": __version__,
+        "samples": added,
+        "files": len(found.items) + len(found.skipped),
+        "shards": [s.name for s in new_shards],
+        "next_index": _next_index(old) + len(found.items),
+        "changed": len(changed),
+        "removed": len(removed),
+        **(
+            {"classes_added": (classes or [])[len(old.classes or []) :]}
+            if classes and len(classes) > len(old.classes or [])
+            else {}
+        ),
+    }
     counted = source_counts(found)
     tried = {it.relpath for it in found.items}
     retried = [s for s in old.skipped if s["path"] in tried]  # counted in the output's files already
@@ -294,12 +363,24 @@ def _appended_manifest(output: Path, stage: Path, old: Manifest, layout: SampleL
     for ext, n in (counted.get("ignored") or {}).items():
         ignored[ext] = ignored.get(ext, 0) + n
     return replace(
-        old, packer_version=__version__, samples=old.samples + added, classes=classes, class_counts=counts,
-        shards=[*old.shards, *new_shards], stats=stats, duplicates=duplicates,
-        skipped=[*(s for s in old.skipped if s["path"] not in tried), *(s.to_dict() for s in found.skipped),
-                 *(s.to_dict() for r in results for s in r.skipped)],
-        source={**old.source, "files": int(old.source.get("files", 0)) + counted["files"] - len(retried),
-                "ignored": ignored},
+        old,
+        packer_version=__version__,
+        samples=old.samples + added,
+        classes=classes,
+        class_counts=counts,
+        shards=[*old.shards, *new_shards],
+        stats=stats,
+        duplicates=duplicates,
+        skipped=[
+            *(s for s in old.skipped if s["path"] not in tried),
+            *(s.to_dict() for s in found.skipped),
+            *(s.to_dict() for r in results for s in r.skipped),
+        ],
+        source={
+            **old.source,
+            "files": int(old.source.get("files", 0)) + counted["files"] - len(retried),
+            "ignored": ignored,
+        },
         history=[*old.history, entry],
     )
 

@@ -27,8 +27,14 @@ from packer.stats import auto_normalize, summarize
 
 
 def build_manifest(
-    config: ConvertConfig, layout: SampleLayout, found: Discovery, results: list[ShardResult], workers: int,
-    annotations: Optional[dict] = None, scratch: Optional[Path] = None, fixed_samples: Optional[int] = None,
+    config: ConvertConfig,
+    layout: SampleLayout,
+    found: Discovery,
+    results: list[ShardResult],
+    workers: int,
+    annotations: Optional[dict] = None,
+    scratch: Optional[Path] = None,
+    fixed_samples: Optional[int] = None,
 ) -> Manifest:
     """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
@@ -77,14 +83,19 @@ def shard_entries(results: list[ShardResult], layout: SampleLayout) -> list[Shar
     """The manifest's entries of the shards written (those without samples are not published, see
     ``packer.finish``), with which images are source files' own bytes for ``--codec source``."""
     source = layout.has_image and layout.codec.name == "source"
-    return [ShardEntry(r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0})
-                       if source else None) for r in results if r.samples]
+    return [
+        ShardEntry(
+            r.name, r.samples, r.files, (r.image_sources or {"kept": [], "jpeg": 0, "png": 0}) if source else None
+        )
+        for r in results
+        if r.samples
+    ]
 
 
 def class_counts(results: list[ShardResult], classes: int, start: Optional[list[int]] = None) -> list[int]:
     """Samples per class of ``classes`` in the shards written, added to ``start`` (counts already held)."""
     counts = np.zeros(max(classes, len(start or [])), dtype=np.int64)
-    counts[:len(start or [])] = start or []
+    counts[: len(start or [])] = start or []
     for r in results:
         _add_labels(counts[:classes], r)
     return counts.tolist()
@@ -102,8 +113,12 @@ def _with_box_counts(annotations: dict, results: list[ShardResult]) -> dict:
     """The manifest's ``annotations``: the summary, then the boxes stored, those the crop dropped, and the
     images stored without any box."""
     counts = {k: sum(r.boxes.get(k, 0) for r in results) for k in ("kept", "dropped", "without_boxes")}
-    return {**annotations, "boxes": counts["kept"], "boxes_dropped": counts["dropped"],
-            "images_without_boxes": counts["without_boxes"]}
+    return {
+        **annotations,
+        "boxes": counts["kept"],
+        "boxes_dropped": counts["dropped"],
+        "images_without_boxes": counts["without_boxes"],
+    }
 
 
 def source_counts(found: Discovery) -> dict:
@@ -150,8 +165,9 @@ searched one file at a time (a sorted array of 10^8 words was 800 MB of the pare
 SPILL_BUCKETS = 256  # at most 256: bucket numbers are uint8
 
 
-def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardResult], None]] = None,
-                    scratch: Optional[Path] = None) -> list[list[str]]:
+def find_duplicates(
+    results: list[ShardResult], each: Optional[Callable[[ShardResult], None]] = None, scratch: Optional[Path] = None
+) -> list[list[str]]:
     """Groups of sample keys whose source files have identical bytes (each group in stored order,
     the groups sorted). ``each``, when given, is called with every result just before its digests are
     read (``build_manifest`` counts its labels then, while its record is the one read).
@@ -185,12 +201,13 @@ def find_duplicates(results: list[ShardResult], each: Optional[Callable[[ShardRe
             continue
         raw, keys = _raw128(r), in_memory(r.keys)
         for local in hits.tolist():  # in stored order
-            groups.setdefault(raw[local * 16:(local + 1) * 16], []).append(keys[local])  # type: ignore[index]
+            groups.setdefault(raw[local * 16 : (local + 1) * 16], []).append(keys[local])  # type: ignore[index]
     return sorted(keys for keys in groups.values() if len(keys) > 1)
 
 
-def _words_of(results: list[ShardResult], counts: list[int], each: Optional[Callable[[ShardResult], None]]
-              ) -> Iterator[Optional[np.ndarray]]:
+def _words_of(
+    results: list[ShardResult], counts: list[int], each: Optional[Callable[[ShardResult], None]]
+) -> Iterator[Optional[np.ndarray]]:
     """Each result's ``_first_words`` (None where they are not one per sample), after ``each(result)``."""
     for r, n in zip(results, counts):
         if each is not None:
@@ -206,7 +223,7 @@ def _repeated_in_memory(words_of: Iterable[Optional[np.ndarray]], total: int) ->
     for words in words_of:  # every one, so that the caller's ``each`` sees every result
         whole = whole and words is not None
         if whole:
-            high[at:at + len(words)] = words  # type: ignore[arg-type]
+            high[at : at + len(words)] = words  # type: ignore[arg-type]
             at += len(words)  # type: ignore[arg-type]
     if not whole:
         return None
@@ -232,7 +249,7 @@ def _repeated_in_buckets(words_of: Iterable[Optional[np.ndarray]], bits: int, fo
             bounds = np.searchsorted(ids[order], np.arange((1 << bits) + 1)).tolist()
             for b, f in enumerate(files):
                 if bounds[b] < bounds[b + 1]:
-                    f.write(ordered[bounds[b]:bounds[b + 1]].tobytes())
+                    f.write(ordered[bounds[b] : bounds[b + 1]].tobytes())
     finally:
         for f in files:
             f.close()

@@ -24,8 +24,13 @@ class MappedBoxes:
     share: np.ndarray
 
 
-def place_boxes(boxes, scale: tuple[float, float], offset: tuple[float, float],
-                content: tuple[float, float, float, float], min_visibility: float) -> MappedBoxes:
+def place_boxes(
+    boxes,
+    scale: tuple[float, float],
+    offset: tuple[float, float],
+    content: tuple[float, float, float, float],
+    min_visibility: float,
+) -> MappedBoxes:
     """XYXY ``boxes`` moved to ``(x * scale[0] + offset[0], y * scale[1] + offset[1])`` and clipped to
     ``content`` (left, top, right, bottom: the part of the image that holds the picture). A box is
     dropped when nothing of it is left, or less than ``min_visibility`` of its area. (Plain Python:

@@ -63,9 +63,11 @@ def extend_class_map(given: Sequence[str], found: Iterable[str], add: bool, wher
     known = set(given)
     new = sorted(set(found) - known)
     if new and not add:
-        raise InputError(f"{where} has {len(new)} class(es) that the class map of --classes lacks: {quoted(new)}; "
-                         f"pass --add-classes to append them at the end (from index {len(given)}), or fix the "
-                         "class map")
+        raise InputError(
+            f"{where} has {len(new)} class(es) that the class map of --classes lacks: {quoted(new)}; "
+            f"pass --add-classes to append them at the end (from index {len(given)}), or fix the "
+            "class map"
+        )
     if new:
         log.warning("appending %d class(es) to the class map from index %d: %s", len(new), len(given), quoted(new))
     return [*given, *new]

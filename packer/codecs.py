@@ -54,7 +54,7 @@ def decode_npy(data: bytes) -> np.ndarray:
 def npy_view(data) -> np.ndarray:
     """The array in a buffer holding a ``.npy`` file, as a view of the buffer (read-only when it is)
     rather than a copy; a copy for what a view cannot show (Fortran order). Object arrays are refused."""
-    head = io.BytesIO(bytes(data[:min(len(data), 65546)]))  # magic, length and the longest v1 header
+    head = io.BytesIO(bytes(data[: min(len(data), 65546)]))  # magic, length and the longest v1 header
     major, _ = np.lib.format.read_magic(head)
     read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
     shape, fortran, dtype = read(head)
@@ -138,6 +138,7 @@ def image_extension(codec: str, data: bytes | memoryview | None = None) -> str:
         return IMAGE_EXTENSIONS[codec]
     return "jpg" if data is not None and bytes(data[:3]) == b"\xff\xd8\xff" else "png"
 
+
 PNG_COMPRESS_LEVEL = 1
 """zlib level of stored PNGs. Level 1 encodes several times faster than Pillow's default 6 for
 files only slightly larger, and decoding costs the same at every level: conversion time is what it
@@ -159,8 +160,9 @@ def encode_image(pixels: np.ndarray, codec: str, quality: int = 90) -> bytes:
     _known(codec)
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] not in _PIL_MODES:
         raise ValueError(f"{codec} stores H x W x 1 or H x W x 3 uint8 images, not {pixels.dtype} {pixels.shape}")
-    img = Image.fromarray(np.ascontiguousarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels),
-                          _PIL_MODES[pixels.shape[2]])
+    img = Image.fromarray(
+        np.ascontiguousarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), _PIL_MODES[pixels.shape[2]]
+    )
     buf = io.BytesIO()
     if codec == "jpeg":
         img.save(buf, "JPEG", quality=quality, subsampling=JPEG_SUBSAMPLING)
@@ -176,8 +178,10 @@ def decode_image(data: bytes | memoryview | np.ndarray, codec: str, mode: str = 
         return decode_npy(bytes(data))
     _known(codec)
     if codec == "source":
-        raise ValueError("--codec source images are decoded by packer.source_codec.decode_stored, which applies "
-                         "the EXIF orientation of the files it kept")
+        raise ValueError(
+            "--codec source images are decoded by packer.source_codec.decode_stored, which applies "
+            "the EXIF orientation of the files it kept"
+        )
     if codec == "jpeg":
         pixels = _decode_jpeg(data, mode)
         if pixels is not None:
@@ -212,5 +216,7 @@ def _decode_jpeg(data: bytes | memoryview | np.ndarray, mode: str) -> Optional[n
 
 def _known(codec: str) -> None:
     if codec not in IMAGE_CODECS:
-        raise PackerError(f"unknown image codec {codec!r}; this packer knows {', '.join(IMAGE_CODECS)}. "
-                          "Upgrade packer to read outputs written with newer codecs")
+        raise PackerError(
+            f"unknown image codec {codec!r}; this packer knows {', '.join(IMAGE_CODECS)}. "
+            "Upgrade packer to read outputs written with newer codecs"
+        )

@@ -89,14 +89,14 @@ class StrColumn(ValueSequence, Sequence[str]):
             raise IndexError(f"value {i} of a column of {self.count}")
         i %= self.count
         if self.offsets is None:
-            return self.blob[i * self.width:(i + 1) * self.width].decode("utf-8")
-        return self.blob[int(self.offsets[i]):int(self.offsets[i + 1])].decode("utf-8")
+            return self.blob[i * self.width : (i + 1) * self.width].decode("utf-8")
+        return self.blob[int(self.offsets[i]) : int(self.offsets[i + 1])].decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
         if self.offsets is None:
             w = self.width
             for a in range(0, self.count * w, w):
-                yield self.blob[a:a + w].decode("utf-8")
+                yield self.blob[a : a + w].decode("utf-8")
             return
         bounds = self.offsets.tolist()
         for a, b in zip(bounds, bounds[1:]):
@@ -118,7 +118,7 @@ class StrColumn(ValueSequence, Sequence[str]):
             if not self.count:
                 return ""
             cells = np.zeros((self.count, self.width + 1), np.uint8)
-            cells[:, :self.width] = data.reshape(self.count, self.width)
+            cells[:, : self.width] = data.reshape(self.count, self.width)
             return cells.tobytes()[:-1].decode("utf-8")
         return np.insert(data, self.offsets[1:-1], 0).tobytes().decode("utf-8")
 
@@ -158,12 +158,12 @@ class HexColumn(ValueSequence, Sequence[str]):
         if not -n <= i < n:
             raise IndexError(f"value {i} of a column of {n}")
         i %= n
-        return self.raw[i * self.width:(i + 1) * self.width].hex()
+        return self.raw[i * self.width : (i + 1) * self.width].hex()
 
     def __iter__(self) -> Iterator[str]:
         w = self.width
         for a in range(0, len(self.raw), w):
-            yield self.raw[a:a + w].hex()
+            yield self.raw[a : a + w].hex()
 
     def __repr__(self) -> str:
         return f"HexColumn({len(self)} values of {self.width} bytes)"

@@ -47,9 +47,16 @@ log = logging.getLogger(__name__)
 DUPLICATES_SHOWN = 5
 
 
-def combine(inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *, overwrite: bool = False,
-            link: bool = True, workers: Optional[int] = None, executor: Optional[Executor] = None,
-            progress: Optional[ProgressFn] = None) -> ConvertResult:
+def combine(
+    inputs: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    link: bool = True,
+    workers: Optional[int] = None,
+    executor: Optional[Executor] = None,
+    progress: Optional[ProgressFn] = None,
+) -> ConvertResult:
     """Combine the packer outputs ``inputs`` into ``output`` (see the module). ``link`` False copies
     every file instead of hard-linking it. InputError when the inputs differ in format, fields or
     preprocessing (naming the difference), or in detection categories or mask classes."""
@@ -96,34 +103,48 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
     first, layout = manifests[0], SampleLayout.from_manifest(manifests[0])
     for root, m in zip(roots[1:], manifests[1:]):
         if m.format != first.format:
-            raise InputError(f"{root} is a {m.format} output and {roots[0]} a {first.format} one: repack it first "
-                             f"(packer convert {root} -f {first.format} -o {root}-{first.format})")
+            raise InputError(
+                f"{root} is a {m.format} output and {roots[0]} a {first.format} one: repack it first "
+                f"(packer convert {root} -f {first.format} -o {root}-{first.format})"
+            )
         if SampleLayout.from_manifest(m) != layout:
-            raise InputError(f"{root} and {roots[0]} store other fields ({differing(m.fields, first.fields)}): "
-                             "convert them alike to combine them")
+            raise InputError(
+                f"{root} and {roots[0]} store other fields ({differing(m.fields, first.fields)}): "
+                "convert them alike to combine them"
+            )
         if m.format_version != first.format_version:
-            raise InputError(f"{root} is {m.format} version {m.format_version} and {roots[0]} version "
-                             f"{first.format_version}: repack the older one with this packer first (packer convert "
-                             "OLD -f FORMAT -o NEW), so that every shard of the result has the same files")
+            raise InputError(
+                f"{root} is {m.format} version {m.format_version} and {roots[0]} version "
+                f"{first.format_version}: repack the older one with this packer first (packer convert "
+                "OLD -f FORMAT -o NEW), so that every shard of the result has the same files"
+            )
         mine, theirs = dict(m.preprocess), dict(first.preprocess)
         norms = mine.pop("normalize", None), theirs.pop("normalize", None)
         if mine != theirs:
-            raise InputError(f"{root} and {roots[0]} were preprocessed differently ({differing(mine, theirs)}): "
-                             "their samples are not alike, convert them with the same options")
+            raise InputError(
+                f"{root} and {roots[0]} were preprocessed differently ({differing(mine, theirs)}): "
+                "their samples are not alike, convert them with the same options"
+            )
         auto = [isinstance(n, dict) and bool(n.get("auto")) for n in norms]
         if norms[0] != norms[1] and not all(auto):
-            raise InputError(f"{root} and {roots[0]} are normalized differently ({norms[0]} and {norms[1]}): "
-                             "convert them with the same --normalize")
+            raise InputError(
+                f"{root} and {roots[0]} are normalized differently ({norms[0]} and {norms[1]}): "
+                "convert them with the same --normalize"
+            )
         if (m.annotations is None) != (first.annotations is None):
             raise InputError(f"{root} and {roots[0]}: only one holds detection targets")
         if m.annotations is not None and m.annotations.get("categories") != first.annotations.get("categories"):
             how = differences(first.annotations.get("categories") or [], m.annotations.get("categories") or [])
-            raise InputError(f"{root} and {roots[0]} have other categories ({how}): their boxes' labels cannot be "
-                             "remapped without rewriting every target; convert them with one category list "
-                             f"(packer convert ... --annotations ... --classes {roots[0]})")
+            raise InputError(
+                f"{root} and {roots[0]} have other categories ({how}): their boxes' labels cannot be "
+                "remapped without rewriting every target; convert them with one category list "
+                f"(packer convert ... --annotations ... --classes {roots[0]})"
+            )
         if any(f.kind == "mask" for f in layout.text) and m.classes != first.classes:
-            raise InputError(f"{root} and {roots[0]} have other mask classes: a mask's pixels are class indices, "
-                             "so their maps must be equal to combine them")
+            raise InputError(
+                f"{root} and {roots[0]} have other mask classes: a mask's pixels are class indices, "
+                "so their maps must be equal to combine them"
+            )
     return layout
 
 
@@ -141,8 +162,10 @@ def unified_classes(roots: list[Path], manifests: list[Manifest]) -> tuple[Optio
         return None, [None] * len(manifests)
     if not all(labelled):
         odd = roots[labelled.index(False)]
-        raise InputError(f"{odd} is unlabelled and {roots[labelled.index(True)]} is labelled: their samples cannot "
-                         "share one class map")
+        raise InputError(
+            f"{odd} is unlabelled and {roots[labelled.index(True)]} is labelled: their samples cannot "
+            "share one class map"
+        )
     classes: list[str] = list(manifests[0].classes or [])
     for root, m in zip(roots[1:], manifests[1:]):
         classes = extend_class_map(classes, m.classes or [], True, str(root))
@@ -153,9 +176,16 @@ def unified_classes(roots: list[Path], manifests: list[Manifest]) -> tuple[Optio
     return classes, maps
 
 
-def _write_shards(stage: Path, roots: list[Path], manifests: list[Manifest], layout: SampleLayout,
-                  maps: list[Optional[list]], link: bool, executor: Executor, progress: Optional[ProgressFn]
-                  ) -> tuple[list[ShardResult], int]:
+def _write_shards(
+    stage: Path,
+    roots: list[Path],
+    manifests: list[Manifest],
+    layout: SampleLayout,
+    maps: list[Optional[list]],
+    link: bool,
+    executor: Executor,
+    progress: Optional[ProgressFn],
+) -> tuple[list[ShardResult], int]:
     """Every input shard placed in ``stage`` under its planned name: linked (or copied) where its
     labels stay, written again by the repack worker with remapped labels otherwise. Returns the
     results in output order and the count of samples written again."""
@@ -173,8 +203,11 @@ def _write_shards(stage: Path, roots: list[Path], manifests: list[Manifest], lay
             first_file = str((root / shard.files[0].path).resolve())
             items = tuple(SourceItem(start + i, first_file, f"{shard.name}/{i}") for i in range(shard.samples))
             repack = RepackJob(str(root.resolve()), fmt, layout, ((shard, start),), tuple(mapping))
-            jobs.append(ShardJob(len(results), ShardTask(planned, items), fmt, layout, PreprocessConfig(),
-                                 str(stage), repack=repack))
+            jobs.append(
+                ShardJob(
+                    len(results), ShardTask(planned, items), fmt, layout, PreprocessConfig(), str(stage), repack=repack
+                )
+            )
             results.append(None)
     if jobs:
         for result in executor.run(jobs, progress=progress):
@@ -188,7 +221,7 @@ def place_shard(stage: Path, root: Path, shard: ShardEntry, planned: str, link: 
     so a reader of the input and one of the result could not live in one process)."""
     files = []
     for f in shard.files:
-        path = planned + f.path[len(shard.name):]
+        path = planned + f.path[len(shard.name) :]
         source, target = root / f.path, stage / path
         if link and not f.path.endswith(LMDB_SUFFIX):
             try:
@@ -198,8 +231,9 @@ def place_shard(stage: Path, root: Path, shard: ShardEntry, planned: str, link: 
         else:
             shutil.copyfile(source, target)
         if target.stat().st_size != f.bytes:
-            raise OutputError(f"{source} is {target.stat().st_size} bytes, its manifest says {f.bytes}: run packer "
-                              f"verify {root}")
+            raise OutputError(
+                f"{source} is {target.stat().st_size} bytes, its manifest says {f.bytes}: run packer verify {root}"
+            )
         files.append(FileEntry(path, f.bytes, f.sha256, f.structure_crc32))
     return ShardResult(planned, shard.samples, files, image_sources=dict(shard.image_sources or {}))
 
@@ -215,8 +249,10 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
             try:
                 keys, crcs = spec.read_index(root, shard, layout)
             except (KeyError, ValueError) as e:
-                raise ManifestError(f"{root}: {shard.name} has no per-sample checksums to compare ({e}): an output of "
-                                    "a packer before 0.2; convert its source folder again") from None
+                raise ManifestError(
+                    f"{root}: {shard.name} has no per-sample checksums to compare ({e}): an output of "
+                    "a packer before 0.2; convert its source folder again"
+                ) from None
             for local, (key, crc) in enumerate(zip(keys, crcs.tolist())):
                 seen[int(crc)].append((n, s, local, key))
     wanted = {entry for group in seen.values() if len({e[0] for e in group}) > 1 for entry in group}
@@ -230,8 +266,11 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
         shard = manifests[n].shards[s]
         for sample in spec.scan(roots[n], shard, layout):
             if sample.local in locals_:
-                image = sample.encoded if sample.encoded is not None else (
-                    sample.image.tobytes() if sample.image is not None else b"")
+                image = (
+                    sample.encoded
+                    if sample.encoded is not None
+                    else (sample.image.tobytes() if sample.image is not None else b"")
+                )
                 h = hashlib.sha256(bytes(image))
                 for value in sample.fields.values():
                     h.update(len(value).to_bytes(8, "little") + bytes(value))
@@ -265,10 +304,15 @@ def merged_stats(manifests: list[Manifest]) -> Optional[dict]:
     if pixels:
         n = sum(p["count"] for p in pixels)
         means = [sum(p["count"] * p["mean"][c] for p in pixels) / n for c in range(len(pixels[0]["mean"]))]
-        second = [sum(p["count"] * (p["std"][c] ** 2 + p["mean"][c] ** 2) for p in pixels) / n
-                  for c in range(len(means))]
-        merged_pixels = {"scale": pixels[0]["scale"], "count": n, "mean": means,
-                         "std": [math.sqrt(max(s - m * m, 0.0)) for s, m in zip(second, means)]}
+        second = [
+            sum(p["count"] * (p["std"][c] ** 2 + p["mean"][c] ** 2) for p in pixels) / n for c in range(len(means))
+        ]
+        merged_pixels = {
+            "scale": pixels[0]["scale"],
+            "count": n,
+            "mean": means,
+            "std": [math.sqrt(max(s - m * m, 0.0)) for s, m in zip(second, means)],
+        }
         counted = {p.get("counted") for p in pixels} - {None}
         if counted:
             merged_pixels["counted"] = sorted(counted)[0]
@@ -279,15 +323,24 @@ def merged_stats(manifests: list[Manifest]) -> Optional[dict]:
         for side in ("width", "height"):
             parts = [s[side] for s in sizes]
             found = [p for p in parts if p["min"] is not None]
-            merged_sizes[side] = {"counts": [sum(c) for c in zip(*(p["counts"] for p in parts))],
-                                  "min": min((p["min"] for p in found), default=None), "median": None,
-                                  "max": max((p["max"] for p in found), default=None)}
+            merged_sizes[side] = {
+                "counts": [sum(c) for c in zip(*(p["counts"] for p in parts))],
+                "min": min((p["min"] for p in found), default=None),
+                "median": None,
+                "max": max((p["max"] for p in found), default=None),
+            }
     return {"pixels": merged_pixels, "original_sizes": merged_sizes}
 
 
-def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: SampleLayout,
-                      classes: Optional[list[str]], maps: list[Optional[list]], results: list[ShardResult],
-                      duplicates: list[list[str]]) -> Manifest:
+def combined_manifest(
+    roots: list[Path],
+    manifests: list[Manifest],
+    layout: SampleLayout,
+    classes: Optional[list[str]],
+    maps: list[Optional[list]],
+    results: list[ShardResult],
+    duplicates: list[list[str]],
+) -> Manifest:
     """The manifest of the combined output (see the module)."""
     first = manifests[0]
     counts = None
@@ -298,8 +351,12 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
                 counts[mapping[label] if mapping is not None else label] += n
     stats = merged_stats(manifests)
     preprocess = dict(first.preprocess)
-    if isinstance(preprocess.get("normalize"), dict) and preprocess["normalize"].get("auto") and stats \
-            and stats["pixels"] is not None:
+    if (
+        isinstance(preprocess.get("normalize"), dict)
+        and preprocess["normalize"].get("auto")
+        and stats
+        and stats["pixels"] is not None
+    ):
         preprocess["normalize"] = auto_normalize(stats["pixels"])  # the combined data's own, as --normalize auto
     shards = shard_entries(results, layout)
     ignored: dict[str, int] = defaultdict(int)
@@ -307,8 +364,10 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
         for ext, n in (m.source.get("ignored") or {}).items():
             ignored[ext] += n
     # The inputs' orders one after another are no seed's permutation of the whole (a single input's is)
-    sharding = {"shard_size": "as the inputs'",
-                "shuffle_seed": manifests[0].sharding.get("shuffle_seed") if len(manifests) == 1 else None}
+    sharding = {
+        "shard_size": "as the inputs'",
+        "shuffle_seed": manifests[0].sharding.get("shuffle_seed") if len(manifests) == 1 else None,
+    }
     names = input_names(roots)
     skipped = [{**s, "input": name} for name, m in zip(names, manifests) for s in m.skipped]
     own = [[f"{name}:{key}" for key in group] for name, m in zip(names, manifests) for group in m.duplicates]
@@ -318,21 +377,41 @@ def combined_manifest(roots: list[Path], manifests: list[Manifest], layout: Samp
         for key in ("boxes", "boxes_dropped", "images_without_boxes"):
             if key in annotations:
                 annotations[key] = sum(int((m.annotations or {}).get(key, 0)) for m in manifests)
-    entry = {"action": "combine", "packer_version": __version__, "samples": sum(r.samples for r in results),
-             "inputs": [{"name": name, "samples": m.samples, "format_version": m.format_version,
-                         "manifest_sha256": sha256_of(root / "manifest.json"),
-                         **({"history": m.history} if m.history else {})}
-                        for name, root, m in zip(names, roots, manifests)]}
+    entry = {
+        "action": "combine",
+        "packer_version": __version__,
+        "samples": sum(r.samples for r in results),
+        "inputs": [
+            {
+                "name": name,
+                "samples": m.samples,
+                "format_version": m.format_version,
+                "manifest_sha256": sha256_of(root / "manifest.json"),
+                **({"history": m.history} if m.history else {}),
+            }
+            for name, root, m in zip(names, roots, manifests)
+        ],
+    }
     if duplicates:
         shown = "; ".join(", ".join(g) for g in duplicates[:DUPLICATES_SHOWN])
         log.warning("%d group(s) of samples are stored in more than one input: %s", len(duplicates), shown)
     return Manifest(
-        format=first.format, format_version=first.format_version, packer_version=__version__,
-        samples=sum(r.samples for r in results), classes=classes, fields=layout.fields(), preprocess=preprocess,
-        shards=shards, skipped=skipped, source={"files": sum(int(m.source.get("files", 0)) for m in manifests),
-                                                "ignored": dict(ignored)},
-        sharding=sharding, class_counts=counts, stats=stats, duplicates=merged_groups(own + duplicates),
-        annotations=annotations, history=[entry],
+        format=first.format,
+        format_version=first.format_version,
+        packer_version=__version__,
+        samples=sum(r.samples for r in results),
+        classes=classes,
+        fields=layout.fields(),
+        preprocess=preprocess,
+        shards=shards,
+        skipped=skipped,
+        source={"files": sum(int(m.source.get("files", 0)) for m in manifests), "ignored": dict(ignored)},
+        sharding=sharding,
+        class_counts=counts,
+        stats=stats,
+        duplicates=merged_groups(own + duplicates),
+        annotations=annotations,
+        history=[entry],
     )
 
 

@@ -65,8 +65,9 @@ class PreprocessConfig:
 
     def __post_init__(self) -> None:
         if self.max_pixels < 1:
-            raise ConfigError(f"--max-pixels must be positive (it guards against decompression bombs), "
-                              f"got {self.max_pixels}")
+            raise ConfigError(
+                f"--max-pixels must be positive (it guards against decompression bombs), got {self.max_pixels}"
+            )
         _choice("resize", self.resize, RESIZE_MODES)
         _choice("mode", self.mode, COLOR_MODES)
         _choice("interpolation", self.interpolation, INTERPOLATIONS)
@@ -77,12 +78,16 @@ class PreprocessConfig:
         elif self.size is None or len(self.size) != 2 or min(self.size) < 1:
             raise ConfigError(f"--size must be a positive WIDTHxHEIGHT with --resize {self.resize}")
         elif self.size[0] * self.size[1] > self.max_pixels:
-            raise ConfigError(f"--size {self.size[0]}x{self.size[1]} has more pixels than --max-pixels "
-                              f"{self.max_pixels}; choose a smaller size")
+            raise ConfigError(
+                f"--size {self.size[0]}x{self.size[1]} has more pixels than --max-pixels "
+                f"{self.max_pixels}; choose a smaller size"
+            )
         elif self.resize in ("shorter", "max") and self.size[0] != self.size[1]:
             side = "shorter" if self.resize == "shorter" else "longer"
-            raise ConfigError(f"--resize {self.resize} takes one number, the {side} side's size (--size 256), not "
-                              f"{self.size[0]}x{self.size[1]}: the other side follows the aspect ratio")
+            raise ConfigError(
+                f"--resize {self.resize} takes one number, the {side} side's size (--size 256), not "
+                f"{self.size[0]}x{self.size[1]}: the other side follows the aspect ratio"
+            )
         if self.crop is not None:
             if len(self.crop) != 2 or min(self.crop) < 1:
                 raise ConfigError(f"--crop must be a positive size such as 224 or 224x160, got {self.crop}")
@@ -245,8 +250,9 @@ class DetectionConfig:
     def __post_init__(self) -> None:
         _choice("box-coords", self.coords, BOX_COORDS)
         if not 0 <= self.min_visibility <= 1:
-            raise ConfigError(f"--min-box-visibility must be a share of the box's area, 0 to 1, not "
-                              f"{self.min_visibility}")
+            raise ConfigError(
+                f"--min-box-visibility must be a share of the box's area, 0 to 1, not {self.min_visibility}"
+            )
 
 
 @dataclass(frozen=True)
@@ -272,8 +278,10 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats
         if self.detection is not None and self.masks is not None:
-            raise ConfigError("--annotations and --masks together are not supported yet: convert the boxes and the "
-                              "masks into two outputs")
+            raise ConfigError(
+                "--annotations and --masks together are not supported yet: convert the boxes and the "
+                "masks into two outputs"
+            )
         if self.shuffle is not None and self.shuffle < 0:
             raise ConfigError(f"--shuffle takes a seed >= 0, got {self.shuffle}")
         if self.codec.encoded and self.preprocess.dtype != "uint8":
@@ -285,9 +293,11 @@ class ConvertConfig:
         pre = self.preprocess
         if self.codec.name == "source" and (pre.resize not in ("none", "max") or pre.crop is not None):
             what = f"--resize {pre.resize}" if pre.crop is None else "--crop"
-            raise ConfigError(f"--codec source keeps the files that --resize none or max (without --crop) leaves as "
-                              f"they are; with {what} every image changes and would be re-encoded: use --codec "
-                              "jpeg or png, or --resize max --size N")
+            raise ConfigError(
+                f"--codec source keeps the files that --resize none or max (without --crop) leaves as "
+                f"they are; with {what} every image changes and would be re-encoded: use --codec "
+                "jpeg or png, or --resize max --size N"
+            )
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -346,8 +356,19 @@ def parse_normalize(text: str) -> dict:
     return {"mean": tuple(nums[:half]), "std": tuple(nums[half:]), "auto_normalize": False}
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+}
 
 
 def parse_shard_size(text: str) -> ShardSize:

@@ -65,14 +65,19 @@ def container_kind(source: Path) -> Optional[str]:
     suffixes = {p.suffix.lower() for p in files}
     if files and suffixes <= {".parquet", ".json", ".md"} and ".parquet" in suffixes:
         return "parquet"
-    if files and suffixes <= {".tar", ".json", ".idx", ".md"} and ".tar" in suffixes and \
-            not (source / "manifest.json").is_file():
+    if (
+        files
+        and suffixes <= {".tar", ".json", ".idx", ".md"}
+        and ".tar" in suffixes
+        and not (source / "manifest.json").is_file()
+    ):
         return "tar"
     return None
 
 
-def discover_container(source: Path, kind: str, classes: Optional[Sequence[str]] = None,
-                       add_classes: bool = False) -> tuple[Discovery, dict[int, tuple]]:
+def discover_container(
+    source: Path, kind: str, classes: Optional[Sequence[str]] = None, add_classes: bool = False
+) -> tuple[Discovery, dict[int, tuple]]:
     """The samples of the container ``source`` and, per item index, where its image is (see the module)."""
     if kind == "tar":
         raw = _tar_samples(source)
@@ -87,13 +92,16 @@ def _files(source: Path, suffix: str) -> list[Path]:
 
 # -- Arrow and Parquet ------------------------------------------------------------------------------------------------
 
+
 def _pyarrow():
     try:
         import pyarrow  # noqa: F401
         import pyarrow.parquet  # noqa: F401
     except ImportError:
-        raise InputError("reading Parquet files and saved Hugging Face datasets needs pyarrow: pip install "
-                         "'packer-datasets[parquet]'") from None
+        raise InputError(
+            "reading Parquet files and saved Hugging Face datasets needs pyarrow: pip install "
+            "'packer-datasets[parquet]'"
+        ) from None
     import pyarrow as pa
 
     return pa
@@ -142,8 +150,10 @@ def _arrow_samples(source: Path, kind: str) -> dict:
             schema = _schema(str(path), kind)
             column = _image_column(schema, pa)
             if column is None:
-                raise InputError(f"{path} has no image column (binary, or a struct with bytes: {schema.names}); "
-                                 f"name it one of {', '.join(IMAGE_COLUMNS)}")
+                raise InputError(
+                    f"{path} has no image column (binary, or a struct with bytes: {schema.names}); "
+                    f"name it one of {', '.join(IMAGE_COLUMNS)}"
+                )
             if image_column not in (None, column):
                 raise InputError(f"{path} keeps its images in {column!r}, the files before it in {image_column!r}")
             image_column = column
@@ -162,8 +172,10 @@ def _arrow_samples(source: Path, kind: str) -> dict:
                 names = list(feature.get("names") or [])
             kind_here = _label_kind(path, label, schema.field(label).type)
             if label_kind is not None and kind_here != label_kind:
-                raise InputError(f"{source}: the {label!r} column holds class indices in some files and class names "
-                                 f"in others ({path.name}); give every file one kind of label")
+                raise InputError(
+                    f"{source}: the {label!r} column holds class indices in some files and class names "
+                    f"in others ({path.name}); give every file one kind of label"
+                )
             label_kind = kind_here
         labels = table.column(label).to_pylist() if label is not None else [None] * table.num_rows
         if label is not None and pa.types.is_floating(schema.field(label).type):
@@ -179,13 +191,17 @@ def _arrow_samples(source: Path, kind: str) -> dict:
             common = os.path.commonpath([os.path.dirname(p) for p in paths])
             paths = [os.path.relpath(p, common) for p in paths]
         rows = [(PurePosixPath(p).as_posix(), f, r, lab) for p, (_, f, r, lab) in zip(paths, rows)]
-    return {"rows": rows, "names": names, "column": image_column, "label_kind": label_kind,
-            "kind": kind}
+    return {"rows": rows, "names": names, "column": image_column, "label_kind": label_kind, "kind": kind}
 
 
 def _image_column(schema, pa) -> Optional[str]:
-    usable = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
-              or (pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0)]
+    usable = [
+        f.name
+        for f in schema
+        if pa.types.is_binary(f.type)
+        or pa.types.is_large_binary(f.type)
+        or (pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0)
+    ]
     return next((c for c in IMAGE_COLUMNS if c in usable), usable[0] if usable else None)
 
 
@@ -201,9 +217,11 @@ def _label_kind(path: Path, column: str, kind) -> str:
         return "int"
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return "str"
-    raise InputError(f"{path}: its label column {column!r} is of type {kind}, neither class indices (integers) nor "
-                     "class names (strings); multi-label and other labels are not supported: convert without that "
-                     "column, or give --labels")
+    raise InputError(
+        f"{path}: its label column {column!r} is of type {kind}, neither class indices (integers) nor "
+        "class names (strings); multi-label and other labels are not supported: convert without that "
+        "column, or give --labels"
+    )
 
 
 def _whole(value, path: Path, column: str) -> Optional[int]:
@@ -216,6 +234,7 @@ def _whole(value, path: Path, column: str) -> Optional[int]:
 
 
 # -- WebDataset tar shards --------------------------------------------------------------------------------------------
+
 
 def _tar_samples(source: Path) -> dict:
     """The samples of tar shards: ``{"rows": [(key, tar, offset, size, label value)], ...}``."""
@@ -262,13 +281,19 @@ def _tar_samples(source: Path) -> dict:
                     skipped.append(Skipped(where, f"its .{ext} member holds no label"))
                     continue
                 if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
-                    skipped.append(Skipped(where, f"its .{ext} label {json.dumps(value)[:40]} is neither a class index "
-                                                  "nor a class name"))
+                    skipped.append(
+                        Skipped(
+                            where,
+                            f"its .{ext} label {json.dumps(value)[:40]} is neither a class index nor a class name",
+                        )
+                    )
                     continue
                 kind_here = None if value is None else "int" if isinstance(value, int) else "str"
                 if kind_here is not None and label_kind is not None and kind_here != label_kind:
-                    raise InputError(f"{source}: some samples are labelled by class index and others by class name "
-                                     f"(first other: {where}); label them all one way")
+                    raise InputError(
+                        f"{source}: some samples are labelled by class index and others by class name "
+                        f"(first other: {where}); label them all one way"
+                    )
                 label_kind = kind_here or label_kind
             offset, size = members[image]
             rows.append((where, str(path.resolve()), offset, size, value))
@@ -277,8 +302,10 @@ def _tar_samples(source: Path) -> dict:
 
 # -- both -------------------------------------------------------------------------------------------------------------
 
-def _discovery(source: Path, raw: dict, classes: Optional[Sequence[str]], add_classes: bool
-               ) -> tuple[Discovery, dict[int, tuple]]:
+
+def _discovery(
+    source: Path, raw: dict, classes: Optional[Sequence[str]], add_classes: bool
+) -> tuple[Discovery, dict[int, tuple]]:
     """The Discovery of a container's samples, sorted by key, labelled by name; and their places."""
     rows = sorted(raw["rows"], key=lambda r: r[0])
     keys = [r[0] for r in rows]
@@ -290,8 +317,10 @@ def _discovery(source: Path, raw: dict, classes: Optional[Sequence[str]], add_cl
     skipped = list(raw.get("skipped", []))
     if any(labelled) and not all(labelled):
         missing = keys[labelled.index(False)]
-        raise InputError(f"{source}: {labelled.count(False)} samples have no label (first: {missing}) and the "
-                         "others have one: label all of them, or none")
+        raise InputError(
+            f"{source}: {labelled.count(False)} samples have no label (first: {missing}) and the "
+            "others have one: label all of them, or none"
+        )
     names: Optional[list[str]] = None
     if any(labelled):
         if raw["label_kind"] == "str":
@@ -303,8 +332,7 @@ def _discovery(source: Path, raw: dict, classes: Optional[Sequence[str]], add_cl
         if raw["label_kind"] != "str":
             bad = [k for k, v in zip(keys, values) if not 0 <= v < len(names)]
             if bad:
-                raise InputError(f"{source}: {len(bad)} labels are outside its {len(names)} classes (first: "
-                                 f"{bad[0]})")
+                raise InputError(f"{source}: {len(bad)} labels are outside its {len(names)} classes (first: {bad[0]})")
             values = [names[v] for v in values]
         if classes is not None:
             names = extend_class_map(classes, names, add_classes, str(source))
@@ -327,8 +355,9 @@ def job_for(places: dict[int, tuple], items: Sequence[SourceItem]) -> Optional[C
     return ContainerJob(kind, column, tuple(places[it.index][2] for it in items))
 
 
-def container_bytes(job: ContainerJob, max_bytes: int, on_file: Optional[Callable[[Path], None]] = None
-                    ) -> Iterator[bytes | DecodeError]:
+def container_bytes(
+    job: ContainerJob, max_bytes: int, on_file: Optional[Callable[[Path], None]] = None
+) -> Iterator[bytes | DecodeError]:
     """The image bytes of each item of ``job``, in order (a DecodeError for one that cannot be used).
     ``on_file`` is called with each file outside the container that a row names, before it is read."""
     if job.kind == "tar":

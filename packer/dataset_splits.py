@@ -43,7 +43,6 @@ SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
 """Top-level folder names (any case) that make a source a set of splits."""
 
 
-
 @dataclass
 class SplitsResult:
     """The outcome of ``convert_splits``: the record written, and each split's conversion (None for a
@@ -70,9 +69,11 @@ def split_folders(root: str | os.PathLike) -> Optional[list[str]]:
         return None
     if len(named) < len(folders):
         others = [f for f in folders if not is_split_name(f)]
-        raise InputError(f"{root} has folders named like splits ({quoted(named)}) beside other folders "
-                         f"({quoted(others)}): move those into the splits (or away), or pass --no-splits if all of "
-                         "them are classes")
+        raise InputError(
+            f"{root} has folders named like splits ({quoted(named)}) beside other folders "
+            f"({quoted(others)}): move those into the splits (or away), or pass --no-splits if all of "
+            "them are classes"
+        )
     lowered = [f.lower() for f in named]
     if len(set(lowered)) < len(lowered):
         raise InputError(f"{root} has split folders that differ only in case ({quoted(named)}); rename one")
@@ -92,8 +93,10 @@ def parse_split_spec(text: str) -> list[tuple[str, float]]:
             fraction = math.nan
         problem = split_name_problem(name)
         if problem or not (0 < fraction <= 1):
-            raise ConfigError(f"--split {text!r}: expected NAME=FRACTION pairs such as train=0.9,val=0.1 (fractions "
-                              f"above 0; {problem or 'names of letters, digits, .,_ and -'}), got {piece.strip()!r}")
+            raise ConfigError(
+                f"--split {text!r}: expected NAME=FRACTION pairs such as train=0.9,val=0.1 (fractions "
+                f"above 0; {problem or 'names of letters, digits, .,_ and -'}), got {piece.strip()!r}"
+            )
         if name.lower() in (n.lower() for n, _ in parts):
             raise ConfigError(f"--split {text!r}: {name} is named twice (split names differ in more than case)")
         parts.append((name, fraction))
@@ -120,7 +123,7 @@ def split_counts(n: int, fractions: Sequence[float], owed: Optional[list[float]]
     for i, x in enumerate(exact):
         behind[i] += x - counts[i]
     short = [i for i, x in enumerate(exact) if x > counts[i]]  # only these may take one more: the bound holds
-    for i in sorted(short, key=lambda i: (-behind[i], i))[:n - sum(counts)]:
+    for i in sorted(short, key=lambda i: (-behind[i], i))[: n - sum(counts)]:
         counts[i] += 1
         behind[i] -= 1
     return counts
@@ -142,14 +145,17 @@ def stratified_split(found: Discovery, spec: Sequence[tuple[str, float]], seed: 
         items = sorted(by_label[label], key=lambda it: _draw(seed, it.relpath))
         start = 0
         for (name, _), count in zip(spec, split_counts(len(items), fractions, owed)):
-            members[name] += items[start:start + count]
+            members[name] += items[start : start + count]
             start += count
     parts = {}
     for i, (name, _) in enumerate(spec):
         items = sorted(members[name], key=lambda it: it.index)
-        parts[name] = replace(found, items=[replace(it, index=j) for j, it in enumerate(items)],
-                              skipped=list(found.skipped) if i == 0 else [],
-                              ignored=dict(found.ignored) if i == 0 else {})
+        parts[name] = replace(
+            found,
+            items=[replace(it, index=j) for j, it in enumerate(items)],
+            skipped=list(found.skipped) if i == 0 else [],
+            ignored=dict(found.ignored) if i == 0 else {},
+        )
     return parts
 
 
@@ -174,15 +180,18 @@ def _from_output(folder: Path) -> list[str]:
         m = read_manifest(folder)
         classes = m.classes if m.annotations is None else m.annotations.get("categories")  # detection: categories
     else:
-        raise InputError(f"--classes {folder} is a folder but not a packer output (no {MANIFEST_NAME}); give a "
-                         "packer output or a text file of class names")
+        raise InputError(
+            f"--classes {folder} is a folder but not a packer output (no {MANIFEST_NAME}); give a "
+            "packer output or a text file of class names"
+        )
     if classes is None:
         raise InputError(f"--classes {folder} is an unlabelled packer output: it has no class map")
     return list(classes)
 
 
-def folder_splits(source: Path, names: Sequence[str], config: ConvertConfig, classes: Optional[Sequence[str]],
-                  add_classes: bool) -> tuple[dict[str, Discovery], Optional[list[str]]]:
+def folder_splits(
+    source: Path, names: Sequence[str], config: ConvertConfig, classes: Optional[Sequence[str]], add_classes: bool
+) -> tuple[dict[str, Discovery], Optional[list[str]]]:
     """Each split folder discovered, labelled with the common class map (``classes`` extended, or the
     sorted union of the splits' class names); the map. Unlabelled splits (no class folders) stay so."""
     text = config.text
@@ -234,27 +243,43 @@ def convert_splits(
     missing = {name: _missing(d, common) for name, d in parts.items()}
     for name, absent in missing.items():
         if absent:
-            log.warning("split %s has no sample of %d class(es), which keep their indices: %s", name, len(absent),
-                        quoted(absent))
+            log.warning(
+                "split %s has no sample of %d class(es), which keep their indices: %s",
+                name,
+                len(absent),
+                quoted(absent),
+            )
     _check_parent(output, overwrite, resume, source)  # before the lock file is made beside it
     lock = lock_output(output)
     try:
         previous = _check_parent(output, overwrite, resume, source, warn=True)
-        ours = {name for name in parts if previous is not None and name in previous.splits
-                and is_packer_output(output / name)}
+        ours = {
+            name
+            for name in parts
+            if previous is not None and name in previous.splits and is_packer_output(output / name)
+        }
         for name, d in parts.items():  # every check of every split before anything is written
             check_output(output / name, overwrite or name in ours, roots[name])
             checked(d, strict, config.text)
         stamps = {name: _fingerprint(config, d, strict) for name, d in parts.items()}
         kept = _kept(output, previous, stamps) if resume else set()
         plan_workers = previous.workers if resume and previous is not None and previous.workers else workers
-        record = SplitsRecord(common, {name: {"samples": len(d.items), "manifest_sha256": None,
-                                              "fingerprint": stamps[name]} for name, d in parts.items()},
-                              origin, {n: m for n, m in missing.items() if m}, workers=plan_workers,
-                              unlabelled=[n for n, d in parts.items() if d.classes is None and common is not None])
+        record = SplitsRecord(
+            common,
+            {
+                name: {"samples": len(d.items), "manifest_sha256": None, "fingerprint": stamps[name]}
+                for name, d in parts.items()
+            },
+            origin,
+            {n: m for n, m in missing.items() if m},
+            workers=plan_workers,
+            unlabelled=[n for n, d in parts.items() if d.classes is None and common is not None],
+        )
         for name in kept:
-            record.splits[name].update(samples=previous.splits[name]["samples"],  # type: ignore[union-attr]
-                                       manifest_sha256=previous.splits[name]["manifest_sha256"])  # type: ignore
+            record.splits[name].update(
+                samples=previous.splits[name]["samples"],  # type: ignore[union-attr]
+                manifest_sha256=previous.splits[name]["manifest_sha256"],
+            )  # type: ignore
         output.mkdir(parents=True, exist_ok=True)
         write_splits(output, record)  # from here on, readers refuse the splits until the set is complete
         results: dict[str, Optional[ConvertResult]] = {}
@@ -266,9 +291,20 @@ def convert_splits(
             if on_split is not None:
                 on_split(name)
             target = output / name
-            result = convert(roots[name], target, config, workers=plan_workers, overwrite=overwrite or name in ours,
-                             strict=strict, resume=resume and staging_dir(target).exists(), timeout=timeout,
-                             progress=progress, on_plan=on_plan, executor=executor, discovery=d)
+            result = convert(
+                roots[name],
+                target,
+                config,
+                workers=plan_workers,
+                overwrite=overwrite or name in ours,
+                strict=strict,
+                resume=resume and staging_dir(target).exists(),
+                timeout=timeout,
+                progress=progress,
+                on_plan=on_plan,
+                executor=executor,
+                discovery=d,
+            )
             results[name] = result
             record.splits[name]["samples"] = result.manifest.samples
             record.splits[name]["manifest_sha256"] = sha256_of(target / MANIFEST_NAME)
@@ -284,28 +320,40 @@ def convert_splits(
     return SplitsResult(output, record, results, time.perf_counter() - started)
 
 
-def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tuple[str, float]]], seed: int,
-          classes: Optional[Sequence[str]], add_classes: bool, labels_file: Optional[str | os.PathLike]
-          ) -> tuple[dict[str, Discovery], Optional[list[str]], dict, dict[str, Path]]:
+def _plan(
+    source: Path,
+    config: ConvertConfig,
+    fractions: Optional[Sequence[tuple[str, float]]],
+    seed: int,
+    classes: Optional[Sequence[str]],
+    add_classes: bool,
+    labels_file: Optional[str | os.PathLike],
+) -> tuple[dict[str, Discovery], Optional[list[str]], dict, dict[str, Path]]:
     """The splits to write: ``(discovery of each, the shared class map, the record's origin, each one's
     source folder)``; InputError for a source that cannot be split so."""
     kind = container_kind(Path(source))
     if kind is not None:  # they would be walked as folders, and found to hold no samples
-        raise InputError(f"{source} is a {kind} source: --split and split folders apply to folders of images; "
-                         "convert each split's files as an output of its own, with the same --classes")
+        raise InputError(
+            f"{source} is a {kind} source: --split and split folders apply to folders of images; "
+            "convert each split's files as an output of its own, with the same --classes"
+        )
     if fractions is not None:
         found = discover(source, labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
         if not found.items and labels_file is not None and found.skipped:
-            raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
-                             "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
+            raise InputError(
+                f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
+                "its paths must be relative to the source folder, e.g. 'cat/001.jpg'"
+            )
         parts = stratified_split(found, fractions, seed)
         origin: dict = {"kind": "random", "fractions": dict(fractions), "seed": seed}
         roots = {name: source for name in parts}
         common = found.classes
     else:
         if labels_file is not None:
-            raise ConfigError("--labels with split folders: convert each split on its own with its --labels file "
-                              "and the same --classes")
+            raise ConfigError(
+                "--labels with split folders: convert each split on its own with its --labels file "
+                "and the same --classes"
+            )
         names = split_folders(source)
         if not names:
             raise InputError(f"{source} has no split folders ({', '.join(SPLIT_NAMES)})")
@@ -313,14 +361,18 @@ def _plan(source: Path, config: ConvertConfig, fractions: Optional[Sequence[tupl
         stray = _beside_splits(source)
         if stray:  # in no split: reported with the first one's, as a folder's files outside any class are
             first = parts[names[0]]
-            first.skipped[:0] = [Skipped(n, "beside the split folders, in none of them: move it into a split's "
-                                            "class folder") for n in stray]
+            first.skipped[:0] = [
+                Skipped(n, "beside the split folders, in none of them: move it into a split's class folder")
+                for n in stray
+            ]
         origin = {"kind": "folders"}
         roots = {name: source / name for name in parts}
     for name, d in parts.items():
         if not d.items and not d.skipped:
-            raise InputError(f"split {name} of {source} would hold no samples"
-                             + (" (too few samples for its fraction)" if fractions is not None else ""))
+            raise InputError(
+                f"split {name} of {source} would hold no samples"
+                + (" (too few samples for its fraction)" if fractions is not None else "")
+            )
     return parts, common, origin, roots
 
 
@@ -330,8 +382,7 @@ def _beside_splits(source: Path) -> list[str]:
         entries = list(os.scandir(source))
     except OSError:
         return []
-    return sorted(e.name for e in entries if not is_litter(e.name) and field_kind(e.name) is not None
-                  and e.is_file())
+    return sorted(e.name for e in entries if not is_litter(e.name) and field_kind(e.name) is not None and e.is_file())
 
 
 def _missing(found: Discovery, classes: Optional[Sequence[str]]) -> list[str]:
@@ -347,8 +398,9 @@ def _fingerprint(config: ConvertConfig, found: Discovery, strict: bool) -> str:
     return hashlib.sha256(f"{plan}\0{class_map_digest(found.classes)}".encode()).hexdigest()
 
 
-def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path, warn: bool = False
-                  ) -> Optional[SplitsRecord]:
+def _check_parent(
+    output: Path, overwrite: bool, resume: bool, source: Path, warn: bool = False
+) -> Optional[SplitsRecord]:
     """Refuse an ``output`` that splits may not be written into; the record of the splits already there
     (``warn``: say that an unfinished set is started over)."""
     if output.is_symlink() or (output.exists() and not output.is_dir()):
@@ -361,17 +413,22 @@ def _check_parent(output: Path, overwrite: bool, resume: bool, source: Path, war
     if not output.exists() or not any(output.iterdir()):
         return None
     if (output / MANIFEST_NAME).exists():
-        raise OutputError(f"{output} holds a single packer output; splits go into a folder of their own "
-                          f"(e.g. -o {output.parent / (output.name + '-splits')})")
+        raise OutputError(
+            f"{output} holds a single packer output; splits go into a folder of their own "
+            f"(e.g. -o {output.parent / (output.name + '-splits')})"
+        )
     if not (output / SPLITS_NAME).exists():
-        raise OutputError(f"{output} is a non-empty folder that holds no packer splits; refusing to write into it. "
-                          "Choose another output path or empty it first.")
+        raise OutputError(
+            f"{output} is a non-empty folder that holds no packer splits; refusing to write into it. "
+            "Choose another output path or empty it first."
+        )
     previous = read_splits(output)
     if previous.complete and resume and not overwrite:
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
     if previous.complete and not overwrite:
-        raise OutputError(f"{output} already holds packer splits ({', '.join(previous.splits)}); pass --overwrite "
-                          "to replace them")
+        raise OutputError(
+            f"{output} already holds packer splits ({', '.join(previous.splits)}); pass --overwrite to replace them"
+        )
     if warn and not previous.complete and not resume:
         log.warning("discarding the unfinished splits in %s (pass --resume to keep the finished ones)", output)
     return previous
@@ -384,8 +441,13 @@ def _kept(output: Path, previous: Optional[SplitsRecord], stamps: dict[str, str]
     kept = set()
     for name, entry in previous.splits.items():
         manifest = output / name / MANIFEST_NAME
-        if (name in stamps and entry.get("fingerprint") == stamps[name] and entry.get("manifest_sha256")
-                and manifest.is_file() and sha256_of(manifest) == entry["manifest_sha256"]):
+        if (
+            name in stamps
+            and entry.get("fingerprint") == stamps[name]
+            and entry.get("manifest_sha256")
+            and manifest.is_file()
+            and sha256_of(manifest) == entry["manifest_sha256"]
+        ):
             try:
                 read_manifest(output / name)
             except ManifestError:
@@ -396,9 +458,21 @@ def _kept(output: Path, previous: Optional[SplitsRecord], stamps: dict[str, str]
 
 def describe_missing(record: SplitsRecord) -> list[str]:
     """One line per split that lacks classes of the map, for summaries."""
-    return [f"split {name} has no sample of {len(absent)} class(es): {quoted(absent)}"
-            for name, absent in record.missing.items()]
+    return [
+        f"split {name} has no sample of {len(absent)} class(es): {quoted(absent)}"
+        for name, absent in record.missing.items()
+    ]
 
 
-__all__ = ["SPLIT_NAMES", "SplitsResult", "read_class_map", "convert_splits", "split_folders", "parse_split_spec",
-           "split_counts", "stratified_split", "is_split_name", "describe_missing"]
+__all__ = [
+    "SPLIT_NAMES",
+    "SplitsResult",
+    "read_class_map",
+    "convert_splits",
+    "split_folders",
+    "parse_split_spec",
+    "split_counts",
+    "stratified_split",
+    "is_split_name",
+    "describe_missing",
+]

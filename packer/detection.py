@@ -56,8 +56,9 @@ class Matched:
     """The categories were put in ``--classes``'s order (part of what ``--resume`` compares)."""
 
 
-def match_targets(found: Discovery, config: DetectionConfig, categories: Optional[Sequence[str]] = None,
-                  add_categories: bool = False) -> Matched:
+def match_targets(
+    found: Discovery, config: DetectionConfig, categories: Optional[Sequence[str]] = None, add_categories: bool = False
+) -> Matched:
     """Pair every discovered image with its annotations (see the module docstring); the items are
     numbered again in order, and every problem is in ``found.skipped`` with its reason.
     ``categories`` (``--classes``) orders the categories instead of the annotations' own order
@@ -80,13 +81,20 @@ def match_targets(found: Discovery, config: DetectionConfig, categories: Optiona
             continue
         if record is not None and len(owners[id(record)]) > 1:
             others = [p for p in owners[id(record)] if p != item.relpath]
-            skipped.append(Skipped(item.relpath, f"ambiguous annotation: {record.where} would fit {others[0]} too; "
-                                                 "rename one of the images"))
+            skipped.append(
+                Skipped(
+                    item.relpath,
+                    f"ambiguous annotation: {record.where} would fit {others[0]} too; rename one of the images",
+                )
+            )
             used.add(id(record))
             continue
         if record is not None and record.problem is not None:
-            skipped.append(Skipped(item.relpath, f"{record.problem}: the image is left out rather than stored with "
-                                                 "an object missing"))
+            skipped.append(
+                Skipped(
+                    item.relpath, f"{record.problem}: the image is left out rather than stored with an object missing"
+                )
+            )
             used.add(id(record))
             continue
         index = len(kept)
@@ -96,25 +104,50 @@ def match_targets(found: Discovery, config: DetectionConfig, categories: Optiona
             used.add(id(record))
     for name, record in annotations.images.items():
         if id(record) not in used and (record.boxes or not annotations.background):
-            skipped.append(Skipped(f"{record.where}#{name}" if record.where != name else name,
-                                   f"annotation of a missing image: no image {name} in the source"))
+            skipped.append(
+                Skipped(
+                    f"{record.where}#{name}" if record.where != name else name,
+                    f"annotation of a missing image: no image {name} in the source",
+                )
+            )
     matched = replace(found, items=kept, skipped=skipped, classes=None)
-    summary = {"format": annotations.format, "source": annotations.source,
-               "categories": annotations.categories, "category_ids": annotations.category_ids,
-               "min_visibility": config.min_visibility}
+    summary = {
+        "format": annotations.format,
+        "source": annotations.source,
+        "categories": annotations.categories,
+        "category_ids": annotations.category_ids,
+        "min_visibility": config.min_visibility,
+    }
     return Matched(matched, targets, annotations, summary, ordered=categories is not None)
 
 
-def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: PreprocessConfig, min_visibility: float,
-                 path: str, coords: str = "auto") -> tuple[bytes, int, int]:
+def target_bytes(
+    record: Optional[ImageBoxes],
+    decoded: Decoded,
+    cfg: PreprocessConfig,
+    min_visibility: float,
+    path: str,
+    coords: str = "auto",
+) -> tuple[bytes, int, int]:
     """``(stored JSON, boxes kept, boxes dropped)`` of one image's target; DecodeError when the size its
     annotation gives is neither the image's stored nor its displayed size, or when (``coords`` auto)
     nothing tells on which of the two the boxes are: they would land on the wrong pixels."""
     geometry = image_geometry(decoded.stored_size, decoded.orientation, cfg)
     if record is None or not record.boxes:  # the same keys as the images with boxes have, empty
-        empty = {} if record is None else {name: [] for name, values in (
-            ("iscrowd", record.iscrowd), ("area", record.area), ("difficult", record.difficult),
-            ("masks", record.segmentation)) if values is not None}
+        empty = (
+            {}
+            if record is None
+            else {
+                name: []
+                for name, values in (
+                    ("iscrowd", record.iscrowd),
+                    ("area", record.area),
+                    ("difficult", record.difficult),
+                    ("masks", record.segmentation),
+                )
+                if values is not None
+            }
+        )
         return _encode(np.zeros((0, 4), np.float32), [], empty, geometry), 0, 0
     boxes = np.asarray(record.boxes, np.float64)
     displayed = _on_displayed(record, decoded, path, coords)
@@ -124,8 +157,11 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
     outside = np.flatnonzero((boxes[:, 2] <= 0) | (boxes[:, 3] <= 0) | (boxes[:, 0] >= w) | (boxes[:, 1] >= h))
     if len(outside):  # no crop put it there: the annotation is wrong (another image's, another grid)
         box = ", ".join(f"{v:g}" for v in boxes[outside[0]])
-        raise DecodeError(path, f"bad annotation: {record.where}: box {int(outside[0])} ({box}) lies wholly outside "
-                                f"the {w}x{h} image; the image is left out rather than stored with a box of nothing")
+        raise DecodeError(
+            path,
+            f"bad annotation: {record.where}: box {int(outside[0])} ({box}) lies wholly outside "
+            f"the {w}x{h} image; the image is left out rather than stored with a box of nothing",
+        )
     mapped = map_boxes(boxes, geometry, displayed, min_visibility)
     kept = mapped.kept.tolist()
     optional = (("iscrowd", record.iscrowd), ("area", record.area), ("difficult", record.difficult))
@@ -145,8 +181,9 @@ def target_bytes(record: Optional[ImageBoxes], decoded: Decoded, cfg: Preprocess
     return _encode(mapped.boxes, labels, extra, geometry), len(kept), len(record.boxes) - len(kept)
 
 
-def _instance_mask(seg, grid: tuple[int, int], decoded: Decoded, displayed: bool, cfg: PreprocessConfig,
-                   path: str) -> dict:
+def _instance_mask(
+    seg, grid: tuple[int, int], decoded: Decoded, displayed: bool, cfg: PreprocessConfig, path: str
+) -> dict:
     """One COCO segmentation (polygons or RLE on the boxes' ``grid``) through the image's geometry, as
     the image's pixels went (nearest-neighbour), as a compressed RLE of the stored image (pycocotools)."""
     from pycocotools import mask as cocomask  # the reference COCO mask code, never our own
@@ -173,8 +210,9 @@ def _instance_mask(seg, grid: tuple[int, int], decoded: Decoded, displayed: bool
     except (ValueError, TypeError, UnicodeEncodeError) as e:
         raise DecodeError(path, f"bad annotation: its segmentation cannot be read ({e})") from None
     if decoded_mask.shape != (h, w) or not decoded_mask.any():
-        raise DecodeError(path, "bad annotation: a segmentation covers no pixel of the image (its box would be kept "
-                                "without its mask)")
+        raise DecodeError(
+            path, "bad annotation: a segmentation covers no pixel of the image (its box would be kept without its mask)"
+        )
     image = Image.fromarray(decoded_mask.astype(np.uint8), "L")
     out = carry_indices(image, decoded.orientation, displayed, cfg, decoded.original_size, 0, path)
     out = np.asfortranarray(np.asarray(out, np.uint8))
@@ -186,11 +224,15 @@ def _on_displayed(record: ImageBoxes, decoded: Decoded, path: str, coords: str =
     """Whether the record's boxes are on the displayed image (``packer.geometry.grid_is_displayed``);
     DecodeError naming the annotation when the sizes forbid placing them."""
     try:
-        return grid_is_displayed(record.size, decoded.stored_size, decoded.original_size, decoded.orientation,
-                                 coords, record.normalized)
+        return grid_is_displayed(
+            record.size, decoded.stored_size, decoded.original_size, decoded.orientation, coords, record.normalized
+        )
     except GridError as e:
-        what = {"mismatch": "annotation size mismatch", "contradicts": f"annotation size contradicts --box-coords "
-                f"{coords}", "ambiguous": "ambiguous box coordinates"}[e.kind]
+        what = {
+            "mismatch": "annotation size mismatch",
+            "contradicts": f"annotation size contradicts --box-coords {coords}",
+            "ambiguous": "ambiguous box coordinates",
+        }[e.kind]
         raise DecodeError(path, f"{what}: {record.where}: {e}; its boxes would land on the wrong pixels") from None
 
 
@@ -198,8 +240,10 @@ def _encode(boxes: np.ndarray, labels: list[int], extra: dict, geometry: Geometr
     """The stored target, JSON. Boxes and areas are float32 values written with 9 significant digits,
     which read back to the same float32 exactly (and cost a fraction of the shortest-repr encoding)."""
     values = np.asarray(boxes, np.float32).reshape(-1, 4).tolist()
-    parts = ['{"boxes":[' + ",".join("[%.9g,%.9g,%.9g,%.9g]" % tuple(b) for b in values) + "]",
-             '"labels":' + json.dumps(labels)]
+    parts = [
+        '{"boxes":[' + ",".join("[%.9g,%.9g,%.9g,%.9g]" % tuple(b) for b in values) + "]",
+        '"labels":' + json.dumps(labels),
+    ]
     for name, value in extra.items():
         if name in ("area", "visible"):
             parts.append(f'"{name}":[' + ",".join("%.9g" % v for v in np.asarray(value, np.float32).tolist()) + "]")
@@ -214,10 +258,22 @@ def annotations_digest(matched: Matched, config: DetectionConfig) -> str:
     each image got, and the crop rule."""
     import hashlib
 
-    h = hashlib.sha256(repr((config.min_visibility, config.coords, os.path.basename(config.path),
-                             matched.annotations.format, matched.annotations.digest)).encode())
+    h = hashlib.sha256(
+        repr(
+            (
+                config.min_visibility,
+                config.coords,
+                os.path.basename(config.path),
+                matched.annotations.format,
+                matched.annotations.digest,
+            )
+        ).encode()
+    )
     if matched.ordered:  # only then: the fingerprints of runs without --classes stay what they were
         h.update(repr(("categories", matched.annotations.categories)).encode())
-    h.update("".join(f"\0{i}\0{r.where if r is not None else ''}" for i, r in sorted(matched.targets.items(),
-                                                                                   key=lambda e: e[0])).encode())
+    h.update(
+        "".join(
+            f"\0{i}\0{r.where if r is not None else ''}" for i, r in sorted(matched.targets.items(), key=lambda e: e[0])
+        ).encode()
+    )
     return h.hexdigest()

@@ -132,9 +132,16 @@ def discover(
     return found
 
 
-def _samples_found(root: Path, listing: "_Listing", walk: "_Walk", labels_file: Optional[str | os.PathLike],
-                   fields: Optional[Sequence[str]], allow_missing: bool, classes: Optional[Sequence[str]],
-                   add_classes: bool) -> Discovery:
+def _samples_found(
+    root: Path,
+    listing: "_Listing",
+    walk: "_Walk",
+    labels_file: Optional[str | os.PathLike],
+    fields: Optional[Sequence[str]],
+    allow_missing: bool,
+    classes: Optional[Sequence[str]],
+    add_classes: bool,
+) -> Discovery:
     """What ``discover`` finds in the files a walk listed (see there for the rules)."""
     ignored, by_kind, unlisted = dict(sorted(walk.ignored.items())), walk.by_kind, walk.problems
     if fields:
@@ -164,8 +171,10 @@ def _samples_found(root: Path, listing: "_Listing", walk: "_Walk", labels_file: 
     base = _joinable(root)
     if not class_dirs:
         if classes is not None:
-            raise InputError(f"--classes gives a class map, but {root} has no class folders (its samples are "
-                             "unlabelled); leave --classes out, or give the folder that holds the class folders")
+            raise InputError(
+                f"--classes gives a class map, but {root} has no class folders (its samples are "
+                "unlabelled); leave --classes out, or give the folder that holds the class folders"
+            )
         items = _builder(base, chosen)
         for c in samples:
             items.add(c.key, UNLABELLED, c.files)
@@ -184,8 +193,15 @@ def _samples_found(root: Path, listing: "_Listing", walk: "_Walk", labels_file: 
     return Discovery(root, items.build(), class_dirs, skipped, ignored, chosen)
 
 
-def _single_field(root: Path, listing: "_Listing", field_: str, ignored: dict[str, int], unlisted: list[Skipped],
-                  classes: Optional[Sequence[str]], add_classes: bool) -> Discovery:
+def _single_field(
+    root: Path,
+    listing: "_Listing",
+    field_: str,
+    ignored: dict[str, int],
+    unlisted: list[Skipped],
+    classes: Optional[Sequence[str]],
+    add_classes: bool,
+) -> Discovery:
     """``discover`` of a tree whose samples are single files of field ``field_``, into an
     ``ItemTable`` over the walk's own buffers (no object per file; see ``discover`` for the rules)."""
     keep = np.frombuffer(listing.kinds, np.uint8) == _KIND_CODES[field_]
@@ -193,8 +209,10 @@ def _single_field(root: Path, listing: "_Listing", field_: str, ignored: dict[st
     labels = None
     skipped = list(unlisted)
     if not class_dirs and classes is not None:
-        raise InputError(f"--classes gives a class map, but {root} has no class folders (its samples are "
-                         "unlabelled); leave --classes out, or give the folder that holds the class folders")
+        raise InputError(
+            f"--classes gives a class map, but {root} has no class folders (its samples are "
+            "unlabelled); leave --classes out, or give the folder that holds the class folders"
+        )
     if class_dirs:
         if classes is not None:
             class_dirs = extend_class_map(classes, class_dirs, add_classes, str(root))
@@ -202,8 +220,9 @@ def _single_field(root: Path, listing: "_Listing", field_: str, ignored: dict[st
         for a, b, label in labels.spans():
             if label == UNLABELLED:
                 for i in (np.flatnonzero(keep[a:b]) + a).tolist():
-                    skipped.append(Skipped(listing.rel(i), "not inside a class folder (the source has class "
-                                                           "subfolders)"))
+                    skipped.append(
+                        Skipped(listing.rel(i), "not inside a class folder (the source has class subfolders)")
+                    )
                 keep[a:b] = False
     mode = IMAGES if field_ == "image" else SINGLE
     table = ItemTable(_joinable(root), listing.paths, labels, mode, (field_,))
@@ -248,7 +267,8 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     """The class folders of ``root``, sorted: its subfolders but litter, names that are not UTF-8 and
     packer outputs."""
     return sorted(
-        e.name for e in os.scandir(root)
+        e.name
+        for e in os.scandir(root)
         if not is_litter(e.name) and _utf8(e.name) and e.is_dir(follow_symlinks=True) and not is_packer_folder(e.path)
     )
 
@@ -291,8 +311,9 @@ def _find_fields(files: list[tuple[str, str]]) -> tuple[str, ...]:
     for rel, kind in files:
         kinds.setdefault(_stem(rel), set()).add(kind)
     stems = [ks for ks in kinds.values() if main in ks]
-    paired = {k for k in FIELD_KINDS if k != main and stems
-              and sum(k in ks for ks in stems) >= PAIRED_SHARE * len(stems)}
+    paired = {
+        k for k in FIELD_KINDS if k != main and stems and sum(k in ks for ks in stems) >= PAIRED_SHARE * len(stems)
+    }
     return tuple(f for f in FIELD_KINDS if f == main or f in paired)
 
 
@@ -417,8 +438,9 @@ class WalkWatcher(Protocol):
         ...
 
 
-def prefix_samples(root: Path, listing: "_Listing", stable: int, walk: "_Walk",
-                   fields: Optional[Sequence[str]]) -> Optional[Discovery]:
+def prefix_samples(
+    root: Path, listing: "_Listing", stable: int, walk: "_Walk", fields: Optional[Sequence[str]]
+) -> Optional[Discovery]:
     """What ``discover`` (without a labels file or class map) would find in the first ``stable`` files
     of a walk under way (``WalkWatcher``), when its samples are single files: a prefix of what it
     finds in the whole tree unless a file listed later changes the fields (auto-detected) or the
@@ -470,17 +492,26 @@ class _Overlap(Exception):
     """Processes walking two subfolders both listed one folder: the walk starts again in one process."""
 
 
-def _walk_tree(folder: str, rel_dir: str, walk: _Walk, processes: int = 1,
-               watch: Optional[Callable[["_Listing", int], None]] = None) -> _Listing:
+def _walk_tree(
+    folder: str,
+    rel_dir: str,
+    walk: _Walk,
+    processes: int = 1,
+    watch: Optional[Callable[["_Listing", int], None]] = None,
+) -> _Listing:
     """The files under ``folder`` (whose relative path is ``rel_dir``) as ``_walk`` finds them: its real
     folders first (subfolders of it in a pool of ``processes`` once walking them takes long), then
     its symlinked ones, each spliced in at its place. ``watch(listing, stable)``: see ``WalkWatcher``."""
     return _with_linked(*_walk_top(folder, rel_dir, walk, processes, watch), walk)
 
 
-def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
-              watch: Optional[Callable[["_Listing", int], None]] = None,
-              ) -> tuple[_Listing, list[tuple[int, str, str]]]:
+def _walk_top(
+    folder: str,
+    rel_dir: str,
+    walk: _Walk,
+    processes: int,
+    watch: Optional[Callable[["_Listing", int], None]] = None,
+) -> tuple[_Listing, list[tuple[int, str, str]]]:
     """The files under the real folders of ``folder``, and its symlinked folders by their position
     (see ``_walk_tree``). Subfolders walked by the pool are added in order as soon as they and all
     before them are done, so the parent holds little more than the listing itself."""
@@ -501,8 +532,7 @@ def _walk_top(folder: str, rel_dir: str, walk: _Walk, processes: int,
     try:
         for entry in entries:
             if entry[3] is _FOLDER:
-                if (pool is None and not alone and folders_left > 1
-                        and time.perf_counter() - started > PARALLEL_AFTER):
+                if pool is None and not alone and folders_left > 1 and time.perf_counter() - started > PARALLEL_AFTER:
                     try:
                         pool = ProcessPool(processes)
                     except OSError:  # no fork (no memory for one): the walk goes on in this process
@@ -572,8 +602,9 @@ def _with_linked(out: _Listing, linked: list[tuple[int, str, str]], walk: _Walk)
         frames[-1][3].append((at, done))
 
 
-def _walk_real(out: _Listing, stack: list[Iterator[tuple]], walk: _Walk,
-               watch: Optional[Callable[[Optional[int]], None]] = None) -> list[tuple[int, str, str]]:
+def _walk_real(
+    out: _Listing, stack: list[Iterator[tuple]], walk: _Walk, watch: Optional[Callable[[Optional[int]], None]] = None
+) -> list[tuple[int, str, str]]:
     """Walk the entries of ``stack`` (an iterator of entries per folder, ``_entries``' tuples) and the
     real folders among them into ``out``; return the symlinked folders met, by their position in
     ``out`` (walked after every real folder). ``watch`` is called as each folder is done, with the
@@ -609,8 +640,16 @@ def _walk_subfolder(folder: str, rel: str) -> tuple:
     out = _Listing()
     linked = _walk_real(out, [iter(_entries(folder, rel, walk))], walk)
     stamps = walk.folders
-    return (out.paths, out.kinds, linked, walk.seen, walk.ignored, walk.by_kind, walk.problems,
-            (stamps.blob, stamps.ends, stamps.stamps))
+    return (
+        out.paths,
+        out.kinds,
+        linked,
+        walk.seen,
+        walk.ignored,
+        walk.by_kind,
+        walk.problems,
+        (stamps.blob, stamps.ends, stamps.stamps),
+    )
 
 
 def _merged(result: tuple, walk: _Walk) -> tuple[_Listing, list[tuple[int, str, str]]]:
@@ -627,8 +666,6 @@ def _merged(result: tuple, walk: _Walk) -> tuple[_Listing, list[tuple[int, str, 
     out = _Listing()
     out.paths, out.kinds = paths, kinds
     return out, linked
-
-
 
 
 _FOLDER, _LINKED_FOLDER, _OTHER = "folder", "linked folder", "other"
@@ -697,9 +734,15 @@ def _utf8(name: str) -> bool:
     return True
 
 
-def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, int], labels_file: Path,
-                      fields: tuple[str, ...], given: Optional[Sequence[str]] = None,
-                      add_classes: bool = False) -> Discovery:
+def _with_labels_file(
+    root: Path,
+    samples: list[_Candidate],
+    ignored: dict[str, int],
+    labels_file: Path,
+    fields: tuple[str, ...],
+    given: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
+) -> Discovery:
     """Label ``samples`` from a CSV whose paths name a sample's key or any of its files (the labels are
     names in the ``given`` class map, when there is one)."""
     known = {n for c in samples for n in (c.key, c.rel, *(rel for _, rel in c.files))}
@@ -707,8 +750,10 @@ def _with_labels_file(root: Path, samples: list[_Candidate], ignored: dict[str, 
     names = sorted(set(labels.values()))
     if given is not None:
         if names and all(n.isdigit() for n in names) and not set(names) <= set(given):
-            raise InputError(f"{labels_file} labels samples with class indices, but with --classes its labels must be "
-                             "class names of that map (an index would mean another class in each map)")
+            raise InputError(
+                f"{labels_file} labels samples with class indices, but with --classes its labels must be "
+                "class names of that map (an index would mean another class in each map)"
+            )
         classes = extend_class_map(given, names, add_classes, str(labels_file))
         index = {n: i for i, n in enumerate(classes)}
     elif all(n.isdigit() for n in names):
@@ -766,5 +811,14 @@ def _read_labels_rows(path: Path, known: set[str]) -> dict[str, str]:
     return labels
 
 
-__all__ = ["Discovery", "discover", "read_labels_file", "is_image_name", "is_litter", "field_kind", "IMAGE_EXTENSIONS",
-           "FIELD_KINDS", "UNLABELLED"]
+__all__ = [
+    "Discovery",
+    "discover",
+    "read_labels_file",
+    "is_image_name",
+    "is_litter",
+    "field_kind",
+    "IMAGE_EXTENSIONS",
+    "FIELD_KINDS",
+    "UNLABELLED",
+]

@@ -55,8 +55,17 @@ REBUILD_GROWTH = 1.25
 again (only when every shard known is handed out): each time costs work in proportion to all of them."""
 
 
-def early_start_allowed(source: Path, output: Path, config: ConvertConfig, *, labels_file: object,
-                        classes: object, resume: bool, executor: object, discovery: object) -> bool:
+def early_start_allowed(
+    source: Path,
+    output: Path,
+    config: ConvertConfig,
+    *,
+    labels_file: object,
+    classes: object,
+    resume: bool,
+    executor: object,
+    discovery: object,
+) -> bool:
     """Whether a conversion may start shards while it walks: a folder of single-file samples in
     sorted order, whose labels come from its class folders, with a cut known from its first samples
     (see the module). ``--resume`` plans from what the interrupted run saved; other executors (Ray) run
@@ -65,10 +74,20 @@ def early_start_allowed(source: Path, output: Path, config: ConvertConfig, *, la
     run that forgot ``--resume`` loses nothing; nor with the output inside the source, where the
     folders that taking the output's lock makes would be walked as classes."""
     size = config.shard_size
-    if not (discovery is None and not resume and executor is None and labels_file is None and classes is None
-            and config.detection is None and config.masks is None and config.shuffle is None
-            and (size.samples is not None or size.is_auto)
-            and source.is_dir() and container_kind(source) is None and not staging_dir(output).exists()):
+    if not (
+        discovery is None
+        and not resume
+        and executor is None
+        and labels_file is None
+        and classes is None
+        and config.detection is None
+        and config.masks is None
+        and config.shuffle is None
+        and (size.samples is not None or size.is_auto)
+        and source.is_dir()
+        and container_kind(source) is None
+        and not staging_dir(output).exists()
+    ):
         return False
     return source.resolve() not in output.resolve().parents
 
@@ -78,8 +97,16 @@ class EarlyStart:
     staging folder of ``output``, with up to ``workers`` processes; then ``settle`` keeps those that
     the final plan has, and ``finish`` runs the rest (see the module)."""
 
-    def __init__(self, output: Path, config: ConvertConfig, workers: int, *, strict: bool = False,
-                 timeout: float, fields: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        output: Path,
+        config: ConvertConfig,
+        workers: int,
+        *,
+        strict: bool = False,
+        timeout: float,
+        fields: Optional[Sequence[str]] = None,
+    ) -> None:
         self.output = output
         self.config = config
         self.workers = workers
@@ -146,8 +173,10 @@ class EarlyStart:
             self._per = size.samples
             return True
         if not fixed_size(layout):
-            self._give_up("--shard-size auto balances shards of images of their own sizes, or with texts, "
-                          "for the sample count, which the end of the walk gives")
+            self._give_up(
+                "--shard-size auto balances shards of images of their own sizes, or with texts, "
+                "for the sample count, which the end of the walk gives"
+            )
             return False
         self._per = auto_cut(items, size, layout)  # None while not known to be a large source
         return self._per is not None
@@ -167,10 +196,19 @@ class EarlyStart:
         stage, jobs = str(staging_dir(self.output)), []
         while len(self._jobs) < self._shards and self.runner.queued + len(jobs) < self.workers:
             k = len(self._jobs)
-            part = items[k * per:(k + 1) * per]
+            part = items[k * per : (k + 1) * per]
             task = ShardTask(shard_name(k), part.compact() if isinstance(part, ItemTable) else part)
-            job = ShardJob(k, task, self.config.format, self._layout, self.config.preprocess, stage, self.strict,
-                           text=self.config.text, record=True)
+            job = ShardJob(
+                k,
+                task,
+                self.config.format,
+                self._layout,
+                self.config.preprocess,
+                stage,
+                self.strict,
+                text=self.config.text,
+                record=True,
+            )
             self._jobs[k] = (task.name, len(task.items), self._layout, lines_digest(task.items))
             jobs.append(job)
         log.debug("walking on; shards %d to %d start early", jobs[0].number, jobs[-1].number)
@@ -202,14 +240,22 @@ class EarlyStart:
         kept, dropped = set(), set()
         for k, (name, count, early_layout, digest) in self._jobs.items():
             final = tasks[k] if k < len(tasks) else None
-            if (final is not None and final.name == name and early_layout == layout
-                    and len(final.items) == count and lines_digest(final.items) == digest):
+            if (
+                final is not None
+                and final.name == name
+                and early_layout == layout
+                and len(final.items) == count
+                and lines_digest(final.items) == digest
+            ):
                 kept.add(k)
             else:
                 dropped.add(k)
         if dropped:
-            log.warning("%d of the %d shards started early do not match the final plan; writing them again",
-                        len(dropped), len(self._jobs))
+            log.warning(
+                "%d of the %d shards started early do not match the final plan; writing them again",
+                len(dropped),
+                len(self._jobs),
+            )
             assert self.runner is not None
             self.runner.cancel(dropped)
             for k in dropped:

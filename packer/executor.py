@@ -80,9 +80,14 @@ class JobRunner:
     can be added while others run (``packer.early_start`` adds shards as discovery walks), the loop
     advanced a step at a time, and jobs cancelled. Job numbers are unique among its jobs."""
 
-    def __init__(self, workers: int, *, progress: Optional[ProgressFn] = None,
-                 on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        progress: Optional[ProgressFn] = None,
+        on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         self.workers = workers
         self.progress = progress
         self.on_result = on_result
@@ -201,8 +206,9 @@ class JobRunner:
         remove_partial_files(job)
         receive, send = self._ctx.Pipe(duplex=False)
         slot = self._ctx.Array("q", 1, lock=False)
-        proc = self._ctx.Process(target=run_shard_process, args=(job, send, slot, os.getpid(), self._log_level),
-                                 daemon=True)
+        proc = self._ctx.Process(
+            target=run_shard_process, args=(job, send, slot, os.getpid(), self._log_level), daemon=True
+        )
         with stop_signals_held():  # a Ctrl-C during fork would otherwise be lost
             proc.start()
             # Recorded before the held signals arrive: an interrupt then ends this worker too.
@@ -219,9 +225,14 @@ class Executor(Protocol):
         """Shards it runs at once: what ``--shard-size auto`` balances the shard count for."""
         ...
 
-    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
-            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
-            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+    def run(
+        self,
+        jobs: list[ShardJob],
+        *,
+        progress: Optional[ProgressFn] = None,
+        on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[ShardResult]:
         """Write every shard; results in job order (see ``run_jobs`` for the arguments and errors)."""
         ...
 
@@ -232,9 +243,14 @@ class LocalExecutor:
 
     workers: int
 
-    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
-            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
-            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+    def run(
+        self,
+        jobs: list[ShardJob],
+        *,
+        progress: Optional[ProgressFn] = None,
+        on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[ShardResult]:
         """Write every shard with ``run_jobs``; results in job order."""
         return run_jobs(jobs, self.workers, progress=progress, on_result=on_result, timeout=timeout)
 
@@ -310,5 +326,3 @@ def _probe_target(job: ShardJob, item: SourceItem) -> None:
         read_sample(item, job)
     except DecodeError:
         pass  # a clean failure: the worker would have skipped it, it is not what killed the worker
-
-

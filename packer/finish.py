@@ -68,7 +68,7 @@ def name_shards(stage: Path, results: list[ShardResult], planned: list[str], fir
                 for f in result.files:
                     if not f.path.startswith(result.name):
                         raise ValueError(f"{f.path} does not start with its shard's name {result.name}")
-                    path = name + f.path[len(result.name):]
+                    path = name + f.path[len(result.name) :]
                     if path != f.path:
                         os.replace(stage / f.path, stage / path)
                     files.append(replace(f, path=path))

@@ -54,15 +54,23 @@ class FolderStamps:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(UTF-8 paths as uint8, their N + 1 offsets, N x STAMP_FIELDS stamps), to save."""
-        return (np.frombuffer(bytes(self.blob), np.uint8), np.frombuffer(self.ends, np.int64).copy(),
-                np.frombuffer(self.stamps, np.int64).reshape(-1, STAMP_FIELDS).copy())
+        return (
+            np.frombuffer(bytes(self.blob), np.uint8),
+            np.frombuffer(self.ends, np.int64).copy(),
+            np.frombuffer(self.stamps, np.int64).reshape(-1, STAMP_FIELDS).copy(),
+        )
 
     @classmethod
     def from_arrays(cls, walked_at_ns: int, blob: np.ndarray, ends: np.ndarray, stamps: np.ndarray) -> "FolderStamps":
         """Inverse of ``arrays`` (ValueError for arrays that do not fit together)."""
         n = len(ends) - 1
-        if (n < 0 or stamps.shape != (n, STAMP_FIELDS) or int(ends[0]) != 0 or int(ends[-1]) != len(blob)
-                or (n and int(np.diff(ends).min()) < 0)):
+        if (
+            n < 0
+            or stamps.shape != (n, STAMP_FIELDS)
+            or int(ends[0]) != 0
+            or int(ends[-1]) != len(blob)
+            or (n and int(np.diff(ends).min()) < 0)
+        ):
             raise ValueError("the saved folder stamps do not fit together")
         out = cls(walked_at_ns)
         out.blob = bytearray(blob.tobytes())
@@ -77,7 +85,7 @@ class FolderStamps:
         stamps = np.frombuffer(self.stamps, np.int64).reshape(-1, STAMP_FIELDS)
         ends = self.ends
         for i in range(len(self)):
-            rel = self.blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
+            rel = self.blob[ends[i] : ends[i + 1]].decode("utf-8", "surrogateescape")
             recorded = tuple(stamps[i].tolist())
             st = stat_or_none(os.path.join(root, rel) if rel else root)
             if _stamp(st) != recorded or max(recorded[2], recorded[3]) >= racy:

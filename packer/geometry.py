@@ -45,9 +45,15 @@ class Geometry:
 
     def to_dict(self) -> dict:
         """JSON-ready form (what readers return as a sample's geometry)."""
-        return {"stored_size": list(self.stored_size), "orientation": self.orientation,
-                "original_size": list(self.original_size), "scale": list(self.scale), "offset": list(self.offset),
-                "size": list(self.size), "content": list(self.content)}
+        return {
+            "stored_size": list(self.stored_size),
+            "orientation": self.orientation,
+            "original_size": list(self.original_size),
+            "scale": list(self.scale),
+            "offset": list(self.offset),
+            "size": list(self.size),
+            "content": list(self.content),
+        }
 
 
 def image_geometry(stored_size: tuple[int, int], orientation: int, cfg: PreprocessConfig) -> Geometry:
@@ -107,12 +113,12 @@ def orient_boxes(boxes: np.ndarray, stored_size: tuple[int, int], orientation: i
     """XYXY ``boxes`` on the stored pixel grid of ``stored_size`` (width, height), turned as the EXIF
     ``orientation`` turns the pixels (``packer.jpeg.upright``): boxes on the displayed image."""
     boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
-    return np.array([orient_box(tuple(b), stored_size, orientation) for b in boxes.tolist()],
-                    np.float64).reshape(-1, 4)
+    return np.array([orient_box(tuple(b), stored_size, orientation) for b in boxes.tolist()], np.float64).reshape(-1, 4)
 
 
-def orient_box(box: tuple[float, float, float, float], stored_size: tuple[int, int], orientation: int
-               ) -> tuple[float, float, float, float]:
+def orient_box(
+    box: tuple[float, float, float, float], stored_size: tuple[int, int], orientation: int
+) -> tuple[float, float, float, float]:
     """One XYXY box of the stored grid on the displayed image (see ``orient_boxes``): 2 mirrors
     left-right, 3 turns 180 degrees, 4 mirrors top-bottom, 5 transposes, 6 turns 90 degrees
     clockwise, 7 transverses, 8 turns 90 degrees counter-clockwise (EXIF's meanings)."""
@@ -142,8 +148,9 @@ def map_boxes(boxes, geometry: Geometry, displayed: bool, min_visibility: float)
     rows = np.asarray(boxes, np.float64).reshape(-1, 4).tolist()
     if not displayed:
         rows = [orient_box(tuple(box), geometry.stored_size, geometry.orientation) for box in rows]
-    return place_boxes(np.array(rows, np.float64).reshape(-1, 4), geometry.scale, geometry.offset, geometry.content,
-                       min_visibility)
+    return place_boxes(
+        np.array(rows, np.float64).reshape(-1, 4), geometry.scale, geometry.offset, geometry.content, min_visibility
+    )
 
 
 class GridError(ValueError):
@@ -156,8 +163,14 @@ class GridError(ValueError):
         self.kind = kind
 
 
-def grid_is_displayed(size: Optional[tuple[int, int]], stored: tuple[int, int], shown: tuple[int, int],
-                      orientation: int, coords: str, normalized: bool = False) -> bool:
+def grid_is_displayed(
+    size: Optional[tuple[int, int]],
+    stored: tuple[int, int],
+    shown: tuple[int, int],
+    orientation: int,
+    coords: str,
+    normalized: bool = False,
+) -> bool:
     """Whether coordinates drawn for an image (boxes, a mask; ``size`` the image size they give, None
     when unknown) are on its displayed grid (EXIF applied) rather than its stored one.
 
@@ -177,13 +190,23 @@ def grid_is_displayed(size: Optional[tuple[int, int]], stored: tuple[int, int], 
         return normalized
     if size is not None and stored != shown:
         return size == shown
-    raise GridError("ambiguous", f"EXIF orientation {orientation} turns this image, and nothing says whether they "
-                                 "are on the stored or the turned image; pass --box-coords stored or --box-coords "
-                                 "displayed")
+    raise GridError(
+        "ambiguous",
+        f"EXIF orientation {orientation} turns this image, and nothing says whether they "
+        "are on the stored or the turned image; pass --box-coords stored or --box-coords "
+        "displayed",
+    )
 
 
-def carry_indices(image: Image.Image, orientation: int, displayed: bool, cfg: PreprocessConfig,
-                  shown: tuple[int, int], fill: int, path: str) -> Image.Image:
+def carry_indices(
+    image: Image.Image,
+    orientation: int,
+    displayed: bool,
+    cfg: PreprocessConfig,
+    shown: tuple[int, int],
+    fill: int,
+    path: str,
+) -> Image.Image:
     """An 8-bit image of indices drawn for a source image (a class mask, an instance mask) through that
     image's steps: turned by its EXIF ``orientation`` unless already ``displayed``, then its resize,
     crop and pad with nearest-neighbour resampling and ``fill`` as padding, so no index appears that

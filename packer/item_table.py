@@ -48,9 +48,20 @@ class LabelRuns:
         self.count = count
         self._starts = array("q", self.starts.tobytes())  # bisect's, for one item's label without numpy's cost
         starts = self.starts
-        if starts.shape != self.values.shape or starts.ndim != 1 or (not count and len(starts)) or (count and (
-                not len(starts) or starts[0] != 0 or int(starts[-1]) >= count
-                or (len(starts) > 1 and int(np.diff(starts).min()) <= 0))):
+        if (
+            starts.shape != self.values.shape
+            or starts.ndim != 1
+            or (not count and len(starts))
+            or (
+                count
+                and (
+                    not len(starts)
+                    or starts[0] != 0
+                    or int(starts[-1]) >= count
+                    or (len(starts) > 1 and int(np.diff(starts).min()) <= 0)
+                )
+            )
+        ):
             raise ValueError("label runs must start at 0 and ascend within the items")
 
     @classmethod
@@ -131,8 +142,9 @@ class _Buffers:
 
     __slots__ = ("records", "labels", "indices", "count")
 
-    def __init__(self, records: Optional[RecordBlocks], labels: Optional[Labels],
-                 indices: Optional[np.ndarray]) -> None:
+    def __init__(
+        self, records: Optional[RecordBlocks], labels: Optional[Labels], indices: Optional[np.ndarray]
+    ) -> None:
         self.records, self.labels, self.indices = records, labels, indices
         self.count = len(records) if records is not None else 0
 
@@ -145,9 +157,12 @@ def _released(name: str):
     def get(self):
         value = getattr(self._b, name)
         if value is None and self._b.records is None:
-            raise ReleasedItems("these source items were released once their shards were written "
-                                "(ItemTable.release); keep a compact() copy to read them later")
+            raise ReleasedItems(
+                "these source items were released once their shards were written "
+                "(ItemTable.release); keep a compact() copy to read them later"
+            )
         return value
+
     return property(get)
 
 
@@ -164,9 +179,16 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
 
     __slots__ = ("base", "_b", "mode", "fields", "rows")
 
-    def __init__(self, base: str, records: RecordBlocks, labels: Optional[Labels] = None, mode: str = IMAGES,
-                 fields: tuple[str, ...] = ("image",), indices: Optional[np.ndarray] = None,
-                 rows: Optional[range | np.ndarray] = None) -> None:
+    def __init__(
+        self,
+        base: str,
+        records: RecordBlocks,
+        labels: Optional[Labels] = None,
+        mode: str = IMAGES,
+        fields: tuple[str, ...] = ("image",),
+        indices: Optional[np.ndarray] = None,
+        rows: Optional[range | np.ndarray] = None,
+    ) -> None:
         records.seal()
         if labels is not None and len(labels) != len(records) or indices is not None and len(indices) != len(records):
             raise ValueError(f"{len(records)} records, but labels or indices of another length")
@@ -211,7 +233,7 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
             return
         rows = self._row_array()
         for a in range(0, len(rows), SCATTERED_CHUNK):
-            part = rows[a:a + SCATTERED_CHUNK]
+            part = rows[a : a + SCATTERED_CHUNK]
             for row, record in zip(part.tolist(), self.records.take(part)):
                 yield self._item(row, record)
 
@@ -248,8 +270,7 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
         rows = self._row_array()
         indices = rows.tolist() if self.indices is None else self.indices[rows].tolist()
         labels = [UNLABELLED] * len(rows) if self.labels is None else self.labels[rows].tolist()
-        return "".join([f"\0{i}\0{key}\0{label}\0{stamp}"
-                        for i, key, label in zip(indices, self._records(), labels)])
+        return "".join([f"\0{i}\0{key}\0{label}\0{stamp}" for i, key, label in zip(indices, self._records(), labels)])
 
     def compact(self, renumber: bool = False) -> "ItemTable":
         """A copy holding only this table's records, in its order (what crosses a process boundary);
@@ -279,7 +300,7 @@ class ItemTable(ValueSequence, Sequence[SourceItem]):
         src, at = self.records, 0
         for block in range(src.blocks):
             decoded = src.block(block)
-            mask = keep[at:at + len(decoded)].tolist()
+            mask = keep[at : at + len(decoded)].tolist()
             records.add_all(r.encode("utf-8") for r, k in zip(decoded, mask) if k)
             at += len(decoded)
         labels = self.labels

@@ -152,7 +152,7 @@ def _headers(data: bytes) -> Optional[tuple[list[bytes], Optional[tuple[int, int
         else:
             length = (data[i + 2] << 8) | data[i + 3]
             if marker == 0xE1:
-                found.append(data[i + 4:i + 2 + length])
+                found.append(data[i + 4 : i + 2 + length])
             elif marker in _FRAMES:
                 if frame is not None or length < 8 or i + 10 > len(data):
                     return None
@@ -168,8 +168,14 @@ def eighths_for(size: tuple[int, int], need: tuple[int, int]) -> int:
     return max(1, min(8, max(-(-8 * nw // w), -(-8 * nh // h))))
 
 
-def decode_scaled(data: bytes, size: tuple[int, int], need: Optional[tuple[int, int]], gray: bool,
-                  orientation: int = 1, scratch: bool = False) -> Optional[ScaledJpeg]:
+def decode_scaled(
+    data: bytes,
+    size: tuple[int, int],
+    need: Optional[tuple[int, int]],
+    gray: bool,
+    orientation: int = 1,
+    scratch: bool = False,
+) -> Optional[ScaledJpeg]:
     """Decode the JPEG ``data`` of ``size`` (width, height, as stored) at the smallest M/8 that keeps
     at least ``need`` (as stored), upright for the EXIF ``orientation``; ``gray`` for a one-channel
     JPEG. In full (M = 8) when ``need`` is None or scaling would not pay (M above MAX_EIGHTHS).
@@ -254,8 +260,9 @@ def upright(image: Image.Image, orientation: int) -> Image.Image:
     return image.transpose(_TRANSPOSE[orientation]) if orientation in _TRANSPOSE else image
 
 
-def upright_area(size: tuple[int, int], exact: tuple[float, float], orientation: int
-                 ) -> tuple[float, float, float, float]:
+def upright_area(
+    size: tuple[int, int], exact: tuple[float, float], orientation: int
+) -> tuple[float, float, float, float]:
     """Where the picture lies in an image decoded at a reduced scale, once turned upright.
 
     ``size`` is the decoded (width, height) and ``exact`` the picture's (width, height) in it (a

@@ -48,8 +48,12 @@ class ShardEntry:
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
-        return {"name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
-                **({"image_sources": self.image_sources} if self.image_sources is not None else {})}
+        return {
+            "name": self.name,
+            "samples": self.samples,
+            "files": [f.to_dict() for f in self.files],
+            **({"image_sources": self.image_sources} if self.image_sources is not None else {}),
+        }
 
     def kept_sources(self) -> list[bool]:
         """Per sample of the shard, True where its image is its source file's bytes (``--codec source``)."""
@@ -120,8 +124,12 @@ class Manifest:
         """Parse and check a manifest; ManifestError names ``where`` and what is wrong."""
         try:
             shards = [
-                ShardEntry(s["name"], _whole(s["samples"], "a shard's samples", where),
-                           [_file_entry(f, where) for f in s["files"]], s.get("image_sources"))
+                ShardEntry(
+                    s["name"],
+                    _whole(s["samples"], "a shard's samples", where),
+                    [_file_entry(f, where) for f in s["files"]],
+                    s.get("image_sources"),
+                )
                 for s in d["shards"]
             ]
             m = cls(
@@ -150,8 +158,10 @@ class Manifest:
             raise ManifestError(f"{where}: classes must be a list of names; the manifest is damaged")
         recorded = d.get("class_map_sha256")  # absent in older manifests
         if recorded is not None and recorded != m.class_map_sha256:
-            raise ManifestError(f"{where}: the class map does not match its recorded digest (class_map_sha256); "
-                                "the manifest was edited or is damaged")
+            raise ManifestError(
+                f"{where}: the class map does not match its recorded digest (class_map_sha256); "
+                "the manifest was edited or is damaged"
+            )
         _check_layout(m, where)
         _check_annotations(m, where)
         _check_shards(m, where)
@@ -185,8 +195,9 @@ class Manifest:
     def sample_fields(self) -> tuple[str, ...]:
         """Names of the fields each sample returns, in order (``image``, ``text``, ``json``), before its label
         (an image's ``geometry`` is not one: readers give it in the meta dict)."""
-        return tuple(name for name in self.fields if name == "image" or (name in TEXT_FIELD_NAMES
-                                                                         and name != "geometry"))
+        return tuple(
+            name for name in self.fields if name == "image" or (name in TEXT_FIELD_NAMES and name != "geometry")
+        )
 
     @property
     def shard_offsets(self) -> list[int]:
@@ -201,8 +212,9 @@ def _whole(value: Any, what: str, where: str, least: int = 0) -> int:
     """``value`` when it is a whole number of at least ``least`` as JSON writes one (not "40", 40.7
     or true), else ManifestError: a count read loosely would make a reader misplace samples."""
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ManifestError(f"{where}: {what} {value!r} is not a whole number of at least {least}; "
-                            "the manifest is damaged")
+        raise ManifestError(
+            f"{where}: {what} {value!r} is not a whole number of at least {least}; the manifest is damaged"
+        )
     return value
 
 
@@ -233,8 +245,10 @@ def _check_shards(m: "Manifest", where: str) -> None:
             if not isinstance(f.sha256, str) or not _SHA256.fullmatch(f.sha256):
                 raise ManifestError(f"{where}: {f.path} has no SHA-256 (64 hex digits); the manifest is damaged")
         if shard.samples > sum(f.bytes for f in shard.files):
-            raise ManifestError(f"{where}: shard {shard.name} cannot hold {shard.samples} samples in "
-                                f"{sum(f.bytes for f in shard.files)} bytes; the manifest is damaged")
+            raise ManifestError(
+                f"{where}: shard {shard.name} cannot hold {shard.samples} samples in "
+                f"{sum(f.bytes for f in shard.files)} bytes; the manifest is damaged"
+            )
 
 
 def _check_layout(m: "Manifest", where: str) -> None:
@@ -266,11 +280,17 @@ def _check_normalize(norm: Any, where: str) -> None:
     if not isinstance(mean, (list, tuple)) or not isinstance(std, (list, tuple)):
         mean = std = ()
     numbers = [v for v in (*mean, *std) if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if (not mean or len(mean) != len(std)
-            or len(numbers) != 2 * len(mean) or not all(math.isfinite(v) for v in numbers)
-            or not all(v > 0 for v in std)):
-        raise ManifestError(f"{where}: preprocess.normalize {norm!r} is not per-channel finite means and positive "
-                            "stds; the manifest is damaged")
+    if (
+        not mean
+        or len(mean) != len(std)
+        or len(numbers) != 2 * len(mean)
+        or not all(math.isfinite(v) for v in numbers)
+        or not all(v > 0 for v in std)
+    ):
+        raise ManifestError(
+            f"{where}: preprocess.normalize {norm!r} is not per-channel finite means and positive "
+            "stds; the manifest is damaged"
+        )
 
 
 def _check_text_fields(m: "Manifest", where: str) -> None:
@@ -279,13 +299,22 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
         if f is None:
             continue
         if m.format_version < TEXT_SINCE:
-            raise ManifestError(f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
-                                f"{m.format_version}; the manifest is damaged")
-        if (not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or (f["kind"] == "json") != (name == "json")
-                or (f["kind"] == "detection") != (name == "target") or (f["kind"] == "mask") != (name == "mask")
-                or (f["kind"] == "geometry") != (name == "geometry")):
-            raise ManifestError(f"{where}: fields.{name} {f!r} is not a field this packer reads "
-                                f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it.")
+            raise ManifestError(
+                f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
+                f"{m.format_version}; the manifest is damaged"
+            )
+        if (
+            not isinstance(f, dict)
+            or f.get("kind") not in TEXT_KINDS
+            or (f["kind"] == "json") != (name == "json")
+            or (f["kind"] == "detection") != (name == "target")
+            or (f["kind"] == "mask") != (name == "mask")
+            or (f["kind"] == "geometry") != (name == "geometry")
+        ):
+            raise ManifestError(
+                f"{where}: fields.{name} {f!r} is not a field this packer reads "
+                f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it."
+            )
 
 
 def _check_annotations(m: "Manifest", where: str) -> None:
@@ -294,8 +323,9 @@ def _check_annotations(m: "Manifest", where: str) -> None:
         return
     names = (m.annotations or {}).get("categories")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ManifestError(f"{where}: a detection output needs annotations.categories, a list of names; the "
-                            "manifest is damaged")
+        raise ManifestError(
+            f"{where}: a detection output needs annotations.categories, a list of names; the manifest is damaged"
+        )
 
 
 def _check_image_field(m: "Manifest", where: str) -> None:
@@ -309,16 +339,21 @@ def _check_image_field(m: "Manifest", where: str) -> None:
     if dtype is None or dtype.hasobject or dtype.kind not in "uif":
         raise ManifestError(f"{where}: fields.image.dtype {image.get('dtype')!r} is not a plain number type")
     shape = image.get("shape")
-    if shape is not None and (not isinstance(shape, list) or len(shape) != 3 or not all(
-            isinstance(v, int) and v > 0 for v in shape)):
+    if shape is not None and (
+        not isinstance(shape, list) or len(shape) != 3 or not all(isinstance(v, int) and v > 0 for v in shape)
+    ):
         raise ManifestError(f"{where}: fields.image.shape {shape!r} is not [H, W, C]")
     codec = image.get("codec", "raw")
     if codec not in IMAGE_CODECS:
-        raise ManifestError(f"{where}: fields.image.codec {codec!r} is unknown to this packer, which reads "
-                            f"{', '.join(IMAGE_CODECS)}. Upgrade packer to read it.")
+        raise ManifestError(
+            f"{where}: fields.image.codec {codec!r} is unknown to this packer, which reads "
+            f"{', '.join(IMAGE_CODECS)}. Upgrade packer to read it."
+        )
     if codec != "raw" and (dtype != np.uint8 or m.format_version < ENCODED_SINCE):
-        raise ManifestError(f"{where}: {codec} images need uint8 storage and format version {ENCODED_SINCE} or "
-                            f"later, not {dtype} and version {m.format_version}; the manifest is damaged")
+        raise ManifestError(
+            f"{where}: {codec} images need uint8 storage and format version {ENCODED_SINCE} or "
+            f"later, not {dtype} and version {m.format_version}; the manifest is damaged"
+        )
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
@@ -349,8 +384,10 @@ def read_manifest(directory: str | os.PathLike, expect_format: Optional[str] = N
     if not path.is_file():
         splits = _split_names(directory)
         if splits:
-            raise ManifestError(f"{directory} holds the splits {', '.join(splits)} of one conversion, each a packer "
-                                f"output: open one of them, e.g. {directory / splits[0]}")
+            raise ManifestError(
+                f"{directory} holds the splits {', '.join(splits)} of one conversion, each a packer "
+                f"output: open one of them, e.g. {directory / splits[0]}"
+            )
         raise ManifestError(
             f"{directory} has no {MANIFEST_NAME}: it is not a packer output, or its conversion did not finish"
         )
@@ -420,14 +457,16 @@ def unsafe_file(path: Path, root: Path) -> Optional[str]:
     return None
 
 
-def file_entry(directory: Path, relpath: str, sha256: Optional[str] = None,
-               structure: Optional[Callable[[Path], int]] = None) -> FileEntry:
+def file_entry(
+    directory: Path, relpath: str, sha256: Optional[str] = None, structure: Optional[Callable[[Path], int]] = None
+) -> FileEntry:
     """Size and SHA-256 of one written file, for the manifest (the file is read for its SHA-256
     unless the writer hashed it as it wrote it: ``sha256``), and its structure checksum when the
     format has one (``structure``, see FormatSpec)."""
     path = directory / relpath
-    return FileEntry(relpath, path.stat().st_size, sha256 or sha256_of(path),
-                     structure(path) if structure is not None else None)
+    return FileEntry(
+        relpath, path.stat().st_size, sha256 or sha256_of(path), structure(path) if structure is not None else None
+    )
 
 
 def sha256_of(path: str | os.PathLike) -> str:

@@ -56,8 +56,10 @@ def check_output(output: Path, overwrite: bool, source: Optional[Path] = None) -
     if not output.is_dir():
         raise OutputError(f"{output} exists and is not a folder; choose another output path")
     if os.path.ismount(output):
-        raise OutputError(f"{output} is a mount point, which cannot be replaced; write to a folder inside it "
-                          f"(e.g. -o {output / 'packed'})")
+        raise OutputError(
+            f"{output} is a mount point, which cannot be replaced; write to a folder inside it "
+            f"(e.g. -o {output / 'packed'})"
+        )
     if not any(output.iterdir()):
         return
     if not is_packer_output(output):
@@ -176,8 +178,9 @@ def read_plan(stage: Path) -> Optional[dict]:
         return None
 
 
-def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None,
-                 fingerprint: Optional[str] = None) -> ShardResult:
+def record_shard(
+    stage: Path, result: ShardResult, planned: Optional[str] = None, fingerprint: Optional[str] = None
+) -> ShardResult:
     """Note a finished shard, written after its files are closed and hashed, under its ``planned``
     name (default: its own; ``packer.finish`` renames shards before publishing): its record and the
     record's side file of digests and labels (``packer.shard_samples``). Returns ``result`` with its
@@ -188,9 +191,15 @@ def record_shard(stage: Path, result: ShardResult, planned: Optional[str] = None
     stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
     record = stage / f"{name}{DONE_SUFFIX}"
     samples = write_samples(stage, name, result)
-    _write_json(record, {**result.to_dict(), FILE_STAMPS: stamps,
-                         **({PLAN_OF_RECORD: fingerprint} if fingerprint else {}),
-                         **({SAMPLES_FILE: samples} if samples else {})})
+    _write_json(
+        record,
+        {
+            **result.to_dict(),
+            FILE_STAMPS: stamps,
+            **({PLAN_OF_RECORD: fingerprint} if fingerprint else {}),
+            **({SAMPLES_FILE: samples} if samples else {}),
+        },
+    )
     return result.kept_in(record, (str(stage / f"{name}{SAMPLES_SUFFIX}"), samples) if samples else ())
 
 
@@ -251,8 +260,9 @@ def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
     paths = record["files"]
     if paths and len(paths) != len(result.files):
         raise ValueError(f"{planned}: its rename record does not match its files")
-    return dataclasses.replace(result, name=record["name"],
-                               files=[dataclasses.replace(f, path=p) for f, p in zip(result.files, paths)])
+    return dataclasses.replace(
+        result, name=record["name"], files=[dataclasses.replace(f, path=p) for f, p in zip(result.files, paths)]
+    )
 
 
 def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:

@@ -126,10 +126,19 @@ def convert(
     options = discovery_options(labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
     lock, locked = None, False
     early = None
-    if early_start_allowed(Path(source), output, config, labels_file=labels_file, classes=classes, resume=resume,
-                           executor=executor, discovery=discovery):
-        early = EarlyStart(output, config, max(1, workers or usable_cpus()), strict=strict, timeout=timeout,
-                           fields=config.text.fields)
+    if early_start_allowed(
+        Path(source),
+        output,
+        config,
+        labels_file=labels_file,
+        classes=classes,
+        resume=resume,
+        executor=executor,
+        discovery=discovery,
+    ):
+        early = EarlyStart(
+            output, config, max(1, workers or usable_cpus()), strict=strict, timeout=timeout, fields=config.text.fields
+        )
     try:
         found, walked = None, None
         if discovery is None and resume and staging_dir(output).is_dir():
@@ -138,9 +147,18 @@ def convert(
         if found is None and discovery is None:
             # With --annotations, --classes orders the boxes' categories, not class folders
             folder_classes = classes if config.detection is None else None
-            found = discover_checked(source, output, labels_file, overwrite, strict, config.text, folder_classes,
-                                     add_classes and folder_classes is not None, max(1, workers or usable_cpus()),
-                                     on_walk=early)
+            found = discover_checked(
+                source,
+                output,
+                labels_file,
+                overwrite,
+                strict,
+                config.text,
+                folder_classes,
+                add_classes and folder_classes is not None,
+                max(1, workers or usable_cpus()),
+                on_walk=early,
+            )
             walked = found if can_save(found) else None
             if early is not None and early.lock is not None:
                 lock, locked = early.lock, True  # taken when the first shard started
@@ -149,10 +167,24 @@ def convert(
             found = checked(discovery, strict, config.text)
         if not locked:
             lock, locked = lock_output(output), True
-        result = _matched_and_converted(Path(source), output, config, found, walked, options, labels_file, classes,
-                                        add_classes, strict,
-                                        RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
-                                        workers, progress, on_plan, executor, early)
+        result = _matched_and_converted(
+            Path(source),
+            output,
+            config,
+            found,
+            walked,
+            options,
+            labels_file,
+            classes,
+            add_classes,
+            strict,
+            RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
+            workers,
+            progress,
+            on_plan,
+            executor,
+            early,
+        )
     except BaseException:
         if early is not None:
             early.abandon()
@@ -167,11 +199,21 @@ def convert(
 
 
 def _matched_and_converted(
-    source: Path, output: Path, config: ConvertConfig, found: Discovery, walked: Optional[Discovery], options: dict,
-    labels_file: Optional[str | os.PathLike], classes: Optional[Sequence[str]], add_classes: bool, strict: bool,
+    source: Path,
+    output: Path,
+    config: ConvertConfig,
+    found: Discovery,
+    walked: Optional[Discovery],
+    options: dict,
+    labels_file: Optional[str | os.PathLike],
+    classes: Optional[Sequence[str]],
+    add_classes: bool,
+    strict: bool,
     run: "RunOptions",
-    workers: Optional[int], progress: Optional[ProgressFn],
-    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]], executor: Optional[Executor],
+    workers: Optional[int],
+    progress: Optional[ProgressFn],
+    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
+    executor: Optional[Executor],
     early: Optional[EarlyStart] = None,
 ) -> ConvertResult:
     """The rest of ``convert``, under the output's lock: the discovery's boxes or masks matched, then
@@ -180,37 +222,62 @@ def _matched_and_converted(
     ``early``: the shards started during the walk)."""
     matched = None
     if found.places is not None and (config.detection is not None or config.masks is not None):
-        raise InputError(f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
-                         "image files; convert the images of a folder")
+        raise InputError(
+            f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
+            "image files; convert the images of a folder"
+        )
     if config.masks is not None and (labels_file is not None or classes is not None):
-        raise InputError("--labels and --classes label images by class; with --masks the labels are the masks' "
-                         "indices: leave them out")
+        raise InputError(
+            "--labels and --classes label images by class; with --masks the labels are the masks' "
+            "indices: leave them out"
+        )
     if config.detection is not None and labels_file is not None:
-        raise InputError("--labels labels images by class; with --annotations the labels are the boxes' categories: "
-                         "leave it out (--classes orders the categories)")
+        raise InputError(
+            "--labels labels images by class; with --annotations the labels are the boxes' categories: "
+            "leave it out (--classes orders the categories)"
+        )
     if config.detection is not None:
         if found.fields != ("image",):
-            raise InputError(f"--annotations pairs boxes with images, but the samples of {source} have the fields "
-                             f"{', '.join(found.fields)}; pass --fields image")
+            raise InputError(
+                f"--annotations pairs boxes with images, but the samples of {source} have the fields "
+                f"{', '.join(found.fields)}; pass --fields image"
+            )
         matched = match_targets(found, config.detection, classes, add_classes)
         found = checked(matched.found, strict, config.text)
     masks = None
     if config.masks is not None:
         if found.fields != ("image",):
-            raise InputError(f"--masks pairs masks with images, but the samples of {source} have the fields "
-                             f"{', '.join(found.fields)}; pass --fields image")
+            raise InputError(
+                f"--masks pairs masks with images, but the samples of {source} have the fields "
+                f"{', '.join(found.fields)}; pass --fields image"
+            )
         found, masks = match_masks(found, config.masks)
         found = checked(found, strict, config.text)
     layout = SampleLayout.from_config(config, found.fields)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     run = replace(run, workers=executor.workers)
     recover(output)
-    return _convert_locked(source, output, config, layout, found, run, progress, on_plan, executor, matched, masks,
-                           walked, options, early if early is not None and early.runner is not None else None)
+    return _convert_locked(
+        source,
+        output,
+        config,
+        layout,
+        found,
+        run,
+        progress,
+        on_plan,
+        executor,
+        matched,
+        masks,
+        walked,
+        options,
+        early if early is not None and early.runner is not None else None,
+    )
 
 
-def reused_discovery(source: Path, output: Path, overwrite: bool, strict: bool, text: TextConfig,
-                     options: dict) -> Optional[Discovery]:
+def reused_discovery(
+    source: Path, output: Path, overwrite: bool, strict: bool, text: TextConfig, options: dict
+) -> Optional[Discovery]:
     """What the interrupted run in ``output``'s staging folder found in ``source``, if no folder of the
     tree changed since (``packer.saved_discovery``), after the checks ``discover_checked`` makes; None
     where it must be walked again."""
@@ -223,8 +290,14 @@ def reused_discovery(source: Path, output: Path, overwrite: bool, strict: bool, 
 
 
 def discover_checked(
-    source: str | os.PathLike, output: Path, labels_file: Optional[str | os.PathLike], overwrite: bool, strict: bool,
-    text: TextConfig = TextConfig(), classes: Optional[Sequence[str]] = None, add_classes: bool = False,
+    source: str | os.PathLike,
+    output: Path,
+    labels_file: Optional[str | os.PathLike],
+    overwrite: bool,
+    strict: bool,
+    text: TextConfig = TextConfig(),
+    classes: Optional[Sequence[str]] = None,
+    add_classes: bool = False,
     processes: int = 1,
     on_walk: Optional[WalkWatcher] = None,
 ) -> Discovery:
@@ -237,18 +310,23 @@ def discover_checked(
     kind = container_kind(Path(source))
     if kind is not None:
         if labels_file is not None or (text.fields and tuple(text.fields) != ("image",)):
-            raise InputError(f"{source} is a {kind} source: its images are labelled by their own column or member; "
-                             "--labels and --fields do not apply")
+            raise InputError(
+                f"{source} is a {kind} source: its images are labelled by their own column or member; "
+                "--labels and --fields do not apply"
+            )
         found, places = discover_container(Path(source), kind, classes, add_classes)
         found.places = places
         return checked(found, strict, text)
     if Path(source).is_file():
-        raise InputError(f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset "
-                         "samples")
+        raise InputError(
+            f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset samples"
+        )
     found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes, processes, on_walk)
     if not found.items and labels_file is not None and found.skipped:
-        raise InputError(f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
-                         "its paths must be relative to the source folder, e.g. 'cat/001.jpg'")
+        raise InputError(
+            f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
+            "its paths must be relative to the source folder, e.g. 'cat/001.jpg'"
+        )
     return checked(found, strict, text)
 
 
@@ -259,10 +337,14 @@ def refuse_packer_output(source: Path) -> None:
     if not is_packer_folder(source):
         return
     if (source / "manifest.json").is_file():
-        raise InputError(f"{source} is a packer output, not a folder of source files: repack it with packer convert "
-                         f"{source} -f FORMAT -o OUTPUT (from Python: packer.repack)")
-    raise InputError(f"{source} holds split outputs (splits.json), not source files: repack each split on its own "
-                     f"(packer convert {source / 'train'} -f FORMAT -o OUTPUT, ...)")
+        raise InputError(
+            f"{source} is a packer output, not a folder of source files: repack it with packer convert "
+            f"{source} -f FORMAT -o OUTPUT (from Python: packer.repack)"
+        )
+    raise InputError(
+        f"{source} holds split outputs (splits.json), not source files: repack each split on its own "
+        f"(packer convert {source / 'train'} -f FORMAT -o OUTPUT, ...)"
+    )
 
 
 def checked(found: Discovery, strict: bool, text: TextConfig = TextConfig()) -> Discovery:
@@ -270,13 +352,17 @@ def checked(found: Discovery, strict: bool, text: TextConfig = TextConfig()) -> 
     source = found.root
     if not found.items:
         if found.skipped:
-            raise InputError(f"no usable samples in {source}: all {len(found.skipped)} were skipped; first: "
-                             f"{found.skipped[0].path}: {found.skipped[0].reason}")
+            raise InputError(
+                f"no usable samples in {source}: all {len(found.skipped)} were skipped; first: "
+                f"{found.skipped[0].path}: {found.skipped[0].reason}"
+            )
         looked = ", ".join(sorted(IMAGE_EXTENSIONS | TEXT_EXTENSIONS))
         raise InputError(f"no images or texts found in {source} (looked for {looked})")
     if (text.tokenizer is not None or text.max_length is not None) and "text" not in found.fields:
-        raise InputError(f"--tokenizer tokenizes text, but the samples in {source} have no text field "
-                         f"(fields: {', '.join(found.fields)}); pass --fields with text, or leave --tokenizer out")
+        raise InputError(
+            f"--tokenizer tokenizes text, but the samples in {source} have no text field "
+            f"(fields: {', '.join(found.fields)}); pass --fields with text, or leave --tokenizer out"
+        )
     if strict and found.skipped:
         first = found.skipped[0]
         raise DecodeError(first.path, first.reason)
@@ -332,17 +418,37 @@ def _convert_locked(
         kept_early = early.settle(tasks, layout, recorded, plan_workers)
         finished: dict[str, ShardResult] = {}
     else:
-        finished = staged_shards(output, tasks, previous, run.resume, expected=expected, recorded=recorded,
-                                 version=get_format(config.format).version(layout), workers=plan_workers)
+        finished = staged_shards(
+            output,
+            tasks,
+            previous,
+            run.resume,
+            expected=expected,
+            recorded=recorded,
+            version=get_format(config.format).version(layout),
+            workers=plan_workers,
+        )
     if walked is not None:
         save_discovery(stage, walked, options or {})
     if on_plan is not None:
         on_plan(found, tasks)
     with publishing(stage):
-        jobs = [ShardJob(i, t, config.format, layout, config.preprocess, str(stage), run.strict, text=config.text,
-                         detection=_detection_job(matched, config, t),
-                         container=job_for(found.places, t.items) if found.places is not None else None,
-                         segmentation=mask_job(masks, config.masks, t.items)) for i, t in enumerate(tasks)]
+        jobs = [
+            ShardJob(
+                i,
+                t,
+                config.format,
+                layout,
+                config.preprocess,
+                str(stage),
+                run.strict,
+                text=config.text,
+                detection=_detection_job(matched, config, t),
+                container=job_for(found.places, t.items) if found.places is not None else None,
+                segmentation=mask_job(masks, config.masks, t.items),
+            )
+            for i, t in enumerate(tasks)
+        ]
         if early is not None:
             todo = [replace(j, record=True, plan_fingerprint=recorded) for j in jobs if j.task.name not in kept_early]
             results = early.finish(todo, progress)
@@ -353,24 +459,43 @@ def _convert_locked(
             results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
-            raise InputError(f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
-                             + ", ".join(f"{n} x {k}" for k, n in kinds.most_common()) + ")")
+            raise InputError(
+                f"no sample in {source} could be packed: all {sum(kinds.values())} were skipped ("
+                + ", ".join(f"{n} x {k}" for k, n in kinds.most_common())
+                + ")"
+            )
         results = name_shards(stage, results, [t.name for t in tasks])
         processed = sum(len(j.task.items) for j in todo)
         del jobs, todo
         if run.own_items and isinstance(found.items, ItemTable):
             found.items.release()
-        manifest = build_manifest(config, layout, found, results, plan_workers,
-                                  matched.summary if matched is not None else None, scratch=stage,
-                                  fixed_samples=shard_plan.fixed_samples)
+        manifest = build_manifest(
+            config,
+            layout,
+            found,
+            results,
+            plan_workers,
+            matched.summary if matched is not None else None,
+            scratch=stage,
+            fixed_samples=shard_plan.fixed_samples,
+        )
         write_output(stage, manifest)
         publish(stage, output, run.overwrite, source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
 
 
-def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict], resume: bool, *, expected: str,
-                  recorded: str, version: int, workers: int) -> dict[str, ShardResult]:
+def staged_shards(
+    output: Path,
+    tasks: list[ShardTask],
+    previous: Optional[dict],
+    resume: bool,
+    *,
+    expected: str,
+    recorded: str,
+    version: int,
+    workers: int,
+) -> dict[str, ShardResult]:
     """The shards of ``tasks`` that an interrupted run finished and that still hold, when there is
     one to resume (``previous``, its plan record; refused unless its fingerprint is ``expected``);
     otherwise none, in a new staging folder whose plan records ``recorded`` and ``workers``.
@@ -381,12 +506,19 @@ def staged_shards(output: Path, tasks: list[ShardTask], previous: Optional[dict]
     if previous is not None:
         if previous.get("fingerprint") != expected:
             started = previous.get("packer")
-            other = "" if started == __version__ else (
-                f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
-                f"such as those with --shuffle or of a large source with --shard-size auto, packer {__version__} "
-                "draws otherwise)")
-            raise OutputError(f"the source files or options changed since the interrupted run in {stage}{other}; "
-                              "run without --resume to start over")
+            other = (
+                ""
+                if started == __version__
+                else (
+                    f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
+                    f"such as those with --shuffle or of a large source with --shard-size auto, packer {__version__} "
+                    "draws otherwise)"
+                )
+            )
+            raise OutputError(
+                f"the source files or options changed since the interrupted run in {stage}{other}; "
+                "run without --resume to start over"
+            )
         finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)
         if previous.get("sources") == SOURCES_PER_SHARD:
             finished = unchanged_sources(finished, tasks)
@@ -425,8 +557,11 @@ def _detection_job(matched: Optional[Matched], config: ConvertConfig, task: Shar
     """The annotations of ``task``'s images, for its worker (None for outputs without detection targets)."""
     if matched is None or config.detection is None:
         return None
-    return DetectionJob({it.index: matched.targets.get(it.index) for it in task.items}, config.detection.min_visibility,
-                        config.detection.coords)
+    return DetectionJob(
+        {it.index: matched.targets.get(it.index) for it in task.items},
+        config.detection.min_visibility,
+        config.detection.coords,
+    )
 
 
 def _targets_digest(matched: Optional[Matched], config: ConvertConfig, masks: Optional[dict[int, str]] = None) -> str:
@@ -439,8 +574,12 @@ def _targets_digest(matched: Optional[Matched], config: ConvertConfig, masks: Op
 
 
 def run_unfinished(
-    executor: Executor, jobs: list[ShardJob], finished: dict[str, ShardResult], stage: Path,
-    progress: Optional[ProgressFn], timeout: float,
+    executor: Executor,
+    jobs: list[ShardJob],
+    finished: dict[str, ShardResult],
+    stage: Path,
+    progress: Optional[ProgressFn],
+    timeout: float,
 ) -> tuple[list[ShardJob], list[ShardResult]]:
     """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each shard
     recorded in ``stage`` for --resume by its worker as it finishes. Returns the jobs run and their
@@ -451,14 +590,20 @@ def run_unfinished(
             progress(done_items)
     fingerprint = (read_plan(stage) or {}).get("fingerprint")
     fingerprint = fingerprint if isinstance(fingerprint, str) else ""  # no plan record (or an odd one): none
-    todo = [replace(j, directory=str(stage), record=True, plan_fingerprint=fingerprint)
-            for j in jobs if j.task.name not in finished]
+    todo = [
+        replace(j, directory=str(stage), record=True, plan_fingerprint=fingerprint)
+        for j in jobs
+        if j.task.name not in finished
+    ]
     fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
     return todo, fresh
 
 
 def _describe_os_error(e: OSError) -> str:
     where = f" ({e.filename})" if e.filename else ""
-    hint = {28: "; free some space or write elsewhere", 13: "; check the folder's permissions",
-            30: "; the filesystem is read-only"}.get(e.errno or 0, "")
+    hint = {
+        28: "; free some space or write elsewhere",
+        13: "; check the folder's permissions",
+        30: "; the filesystem is read-only",
+    }.get(e.errno or 0, "")
     return f"{e.strerror or e}{where}{hint}"

@@ -59,7 +59,10 @@ def shard_name(i: int) -> str:
 
 
 def plan_shards(
-    items: Sequence[SourceItem], size: ShardSize, sample_bytes: float, workers: int = 1,
+    items: Sequence[SourceItem],
+    size: ShardSize,
+    sample_bytes: float,
+    workers: int = 1,
     fixed: Optional[int] = None,
 ) -> list[ShardTask]:
     """Cut the sorted items into contiguous shards.

@@ -66,8 +66,13 @@ class Prefetcher:
     the worker refuses) are left alone. A context manager: leaving it stops the thread. Where
     ``posix_fadvise`` is missing it does nothing."""
 
-    def __init__(self, paths: Sequence[Optional[Sequence[str]]], max_file_bytes: Optional[int] = None,
-                 ahead_files: int = AHEAD_FILES, ahead_bytes: int = AHEAD_BYTES) -> None:
+    def __init__(
+        self,
+        paths: Sequence[Optional[Sequence[str]]],
+        max_file_bytes: Optional[int] = None,
+        ahead_files: int = AHEAD_FILES,
+        ahead_bytes: int = AHEAD_BYTES,
+    ) -> None:
         self._paths = paths
         self._max_file_bytes = max_file_bytes
         self._ahead_files, self._ahead_bytes = ahead_files, ahead_bytes
@@ -122,15 +127,18 @@ class Prefetcher:
         if self._thread is not None:
             self._thread.join(timeout=1.0)
             if self._thread.is_alive():
-                log.warning("prefetching source files: a file's open has not returned for a second; "
-                            "the storage may hang (the worker's own read will tell)")
+                log.warning(
+                    "prefetching source files: a file's open has not returned for a second; "
+                    "the storage may hang (the worker's own read will tell)"
+                )
 
     def _room(self) -> bool:
         """Whether the thread may request the next sample now."""
         while self._sizes and self._sizes[0][0] < self._position:
             self._requested -= self._sizes.popleft()[1]
         return self._next - self._position < self._ahead_files and (
-            self._requested < self._ahead_bytes or not self._sizes)
+            self._requested < self._ahead_bytes or not self._sizes
+        )
 
     def _run(self) -> None:
         while self._next < len(self._paths):

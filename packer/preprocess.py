@@ -62,8 +62,13 @@ def load_image(path: str | os.PathLike, cfg: PreprocessConfig) -> np.ndarray:
     return decode_image(read_source(path), cfg, str(path))
 
 
-SOURCE_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-                     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+SOURCE_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+)
 """How source files are opened. O_NONBLOCK: a path swapped for a FIFO after the check opens at once
 (and is refused) instead of waiting for a writer; reads of regular files ignore it."""
 
@@ -73,9 +78,12 @@ READ_CHUNK = 64 * 1024**2
 _NOT_REGULAR = "not a regular file (a pipe, device or socket)"
 
 
-def read_source(path: str | os.PathLike, max_bytes: Optional[int] = None,
-                limit: str = "more than any image of --max-pixels could need",
-                st: Optional[os.stat_result] = None) -> bytes:
+def read_source(
+    path: str | os.PathLike,
+    max_bytes: Optional[int] = None,
+    limit: str = "more than any image of --max-pixels could need",
+    st: Optional[os.stat_result] = None,
+) -> bytes:
     """The bytes of one source file; DecodeError for anything that is not a readable, non-empty file.
 
     Checked before opening (a FIFO or device named ``x.jpg`` would block, never end, or do something
@@ -197,8 +205,15 @@ def decode(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", histogram:
         raise DecodeError(path, f"corrupt or truncated image: {e or type(e).__name__}") from None
 
 
-def _resized(img: Image.Image, original: tuple[int, int], area: Optional[Area], cfg: PreprocessConfig,
-             histogram: bool, path: str = "<bytes>", orientation: int = 1) -> Decoded:
+def _resized(
+    img: Image.Image,
+    original: tuple[int, int],
+    area: Optional[Area],
+    cfg: PreprocessConfig,
+    histogram: bool,
+    path: str = "<bytes>",
+    orientation: int = 1,
+) -> Decoded:
     """The last steps of ``decode``: resize, count the pixel values if asked, take the pixels."""
     img = resize(img, cfg, area, original, path)  # may be the image decoded into the scratch buffer, until copied
     # Pillow counts in one C pass over its own buffer: faster than numpy's bincount.
@@ -229,8 +244,14 @@ def image_pixels(img: Image.Image) -> np.ndarray:
     return np.frombuffer(data, np.uint8).reshape(h, w, channels)
 
 
-def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: PreprocessConfig, path: str = "<bytes>",
-               scratch: bool = False) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+def plain_jpeg(
+    data: bytes,
+    header: jpeg.PlainHeader,
+    orientation: int,
+    cfg: PreprocessConfig,
+    path: str = "<bytes>",
+    scratch: bool = False,
+) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
     """What ``oriented`` gives for a JPEG that needs nothing from Pillow, ``header`` being its
     ``jpeg.plain_header`` and ``orientation`` its EXIF orientation (``_exif_orientation``),
     decoded by libjpeg-turbo (scaled, or in full); None when libjpeg-turbo refuses the file: Pillow
@@ -241,8 +262,9 @@ def plain_jpeg(data: bytes, header: jpeg.PlainHeader, orientation: int, cfg: Pre
     return _scaled_jpeg(data, (header.width, header.height), header.gray, orientation, cfg, scratch)
 
 
-def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig,
-                 scratch: bool) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
+def _scaled_jpeg(
+    data: bytes, size: tuple[int, int], gray: bool, orientation: int, cfg: PreprocessConfig, scratch: bool
+) -> Optional[tuple[Image.Image, tuple[int, int], Optional[Area]]]:
     """libjpeg-turbo's decoding of the JPEG ``data`` of ``size`` (as stored), scaled for ``cfg.size``
     when ``cfg.reduced_decode`` (else in full), turned by its EXIF ``orientation`` and in ``cfg``'s
     colour mode, as ``oriented`` returns it; None when libjpeg-turbo refuses the file. ``scratch``:
@@ -256,8 +278,9 @@ def _scaled_jpeg(data: bytes, size: tuple[int, int], gray: bool, orientation: in
     return to_color_mode(scaled.image, cfg.mode, cfg.background), original, scaled.area
 
 
-def oriented(img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None,
-             scratch: bool = False) -> tuple[Image.Image, tuple[int, int], Optional[Area]]:
+def oriented(
+    img: Image.Image, cfg: PreprocessConfig, path: str = "<bytes>", data: Optional[bytes] = None, scratch: bool = False
+) -> tuple[Image.Image, tuple[int, int], Optional[Area]]:
     """What ``decode`` does to an opened image before resizing: the pixel-count check, reduced JPEG
     decoding (given the file's ``data``), EXIF orientation and the colour mode.
 
@@ -418,8 +441,13 @@ def max_side(original: tuple[int, int], side: int) -> tuple[int, int]:
     return (side, max(1, int(side * h / w))) if w >= h else (max(1, int(side * w / h)), side)
 
 
-def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
-           original: Optional[tuple[int, int]] = None, path: str = "<bytes>") -> Image.Image:
+def resize(
+    img: Image.Image,
+    cfg: PreprocessConfig,
+    area: Optional[Area] = None,
+    original: Optional[tuple[int, int]] = None,
+    path: str = "<bytes>",
+) -> Image.Image:
     """Apply ``cfg.resize`` to reach ``cfg.size`` (width, height), from the ``area`` of ``img`` that
     holds the picture (None: all of it), then ``cfg.crop``. ``original`` is the picture's size
     before any scaled decoding (None: the area's size), which torchvision's geometry is computed on.
@@ -427,29 +455,38 @@ def resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area] = None,
     resample = _RESAMPLE[cfg.interpolation]
     if cfg.resize == "shorter":  # torchvision's Resize(N): the shorter side to N, the aspect kept
         box = area or (0.0, 0.0, *img.size)
-        (rw, rh), _ = torchvision_crop(original or (round(box[2] - box[0]), round(box[3] - box[1])),
-                                       cfg.size)  # type: ignore[arg-type]
+        (rw, rh), _ = torchvision_crop(original or (round(box[2] - box[0]), round(box[3] - box[1])), cfg.size)  # type: ignore[arg-type]
         if cfg.crop is not None and rw * rh > TWO_STEP_LIMIT * cfg.crop[0] * cfg.crop[1]:
             return _crop_in_one_step(img, box, (rw, rh), cfg.crop, resample, cfg.fill)
         if cfg.crop is None and rw * rh > cfg.max_pixels:
-            raise DecodeError(path, f"too many pixels after the resize: {rw}x{rh} is more than --max-pixels "
-                                    f"{cfg.max_pixels:,} (--crop keeps a part of it)")
+            raise DecodeError(
+                path,
+                f"too many pixels after the resize: {rw}x{rh} is more than --max-pixels "
+                f"{cfg.max_pixels:,} (--crop keeps a part of it)",
+            )
         resized = img if area is None and img.size == (rw, rh) else img.resize((rw, rh), resample, box=box)
     else:
         resized = _resize(img, cfg, area, original)
     return resized if cfg.crop is None else center_crop(resized, cfg.crop, cfg.fill)
 
 
-def _crop_in_one_step(img: Image.Image, box: Area, resized: tuple[int, int], crop: tuple[int, int],
-                      resample: Image.Resampling, fill: tuple[int, ...]) -> Image.Image:
+def _crop_in_one_step(
+    img: Image.Image,
+    box: Area,
+    resized: tuple[int, int],
+    crop: tuple[int, int],
+    resample: Image.Resampling,
+    fill: tuple[int, ...],
+) -> Image.Image:
     """The centre ``crop`` of ``img``'s ``box`` resized to ``resized``, as one resize of the kept part
     of the box (torchvision's offsets; what lies outside the image is padded with ``fill`` after)."""
     (x0, y0, x1, y1), (rw, rh), (cw, ch) = box, resized, crop
     sx, sy = (x1 - x0) / rw, (y1 - y0) / rh
     kw, kh = min(cw, rw), min(ch, rh)
     left, top = int(round((rw - kw) / 2.0)), int(round((rh - kh) / 2.0))
-    kept = img.resize((kw, kh), resample,
-                      box=(x0 + left * sx, y0 + top * sy, x0 + (left + kw) * sx, y0 + (top + kh) * sy))
+    kept = img.resize(
+        (kw, kh), resample, box=(x0 + left * sx, y0 + top * sy, x0 + (left + kw) * sx, y0 + (top + kh) * sy)
+    )
     return center_crop(kept, (cw, ch), fill)
 
 
@@ -469,8 +506,9 @@ def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) 
     return img.crop((left, top, left + cw, top + ch))
 
 
-def _resize(img: Image.Image, cfg: PreprocessConfig, area: Optional[Area],
-            original: Optional[tuple[int, int]]) -> Image.Image:
+def _resize(
+    img: Image.Image, cfg: PreprocessConfig, area: Optional[Area], original: Optional[tuple[int, int]]
+) -> Image.Image:
     """``resize`` without the crop, for every mode but ``shorter`` (which ``resize`` does itself)."""
     if cfg.resize == "none":
         return img  # never decoded scaled: without a size there is nothing to scale to

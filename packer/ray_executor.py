@@ -64,8 +64,9 @@ class RayExecutor:
     ``--shard-size auto`` balances for) is ``num_cpus`` when given, else the cluster's CPU count.
     """
 
-    def __init__(self, address: Optional[str] = None, num_cpus: Optional[int] = None,
-                 max_retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self, address: Optional[str] = None, num_cpus: Optional[int] = None, max_retries: int = DEFAULT_RETRIES
+    ) -> None:
         self.address = address
         self.num_cpus = num_cpus
         self.max_retries = max_retries
@@ -94,9 +95,11 @@ class RayExecutor:
         except (ValueError, RuntimeError) as e:
             raise PackerError(f"cannot start Ray: {e}") from None
         except ConnectionError as e:
-            raise PackerError(f"cannot reach a Ray cluster at --address {self.address}: {e}. Start one with "
-                              "`ray start --head` (then --address auto), or leave out --address to run Ray on "
-                              "this machine alone") from None
+            raise PackerError(
+                f"cannot reach a Ray cluster at --address {self.address}: {e}. Start one with "
+                "`ray start --head` (then --address auto), or leave out --address to run Ray on "
+                "this machine alone"
+            ) from None
         self._started = True
 
     def close(self) -> None:
@@ -116,9 +119,14 @@ class RayExecutor:
         self.connect()
         return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
 
-    def run(self, jobs: list[ShardJob], *, progress: Optional[ProgressFn] = None,
-            on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
-            timeout: float = DEFAULT_TIMEOUT) -> list[ShardResult]:
+    def run(
+        self,
+        jobs: list[ShardJob],
+        *,
+        progress: Optional[ProgressFn] = None,
+        on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[ShardResult]:
         """Write every shard as a Ray task; results in job order.
 
         ``progress(n)`` and ``on_result(job, result)`` run on the driver, as with ``run_jobs``.
@@ -130,8 +138,7 @@ class RayExecutor:
         self.connect()
         board = self._run_board()
         run = uuid.uuid4().hex
-        task = ray.remote(_write_shard_task).options(num_cpus=1, max_retries=self.max_retries,
-                                                     retry_exceptions=False)
+        task = ray.remote(_write_shard_task).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)
         level = logging.getLogger("packer").getEffectiveLevel()
         pending = {task.remote(absolute(job), board, run, progress is not None, timeout, level): job for job in jobs}
         results: dict[int, ShardResult] = {}
@@ -176,8 +183,10 @@ class RayExecutor:
             kind, value = ray.get(ref)
         except ray.exceptions.RayError as e:  # its worker died more often than max_retries, or a bug
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PackerError(f"the Ray task writing {job.task.name} failed ({type(e).__name__}: {cause}); Ray "
-                              f"retries a task only when its worker dies, up to {self.max_retries} times") from None
+            raise PackerError(
+                f"the Ray task writing {job.task.name} failed ({type(e).__name__}: {cause}); Ray "
+                f"retries a task only when its worker dies, up to {self.max_retries} times"
+            ) from None
         if kind == "error":
             raise value
         if kind == "stopped":  # only a stopped run's tasks stop, and that run is not waiting for them
@@ -199,8 +208,10 @@ class RayExecutor:
 
 def absolute(job: ShardJob) -> ShardJob:
     """``job`` with absolute paths: a task runs in another process (and directory), maybe on another node."""
-    items = tuple(replace(item, path=os.path.abspath(item.path),
-                          parts=tuple((f, os.path.abspath(p)) for f, p in item.parts)) for item in job.task.items)
+    items = tuple(
+        replace(item, path=os.path.abspath(item.path), parts=tuple((f, os.path.abspath(p)) for f, p in item.parts))
+        for item in job.task.items
+    )
     return replace(job, task=replace(job.task, items=items), directory=os.path.abspath(job.directory))
 
 
@@ -243,8 +254,9 @@ class RunBoard:
         return run in self._stopped
 
 
-def _write_shard_task(job: ShardJob, board: Any, run: str, counting: bool, timeout: float,
-                      log_level: int) -> tuple[str, Any]:
+def _write_shard_task(
+    job: ShardJob, board: Any, run: str, counting: bool, timeout: float, log_level: int
+) -> tuple[str, Any]:
     """Body of one Ray task: ``("result", ShardResult)``, ``("error", PackerError)`` or ``("stopped",
     None)`` when the driver stopped the run.
 
@@ -283,8 +295,10 @@ def _write_shard_task(job: ShardJob, board: Any, run: str, counting: bool, timeo
 
     unseen = [p for p in (job.directory, *(job.task.items[0].paths if job.task.items else ())) if not os.path.exists(p)]
     if unseen:  # every file would be skipped as missing: a partial output, not a failure, unless said here
-        return "error", PackerError(f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster the source and "
-                                    "the output must be on a filesystem every node mounts at the same path")
+        return "error", PackerError(
+            f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster the source and "
+            "the output must be on a filesystem every node mounts at the same path"
+        )
     try:
         [result] = run_jobs([job], 1, progress=progress, timeout=timeout, should_stop=should_stop)
     except RunStopped:

@@ -54,8 +54,12 @@ class RecordBlocks:
         out = cls()
         ends, rows = np.asarray(ends, np.int64), np.asarray(rows, np.int64)
         steps = (np.diff(ends, prepend=0), np.diff(rows, prepend=0)) if ends.ndim == 1 and len(ends) else ()
-        if (ends.ndim != 1 or ends.shape != rows.shape or (int(ends[-1]) if len(ends) else 0) != len(data)
-                or any(int(s.min()) <= 0 for s in steps)):
+        if (
+            ends.ndim != 1
+            or ends.shape != rows.shape
+            or (int(ends[-1]) if len(ends) else 0) != len(data)
+            or any(int(s.min()) <= 0 for s in steps)
+        ):
             raise ValueError("the record blocks' arrays do not match")
         out.data = data  # made a bytearray by the first block appended (a loaded one is never added to)
         out.ends.frombytes(ends.tobytes())
@@ -108,7 +112,7 @@ class RecordBlocks:
                 i = last
             else:
                 end = min(last, stop)
-                self.add_all(s.encode("utf-8") for s in other._decoded(b)[i - first:end - first])
+                self.add_all(s.encode("utf-8") for s in other._decoded(b)[i - first : end - first])
                 i = end
 
     # reading ------------------------------------------------------------------------------------
@@ -127,7 +131,7 @@ class RecordBlocks:
             b = self._block_of(i)
             first, last = self._first_row(b), self.rows[b]
             end = min(last, stop)
-            out += self._decoded(b)[i - first:end - first]
+            out += self._decoded(b)[i - first : end - first]
             i = end
         return out
 
@@ -177,7 +181,7 @@ class RecordBlocks:
         return self.rows[b - 1] if b else 0
 
     def _compressed(self, b: int) -> memoryview:
-        return memoryview(self.data)[self.ends[b - 1] if b else 0:self.ends[b]]
+        return memoryview(self.data)[self.ends[b - 1] if b else 0 : self.ends[b]]
 
     def _decoded(self, b: int) -> list[str]:
         cached, records = self._cache
@@ -186,14 +190,14 @@ class RecordBlocks:
         raw = zlib.decompress(self._compressed(b))
         n = self.rows[b] - self._first_row(b)
         lengths = struct.unpack_from(f"<{n}I", raw)
-        text = raw[4 * n:].decode("utf-8")
+        text = raw[4 * n :].decode("utf-8")
         if text.isascii():  # byte offsets are character offsets
             bounds = [0, *accumulate(lengths)]
             records = [text[a:z] for a, z in zip(bounds, bounds[1:])]
         else:
-            body, pos, records = raw[4 * n:], 0, []
+            body, pos, records = raw[4 * n :], 0, []
             for length in lengths:
-                records.append(body[pos:pos + length].decode("utf-8"))
+                records.append(body[pos : pos + length].decode("utf-8"))
                 pos += length
         self._cache = (b, records)
         return records

@@ -133,26 +133,63 @@ class TextField:
         """The manifest's entry for this field."""
         source = {"source_encoding": self.encoding, "missing": "stored empty" if self.allow_missing else "skipped"}
         if self.kind == "tokens":
-            return {"kind": "tokens", "dtype": "int32", "shape": [None], "length_unit": "tokens",
-                    "tokenizer": self.tokenizer, **source}
+            return {
+                "kind": "tokens",
+                "dtype": "int32",
+                "shape": [None],
+                "length_unit": "tokens",
+                "tokenizer": self.tokenizer,
+                **source,
+            }
         if self.kind == "mask":
-            return {"kind": "mask", "dtype": "uint8", "encoding": "png", "shape": [None, None],
-                    "values": "class indices (palette indices kept)", **(self.info or {})}
+            return {
+                "kind": "mask",
+                "dtype": "uint8",
+                "encoding": "png",
+                "shape": [None, None],
+                "values": "class indices (palette indices kept)",
+                **(self.info or {}),
+            }
         if self.kind == "geometry":
-            return {"kind": "geometry", "dtype": "str", "encoding": "utf-8", "shape": [],
-                    "holds": "how the source image's pixels map to the stored ones (scale, offset, orientation)"}
+            return {
+                "kind": "geometry",
+                "dtype": "str",
+                "encoding": "utf-8",
+                "shape": [],
+                "holds": "how the source image's pixels map to the stored ones (scale, offset, orientation)",
+            }
         if self.kind == "detection":
-            return {"kind": "detection", "dtype": "str", "encoding": "utf-8", "shape": [], "length_unit": "bytes",
-                    "boxes": "XYXY float32 pixels of the stored image", "labels": "indices into annotations.categories"}
-        return {"kind": self.kind, "dtype": "str", "encoding": "utf-8", "newlines": "LF", "shape": [],
-                "length_unit": "bytes", **source}
+            return {
+                "kind": "detection",
+                "dtype": "str",
+                "encoding": "utf-8",
+                "shape": [],
+                "length_unit": "bytes",
+                "boxes": "XYXY float32 pixels of the stored image",
+                "labels": "indices into annotations.categories",
+            }
+        return {
+            "kind": self.kind,
+            "dtype": "str",
+            "encoding": "utf-8",
+            "newlines": "LF",
+            "shape": [],
+            "length_unit": "bytes",
+            **source,
+        }
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "TextField":
         """Inverse of ``to_dict``."""
         info = {k: d[k] for k in ("ignore_index", "source") if k in d} if d.get("kind") == "mask" else None
-        return cls(name, d["kind"], d.get("tokenizer"), d.get("source_encoding", "utf-8"),
-                   d.get("missing") == "stored empty", info)
+        return cls(
+            name,
+            d["kind"],
+            d.get("tokenizer"),
+            d.get("source_encoding", "utf-8"),
+            d.get("missing") == "stored empty",
+            info,
+        )
 
 
 @dataclass
@@ -262,14 +299,20 @@ class ShardStats:
 
     def to_dict(self) -> dict:
         """JSON-ready form (kept with a finished shard for --resume)."""
-        return {"histogram": self.histogram.tolist(), "widths": {str(k): v for k, v in sorted(self.widths.items())},
-                "heights": {str(k): v for k, v in sorted(self.heights.items())}}
+        return {
+            "histogram": self.histogram.tolist(),
+            "widths": {str(k): v for k, v in sorted(self.widths.items())},
+            "heights": {str(k): v for k, v in sorted(self.heights.items())},
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShardStats":
         """Inverse of ``to_dict``."""
-        return cls(np.array(d["histogram"], np.int64), Counter({int(k): int(v) for k, v in d["widths"].items()}),
-                   Counter({int(k): int(v) for k, v in d["heights"].items()}))
+        return cls(
+            np.array(d["histogram"], np.int64),
+            Counter({int(k): int(v) for k, v in d["widths"].items()}),
+            Counter({int(k): int(v) for k, v in d["heights"].items()}),
+        )
 
 
 class _LastRecord:
@@ -364,7 +407,7 @@ def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Seque
     else:
         record["keys_nul"], record["count"] = joined, len(keys)
     wide = np.asarray(labels, dtype=np.int64).reshape(-1)
-    if wide.size and (wide.min() < -2**31 or wide.max() >= 2**31):
+    if wide.size and (wide.min() < -(2**31) or wide.max() >= 2**31):
         record["labels"] = wide.tolist()
     else:
         record["labels_i32"] = base64.b64encode(wide.astype("<i4").tobytes()).decode("ascii")
@@ -380,14 +423,19 @@ def read_per_sample_record(d: dict, which: tuple[int, ...] = (0, 1, 2)) -> list[
     (``per_sample_record``'s or a list form), as columns made without an object a value."""
     out: list[Optional[Sequence]] = [None, None, None]
     if 0 in which:
-        out[0] = StrColumn.from_joined(d["keys_nul"], int(d["count"])) if "keys_nul" in d \
-            else StrColumn.of(list(d["keys"]))
+        out[0] = (
+            StrColumn.from_joined(d["keys_nul"], int(d["count"])) if "keys_nul" in d else StrColumn.of(list(d["keys"]))
+        )
     if 1 in which:
-        out[1] = IntColumn(np.frombuffer(base64.b64decode(d["labels_i32"]), "<i4").astype(np.int32)) \
-            if "labels_i32" in d else IntColumn.of([int(v) for v in d["labels"]])
+        out[1] = (
+            IntColumn(np.frombuffer(base64.b64decode(d["labels_i32"]), "<i4").astype(np.int32))
+            if "labels_i32" in d
+            else IntColumn.of([int(v) for v in d["labels"]])
+        )
     if 2 in which:
-        out[2] = HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d \
-            else HexColumn.of(list(d["digests"]))
+        out[2] = (
+            HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d else HexColumn.of(list(d["digests"]))
+        )
     return out
 
 
@@ -447,8 +495,11 @@ class ShardResult:
     def packed(self) -> "ShardResult":
         """This result with its per-sample lists as columns (``packer.columns``): what the parent holds
         of a shard until its record is written (``kept_in``), its values' bytes instead of an object each."""
-        self.keys, self.labels, self.digests = StrColumn.of(self.keys), IntColumn.of(self.labels), \
-            HexColumn.of(self.digests)
+        self.keys, self.labels, self.digests = (
+            StrColumn.of(self.keys),
+            IntColumn.of(self.labels),
+            HexColumn.of(self.digests),
+        )
         return self
 
     def add_image_source(self, local: int, kept: bool, codec: str) -> None:
@@ -466,10 +517,15 @@ class ShardResult:
     def to_dict(self) -> dict:
         """JSON-ready form (the record of a finished shard kept for --resume)."""
         return {
-            "name": self.name, "samples": self.samples, "files": [f.to_dict() for f in self.files],
+            "name": self.name,
+            "samples": self.samples,
+            "files": [f.to_dict() for f in self.files],
             "skipped": [s.to_dict() for s in self.skipped],
-            **per_sample_record(self.keys, self.labels, self.digests), "stats": self.stats.to_dict(),
-            "sources": self.sources, "digest": self.digest, "format_version": self.format_version,
+            **per_sample_record(self.keys, self.labels, self.digests),
+            "stats": self.stats.to_dict(),
+            "sources": self.sources,
+            "digest": self.digest,
+            "format_version": self.format_version,
             **({"boxes": self.boxes} if self.boxes else {}),
             **({"image_sources": self.image_sources} if self.image_sources else {}),
             **({"scaled_counts": self.scaled_counts} if self.scaled_counts else {}),
@@ -480,10 +536,16 @@ class ShardResult:
         """Inverse of ``to_dict``. KeyError for a record without ``stats`` (an older packer's), whose
         shard --resume then writes again."""
         return cls(
-            d["name"], int(d["samples"]), [FileEntry.from_dict(f) for f in d["files"]],
-            [Skipped(s["path"], s["reason"]) for s in d["skipped"]], *read_per_sample_record(d),
+            d["name"],
+            int(d["samples"]),
+            [FileEntry.from_dict(f) for f in d["files"]],
+            [Skipped(s["path"], s["reason"]) for s in d["skipped"]],
+            *read_per_sample_record(d),
             ShardStats.from_dict(d["stats"]),
-            str(d.get("sources", "")), str(d.get("digest", "sha256-128")), int(d.get("format_version", 0)),
+            str(d.get("sources", "")),
+            str(d.get("digest", "sha256-128")),
+            int(d.get("format_version", 0)),
             {str(k): int(v) for k, v in d.get("boxes", {}).items()},
-            int(d.get("scaled_counts", 0)), dict(d.get("image_sources", {})),
+            int(d.get("scaled_counts", 0)),
+            dict(d.get("image_sources", {})),
         ).packed()

@@ -61,9 +61,16 @@ INDEXES_SINCE = 7
 """The wds format version that added the other loaders' indexes: ``NAME.idx`` beside each tar (NVIDIA
 DALI) and ``shardindex.json`` (``wids``). Every wds output is written at it; readers read older ones."""
 
-_COMMON = {ENCODED_IMAGES: ENCODED_SINCE, TEXT_FIELDS: TEXT_SINCE, NO_IMAGE: TEXT_SINCE,
-           DETECTION_TARGETS: DETECTION_SINCE, SEGMENTATION_MASKS: DETECTION_SINCE, SAMPLE_GEOMETRY: DETECTION_SINCE,
-           SOURCE_BYTES: SOURCE_SINCE, ENCODED_SIZES: SOURCE_SINCE}
+_COMMON = {
+    ENCODED_IMAGES: ENCODED_SINCE,
+    TEXT_FIELDS: TEXT_SINCE,
+    NO_IMAGE: TEXT_SINCE,
+    DETECTION_TARGETS: DETECTION_SINCE,
+    SEGMENTATION_MASKS: DETECTION_SINCE,
+    SAMPLE_GEOMETRY: DETECTION_SINCE,
+    SOURCE_BYTES: SOURCE_SINCE,
+    ENCODED_SIZES: SOURCE_SINCE,
+}
 
 
 @dataclass(frozen=True)
@@ -118,8 +125,9 @@ class FormatSpec:
         """The class that writes one shard of this format."""
         return resolve(self.writer)
 
-    def scan(self, directory: "Path", shard: "ShardEntry", layout: SampleLayout, start: int = 0
-             ) -> "Iterator[StoredSample]":
+    def scan(
+        self, directory: "Path", shard: "ShardEntry", layout: SampleLayout, start: int = 0
+    ) -> "Iterator[StoredSample]":
         """Every sample of one shard from sample ``start`` on, in order, read back with the format's
         stock library (``verify``; a repack reads a run of a shard from where it starts)."""
         return resolve(self.scanner)(directory, shard, layout, start)
@@ -158,20 +166,47 @@ class FormatSpec:
 FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
-        FormatSpec("npy", "packer.formats.npy:NpyWriter", "packer.formats.npy:scan_shard",
-                   "readers.npy:NpyDataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
-                   indexer="packer.formats.npy:scan_index"),
-        FormatSpec("lmdb", "packer.formats.lmdb:LmdbWriter", "packer.formats.lmdb:scan_shard",
-                   "readers.lmdb:LmdbDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE}, whole_file=True,
-                   structure="packer.lmdb_pages:structure_crc32", indexer="packer.formats.lmdb:scan_index"),
-        FormatSpec("hdf5", "packer.formats.hdf5:Hdf5Writer", "packer.formats.hdf5:scan_shard",
-                   "readers.hdf5:Hdf5Dataset", {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
-                   oldest_written=HDF5_FLAT_KEYS_SINCE, whole_file=True, indexer="packer.formats.hdf5:scan_index"),
-        FormatSpec("wds", "packer.formats.wds:WdsWriter", "packer.formats.wds:scan_shard",
-                   "readers.wds:WdsDataset", {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
-                   oldest_written=INDEXES_SINCE, random_access=False, output_files="packer.formats.wds:output_files",
-                   output_files_since=INDEXES_SINCE, indexer="packer.formats.wds:scan_index",
-                   intact_scanner="packer.formats.wds:scan_intact_shard"),
+        FormatSpec(
+            "npy",
+            "packer.formats.npy:NpyWriter",
+            "packer.formats.npy:scan_shard",
+            "readers.npy:NpyDataset",
+            {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
+            indexer="packer.formats.npy:scan_index",
+        ),
+        FormatSpec(
+            "lmdb",
+            "packer.formats.lmdb:LmdbWriter",
+            "packer.formats.lmdb:scan_shard",
+            "readers.lmdb:LmdbDataset",
+            {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
+            whole_file=True,
+            structure="packer.lmdb_pages:structure_crc32",
+            indexer="packer.formats.lmdb:scan_index",
+        ),
+        FormatSpec(
+            "hdf5",
+            "packer.formats.hdf5:Hdf5Writer",
+            "packer.formats.hdf5:scan_shard",
+            "readers.hdf5:Hdf5Dataset",
+            {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
+            oldest_written=HDF5_FLAT_KEYS_SINCE,
+            whole_file=True,
+            indexer="packer.formats.hdf5:scan_index",
+        ),
+        FormatSpec(
+            "wds",
+            "packer.formats.wds:WdsWriter",
+            "packer.formats.wds:scan_shard",
+            "readers.wds:WdsDataset",
+            {**_COMMON, VARIABLE_RAW: 1, RAW_SIZES: SOURCE_SINCE},
+            oldest_written=INDEXES_SINCE,
+            random_access=False,
+            output_files="packer.formats.wds:output_files",
+            output_files_since=INDEXES_SINCE,
+            indexer="packer.formats.wds:scan_index",
+            intact_scanner="packer.formats.wds:scan_intact_shard",
+        ),
     )
 }
 """Every format, in the order the CLI lists them."""

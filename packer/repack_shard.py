@@ -50,8 +50,9 @@ def overlapping(shards: list[ShardEntry], first: int, stop: int) -> tuple[tuple[
     return tuple(found)
 
 
-def stored_samples(job: RepackJob, items: tuple[SourceItem, ...], target: SampleLayout
-                   ) -> Iterator[tuple[SourceItem, Sample, bool]]:
+def stored_samples(
+    job: RepackJob, items: tuple[SourceItem, ...], target: SampleLayout
+) -> Iterator[tuple[SourceItem, Sample, bool]]:
     """``(item, sample for target, kept)`` for each of ``items`` (dataset indices in order, one run),
     ``kept`` telling whether the image is a source file's own bytes (``--codec source``). A sample
     whose stored CRC-32 does not match is refused (ManifestError): a damaged sample is never copied."""
@@ -77,8 +78,10 @@ def stored_samples(job: RepackJob, items: tuple[SourceItem, ...], target: Sample
                 fields = {name: bytes(value) for name, value in stored.fields.items()}
                 # -1: no checksum recorded (tar shards of packer 0.1); there is nothing to compare then.
                 if stored.crc32 >= 0 and stored_crc32(stored.encoded, stored.image, fields.values()) != stored.crc32:
-                    raise ManifestError(f"{where} does not match its CRC-32; the output is damaged (run packer "
-                                        "verify on it), so it is not repacked")
+                    raise ManifestError(
+                        f"{where} does not match its CRC-32; the output is damaged (run packer "
+                        "verify on it), so it is not repacked"
+                    )
                 kept = any(a <= stored.local < b for a, b in kept_runs)
                 image, encoded = _image(stored, job.layout, target, where)
                 label = job.labels[stored.label] if job.labels is not None and stored.label >= 0 else stored.label
@@ -88,8 +91,10 @@ def stored_samples(job: RepackJob, items: tuple[SourceItem, ...], target: Sample
         finally:
             scan.close()  # type: ignore[attr-defined]
     if position != len(items):
-        raise ManifestError(f"{job.root}: {len(items) - position} of the samples its manifest lists could not be "
-                            "read back; the output is damaged (run packer verify on it)")
+        raise ManifestError(
+            f"{job.root}: {len(items) - position} of the samples its manifest lists could not be "
+            "read back; the output is damaged (run packer verify on it)"
+        )
 
 
 def _readable(scan: Iterator[StoredSample], root: str, shard: str) -> Iterator[StoredSample]:
@@ -98,13 +103,16 @@ def _readable(scan: Iterator[StoredSample], root: str, shard: str) -> Iterator[S
     try:
         yield from scan
     except (KeyError, ValueError, ManifestError) as e:
-        raise ManifestError(f"{root}: {shard} cannot be read back ({e}): a damaged output (run packer verify on it), "
-                            "or one of a packer before 0.2, which recorded no per-sample checksums; convert its "
-                            "source folder again") from None
+        raise ManifestError(
+            f"{root}: {shard} cannot be read back ({e}): a damaged output (run packer verify on it), "
+            "or one of a packer before 0.2, which recorded no per-sample checksums; convert its "
+            "source folder again"
+        ) from None
 
 
-def _image(stored: StoredSample, source: SampleLayout, target: SampleLayout, where: str
-           ) -> tuple[Optional[np.ndarray], Optional[bytes]]:
+def _image(
+    stored: StoredSample, source: SampleLayout, target: SampleLayout, where: str
+) -> tuple[Optional[np.ndarray], Optional[bytes]]:
     """``(image, encoded)`` of the target sample: raw pixels, or an encoded image's bytes with an
     array of its shape only (what the writers check and index), as the converter's worker makes them."""
     if target.image is ImageStorage.NONE:
@@ -121,8 +129,7 @@ def _image(stored: StoredSample, source: SampleLayout, target: SampleLayout, whe
     try:
         pixels = decode_stored(data, source.codec.name, source.mode)
     except Exception as e:  # noqa: BLE001 - any decoder error: the stored image is damaged
-        raise ManifestError(f"{where} does not decode ({e}); the output is damaged (run packer verify on it)") \
-            from None
+        raise ManifestError(f"{where} does not decode ({e}); the output is damaged (run packer verify on it)") from None
     if target.image is ImageStorage.ENCODED:
         return pixels, encode_image(pixels, target.codec.name, target.codec.quality)
     return pixels, None
@@ -137,6 +144,7 @@ def _shape_only(stored: StoredSample, source: SampleLayout, data: bytes, where: 
             with Image.open(io.BytesIO(data)) as img:
                 shape = (img.size[1], img.size[0], source.channels)
         except Exception as e:  # noqa: BLE001 - any decoder error: the stored image is damaged
-            raise ManifestError(f"{where} is not an image ({e}); the output is damaged (run packer verify on it)") \
-                from None
+            raise ManifestError(
+                f"{where} is not an image ({e}); the output is damaged (run packer verify on it)"
+            ) from None
     return np.broadcast_to(np.zeros((1, 1, 1), np.uint8), tuple(shape))

@@ -48,8 +48,21 @@ from packer.worker import ShardJob
 
 log = logging.getLogger(__name__)
 
-REPACK_OPTIONS = ("source", "fmt", "output", "codec", "quality", "shard_size", "workers", "overwrite", "resume",
-                  "timeout", "quiet", "executor_name", "address")
+REPACK_OPTIONS = (
+    "source",
+    "fmt",
+    "output",
+    "codec",
+    "quality",
+    "shard_size",
+    "workers",
+    "overwrite",
+    "resume",
+    "timeout",
+    "quiet",
+    "executor_name",
+    "address",
+)
 """The ``packer convert`` options a repack takes (their parameter names); any other given with a
 packer output as SOURCE is refused, as a repack cannot honour it."""
 
@@ -64,16 +77,22 @@ def target_layout(root: Path, layout: SampleLayout, codec: Optional[str], qualit
     name = codec or layout.codec.name
     if name == layout.codec.name:
         if name in ("jpeg", "source") and quality is not None and quality != layout.codec.quality:
-            raise ConfigError(f"the {name} images of {root} are copied as they are (quality {layout.codec.quality}); "
-                              f"encoding them again at quality {quality} would lose detail twice: convert the "
-                              f"source folder with --quality {quality}, or leave --quality out")
+            raise ConfigError(
+                f"the {name} images of {root} are copied as they are (quality {layout.codec.quality}); "
+                f"encoding them again at quality {quality} would lose detail twice: convert the "
+                f"source folder with --quality {quality}, or leave --quality out"
+            )
         return layout
     if name == "source":
-        raise ConfigError(f"--codec source keeps each source file's own bytes, which {root} does not hold (its images "
-                          f"are stored {layout.codec.name}); choose raw, jpeg or png")
+        raise ConfigError(
+            f"--codec source keeps each source file's own bytes, which {root} does not hold (its images "
+            f"are stored {layout.codec.name}); choose raw, jpeg or png"
+        )
     if name != "raw" and layout.dtype != "uint8":
-        raise ConfigError(f"--codec {name} stores 8-bit images, and {root} holds {layout.dtype} pixels (normalized "
-                          "at conversion): choose --codec raw")
+        raise ConfigError(
+            f"--codec {name} stores 8-bit images, and {root} holds {layout.dtype} pixels (normalized "
+            "at conversion): choose --codec raw"
+        )
     return replace(layout, codec=ImageCodec(name, quality or DEFAULT_QUALITY) if name == "jpeg" else ImageCodec(name))
 
 
@@ -110,42 +129,89 @@ def repack(
     if source.resolve() in output.resolve().parents:
         raise OutputError(f"{output} is inside the output {source} it repacks; choose an output outside it")
     first_files = [str((source / s.files[0].path).resolve()) for s in src.shards]
-    items = [SourceItem(start + local, first_files[n], f"{s.name}/{local}")
-             for n, (s, start) in enumerate(zip(src.shards, src.shard_offsets)) for local in range(s.samples)]
+    items = [
+        SourceItem(start + local, first_files[n], f"{s.name}/{local}")
+        for n, (s, start) in enumerate(zip(src.shards, src.shard_offsets))
+        for local in range(s.samples)
+    ]
     if not items:
         raise InputError(f"{source} holds no samples to repack")
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     lock = lock_output(output)
     try:
         recover(output)
-        result = _repack_locked(source, output, src, src_layout, layout, fmt, items, shard_size, executor,
-                                overwrite, resume, timeout, progress, on_plan)
+        result = _repack_locked(
+            source,
+            output,
+            src,
+            src_layout,
+            layout,
+            fmt,
+            items,
+            shard_size,
+            executor,
+            overwrite,
+            resume,
+            timeout,
+            progress,
+            on_plan,
+        )
     finally:
         release_output(output, lock)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _repack_locked(source: Path, output: Path, src: Manifest, src_layout: SampleLayout, layout: SampleLayout, fmt: str,
-                   items: list[SourceItem], shard_size: ShardSize, executor: Executor, overwrite: bool, resume: bool,
-                   timeout: float, progress: Optional[ProgressFn],
-                   on_plan: Optional[Callable[[int, list[ShardTask]], None]]) -> ConvertResult:
+def _repack_locked(
+    source: Path,
+    output: Path,
+    src: Manifest,
+    src_layout: SampleLayout,
+    layout: SampleLayout,
+    fmt: str,
+    items: list[SourceItem],
+    shard_size: ShardSize,
+    executor: Executor,
+    overwrite: bool,
+    resume: bool,
+    timeout: float,
+    progress: Optional[ProgressFn],
+    on_plan: Optional[Callable[[int, list[ShardTask]], None]],
+) -> ConvertResult:
     """The part of ``repack`` that runs while this process holds the output's lock."""
     stage = staging_dir(output)
     previous = read_plan(stage) if resume else None
     plan_workers = previous.get("workers", executor.workers) if previous else executor.workers
     tasks = plan_shards(items, shard_size, _sample_bytes(src, layout), plan_workers)
     fingerprint = _fingerprint(source, fmt, layout, shard_size, tasks)
-    finished = staged_shards(output, tasks, previous, resume, expected=fingerprint, recorded=fingerprint,
-                             version=get_format(fmt).version(layout), workers=plan_workers)
+    finished = staged_shards(
+        output,
+        tasks,
+        previous,
+        resume,
+        expected=fingerprint,
+        recorded=fingerprint,
+        version=get_format(fmt).version(layout),
+        workers=plan_workers,
+    )
     if on_plan is not None:
         on_plan(len(items), tasks)
     root = str(source.resolve())
     with publishing(stage):
-        jobs = [ShardJob(i, t, fmt, layout, PreprocessConfig(), str(stage),
-                         repack=RepackJob(root, src.format, src_layout,
-                                          overlapping(src.shards, t.items[0].index, t.items[-1].index + 1)))
-                for i, t in enumerate(tasks)]
+        jobs = [
+            ShardJob(
+                i,
+                t,
+                fmt,
+                layout,
+                PreprocessConfig(),
+                str(stage),
+                repack=RepackJob(
+                    root, src.format, src_layout, overlapping(src.shards, t.items[0].index, t.items[-1].index + 1)
+                ),
+            )
+            for i, t in enumerate(tasks)
+        ]
         todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = name_shards(stage, [by_name[t.name] for t in tasks], [t.name for t in tasks])
@@ -156,30 +222,58 @@ def _repack_locked(source: Path, output: Path, src: Manifest, src_layout: Sample
     return ConvertResult(output, manifest, 0.0, skipped, {}, sum(len(j.task.items) for j in todo))
 
 
-def repacked_manifest(source: Path, src: Manifest, layout: SampleLayout, fmt: str, results: list[ShardResult],
-                      shard_size: ShardSize, workers: int) -> Manifest:
+def repacked_manifest(
+    source: Path,
+    src: Manifest,
+    layout: SampleLayout,
+    fmt: str,
+    results: list[ShardResult],
+    shard_size: ShardSize,
+    workers: int,
+) -> Manifest:
     """The manifest of the repacked output: the source's record of its samples (classes, counts,
     statistics, preprocessing, skipped files, duplicates, annotations), the new shards, and one more
     ``history`` entry. OutputError when the shards written do not hold exactly the source's samples."""
     samples = sum(r.samples for r in results)
     counts = class_counts(results, len(src.classes)) if src.classes is not None else None
     if samples != src.samples or (src.class_counts is not None and counts != list(src.class_counts)):
-        raise OutputError(f"repacking {source} wrote {samples} samples (class counts {counts}) where its manifest "
-                          f"lists {src.samples} ({src.class_counts}); nothing was published: run packer verify "
-                          f"{source}")
+        raise OutputError(
+            f"repacking {source} wrote {samples} samples (class counts {counts}) where its manifest "
+            f"lists {src.samples} ({src.class_counts}); nothing was published: run packer verify "
+            f"{source}"
+        )
     shards = shard_entries(results, layout)
     sharding: dict = {"shard_size": shard_size.describe(), "shuffle_seed": src.sharding.get("shuffle_seed")}
     if shard_size.is_auto:
         sharding["balanced_for_workers"] = workers
-    entry = {"action": "repack", "packer_version": __version__, "samples": samples,
-             "from": {"format": src.format, "format_version": src.format_version,
-                      "codec": src.image_codec if src.has_image else None,
-                      "manifest_sha256": sha256_of(source / "manifest.json")}}
+    entry = {
+        "action": "repack",
+        "packer_version": __version__,
+        "samples": samples,
+        "from": {
+            "format": src.format,
+            "format_version": src.format_version,
+            "codec": src.image_codec if src.has_image else None,
+            "manifest_sha256": sha256_of(source / "manifest.json"),
+        },
+    }
     return Manifest(
-        format=fmt, format_version=get_format(fmt).version(layout), packer_version=__version__, samples=samples,
-        classes=src.classes, fields=layout.fields(), preprocess=src.preprocess, shards=shards, skipped=src.skipped,
-        source=src.source, sharding=sharding, class_counts=counts if src.class_counts is not None else None,
-        stats=src.stats, duplicates=src.duplicates, annotations=src.annotations, history=[*src.history, entry],
+        format=fmt,
+        format_version=get_format(fmt).version(layout),
+        packer_version=__version__,
+        samples=samples,
+        classes=src.classes,
+        fields=layout.fields(),
+        preprocess=src.preprocess,
+        shards=shards,
+        skipped=src.skipped,
+        source=src.source,
+        sharding=sharding,
+        class_counts=counts if src.class_counts is not None else None,
+        stats=src.stats,
+        duplicates=src.duplicates,
+        annotations=src.annotations,
+        history=[*src.history, entry],
     )
 
 
@@ -199,8 +293,12 @@ def _sample_bytes(src: Manifest, layout: SampleLayout) -> float:
 def _fingerprint(source: Path, fmt: str, layout: SampleLayout, shard_size: ShardSize, tasks: list[ShardTask]) -> str:
     """What --resume must find unchanged: the source output (its manifest's SHA-256), the options, the plan."""
     h = hashlib.sha256()
-    options = {"repack": sha256_of(source / "manifest.json"), "format": fmt, "fields": layout.fields(),
-               "shard_size": shard_size.describe()}
+    options = {
+        "repack": sha256_of(source / "manifest.json"),
+        "format": fmt,
+        "fields": layout.fields(),
+        "shard_size": shard_size.describe(),
+    }
     h.update(json.dumps(options, sort_keys=True).encode())
     for task in tasks:
         h.update(f"\0{task.name}\0{task.items[0].index}\0{len(task.items)}".encode())

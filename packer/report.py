@@ -52,8 +52,11 @@ def render_report(m: Manifest) -> str:
         lines.append("")
         lines += [f"  {shown(s['path'])}: {s['reason']}" for s in m.skipped]
     if m.duplicates:
-        lines += ["", f"{sum(len(g) for g in m.duplicates)} file(s) in {len(m.duplicates)} group(s) "
-                      "have identical bytes (all were packed):"]
+        lines += [
+            "",
+            f"{sum(len(g) for g in m.duplicates)} file(s) in {len(m.duplicates)} group(s) "
+            "have identical bytes (all were packed):",
+        ]
         lines += ["  " + "  ==  ".join(shown(k) for k in group) for group in m.duplicates]
     ignored = m.source.get("ignored") or {}
     if ignored:

@@ -34,8 +34,9 @@ FINGERPRINT_BLOCK = 8192
 """Items of an ``ItemTable`` whose lines are hashed at a time."""
 
 
-def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False,
-                     extra: str = "") -> str:
+def plan_fingerprint(
+    config: ConvertConfig, tasks: list[ShardTask], strict: bool = False, stamps: bool = False, extra: str = ""
+) -> str:
     """SHA-256 of everything that decides the output but the source files' contents: options and
     shard plan (each sample's index, key, label and fields), and ``extra`` (the annotations of a
     detection output). With ``stamps``, also each source file's size, inode and modification and
@@ -44,8 +45,14 @@ def plan_fingerprint(config: ConvertConfig, tasks: list[ShardTask], strict: bool
     preprocess = config.preprocess.to_dict()
     if preprocess.get("geometry") == "fractional":
         del preprocess["geometry"]  # what runs of packers before --geometry recorded: they still resume
-    options = {"format": config.format, "preprocess": preprocess, "strict": strict,
-               "shard_size": config.shard_size.describe(), "shuffle": config.shuffle, "codec": config.codec.to_dict()}
+    options = {
+        "format": config.format,
+        "preprocess": preprocess,
+        "strict": strict,
+        "shard_size": config.shard_size.describe(),
+        "shuffle": config.shuffle,
+        "codec": config.codec.to_dict(),
+    }
     if config.text != TextConfig():  # absent for image outputs, so their fingerprints stay as they were
         options["text"] = {**asdict(config.text), "tokenizer": config.text.tokenizer_info()}
     if config.detection is not None:  # absent otherwise, so that other fingerprints stay as they were
@@ -82,7 +89,7 @@ def hash_plan_lines(h, items: Sequence[SourceItem]) -> None:
         h.update("".join(f"\0{it.index}\0{it.relpath}\0{it.label}\0{it.fields_stamp}" for it in items).encode())
         return
     for a in range(0, len(items), FINGERPRINT_BLOCK):
-        h.update(items[a:a + FINGERPRINT_BLOCK].plan_lines().encode())
+        h.update(items[a : a + FINGERPRINT_BLOCK].plan_lines().encode())
 
 
 def plan_record(fingerprint: str, workers: int) -> dict:
@@ -113,8 +120,12 @@ def current_layout(finished: dict[str, ShardResult], version: int) -> dict[str, 
         if result.format_version == version:
             kept[name] = result
         else:
-            log.warning("%s: written at another format version (%s, this run writes %d); writing it again", name,
-                        result.format_version or "before packer 0.3.0", version)
+            log.warning(
+                "%s: written at another format version (%s, this run writes %d); writing it again",
+                name,
+                result.format_version or "before packer 0.3.0",
+                version,
+            )
     return kept
 
 

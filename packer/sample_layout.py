@@ -165,8 +165,13 @@ class SampleLayout:
         """The manifest's ``fields`` entry for this layout: the sample's fields in order, then label and key."""
         out: dict[str, dict] = {}
         if self.has_image:
-            out["image"] = {"dtype": self.dtype, "shape": list(self.shape) if self.shape else None,
-                            "channels": self.channels, "layout": "HWC", **self.codec.to_dict()}
+            out["image"] = {
+                "dtype": self.dtype,
+                "shape": list(self.shape) if self.shape else None,
+                "channels": self.channels,
+                "layout": "HWC",
+                **self.codec.to_dict(),
+            }
         for f in self.text:
             out[f.name] = f.to_dict()
         out["label"] = {"dtype": "int64", "shape": []}
@@ -196,8 +201,9 @@ class SampleLayout:
             extra.append(TextField("target", "detection"))
         masks = getattr(config, "masks", None)
         if masks is not None:
-            extra.append(TextField("mask", "mask", info={"ignore_index": masks.ignore_index,
-                                                         "source": masks.source_name}))
+            extra.append(
+                TextField("mask", "mask", info={"ignore_index": masks.ignore_index, "source": masks.source_name})
+            )
         if "image" not in fields:
             return cls.without_image(tuple(extra), pre.mode)
         codec = config.codec if config.codec.name == "jpeg" else ImageCodec(config.codec.name)  # quality: jpeg's
@@ -240,5 +246,6 @@ def choose(layout: SampleLayout, encoders: dict, fmt: str):
     try:
         return encoders[layout.image]
     except KeyError:
-        raise ConfigError(f"the {fmt} format cannot store {layout.image.value} images; choose another --format") \
-            from None
+        raise ConfigError(
+            f"the {fmt} format cannot store {layout.image.value} images; choose another --format"
+        ) from None

@@ -46,8 +46,13 @@ SAVED_VERSION = 2
 """2: the records in compressed blocks and labels in runs (1: flat records and offsets, never read now)."""
 
 
-def discovery_options(labels_file: Optional[str | os.PathLike], fields: Optional[Sequence[str]], allow_missing: bool,
-                      classes: Optional[Sequence[str]], add_classes: bool) -> dict:
+def discovery_options(
+    labels_file: Optional[str | os.PathLike],
+    fields: Optional[Sequence[str]],
+    allow_missing: bool,
+    classes: Optional[Sequence[str]],
+    add_classes: bool,
+) -> dict:
     """What decides a discovery besides the tree: a saved one is used only under the same options
     (and the same labels file: its path and stamp)."""
     labels = None
@@ -58,8 +63,13 @@ def discovery_options(labels_file: Optional[str | os.PathLike], fields: Optional
             labels = [path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         except OSError:
             labels = [path]
-    return {"labels_file": labels, "fields": list(fields) if fields else None, "allow_missing": bool(allow_missing),
-            "classes": list(classes) if classes is not None else None, "add_classes": bool(add_classes)}
+    return {
+        "labels_file": labels,
+        "fields": list(fields) if fields else None,
+        "allow_missing": bool(allow_missing),
+        "classes": list(classes) if classes is not None else None,
+        "add_classes": bool(add_classes),
+    }
 
 
 def can_save(found: Discovery) -> bool:
@@ -74,8 +84,12 @@ def save(stage: Path, found: Discovery, options: dict) -> None:
     try:
         _write(folder, found, options)
     except (OSError, ValueError) as e:
-        log.warning("cannot save the discovery in %s (%s); a --resume of this run will walk %s again", folder,
-                    e.strerror if isinstance(e, OSError) and e.strerror else e, found.root)
+        log.warning(
+            "cannot save the discovery in %s (%s); a --resume of this run will walk %s again",
+            folder,
+            e.strerror if isinstance(e, OSError) and e.strerror else e,
+            found.root,
+        )
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -106,12 +120,21 @@ def _write(folder: Path, found: Discovery, options: dict) -> None:
     np.save(folder / "folder_stamps.npy", stamps)
     written = sorted(p.name for p in folder.iterdir() if p.name in _PARTS)
     record = {
-        "version": SAVED_VERSION, "root": os.path.abspath(found.root), "mode": table.mode,
-        "fields": list(found.fields), "item_fields": list(table.fields), "classes": found.classes,
-        "skipped": [s.to_dict() for s in found.skipped], "ignored": found.ignored, "labels_from": found.labels_from,
-        "options": options, "items": len(table), "walked_at_ns": found.folders.walked_at_ns,
+        "version": SAVED_VERSION,
+        "root": os.path.abspath(found.root),
+        "mode": table.mode,
+        "fields": list(found.fields),
+        "item_fields": list(table.fields),
+        "classes": found.classes,
+        "skipped": [s.to_dict() for s in found.skipped],
+        "ignored": found.ignored,
+        "labels_from": found.labels_from,
+        "options": options,
+        "items": len(table),
+        "walked_at_ns": found.folders.walked_at_ns,
         "labels": None if table.labels is None else "runs" if isinstance(table.labels, LabelRuns) else "array",
-        "indices": table.indices is not None, "sha256": {name: sha256_of(folder / name) for name in written},
+        "indices": table.indices is not None,
+        "sha256": {name: sha256_of(folder / name) for name in written},
     }
     tmp = folder / "discovery.json.tmp"
     tmp.write_text(json.dumps(record), encoding="ascii")  # \u escapes keep surrogates of non-UTF-8 paths
@@ -127,31 +150,52 @@ def load(stage: Path, source: Path, options: dict) -> Optional[Discovery]:
         if not isinstance(record, dict) or record.get("version") != SAVED_VERSION:
             return None
         if record.get("root") != os.path.abspath(source) or record.get("options") != options:
-            log.info("--resume: the source or its discovery options differ from the interrupted run's; walking it "
-                     "again")
+            log.info(
+                "--resume: the source or its discovery options differ from the interrupted run's; walking it again"
+            )
             return None
         for name, digest in record["sha256"].items():
             if name not in _PARTS or sha256_of(folder / name) != digest:
                 raise ValueError(f"{name} is not the file that was saved (its SHA-256 differs)")
-        stamps = FolderStamps.from_arrays(int(record["walked_at_ns"]), np.fromfile(folder / "folders.bin", np.uint8),
-                                          np.load(folder / "folder_ends.npy"), np.load(folder / "folder_stamps.npy"))
+        stamps = FolderStamps.from_arrays(
+            int(record["walked_at_ns"]),
+            np.fromfile(folder / "folders.bin", np.uint8),
+            np.load(folder / "folder_ends.npy"),
+            np.load(folder / "folder_stamps.npy"),
+        )
         changed = stamps.first_change(source)
         if changed is not None:
-            log.info("--resume: %s changed since the interrupted run (or too close to its walk to tell); walking %s "
-                     "again", changed, source)
+            log.info(
+                "--resume: %s changed since the interrupted run (or too close to its walk to tell); walking %s again",
+                changed,
+                source,
+            )
             return None
         found = _read(folder, record, source)
     except Exception as e:  # noqa: BLE001 - a saved discovery that cannot be read only means a walk
         log.info("--resume: the saved discovery in %s cannot be read (%s); walking %s again", folder, e, source)
         return None
     found.folders = stamps
-    log.info("--resume: %d samples as the interrupted run found them (no folder under %s changed)",
-             len(found.items), source)
+    log.info(
+        "--resume: %d samples as the interrupted run found them (no folder under %s changed)", len(found.items), source
+    )
     return found
 
 
-_PARTS = frozenset({"keys.bin", "key_block_ends.npy", "key_block_rows.npy", "labels.npy", "label_starts.npy",
-                    "label_values.npy", "indices.npy", "folders.bin", "folder_ends.npy", "folder_stamps.npy"})
+_PARTS = frozenset(
+    {
+        "keys.bin",
+        "key_block_ends.npy",
+        "key_block_rows.npy",
+        "labels.npy",
+        "label_starts.npy",
+        "label_values.npy",
+        "indices.npy",
+        "folders.bin",
+        "folder_ends.npy",
+        "folder_stamps.npy",
+    }
+)
 """The files of a saved discovery, each checked against its SHA-256 before it is read: a damaged
 block of paths would fail to decompress in the middle of the run, a damaged label be read as
 another class."""
@@ -160,8 +204,11 @@ another class."""
 def _read(folder: Path, record: dict, root: Path) -> Discovery:
     """The discovery of a saved ``record``, its paths under ``root`` as given now (ValueError if damaged)."""
     n = int(record["items"])
-    records = RecordBlocks.from_arrays((folder / "keys.bin").read_bytes(), np.load(folder / "key_block_ends.npy"),
-                                       np.load(folder / "key_block_rows.npy"))
+    records = RecordBlocks.from_arrays(
+        (folder / "keys.bin").read_bytes(),
+        np.load(folder / "key_block_ends.npy"),
+        np.load(folder / "key_block_rows.npy"),
+    )
     labels = None
     if record["labels"] == "runs":
         labels = LabelRuns(np.load(folder / "label_starts.npy"), np.load(folder / "label_values.npy"), n)
@@ -174,5 +221,12 @@ def _read(folder: Path, record: dict, root: Path) -> Discovery:
         raise ValueError("its arrays do not match")
     base = os.path.join(os.fspath(root), "")  # never the first run's: it may have named the source otherwise
     table = ItemTable(base, records, labels, str(record["mode"]), tuple(record["item_fields"]), indices)
-    return Discovery(root, table, record["classes"], [Skipped(s["path"], s["reason"]) for s in record["skipped"]],
-                     dict(record["ignored"]), tuple(record["fields"]), str(record["labels_from"]))
+    return Discovery(
+        root,
+        table,
+        record["classes"],
+        [Skipped(s["path"], s["reason"]) for s in record["skipped"]],
+        dict(record["ignored"]),
+        tuple(record["fields"]),
+        str(record["labels_from"]),
+    )

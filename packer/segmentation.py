@@ -52,8 +52,10 @@ def match_masks(found: Discovery, config: MaskConfig) -> tuple[Discovery, dict[i
         raise InputError(f"--masks {folder} is not a folder")
     root = Path(found.root).resolve()
     if folder.resolve() == root or root in folder.resolve().parents:
-        raise InputError(f"--masks {folder} is inside the source folder {found.root}, where its PNGs would be packed "
-                         "as images too; keep the masks beside the images' folder (e.g. data/images, data/masks)")
+        raise InputError(
+            f"--masks {folder} is inside the source folder {found.root}, where its PNGs would be packed "
+            "as images too; keep the masks beside the images' folder (e.g. data/images, data/masks)"
+        )
     kept, skipped, masks = [], list(found.skipped), {}
     for item in found.items:
         path = folder / (os.path.splitext(item.relpath)[0] + ".png")
@@ -82,24 +84,29 @@ def _match_sidecars(found: Discovery) -> tuple[Discovery, dict[int, str]]:
             kept.append(replace(images[0], index=index))
             masks[index] = pngs[0].path
             continue
-        reason = ("no mask: no .png shares its stem" if not pngs else
-                  f"ambiguous mask: {len(images)} images share the stem of {pngs[0].relpath}")
+        reason = (
+            "no mask: no .png shares its stem"
+            if not pngs
+            else f"ambiguous mask: {len(images)} images share the stem of {pngs[0].relpath}"
+        )
         skipped += [Skipped(it.relpath, reason) for it in (images or pngs)]
     order = sorted(range(len(kept)), key=lambda i: kept[i].relpath)  # the sorted order of the images
     items = [replace(kept[i], index=n) for n, i in enumerate(order)]
     return replace(found, items=items, skipped=skipped), {n: masks[i] for n, i in enumerate(order)}
 
 
-def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index: int, coords: str,
-               key: str) -> bytes:
+def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index: int, coords: str, key: str) -> bytes:
     """The stored PNG of the mask at ``path`` for the image ``decoded`` (see the module docstring);
     DecodeError (naming the image ``key``) when the mask cannot be used."""
     data = read_source(path, max_bytes=cfg.max_file_bytes)
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format not in LOSSLESS_FORMATS:
-                raise DecodeError(key, f"bad mask: {os.path.basename(path)} is a {img.format} file; lossy compression "
-                                       "moves class indices: save masks as PNG")
+                raise DecodeError(
+                    key,
+                    f"bad mask: {os.path.basename(path)} is a {img.format} file; lossy compression "
+                    "moves class indices: save masks as PNG",
+                )
             img.load()
             mask = _indices(img, key)
     except DecodeError:
@@ -107,11 +114,15 @@ def mask_bytes(path: str, decoded: Decoded, cfg: PreprocessConfig, ignore_index:
     except Exception:  # noqa: BLE001 - Pillow reports a corrupt file in many ways
         raise DecodeError(key, f"bad mask: {os.path.basename(path)} is not a readable image") from None
     try:
-        displayed = grid_is_displayed(mask.size, decoded.stored_size, decoded.original_size, decoded.orientation,
-                                      coords)
+        displayed = grid_is_displayed(
+            mask.size, decoded.stored_size, decoded.original_size, decoded.orientation, coords
+        )
     except GridError as e:
-        what = {"mismatch": "mask size mismatch", "contradicts": f"mask size contradicts --box-coords {coords}",
-                "ambiguous": "ambiguous mask orientation"}[e.kind]
+        what = {
+            "mismatch": "mask size mismatch",
+            "contradicts": f"mask size contradicts --box-coords {coords}",
+            "ambiguous": "ambiguous mask orientation",
+        }[e.kind]
         detail = str(e) if e.kind == "ambiguous" else f"{os.path.basename(path)} is {e}"
         raise DecodeError(key, f"{what}: {detail}") from None
     out = carry_indices(mask, decoded.orientation, displayed, cfg, decoded.original_size, ignore_index, key)
@@ -124,8 +135,11 @@ def _indices(img: Image.Image, key: str) -> Image.Image:
     """The mask as an 8-bit image of class indices (palette indices kept as they are)."""
     if img.mode not in MASK_MODES:
         what = "holds colours" if img.mode.startswith(("RGB", "CMYK", "YCbCr", "HSV", "LAB")) else "is not one channel"
-        raise DecodeError(key, f"bad mask: a {img.mode} image {what}, not class indices; save masks as grayscale or "
-                               "palette PNGs of class indices")
+        raise DecodeError(
+            key,
+            f"bad mask: a {img.mode} image {what}, not class indices; save masks as grayscale or "
+            "palette PNGs of class indices",
+        )
     if img.mode in ("I;16", "I"):
         values = np.asarray(img)
         if values.max(initial=0) > 255 or values.min(initial=0) < 0:

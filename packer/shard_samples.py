@@ -39,11 +39,15 @@ def write_samples(stage: Path, name: str, result: ShardResult) -> Optional[list[
     path = stage / f"{name}{SAMPLES_SUFFIX}"
     path.unlink(missing_ok=True)  # an earlier version of the shard's
     digests, labels = result.digests, result.labels
-    if not (isinstance(digests, HexColumn) and digests.width == 16 and isinstance(labels, IntColumn)
-            and len(labels) == len(digests) == len(result.keys)):
+    if not (
+        isinstance(digests, HexColumn)
+        and digests.width == 16
+        and isinstance(labels, IntColumn)
+        and len(labels) == len(digests) == len(result.keys)
+    ):
         return None
     values = labels.values
-    if values.size and (int(values.min()) < -2**31 or int(values.max()) >= 2**31):
+    if values.size and (int(values.min()) < -(2**31) or int(values.max()) >= 2**31):
         return None
     table = np.empty(len(values), SAMPLE_DTYPE)
     table["digest"] = np.frombuffer(digests.raw, "V16")

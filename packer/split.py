@@ -67,8 +67,9 @@ class NodeSplit:
         if self.nodes < 1:
             raise ConfigError(f"--num-nodes must be at least 1, got {self.nodes}")
         if not 0 <= self.rank < self.nodes:
-            raise ConfigError(f"--node-rank must be 0 to {self.nodes - 1} with --num-nodes {self.nodes}, "
-                              f"got {self.rank}")
+            raise ConfigError(
+                f"--node-rank must be 0 to {self.nodes - 1} with --num-nodes {self.nodes}, got {self.rank}"
+            )
 
     def owner(self, shard: int) -> int:
         """The rank of the node that writes shard number ``shard``."""
@@ -135,17 +136,36 @@ def convert_node(
         # files the others saw, as merge publishes every node's shards without reading the sources.
         "fingerprint": plan_fingerprint(config, tasks, strict, stamps=True),
         "workers": plan_workers,
-        "split": {"nodes": node.nodes, "shards": [t.name for t in tasks], "config": recorded,
-                  "source": str(Path(source).absolute()), "classes": found.classes,
-                  "skipped": [s.to_dict() for s in found.skipped], "counts": source_counts(found),
-                  "fields": list(found.fields), "fixed_samples": shard_plan.fixed_samples},
+        "split": {
+            "nodes": node.nodes,
+            "shards": [t.name for t in tasks],
+            "config": recorded,
+            "source": str(Path(source).absolute()),
+            "classes": found.classes,
+            "skipped": [s.to_dict() for s in found.skipped],
+            "counts": source_counts(found),
+            "fields": list(found.fields),
+            "fixed_samples": shard_plan.fixed_samples,
+        },
     }
     locks = _lock_node(output, node)
     try:
         stage = join_staging(output, plan, node)
-        jobs = [ShardJob(i, t, config.format, layout, pre, str(stage), strict, text=config.text,
-                         container=job_for(found.places, t.items) if found.places is not None else None)
-                for i, t in enumerate(tasks) if node.owner(i) == node.rank]
+        jobs = [
+            ShardJob(
+                i,
+                t,
+                config.format,
+                layout,
+                pre,
+                str(stage),
+                strict,
+                text=config.text,
+                container=job_for(found.places, t.items) if found.places is not None else None,
+            )
+            for i, t in enumerate(tasks)
+            if node.owner(i) == node.rank
+        ]
         finished = current_digests(finished_shards(stage, [j.task.name for j in jobs]))
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
@@ -155,9 +175,18 @@ def convert_node(
     finally:
         _unlock_node(locks)
     results: list[ShardResult] = [*finished.values(), *fresh]
-    return NodeResult(output, stage, node, len(jobs), len(tasks), len(fresh), sum(r.samples for r in results),
-                      time.perf_counter() - started, [s for r in fresh for s in r.skipped],
-                      sum(len(j.task.items) for j in todo))
+    return NodeResult(
+        output,
+        stage,
+        node,
+        len(jobs),
+        len(tasks),
+        len(fresh),
+        sum(r.samples for r in results),
+        time.perf_counter() - started,
+        [s for r in fresh for s in r.skipped],
+        sum(len(j.task.items) for j in todo),
+    )
 
 
 def join_staging(output: Path, plan: dict, node: NodeSplit) -> Path:
@@ -178,24 +207,33 @@ def join_staging(output: Path, plan: dict, node: NodeSplit) -> Path:
             remove_tree(fresh)
     recorded = read_plan(stage)
     if recorded is None:
-        raise OutputError(f"{stage} exists but holds no packer plan; if no packer run uses it, remove it and "
-                          "start the nodes again")
+        raise OutputError(
+            f"{stage} exists but holds no packer plan; if no packer run uses it, remove it and start the nodes again"
+        )
     theirs, mine = recorded.get("split"), plan["split"]
     if theirs is None:
-        raise OutputError(f"{stage} holds an unfinished single-machine run of {output}: finish it with "
-                          "packer convert ... --resume, or remove that folder before starting the nodes")
+        raise OutputError(
+            f"{stage} holds an unfinished single-machine run of {output}: finish it with "
+            "packer convert ... --resume, or remove that folder before starting the nodes"
+        )
     if recorded.get("fingerprint") == plan["fingerprint"] and theirs.get("nodes") == mine["nodes"]:
         return stage
     if theirs.get("nodes") != mine["nodes"]:
         why = f"it is split over {theirs.get('nodes')} nodes, this node was started with --num-nodes {mine['nodes']}"
     elif recorded.get("workers") != plan["workers"]:
-        why = (f"its --shard-size auto layout is balanced for {recorded.get('workers')} workers, this node's for "
-               f"{plan['workers']}: give every node the same -j, or an explicit --shard-size")
+        why = (
+            f"its --shard-size auto layout is balanced for {recorded.get('workers')} workers, this node's for "
+            f"{plan['workers']}: give every node the same -j, or an explicit --shard-size"
+        )
     else:
-        why = "its options or source files differ from this node's (every node must run the same command, only " \
-              "--node-rank differs, over the same files)"
-    raise OutputError(f"node {node.rank} cannot join the conversion in {stage}: {why}. If that run is stale, "
-                      "remove the folder and start every node again")
+        why = (
+            "its options or source files differ from this node's (every node must run the same command, only "
+            "--node-rank differs, over the same files)"
+        )
+    raise OutputError(
+        f"node {node.rank} cannot join the conversion in {stage}: {why}. If that run is stale, "
+        "remove the folder and start every node again"
+    )
 
 
 def _lock_node(output: Path, node: NodeSplit) -> list[IO]:
@@ -210,8 +248,11 @@ def _lock_node(output: Path, node: NodeSplit) -> list[IO]:
     handles = []
     for path, mode, busy in (
         (lock_file(output), fcntl.LOCK_SH, f"a single run or a merge of {output} is in progress; wait for it"),
-        (output.parent / f".{output.name}.packer-lock-node{node.rank}", fcntl.LOCK_EX,
-         f"node {node.rank} of {output} is already running; each --node-rank must run once at a time"),
+        (
+            output.parent / f".{output.name}.packer-lock-node{node.rank}",
+            fcntl.LOCK_EX,
+            f"node {node.rank} of {output} is already running; each --node-rank must run once at a time",
+        ),
     ):
         handle = open(path, "a")
         try:
@@ -249,8 +290,10 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         recover(output)
         plan = read_plan(stage)
         if plan is None or "split" not in plan:
-            raise OutputError(f"no split conversion of {output} to merge ({stage} holds none): run packer convert "
-                              "with --num-nodes N --node-rank R on every node first")
+            raise OutputError(
+                f"no split conversion of {output} to merge ({stage} holds none): run packer convert "
+                "with --num-nodes N --node-rank R on every node first"
+            )
         split = plan["split"]
         names = split["shards"]
         finished = finished_shards(stage, names)
@@ -259,27 +302,37 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             nodes = NodeSplit(split["nodes"], 0)
             shown = ", ".join(f"{name} (node {nodes.owner(i)})" for i, name in missing[:MISSING_SHOWN])
             more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
-            raise OutputError(f"{len(missing)} of {len(names)} shards are missing or damaged in {stage}: "
-                              f"{shown}{more}. Run node(s) {_owners(nodes, missing)} again (each redoes only "
-                              "its missing shards), then merge")
+            raise OutputError(
+                f"{len(missing)} of {len(names)} shards are missing or damaged in {stage}: "
+                f"{shown}{more}. Run node(s) {_owners(nodes, missing)} again (each redoes only "
+                "its missing shards), then merge"
+            )
         older = [(i, name) for i, name in enumerate(names) if finished[name].digest != SOURCE_DIGEST]
         if older and len(older) < len(names):
             # Digests of two kinds cannot be compared for the duplicate report; all of one kind can.
-            raise OutputError(f"{len(older)} of {len(names)} shards in {stage} were recorded by an older packer, "
-                              f"whose source digests this one's cannot be compared with: run node(s) "
-                              f"{_owners(NodeSplit(split['nodes'], 0), older)} again with this packer (each "
-                              "writes those shards again), then merge")
+            raise OutputError(
+                f"{len(older)} of {len(names)} shards in {stage} were recorded by an older packer, "
+                f"whose source digests this one's cannot be compared with: run node(s) "
+                f"{_owners(NodeSplit(split['nodes'], 0), older)} again with this packer (each "
+                "writes those shards again), then merge"
+            )
         config = config_from_dict(split["config"])
         layout = SampleLayout.from_config(config, tuple(split.get("fields", ["image"])))
         source = Path(split["source"])
-        found = Discovery(source, [], split["classes"], [Skipped(s["path"], s["reason"]) for s in split["skipped"]],
-                          split["counts"]["ignored"])
+        found = Discovery(
+            source,
+            [],
+            split["classes"],
+            [Skipped(s["path"], s["reason"]) for s in split["skipped"]],
+            split["counts"]["ignored"],
+        )
         results = [finished[name] for name in names]
         if not any(r.samples for r in results):
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
         results = name_shards(stage, results, names)
-        manifest = build_manifest(config, layout, found, results, plan["workers"], scratch=stage,
-                                  fixed_samples=split.get("fixed_samples"))
+        manifest = build_manifest(
+            config, layout, found, results, plan["workers"], scratch=stage, fixed_samples=split.get("fixed_samples")
+        )
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
         write_output(stage, manifest)
         publish(stage, output, overwrite, source)
@@ -298,10 +351,14 @@ def _owners(nodes: NodeSplit, shards: list[tuple[int, str]]) -> str:
 
 def config_to_dict(config: ConvertConfig) -> dict:
     """JSON-ready form of a conversion's options, as recorded for ``merge``."""
-    return {"format": config.format, "preprocess": config.preprocess.to_dict(),
-            "shard_size": {"samples": config.shard_size.samples, "bytes": config.shard_size.bytes},
-            "shuffle": config.shuffle, "codec": {"name": config.codec.name, "quality": config.codec.quality},
-            "text": {**asdict(config.text), "fields": list(config.text.fields) if config.text.fields else None}}
+    return {
+        "format": config.format,
+        "preprocess": config.preprocess.to_dict(),
+        "shard_size": {"samples": config.shard_size.samples, "bytes": config.shard_size.bytes},
+        "shuffle": config.shuffle,
+        "codec": {"name": config.codec.name, "quality": config.codec.quality},
+        "text": {**asdict(config.text), "fields": list(config.text.fields) if config.text.fields else None},
+    }
 
 
 def config_from_dict(d: dict) -> ConvertConfig:
@@ -309,5 +366,11 @@ def config_from_dict(d: dict) -> ConvertConfig:
     text = dict(d.get("text") or {})
     if text.get("fields"):
         text["fields"] = tuple(text["fields"])
-    return ConvertConfig(d["format"], PreprocessConfig.from_dict(d["preprocess"]), ShardSize(**d["shard_size"]),
-                         d["shuffle"], ImageCodec(**d["codec"]), TextConfig(**text))
+    return ConvertConfig(
+        d["format"],
+        PreprocessConfig.from_dict(d["preprocess"]),
+        ShardSize(**d["shard_size"]),
+        d["shuffle"],
+        ImageCodec(**d["codec"]),
+        TextConfig(**text),
+    )

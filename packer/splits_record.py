@@ -49,12 +49,21 @@ class SplitsRecord:
 
     def to_dict(self) -> dict:
         """JSON-ready form, keys in a fixed order; what only --resume needs is left out once complete."""
-        splits = {name: {k: v for k, v in entry.items() if not self.complete or k != "fingerprint"}
-                  for name, entry in self.splits.items()}
-        return {"splits_version": SPLITS_VERSION, "complete": self.complete, "classes": self.classes,
-                "class_map_sha256": self.class_map_sha256, "origin": self.origin, "splits": splits,
-                "missing": self.missing, "unlabelled": self.unlabelled,
-                **({} if self.complete or self.workers is None else {"workers": self.workers})}
+        splits = {
+            name: {k: v for k, v in entry.items() if not self.complete or k != "fingerprint"}
+            for name, entry in self.splits.items()
+        }
+        return {
+            "splits_version": SPLITS_VERSION,
+            "complete": self.complete,
+            "classes": self.classes,
+            "class_map_sha256": self.class_map_sha256,
+            "origin": self.origin,
+            "splits": splits,
+            "missing": self.missing,
+            "unlabelled": self.unlabelled,
+            **({} if self.complete or self.workers is None else {"workers": self.workers}),
+        }
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "SplitsRecord":
@@ -62,27 +71,38 @@ class SplitsRecord:
         is not a plain folder name, an entry that is not a record, a damaged class map)."""
         try:
             if int(d["splits_version"]) > SPLITS_VERSION:
-                raise ManifestError(f"{where} was written by a newer packer (splits version {d['splits_version']}); "
-                                    "upgrade packer to read it")
+                raise ManifestError(
+                    f"{where} was written by a newer packer (splits version {d['splits_version']}); "
+                    "upgrade packer to read it"
+                )
             workers = d.get("workers")
-            record = cls(d["classes"], dict(d["splits"]), dict(d["origin"]), dict(d.get("missing", {})),
-                         bool(d["complete"]), int(workers) if workers is not None else None,
-                         [str(n) for n in d.get("unlabelled", [])])
+            record = cls(
+                d["classes"],
+                dict(d["splits"]),
+                dict(d["origin"]),
+                dict(d.get("missing", {})),
+                bool(d["complete"]),
+                int(workers) if workers is not None else None,
+                [str(n) for n in d.get("unlabelled", [])],
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer splits record (bad or missing entry: {e})") from None
         for name, entry in record.splits.items():
             problem = split_name_problem(name)
             if problem or not isinstance(entry, dict) or not isinstance(entry.get("samples"), int):
-                raise ManifestError(f"{where}: split {name!r} is not a valid split ({problem or 'a bad entry'}); the "
-                                    "file is damaged")
+                raise ManifestError(
+                    f"{where}: split {name!r} is not a valid split ({problem or 'a bad entry'}); the file is damaged"
+                )
             digest = entry.get("manifest_sha256")
             if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
                 raise ManifestError(f"{where}: split {name!r} has a bad manifest_sha256; the file is damaged")
         if record.origin.get("kind") not in ("folders", "random") or (
-                record.origin["kind"] == "random" and not isinstance(record.origin.get("fractions"), dict)):
+            record.origin["kind"] == "random" and not isinstance(record.origin.get("fractions"), dict)
+        ):
             raise ManifestError(f"{where}: origin {record.origin!r} is not one packer writes; the file is damaged")
-        if record.classes is not None and (not isinstance(record.classes, list)
-                                           or not all(isinstance(c, str) for c in record.classes)):
+        if record.classes is not None and (
+            not isinstance(record.classes, list) or not all(isinstance(c, str) for c in record.classes)
+        ):
             raise ManifestError(f"{where}: classes must be a list of names; the file is damaged")
         if d.get("class_map_sha256") != record.class_map_sha256:
             raise ManifestError(f"{where}: the class map does not match its recorded digest; the file is damaged")
@@ -135,12 +155,16 @@ def check_split_member(root: str | os.PathLike, manifest_digest: Optional[str]) 
     if entry is None:
         return
     if not record.complete:
-        raise ManifestError(f"{root} is a split of an unfinished conversion into {root.parent} (its {SPLITS_NAME} "
-                            "is not complete): its class map may not be the other splits'; run that conversion "
-                            "again (with --resume to keep the finished splits)")
+        raise ManifestError(
+            f"{root} is a split of an unfinished conversion into {root.parent} (its {SPLITS_NAME} "
+            "is not complete): its class map may not be the other splits'; run that conversion "
+            "again (with --resume to keep the finished splits)"
+        )
     if manifest_digest is not None and entry.get("manifest_sha256") != manifest_digest:
-        raise ManifestError(f"{root} was replaced after the splits of {root.parent} were written (its manifest is "
-                            f"not the one {SPLITS_NAME} records): convert the splits again together")
+        raise ManifestError(
+            f"{root} was replaced after the splits of {root.parent} were written (its manifest is "
+            f"not the one {SPLITS_NAME} records): convert the splits again together"
+        )
 
 
 def write_splits(folder: Path, record: SplitsRecord) -> None:
@@ -178,16 +202,19 @@ def splits_problems(folder: str | os.PathLike, record: SplitsRecord) -> list[str
     folder = Path(folder)
     problems = []
     if not record.complete:
-        problems.append(f"the conversion of these splits did not finish ({SPLITS_NAME} is not complete); run it "
-                        "again with --resume")
+        problems.append(
+            f"the conversion of these splits did not finish ({SPLITS_NAME} is not complete); run it again with --resume"
+        )
     for name, entry in record.splits.items():
         manifest = folder / name / MANIFEST_NAME
         if not manifest.is_file():
             problems.append(f"split {name} is missing (no {folder / name / MANIFEST_NAME})")
             continue
         if entry.get("manifest_sha256") is not None and sha256_of(manifest) != entry["manifest_sha256"]:
-            problems.append(f"split {name} was replaced after the splits were written (its manifest is not the one "
-                            f"{SPLITS_NAME} records)")
+            problems.append(
+                f"split {name} was replaced after the splits were written (its manifest is not the one "
+                f"{SPLITS_NAME} records)"
+            )
         classes = read_manifest(folder / name).classes
         if classes != (None if name in record.unlabelled else record.classes):
             problems.append(f"split {name} has another class map than {SPLITS_NAME} records")

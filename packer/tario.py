@@ -28,8 +28,9 @@ USTAR_OWNER = "packer"
 _BLOCK = tarfile.BLOCKSIZE
 _BEFORE_SIZE = b"0000444\0" + b"0000000\0" * 2  # mode, uid, gid: octal digits and a NUL, as tarfile writes them
 _AFTER_SIZE = b"00000000000\0"  # mtime 0
-_AFTER_CHECKSUM = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + USTAR_OWNER.encode().ljust(32, b"\0") * 2
-                   + bytes(16 + 155 + 12))  # regular file, no link, ustar magic, owners, no device, no prefix
+_AFTER_CHECKSUM = (
+    b"0" + bytes(100) + tarfile.POSIX_MAGIC + USTAR_OWNER.encode().ljust(32, b"\0") * 2 + bytes(16 + 155 + 12)
+)  # regular file, no link, ustar magic, owners, no device, no prefix
 _FIXED_SUM = sum(_BEFORE_SIZE) + sum(_AFTER_SIZE) + sum(b" " * 8) + sum(_AFTER_CHECKSUM)
 
 
@@ -38,12 +39,14 @@ def packer_header(raw: bytes, size: int) -> bytes:
     bytes, no NUL) of ``size`` bytes (below 8**11), with the fixed owner, mode and time."""
     size_field = b"%011o\0" % size
     checksum = _FIXED_SUM + sum(raw) + sum(size_field)
-    return b"".join((raw, bytes(100 - len(raw)), _BEFORE_SIZE, size_field, _AFTER_SIZE, b"%06o\0 " % checksum,
-                     _AFTER_CHECKSUM))
+    return b"".join(
+        (raw, bytes(100 - len(raw)), _BEFORE_SIZE, size_field, _AFTER_SIZE, b"%06o\0 " % checksum, _AFTER_CHECKSUM)
+    )
 
 
-def iter_tar_samples(source: Union[Path, IO[bytes]], name: Optional[str] = None,
-                     size: Optional[int] = None, offset: int = 0) -> Iterator[dict]:
+def iter_tar_samples(
+    source: Union[Path, IO[bytes]], name: Optional[str] = None, size: Optional[int] = None, offset: int = 0
+) -> Iterator[dict]:
     """Group a tar's members into samples: ``{"__key__": KEY, EXT: bytes, ...}``, in stored order.
 
     ``source`` is a path (read with seeks) or a readable binary stream (read sequentially). Members are
@@ -95,8 +98,9 @@ def _open_tar(f: IO[bytes], mode: str, name: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=f, mode=mode)
     except (tarfile.TarError, EOFError) as e:
-        raise ManifestError(f"{name} is not a complete tar file ({e or type(e).__name__}); the shard is damaged") \
-            from None
+        raise ManifestError(
+            f"{name} is not a complete tar file ({e or type(e).__name__}); the shard is damaged"
+        ) from None
 
 
 def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]], budget: Optional[int]) -> Iterator[dict]:
@@ -115,8 +119,10 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]], budget: Op
                     raise ManifestError(f"{name}: member {info.name!r} has an unsafe path; refusing to read it")
                 if budget is not None and info.offset_data + info.size > budget:
                     left = max(budget - info.offset_data, 0)
-                    raise ManifestError(f"{name}: member {info.name!r} claims {info.size} bytes, more than the {left} "
-                                        f"left in the shard's {budget} bytes; the shard is damaged")
+                    raise ManifestError(
+                        f"{name}: member {info.name!r} claims {info.size} bytes, more than the {left} "
+                        f"left in the shard's {budget} bytes; the shard is damaged"
+                    )
                 key, _, ext = member.name.partition(".")
                 if member.parent.as_posix() != ".":
                     key = f"{member.parent.as_posix()}/{key}"
@@ -144,9 +150,19 @@ def _grouped(tar: tarfile.TarFile, name: str, f: Optional[IO[bytes]], budget: Op
 _WINDOW = 1 << 22  # bytes per read: headers and small members are sliced out of one large read
 _ZERO_BLOCK = bytes(_BLOCK)
 _ZERO_NAME = bytes(100)
-_NOT_FILES = {b"x": "a pax extended header", b"g": "a pax global header", b"L": "a GNU long name",
-              b"K": "a GNU long link name", b"S": "a GNU sparse file", b"1": "a hard link", b"2": "a symbolic link",
-              b"3": "a character device", b"4": "a block device", b"5": "a directory", b"6": "a FIFO"}
+_NOT_FILES = {
+    b"x": "a pax extended header",
+    b"g": "a pax global header",
+    b"L": "a GNU long name",
+    b"K": "a GNU long link name",
+    b"S": "a GNU sparse file",
+    b"1": "a hard link",
+    b"2": "a symbolic link",
+    b"3": "a character device",
+    b"4": "a block device",
+    b"5": "a directory",
+    b"6": "a FIFO",
+}
 
 
 def iter_shard_samples(path: Path, name: Optional[str] = None, offset: int = 0) -> Iterator[dict]:
@@ -178,7 +194,7 @@ def _walk(f: IO[bytes], name: str, end: int, pos: int) -> Iterator[dict]:
                 f.seek(pos)
                 buf, start = f.read(_WINDOW), pos
             at = pos - start
-            block = buf[at:at + _BLOCK]
+            block = buf[at : at + _BLOCK]
             ours = _packer_member(block)
             if ours is not None:
                 member, size = ours
@@ -192,15 +208,17 @@ def _walk(f: IO[bytes], name: str, end: int, pos: int) -> Iterator[dict]:
                 member, key, ext, size = _parse_header(block, name, pos)
             data = pos + _BLOCK
             if data + size > end:
-                raise ManifestError(f"{name}: member {member!r} (header at byte {pos}) claims {size} bytes, more "
-                                    f"than the {max(end - data, 0)} left in the shard's {end} bytes; "
-                                    "the shard is damaged")
+                raise ManifestError(
+                    f"{name}: member {member!r} (header at byte {pos}) claims {size} bytes, more "
+                    f"than the {max(end - data, 0)} left in the shard's {end} bytes; "
+                    "the shard is damaged"
+                )
             if current and key != current["__key__"]:
                 yield current
                 current = {}
             at = data - start
             if at + size <= len(buf):
-                value = buf[at:at + size]
+                value = buf[at : at + size]
             else:  # past the window: read the member alone (a large one), or the next window from it
                 f.seek(data)
                 if size >= _WINDOW:
@@ -209,8 +227,9 @@ def _walk(f: IO[bytes], name: str, end: int, pos: int) -> Iterator[dict]:
                     buf, start = f.read(_WINDOW), data
                     value = buf[:size]
                 if len(value) != size:
-                    raise ManifestError(f"{name}: member {member!r} (header at byte {pos}) is cut short; "
-                                        "the shard is damaged")
+                    raise ManifestError(
+                        f"{name}: member {member!r} (header at byte {pos}) is cut short; the shard is damaged"
+                    )
             current["__key__"] = key
             current[ext] = value
             pos = data + size + (-size % _BLOCK)
@@ -230,10 +249,16 @@ def _packer_member(block: bytes) -> Optional[tuple[str, int]]:
     if cut < 0:
         cut = 100
     raw, digits = block[:cut], block[124:135]
-    if not (digits.isdigit() and block[135] == 0 and block[cut:124] == _ZERO_NAME[cut:] + _BEFORE_SIZE
-            and block[136:148] == _AFTER_SIZE and block[156:] == _AFTER_CHECKSUM
-            and block[148:156] == b"%06o\0 " % (_FIXED_SUM + sum(raw) + sum(digits))
-            and b"/" not in raw and raw != b".."):
+    if not (
+        digits.isdigit()
+        and block[135] == 0
+        and block[cut:124] == _ZERO_NAME[cut:] + _BEFORE_SIZE
+        and block[136:148] == _AFTER_SIZE
+        and block[156:] == _AFTER_CHECKSUM
+        and block[148:156] == b"%06o\0 " % (_FIXED_SUM + sum(raw) + sum(digits))
+        and b"/" not in raw
+        and raw != b".."
+    ):
         return None
     try:
         return raw.decode("utf-8", "surrogateescape"), int(digits, 8)
@@ -303,8 +328,9 @@ def decode_tar_sample(
         if codec is None:
             image = None
         else:
-            image = ((npy or CODECS["npy"].decode)(fields["npy"]) if codec == "raw"
-                     else fields[_image_member(fields, codec)])
+            image = (
+                (npy or CODECS["npy"].decode)(fields["npy"]) if codec == "raw" else fields[_image_member(fields, codec)]
+            )
         return image, CODECS["cls"].decode(fields["cls"]), meta
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})") from None
@@ -333,7 +359,8 @@ def tar_fields(fields: dict, text: Sequence[TextField], name: str = "tar") -> di
                     raise ValueError(f"KEY.{member} holds {ids.dtype} {ids.shape}, not 1-D int32 token ids")
                 data = ids.tobytes()
         except (KeyError, ValueError) as e:
-            raise ManifestError(f"{name}: sample {fields.get('__key__')} is damaged "
-                                f"({type(e).__name__}: {e})") from None
+            raise ManifestError(
+                f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})"
+            ) from None
         out[f.name] = data
     return out

@@ -53,8 +53,9 @@ class TextConfig:
         try:
             codecs.lookup(self.encoding)
         except LookupError:
-            raise ConfigError(f"--encoding {self.encoding!r} is not an encoding Python knows "
-                              "(e.g. utf-8, latin-1, cp1252, utf-16)") from None
+            raise ConfigError(
+                f"--encoding {self.encoding!r} is not an encoding Python knows (e.g. utf-8, latin-1, cp1252, utf-16)"
+            ) from None
         if self.max_length is not None and self.max_length < 1:
             raise ConfigError(f"--max-length must be at least 1, got {self.max_length}")
         if self.max_length is not None and self.tokenizer is None:
@@ -66,8 +67,10 @@ class TextConfig:
         if self.fields is not None:
             unknown = [f for f in self.fields if f not in FIELD_KINDS]
             if unknown or not self.fields or len(set(self.fields)) != len(self.fields):
-                raise ConfigError(f"--fields takes a comma-separated subset of {', '.join(FIELD_KINDS)} "
-                                  f"(each once), got {','.join(self.fields)!r}")
+                raise ConfigError(
+                    f"--fields takes a comma-separated subset of {', '.join(FIELD_KINDS)} "
+                    f"(each once), got {','.join(self.fields)!r}"
+                )
 
     def tokenizer_info(self) -> Optional[dict]:
         """The manifest's record of the tokenizer: file name, SHA-256, max_length, pad id; None without one."""
@@ -76,9 +79,14 @@ class TextConfig:
         with open(self.tokenizer, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         tok = read_tokenizer(self.tokenizer)  # as saved: its padding settings name the pad id
-        return {"file": os.path.basename(self.tokenizer), "sha256": digest, "max_length": self.max_length,
-                "pad_id": pad_id(tok), "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-                "add_special_tokens": True}
+        return {
+            "file": os.path.basename(self.tokenizer),
+            "sha256": digest,
+            "max_length": self.max_length,
+            "pad_id": pad_id(tok),
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "add_special_tokens": True,
+        }
 
 
 def decode_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
@@ -89,8 +97,11 @@ def decode_text(data: bytes, path: str, encoding: str = "utf-8") -> str:
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as e:
-        raise DecodeError(path, f"not valid {e.encoding.replace('-sig', '').upper()} text: {e.reason} at byte "
-                                f"{e.start}; pass --encoding if the files use another encoding") from None
+        raise DecodeError(
+            path,
+            f"not valid {e.encoding.replace('-sig', '').upper()} text: {e.reason} at byte "
+            f"{e.start}; pass --encoding if the files use another encoding",
+        ) from None
     # A BOM under an explicit --encoding that keeps it (utf-16-le, latin-1's bytes of one): dropped once.
     # utf-8-sig, utf-16 and utf-32 drop their own, and a second U+FEFF is the text's.
     if text.startswith("\ufeff") and codecs.lookup(encoding).name not in ("utf-8-sig", "utf-16", "utf-32"):
@@ -116,8 +127,9 @@ def read_tokenizer(path: str):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError("--tokenizer needs the tokenizers library: pip install tokenizers "
-                          "(or pip install 'packer-datasets[text]')") from None
+        raise ConfigError(
+            "--tokenizer needs the tokenizers library: pip install tokenizers (or pip install 'packer-datasets[text]')"
+        ) from None
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exception for any bad file
@@ -160,5 +172,15 @@ def token_ids(text: str, path: str, tokenizer_path: str, max_length: Optional[in
     return np.asarray(ids, dtype=TOKEN_DTYPE)
 
 
-__all__ = ["TextConfig", "decode_text", "json_text", "read_tokenizer", "load_tokenizer", "token_ids", "pad_id",
-           "TEXT_EXTENSIONS", "JSON_EXTENSIONS", "TOKEN_DTYPE"]
+__all__ = [
+    "TextConfig",
+    "decode_text",
+    "json_text",
+    "read_tokenizer",
+    "load_tokenizer",
+    "token_ids",
+    "pad_id",
+    "TEXT_EXTENSIONS",
+    "JSON_EXTENSIONS",
+    "TOKEN_DTYPE",
+]

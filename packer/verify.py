@@ -59,8 +59,9 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-def verify(output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None,
-           workers: Optional[int] = None) -> list[Problem]:
+def verify(
+    output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None, workers: Optional[int] = None
+) -> list[Problem]:
     """Check a packed output completely; returns the problems found (empty when it is intact), shard
     by shard in the manifest's order.
 
@@ -105,11 +106,21 @@ def check_output_files(root: Path, manifest: Manifest) -> list[Problem]:
         if why:
             problems.append(Problem("output", f"{name} {why}"))
         elif not path.is_file():
-            problems.append(Problem("output", f"{name} is missing; packer writes it from the manifest for other "
-                                    "loaders (convert again, or restore it from a copy)"))
+            problems.append(
+                Problem(
+                    "output",
+                    f"{name} is missing; packer writes it from the manifest for other "
+                    "loaders (convert again, or restore it from a copy)",
+                )
+            )
         elif path.read_bytes() != expected:
-            problems.append(Problem("output", f"{name} does not match the manifest; it was changed since packer "
-                                    "wrote it (other loaders would read the wrong shards or counts)"))
+            problems.append(
+                Problem(
+                    "output",
+                    f"{name} does not match the manifest; it was changed since packer "
+                    "wrote it (other loaders would read the wrong shards or counts)",
+                )
+            )
     return problems
 
 
@@ -133,16 +144,25 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
     listed = {f.path for s in manifest.shards for f in s.files} | {MANIFEST_NAME, "report.txt"}
     listed |= set(FORMATS[manifest.format].files_of_output(manifest))
     listed |= {f"{path}-lock" for path in listed if path.endswith(LMDB_SUFFIX)}
-    return [Problem("output", f"{p.name} is not listed in the manifest")
-            for p in sorted(root.iterdir()) if p.name not in listed]
+    return [
+        Problem("output", f"{p.name} is not listed in the manifest")
+        for p in sorted(root.iterdir())
+        if p.name not in listed
+    ]
 
 
 class _Child:
     """One shard's checking process, as ``_ShardChecks`` follows it."""
 
     def __init__(self, shard: ShardEntry, proc, receive, checked, into: list[Problem], scratch) -> None:
-        self.shard, self.proc, self.receive, self.checked, self.into, self.scratch = \
-            shard, proc, receive, checked, into, scratch
+        self.shard, self.proc, self.receive, self.checked, self.into, self.scratch = (
+            shard,
+            proc,
+            receive,
+            checked,
+            into,
+            scratch,
+        )
         self.heard = time.monotonic()  # when it last sent word
         self.done = 0  # samples its reports counted
         self.result: Optional[tuple] = None
@@ -159,8 +179,9 @@ class _ShardChecks:
     sent are not lost. Each shard's problems go to the list given for it, its labels to ``labels``.
     Leaving the ``with`` block waits for every child; leaving it by an exception kills them."""
 
-    def __init__(self, manifest: Manifest, progress: Optional[Callable[[int], None]], labels: list[int],
-                 workers: int) -> None:
+    def __init__(
+        self, manifest: Manifest, progress: Optional[Callable[[int], None]], labels: list[int], workers: int
+    ) -> None:
         self.manifest, self.progress, self.labels = manifest, progress, labels
         self.workers = max(1, workers)
         self.running: list[_Child] = []
@@ -185,8 +206,9 @@ class _ShardChecks:
                 child.scratch.cleanup()
         self.running.clear()
 
-    def start(self, root: Path, shard: ShardEntry, into: list[Problem], intact: bool = False,
-              padded: bool = False) -> None:
+    def start(
+        self, root: Path, shard: ShardEntry, into: list[Problem], intact: bool = False, padded: bool = False
+    ) -> None:
         """Check the samples of ``shard`` under ``root`` (``intact``: see ``check_samples``) once fewer
         than ``workers`` shards are being checked; ``padded``: in a temporary copy of its files
         padded to their recorded sizes, made only then (no more copies on disk than children at
@@ -203,8 +225,9 @@ class _ShardChecks:
             ctx = mp.get_context("fork")
             receive, send = ctx.Pipe(duplex=False)
             checked = ctx.Value("q", 0, lock=False)  # samples finished, written by the child alone
-            proc = ctx.Process(target=_check_in_child, args=(where, self.manifest, shard, send, checked, intact),
-                               daemon=True)
+            proc = ctx.Process(
+                target=_check_in_child, args=(where, self.manifest, shard, send, checked, intact), daemon=True
+            )
             proc.start()
             send.close()
             child = _Child(shard, proc, receive, checked, into, scratch)
@@ -217,8 +240,9 @@ class _ShardChecks:
         """Read what the running children sent, waiting for word at most until the first of them
         stalls, and end those that finished, died or stalled."""
         deadline = min(child.heard for child in self.running) + STALL_SECONDS
-        ready = mp_connection.wait([child.receive for child in self.running],
-                                   timeout=max(0.0, deadline - time.monotonic()))
+        ready = mp_connection.wait(
+            [child.receive for child in self.running], timeout=max(0.0, deadline - time.monotonic())
+        )
         for child in self.running:
             if child.receive in ready:
                 self._read(child)
@@ -267,9 +291,15 @@ class _ShardChecks:
             self.progress(unsent)
         done = child.done + unsent
         if stalled:
-            child.into.append(Problem(name, f"unreadable: the {fmt} library made no progress for {STALL_SECONDS:g} s "
-                                      f"after sample {done} (stopped); the shard is damaged, or its disk far too "
-                                      "slow", done))
+            child.into.append(
+                Problem(
+                    name,
+                    f"unreadable: the {fmt} library made no progress for {STALL_SECONDS:g} s "
+                    f"after sample {done} (stopped); the shard is damaged, or its disk far too "
+                    "slow",
+                    done,
+                )
+            )
             return
         code = child.proc.exitcode or 0
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
@@ -327,8 +357,12 @@ def check_files(root: Path, shard: ShardEntry) -> list[Problem]:
 
 
 def check_samples(
-    root: Path, manifest: Manifest, shard: ShardEntry, progress: Optional[Callable[[int], None]] = None,
-    labels: Optional[list[int]] = None, intact: bool = False,
+    root: Path,
+    manifest: Manifest,
+    shard: ShardEntry,
+    progress: Optional[Callable[[int], None]] = None,
+    labels: Optional[list[int]] = None,
+    intact: bool = False,
 ) -> list[Problem]:
     """Decode every sample of a shard and compare it with its stored checksum and the recorded layout.
 
@@ -342,7 +376,7 @@ def check_samples(
     position = 0
     try:
         spec = FORMATS[manifest.format]
-        for s in (spec.scan_intact(root, shard, layout) if intact else spec.scan(root, shard, layout)):
+        for s in spec.scan_intact(root, shard, layout) if intact else spec.scan(root, shard, layout):
             position = s.local + 1
             if labels is not None:
                 labels.append(s.label)
@@ -352,8 +386,7 @@ def check_samples(
             if progress is not None:
                 progress(1)
     except Exception as e:  # any decoder error is a finding to report, never a crash of verify
-        problems.append(Problem(shard.name, f"unreadable from sample {position} on: {type(e).__name__}: {e}",
-                                position))
+        problems.append(Problem(shard.name, f"unreadable from sample {position} on: {type(e).__name__}: {e}", position))
     return problems
 
 
@@ -377,8 +410,12 @@ def _sample_problem(s: StoredSample, layout: SampleLayout, sized: bool = False) 
             image = decode_stored(s.encoded, layout.codec.name, layout.mode)
         except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
             return f"image does not decode as {layout.codec.name}: {type(e).__name__}: {e}"
-    if (image is None or image.dtype != layout.np_dtype or image.ndim != 3
-            or (layout.shape is not None and image.shape != layout.shape)):
+    if (
+        image is None
+        or image.dtype != layout.np_dtype
+        or image.ndim != 3
+        or (layout.shape is not None and image.shape != layout.shape)
+    ):
         found = "missing" if image is None else f"{image.dtype} {image.shape}"
         return f"image is {found}, expected {layout.dtype} {layout.shape or '(H, W, C)'}"
     if sized and s.shape != tuple(image.shape):
@@ -427,8 +464,9 @@ class _VerifyModule(types.ModuleType):
     the function, so ``packer.verify(path)`` works either way, and ``import packer.verify as v`` still
     gives the module, whose names (``v.STALL_SECONDS``, ``v.check_samples``) stay its own."""
 
-    def __call__(self, output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None,
-                 workers: Optional[int] = None) -> list[Problem]:
+    def __call__(
+        self, output: str | os.PathLike, progress: Optional[Callable[[int], None]] = None, workers: Optional[int] = None
+    ) -> list[Problem]:
         return self.verify(output, progress, workers)
 
 

@@ -163,8 +163,9 @@ def sources_digest(items: Iterable[SourceItem]) -> str:
     return h.hexdigest()
 
 
-def read_sample(item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
-                ) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
+def read_sample(
+    item: SourceItem, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
+) -> tuple[Sample, str, Optional[preprocess.Decoded]]:
     """Read and preprocess one source item: ``(sample, digest of its source bytes, decoded image or
     None)``; ``st`` is an image-only item's os.stat if the caller took it, ``data`` its bytes if
     the caller read them (``read_ahead``). DecodeError for a file that cannot be used (naming the
@@ -209,12 +210,19 @@ def geometry_bytes(decoded: Optional[preprocess.Decoded], cfg: PreprocessConfig)
 def detection_target(item: SourceItem, job: ShardJob, decoded: preprocess.Decoded) -> tuple[bytes, int, int]:
     """``(stored target, boxes kept, boxes dropped)`` of one image of a detection output."""
     assert job.detection is not None
-    return target_bytes(job.detection.targets.get(item.index), decoded, job.preprocess,
-                        job.detection.min_visibility, item.relpath, job.detection.coords)
+    return target_bytes(
+        job.detection.targets.get(item.index),
+        decoded,
+        job.preprocess,
+        job.detection.min_visibility,
+        item.relpath,
+        job.detection.coords,
+    )
 
 
-def read_image(path: str, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
-               ) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
+def read_image(
+    path: str, job: ShardJob, st: Optional[os.stat_result] = None, data: Optional[bytes] = None
+) -> tuple[bytes, preprocess.Decoded, np.ndarray, Optional[bytes]]:
     """``(source bytes, decoded, stored pixels, encoded bytes or None)`` of one image file (``st``:
     its os.stat, if the caller took it; ``data``: its bytes, if the caller read them)."""
     if data is None:
@@ -239,8 +247,9 @@ def read_source(path: str, job: ShardJob, st: Optional[os.stat_result] = None) -
     return preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
 
 
-def read_ahead(job: ShardJob, start: int, at: Optional[Callable[[int], None]] = None,
-               prefetch: Optional[Prefetcher] = None) -> list[tuple[Optional[os.stat_result], bytes | DecodeError]]:
+def read_ahead(
+    job: ShardJob, start: int, at: Optional[Callable[[int], None]] = None, prefetch: Optional[Prefetcher] = None
+) -> list[tuple[Optional[os.stat_result], bytes | DecodeError]]:
     """Stat and read the files of the image-only samples of ``job`` from position ``start`` on, in a
     row (``READ_AHEAD_FILES``, ``READ_AHEAD_BYTES``), up to the first sample with several files or
     known to crash the decoder (``job.poisoned``): ``(os.stat or None, bytes or the DecodeError
@@ -298,9 +307,15 @@ def write_shard(
     # A row's image kept as a file beside the container (the datasets Image feature before embedding)
     # is stamped too: the parent's stamps cover the container alone, so --resume writes such a shard
     # again rather than keep pixels of a file that changed since.
-    fetched = container_bytes(job.container, job.preprocess.max_file_bytes,
-                              lambda path: sources.update(f"\0file\0{path}\0{source_stamp(str(path))}".encode())
-                              ) if job.container is not None else None
+    fetched = (
+        container_bytes(
+            job.container,
+            job.preprocess.max_file_bytes,
+            lambda path: sources.update(f"\0file\0{path}\0{source_stamp(str(path))}".encode()),
+        )
+        if job.container is not None
+        else None
+    )
     paths = [None if item.index in job.poisoned or fetched is not None else item.paths for item in job.task.items]
     # Started by read_ahead once reads turn out to come from the storage, not the page cache (only
     # runs of image-only samples are timed); once started it asks for every sample's files.
@@ -327,8 +342,9 @@ def write_shard(
                     sample.fields[TARGET_FIELD], kept, dropped = detection_target(item, job, decoded)
                 if job.segmentation is not None:
                     seg = job.segmentation
-                    sample.fields[MASK_FIELD] = mask_bytes(seg.masks[item.index], decoded, job.preprocess,
-                                                           seg.ignore_index, seg.coords, item.relpath)
+                    sample.fields[MASK_FIELD] = mask_bytes(
+                        seg.masks[item.index], decoded, job.preprocess, seg.ignore_index, seg.coords, item.relpath
+                    )
             except DecodeError as e:
                 if job.strict:
                     raise DecodeError(item.relpath, e.reason) from None
@@ -339,8 +355,11 @@ def write_shard(
                 except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
                     raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
                 if job.layout.has_image and job.layout.codec.name == "source":
-                    result.add_image_source(result.samples, bool(decoded and decoded.kept),
-                                            image_extension("source", sample.encoded).replace("jpg", "jpeg"))
+                    result.add_image_source(
+                        result.samples,
+                        bool(decoded and decoded.kept),
+                        image_extension("source", sample.encoded).replace("jpg", "jpeg"),
+                    )
                     result.scaled_counts += bool(decoded and decoded.scaled_counts)
                 result.samples += 1
                 if job.detection is not None:
@@ -358,8 +377,9 @@ def write_shard(
     return closed(job, writer, result, sources, at)
 
 
-def write_repacked(job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
-                   ) -> ShardResult:
+def write_repacked(
+    job: ShardJob, progress: Optional[ProgressFn] = None, at: Optional[Callable[[int], None]] = None
+) -> ShardResult:
     """Write one shard of a repack (``job.repack``): the source output's samples, each stored again
     as the target layout stores it (``packer.repack_shard``); no statistics (the source's hold)."""
     assert job.repack is not None
@@ -378,8 +398,9 @@ def write_repacked(job: ShardJob, progress: Optional[ProgressFn] = None, at: Opt
         except Exception as e:  # noqa: BLE001 - disk full, I/O errors: name the shard, not a library trace
             raise OutputError(f"cannot write {job.task.name} in {directory}: {e}") from None
         if source_image:
-            result.add_image_source(result.samples, kept,
-                                    image_extension("source", sample.encoded).replace("jpg", "jpeg"))
+            result.add_image_source(
+                result.samples, kept, image_extension("source", sample.encoded).replace("jpg", "jpeg")
+            )
         result.samples += 1
         result.keys.append(sample.key)
         result.labels.append(sample.label)

@@ -1,8 +1,8 @@
 """PyTorch datasets over packer outputs: one reader per format, and ``open_dataset`` to pick it.
 
-    from readers import open_dataset
-    ds = open_dataset("packed/lmdb")          # the format is read from the output's manifest
-    loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
+from readers import open_dataset
+ds = open_dataset("packed/lmdb")          # the format is read from the output's manifest
+loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
 """
 
 from __future__ import annotations
@@ -42,9 +42,31 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     return FORMATS[manifest.format].reader_class()(root, **options)
 
 
-__all__ = ["open_dataset", "open_mixture", "Mixture", "RandomResizedCrop", "CenterCrop", "concat",
-           "check_same_classes", "PackedConcat", "PackedChain", "detection_collate",
-           "make_loader", "PackedLoader", "EpochBatchSampler", "LengthBucketSampler", "padding_ratio",
-           "PackedBatch", "packed_collate", "pad_collate",
-           "ReaderBase", "BatchNormalize", "PackedDataset", "ImageConverter",
-           "NpyDataset", "LmdbDataset", "Hdf5Dataset", "WdsDataset"]
+__all__ = [
+    "open_dataset",
+    "open_mixture",
+    "Mixture",
+    "RandomResizedCrop",
+    "CenterCrop",
+    "concat",
+    "check_same_classes",
+    "PackedConcat",
+    "PackedChain",
+    "detection_collate",
+    "make_loader",
+    "PackedLoader",
+    "EpochBatchSampler",
+    "LengthBucketSampler",
+    "padding_ratio",
+    "PackedBatch",
+    "packed_collate",
+    "pad_collate",
+    "ReaderBase",
+    "BatchNormalize",
+    "PackedDataset",
+    "ImageConverter",
+    "NpyDataset",
+    "LmdbDataset",
+    "Hdf5Dataset",
+    "WdsDataset",
+]

@@ -86,17 +86,28 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
         return
     if verify:
         if sha256_of(path) != entry.sha256:
-            raise ManifestError(f"{path} has changed: its SHA-256 does not match the manifest; the output is "
-                                f"damaged, run packer verify {path.parent}")
+            raise ManifestError(
+                f"{path} has changed: its SHA-256 does not match the manifest; the output is "
+                f"damaged, run packer verify {path.parent}"
+            )
     elif resolve(structure)(path) != entry.structure_crc32:
-        raise ManifestError(f"{path} is damaged where its library looks up records (its structure checksum does not "
-                            f"match the manifest): reading it could crash this process, so it is refused. Run "
-                            f"packer verify {path.parent}")
+        raise ManifestError(
+            f"{path} is damaged where its library looks up records (its structure checksum does not "
+            f"match the manifest): reading it could crash this process, so it is refused. Run "
+            f"packer verify {path.parent}"
+        )
     _CHECKED.add(key)
 
 
-def build_sample(image: Any, label: int, transform: Optional[Transform], meta: Optional[dict], rest: tuple = (),
-                 target_transform: Optional[TargetTransform] = None, has_target: bool = False) -> tuple:
+def build_sample(
+    image: Any,
+    label: int,
+    transform: Optional[Transform],
+    meta: Optional[dict],
+    rest: tuple = (),
+    target_transform: Optional[TargetTransform] = None,
+    has_target: bool = False,
+) -> tuple:
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
     ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
     or the text of a text-only output), ``target_transform`` to the label (torchvision's
@@ -149,10 +160,16 @@ def detection_target(stored: dict) -> dict:
     COCO gave them, ``masks`` uint8 (N, H, W) where COCO gave segmentations, ``difficult`` where VOC
     did, ``visible`` float32 (the share of each annotated box inside the image) where the conversion's
     crop cut a box, and the image's ``geometry`` (a dict; see ``packer.geometry.Geometry``)."""
-    target = {"boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
-              "labels": torch.tensor(stored["labels"], dtype=torch.int64)}
-    for name, dtype in (("iscrowd", torch.int64), ("area", torch.float32), ("difficult", torch.int64),
-                        ("visible", torch.float32)):
+    target = {
+        "boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
+        "labels": torch.tensor(stored["labels"], dtype=torch.int64),
+    }
+    for name, dtype in (
+        ("iscrowd", torch.int64),
+        ("area", torch.float32),
+        ("difficult", torch.int64),
+        ("visible", torch.float32),
+    ):
         if name in stored:
             target[name] = torch.tensor(stored[name], dtype=dtype)
     if "masks" in stored:  # COCO instance masks, stored as RLE of the returned image
@@ -160,7 +177,7 @@ def detection_target(stored: dict) -> dict:
 
         w, h = (stored.get("geometry") or {}).get("size") or (0, 0)
         masks = [cocomask.decode({"size": m["size"], "counts": m["counts"].encode("ascii")}) for m in stored["masks"]]
-        target["masks"] = (torch.from_numpy(np.stack(masks)) if masks else torch.zeros((0, h, w), dtype=torch.uint8))
+        target["masks"] = torch.from_numpy(np.stack(masks)) if masks else torch.zeros((0, h, w), dtype=torch.uint8)
     target["geometry"] = stored.get("geometry")
     return target
 
@@ -192,9 +209,11 @@ class ImageTransform:
             out = self.transform(image)
         except TypeError as e:
             if "PIL" in str(e) and self.input != "pil":
-                raise TypeError(f"{e}. This transform wants a PIL image (torchvision's classic transforms, such "
-                                "as ToTensor, do): open the dataset with transform_input='pil', or use "
-                                "torchvision.transforms.v2, which takes the uint8 tensor the reader gives") from e
+                raise TypeError(
+                    f"{e}. This transform wants a PIL image (torchvision's classic transforms, such "
+                    "as ToTensor, do): open the dataset with transform_input='pil', or use "
+                    "torchvision.transforms.v2, which takes the uint8 tensor the reader gives"
+                ) from e
             raise
         if self.normalize is not None and torch.is_tensor(out) and out.dtype == torch.uint8 and out.dim() == 3:
             out = self.normalize(out)
@@ -254,12 +273,16 @@ class ReaderBase:
         seed: int = 0,
     ) -> None:
         if is_url(root) and not self.reads_urls:
-            raise ConfigError(f"{type(self).__name__} reads local folders only ({root} is a URL): the "
-                              f"{self.format_name} format needs random access. Copy the output to a local disk, "
-                              "or convert with --format wds, whose shards stream from URLs")
+            raise ConfigError(
+                f"{type(self).__name__} reads local folders only ({root} is a URL): the "
+                f"{self.format_name} format needs random access. Copy the output to a local disk, "
+                "or convert with --format wds, whose shards stream from URLs"
+            )
         if is_url(root) and verify:
-            raise ConfigError("verify=True checks local shard files before they are read; streamed shards are "
-                              "always checked against the manifest's size and SHA-256 as they arrive")
+            raise ConfigError(
+                "verify=True checks local shard files before they are read; streamed shards are "
+                "always checked against the manifest's size and SHA-256 as they arrive"
+            )
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
         self.manifest, self._identity = self._open_manifest()
         if not is_url(root):
@@ -315,14 +338,18 @@ class ReaderBase:
         if crop is None and not flip:
             return None
         if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
-            raise ConfigError(f"crop takes readers.RandomResizedCrop(size) or readers.CenterCrop(size), not "
-                              f"{type(crop).__name__}; a torchvision transform goes to transform=")
+            raise ConfigError(
+                f"crop takes readers.RandomResizedCrop(size) or readers.CenterCrop(size), not "
+                f"{type(crop).__name__}; a torchvision transform goes to transform="
+            )
         what = "crop=" if crop is not None else "flip=True"
         if not self.manifest.has_image:
             raise ConfigError(f"{what} needs images, and {self.root} stores none")
         if self.layout.np_dtype != np.uint8:
-            raise ConfigError(f"{what} crops and flips 8-bit images, and {self.root} stores {self.layout.np_dtype} "
-                              "(--dtype): convert with --dtype uint8 (readers normalize it as the manifest says)")
+            raise ConfigError(
+                f"{what} crops and flips 8-bit images, and {self.root} stores {self.layout.np_dtype} "
+                "(--dtype): convert with --dtype uint8 (readers normalize it as the manifest says)"
+            )
         return Augment(crop, bool(flip))
 
     def place_target(self, target: Any, placement: Optional[Placement]) -> Any:
@@ -347,8 +374,9 @@ class ReaderBase:
         """The epoch whose crops and flips samples read now get (``set_epoch``)."""
         return int(getattr(self, "epoch", 0))
 
-    def stored_out(self, stored: Any, index: int, epoch: int, codec: Optional[str] = None
-                   ) -> tuple[np.ndarray, Optional[Placement]]:
+    def stored_out(
+        self, stored: Any, index: int, epoch: int, codec: Optional[str] = None
+    ) -> tuple[np.ndarray, Optional[Placement]]:
         """One stored image (an HWC array, or encoded bytes; ``codec`` defaults to the output's) as
         this reader returns it, with the Placement that made it: decoded, then cropped and flipped as
         ``augment`` draws it for ``(seed, epoch, index)``.
@@ -359,8 +387,7 @@ class ReaderBase:
         stored, codec, placement, _ = self.placed(stored, index, epoch, codec)
         return render(stored, codec, mode, placement), placement
 
-    def placed(self, stored: Any, index: int, epoch: int, codec: str
-               ) -> tuple[Any, str, Placement, tuple[int, int]]:
+    def placed(self, stored: Any, index: int, epoch: int, codec: str) -> tuple[Any, str, Placement, tuple[int, int]]:
         """One stored image made ready to crop (``upright_stored``: its codec may change), the
         Placement ``augment`` draws for ``(seed, epoch, index)``, and the (height, width) it was drawn
         for; ``render`` makes the image."""
@@ -407,8 +434,10 @@ class ReaderBase:
         if now != ("missing",) and self._still_listed():
             self._identity = now  # appended to (packer convert --append): this version's files are all still there
             return
-        raise ManifestError(f"{self.root} was replaced or removed after this dataset was opened: its shard files "
-                            "are no longer the ones its manifest lists. Open the dataset again to read the new output")
+        raise ManifestError(
+            f"{self.root} was replaced or removed after this dataset was opened: its shard files "
+            "are no longer the ones its manifest lists. Open the dataset again to read the new output"
+        )
 
     def _still_listed(self) -> bool:
         """Whether the output's manifest now lists every shard this dataset reads with the very same
@@ -442,8 +471,10 @@ class ReaderBase:
         if entry is None:
             return p  # not a shard file of the manifest (nothing to compare)
         if size != entry.bytes:
-            raise ManifestError(f"{p} is {size} bytes but the manifest says {entry.bytes}: the file is damaged; "
-                                f"run packer verify {self.root}")
+            raise ManifestError(
+                f"{p} is {size} bytes but the manifest says {entry.bytes}: the file is damaged; "
+                f"run packer verify {self.root}"
+            )
         check_file(p, entry, self.verify, FORMATS[self.manifest.format].structure)
         return p
 

@@ -64,14 +64,18 @@ def packed_collate(batch: Any) -> Any:
         return batch.collated()
     if isinstance(batch, EncodedBatch):  # make_loader(decode="device"): decoded by the loader
         return batch
-    if batch and all(isinstance(s, tuple) for s in batch) and any(
-            x is None or isinstance(x, (str, dict)) for s in batch for x in s[:-1]):
+    if (
+        batch
+        and all(isinstance(s, tuple) for s in batch)
+        and any(x is None or isinstance(x, (str, dict)) for s in batch for x in s[:-1])
+    ):
         return pad_collate(batch)
     return default_collate(batch)
 
 
-def empty_batch(shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool = False,
-                shared: bool = True) -> torch.Tensor:
+def empty_batch(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool = False, shared: bool = True
+) -> torch.Tensor:
     """An uninitialized (N, C, H, W) tensor; in shared memory when ``shared`` and called in a DataLoader
     worker (only worth it when the batch crosses to the main process as it is: ``packed_collate``).
 
@@ -106,8 +110,9 @@ class SlotRing:
     shared memory: the ring only ever saves time, it never waits.
     """
 
-    def __init__(self, workers: int, per_worker: int, shape: tuple[int, int, int, int], dtype: torch.dtype,
-                 channels_last: bool) -> None:
+    def __init__(
+        self, workers: int, per_worker: int, shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool
+    ) -> None:
         self.workers, self.per_worker, self.shape, self.dtype = workers, per_worker, shape, dtype
         self.channels_last = channels_last
         n, c, h, w = shape
@@ -183,10 +188,17 @@ def shared_memory_free() -> int | None:
         return None
     return st.f_bavail * st.f_frsize
 
+
 # What pad_collate calls each element of a sample, and the output key each kind goes to.
 _KEYS = {"ids": "input_ids", "image": "images", "text": "texts", "json": "json", "label": "labels", "meta": "meta"}
-_NAMES = {"ids": "token ids", "image": "image", "text": "text", "json": "json dict", "label": "label",
-          "meta": "meta dict"}
+_NAMES = {
+    "ids": "token ids",
+    "image": "image",
+    "text": "text",
+    "json": "json dict",
+    "label": "label",
+    "meta": "meta dict",
+}
 
 
 def pad_collate(
@@ -225,11 +237,21 @@ def pad_collate(
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be at least 1, got {max_length}")
     if max_length is not None and pad_to_multiple_of and max_length % pad_to_multiple_of:
-        raise ValueError(f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}: "
-                         "the padded length could exceed max_length")
+        raise ValueError(
+            f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}: "
+            "the padded length could exceed max_length"
+        )
     if isinstance(samples, Numbered):
-        return Numbered(samples.number, pad_collate(samples.batch, pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of,
-                                                    max_length=max_length, fields=fields))
+        return Numbered(
+            samples.number,
+            pad_collate(
+                samples.batch,
+                pad_id=pad_id,
+                pad_to_multiple_of=pad_to_multiple_of,
+                max_length=max_length,
+                fields=fields,
+            ),
+        )
     if isinstance(samples, PackedBatch) and samples.slot is None:  # a map-style reader's batch, already stacked
         return {"images": samples.images, "labels": samples.labels}
     if len(samples) == 0:
@@ -240,13 +262,16 @@ def pad_collate(
     for i, row in enumerate(rows[1:], 1):
         other = structure(row, i)
         if other != kinds:
-            raise ValueError(f"sample {i} is ({_describe(other)}) but sample 0 is ({_describe(kinds)}): "
-                             "every sample of a batch must have the same fields")
+            raise ValueError(
+                f"sample {i} is ({_describe(other)}) but sample 0 is ({_describe(kinds)}): "
+                "every sample of a batch must have the same fields"
+            )
     out: dict[str, Any] = {}
     for kind, column in zip(kinds, zip(*rows)):
         if kind == "ids":
-            out["input_ids"], out["attention_mask"], out["lengths"] = _pad(column, pad_id, pad_to_multiple_of,
-                                                                          max_length)
+            out["input_ids"], out["attention_mask"], out["lengths"] = _pad(
+                column, pad_id, pad_to_multiple_of, max_length
+            )
         elif kind == "image":
             out["images"] = _stack(column)
         elif kind == "label":
@@ -312,8 +337,11 @@ class ArraysAcrossWorkers:
 def _kind(x: Any) -> str | None:
     """What one element of a sample is (see ``_KEYS``), or None for something pad_collate cannot batch."""
     if isinstance(x, (torch.Tensor, np.ndarray)):
-        integral = x.dtype.kind in "iu" if isinstance(x, np.ndarray) else not (
-            x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+        integral = (
+            x.dtype.kind in "iu"
+            if isinstance(x, np.ndarray)
+            else not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+        )
         if x.ndim == 0 and integral:
             return "label"
         if x.ndim == 1 and integral:
@@ -333,21 +361,27 @@ def _structure(row: tuple, index: int) -> tuple[str, ...]:
     kinds = [_kind(x) for x in row]
     for pos, kind in enumerate(kinds):
         if kind is None:
-            raise TypeError(f"sample {index}, element {pos}: pad_collate cannot batch a {type(row[pos]).__name__} "
-                            f"of shape {tuple(getattr(row[pos], 'shape', ()))}; it takes image tensors, 1-D "
-                            "integer token ids, str, dict and an int label")
+            raise TypeError(
+                f"sample {index}, element {pos}: pad_collate cannot batch a {type(row[pos]).__name__} "
+                f"of shape {tuple(getattr(row[pos], 'shape', ()))}; it takes image tensors, 1-D "
+                "integer token ids, str, dict and an int label"
+            )
     if len(kinds) >= 2 and kinds[-2:] == ["label", "json"]:
         kinds[-1] = "meta"  # the dict after the label is the return_meta dict
     label_at = len(kinds) - (2 if kinds[-1] == "meta" else 1)
     for pos, kind in enumerate(kinds):
         if kind == "label" and pos != label_at:
-            raise ValueError(f"sample {index}: an int at element {pos} of ({_describe(tuple(kinds))}); the label "
-                             "must be the last int, followed only by the meta dict")
+            raise ValueError(
+                f"sample {index}: an int at element {pos} of ({_describe(tuple(kinds))}); the label "
+                "must be the last int, followed only by the meta dict"
+            )
     seen: dict[str, int] = {}
     for pos, kind in enumerate(kinds):
         if kind in seen:
-            raise ValueError(f"sample {index}: two {_NAMES[kind]} fields (elements {seen[kind]} and {pos}); "
-                             "pad_collate batches one of each: pass a collate_fn of your own for more")
+            raise ValueError(
+                f"sample {index}: two {_NAMES[kind]} fields (elements {seen[kind]} and {pos}); "
+                "pad_collate batches one of each: pass a collate_fn of your own for more"
+            )
         seen[kind] = pos
     return tuple(kinds)
 
@@ -355,8 +389,10 @@ def _structure(row: tuple, index: int) -> tuple[str, ...]:
 def _named_structure(row: tuple, index: int, fields: tuple[str, ...]) -> tuple[str, ...]:
     """The kinds of a sample of the named ``fields``, then its label and maybe its meta dict."""
     if len(row) not in (len(fields) + 1, len(fields) + 2):
-        raise ValueError(f"sample {index} has {len(row)} elements; fields {', '.join(fields)} and a label "
-                         f"(and a meta dict) make {len(fields) + 1} or {len(fields) + 2}")
+        raise ValueError(
+            f"sample {index} has {len(row)} elements; fields {', '.join(fields)} and a label "
+            f"(and a meta dict) make {len(fields) + 1} or {len(fields) + 2}"
+        )
     kinds = []
     for name, value in zip(fields, row):
         if name == "text" and isinstance(value, (torch.Tensor, np.ndarray)):
@@ -373,8 +409,9 @@ def _describe(kinds: tuple[str, ...]) -> str:
     return ", ".join(_NAMES[k] for k in kinds)
 
 
-def _pad(column: Sequence[Any], pad_id: int, multiple: int | None,
-         max_length: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pad(
+    column: Sequence[Any], pad_id: int, multiple: int | None, max_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask, lengths)`` for a batch of 1-D token id tensors."""
     ids = [torch.as_tensor(x) for x in column]
     lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
@@ -396,11 +433,21 @@ def _stack(column: Sequence[Any]) -> torch.Tensor:
     first = images[0].shape
     for i, image in enumerate(images):
         if image.shape != first:
-            raise ValueError(f"the images of this batch differ in shape ({tuple(first)} in sample 0, "
-                             f"{tuple(image.shape)} in sample {i}): pack the output with a fixed --size "
-                             "(not --resize none), or resize them in a transform")
+            raise ValueError(
+                f"the images of this batch differ in shape ({tuple(first)} in sample 0, "
+                f"{tuple(image.shape)} in sample {i}): pack the output with a fixed --size "
+                "(not --resize none), or resize them in a transform"
+            )
     return default_collate(images)
 
 
-__all__ = ["PackedBatch", "packed_collate", "pad_collate", "empty_batch", "SlotRing", "RingBatch", "Numbered",
-           "shared_memory_free"]
+__all__ = [
+    "PackedBatch",
+    "packed_collate",
+    "pad_collate",
+    "empty_batch",
+    "SlotRing",
+    "RingBatch",
+    "Numbered",
+    "shared_memory_free",
+]

@@ -20,8 +20,10 @@ def check_same_classes(datasets: Sequence[Any]) -> None:
     the first pair that differs and how: combined, their labels would mean other classes."""
     if any(not hasattr(d, "classes") for d in datasets):
         odd = next(d for d in datasets if not hasattr(d, "classes"))
-        raise ValueError(f"{type(odd).__name__} has no class map to compare: combine packer datasets with "
-                         "readers.concat, or torch's ConcatDataset yourself")
+        raise ValueError(
+            f"{type(odd).__name__} has no class map to compare: combine packer datasets with "
+            "readers.concat, or torch's ConcatDataset yourself"
+        )
     first = datasets[0]
     for other in datasets[1:]:
         if other.classes == first.classes:
@@ -30,25 +32,32 @@ def check_same_classes(datasets: Sequence[Any]) -> None:
             labelled, unlabelled = (first, other) if first.classes is not None else (other, first)
             raise ValueError(f"{_name(labelled)} is labelled and {_name(unlabelled)} is not: they cannot be combined")
         how = differences(first.classes, other.classes)
-        raise ValueError(f"{_name(first)} and {_name(other)} have different class maps ({how}), so one label means "
-                         f"another class in each; convert them with one class map (packer convert --classes "
-                         f"{_name(first)} ...)")
+        raise ValueError(
+            f"{_name(first)} and {_name(other)} have different class maps ({how}), so one label means "
+            f"another class in each; convert them with one class map (packer convert --classes "
+            f"{_name(first)} ...)"
+        )
     for other in datasets[1:]:  # detection outputs: their boxes' labels index the categories
         mine, theirs = getattr(first, "categories", None), getattr(other, "categories", None)
         if mine == theirs:
             continue
         if mine is None or theirs is None:
             boxed, plain = (first, other) if mine is not None else (other, first)
-            raise ValueError(f"{_name(boxed)} holds detection targets and {_name(plain)} does not: they cannot be "
-                             "combined")
-        raise ValueError(f"{_name(first)} and {_name(other)} have different detection categories "
-                         f"({differences(mine, theirs)}), so one box label means another category in each; convert "
-                         f"them with one category list (packer convert ... --annotations ... --classes {_name(first)})")
+            raise ValueError(
+                f"{_name(boxed)} holds detection targets and {_name(plain)} does not: they cannot be combined"
+            )
+        raise ValueError(
+            f"{_name(first)} and {_name(other)} have different detection categories "
+            f"({differences(mine, theirs)}), so one box label means another category in each; convert "
+            f"them with one category list (packer convert ... --annotations ... --classes {_name(first)})"
+        )
     for other in datasets[1:]:  # segmentation outputs: the mask value of padding, which a loss ignores
         mine, theirs = getattr(first, "ignore_index", None), getattr(other, "ignore_index", None)
         if mine != theirs:
-            raise ValueError(f"{_name(first)} and {_name(other)} pad their masks with other values ({mine} and "
-                             f"{theirs}): one loss cannot ignore both; convert them with the same --mask-ignore")
+            raise ValueError(
+                f"{_name(first)} and {_name(other)} pad their masks with other values ({mine} and "
+                f"{theirs}): one loss cannot ignore both; convert them with the same --mask-ignore"
+            )
 
 
 def _name(dataset: Any) -> str:

@@ -126,8 +126,10 @@ class RandomResizedCrop:
         lo, hi = (float(v) for v in self.scale)
         rlo, rhi = (float(v) for v in self.ratio)
         if not 0 < lo <= hi or not 0 < rlo <= rhi:
-            raise ValueError(f"RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], "
-                             f"not scale={self.scale}, ratio={self.ratio}")
+            raise ValueError(
+                f"RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= ratio[1], "
+                f"not scale={self.scale}, ratio={self.ratio}"
+            )
         object.__setattr__(self, "scale", (lo, hi))
         object.__setattr__(self, "ratio", (rlo, rhi))
 
@@ -155,8 +157,10 @@ class RandomResizedCrop:
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray, u: np.ndarray) -> np.ndarray:
         """``(n, 4)`` int64 boxes (top, left, height, width), one per image, from rows of ``uniforms``."""
-        out = [self.box(int(h), int(w), row.__getitem__) for h, w, row in
-               zip(np.asarray(heights).reshape(-1), np.asarray(widths).reshape(-1), np.asarray(u))]
+        out = [
+            self.box(int(h), int(w), row.__getitem__)
+            for h, w, row in zip(np.asarray(heights).reshape(-1), np.asarray(widths).reshape(-1), np.asarray(u))
+        ]
         return np.array(out, dtype=np.int64).reshape(-1, 4)
 
     def _fallback(self, height: int, width: int) -> tuple[int, int, int, int]:
@@ -175,8 +179,9 @@ class RandomResizedCrop:
     def placement(self, height: int, width: int, u: Callable[[int], float]) -> Placement:
         """The Placement of one image (without the flip, which ``Augment`` adds)."""
         y, x, ch, cw = self.box(height, width, u)
-        return Placement((float(x), float(y), float(x + cw), float(y + ch)), self.size, False, True,
-                         self.reduced_decode)
+        return Placement(
+            (float(x), float(y), float(x + cw), float(y + ch)), self.size, False, True, self.reduced_decode
+        )
 
 
 @dataclass(frozen=True)
@@ -195,8 +200,10 @@ class CenterCrop:
         object.__setattr__(self, "size", _pair(self.size, "CenterCrop size"))
         if self.resize is not None:
             if int(self.resize) != self.resize or self.resize < max(self.size):
-                raise ValueError(f"CenterCrop(resize={self.resize!r}) must be an int at least the crop's size "
-                                 f"{max(self.size)}: a smaller image would have to be padded")
+                raise ValueError(
+                    f"CenterCrop(resize={self.resize!r}) must be an int at least the crop's size "
+                    f"{max(self.size)}: a smaller image would have to be padded"
+                )
             object.__setattr__(self, "resize", int(self.resize))
 
     @property
@@ -209,16 +216,28 @@ class CenterCrop:
         ch, cw = self.size
         if self.resize is None:
             top, left = _centre(height, ch), _centre(width, cw)
-            return Placement((float(left), float(top), float(left + cw), float(top + ch)), self.size, False, True,
-                             self.reduced_decode)
+            return Placement(
+                (float(left), float(top), float(left + cw), float(top + ch)),
+                self.size,
+                False,
+                True,
+                self.reduced_decode,
+            )
         if width <= height:  # torchvision's Resize(N): the shorter side to N, the longer truncated
             new_w, new_h = self.resize, int(self.resize * height / width)
         else:
             new_h, new_w = self.resize, int(self.resize * width / height)
         top, left = int(round((new_h - ch) / 2.0)), int(round((new_w - cw) / 2.0))
         sx, sy = width / new_w, height / new_h
-        return Placement((left * sx, top * sy, (left + cw) * sx, (top + ch) * sy), self.size, False, False,
-                         self.reduced_decode, (new_h, new_w), (top, left))
+        return Placement(
+            (left * sx, top * sy, (left + cw) * sx, (top + ch) * sy),
+            self.size,
+            False,
+            False,
+            self.reduced_decode,
+            (new_h, new_w),
+            (top, left),
+        )
 
 
 def _centre(length: int, crop: int) -> int:
@@ -250,8 +269,9 @@ class Augment:
         """(height, width) of every image out, or None without a crop (images keep their sizes)."""
         return self.crop.size if self.crop is not None else None
 
-    def placements(self, seed: int, epoch: int, indices: Sequence[int], heights: Sequence[int],
-                   widths: Sequence[int]) -> list[Placement]:
+    def placements(
+        self, seed: int, epoch: int, indices: Sequence[int], heights: Sequence[int], widths: Sequence[int]
+    ) -> list[Placement]:
         """The Placement of each sample ``indices[i]``, stored as ``heights[i]`` x ``widths[i]``."""
         return [self.placement(seed, epoch, int(i), int(h), int(w)) for i, h, w in zip(indices, heights, widths)]
 
@@ -430,8 +450,11 @@ def place_target(target: dict, placement: Placement, min_visibility: float) -> d
     mapped = place_boxes(target["boxes"].numpy(), (sx, sy), (ox, oy), content, 0.0)
     # The share left of each annotated box: the conversion's crop may have cut it already ("visible").
     visible = mapped.share * (target["visible"].numpy()[mapped.kept] if "visible" in target else 1.0)
-    sized = ((mapped.boxes[:, 2] - mapped.boxes[:, 0] >= MIN_BOX) & (mapped.boxes[:, 3] - mapped.boxes[:, 1] >= MIN_BOX)
-             & (visible >= min_visibility))
+    sized = (
+        (mapped.boxes[:, 2] - mapped.boxes[:, 0] >= MIN_BOX)
+        & (mapped.boxes[:, 3] - mapped.boxes[:, 1] >= MIN_BOX)
+        & (visible >= min_visibility)
+    )
     keep = torch.from_numpy(mapped.kept[sized])
     out = {"boxes": torch.from_numpy(mapped.boxes[sized]).reshape(-1, 4)}
     for name in ("labels", "iscrowd", "difficult"):
@@ -463,8 +486,9 @@ def place_geometry(geometry: Optional[dict], placement: Placement) -> Optional[d
         xs, ys = sorted((c0 * sx + ox, c2 * sx + ox)), sorted((c1 * sy + oy, c3 * sy + oy))
         content = (max(0.0, xs[0]), max(0.0, ys[0]), min(float(ow), xs[1]), min(float(oh), ys[1]))
     gs, go = geometry.get("scale") or (1.0, 1.0), geometry.get("offset") or (0.0, 0.0)
-    out.update(scale=[gs[0] * sx, gs[1] * sy], offset=[go[0] * sx + ox, go[1] * sy + oy], size=[ow, oh],
-               content=list(content))
+    out.update(
+        scale=[gs[0] * sx, gs[1] * sy], offset=[go[0] * sx + ox, go[1] * sy + oy], size=[ow, oh], content=list(content)
+    )
     return out
 
 
@@ -499,5 +523,17 @@ def _finish(image: Image.Image, flip: bool) -> np.ndarray:
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-__all__ = ["RandomResizedCrop", "CenterCrop", "Augment", "Placement", "Draws", "uniforms", "render", "stored_size",
-           "upright_stored", "place_target", "place_mask", "place_geometry"]
+__all__ = [
+    "RandomResizedCrop",
+    "CenterCrop",
+    "Augment",
+    "Placement",
+    "Draws",
+    "uniforms",
+    "render",
+    "stored_size",
+    "upright_stored",
+    "place_target",
+    "place_mask",
+    "place_geometry",
+]

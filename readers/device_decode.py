@@ -89,11 +89,17 @@ class BatchBuilder:
         data = np.frombuffer(b"".join(self.chunks), dtype=np.uint8).copy()
         pixels = np.stack(self.pixels) if self.pixels else np.empty((0, h, w, self.channels), np.uint8)
         return EncodedBatch(
-            torch.from_numpy(data), torch.tensor(np.cumsum([len(c) for c in self.chunks], dtype=np.int64)),
-            torch.tensor(self.rows, dtype=torch.int64), torch.tensor(self.boxes, dtype=torch.int64).reshape(-1, 4),
-            torch.tensor(self.wholes, dtype=torch.int64).reshape(-1, 4), torch.tensor(self.flips, dtype=torch.bool),
-            torch.from_numpy(np.ascontiguousarray(pixels)), torch.tensor(self.done, dtype=torch.int64),
-            torch.from_numpy(self.labels), torch.tensor([self.n, self.channels, h, w], dtype=torch.int64))
+            torch.from_numpy(data),
+            torch.tensor(np.cumsum([len(c) for c in self.chunks], dtype=np.int64)),
+            torch.tensor(self.rows, dtype=torch.int64),
+            torch.tensor(self.boxes, dtype=torch.int64).reshape(-1, 4),
+            torch.tensor(self.wholes, dtype=torch.int64).reshape(-1, 4),
+            torch.tensor(self.flips, dtype=torch.bool),
+            torch.from_numpy(np.ascontiguousarray(pixels)),
+            torch.tensor(self.done, dtype=torch.int64),
+            torch.from_numpy(self.labels),
+            torch.tensor([self.n, self.channels, h, w], dtype=torch.int64),
+        )
 
 
 MAX_SHRINK = 32
@@ -127,15 +133,19 @@ def refusal(dataset, random_access: bool, collate_given: bool) -> Optional[str]:
     if not random_access:
         return "it reads npy, lmdb and hdf5 outputs; tar shards (wds) are decoded in the workers"
     if codec not in ("jpeg", "source"):
-        return (f"it decodes JPEG-stored images (--codec jpeg or source), and this output stores "
-                f"{codec or 'no images'}: its images are decoded in the workers")
+        return (
+            f"it decodes JPEG-stored images (--codec jpeg or source), and this output stores "
+            f"{codec or 'no images'}: its images are decoded in the workers"
+        )
     if getattr(dataset, "memory", None) is not None:
         return "in_memory=True holds the images decoded already: there is nothing left to decode on the device"
     if dataset.augment is None or dataset.augment.crop is None:
         return "it makes batches of crops of one size: open the dataset with crop=RandomResizedCrop(N) or CenterCrop(N)"
     if dataset.one_by_one or dataset.text_fields or dataset.has_target:
-        return ("a transform, a target_transform, return_meta, text fields or detection and segmentation targets "
-                "are made per sample in the workers")
+        return (
+            "a transform, a target_transform, return_meta, text fields or detection and segmentation targets "
+            "are made per sample in the workers"
+        )
     if collate_given:
         return "a collate_fn of your own gets samples, and this path sends whole batches of JPEG bytes"
     return None
@@ -156,8 +166,9 @@ class DeviceDecoder:
         ends = batch.ends.tolist()
         starts = [0, *ends[:-1]]
         files = [batch.data[a:b] for a, b in zip(starts, ends)]
-        for row, image, box, whole, flip in zip(batch.rows.tolist(), self._decode(files), batch.boxes.tolist(),
-                                               batch.wholes.tolist(), batch.flips.tolist()):
+        for row, image, box, whole, flip in zip(
+            batch.rows.tolist(), self._decode(files), batch.boxes.tolist(), batch.wholes.tolist(), batch.flips.tolist()
+        ):
             out[row] = _crop(image, box, whole, (h, w), flip)
         if len(batch.done):
             pixels = batch.pixels.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
@@ -198,7 +209,7 @@ def _crop(image: torch.Tensor, box: list[int], whole: list[int], size: tuple[int
     if whole[0] >= 0:  # CenterCrop(resize=): the whole image resized, then the box cut from it
         wh, ww, top, left = whole
         resized = _resize(image, (wh, ww))
-        cut = resized[:, top:top + size[0], left:left + size[1]]
+        cut = resized[:, top : top + size[0], left : left + size[1]]
     else:
         x0, y0, x1, y1 = box
         cut = _resize(image[:, y0:y1, x0:x1], size)
@@ -220,9 +231,11 @@ def gpu_jpeg_decoder():
     try:
         from torchvision.io import ImageReadMode, decode_jpeg
     except ImportError as e:
-        raise ImportError("decode='device' on a CUDA device decodes JPEGs with torchvision's nvJPEG decoder: "
-                          "install the torchvision that matches your torch (pip install torchvision), or use "
-                          "decode='workers'") from e
+        raise ImportError(
+            "decode='device' on a CUDA device decodes JPEGs with torchvision's nvJPEG decoder: "
+            "install the torchvision that matches your torch (pip install torchvision), or use "
+            "decode='workers'"
+        ) from e
 
     def decode(files: list[torch.Tensor], mode: str, device: torch.device) -> list[torch.Tensor]:
         read = ImageReadMode.GRAY if mode == "L" else ImageReadMode.RGB

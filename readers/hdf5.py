@@ -52,8 +52,13 @@ class _Hdf5Shard(NamedTuple):
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
     """File offset of each image when each is stored as one unfiltered chunk of its exact size, else None."""
     shape, dtype = images.shape, images.dtype
-    if (not hasattr(images.id, "chunk_iter") or not shape[0] or images.chunks != (1, *shape[1:])
-            or images.id.get_create_plist().get_nfilters() or dtype.hasobject):
+    if (
+        not hasattr(images.id, "chunk_iter")
+        or not shape[0]
+        or images.chunks != (1, *shape[1:])
+        or images.id.get_create_plist().get_nfilters()
+        or dtype.hasobject
+    ):
         return None
     nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     offsets = np.full(shape[0], -1, dtype=np.int64)
@@ -103,10 +108,10 @@ class Hdf5Dataset(PackedDataset):
     def read_stored(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
         if handle.mapped is not None:
             start = handle.chunks[local]  # local is always < the shard's samples: checked by locate()
-            return handle.mapped[start:start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
+            return handle.mapped[start : start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
         if handle.offsets is None:
             return handle.images[local]
-        data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        data = handle.images[handle.offsets[local] : handle.offsets[local + 1]]
         if handle.shapes is not None:
             return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.file.filename)
         return data
@@ -133,7 +138,7 @@ class Hdf5Dataset(PackedDataset):
 
     def read_field(self, handle: _Hdf5Shard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]
-        return flat[offsets[local]:offsets[local + 1]]
+        return flat[offsets[local] : offsets[local + 1]]
 
     def read_lengths(self, handle: _Hdf5Shard, field: TextField) -> np.ndarray:
         return np.diff(handle.text[field.name][1]) // field.itemsize
@@ -146,7 +151,7 @@ class Hdf5Dataset(PackedDataset):
     def read_key(self, handle: _Hdf5Shard, local: int) -> str:
         if not handle.flat_keys:  # format versions 1 to 3: strings in HDF5's global heap
             return handle.file[HDF5_KEYS].asstr()[local]
-        start, end = handle.file[HDF5_KEY_OFFSETS][local:local + 2]  # read when asked: return_meta only
+        start, end = handle.file[HDF5_KEY_OFFSETS][local : local + 2]  # read when asked: return_meta only
         return bytes(handle.file[HDF5_KEY_BYTES][start:end]).decode("utf-8")
 
     def read_keys(self, handle: _Hdf5Shard, count: int) -> list[str]:
@@ -154,7 +159,7 @@ class Hdf5Dataset(PackedDataset):
         so one read per key would make ``samples`` slow on big outputs."""
         if not handle.flat_keys:
             return list(handle.file[HDF5_KEYS].asstr()[:count])
-        offsets = handle.file[HDF5_KEY_OFFSETS][:count + 1].tolist()  # two reads for the whole shard
+        offsets = handle.file[HDF5_KEY_OFFSETS][: count + 1].tolist()  # two reads for the whole shard
         flat = handle.file[HDF5_KEY_BYTES][:].tobytes()
         return [flat[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
 

@@ -78,8 +78,9 @@ def physical_cores() -> int:
     for cpu in cpus:
         topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
-                       topo.joinpath("core_id").read_text().strip()))
+            cores.add(
+                (topo.joinpath("physical_package_id").read_text().strip(), topo.joinpath("core_id").read_text().strip())
+            )
         except OSError:
             return usable
     return max(1, min(usable, len(cores)))
@@ -115,9 +116,17 @@ def batch_bytes(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dty
     return batch_size * itemsize * int(np.prod(dataset.image_shape))
 
 
-def default_options(dataset: ReaderBase, batch_size: int, transport_dtype: torch.dtype, *, cores: Optional[int] = None,
-                    memory: Optional[int] = None, cuda: bool = False, world_size: int = 1,
-                    samples: Optional[int] = None) -> dict[str, Any]:
+def default_options(
+    dataset: ReaderBase,
+    batch_size: int,
+    transport_dtype: torch.dtype,
+    *,
+    cores: Optional[int] = None,
+    memory: Optional[int] = None,
+    cuda: bool = False,
+    world_size: int = 1,
+    samples: Optional[int] = None,
+) -> dict[str, Any]:
     """The DataLoader options ``make_loader`` picks for this dataset on this machine.
 
     ``cores`` and ``memory`` default to ``physical_cores()`` and ``available_memory()``, shared
@@ -157,11 +166,17 @@ class PackedLoader:
     ``loader`` is the underlying DataLoader, ``sampler`` the batch sampler (map-style readers).
     """
 
-    def __init__(self, dataset: ReaderBase, loader: DataLoader,
-                 sampler: Optional[Union[EpochBatchSampler, SamplerBatches]],
-                 normalize: Optional[BatchNormalize], device: Optional[torch.device],
-                 ring: Optional[SlotRing] = None, order: Optional[dict] = None,
-                 decoder: Optional[device_decode.DeviceDecoder] = None) -> None:
+    def __init__(
+        self,
+        dataset: ReaderBase,
+        loader: DataLoader,
+        sampler: Optional[Union[EpochBatchSampler, SamplerBatches]],
+        normalize: Optional[BatchNormalize],
+        device: Optional[torch.device],
+        ring: Optional[SlotRing] = None,
+        order: Optional[dict] = None,
+        decoder: Optional[device_decode.DeviceDecoder] = None,
+    ) -> None:
         self.dataset, self.loader, self.sampler, self.decoder = dataset, loader, sampler, decoder
         self.normalize, self.device, self.ring = normalize, device, ring
         self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
@@ -250,8 +265,10 @@ class PackedLoader:
             if torch.is_tensor(targets):  # stacked masks
                 targets = move(targets)
             else:
-                targets = [move(t) if torch.is_tensor(t) else {k: move(v) if torch.is_tensor(v) else v
-                                                               for k, v in t.items()} for t in targets]
+                targets = [
+                    move(t) if torch.is_tensor(t) else {k: move(v) if torch.is_tensor(v) else v for k, v in t.items()}
+                    for t in targets
+                ]
         if self.normalize is not None:
             images = self.normalize(images) if torch.is_tensor(images) else [self.normalize(i[None])[0] for i in images]
         return (images, targets, *rest)
@@ -284,8 +301,10 @@ class PackedLoader:
         state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
         for key, value in mine.items():
             if key in state and state[key] != value:
-                raise ValueError(f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
-                                 f"{key}={value}; make the loader with the same {key}")
+                raise ValueError(
+                    f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
+                    f"{key}={value}; make the loader with the same {key}"
+                )
         if self.sampler is not None:
             self.sampler.load_state_dict(state)
         self.epoch = int(state["epoch"])
@@ -364,8 +383,10 @@ def make_loader(
             raise ValueError("bucket_by_length batches one output by its lengths; a mixture draws its own samples")
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
-        raise TypeError(f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
-                        f"{type(dataset).__name__}")
+        raise TypeError(
+            f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
+            f"{type(dataset).__name__}"
+        )
     device = torch.device(device) if device is not None else None
     cuda = device is not None and device.type == "cuda"
     normalize = None
@@ -390,16 +411,26 @@ def make_loader(
     seed = int(getattr(dataset, "seed", 0)) if seed is None else int(seed)
     reader.seed = seed
     shape = dataset.image_shape
-    if (m.has_image and shape is None and batch_size > 1 and "collate_fn" not in overrides
-            and dataset.transform is None and not dataset.has_target):
-        raise ValueError("images of this output have different sizes (--resize none, shorter or max): open it with "
-                         "crop=readers.RandomResizedCrop(N) or CenterCrop(N), or use batch_size=1, a transform "
-                         "that gives every image one size, or a collate_fn that can batch them")
+    if (
+        m.has_image
+        and shape is None
+        and batch_size > 1
+        and "collate_fn" not in overrides
+        and dataset.transform is None
+        and not dataset.has_target
+    ):
+        raise ValueError(
+            "images of this output have different sizes (--resize none, shorter or max): open it with "
+            "crop=readers.RandomResizedCrop(N) or CenterCrop(N), or use batch_size=1, a transform "
+            "that gives every image one size, or a collate_fn that can batch them"
+        )
     user_sampler = overrides.pop("sampler", None)
     user_batches = overrides.pop("batch_sampler", None)
     if (user_sampler is not None or user_batches is not None) and not isinstance(dataset, PackedDataset):
-        raise ValueError("tar shards are read in order, so a sampler cannot choose their samples: use shuffle= "
-                         "(a shuffle buffer), or convert to npy, lmdb or hdf5 for random access")
+        raise ValueError(
+            "tar shards are read in order, so a sampler cannot choose their samples: use shuffle= "
+            "(a shuffle buffer), or convert to npy, lmdb or hdf5 for random access"
+        )
     if user_sampler is not None and user_batches is not None:
         raise ValueError("pass sampler= or batch_sampler=, not both (as DataLoader)")
     if bucket_by_length and (user_sampler is not None or user_batches is not None):
@@ -420,11 +451,15 @@ def make_loader(
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
         free = shared_memory_free()
         if free is None or need <= free // 2:
-            ring = reader.ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport,
-                                          reader.convert.normalize is None)
+            ring = reader.ring = SlotRing(
+                workers, per_worker, (batch_size, c, h, w), transport, reader.convert.normalize is None
+            )
         else:
-            log.info("make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
-                     free // 2**20, need // 2**20)
+            log.info(
+                "make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",
+                free // 2**20,
+                need // 2**20,
+            )
     text = bool(dataset.text_fields) and not dataset.has_target
     if dataset.has_target:
         options.setdefault("collate_fn", detection_collate if cuda else ArraysAcrossWorkers(detection_collate))
@@ -437,29 +472,48 @@ def make_loader(
         if user_sampler is not None or user_batches is not None:
             # The caller's order, in whole batches of indices: __getitems__ still reads each batch
             # into one tensor. shuffle and seed are the sampler's business then; so is the rank split.
-            sampler = SamplerBatches(user_batches if user_batches is not None else user_sampler, batch_size,
-                                     drop_last, batched=user_batches is not None)
+            sampler = SamplerBatches(
+                user_batches if user_batches is not None else user_sampler,
+                batch_size,
+                drop_last,
+                batched=user_batches is not None,
+            )
             if world > 1 and not hasattr(sampler.sampler, "set_epoch"):
-                raise ValueError("torch.distributed is initialised, and the sampler given does not split the samples "
-                                 "between ranks (it has no set_epoch): every rank would draw the same batches, or "
-                                 "overlapping ones. Pass a DistributedSampler, or a sampler that takes the rank")
+                raise ValueError(
+                    "torch.distributed is initialised, and the sampler given does not split the samples "
+                    "between ranks (it has no set_epoch): every rank would draw the same batches, or "
+                    "overlapping ones. Pass a DistributedSampler, or a sampler that takes the rank"
+                )
         elif bucket_by_length:
             field = bucket_by_length if isinstance(bucket_by_length, str) else None
-            sampler = LengthBucketSampler(dataset.lengths(field), batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                                          world_size=world, drop_last=drop_last)
+            sampler = LengthBucketSampler(
+                dataset.lengths(field),
+                batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                rank=rank,
+                world_size=world,
+                drop_last=drop_last,
+            )
         else:
-            sampler = EpochBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank,
-                                        world_size=world, drop_last=drop_last)
+            sampler = EpochBatchSampler(
+                len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
+            )
         loader = DataLoader(reader, batch_sampler=sampler, **options)
     else:  # tar shards: the reader makes the batches itself, an equal number per rank (see configure_batches)
         sampler = None
         reader.shuffle = (reader.shuffle or WDS_SHUFFLE_BUFFER) if shuffle else 0
-        reader.configure_batches(batch_size, drop_last=drop_last, rank=rank, world_size=world, workers=workers,
-                                 control=torch.zeros(2, dtype=torch.int64).share_memory_())
+        reader.configure_batches(
+            batch_size,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world,
+            workers=workers,
+            control=torch.zeros(2, dtype=torch.int64).share_memory_(),
+        )
         loader = DataLoader(reader, batch_size=None, **options)
     log.debug("make_loader: %s", {k: v for k, v in options.items() if k != "collate_fn"})
-    order = {"batch_size": batch_size, "world_size": world, "seed": seed,
-             "bucket_by_length": bucket_by_length or False}
+    order = {"batch_size": batch_size, "world_size": world, "seed": seed, "bucket_by_length": bucket_by_length or False}
     order["sampler"] = None  # make_loader's own
     if isinstance(sampler, EpochBatchSampler):
         order["order"] = ORDER_VERSION  # a mid-epoch state of another epoch order is refused by the sampler
@@ -474,8 +528,15 @@ def make_loader(
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order, decoder)
 
 
-def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Optional[int], drop_last: bool,
-                    device: Union[str, torch.device, None], overrides: dict) -> PackedLoader:
+def _mixture_loader(
+    mixture: Mixture,
+    batch_size: int,
+    shuffle: bool,
+    seed: Optional[int],
+    drop_last: bool,
+    device: Union[str, torch.device, None],
+    overrides: dict,
+) -> PackedLoader:
     """``make_loader`` of a mixture: make_loader's sampler (equal batches per rank, exact resume) over
     the mixture's epoch; each part normalizes its own samples in the workers (``readers.mixture``)."""
     if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
@@ -484,10 +545,18 @@ def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Opti
     cuda = device is not None and device.type == "cuda"
     first = mixture.datasets[0]
     m = first.manifest
-    if m.has_image and first.image_shape is None and batch_size > 1 and "collate_fn" not in overrides \
-            and first.transform is None and not first.has_target:
-        raise ValueError("the mixture's images have different sizes: open its parts with crop=readers.RandomResizedCrop"
-                         "(N) or CenterCrop(N), or use batch_size=1 or a collate_fn that can batch them")
+    if (
+        m.has_image
+        and first.image_shape is None
+        and batch_size > 1
+        and "collate_fn" not in overrides
+        and first.transform is None
+        and not first.has_target
+    ):
+        raise ValueError(
+            "the mixture's images have different sizes: open its parts with crop=readers.RandomResizedCrop"
+            "(N) or CenterCrop(N), or use batch_size=1 or a collate_fn that can batch them"
+        )
     if seed is not None and int(seed) != mixture.seed:
         mixture = mixture.with_seed(int(seed))  # as for one dataset: the loader's seed draws the crops too
     seed = mixture.seed
@@ -504,13 +573,22 @@ def _mixture_loader(mixture: Mixture, batch_size: int, shuffle: bool, seed: Opti
         pad = functools.partial(pad_collate, pad_id=first.pad_id, fields=m.sample_fields)
         options.setdefault("collate_fn", pad if cuda else ArraysAcrossWorkers(pad))
     options.setdefault("collate_fn", packed_collate)
-    sampler = EpochBatchSampler(len(mixture), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world,
-                                drop_last=drop_last)
+    sampler = EpochBatchSampler(
+        len(mixture), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
+    )
     loader = DataLoader(mixture, batch_sampler=sampler, **options)
-    order = {"batch_size": batch_size, "world_size": world, "seed": seed, "bucket_by_length": False, "sampler": None,
-             "order": ORDER_VERSION,
-             "mixture": {"parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
-                         "seed": mixture.seed}}
+    order = {
+        "batch_size": batch_size,
+        "world_size": world,
+        "seed": seed,
+        "bucket_by_length": False,
+        "sampler": None,
+        "order": ORDER_VERSION,
+        "mixture": {
+            "parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
+            "seed": mixture.seed,
+        },
+    }
     if first.augment is not None:
         order["augment"] = repr(first.augment)
     return PackedLoader(mixture, loader, sampler, None, device, None, order)

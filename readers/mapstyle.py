@@ -35,9 +35,12 @@ def _warn_epochs() -> None:
     """Warn once per process that random crops read in DataLoader workers, without ``set_epoch``, repeat."""
     if not _WARNED:
         _WARNED.append(True)
-        warnings.warn("random crops and flips are drawn for epoch 0 every epoch: call dataset.set_epoch(epoch) "
-                      "before each epoch (as with DistributedSampler), or read through readers.make_loader, "
-                      "whose batches carry their epoch", stacklevel=3)
+        warnings.warn(
+            "random crops and flips are drawn for epoch 0 every epoch: call dataset.set_epoch(epoch) "
+            "before each epoch (as with DistributedSampler), or read through readers.make_loader, "
+            "whose batches carry their epoch",
+            stacklevel=3,
+        )
 
 
 class PackedDataset(ReaderBase, Dataset):
@@ -50,8 +53,9 @@ class PackedDataset(ReaderBase, Dataset):
     every image once into shared memory that DataLoader workers share (see load_into_memory).
     """
 
-    def __init__(self, root: str | os.PathLike, *, max_open_shards: int = 64, in_memory: bool = False,
-                 **options) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, max_open_shards: int = 64, in_memory: bool = False, **options
+    ) -> None:
         super().__init__(root, **options)
         self.max_open_shards = max(1, int(max_open_shards))
         self._handles: OrderedDict[int, Any] = OrderedDict()
@@ -75,8 +79,10 @@ class PackedDataset(ReaderBase, Dataset):
         nothing is decoded again. Needs a fixed image size.
         """
         if not self.layout.fixed_images:
-            raise ValueError("in_memory=True holds images of one size and nothing else: this output has text fields, "
-                             "detection targets, masks or images of several sizes (--resize none, shorter or max)")
+            raise ValueError(
+                "in_memory=True holds images of one size and nothing else: this output has text fields, "
+                "detection targets, masks or images of several sizes (--resize none, shorter or max)"
+            )
         memory = torch.empty((len(self), *self.layout.shape), dtype=torch_dtype(self.layout.np_dtype)).share_memory_()
         view = memory.numpy()
         for shard in range(len(self.manifest.shards)):
@@ -148,8 +154,9 @@ class PackedDataset(ReaderBase, Dataset):
         if meta is not None and self.geometry:  # composed with the crop: it maps onto the returned image
             meta["geometry"] = place_geometry(geometry, placement[0]) if placement else geometry
         placement_meta(meta, placement[0] if placement else None)
-        return build_sample(values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform,
-                            self.has_target)
+        return build_sample(
+            values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform, self.has_target
+        )
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).
@@ -204,7 +211,8 @@ class PackedDataset(ReaderBase, Dataset):
                 batch.labels[rows] = self._shard_labels(shard)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
                     stored, codec, placement, (height, width) = self.placed(
-                        self._stored(shard, at), self._offsets[shard] + at, epoch, self.layout.codec.name)
+                        self._stored(shard, at), self._offsets[shard] + at, epoch, self.layout.codec.name
+                    )
                     if codec == "jpeg" and on_device(placement, height, width):
                         batch.add_encoded(j, bytes(stored), placement)
                     else:
@@ -276,8 +284,10 @@ class PackedDataset(ReaderBase, Dataset):
             raise
         except Exception as e:  # noqa: BLE001 - numpy, h5py, lmdb each raise their own types
             files = ", ".join(str(self.root / f.path) for f in self.manifest.shards[shard].files)
-            raise ManifestError(f"{files}: cannot be read ({type(e).__name__}: {e}); the output is damaged, "
-                                f"run packer verify {self.root}") from None
+            raise ManifestError(
+                f"{files}: cannot be read ({type(e).__name__}: {e}); the output is damaged, "
+                f"run packer verify {self.root}"
+            ) from None
 
     def _check_image(self, image: np.ndarray, shard: int) -> None:
         dtype, shape = self.layout.np_dtype, self.layout.shape
@@ -294,10 +304,12 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(i):
                 labels = self._shard_labels(i)  # copied shard by shard (see _shard_labels)
                 if len(labels) != self._offsets[i + 1] - start:
-                    raise ManifestError(f"{self.root / self.manifest.shards[i].name}: {len(labels)} labels where "
-                                        f"the manifest says {self._offsets[i + 1] - start} samples; the output is "
-                                        f"damaged, run packer verify {self.root}")
-                out[start:self._offsets[i + 1]] = labels
+                    raise ManifestError(
+                        f"{self.root / self.manifest.shards[i].name}: {len(labels)} labels where "
+                        f"the manifest says {self._offsets[i + 1] - start} samples; the output is "
+                        f"damaged, run packer verify {self.root}"
+                    )
+                out[start : self._offsets[i + 1]] = labels
         return out
 
     @property
@@ -334,9 +346,11 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 keys = list(self.read_keys(self._handle(shard), count))
             if len(keys) != count:
-                raise ManifestError(f"{self.root / self.manifest.shards[shard].name}: {len(keys)} keys where the "
-                                    f"manifest says {count} samples; the output is damaged, run packer verify "
-                                    f"{self.root}")
+                raise ManifestError(
+                    f"{self.root / self.manifest.shards[shard].name}: {len(keys)} keys where the "
+                    f"manifest says {count} samples; the output is damaged, run packer verify "
+                    f"{self.root}"
+                )
             self._keys[shard] = keys
         return keys
 
@@ -356,8 +370,10 @@ class PackedDataset(ReaderBase, Dataset):
             with self._reading(shard):
                 shapes = self.read_shapes(self._handle(shard), entry)
             if shapes is None or shapes.shape != (entry.samples, 3):
-                raise ValueError(f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
-                                 f"packer {self.manifest.packer_version}); convert it again with this packer")
+                raise ValueError(
+                    f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
+                    f"packer {self.manifest.packer_version}); convert it again with this packer"
+                )
             parts.append(np.asarray(shapes[:, :2], np.int64))
         return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
 

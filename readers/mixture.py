@@ -67,8 +67,9 @@ def allocate(weights: Sequence[float], total: int) -> list[int]:
 class Mixture(Dataset):
     """Parts drawn in proportion to their weights; see the module. Made by ``open_mixture``."""
 
-    def __init__(self, parts: Mapping[str, tuple[PackedDataset, float]], epoch_size: Optional[int] = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, parts: Mapping[str, tuple[PackedDataset, float]], epoch_size: Optional[int] = None, seed: int = 0
+    ) -> None:
         if not isinstance(parts, Mapping) or not parts:
             raise ValueError("a mixture needs its parts as a dict of name -> (dataset, weight), at least one")
         self.names = list(parts)
@@ -76,12 +77,21 @@ class Mixture(Dataset):
         weights = [parts[n][1] for n in self.names]
         for name, ds, weight in zip(self.names, self.datasets, weights):
             if not isinstance(ds, PackedDataset):
-                why = ("tar shards are read in order, so their samples cannot be drawn one by one; repack it for "
-                       "random access (packer convert OUTPUT -f lmdb -o OUTPUT-lmdb)") if hasattr(ds, "manifest") \
+                why = (
+                    (
+                        "tar shards are read in order, so their samples cannot be drawn one by one; repack it for "
+                        "random access (packer convert OUTPUT -f lmdb -o OUTPUT-lmdb)"
+                    )
+                    if hasattr(ds, "manifest")
                     else "give one output's reader (readers.open_dataset) or its folder"
+                )
                 raise ValueError(f"mixture part {name!r} is {type(ds).__name__}: {why}")
-            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not weight > 0 \
-                    or not np.isfinite(weight):
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, numbers.Real)
+                or not weight > 0
+                or not np.isfinite(weight)
+            ):
                 raise ValueError(f"mixture part {name!r} has weight {weight!r}: weights must be positive numbers")
             if len(ds) == 0:
                 raise ValueError(f"mixture part {name!r} holds no samples")
@@ -92,11 +102,13 @@ class Mixture(Dataset):
             ours, theirs = _kind(ds), _kind(first)
             if ours != theirs:
                 differ = ", ".join(k for k in ours if ours[k] != theirs[k])
-                raise ValueError(f"mixture parts {self.names[0]!r} and {name!r} give samples of other kinds ({differ}: "
-                                 f"{ {k: theirs[k] for k in ours if ours[k] != theirs[k]} } against "
-                                 f"{ {k: ours[k] for k in ours if ours[k] != theirs[k]} }); batches need one kind: "
-                                 "crop them to one size with crop=, open them with the same options, or convert "
-                                 "them alike")
+                raise ValueError(
+                    f"mixture parts {self.names[0]!r} and {name!r} give samples of other kinds ({differ}: "
+                    f"{ {k: theirs[k] for k in ours if ours[k] != theirs[k]} } against "
+                    f"{ {k: ours[k] for k in ours if ours[k] != theirs[k]} }); batches need one kind: "
+                    "crop them to one size with crop=, open them with the same options, or convert "
+                    "them alike"
+                )
         if epoch_size is None:
             epoch_size = sum(len(d) for d in self.datasets)
         if isinstance(epoch_size, bool) or not isinstance(epoch_size, numbers.Integral) or epoch_size < 1:
@@ -108,8 +120,10 @@ class Mixture(Dataset):
         self.counts = allocate(self.weights, self.epoch_size)
         starved = [n for n, c in zip(self.names, self.counts) if c == 0]
         if starved:
-            raise ValueError(f"mixture part(s) {', '.join(map(repr, starved))} would get no sample of an epoch of "
-                             f"{self.epoch_size}: raise their weight or epoch_size")
+            raise ValueError(
+                f"mixture part(s) {', '.join(map(repr, starved))} would get no sample of an epoch of "
+                f"{self.epoch_size}: raise their weight or epoch_size"
+            )
         # Sample i of an epoch is draw rank[i] of part part[i]: the parts interleaved evenly, so that
         # every stretch of the epoch has about the proportions (the loader shuffles it anyway).
         keys = np.concatenate([(np.arange(n) + 0.5) / n for n in self.counts if n]) if any(self.counts) else []
@@ -117,8 +131,10 @@ class Mixture(Dataset):
         ranks = np.concatenate([np.arange(n) for n in self.counts if n])
         order = np.lexsort((owners, keys))
         small = np.int32 if self.epoch_size < 2**31 else np.int64
-        self._part, self._rank = owners[order].astype(np.int8 if len(self.names) < 128 else np.int32), \
-            ranks[order].astype(small)
+        self._part, self._rank = (
+            owners[order].astype(np.int8 if len(self.names) < 128 else np.int32),
+            ranks[order].astype(small),
+        )
         # -1: never set (epoch 0, and a warning in DataLoader workers, where the draws would repeat every epoch).
         self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         self._cycles: dict[tuple[int, int], np.ndarray] = {}
@@ -144,9 +160,12 @@ class Mixture(Dataset):
             return epoch
         if get_worker_info() is not None and not _WARNED:
             _WARNED.append(True)
-            warnings.warn("a mixture read in DataLoader workers draws epoch 0 every epoch: call mixture.set_epoch("
-                          "epoch) before each epoch, or read it through readers.make_loader, whose batches carry "
-                          "their epoch", stacklevel=3)
+            warnings.warn(
+                "a mixture read in DataLoader workers draws epoch 0 every epoch: call mixture.set_epoch("
+                "epoch) before each epoch, or read it through readers.make_loader, whose batches carry "
+                "their epoch",
+                stacklevel=3,
+            )
         return 0
 
     # What make_loader and PackedLoader ask of a dataset.
@@ -196,7 +215,8 @@ class Mixture(Dataset):
                 del self._cycles[old]
             n = len(self.datasets[part])
             found = np.random.default_rng([self.seed, part, cycle]).permutation(
-                np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+                np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+            )
             self._cycles[key] = found
         return found
 
@@ -212,8 +232,10 @@ class Mixture(Dataset):
         for row, (k, cycle, _) in enumerate(drawn):
             rows.setdefault((k, cycle), []).append(row)
         # A part's crops and flips are those of its cycle: a sample drawn again is cropped anew.
-        got = {(k, cycle): self.datasets[k].__getitems__(EpochBatch([drawn[r][2] for r in rs], cycle))
-               for (k, cycle), rs in rows.items()}
+        got = {
+            (k, cycle): self.datasets[k].__getitems__(EpochBatch([drawn[r][2] for r in rs], cycle))
+            for (k, cycle), rs in rows.items()
+        }
         if all(isinstance(b, PackedBatch) for b in got.values()):
             first = next(iter(got.values()))
             images = torch.empty((len(indices), *first.images.shape[1:]), dtype=first.images.dtype)
@@ -230,8 +252,9 @@ class Mixture(Dataset):
         return out
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{n!r}: ({getattr(d, 'root', '?')!s}, {w:g})"
-                          for n, d, w in zip(self.names, self.datasets, self.weights))
+        parts = ", ".join(
+            f"{n!r}: ({getattr(d, 'root', '?')!s}, {w:g})" for n, d, w in zip(self.names, self.datasets, self.weights)
+        )
         return f"Mixture({{{parts}}}, epoch_size={self.epoch_size}, seed={self.seed})"
 
 
@@ -241,8 +264,9 @@ def part_seed(seed: int, part: int) -> int:
     return int(np.random.SeedSequence([seed, part]).generate_state(1, np.uint32)[0])
 
 
-def open_mixture(parts: Mapping[str, PartSpec], epoch_size: Optional[int] = None, seed: int = 0,
-                 **options: Any) -> Mixture:
+def open_mixture(
+    parts: Mapping[str, PartSpec], epoch_size: Optional[int] = None, seed: int = 0, **options: Any
+) -> Mixture:
     """A ``Mixture`` of packer outputs: ``{"web": ("packed/web", 0.7), "curated": ("packed/cur", 0.3)}``.
 
     Each part is an output folder (opened with ``readers.open_dataset(path, **options)``: crops,

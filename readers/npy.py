@@ -54,7 +54,7 @@ class NpyDataset(PackedDataset):
     def read_stored(self, handle: _NpyShard, local: int) -> np.ndarray:
         if handle.offsets is None:
             return handle.images[local]
-        data = handle.images[handle.offsets[local]:handle.offsets[local + 1]]
+        data = handle.images[handle.offsets[local] : handle.offsets[local + 1]]
         if handle.shapes is not None:
             return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.where)
         return data
@@ -64,7 +64,7 @@ class NpyDataset(PackedDataset):
 
     def read_field(self, handle: _NpyShard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]
-        return flat[offsets[local]:offsets[local + 1]]
+        return flat[offsets[local] : offsets[local + 1]]
 
     def read_lengths(self, handle: _NpyShard, field: TextField) -> np.ndarray:
         return np.diff(handle.text[field.name][1]) // field.itemsize

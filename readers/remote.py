@@ -76,8 +76,10 @@ def file_url(root: str, name: str) -> str:
     """The URL of the file ``name`` of the output at ``root`` (for ``pipe:``, the command that reads it)."""
     if root.startswith("pipe:"):
         if "{}" not in root:
-            raise ManifestError(f"{root!r}: a pipe: root needs {{}} where the file name goes, e.g. "
-                                "'pipe:curl -sf https://host/out/{}'")
+            raise ManifestError(
+                f"{root!r}: a pipe: root needs {{}} where the file name goes, e.g. "
+                "'pipe:curl -sf https://host/out/{}'"
+            )
         return root.replace("{}", shlex.quote(name))
     return root.rstrip("/") + "/" + name
 
@@ -93,8 +95,10 @@ def open_manifest(root: Union[str, os.PathLike], expect_format: Optional[str] = 
             parts.append(chunk)
             size += len(chunk)
             if size > MANIFEST_BYTES:
-                raise ManifestError(f"{url} is longer than {MANIFEST_BYTES} bytes, more than any manifest "
-                                    "packer writes; is the URL an output's?")
+                raise ManifestError(
+                    f"{url} is longer than {MANIFEST_BYTES} bytes, more than any manifest "
+                    "packer writes; is the URL an output's?"
+                )
         data = b"".join(parts)
     try:
         text = data.decode("utf-8")
@@ -116,8 +120,7 @@ def read_remote_file(root: str, entry: FileEntry) -> bytes:
     return data
 
 
-def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, os.PathLike]] = None
-                    ) -> Iterator[dict]:
+def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, os.PathLike]] = None) -> Iterator[dict]:
     """The samples of the tar shard ``entry`` of the output at ``root``, as ``iter_tar_samples``
     gives them, streamed and checked against the manifest's size and SHA-256 once the tar ends
     (ManifestError when they differ). With ``cache_dir``, from the cached copy when there is one,
@@ -224,8 +227,10 @@ class _Checked:
         except (OSError, ValueError, http.client.HTTPException) as e:  # IncompleteRead: the connection broke
             raise ManifestError(f"reading {self.url} failed: {type(e).__name__}: {e}") from None
         if len(data) > left:
-            raise ManifestError(f"{self.url} is longer than the manifest's {self.entry.bytes} bytes: the remote "
-                                "copy is damaged or was changed after the manifest was written")
+            raise ManifestError(
+                f"{self.url} is longer than the manifest's {self.entry.bytes} bytes: the remote "
+                "copy is damaged or was changed after the manifest was written"
+            )
         self.count += len(data)
         self.hash.update(data)
         if self.copy is not None:
@@ -237,10 +242,14 @@ class _Checked:
         while self.read(streams.CHUNK):
             pass
         if self.count != self.entry.bytes or self.hash.hexdigest() != self.entry.sha256:
-            what = (f"{self.count} bytes, not the {self.entry.bytes} of the manifest" if self.count != self.entry.bytes
-                    else "of another SHA-256 than the manifest records")
-            raise ManifestError(f"{self.url} is {what}: the remote copy is damaged or was changed after the manifest "
-                                "was written")
+            what = (
+                f"{self.count} bytes, not the {self.entry.bytes} of the manifest"
+                if self.count != self.entry.bytes
+                else "of another SHA-256 than the manifest records"
+            )
+            raise ManifestError(
+                f"{self.url} is {what}: the remote copy is damaged or was changed after the manifest was written"
+            )
         if self.copy is not None and self.tmp is not None and self.cached is not None:
             self.copy.close()
             self.copy = None

@@ -148,8 +148,10 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
                 sizes[-1] += 1
             k -= 1
         if sizes[-1] < 1:  # batch_size 1 and uneven ranks
-            raise ValueError(f"rank {self.rank} has {mine} samples for {count} batches of {b}: "
-                             "use drop_last=True, or a batch size above 1")
+            raise ValueError(
+                f"rank {self.rank} has {mine} samples for {count} batches of {b}: "
+                "use drop_last=True, or a batch size above 1"
+            )
         return np.concatenate(([0], np.cumsum(sizes)))
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
@@ -164,7 +166,7 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
             indices = (perm[positions] if perm is not None else positions).tolist()
             base = int(bounds[first])
             for k in range(first, last):
-                yield indices[int(bounds[k]) - base:int(bounds[k + 1]) - base]
+                yield indices[int(bounds[k]) - base : int(bounds[k + 1]) - base]
 
     def batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of epoch ``epoch``, in order."""
@@ -186,8 +188,15 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
         epoch = self.epoch
         if consumed >= len(self):
             epoch, consumed = epoch + 1, 0
-        return {"epoch": epoch, "batches": int(consumed), "seed": self.seed, "size": self.size,
-                "world_size": self.world_size, "batch_size": self.batch_size, "order": ORDER_VERSION}
+        return {
+            "epoch": epoch,
+            "batches": int(consumed),
+            "seed": self.seed,
+            "size": self.size,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "order": ORDER_VERSION,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at batch ``state["batches"]`` of epoch ``state["epoch"]`` on the next iteration.
@@ -197,13 +206,17 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
         """
         for key in ("seed", "size", "world_size", "batch_size"):
             if key in state and state[key] != getattr(self, key):
-                raise ValueError(f"cannot resume: the state was saved with {key}={state[key]}, "
-                                 f"this sampler has {key}={getattr(self, key)}")
+                raise ValueError(
+                    f"cannot resume: the state was saved with {key}={state[key]}, "
+                    f"this sampler has {key}={getattr(self, key)}"
+                )
         if self.shuffle and state.get("order", 1) != ORDER_VERSION and int(state["batches"]) > 0:
-            raise ValueError(f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
-                             "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the "
-                             "epoch would repeat some samples and miss others. Resume at the next epoch: set "
-                             "state['epoch'] += 1 and state['batches'] = 0")
+            raise ValueError(
+                f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
+                "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the "
+                "epoch would repeat some samples and miss others. Resume at the next epoch: set "
+                "state['epoch'] += 1 and state['batches'] = 0"
+            )
         self.epoch = int(state["epoch"])
         self.start = int(state["batches"])
 
@@ -249,11 +262,14 @@ class LengthBucketSampler(EpochBatchSampler):
         found_rank, found_world = distributed_rank()
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
-        super().__init__(len(lengths), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                         drop_last=drop_last)
+        super().__init__(
+            len(lengths), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+        )
         if batch_size == 1 and not drop_last and len(lengths) % world_size:
-            raise ValueError(f"{len(lengths)} samples in batches of 1 cannot give {world_size} ranks equal batch "
-                             "counts: use drop_last=True, or a batch size above 1")
+            raise ValueError(
+                f"{len(lengths)} samples in batches of 1 cannot give {world_size} ranks equal batch "
+                "counts: use drop_last=True, or a batch size above 1"
+            )
         self.lengths = lengths.astype(np.int64)
         self._length_rank = np.unique(self.lengths, return_inverse=True)[1].reshape(-1)  # same order, values < size
         self.bucket_batches = int(bucket_batches)
@@ -265,13 +281,13 @@ class LengthBucketSampler(EpochBatchSampler):
         order = self.permutation(epoch).take(0, self.size) if self.shuffle else np.arange(self.size)
         b = self.batch_size
         if self.drop_last:
-            order = order[:len(self) * self.world_size * b]
+            order = order[: len(self) * self.world_size * b]
         pool = np.arange(len(order)) // (b * self.bucket_batches)
         # Sort by pool, then length, ties in the permuted order (a stable sort of one int64 key: 3x
         # faster than np.lexsort; length ranks instead of lengths keep the key from overflowing).
         order = order[np.argsort(pool * self.size + self._length_rank[order], kind="stable")]
         flat = order.tolist()
-        batches = [flat[i:i + b] for i in range(0, len(flat), b)]
+        batches = [flat[i : i + b] for i in range(0, len(flat), b)]
         if not self.drop_last and len(batches) % self.world_size:
             batches = self._split_to_multiple(batches)
         if self.shuffle:
@@ -312,7 +328,7 @@ class LengthBucketSampler(EpochBatchSampler):
 
     def batches(self, epoch: int) -> list[list[int]]:
         """This rank's batches of epoch ``epoch``, in order."""
-        return self.all_batches(epoch)[self.rank::self.world_size]
+        return self.all_batches(epoch)[self.rank :: self.world_size]
 
     def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """This rank's batches of epoch ``epoch`` from batch ``start`` on: bucketing sorts the whole
@@ -326,8 +342,10 @@ class LengthBucketSampler(EpochBatchSampler):
     def load_state_dict(self, state: dict) -> None:
         """Continue where ``state`` says; refused if it was saved with other settings (as EpochBatchSampler)."""
         if "bucket_batches" in state and state["bucket_batches"] != self.bucket_batches:
-            raise ValueError(f"cannot resume: the state was saved with bucket_batches={state['bucket_batches']}, "
-                             f"this sampler has bucket_batches={self.bucket_batches}")
+            raise ValueError(
+                f"cannot resume: the state was saved with bucket_batches={state['bucket_batches']}, "
+                f"this sampler has bucket_batches={self.bucket_batches}"
+            )
         super().load_state_dict(state)
 
 

@@ -40,15 +40,16 @@ STALL_BYTES = 1 << 20  # the stall rule (see the module): this many bytes must a
 STALL_WINDOW = 60.0  # ... within this many seconds spent waiting in reads
 # A pipe: command in a process group of its own, so that a stalled pipeline (curl ... | zstd -d) is
 # killed whole, not just its shell.
-_OWN_GROUP: dict = ({} if os.name != "posix" else {"process_group": 0} if sys.version_info >= (3, 11)
-                    else {"start_new_session": True})
+_OWN_GROUP: dict = (
+    {} if os.name != "posix" else {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+)
 
 
 def open_stream(url: str) -> IO[bytes]:
     """A readable binary stream of ``url``, held to the stall rule (see the module): ``read(n)`` gives
     what has arrived, at most ``n`` bytes. ManifestError naming the URL when it cannot be opened."""
     if url.startswith("pipe:"):
-        return _PipeStream(url[len("pipe:"):])  # type: ignore[return-value]
+        return _PipeStream(url[len("pipe:") :])  # type: ignore[return-value]
     if url.startswith(("http://", "https://")):
         try:
             response = urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 - the user's own URL
@@ -126,7 +127,8 @@ class _Paced:
         return ManifestError(
             f"{self.url} stalled: {self.got} bytes in the last {self.waited:.1f} s, under the {STALL_BYTES} bytes "
             f"a stream must deliver every {STALL_WINDOW:g} s spent waiting ({self.total} bytes read in all). The "
-            "server or command is stuck or the link too slow: try again, or read from a copy nearer to this machine")
+            "server or command is stuck or the link too slow: try again, or read from a copy nearer to this machine"
+        )
 
     def __enter__(self) -> "_Paced":
         return self
@@ -195,8 +197,13 @@ class _PipeStream(_Paced):
         super().__init__(f"pipe:{command}")
         self.command = command
         try:
-            self.proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE,  # noqa: S602 - the user's
-                                         bufsize=0, **_OWN_GROUP)
+            self.proc = subprocess.Popen(
+                command,
+                shell=True,
+                stdout=subprocess.PIPE,  # noqa: S602 - the user's
+                bufsize=0,
+                **_OWN_GROUP,
+            )
         except OSError as e:
             raise ManifestError(f"cannot run pipe:{command}: {e}") from None
         self.stdout: IO[bytes] = self.proc.stdout  # type: ignore[assignment] - stdout=PIPE makes one
@@ -213,8 +220,10 @@ class _PipeStream(_Paced):
                 code = self.proc.wait(timeout=max(timeout, 0.001))
             except subprocess.TimeoutExpired:
                 self.close()
-                raise ManifestError(f"{self.url} closed its output but did not exit within {timeout:.1f} s (the "
-                                    "time left of the stall window); it was stopped") from None
+                raise ManifestError(
+                    f"{self.url} closed its output but did not exit within {timeout:.1f} s (the "
+                    "time left of the stall window); it was stopped"
+                ) from None
             if code != 0:
                 raise ManifestError(f"{self.url} failed (exit status {code})")
         return data

@@ -47,8 +47,9 @@ class WdsDataset(ReaderBase, IterableDataset):
     format_name = "wds"
     reads_urls = True
 
-    def __init__(self, root: str | os.PathLike, *, shuffle: int = 0, cache_dir: Optional[str | os.PathLike] = None,
-                 **options) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, shuffle: int = 0, cache_dir: Optional[str | os.PathLike] = None, **options
+    ) -> None:
         super().__init__(root, **options)
         self.cache_dir = cache_dir  # for URL roots: where streamed shards are kept (readers.remote)
         self.shuffle = int(shuffle)
@@ -104,7 +105,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         if workers > len(shards) and worker == 0:
             warnings.warn(
                 f"{len(shards)} shard(s) for {workers} DataLoader workers: some workers stay idle; "
-                "convert with a smaller --shard-size for more shards", stacklevel=2,
+                "convert with a smaller --shard-size for more shards",
+                stacklevel=2,
             )
         samples = (s for shard in shards[worker::workers] for s in self.iter_shard(shard, epoch))
         if self.shuffle:
@@ -113,8 +115,15 @@ class WdsDataset(ReaderBase, IterableDataset):
         for sample in samples:
             yield self._sample(*sample)
 
-    def _sample(self, index: int, array: Optional[np.ndarray], label: int, key: str, texts: tuple,
-                placement: Optional[Placement] = None):
+    def _sample(
+        self,
+        index: int,
+        array: Optional[np.ndarray],
+        label: int,
+        key: str,
+        texts: tuple,
+        placement: Optional[Placement] = None,
+    ):
         """The tuple yielded for one decoded sample (see ``build_sample``)."""
         meta = {"index": index, "key": key, "label": label} if self.return_meta else None
         placement_meta(meta, placement)
@@ -123,8 +132,9 @@ class WdsDataset(ReaderBase, IterableDataset):
             if meta is not None:  # composed with the crop: it maps onto the returned image
                 meta["geometry"] = place_geometry(geometry, placement) if placement is not None else geometry
         values = ((self.convert(array),) if array is not None else ()) + texts
-        return build_sample(values[0], label, self.apply_transform, meta, values[1:], self.target_transform,
-                            self.has_target)
+        return build_sample(
+            values[0], label, self.apply_transform, meta, values[1:], self.target_transform, self.has_target
+        )
 
     def iter_shard(self, shard: int, epoch: int = 0) -> Iterator[tuple]:
         """``(index, image array or None, label, key, text field values, Placement or None)`` of each
@@ -136,8 +146,9 @@ class WdsDataset(ReaderBase, IterableDataset):
         """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
         read from the shards' ``.lengths.npy`` side files, not from the tars."""
         f = self.length_field(field)
-        parts = [np.load(self._side_file(s, wds_lengths_suffix(f.name)), allow_pickle=False)
-                 for s in self.manifest.shards]
+        parts = [
+            np.load(self._side_file(s, wds_lengths_suffix(f.name)), allow_pickle=False) for s in self.manifest.shards
+        ]
         self.check_unchanged()  # after the reads: the side files read were the opened output's
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -152,8 +163,10 @@ class WdsDataset(ReaderBase, IterableDataset):
         parts = []
         for entry in self.manifest.shards:
             if not any(f.path.endswith(NPY_IMAGE_SHAPES) for f in entry.files):
-                raise ValueError(f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
-                                 f"packer {self.manifest.packer_version}); convert it again with this packer")
+                raise ValueError(
+                    f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
+                    f"packer {self.manifest.packer_version}); convert it again with this packer"
+                )
             parts.append(np.load(self._side_file(entry, NPY_IMAGE_SHAPES), allow_pickle=False)[:, :2])
         self.check_unchanged()
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros((0, 2), np.int64)
@@ -213,15 +226,25 @@ class WdsDataset(ReaderBase, IterableDataset):
             try:
                 array, placement = self.stored_out(array, index, epoch)
             except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
-                raise ManifestError(f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
-                                    f"run packer verify {self.root}") from None
+                raise ManifestError(
+                    f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
+                    f"run packer verify {self.root}"
+                ) from None
         if self.has_target and placement is not None:  # the boxes or mask follow the pixels
             texts = (self.place_target(texts[0], placement), *texts[1:])
         return array, label, meta.get("key", fields["__key__"]), texts, placement
 
     # Whole batches, for make_loader ---------------------------------------------------------------
-    def configure_batches(self, batch_size: int, *, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                          workers: int = 0, control: Optional[torch.Tensor] = None) -> None:
+    def configure_batches(
+        self,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        workers: int = 0,
+        control: Optional[torch.Tensor] = None,
+    ) -> None:
         """Yield whole batches (``PackedBatch``) instead of samples, an equal number on every rank.
 
         Policy (documented in the README): shards are assigned once, rank ``r`` of ``world_size``
@@ -235,17 +258,28 @@ class WdsDataset(ReaderBase, IterableDataset):
         ``drop_last`` the ranks with more drop some instead. ``control`` is a shared ``[epoch,
         batches to skip]`` tensor that the loader sets before each pass, also for persistent workers.
         """
-        self._batching = {"batch_size": int(batch_size), "drop_last": drop_last, "rank": rank, "world": world_size,
-                          "workers": max(1, workers),
-                          "control": control if control is not None else torch.zeros(2, dtype=torch.int64)}
+        self._batching = {
+            "batch_size": int(batch_size),
+            "drop_last": drop_last,
+            "rank": rank,
+            "world": world_size,
+            "workers": max(1, workers),
+            "control": control if control is not None else torch.zeros(2, dtype=torch.int64),
+        }
         shards = len(self.manifest.shards)
         if shards < world_size:
-            warnings.warn(f"{shards} shard(s) for {world_size} rank(s): some ranks read the same shards, so samples "
-                          "repeat within an epoch; convert with a smaller --shard-size for more shards", stacklevel=2)
+            warnings.warn(
+                f"{shards} shard(s) for {world_size} rank(s): some ranks read the same shards, so samples "
+                "repeat within an epoch; convert with a smaller --shard-size for more shards",
+                stacklevel=2,
+            )
         elif shards < world_size * max(1, workers):
-            warnings.warn(f"{shards} shard(s) for {world_size} rank(s) x {max(1, workers)} worker(s): some workers "
-                          "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
-                          "shards", stacklevel=2)
+            warnings.warn(
+                f"{shards} shard(s) for {world_size} rank(s) x {max(1, workers)} worker(s): some workers "
+                "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
+                "shards",
+                stacklevel=2,
+            )
 
     def _shares(self, rank: int, workers: int) -> list[list[int]]:
         """Shard numbers read by each DataLoader worker of ``rank``: every ``workers``-th of the rank's.
@@ -253,7 +287,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         rank without one (fewer shards than ranks) borrows one, as DDP needs batches from every rank."""
         b = self._batching
         everything = list(range(len(self.manifest.shards)))
-        mine = everything[rank::b["world"]] or everything[rank % len(everything):][:1]
+        mine = everything[rank :: b["world"]] or everything[rank % len(everything) :][:1]
         return [mine[k::workers] for k in range(workers)]
 
     def _natural_counts(self, rank: int, workers: int) -> list[int]:

@@ -125,8 +125,9 @@ def read_rate(make: Callable[[], object], epochs: int) -> tuple[float, int]:
     return rate, mem.peak
 
 
-def timed_pairs(run: Callable[[], dict], items: list, workers: int, repeat: int,
-                own: Optional[Callable[[str], np.ndarray]] = None) -> dict:
+def timed_pairs(
+    run: Callable[[], dict], items: list, workers: int, repeat: int, own: Optional[Callable[[str], np.ndarray]] = None
+) -> dict:
     """Run a conversion ``repeat`` times, each right after floor measurements, and keep medians.
 
     Shared machines drift in speed by tens of percent within a minute: a ratio is only meaningful
@@ -157,9 +158,16 @@ def timed_pairs(run: Callable[[], dict], items: list, workers: int, repeat: int,
         ratios.append(rates[-1] / floors[-1])
         own_ratios.append(rates[-1] / owns[-1])
         peaks.append(mem.peak)
-    c.update(floor=float(np.median(floors)), own_floor=float(np.median(owns)), images_per_s=float(np.median(rates)),
-             ratio=float(np.median(ratios)), ratios=ratios, own_ratio=float(np.median(own_ratios)),
-             peak_pss=max(peaks), cpu_ratio=float(np.median(cpu)))
+    c.update(
+        floor=float(np.median(floors)),
+        own_floor=float(np.median(owns)),
+        images_per_s=float(np.median(rates)),
+        ratio=float(np.median(ratios)),
+        ratios=ratios,
+        own_ratio=float(np.median(own_ratios)),
+        peak_pss=max(peaks),
+        cpu_ratio=float(np.median(cpu)),
+    )
     return c
 
 
@@ -169,8 +177,9 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int,
-                       annotations: Optional[Path] = None) -> dict:
+def convert_subprocess(
+    src: Path, out: Path, fmt: str, codec: str, workers: int, annotations: Optional[Path] = None
+) -> dict:
     """Run one conversion in a fresh process (imports not timed); its seconds and output bytes
     (``annotations``: a COCO file whose boxes the conversion carries, packer.detection)."""
     detection = f"DetectionConfig({str(annotations)!r}, coords='stored')" if annotations else "None"
@@ -182,8 +191,12 @@ def convert_subprocess(src: Path, out: Path, fmt: str, codec: str, workers: int,
         "print(json.dumps({'seconds': time.perf_counter() - t, 'samples': r.manifest.samples}))"
     )
     shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out), str(workers)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(src), str(out), str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
     text = proc.stdout.read() if proc.stdout else b""
     if proc.wait():
         raise RuntimeError(f"conversion to {fmt}/{codec} failed (status {proc.returncode})")
@@ -199,40 +212,60 @@ def packer_loader(root: Path, dtype: str, workers: int):
 
 def plain_loader(items: list[tuple[str, int]], dtype: str, workers: int):
     """The baseline without conversion: decode, resize (and normalize for float32) each file every epoch."""
-    return DataLoader(FolderDataset(items, PreprocessConfig(), normalize=dtype == "float32"), batch_size=BATCH,
-                      shuffle=True, num_workers=workers, persistent_workers=workers > 0)
+    return DataLoader(
+        FolderDataset(items, PreprocessConfig(), normalize=dtype == "float32"),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
 
 
 def markdown(results: dict) -> str:
     """The results as Markdown tables."""
     m = results["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cores']} usable cores, Python {m['python']}, torch {m['torch']}; "
-             f"{results['images']} JPEGs, {results['workers']} workers, batches of {BATCH}.", "",
-             f"Conversion floor (bare decode+resize, {results['workers']} processes, no writing) at the start: "
-             f"{results['floor']:.0f} images/s with Pillow's full decode (what the peers and hand-written scripts "
-             f"do), {results['own_floor']:.0f} with packer's own decoding (JPEGs scaled while decoding). "
-             f"Conversions: median of {results['repeat']} runs, each ratio to the floors measured right before it "
-             "(× floor: to the full decode; × own: to the tool's own decode, what writing costs, on the wall clock "
-             "and in CPU seconds); peak memory = largest total PSS of all the conversion's processes.",
-             "", "| tool | format/codec | convert img/s | × floor | × own | × own (CPU) | output MB "
-             "| convert peak MB | float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |", "|" + "---|" * 13]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} usable cores, Python {m['python']}, torch {m['torch']}; "
+        f"{results['images']} JPEGs, {results['workers']} workers, batches of {BATCH}.",
+        "",
+        f"Conversion floor (bare decode+resize, {results['workers']} processes, no writing) at the start: "
+        f"{results['floor']:.0f} images/s with Pillow's full decode (what the peers and hand-written scripts "
+        f"do), {results['own_floor']:.0f} with packer's own decoding (JPEGs scaled while decoding). "
+        f"Conversions: median of {results['repeat']} runs, each ratio to the floors measured right before it "
+        "(× floor: to the full decode; × own: to the tool's own decode, what writing costs, on the wall clock "
+        "and in CPU seconds); peak memory = largest total PSS of all the conversion's processes.",
+        "",
+        "| tool | format/codec | convert img/s | × floor | × own | × own (CPU) | output MB "
+        "| convert peak MB | float32 0w | float32 Nw | uint8 0w | uint8 Nw | read peak MB |",
+        "|" + "---|" * 13,
+    ]
     base = results["plain"]
-    lines.append(f"| plain folder | - | - | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
-                 f"{base['uint8/0']:.0f} | {base['uint8/N']:.0f} | {base['peak'] / 2**20:.0f} |")
+    lines.append(
+        f"| plain folder | - | - | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
+        f"{base['uint8/0']:.0f} | {base['uint8/N']:.0f} | {base['peak'] / 2**20:.0f} |"
+    )
     for row in results["rows"]:
         c = row.get("convert", {})
         rate = c.get("images_per_s")
         r = row["read"]
-        cells = [f"{r[k]:.0f} ({r[k] / base[k]:.1f}x)" if r.get(k) else "-"
-                 for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")]
+        cells = [
+            f"{r[k]:.0f} ({r[k] / base[k]:.1f}x)" if r.get(k) else "-"
+            for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")
+        ]
         lines.append(
             f"| {row['tool']} | {row['format']} | {rate:.0f} | {c['ratio']:.2f} | {c.get('own_ratio', c['ratio']):.2f} "
             f"| {c.get('cpu_ratio', 0):.2f} | "
-            f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_pss', 0) / 2**20:.0f} | " + " | ".join(cells)
-            + f" | {r.get('peak', 0) / 2**20:.0f} |" if rate else
-            f"| {row['tool']} | {row['format']} | - | - | - | - | - | - | " + " | ".join(cells) + " | - |")
-    lines += ["", "Read figures are samples/s, with the ratio to the plain folder; Nw = "
-              f"{results['workers']} DataLoader workers, 0w = reading in the main process."]
+            f"{c.get('bytes', 0) / 2**20:.0f} | {c.get('peak_pss', 0) / 2**20:.0f} | "
+            + " | ".join(cells)
+            + f" | {r.get('peak', 0) / 2**20:.0f} |"
+            if rate
+            else f"| {row['tool']} | {row['format']} | - | - | - | - | - | - | " + " | ".join(cells) + " | - |"
+        )
+    lines += [
+        "",
+        "Read figures are samples/s, with the ratio to the plain folder; Nw = "
+        f"{results['workers']} DataLoader workers, 0w = reading in the main process.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -248,12 +281,26 @@ def chart(results: dict, path: Path) -> bool:
     rows = results["rows"]
     names = [f"{r['tool']}\n{r['format']}" for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(rows) * 3), 4.5))
-    panels = [("convert images/s", [r.get("convert", {}).get("images_per_s", 0) for r in rows], results["floor"],
-               "decode floor"),
-              ("float32 samples/s, N workers", [r["read"].get("float32/N", 0) for r in rows],
-               results["plain"]["float32/N"], "plain folder"),
-              ("uint8 samples/s, N workers", [r["read"].get("uint8/N", 0) for r in rows],
-               results["plain"]["uint8/N"], "plain folder")]
+    panels = [
+        (
+            "convert images/s",
+            [r.get("convert", {}).get("images_per_s", 0) for r in rows],
+            results["floor"],
+            "decode floor",
+        ),
+        (
+            "float32 samples/s, N workers",
+            [r["read"].get("float32/N", 0) for r in rows],
+            results["plain"]["float32/N"],
+            "plain folder",
+        ),
+        (
+            "uint8 samples/s, N workers",
+            [r["read"].get("uint8/N", 0) for r in rows],
+            results["plain"]["uint8/N"],
+            "plain folder",
+        ),
+    ]
     for ax, (title, values, line, label) in zip(axes, panels):
         colors = ["tab:blue" if r["tool"] == "packer" else "tab:gray" for r in rows]
         ax.bar(range(len(values)), values, color=colors)
@@ -261,8 +308,10 @@ def chart(results: dict, path: Path) -> bool:
         ax.set_xticks(range(len(values)), names, rotation=60, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"packer bench: {results['images']} images, {results['workers']} workers, "
-                 f"{results['machine']['cores']} cores", fontsize=10)
+    fig.suptitle(
+        f"packer bench: {results['images']} images, {results['workers']} workers, {results['machine']['cores']} cores",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -290,10 +339,13 @@ def draft_check(count: int = 12) -> None:
             pixels[reduced] = [decode(d, cfg).pixels.astype(np.int16) for d in data * 8]
             rates[reduced] = 8 * len(data) / (time.perf_counter() - start)
         diff = np.concatenate([np.abs(a - b).ravel() for a, b in zip(pixels[True], pixels[False])])
-        print(f"reduced JPEG decode, {len(data)} photographs {size[0]}x{size[1]} -> 224x224: {rates[True]:.0f} vs "
-              f"{rates[False]:.0f} images/s ({rates[True] / rates[False]:.2f}x); |difference| mean {diff.mean():.2f}, "
-              f"{(diff <= 1).mean():.1%} within 1 level, 99th percentile {np.percentile(diff, 99):.0f}, max "
-              f"{diff.max()} (0..255 levels)", flush=True)
+        print(
+            f"reduced JPEG decode, {len(data)} photographs {size[0]}x{size[1]} -> 224x224: {rates[True]:.0f} vs "
+            f"{rates[False]:.0f} images/s ({rates[True] / rates[False]:.2f}x); |difference| mean {diff.mean():.2f}, "
+            f"{(diff <= 1).mean():.1%} within 1 level, 99th percentile {np.percentile(diff, 99):.0f}, max "
+            f"{diff.max()} (0..255 levels)",
+            flush=True,
+        )
 
 
 def write_boxes(src: Path, path: Path, per_image: int = 6, seed: int = 0) -> int:
@@ -308,8 +360,16 @@ def write_boxes(src: Path, path: Path, per_image: int = 6, seed: int = 0) -> int
         for _ in range(per_image):
             bw, bh = rng.uniform(0.05, 0.5) * w, rng.uniform(0.05, 0.5) * h
             x, y = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
-            annotations.append({"id": len(annotations), "image_id": i, "category_id": int(rng.integers(20)),
-                                "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations),
+                    "image_id": i,
+                    "category_id": int(rng.integers(20)),
+                    "bbox": [x, y, bw, bh],
+                    "area": bw * bh,
+                    "iscrowd": 0,
+                }
+            )
     categories = [{"id": k, "name": f"class{k:02d}"} for k in range(20)]
     path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
     return len(annotations)
@@ -328,18 +388,26 @@ def detection_check(src: Path, work: Path, workers: int, repeat: int, fmt: str =
     ratios = [p / b for p, b in zip(plain, boxed)]
     cpu_ratios = [b / p for p, b in zip(cpu_plain, cpu_boxed)]
     n = len(discover(src).items)
-    print(f"detection check, {n} images, {boxes} COCO boxes, {fmt}, {workers} workers: with boxes "
-          f"{n / float(np.median(boxed)):.0f} images/s, without {n / float(np.median(plain)):.0f} images/s; speed with "
-          f"boxes / without: median {float(np.median(ratios)):.1%} (pairs {', '.join(f'{r:.1%}' for r in ratios)}); "
-          f"CPU seconds with / without (imports included): median {float(np.median(cpu_ratios)):.1%} "
-          f"(pairs {', '.join(f'{r:.1%}' for r in cpu_ratios)})", flush=True)
+    print(
+        f"detection check, {n} images, {boxes} COCO boxes, {fmt}, {workers} workers: with boxes "
+        f"{n / float(np.median(boxed)):.0f} images/s, without {n / float(np.median(plain)):.0f} images/s; speed with "
+        f"boxes / without: median {float(np.median(ratios)):.1%} (pairs {', '.join(f'{r:.1%}' for r in ratios)}); "
+        f"CPU seconds with / without (imports included): median {float(np.median(cpu_ratios)):.1%} "
+        f"(pairs {', '.join(f'{r:.1%}' for r in cpu_ratios)})",
+        flush=True,
+    )
 
 
 def _packer_cli(*args: str) -> float:
     """Seconds of one ``packer`` command in a fresh process (imports included, as a user runs it)."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "packer", *args, "-q"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "packer", *args, "-q"],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
@@ -367,22 +435,33 @@ def grow_check(src: Path, work: Path, workers: int, repeat: int, fmt: str = "lmd
         for path in out.values():
             shutil.rmtree(path, ignore_errors=True)
         times["fresh"].append(_packer_cli("convert", str(both), "-f", fmt, "-o", str(out["fresh"]), "-j", j))
-        times["repack-npy"].append(_packer_cli("convert", str(out["fresh"]), "-f", "npy", "-o", str(out["npy"]),
-                                               "-j", j))
-        times["repack-wds"].append(_packer_cli("convert", str(out["fresh"]), "-f", "wds", "-o", str(out["wds"]),
-                                               "-j", j))
+        times["repack-npy"].append(
+            _packer_cli("convert", str(out["fresh"]), "-f", "npy", "-o", str(out["npy"]), "-j", j)
+        )
+        times["repack-wds"].append(
+            _packer_cli("convert", str(out["fresh"]), "-f", "wds", "-o", str(out["wds"]), "-j", j)
+        )
         _packer_cli("convert", str(halves[0]), "-f", fmt, "-o", str(out["a"]), "-j", j)
         _packer_cli("convert", str(halves[1]), "-f", fmt, "-o", str(out["b"]), "-j", j)
-        times["combine"].append(_packer_cli("combine", str(out["a"]), str(out["b"]), "-o", str(out["combined"]),
-                                            "-j", j))
+        times["combine"].append(
+            _packer_cli("combine", str(out["a"]), str(out["b"]), "-o", str(out["combined"]), "-j", j)
+        )
         shutil.copytree(out["a"], out["appended"])
-        times["append"].append(_packer_cli("convert", str(both), "-f", fmt, "-o", str(out["appended"]), "--append",
-                                           "-j", j))
+        times["append"].append(
+            _packer_cli("convert", str(both), "-f", fmt, "-o", str(out["appended"]), "--append", "-j", j)
+        )
     fresh = float(np.median(times["fresh"]))
-    print(f"grow check, {len(files)} images, {fmt}, {workers} workers, {repeat} rounds, median seconds of the packer "
-          f"command (imports included): fresh conversion {fresh:.2f} s", flush=True)
-    for key, what in (("repack-npy", f"repack {fmt} -> npy"), ("repack-wds", f"repack {fmt} -> wds"),
-                      ("combine", "combine the two halves"), ("append", "append the second half to the first")):
+    print(
+        f"grow check, {len(files)} images, {fmt}, {workers} workers, {repeat} rounds, median seconds of the packer "
+        f"command (imports included): fresh conversion {fresh:.2f} s",
+        flush=True,
+    )
+    for key, what in (
+        ("repack-npy", f"repack {fmt} -> npy"),
+        ("repack-wds", f"repack {fmt} -> wds"),
+        ("combine", "combine the two halves"),
+        ("append", "append the second half to the first"),
+    ):
         t = float(np.median(times[key]))
         print(f"  {what}: {t:.2f} s, {fresh / t:.1f}x the fresh conversion's speed", flush=True)
 
@@ -397,8 +476,11 @@ def memory_check(root: Path, workers: int) -> None:
             for _ in loader:
                 pass
             del loader
-        print(f"in_memory={in_memory}: peak PSS {mem.peak / 2**20:.0f} MB with {workers} workers "
-              f"(output {size / 2**20:.0f} MB)", flush=True)
+        print(
+            f"in_memory={in_memory}: peak PSS {mem.peak / 2**20:.0f} MB with {workers} workers "
+            f"(output {size / 2**20:.0f} MB)",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -409,20 +491,38 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMAT_NAMES))
     parser.add_argument("--codecs", default="raw,jpeg")
     parser.add_argument("--epochs", type=int, default=2, help="timed read epochs (after one warm-up)")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="floor + conversion pairs per output; with --train-check, rounds of every conversion "
-                        "and read (medians kept)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="floor + conversion pairs per output; with --train-check, rounds of every conversion "
+        "and read (medians kept)",
+    )
     parser.add_argument("--peers", action="store_true", help="also run WebDataset, LitData, Streaming if installed")
-    parser.add_argument("--memory-check", type=Path, metavar="OUT",
-                        help="only measure the memory of reading OUT with and without in_memory=True, then exit")
-    parser.add_argument("--draft-check", action="store_true",
-                        help="only measure reduced JPEG decoding against a full decode, then exit")
-    parser.add_argument("--detection-check", action="store_true",
-                        help="only measure conversion with COCO boxes against the same images without, then exit")
-    parser.add_argument("--grow-check", action="store_true",
-                        help="repack, combine and append against a fresh conversion of the same images")
-    parser.add_argument("--train-check", action="store_true",
-                        help="only run the training task (random-resized crops + flips into batches; bench_train.py)")
+    parser.add_argument(
+        "--memory-check",
+        type=Path,
+        metavar="OUT",
+        help="only measure the memory of reading OUT with and without in_memory=True, then exit",
+    )
+    parser.add_argument(
+        "--draft-check", action="store_true", help="only measure reduced JPEG decoding against a full decode, then exit"
+    )
+    parser.add_argument(
+        "--detection-check",
+        action="store_true",
+        help="only measure conversion with COCO boxes against the same images without, then exit",
+    )
+    parser.add_argument(
+        "--grow-check",
+        action="store_true",
+        help="repack, combine and append against a fresh conversion of the same images",
+    )
+    parser.add_argument(
+        "--train-check",
+        action="store_true",
+        help="only run the training task (random-resized crops + flips into batches; bench_train.py)",
+    )
     parser.add_argument("--ffcv-python", help="with --train-check: a Python with ffcv installed, to run FFCV too")
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
@@ -455,9 +555,18 @@ def main() -> None:
     listing = discover(src)
     items = [(i.path, max(i.label, 0)) for i in listing.items]
     n, w = len(items), args.workers
-    results: dict = {"images": n, "workers": w, "repeat": args.repeat, "rows": [], "machine": {
-        "cpu": platform.processor() or platform.machine(), "cores": usable_cpus(), "python": platform.python_version(),
-        "torch": torch.__version__}}
+    results: dict = {
+        "images": n,
+        "workers": w,
+        "repeat": args.repeat,
+        "rows": [],
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": usable_cpus(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+    }
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
         results["machine"]["cpu"] = next(x.split(":", 1)[1].strip() for x in cpuinfo if x.startswith("model name"))
@@ -465,8 +574,11 @@ def main() -> None:
         pass
     results["floor"] = floor([p for p, _ in items], w)
     results["own_floor"] = floor([p for p, _ in items], w, load_packer)
-    print(f"floor: {results['floor']:.0f} images/s with Pillow's full decode, {results['own_floor']:.0f} with "
-          "packer's reduced decoding", flush=True)
+    print(
+        f"floor: {results['floor']:.0f} images/s with Pillow's full decode, {results['own_floor']:.0f} with "
+        "packer's reduced decoding",
+        flush=True,
+    )
     plain: dict = {}
     for dtype in ("float32", "uint8"):
         for workers, key in ((0, "0"), (w, "N")):
@@ -485,10 +597,13 @@ def main() -> None:
                     row["read"][f"{dtype}/{key}"] = rate
                     row["read"]["peak"] = max(row["read"].get("peak", 0), peak)
             results["rows"].append(row)
-            print(f"{fmt}/{codec}: convert {c['images_per_s']:.0f}/s (median {c['ratio']:.0%} of the floor measured "
-                  f"just before, runs {', '.join(f'{r:.0%}' for r in c['ratios'])}; {c['own_ratio']:.0%} of packer's "
-                  f"own decode floor), {c['bytes'] / 2**20:.0f} MB; "
-                  f"reads {row['read']}", flush=True)
+            print(
+                f"{fmt}/{codec}: convert {c['images_per_s']:.0f}/s (median {c['ratio']:.0%} of the floor measured "
+                f"just before, runs {', '.join(f'{r:.0%}' for r in c['ratios'])}; {c['own_ratio']:.0%} of packer's "
+                f"own decode floor), {c['bytes'] / 2**20:.0f} MB; "
+                f"reads {row['read']}",
+                flush=True,
+            )
     if args.peers:
         run_peers(args, items, results)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -496,8 +611,10 @@ def main() -> None:
     (args.out / "bench.md").write_text(markdown(results))
     drew = chart(results, args.out / "bench.png")
     print(markdown(results))
-    print(f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {args.out / 'bench.png'}" if drew else
-                                                                          " (no chart: pip install matplotlib)"))
+    print(
+        f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}"
+        + (f", {args.out / 'bench.png'}" if drew else " (no chart: pip install matplotlib)")
+    )
 
 
 def run_peers(args: argparse.Namespace, items: list[tuple[str, int]], results: dict) -> None:
@@ -509,8 +626,9 @@ def run_peers(args: argparse.Namespace, items: list[tuple[str, int]], results: d
             print(f"{peer}: not installed (pip install -e .[bench])", flush=True)
             continue
         out = args.work / f"peer-{peer}"
-        c = timed_pairs(lambda: bench_peers.peer_convert(peer, items, out, args.workers, load), items, args.workers,
-                        args.repeat)
+        c = timed_pairs(
+            lambda: bench_peers.peer_convert(peer, items, out, args.workers, load), items, args.workers, args.repeat
+        )
         row = {"tool": f"{peer} {version}", "format": "npy bytes", "convert": c, "read": {}}
         for dtype in ("float32", "uint8"):
             for workers, key in ((0, "0"), (args.workers, "N")):

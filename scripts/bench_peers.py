@@ -41,16 +41,25 @@ _MAX_SHARD = 1000  # samples per shard/chunk: ~150 MB of 224x224x3 pixels, what 
 _MIN_SHARDS = 16  # small sets still get enough shards for every reader worker (WebDataset splits by shard)
 
 # Local files only: nothing these libraries import (huggingface_hub, transformers via streaming) may go online.
-for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "LITDATA_DISABLE_VERSION_CHECK": "1", "DO_NOT_TRACK": "1"}.items():
+for _k, _v in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "LITDATA_DISABLE_VERSION_CHECK": "1",
+    "DO_NOT_TRACK": "1",
+}.items():
     os.environ.setdefault(_k, _v)
 
 
 def _cache_env(out: Path) -> None:
     """Point the caches these libraries make (read when used, or at import) under ``out/cache``."""
-    for key, sub in {"LITDATA_CACHE_DIR": "litdata", "DATA_OPTIMIZER_CACHE_FOLDER": "litdata-optimize/chunks",
-                     "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "litdata-optimize/data", "HF_HOME": "hf",
-                     "MPLCONFIGDIR": "matplotlib"}.items():
+    for key, sub in {
+        "LITDATA_CACHE_DIR": "litdata",
+        "DATA_OPTIMIZER_CACHE_FOLDER": "litdata-optimize/chunks",
+        "DATA_OPTIMIZER_DATA_CACHE_FOLDER": "litdata-optimize/data",
+        "HF_HOME": "hf",
+        "MPLCONFIGDIR": "matplotlib",
+    }.items():
         os.environ[key] = str(out / "cache" / sub)
 
 
@@ -63,8 +72,12 @@ def _stub_torchvision() -> None:
     """
     for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         del sys.modules[name]  # leftovers of the failed import
-    attrs = {"torchvision": {}, "torchvision.datasets": {"VisionDataset": torch.utils.data.Dataset},
-             "torchvision.transforms": {}, "torchvision.transforms.functional": {"to_tensor": None}}
+    attrs = {
+        "torchvision": {},
+        "torchvision.datasets": {"VisionDataset": torch.utils.data.Dataset},
+        "torchvision.transforms": {},
+        "torchvision.transforms.functional": {"to_tensor": None},
+    }
     for name, extra in attrs.items():
         mod = types.ModuleType(name)
         mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
@@ -76,9 +89,11 @@ def _import(peer: str) -> types.ModuleType:
     """The peer's module; ImportError (or the library's own error) when it cannot be used here."""
     if peer == "webdataset":
         import webdataset
+
         return webdataset
     if peer == "litdata":
         import litdata
+
         return litdata
     if peer == "streaming":
         if "streaming" not in sys.modules:
@@ -87,6 +102,7 @@ def _import(peer: str) -> types.ModuleType:
             except Exception:
                 _stub_torchvision()
         import streaming
+
         return streaming
     raise ValueError(f"unknown peer {peer!r}; one of {PEERS}")
 
@@ -144,8 +160,9 @@ def _pooled(fn: Callable, items: list[tuple[str, int]], workers: int) -> Iterabl
         yield from pool.imap(fn, items, chunksize=8)
 
 
-def peer_convert(peer: str, items: list[tuple[str, int]], out: Path, workers: int,
-                 load: Callable[[str], np.ndarray]) -> dict:
+def peer_convert(
+    peer: str, items: list[tuple[str, int]], out: Path, workers: int, load: Callable[[str], np.ndarray]
+) -> dict:
     """Convert with the peer's own writer using ``workers`` processes.
 
     LitData: ``optimize(num_workers=workers)``, its own parallel writer. WebDataset ``ShardWriter`` and Streaming
@@ -162,8 +179,15 @@ def peer_convert(peer: str, items: list[tuple[str, int]], out: Path, workers: in
             for i, (npy, label) in enumerate(_pooled(partial(_load_npy, load), items, workers)):
                 sink.write({"__key__": f"{i:09d}", "npy": npy, "cls": label})
     elif peer == "litdata":
-        mod.optimize(fn=partial(_load_dict, load), inputs=list(items), output_dir=str(data), num_workers=workers,
-                     chunk_size=per_shard, start_method="fork", verbose=False)
+        mod.optimize(
+            fn=partial(_load_dict, load),
+            inputs=list(items),
+            output_dir=str(data),
+            num_workers=workers,
+            chunk_size=per_shard,
+            start_method="fork",
+            verbose=False,
+        )
     elif peer == "streaming":
         with _MDSWriterLazy(mod, data, per_shard) as sink:
             for image, label in _pooled(partial(_load_pair, load), items, workers):
@@ -189,9 +213,12 @@ class _MDSWriterLazy:
         if self.writer is None:
             image = sample["image"]
             shape = ",".join(map(str, image.shape))
-            self.writer = self.mod.MDSWriter(out=str(self.data), columns={"image": f"ndarray:uint8:{shape}",
-                                                                          "label": "int"},
-                                             compression=None, size_limit=self.per_shard * (image.nbytes + 64))
+            self.writer = self.mod.MDSWriter(
+                out=str(self.data),
+                columns={"image": f"ndarray:uint8:{shape}", "label": "int"},
+                compression=None,
+                size_limit=self.per_shard * (image.nbytes + 64),
+            )
         self.writer.write(sample)
 
     def __exit__(self, *exc: object) -> None:
@@ -220,6 +247,7 @@ def _mds_dataset(mod: types.ModuleType) -> type:
     """streaming's documented pattern: subclass StreamingDataset, transform in ``__getitem__``."""
     global _MDS_CLASS
     if _MDS_CLASS is None:
+
         class MDSImages(mod.StreamingDataset):
             def __init__(self, *, dtype: str, **kw: Any) -> None:
                 super().__init__(**kw)
@@ -237,16 +265,26 @@ def _loader(peer: str, mod: types.ModuleType, out: Path, batch_size: int, worker
     data = out / "data"
     if peer == "webdataset":
         urls = sorted(str(p) for p in data.glob("*.tar"))
-        ds = (mod.WebDataset(urls, shardshuffle=len(urls), nodesplitter=mod.single_node_only)
-              .shuffle(1000).decode().to_tuple("npy", "cls").map(partial(_wds_sample, dtype))
-              .batched(batch_size, partial=True))
+        ds = (
+            mod.WebDataset(urls, shardshuffle=len(urls), nodesplitter=mod.single_node_only)
+            .shuffle(1000)
+            .decode()
+            .to_tuple("npy", "cls")
+            .map(partial(_wds_sample, dtype))
+            .batched(batch_size, partial=True)
+        )
         return mod.WebLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
     if peer == "litdata":
-        ds = mod.StreamingDataset(str(data), cache_dir=str(out / "cache" / "litdata"), shuffle=True, drop_last=False,
-                                  transform=partial(_litdata_sample, dtype))
-        return mod.StreamingDataLoader(ds, batch_size=batch_size, num_workers=workers,
-                                       persistent_workers=workers > 0)
+        ds = mod.StreamingDataset(
+            str(data),
+            cache_dir=str(out / "cache" / "litdata"),
+            shuffle=True,
+            drop_last=False,
+            transform=partial(_litdata_sample, dtype),
+        )
+        return mod.StreamingDataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0)
     from streaming.base.util import clean_stale_shared_memory
+
     clean_stale_shared_memory()
     # streaming puts its shared-memory file locks in tempfile.gettempdir(), read while the dataset is made.
     locks = out / "cache" / "streaming-locks"
@@ -256,12 +294,12 @@ def _loader(peer: str, mod: types.ModuleType, out: Path, batch_size: int, worker
         ds = _mds_dataset(mod)(local=str(data), shuffle=True, batch_size=batch_size, dtype=dtype)
     finally:
         tempfile.tempdir = saved
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers,
-                                       persistent_workers=workers > 0)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0)
 
 
-def peer_read(peer: str, out: Path, *, batch_size: int = 64, workers: int = 2, dtype: str = "float32",
-              epochs: int = 1) -> dict:
+def peer_read(
+    peer: str, out: Path, *, batch_size: int = 64, workers: int = 2, dtype: str = "float32", epochs: int = 1
+) -> dict:
     """Iterate the converted output with the peer's own dataset and loader, shuffled, ``epochs`` times.
 
     Timed from the dataset's creation to the last batch, worker start included. Raises RuntimeError unless each
@@ -282,12 +320,14 @@ def peer_read(peer: str, out: Path, *, batch_size: int = 64, workers: int = 2, d
             seen = np.zeros_like(expected)
             for images, labels in loader:
                 labels = torch.as_tensor(labels).numpy()
-                seen += np.bincount(labels, minlength=len(expected))[:len(expected)]
+                seen += np.bincount(labels, minlength=len(expected))[: len(expected)]
                 samples += len(labels)
                 batches += 1
             if not np.array_equal(seen, expected):
-                raise RuntimeError(f"{peer}: epoch {epoch} gave {int(seen.sum())} samples (labels {seen.tolist()}), "
-                                   f"not the {int(expected.sum())} written (labels {expected.tolist()})")
+                raise RuntimeError(
+                    f"{peer}: epoch {epoch} gave {int(seen.sum())} samples (labels {seen.tolist()}), "
+                    f"not the {int(expected.sum())} written (labels {expected.tolist()})"
+                )
         seconds = time.perf_counter() - start
     finally:
         del loader

@@ -158,8 +158,13 @@ def child_convert(p: dict) -> dict:
     marks: dict[str, dict] = {}
 
     def mark(name: str) -> None:
-        marks[name] = {"wall": time.perf_counter(), "cpu": time.process_time(), "maxrss_kib": maxrss_kib(),
-                       "rss_kib": rss_kib(), "children_cpu": children_cpu()}
+        marks[name] = {
+            "wall": time.perf_counter(),
+            "cpu": time.process_time(),
+            "maxrss_kib": maxrss_kib(),
+            "rss_kib": rss_kib(),
+            "children_cpu": children_cpu(),
+        }
 
     real = pipeline.run_unfinished
 
@@ -196,18 +201,32 @@ def child_convert(p: dict) -> dict:
         mark("plan")
         shards.append(len(tasks))
 
-    config = ConvertConfig(p["format"], preprocess=PreprocessConfig(size=(SIDE, SIDE)),
-                           shard_size=parse_shard_size(p.get("shard_size", "auto")))
+    config = ConvertConfig(
+        p["format"],
+        preprocess=PreprocessConfig(size=(SIDE, SIDE)),
+        shard_size=parse_shard_size(p.get("shard_size", "auto")),
+    )
     mark("start")
     result = convert(p["source"], p["output"], config, workers=p["workers"], overwrite=True, on_plan=on_plan)
     mark("end")
     start = marks["start"]
-    rel = {k: {f: v[f] - start[f] for f in ("wall", "cpu", "children_cpu")} | {"maxrss_kib": v["maxrss_kib"],
-           "rss_kib": v["rss_kib"]} for k, v in marks.items()}
-    return {"marks": rel, "baseline_rss_kib": start["rss_kib"], "baseline_maxrss_kib": start["maxrss_kib"],
-            "worker_peak_kib": maxrss_kib(resource.RUSAGE_CHILDREN), "shards": shards[0] if shards else None,
-            "samples": result.manifest.samples, "bytes": result.bytes, "seconds": result.seconds,
-            "duplicates": len(result.manifest.duplicates), "skipped": len(result.skipped)}
+    rel = {
+        k: {f: v[f] - start[f] for f in ("wall", "cpu", "children_cpu")}
+        | {"maxrss_kib": v["maxrss_kib"], "rss_kib": v["rss_kib"]}
+        for k, v in marks.items()
+    }
+    return {
+        "marks": rel,
+        "baseline_rss_kib": start["rss_kib"],
+        "baseline_maxrss_kib": start["maxrss_kib"],
+        "worker_peak_kib": maxrss_kib(resource.RUSAGE_CHILDREN),
+        "shards": shards[0] if shards else None,
+        "samples": result.manifest.samples,
+        "bytes": result.bytes,
+        "seconds": result.seconds,
+        "duplicates": len(result.manifest.duplicates),
+        "skipped": len(result.skipped),
+    }
 
 
 def _read_in_fork(out: str, fmt: str, batches: int, conn) -> None:
@@ -232,8 +251,9 @@ def _read_in_fork(out: str, fmt: str, batches: int, conn) -> None:
         except StopIteration:
             it = iter(loader)
     workers = [smaps(w.pid) for w in it._workers]
-    conn.send({"first_batch_s": first, "samples": len(ds), "workers": workers, "main": smaps(os.getpid()),
-               "batches": read})
+    conn.send(
+        {"first_batch_s": first, "samples": len(ds), "workers": workers, "main": smaps(os.getpid()), "batches": read}
+    )
     conn.close()
     del it, loader
 
@@ -251,8 +271,15 @@ def _epoch_in_fork(size: int, conn) -> None:
     sampler.set_epoch(2)
     next(iter(sampler))
     warm = time.perf_counter() - start
-    conn.send({"size": size, "first_batch_ms": cold * 1e3, "next_epoch_ms": warm * 1e3, "batch": len(first),
-               "peak_increase_kib": maxrss_kib() - before})
+    conn.send(
+        {
+            "size": size,
+            "first_batch_ms": cold * 1e3,
+            "next_epoch_ms": warm * 1e3,
+            "batch": len(first),
+            "peak_increase_kib": maxrss_kib() - before,
+        }
+    )
     conn.close()
 
 
@@ -297,8 +324,12 @@ def child_verify(p: dict) -> dict:
 
     wall, cpu, kids = time.perf_counter(), time.process_time(), children_cpu()
     problems = verify(p["output"])
-    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu + children_cpu() - kids,
-            "problems": [str(x) for x in problems[:5]], "peak_kib": maxrss_kib()}
+    return {
+        "wall_s": time.perf_counter() - wall,
+        "cpu_s": time.process_time() - cpu + children_cpu() - kids,
+        "problems": [str(x) for x in problems[:5]],
+        "peak_kib": maxrss_kib(),
+    }
 
 
 def child_discover(p: dict) -> dict:
@@ -309,13 +340,22 @@ def child_discover(p: dict) -> dict:
     before, rss = maxrss_kib(), rss_kib()
     wall, cpu, pool_cpu = time.perf_counter(), time.process_time(), children_cpu()
     found = discover(p["root"], processes=p.get("processes", 1))
-    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "items": len(found.items),
-            "pool_cpu_s": children_cpu() - pool_cpu, "processes": p.get("processes", 1),
-            "peak_kib": maxrss_kib(), "baseline_kib": max(before, rss)}
+    return {
+        "wall_s": time.perf_counter() - wall,
+        "cpu_s": time.process_time() - cpu,
+        "items": len(found.items),
+        "pool_cpu_s": children_cpu() - pool_cpu,
+        "processes": p.get("processes", 1),
+        "peak_kib": maxrss_kib(),
+        "baseline_kib": max(before, rss),
+    }
 
 
 CHILDREN: dict[str, Callable[[dict], dict]] = {
-    "convert": child_convert, "readers": child_readers, "epoch": child_epoch, "verify": child_verify,
+    "convert": child_convert,
+    "readers": child_readers,
+    "epoch": child_epoch,
+    "verify": child_verify,
     "discover": child_discover,
 }
 
@@ -329,7 +369,7 @@ def run_child(kind: str, params: dict, timeout: float = 7200) -> dict:
     if proc.returncode != 0 or not lines:
         sys.stderr.write(f"--- child {kind} {params} failed (exit {proc.returncode}) ---\n{proc.stdout}{proc.stderr}\n")
         raise RuntimeError(f"child {kind} failed with exit code {proc.returncode}")
-    return json.loads(lines[-1][len(RESULT_MARK):])
+    return json.loads(lines[-1][len(RESULT_MARK) :])
 
 
 # The measures, from the parent --------------------------------------------------------------------------
@@ -356,8 +396,7 @@ def cli_startup() -> float:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "packer", "convert", "--help"], check=True, capture_output=True,
-                       cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "packer", "convert", "--help"], check=True, capture_output=True, cwd=ROOT)
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -381,15 +420,41 @@ def interrupt_at(proc: subprocess.Popen, plan_record: Path, after_plan: float) -
     return None, (planned or time.perf_counter()) - start
 
 
-def measure_resume(tree: Path, fmt: str, work: Path, workers: int, row: dict, startup: float,
-                   reference: list[tuple[str, str]], tries: int = 3, shard_size: str = "auto") -> dict:
+def measure_resume(
+    tree: Path,
+    fmt: str,
+    work: Path,
+    workers: int,
+    row: dict,
+    startup: float,
+    reference: list[tuple[str, str]],
+    tries: int = 3,
+    shard_size: str = "auto",
+) -> dict:
     """Interrupt a CLI conversion at ``INTERRUPT_AT`` of the uninterrupted conversion ``row``'s time,
     resume it, and compare the result with the ``reference`` shard files of that conversion."""
     from packer.output import DONE_SUFFIX, PLAN_RECORD, staging_dir
 
     out = work / f"resume-{fmt}"
-    cmd = [sys.executable, "-m", "packer", "-v", "convert", str(tree), "-f", fmt, "-o", str(out),
-           "--workers", str(workers), "--size", str(SIDE), "--shard-size", shard_size, "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "packer",
+        "-v",
+        "convert",
+        str(tree),
+        "-f",
+        fmt,
+        "-o",
+        str(out),
+        "--workers",
+        str(workers),
+        "--size",
+        str(SIDE),
+        "--shard-size",
+        shard_size,
+        "-q",
+    ]
     # the plan record is written just before on_plan is called, at row["plan_wall_s"] into a conversion
     after_plan = max(0.0, INTERRUPT_AT * row["wall_s"] - row["plan_wall_s"])
     uninterrupted = row["wall_s"] + startup
@@ -426,10 +491,18 @@ def measure_resume(tree: Path, fmt: str, work: Path, workers: int, row: dict, st
         sys.stderr.write(f"--- resume of {fmt} failed (exit {again.returncode}) ---\n{again.stdout}{again.stderr}\n")
         raise RuntimeError(f"packer convert --resume failed with exit code {again.returncode}")
     said = re.search(r"resuming: (\d+) of (\d+) shards", again.stderr)
-    record = {"format": fmt, "interrupt_after_plan_s": sent, "exit_code": code, "finished_shards": finished,
-              "kept_by_resume": int(said.group(1)) if said else None, "shards": row["shards"],
-              "resume_wall_s": resumed, "uninterrupted_wall_s": uninterrupted, "ratio": resumed / uninterrupted,
-              "same_shards": shard_digests(out) == reference}
+    record = {
+        "format": fmt,
+        "interrupt_after_plan_s": sent,
+        "exit_code": code,
+        "finished_shards": finished,
+        "kept_by_resume": int(said.group(1)) if said else None,
+        "shards": row["shards"],
+        "resume_wall_s": resumed,
+        "uninterrupted_wall_s": uninterrupted,
+        "ratio": resumed / uninterrupted,
+        "same_shards": shard_digests(out) == reference,
+    }
     remove_output(out)
     return record
 
@@ -439,16 +512,28 @@ def convert_row(size: int, fmt: str, r: dict) -> dict:
     m = r["marks"]
     before, plan, done, end = m["workers_start"], m["plan"], m["workers_done"], m["end"]
     return {
-        "size": size, "format": fmt, "shards": r["shards"], "wall_s": end["wall"], "files_per_s": size / end["wall"],
-        "plan_wall_s": plan["wall"], "before_wall_s": before["wall"], "before_cpu_us": before["cpu"] / size * 1e6,
+        "size": size,
+        "format": fmt,
+        "shards": r["shards"],
+        "wall_s": end["wall"],
+        "files_per_s": size / end["wall"],
+        "plan_wall_s": plan["wall"],
+        "before_wall_s": before["wall"],
+        "before_cpu_us": before["cpu"] / size * 1e6,
         "workers_wall_s": done["wall"] - before["wall"],
         "parent_cpu_during_workers_us": (done["cpu"] - before["cpu"]) / size * 1e6,
         "worker_cpu_us": (done["children_cpu"] - before["children_cpu"]) / size * 1e6,
-        "after_wall_s": end["wall"] - done["wall"], "after_cpu_us": (end["cpu"] - done["cpu"]) / size * 1e6,
-        "baseline_mib": r["baseline_maxrss_kib"] / 1024, "peak_plan_mib": plan["maxrss_kib"] / 1024,
-        "peak_workers_start_mib": before["maxrss_kib"] / 1024, "peak_workers_done_mib": done["maxrss_kib"] / 1024,
-        "peak_mib": end["maxrss_kib"] / 1024, "worker_peak_mib": r["worker_peak_kib"] / 1024,
-        "duplicates": r["duplicates"], "skipped": r["skipped"], "bytes": r["bytes"],
+        "after_wall_s": end["wall"] - done["wall"],
+        "after_cpu_us": (end["cpu"] - done["cpu"]) / size * 1e6,
+        "baseline_mib": r["baseline_maxrss_kib"] / 1024,
+        "peak_plan_mib": plan["maxrss_kib"] / 1024,
+        "peak_workers_start_mib": before["maxrss_kib"] / 1024,
+        "peak_workers_done_mib": done["maxrss_kib"] / 1024,
+        "peak_mib": end["maxrss_kib"] / 1024,
+        "worker_peak_mib": r["worker_peak_kib"] / 1024,
+        "duplicates": r["duplicates"],
+        "skipped": r["skipped"],
+        "bytes": r["bytes"],
         "first_worker_s": m.get("first_worker", before)["wall"],
     }
 
@@ -462,15 +547,36 @@ def measure_early(tree: Path, work: Path, workers: int, shard_size: str, rounds:
         for early in (True, False):
             out = work / f"out-early-{early}"
             remove_output(out)
-            r = run_child("convert", {"source": str(tree), "output": str(out), "format": "npy", "workers": workers,
-                                      "shard_size": shard_size, "early": early})
+            r = run_child(
+                "convert",
+                {
+                    "source": str(tree),
+                    "output": str(out),
+                    "format": "npy",
+                    "workers": workers,
+                    "shard_size": shard_size,
+                    "early": early,
+                },
+            )
             row = convert_row(int(r["samples"]), "npy", r)
             digests[early] = shard_digests(out)
-            rows.append({"early": early, "round": i, "shards": row["shards"], "wall_s": row["wall_s"],
-                         "first_worker_s": row["first_worker_s"], "plan_s": row["plan_wall_s"],
-                         "peak_mib": row["peak_mib"], "baseline_mib": row["baseline_mib"]})
-            print(f"early start {'on' if early else 'off'}: {row['wall_s']:.1f} s, first shard at "
-                  f"{row['first_worker_s']:.2f} s", flush=True)
+            rows.append(
+                {
+                    "early": early,
+                    "round": i,
+                    "shards": row["shards"],
+                    "wall_s": row["wall_s"],
+                    "first_worker_s": row["first_worker_s"],
+                    "plan_s": row["plan_wall_s"],
+                    "peak_mib": row["peak_mib"],
+                    "baseline_mib": row["baseline_mib"],
+                }
+            )
+            print(
+                f"early start {'on' if early else 'off'}: {row['wall_s']:.1f} s, first shard at "
+                f"{row['first_worker_s']:.2f} s",
+                flush=True,
+            )
     for row in rows:
         row["same_shards"] = digests[True] == digests[False]
     return rows
@@ -500,8 +606,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool)
         lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)),
-             "  ".join("-" * w for w in widths)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
     return "\n".join(lines + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells])
 
 
@@ -531,83 +636,230 @@ def report(results: dict, markdown: bool) -> str:
         out.extend([table(headers, rows, markdown), ""])
 
     rows = results["rows"]
-    section("Conversion phases (packer parent; CPU per file in µs)",
-            ["size", "format", "shards", "files/s", "wall s", "plan s", "before-workers s", "before CPU µs/f",
-             "workers s", "worker CPU µs/f", "parent CPU in workers µs/f", "after-workers s", "after CPU µs/f"],
-            [[r["size"], r["format"], r["shards"], r["files_per_s"], r["wall_s"], r["plan_wall_s"], r["before_wall_s"],
-              r["before_cpu_us"], r["workers_wall_s"], r["worker_cpu_us"], r["parent_cpu_during_workers_us"],
-              r["after_wall_s"], r["after_cpu_us"]] for r in rows],
-            "before-workers: discovery, plan, staging, jobs (plan s: up to the plan); after-workers: duplicate report, "
-            "manifest, publish.")
-    section("Parent peak RSS by phase (MiB, peak so far at the end of each phase)",
-            ["size", "format", "after imports", "plan known", "workers start", "workers done", "end",
-             "bytes/file", "largest worker"],
-            [[r["size"], r["format"], r["baseline_mib"], r["peak_plan_mib"], r["peak_workers_start_mib"],
-              r["peak_workers_done_mib"], r["peak_mib"], (r["peak_mib"] - r["baseline_mib"]) * 2**20 / r["size"],
-              r["worker_peak_mib"]] for r in rows])
-    section("Reading and verify",
-            ["size", "format", "worker anon KiB", "worker PSS KiB", "worker private KiB", "main PSS KiB",
-             "first batch s", "verify s", "verify CPU µs/f"],
-            [[r["size"], r["format"], r.get("reader_anon_kib"), r.get("reader_pss_kib"), r.get("reader_private_kib"),
-              r.get("reader_main_pss_kib"), r.get("first_batch_s"), r.get("verify_wall_s"), r.get("verify_cpu_us")]
-             for r in rows],
-            f"DataLoader(batch_size={BATCH}, num_workers=2, persistent_workers=True), {READ_BATCHES} batches read; "
-            "worker figures are the mean of the 2 workers (smaps_rollup; anon includes the pages a forked worker "
-            "still shares with its parent, private is what it alone holds).")
+    section(
+        "Conversion phases (packer parent; CPU per file in µs)",
+        [
+            "size",
+            "format",
+            "shards",
+            "files/s",
+            "wall s",
+            "plan s",
+            "before-workers s",
+            "before CPU µs/f",
+            "workers s",
+            "worker CPU µs/f",
+            "parent CPU in workers µs/f",
+            "after-workers s",
+            "after CPU µs/f",
+        ],
+        [
+            [
+                r["size"],
+                r["format"],
+                r["shards"],
+                r["files_per_s"],
+                r["wall_s"],
+                r["plan_wall_s"],
+                r["before_wall_s"],
+                r["before_cpu_us"],
+                r["workers_wall_s"],
+                r["worker_cpu_us"],
+                r["parent_cpu_during_workers_us"],
+                r["after_wall_s"],
+                r["after_cpu_us"],
+            ]
+            for r in rows
+        ],
+        "before-workers: discovery, plan, staging, jobs (plan s: up to the plan); after-workers: duplicate report, "
+        "manifest, publish.",
+    )
+    section(
+        "Parent peak RSS by phase (MiB, peak so far at the end of each phase)",
+        [
+            "size",
+            "format",
+            "after imports",
+            "plan known",
+            "workers start",
+            "workers done",
+            "end",
+            "bytes/file",
+            "largest worker",
+        ],
+        [
+            [
+                r["size"],
+                r["format"],
+                r["baseline_mib"],
+                r["peak_plan_mib"],
+                r["peak_workers_start_mib"],
+                r["peak_workers_done_mib"],
+                r["peak_mib"],
+                (r["peak_mib"] - r["baseline_mib"]) * 2**20 / r["size"],
+                r["worker_peak_mib"],
+            ]
+            for r in rows
+        ],
+    )
+    section(
+        "Reading and verify",
+        [
+            "size",
+            "format",
+            "worker anon KiB",
+            "worker PSS KiB",
+            "worker private KiB",
+            "main PSS KiB",
+            "first batch s",
+            "verify s",
+            "verify CPU µs/f",
+        ],
+        [
+            [
+                r["size"],
+                r["format"],
+                r.get("reader_anon_kib"),
+                r.get("reader_pss_kib"),
+                r.get("reader_private_kib"),
+                r.get("reader_main_pss_kib"),
+                r.get("first_batch_s"),
+                r.get("verify_wall_s"),
+                r.get("verify_cpu_us"),
+            ]
+            for r in rows
+        ],
+        f"DataLoader(batch_size={BATCH}, num_workers=2, persistent_workers=True), {READ_BATCHES} batches read; "
+        "worker figures are the mean of the 2 workers (smaps_rollup; anon includes the pages a forked worker "
+        "still shares with its parent, private is what it alone holds).",
+    )
     growth = results.get("reader_growth", [])
-    section("Reader worker memory growth between the smallest and largest size",
-            ["format", "from", "to", "anon bytes/sample", "PSS bytes/sample", "private bytes/sample"],
-            [[g["format"], g["from"], g["to"], g["anon_bytes_per_sample"], g["pss_bytes_per_sample"],
-              g["private_bytes_per_sample"]] for g in growth])
-    section("Epoch start (EpochBatchSampler, first batch of epoch 1)",
-            ["samples", "first batch ms", "next epoch ms", "peak RSS increase KiB"],
-            [[e["size"], e["first_batch_ms"], e["next_epoch_ms"], e["peak_increase_kib"]] for e in results["epochs"]],
-            "target: under 50 ms at 10,000,000 samples.")
-    section(f"Resume after SIGINT at {INTERRUPT_AT:.0%} (CLI, largest size)",
-            ["size", "format", "SIGINT s after plan", "exit", "shards finished", "kept", "of", "resume wall s",
-             "uninterrupted s", "resume/uninterrupted", "same shards"],
-            [[x["size"], x["format"], x["interrupt_after_plan_s"], x["exit_code"], x["finished_shards"],
-              x["kept_by_resume"],
-              x["shards"], x["resume_wall_s"], x["uninterrupted_wall_s"], x["ratio"], x["same_shards"]]
-             for x in results["resume"]],
-            "finished: shard records in the staging folder after the interrupt; kept: those the resume reused "
-            "(its log). Ratio 1.0: all work redone; 0.3: only the unfinished 30%. Both times include the CLI's "
-            f"start-up ({results.get('cli_startup_s', 0):.2f} s, added to the in-process conversion time).")
-    section("Shards started during the walk (npy, largest size)",
-            ["early start", "round", "shards", "wall s", "first shard s", "plan known s", "parent peak MiB",
-             "same shards"],
-            [[("on" if e["early"] else "off"), e["round"], e["shards"], e["wall_s"], e["first_worker_s"], e["plan_s"],
-              e["peak_mib"], e["same_shards"]] for e in results.get("early", [])],
-            f"--shard-size {results.get('early_shard_size')}: a cut known from the first samples, as --shard-size "
-            "auto makes for a large source (packer.early_start); off: no shard starts before the walk ends.")
+    section(
+        "Reader worker memory growth between the smallest and largest size",
+        ["format", "from", "to", "anon bytes/sample", "PSS bytes/sample", "private bytes/sample"],
+        [
+            [
+                g["format"],
+                g["from"],
+                g["to"],
+                g["anon_bytes_per_sample"],
+                g["pss_bytes_per_sample"],
+                g["private_bytes_per_sample"],
+            ]
+            for g in growth
+        ],
+    )
+    section(
+        "Epoch start (EpochBatchSampler, first batch of epoch 1)",
+        ["samples", "first batch ms", "next epoch ms", "peak RSS increase KiB"],
+        [[e["size"], e["first_batch_ms"], e["next_epoch_ms"], e["peak_increase_kib"]] for e in results["epochs"]],
+        "target: under 50 ms at 10,000,000 samples.",
+    )
+    section(
+        f"Resume after SIGINT at {INTERRUPT_AT:.0%} (CLI, largest size)",
+        [
+            "size",
+            "format",
+            "SIGINT s after plan",
+            "exit",
+            "shards finished",
+            "kept",
+            "of",
+            "resume wall s",
+            "uninterrupted s",
+            "resume/uninterrupted",
+            "same shards",
+        ],
+        [
+            [
+                x["size"],
+                x["format"],
+                x["interrupt_after_plan_s"],
+                x["exit_code"],
+                x["finished_shards"],
+                x["kept_by_resume"],
+                x["shards"],
+                x["resume_wall_s"],
+                x["uninterrupted_wall_s"],
+                x["ratio"],
+                x["same_shards"],
+            ]
+            for x in results["resume"]
+        ],
+        "finished: shard records in the staging folder after the interrupt; kept: those the resume reused "
+        "(its log). Ratio 1.0: all work redone; 0.3: only the unfinished 30%. Both times include the CLI's "
+        f"start-up ({results.get('cli_startup_s', 0):.2f} s, added to the in-process conversion time).",
+    )
+    section(
+        "Shards started during the walk (npy, largest size)",
+        ["early start", "round", "shards", "wall s", "first shard s", "plan known s", "parent peak MiB", "same shards"],
+        [
+            [
+                ("on" if e["early"] else "off"),
+                e["round"],
+                e["shards"],
+                e["wall_s"],
+                e["first_worker_s"],
+                e["plan_s"],
+                e["peak_mib"],
+                e["same_shards"],
+            ]
+            for e in results.get("early", [])
+        ],
+        f"--shard-size {results.get('early_shard_size')}: a cut known from the first samples, as --shard-size "
+        "auto makes for a large source (packer.early_start); off: no shard starts before the walk ends.",
+    )
     runs = [d for d in (results.get("discovery"), results.get("discovery_parallel")) if d]
     if runs:
-        section("Discovery alone (empty files)",
-                ["files", "processes", "wall s", "CPU µs/file", "pool CPU µs/file", "peak RSS MiB",
-                 "after imports MiB", "bytes/file"],
-                [[d["items"], d.get("processes", 1), d["wall_s"], d["cpu_s"] / d["items"] * 1e6,
-                  d.get("pool_cpu_s", 0.0) / d["items"] * 1e6, d["peak_kib"] / 1024, d["baseline_kib"] / 1024,
-                  (d["peak_kib"] - d["baseline_kib"]) * 1024 / d["items"]] for d in runs],
-                "CPU: of the discovering process; pool CPU: of the processes that walked subfolders for it.")
-    section(f"Extrapolation to {TARGET:.0e} files (line through the two largest sizes)",
-            ["measure", "format", "slope per file", "intercept", f"at {TARGET:.0e}", "note"],
-            [[*row, "flat: the slope is noise" if row[2] <= 0 else ""] for row in extrapolations(results)],
-            "Reader PSS and private memory include the pages of the memory-mapped shard files that the random "
-            "reads touched (page cache, reclaimable); anon is the workers' heap. Shards grow with the dataset up "
-            "to 256 MiB (--shard-size auto), so a per-shard cost looks per-sample below that.")
+        section(
+            "Discovery alone (empty files)",
+            [
+                "files",
+                "processes",
+                "wall s",
+                "CPU µs/file",
+                "pool CPU µs/file",
+                "peak RSS MiB",
+                "after imports MiB",
+                "bytes/file",
+            ],
+            [
+                [
+                    d["items"],
+                    d.get("processes", 1),
+                    d["wall_s"],
+                    d["cpu_s"] / d["items"] * 1e6,
+                    d.get("pool_cpu_s", 0.0) / d["items"] * 1e6,
+                    d["peak_kib"] / 1024,
+                    d["baseline_kib"] / 1024,
+                    (d["peak_kib"] - d["baseline_kib"]) * 1024 / d["items"],
+                ]
+                for d in runs
+            ],
+            "CPU: of the discovering process; pool CPU: of the processes that walked subfolders for it.",
+        )
+    section(
+        f"Extrapolation to {TARGET:.0e} files (line through the two largest sizes)",
+        ["measure", "format", "slope per file", "intercept", f"at {TARGET:.0e}", "note"],
+        [[*row, "flat: the slope is noise" if row[2] <= 0 else ""] for row in extrapolations(results)],
+        "Reader PSS and private memory include the pages of the memory-mapped shard files that the random "
+        "reads touched (page cache, reclaimable); anon is the workers' heap. Shards grow with the dataset up "
+        "to 256 MiB (--shard-size auto), so a per-shard cost looks per-sample below that.",
+    )
     return "\n".join(out)
 
 
 def extrapolations(results: dict) -> list[list[Any]]:
     """Rows of the extrapolation table: each measure of the issue, per format, at 10^8 files."""
-    measures = [("parent peak RSS (GiB)", lambda r: r["peak_mib"] / 1024),
-                ("largest worker peak RSS (GiB)", lambda r: r["worker_peak_mib"] / 1024),
-                ("before-workers wall (s)", lambda r: r["before_wall_s"]),
-                ("after-workers CPU (s)", lambda r: r["after_cpu_us"] * r["size"] / 1e6),
-                ("reader worker anon (MiB)", lambda r: r.get("reader_anon_kib") and r["reader_anon_kib"] / 1024),
-                ("reader worker PSS (MiB)", lambda r: r.get("reader_pss_kib") and r["reader_pss_kib"] / 1024),
-                ("reader worker private (MiB)",
-                 lambda r: r.get("reader_private_kib") and r["reader_private_kib"] / 1024)]
+    measures = [
+        ("parent peak RSS (GiB)", lambda r: r["peak_mib"] / 1024),
+        ("largest worker peak RSS (GiB)", lambda r: r["worker_peak_mib"] / 1024),
+        ("before-workers wall (s)", lambda r: r["before_wall_s"]),
+        ("after-workers CPU (s)", lambda r: r["after_cpu_us"] * r["size"] / 1e6),
+        ("reader worker anon (MiB)", lambda r: r.get("reader_anon_kib") and r["reader_anon_kib"] / 1024),
+        ("reader worker PSS (MiB)", lambda r: r.get("reader_pss_kib") and r["reader_pss_kib"] / 1024),
+        ("reader worker private (MiB)", lambda r: r.get("reader_private_kib") and r["reader_private_kib"] / 1024),
+    ]
     rows = []
     formats = list(dict.fromkeys(r["format"] for r in results["rows"]))
     for name, get in measures:
@@ -628,6 +880,7 @@ def extrapolations(results: dict) -> list[list[Any]]:
 
 def header(args: argparse.Namespace, started: float) -> str:
     """The markdown header: date, commit, machine and the exact command line."""
+
     def git(*cmd: str) -> str:
         try:
             return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
@@ -638,24 +891,30 @@ def header(args: argparse.Namespace, started: float) -> str:
     from packer import __version__
 
     command = shlex.join(["python", "scripts/bench_scale.py", *sys.argv[1:]])
-    return "\n".join([
-        f"## Scale benchmark (issue 26), {datetime.date.today().isoformat()}", "",
-        f"- commit `{git('rev-parse', '--short', 'HEAD')}`{dirty}, packer {__version__}, Python "
-        f"{platform.python_version()}, {os.cpu_count()} cores, {platform.platform()}",
-        f"- command: `{command}` ({time.perf_counter() - started:.0f} s)",
-        f"- sources: {SIDE}x{SIDE} JPEGs in {CLASSES} class folders, converted with `--size {SIDE}` (the default "
-        f"shorter-crop, a no-op on images of that size) and otherwise default options, {args.workers} workers", "",
-    ])
+    return "\n".join(
+        [
+            f"## Scale benchmark (issue 26), {datetime.date.today().isoformat()}",
+            "",
+            f"- commit `{git('rev-parse', '--short', 'HEAD')}`{dirty}, packer {__version__}, Python "
+            f"{platform.python_version()}, {os.cpu_count()} cores, {platform.platform()}",
+            f"- command: `{command}` ({time.perf_counter() - started:.0f} s)",
+            f"- sources: {SIDE}x{SIDE} JPEGs in {CLASSES} class folders, converted with `--size {SIDE}` (the default "
+            f"shorter-crop, a no-op on images of that size) and otherwise default options, {args.workers} workers",
+            "",
+        ]
+    )
 
 
 # The run ---------------------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                usage="bench_scale.py [--sizes N,N,...] [--formats npy,wds,lmdb] [--workers N] "
-                                      "[--shard-size S] [--discovery-files N] [--epoch-sizes N,...] [--no-resume] "
-                                      "[--work DIR] "
-                                      "[--markdown FILE] [--json FILE] [--quick]")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        usage="bench_scale.py [--sizes N,N,...] [--formats npy,wds,lmdb] [--workers N] "
+        "[--shard-size S] [--discovery-files N] [--epoch-sizes N,...] [--no-resume] "
+        "[--work DIR] "
+        "[--markdown FILE] [--json FILE] [--quick]",
+    )
     p.add_argument("--sizes", default="10000,100000", help="source files per tree, comma-separated")
     p.add_argument("--formats", default="npy,wds,lmdb")
     p.add_argument("--workers", type=int, default=2)
@@ -664,8 +923,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--epoch-sizes", default="10000000", help="simulated sizes for the epoch-start measure")
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bench-scale"), help="trees and outputs (cached)")
     p.add_argument("--no-resume", action="store_true", help="skip the interrupt-and-resume measure")
-    p.add_argument("--early-rounds", type=int, default=2,
-                   help="rounds of the early-start measure at the largest size (0: skip it)")
+    p.add_argument(
+        "--early-rounds", type=int, default=2, help="rounds of the early-start measure at the largest size (0: skip it)"
+    )
     p.add_argument("--early-shard-size", default="20000", help="the --shard-size of the early-start measure")
     p.add_argument("--markdown", type=Path, help="write the tables and the extrapolation here")
     p.add_argument("--json", type=Path, help="write the raw records here")
@@ -696,35 +956,56 @@ def run(args: argparse.Namespace) -> dict:
             # A fresh conversion: --overwrite would delete the previous run's output after publishing
             # (kernel time proportional to its bytes, not to the files), inside the after-workers phase.
             remove_output(out)
-            r = run_child("convert", {"source": str(trees[n]), "output": str(out), "format": fmt,
-                                      "workers": args.workers, "shard_size": args.shard_size})
+            r = run_child(
+                "convert",
+                {
+                    "source": str(trees[n]),
+                    "output": str(out),
+                    "format": fmt,
+                    "workers": args.workers,
+                    "shard_size": args.shard_size,
+                },
+            )
             row = convert_row(n, fmt, r)
             results["rows"].append(row)
             outputs[(n, fmt)] = (out, row)
-            print(f"converted {n:,} files to {fmt} in {row['wall_s']:.1f} s ({row['shards']} shards, parent peak "
-                  f"{row['peak_mib']:.0f} MiB)", flush=True)
+            print(
+                f"converted {n:,} files to {fmt} in {row['wall_s']:.1f} s ({row['shards']} shards, parent peak "
+                f"{row['peak_mib']:.0f} MiB)",
+                flush=True,
+            )
             v = run_child("verify", {"output": str(out)})
             if v["problems"]:
                 print(f"verify found problems in {out}: {v['problems']}", file=sys.stderr)
             row.update(verify_wall_s=v["wall_s"], verify_cpu_us=v["cpu_s"] / n * 1e6, verify_ok=not v["problems"])
-    read = run_child("readers", {"outputs": [[str(o), fmt] for (n, fmt), (o, _) in outputs.items()],
-                                 "batches": READ_BATCHES})["readers"]
+    read = run_child(
+        "readers", {"outputs": [[str(o), fmt] for (n, fmt), (o, _) in outputs.items()], "batches": READ_BATCHES}
+    )["readers"]
     for ((n, fmt), (_, row)), rec in zip(outputs.items(), read):
-        row.update(reader_anon_kib=mean(w["anonymous_kb"] for w in rec["workers"]),
-                   reader_pss_kib=mean(w["pss_kb"] for w in rec["workers"]),
-                   reader_private_kib=mean(w["private_kb"] for w in rec["workers"]),
-                   reader_main_pss_kib=rec["main"]["pss_kb"], first_batch_s=rec["first_batch_s"])
+        row.update(
+            reader_anon_kib=mean(w["anonymous_kb"] for w in rec["workers"]),
+            reader_pss_kib=mean(w["pss_kb"] for w in rec["workers"]),
+            reader_private_kib=mean(w["private_kb"] for w in rec["workers"]),
+            reader_main_pss_kib=rec["main"]["pss_kb"],
+            first_batch_s=rec["first_batch_s"],
+        )
     print("reader memory measured", flush=True)
     small, large = args.size_list[0], args.size_list[-1]
     if small != large:
         for fmt in args.format_list:
             a, b = outputs[(small, fmt)][1], outputs[(large, fmt)][1]
-            results["reader_growth"].append({
-                "format": fmt, "from": small, "to": large,
-                "anon_bytes_per_sample": (b["reader_anon_kib"] - a["reader_anon_kib"]) * 1024 / (large - small),
-                "pss_bytes_per_sample": (b["reader_pss_kib"] - a["reader_pss_kib"]) * 1024 / (large - small),
-                "private_bytes_per_sample": (b["reader_private_kib"] - a["reader_private_kib"]) * 1024
-                / (large - small)})
+            results["reader_growth"].append(
+                {
+                    "format": fmt,
+                    "from": small,
+                    "to": large,
+                    "anon_bytes_per_sample": (b["reader_anon_kib"] - a["reader_anon_kib"]) * 1024 / (large - small),
+                    "pss_bytes_per_sample": (b["reader_pss_kib"] - a["reader_pss_kib"]) * 1024 / (large - small),
+                    "private_bytes_per_sample": (b["reader_private_kib"] - a["reader_private_kib"])
+                    * 1024
+                    / (large - small),
+                }
+            )
     epoch_sizes = sorted(set(args.size_list) | set(args.epoch_list))
     results["epochs"] = run_child("epoch", {"sizes": epoch_sizes})["epochs"]
     print("epoch start measured", flush=True)
@@ -733,11 +1014,14 @@ def run(args: argparse.Namespace) -> dict:
         results["cli_startup_s"] = startup
         for fmt in args.format_list:
             out, row = outputs[(large, fmt)]
-            rec = measure_resume(trees[large], fmt, work, args.workers, row, startup, shard_digests(out),
-                                 shard_size=args.shard_size)
+            rec = measure_resume(
+                trees[large], fmt, work, args.workers, row, startup, shard_digests(out), shard_size=args.shard_size
+            )
             results["resume"].append({"size": large, **rec})
-            print(f"resume of {fmt}: {rec['finished_shards']} of {rec['shards']} shards kept, ratio "
-                  f"{rec['ratio']:.2f}", flush=True)
+            print(
+                f"resume of {fmt}: {rec['finished_shards']} of {rec['shards']} shards kept, ratio {rec['ratio']:.2f}",
+                flush=True,
+            )
     if args.early_rounds:
         results["early_shard_size"] = args.early_shard_size
         results["early"] = measure_early(trees[large], work, args.workers, args.early_shard_size, args.early_rounds)

@@ -128,8 +128,14 @@ def seed_worker(worker: int) -> None:
 
 
 def folder_loader(items: list[tuple[str, int]], workers: int):
-    return torch.utils.data.DataLoader(FolderTrainSet(items), batch_size=BATCH, shuffle=True, num_workers=workers,
-                                       persistent_workers=workers > 0, worker_init_fn=seed_worker)
+    return torch.utils.data.DataLoader(
+        FolderTrainSet(items),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        worker_init_fn=seed_worker,
+    )
 
 
 # packer ---------------------------------------------------------------------------------------------
@@ -137,9 +143,32 @@ def packer_convert(src: Path, out: Path, codec: str, workers: int, resize: str =
     """Seconds of ``packer convert`` (a fresh process, as users run it) of ``src`` into an npy output."""
     start = time.perf_counter()
     sizing = ["--size", str(size)] if resize != "none" else []
-    subprocess.run([sys.executable, "-m", "packer", "convert", str(src), "-f", "npy", "-o", str(out), "--overwrite",
-                    "--resize", resize, *sizing, "--codec", codec, "--quality", "90", "--workers", str(workers),
-                    "-q"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "packer",
+            "convert",
+            str(src),
+            "-f",
+            "npy",
+            "-o",
+            str(out),
+            "--overwrite",
+            "--resize",
+            resize,
+            *sizing,
+            "--codec",
+            codec,
+            "--quality",
+            "90",
+            "--workers",
+            str(workers),
+            "-q",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -184,9 +213,13 @@ def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
             fn(data)
         return (time.process_time() - start) / len(datas) * 1e3
 
-    return {"keep_ms": ms(lambda d: source_codec.keep(d, kept)), "eighth_decode_ms": ms(eighth),
-            "default_ms": ms(lambda d: preprocess.finish_pixels(preprocess.decode(d, default, histogram=True).pixels,
-                                                                default))}
+    return {
+        "keep_ms": ms(lambda d: source_codec.keep(d, kept)),
+        "eighth_decode_ms": ms(eighth),
+        "default_ms": ms(
+            lambda d: preprocess.finish_pixels(preprocess.decode(d, default, histogram=True).pixels, default)
+        ),
+    }
 
 
 def packer_loader(out: Path, workers: int, reduced_decode: bool = False):
@@ -220,14 +253,30 @@ def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
     for mode in ("raw", "jpg"):
         path = work / f"ffcv-{mode}.beton"
         start = time.perf_counter()
-        DatasetWriter(str(path), {"image": RGBImageField(write_mode=mode, max_resolution=MAX_SIDE, jpeg_quality=90),
-                                  "label": IntField()}, num_workers=workers).from_indexed_dataset(Photos())
+        DatasetWriter(
+            str(path),
+            {"image": RGBImageField(write_mode=mode, max_resolution=MAX_SIDE, jpeg_quality=90), "label": IntField()},
+            num_workers=workers,
+        ).from_indexed_dataset(Photos())
         seconds = time.perf_counter() - start
         mean, std = np.array(MEAN) * 255, np.array(STD) * 255
-        loader = Loader(str(path), batch_size=BATCH, num_workers=workers, order=OrderOption.RANDOM, drop_last=False,
-                        pipelines={"image": [RandomResizedCropRGBImageDecoder((SIZE, SIZE)), RandomHorizontalFlip(),
-                                             NormalizeImage(mean, std, np.float32), ToTensor(), ToTorchImage()],
-                                   "label": [IntDecoder(), ToTensor(), Squeeze()]})
+        loader = Loader(
+            str(path),
+            batch_size=BATCH,
+            num_workers=workers,
+            order=OrderOption.RANDOM,
+            drop_last=False,
+            pipelines={
+                "image": [
+                    RandomResizedCropRGBImageDecoder((SIZE, SIZE)),
+                    RandomHorizontalFlip(),
+                    NormalizeImage(mean, std, np.float32),
+                    ToTensor(),
+                    ToTorchImage(),
+                ],
+                "label": [IntDecoder(), ToTensor(), Squeeze()],
+            },
+        )
         batch = next(iter(loader))
         assert tuple(batch[0].shape[1:]) == (3, SIZE, SIZE) and batch[0].dtype == torch.float32, batch[0].shape
         found[mode] = {"rate": timed(loader, epochs), "bytes": du(path), "convert_s": seconds}
@@ -272,19 +321,49 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
             add("packer", stored, timed(packer_loader(out, w), args.epochs), du(out), seconds)
             if codec == "source":  # the photographs in full: a crop may be decoded at a reduced scale
-                add("packer", "none, source, reduced_decode", timed(packer_loader(out, w, True), args.epochs), du(out),
-                    seconds)
+                add(
+                    "packer",
+                    "none, source, reduced_decode",
+                    timed(packer_loader(out, w, True), args.epochs),
+                    du(out),
+                    seconds,
+                )
                 if r == 0:
                     results["source_identical"] = source_identical(src, out)
         if args.ffcv_python:
-            side = subprocess.run([args.ffcv_python, __file__, "--ffcv-side", "--src", str(src), "--work", str(work),
-                                   "--workers", str(w), "--epochs", str(args.epochs)], check=True,
-                                  capture_output=True, text=True)
+            side = subprocess.run(
+                [
+                    args.ffcv_python,
+                    __file__,
+                    "--ffcv-side",
+                    "--src",
+                    str(src),
+                    "--work",
+                    str(work),
+                    "--workers",
+                    str(w),
+                    "--epochs",
+                    str(args.epochs),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             for mode, found in json.loads(side.stdout.strip().splitlines()[-1]).items():
-                add("FFCV", f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}", found["rate"], found["bytes"],
-                    found["convert_s"])
-        add("folder (Pillow, torchvision-style)", "source files", timed(folder_loader(items, w), args.epochs),
-            results["source_bytes"], 0.0)
+                add(
+                    "FFCV",
+                    f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}",
+                    found["rate"],
+                    found["bytes"],
+                    found["convert_s"],
+                )
+        add(
+            "folder (Pillow, torchvision-style)",
+            "source files",
+            timed(folder_loader(items, w), args.epochs),
+            results["source_bytes"],
+            0.0,
+        )
     results["source_costs"] = source_costs(items)
     results["default_convert_runs"] = default_runs
     results["default_convert_s"] = median(default_runs)
@@ -302,33 +381,50 @@ def markdown(results: dict) -> str:
     ffcv = {r["stored"]: r for r in rows if r["tool"] == "FFCV"}
     folder = next(r for r in rows if r["tool"].startswith("folder"))
     rounds = results.get("rounds", 1)
-    lines = [f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
-             f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
-             f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",
-             "", "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
+        f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
+        f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",
+        "",
+        "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         peer = ffcv.get(r["stored"]) if r["tool"] == "packer" else None
         vs_ffcv = _ratio(r, peer) if peer else ""
-        lines.append(f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {_ratio(r, folder)} | {vs_ffcv} | "
-                     f"{r['bytes'] / 2**20:.1f} | {r['convert_s']:.1f} |")
-    lines.append(f"| packer default (224 crops, raw) | shorter-crop 224 | | | | "
-                 f"{results['default_bytes'] / 2**20:.1f} | {results['default_convert_s']:.1f} |")
+        lines.append(
+            f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {_ratio(r, folder)} | {vs_ffcv} | "
+            f"{r['bytes'] / 2**20:.1f} | {r['convert_s']:.1f} |"
+        )
+    lines.append(
+        f"| packer default (224 crops, raw) | shorter-crop 224 | | | | "
+        f"{results['default_bytes'] / 2**20:.1f} | {results['default_convert_s']:.1f} |"
+    )
     source = next((r for r in rows if r["stored"] == "none, source"), None)
     if source is not None:
-        runs = list(zip(results.get("default_convert_runs", [results["default_convert_s"]]),
-                        source.get("convert_runs", [source["convert_s"]])))
+        runs = list(
+            zip(
+                results.get("default_convert_runs", [results["default_convert_s"]]),
+                source.get("convert_runs", [source["convert_s"]]),
+            )
+        )
         each = ", ".join(f"{d / s:.2f}x" for d, s in runs)
-        lines += ["", f"`--resize none --codec source` converted in {source['convert_s']:.1f} s (median), "
-                      f"{results['default_convert_s'] / source['convert_s']:.2f}x the speed of the default "
-                      f"conversion (each round: {each}); stored images equal to their source files (SHA-256): "
-                      f"{results.get('source_identical')}"]
+        lines += [
+            "",
+            f"`--resize none --codec source` converted in {source['convert_s']:.1f} s (median), "
+            f"{results['default_convert_s'] / source['convert_s']:.2f}x the speed of the default "
+            f"conversion (each round: {each}); stored images equal to their source files (SHA-256): "
+            f"{results.get('source_identical')}",
+        ]
     costs = results.get("source_costs")
     if costs:
-        lines += ["", f"Per photograph, CPU in one process: `--codec source`'s check of a kept JPEG "
-                      f"{costs['keep_ms']:.3f} ms (its 1/8-scale decode alone {costs['eighth_decode_ms']:.3f} ms), "
-                      f"the default preprocessing {costs['default_ms']:.3f} ms: at most "
-                      f"{costs['default_ms'] / costs['keep_ms']:.2f}x from the per-file work"]
+        lines += [
+            "",
+            f"Per photograph, CPU in one process: `--codec source`'s check of a kept JPEG "
+            f"{costs['keep_ms']:.3f} ms (its 1/8-scale decode alone {costs['eighth_decode_ms']:.3f} ms), "
+            f"the default preprocessing {costs['default_ms']:.3f} ms: at most "
+            f"{costs['default_ms'] / costs['keep_ms']:.2f}x from the per-file work",
+        ]
     return "\n".join(lines)
 
 

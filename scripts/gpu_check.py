@@ -83,8 +83,9 @@ def main() -> int:
     src = work / "images"
     make_images(src, args.images)
     pre = PreprocessConfig(size=(224, 224))
-    outs = {fmt: convert(src, work / fmt, ConvertConfig(fmt, pre), workers=args.workers).output
-            for fmt in ("npy", "wds")}
+    outs = {
+        fmt: convert(src, work / fmt, ConvertConfig(fmt, pre), workers=args.workers).output for fmt in ("npy", "wds")
+    }
 
     ds = open_dataset(outs["npy"])
     gpu = make_loader(ds, 64, device="cuda", seed=3, num_workers=args.workers)
@@ -99,8 +100,11 @@ def main() -> int:
             break
         worst = max(worst, float((gi.cpu() - ci).abs().max()))
         batches += 1
-    check("gpu batches equal cpu batches (max abs diff < 1e-5)", worst < 1e-5 and batches == len(cpu),
-          {"max_abs_diff": worst, "batches": batches})
+    check(
+        "gpu batches equal cpu batches (max abs diff < 1e-5)",
+        worst < 1e-5 and batches == len(cpu),
+        {"max_abs_diff": worst, "batches": batches},
+    )
 
     norm = BatchNormalize(ds.manifest)
     x = torch.randint(0, 256, (8, 3, 224, 224), dtype=torch.uint8)
@@ -124,12 +128,17 @@ def main() -> int:
 
     report["float32 samples/s, 64 per batch"] = {
         "normalized on the gpu (uint8 pinned, non_blocking)": rate(gpu),
-        "normalized in the workers, then copied": rate(_CpuThenCopy(make_loader(ds, 64, num_workers=args.workers,
-                                                                              pin_memory=True))),
+        "normalized in the workers, then copied": rate(
+            _CpuThenCopy(make_loader(ds, 64, num_workers=args.workers, pin_memory=True))
+        ),
     }
     # decode="device": the JPEG crops of a training read decoded by nvJPEG on the GPU, against the workers
-    jpeg = convert(src, work / "npy-jpeg", ConvertConfig("npy", PreprocessConfig(resize="max", size=(256, 256)),
-                                                         codec=ImageCodec("jpeg")), workers=args.workers).output
+    jpeg = convert(
+        src,
+        work / "npy-jpeg",
+        ConvertConfig("npy", PreprocessConfig(resize="max", size=(256, 256)), codec=ImageCodec("jpeg")),
+        workers=args.workers,
+    ).output
     crops = open_dataset(jpeg, crop=RandomResizedCrop(224), flip=True)
     on_gpu = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers, decode="device")
     in_workers = make_loader(crops, 64, device="cuda", seed=5, num_workers=args.workers)
@@ -141,13 +150,16 @@ def main() -> int:
         levels = (gi - wi).abs() * 255 * 0.225  # in levels (ImageNet's smallest std: an upper bound)
         worst, mean, batches = max(worst, float(levels.max())), mean + float(levels.mean()), batches + 1
     # torchvision bounds nvJPEG against libjpeg-turbo by the mean difference, not the largest: so do we
-    check("decode=device crops within a level of the workers' on average (nvJPEG vs libjpeg-turbo)",
-          mean / max(batches, 1) <= 1 and batches == len(in_workers),
-          {"mean_levels": mean / max(batches, 1), "max_levels": worst, "batches": batches})
+    check(
+        "decode=device crops within a level of the workers' on average (nvJPEG vs libjpeg-turbo)",
+        mean / max(batches, 1) <= 1 and batches == len(in_workers),
+        {"mean_levels": mean / max(batches, 1), "max_levels": worst, "batches": batches},
+    )
     report["RandomResizedCrop(224) + flip from max-256 jpeg, float32 samples/s on the gpu"] = {
-        f"decode={where}, {w} workers": rate(make_loader(crops, 64, device="cuda", seed=5, num_workers=w,
-                                                         decode=where))
-        for w in sorted({2, args.workers}) for where in ("workers", "device")}
+        f"decode={where}, {w} workers": rate(make_loader(crops, 64, device="cuda", seed=5, num_workers=w, decode=where))
+        for w in sorted({2, args.workers})
+        for where in ("workers", "device")
+    }
 
     report["failures"] = failures
     text = json.dumps(report, indent=1, default=str)

@@ -21,14 +21,19 @@ from readers import make_loader, open_dataset
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output")
-    parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
-                        help="float32: normalized batches; uint8: the stored pixels")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "uint8"),
+        default="float32",
+        help="float32: normalized batches; uint8: the stored pixels",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
-    loader = make_loader(open_dataset(args.output, normalize=args.dtype == "float32"), args.batch_size,
-                         num_workers=args.workers)
+    loader = make_loader(
+        open_dataset(args.output, normalize=args.dtype == "float32"), args.batch_size, num_workers=args.workers
+    )
     rates = []
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
@@ -36,8 +41,11 @@ def main() -> None:
         for batch in loader:
             samples += len(batch[1])
         rates.append(samples / (time.perf_counter() - start))
-    print(f"{readers.__file__}: {args.output} {args.dtype} {args.workers}w: "
-          + ", ".join(f"{r:,.0f}" for r in rates) + " samples/s")
+    print(
+        f"{readers.__file__}: {args.output} {args.dtype} {args.workers}w: "
+        + ", ".join(f"{r:,.0f}" for r in rates)
+        + " samples/s"
+    )
 
 
 if __name__ == "__main__":

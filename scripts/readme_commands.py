@@ -23,8 +23,10 @@ def readme_command(kind: str, text: str) -> str:
     the marker is missing, repeated, or not followed by a code block of one line."""
     found = re.findall(rf"<!-- ci: {re.escape(kind)} -->\n```[a-z]*\n(.*?)```", text, flags=re.S)
     if len(found) != 1:
-        raise ValueError(f"README.md must mark exactly one {kind} command with <!-- ci: {kind} --> before its "
-                         f"code block; found {len(found)}")
+        raise ValueError(
+            f"README.md must mark exactly one {kind} command with <!-- ci: {kind} --> before its "
+            f"code block; found {len(found)}"
+        )
     lines = [line for line in found[0].splitlines() if line.strip()]
     if len(lines) != 1:
         raise ValueError(f"the README's {kind} command must be one line, got {len(lines)}")

@@ -65,10 +65,12 @@ def main() -> None:
         rows.append((name, *mixing(batches, classes)))
         labels = np.concatenate(batches)
     ideal = np.random.default_rng(0).permutation(labels)
-    ideal_batches = [ideal[i:i + args.batch] for i in range(0, len(ideal), args.batch)]
+    ideal_batches = [ideal[i : i + args.batch] for i in range(0, len(ideal), args.batch)]
     rows.append(("ideal (uniform permutation)", *mixing(ideal_batches, classes)))
-    print(f"{len(labels)} samples, {classes} classes stored in sorted runs, batches of {args.batch}, "
-          f"{args.workers} workers\n")
+    print(
+        f"{len(labels)} samples, {classes} classes stored in sorted runs, batches of {args.batch}, "
+        f"{args.workers} workers\n"
+    )
     print("| reader | distinct classes per batch | distance to the class mix (TV) |\n|---|---|---|")
     for name, distinct, tv in rows:
         print(f"| {name} | {distinct:.2f} | {tv:.3f} |")

@@ -24,10 +24,43 @@ from pathlib import Path
 
 import numpy as np
 
-MODULES = ("collections", "json", "pathlib", "argparse", "email", "http", "logging", "unittest", "asyncio",
-           "xml", "urllib", "typing", "dataclasses", "inspect", "tarfile", "zipfile", "csv", "decimal",
-           "fractions", "statistics", "difflib", "textwrap", "string", "re", "datetime", "calendar", "shutil",
-           "tempfile", "subprocess", "threading", "multiprocessing", "concurrent", "socket", "ssl", "sqlite3")
+MODULES = (
+    "collections",
+    "json",
+    "pathlib",
+    "argparse",
+    "email",
+    "http",
+    "logging",
+    "unittest",
+    "asyncio",
+    "xml",
+    "urllib",
+    "typing",
+    "dataclasses",
+    "inspect",
+    "tarfile",
+    "zipfile",
+    "csv",
+    "decimal",
+    "fractions",
+    "statistics",
+    "difflib",
+    "textwrap",
+    "string",
+    "re",
+    "datetime",
+    "calendar",
+    "shutil",
+    "tempfile",
+    "subprocess",
+    "threading",
+    "multiprocessing",
+    "concurrent",
+    "socket",
+    "ssl",
+    "sqlite3",
+)
 
 
 def docstrings(module_name: str) -> list[str]:
@@ -36,8 +69,11 @@ def docstrings(module_name: str) -> list[str]:
     names = [module_name]
     root = importlib.import_module(module_name)
     if hasattr(root, "__path__"):
-        names += [m.name for m in pkgutil.walk_packages(root.__path__, module_name + ".")
-                  if "test" not in m.name and "__main__" not in m.name]
+        names += [
+            m.name
+            for m in pkgutil.walk_packages(root.__path__, module_name + ".")
+            if "test" not in m.name and "__main__" not in m.name
+        ]
     for name in names:
         try:
             with warnings.catch_warnings():
@@ -47,8 +83,9 @@ def docstrings(module_name: str) -> list[str]:
             continue
         objects = [module] + [v for _, v in inspect.getmembers(module) if inspect.isclass(v) or inspect.isfunction(v)]
         for obj in objects:
-            for member in [obj] + ([v for _, v in vars(obj).items() if inspect.isfunction(v)]
-                                   if inspect.isclass(obj) else []):
+            for member in [obj] + (
+                [v for _, v in vars(obj).items() if inspect.isfunction(v)] if inspect.isclass(obj) else []
+            ):
                 doc = inspect.getdoc(member)
                 if doc and len(doc) > 20:
                     found[doc] = None
@@ -75,8 +112,9 @@ def train_tokenizer(folder: Path, path: Path) -> None:
     trainer = trainers.WordPieceTrainer(vocab_size=8000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
     tok.train([str(p) for p in sorted(folder.rglob("*.txt"))], trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
-                                                                                                ("[SEP]", sep)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     tok.save(str(path))
 
 
@@ -111,18 +149,25 @@ def main() -> None:
     tokenizer = args.work / "tokenizer.json"
     train_tokenizer(corpus, tokenizer)
     start = time.perf_counter()
-    result = convert(corpus, args.work / f"out-{args.format}",
-                     ConvertConfig(args.format, text=TextConfig(tokenizer=str(tokenizer), max_length=512)))
+    result = convert(
+        corpus,
+        args.work / f"out-{args.format}",
+        ConvertConfig(args.format, text=TextConfig(tokenizer=str(tokenizer), max_length=512)),
+    )
     seconds = time.perf_counter() - start
     ds = open_dataset(result.output)
     lengths = ds.lengths()
-    print(f"corpus: {n} docstrings of {len(MODULES)} stdlib modules; packed {ds.manifest.samples} samples in "
-          f"{seconds:.1f} s ({ds.manifest.samples / seconds:.0f} samples/s); tokens per sample: mean "
-          f"{lengths.mean():.0f}, median {np.median(lengths):.0f}, max {lengths.max()}")
+    print(
+        f"corpus: {n} docstrings of {len(MODULES)} stdlib modules; packed {ds.manifest.samples} samples in "
+        f"{seconds:.1f} s ({ds.manifest.samples / seconds:.0f} samples/s); tokens per sample: mean "
+        f"{lengths.mean():.0f}, median {np.median(lengths):.0f}, max {lengths.max()}"
+    )
     b = args.batch_size
-    print(f"padding share of index batches (batch {b}, epoch 0): random "
-          f"{padding_ratio(EpochBatchSampler(len(ds), b).batches(0), lengths):.3f}, bucketed "
-          f"{padding_ratio(LengthBucketSampler(lengths, b).batches(0), lengths):.3f}")
+    print(
+        f"padding share of index batches (batch {b}, epoch 0): random "
+        f"{padding_ratio(EpochBatchSampler(len(ds), b).batches(0), lengths):.3f}, bucketed "
+        f"{padding_ratio(LengthBucketSampler(lengths, b).batches(0), lengths):.3f}"
+    )
     print("| batching | padding share | slots per batch | samples/s | batches |")
     print("|---|---|---|---|---|")
     for name, bucket in (("random", False), ("bucket_by_length", True)):

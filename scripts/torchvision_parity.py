@@ -36,8 +36,11 @@ def torchvision_transform(size: int, resize: str, crop: Optional[int] = None):
     """The torchvision transform that packer's ``--size size --resize resize [--crop crop]`` stands for."""
     from torchvision import transforms
 
-    geometry = {"shorter-crop": [transforms.Resize(size), transforms.CenterCrop(size)],
-                "shorter": [transforms.Resize(size)], "stretch": [transforms.Resize((size, size))]}[resize]
+    geometry = {
+        "shorter-crop": [transforms.Resize(size), transforms.CenterCrop(size)],
+        "shorter": [transforms.Resize(size)],
+        "stretch": [transforms.Resize((size, size))],
+    }[resize]
     if crop is not None:
         geometry.append(transforms.CenterCrop(crop))
     return transforms.Compose([*geometry, transforms.PILToTensor()])
@@ -58,8 +61,14 @@ def compare(folder: Path, size: int, resize: str, crop: Optional[int], full_deco
     from torchvision.datasets import ImageFolder
 
     out = work / ("full" if full_decode else "reduced")
-    pre = PreprocessConfig(size=(size, size), resize=resize, mean=None, std=None, reduced_decode=not full_decode,
-                           crop=(crop, crop) if crop else None)
+    pre = PreprocessConfig(
+        size=(size, size),
+        resize=resize,
+        mean=None,
+        std=None,
+        reduced_decode=not full_decode,
+        crop=(crop, crop) if crop else None,
+    )
     convert(folder, out, ConvertConfig("npy", pre), workers=2)
     ours = {meta["key"]: image.numpy() for image, _, meta in open_dataset(out, normalize=False, return_meta=True)}
     theirs = ImageFolder(str(folder), transform=torchvision_transform(size, resize, crop))
@@ -96,8 +105,10 @@ def main() -> None:
         import torchvision
     except ImportError:
         sys.exit("this comparison needs torchvision: pip install torchvision (beside your torch)")
-    print(f"packer against torchvision {torchvision.__version__} ImageFolder, {args.folder}, "
-          f"--size {args.size} --resize {args.resize}" + (f" --crop {args.crop}" if args.crop else ""))
+    print(
+        f"packer against torchvision {torchvision.__version__} ImageFolder, {args.folder}, "
+        f"--size {args.size} --resize {args.resize}" + (f" --crop {args.crop}" if args.crop else "")
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for full in (True, False):
             f = compare(args.folder.resolve(), args.size, args.resize, args.crop, full, Path(tmp))
@@ -105,9 +116,11 @@ def main() -> None:
             median = psnr[len(psnr) // 2] if psnr else math.nan
             mean = sum(f["diffs"]) / len(f["diffs"]) if f["diffs"] else 0.0
             design = ", ".join(f"{n} {why}" for why, n in f["by design"].items()) or "none"
-            print(f"{'--full-decode' if full else 'default decode'}: {f['identical']}/{f['compared']} identical; "
-                  f"mean {mean:.3f} levels, max {f['max']}, median PSNR {median:.1f} dB; "
-                  f"different by design: {design}; not packed: {f['missing']}")
+            print(
+                f"{'--full-decode' if full else 'default decode'}: {f['identical']}/{f['compared']} identical; "
+                f"mean {mean:.3f} levels, max {f['max']}, median PSNR {median:.1f} dB; "
+                f"different by design: {design}; not packed: {f['missing']}"
+            )
 
 
 if __name__ == "__main__":

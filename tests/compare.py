@@ -73,8 +73,10 @@ def stored(out: Path, manifest: Manifest) -> list[Row]:
             with env.begin() as txn:
                 n = int(txn.get(b"length"))
                 labels = np.load(io.BytesIO(txn.get(b"labels")))
-                part = [(txn.get(b"%08d.key" % i).decode(), int(labels[i]), image(txn.get(b"%08d.image" % i)))
-                        for i in range(n)]
+                part = [
+                    (txn.get(b"%08d.key" % i).decode(), int(labels[i]), image(txn.get(b"%08d.image" % i)))
+                    for i in range(n)
+                ]
             env.close()
         else:
             ext = {"raw": "npy", "jpeg": "jpg", "png": "png"}[codec]
@@ -118,7 +120,8 @@ def check_files(out: Path, manifest: Manifest) -> None:
         index = json.loads((out / WIDS_INDEX).read_text(encoding="utf-8"))
         assert index["__kind__"] == "wids-shard-index-v1" and index["shardlist"] == [
             {"url": s.file(".tar"), "nsamples": s.samples, "filesize": (out / s.file(".tar")).stat().st_size}
-            for s in manifest.shards]
+            for s in manifest.shards
+        ]
         of_output = {WIDS_INDEX}
     on_disk = {p.name for p in out.iterdir()}
     assert on_disk == listed | of_output | {MANIFEST_NAME, REPORT_NAME}
@@ -137,5 +140,6 @@ def assert_same_output(a: Path, b: Path) -> None:
         assert files_of(a) == files_of(b)
         return
     assert_rows_equal(stored(b, mb), stored(a, ma))
-    assert ma.to_dict() | {"shards": [(s.name, s.samples) for s in ma.shards]} == \
-        mb.to_dict() | {"shards": [(s.name, s.samples) for s in mb.shards]}
+    assert ma.to_dict() | {"shards": [(s.name, s.samples) for s in ma.shards]} == mb.to_dict() | {
+        "shards": [(s.name, s.samples) for s in mb.shards]
+    }

@@ -39,7 +39,6 @@ def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 
     return paths
 
 
-
 def pack_every_format(tmp_path_factory, classes: dict[str, int], preprocess, samples_per_shard: int) -> dict:
     """A ``make_tree`` of ``classes`` converted into every format with ``samples_per_shard``: format -> output."""
     from packer import ConvertConfig, convert

@@ -34,8 +34,10 @@ class FakeClock:
 
 def quiet_after(stage: Path, seconds: float = 1.5) -> bool:
     """True when no file in ``stage`` changes for ``seconds`` (no worker still writing)."""
+
     def snapshot():
         return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in stage.iterdir()}
+
     before = snapshot()
     time.sleep(seconds)
     return snapshot() == before

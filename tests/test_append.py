@@ -65,16 +65,20 @@ def test_new_files_become_new_shards_and_old_shards_keep_their_bytes(tmp_path, f
     assert result.added == 4 and not result.changed and not result.removed
     m = read_manifest(out)
     assert m.samples == 9 and m.classes == ["cat", "dog"] and m.class_counts == [4, 5]
-    assert m.shards[:len(before.shards)] == before.shards  # the same names, files and SHA-256s
-    assert {f.path: f.sha256 for s in m.shards[:len(before.shards)] for f in s.files} == old_files
-    new = m.shards[len(before.shards):]
+    assert m.shards[: len(before.shards)] == before.shards  # the same names, files and SHA-256s
+    assert {f.path: f.sha256 for s in m.shards[: len(before.shards)] for f in s.files} == old_files
+    new = m.shards[len(before.shards) :]
     assert [s.samples for s in new] == [3, 1] and new[0].name.startswith(f"shard-{len(before.shards):05d}-")
     assert verify(out) == []
     got = samples(out)
     assert [g[:2] for g in got[:5]] == [o[:2] for o in old_samples]
     assert all(torch.equal(g[2], o[2]) for g, o in zip(got, old_samples))
-    assert [(k, label) for k, label, _ in got[5:]] == [("cat/cat-006.png", 0), ("dog/dog-007.png", 1),
-                                                      ("dog/dog-008.png", 1), ("dog/dog-009.png", 1)]
+    assert [(k, label) for k, label, _ in got[5:]] == [
+        ("cat/cat-006.png", 0),
+        ("dog/dog-007.png", 1),
+        ("dog/dog-008.png", 1),
+        ("dog/dog-009.png", 1),
+    ]
     fresh = tmp_path / "fresh"  # a conversion of the new files alone stores the same pixels for them
     add(tmp_path / "only", "cat", [6])
     convert(tmp_path / "only", fresh, ConvertConfig(fmt, PRE), workers=1)
@@ -111,8 +115,11 @@ def test_a_new_class_is_refused_unless_added_at_the_end(tmp_path):
     append(src, out, again(out), add_classes=True, workers=1)
     m = read_manifest(out)
     assert m.classes == ["cat", "dog", "ant"] and m.class_counts == [1, 1, 1]
-    assert [(k, label) for k, label, _ in samples(out)] == [("cat/cat-001.png", 0), ("dog/dog-002.png", 1),
-                                                            ("ant/ant-003.png", 2)]
+    assert [(k, label) for k, label, _ in samples(out)] == [
+        ("cat/cat-001.png", 0),
+        ("dog/dog-002.png", 1),
+        ("ant/ant-003.png", 2),
+    ]
     assert m.history[-1]["classes_added"] == ["ant"]
 
 
@@ -226,8 +233,9 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
     convert(src, tmp_path / "set", ConvertConfig("npy", PRE), workers=1)  # no split folders: one output
     from packer.dataset_splits import convert_splits
 
-    convert_splits(src, tmp_path / "splits", ConvertConfig("npy", PRE), fractions=[("train", 0.5), ("val", 0.5)],
-                   seed=0, workers=1)
+    convert_splits(
+        src, tmp_path / "splits", ConvertConfig("npy", PRE), fractions=[("train", 0.5), ("val", 0.5)], seed=0, workers=1
+    )
     add(src, "cat", [9])
     with pytest.raises(ConfigError, match="is a split of the set in .*convert the set again"):
         append(src, tmp_path / "splits" / "train", again(tmp_path / "splits" / "train"))
@@ -240,8 +248,10 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
     more = tmp_path / "more.csv"
     more.write_text("cat/cat-003.png,dog\n")
     result = append(src, by_file, again(by_file), labels_file=more, workers=1)
-    assert [(k, label) for k, label, _ in samples(by_file)][-1] == ("cat/cat-003.png", read_manifest(
-        by_file).classes.index("dog"))
+    assert [(k, label) for k, label, _ in samples(by_file)][-1] == (
+        "cat/cat-003.png",
+        read_manifest(by_file).classes.index("dog"),
+    )
     # The held files, which more.csv does not list, are neither skipped nor removed: still there, stored.
     m = read_manifest(by_file)
     assert result.removed == [] and m.history[-1]["removed"] == 0
@@ -250,8 +260,9 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
     runner = CliRunner()
     wrong = runner.invoke(cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "set"), "--append"])
     assert wrong.exit_code == 2 and "is a npy output: append to it with --format npy" in wrong.output
-    address = runner.invoke(cli, ["convert", str(src), "-f", "npy", "-o", str(tmp_path / "set"), "--append",
-                                  "--address", "auto"])
+    address = runner.invoke(
+        cli, ["convert", str(src), "-f", "npy", "-o", str(tmp_path / "set"), "--append", "--address", "auto"]
+    )
     assert address.exit_code == 2 and "--address is for --executor ray" in address.output
 
 
@@ -286,6 +297,7 @@ def test_appending_a_container_is_refused_with_what_to_do(tmp_path):
     (tmp_path / "tars").mkdir()
     for tar in (tmp_path / "shards").glob("*.tar"):
         shutil.copy(tar, tmp_path / "tars")
-    refused = CliRunner().invoke(cli, ["convert", str(tmp_path / "tars"), "-f", "npy", "-o", str(tmp_path / "out"),
-                                       "--append"])
+    refused = CliRunner().invoke(
+        cli, ["convert", str(tmp_path / "tars"), "-f", "npy", "-o", str(tmp_path / "out"), "--append"]
+    )
     assert refused.exit_code == 2 and "is a tar container: --append adds the new files of a folder" in refused.output

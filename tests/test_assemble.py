@@ -50,8 +50,10 @@ def test_spilled_search_counts_every_shard_even_with_odd_digests(tmp_path, monke
 
     monkeypatch.setattr(packer.assemble, "SPILL_WORDS", 1)
     a = "ab" * 16
-    results = [ShardResult("s0", 1, [], keys=["odd"], digests=["xy"]),
-               ShardResult("s1", 2, [], keys=["a", "b"], digests=[a, a])]
+    results = [
+        ShardResult("s0", 1, [], keys=["odd"], digests=["xy"]),
+        ShardResult("s1", 2, [], keys=["a", "b"], digests=[a, a]),
+    ]
     seen = []
     for scratch in (None, tmp_path):
         assert find_duplicates(results, seen.append, scratch) == [["a", "b"]]
@@ -60,8 +62,10 @@ def test_spilled_search_counts_every_shard_even_with_odd_digests(tmp_path, monke
 
 def test_duplicates_named():
     a, b, c = "0" * 32, "f" * 32, "0" * 31 + "1"
-    results = [ShardResult("s0", 3, [], keys=["z.jpg", "y.jpg", "x.jpg"], digests=[a, b, a]),
-               ShardResult("s1", 2, [], keys=["w.jpg", "v.jpg"], digests=[c, b])]
+    results = [
+        ShardResult("s0", 3, [], keys=["z.jpg", "y.jpg", "x.jpg"], digests=[a, b, a]),
+        ShardResult("s1", 2, [], keys=["w.jpg", "v.jpg"], digests=[c, b]),
+    ]
     assert find_duplicates(results) == [["y.jpg", "v.jpg"], ["z.jpg", "x.jpg"]]
     assert find_duplicates([ShardResult("s0", 2, [], keys=["a", "b"], digests=[a, c])]) == []
     assert find_duplicates([]) == []
@@ -75,12 +79,16 @@ def test_duplicates_named():
     odd = [ShardResult("s0", 3, [], keys=["a", "b", "c"], digests=["1" * 32, "0" * 30, "0" * 34])]
     assert find_duplicates(odd) == []
     assert find_duplicates([ShardResult("s0", 2, [], keys=["a", "b"], digests=["AB" * 16, "ab" * 16])]) == []
-    short = [ShardResult("s0", 3, [], keys=["a", "b"], digests=[a, b, a]), ShardResult("s1", 1, [], keys=["c"],
-                                                                                        digests=[a])]
+    short = [
+        ShardResult("s0", 3, [], keys=["a", "b"], digests=[a, b, a]),
+        ShardResult("s1", 1, [], keys=["c"], digests=[a]),
+    ]
     assert find_duplicates(short) == _duplicates_by_dict(short) == [["a", "c"]]
     d = "ab" * 16
-    without = [ShardResult("s0", 1, [], keys=["x"], digests=[]), ShardResult("s1", 2, [], keys=["b1", "b2"],
-                                                                          digests=[d, d])]
+    without = [
+        ShardResult("s0", 1, [], keys=["x"], digests=[]),
+        ShardResult("s1", 2, [], keys=["b1", "b2"], digests=[d, d]),
+    ]
     assert find_duplicates(without) == find_duplicates(without[::-1]) == [["b1", "b2"]]  # keys, no digests
 
 

@@ -41,11 +41,24 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     image, label = bench_train.FolderTrainSet(items)[2]
     assert image.shape == (3, 224, 224) and str(image.dtype) == "torch.float32"
     assert label == 1 and -3 < float(image.min()) < float(image.max()) < 3  # normalized, not 0..255
-    results = {"images": 3, "workers": 2, "epochs": 1, "default_bytes": 2**20, "default_convert_s": 1.0, "rows": [
-        {"tool": "packer", "stored": "max 256, raw", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
-        {"tool": "FFCV", "stored": "max 256, raw", "rate": 200.0, "bytes": 2**21, "convert_s": 1.0},
-        {"tool": "folder (Pillow, torchvision-style)", "stored": "source files", "rate": 100.0, "bytes": 2**20,
-         "convert_s": 0.0}]}
+    results = {
+        "images": 3,
+        "workers": 2,
+        "epochs": 1,
+        "default_bytes": 2**20,
+        "default_convert_s": 1.0,
+        "rows": [
+            {"tool": "packer", "stored": "max 256, raw", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
+            {"tool": "FFCV", "stored": "max 256, raw", "rate": 200.0, "bytes": 2**21, "convert_s": 1.0},
+            {
+                "tool": "folder (Pillow, torchvision-style)",
+                "stored": "source files",
+                "rate": 100.0,
+                "bytes": 2**20,
+                "convert_s": 0.0,
+            },
+        ],
+    }
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table
     # With rounds: medians, and each ratio's range over the rounds' own pairs.
@@ -61,13 +74,23 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     costs = bench_train.source_costs(items)
     assert set(costs) == {"keep_ms", "eighth_decode_ms", "default_ms"} and all(v > 0 for v in costs.values())
     results["source_costs"] = {"keep_ms": 0.5, "eighth_decode_ms": 0.4, "default_ms": 1.25}
-    results["rows"].append({"tool": "packer", "stored": "none, source", "rate": 150.0, "bytes": 2**20,
-                            "convert_s": 0.5, "convert_runs": [0.5]})
+    results["rows"].append(
+        {
+            "tool": "packer",
+            "stored": "none, source",
+            "rate": 150.0,
+            "bytes": 2**20,
+            "convert_s": 0.5,
+            "convert_runs": [0.5],
+        }
+    )
     results["default_convert_runs"] = [1.0]
     table = bench_train.markdown(results)
     assert "2.00x the speed of the default conversion (each round: 2.00x)" in table
-    assert "check of a kept JPEG 0.500 ms (its 1/8-scale decode alone 0.400 ms), the default preprocessing " \
-           "1.250 ms: at most 2.50x" in table
+    assert (
+        "check of a kept JPEG 0.500 ms (its 1/8-scale decode alone 0.400 ms), the default preprocessing "
+        "1.250 ms: at most 2.50x" in table
+    )
 
 
 def test_scale_tree_is_byte_distinct_32px_jpegs_and_extrapolates_through_the_two_largest(tmp_path):

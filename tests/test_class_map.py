@@ -42,8 +42,13 @@ def test_a_class_map_file_decides_the_indices(tmp_path):
     make_tree(tmp_path / "src", {"ant": 1, "bee": 1})
     (tmp_path / "classes.txt").write_text("\ufeffbee\n\nant\nwasp\n")
     assert read_class_map(tmp_path / "classes.txt") == ["bee", "ant", "wasp"]
-    convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE), workers=1,
-            classes=read_class_map(tmp_path / "classes.txt"))
+    convert(
+        tmp_path / "src",
+        tmp_path / "out",
+        ConvertConfig("npy", PRE),
+        workers=1,
+        classes=read_class_map(tmp_path / "classes.txt"),
+    )
     ds = open_dataset(tmp_path / "out", return_meta=True)
     assert {s[-1]["key"].split("/")[0]: s[1] for s in ds} == {"bee": 0, "ant": 1}
 
@@ -52,12 +57,41 @@ def test_a_class_the_map_lacks_is_refused_by_name_or_appended(tmp_path):
     make_tree(tmp_path / "src", {"ant": 1, "bee": 1, "zebra": 1})
     (tmp_path / "classes.txt").write_text("bee\nant\n")
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(out), "--size", "12",
-                                      "-q", "--classes", str(tmp_path / "classes.txt")])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(tmp_path / "src"),
+            "-f",
+            "npy",
+            "-o",
+            str(out),
+            "--size",
+            "12",
+            "-q",
+            "--classes",
+            str(tmp_path / "classes.txt"),
+        ],
+    )
     assert result.exit_code == 1 and "'zebra'" in result.output and "--add-classes" in result.output
     assert not out.exists()
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(out), "--size", "12",
-                                      "-q", "--classes", str(tmp_path / "classes.txt"), "--add-classes"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(tmp_path / "src"),
+            "-f",
+            "npy",
+            "-o",
+            str(out),
+            "--size",
+            "12",
+            "-q",
+            "--classes",
+            str(tmp_path / "classes.txt"),
+            "--add-classes",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert open_dataset(out).classes == ["bee", "ant", "zebra"]
 
@@ -65,8 +99,14 @@ def test_a_class_the_map_lacks_is_refused_by_name_or_appended(tmp_path):
 def test_labels_files_use_the_given_map(tmp_path):
     make_tree(tmp_path / "src", {"x": 2})
     (tmp_path / "labels.csv").write_text("path,label\nx/img_000.png,cat\nx/img_001.png,dog\n")
-    convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE), workers=1,
-            labels_file=tmp_path / "labels.csv", classes=["dog", "cat"])
+    convert(
+        tmp_path / "src",
+        tmp_path / "out",
+        ConvertConfig("npy", PRE),
+        workers=1,
+        labels_file=tmp_path / "labels.csv",
+        classes=["dog", "cat"],
+    )
     ds = open_dataset(tmp_path / "out", return_meta=True)
     assert {s[-1]["key"]: s[1] for s in ds} == {"x/img_000.png": 1, "x/img_001.png": 0}
 
@@ -105,9 +145,26 @@ def test_nodes_of_a_split_conversion_use_the_given_map(tmp_path):
     make_tree(tmp_path / "src", {"cat": 1, "dog": 1, "emu": 1})
     (tmp_path / "map.txt").write_text("emu\ndog\ncat\n")
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(out), "--size", "12",
-                                      "-q", "--classes", str(tmp_path / "map.txt"), "--num-nodes", "1",
-                                      "--node-rank", "0"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(tmp_path / "src"),
+            "-f",
+            "npy",
+            "-o",
+            str(out),
+            "--size",
+            "12",
+            "-q",
+            "--classes",
+            str(tmp_path / "map.txt"),
+            "--num-nodes",
+            "1",
+            "--node-rank",
+            "0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert CliRunner().invoke(cli, ["merge", str(out)]).exit_code == 0
     ds = open_dataset(out, return_meta=True)
@@ -119,5 +176,12 @@ def test_class_indices_in_a_labels_file_are_refused_with_a_map(tmp_path):
     make_tree(tmp_path / "src", {"x": 2})
     (tmp_path / "labels.csv").write_text("x/img_000.png,0\nx/img_001.png,1\n")
     with pytest.raises(InputError, match="class indices, but with --classes"):
-        convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE), workers=1,
-                labels_file=tmp_path / "labels.csv", classes=["cat", "dog"], add_classes=True)
+        convert(
+            tmp_path / "src",
+            tmp_path / "out",
+            ConvertConfig("npy", PRE),
+            workers=1,
+            labels_file=tmp_path / "labels.csv",
+            classes=["cat", "dog"],
+            add_classes=True,
+        )

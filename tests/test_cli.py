@@ -82,8 +82,9 @@ def test_info_of_an_output_without_statistics(image_tree, tmp_path):
 
 
 def test_normalize_auto_with_float_storage_is_a_usage_error(image_tree, tmp_path):
-    result = run("convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--normalize", "auto",
-                 "--dtype", "float16")
+    result = run(
+        "convert", str(image_tree), "-f", "npy", "-o", str(tmp_path / "o"), "--normalize", "auto", "--dtype", "float16"
+    )
     assert result.exit_code == 2 and "--normalize auto needs --dtype uint8" in result.output
     assert "MEAN,STD" in result.output and not (tmp_path / "o").exists()
 
@@ -105,8 +106,9 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
     assert again.exit_code == 1 and "--overwrite" in again.output and exited_cleanly(again)
     again = run("convert", str(image_tree), "-f", "npy", "-o", str(out), "-q", "--size", "8", "--overwrite")
     assert again.exit_code == 0
-    jpeg_float = run("convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--codec", "jpeg",
-                     "--dtype", "float32")
+    jpeg_float = run(
+        "convert", str(image_tree), "-f", "hdf5", "-o", str(tmp_path / "h"), "--codec", "jpeg", "--dtype", "float32"
+    )
     assert jpeg_float.exit_code == 2 and "--dtype uint8" in jpeg_float.output  # a combination of options: usage
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -118,9 +120,16 @@ def test_run_errors_exit_1_without_traceback(image_tree, tmp_path):
 
 def test_help_lists_every_option_with_its_default():
     text = " ".join(run("convert", "--help").output.split())
-    for option, default in [("--size", "224"), ("--resize", "shorter-crop"), ("--normalize", "imagenet"),
-                            ("--dtype", "uint8"), ("--shard-size", "auto"), ("--mode", "RGB"), ("--codec", "raw"),
-                            ("--quality", "90; 1<=x<=95")]:
+    for option, default in [
+        ("--size", "224"),
+        ("--resize", "shorter-crop"),
+        ("--normalize", "imagenet"),
+        ("--dtype", "uint8"),
+        ("--shard-size", "auto"),
+        ("--mode", "RGB"),
+        ("--codec", "raw"),
+        ("--quality", "90; 1<=x<=95"),
+    ]:
         assert option in text and f"[default: {default}]" in text
 
 
@@ -152,8 +161,12 @@ def test_codec_usage_errors(image_tree, tmp_path):
 def test_installed_script_converts_sample_data(tmp_path):
     """The README's first command, as a real subprocess on the real sample photographs."""
     out = tmp_path / "lmdb"
-    proc = subprocess.run(["packer", "convert", str(ROOT / "sample_data" / "images"), "--format", "lmdb",
-                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["packer", "convert", str(ROOT / "sample_data" / "images"), "--format", "lmdb", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "wrote 40 samples" in proc.stdout
     m = read_manifest(out)

@@ -38,16 +38,30 @@ def test_preprocess_options_give_the_config_of_what_was_given():
     @decode_options
     def command(**kwargs) -> None:
         pre = preprocess_config(**kwargs)
-        click.echo(f"{pre.size} {pre.resize} {pre.geometry} {pre.mode} {pre.fill} {pre.background} {pre.dtype} "
-                   f"{pre.reduced_decode}")
+        click.echo(
+            f"{pre.size} {pre.resize} {pre.geometry} {pre.mode} {pre.fill} {pre.background} {pre.dtype} "
+            f"{pre.reduced_decode}"
+        )
 
-    assert [p.name for p in command.params] == ["size", "resize", "crop", "geometry", "mode", "interpolation",
-                                                 "fill", "background", "normalize", "dtype", "full_decode",
-                                                 "max_pixels"]
+    assert [p.name for p in command.params] == [
+        "size",
+        "resize",
+        "crop",
+        "geometry",
+        "mode",
+        "interpolation",
+        "fill",
+        "background",
+        "normalize",
+        "dtype",
+        "full_decode",
+        "max_pixels",
+    ]
     defaults = CliRunner().invoke(command, [])
     assert defaults.output == "(224, 224) shorter-crop torchvision RGB (0, 0, 0) (255, 255, 255) uint8 True\n"
-    given = CliRunner().invoke(command, ["--size", "32x24", "--resize", "pad", "--fill", "9", "--full-decode",
-                                         "--geometry", "fractional"])
+    given = CliRunner().invoke(
+        command, ["--size", "32x24", "--resize", "pad", "--fill", "9", "--full-decode", "--geometry", "fractional"]
+    )
     assert given.output == "(32, 24) pad fractional RGB (9, 9, 9) (255, 255, 255) uint8 False\n"
 
 

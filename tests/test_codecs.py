@@ -199,8 +199,9 @@ def test_raw_image_codec_is_npy():
     assert IMAGE_CODECS == ("raw", "jpeg", "png", "source") and IMAGE_EXTENSIONS["jpeg"] == "jpg"
 
 
-@pytest.mark.parametrize("pixels", [np.zeros((4, 4, 3), np.float32), np.zeros((4, 4, 4), np.uint8),
-                                    np.zeros((4, 4), np.uint8)])
+@pytest.mark.parametrize(
+    "pixels", [np.zeros((4, 4, 3), np.float32), np.zeros((4, 4, 4), np.uint8), np.zeros((4, 4), np.uint8)]
+)
 def test_encode_refuses_what_jpeg_and_png_cannot_hold(pixels):
     with pytest.raises(ValueError, match="uint8"):
         encode_image(pixels, "jpeg")

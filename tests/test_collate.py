@@ -62,8 +62,14 @@ def test_an_empty_sequence_is_all_padding():
 
 def test_images_texts_json_labels_and_meta_each_get_their_key():
     samples = [
-        (torch.full((3, 4, 5), i, dtype=torch.uint8), f"caption {i}", {"n": i}, ids(*range(i + 1)), i,
-         {"index": i, "key": f"k{i}", "label": i})
+        (
+            torch.full((3, 4, 5), i, dtype=torch.uint8),
+            f"caption {i}",
+            {"n": i},
+            ids(*range(i + 1)),
+            i,
+            {"index": i, "key": f"k{i}", "label": i},
+        )
         for i in range(3)
     ]
     out = pad_collate(samples)
@@ -95,11 +101,14 @@ def test_images_of_different_shapes_are_refused_with_the_fix():
         pad_collate([(torch.zeros(3, 4, 4), 0), (torch.zeros(3, 4, 5), 1)])
 
 
-@pytest.mark.parametrize("samples,match", [
-    ([(ids(1), 0), ("text", 1)], "sample 1 is \\(text, label\\) but sample 0 is \\(token ids, label\\)"),
-    ([(ids(1), 0), (ids(1), 0, {"index": 0})], "same fields"),
-    ([ids(1), (ids(2), 0)], "same fields"),
-])
+@pytest.mark.parametrize(
+    "samples,match",
+    [
+        ([(ids(1), 0), ("text", 1)], "sample 1 is \\(text, label\\) but sample 0 is \\(token ids, label\\)"),
+        ([(ids(1), 0), (ids(1), 0, {"index": 0})], "same fields"),
+        ([ids(1), (ids(2), 0)], "same fields"),
+    ],
+)
 def test_mixed_structures_are_refused(samples, match):
     with pytest.raises(ValueError, match=match):
         pad_collate(samples)
@@ -148,5 +157,7 @@ def test_empty_batch_in_the_main_process(dtype, channels_last):
     physical = out.permute(0, 2, 3, 1) if channels_last else out
     assert physical.is_contiguous()  # NHWC bytes for channels_last: one plain copy per stored image
     out[5, 2, 100, 7] = 9
-    assert physical.flatten()[np.ravel_multi_index((5, 100, 7, 2) if channels_last else (5, 2, 100, 7),
-                                                   physical.shape)] == 9
+    assert (
+        physical.flatten()[np.ravel_multi_index((5, 100, 7, 2) if channels_last else (5, 2, 100, 7), physical.shape)]
+        == 9
+    )

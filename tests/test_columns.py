@@ -63,8 +63,9 @@ def test_int_column():
 
 def test_packed_result_round_trips_through_its_record():
     """A result as the parent holds it, and as --resume reads it back from its JSON record."""
-    r = ShardResult("shard-00000", 2, [], keys=["a/1.jpg", "b/é.jpg"], labels=[0, 1],
-                    digests=["0" * 32, "f" * 32]).packed()
+    r = ShardResult(
+        "shard-00000", 2, [], keys=["a/1.jpg", "b/é.jpg"], labels=[0, 1], digests=["0" * 32, "f" * 32]
+    ).packed()
     assert isinstance(r.keys, StrColumn) and isinstance(r.labels, IntColumn) and isinstance(r.digests, HexColumn)
     d = r.to_dict()
     assert (d["keys_nul"], d["count"], d["digests_hex"]) == ("a/1.jpg\0b/é.jpg", 2, "0" * 32 + "f" * 32)
@@ -73,12 +74,15 @@ def test_packed_result_round_trips_through_its_record():
     assert pickle.loads(pickle.dumps(r)).keys == ["a/1.jpg", "b/é.jpg"]
 
 
-@pytest.mark.parametrize("keys, labels, digests", [
-    ([], [], []),
-    ([""], [0], ["ab" * 16]),
-    (["a\0b", "c"], [1, 2], ["ab" * 16, "cd" * 16]),  # a key with a NUL (a Parquet column): a list
-    (["x", "y"], [2**40, -1], ["sha-256-ish", "other"]),  # past int32, digests of another kind: lists
-])
+@pytest.mark.parametrize(
+    "keys, labels, digests",
+    [
+        ([], [], []),
+        ([""], [0], ["ab" * 16]),
+        (["a\0b", "c"], [1, 2], ["ab" * 16, "cd" * 16]),  # a key with a NUL (a Parquet column): a list
+        (["x", "y"], [2**40, -1], ["sha-256-ish", "other"]),  # past int32, digests of another kind: lists
+    ],
+)
 def test_records_of_every_kind_round_trip(keys, labels, digests):
     r = ShardResult("s", len(keys), [], keys=keys, labels=labels, digests=digests).packed()
     back = ShardResult.from_dict(json.loads(json.dumps(r.to_dict())))
@@ -104,11 +108,14 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     from packer.records import RecordedColumn
 
     def result(name, keys, digests):
-        return ShardResult(name, len(keys), [], keys=keys, labels=[k.startswith("b") for k in keys],
-                           digests=digests).packed()
+        return ShardResult(
+            name, len(keys), [], keys=keys, labels=[k.startswith("b") for k in keys], digests=digests
+        ).packed()
 
-    held = [result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32]),
-            result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32])]
+    held = [
+        result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32]),
+        result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32]),
+    ]
     kept = [result(r.name, list(r.keys), list(r.digests)) for r in held]
     kept = [record_shard(tmp_path, r) for r in kept]
     assert all(isinstance(c, RecordedColumn) for r in kept for c in (r.keys, r.labels, r.digests))

@@ -148,8 +148,9 @@ def test_outputs_that_are_not_alike_are_refused(outputs, tmp_path):
 
 def test_the_command_combines_and_reports(outputs, tmp_path):
     out = tmp_path / "c"
-    result = CliRunner().invoke(cli, ["combine", str(outputs["a", "lmdb"]), str(outputs["b", "lmdb"]), "-o", str(out),
-                                      "-q"])
+    result = CliRunner().invoke(
+        cli, ["combine", str(outputs["a", "lmdb"]), str(outputs["b", "lmdb"]), "-o", str(out), "-q"]
+    )
     assert result.exit_code == 0, result.output
     assert "wrote 10 samples" in result.output and "1 group(s) have identical bytes" in result.output
     again = CliRunner().invoke(cli, ["combine", str(outputs["a", "lmdb"]), str(outputs["b", "lmdb"]), "-o", str(out)])

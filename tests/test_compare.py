@@ -47,14 +47,31 @@ def test_compare_times_both_sides_alike(pair, tmp_path):
 def test_bench_command_text_plot_and_json(pair, tmp_path):
     src, out = pair
     chart = tmp_path / "bench.png"
-    text = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(src), "-b", "4", "-j", "1", "--seconds", "0.5",
-                                    "--plot", str(chart), "-q"])
+    text = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            str(out),
+            "--compare",
+            str(src),
+            "-b",
+            "4",
+            "-j",
+            "1",
+            "--seconds",
+            "0.5",
+            "--plot",
+            str(chart),
+            "-q",
+        ],
+    )
     assert text.exit_code == 0, text.output
     assert "raw folder" in text.stdout and "packed npy" in text.stdout and "speed-up" in text.stdout
     assert "1 worker(s) each" in text.stdout and "24x24 shorter-crop" in text.stdout
     assert chart.read_bytes()[:8] == PNG_MAGIC
-    result = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(src), "-b", "6", "-j", "0", "--seconds",
-                                      "0.5", "--json", "-q"])
+    result = CliRunner().invoke(
+        cli, ["bench", str(out), "--compare", str(src), "-b", "6", "-j", "0", "--seconds", "0.5", "--json", "-q"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["num_workers"] == 0 and data["batch_size"] == 6 and data["plot"] is None
@@ -65,8 +82,9 @@ def test_bench_notes_a_folder_that_does_not_match(pair, tmp_path):
     _, out = pair
     other = tmp_path / "other"
     make_tree(other, {"x": 3}, size=(30, 30))
-    result = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(other), "-b", "3", "-j", "0", "--seconds",
-                                      "0.5", "-q"])
+    result = CliRunner().invoke(
+        cli, ["bench", str(out), "--compare", str(other), "-b", "3", "-j", "0", "--seconds", "0.5", "-q"]
+    )
     assert result.exit_code == 0, result.output
     assert "holds 3 usable image(s)" in result.stderr
 
@@ -76,8 +94,7 @@ def test_bench_errors_are_messages(pair, tmp_path, monkeypatch):
     not_output = CliRunner().invoke(cli, ["bench", str(src), "--compare", str(src), "-q"])
     assert not_output.exit_code == 1 and "not a packer output" in not_output.output
     (tmp_path / "empty").mkdir()
-    empty = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(tmp_path / "empty"), "--seconds", "0.5",
-                                     "-q"])
+    empty = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(tmp_path / "empty"), "--seconds", "0.5", "-q"])
     assert empty.exit_code == 1 and "no usable images" in empty.output
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     missing = CliRunner().invoke(cli, ["bench", str(out), "--compare", str(src), "--plot", str(tmp_path / "x.png")])

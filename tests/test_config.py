@@ -29,8 +29,9 @@ def test_codec_defaults_and_manifest_entries():
     assert ImageCodec("jpeg", 75).to_dict() == {"codec": "jpeg", "quality": 75} and ImageCodec("jpeg").encoded
 
 
-@pytest.mark.parametrize("kwargs", [{"name": "webp"}, {"name": "JPEG"}, {"name": "jpeg", "quality": 0},
-                                    {"name": "jpeg", "quality": 96}])
+@pytest.mark.parametrize(
+    "kwargs", [{"name": "webp"}, {"name": "JPEG"}, {"name": "jpeg", "quality": 0}, {"name": "jpeg", "quality": 96}]
+)
 def test_bad_codec_raises(kwargs):
     with pytest.raises(ConfigError, match="--codec|--quality"):
         ImageCodec(**kwargs)

@@ -52,8 +52,12 @@ def rel(src: Path, p: Path) -> str:
 
 def test_a_parquet_file_of_image_structs_and_class_names(folder, tmp_path):
     src, out, files = folder
-    table = pa.table({"image": [{"bytes": p.read_bytes(), "path": rel(src, p)} for p in reversed(files)],
-                      "label": [p.parent.name for p in reversed(files)]})
+    table = pa.table(
+        {
+            "image": [{"bytes": p.read_bytes(), "path": rel(src, p)} for p in reversed(files)],
+            "label": [p.parent.name for p in reversed(files)],
+        }
+    )
     pq.write_table(table, tmp_path / "train.parquet", row_group_size=3)  # several row groups
     got = tmp_path / "got"
     convert(tmp_path / "train.parquet", got, ConvertConfig("npy", PRE, ShardSize(samples=3)), workers=2)
@@ -67,7 +71,8 @@ def test_a_saved_hugging_face_dataset_and_its_class_label_names(folder, tmp_path
     names = ["ant", "bee", "cat"]
     ds = datasets.Dataset.from_dict(
         {"image": [str(p) for p in files], "label": [names.index(p.parent.name) for p in files]},
-        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}))
+        features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=names)}),
+    )
     ds.save_to_disk(str(tmp_path / "saved"))
     got = tmp_path / "got"
     convert(tmp_path / "saved", got, ConvertConfig("lmdb", PRE), workers=1)
@@ -88,8 +93,10 @@ def test_webdataset_tar_shards_with_cls_members(folder, tmp_path):
         with tarfile.open(shards / f"part-{n}.tar", "w") as tar:
             for i, p in enumerate(part):
                 key = f"s{n}{i:04d}"
-                for name, data in ((f"{key}{p.suffix}", p.read_bytes()),
-                                   (f"{key}.cls", str(names.index(p.parent.name)).encode())):
+                for name, data in (
+                    (f"{key}{p.suffix}", p.read_bytes()),
+                    (f"{key}.cls", str(names.index(p.parent.name)).encode()),
+                ):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -99,8 +106,11 @@ def test_webdataset_tar_shards_with_cls_members(folder, tmp_path):
     assert m.classes == ["0", "1", "2"] and m.class_counts == [3, 2, 3]
     mine = samples_wds(got)  # in key order
     assert [k for k, _, _ in mine] == [f"part-{n}/s{n}{i:04d}" for n, c in ((0, 5), (1, 3)) for i in range(c)]
-    same([(None, label, image) for _, label, image in mine], [(None, label, image) for _, label, image in samples(out)],
-         keys=False)
+    same(
+        [(None, label, image) for _, label, image in mine],
+        [(None, label, image) for _, label, image in samples(out)],
+        keys=False,
+    )
 
 
 def samples_wds(root: Path) -> list:
@@ -132,8 +142,9 @@ def test_sources_that_cannot_be_read_are_refused_with_a_reason(folder, tmp_path)
     pq.write_table(pa.table({"image": [files[0].read_bytes()], "label": ["ant"]}), tmp_path / "one.parquet")
     labels = tmp_path / "labels.csv"
     labels.write_text("x,1\n")
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "one.parquet"), "-f", "npy", "-o", str(tmp_path / "w"),
-                                      "--labels", str(labels)])
+    result = CliRunner().invoke(
+        cli, ["convert", str(tmp_path / "one.parquet"), "-f", "npy", "-o", str(tmp_path / "w"), "--labels", str(labels)]
+    )
     assert result.exit_code == 1 and "--labels and --fields do not apply" in result.output
 
 
@@ -150,9 +161,17 @@ def test_a_tar_key_that_comes_twice_is_refused_not_merged(folder, tmp_path):
     the first's label and lost its image, unreported."""
     src, out, files = folder
     (tmp_path / "t").mkdir()
-    write_tar(tmp_path / "t" / "s.tar", [("a.png", files[0].read_bytes()), ("a.cls", b"0"),
-                                         ("b.png", files[1].read_bytes()), ("b.cls", b"0"),
-                                         ("a.jpg", files[-1].read_bytes()), ("a.cls", b"1")])
+    write_tar(
+        tmp_path / "t" / "s.tar",
+        [
+            ("a.png", files[0].read_bytes()),
+            ("a.cls", b"0"),
+            ("b.png", files[1].read_bytes()),
+            ("b.cls", b"0"),
+            ("a.jpg", files[-1].read_bytes()),
+            ("a.cls", b"1"),
+        ],
+    )
     with pytest.raises(InputError, match="the key 'a' comes twice"):
         convert(tmp_path / "t", tmp_path / "x", ConvertConfig("npy", PRE))
 
@@ -160,14 +179,29 @@ def test_a_tar_key_that_comes_twice_is_refused_not_merged(folder, tmp_path):
 def test_labels_that_are_not_one_class_are_refused_or_reported(folder, tmp_path):
     src, out, files = folder
     (tmp_path / "mixed").mkdir()
-    write_tar(tmp_path / "mixed" / "s.tar", [("a.png", files[0].read_bytes()), ("a.cls", b"0"),
-                                             ("b.png", files[1].read_bytes()), ("b.json", b'{"label": "cat"}')])
+    write_tar(
+        tmp_path / "mixed" / "s.tar",
+        [
+            ("a.png", files[0].read_bytes()),
+            ("a.cls", b"0"),
+            ("b.png", files[1].read_bytes()),
+            ("b.json", b'{"label": "cat"}'),
+        ],
+    )
     with pytest.raises(InputError, match="by class index and others by class name"):
         convert(tmp_path / "mixed", tmp_path / "x", ConvertConfig("npy", PRE))
     (tmp_path / "odd").mkdir()
-    write_tar(tmp_path / "odd" / "s.tar", [("a.png", files[0].read_bytes()), ("a.json", b'{"label": "ant"}'),
-                                           ("b.png", files[1].read_bytes()), ("b.json", b'{"label": [1, 2]}'),
-                                           ("c.png", files[2].read_bytes()), ("c.json", b'{"caption": "x"}')])
+    write_tar(
+        tmp_path / "odd" / "s.tar",
+        [
+            ("a.png", files[0].read_bytes()),
+            ("a.json", b'{"label": "ant"}'),
+            ("b.png", files[1].read_bytes()),
+            ("b.json", b'{"label": [1, 2]}'),
+            ("c.png", files[2].read_bytes()),
+            ("c.json", b'{"caption": "x"}'),
+        ],
+    )
     with pytest.raises(InputError, match="have no label"):  # c has none, a has one: refused as before
         convert(tmp_path / "odd", tmp_path / "y", ConvertConfig("npy", PRE))
     image = {"bytes": files[0].read_bytes(), "path": "a.png"}
@@ -194,8 +228,15 @@ def test_resume_rewrites_a_shard_whose_row_names_a_file_that_changed(folder, tmp
     for i, p in enumerate(files):
         (tmp_path / "s" / "files" / f"{i}{p.suffix}").write_bytes(p.read_bytes())
         cells.append({"bytes": None, "path": f"files/{i}{p.suffix}"})
-    pq.write_table(pa.table({"image": pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                             "label": [p.parent.name for p in files]}), tmp_path / "s" / "t.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "image": pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                "label": [p.parent.name for p in files],
+            }
+        ),
+        tmp_path / "s" / "t.parquet",
+    )
     config = ConvertConfig("npy", PRE, ShardSize(samples=3))
     interrupted_after(tmp_path / "s" / "t.parquet", tmp_path / "got", config, 3)
     (tmp_path / "s" / "files" / "0.png").write_bytes(files[1].read_bytes())  # row 0, in the finished shard

@@ -39,8 +39,9 @@ def outputs(tmp_path_factory) -> dict:
         convert(src, out / fmt, ConvertConfig(fmt, MAX, ShardSize(samples=7)), workers=1)
         found[fmt] = out / fmt
     for fmt in ("npy", "wds"):
-        convert(src, out / f"{fmt}-jpeg", ConvertConfig(fmt, MAX, ShardSize(samples=7), codec=ImageCodec("jpeg")),
-                workers=1)
+        convert(
+            src, out / f"{fmt}-jpeg", ConvertConfig(fmt, MAX, ShardSize(samples=7), codec=ImageCodec("jpeg")), workers=1
+        )
         found[f"{fmt}-jpeg"] = out / f"{fmt}-jpeg"
     return found
 
@@ -48,9 +49,12 @@ def outputs(tmp_path_factory) -> dict:
 def summary(boxes: np.ndarray, height: int, width: int, fallback_box) -> dict:
     top, left, h, w = boxes.T.astype(np.float64)
     q = [0.1, 0.25, 0.5, 0.75, 0.9]
-    return {"area": np.quantile(h * w / (height * width), q), "log_ratio": np.quantile(np.log(w / h), q),
-            "top": np.mean(top / max(1, height - h.min())),
-            "fallback": np.mean(np.all(boxes == np.asarray(fallback_box), axis=1))}
+    return {
+        "area": np.quantile(h * w / (height * width), q),
+        "log_ratio": np.quantile(np.log(w / h), q),
+        "top": np.mean(top / max(1, height - h.min())),
+        "fallback": np.mean(np.all(boxes == np.asarray(fallback_box), axis=1)),
+    }
 
 
 @pytest.mark.parametrize("height,width", [(256, 192), (300, 40)])
@@ -96,14 +100,19 @@ def reference(stored: np.ndarray, meta: dict, size) -> np.ndarray:
 
 
 def samples(ds) -> list:
-    return list(ds) if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset" else \
-        [ds[i] for i in range(len(ds))]
+    return (
+        list(ds)
+        if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset"
+        else [ds[i] for i in range(len(ds))]
+    )
 
 
 @pytest.mark.parametrize("name", [*FORMATS, "npy-jpeg", "wds-jpeg"])
 def test_crop_pixels_are_pillow_cutting_and_resizing_the_stored_image(outputs, name):
-    plain = {m["index"]: img.permute(1, 2, 0).numpy() for img, _, m in
-             samples(open_dataset(outputs[name], normalize=False, return_meta=True))}
+    plain = {
+        m["index"]: img.permute(1, 2, 0).numpy()
+        for img, _, m in samples(open_dataset(outputs[name], normalize=False, return_meta=True))
+    }
     crop = RandomResizedCrop((24, 32))
     ds = open_dataset(outputs[name], normalize=False, return_meta=True, crop=crop, flip=True, seed=5)
     got = samples(ds)
@@ -131,7 +140,7 @@ def test_enlarged_crops_are_within_a_level_of_torchs_kernel_and_two_of_pillows(c
         h, w = (int(v) for v in rng.integers(2, 120, size=2))
         size = (int(rng.integers(h, 160)), int(rng.integers(w, 160)))
         image = rng.integers(0, 256, size=(h + 7, w + 5, channels), dtype=np.uint8)
-        cut = image[3:3 + h, 2:2 + w]  # a view, as crops are cut
+        cut = image[3 : 3 + h, 2 : 2 + w]  # a view, as crops are cut
         out = _resized(cut, size)
         assert out.shape == (*size, channels)
         nchw = torch.from_numpy(np.ascontiguousarray(cut)).permute(2, 0, 1)[None]
@@ -160,8 +169,9 @@ def test_workers_forked_after_the_parent_used_opencvs_threads_finish(outputs):
     touch that pool (asking OpenCV for one thread there hung the worker)."""
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", _AFTER_OPENCV_THREADS, str(outputs["npy"])],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _AFTER_OPENCV_THREADS, str(outputs["npy"])], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0 and done.stdout.split()[-1] == "18", done.stderr[-2000:]
 
 
@@ -175,7 +185,7 @@ def test_center_crop_with_resize_is_torchvisions_evaluation_recipe(outputs):
         nw, nh = (40, int(40 * h / w)) if w <= h else (int(40 * w / h), 40)
         resized = np.asarray(Image.fromarray(stored).resize((nw, nh), Image.Resampling.BILINEAR))
         top, left = int(round((nh - 32) / 2.0)), int(round((nw - 32) / 2.0))
-        want = resized[top:top + 32, left:left + 32]
+        want = resized[top : top + 32, left : left + 32]
         got = ds[i][0].permute(1, 2, 0).numpy()
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1  # torch's resize kernel against Pillow's
 
@@ -188,10 +198,10 @@ def test_center_crop_without_resize_pads_small_images_as_torchvision(outputs):
         h, w = stored.shape[:2]
         padded = np.zeros((max(h, 64) + 2, max(w, 64) + 2, 3), np.uint8)  # torchvision pads, then crops
         pt, pl = max(0, (64 - h) // 2), max(0, (64 - w) // 2)
-        padded[pt:pt + h, pl:pl + w] = stored
+        padded[pt : pt + h, pl : pl + w] = stored
         ph, pw = h + max(0, 64 - h), w + max(0, 64 - w)
         top, left = int(round((ph - 64) / 2.0)), int(round((pw - 64) / 2.0))
-        assert np.array_equal(ds[i][0].permute(1, 2, 0).numpy(), padded[top:top + 64, left:left + 64])
+        assert np.array_equal(ds[i][0].permute(1, 2, 0).numpy(), padded[top : top + 64, left : left + 64])
 
 
 def epoch_batches(ds, epochs=(0,), **options) -> list[torch.Tensor]:
@@ -229,8 +239,14 @@ def test_tar_shards_give_each_sample_the_same_crop_whatever_the_workers(outputs)
     assert sorted(first) == list(range(18))
     for workers in (1, 2):
         assert all(torch.equal(first[i], img) for i, img in by_index(workers).items())
-    batches = [torch.cat(epoch_batches(open_dataset(outputs["wds"], crop=RandomResizedCrop(24)), (0, 1),
-                                       num_workers=w, shuffle=False)) for w in (0, 2)]
+    batches = [
+        torch.cat(
+            epoch_batches(
+                open_dataset(outputs["wds"], crop=RandomResizedCrop(24)), (0, 1), num_workers=w, shuffle=False
+            )
+        )
+        for w in (0, 2)
+    ]
     assert batches[0].shape == (36, 3, 24, 24)
 
 
@@ -244,8 +260,7 @@ def test_resume_mid_epoch_gives_the_batches_of_the_uninterrupted_run(outputs):
         if n == 1:
             break
     state = loader.state_dict()
-    again = make_loader(open_dataset(outputs["lmdb"], crop=RandomResizedCrop(24), flip=True), 4, seed=11,
-                        num_workers=2)
+    again = make_loader(open_dataset(outputs["lmdb"], crop=RandomResizedCrop(24), flip=True), 4, seed=11, num_workers=2)
     again.load_state_dict(state)
     taken += [images.clone() for images, _ in again]  # the rest of epoch 1
     taken += [images.clone() for images, _ in again]  # epoch 2
@@ -300,16 +315,22 @@ def test_reduced_decode_of_large_jpegs_is_opt_in_and_close_to_a_full_decode(tmp_
     photos = sorted((Path(__file__).parents[1] / "sample_data" / "images").glob("*/*"))[:4]
     for i, photo in enumerate(photos):  # photographs: what the reduced decode is for
         (src / "a").mkdir(parents=True, exist_ok=True)
-        Image.open(photo).convert("RGB").resize((1000, 750), Image.Resampling.BICUBIC).save(src / "a" / f"{i}.jpg",
-                                                                                           quality=90)
-    convert(src, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(resize="none"), codec=ImageCodec("jpeg")),
-            workers=1)
+        Image.open(photo).convert("RGB").resize((1000, 750), Image.Resampling.BICUBIC).save(
+            src / "a" / f"{i}.jpg", quality=90
+        )
+    convert(
+        src,
+        tmp_path / "out",
+        ConvertConfig("npy", PreprocessConfig(resize="none"), codec=ImageCodec("jpeg")),
+        workers=1,
+    )
     plain = open_dataset(tmp_path / "out", normalize=False)
     diffs, reduced = [], 0
     for epoch in range(3):
         for opt_in in (False, True):
-            ds = open_dataset(tmp_path / "out", normalize=False, return_meta=True,
-                              crop=RandomResizedCrop(224, reduced_decode=opt_in))
+            ds = open_dataset(
+                tmp_path / "out", normalize=False, return_meta=True, crop=RandomResizedCrop(224, reduced_decode=opt_in)
+            )
             ds.set_epoch(epoch)
             for i in range(len(ds)):
                 img, _, meta = ds[i]
@@ -401,8 +422,9 @@ def test_a_state_saved_with_other_crops_or_seed_is_refused(outputs):
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(24), flip=True)
     state = make_loader(ds, 4, seed=1, num_workers=0).state_dict()
     with pytest.raises(ValueError, match="augment"):
-        make_loader(open_dataset(outputs["npy"], crop=RandomResizedCrop(28), flip=True), 4, seed=1,
-                    num_workers=0).load_state_dict(state)
+        make_loader(
+            open_dataset(outputs["npy"], crop=RandomResizedCrop(28), flip=True), 4, seed=1, num_workers=0
+        ).load_state_dict(state)
     sampler = torch.utils.data.SequentialSampler(range(18))
     saved = make_loader(ds, 4, seed=1, sampler=sampler, num_workers=0).state_dict()
     with pytest.raises(ValueError, match="seed"):  # the seed draws the crops, even with the caller's sampler
@@ -421,13 +443,27 @@ def test_a_box_the_conversion_cut_is_dropped_by_the_share_of_its_annotation_left
     px[5:35, 66:100] = (255, 0, 0)
     (tmp_path / "img").mkdir()
     Image.fromarray(px).save(tmp_path / "img" / "a.png")
-    (tmp_path / "coco.json").write_text(json.dumps({
-        "images": [{"id": 1, "file_name": "a.png", "width": 100, "height": 40}],
-        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [66, 5, 34, 30], "area": 1020,
-                         "iscrowd": 0}],
-        "categories": [{"id": 1, "name": "obj"}]}))
-    convert(tmp_path / "img", tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(40, 40)), detection=
-            DetectionConfig(str(tmp_path / "coco.json"), coords="stored", min_visibility=0.1)), workers=1)
+    (tmp_path / "coco.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1, "file_name": "a.png", "width": 100, "height": 40}],
+                "annotations": [
+                    {"id": 1, "image_id": 1, "category_id": 1, "bbox": [66, 5, 34, 30], "area": 1020, "iscrowd": 0}
+                ],
+                "categories": [{"id": 1, "name": "obj"}],
+            }
+        )
+    )
+    convert(
+        tmp_path / "img",
+        tmp_path / "out",
+        ConvertConfig(
+            "npy",
+            PreprocessConfig(size=(40, 40)),
+            detection=DetectionConfig(str(tmp_path / "coco.json"), coords="stored", min_visibility=0.1),
+        ),
+        workers=1,
+    )
     _, stored = open_dataset(tmp_path / "out")[0]
     assert stored["boxes"].tolist() == [[36.0, 5.0, 40.0, 35.0]]
     assert stored["visible"].tolist() == pytest.approx([4 / 34])

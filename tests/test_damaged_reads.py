@@ -57,8 +57,9 @@ def test_a_damaged_first_tar_header_names_the_shard(outputs, tmp_path):
     data[148] ^= 0x01  # a digit of the first header's checksum field: tarfile.open fails on it
     tar.write_bytes(bytes(data))
     assert re.fullmatch(r"shard-00000-[0-9a-f]{12}\.tar", tar.name)
-    with pytest.raises(ManifestError, match=re.escape(f"{tar.name}: the tar header at byte 0 is damaged (its checksum "
-                                                      "does not match)")):
+    with pytest.raises(
+        ManifestError, match=re.escape(f"{tar.name}: the tar header at byte 0 is damaged (its checksum does not match)")
+    ):
         read_every_sample(copy)
 
 
@@ -95,8 +96,7 @@ def test_a_shard_file_replaced_by_a_fifo_is_refused_at_once(outputs, fmt, tmp_pa
     target = copy / max(shard.files, key=lambda f: f.bytes).path
     target.unlink()
     os.mkfifo(target)
-    read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\n"
-                          "n = sum(1 for _ in ds)")
+    read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nn = sum(1 for _ in ds)")
     assert read.returncode == 1 and "ManifestError" in read.stderr
     assert f"{target.name} is not a regular file" in read.stderr
     checked = _in_subprocess(f"from packer.verify import verify\nfor p in verify({str(copy)!r}): print(p)")
@@ -145,8 +145,9 @@ def as_hdf5_version_1(root: Path) -> None:
                     if not name.startswith("keys_"):
                         old.copy(name, new)
                 keys = [bytes(old["keys_bytes"][a:b]).decode() for a, b in itertools.pairwise(old["keys_offsets"][:])]
-                new.create_dataset("keys", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype("utf-8"),
-                                   track_times=False)
+                new.create_dataset(
+                    "keys", data=np.asarray(keys, dtype=object), dtype=h5py.string_dtype("utf-8"), track_times=False
+                )
             os.replace(tmp, path)
             entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_of(path)
     manifest["format_version"] = 1
@@ -172,26 +173,31 @@ def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tm
     data = bytearray(shard.read_bytes())
     heap = data.index(b"GCOL")  # header 16 bytes; each object: index 2, refs 2, reserved 4, size 8, data to 8s
     third = heap + 16 + 2 * (16 + 16)  # the keys are 15 bytes each: objects of 32 bytes
-    assert int.from_bytes(data[third:third + 2], "little") == 3 and data[third + 8] == 15
+    assert int.from_bytes(data[third : third + 2], "little") == 3 and data[third + 8] == 15
     data[third + 8] = 0xFF  # a key's length 15 -> 255: libhdf5 loops forever reading the keys
     shard.write_bytes(bytes(data))
-    checked = _in_subprocess("import packer.verify as v\nv.STALL_SECONDS = 2\n"
-                             f"for p in v.verify({str(copy)!r}): print(p)", timeout=120)
+    checked = _in_subprocess(
+        f"import packer.verify as v\nv.STALL_SECONDS = 2\nfor p in v.verify({str(copy)!r}): print(p)", timeout=120
+    )
     assert checked.returncode == 0, checked.stderr
     assert f"{first}: {first}.h5 has changed" in checked.stdout
     assert f"{first} sample 0: unreadable: the hdf5 library made no progress for 2 s" in checked.stdout
     assert "shard-00001" not in checked.stdout
     # verify=True: the file's SHA-256 is checked before h5py reads anything of it
-    read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r}, return_meta=True, "
-                          "verify=True)\nn = sum(1 for _ in ds)")
+    read = _in_subprocess(
+        f"from readers import open_dataset\nds = open_dataset({str(copy)!r}, return_meta=True, "
+        "verify=True)\nn = sum(1 for _ in ds)"
+    )
     assert read.returncode == 1 and "its SHA-256 does not match the manifest" in read.stderr
 
 
 def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
     """Whatever makes a library loop, verify stops its child and goes on with the next shard."""
-    code = ("import time, packer.verify as v\nv.STALL_SECONDS = 1\nv.check_samples = lambda *a, **k: time.sleep(600)\n"
-            f"t = time.monotonic()\nfor p in v.verify({str(outputs['npy'])!r}): print(p)\n"
-            "print('seconds', round(time.monotonic() - t))")
+    code = (
+        "import time, packer.verify as v\nv.STALL_SECONDS = 1\nv.check_samples = lambda *a, **k: time.sleep(600)\n"
+        f"t = time.monotonic()\nfor p in v.verify({str(outputs['npy'])!r}): print(p)\n"
+        "print('seconds', round(time.monotonic() - t))"
+    )
     checked = _in_subprocess(code, timeout=60)
     assert checked.returncode == 0, checked.stderr
     lines = checked.stdout.splitlines()
@@ -202,11 +208,13 @@ def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
 def test_a_scanner_stuck_after_some_samples_is_reported_at_the_sample_it_reached(outputs):
     """The child reports its samples every PROGRESS_SECONDS: the stall message still names the sample
     it stopped at, and the progress bar gets every sample finished, not the last report's count."""
-    code = ("import time, packer.verify as v\nv.STALL_SECONDS = 1\nreal = v.check_samples\n"
-            "def stuck(root, manifest, shard, progress=None, labels=None, **kwargs):\n"
-            "    for _ in range(3):\n        progress(1)\n    time.sleep(600)\n"
-            "v.check_samples = stuck\ntold = []\n"
-            f"for p in v.verify({str(outputs['npy'])!r}, progress=told.append): print(p)\nprint('told', sum(told))")
+    code = (
+        "import time, packer.verify as v\nv.STALL_SECONDS = 1\nreal = v.check_samples\n"
+        "def stuck(root, manifest, shard, progress=None, labels=None, **kwargs):\n"
+        "    for _ in range(3):\n        progress(1)\n    time.sleep(600)\n"
+        "v.check_samples = stuck\ntold = []\n"
+        f"for p in v.verify({str(outputs['npy'])!r}, progress=told.append): print(p)\nprint('told', sum(told))"
+    )
     checked = _in_subprocess(code, timeout=60)
     assert checked.returncode == 0, checked.stderr
     lines = checked.stdout.splitlines()
@@ -232,8 +240,8 @@ def page_bytes(path: Path) -> list[int]:
     covered, page = [], 0
     while page * size < len(data):
         at = page * size
-        if int.from_bytes(data[at + 10:at + 12], "little") & 0x04:
-            page += int.from_bytes(data[at + 12:at + 16], "little")
+        if int.from_bytes(data[at + 10 : at + 12], "little") & 0x04:
+            page += int.from_bytes(data[at + 12 : at + 16], "little")
         else:
             covered += range(at, at + size)
             page += 1
@@ -269,16 +277,18 @@ def test_damaged_lmdb_structure_is_refused_before_lmdb_can_crash_on_it(lmdb_outp
         data[rng.choice(covered)] ^= rng.randrange(1, 256)
         (copy / entry.path).write_bytes(bytes(data))
         copies.append(str(copy))
-    code = ("import torch\nfrom packer.errors import ManifestError\nfrom readers import open_dataset\n"
-            f"intact = open_dataset({str(lmdb_output)!r})\n"
-            f"for root in {copies!r}:\n"
-            "    ds = open_dataset(root)\n"
-            "    assert ds[5][1] == 0\n"  # shard 0 is intact and read
-            "    try:\n"
-            "        same = all(torch.equal(ds[i][0], intact[i][0]) and ds[i][1] == intact[i][1]\n"
-            "                   for i in range(6, 12))\n"
-            "        print('same' if same else 'DIFFERENT')\n"
-            "    except ManifestError as e:\n        print('refused' if 'structure checksum' in str(e) else e)\n")
+    code = (
+        "import torch\nfrom packer.errors import ManifestError\nfrom readers import open_dataset\n"
+        f"intact = open_dataset({str(lmdb_output)!r})\n"
+        f"for root in {copies!r}:\n"
+        "    ds = open_dataset(root)\n"
+        "    assert ds[5][1] == 0\n"  # shard 0 is intact and read
+        "    try:\n"
+        "        same = all(torch.equal(ds[i][0], intact[i][0]) and ds[i][1] == intact[i][1]\n"
+        "                   for i in range(6, 12))\n"
+        "        print('same' if same else 'DIFFERENT')\n"
+        "    except ManifestError as e:\n        print('refused' if 'structure checksum' in str(e) else e)\n"
+    )
     read = _in_subprocess(code, timeout=120)
     assert read.returncode == 0, read.stderr  # a SIGBUS would be -7
     outcomes = read.stdout.split()
@@ -299,16 +309,16 @@ def point_first_value_past_the_end(path: Path) -> None:
     size = int.from_bytes(data[40:44], "little")
     pages = len(data) // size
     for meta in (0, size):
-        data[meta + 136:meta + 144] = (pages + 64).to_bytes(8, "little")
+        data[meta + 136 : meta + 144] = (pages + 64).to_bytes(8, "little")
     for at in range(0, len(data), size):
-        if not int.from_bytes(data[at + 10:at + 12], "little") & 0x02:  # P_LEAF
+        if not int.from_bytes(data[at + 10 : at + 12], "little") & 0x02:  # P_LEAF
             continue
-        lower = int.from_bytes(data[at + 12:at + 14], "little")
+        lower = int.from_bytes(data[at + 12 : at + 14], "little")
         for ptr in range(at + 16, at + lower, 2):
-            node = at + int.from_bytes(data[ptr:ptr + 2], "little")
-            flags, key_size = (int.from_bytes(data[node + k:node + k + 2], "little") for k in (4, 6))
+            node = at + int.from_bytes(data[ptr : ptr + 2], "little")
+            flags, key_size = (int.from_bytes(data[node + k : node + k + 2], "little") for k in (4, 6))
             if flags & 0x01:  # F_BIGDATA: the value is the page number of its overflow run
-                data[node + 8 + key_size:node + 16 + key_size] = (pages + 32).to_bytes(8, "little")
+                data[node + 8 + key_size : node + 16 + key_size] = (pages + 32).to_bytes(8, "little")
                 path.write_bytes(bytes(data))
                 return
     raise AssertionError(f"{path} has no value in overflow pages")
@@ -415,17 +425,17 @@ def test_the_lmdb_structure_walk_stays_bounded_on_a_crafted_tree(tmp_path, monke
     data = bytearray(page * pages)
     for meta in (0, 1):
         at = meta * page
-        data[at + 10:at + 12] = (0x08).to_bytes(2, "little")  # P_META
-        data[at + 40:at + 44] = page.to_bytes(4, "little")
-        data[at + 128:at + 136] = (2).to_bytes(8, "little")  # the main tree's root: page 2
+        data[at + 10 : at + 12] = (0x08).to_bytes(2, "little")  # P_META
+        data[at + 40 : at + 44] = page.to_bytes(4, "little")
+        data[at + 128 : at + 136] = (2).to_bytes(8, "little")  # the main tree's root: page 2
     for number in range(2, pages):
         at = number * page
-        data[at + 10:at + 12] = (0x01).to_bytes(2, "little")  # P_BRANCH
-        data[at + 12:at + 14] = (16 + 2 * nodes).to_bytes(2, "little")
+        data[at + 10 : at + 12] = (0x01).to_bytes(2, "little")  # P_BRANCH
+        data[at + 12 : at + 14] = (16 + 2 * nodes).to_bytes(2, "little")
         for i in range(nodes):
             node = 16 + 2 * nodes + 6 * i
-            data[at + 16 + 2 * i:at + 18 + 2 * i] = node.to_bytes(2, "little")
-            data[at + node:at + node + 2] = (2 + (number + i) % (pages - 2)).to_bytes(2, "little")
+            data[at + 16 + 2 * i : at + 18 + 2 * i] = node.to_bytes(2, "little")
+            data[at + node : at + node + 2] = (2 + (number + i) % (pages - 2)).to_bytes(2, "little")
     path = tmp_path / "crafted.lmdb"
     path.write_bytes(bytes(data))
     queued = []
@@ -447,8 +457,12 @@ def test_an_encoded_image_of_another_size_is_refused_by_every_read_path(tmp_path
     src = tmp_path / "src"
     make_tree(src, {"a": 3})
     out = tmp_path / "out"
-    convert(src, out, ConvertConfig("npy", PreprocessConfig(size=(40, 32)), ShardSize(samples=3),
-                                    codec=ImageCodec("jpeg")), workers=1)
+    convert(
+        src,
+        out,
+        ConvertConfig("npy", PreprocessConfig(size=(40, 32)), ShardSize(samples=3), codec=ImageCodec("jpeg")),
+        workers=1,
+    )
     data_name, offsets_name = npy_varlen_suffixes("images")
     shard = read_manifest(out).shards[0]
     flat = np.load(out / shard.file(data_name))
@@ -458,7 +472,7 @@ def test_an_encoded_image_of_another_size_is_refused_by_every_read_path(tmp_path
     small = buf.getvalue()
     length = int(offsets[2] - offsets[1])
     assert len(small) <= length
-    flat[offsets[1]:offsets[2]] = np.frombuffer(small + bytes(length - len(small)), np.uint8)
+    flat[offsets[1] : offsets[2]] = np.frombuffer(small + bytes(length - len(small)), np.uint8)
     np.save(out / shard.file(data_name), flat)
     manifest = json.loads((out / "manifest.json").read_text())
     for f in manifest["shards"][0]["files"]:  # make the shard's checksums match, as an attacker would

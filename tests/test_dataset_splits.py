@@ -86,8 +86,9 @@ def test_the_cli_names_the_missing_class_and_the_splits(split_tree, tmp_path):
 
 def test_no_splits_keeps_split_named_folders_as_classes(split_tree, tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(out), "--size", "12", "-q",
-                                      "--no-splits"])
+    result = CliRunner().invoke(
+        cli, ["convert", str(split_tree), "-f", "npy", "-o", str(out), "--size", "12", "-q", "--no-splits"]
+    )
     assert result.exit_code == 0, result.output
     assert open_dataset(out).classes == ["train", "val"]
 
@@ -98,8 +99,9 @@ def test_split_names_beside_other_folders_are_refused_not_guessed(tmp_path):
         split_folders(tmp_path / "src")
     result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q"])
     assert result.exit_code == 1 and "--no-splits" in result.output and not (tmp_path / "o").exists()
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q",
-                                      "--no-splits"])
+    result = CliRunner().invoke(
+        cli, ["convert", str(tmp_path / "src"), "-f", "npy", "-o", str(tmp_path / "o"), "-q", "--no-splits"]
+    )
     assert result.exit_code == 0 and open_dataset(tmp_path / "o").classes == ["train", "zebra"]
     make_tree(tmp_path / "two", {"Train": 1, "test": 1, "VAL": 1})
     assert split_folders(tmp_path / "two") == ["Train", "VAL", "test"]
@@ -119,8 +121,10 @@ def test_a_random_split_is_stratified_seeded_and_exact_per_class(tmp_path):
     assert first.record.origin == {"kind": "random", "fractions": {"train": 0.7, "val": 0.2, "test": 0.1}, "seed": 5}
 
     def members(out: Path) -> dict[str, list[str]]:
-        return {name: sorted(s[-1]["key"] for s in open_dataset(out / name, return_meta=True))
-                for name in ("train", "val", "test")}
+        return {
+            name: sorted(s[-1]["key"] for s in open_dataset(out / name, return_meta=True))
+            for name in ("train", "val", "test")
+        }
 
     one = members(tmp_path / "one")
     assert one == members(tmp_path / "two") and one != members(tmp_path / "three")
@@ -141,10 +145,17 @@ def test_split_counts_are_within_one_sample_and_add_up():
             assert all(abs(c - n * f) < 1 for c, f in zip(counts, fractions))
 
 
-@pytest.mark.parametrize("text, message", [
-    ("train=0.9", "at least two"), ("train=0.9,val=0.2", "add up to 1.1"), ("train=0.5,train=0.5", "named twice"),
-    ("train=half,val=0.5", "NAME=FRACTION"), ("../x=0.5,val=0.5", "NAME=FRACTION"), ("a=0,b=1", "NAME=FRACTION"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train=0.9", "at least two"),
+        ("train=0.9,val=0.2", "add up to 1.1"),
+        ("train=0.5,train=0.5", "named twice"),
+        ("train=half,val=0.5", "NAME=FRACTION"),
+        ("../x=0.5,val=0.5", "NAME=FRACTION"),
+        ("a=0,b=1", "NAME=FRACTION"),
+    ],
+)
 def test_bad_split_specs_are_refused(text, message):
     with pytest.raises(ConfigError, match=message):
         parse_split_spec(text)
@@ -153,15 +164,21 @@ def test_bad_split_specs_are_refused(text, message):
 def test_a_split_with_no_sample_is_refused(tmp_path):
     make_tree(tmp_path / "src", {"a": 2})
     with pytest.raises(InputError, match="split val of .* would hold no samples"):
-        convert_splits(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PRE),
-                       fractions=[("train", 0.9), ("val", 0.1)], workers=1)
+        convert_splits(
+            tmp_path / "src",
+            tmp_path / "out",
+            ConvertConfig("npy", PRE),
+            fractions=[("train", 0.9), ("val", 0.1)],
+            workers=1,
+        )
     assert not (tmp_path / "out").exists()
 
 
 def test_readers_refuse_to_combine_outputs_with_other_class_maps(split_tree, tmp_path):
     convert_splits(split_tree, tmp_path / "good", ConvertConfig("npy", PRE), workers=1)
-    CliRunner().invoke(cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(tmp_path / "alone"),
-                             "--size", "12", "-q"])
+    CliRunner().invoke(
+        cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(tmp_path / "alone"), "--size", "12", "-q"]
+    )
     train, alone = open_dataset(tmp_path / "good" / "train"), open_dataset(tmp_path / "alone")
     assert alone.classes == ["a", "c"]  # the bug of separate conversions: c is 1 here, 2 in train
     with pytest.raises(ValueError, match="different class maps .*only the first has 'b'"):
@@ -199,8 +216,10 @@ def test_an_interrupted_set_is_refused_by_readers_and_resumed(split_tree, tmp_pa
 def test_a_split_replaced_on_its_own_is_refused(split_tree, tmp_path):
     out = tmp_path / "out"
     convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
-    result = CliRunner().invoke(cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(out / "val"),
-                                      "--size", "12", "-q", "--overwrite"])
+    result = CliRunner().invoke(
+        cli,
+        ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(out / "val"), "--size", "12", "-q", "--overwrite"],
+    )
     assert result.exit_code == 0, result.output
     with pytest.raises(ManifestError, match="was replaced after the splits"):
         open_dataset(out / "val")
@@ -221,8 +240,9 @@ def test_overwrite_replaces_the_whole_set(split_tree, tmp_path):
 
 
 def test_splits_never_go_into_a_single_output_or_a_foreign_folder(split_tree, tmp_path):
-    CliRunner().invoke(cli, ["convert", str(split_tree / "train"), "-f", "npy", "-o", str(tmp_path / "single"),
-                             "--size", "12", "-q"])
+    CliRunner().invoke(
+        cli, ["convert", str(split_tree / "train"), "-f", "npy", "-o", str(tmp_path / "single"), "--size", "12", "-q"]
+    )
     with pytest.raises(OutputError, match="holds a single packer output"):
         convert_splits(split_tree, tmp_path / "single", ConvertConfig("npy", PRE), workers=1, overwrite=True)
     (tmp_path / "mine").mkdir()
@@ -243,8 +263,9 @@ def test_a_splits_output_inside_the_source_is_not_a_split_or_class(split_tree, t
 def test_many_small_classes_still_give_each_split_its_share(tmp_path):
     src = tmp_path / "src"
     make_tree(src, {f"c{i:02d}": 5 for i in range(20)}, size=(8, 8))
-    result = convert_splits(src, tmp_path / "out", ConvertConfig("npy", PRE), fractions=[("train", 0.9), ("val", 0.1)],
-                            workers=1)
+    result = convert_splits(
+        src, tmp_path / "out", ConvertConfig("npy", PRE), fractions=[("train", 0.9), ("val", 0.1)], workers=1
+    )
     assert {n: e["samples"] for n, e in result.record.splits.items()} == {"train": 90, "val": 10}
 
 
@@ -266,8 +287,9 @@ def test_strict_refuses_before_any_split_is_written(split_tree, tmp_path):
     assert not (tmp_path / "out").exists()
     (split_tree / "val" / "stray.png").unlink()
     (split_tree / "val" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)  # found decoding
-    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "out"), "-q",
-                                      "--strict"])
+    result = CliRunner().invoke(
+        cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "out"), "-q", "--strict"]
+    )
     assert result.exit_code == 1 and "unfinished" in result.output and "nothing written" not in result.output
     with pytest.raises(ManifestError, match="unfinished"):
         open_dataset(tmp_path / "out" / "train")
@@ -278,8 +300,12 @@ def test_a_damaged_or_crafted_record_is_refused_and_deletes_nothing(split_tree, 
     convert_splits(split_tree, out, ConvertConfig("npy", PRE), workers=1)
     CliRunner().invoke(cli, ["convert", str(split_tree / "val"), "-f", "npy", "-o", str(tmp_path / "other"), "-q"])
     good = json.loads((out / SPLITS_NAME).read_text())
-    for damage in ({"../other": {"samples": 1, "manifest_sha256": None}}, {"train": None},
-                   {"/abs": {"samples": 1}}, {"splits.json": {"samples": 1}}):
+    for damage in (
+        {"../other": {"samples": 1, "manifest_sha256": None}},
+        {"train": None},
+        {"/abs": {"samples": 1}},
+        {"splits.json": {"samples": 1}},
+    ):
         (out / SPLITS_NAME).write_text(json.dumps({**good, "complete": False, "splits": damage}))
         with pytest.raises(ManifestError, match="damaged"):
             read_splits(out)
@@ -353,8 +379,9 @@ def test_reserved_split_names_are_refused():
 
 def test_an_output_under_a_file_is_a_message(split_tree, tmp_path):
     (tmp_path / "file").write_text("x")
-    result = CliRunner().invoke(cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "file" / "out"),
-                                      "-q"])
+    result = CliRunner().invoke(
+        cli, ["convert", str(split_tree), "-f", "npy", "-o", str(tmp_path / "file" / "out"), "-q"]
+    )
     assert result.exit_code == 1 and "is not a folder" in result.output and "Traceback" not in result.output
 
 
@@ -378,5 +405,9 @@ def test_a_container_source_cannot_be_split_and_says_so(tmp_path):
     image = {"bytes": (tmp_path / "a.png").read_bytes(), "path": "a.png"}
     pq.write_table(pa.table({"image": [image] * 4, "label": ["x", "y"] * 2}), tmp_path / "t.parquet")
     with pytest.raises(InputError, match="is a parquet source: --split and split folders apply to folders"):
-        convert_splits(tmp_path / "t.parquet", tmp_path / "out", ConvertConfig("npy", PRE),
-                       fractions=parse_split_spec("train=0.5,val=0.5"))
+        convert_splits(
+            tmp_path / "t.parquet",
+            tmp_path / "out",
+            ConvertConfig("npy", PRE),
+            fractions=parse_split_spec("train=0.5,val=0.5"),
+        )

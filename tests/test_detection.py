@@ -51,8 +51,16 @@ def write_images(root: Path) -> list[dict]:
         Image.fromarray(pixels).save(root / name, exif=exif)
         shown = np.asarray(ImageOps.exif_transpose(Image.open(root / name)))
         displayed = [region(shown, COLOURS[n]) for n in range(len(rects))]
-        out.append({"name": name, "size": (w, h), "orientation": orientation, "rects": rects, "displayed": displayed,
-                    "shown_size": (shown.shape[1], shown.shape[0])})
+        out.append(
+            {
+                "name": name,
+                "size": (w, h),
+                "orientation": orientation,
+                "rects": rects,
+                "displayed": displayed,
+                "shown_size": (shown.shape[1], shown.shape[0]),
+            }
+        )
     return out
 
 
@@ -73,8 +81,16 @@ def write_coco(path: Path, images: list[dict], displayed_sizes: bool = False) ->
         entries.append({"id": i + 1, "file_name": img["name"], "width": size[0], "height": size[1]})
         boxes = img["displayed"] if displayed_sizes else img["rects"]
         for n, (x0, y0, x1, y1) in enumerate(boxes):
-            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": 10 + n % 3,
-                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+            anns.append(
+                {
+                    "id": len(anns) + 1,
+                    "image_id": i + 1,
+                    "category_id": 10 + n % 3,
+                    "bbox": [x0, y0, x1 - x0, y1 - y0],
+                    "area": (x1 - x0) * (y1 - y0),
+                    "iscrowd": 0,
+                }
+            )
     cats = [{"id": 10 + k, "name": name} for k, name in enumerate(CATEGORIES)]
     path.write_text(json.dumps({"images": entries, "annotations": anns, "categories": cats}))
 
@@ -85,8 +101,10 @@ def write_yolo(folder: Path, images: list[dict]) -> None:
     (folder / "classes.txt").write_text("\n".join(CATEGORIES) + "\n")
     for img in images:
         w, h = img["shown_size"]
-        rows = [f"{n % 3} {(x0 + x1) / 2 / w:.6f} {(y0 + y1) / 2 / h:.6f} {(x1 - x0) / w:.6f} {(y1 - y0) / h:.6f}"
-                for n, (x0, y0, x1, y1) in enumerate(img["displayed"])]
+        rows = [
+            f"{n % 3} {(x0 + x1) / 2 / w:.6f} {(y0 + y1) / 2 / h:.6f} {(x1 - x0) / w:.6f} {(y1 - y0) / h:.6f}"
+            for n, (x0, y0, x1, y1) in enumerate(img["displayed"])
+        ]
         if rows:  # an image without a label file is a negative
             (folder / (Path(img["name"]).stem + ".txt")).write_text("\n".join(rows) + "\n")
 
@@ -119,8 +137,9 @@ def dataset(tmp_path_factory) -> tuple[Path, list[dict]]:
     return root, images
 
 
-def check_boxes_on_pixels(out: Path, images: list[dict], tolerance: float = 1.5, epoch: int = 0,
-                          **options) -> tuple[int, int]:
+def check_boxes_on_pixels(
+    out: Path, images: list[dict], tolerance: float = 1.5, epoch: int = 0, **options
+) -> tuple[int, int]:
     """Every returned box is where its rectangle's colour is in the returned image (within
     ``tolerance`` pixels, the blur of resampling at the edges), every rectangle still visible has its
     box, and labels name the right category. Returns (boxes seen, rectangles gone). ``options`` go to
@@ -142,8 +161,11 @@ def check_boxes_on_pixels(out: Path, images: list[dict], tolerance: float = 1.5,
                 found[n] = where
         matched = set()
         for box, label in zip(boxes.tolist(), labels.tolist()):
-            candidates = [n for n in found if n % 3 == label and n not in matched
-                          and max(abs(a - b) for a, b in zip(box, found[n])) <= tolerance]
+            candidates = [
+                n
+                for n in found
+                if n % 3 == label and n not in matched and max(abs(a - b) for a, b in zip(box, found[n])) <= tolerance
+            ]
             assert candidates, f"{meta['key']}: box {box} (label {label}) is on no rectangle; rectangles {found}"
             matched.add(candidates[0])
             seen += 1
@@ -186,8 +208,12 @@ def test_coco_boxes_follow_every_resize_mode(dataset, tmp_path, mode):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_stores_the_targets(dataset, tmp_path, fmt):
     root, images = dataset
-    config = ConvertConfig(fmt, MODES["shorter-crop"], ShardSize(samples=2),
-                           detection=DetectionConfig(str(root / "coco.json"), coords="stored"))
+    config = ConvertConfig(
+        fmt,
+        MODES["shorter-crop"],
+        ShardSize(samples=2),
+        detection=DetectionConfig(str(root / "coco.json"), coords="stored"),
+    )
     convert(root / "images", tmp_path / "out", config, workers=2)
     assert verify(tmp_path / "out") == []
     check_boxes_on_pixels(tmp_path / "out", images)
@@ -241,8 +267,9 @@ def test_make_loader_batches_images_and_a_list_of_targets(dataset, tmp_path):
     assert batches[0][0].dtype == torch.float32  # normalized as the output says
     config = ConvertConfig("npy", MODES["max"], detection=DetectionConfig(str(root / "coco.json"), coords="stored"))
     convert(root / "images", tmp_path / "own-sizes", config, workers=1)
-    images_of_own_size, targets = next(iter(make_loader(open_dataset(tmp_path / "own-sizes"), 3, shuffle=False,
-                                                        num_workers=0)))
+    images_of_own_size, targets = next(
+        iter(make_loader(open_dataset(tmp_path / "own-sizes"), 3, shuffle=False, num_workers=0))
+    )
     assert isinstance(images_of_own_size, list) and len(targets) == 3  # the models take a list
 
 
@@ -260,9 +287,24 @@ def test_bad_annotations_are_reported_and_never_crash(tmp_path):
     data["annotations"].append({"id": 904, "image_id": 50, "category_id": 10, "bbox": [1, 1, 5, 5]})
     data["images"] = [e for e in data["images"] if e["file_name"] != "img4.png"]  # an image the file misses
     (tmp_path / "coco.json").write_text(json.dumps(data))
-    result = CliRunner().invoke(cli, ["convert", str(tmp_path / "images"), "-f", "npy", "-o", str(tmp_path / "out"),
-                                      "--size", "64", "-q", "--annotations", str(tmp_path / "coco.json"),
-                                      "--box-coords", "stored"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(tmp_path / "images"),
+            "-f",
+            "npy",
+            "-o",
+            str(tmp_path / "out"),
+            "--size",
+            "64",
+            "-q",
+            "--annotations",
+            str(tmp_path / "coco.json"),
+            "--box-coords",
+            "stored",
+        ],
+    )
     assert result.exit_code == 0, result.output
     reasons = {s["path"]: s["reason"] for s in read_manifest(tmp_path / "out").skipped}
     assert "category_id 99 is not in 'categories'" in reasons["coco.json#annotations[11] (id 900)"]
@@ -304,8 +346,9 @@ def test_the_stored_targets_open_without_packer(dataset, tmp_path):
     assert len(members) == len(ours) == len(IMAGES)
     for name, raw in members.items():  # members are KEY.target.json, KEY the sample's index in sorted order
         stored = json.loads(raw)
-        assert np.array_equal(np.asarray(stored["boxes"], np.float32).reshape(-1, 4),
-                              ours[int(name.split(".")[0])]["boxes"].numpy())
+        assert np.array_equal(
+            np.asarray(stored["boxes"], np.float32).reshape(-1, 4), ours[int(name.split(".")[0])]["boxes"].numpy()
+        )
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -366,7 +409,7 @@ def test_coco_instance_masks_follow_the_pixels(dataset, tmp_path, mode):
         else:  # a compressed RLE of the rectangle
             W, H = sizes[a["image_id"]]
             m = np.zeros((H, W), np.uint8)
-            m[int(y):int(y + h), int(x):int(x + w)] = 1
+            m[int(y) : int(y + h), int(x) : int(x + w)] = 1
             rle = cocomask.encode(np.asfortranarray(m))
             a["segmentation"] = {"size": [H, W], "counts": rle["counts"].decode("ascii")}
     (tmp_path / "coco.json").write_text(json.dumps(data))
@@ -393,7 +436,7 @@ def _inner(region: np.ndarray) -> np.ndarray:
     padded = np.pad(region, 1)
     out = region.copy()
     for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
-        out &= padded[dy:dy + region.shape[0], dx:dx + region.shape[1]]
+        out &= padded[dy : dy + region.shape[0], dx : dx + region.shape[1]]
     return out
 
 
@@ -403,9 +446,11 @@ def test_images_are_matched_by_path_never_by_a_shared_file_name(tmp_path):
     for folder in ("cat", "dog"):
         (tmp_path / "src" / folder).mkdir(parents=True)
         Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(tmp_path / "src" / folder / "a.png")
-    coco = {"images": [{"id": 1, "file_name": "cat/a.png", "width": 30, "height": 30}],
-            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20]}],
-            "categories": [{"id": 1, "name": "thing"}]}
+    coco = {
+        "images": [{"id": 1, "file_name": "cat/a.png", "width": 30, "height": 30}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20]}],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
     (tmp_path / "coco.json").write_text(json.dumps(coco))
     config = ConvertConfig("npy", MODES["none"], detection=DetectionConfig(str(tmp_path / "coco.json")))
     result = convert(tmp_path / "src", tmp_path / "out", config, workers=1)
@@ -420,13 +465,16 @@ def test_images_are_matched_by_path_never_by_a_shared_file_name(tmp_path):
     assert boxes == {"cat/a.png": 1, "dog/a.png": 0}
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d["images"].append(dict(d["images"][0], file_name="other.png")), "image id 1 is given twice"),
-    (lambda d: d["images"][0].update(id=[1]), "images\\[0\\] needs an integer id"),
-    (lambda d: d["images"][0].update(width=float("inf")), "whole positive"),
-    (lambda d: d.update(annotations=None), "'annotations' lists"),
-    (lambda d: d["categories"][0].update(id="10"), "categories\\[0\\] needs an integer id"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d["images"].append(dict(d["images"][0], file_name="other.png")), "image id 1 is given twice"),
+        (lambda d: d["images"][0].update(id=[1]), "images\\[0\\] needs an integer id"),
+        (lambda d: d["images"][0].update(width=float("inf")), "whole positive"),
+        (lambda d: d.update(annotations=None), "'annotations' lists"),
+        (lambda d: d["categories"][0].update(id="10"), "categories\\[0\\] needs an integer id"),
+    ],
+)
 def test_coco_files_that_cannot_be_trusted_are_refused_with_a_message(tmp_path, change, message):
     from packer.errors import InputError
 
@@ -436,8 +484,12 @@ def test_coco_files_that_cannot_be_trusted_are_refused_with_a_message(tmp_path, 
     change(data)
     (tmp_path / "coco.json").write_text(json.dumps(data))
     with pytest.raises(InputError, match=message):
-        convert(tmp_path / "images", tmp_path / "out",
-                ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"))), workers=1)
+        convert(
+            tmp_path / "images",
+            tmp_path / "out",
+            ConvertConfig("npy", MODES["pad"], detection=DetectionConfig(str(tmp_path / "coco.json"))),
+            workers=1,
+        )
 
 
 @pytest.mark.parametrize("bad", [{"area": float("nan")}, {"iscrowd": "0"}, {"area": -3}])
@@ -470,13 +522,16 @@ def test_a_box_wholly_outside_its_image_skips_the_image_with_its_reason(tmp_path
     assert result.manifest.samples == len(IMAGES) - 1 and result.manifest.annotations["boxes_dropped"] == 0
 
 
-@pytest.mark.parametrize("rle, reason", [
-    ({"counts": [10, 5000000, 10]}, "cannot be read"),  # runs beyond the image
-    ({"counts": [10, 50, 10]}, "cannot be read"),  # runs that do not fill it
-    ({"counts": "garbage!!~~"}, "cannot be read"),
-    ({"counts": "P1"}, "cannot be read"),  # decodes to values other than 0 and 1
-    ({"counts": [120 * 80]}, "covers no pixel"),  # a valid RLE of nothing: the box would have no mask
-])
+@pytest.mark.parametrize(
+    "rle, reason",
+    [
+        ({"counts": [10, 5000000, 10]}, "cannot be read"),  # runs beyond the image
+        ({"counts": [10, 50, 10]}, "cannot be read"),  # runs that do not fill it
+        ({"counts": "garbage!!~~"}, "cannot be read"),
+        ({"counts": "P1"}, "cannot be read"),  # decodes to values other than 0 and 1
+        ({"counts": [120 * 80]}, "covers no pixel"),  # a valid RLE of nothing: the box would have no mask
+    ],
+)
 def test_an_unreadable_or_empty_rle_skips_its_image_never_crashes(tmp_path, rle, reason):
     images = write_images(tmp_path / "images")
     write_coco(tmp_path / "coco.json", images)
@@ -538,7 +593,7 @@ def test_instance_masks_and_a_loader_follow_the_readers_crops(dataset, tmp_path)
         x, y, w, h = a["bbox"]
         W, H = sizes[a["image_id"]]
         m = np.zeros((H, W), np.uint8)
-        m[int(y):int(y + h), int(x):int(x + w)] = 1
+        m[int(y) : int(y + h), int(x) : int(x + w)] = 1
         a["segmentation"] = {"size": [H, W], "counts": cocomask.encode(np.asfortranarray(m))["counts"].decode()}
     (tmp_path / "coco.json").write_text(json.dumps(data))
     detection = DetectionConfig(str(tmp_path / "coco.json"), coords="stored")
@@ -596,14 +651,32 @@ def test_outputs_converted_apart_share_one_category_order_with_classes(dataset, 
     assert val.categories == ["circle", "star"]
     with pytest.raises(ValueError, match="different detection categories .*only the first has 'square'"):
         train + val
-    refused = CliRunner().invoke(cli, ["combine", str(tmp_path / "train"), str(tmp_path / "val"), "-o",
-                                       str(tmp_path / "both")])
+    refused = CliRunner().invoke(
+        cli, ["combine", str(tmp_path / "train"), str(tmp_path / "val"), "-o", str(tmp_path / "both")]
+    )
     assert refused.exit_code == 1 and "other categories" in refused.output
 
     assert read_class_map(tmp_path / "train") == CATEGORIES  # a detection output's --classes: its categories
-    made = CliRunner().invoke(cli, ["convert", str(root / "images"), "-f", "npy", "-o", str(tmp_path / "val2"),
-                                    "--resize", "none", "--annotations", str(val_voc), "--box-coords", "stored",
-                                    "--classes", str(tmp_path / "train"), "-q"])
+    made = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(root / "images"),
+            "-f",
+            "npy",
+            "-o",
+            str(tmp_path / "val2"),
+            "--resize",
+            "none",
+            "--annotations",
+            str(val_voc),
+            "--box-coords",
+            "stored",
+            "--classes",
+            str(tmp_path / "train"),
+            "-q",
+        ],
+    )
     assert made.exit_code == 0, made.output
     val2 = open_dataset(tmp_path / "val2")
     assert val2.categories == CATEGORIES and len(train + val2) == 2 * len(IMAGES)
@@ -613,8 +686,21 @@ def test_outputs_converted_apart_share_one_category_order_with_classes(dataset, 
     assert read_manifest(tmp_path / "val2").annotations["category_ids"] == ["circle", None, "star"]
 
     (tmp_path / "names.txt").write_text("circle\nsquare\n")  # lacks "star": refused, or appended
-    args = ["convert", str(root / "images"), "-f", "npy", "--resize", "none", "--annotations", str(val_voc),
-            "--box-coords", "stored", "--classes", str(tmp_path / "names.txt"), "-q"]
+    args = [
+        "convert",
+        str(root / "images"),
+        "-f",
+        "npy",
+        "--resize",
+        "none",
+        "--annotations",
+        str(val_voc),
+        "--box-coords",
+        "stored",
+        "--classes",
+        str(tmp_path / "names.txt"),
+        "-q",
+    ]
     lacking = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "val3")])
     assert lacking.exit_code == 1 and "'star'" in lacking.output and "--add-classes" in lacking.output
     added = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "val4"), "--add-classes"])

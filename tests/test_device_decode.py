@@ -41,9 +41,13 @@ def outputs(tmp_path_factory) -> dict:
         img.save(turned, exif=exif, quality=90)
     out = tmp_path_factory.mktemp("out")
     found = {}
-    for name, fmt, codec, source in [("npy", "npy", "jpeg", src), ("lmdb", "lmdb", "jpeg", src),
-                                     ("raw", "npy", "raw", src), ("wds", "wds", "jpeg", src),
-                                     ("source", "npy", "source", sources)]:
+    for name, fmt, codec, source in [
+        ("npy", "npy", "jpeg", src),
+        ("lmdb", "lmdb", "jpeg", src),
+        ("raw", "npy", "raw", src),
+        ("wds", "wds", "jpeg", src),
+        ("source", "npy", "source", sources),
+    ]:
         convert(source, out / name, ConvertConfig(fmt, MAX, ShardSize(samples=7), codec=ImageCodec(codec)), workers=1)
         found[name] = out / name
     return found
@@ -61,8 +65,11 @@ def _levels(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("name", ["npy", "lmdb", "source"])
-@pytest.mark.parametrize("crop", [RandomResizedCrop(48), CenterCrop(40, resize=56), CenterCrop(64)],
-                         ids=["random", "resize-centre", "padding-centre"])
+@pytest.mark.parametrize(
+    "crop",
+    [RandomResizedCrop(48), CenterCrop(40, resize=56), CenterCrop(64)],
+    ids=["random", "resize-centre", "padding-centre"],
+)
 def test_device_batches_are_the_workers_batches_within_a_level(outputs, name, crop):
     pairs = _pairs(outputs[name], crop)
     assert len(pairs) == (4 if name != "source" else 3)
@@ -73,8 +80,9 @@ def test_device_batches_are_the_workers_batches_within_a_level(outputs, name, cr
 
 
 def test_uint8_batches_without_normalization_and_no_workers(outputs):
-    for (images, labels), (on_device, their_labels) in _pairs(outputs["npy"], RandomResizedCrop(48), workers=0,
-                                                              normalize=False):
+    for (images, labels), (on_device, their_labels) in _pairs(
+        outputs["npy"], RandomResizedCrop(48), workers=0, normalize=False
+    ):
         assert on_device.dtype == torch.uint8 and torch.equal(labels, their_labels)
         assert _levels(images, on_device) <= 1
 
@@ -108,14 +116,17 @@ def test_resume_mid_epoch_gives_the_rest_of_the_uninterrupted_epoch(outputs):
     assert len(rest) == len(whole) - 1 and all(torch.equal(a, b) for a, b in zip(rest, whole[1:]))
 
 
-@pytest.mark.parametrize("case,message", [
-    ("raw", "this output stores raw"),
-    ("wds", "tar shards"),
-    ("no crop", "crop=RandomResizedCrop"),
-    ("transform", "a transform"),
-    ("collate", "collate_fn"),
-    ("where", "decode='gpu'"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("raw", "this output stores raw"),
+        ("wds", "tar shards"),
+        ("no crop", "crop=RandomResizedCrop"),
+        ("transform", "a transform"),
+        ("collate", "collate_fn"),
+        ("where", "decode='gpu'"),
+    ],
+)
 def test_what_the_device_cannot_decode_is_refused_with_the_reason(outputs, case, message):
     path = outputs["raw" if case == "raw" else "wds" if case == "wds" else "npy"]
     crop = None if case == "no crop" else RandomResizedCrop(48)
@@ -150,7 +161,7 @@ def test_same_pixels_as_pillow_within_two_levels(outputs):
     image = DeviceDecoder(None, "RGB", None)(batch)[0][0].permute(1, 2, 0).numpy()
     x0, y0, x1, y1 = batch.boxes[0].tolist()
     ends = batch.ends.tolist()
-    with Image.open(__import__("io").BytesIO(bytes(batch.data[:ends[0]].numpy()))) as img:
+    with Image.open(__import__("io").BytesIO(bytes(batch.data[: ends[0]].numpy()))) as img:
         expected = np.asarray(img.convert("RGB").crop((x0, y0, x1, y1)).resize((48, 48), Image.Resampling.BILINEAR))
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 2
 
@@ -162,14 +173,22 @@ def large(tmp_path_factory):
     for i in range(6):
         write_image(src / f"c{i % 2}" / f"{i:02d}.png", (640 + 16 * i, 480), seed=i)
     out = tmp_path_factory.mktemp("large-out") / "npy"
-    convert(src, out, ConvertConfig("npy", PreprocessConfig(resize="none", size=None), ShardSize(samples=4),
-                                    codec=ImageCodec("jpeg")), workers=1)
+    convert(
+        src,
+        out,
+        ConvertConfig(
+            "npy", PreprocessConfig(resize="none", size=None), ShardSize(samples=4), codec=ImageCodec("jpeg")
+        ),
+        workers=1,
+    )
     return out
 
 
-@pytest.mark.parametrize("crop", [RandomResizedCrop(32, reduced_decode=True),
-                                  CenterCrop(32, resize=40, reduced_decode=True), RandomResizedCrop(4)],
-                         ids=["random-reduced", "centre-reduced", "shrunk-over-32x"])
+@pytest.mark.parametrize(
+    "crop",
+    [RandomResizedCrop(32, reduced_decode=True), CenterCrop(32, resize=40, reduced_decode=True), RandomResizedCrop(4)],
+    ids=["random-reduced", "centre-reduced", "shrunk-over-32x"],
+)
 def test_reduced_decodes_and_large_shrinks_are_rendered_by_the_workers_as_before(large, crop):
     """The device decodes in full and CUDA's antialiased kernel refuses large shrinks: such crops are
     the workers' own (the same pixels exactly)."""
@@ -179,8 +198,12 @@ def test_reduced_decodes_and_large_shrinks_are_rendered_by_the_workers_as_before
 
 def test_no_device_decode_of_images_held_decoded_in_memory(tmp_path):
     write_image(tmp_path / "src" / "a" / "0.png", (40, 30))
-    out = convert(tmp_path / "src", tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(32, 32)),
-                                                                    codec=ImageCodec("jpeg")), workers=1).output
+    out = convert(
+        tmp_path / "src",
+        tmp_path / "out",
+        ConvertConfig("npy", PreprocessConfig(size=(32, 32)), codec=ImageCodec("jpeg")),
+        workers=1,
+    ).output
     ds = open_dataset(out, crop=RandomResizedCrop(24), in_memory=True)
     with pytest.raises(ValueError, match="in_memory"):
         make_loader(ds, 5, decode="device")

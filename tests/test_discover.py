@@ -165,8 +165,17 @@ def test_order_is_the_paths_sorted_when_names_prefix_each_other(tmp_path):
     """The walk emits files in sorted order with no sort of them all: a folder sorts as its name and a
     slash, so ``b.png`` comes before ``b/x.png`` and ``b/x.png`` before ``b0.png``, as sorting the
     paths does."""
-    names = ["a/b.png", "a/b/x.png", "a/b0.png", "a/b-c.png", "a/b-/y.png", "a/ba/z.png", "a/é/q.png", "a/z.png",
-             "b/1.png"]
+    names = [
+        "a/b.png",
+        "a/b/x.png",
+        "a/b0.png",
+        "a/b-c.png",
+        "a/b-/y.png",
+        "a/ba/z.png",
+        "a/é/q.png",
+        "a/z.png",
+        "b/1.png",
+    ]
     for n in reversed(names):
         touch(tmp_path / n)
     assert rels(discover(tmp_path)) == sorted(names)
@@ -437,8 +446,18 @@ def test_labels_header_is_any_first_row_without_a_sample(tmp_path):
 def _hostile_tree(root):
     """Class folders with nested ones, a file at the root, ignored files, symlinked folders inside and
     outside the tree, a name that is not UTF-8 and an unreadable folder."""
-    for n in ["a/1.png", "a/sub/2.png", "a/sub/x.csv", "b/3.png", "b-c/4.png", "c/é.png", "c/d/e/5.png", "top.png",
-              "d/6.png", "d/7.txt"]:
+    for n in [
+        "a/1.png",
+        "a/sub/2.png",
+        "a/sub/x.csv",
+        "b/3.png",
+        "b-c/4.png",
+        "c/é.png",
+        "c/d/e/5.png",
+        "top.png",
+        "d/6.png",
+        "d/7.txt",
+    ]:
         touch(root / n)
     outside = root.parent / (root.name + "-outside")
     touch(outside / "o.png")
@@ -530,6 +549,7 @@ def test_class_runs_across_compressed_blocks(tmp_path):
     touch(tmp_path / "loose.png")
     found = discover(tmp_path)
     assert isinstance(found.items.labels, LabelRuns) and found.classes == ["a", "b", "b0", "c"]
-    assert [(it.relpath.split("/")[0], it.label) for it in found.items] == \
-        [(name, k) for k, (name, n) in enumerate(sizes.items()) for _ in range(n)]
+    assert [(it.relpath.split("/")[0], it.label) for it in found.items] == [
+        (name, k) for k, (name, n) in enumerate(sizes.items()) for _ in range(n)
+    ]
     assert [s.path for s in found.skipped] == ["loose.png"]

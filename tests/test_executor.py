@@ -17,9 +17,18 @@ from packer.worker import ShardJob
 def _jobs(tree, stage, per: int = 5) -> list[ShardJob]:
     items = discover(tree).items
     layout = SampleLayout("uint8", (8, 8, 3), 3)
-    return [ShardJob(k, ShardTask(f"shard-{k:05d}", items[a:a + per]), "npy", layout,
-                     PreprocessConfig(size=(8, 8)), str(stage), record=True)
-            for k, a in enumerate(range(0, len(items), per))]
+    return [
+        ShardJob(
+            k,
+            ShardTask(f"shard-{k:05d}", items[a : a + per]),
+            "npy",
+            layout,
+            PreprocessConfig(size=(8, 8)),
+            str(stage),
+            record=True,
+        )
+        for k, a in enumerate(range(0, len(items), per))
+    ]
 
 
 def test_jobs_added_while_others_run_all_finish(image_tree, tmp_path):

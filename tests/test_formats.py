@@ -105,8 +105,12 @@ def test_layout_fields_and_bytes():
 def test_npy_layout(tmp_path, n):
     samples = make_samples(n)
     files = write("npy", tmp_path, samples)
-    assert files == ["shard-00003.images.npy", "shard-00003.labels.npy", "shard-00003.keys.npy",
-                     "shard-00003.crc32.npy"]
+    assert files == [
+        "shard-00003.images.npy",
+        "shard-00003.labels.npy",
+        "shard-00003.keys.npy",
+        "shard-00003.crc32.npy",
+    ]
     images = np.load(tmp_path / files[0], mmap_mode="r")
     labels = np.load(tmp_path / files[1], mmap_mode="r")
     keys = np.load(tmp_path / files[2])
@@ -275,8 +279,10 @@ def test_lmdb_map_never_fills_whatever_the_sizes(tmp_path, monkeypatch, commit_b
     rng = np.random.default_rng(5)
     shapes = [(1, 1, 3), (1, 1341, 3), (1, 1366, 3), (1, 1367, 3), (40, 100, 3)]
     shapes += [(int(rng.integers(1, 60)), int(rng.integers(1, 90)), 3) for _ in range(300)]
-    samples = [Sample(i, f"k{i}" * int(rng.integers(1, 40)), np.full(shape, i % 256, np.uint8), i)
-               for i, shape in enumerate(shapes)]
+    samples = [
+        Sample(i, f"k{i}" * int(rng.integers(1, 40)), np.full(shape, i % 256, np.uint8), i)
+        for i, shape in enumerate(shapes)
+    ]
     writer = LmdbWriter(tmp_path, "shard-00000", SampleLayout("uint8", None, 3), 1)
     writer._map_size = 32 * 1024
     writer._env.set_mapsize(writer._map_size)
@@ -313,8 +319,10 @@ def test_wds_tar_members(tmp_path, n):
         assert names == expected
         # DALI's wds2idx index: a header line, then per sample each member's "EXT DATA-OFFSET SIZE NAME"
         index = (tmp_path / files[1]).read_text(encoding="ascii").splitlines()
-        assert index == [f"v1.2 {n}"] + [" ".join(f"{m.name.partition('.')[2]} {m.offset_data} {m.size} {m.name}"
-                                                  for m in members[i:i + 3]) for i in range(0, len(members), 3)]
+        assert index == [f"v1.2 {n}"] + [
+            " ".join(f"{m.name.partition('.')[2]} {m.offset_data} {m.size} {m.name}" for m in members[i : i + 3])
+            for i in range(0, len(members), 3)
+        ]
         assert all(m.isfile() and m.mtime == 0 for m in members)
         for s in samples:
             key = f"{s.index:09d}"
@@ -332,17 +340,32 @@ def _tarfile_header(name, size):
     return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
 
 
-@pytest.mark.parametrize("name,size", [
-    ("000000007.npy", 150_656), ("000000007.cls", 1), ("000000007.json", 0), ("000000007.tokens.npy", 8**11 - 1),
-    ("n" * 100, 513),  # the longest name the template takes
-    ("d" * 80 + "/" + "n" * 40, 5),  # longer: tarfile splits it into prefix and name
-    ("clåss/ü.txt", 3),  # not ASCII: tarfile encodes it
-])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("000000007.npy", 150_656),
+        ("000000007.cls", 1),
+        ("000000007.json", 0),
+        ("000000007.tokens.npy", 8**11 - 1),
+        ("n" * 100, 513),  # the longest name the template takes
+        ("d" * 80 + "/" + "n" * 40, 5),  # longer: tarfile splits it into prefix and name
+        ("clåss/ü.txt", 3),  # not ASCII: tarfile encodes it
+    ],
+)
 def test_ustar_header_is_what_tarfile_writes(name, size):
     header = ustar_header(name, size)
     parsed = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")  # also checks the checksum
-    assert (parsed.name, parsed.size, parsed.mode, parsed.mtime, parsed.uid, parsed.gid, parsed.uname, parsed.gname,
-            parsed.type) == (name, size, 0o444, 0, 0, 0, "packer", "packer", tarfile.REGTYPE)
+    assert (
+        parsed.name,
+        parsed.size,
+        parsed.mode,
+        parsed.mtime,
+        parsed.uid,
+        parsed.gid,
+        parsed.uname,
+        parsed.gname,
+        parsed.type,
+    ) == (name, size, 0o444, 0, 0, 0, "packer", "packer", tarfile.REGTYPE)
     expected = _tarfile_header(name, size)
     if expected[329:345] == bytes(16):  # tarfile leaves the device fields of a file empty (3.11.4 and later)
         assert header == expected
@@ -411,12 +434,12 @@ def open_stored_images(fmt, directory, files, n):
         flat = np.load(directory / files[0], mmap_mode="r")
         offsets = np.load(directory / files[1])
         assert flat.dtype == np.uint8 and offsets.dtype == np.int64 and offsets.shape == (n + 1,)
-        return [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
+        return [flat[offsets[i] : offsets[i + 1]].tobytes() for i in range(n)]
     if fmt == "hdf5":
         with h5py.File(directory / files[0], "r") as f:
             flat, offsets = f["images_bytes"], f["images_offsets"][:]
             assert "images" not in f and offsets.shape == (n + 1,)
-            return [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(n)]
+            return [flat[offsets[i] : offsets[i + 1]].tobytes() for i in range(n)]
     if fmt == "lmdb":
         data = read_lmdb(directory / files[0])
         return [data[b"%08d.image" % i] for i in range(n)]
@@ -443,7 +466,8 @@ def test_encoded_images_are_stored_as_their_bytes(tmp_path, fmt, codec, n):
     entry = ShardEntry("shard-00003", n, [file_entry(tmp_path, f) for f in files])
     got = list(FORMATS[fmt].scan(tmp_path, entry, encoded_layout(codec)))
     assert [(g.local, g.key, g.label, g.image, g.encoded, g.crc32) for g in got] == [
-        (i, s.key, s.label, None, s.encoded, zlib.crc32(s.encoded)) for i, s in enumerate(samples)]
+        (i, s.key, s.label, None, s.encoded, zlib.crc32(s.encoded)) for i, s in enumerate(samples)
+    ]
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -476,7 +500,7 @@ def test_jpeg_sample_opens_as_the_docs_show(tmp_path, fmt):
     if fmt == "npy":
         flat = np.load(tmp_path / "shard-00003.images.bytes.npy", mmap_mode="r")
         offsets = np.load(tmp_path / "shard-00003.images.offsets.npy")
-        image = np.asarray(Image.open(io.BytesIO(flat[offsets[0]:offsets[1]])).convert("RGB"))
+        image = np.asarray(Image.open(io.BytesIO(flat[offsets[0] : offsets[1]])).convert("RGB"))
     elif fmt == "hdf5":
         with h5py.File(tmp_path / files[0], "r") as f:
             a, b = f["images_offsets"][0:2]
@@ -502,13 +526,21 @@ def test_encoded_layout_needs_encoded_samples(tmp_path, fmt):
 
 
 def test_encoded_layout_fields():
-    assert encoded_layout("jpeg").fields()["image"] == {"dtype": "uint8", "shape": [H, W, C], "channels": C,
-                                                        "layout": "HWC", "codec": "jpeg", "quality": 90}
+    assert encoded_layout("jpeg").fields()["image"] == {
+        "dtype": "uint8",
+        "shape": [H, W, C],
+        "channels": C,
+        "layout": "HWC",
+        "codec": "jpeg",
+        "quality": 90,
+    }
     assert FIXED.fields()["image"]["codec"] == "raw"
 
 
-@pytest.mark.parametrize("fmt,capacity,hashed", [("npy", None, [".images.npy"]), ("npy", 9, []),
-                                                 ("wds", None, [".tar"]), ("lmdb", None, []), ("hdf5", None, [])])
+@pytest.mark.parametrize(
+    "fmt,capacity,hashed",
+    [("npy", None, [".images.npy"]), ("npy", 9, []), ("wds", None, [".tar"]), ("lmdb", None, []), ("hdf5", None, [])],
+)
 def test_digests_a_writer_gives_are_its_files_sha256(tmp_path, fmt, capacity, hashed):
     writer = FORMATS[fmt].writer_class()(tmp_path, "shard-00000", FIXED, 6 if capacity is None else capacity)
     for s in make_samples(6):

@@ -28,8 +28,9 @@ def packed(tmp_path_factory) -> dict[str, Path]:
     make_tree(root, {"ant": 8, "bee": 7, "cat": 8})
     out = tmp_path_factory.mktemp("out")
     for fmt in ("npy", "wds"):
-        convert(root, out / fmt, ConvertConfig(fmt, PreprocessConfig(size=(SIZE, SIZE)), ShardSize(samples=4)),
-                workers=1)
+        convert(
+            root, out / fmt, ConvertConfig(fmt, PreprocessConfig(size=(SIZE, SIZE)), ShardSize(samples=4)), workers=1
+        )
     return {fmt: out / fmt for fmt in ("npy", "wds")}
 
 
@@ -57,8 +58,15 @@ class Recorder(lightning.LightningModule):
 @pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("npy", 2), ("wds", 2)])
 def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, workers):
     model = Recorder(packed[fmt], workers)
-    trainer = lightning.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False)
+    trainer = lightning.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
         trainer.fit(model)

@@ -19,7 +19,7 @@ RECT = (20, 10, 60, 40)  # x0, y0, x1, y1 on a 200 x 150 stored grid
 
 def picture(fmt: str = "PNG", orientation: int = 1) -> bytes:
     pixels = np.zeros((150, 200, 3), np.uint8)
-    pixels[RECT[1]:RECT[3], RECT[0]:RECT[2]] = (255, 0, 0)
+    pixels[RECT[1] : RECT[3], RECT[0] : RECT[2]] = (255, 0, 0)
     exif = Image.Exif()
     exif[0x0112] = orientation
     buf = io.BytesIO()
@@ -35,16 +35,22 @@ def red(pixels: np.ndarray) -> tuple[int, ...]:
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_a_box_turns_as_pillow_turns_the_pixels(orientation):
     pixels = np.zeros((150, 200, 3), np.uint8)
-    pixels[RECT[1]:RECT[3], RECT[0]:RECT[2]] = (255, 0, 0)
+    pixels[RECT[1] : RECT[3], RECT[0] : RECT[2]] = (255, 0, 0)
     turned = np.asarray(upright(Image.fromarray(pixels), orientation))
     assert orient_box(RECT, (200, 150), orientation) == red(turned)
 
 
-CONFIGS = [PreprocessConfig(size=(64, 64)), PreprocessConfig(size=(64, 48), geometry="fractional"),
-           PreprocessConfig(size=(50, 50), resize="shorter"), PreprocessConfig(size=(90, 90), resize="max"),
-           PreprocessConfig(size=(96, 40), resize="stretch"), PreprocessConfig(size=(64, 64), resize="pad"),
-           PreprocessConfig(size=None, resize="none"), PreprocessConfig(size=(72, 72), resize="shorter", crop=(56, 90)),
-           PreprocessConfig(size=(100, 100), crop=(160, 160))]
+CONFIGS = [
+    PreprocessConfig(size=(64, 64)),
+    PreprocessConfig(size=(64, 48), geometry="fractional"),
+    PreprocessConfig(size=(50, 50), resize="shorter"),
+    PreprocessConfig(size=(90, 90), resize="max"),
+    PreprocessConfig(size=(96, 40), resize="stretch"),
+    PreprocessConfig(size=(64, 64), resize="pad"),
+    PreprocessConfig(size=None, resize="none"),
+    PreprocessConfig(size=(72, 72), resize="shorter", crop=(56, 90)),
+    PreprocessConfig(size=(100, 100), crop=(160, 160)),
+]
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "TIFF"])  # Pillow turns a TIFF by itself as it loads: never twice

@@ -118,9 +118,13 @@ def test_read_source_reads_a_file_that_changed_size_to_its_end(monkeypatch):
     """The first read is sized from fstat; a file that grew or shrank since is still read to its end,
     and one that grew past the limit is read no further than a chunk past it."""
     monkeypatch.setattr(preprocess, "READ_CHUNK", 4)
-    for content, size, limit, expect in ((b"abcdefgh", 3, None, b"abcdefgh"), (b"abc", 2, None, b"abc"),
-                                         (b"abc", 3, None, b"abc"), (b"abcdefghijklmnop", 3, 6, b"abcdefgh"),
-                                         (b"abcdefghij", 9, None, b"abcdefghij")):
+    for content, size, limit, expect in (
+        (b"abcdefgh", 3, None, b"abcdefgh"),
+        (b"abc", 2, None, b"abc"),
+        (b"abc", 3, None, b"abc"),
+        (b"abcdefghijklmnop", 3, 6, b"abcdefgh"),
+        (b"abcdefghij", 9, None, b"abcdefghij"),
+    ):
         r, w = os.pipe()
         os.write(w, content)
         os.close(w)
@@ -145,8 +149,23 @@ def test_read_source_returns_the_whole_file_and_checks_its_size(tmp_path):
 def test_strict_stops_at_first_bad_file_and_writes_nothing(corpus, tmp_path):
     root, _ = corpus
     out = tmp_path / "strict"
-    result = CliRunner().invoke(cli, ["convert", str(root), "-f", "lmdb", "-o", str(out), "--strict", "-q",
-                                      "--size", "24x16", "--max-pixels", str(MAX_PIXELS)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(root),
+            "-f",
+            "lmdb",
+            "-o",
+            str(out),
+            "--strict",
+            "-q",
+            "--size",
+            "24x16",
+            "--max-pixels",
+            str(MAX_PIXELS),
+        ],
+    )
     assert result.exit_code == 1
     assert "--strict" in result.output and "bad/" in result.output
     assert not out.exists()
@@ -155,8 +174,22 @@ def test_strict_stops_at_first_bad_file_and_writes_nothing(corpus, tmp_path):
 
 def test_cli_summary_counts_per_reason(corpus, tmp_path):
     root, expect = corpus
-    result = CliRunner().invoke(cli, ["convert", str(root), "-f", "wds", "-o", str(tmp_path / "o"), "-q",
-                                      "--size", "24x16", "--max-pixels", str(MAX_PIXELS)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(root),
+            "-f",
+            "wds",
+            "-o",
+            str(tmp_path / "o"),
+            "-q",
+            "--size",
+            "24x16",
+            "--max-pixels",
+            str(MAX_PIXELS),
+        ],
+    )
     assert result.exit_code == 0, result.output
     bad = len([v for v in expect.values() if v != GOOD])
     assert f"skipped {bad} file(s)" in result.output

@@ -230,16 +230,30 @@ def test_target_transform_on_text_outputs(tmp_path, fmt):
 
 
 # Extensions ------------------------------------------------------------------------------------------
-PIL_FORMAT = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".ppm": "PPM", ".bmp": "BMP", ".pgm": "PPM",
-              ".tif": "TIFF", ".tiff": "TIFF", ".webp": "WEBP"}
+PIL_FORMAT = {
+    ".jpg": "JPEG",
+    ".jpeg": "JPEG",
+    ".png": "PNG",
+    ".ppm": "PPM",
+    ".bmp": "BMP",
+    ".pgm": "PPM",
+    ".tif": "TIFF",
+    ".tiff": "TIFF",
+    ".webp": "WEBP",
+}
 
 
 def test_every_torchvision_extension_is_packed(tmp_path):
     assert set(TORCHVISION_IMG_EXTENSIONS) <= IMAGE_EXTENSIONS
     src = tmp_path / "src"
     for i, ext in enumerate(TORCHVISION_IMG_EXTENSIONS):
-        write_image(src / "a" / f"{i}{ext.upper() if i % 2 else ext}", (16, 12), mode="L" if ext == ".pgm" else "RGB",
-                    seed=i, format=PIL_FORMAT[ext])
+        write_image(
+            src / "a" / f"{i}{ext.upper() if i % 2 else ext}",
+            (16, 12),
+            mode="L" if ext == ".pgm" else "RGB",
+            seed=i,
+            format=PIL_FORMAT[ext],
+        )
     found = discover(src)
     assert len(found.items) == 9 and found.ignored == {} and found.skipped == []
     result = convert(src, tmp_path / "o", ConvertConfig("npy", PreprocessConfig(size=(8, 6))), workers=1)
@@ -268,8 +282,12 @@ def test_netpbm_files_read_back_as_pillow_decodes_them(tmp_path, fmt, ext, codec
     assert (tmp_path / "src" / "x" / f"0{ext}").read_bytes()[:2] == (b"P5" if ext == ".pgm" else b"P6")
     mode = "L" if ext == ".pgm" else "RGB"
     pre = PreprocessConfig(resize="none", mode=mode)
-    result = convert(tmp_path / "src", tmp_path / "o", ConvertConfig(fmt, pre, ShardSize(samples=3),
-                                                                     codec=ImageCodec(codec)), workers=1)
+    result = convert(
+        tmp_path / "src",
+        tmp_path / "o",
+        ConvertConfig(fmt, pre, ShardSize(samples=3), codec=ImageCodec(codec)),
+        workers=1,
+    )
     assert result.manifest.samples == 4
     ds = open_dataset(result.output, normalize=False, return_meta=True)
     got = read_all(ds)

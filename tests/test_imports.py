@@ -60,7 +60,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
             if nxt in PACKAGES:  # a package's __init__ re-exports; ``import packer.x`` runs it first anyway
                 continue
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -92,15 +92,20 @@ def test_packer_core_never_imports_readers():
     """The converter's modules do not depend on the readers; only the CLI (the user's boundary,
     whose inspection and advisor commands read outputs) may."""
     graph = import_graph()
-    offenders = {m: sorted(d for d in deps if d.split(".")[0] == "readers")
-                 for m, deps in graph.items() if m.startswith("packer") and not m.startswith("packer.cli")}
+    offenders = {
+        m: sorted(d for d in deps if d.split(".")[0] == "readers")
+        for m, deps in graph.items()
+        if m.startswith("packer") and not m.startswith("packer.cli")
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
 def test_import_readers_loads_no_writer():
-    code = ("import sys, readers; "
-            "print(','.join(sorted(m for m in sys.modules if m.startswith(('packer.formats', 'packer.pipeline', "
-            "'packer.worker', 'packer.config', 'h5py', 'lmdb')))))")
+    code = (
+        "import sys, readers; "
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(('packer.formats', 'packer.pipeline', "
+        "'packer.worker', 'packer.config', 'h5py', 'lmdb')))))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     # h5py and lmdb belong to their readers; the writers' modules and the converter must stay unloaded
     assert [m for m in loaded.stdout.strip().split(",") if m.startswith("packer")] == []

@@ -47,7 +47,7 @@ def reference(big_tree, tmp_path_factory) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
 
 
-SLOW_DECODE = '''
+SLOW_DECODE = """
 import time
 import packer.preprocess as _pp
 _decode = _pp.decode
@@ -55,7 +55,7 @@ def _slow(*args, **kwargs):
     time.sleep(0.01)
     return _decode(*args, **kwargs)
 _pp.decode = _slow
-'''
+"""
 
 
 def slowed_env(where: Path) -> dict:
@@ -69,8 +69,9 @@ def slowed_env(where: Path) -> dict:
 
 def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProcess | int:
     """Start a (slowed) conversion, wait for its first finished shard, send ``sig``; return the exit status."""
-    proc = subprocess.Popen(packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True,
-                            env=slowed_env(out.parent))
+    proc = subprocess.Popen(
+        packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True, env=slowed_env(out.parent)
+    )
     stage = staging_dir(out)
     deadline = time.monotonic() + 120
     while not list(stage.glob(f"*{DONE_SUFFIX}")):
@@ -83,8 +84,9 @@ def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProces
 
 
 def resume_and_compare(src: Path, out: Path, reference: dict[str, bytes]) -> None:
-    done = subprocess.run(packer_cmd(str(src), "-o", str(out), *OPTIONS, "--resume"),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        packer_cmd(str(src), "-o", str(out), *OPTIONS, "--resume"), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == reference
     assert not staging_dir(out).exists()
@@ -119,13 +121,17 @@ def test_sigkill_leaves_no_output_stops_workers_and_resumes_identically(big_tree
 def test_resume_refuses_changed_options(big_tree, tmp_path):
     out = tmp_path / "out"
     start_and_stop(big_tree, out, signal.SIGINT)
-    changed = subprocess.run(packer_cmd(str(big_tree), "-o", str(out), *OPTIONS, "--resume", "--normalize", "none"),
-                             capture_output=True, text=True, timeout=120)
+    changed = subprocess.run(
+        packer_cmd(str(big_tree), "-o", str(out), *OPTIONS, "--resume", "--normalize", "none"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert changed.returncode == 1 and "changed since the interrupted run" in changed.stderr
     assert not out.exists()
 
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os, signal, time
 import packer.preprocess as _pp
 _decode = _pp.decode
@@ -136,10 +142,10 @@ def _poisoned(data, cfg, path="<bytes>", **options):
         time.sleep(3600)
     return _decode(data, cfg, path, **options)
 _pp.decode = _poisoned
-'''
+"""
 
 
-READ_SITECUSTOMIZE = '''
+READ_SITECUSTOMIZE = """
 import os, signal, time
 import packer.preprocess as _pp
 _read = _pp.read_source
@@ -150,7 +156,7 @@ def _poisoned(path, *args, **options):
         time.sleep(3600)
     return _read(path, *args, **options)
 _pp.read_source = _poisoned
-'''
+"""
 
 
 @pytest.mark.parametrize("where", ["decode", "read"])
@@ -176,9 +182,28 @@ def test_files_that_crash_or_hang_the_decoder_are_skipped(tmp_path, where):
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE if where == "decode" else READ_SITECUSTOMIZE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
-    proc = subprocess.run(packer_cmd(str(src), "-o", str(out), "-f", "lmdb", "--size", "16", "--shard-size", "10",
-                                     "-j", "2", "-q", "--timeout", "2"),
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        packer_cmd(
+            str(src),
+            "-o",
+            str(out),
+            "-f",
+            "lmdb",
+            "--size",
+            "16",
+            "--shard-size",
+            "10",
+            "-j",
+            "2",
+            "-q",
+            "--timeout",
+            "2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     m = read_manifest(out)
     reasons = {s["path"]: s["reason"] for s in m.skipped}

@@ -111,8 +111,9 @@ def numbered(mode=IMAGES, labels=lambda i: i % 3 - 1):
 
 def shuffled_fingerprint(t, seed=0):
     t = t.take(np.random.default_rng(seed).permutation(len(t)))
-    return plan_fingerprint(ConvertConfig(format="npy"), [ShardTask("shard-00000", t[:77]),
-                                                          ShardTask("shard-00001", t[77:])])
+    return plan_fingerprint(
+        ConvertConfig(format="npy"), [ShardTask("shard-00000", t[:77]), ShardTask("shard-00001", t[77:])]
+    )
 
 
 def test_fingerprint_of_a_shuffled_plan_holds_its_order_and_every_item():

@@ -78,9 +78,15 @@ def test_scaled_decode_is_close_to_a_full_decode(resize, orientation, scales):
     assert diff.mean() < 1.0 and np.percentile(diff, 99) <= 4
 
 
-_UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
-            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-            8: Image.Transpose.ROTATE_90}
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 @pytest.mark.parametrize("orientation", range(2, 9))
@@ -165,8 +171,12 @@ def test_jpegs_libjpeg_turbo_does_not_take_fall_back_to_pillows_draft(monkeypatc
 def test_mpo_progressive_and_odd_orientations_are_scaled(scales):
     rgb = np.asarray(Image.open(io.BytesIO(_jpeg())))
     second = Image.fromarray(rgb[::-1].copy())
-    datas = [_jpeg(format="MPO", save_all=True, append_images=[second]), _jpeg(progressive=True),
-             _jpeg(orientation=0), _jpeg(orientation=9)]
+    datas = [
+        _jpeg(format="MPO", save_all=True, append_images=[second]),
+        _jpeg(progressive=True),
+        _jpeg(orientation=0),
+        _jpeg(orientation=9),
+    ]
     assert Image.open(io.BytesIO(datas[0])).format == "MPO"
     full = decode(datas[1], PreprocessConfig(size=(160, 120), reduced_decode=False)).pixels
     for data in datas:
@@ -187,14 +197,17 @@ def _via_pillow(monkeypatch, data: bytes, cfg: PreprocessConfig):
 _NOT_SCALED = [PreprocessConfig(), PreprocessConfig(reduced_decode=False), PreprocessConfig(size=None, resize="none")]
 
 
-@pytest.mark.parametrize("save,cfg", [
-    *(({"size": (350, 350)}, cfg) for cfg in _NOT_SCALED),  # to 224: 5.12/8 of the size, M = 6
-    *(({"size": (256, 300), "subsampling": 0}, cfg) for cfg in _NOT_SCALED),  # M = 7
-    *(({"size": (300, 260), "orientation": 6}, cfg) for cfg in _NOT_SCALED),
-    ({"size": (230, 240), "progressive": True}, PreprocessConfig()),  # M = 8
-    ({"size": (32, 32), "mode": "L"}, PreprocessConfig(size=(32, 32))),  # a CIFAR-sized source at its size
-    ({"size": (7, 40)}, PreprocessConfig(size=(5, 30), resize="stretch")),  # M = 6
-])
+@pytest.mark.parametrize(
+    "save,cfg",
+    [
+        *(({"size": (350, 350)}, cfg) for cfg in _NOT_SCALED),  # to 224: 5.12/8 of the size, M = 6
+        *(({"size": (256, 300), "subsampling": 0}, cfg) for cfg in _NOT_SCALED),  # M = 7
+        *(({"size": (300, 260), "orientation": 6}, cfg) for cfg in _NOT_SCALED),
+        ({"size": (230, 240), "progressive": True}, PreprocessConfig()),  # M = 8
+        ({"size": (32, 32), "mode": "L"}, PreprocessConfig(size=(32, 32))),  # a CIFAR-sized source at its size
+        ({"size": (7, 40)}, PreprocessConfig(size=(5, 30), resize="stretch")),  # M = 6
+    ],
+)
 def test_jpegs_not_worth_scaling_are_decoded_in_full_by_libjpeg_turbo(monkeypatch, save, cfg, scales):
     """Decoding at 6/8 or 7/8 is slower than in full, and a full decode (--full-decode, no resize, a
     target as large as the image) is the same libjpeg-turbo call Pillow makes: all decoded in full
@@ -257,17 +270,23 @@ def test_plain_jpegs_skip_pillows_parser_with_the_same_result(monkeypatch, save,
     assert len(scales) == 2 and scales[0] == scales[1] in (3, 4)  # scaled alike both ways (3/8, 4/8 portrait)
 
 
-_XMP = (b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
-        b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
-        b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+_XMP = (
+    b'http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+    b'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+    b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+)
 
 
 def test_xmp_and_unusual_app1_segments_are_left_to_pillow():
     exif6 = _jpeg(orientation=6)
-    exif_block = exif6[exif6.index(jpeg.EXIF):]
-    exif_block = exif_block[:int.from_bytes(exif6[exif6.index(jpeg.EXIF) - 2:exif6.index(jpeg.EXIF)], "big") - 2]
-    for data in (_with_app1(_jpeg(), _XMP), _with_app1(exif6, _XMP), _with_app1(exif6, exif_block),
-                 _with_app1(_jpeg(), b"something else")):
+    exif_block = exif6[exif6.index(jpeg.EXIF) :]
+    exif_block = exif_block[: int.from_bytes(exif6[exif6.index(jpeg.EXIF) - 2 : exif6.index(jpeg.EXIF)], "big") - 2]
+    for data in (
+        _with_app1(_jpeg(), _XMP),
+        _with_app1(exif6, _XMP),
+        _with_app1(exif6, exif_block),
+        _with_app1(_jpeg(), b"something else"),
+    ):
         assert jpeg.plain_header(data) is None
     for data in (_with_app1(_jpeg(), _XMP), _with_app1(exif6, _XMP)):
         assert decode(data, PreprocessConfig(size=(160, 120))).original_size == (379, 505)  # turned upright
@@ -295,8 +314,9 @@ def test_exif_orientations_are_read_without_opening_the_file(monkeypatch, orient
     assert len(scales) == 2 and scales[0] == scales[1]
 
 
-@pytest.mark.parametrize("block", [b"Exif\x00\x00garbage", b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12",
-                                   jpeg.EXIF])
+@pytest.mark.parametrize(
+    "block", [b"Exif\x00\x00garbage", b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12", jpeg.EXIF]
+)
 def test_a_broken_exif_block_reads_as_pillow_reads_it(monkeypatch, block):
     data = _with_app1(_jpeg(), block)
     assert jpeg.plain_header(data).exif == block
@@ -313,13 +333,16 @@ def _exif(*entries: tuple[int, int, int, bytes]) -> bytes:
     return jpeg.EXIF + b"II*\x00" + struct.pack("<LH", 8, len(entries)) + ifd + b"\x00" * 4
 
 
-@pytest.mark.parametrize("kind,count,value", [(7, 1, b"\x05\x00\x00\x00"), (1, 1, b"\x05\x00\x00\x00"),
-                                              (2, 2, b"5\x00\x00\x00"), (3, 1, b"\x48\x00\x00\x00")])
+@pytest.mark.parametrize(
+    "kind,count,value",
+    [(7, 1, b"\x05\x00\x00\x00"), (1, 1, b"\x05\x00\x00\x00"), (2, 2, b"5\x00\x00\x00"), (3, 1, b"\x48\x00\x00\x00")],
+)
 def test_an_odd_exif_resolution_lets_pillow_decide(monkeypatch, kind, count, value):
     # Opening a JPEG without JFIF density, Pillow reads its dpi from EXIF and refuses some odd
     # values (a one-byte XResolution): the file goes to Image.open, whatever it makes of it.
-    block = _exif((0x011A, kind, count, value), (0x0112, 3, 1, struct.pack("<HH", 6, 0)),
-                  (0x0128, 3, 1, struct.pack("<HH", 2, 0)))
+    block = _exif(
+        (0x011A, kind, count, value), (0x0112, 3, 1, struct.pack("<HH", 6, 0)), (0x0128, 3, 1, struct.pack("<HH", 2, 0))
+    )
     data = _with_app1(_jpeg(), block)
     opened = []
     real = Image.open
@@ -363,11 +386,11 @@ def test_plain_header_declines_what_it_cannot_vouch_for():
     with pytest.raises(DecodeError, match="corrupt or truncated"):
         decode(good[:40], PreprocessConfig(size=(160, 120)))  # Pillow explains it, as before
     sof = good.index(b"\xff\xc0")
-    frame = good[sof:sof + 2 + ((good[sof + 2] << 8) | good[sof + 3])]
-    assert jpeg.plain_header(good[:sof + 4] + b"\x0c" + good[sof + 5:]) is None  # 12-bit samples
-    assert jpeg.plain_header(good[:sof + 5] + b"\x00\x00" + good[sof + 7:]) is None  # height in a DNL marker
+    frame = good[sof : sof + 2 + ((good[sof + 2] << 8) | good[sof + 3])]
+    assert jpeg.plain_header(good[: sof + 4] + b"\x0c" + good[sof + 5 :]) is None  # 12-bit samples
+    assert jpeg.plain_header(good[: sof + 5] + b"\x00\x00" + good[sof + 7 :]) is None  # height in a DNL marker
     assert jpeg.plain_header(good[:sof] + frame + good[sof:]) is None  # two frame headers
-    assert jpeg.plain_header(good[:sof] + good[sof + len(frame):]) is None  # none
+    assert jpeg.plain_header(good[:sof] + good[sof + len(frame) :]) is None  # none
     progressive = _jpeg(size=(33, 20), progressive=True, restart_marker_blocks=1, optimize=True)
     assert jpeg.plain_header(progressive) == (33, 20, False, None)  # SOF2
 
@@ -378,8 +401,9 @@ def test_a_scaled_image_holds_exactly_libjpegs_pixels(mode, size):
     data = _jpeg(size=size, mode=mode)
     scaled = jpeg.decode_scaled(data, size, (size[0] * 5 // 8, size[1] * 5 // 8), mode == "L")
     assert scaled is not None and scaled.eighths == 5
-    want = simplejpeg.decode_jpeg(data, "GRAY" if mode == "L" else "RGB", min_width=scaled.image.width,
-                                  min_height=scaled.image.height)
+    want = simplejpeg.decode_jpeg(
+        data, "GRAY" if mode == "L" else "RGB", min_width=scaled.image.width, min_height=scaled.image.height
+    )
     got = np.asarray(scaled.image)
     assert scaled.image.mode == mode and np.array_equal(got[:, :, None] if mode == "L" else got, want)
 
@@ -406,8 +430,10 @@ def test_without_the_mapping_the_pixels_are_copied(monkeypatch, why):
     if why == "probe":
         monkeypatch.setattr(jpeg, "_mapped_rgb", lambda pixels, size: Image.new("RGB", size))
     else:
+
         def refused(*args):
             raise AttributeError("map_buffer")
+
         monkeypatch.setattr(Image.core, "map_buffer", refused)
     assert not jpeg._maps_rgbx()
     pixels = simplejpeg.decode_jpeg(_jpeg(size=(40, 24)), "RGBX")
@@ -428,10 +454,20 @@ def test_decodes_into_the_scratch_buffer_do_not_mix(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(jpeg, "_SCRATCH", type(jpeg._SCRATCH)())
-    cases = [(_jpeg(size=size, orientation=o, mode=m), cfg) for size, o, m in
-             [((505, 379), None, "RGB"), ((379, 505), 6, "RGB"), ((233, 171), None, "L"), ((64, 48), 3, "RGB")]
-             for cfg in (PreprocessConfig(size=(160, 120)), PreprocessConfig(size=None, resize="none"),
-                         PreprocessConfig(size=(64, 48)))]
+    cases = [
+        (_jpeg(size=size, orientation=o, mode=m), cfg)
+        for size, o, m in [
+            ((505, 379), None, "RGB"),
+            ((379, 505), 6, "RGB"),
+            ((233, 171), None, "L"),
+            ((64, 48), 3, "RGB"),
+        ]
+        for cfg in (
+            PreprocessConfig(size=(160, 120)),
+            PreprocessConfig(size=None, resize="none"),
+            PreprocessConfig(size=(64, 48)),
+        )
+    ]
     real = jpeg.decode_scaled
     monkeypatch.setattr(jpeg, "decode_scaled", lambda *a: real(*a[:5], scratch=False))
     want = [decode(d, c).pixels for d, c in cases]

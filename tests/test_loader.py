@@ -72,15 +72,15 @@ def test_batches_hold_exactly_the_samples_the_reader_gives(packed, fmt, normaliz
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_spawned_workers(packed, fmt):
     """Spawn pickles the reader to each worker: it must travel small and work."""
-    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2,
-                         multiprocessing_context="spawn")
+    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, multiprocessing_context="spawn")
     assert sorted(i for b in indices(loader) for i in b) == list(range(N))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_persistent_workers_reshuffle_every_epoch_and_repeat_for_a_seed(packed, fmt):
-    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=11,
-                         persistent_workers=True)
+    loader = make_loader(
+        open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=11, persistent_workers=True
+    )
     epoch0, epoch1 = indices(loader), indices(loader)
     assert epoch0 != epoch1
     again = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=11)
@@ -257,7 +257,8 @@ def test_resume_refuses_another_setup(packed):
         make_loader(open_dataset(packed["wds"]), 4, num_workers=1, seed=5).load_state_dict(state)
     with pytest.raises(ValueError, match="batch_size"):
         make_loader(open_dataset(packed["npy"]), 3, num_workers=0).load_state_dict(
-            make_loader(open_dataset(packed["npy"]), 4, num_workers=0).state_dict())
+            make_loader(open_dataset(packed["npy"]), 4, num_workers=0).state_dict()
+        )
 
 
 def test_a_pass_left_early_gives_its_ring_slots_back(packed):
@@ -355,21 +356,30 @@ def test_a_distributed_sampler_gets_the_loaders_epochs_and_resumes(tmp_path):
         s.set_epoch(epoch)
         return list(s)
 
-    loader = make_loader(ds, 4, sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3), num_workers=0,
-                         collate_fn=lambda samples: (None, None, [s[2] for s in samples]))
+    loader = make_loader(
+        ds,
+        4,
+        sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3),
+        num_workers=0,
+        collate_fn=lambda samples: (None, None, [s[2] for s in samples]),
+    )
     first, second = indices(loader, 0), indices(loader, 1)
     assert sum(first, []) == order(0) and sum(second, []) == order(1) and order(0) != order(1)
     loader.set_epoch(1)
     stream = iter(loader)
     next(stream)
     state = loader.state_dict()
-    again = make_loader(ds, 4, sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3), num_workers=0,
-                        collate_fn=lambda samples: (None, None, [s[2] for s in samples]))
+    again = make_loader(
+        ds,
+        4,
+        sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3),
+        num_workers=0,
+        collate_fn=lambda samples: (None, None, [s[2] for s in samples]),
+    )
     again.load_state_dict(state)
     assert [[m["index"] for m in batch[2]] for batch in again] == second[1:]
     with pytest.raises(ValueError, match="sampler"):
         make_loader(ds, 4, num_workers=0).load_state_dict(state)
-
 
 
 def first_pass(loader):

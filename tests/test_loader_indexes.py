@@ -34,8 +34,9 @@ def dali_index(path: Path) -> tuple[str, list[list[tuple[str, int, int, str]]]]:
     for line in lines[1:]:
         parts = line.split(" ")
         assert len(parts) % 4 == 0
-        samples.append([(parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3])
-                        for i in range(0, len(parts), 4)])
+        samples.append(
+            [(parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3]) for i in range(0, len(parts), 4)]
+        )
     return lines[0], samples
 
 
@@ -60,8 +61,11 @@ def test_each_tar_has_the_index_dali_s_wds2idx_would_make(tree, tmp_path, codec)
         assert {len({name.split(".")[0] for *_, name in sample}) for sample in samples} == {1}  # one key a line
         data = shard_file(out, n, ".tar").read_bytes()
         ext, offset, size, _ = samples[0][0]
-        assert ext == "cls" and data[offset:offset + size] == str(json.loads(data[samples[0][1][1]:][:samples[0][1][2]])
-                                                                       ["label"]).encode()
+        assert (
+            ext == "cls"
+            and data[offset : offset + size]
+            == str(json.loads(data[samples[0][1][1] :][: samples[0][1][2]])["label"]).encode()
+        )
     assert verify(out) == []
 
 
@@ -133,6 +137,7 @@ def test_verify_finds_a_shard_list_that_no_longer_matches(tree, tmp_path):
     (out / "shardindex.json").write_text(json.dumps(listed))
     assert [str(p) for p in verify(out)] == [
         "output: shardindex.json does not match the manifest; it was changed since packer wrote it (other loaders "
-        "would read the wrong shards or counts)"]
+        "would read the wrong shards or counts)"
+    ]
     (out / "shardindex.json").unlink()
     assert "shardindex.json is missing" in str(verify(out)[0])

@@ -94,8 +94,9 @@ def test_shard_offsets():
 
 
 def test_shard_entry_file():
-    s = ShardEntry("shard-00000", 2,
-                   [FileEntry("shard-00000.images.npy", 1, "a"), FileEntry("shard-00000.labels.npy", 1, "b")])
+    s = ShardEntry(
+        "shard-00000", 2, [FileEntry("shard-00000.images.npy", 1, "a"), FileEntry("shard-00000.labels.npy", 1, "b")]
+    )
     assert s.file(".labels.npy") == "shard-00000.labels.npy"
     with pytest.raises(ManifestError, match="shard-00000"):
         s.file(".keys.npy")
@@ -196,16 +197,25 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
     assert {format_version("hdf5", codec, text) for codec in ("raw", "jpeg") for text in (False, True)} == {4}
     assert FORMAT_VERSIONS["hdf5"] == 6  # the newest: --codec source
     # wds added other loaders' indexes (DALI's .idx, wids' shardindex.json) in version 7, which every wds output is now
-    assert {format_version("wds", codec, text, shape, image) for codec in ("raw", "jpeg", "png", "source")
-            for text in (False, True) for shape in ((8, 8, 3), None) for image in (True, False)
-            if image or text} == {7}
+    assert {
+        format_version("wds", codec, text, shape, image)
+        for codec in ("raw", "jpeg", "png", "source")
+        for text in (False, True)
+        for shape in ((8, 8, 3), None)
+        for image in (True, False)
+        if image or text
+    } == {7}
     assert FORMAT_VERSIONS["wds"] == 7
     # raw images of their own sizes changed the npy and hdf5 layouts (3); version 6 indexed the sizes of
     # images of varying size in lmdb and wds, and of encoded ones in every format
     varying = {fmt: format_version(fmt, "raw", shape=None) for fmt in FORMATS}
     assert varying == {"npy": 3, "lmdb": 6, "hdf5": 4, "wds": 7}
-    assert {fmt: format_version(fmt, "jpeg", shape=None) for fmt in FORMATS} == {"npy": 6, "lmdb": 6, "hdf5": 6,
-                                                                                 "wds": 7}
+    assert {fmt: format_version(fmt, "jpeg", shape=None) for fmt in FORMATS} == {
+        "npy": 6,
+        "lmdb": 6,
+        "hdf5": 6,
+        "wds": 7,
+    }
     assert format_version("npy", "jpeg") == 2  # encoded images of one size: as before
 
 
@@ -280,9 +290,14 @@ def test_optional_keys_default(tmp_path):
 
 def test_stats_round_trip_and_absent_in_older_manifests(tmp_path):
     m = sample_manifest()
-    m.stats = {"pixels": {"scale": "0..1", "count": 640, "mean": [0.5, 0.25, 0.125], "std": [0.1, 0.2, 0.3]},
-               "original_sizes": {"bins": [0, 32], "width": {"counts": [1, 9], "min": 8, "median": 40, "max": 90},
-                                  "height": {"counts": [10, 0], "min": 8, "median": 8, "max": 9}}}
+    m.stats = {
+        "pixels": {"scale": "0..1", "count": 640, "mean": [0.5, 0.25, 0.125], "std": [0.1, 0.2, 0.3]},
+        "original_sizes": {
+            "bins": [0, 32],
+            "width": {"counts": [1, 9], "min": 8, "median": 40, "max": 90},
+            "height": {"counts": [10, 0], "min": 8, "median": 8, "max": 9},
+        },
+    }
     write_manifest(tmp_path, m)
     assert read_manifest(tmp_path).stats == m.stats
     d = m.to_dict()
@@ -318,24 +333,29 @@ def test_shard_file_names_must_be_plain(tmp_path, name):
         read_manifest(tmp_path)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: d["shards"].append(d["shards"][0]), "shard-00000 is listed more than once"),
-    (lambda d: d["shards"][0]["files"].append(d["shards"][1]["files"][0]), "is listed more than once"),
-    (lambda d: d["shards"][0].update(samples=-1), "a shard's samples -1 is not a whole number"),
-    (lambda d: d["shards"][0].update(samples="4"), "a shard's samples '4' is not a whole number"),
-    (lambda d: d["shards"][0].update(samples=4.7), "a shard's samples 4.7 is not a whole number"),
-    (lambda d: d["shards"][0].update(samples=True), "a shard's samples True is not a whole number"),
-    (lambda d: (d["shards"][0].update(samples=10**18), d.update(samples=10**18 + 6)),
-     "cannot hold 1000000000000000000 samples in 100 bytes"),
-    (lambda d: d.update(format_version=-1), "format_version -1 is not a whole number of at least 1"),
-    (lambda d: d.update(format_version=0), "format_version 0 is not a whole number of at least 1"),
-    (lambda d: d["shards"][0]["files"][0].update(bytes=-5), "a file's bytes -5 is not a whole number"),
-    (lambda d: d["shards"][0]["files"][0].update(sha256="abc"), "has no SHA-256"),
-    (lambda d: d["preprocess"].update(normalize={"mean": [0.5], "std": [0.0]}), "positive stds"),
-    (lambda d: d["preprocess"].update(normalize={"mean": [0.5, 0.5], "std": [0.2]}), "positive stds"),
-    (lambda d: d["preprocess"].update(normalize={"mean": ["x"], "std": [0.2]}), "finite means"),
-    (lambda d: d["preprocess"].update(normalize=7), "finite means"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: d["shards"].append(d["shards"][0]), "shard-00000 is listed more than once"),
+        (lambda d: d["shards"][0]["files"].append(d["shards"][1]["files"][0]), "is listed more than once"),
+        (lambda d: d["shards"][0].update(samples=-1), "a shard's samples -1 is not a whole number"),
+        (lambda d: d["shards"][0].update(samples="4"), "a shard's samples '4' is not a whole number"),
+        (lambda d: d["shards"][0].update(samples=4.7), "a shard's samples 4.7 is not a whole number"),
+        (lambda d: d["shards"][0].update(samples=True), "a shard's samples True is not a whole number"),
+        (
+            lambda d: (d["shards"][0].update(samples=10**18), d.update(samples=10**18 + 6)),
+            "cannot hold 1000000000000000000 samples in 100 bytes",
+        ),
+        (lambda d: d.update(format_version=-1), "format_version -1 is not a whole number of at least 1"),
+        (lambda d: d.update(format_version=0), "format_version 0 is not a whole number of at least 1"),
+        (lambda d: d["shards"][0]["files"][0].update(bytes=-5), "a file's bytes -5 is not a whole number"),
+        (lambda d: d["shards"][0]["files"][0].update(sha256="abc"), "has no SHA-256"),
+        (lambda d: d["preprocess"].update(normalize={"mean": [0.5], "std": [0.0]}), "positive stds"),
+        (lambda d: d["preprocess"].update(normalize={"mean": [0.5, 0.5], "std": [0.2]}), "positive stds"),
+        (lambda d: d["preprocess"].update(normalize={"mean": ["x"], "std": [0.2]}), "finite means"),
+        (lambda d: d["preprocess"].update(normalize=7), "finite means"),
+    ],
+)
 def test_the_manifests_numbers_are_checked_as_strictly_as_its_names(tmp_path, damage, message):
     d = sample_manifest().to_dict()
     damage(d)

@@ -46,8 +46,9 @@ def test_allocate_adds_up_and_follows_the_weights():
 
 
 def test_an_epoch_holds_each_part_in_its_proportion_and_each_part_normalized_by_its_own_manifest(parts):
-    mix = open_mixture({"web": (parts["web"], 0.7), "cur": (parts["cur"], 0.3)}, epoch_size=1000, seed=3,
-                       return_meta=True)
+    mix = open_mixture(
+        {"web": (parts["web"], 0.7), "cur": (parts["cur"], 0.3)}, epoch_size=1000, seed=3, return_meta=True
+    )
     assert mix.proportions() == {"web": 700, "cur": 300} and len(mix) == 1000
     counts = Counter(mix.names[mix.draw(i, 0)[0]] for i in range(1000))
     assert counts == {"web": 700, "cur": 300}
@@ -93,8 +94,15 @@ def test_loader_batches_do_not_depend_on_the_workers_and_resume_exactly(parts, w
         full.set_epoch(epoch)
         whole.append([keys(b) for b in full])
     assert len(whole[0]) == 7 and whole[0] != whole[1]
-    assert whole == [[keys(b) for b in _epoch(make_loader(open_mixture(spec, epoch_size=50, seed=5, return_meta=True),
-                                                          8, num_workers=0), e)] for e in range(3)]
+    assert whole == [
+        [
+            keys(b)
+            for b in _epoch(
+                make_loader(open_mixture(spec, epoch_size=50, seed=5, return_meta=True), 8, num_workers=0), e
+            )
+        ]
+        for e in range(3)
+    ]
     first = loader()
     first.set_epoch(1)
     it = iter(first)
@@ -115,11 +123,13 @@ def _epoch(loader, epoch):
 
 
 def test_resume_refuses_another_mixture(parts):
-    loader = make_loader(open_mixture({"web": (parts["web"], 0.7), "cur": (parts["cur"], 0.3)}, epoch_size=50), 8,
-                         num_workers=0)
+    loader = make_loader(
+        open_mixture({"web": (parts["web"], 0.7), "cur": (parts["cur"], 0.3)}, epoch_size=50), 8, num_workers=0
+    )
     state = loader.state_dict()
-    other = make_loader(open_mixture({"web": (parts["web"], 0.6), "cur": (parts["cur"], 0.4)}, epoch_size=50), 8,
-                        num_workers=0)
+    other = make_loader(
+        open_mixture({"web": (parts["web"], 0.6), "cur": (parts["cur"], 0.4)}, epoch_size=50), 8, num_workers=0
+    )
     with pytest.raises(ValueError, match="cannot resume: the state was saved with mixture="):
         other.load_state_dict(state)
 

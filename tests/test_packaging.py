@@ -40,8 +40,12 @@ def test_readme_command_refuses_a_missing_or_repeated_marker():
 
 
 def test_the_script_prints_what_ci_runs():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_commands.py"), "test"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "readme_commands.py"), "test"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "readme_commands.py install" in ci and "readme_commands.py test" in ci
@@ -57,7 +61,8 @@ def test_the_distribution_has_its_own_name_and_one_version():
     installed = importlib.metadata.distribution("packer-datasets")
     assert installed.version == packer.__version__
     assert [(e.name, e.value) for e in installed.entry_points if e.group == "console_scripts"] == [
-        ("packer", "packer.cli:main")]
+        ("packer", "packer.cli:main")
+    ]
 
 
 def test_the_changelog_describes_this_version_and_the_licence_exists():
@@ -70,6 +75,12 @@ def test_the_changelog_describes_this_version_and_the_licence_exists():
 def test_the_readme_is_a_product_page_that_links_its_docs():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) < 300
-    for doc in ("docs/BENCHMARKS.md", "docs/READERS.md", "docs/DISTRIBUTED.md", "docs/FORMATS.md",
-                "LICENSE", "CHANGELOG.md"):
+    for doc in (
+        "docs/BENCHMARKS.md",
+        "docs/READERS.md",
+        "docs/DISTRIBUTED.md",
+        "docs/FORMATS.md",
+        "LICENSE",
+        "CHANGELOG.md",
+    ):
         assert f"]({doc}" in text and (ROOT / doc).is_file()

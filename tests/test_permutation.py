@@ -20,8 +20,9 @@ def test_every_index_once(n, table):
 def test_small_sizes_are_numpys_permutation():
     assert np.array_equal(Permutation(1000, 7).take(0, 1000), np.random.default_rng(7).permutation(1000))
     big = Permutation(MATERIALIZED_BELOW, 7)
-    assert big._table is None and not np.array_equal(big.take(0, 100), np.random.default_rng(7).permutation(
-        MATERIALIZED_BELOW)[:100])
+    assert big._table is None and not np.array_equal(
+        big.take(0, 100), np.random.default_rng(7).permutation(MATERIALIZED_BELOW)[:100]
+    )
 
 
 def test_keys_give_other_orders_and_the_same_key_the_same():

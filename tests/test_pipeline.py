@@ -32,7 +32,6 @@ def expected_rows(src, pre=PRE):
     return [(i.relpath, i.label, load_image(i.path, pre)) for i in discover(src).items]
 
 
-
 # --------------------------------------------------------------------------- convert end to end
 
 
@@ -55,9 +54,13 @@ def test_convert_end_to_end(image_tree, tmp_path, fmt, workers):
     assert m.source == {"files": 15, "ignored": {".txt": 1}}
     assert result.ignored == {".txt": 1}
     assert m.fields["image"]["shape"] == [12, 16, 3]
-    assert m.preprocess == PRE.to_dict() | {"size": [16, 12], "fill": [0, 0, 0], "background": [255, 255, 255],
-                                            "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)},
-                                            "jpeg_scaling": jpeg.SCALING}
+    assert m.preprocess == PRE.to_dict() | {
+        "size": [16, 12],
+        "fill": [0, 0, 0],
+        "background": [255, 255, 255],
+        "normalize": {"mean": list(PRE.mean), "std": list(PRE.std)},
+        "jpeg_scaling": jpeg.SCALING,
+    }
     assert m.sharding == {"shard_size": "auto", "balanced_for_workers": workers, "shuffle_seed": None}
     check_files(out, m)
     assert result.bytes == sum(f.bytes for s in m.shards for f in s.files)
@@ -85,8 +88,14 @@ def test_convert_encoded_images_round_trip(image_tree, tmp_path, fmt, codec):
     convert(image_tree, out, ConvertConfig(fmt, pre, ShardSize(samples=6), codec=ImageCodec(codec, 90)), workers=2)
     m = read_manifest(out)
     assert m.format_version == {"hdf5": 4, "wds": 7}.get(fmt, 2) and m.image_codec == codec  # wds: always 7
-    assert m.fields["image"] == {"dtype": "uint8", "shape": [48, 64, 3], "channels": 3, "layout": "HWC",
-                                 "codec": codec, **({"quality": 90} if codec == "jpeg" else {})}
+    assert m.fields["image"] == {
+        "dtype": "uint8",
+        "shape": [48, 64, 3],
+        "channels": 3,
+        "layout": "HWC",
+        "codec": codec,
+        **({"quality": 90} if codec == "jpeg" else {}),
+    }
     check_files(out, m)
     got, want = stored(out, m), expected_rows(image_tree, pre)
     assert [(k, lab) for k, lab, _ in got] == [(k, lab) for k, lab, _ in want]
@@ -114,7 +123,6 @@ def test_convert_resize_none_keeps_sizes(image_tree, tmp_path, fmt):
     rows = stored(out, m)
     assert len({im.shape for _, _, im in rows}) > 1
     assert_rows_equal(rows, expected_rows(image_tree, pre))
-
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -207,8 +215,12 @@ def test_progress_and_on_plan(image_tree, tmp_path):
     seen = []
     planned = []
     convert(
-        image_tree, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=1,
-        progress=seen.append, on_plan=lambda found, tasks: planned.append((len(found.items), sizes(tasks))),
+        image_tree,
+        tmp_path / "out",
+        ConvertConfig("npy", PRE, ShardSize(samples=6)),
+        workers=1,
+        progress=seen.append,
+        on_plan=lambda found, tasks: planned.append((len(found.items), sizes(tasks))),
     )
     assert sum(seen) == 15
     assert planned == [(15, [6, 6, 3])]
@@ -223,8 +235,13 @@ def test_the_items_of_its_own_discovery_are_released_once_the_shards_are_written
     from packer.item_table import ReleasedItems
 
     held = []
-    convert(image_tree, tmp_path / "own", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=1,
-            on_plan=lambda found, tasks: held.append((found, weakref.ref(found.items.records), tasks)))
+    convert(
+        image_tree,
+        tmp_path / "own",
+        ConvertConfig("npy", PRE, ShardSize(samples=6)),
+        workers=1,
+        on_plan=lambda found, tasks: held.append((found, weakref.ref(found.items.records), tasks)),
+    )
     found, offsets, tasks = held[0]
     gc.collect()
     assert offsets() is None and len(found.items) == 15 and [len(t.items) for t in tasks] == [6, 6, 3]
@@ -304,6 +321,7 @@ def test_overwrite_same_content_same_manifest(image_tree, tmp_path):
     convert(image_tree, out, cfg, workers=1, overwrite=True)
     assert (out / MANIFEST_NAME).read_bytes() == first
 
+
 def test_hdf5_bytes_do_not_depend_on_the_clock(image_tree, tmp_path):
     """Two runs more than a second apart: no timestamp may reach the file."""
     convert(image_tree, tmp_path / "a", ConvertConfig("hdf5", PRE), workers=1)
@@ -311,7 +329,6 @@ def test_hdf5_bytes_do_not_depend_on_the_clock(image_tree, tmp_path):
     convert(image_tree, tmp_path / "b", ConvertConfig("hdf5", PRE), workers=1)
     for f in sorted((tmp_path / "a").iterdir()):
         assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
-
 
 
 def test_shuffle_stores_a_seeded_permutation_in_every_format(image_tree, tmp_path):
@@ -332,7 +349,8 @@ def test_shuffle_stores_a_seeded_permutation_in_every_format(image_tree, tmp_pat
     assert len(set(labels)) > 1  # the first shard mixes classes
     again = convert(image_tree, tmp_path / "again", ConvertConfig("wds", PRE, ShardSize(samples=5), shuffle=7))
     assert [f.sha256 for s in again.manifest.shards for f in s.files] == [
-        f.sha256 for s in read_manifest(tmp_path / "wds").shards for f in s.files]
+        f.sha256 for s in read_manifest(tmp_path / "wds").shards for f in s.files
+    ]
 
 
 def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
@@ -345,10 +363,22 @@ def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
 
     items = list(discover(image_tree).items)  # 15 image-only samples
     (image_tree / "bee" / "img_001.png").unlink()  # listed, then gone
-    items[9] = SourceItem(items[9].index, items[9].path, items[9].relpath, items[9].label,
-                          (("image", items[9].path), ("text", items[9].path)))  # a paired sample
-    job = ShardJob(0, ShardTask("s", tuple(items)), "npy", SampleLayout("uint8", (8, 8, 3), 3), PreprocessConfig(),
-                   str(tmp_path), poisoned={items[3].index: "decoder crashed"})
+    items[9] = SourceItem(
+        items[9].index,
+        items[9].path,
+        items[9].relpath,
+        items[9].label,
+        (("image", items[9].path), ("text", items[9].path)),
+    )  # a paired sample
+    job = ShardJob(
+        0,
+        ShardTask("s", tuple(items)),
+        "npy",
+        SampleLayout("uint8", (8, 8, 3), 3),
+        PreprocessConfig(),
+        str(tmp_path),
+        poisoned={items[3].index: "decoder crashed"},
+    )
     seen = []
     got = read_ahead(job, 0, seen.append)
     assert seen == [1, 2, 3] and len(got) == 3  # stops at the poisoned file, unopened

@@ -117,8 +117,15 @@ def test_only_regular_files_are_opened(tmp_path):
     good = _files(tmp_path, 2)
     big = tmp_path / "big.jpg"
     big.write_bytes(bytes(5000))
-    samples = [(str(fifo),), (os.devnull,), (str(tmp_path / "gone.jpg"),), (str(empty),), None, (str(big),),
-               good[0] + good[1]]
+    samples = [
+        (str(fifo),),
+        (os.devnull,),
+        (str(tmp_path / "gone.jpg"),),
+        (str(empty),),
+        None,
+        (str(big),),
+        good[0] + good[1],
+    ]
     with _prefetcher(samples, max_file_bytes=4000) as prefetch:  # big.jpg: refused by the worker, not asked for
         prefetch.start(0)
         assert _settle(prefetch) == 2  # only the two files of the last sample
@@ -145,16 +152,23 @@ def test_closed_it_stays_stopped_and_leaves_no_thread(tmp_path):
 
 def test_the_kernel_is_asked_for_whole_files_in_pieces(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(packer.prefetch.os, "posix_fadvise", lambda fd, offset, length, advice: calls.append(
-        (os.fstat(fd).st_size, offset, length, advice)))
+    monkeypatch.setattr(
+        packer.prefetch.os,
+        "posix_fadvise",
+        lambda fd, offset, length, advice: calls.append((os.fstat(fd).st_size, offset, length, advice)),
+    )
     big = tmp_path / "big.jpg"
     big.write_bytes(bytes(2 * packer.prefetch.ADVICE_CHUNK + 5))
     with _prefetcher(_files(tmp_path, 1) + [(str(big),)]) as prefetch:
         prefetch.start(0)
         assert _settle(prefetch) == 2
     chunk, willneed = packer.prefetch.ADVICE_CHUNK, os.POSIX_FADV_WILLNEED
-    assert calls == [(1000, 0, 1000, willneed), (2 * chunk + 5, 0, chunk, willneed),
-                     (2 * chunk + 5, chunk, chunk, willneed), (2 * chunk + 5, 2 * chunk, 5, willneed)]
+    assert calls == [
+        (1000, 0, 1000, willneed),
+        (2 * chunk + 5, 0, chunk, willneed),
+        (2 * chunk + 5, chunk, chunk, willneed),
+        (2 * chunk + 5, 2 * chunk, 5, willneed),
+    ]
 
 
 def test_reads_are_slow_per_file_and_per_byte():

@@ -511,6 +511,7 @@ def test_image_pixels_are_what_numpy_gives(monkeypatch, tmp_path, encoder):
             if sys._getframe(1).f_code.co_name == "image_pixels":
                 raise TypeError("changed signature")
             return real(*args)
+
         monkeypatch.setattr(Image.core, "raw_encoder", failing)
     rng = np.random.default_rng(3)
     for shape in [(224, 224, 3), (5, 7, 3), (1, 1, 3), (2, 40_000, 3), (300, 2, 3)]:
@@ -523,8 +524,9 @@ def test_image_pixels_are_what_numpy_gives(monkeypatch, tmp_path, encoder):
     write_image(tmp_path / "a.png", (33, 21), seed=4)
     with Image.open(tmp_path / "a.png") as opened:
         want = np.asarray(opened.convert("RGB"))
-    assert np.array_equal(decode((tmp_path / "a.png").read_bytes(), PreprocessConfig(size=None, resize="none")).pixels,
-                          want)
+    assert np.array_equal(
+        decode((tmp_path / "a.png").read_bytes(), PreprocessConfig(size=None, resize="none")).pixels, want
+    )
 
 
 # --------------------------------------------------------------------------- torchvision's geometry
@@ -662,8 +664,10 @@ def test_a_long_thin_image_is_cropped_without_resizing_all_of_it(tmp_path, monke
         return real(self, size, *args, **kwargs)
 
     monkeypatch.setattr(Image.Image, "resize", resize)
-    for cfg in (PreprocessConfig(size=(224, 224), reduced_decode=False),
-                PreprocessConfig(size=(224, 224), resize="shorter", crop=(224, 224), reduced_decode=False)):
+    for cfg in (
+        PreprocessConfig(size=(224, 224), reduced_decode=False),
+        PreprocessConfig(size=(224, 224), resize="shorter", crop=(224, 224), reduced_decode=False),
+    ):
         sizes.clear()
         got = load_image(path, cfg).astype(int)
         assert sizes == [(224, 224)] and got.shape == (224, 224, 3) and np.abs(got - want).mean() < 2
@@ -676,8 +680,16 @@ def test_resize_shorter_refuses_a_result_over_max_pixels(tmp_path):
         load_image(path, PreprocessConfig(size=(224, 224), resize="shorter", max_pixels=1_000_000))
 
 
-@pytest.mark.parametrize("size, expected", [((500, 375), (224, 168)), ((375, 500), (168, 224)),
-                                            ((100, 50), (100, 50)), ((10, 2000), (1, 224)), ((224, 300), (167, 224))])
+@pytest.mark.parametrize(
+    "size, expected",
+    [
+        ((500, 375), (224, 168)),
+        ((375, 500), (168, 224)),
+        ((100, 50), (100, 50)),
+        ((10, 2000), (1, 224)),
+        ((224, 300), (167, 224)),
+    ],
+)
 def test_resize_max_bounds_the_longer_side_and_never_enlarges(tmp_path, size, expected):
     """FFCV's max_resolution: the longer side at most N, the aspect kept; smaller images as they are."""
     path = photo(tmp_path / "a.png", size)

@@ -34,8 +34,7 @@ def outputs(source, tmp_path_factory) -> dict[str, Path]:
     """The source as a raw npy output and a JPEG-coded lmdb output, 3 shards each."""
     out = tmp_path_factory.mktemp("out")
     convert(source, out / "npy", ConvertConfig("npy", PRE, ShardSize(samples=4)), workers=1)
-    convert(source, out / "lmdb", ConvertConfig("lmdb", PRE, ShardSize(samples=4), codec=ImageCodec("jpeg")),
-            workers=1)
+    convert(source, out / "lmdb", ConvertConfig("lmdb", PRE, ShardSize(samples=4), codec=ImageCodec("jpeg")), workers=1)
     return {"npy": out / "npy", "lmdb": out / "lmdb"}
 
 
@@ -88,11 +87,19 @@ def test_jpeg_output_decodes(outputs):
 
 
 def test_advice_names_the_stage_and_the_fix():
-    folder = Profile("imgs", "folder", 10, 4, {"read": 0.1, "decode": 0.78, "preprocess": 0.05, "to_tensor": 0.05,
-                                                 "collate": 0.02})
+    folder = Profile(
+        "imgs", "folder", 10, 4, {"read": 0.1, "decode": 0.78, "preprocess": 0.05, "to_tensor": 0.05, "collate": 0.02}
+    )
     assert folder.advice().startswith("decode dominates (78%): convert with packer convert imgs -f npy (raw codec)")
-    output = Profile("out", "output", 10, 4, {"read": 0.1, "decode": 0.0, "to_tensor": 0.1, "collate": 0.8},
-                     format="npy", codec="raw")
+    output = Profile(
+        "out",
+        "output",
+        10,
+        4,
+        {"read": 0.1, "decode": 0.0, "to_tensor": 0.1, "collate": 0.8},
+        format="npy",
+        codec="raw",
+    )
     assert output.advice().startswith("collate dominates (80%): use make_loader")
     assert "packed_collate" in output.advice()
     decode = {"read": 0.1, "decode": 0.7, "to_tensor": 0.1, "collate": 0.1}
@@ -100,8 +107,15 @@ def test_advice_names_the_stage_and_the_fix():
     assert "--codec raw" in jpeg.advice() and "in_memory=True" in jpeg.advice()
     tar = Profile("out", "output", 10, 4, decode, format="wds", codec="jpeg")
     assert "--codec raw" in tar.advice() and "in_memory" not in tar.advice()  # map-style readers only
-    disk = Profile("out", "output", 10, 4, {"read": 0.9, "decode": 0.0, "to_tensor": 0.05, "collate": 0.05},
-                   format="npy", codec="raw")
+    disk = Profile(
+        "out",
+        "output",
+        10,
+        4,
+        {"read": 0.9, "decode": 0.0, "to_tensor": 0.05, "collate": 0.05},
+        format="npy",
+        codec="raw",
+    )
     assert disk.advice().startswith("read stored bytes dominates (90%)") and "local SSD" in disk.advice()
 
 
@@ -120,8 +134,7 @@ def test_profile_command_on_a_folder_and_an_output(source, outputs):
 
 
 def test_like_preprocesses_a_folder_as_an_output_does(source, outputs, tmp_path):
-    result = CliRunner().invoke(cli, ["profile", str(source), "-n", "3", "--like", str(outputs["npy"]), "--json",
-                                      "-q"])
+    result = CliRunner().invoke(cli, ["profile", str(source), "-n", "3", "--like", str(outputs["npy"]), "--json", "-q"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["preprocess"]["size"] == [32, 24]
     default = json.loads(CliRunner().invoke(cli, ["profile", str(source), "-n", "2", "--json", "-q"]).stdout)
@@ -144,8 +157,13 @@ def test_profile_errors_are_messages(tmp_path):
 
 
 def test_profile_as_a_real_subprocess(outputs):
-    proc = subprocess.run([sys.executable, "-m", "packer", "profile", str(outputs["npy"]), "-n", "5", "--json"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "packer", "profile", str(outputs["npy"]), "-n", "5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["samples"] == 5 and data["dominant"] in OUTPUT_STAGES and data["advice"]

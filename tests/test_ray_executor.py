@@ -37,7 +37,7 @@ PRE = PreprocessConfig(size=(16, 12))
 # child, and dies with it), as a lost node or the out-of-memory killer would; KILL-ALWAYS every
 # time; SLOW-ME files take
 # 0.2 s each, so that a run lasts long enough to be interrupted.
-HOOK = '''
+HOOK = """
 import os, signal, time
 import packer.preprocess as _pp
 _decode = _pp.decode
@@ -55,7 +55,7 @@ def _hooked(data, cfg, path="<bytes>", **options):
         time.sleep(0.2)
     return _decode(data, cfg, path, **options)
 _pp.decode = _hooked
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +158,7 @@ def test_a_failed_run_stops_its_other_tasks(cluster, tmp_path):
 def test_strict_stops_at_the_bad_file_without_retries(cluster, tree, tmp_path):
     started = time.monotonic()
     with RayExecutor() as executor, pytest.raises(DecodeError, match="bee/broken.png"):
-        convert(tree, tmp_path / "out", ConvertConfig("wds", PRE, ShardSize(samples=4)), executor=executor,
-                strict=True)
+        convert(tree, tmp_path / "out", ConvertConfig("wds", PRE, ShardSize(samples=4)), executor=executor, strict=True)
     assert time.monotonic() - started < 30
     assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
 
@@ -168,8 +167,9 @@ def test_without_ray_the_error_says_what_to_install(tree, tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
     with pytest.raises(PackerError, match=r"pip install 'packer-datasets\[ray\]'"):
         RayExecutor()
-    result = CliRunner().invoke(cli, ["convert", str(tree), "-f", "npy", "-o", str(tmp_path / "o"), "--executor",
-                                      "ray", "-q"])
+    result = CliRunner().invoke(
+        cli, ["convert", str(tree), "-f", "npy", "-o", str(tmp_path / "o"), "--executor", "ray", "-q"]
+    )
     assert result.exit_code == 1 and "pip install" in result.output and not (tmp_path / "o").exists()
 
 
@@ -185,8 +185,20 @@ def test_cli_interrupted_then_resumed_on_the_cluster(cluster, tmp_path):
             f.write(b"SLOW-ME")
     out, local = tmp_path / "out", tmp_path / "local"
     options = ["-f", "wds", "--size", "16", "--shard-size", "4", "-q"]
-    command = [sys.executable, "-m", "packer", "convert", str(src), "-o", str(out), *options,
-               "--executor", "ray", "--address", cluster.address]
+    command = [
+        sys.executable,
+        "-m",
+        "packer",
+        "convert",
+        str(src),
+        "-o",
+        str(out),
+        *options,
+        "--executor",
+        "ray",
+        "--address",
+        cluster.address,
+    ]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(staging_dir(out).glob(f"*{DONE_SUFFIX}")):

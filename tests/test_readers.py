@@ -414,7 +414,7 @@ def test_damaged_jpg_member_is_named_by_the_wds_reader(tmp_path, encoded):
     path = shard_file(copy, 0, ".tar")
     data = bytearray(path.read_bytes())
     at = data.find(b"\xff\xd8\xff")  # the first JPEG
-    data[at:at + 64] = bytes(64)
+    data[at : at + 64] = bytes(64)
     path.write_bytes(bytes(data))
     with pytest.raises(ManifestError, match=re.escape(path.name) + ": sample 000000000 is damaged.*packer verify"):
         list(WdsDataset(copy))
@@ -466,9 +466,9 @@ def test_image_sizes_come_from_the_index_without_reading_an_image(tmp_path, fmt,
     ds.read_image = ds.read_stored = ds.iter_shard_raw = no_image
     sizes = ds.image_sizes
     assert sizes.dtype == np.int64 and [tuple(s) for s in sizes.tolist()] == want
-    assert read_manifest(tmp_path / "out").format_version == (7 if fmt == "wds" else
-                                                             6 if fmt == "lmdb" or codec != "raw" else
-                                                             {"npy": 3, "hdf5": 4}[fmt])
+    assert read_manifest(tmp_path / "out").format_version == (
+        7 if fmt == "wds" else 6 if fmt == "lmdb" or codec != "raw" else {"npy": 3, "hdf5": 4}[fmt]
+    )
     if fmt in ("npy", "wds"):  # a size index that lies is found by verify
         shard = read_manifest(tmp_path / "out").shards[0]
         path = tmp_path / "out" / shard.file(NPY_IMAGE_SHAPES)
@@ -499,8 +499,12 @@ def many_labels(tmp_path_factory) -> dict[str, Path]:
     make_tree(root, {"a": 1000, "b": 1000, "c": 1000}, size=(4, 4))
     out = tmp_path_factory.mktemp("many")
     cfg = {f: ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=500)) for f in ("npy", "lmdb", "hdf5")}
-    cfg.update({f"{f}-300": ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=300))
-                for f in ("npy", "lmdb", "hdf5")})
+    cfg.update(
+        {
+            f"{f}-300": ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=300))
+            for f in ("npy", "lmdb", "hdf5")
+        }
+    )
     for fmt, c in cfg.items():
         convert(root, out / fmt, c, workers=2)
     return {fmt: out / fmt for fmt in cfg}
@@ -517,6 +521,7 @@ def test_labels_are_views_of_the_files_not_copies(many_labels, fmt):
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
     import mmap
+
     assert isinstance(base, (mmap.mmap, memoryview)), type(base)
     assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
 
@@ -573,6 +578,7 @@ def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
 
     src = tmp_path / "src"
     from conftest import make_tree
+
     make_tree(src, {"a": 3000}, size=(4, 4))
     out = tmp_path / "wds"
     convert(src, out, ConvertConfig("wds", PreprocessConfig(size=(4, 4)), ShardSize(samples=3000)), workers=1)

@@ -23,7 +23,7 @@ def test_records_read_back_by_position_run_take_and_iteration():
     b = blocks_of(recs)
     assert len(b) == len(recs) and list(b) == recs
     assert [b.record(i) for i in range(len(recs))] == recs
-    assert b.run(BLOCK - 3, 2 * BLOCK + 4) == recs[BLOCK - 3:2 * BLOCK + 4]
+    assert b.run(BLOCK - 3, 2 * BLOCK + 4) == recs[BLOCK - 3 : 2 * BLOCK + 4]
     rows = np.random.default_rng(0).permutation(len(recs))[:50]
     assert b.take(rows) == [recs[i] for i in rows]
     assert b.take(np.arange(10, 90)) == recs[10:90]
@@ -40,7 +40,7 @@ def test_sorted_paths_are_held_in_a_few_bytes_each():
 def test_extend_joins_whole_blocks_and_cut_ones():
     a, other = blocks_of(names(BLOCK + 3)), blocks_of(names(3 * BLOCK, start=1000))
     a.extend(other, 5, 2 * BLOCK + 7)
-    assert list(a) == names(BLOCK + 3) + names(3 * BLOCK, start=1000)[5:2 * BLOCK + 7]
+    assert list(a) == names(BLOCK + 3) + names(3 * BLOCK, start=1000)[5 : 2 * BLOCK + 7]
     a.add(b"last")
     assert a.record(len(a) - 1) == "last" and len(a) == BLOCK + 3 + 2 * BLOCK + 2 + 1
 

@@ -112,8 +112,12 @@ def test_cache_keeps_complete_verified_shards_only(served, tmp_path):
     manifest = read_manifest(root / "wds")
     kept = {p.name: p.read_bytes() for p in cache.iterdir()}
     # every file the reader reads; not DALI's index, which is for other loaders
-    assert kept == {f"{f.sha256[:32]}-{f.path}": (root / "wds" / f.path).read_bytes()
-                    for s in manifest.shards for f in s.files if not f.path.endswith(DALI_INDEX)}
+    assert kept == {
+        f"{f.sha256[:32]}-{f.path}": (root / "wds" / f.path).read_bytes()
+        for s in manifest.shards
+        for f in s.files
+        if not f.path.endswith(DALI_INDEX)
+    }
     assert len(kept) == len(manifest.shards) == 4
     requests.clear()
     assert len(samples(ds)) == 13
@@ -179,6 +183,7 @@ def test_text_lengths_come_checked_from_the_url(served):
 
 
 # --- streams that stall, run long or lie about their sizes ---------------------------------------
+
 
 def bounded(fn: Callable[[], object], seconds: float) -> tuple[object, float]:
     """``fn()``'s result, or the exception it raised, and the seconds it took; the test fails (and
@@ -246,10 +251,11 @@ def paced(target: str, piece: int, pause: float, then_silent: bool) -> Send:
             wfile.write(data)
             return
         for at in range(0, len(data), piece):
-            wfile.write(data[at:at + piece])
+            wfile.write(data[at : at + piece])
             wfile.flush()
             if stop.wait(30 if then_silent else pause):
                 return
+
     return send
 
 
@@ -265,8 +271,11 @@ def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, 
     with custom_server(root, paced(target, 64, 0.1, then_silent)) as url:
         error, took = bounded(lambda: list(open_dataset(f"{url}/wds")), 15)
     assert isinstance(error, ManifestError), error
-    got = re.search(rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last 1\.\d s, under the 1048576 "
-                    r"bytes a stream must deliver every 1 s", str(error))
+    got = re.search(
+        rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last 1\.\d s, under the 1048576 "
+        r"bytes a stream must deliver every 1 s",
+        str(error),
+    )
     assert got, error
     assert int(got.group(1)) == 64 if then_silent else 64 < int(got.group(1)) < 20 * 64  # more came, too little
     assert took < 6
@@ -334,6 +343,7 @@ def endless(prefix: bytes) -> Send:
             if stop.is_set():
                 return
             wfile.write(zeros)
+
     return send
 
 
@@ -356,8 +366,10 @@ def test_a_member_claiming_a_gibibyte_is_refused_before_it_is_read(served):
     with custom_server(root, endless(claiming(shard, 1 << 30))) as url:
         error, peak = peak_memory(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
     assert isinstance(error, ManifestError), error
-    assert str(error) == (f"{url}/wds/{entry.path}: member {member!r} claims 1073741824 bytes, more than the "
-                          f"{entry.bytes - 512} left in the shard's {entry.bytes} bytes; the shard is damaged")
+    assert str(error) == (
+        f"{url}/wds/{entry.path}: member {member!r} claims 1073741824 bytes, more than the "
+        f"{entry.bytes - 512} left in the shard's {entry.bytes} bytes; the shard is damaged"
+    )
     assert peak < 4 << 20
 
 
@@ -408,9 +420,15 @@ def test_leftover_part_files_are_removed_when_a_cache_is_first_used(served, tmp_
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a download of another process holds it
         assert len(list(WdsDataset(f"{url}/wds", cache_dir=cache))) == 13
     names = {p.name for p in cache.iterdir()}
-    assert names - {p.name for p in (fresh, locked, foreign)} == {  # DALI's index is not the reader's
-        f"{f.sha256[:32]}-{f.path}" for s in read_manifest(root / "wds").shards for f in s.files
-        if not f.path.endswith(DALI_INDEX)}
+    assert (
+        names - {p.name for p in (fresh, locked, foreign)}
+        == {  # DALI's index is not the reader's
+            f"{f.sha256[:32]}-{f.path}"
+            for s in read_manifest(root / "wds").shards
+            for f in s.files
+            if not f.path.endswith(DALI_INDEX)
+        }
+    )
     assert {fresh.name, locked.name, foreign.name} <= names and stale.name not in names
     stale.write_bytes(b"half a shard")
     os.utime(stale, (old, old))

@@ -134,8 +134,12 @@ def test_source_bytes_and_their_record_survive_a_repack(tmp_path):
     write_image(src / "a" / "large.jpg", (600, 400), seed=2, quality=90)  # resized by --resize max: re-encoded
     write_image(src / "b" / "p.png", (30, 20), seed=3)
     first = tmp_path / "lmdb"
-    convert(src, first, ConvertConfig("lmdb", PreprocessConfig(resize="max", size=(256, 256)),
-                                      codec=ImageCodec("source")), workers=1)
+    convert(
+        src,
+        first,
+        ConvertConfig("lmdb", PreprocessConfig(resize="max", size=(256, 256)), codec=ImageCodec("source")),
+        workers=1,
+    )
     out = tmp_path / "wds"
     repack(first, out, "wds", workers=1)
     m = read_manifest(out)
@@ -173,12 +177,14 @@ def test_a_packer_output_is_never_packed_as_files(original, tmp_path):
     with pytest.raises(InputError, match="is a packer output, not a folder of source files: repack it"):
         convert(original, tmp_path / "x", ConvertConfig("wds", PRE))
     runner = CliRunner()
-    refused = runner.invoke(cli, ["convert", str(original), "-f", "wds", "-o", str(tmp_path / "y"), "--size", "8",
-                                  "--shuffle", "1"])
+    refused = runner.invoke(
+        cli, ["convert", str(original), "-f", "wds", "-o", str(tmp_path / "y"), "--size", "8", "--shuffle", "1"]
+    )
     assert refused.exit_code == 2 and "--size, --shuffle cannot be given here" in refused.output
     assert not (tmp_path / "y").exists()
-    done = runner.invoke(cli, ["convert", str(original), "-f", "wds", "-o", str(tmp_path / "z"), "-q",
-                               "--shard-size", "6"])
+    done = runner.invoke(
+        cli, ["convert", str(original), "-f", "wds", "-o", str(tmp_path / "z"), "-q", "--shard-size", "6"]
+    )
     assert done.exit_code == 0, done.output
     assert read_manifest(tmp_path / "z").samples == 16 and verify(tmp_path / "z") == []
 
@@ -245,8 +251,9 @@ def test_a_shard_is_read_from_any_sample_on_without_the_samples_before(tree, tmp
     whole = list(SPECS[fmt].scan(out, m.shards[0], layout))
     for start in (1, 5, 7):
         rest = list(SPECS[fmt].scan(out, m.shards[0], layout, start))
-        assert [(s.local, s.key, s.crc32, s.encoded, s.shape) for s in rest] == \
-            [(s.local, s.key, s.crc32, s.encoded, s.shape) for s in whole[start:]]
+        assert [(s.local, s.key, s.crc32, s.encoded, s.shape) for s in rest] == [
+            (s.local, s.key, s.crc32, s.encoded, s.shape) for s in whole[start:]
+        ]
     if fmt == "wds":  # without its DALI index (older outputs) the tar is read from its start, the same samples
         entry = m.shards[0]
         older = type(entry)(entry.name, entry.samples, [f for f in entry.files if not f.path.endswith(".idx")])

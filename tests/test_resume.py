@@ -64,8 +64,9 @@ def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, 
     stage = staging_dir(out)
     tasks = plan_shards(discover(image_tree).items, config.shard_size, 1.0)
     plan = read_plan(stage)
-    write_plan(stage, {"fingerprint": packer.pipeline.plan_fingerprint(config, tasks, stamps=True),
-                       "workers": plan["workers"]})
+    write_plan(
+        stage, {"fingerprint": packer.pipeline.plan_fingerprint(config, tasks, stamps=True), "workers": plan["workers"]}
+    )
     record = stage / f"shard-00000{DONE_SUFFIX}"
     older = json.loads(record.read_text())
     del older["sources"], older["plan"]  # neither in records of older packers
@@ -185,7 +186,8 @@ def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypat
     monkeypatch.setattr(packer.finish, "record_renamed", real)
     stage = staging_dir(out)
     assert calls == ["shard-00000"] and [p.name for p in stage.glob(f"*{RENAMED_SUFFIX}")] == [
-        f"shard-00000{RENAMED_SUFFIX}"]
+        f"shard-00000{RENAMED_SUFFIX}"
+    ]
     renamed = json.loads((stage / f"shard-00000{RENAMED_SUFFIX}").read_text())["name"]
     assert renamed.startswith("shard-00000-") and (stage / f"{renamed}.images.npy").is_file()
     assert convert(image_tree, out, config, workers=1, resume=True).processed == 0

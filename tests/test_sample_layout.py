@@ -31,8 +31,10 @@ CASES = {
     "fixed raw": (ConvertConfig("npy"), ("image",)),
     "gray float32": (ConvertConfig("hdf5", PreprocessConfig(size=(8, 6), mode="L", dtype="float32")), ("image",)),
     "jpeg": (ConvertConfig("lmdb", codec=ImageCodec("jpeg", 75)), ("image",)),
-    "png of own sizes": (ConvertConfig("wds", PreprocessConfig(resize="none"), codec=ImageCodec("png", 50)),
-                         ("image",)),
+    "png of own sizes": (
+        ConvertConfig("wds", PreprocessConfig(resize="none"), codec=ImageCodec("png", 50)),
+        ("image",),
+    ),
     "raw of own sizes": (ConvertConfig("npy", PreprocessConfig(resize="none")), ("image",)),
     "text only": (ConvertConfig("npy", text=TextConfig()), ("text",)),
     "image, text, json": (ConvertConfig("lmdb", text=TextConfig(allow_missing=True)), ("image", "text", "json")),
@@ -42,8 +44,16 @@ CASES = {
 def manifest_of(config: ConvertConfig, layout: SampleLayout) -> Manifest:
     """A manifest as the converter writes it for ``layout`` (no shards)."""
     spec = FORMATS[config.format]
-    return Manifest(config.format, spec.version(layout), "0", 0, None, layout.fields(), config.preprocess.to_dict(),
-                    [ShardEntry("shard-00000", 0, [])])
+    return Manifest(
+        config.format,
+        spec.version(layout),
+        "0",
+        0,
+        None,
+        layout.fields(),
+        config.preprocess.to_dict(),
+        [ShardEntry("shard-00000", 0, [])],
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -58,9 +68,13 @@ def test_the_manifest_gives_back_the_layout_the_converter_wrote(case):
 def test_the_image_storage_is_decided_once_from_codec_shape_and_fields():
     kinds = {case: SampleLayout.from_config(*CASES[case]).image for case in CASES}
     assert kinds == {
-        "fixed raw": ImageStorage.FIXED, "gray float32": ImageStorage.FIXED, "jpeg": ImageStorage.ENCODED,
-        "png of own sizes": ImageStorage.ENCODED, "raw of own sizes": ImageStorage.VARIABLE,
-        "text only": ImageStorage.NONE, "image, text, json": ImageStorage.FIXED,
+        "fixed raw": ImageStorage.FIXED,
+        "gray float32": ImageStorage.FIXED,
+        "jpeg": ImageStorage.ENCODED,
+        "png of own sizes": ImageStorage.ENCODED,
+        "raw of own sizes": ImageStorage.VARIABLE,
+        "text only": ImageStorage.NONE,
+        "image, text, json": ImageStorage.FIXED,
     }
     gray = SampleLayout.from_config(*CASES["gray float32"])
     assert (gray.shape, gray.channels, gray.mode, gray.sample_bytes) == ((6, 8, 1), 1, "L", 6 * 8 * 4)

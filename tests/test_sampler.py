@@ -11,8 +11,9 @@ import pytest
 from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 
 
-@pytest.mark.parametrize("size,world,batch",
-                         list(itertools.product([2, 7, 10, 11, 64, 65, 100], [1, 2, 3, 4], [2, 5, 64])))
+@pytest.mark.parametrize(
+    "size,world,batch", list(itertools.product([2, 7, 10, 11, 64, 65, 100], [1, 2, 3, 4], [2, 5, 64]))
+)
 def test_ranks_cover_every_index_once_with_equal_batch_counts(size, world, batch):
     if size < world:
         pytest.skip("fewer samples than ranks")
@@ -26,8 +27,9 @@ def test_ranks_cover_every_index_once_with_equal_batch_counts(size, world, batch
 
 @pytest.mark.parametrize("size,world,batch", [(11, 2, 5), (100, 3, 8), (64, 4, 16)])
 def test_drop_last_gives_full_batches_and_no_repeats(size, world, batch):
-    per_rank = [EpochBatchSampler(size, batch, rank=r, world_size=world, drop_last=True).batches(0)
-                for r in range(world)]
+    per_rank = [
+        EpochBatchSampler(size, batch, rank=r, world_size=world, drop_last=True).batches(0) for r in range(world)
+    ]
     assert {len(b) for b in per_rank} == {size // world // batch}
     assert all(len(x) == batch for b in per_rank for x in b)
     seen = [i for b in per_rank for x in b for i in x]
@@ -93,7 +95,7 @@ def test_bucket_batches_hold_similar_lengths_from_one_pool():
     s = LengthBucketSampler(lengths, 16, seed=2, bucket_batches=5)
     for x in s.batches(0):
         assert lengths[x].tolist() == sorted(lengths[x].tolist())  # cut from a pool sorted by length
-    pool = set(s.order(0)[:16 * 5])  # the first pool of epoch 0 becomes 5 whole batches
+    pool = set(s.order(0)[: 16 * 5])  # the first pool of epoch 0 becomes 5 whole batches
     inside = [x for x in s.batches(0) if set(x) <= pool]
     assert len(inside) == 5 and {i for x in inside for i in x} == pool
 
@@ -105,7 +107,8 @@ def test_bucket_order_repeats_for_seed_and_epoch_and_changes_with_epoch():
     assert a.batches(3) != a.batches(4)
     assert a.batches(3) != LengthBucketSampler(lengths, 8, seed=2).batches(3)
     assert LengthBucketSampler(lengths, 8, shuffle=False).batches(0) == LengthBucketSampler(
-        lengths, 8, shuffle=False).batches(7)
+        lengths, 8, shuffle=False
+    ).batches(7)
 
 
 def test_bucket_sampler_without_shuffle_sorts_pools_in_index_order():
@@ -115,14 +118,16 @@ def test_bucket_sampler_without_shuffle_sorts_pools_in_index_order():
     assert s.batches(0) == [[1, 3], [2, 0], [6, 4], [7, 5], [8, 9]]
 
 
-@pytest.mark.parametrize("size,world,batch",
-                         list(itertools.product([2, 5, 7, 11, 64, 101, 1001], [2, 3, 4], [2, 5, 32])))
+@pytest.mark.parametrize(
+    "size,world,batch", list(itertools.product([2, 5, 7, 11, 64, 101, 1001], [2, 3, 4], [2, 5, 32]))
+)
 def test_bucket_ranks_cover_every_index_once_with_equal_batch_counts(size, world, batch):
     if size < world:
         pytest.skip("fewer samples than ranks")
     lengths = lognormal_lengths(size, seed=size)
-    samplers = [LengthBucketSampler(lengths, batch, rank=r, world_size=world, seed=3, bucket_batches=4)
-                for r in range(world)]
+    samplers = [
+        LengthBucketSampler(lengths, batch, rank=r, world_size=world, seed=3, bucket_batches=4) for r in range(world)
+    ]
     per_rank = [s.batches(1) for s in samplers]
     assert len({len(s) for s in samplers}) == 1
     assert [len(b) for b in per_rank] == [len(samplers[0])] * world
@@ -167,8 +172,12 @@ def test_bucket_sampler_resumes_mid_epoch():
 def test_bucket_resume_refuses_a_state_of_another_setup():
     lengths = lognormal_lengths(300)
     state = LengthBucketSampler(lengths, 8, seed=9).state_dict(consumed=1)
-    for other, key in [(dict(batch_size=4), "batch_size"), (dict(seed=1), "seed"),
-                       (dict(bucket_batches=10), "bucket_batches"), (dict(world_size=2, rank=0), "world_size")]:
+    for other, key in [
+        (dict(batch_size=4), "batch_size"),
+        (dict(seed=1), "seed"),
+        (dict(bucket_batches=10), "bucket_batches"),
+        (dict(world_size=2, rank=0), "world_size"),
+    ]:
         with pytest.raises(ValueError, match=key):
             LengthBucketSampler(lengths, **{"batch_size": 8, "seed": 9, **other}).load_state_dict(state)
     with pytest.raises(ValueError, match="size"):
@@ -190,6 +199,7 @@ def test_padding_ratio_counts_padded_slots():
 
 def test_bucket_sampler_takes_rank_and_world_from_torch_distributed(monkeypatch):
     import readers.sampler as sampler
+
     monkeypatch.setattr(sampler, "distributed_rank", lambda: (2, 3))
     s = LengthBucketSampler(lognormal_lengths(50), 4, seed=0)
     assert (s.rank, s.world_size) == (2, 3)

@@ -92,8 +92,9 @@ def test_other_options_mean_a_new_walk(image_tree, tmp_path, settled, caplog):
     assert "discovery options differ" in caplog.text and resumed.processed == 10
 
 
-@pytest.mark.parametrize("damage", ["truncate keys", "remove block ends", "bad json", "flip a key byte",
-                                    "flip a label"])
+@pytest.mark.parametrize(
+    "damage", ["truncate keys", "remove block ends", "bad json", "flip a key byte", "flip a label"]
+)
 def test_a_damaged_saved_discovery_means_a_new_walk(image_tree, tmp_path, settled, damage, caplog):
     """Whatever the damage, the resume walks again (a flipped byte in a compressed block of paths
     failed in the middle of the run; a flipped label would have been read as another class)."""
@@ -238,8 +239,9 @@ def test_masks_are_matched_again_to_a_reused_discovery(tmp_path, monkeypatch, se
     from packer.config import MaskConfig
 
     write_data(tmp_path / "seg")
-    config = ConvertConfig("npy", PreprocessConfig(size=(32, 32)), ShardSize(samples=1),
-                           masks=MaskConfig(str(tmp_path / "seg" / "masks")))
+    config = ConvertConfig(
+        "npy", PreprocessConfig(size=(32, 32)), ShardSize(samples=1), masks=MaskConfig(str(tmp_path / "seg" / "masks"))
+    )
     done = []
 
     def stop(n):

@@ -74,7 +74,7 @@ def _eroded(region: np.ndarray) -> np.ndarray:
     out = np.ones_like(region)
     for dy in range(3):
         for dx in range(3):
-            out &= padded[dy:dy + region.shape[0], dx:dx + region.shape[1]]
+            out &= padded[dy : dy + region.shape[0], dx : dx + region.shape[1]]
     return out
 
 
@@ -126,8 +126,9 @@ def test_masks_inside_the_source_are_refused(data, tmp_path):
     from packer.errors import InputError
 
     with pytest.raises(InputError, match="inside the source folder"):
-        convert(data, tmp_path / "out", ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"))),
-                workers=1)
+        convert(
+            data, tmp_path / "out", ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"))), workers=1
+        )
 
 
 def test_masks_beside_their_images(data, tmp_path):
@@ -135,8 +136,9 @@ def test_masks_beside_their_images(data, tmp_path):
     src = tmp_path / "side"
     src.mkdir()
     for i in range(len(IMAGES)):
-        Image.open(data / "images" / f"{i}.png").save(src / f"{i}.tif", exif=Image.open(data / "images" / f"{i}.png")
-                                                      .getexif())
+        Image.open(data / "images" / f"{i}.png").save(
+            src / f"{i}.tif", exif=Image.open(data / "images" / f"{i}.png").getexif()
+        )
         (src / f"{i}.png").write_bytes((data / "masks" / f"{i}.png").read_bytes())
     Image.new("RGB", (20, 20)).save(src / "lonely.jpg")
     config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig("", sidecar=True))
@@ -151,8 +153,9 @@ def test_a_forced_grid_that_the_mask_size_contradicts_is_refused(data, tmp_path)
     otherwise, and the sizes prove it wrong: skipped, never turned the wrong way."""
     config = ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"), coords="displayed"))
     result = convert(data / "images", tmp_path / "out", config, workers=1)
-    assert {s.path: s.reason.split(":")[0] for s in result.skipped} == {"1.png": "mask size contradicts --box-coords "
-                                                                                 "displayed"}
+    assert {s.path: s.reason.split(":")[0] for s in result.skipped} == {
+        "1.png": "mask size contradicts --box-coords displayed"
+    }
     check_masks(tmp_path / "out")
 
 
@@ -179,17 +182,21 @@ def test_masks_follow_the_readers_crops_and_flips(data, tmp_path, fmt):
     image, mask = next(iter(ds))
     assert mask.shape == (120, 120)
     assert (mask == 255).any()  # the padding of a 100-pixel image to 120
-    images, masks = next(iter(make_loader(open_dataset(tmp_path / "out", crop=RandomResizedCrop(40), flip=True), 3,
-                                          num_workers=0)))
+    images, masks = next(
+        iter(make_loader(open_dataset(tmp_path / "out", crop=RandomResizedCrop(40), flip=True), 3, num_workers=0))
+    )
     assert images.shape == (3, 3, 40, 40) and masks.shape == (3, 40, 40) and masks.dtype == torch.int64
 
 
 def test_outputs_whose_masks_pad_with_other_values_are_not_read_as_one(data, tmp_path):
     """One loss cannot ignore two padding values: a + b refuses them, as combine does."""
     for name, ignore in (("a", 255), ("b", 77), ("c", 255)):
-        convert(data / "images", tmp_path / name, ConvertConfig("npy", MODES["pad"],
-                                                                 masks=MaskConfig(str(data / "masks"), ignore)),
-                workers=1)
+        convert(
+            data / "images",
+            tmp_path / name,
+            ConvertConfig("npy", MODES["pad"], masks=MaskConfig(str(data / "masks"), ignore)),
+            workers=1,
+        )
     a, b, c = (open_dataset(tmp_path / name) for name in "abc")
     with pytest.raises(ValueError, match=r"pad their masks with other values \(255 and 77\)"):
         a + b

@@ -18,8 +18,10 @@ def result(name, keys, digests, labels=None):
 
 
 def kept(tmp_path):
-    return [record_shard(tmp_path, result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32])),
-            record_shard(tmp_path, result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32]))]
+    return [
+        record_shard(tmp_path, result("shard-00000", ["a/1", "a/2"], ["1" * 32, "2" * 32])),
+        record_shard(tmp_path, result("shard-00001", ["b/1", "b/2"], ["3" * 32, "1" * 32])),
+    ]
 
 
 def test_side_file_holds_each_samples_digest_and_label(tmp_path):

@@ -55,8 +55,9 @@ def outputs(sources, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("out")
     found = {}
     for fmt in FORMATS:
-        convert(sources, out / fmt, ConvertConfig(fmt, MAX, ShardSize(samples=3), codec=ImageCodec("source")),
-                workers=1)
+        convert(
+            sources, out / fmt, ConvertConfig(fmt, MAX, ShardSize(samples=3), codec=ImageCodec("source")), workers=1
+        )
         found[fmt] = out / fmt
     convert(sources, out / "png", ConvertConfig("npy", MAX, codec=ImageCodec("png")), workers=1)
     found["png"] = out / "png"  # lossless: the pixels the conversion makes
@@ -113,8 +114,7 @@ def test_random_crops_of_turned_kept_files_are_cut_from_the_upright_image(output
     from test_crops import reference
 
     plain = by_key(open_dataset(outputs["lmdb"], normalize=False, return_meta=True))
-    ds = open_dataset(outputs["lmdb"], normalize=False, return_meta=True, flip=True,
-                      crop=RandomResizedCrop(32))
+    ds = open_dataset(outputs["lmdb"], normalize=False, return_meta=True, flip=True, crop=RandomResizedCrop(32))
     for epoch in range(3):
         ds.set_epoch(epoch)
         for i in range(len(ds)):
@@ -196,8 +196,12 @@ def test_a_damaged_jpeg_is_reported_not_stored(tmp_path):
     src = tmp_path / "src"
     good = write_image(src / "a" / "good.jpg", (80, 60), quality=90)
     (src / "a" / "cut.jpg").write_bytes(good.read_bytes()[:300])
-    convert(src, tmp_path / "out", ConvertConfig("wds", PreprocessConfig(resize="none", size=None),
-                                                 codec=ImageCodec("source")), workers=1)
+    convert(
+        src,
+        tmp_path / "out",
+        ConvertConfig("wds", PreprocessConfig(resize="none", size=None), codec=ImageCodec("source")),
+        workers=1,
+    )
     m = read_manifest(tmp_path / "out")
     assert m.samples == 1 and [s["path"] for s in m.skipped] == ["a/cut.jpg"]
     assert "corrupt or truncated" in m.skipped[0]["reason"]
@@ -208,11 +212,13 @@ def test_every_output_verifies_and_info_says_how_images_are_stored(outputs):
     import sys
 
     for fmt in FORMATS:  # in a process of its own: this one holds the LMDB shards open in its readers
-        result = subprocess.run([sys.executable, "-m", "packer", "verify", str(outputs[fmt])], capture_output=True,
-                                text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "packer", "verify", str(outputs[fmt])], capture_output=True, text=True
+        )
         assert result.returncode == 0, result.stdout + result.stderr
-    info = subprocess.run([sys.executable, "-m", "packer", "info", str(outputs["hdf5"])], capture_output=True,
-                          text=True)
+    info = subprocess.run(
+        [sys.executable, "-m", "packer", "info", str(outputs["hdf5"])], capture_output=True, text=True
+    )
     assert "the source files' bytes (4 kept" in info.stdout
     assert "kept JPEGs counted at 1/8 scale" in info.stdout
     assert json.loads((outputs["wds"] / "manifest.json").read_text())["shards"][0]["image_sources"]["kept"]
@@ -229,8 +235,12 @@ def png16(pixels: np.ndarray) -> bytes:
 
     h, w, _ = pixels.shape
     rows = b"".join(b"\x00" + pixels[y].astype(">u2").tobytes() for y in range(h))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_camera_style_jpegs_tiny_ones_and_16_bit_pngs(tmp_path):

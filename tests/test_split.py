@@ -175,15 +175,35 @@ def test_nodes_started_together_as_processes_then_merge(tree, tmp_path):
     """Real subprocesses, as a SLURM array starts them: both race to create the shared staging folder."""
     out = tmp_path / "out"
     options = ["-f", "hdf5", "--size", "16x12", "--shard-size", "3", "-j", "1", "-q"]
-    procs = [subprocess.Popen([sys.executable, "-m", "packer", "convert", str(tree), "-o", str(out), *options,
-                               "--num-nodes", "2", "--node-rank", str(rank)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "packer",
+                "convert",
+                str(tree),
+                "-o",
+                str(out),
+                *options,
+                "--num-nodes",
+                "2",
+                "--node-rank",
+                str(rank),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr
         assert f"packer merge {out}" in stdout
-    merged = subprocess.run([sys.executable, "-m", "packer", "merge", str(out)], capture_output=True, text=True,
-                            timeout=60)
+    merged = subprocess.run(
+        [sys.executable, "-m", "packer", "merge", str(out)], capture_output=True, text=True, timeout=60
+    )
     assert merged.returncode == 0, merged.stderr
     assert "skipped 1 file(s)" in merged.stderr
     convert(tree, tmp_path / "single", ConvertConfig("hdf5", PRE, ShardSize(samples=3)), workers=2)

@@ -28,14 +28,16 @@ PRE = PreprocessConfig(size=(16, 12))
 def histogram(images: list[np.ndarray]) -> np.ndarray:
     """Per-channel 256-bin counts, channel after channel, as Pillow's histogram gives them."""
     c = images[0].shape[2]
-    return np.concatenate([np.bincount(np.concatenate([im[..., k].ravel() for im in images]), minlength=256)
-                           for k in range(c)])
+    return np.concatenate(
+        [np.bincount(np.concatenate([im[..., k].ravel() for im in images]), minlength=256) for k in range(c)]
+    )
 
 
 def random_images(n, channels, seed=0):
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, (int(rng.integers(3, 20)), int(rng.integers(3, 20)), channels), np.uint8)
-            for _ in range(n)]
+    return [
+        rng.integers(0, 256, (int(rng.integers(3, 20)), int(rng.integers(3, 20)), channels), np.uint8) for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L"])
@@ -89,7 +91,7 @@ def test_pixel_stats_are_the_exact_rational_mean_and_variance_rounded_once(dtype
         stored = [[Fraction(v, 255) for v in range(256)]] * 3
     px = pixel_stats(counts, cfg)
     for k in range(3):
-        c, v = counts[k * 256:(k + 1) * 256].tolist(), [Fraction(x) for x in stored[k]]
+        c, v = counts[k * 256 : (k + 1) * 256].tolist(), [Fraction(x) for x in stored[k]]
         n = sum(c)
         mean = sum(a * b for a, b in zip(c, v)) / n
         var = sum(a * b * b for a, b in zip(c, v)) / n - mean * mean
@@ -130,8 +132,16 @@ def test_shard_result_keeps_its_stats_through_json():
     stats = ShardStats()
     stats.add(list(range(768)), (640, 480))
     stats.add([1] * 768, (33, 4097))
-    result = ShardResult("shard-00003", 2, [FileEntry("shard-00003.h5", 10, "ab" * 32)], [Skipped("x.png", "empty")],
-                         ["a.png", "b.png"], [0, 1], ["00" * 8, "11" * 8], stats)
+    result = ShardResult(
+        "shard-00003",
+        2,
+        [FileEntry("shard-00003.h5", 10, "ab" * 32)],
+        [Skipped("x.png", "empty")],
+        ["a.png", "b.png"],
+        [0, 1],
+        ["00" * 8, "11" * 8],
+        stats,
+    )
     back = ShardResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert np.array_equal(back.stats.histogram, stats.histogram) and back.stats.histogram.dtype == np.int64
     assert back.stats.widths == Counter({640: 1, 33: 1}) and back.stats.heights == Counter({480: 1, 4097: 1})
@@ -172,8 +182,12 @@ def expected_sizes(src, skip=("bee/bad.png",)):
 
     def side(values):
         values = sorted(values)
-        return {"counts": [sum(lo <= v < hi for v in values) for lo, hi in zip(edges, edges[1:])],
-                "min": values[0], "median": values[(len(values) - 1) // 2], "max": values[-1]}
+        return {
+            "counts": [sum(lo <= v < hi for v in values) for lo, hi in zip(edges, edges[1:])],
+            "min": values[0],
+            "median": values[(len(values) - 1) // 2],
+            "max": values[-1],
+        }
 
     return {"bins": list(SIZE_BINS), "width": side(w for w, _ in sizes), "height": side(h for _, h in sizes)}
 
@@ -244,12 +258,14 @@ def test_normalize_auto_makes_readers_give_zero_mean_unit_std(image_tree, tmp_pa
     x = torch.stack([image for image, _ in open_dataset(out)]).double()
     assert x.shape == (17, pre.channels, 12, 16)
     assert torch.allclose(x.mean(dim=(0, 2, 3)), torch.zeros(pre.channels, dtype=torch.float64), atol=1e-5)
-    assert torch.allclose(x.std(dim=(0, 2, 3), unbiased=False), torch.ones(pre.channels, dtype=torch.float64),
-                          atol=1e-5)
+    assert torch.allclose(
+        x.std(dim=(0, 2, 3), unbiased=False), torch.ones(pre.channels, dtype=torch.float64), atol=1e-5
+    )
 
 
 def test_normalize_auto_refused_with_float_storage(image_tree, tmp_path):
     with pytest.raises(ConfigError, match="--normalize auto needs --dtype uint8"):
-        convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(auto_normalize=True,
-                                                                                     dtype="float32")))
+        convert(
+            image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(auto_normalize=True, dtype="float32"))
+        )
     assert not (tmp_path / "out").exists()

@@ -38,8 +38,9 @@ def make_tokenizer(path: Path) -> Path:
     vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
-                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     tok.save(str(path))
     return path
 
@@ -59,8 +60,11 @@ def close(ds) -> None:
 
 
 def read_all(ds) -> list:
-    return list(ds) if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset" else \
-        [ds[i] for i in range(len(ds))]
+    return (
+        list(ds)
+        if not hasattr(ds, "__getitem__") or type(ds).__name__ == "WdsDataset"
+        else [ds[i] for i in range(len(ds))]
+    )
 
 
 # Decoding rules ------------------------------------------------------------------------------------
@@ -80,8 +84,11 @@ def test_invalid_utf8_names_the_byte_and_suggests_encoding():
 
 def test_a_second_byte_order_mark_is_the_texts_own():
     """Only one leading BOM is dropped, as Python's decoders drop it: the U+FEFF after it is text."""
-    for encoding, data in (("utf-8", b"\xef\xbb\xbf" + "\ufeffword".encode()),
-                           ("utf-16", "\ufeffword".encode("utf-16")), ("utf-32", "\ufeffword".encode("utf-32"))):
+    for encoding, data in (
+        ("utf-8", b"\xef\xbb\xbf" + "\ufeffword".encode()),
+        ("utf-16", "\ufeffword".encode("utf-16")),
+        ("utf-32", "\ufeffword".encode("utf-32")),
+    ):
         assert decode_text(data, "x.txt", encoding) == data.decode(encoding + ("-sig" if encoding == "utf-8" else ""))
         assert decode_text(data, "x.txt", encoding) == "\ufeffword"
 
@@ -243,10 +250,10 @@ def test_text_only_outputs_open_with_stock_libraries(text_outputs):
     shard = text_outputs["npy"].manifest.shards[0]
     flat = np.load(npy_out / shard.file(".text.bytes.npy"), mmap_mode="r")
     offsets = np.load(npy_out / shard.file(".text.offsets.npy"))
-    first = bytes(flat[offsets[0]:offsets[1]]).decode("utf-8")
+    first = bytes(flat[offsets[0] : offsets[1]]).decode("utf-8")
     # each output's shards carry its own content tag: each output's first shard, by its manifest
     with h5py.File(shard_file(text_outputs["hdf5"].output, 0, ".h5")) as f:
-        assert bytes(f["text_bytes"][f["text_offsets"][0]:f["text_offsets"][1]]).decode() == first
+        assert bytes(f["text_bytes"][f["text_offsets"][0] : f["text_offsets"][1]]).decode() == first
     env = lmdb.open(str(shard_file(text_outputs["lmdb"].output, 0, ".lmdb")), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
         assert txn.get(b"00000000.text").decode("utf-8") == first

@@ -41,6 +41,7 @@ def test_a_transform_gets_the_stored_uint8_pixels(outputs, fmt):
 def test_a_v2_style_pipeline_that_normalizes_itself_is_not_normalized_again(outputs):
     """ToImage, ToDtype(float32, scale=True), Normalize(IMAGENET), written with torch ops: the values
     ImageFolder would give, within float rounding (once -11.4 to 9.9: normalized twice)."""
+
     def pipeline(image: torch.Tensor) -> torch.Tensor:
         return (image.to(torch.float32) / 255 - MEAN) / STD
 
@@ -102,8 +103,7 @@ def test_a_transform_assigned_after_opening_is_used(outputs):
 def test_transform_input_normalized_keeps_the_old_contract(outputs):
     """packer 0.2.0's transforms got normalized floats: ``transform_input="normalized"`` still does."""
     seen = []
-    ds = open_dataset(outputs["npy"], transform=lambda image: seen.append(image) or image,
-                      transform_input="normalized")
+    ds = open_dataset(outputs["npy"], transform=lambda image: seen.append(image) or image, transform_input="normalized")
     assert torch.equal(ds[1][0], open_dataset(outputs["npy"])[1][0]) and seen[0].dtype == torch.float32
     with pytest.raises(ConfigError, match="transform_input must be one of"):
         open_dataset(outputs["npy"], transform_input="numpy")

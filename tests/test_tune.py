@@ -176,8 +176,23 @@ def test_recommended_code_runs_against_the_output(outputs, fmt):
 
 
 def test_tune_command_json_and_text(outputs, real_measure_on_the_clock):
-    result = CliRunner().invoke(cli, ["tune", str(outputs["npy"]), "-b", "4", "--seconds", "2", "--device", "cpu",
-                                      "--max-workers", "1", "--json", "-q"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "tune",
+            str(outputs["npy"]),
+            "-b",
+            "4",
+            "--seconds",
+            "2",
+            "--device",
+            "cpu",
+            "--max-workers",
+            "1",
+            "--json",
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {"trials", "recommended", "code", "stopped", "seconds"} <= set(data)
@@ -188,8 +203,9 @@ def test_tune_command_json_and_text(outputs, real_measure_on_the_clock):
     assert data["seconds"] < 4
     for text in data["code"].values():
         compile(text, "<code>", "exec")
-    text = CliRunner().invoke(cli, ["tune", str(outputs["npy"]), "-b", "8", "--seconds", "1", "--device", "cpu",
-                                    "--max-workers", "1", "-q"])
+    text = CliRunner().invoke(
+        cli, ["tune", str(outputs["npy"]), "-b", "8", "--seconds", "1", "--device", "cpu", "--max-workers", "1", "-q"]
+    )
     assert text.exit_code == 0, text.output
     assert "main process (0 workers)" in text.stdout and "<- recommended" in text.stdout
     assert "recommended:" in text.stdout and "loader = make_loader(" in text.stdout

@@ -35,7 +35,7 @@ def test_npy_field_is_two_standard_npy_files(tmp_path, items):
     offsets = np.load(tmp_path / names[1], allow_pickle=False)
     assert flat.dtype == np.uint8 and flat.shape == (sum(len(b) for b in items),)
     assert offsets.dtype == np.int64 and offsets.tolist() == expected_offsets(items)
-    assert [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(items))] == items
+    assert [flat[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(items))] == items
     assert list(iter_varlen(flat, offsets, len(items), "x")) == items
 
 
@@ -62,7 +62,7 @@ def test_hdf5_field_is_two_datasets(tmp_path, items):
         assert flat.dtype == np.uint8 and flat.shape == (sum(len(b) for b in items),)
         assert flat.chunks == (CHUNK_BYTES,) and flat.maxshape == (None,)
         assert offsets.dtype == np.int64 and offsets.tolist() == expected_offsets(items)
-        assert [flat[offsets[i]:offsets[i + 1]].tobytes() for i in range(len(items))] == items
+        assert [flat[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(items))] == items
         assert list(iter_varlen(flat, offsets, len(items), "x")) == items
 
 
@@ -91,8 +91,15 @@ def test_iter_varlen_names_the_first_missing_item_of_a_cut_array():
     assert got == ITEMS[:3]
 
 
-@pytest.mark.parametrize("offsets,match", [([0, 5], "expected 3"), ([1, 2, 3], "start at 0"),
-                                           ([0, 5, 4], "start at 0 and grow"), ([0.0, 1.0, 2.0], "integers")])
+@pytest.mark.parametrize(
+    "offsets,match",
+    [
+        ([0, 5], "expected 3"),
+        ([1, 2, 3], "start at 0"),
+        ([0, 5, 4], "start at 0 and grow"),
+        ([0.0, 1.0, 2.0], "integers"),
+    ],
+)
 def test_iter_varlen_refuses_bad_offsets(offsets, match):
     with pytest.raises(ValueError, match=match):
         list(iter_varlen(np.zeros(10, np.uint8), np.asarray(offsets), 2, "x"))

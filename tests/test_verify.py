@@ -299,11 +299,13 @@ def test_an_lmdb_lock_file_left_by_stock_tools_is_not_a_problem_but_other_files_
 def test_packer_verify_is_callable_whichever_way_it_was_imported_first(first, tmp_path):
     """``from packer import verify`` names the module once ``packer.verify`` was imported (Python binds
     a submodule to its package): it must verify all the same, and the module keep its names."""
-    code = (f"{first}\nfrom packer import verify\nimport packer.verify as v\n"
-            "from packer.errors import ManifestError\n"
-            f"try:\n    verify({str(tmp_path / 'none')!r})\n"
-            "except ManifestError as e:\n    print('not a folder' in str(e))\n"
-            "print(callable(v.verify), v.STALL_SECONDS > 0)")
+    code = (
+        f"{first}\nfrom packer import verify\nimport packer.verify as v\n"
+        "from packer.errors import ManifestError\n"
+        f"try:\n    verify({str(tmp_path / 'none')!r})\n"
+        "except ManifestError as e:\n    print('not a folder' in str(e))\n"
+        "print(callable(v.verify), v.STALL_SECONDS > 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "True"]

@@ -57,13 +57,19 @@ def outputs(tmp_path_factory) -> dict[str, Path]:
         "raw-sizes": (images, ConvertConfig("wds", PreprocessConfig(size=None, resize="none"), shards)),
         "jpeg": (images, ConvertConfig("wds", SMALL, shards, codec=ImageCodec("jpeg"))),
         "png": (images, ConvertConfig("wds", SMALL, shards, codec=ImageCodec("png"))),
-        "source": (images, ConvertConfig("wds", PreprocessConfig(size=None, resize="none"), shards,
-                                         codec=ImageCodec("source"))),
-        "paired": (pair_tree(base / "pairs", per_class=4),
-                   ConvertConfig("wds", SMALL, shards, text=TextConfig(allow_missing=True))),
+        "source": (
+            images,
+            ConvertConfig("wds", PreprocessConfig(size=None, resize="none"), shards, codec=ImageCodec("source")),
+        ),
+        "paired": (
+            pair_tree(base / "pairs", per_class=4),
+            ConvertConfig("wds", SMALL, shards, text=TextConfig(allow_missing=True)),
+        ),
         "text": (texts, ConvertConfig("wds", shard_size=shards)),
-        "tokens": (texts, ConvertConfig("wds", shard_size=shards,
-                                        text=TextConfig(tokenizer=str(_tokenizer(base / "tok.json"))))),
+        "tokens": (
+            texts,
+            ConvertConfig("wds", shard_size=shards, text=TextConfig(tokenizer=str(_tokenizer(base / "tok.json")))),
+        ),
     }
     for kind, (src, config) in configs.items():
         convert(src, base / "out" / kind, config, workers=1)
@@ -104,21 +110,37 @@ def test_the_scan_of_every_kind_of_wds_output_is_the_tarfile_based_scan(outputs,
     layout = SampleLayout.from_manifest(manifest)
 
     def records(start: int = 0) -> list[tuple]:
-        return [(s.local, s.key, s.label, None if s.image is None else (s.image.dtype.str, s.image.shape,
-                 s.image.tobytes()), s.crc32, s.encoded, s.fields, s.shape)
-                for shard in manifest.shards for s in wds.scan_shard(out, shard, layout, start)]
+        return [
+            (
+                s.local,
+                s.key,
+                s.label,
+                None if s.image is None else (s.image.dtype.str, s.image.shape, s.image.tobytes()),
+                s.crc32,
+                s.encoded,
+                s.fields,
+                s.shape,
+            )
+            for shard in manifest.shards
+            for s in wds.scan_shard(out, shard, layout, start)
+        ]
 
     walked, walked_from_2 = records(), records(2)
     with monkeypatch.context() as m:
         m.setattr(wds, "iter_shard_samples", lambda tar, offset=0: iter_tar_samples(tar, offset=offset))
         assert walked == records() and walked_from_2 == records(2)
     assert len(walked) == manifest.samples and [r[0] for r in walked_from_2] == [
-        n for shard in manifest.shards for n in range(2, shard.samples)]
+        n for shard in manifest.shards for n in range(2, shard.samples)
+    ]
     keys, crcs = wds.scan_index(out, manifest.shards[0], layout)
-    older = type(manifest.shards[0])(manifest.shards[0].name, manifest.shards[0].samples,
-                                     [f for f in manifest.shards[0].files if not f.path.endswith(".idx")])
-    assert wds.scan_index(out, older, layout)[0] == keys and wds.scan_index(out, older, layout)[1].tolist() == \
-        crcs.tolist() == [r[4] for r in walked[:3]]  # without the DALI index, from the tar's headers
+    older = type(manifest.shards[0])(
+        manifest.shards[0].name,
+        manifest.shards[0].samples,
+        [f for f in manifest.shards[0].files if not f.path.endswith(".idx")],
+    )
+    assert wds.scan_index(out, older, layout)[0] == keys and wds.scan_index(out, older, layout)[
+        1
+    ].tolist() == crcs.tolist() == [r[4] for r in walked[:3]]  # without the DALI index, from the tar's headers
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -132,9 +154,20 @@ def test_the_scan_of_an_intact_shard_by_its_index_is_the_walk(outputs, kind, win
     layout = SampleLayout.from_manifest(manifest)
 
     def records(scan, shards) -> list[tuple]:
-        return [(s.local, s.key, s.label, None if s.image is None else (s.image.dtype.str, s.image.shape,
-                 s.image.tobytes()), s.crc32, s.encoded, s.fields, s.shape)
-                for shard in shards for s in scan(out, shard, layout)]
+        return [
+            (
+                s.local,
+                s.key,
+                s.label,
+                None if s.image is None else (s.image.dtype.str, s.image.shape, s.image.tobytes()),
+                s.crc32,
+                s.encoded,
+                s.fields,
+                s.shape,
+            )
+            for shard in shards
+            for s in scan(out, shard, layout)
+        ]
 
     walked = records(wds.scan_shard, manifest.shards)
     monkeypatch.setattr(wds, "_WINDOW", window)
@@ -145,8 +178,9 @@ def test_the_scan_of_an_intact_shard_by_its_index_is_the_walk(outputs, kind, win
     assert records(wds.scan_intact_shard, older) == walked
 
 
-def test_verify_reads_intact_wds_shards_by_their_index_and_damaged_ones_by_their_headers(outputs, tmp_path,
-                                                                                         monkeypatch):
+def test_verify_reads_intact_wds_shards_by_their_index_and_damaged_ones_by_their_headers(
+    outputs, tmp_path, monkeypatch
+):
     import packer.formats.wds as wds_module
     from packer.verify import verify
 
@@ -256,7 +290,7 @@ def refusal(tar: Path) -> str:
 def damaged(tmp_path: Path, tar: Path, at: int, value: bytes) -> Path:
     copy = tmp_path / tar.name
     data = bytearray(tar.read_bytes())
-    data[at:at + len(value)] = value
+    data[at : at + len(value)] = value
     copy.write_bytes(bytes(data))
     return copy
 
@@ -267,19 +301,22 @@ def test_a_damaged_header_is_named_with_its_byte_not_taken_for_the_end(outputs, 
     fourth = header_offsets(tar)[4]  # sample 1's second member
     data = tar.read_bytes()
     copy = damaged(tmp_path, tar, fourth + at, bytes([data[fourth + at] ^ 0x01]))
-    assert refusal(copy) == (f"{copy}: the tar header at byte {fourth} is damaged (its checksum does not match); "
-                             "the shard is damaged")
+    assert refusal(copy) == (
+        f"{copy}: the tar header at byte {fourth} is damaged (its checksum does not match); the shard is damaged"
+    )
     assert len(list(iter_tar_samples(copy))) == 2  # tarfile: the end of the tar, after a sample cut short
 
 
 def test_a_size_running_past_the_end_is_refused_before_it_is_read(outputs, tmp_path):
     tar = tars(outputs["raw"])[0]
     second = header_offsets(tar)[1]
-    name = tarfile.TarInfo.frombuf(tar.read_bytes()[second:second + 512], "utf-8", "surrogateescape").name
+    name = tarfile.TarInfo.frombuf(tar.read_bytes()[second : second + 512], "utf-8", "surrogateescape").name
     copy = damaged(tmp_path, tar, second, packer_header(name.encode(), 8**11 - 1))
     left = copy.stat().st_size - second - 512
-    assert refusal(copy) == (f"{copy}: member {name!r} (header at byte {second}) claims {8**11 - 1} bytes, more than "
-                             f"the {left} left in the shard's {copy.stat().st_size} bytes; the shard is damaged")
+    assert refusal(copy) == (
+        f"{copy}: member {name!r} (header at byte {second}) claims {8**11 - 1} bytes, more than "
+        f"the {left} left in the shard's {copy.stat().st_size} bytes; the shard is damaged"
+    )
 
 
 @pytest.mark.parametrize("where", ["data", "header", "boundary", "padding"])
@@ -288,8 +325,12 @@ def test_a_cut_tar_is_named_with_where_it_ends(outputs, tmp_path, where):
     padding: the samples before the cut, sample 1 with the members read whole, then the refusal."""
     tar = tars(outputs["raw"])[0]
     offsets = header_offsets(tar)  # sample 1: cls, json, npy at offsets 3, 4, 5
-    cut = {"data": offsets[5] + 512 + 300, "header": offsets[3] + 100, "boundary": offsets[3],
-           "padding": offsets[3] + 700}[where]
+    cut = {
+        "data": offsets[5] + 512 + 300,
+        "header": offsets[3] + 100,
+        "boundary": offsets[3],
+        "padding": offsets[3] + 700,
+    }[where]
     copy = tmp_path / tar.name
     copy.write_bytes(tar.read_bytes()[:cut])
     whole = list(iter_tar_samples(tar))
@@ -300,8 +341,10 @@ def test_a_cut_tar_is_named_with_where_it_ends(outputs, tmp_path, where):
     if where == "data":
         assert samples == [whole[0], {k: whole[1][k] for k in ("__key__", "cls", "json")}]
         size = len(whole[1]["npy"])
-        assert str(e.value) == (f"{copy}: member '000000001.npy' (header at byte {offsets[5]}) claims {size} bytes, "
-                                f"more than the 300 left in the shard's {cut} bytes; the shard is damaged")
+        assert str(e.value) == (
+            f"{copy}: member '000000001.npy' (header at byte {offsets[5]}) claims {size} bytes, "
+            f"more than the 300 left in the shard's {cut} bytes; the shard is damaged"
+        )
     else:
         assert samples == whole[:1] + ([{k: whole[1][k] for k in ("__key__", "cls")}] if where == "padding" else [])
         how = "inside a header" if where == "header" else "without its end marker"
@@ -324,22 +367,46 @@ def test_a_scan_reports_the_break_that_cut_a_sample_short_not_its_missing_member
 
 
 HOSTILE = {
-    "pax": ([(_file("000000000.cls", pax_headers={"comment": "x"}), b"1")], tarfile.PAX_FORMAT,
-            "the tar header at byte 0 is a pax extended header ('././@PaxHeader'), which packer never writes"),
-    "gnu-long-name": ([(_file("n" * 120 + ".cls"), b"1")], tarfile.GNU_FORMAT,
-                      "the tar header at byte 0 is a GNU long name ('././@LongLink'), which packer never writes"),
-    "directory": ([(_file("000000000", type=tarfile.DIRTYPE), b"")], tarfile.USTAR_FORMAT,
-                  "the tar header at byte 0 is a directory ('000000000/'), which packer never writes"),
-    "symlink": ([(_file("000000000.cls", type=tarfile.SYMTYPE, linkname="/etc/passwd"), b"")], tarfile.USTAR_FORMAT,
-                "the tar header at byte 0 is a symbolic link ('000000000.cls'), which packer never writes"),
-    "hard-link": ([(_file("000000000.cls", type=tarfile.LNKTYPE, linkname="x"), b"")], tarfile.USTAR_FORMAT,
-                  "the tar header at byte 0 is a hard link ('000000000.cls'), which packer never writes"),
-    "absolute": ([(_file("/tmp/000000000.cls"), b"1")], tarfile.USTAR_FORMAT,
-                 "member '/tmp/000000000.cls' (header at byte 0) has an unsafe path; refusing to read it"),
-    "parent": ([(_file("../000000000.cls"), b"1")], tarfile.USTAR_FORMAT,
-               "member '../000000000.cls' (header at byte 0) has an unsafe path; refusing to read it"),
-    "dot-dot": ([(_file(".."), b"1")], tarfile.USTAR_FORMAT,
-                "member '..' (header at byte 0) has an unsafe path; refusing to read it"),
+    "pax": (
+        [(_file("000000000.cls", pax_headers={"comment": "x"}), b"1")],
+        tarfile.PAX_FORMAT,
+        "the tar header at byte 0 is a pax extended header ('././@PaxHeader'), which packer never writes",
+    ),
+    "gnu-long-name": (
+        [(_file("n" * 120 + ".cls"), b"1")],
+        tarfile.GNU_FORMAT,
+        "the tar header at byte 0 is a GNU long name ('././@LongLink'), which packer never writes",
+    ),
+    "directory": (
+        [(_file("000000000", type=tarfile.DIRTYPE), b"")],
+        tarfile.USTAR_FORMAT,
+        "the tar header at byte 0 is a directory ('000000000/'), which packer never writes",
+    ),
+    "symlink": (
+        [(_file("000000000.cls", type=tarfile.SYMTYPE, linkname="/etc/passwd"), b"")],
+        tarfile.USTAR_FORMAT,
+        "the tar header at byte 0 is a symbolic link ('000000000.cls'), which packer never writes",
+    ),
+    "hard-link": (
+        [(_file("000000000.cls", type=tarfile.LNKTYPE, linkname="x"), b"")],
+        tarfile.USTAR_FORMAT,
+        "the tar header at byte 0 is a hard link ('000000000.cls'), which packer never writes",
+    ),
+    "absolute": (
+        [(_file("/tmp/000000000.cls"), b"1")],
+        tarfile.USTAR_FORMAT,
+        "member '/tmp/000000000.cls' (header at byte 0) has an unsafe path; refusing to read it",
+    ),
+    "parent": (
+        [(_file("../000000000.cls"), b"1")],
+        tarfile.USTAR_FORMAT,
+        "member '../000000000.cls' (header at byte 0) has an unsafe path; refusing to read it",
+    ),
+    "dot-dot": (
+        [(_file(".."), b"1")],
+        tarfile.USTAR_FORMAT,
+        "member '..' (header at byte 0) has an unsafe path; refusing to read it",
+    ),
 }
 
 
@@ -357,11 +424,17 @@ def test_members_packer_never_writes_are_refused_by_name(tmp_path, case):
 @pytest.mark.parametrize("name", [b"../000000000.cls", b"/000000000.cls", b"a/../000000000.cls", b".."])
 def test_an_unsafe_name_in_a_header_exactly_like_packers_is_refused(tmp_path, name):
     tar = tmp_path / "unsafe.tar"
-    tar.write_bytes(packer_header(b"000000009.cls", 1) + b"9".ljust(512, b"\0") + packer_header(name, 1)
-                    + b"1".ljust(512, b"\0") + bytes(10240 - 2048))
+    tar.write_bytes(
+        packer_header(b"000000009.cls", 1)
+        + b"9".ljust(512, b"\0")
+        + packer_header(name, 1)
+        + b"1".ljust(512, b"\0")
+        + bytes(10240 - 2048)
+    )
     assert [m.name for m in tarfile.open(tar).getmembers()] == ["000000009.cls", name.decode()]
-    assert refusal(tar) == (f"{tar}: member {name.decode()!r} (header at byte 1024) has an unsafe path; "
-                            "refusing to read it")
+    assert refusal(tar) == (
+        f"{tar}: member {name.decode()!r} (header at byte 1024) has an unsafe path; refusing to read it"
+    )
 
 
 def _with_checksum(header: bytearray) -> bytes:
@@ -370,16 +443,18 @@ def _with_checksum(header: bytearray) -> bytes:
     return bytes(header)
 
 
-@pytest.mark.parametrize("size_field", [b"0000000009\0\0", b"\x80" + bytes(8) + b"\x00\x10\x00",
-                                        b"12 34\0\0\0\0\0\0\0"])
+@pytest.mark.parametrize(
+    "size_field", [b"0000000009\0\0", b"\x80" + bytes(8) + b"\x00\x10\x00", b"12 34\0\0\0\0\0\0\0"]
+)
 def test_a_size_that_is_not_an_octal_number_is_refused(tmp_path, size_field):
     """A digit 9, GNU's base-256 (packer never writes sizes of 8 GiB), a space inside: with a valid checksum."""
     header = bytearray(packer_header(b"000000000.npy", 0))
     header[124:136] = size_field
     tar = tmp_path / "odd.tar"
     tar.write_bytes(_with_checksum(header) + bytes(10240 - 512))
-    assert refusal(tar) == (f"{tar}: the tar header at byte 0 is damaged (its size is not an octal number); "
-                            "the shard is damaged")
+    assert refusal(tar) == (
+        f"{tar}: the tar header at byte 0 is damaged (its size is not an octal number); the shard is damaged"
+    )
 
 
 # --------------------------------------------------------------------------- through verify and the CLI
@@ -401,8 +476,11 @@ def test_verify_names_the_shard_sample_and_byte_of_a_damaged_header(outputs, tmp
         Problem("manifest", "class_counts [4, 3, 2] do not match the stored labels ([4, 2, 2])"),  # one bee unread
     ]
     result = CliRunner().invoke(cli, ["verify", str(copy), "-q"])
-    assert result.exit_code == 1 and f"{shard.name} sample 2: unreadable from sample 2 on: ManifestError: " \
-        f"{reason}" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 1
+        and f"{shard.name} sample 2: unreadable from sample 2 on: ManifestError: {reason}" in result.output
+        and "Traceback" not in result.output
+    )
 
 
 def test_verify_reports_a_hostile_member_in_a_shard_as_a_problem(outputs, tmp_path):
@@ -415,10 +493,14 @@ def test_verify_reports_a_hostile_member_in_a_shard_as_a_problem(outputs, tmp_pa
     link = tarfile.TarInfo("000000001.cls")
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
     link = link.tobuf(tarfile.USTAR_FORMAT)
-    tar.write_bytes(data[:offsets[3]] + link + data[offsets[3] + 512:])  # sample 1's first member, in place
+    tar.write_bytes(data[: offsets[3]] + link + data[offsets[3] + 512 :])  # sample 1's first member, in place
     assert verify(copy)[1:] == [
-        Problem(shard.name, f"unreadable from sample 1 on: ManifestError: {tar}: the tar header at byte {offsets[3]} "
-                "is a symbolic link ('000000001.cls'), which packer never writes; refusing to read the shard", 1),
+        Problem(
+            shard.name,
+            f"unreadable from sample 1 on: ManifestError: {tar}: the tar header at byte {offsets[3]} "
+            "is a symbolic link ('000000001.cls'), which packer never writes; refusing to read the shard",
+            1,
+        ),
         Problem("manifest", "class_counts [4, 3, 2] do not match the stored labels ([2, 3, 2])"),  # two ants unread
     ]
 

@@ -22,11 +22,14 @@ def _job(image_tree, tmp_path) -> ShardJob:
     return ShardJob(0, ShardTask("shard-00000", items), "npy", layout, PreprocessConfig(size=(12, 16)), str(tmp_path))
 
 
-@pytest.mark.parametrize("tick,expected", [
-    (0.0, [15]),  # a fast shard: one message, at the end
-    (PROGRESS_SECONDS / 2, [2] * 7 + [1]),  # a message every other file, the rest at the end
-    (PROGRESS_SECONDS * 2, [1] * 15),  # slow files: one message each
-])
+@pytest.mark.parametrize(
+    "tick,expected",
+    [
+        (0.0, [15]),  # a fast shard: one message, at the end
+        (PROGRESS_SECONDS / 2, [2] * 7 + [1]),  # a message every other file, the rest at the end
+        (PROGRESS_SECONDS * 2, [1] * 15),  # slow files: one message each
+    ],
+)
 def test_progress_is_reported_by_time_not_per_file(image_tree, tmp_path, monkeypatch, tick, expected):
     """Workers report at most every PROGRESS_SECONDS: a count per file made the parent wake
     hundreds of times a second for small images. Whatever the timing, every file is counted once."""
@@ -64,8 +67,9 @@ def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, 
 
 
 @pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
-def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned_file(image_tree, tmp_path,
-                                                                                      monkeypatch):
+def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned_file(
+    image_tree, tmp_path, monkeypatch
+):
     """Started after the first run of reads, it asks for every later file, the window moving with the
     decoder, but never for a file known to crash or hang the decoder."""
     requested: list[str] = []
@@ -90,8 +94,15 @@ def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned
     job = _job(image_tree, tmp_path)
     items = job.task.items
     poisoned = items[9]
-    job = ShardJob(job.number, job.task, job.format, job.layout, job.preprocess, job.directory,
-                   poisoned={poisoned.index: "decoder crashed (signal SIGSEGV)"})
+    job = ShardJob(
+        job.number,
+        job.task,
+        job.format,
+        job.layout,
+        job.preprocess,
+        job.directory,
+        poisoned={poisoned.index: "decoder crashed (signal SIGSEGV)"},
+    )
     result = write_shard(job)
     assert result.samples == 14 and [s.path for s in result.skipped] == [poisoned.relpath]
     assert requested == [item.path for item in items[4:] if item is not poisoned]  # 0-3: the first run of reads
@@ -151,8 +162,11 @@ def test_a_worker_ends_on_sigterm_whatever_handler_its_converter_had(image_tree,
     try:
         ctx = mp.get_context("fork")
         receive, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=packer.worker.run_shard_process,
-                           args=(_job(image_tree, tmp_path), send, None, os.getpid(), logging.WARNING), daemon=True)
+        proc = ctx.Process(
+            target=packer.worker.run_shard_process,
+            args=(_job(image_tree, tmp_path), send, None, os.getpid(), logging.WARNING),
+            daemon=True,
+        )
         proc.start()
     finally:
         signal.signal(signal.SIGTERM, previous)

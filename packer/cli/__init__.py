@@ -30,8 +30,16 @@ def cli(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
 
 
-for _command in (convert.convert, convert.merge, convert.combine, inspection.info, inspection.verify, advisor.tune,
-                 advisor.profile, advisor.bench):
+for _command in (
+    convert.convert,
+    convert.merge,
+    convert.combine,
+    inspection.info,
+    inspection.verify,
+    advisor.tune,
+    advisor.profile,
+    advisor.bench,
+):
     cli.add_command(_command)
 
 

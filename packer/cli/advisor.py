@@ -26,18 +26,38 @@ from packer.system import usable_cpus
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, help="Batch size of the training loop.")
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, help="Time for all trials together.")
-@click.option("--max-workers", type=click.IntRange(min=1), default=None, show_default=False,
-              help="Most DataLoader workers to try.  [default: twice the usable cores, at most one per batch "
-                   "of an epoch (tar shards: per shard)]")
-@click.option("--margin", type=click.FloatRange(0, 1), default=0.10,
-              help="Smallest gain in samples/s that counts (0.1 = 10%): doubling stops below it, and cheaper "
-                   "settings within it win.")
-@click.option("--device", default="auto",
-              help="Where batches go, as in make_loader: cpu, cuda, cuda:1, or auto (cuda when available).")
+@click.option(
+    "--max-workers",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default=False,
+    help="Most DataLoader workers to try.  [default: twice the usable cores, at most one per batch "
+    "of an epoch (tar shards: per shard)]",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(0, 1),
+    default=0.10,
+    help="Smallest gain in samples/s that counts (0.1 = 10%): doubling stops below it, and cheaper "
+    "settings within it win.",
+)
+@click.option(
+    "--device",
+    default="auto",
+    help="Where batches go, as in make_loader: cpu, cuda, cuda:1, or auto (cuda when available).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the trials and the recommendation as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[int], margin: float, device: str,
-         as_json: bool, quiet: bool) -> None:
+def tune(
+    output: Path,
+    batch_size: int,
+    seconds: float,
+    max_workers: Optional[int],
+    margin: float,
+    device: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Find the DataLoader worker count and prefetch factor that read OUTPUT fastest here.
 
     Measures the main process alone, then 1, 2, 4, ... workers until doubling stops helping by
@@ -64,20 +84,25 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
         most = max_workers or most_useful_workers(ds, batch_size, cpus)
         _busy(cpus)
         with _timer_bar(seconds, "tuning", quiet) as tick:
+
             def on_trial(trial, share: float) -> None:
                 tick.bar.set_description(trial.describe())
 
             measure = LoaderMeasure(ds, batch_size, device=None if device == "cpu" else device, tick=tick)
             result = run_tune(measure, max_workers=most, seconds=seconds, margin=margin, on_trial=on_trial)
-    code = recommended_code(output, ds.manifest.format, batch_size, result.best, cuda, bool(ds.text_fields),
-                            ds.has_target)
+    code = recommended_code(
+        output, ds.manifest.format, batch_size, result.best, cuda, bool(ds.text_fields), ds.has_target
+    )
     if as_json:
-        click.echo(json.dumps(_tune_json(output, ds.manifest, batch_size, device, cpus, seconds, result, code),
-                              indent=1))
+        click.echo(
+            json.dumps(_tune_json(output, ds.manifest, batch_size, device, cpus, seconds, result, code), indent=1)
+        )
         return
-    click.echo(f"packer tune: {output} ({ds.manifest.format}, {ds.manifest.samples} samples), batches of "
-               f"{batch_size}, {cpus} usable core(s), device {device}; measured for {result.seconds:.0f} of "
-               f"{seconds:g} s")
+    click.echo(
+        f"packer tune: {output} ({ds.manifest.format}, {ds.manifest.samples} samples), batches of "
+        f"{batch_size}, {cpus} usable core(s), device {device}; measured for {result.seconds:.0f} of "
+        f"{seconds:g} s"
+    )
     base = result.baseline
     click.echo(f"  {'setting':<28} {'samples/s':>10} {'vs 0 workers':>13} {'peak memory':>12}")
     for trial, m in result.trials:
@@ -86,13 +111,17 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
         click.echo(f"  {trial.describe():<28} {m.samples_per_s:>10,.0f} {ratio:>13} {human(m.peak_memory):>12}{mark}")
     best = result.measured(result.best)
     click.echo(f"stopped: {result.stopped}")
-    click.echo(f"recommended: {result.best.describe()}: {best.samples_per_s:,.0f} samples/s, peak memory "
-               f"{human(best.peak_memory)} (all processes)")
+    click.echo(
+        f"recommended: {result.best.describe()}: {best.samples_per_s:,.0f} samples/s, peak memory "
+        f"{human(best.peak_memory)} (all processes)"
+    )
     if not result.best.num_workers:
         per_batch = 1000 * batch_size / best.samples_per_s
-        click.echo(f"note: the main process alone reads fastest here, but without workers loading does not overlap "
-                   f"the training step: it adds about {per_batch:.1f} ms to each step. If that matters, take the "
-                   "fastest setting with workers above.")
+        click.echo(
+            f"note: the main process alone reads fastest here, but without workers loading does not overlap "
+            f"the training step: it adds about {per_batch:.1f} ms to each step. If that matters, take the "
+            "fastest setting with workers above."
+        )
     click.echo()
     click.echo("# with make_loader:")
     click.echo(code["make_loader"])
@@ -100,19 +129,38 @@ def tune(output: Path, batch_size: int, seconds: float, max_workers: Optional[in
     click.echo(code["DataLoader"], nl=False)
 
 
-def _tune_json(output: Path, m: Manifest, batch_size: int, device: str, cpus: int, seconds: float, result,
-               code: dict) -> dict:
+def _tune_json(
+    output: Path, m: Manifest, batch_size: int, device: str, cpus: int, seconds: float, result, code: dict
+) -> dict:
     best = result.best
     return {
-        "output": str(output), "format": m.format, "samples": m.samples, "batch_size": batch_size,
-        "device": device, "usable_cpus": cpus, "seconds_budget": seconds, "seconds": result.seconds,
-        "trials": [{"num_workers": t.num_workers, "prefetch_factor": t.prefetch_factor,
-                    "samples_per_s": x.samples_per_s, "peak_memory_bytes": x.peak_memory, "samples": x.samples,
-                    "seconds": x.seconds} for t, x in result.trials],
+        "output": str(output),
+        "format": m.format,
+        "samples": m.samples,
+        "batch_size": batch_size,
+        "device": device,
+        "usable_cpus": cpus,
+        "seconds_budget": seconds,
+        "seconds": result.seconds,
+        "trials": [
+            {
+                "num_workers": t.num_workers,
+                "prefetch_factor": t.prefetch_factor,
+                "samples_per_s": x.samples_per_s,
+                "peak_memory_bytes": x.peak_memory,
+                "samples": x.samples,
+                "seconds": x.seconds,
+            }
+            for t, x in result.trials
+        ],
         "stopped": result.stopped,
-        "recommended": {"num_workers": best.num_workers, "prefetch_factor": best.prefetch_factor,
-                        "persistent_workers": best.num_workers > 0, "pin_memory": device.startswith("cuda"),
-                        "samples_per_s": result.measured(best).samples_per_s},
+        "recommended": {
+            "num_workers": best.num_workers,
+            "prefetch_factor": best.prefetch_factor,
+            "persistent_workers": best.num_workers > 0,
+            "pin_memory": device.startswith("cuda"),
+            "samples_per_s": result.measured(best).samples_per_s,
+        },
         "code": code,
     }
 
@@ -121,9 +169,13 @@ def _tune_json(output: Path, m: Manifest, batch_size: int, device: str, cpus: in
 @click.argument("source", metavar="SRC_OR_OUT", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-n", "--samples", type=click.IntRange(min=1), default=200, help="Samples to time.")
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, help="Batch size for the collate stage.")
-@click.option("--like", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="For a folder: preprocess as this packer output records.  [default: packer convert's defaults]",
-              show_default=False)
+@click.option(
+    "--like",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="For a folder: preprocess as this packer output records.  [default: packer convert's defaults]",
+    show_default=False,
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the stages as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def profile(source: Path, samples: int, batch_size: int, like: Optional[Path], as_json: bool, quiet: bool) -> None:
@@ -149,13 +201,16 @@ def profile(source: Path, samples: int, batch_size: int, like: Optional[Path], a
         click.echo(json.dumps(result.to_dict(), indent=1))
         return
     what = f"{result.format} output, {result.codec} images" if result.kind == "output" else "raw folder"
-    click.echo(f"packer profile: {source} ({what}), {result.samples} samples, one at a time in this process; "
-               f"collate in batches of {batch_size}")
+    click.echo(
+        f"packer profile: {source} ({what}), {result.samples} samples, one at a time in this process; "
+        f"collate in batches of {batch_size}"
+    )
     click.echo(f"  {'stage':<24} {'ms/sample':>10} {'share':>7}")
     for stage in result.seconds:
         click.echo(f"  {result.name(stage):<24} {1000 * result.seconds[stage]:>10.3f} {result.share(stage):>7.1%}")
-    click.echo(f"  {'total':<24} {1000 * result.total:>10.3f} {1:>7.1%}   "
-               f"({1 / result.total:,.0f} samples/s in one process)")
+    click.echo(
+        f"  {'total':<24} {1000 * result.total:>10.3f} {1:>7.1%}   ({1 / result.total:,.0f} samples/s in one process)"
+    )
     if result.skipped:
         click.echo(f"  ({result.skipped} file(s) could not be decoded and were left out)")
     click.echo(result.advice())
@@ -163,19 +218,44 @@ def profile(source: Path, samples: int, batch_size: int, like: Optional[Path], a
 
 @click.command()
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--compare", "source", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The raw image folder OUTPUT was converted from.")
+@click.option(
+    "--compare",
+    "source",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The raw image folder OUTPUT was converted from.",
+)
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=64, help="Batch size of both loaders.")
-@click.option("-j", "--workers", type=click.IntRange(min=0), default=None, show_default=False,
-              help="DataLoader workers of both loaders.  [default: what make_loader picks for OUTPUT]")
-@click.option("--seconds", type=click.FloatRange(min=0.5), default=10.0,
-              help="Timed seconds per loader, after its warm-up.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also draw a bar chart to this PNG file (needs matplotlib).")
+@click.option(
+    "-j",
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    show_default=False,
+    help="DataLoader workers of both loaders.  [default: what make_loader picks for OUTPUT]",
+)
+@click.option(
+    "--seconds", type=click.FloatRange(min=0.5), default=10.0, help="Timed seconds per loader, after its warm-up."
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw a bar chart to this PNG file (needs matplotlib).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def bench(output: Path, source: Path, batch_size: int, workers: Optional[int], seconds: float,
-          plot_path: Optional[Path], as_json: bool, quiet: bool) -> None:
+def bench(
+    output: Path,
+    source: Path,
+    batch_size: int,
+    workers: Optional[int],
+    seconds: float,
+    plot_path: Optional[Path],
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Read OUTPUT and the raw folder it came from (--compare) with the same preprocessing, batch
     size and workers, and print samples/s of both and the speed-up."""
     from readers import open_dataset
@@ -197,15 +277,22 @@ def bench(output: Path, source: Path, batch_size: int, workers: Optional[int], s
         return
     pre = ds.manifest.preprocess
     size = "x".join(map(str, pre["size"])) + f" {pre['resize']}" if pre.get("size") else "original sizes"
-    click.echo(f"packer bench: {output} against {source}: batches of {batch_size}, {result.num_workers} worker(s) "
-               f"each, the same preprocessing ({size}, {pre['mode']}) and float32 batches as the readers give")
+    click.echo(
+        f"packer bench: {output} against {source}: batches of {batch_size}, {result.num_workers} worker(s) "
+        f"each, the same preprocessing ({size}, {pre['mode']}) and float32 batches as the readers give"
+    )
     for name, rate in (("raw folder", result.folder), (f"packed {ds.manifest.format}", result.packed)):
-        click.echo(f"  {name:<12} {rate.samples_per_s:>10,.0f} samples/s  ({rate.samples:,} samples in "
-                   f"{rate.seconds:.1f} s after a {rate.warmup_seconds:.1f} s warm-up)")
+        click.echo(
+            f"  {name:<12} {rate.samples_per_s:>10,.0f} samples/s  ({rate.samples:,} samples in "
+            f"{rate.seconds:.1f} s after a {rate.warmup_seconds:.1f} s warm-up)"
+        )
     click.echo(f"  speed-up     {result.speedup:>10.1f}x")
     if result.folder_images != result.output_samples:
-        click.echo(f"note: {source} holds {result.folder_images} usable image(s), {output} {result.output_samples} "
-                   f"sample(s): is it the folder {output} was converted from?", err=True)
+        click.echo(
+            f"note: {source} holds {result.folder_images} usable image(s), {output} {result.output_samples} "
+            f"sample(s): is it the folder {output} was converted from?",
+            err=True,
+        )
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
 
@@ -231,8 +318,9 @@ class _Tick:
 
 @contextlib.contextmanager
 def _timer_bar(seconds: float, desc: str, quiet: bool) -> Iterator[_Tick]:
-    with tqdm(total=seconds, desc=desc, disable=quiet, dynamic_ncols=True,
-              bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s") as bar:
+    with tqdm(
+        total=seconds, desc=desc, disable=quiet, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s"
+    ) as bar:
         yield _Tick(bar)
 
 

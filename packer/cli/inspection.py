@@ -38,8 +38,11 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
                     click.echo(json.dumps(record.to_dict(), indent=1, ensure_ascii=False))
                     return
                 click.echo(describe_splits(output, record))
-                maps += [(str(output / name), read_manifest(output / name).classes) for name in record.splits
-                         if (output / name / MANIFEST_NAME).is_file() and name not in record.unlabelled]
+                maps += [
+                    (str(output / name), read_manifest(output / name).classes)
+                    for name in record.splits
+                    if (output / name / MANIFEST_NAME).is_file() and name not in record.unlabelled
+                ]
                 continue
             m = read_manifest(output)
             if as_json:
@@ -56,8 +59,13 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
 @click.command()
 @click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option("-j", "--workers", type=click.IntRange(min=1), default=None,
-              help="Shards checked at once, each in a process of its own.  [default: usable cores]")
+@click.option(
+    "-j",
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Shards checked at once, each in a process of its own.  [default: usable cores]",
+)
 def verify(output: Path, quiet: bool, workers: Optional[int]) -> None:
     """Re-read every shard of OUTPUT: sizes, SHA-256 checksums, and that every sample decodes intact.
 
@@ -97,17 +105,22 @@ def _verify_splits(output: Path, quiet: bool, workers: Optional[int] = None) -> 
                 continue
             m = read_manifest(output / name)
             total += m.samples
-            with tqdm(total=m.samples, unit="sample", disable=quiet, desc=f"verifying {name}",
-                      dynamic_ncols=True) as bar:
-                problems += [f"{name}: {p}" for p in verify_output(output / name, progress=bar.update,
-                                                                   workers=workers)]
+            with tqdm(
+                total=m.samples, unit="sample", disable=quiet, desc=f"verifying {name}", dynamic_ncols=True
+            ) as bar:
+                problems += [f"{name}: {p}" for p in verify_output(output / name, progress=bar.update, workers=workers)]
     except KeyboardInterrupt:
         click.echo("packer: verify interrupted", err=True)
         sys.exit(130)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     _fail_on(problems, output, "convert the splits again")
-    maps = "unlabelled" if record.classes is None else "one class map" + (
-        f" ({', '.join(record.unlabelled)} unlabelled)" if record.unlabelled else "")
-    click.echo(f"packer: {output} is intact: {len(record.splits)} splits ({', '.join(record.splits)}), {total} "
-               f"samples verified, {maps}")
+    maps = (
+        "unlabelled"
+        if record.classes is None
+        else "one class map" + (f" ({', '.join(record.unlabelled)} unlabelled)" if record.unlabelled else "")
+    )
+    click.echo(
+        f"packer: {output} is intact: {len(record.splits)} splits ({', '.join(record.splits)}), {total} "
+        f"samples verified, {maps}"
+    )

@@ -23,9 +23,11 @@ SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them a
 def node_summary(result: NodeResult) -> None:
     """Print what one node of a ``--num-nodes`` split wrote, and the ``packer merge`` to run when all are done."""
     kept = result.shards - result.written
-    click.echo(f"packer: node {result.node.rank} of {result.node.nodes} wrote {result.written} shard(s)"
-               f"{f' (and kept {kept} from an earlier run)' if kept else ''}, {result.samples} samples in all, "
-               f"into {result.stage} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan")
+    click.echo(
+        f"packer: node {result.node.rank} of {result.node.nodes} wrote {result.written} shard(s)"
+        f"{f' (and kept {kept} from an earlier run)' if kept else ''}, {result.samples} samples in all, "
+        f"into {result.stage} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan"
+    )
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} file(s) (listed in the report that packer merge writes)", err=True)
     click.echo(f"when every node is done: packer merge {result.output}")
@@ -41,8 +43,11 @@ def splits_summary(result: SplitsResult) -> None:
             summary(split)
     how = "random split" if record.origin.get("kind") == "random" else "split folders found"
     counts = ", ".join(f"{name} {entry['samples']}" for name, entry in record.splits.items())
-    classes = (f"one class map of {len(record.classes)} classes (sha256 {record.class_map_sha256[:12]})"
-               if record.classes is not None and record.class_map_sha256 else "unlabelled")
+    classes = (
+        f"one class map of {len(record.classes)} classes (sha256 {record.class_map_sha256[:12]})"
+        if record.classes is not None and record.class_map_sha256
+        else "unlabelled"
+    )
     if record.unlabelled:
         classes += f" ({', '.join(record.unlabelled)}: unlabelled, no class folders)"
     click.echo(f"packer: {how}: {counts} samples into {result.output}, {classes}, in {result.seconds:.1f} s")
@@ -72,8 +77,11 @@ def summary(result: ConvertResult) -> None:
         if empty:
             click.echo(f"warning: {len(empty)} class(es) have no samples: {', '.join(empty)}", err=True)
     if m.duplicates:
-        click.echo(f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
-                   f"bytes (all packed; listed in {report})", err=True)
+        click.echo(
+            f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
+            f"bytes (all packed; listed in {report})",
+            err=True,
+        )
     if result.ignored:
         parts = ", ".join(f"{ext} x{n}" for ext, n in result.ignored.items())
         click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
@@ -83,20 +91,30 @@ def append_summary(result, source) -> None:
     """Print a finished append (``packer.appending.AppendResult``): what was added, and what was reported."""
     m = result.manifest
     if not result.added and result.processed:
-        click.echo(f"packer: nothing appended: none of the {result.processed} new file(s) of {source} could be packed; "
-                   f"{result.output} is unchanged")
+        click.echo(
+            f"packer: nothing appended: none of the {result.processed} new file(s) of {source} could be packed; "
+            f"{result.output} is unchanged"
+        )
     elif not result.added:
         click.echo(f"packer: nothing to append: every sample of {source} is in {result.output} already")
     else:
         new = [h for h in m.history if h.get("action") == "append"][-1]
-        click.echo(f"packer: appended {result.added} samples in {len(new['shards'])} new shard(s) to {result.output} "
-                   f"in {result.seconds:.1f} s; it now holds {m.samples} samples in {len(m.shards)} shard(s)")
+        click.echo(
+            f"packer: appended {result.added} samples in {len(new['shards'])} new shard(s) to {result.output} "
+            f"in {result.seconds:.1f} s; it now holds {m.samples} samples in {len(m.shards)} shard(s)"
+        )
     if result.changed:
-        click.echo(f"warning: {len(result.changed)} file(s) that {result.output} holds were modified after it was "
-                   f"written and are not packed again: {', '.join(result.changed[:SHOW_SKIPPED])}", err=True)
+        click.echo(
+            f"warning: {len(result.changed)} file(s) that {result.output} holds were modified after it was "
+            f"written and are not packed again: {', '.join(result.changed[:SHOW_SKIPPED])}",
+            err=True,
+        )
     if result.removed:
-        click.echo(f"warning: {len(result.removed)} sample(s) of {result.output} are no longer in {source} (still in "
-                   f"the output): {', '.join(result.removed[:SHOW_SKIPPED])}", err=True)
+        click.echo(
+            f"warning: {len(result.removed)} sample(s) of {result.output} are no longer in {source} (still in "
+            f"the output): {', '.join(result.removed[:SHOW_SKIPPED])}",
+            err=True,
+        )
     if result.skipped:
         where = f", all listed in {result.output / REPORT_NAME}" if result.added else ""
         click.echo(f"skipped {len(result.skipped)} new file(s){where}:", err=True)
@@ -123,7 +141,8 @@ def describe(output: Path, m: Manifest) -> str:
         f"{output}: packer {m.format} output (format version {m.format_version}, packer {m.packer_version})",
         f"  samples   {m.samples} in {len(m.shards)} shard(s), {human(total)}",
         f"  classes   {len(m.classes)} (map sha256 {m.class_map_sha256[:12]}): {_classes(m)}"
-        if m.classes is not None and m.class_map_sha256 else "  classes   none (unlabelled)",
+        if m.classes is not None and m.class_map_sha256
+        else "  classes   none (unlabelled)",
         f"  fields    {', '.join(m.sample_fields)}",
     ]
     if m.has_image:
@@ -137,19 +156,25 @@ def describe(output: Path, m: Manifest) -> str:
     for f in m.text_fields:
         if f.kind == "tokens":
             tok = f.tokenizer or {}
-            lines.append(f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
-                         f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})")
+            lines.append(
+                f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
+                f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})"
+            )
         elif f.kind == "mask":
             info = f.info or {}
-            lines.append(f"  {f.name:<9} segmentation masks from {info.get('source')}: class indices as grayscale PNG, "
-                         f"resized with nearest-neighbour, padding {info.get('ignore_index')}")
+            lines.append(
+                f"  {f.name:<9} segmentation masks from {info.get('source')}: class indices as grayscale PNG, "
+                f"resized with nearest-neighbour, padding {info.get('ignore_index')}"
+            )
         elif f.kind == "detection":
             a = m.annotations or {}
             names = a.get("categories") or []
-            lines.append(f"  {f.name:<9} detection boxes (XYXY pixels of the stored image) from {a.get('source')} "
-                         f"({a.get('format')}): {a.get('boxes')} boxes, {a.get('boxes_dropped')} dropped by the crop "
-                         f"(under {a.get('min_visibility')} of their area left), {a.get('images_without_boxes')} "
-                         f"image(s) without any")
+            lines.append(
+                f"  {f.name:<9} detection boxes (XYXY pixels of the stored image) from {a.get('source')} "
+                f"({a.get('format')}): {a.get('boxes')} boxes, {a.get('boxes_dropped')} dropped by the crop "
+                f"(under {a.get('min_visibility')} of their area left), {a.get('images_without_boxes')} "
+                f"image(s) without any"
+            )
             lines.append(f"  categories {len(names)}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
         else:
             lines.append(f"  {f.name:<9} UTF-8 {'JSON' if f.kind == 'json' else 'text'}, LF line ends")
@@ -166,12 +191,16 @@ def _event(entry: dict) -> str:
     action = entry.get("action")
     if action == "append":
         added = f", classes added: {', '.join(entry['classes_added'])}" if entry.get("classes_added") else ""
-        return (f"{entry.get('at', '?')}: appended {entry.get('samples')} samples in {len(entry.get('shards', []))} "
-                f"shard(s) (packer {entry.get('packer_version')}{added})")
+        return (
+            f"{entry.get('at', '?')}: appended {entry.get('samples')} samples in {len(entry.get('shards', []))} "
+            f"shard(s) (packer {entry.get('packer_version')}{added})"
+        )
     if action == "repack":
         was = entry.get("from", {})
-        return (f"repacked from {was.get('format')} version {was.get('format_version')} ({was.get('codec')} images), "
-                f"{entry.get('samples')} samples (packer {entry.get('packer_version')})")
+        return (
+            f"repacked from {was.get('format')} version {was.get('format_version')} ({was.get('codec')} images), "
+            f"{entry.get('samples')} samples (packer {entry.get('packer_version')})"
+        )
     if action == "combine":
         parts = ", ".join(f"{i.get('name')} ({i.get('samples')})" for i in entry.get("inputs", []))
         return f"combined from {parts} (packer {entry.get('packer_version')})"
@@ -187,8 +216,10 @@ def _stats(stats: Optional[dict]) -> list[str]:
     if px:
         scale = "of pixel/255" if px["scale"] == "0..1" else "of the stored values"
         counted = f"; {px['counted']}: the std a little low" if px.get("counted") else ""
-        lines.append(f"  pixels    mean {_floats(px['mean'])}, std {_floats(px['std'])} "
-                     f"({scale}, {px['count']:,} per channel{counted})")
+        lines.append(
+            f"  pixels    mean {_floats(px['mean'])}, std {_floats(px['std'])} "
+            f"({scale}, {px['count']:,} per channel{counted})"
+        )
     sizes = stats.get("original_sizes")
     if sizes:
         bins = sizes["bins"]
@@ -228,14 +259,21 @@ def _kinds(m: Manifest) -> str:
 
 def describe_splits(output: Path, record: SplitsRecord) -> str:
     """The text ``packer info`` prints for a folder of splits: the set, then each split in brief."""
-    how = ("a seeded stratified split (" + ", ".join(f"{k}={v:g}" for k, v in record.origin["fractions"].items())
-           + f", seed {record.origin['seed']})" if record.origin.get("kind") == "random" else "split folders")
+    how = (
+        "a seeded stratified split ("
+        + ", ".join(f"{k}={v:g}" for k, v in record.origin["fractions"].items())
+        + f", seed {record.origin['seed']})"
+        if record.origin.get("kind") == "random"
+        else "split folders"
+    )
     lines = [f"{output}: packer splits ({how}){'' if record.complete else ', UNFINISHED (run again with --resume)'}"]
     if record.classes is not None and record.class_map_sha256:
         shown = ", ".join(record.classes[:20]) + (" ..." if len(record.classes) > 20 else "")
         every = "every split" + (f" but {', '.join(record.unlabelled)} (unlabelled)" if record.unlabelled else "")
-        lines.append(f"  classes   {len(record.classes)} (map sha256 {record.class_map_sha256[:12]}), one map for "
-                     f"{every}: {shown}")
+        lines.append(
+            f"  classes   {len(record.classes)} (map sha256 {record.class_map_sha256[:12]}), one map for "
+            f"{every}: {shown}"
+        )
     else:
         lines.append("  classes   none (unlabelled)")
     for name, entry in record.splits.items():
@@ -246,8 +284,9 @@ def describe_splits(output: Path, record: SplitsRecord) -> str:
         except PackerError as e:
             line = f"not readable: {e}"
         absent = record.missing.get(name)
-        lines.append(f"  {name:<9} {line}" + (f"; no sample of {len(absent)} class(es): {quoted(absent)}"
-                                              if absent else ""))
+        lines.append(
+            f"  {name:<9} {line}" + (f"; no sample of {len(absent)} class(es): {quoted(absent)}" if absent else "")
+        )
     lines += [f"  problem   {p}" for p in splits_problems(output, record)]
     return "\n".join(lines)
 
@@ -258,8 +297,11 @@ def compare_class_maps(maps: list[tuple[str, Optional[list[str]]]]) -> str:
     differ = [(path, classes) for path, classes in maps[1:] if classes != first]
     if not differ:
         digest = class_map_digest(first)
-        return ("class maps: all unlabelled" if first is None else
-                f"class maps: all {len(maps)} equal (sha256 {digest[:12] if digest else '?'}): labels agree")
+        return (
+            "class maps: all unlabelled"
+            if first is None
+            else f"class maps: all {len(maps)} equal (sha256 {digest[:12] if digest else '?'}): labels agree"
+        )
     lines = [f"class maps DIFFER: a label means another class in these outputs than in {first_path}"]
     for path, classes in differ:
         if first is None or classes is None:

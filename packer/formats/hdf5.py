@@ -49,8 +49,12 @@ class _FixedImages:
     def __init__(self, file: h5py.File, layout: SampleLayout) -> None:
         self.layout = layout
         self._images = file.create_dataset(
-            HDF5_IMAGES, shape=(0, *layout.shape), maxshape=(None, *layout.shape), dtype=layout.dtype,
-            chunks=(1, *layout.shape), track_times=False,
+            HDF5_IMAGES,
+            shape=(0, *layout.shape),
+            maxshape=(None, *layout.shape),
+            dtype=layout.dtype,
+            chunks=(1, *layout.shape),
+            track_times=False,
         )
         self._batch = np.empty((BATCH, *layout.shape), dtype=layout.dtype)
         self._pending = 0
@@ -115,8 +119,12 @@ class _VariableImages:
         self._file.create_dataset(HDF5_IMAGE_SHAPES, data=shapes, track_times=False)
 
 
-_IMAGES = {ImageStorage.FIXED: _FixedImages, ImageStorage.ENCODED: _EncodedImages,
-           ImageStorage.VARIABLE: _VariableImages, ImageStorage.NONE: None}
+_IMAGES = {
+    ImageStorage.FIXED: _FixedImages,
+    ImageStorage.ENCODED: _EncodedImages,
+    ImageStorage.VARIABLE: _VariableImages,
+    ImageStorage.NONE: None,
+}
 
 
 class Hdf5Writer:
@@ -168,8 +176,10 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: 
     with h5py.File(directory / shard.file(HDF5_SUFFIX), "r") as f:
         labels, keys, crcs = f[HDF5_LABELS][:], read_keys(f, shard.name), f[HDF5_CRC32][:]
         if not len(labels) == len(keys) == len(crcs) == shard.samples:
-            raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
-                             f"the manifest says {shard.samples}")
+            raise ValueError(
+                f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
+                f"the manifest says {shard.samples}"
+            )
         streams = {t.name: _varlen(f, shard, t.name, start) for t in layout.text}
         images = _scan_images(f, shard, layout, start)
         for i in range(start, shard.samples):

@@ -71,16 +71,28 @@ class LmdbWriter:
         self.file_name = f"{shard}{LMDB_SUFFIX}"
         self.layout = layout
         # The value of a sample's .image record: .npy bytes of raw pixels, or the encoded file bytes.
-        self._image = choose(layout, {
-            ImageStorage.FIXED: self._npy_image, ImageStorage.VARIABLE: self._npy_image,
-            ImageStorage.ENCODED: lambda sample: encoded_bytes(sample, layout), ImageStorage.NONE: None,
-        }, self.name)
+        self._image = choose(
+            layout,
+            {
+                ImageStorage.FIXED: self._npy_image,
+                ImageStorage.VARIABLE: self._npy_image,
+                ImageStorage.ENCODED: lambda sample: encoded_bytes(sample, layout),
+                ImageStorage.NONE: None,
+            },
+            self.name,
+        )
         per_sample = (layout.sample_bytes or VARIABLE_SIZE_GUESS) + 4096
         self._map_size = max(16 * 1024**2, int(capacity * per_sample * 1.25))
         # lock=False: this process is the only writer of this shard, so no lock file is needed.
         self._env = lmdb.open(
-            str(Path(directory) / self.file_name), subdir=False, map_size=self._map_size, lock=False,
-            sync=False, metasync=False, readahead=False, max_dbs=0,
+            str(Path(directory) / self.file_name),
+            subdir=False,
+            map_size=self._map_size,
+            lock=False,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            max_dbs=0,
         )
         self._page = self._env.stat()["psize"]
         self._txn: Optional[lmdb.Transaction] = None
@@ -119,7 +131,7 @@ class LmdbWriter:
         if len(self._value) != len(header) + image.nbytes:
             self._value = bytearray(len(header) + image.nbytes)
         self._value[: len(header)] = header
-        self._value[len(header):] = memoryview(image).cast("B")
+        self._value[len(header) :] = memoryview(image).cast("B")
         return self._value
 
     def _put(self, key: bytes, value: bytes | bytearray) -> None:
@@ -151,14 +163,22 @@ class LmdbWriter:
 
     def close(self) -> list[str]:
         """Put the labels, checksums and length, commit, and close."""
-        for key, value in sorted([  # after the samples' keys (digits sort before letters), in order
-            (LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))),
-            (LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))),
-            (LMDB_LENGTH, str(len(self.labels)).encode("ascii")),
-            *((lmdb_lengths_key(name), encode_npy(np.asarray(v, dtype=np.int64))) for name, v in self.lengths.items()),
-            *([(LMDB_IMAGE_SHAPES, encode_npy(np.asarray(self.shapes, np.int64).reshape(-1, 3)))]
-              if self.shapes is not None else []),
-        ]):
+        for key, value in sorted(
+            [  # after the samples' keys (digits sort before letters), in order
+                (LMDB_LABELS, encode_npy(np.asarray(self.labels, dtype=np.int64))),
+                (LMDB_CRC32, encode_npy(np.asarray(self.crcs, dtype=np.uint32))),
+                (LMDB_LENGTH, str(len(self.labels)).encode("ascii")),
+                *(
+                    (lmdb_lengths_key(name), encode_npy(np.asarray(v, dtype=np.int64)))
+                    for name, v in self.lengths.items()
+                ),
+                *(
+                    [(LMDB_IMAGE_SHAPES, encode_npy(np.asarray(self.shapes, np.int64).reshape(-1, 3)))]
+                    if self.shapes is not None
+                    else []
+                ),
+            ]
+        ):
             self._put(key, value)
         self._commit()
         # No fsync here, as for the other formats: the manifest, written last, is what makes an
@@ -210,11 +230,13 @@ def _open_readonly(path: Path, stack: contextlib.ExitStack) -> "lmdb.Environment
     return lmdb.open(str(copy), subdir=False, readonly=True, lock=False)
 
 
-def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, image: bool, encoded: bool,
-              start: int = 0) -> Iterator[StoredSample]:
+def _scan_env(
+    env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, image: bool, encoded: bool, start: int = 0
+) -> Iterator[StoredSample]:
     """``scan_shard`` of an open environment, which it closes."""
     try:
         with env.begin() as txn:
+
             def get(key: bytes) -> bytes:
                 value = txn.get(key)
                 if value is None:
@@ -226,8 +248,10 @@ def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, 
             shapes = txn.get(LMDB_IMAGE_SHAPES) if layout.sizes_indexed else None  # none before format version 6
             shapes = decode_npy(shapes) if shapes is not None else None
             if not length == len(labels) == len(crcs) == shard.samples:
-                raise ValueError(f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
-                                 f"the manifest says {shard.samples}")
+                raise ValueError(
+                    f"{shard.name}: length {length}, {len(labels)} labels, {len(crcs)} checksums; "
+                    f"the manifest says {shard.samples}"
+                )
             npy = NpyDecoder()  # the images of a shard share one .npy header: parsed once, not per image
             for i in range(start, length):
                 key = get(lmdb_key_key(i)).decode("utf-8")
@@ -235,7 +259,8 @@ def _scan_env(env: "lmdb.Environment", shard: ShardEntry, layout: SampleLayout, 
                 pixels = npy(value) if image and not encoded else None
                 fields = {f.name: get(lmdb_field_key(i, f.name)) for f in layout.text}
                 shape = tuple(int(v) for v in shapes[i]) if shapes is not None and i < len(shapes) else None
-                yield StoredSample(i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields,
-                                   shape)
+                yield StoredSample(
+                    i, key, int(labels[i]), pixels, int(crcs[i]), value if encoded else None, fields, shape
+                )
     finally:
         env.close()

@@ -99,8 +99,12 @@ class _VariableImages:
         return names
 
 
-_IMAGES = {ImageStorage.FIXED: _FixedImages, ImageStorage.ENCODED: _EncodedImages,
-           ImageStorage.VARIABLE: _VariableImages, ImageStorage.NONE: None}
+_IMAGES = {
+    ImageStorage.FIXED: _FixedImages,
+    ImageStorage.ENCODED: _EncodedImages,
+    ImageStorage.VARIABLE: _VariableImages,
+    ImageStorage.NONE: None,
+}
 
 
 class NpyWriter:
@@ -149,8 +153,10 @@ def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: 
     """
     labels, keys, crcs = (np.load(directory / shard.file(s), mmap_mode="r", allow_pickle=False) for s in SUFFIXES[1:])
     if not len(labels) == len(keys) == len(crcs) == shard.samples:
-        raise ValueError(f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
-                         f"the manifest says {shard.samples}")
+        raise ValueError(
+            f"{shard.name}: {len(labels)} labels, {len(keys)} keys, {len(crcs)} checksums; "
+            f"the manifest says {shard.samples}"
+        )
     streams = {f.name: _varlen(directory, shard, f.name, start) for f in layout.text}
     images = _scan_images(directory, shard, layout, start)
     for i in range(start, shard.samples):
@@ -180,8 +186,9 @@ def _scan_images(directory: Path, shard: ShardEntry, layout: SampleLayout, start
 def _has_shapes(shard: ShardEntry, layout: SampleLayout) -> bool:
     """Whether the shard has ``NAME.images.shapes.npy``: raw images of varying size, and encoded ones
     written at format version 6 (older shards have none)."""
-    return layout.image is ImageStorage.VARIABLE or (layout.sizes_indexed and
-                                                     any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files))
+    return layout.image is ImageStorage.VARIABLE or (
+        layout.sizes_indexed and any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files)
+    )
 
 
 def _rows(directory: Path, shard: ShardEntry, start: int = 0) -> Iterator[tuple]:
@@ -198,8 +205,9 @@ def _varlen(directory: Path, shard: ShardEntry, field: str, start: int = 0) -> I
     """The bytes of each sample of variable-length field ``field`` from ``start`` on, read from its two files."""
     data, offsets = npy_varlen_suffixes(field)
     flat = _complete_rows(directory / shard.file(data), ndim=1)
-    return iter_varlen(flat, np.load(directory / shard.file(offsets), allow_pickle=False), shard.samples,
-                       shard.file(data), start)
+    return iter_varlen(
+        flat, np.load(directory / shard.file(offsets), allow_pickle=False), shard.samples, shard.file(data), start
+    )
 
 
 def _complete_rows(path: Path, ndim: int = 4) -> np.ndarray:
@@ -212,8 +220,9 @@ def _complete_rows(path: Path, ndim: int = 4) -> np.ndarray:
         offset = f.tell()
     if dtype.hasobject or fortran or len(shape) != ndim:
         what = "image array (N x H x W x C of plain numbers)" if ndim == 4 else "byte array (N of uint8)"
-        raise ValueError(f"{path.name} holds {dtype} {shape}{' in Fortran order' if fortran else ''}, "
-                         f"not a packer {what}")
+        raise ValueError(
+            f"{path.name} holds {dtype} {shape}{' in Fortran order' if fortran else ''}, not a packer {what}"
+        )
     row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     available = (path.stat().st_size - offset) // row if row else shape[0]
     rows = min(shape[0], available)

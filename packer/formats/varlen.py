@@ -102,8 +102,9 @@ class Hdf5VarlenWriter:
     def __init__(self, file, field: str) -> None:
         self.names = hdf5_varlen_names(field)
         self._file = file
-        self._flat = file.create_dataset(self.names[0], shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                         chunks=(CHUNK_BYTES,), track_times=False)
+        self._flat = file.create_dataset(
+            self.names[0], shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(CHUNK_BYTES,), track_times=False
+        )
         self._pending = bytearray()
         self.offsets = [0]
 
@@ -148,8 +149,9 @@ def iter_varlen(flat: Any, offsets: np.ndarray, count: int, where: str, start: i
         yield bytes(flat[begin:end])
 
 
-def varlen_images(stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str,
-                  start: int = 0) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes], Optional[tuple[int, ...]]]]:
+def varlen_images(
+    stream: Iterator[bytes], layout: SampleLayout, shapes: Optional[np.ndarray], where: str, start: int = 0
+) -> Iterator[tuple[Optional[np.ndarray], Optional[bytes], Optional[tuple[int, ...]]]]:
     """``(pixels, encoded bytes, recorded shape)`` of each sample of an image field stored as a
     variable-length field: encoded images as their bytes (with the (H, W, C) ``shapes`` records, if
     any), raw images of their own sizes rebuilt with ``shapes``."""

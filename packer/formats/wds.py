@@ -77,10 +77,16 @@ class WdsWriter:
         self.file_name = f"{shard}{TAR_SUFFIX}"
         self.layout = layout
         # The parts of a sample's image member: an .npy of raw pixels, or the encoded file bytes.
-        self._image = choose(layout, {
-            ImageStorage.FIXED: _npy_parts, ImageStorage.VARIABLE: _npy_parts,
-            ImageStorage.ENCODED: lambda sample: (encoded_bytes(sample, layout),), ImageStorage.NONE: None,
-        }, self.name)
+        self._image = choose(
+            layout,
+            {
+                ImageStorage.FIXED: _npy_parts,
+                ImageStorage.VARIABLE: _npy_parts,
+                ImageStorage.ENCODED: lambda sample: (encoded_bytes(sample, layout),),
+                ImageStorage.NONE: None,
+            },
+            self.name,
+        )
         self._members = TAR_MEMBERS[:-1] + (("image",) if layout.has_image else ())
         self._f = HashedFile(self.directory / self.file_name)  # in order: nobody reads it back for the manifest
         self._offset = 0
@@ -192,8 +198,14 @@ def output_files(manifest: Manifest) -> dict[str, bytes]:
     """The files of a tar-shard output made from its manifest: ``shardindex.json``, the shard list of
     ``wids.ShardListDataset`` (as its ``widsindex create`` writes it, without the MD5 sums: the
     manifest's SHA-256 covers the files)."""
-    shards = [{"url": s.file(TAR_SUFFIX), "nsamples": s.samples,
-               "filesize": next(f.bytes for f in s.files if f.path.endswith(TAR_SUFFIX))} for s in manifest.shards]
+    shards = [
+        {
+            "url": s.file(TAR_SUFFIX),
+            "nsamples": s.samples,
+            "filesize": next(f.bytes for f in s.files if f.path.endswith(TAR_SUFFIX)),
+        }
+        for s in manifest.shards
+    ]
     index = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shards}
     return {WIDS_INDEX: (json.dumps(index, indent=1) + "\n").encode("utf-8")}
 
@@ -248,7 +260,7 @@ def scan_intact_shard(directory: Path, shard: ShardEntry, layout: SampleLayout) 
                 if offset < start or offset + size > start + len(buf):
                     f.seek(offset)
                     buf, start = f.read(max(_WINDOW, size)), offset
-                fields[parts[at]] = buf[offset - start:offset - start + size]
+                fields[parts[at]] = buf[offset - start : offset - start + size]
             yield stored(n, fields)
     if len(lines) != shard.samples:
         raise ValueError(f"{shard.name}: its index lists {len(lines)} samples; the manifest says {shard.samples}")

@@ -15,6 +15,22 @@ from readers.advisor.profile import Profile, profile_folder, profile_output
 from readers.advisor.timing import Rate, time_loader
 from readers.advisor.tune import LoaderMeasure, Measurement, Trial, TuneResult, recommended_code, tune
 
-__all__ = ["Comparison", "compare", "plot", "FolderDataset", "folder_items", "PeakMemory", "Profile",
-           "profile_folder", "profile_output", "Rate", "time_loader", "LoaderMeasure", "Measurement", "Trial",
-           "TuneResult", "recommended_code", "tune"]
+__all__ = [
+    "Comparison",
+    "compare",
+    "plot",
+    "FolderDataset",
+    "folder_items",
+    "PeakMemory",
+    "Profile",
+    "profile_folder",
+    "profile_output",
+    "Rate",
+    "time_loader",
+    "LoaderMeasure",
+    "Measurement",
+    "Trial",
+    "TuneResult",
+    "recommended_code",
+    "tune",
+]

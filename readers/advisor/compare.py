@@ -25,7 +25,7 @@ from readers.advisor.folder import FolderDataset, folder_items
 from readers.advisor.timing import Rate, check_images, one_thread, time_loader
 from readers.loader import default_options, make_loader
 
-PLOT_EXTRA = "pip install matplotlib (or: pip install -e \".[plot]\")"
+PLOT_EXTRA = 'pip install matplotlib (or: pip install -e ".[plot]")'
 
 
 @dataclass
@@ -48,14 +48,27 @@ class Comparison:
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
-        def side(rate: Rate) -> dict:
-            return {"samples_per_s": rate.samples_per_s, "samples": rate.samples, "seconds": rate.seconds,
-                    "warmup_seconds": rate.warmup_seconds, "warm": rate.warm}
 
-        return {"output": self.output, "source": self.source, "batch_size": self.batch_size,
-                "num_workers": self.num_workers, "packed": side(self.packed), "folder": side(self.folder),
-                "speedup": self.speedup, "folder_images": self.folder_images,
-                "output_samples": self.output_samples}
+        def side(rate: Rate) -> dict:
+            return {
+                "samples_per_s": rate.samples_per_s,
+                "samples": rate.samples,
+                "seconds": rate.seconds,
+                "warmup_seconds": rate.warmup_seconds,
+                "warm": rate.warm,
+            }
+
+        return {
+            "output": self.output,
+            "source": self.source,
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "packed": side(self.packed),
+            "folder": side(self.folder),
+            "speedup": self.speedup,
+            "folder_images": self.folder_images,
+            "output_samples": self.output_samples,
+        }
 
 
 def default_workers(dataset, batch_size: int) -> int:
@@ -63,8 +76,15 @@ def default_workers(dataset, batch_size: int) -> int:
     return int(default_options(dataset, batch_size, torch.float32)["num_workers"])
 
 
-def compare(dataset, source: str | os.PathLike, *, batch_size: int = 64, num_workers: Optional[int] = None,
-            seconds: float = 10.0, tick: Optional[Callable[[float], None]] = None) -> Comparison:
+def compare(
+    dataset,
+    source: str | os.PathLike,
+    *,
+    batch_size: int = 64,
+    num_workers: Optional[int] = None,
+    seconds: float = 10.0,
+    tick: Optional[Callable[[float], None]] = None,
+) -> Comparison:
     """Time ``make_loader(dataset)`` and a plain DataLoader over the images of ``source`` for about
     ``seconds`` each (after warm-up), both with ``batch_size`` and ``num_workers`` (default: what
     make_loader would choose). ``dataset`` is a packer reader opened with ``normalize=True``.
@@ -79,14 +99,16 @@ def compare(dataset, source: str | os.PathLike, *, batch_size: int = 64, num_wor
     packed = _timed(lambda: make_loader(dataset, batch_size, num_workers=workers), workers, seconds, tick)
     folder = FolderDataset(items, PreprocessConfig.from_dict(manifest.preprocess))
     extra = {"persistent_workers": True} if workers else {}
-    plain = _timed(lambda: DataLoader(folder, batch_size=batch_size, shuffle=True, num_workers=workers, **extra),
-                   workers, seconds, tick)
-    return Comparison(str(dataset.root), str(source), batch_size, workers, packed, plain, len(items),
-                      manifest.samples)
+    plain = _timed(
+        lambda: DataLoader(folder, batch_size=batch_size, shuffle=True, num_workers=workers, **extra),
+        workers,
+        seconds,
+        tick,
+    )
+    return Comparison(str(dataset.root), str(source), batch_size, workers, packed, plain, len(items), manifest.samples)
 
 
-def _timed(make: Callable[[], object], workers: int, seconds: float,
-           tick: Optional[Callable[[float], None]]) -> Rate:
+def _timed(make: Callable[[], object], workers: int, seconds: float, tick: Optional[Callable[[float], None]]) -> Rate:
     with one_thread():
         loader = make()
         rate = time_loader(loader, seconds, min(max(1, workers), len(loader)), tick=tick)  # type: ignore[arg-type]

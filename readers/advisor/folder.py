@@ -21,8 +21,10 @@ from readers.tensors import ImageConverter
 def converter_for(preprocess: dict, normalize: bool = True) -> ImageConverter:
     """The ImageConverter a reader of an output with this manifest ``preprocess`` entry would use."""
     if preprocess.get("normalize") == "auto":
-        raise ConfigError("--normalize auto is only known once an output is converted; profile or compare against "
-                          "the converted output, whose manifest holds the computed mean and std")
+        raise ConfigError(
+            "--normalize auto is only known once an output is converted; profile or compare against "
+            "the converted output, whose manifest holds the computed mean and std"
+        )
     # ImageConverter reads only the manifest's preprocess entry.
     return ImageConverter(SimpleNamespace(preprocess=preprocess), normalize)  # type: ignore[arg-type]
 

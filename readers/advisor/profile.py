@@ -39,8 +39,13 @@ from readers.tensors import ImageConverter
 
 FOLDER_STAGES = ("read", "decode", "preprocess", "to_tensor", "collate")
 OUTPUT_STAGES = ("read", "decode", "to_tensor", "collate")
-STAGE_NAMES = {"read": "open + read", "decode": "decode", "preprocess": "preprocess (resize)",
-               "to_tensor": "to tensor + normalize", "collate": "collate"}
+STAGE_NAMES = {
+    "read": "open + read",
+    "decode": "decode",
+    "preprocess": "preprocess (resize)",
+    "to_tensor": "to tensor + normalize",
+    "collate": "collate",
+}
 """How each stage is shown (for an output, ``read`` is ``read stored bytes``)."""
 
 _PILLOW_ERRORS = (DecodeError, UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError)
@@ -94,42 +99,54 @@ class Profile:
         if self.kind == "folder":
             tips = {
                 "read": f"many small random reads; pack the folder (packer convert {src} -f npy) so that reads "
-                        "come from a few large files",
+                "come from a few large files",
                 "decode": f"convert with packer convert {src} -f npy (raw codec) so decoding happens once, not "
-                          "every epoch",
+                "every epoch",
                 "preprocess": f"it gives the same result every epoch, so packer convert {src} -f npy does it "
-                              "once, offline",
+                "once, offline",
                 "to_tensor": f"convert (packer convert {src} -f npy) and load with make_loader, which sends uint8 "
-                             "through the workers and normalizes once per batch (on the GPU with device='cuda')",
+                "through the workers and normalizes once per batch (on the GPU with device='cuda')",
                 "collate": f"convert (packer convert {src} -f npy) and load with make_loader, whose workers "
-                           "write each sample straight into one batch tensor",
+                "write each sample straight into one batch tensor",
             }
         else:
             # in_memory=True exists for the map-style readers only, not for tar shards
             mapped = FORMATS[self.format].random_access
             ram = f"hold it in RAM with open_dataset({src!r}, in_memory=True), " if mapped else ""
-            decoded = (f", or open it with open_dataset({src!r}, in_memory=True), which holds the images decoded"
-                       if mapped else "")
+            decoded = (
+                f", or open it with open_dataset({src!r}, in_memory=True), which holds the images decoded"
+                if mapped
+                else ""
+            )
             tips = {
                 "read": f"storage is the limit: keep the output on a local SSD, {ram}or convert with --codec jpeg "
-                        "to read fewer bytes",
+                "to read fewer bytes",
                 "decode": f"convert again with --codec raw so decoding happens once{decoded}",
                 "to_tensor": "use make_loader, which sends uint8 through the workers and normalizes once per batch "
-                             "(on the GPU with device='cuda')",
+                "(on the GPU with device='cuda')",
                 "collate": "use make_loader, or collate_fn=readers.packed_collate, which writes samples straight "
-                           "into one batch tensor",
+                "into one batch tensor",
             }
         return f"{self.name(stage)} dominates ({share}): {tips[stage]}."
 
     def to_dict(self) -> dict:
         """JSON-ready form: stages with ms per sample and share, the dominant stage and the advice."""
         return {
-            "source": self.source, "kind": self.kind, "format": self.format, "codec": self.codec,
-            "samples": self.samples, "batch_size": self.batch_size, "skipped": self.skipped,
+            "source": self.source,
+            "kind": self.kind,
+            "format": self.format,
+            "codec": self.codec,
+            "samples": self.samples,
+            "batch_size": self.batch_size,
+            "skipped": self.skipped,
             "preprocess": self.preprocess,
-            "stages": [{"stage": s, "name": self.name(s), "ms_per_sample": 1000 * self.seconds[s],
-                        "share": self.share(s)} for s in self.seconds],
-            "ms_per_sample": 1000 * self.total, "dominant": self.dominant, "advice": self.advice(),
+            "stages": [
+                {"stage": s, "name": self.name(s), "ms_per_sample": 1000 * self.seconds[s], "share": self.share(s)}
+                for s in self.seconds
+            ],
+            "ms_per_sample": 1000 * self.total,
+            "dominant": self.dominant,
+            "advice": self.advice(),
         }
 
 
@@ -160,9 +177,13 @@ def _medians(laps: list[dict[str, float]], stages: Sequence[str]) -> dict[str, f
     return {stage: float(np.median([lap[stage] for lap in laps])) for stage in stages}
 
 
-def profile_folder(source: str | os.PathLike, samples: int = 200, batch_size: int = 64,
-                   preprocess: Optional[PreprocessConfig] = None,
-                   progress: Optional[Callable[[int], None]] = None) -> Profile:
+def profile_folder(
+    source: str | os.PathLike,
+    samples: int = 200,
+    batch_size: int = 64,
+    preprocess: Optional[PreprocessConfig] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> Profile:
     """Time each stage of loading ``samples`` images (spread over the folder) from their files.
 
     ``preprocess`` defaults to ``packer convert``'s defaults. Files that cannot be decoded are
@@ -204,8 +225,9 @@ def profile_folder(source: str | os.PathLike, samples: int = 200, batch_size: in
     return Profile(str(source), "folder", len(done), batch_size, seconds, skipped, preprocess=cfg.to_dict())
 
 
-def profile_output(root: str | os.PathLike, samples: int = 200, batch_size: int = 64,
-                   progress: Optional[Callable[[int], None]] = None) -> Profile:
+def profile_output(
+    root: str | os.PathLike, samples: int = 200, batch_size: int = 64, progress: Optional[Callable[[int], None]] = None
+) -> Profile:
     """Time each stage of loading ``samples`` samples (spread over the shards) from a packer output.
 
     Stored samples are read with the format's stock library (as ``packer verify`` reads them); the
@@ -250,8 +272,7 @@ def profile_output(root: str | os.PathLike, samples: int = 200, batch_size: int 
         raise InputError(f"{root} holds no sample to profile")
     seconds = _medians(laps, OUTPUT_STAGES[:-1])
     seconds["collate"] = _collate_seconds(done, batch_size)
-    return Profile(str(root), "output", len(done), batch_size, seconds, 0, manifest.format, codec,
-                   manifest.preprocess)
+    return Profile(str(root), "output", len(done), batch_size, seconds, 0, manifest.format, codec, manifest.preprocess)
 
 
 def _collate_seconds(samples: list[tuple[torch.Tensor, int]], batch_size: int) -> float:
@@ -264,7 +285,7 @@ def _collate_seconds(samples: list[tuple[torch.Tensor, int]], batch_size: int) -
     per_sample = []
     with one_thread():  # as in a DataLoader worker, where a plain DataLoader collates
         for i in range(0, len(samples), step):
-            batch = samples[i:i + step]
+            batch = samples[i : i + step]
             start = time.perf_counter()
             default_collate(batch)
             per_sample.append((time.perf_counter() - start) / len(batch))

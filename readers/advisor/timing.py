@@ -35,8 +35,9 @@ class Rate:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def time_loader(loader: Iterable, seconds: float, warmup_batches: int = 1,
-                tick: Optional[Callable[[float], None]] = None) -> Rate:
+def time_loader(
+    loader: Iterable, seconds: float, warmup_batches: int = 1, tick: Optional[Callable[[float], None]] = None
+) -> Rate:
     """Iterate ``loader`` pass after pass (epochs) for about ``seconds`` wall-clock seconds in all.
 
     The first ``warmup_batches`` batches (worker start, first reads) are not timed; give one per
@@ -76,7 +77,6 @@ def time_loader(loader: Iterable, seconds: float, warmup_batches: int = 1,
     return Rate(samples, end - timed_from, timed_from - start)
 
 
-
 def busy_note(cpus: int) -> Optional[str]:
     """A warning when other processes already keep at least half of ``cpus`` busy (1-minute load
     average), since measurements then vary from run to run; None on a quiet machine."""
@@ -86,8 +86,10 @@ def busy_note(cpus: int) -> Optional[str]:
         return None
     if load < cpus / 2:
         return None
-    return (f"the load average is {load:.1f} on {cpus} core(s) before starting: other processes compete for the "
-            "CPUs, so figures may vary between runs")
+    return (
+        f"the load average is {load:.1f} on {cpus} core(s) before starting: other processes compete for the "
+        "CPUs, so figures may vary between runs"
+    )
 
 
 def check_images(manifest: Manifest, batch_size: int, where: object, text_ok: bool = False) -> None:
@@ -98,11 +100,15 @@ def check_images(manifest: Manifest, batch_size: int, where: object, text_ok: bo
     if image is None and text_ok and manifest.text_fields:
         return
     if image is None:
-        raise ConfigError(f"{where} holds no images (text samples only): profile and bench measure the loading "
-                          "of images (packer tune measures text outputs too)")
+        raise ConfigError(
+            f"{where} holds no images (text samples only): profile and bench measure the loading "
+            "of images (packer tune measures text outputs too)"
+        )
     if image.get("shape") is None and batch_size > 1:
-        raise ConfigError(f"{where} keeps each image's own size (--resize none): batches of several images cannot "
-                          "be stacked; use a batch size of 1")
+        raise ConfigError(
+            f"{where} keeps each image's own size (--resize none): batches of several images cannot "
+            "be stacked; use a batch size of 1"
+        )
 
 
 @contextlib.contextmanager

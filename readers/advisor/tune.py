@@ -100,9 +100,15 @@ def worker_counts(max_workers: int) -> list[int]:
     return counts
 
 
-def tune(measure: Measure, *, max_workers: int, seconds: float, margin: float = DEFAULT_MARGIN,
-         prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS,
-         on_trial: Optional[Callable[[Trial, float], None]] = None) -> TuneResult:
+def tune(
+    measure: Measure,
+    *,
+    max_workers: int,
+    seconds: float,
+    margin: float = DEFAULT_MARGIN,
+    prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS,
+    on_trial: Optional[Callable[[Trial, float], None]] = None,
+) -> TuneResult:
     """Search worker counts by doubling, then prefetch factors, within ``seconds`` in all.
 
     Each trial gets an equal share of the time left among the trials still planned (at least
@@ -142,8 +148,10 @@ def tune(measure: Measure, *, max_workers: int, seconds: float, margin: float = 
         if w == 0:  # the baseline: no doubling is compared with it
             continue
         if best_rate and m.samples_per_s < best_rate * (1 + margin):
-            stopped = (f"doubling to {w} workers changed samples/s by {m.samples_per_s / best_rate - 1:+.0%} "
-                       f"(less than +{margin:.0%})")
+            stopped = (
+                f"doubling to {w} workers changed samples/s by {m.samples_per_s / best_rate - 1:+.0%} "
+                f"(less than +{margin:.0%})"
+            )
             break
         best_rate = max(best_rate, m.samples_per_s)
     if not trials:
@@ -194,8 +202,15 @@ class LoaderMeasure:
     ConfigError when the output's images cannot be batched at ``batch_size`` (--resize none).
     """
 
-    def __init__(self, dataset: ReaderBase, batch_size: int, *, device: Optional[str] = None,
-                 tick: Optional[Callable[[float], None]] = None, memory_every: float = 0.2) -> None:
+    def __init__(
+        self,
+        dataset: ReaderBase,
+        batch_size: int,
+        *,
+        device: Optional[str] = None,
+        tick: Optional[Callable[[float], None]] = None,
+        memory_every: float = 0.2,
+    ) -> None:
         check_images(dataset.manifest, batch_size, dataset.root, text_ok=True)
         self.dataset, self.batch_size, self.device = dataset, batch_size, device
         self.tick, self.memory_every = tick, memory_every
@@ -215,8 +230,15 @@ class LoaderMeasure:
         return Measurement(rate.samples_per_s, memory.peak, rate.samples, rate.seconds)
 
 
-def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: Trial,
-                     cuda: bool = False, text: bool = False, detection: bool = False) -> dict[str, str]:
+def recommended_code(
+    root: str | os.PathLike,
+    fmt: str,
+    batch_size: int,
+    trial: Trial,
+    cuda: bool = False,
+    text: bool = False,
+    detection: bool = False,
+) -> dict[str, str]:
     """Python to paste for ``trial``: ``{"make_loader": ..., "DataLoader": ...}``, each complete (imports
     included) and defining ``loader``; ``text`` for outputs with text fields (padded batches),
     ``detection`` for outputs of ``(image, target)`` samples (``detection_collate``)."""
@@ -238,20 +260,25 @@ def recommended_code(root: str | os.PathLike, fmt: str, batch_size: int, trial: 
         dl.append("pin_memory=True")
     if detection:
         dl.append("collate_fn=detection_collate")
-        plain = ("from torch.utils.data import DataLoader\n\nfrom readers import detection_collate, open_dataset\n\n"
-                 + _call("loader = DataLoader", dl))
+        plain = (
+            "from torch.utils.data import DataLoader\n\nfrom readers import detection_collate, open_dataset\n\n"
+            + _call("loader = DataLoader", dl)
+        )
     elif text:
         opened, dl[0] = dl[0], "dataset"
         dl.append("collate_fn=partial(pad_collate, pad_id=dataset.pad_id, fields=dataset.manifest.sample_fields)")
-        plain = ("from functools import partial\n\nfrom torch.utils.data import DataLoader\n\n"
-                 f"from readers import open_dataset, pad_collate\n\ndataset = {opened}\n"
-                 + _call("loader = DataLoader", dl))
+        plain = (
+            "from functools import partial\n\nfrom torch.utils.data import DataLoader\n\n"
+            f"from readers import open_dataset, pad_collate\n\ndataset = {opened}\n" + _call("loader = DataLoader", dl)
+        )
     else:
         dl.append("collate_fn=packed_collate")
-        plain = ("from torch.utils.data import DataLoader\n\nfrom readers import open_dataset, packed_collate\n\n"
-                 + _call("loader = DataLoader", dl))
+        plain = (
+            "from torch.utils.data import DataLoader\n\nfrom readers import open_dataset, packed_collate\n\n"
+            + _call("loader = DataLoader", dl)
+        )
     if cuda:
-        plain += "# in the loop: images = images.to(\"cuda\", non_blocking=True)\n"
+        plain += '# in the loop: images = images.to("cuda", non_blocking=True)\n'
     return {"make_loader": packed, "DataLoader": plain}
 
 

@@ -1,12 +1,13 @@
-"""Shared test helpers that are not fixtures: a fake clock, waiting for writers to go quiet, telling a
-clean CLI error from a crash, the sizes of planned shards, and whether a run left its staging folder."""
+"""Shared test helpers that are not fixtures: a fake clock, waiting for an event or for writers to go
+quiet, whether a process runs, telling a clean CLI error from a crash, the sizes of planned shards, and
+whether a run left its staging folder."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from click.testing import Result
@@ -41,6 +42,24 @@ def quiet_after(stage: Path, seconds: float = 1.5) -> bool:
     before = snapshot()
     time.sleep(seconds)
     return snapshot() == before
+
+
+def wait_for(condition: Callable[[], object], what: str, patience: float = 120.0) -> None:
+    """Poll until ``condition()`` is true. ``patience`` is a safety net that ends a test whose event never
+    comes (failing it, naming ``what``), far beyond what a loaded machine takes: never a measure of speed."""
+    deadline = time.monotonic() + patience
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {patience:g} s"
+        time.sleep(0.02)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux: from /proc; a zombie waiting for its reaper counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
 
 
 def exited_cleanly(result: Result) -> bool:

@@ -219,14 +219,15 @@ def test_same_batches_with_0_1_and_2_workers_and_new_crops_each_epoch(outputs, f
     runs = [epoch_batches(ds, (0, 1), num_workers=w) for w in (0, 1, 2)]
     assert len(runs[0]) == 10 and all(b.shape[1:] == (3, 24, 24) for b in runs[0])
     for other in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+        assert len(other) == len(runs[0]) and all(torch.equal(a, b) for a, b in zip(runs[0], other))
     unshuffled = [make_loader(ds, 18, shuffle=False, num_workers=0) for _ in range(2)]
     unshuffled[1].set_epoch(1)
     e0, e1 = (next(iter(loader))[0] for loader in unshuffled)
     assert not torch.equal(e0, e1)  # the same samples, other crops
     centre = open_dataset(outputs[fmt], crop=CenterCrop(24))
     c0, c1 = epoch_batches(centre, (0,), shuffle=False), epoch_batches(centre, (1,), shuffle=False)
-    assert all(torch.equal(a, b) for a, b in zip(c0, c1))  # a centre crop is the same every epoch
+    # a centre crop is the same every epoch
+    assert len(c0) == len(c1) == 5 and all(torch.equal(a, b) for a, b in zip(c0, c1))
 
 
 def test_tar_shards_give_each_sample_the_same_crop_whatever_the_workers(outputs):
@@ -238,7 +239,8 @@ def test_tar_shards_give_each_sample_the_same_crop_whatever_the_workers(outputs)
     first = by_index(0)
     assert sorted(first) == list(range(18))
     for workers in (1, 2):
-        assert all(torch.equal(first[i], img) for i, img in by_index(workers).items())
+        got = by_index(workers)
+        assert sorted(got) == list(range(18)) and all(torch.equal(first[i], img) for i, img in got.items())
     batches = [
         torch.cat(
             epoch_batches(
@@ -370,7 +372,8 @@ def test_in_memory_images_are_cropped_like_the_files(outputs, tmp_path):
     convert(src, tmp_path / "fixed", ConvertConfig("npy", PreprocessConfig(size=(48, 40))), workers=1)
     a = open_dataset(tmp_path / "fixed", crop=RandomResizedCrop(24), flip=True, in_memory=True)
     b = open_dataset(tmp_path / "fixed", crop=RandomResizedCrop(24), flip=True)
-    assert all(torch.equal(x, y) for x, y in zip(epoch_batches(a, num_workers=0), epoch_batches(b, num_workers=0)))
+    in_memory, from_files = epoch_batches(a, num_workers=0), epoch_batches(b, num_workers=0)
+    assert len(in_memory) == len(from_files) == 5 and all(torch.equal(x, y) for x, y in zip(in_memory, from_files))
 
 
 def test_tar_shards_follow_set_epoch_in_persistent_workers_and_count_passes_in_fresh_ones(outputs):
@@ -385,9 +388,12 @@ def test_tar_shards_follow_set_epoch_in_persistent_workers_and_count_passes_in_f
         return out
 
     want = crops([0, 1, 2, 5], 0, False)
+    assert [sorted(w) for w in want] == [list(range(18))] * 4
     for got in (crops([0, 1, 2, 5], 2, True), crops([0, 1, 2, 5], 2, False)):
+        assert [sorted(g) for g in got] == [list(range(18))] * 4
         assert all(torch.equal(w[i], g[i]) for w, g in zip(want, got) for i in w)
     passes = crops([0, 1, 2], 2, False, set_epoch=False)  # no set_epoch: each pass moves to the next epoch
+    assert [sorted(p) for p in passes] == [list(range(18))] * 3
     assert all(torch.equal(want[e][i], passes[e][i]) for e in range(3) for i in want[e])
 
 

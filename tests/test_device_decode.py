@@ -80,9 +80,9 @@ def test_device_batches_are_the_workers_batches_within_a_level(outputs, name, cr
 
 
 def test_uint8_batches_without_normalization_and_no_workers(outputs):
-    for (images, labels), (on_device, their_labels) in _pairs(
-        outputs["npy"], RandomResizedCrop(48), workers=0, normalize=False
-    ):
+    pairs = _pairs(outputs["npy"], RandomResizedCrop(48), workers=0, normalize=False)
+    assert len(pairs) == 4  # 18 samples in batches of 5
+    for (images, labels), (on_device, their_labels) in pairs:
         assert on_device.dtype == torch.uint8 and torch.equal(labels, their_labels)
         assert _levels(images, on_device) <= 1
 
@@ -192,7 +192,9 @@ def large(tmp_path_factory):
 def test_reduced_decodes_and_large_shrinks_are_rendered_by_the_workers_as_before(large, crop):
     """The device decodes in full and CUDA's antialiased kernel refuses large shrinks: such crops are
     the workers' own (the same pixels exactly)."""
-    for (images, labels), (on_device, their_labels) in _pairs(large, crop, workers=0, normalize=False):
+    pairs = _pairs(large, crop, workers=0, normalize=False)
+    assert len(pairs) == 2  # 6 samples in batches of 5
+    for (images, labels), (on_device, their_labels) in pairs:
         assert torch.equal(labels, their_labels) and torch.equal(images.contiguous(), on_device)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import quiet_after
+from helpers import process_alive, quiet_after, wait_for
 from PIL import Image
 
 from packer.errors import ManifestError
@@ -67,17 +67,32 @@ def slowed_env(where: Path) -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
 
 
-def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.CompletedProcess | int:
-    """Start a (slowed) conversion, wait for its first finished shard, send ``sig``; return the exit status."""
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (Linux: from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # ended while looked at
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def start_and_stop(src: Path, out: Path, sig: int) -> subprocess.Popen:
+    """Start a (slowed) conversion, wait for its first finished shard, send ``sig``; return the ended
+    process, its ``workers`` the processes it had started and still had then."""
     proc = subprocess.Popen(
         packer_cmd(str(src), "-o", str(out), *OPTIONS), stderr=subprocess.PIPE, text=True, env=slowed_env(out.parent)
     )
     stage = staging_dir(out)
     deadline = time.monotonic() + 120
-    while not list(stage.glob(f"*{DONE_SUFFIX}")):
+    while not (list(stage.glob(f"*{DONE_SUFFIX}")) and children(proc.pid)):
         assert proc.poll() is None, "the conversion finished before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    proc.workers = children(proc.pid)  # type: ignore[attr-defined]
     proc.send_signal(sig)
     proc.wait(timeout=60)
     return proc
@@ -102,6 +117,7 @@ def test_interrupt_exits_130_leaves_no_output_and_resumes_identically(big_tree, 
     assert not out.exists()
     with pytest.raises(ManifestError):
         open_dataset(out)
+    wait_for(lambda: not any(map(process_alive, proc.workers)), "the converter's workers outlived it")
     assert quiet_after(staging_dir(out))
     resume_and_compare(big_tree, out, reference)
 
@@ -113,7 +129,9 @@ def test_sigkill_leaves_no_output_stops_workers_and_resumes_identically(big_tree
     assert not out.exists()
     with pytest.raises(ManifestError):
         open_dataset(out)
-    time.sleep(1.0)  # workers notice their converter is gone at their next file
+    # The kernel kills them with it (elsewhere they notice it is gone at their next file); they wrote
+    # the shards they were at no further.
+    wait_for(lambda: not any(map(process_alive, proc.workers)), "the killed converter's workers still run")
     assert quiet_after(staging_dir(out))
     resume_and_compare(big_tree, out, reference)
 

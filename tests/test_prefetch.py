@@ -67,8 +67,8 @@ def _settle(prefetch: Prefetcher, patience: float = 60.0) -> int:
 def test_nothing_is_requested_before_start(tmp_path):
     with _prefetcher(_files(tmp_path, 10)) as prefetch:
         prefetch.advance(5)
-        time.sleep(0.05)
-        assert not prefetch.started and prefetch.requested_files == 0
+        # No thread runs to request anything, and none ran (it would have requested a file first).
+        assert not prefetch.started and not _threads_left() and prefetch.requested_files == 0
 
 
 def test_a_window_ahead_of_the_decoder_refilled_when_half_used(tmp_path):
@@ -146,8 +146,8 @@ def test_closed_it_stays_stopped_and_leaves_no_thread(tmp_path):
     assert not prefetch.alive and not _threads_left()
     prefetch.start(0)
     prefetch.advance(40)
-    time.sleep(0.05)
-    assert prefetch.requested_files == 4 and not _threads_left()
+    # No thread runs again to request more, and none ran (it would have requested a file first).
+    assert not prefetch.alive and not _threads_left() and prefetch.requested_files == 4
 
 
 def test_the_kernel_is_asked_for_whole_files_in_pieces(tmp_path, monkeypatch):

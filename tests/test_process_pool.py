@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from packer.process_pool import ProcessPool
 
@@ -29,6 +31,11 @@ def _die_in_pool(parent: int) -> int:
 def _sleep(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+def _mark_and_sleep(marker: str, seconds: float) -> int:
+    Path(marker).touch()
+    return _sleep(seconds)
 
 
 def _handlers() -> tuple:
@@ -57,21 +64,22 @@ def test_a_task_whose_process_died_is_run_by_the_parent():
         assert [task.get() for task in tasks] == [7] * 4  # both processes died: the parent ran them all
 
 
-def test_the_end_kills_processes_busy_with_long_tasks_at_once():
+def test_the_end_kills_processes_busy_with_long_tasks_at_once(tmp_path):
     pool = ProcessPool(2)
-    running = [pool.submit(_sleep, 60) for _ in range(3)]
-    pool.pump(0.2)
-    started = time.perf_counter()
+    processes = [process for process, _ in pool._workers]
+    running = [pool.submit(_mark_and_sleep, str(tmp_path / f"task{i}"), 60) for i in range(3)]
+    wait_for(lambda: len(list(tmp_path.iterdir())) == 2, "the pool's processes never started their tasks")
     pool.close()
-    assert time.perf_counter() - started < 5
-    assert all(task.ready() for task in running)
+    # Killed, not waited for: a process let run to its task's end would exit with 0, a minute later.
+    assert [process.exitcode for process in processes] == [-signal.SIGKILL] * 2
+    assert all(task.ready() for task in running) and len(running) == 3
 
 
 def test_a_ready_task_was_taken_in_without_get():
     with ProcessPool(1) as pool:
         task = pool.submit(_square, 4)
-        deadline = time.perf_counter() + 10
-        while not task.ready() and time.perf_counter() < deadline:
+        deadline = time.monotonic() + 120  # a safety net for a hang, not a measure of speed
+        while not task.ready() and time.monotonic() < deadline:
             task.wait(0.05)
         assert task.ready() and task.get()[0] == 16
 
@@ -90,28 +98,36 @@ def _big(n: int) -> bytes:
 _ORPHAN = """
 import os, signal, sys, time
 from packer.process_pool import ProcessPool
+def busy(marker):
+    open(marker, "w").close()
+    time.sleep(3600)
 pool = ProcessPool(2)
-busy = [pool.submit(time.sleep, 60), pool.submit(bytes, 8 << 20)]  # one busy, one blocked sending 8 MB
-time.sleep(0.5)
+tasks = [pool.submit(busy, sys.argv[1]), pool.submit(bytes, 8 << 20)]  # one busy, one blocked sending 8 MB
+while not os.path.exists(sys.argv[1]) or not any(conn.poll() for _, conn in pool._workers):
+    time.sleep(0.01)  # both at work: the marker made, the 8 MB on their way
 print(" ".join(str(p.pid) for p, _ in pool._workers), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_pool_processes_do_not_outlive_a_parent_killed_outright():
+def test_pool_processes_do_not_outlive_a_parent_killed_outright(tmp_path):
     """A process busy with a task, or blocked sending a result larger than the pipe holds, ends
     with its parent: the fork's copies of the parent's pipe ends are closed, and the kernel kills
     it when the parent dies."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60)
+    code = [sys.executable, "-c", _ORPHAN, str(tmp_path / "busy")]
+    done = subprocess.run(code, capture_output=True, text=True, timeout=120)
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2, done.stderr
-    deadline = time.perf_counter() + 10
-    while time.perf_counter() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in pids)
+    try:
+        # Left alive, the busy one would sleep for an hour and the other wait forever: 120 s only
+        # ends a test whose processes outlive their parent.
+        wait_for(lambda: not any(_alive(p) for p in pids), "pool processes outlived their parent")
+    finally:
+        for pid in filter(_alive, pids):  # none, unless the test failed
+            os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ import ray  # the test extra installs it: a missing Ray fails here, never skips
 from click.testing import CliRunner
 from compare import assert_same_output
 from conftest import FORMATS, make_tree
-from helpers import quiet_after
+from helpers import process_alive, quiet_after, wait_for
 from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -35,24 +35,41 @@ PRE = PreprocessConfig(size=(16, 12))
 # Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
 # worker running its task the first time it is decoded (the shard's process is that worker's
 # child, and dies with it), as a lost node or the out-of-memory killer would; KILL-ALWAYS every
-# time; SLOW-ME files take
-# 0.2 s each, so that a run lasts long enough to be interrupted.
+# time; KILL-WHEN-HUNG every time too, once a HANG-ME file hangs; HANG-ME files never finish
+# decoding, their process's id in the marker "hung"; SLOW-ME files take 0.2 s each, so that a run
+# lasts long enough to be interrupted, their process's id in a marker "slow-PID"; COUNT-ME files
+# add a line to the marker "counted" each time they are decoded.
 HOOK = """
 import os, signal, time
 import packer.preprocess as _pp
 _decode = _pp.decode
+def _marker(name):
+    return os.path.join(os.environ["PACKER_TEST_MARKERS"], name)
 def _hooked(data, cfg, path="<bytes>", **options):
     if b"KILL-TASK" in data:
-        marker = os.path.join(os.environ["PACKER_TEST_MARKERS"], "killed")
+        marker = _marker("killed")
         if not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getppid(), signal.SIGKILL)
             time.sleep(60)
-    if b"KILL-ALWAYS" in data:
+    if b"KILL-WHEN-HUNG" in data:
+        deadline = time.monotonic() + 120  # a safety net: the HANG-ME file of the other shard comes first
+        while not os.path.exists(_marker("hung")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    if b"KILL-ALWAYS" in data or b"KILL-WHEN-HUNG" in data:
         os.kill(os.getppid(), signal.SIGKILL)
         time.sleep(60)
+    if b"HANG-ME" in data:
+        with open(_marker("hung.part"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(_marker("hung.part"), _marker("hung"))
+        time.sleep(3600)
     if b"SLOW-ME" in data:
+        open(_marker("slow-%d" % os.getpid()), "w").close()
         time.sleep(0.2)
+    if b"COUNT-ME" in data:
+        with open(_marker("counted"), "a") as f:
+            f.write(path + "\\n")
     return _decode(data, cfg, path, **options)
 _pp.decode = _hooked
 """
@@ -138,28 +155,47 @@ def test_a_task_that_keeps_dying_fails_the_run_and_leaves_no_output(cluster, tmp
     assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
 
 
-def test_a_failed_run_stops_its_other_tasks(cluster, tmp_path):
-    """Shard 1 dies for good while shard 0 (60 files of 0.2 s) runs: the run fails long before shard
-    0 could have finished, because its task is told to stop and ends its process."""
+def test_a_failed_run_stops_its_other_tasks(cluster, tmp_path, monkeypatch):
+    """Shard 1 dies for good while shard 0 hangs in its first file, so that shard 0 can never finish on
+    its own: the run fails, and shard 0's task is told to stop and ends its shard's process."""
+    hung = cluster.markers / "hung"
+    hung.unlink(missing_ok=True)
     src = tmp_path / "src"
-    for i in range(64):
-        path = src / f"c{i // 60}" / f"{i:03d}.png"
+    for i in range(8):
+        path = src / f"c{i // 4}" / f"{i:03d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(path)
         with open(path, "ab") as f:
-            f.write(b"SLOW-ME" if i < 60 else b"KILL-ALWAYS")
-    started = time.monotonic()
+            f.write(b"HANG-ME" if i < 4 else b"KILL-WHEN-HUNG")
+    told: list = []  # the tasks still running when the run failed, as the executor stops them
+    stop = RayExecutor._stop
+
+    def recorded(self, board, run, refs):
+        told.extend(refs)
+        stop(self, board, run, refs)
+
+    monkeypatch.setattr(RayExecutor, "_stop", recorded)
     with RayExecutor(max_retries=0) as executor, pytest.raises(PackerError, match="writing shard-00001 failed"):
-        convert(src, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=60)), executor=executor)
-    assert time.monotonic() - started < 10  # shard 0 alone takes 12 s
+        convert(src, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=4)), executor=executor)
+    # Shard 0's task ended as stopped, not with a result or an error: its hanging files would have
+    # kept it going for many minutes (each up to the hang timeout). The timeout here only ends a test
+    # whose task never ends.
+    assert ray.get(told, timeout=120) == [("stopped", None)]
+    assert not process_alive(int(hung.read_text()))  # its shard's process, stuck in the file, was ended
     assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
 
 
-def test_strict_stops_at_the_bad_file_without_retries(cluster, tree, tmp_path):
-    started = time.monotonic()
+def test_strict_stops_at_the_bad_file_without_retries(cluster, tmp_path):
+    """A bad file under --strict is packer's own error, which the task returns: Ray never runs the
+    task again, so the file is decoded once."""
+    counted = cluster.markers / "counted"
+    counted.unlink(missing_ok=True)
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 5, "bee": 4, "cat": 5})
+    (src / "bee" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20 + b"COUNT-ME")
     with RayExecutor() as executor, pytest.raises(DecodeError, match="bee/broken.png"):
-        convert(tree, tmp_path / "out", ConvertConfig("wds", PRE, ShardSize(samples=4)), executor=executor, strict=True)
-    assert time.monotonic() - started < 30
+        convert(src, tmp_path / "out", ConvertConfig("wds", PRE, ShardSize(samples=4)), executor=executor, strict=True)
+    assert [Path(line).name for line in counted.read_text().splitlines()] == ["broken.png"]
     assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()
 
 
@@ -199,6 +235,8 @@ def test_cli_interrupted_then_resumed_on_the_cluster(cluster, tmp_path):
         "--address",
         cluster.address,
     ]
+    for marker in cluster.markers.glob("slow-*"):
+        marker.unlink()
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(staging_dir(out).glob(f"*{DONE_SUFFIX}")):
@@ -209,7 +247,11 @@ def test_cli_interrupted_then_resumed_on_the_cluster(cluster, tmp_path):
     assert proc.wait(timeout=60) == 130
     assert "--resume" in proc.stderr.read()
     assert not out.exists() and staging_dir(out).exists()
-    assert quiet_after(staging_dir(out))  # the cancelled tasks write nothing more
+    # The stopped tasks end their shards' processes (each wrote its id on its first file) ...
+    shard_processes = [int(marker.name.split("-")[1]) for marker in cluster.markers.glob("slow-*")]
+    assert shard_processes
+    wait_for(lambda: not any(map(process_alive, shard_processes)), "the stopped tasks' shard processes still run")
+    assert quiet_after(staging_dir(out))  # ... and write nothing more
     done = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     convert(src, local, ConvertConfig("wds", PreprocessConfig(size=(16, 16)), ShardSize(samples=4)), workers=2)

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 from conftest import make_tree
-from helpers import shard_file
+from helpers import process_alive, shard_file, wait_for
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -185,9 +185,10 @@ def test_text_lengths_come_checked_from_the_url(served):
 # --- streams that stall, run long or lie about their sizes ---------------------------------------
 
 
-def bounded(fn: Callable[[], object], seconds: float) -> tuple[object, float]:
-    """``fn()``'s result, or the exception it raised, and the seconds it took; the test fails (and
-    the daemon thread is left behind) when it runs past ``seconds``, so a hang cannot hang the suite."""
+def bounded(fn: Callable[[], object], patience: float = 120.0) -> object:
+    """``fn()``'s result, or the exception it raised; the test fails (and the daemon thread is left
+    behind) when it runs past ``patience`` seconds, so a hang cannot hang the suite. A safety net far
+    beyond what a loaded machine takes, never a measure of speed: a test asserts on what ``fn`` gave."""
     box: dict = {}
 
     def run() -> None:
@@ -197,11 +198,10 @@ def bounded(fn: Callable[[], object], seconds: float) -> tuple[object, float]:
             box["value"] = e
 
     thread = threading.Thread(target=run, daemon=True)
-    start = time.monotonic()
     thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s"
-    return box["value"], time.monotonic() - start
+    thread.join(patience)
+    assert not thread.is_alive(), f"still running after {patience:g} s"
+    return box["value"]
 
 
 Send = Callable[[str, bytes, "io.BufferedIOBase", threading.Event], None]  # path, file bytes, wfile, stop
@@ -244,7 +244,7 @@ def custom_server(root: Path, send: Send) -> Iterator[str]:
 
 def paced(target: str, piece: int, pause: float, then_silent: bool) -> Send:
     """A sender that writes ``target``'s bytes ``piece`` at a time, ``pause`` s apart (after the first
-    piece, nothing more when ``then_silent``), and every other file whole."""
+    piece, nothing more until the server ends when ``then_silent``), and every other file whole."""
 
     def send(path: str, data: bytes, wfile, stop: threading.Event) -> None:
         if not path.endswith(target):
@@ -253,7 +253,7 @@ def paced(target: str, piece: int, pause: float, then_silent: bool) -> Send:
         for at in range(0, len(data), piece):
             wfile.write(data[at : at + piece])
             wfile.flush()
-            if stop.wait(30 if then_silent else pause):
+            if stop.wait(None if then_silent else pause):
                 return
 
     return send
@@ -269,55 +269,49 @@ def test_a_stalling_server_fails_within_the_window(served, monkeypatch, target, 
         target = shard_file(root / "wds", 0, ".tar").name
     monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
     with custom_server(root, paced(target, 64, 0.1, then_silent)) as url:
-        error, took = bounded(lambda: list(open_dataset(f"{url}/wds")), 15)
+        # The silent server sends nothing more until the read has ended; the other sends too little
+        # in each window, for seconds: only the stall rule ends the read with an error.
+        error = bounded(lambda: list(open_dataset(f"{url}/wds")))
     assert isinstance(error, ManifestError), error
     got = re.search(
-        rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last 1\.\d s, under the 1048576 "
+        rf"{url}/wds/{re.escape(target)} stalled: (\d+) bytes in the last \d+\.\d s, under the 1048576 "
         r"bytes a stream must deliver every 1 s",
         str(error),
     )
     assert got, error
-    assert int(got.group(1)) == 64 if then_silent else 64 < int(got.group(1)) < 20 * 64  # more came, too little
-    assert took < 6
+    assert int(got.group(1)) == 64 if then_silent else 64 < int(got.group(1)) < (1 << 20)  # more came, too little
 
 
 def test_a_slow_steady_link_reads_every_sample(served, monkeypatch):
     root, _, _ = served
-    monkeypatch.setattr(streams, "STALL_WINDOW", 0.5)
-    monkeypatch.setattr(streams, "STALL_BYTES", 2048)  # the link gives ~3x that: 256 bytes every 20 ms
+    monkeypatch.setattr(streams, "STALL_WINDOW", 2.0)
+    monkeypatch.setattr(streams, "STALL_BYTES", 2048)  # the link gives ~12x that: 256 bytes every 20 ms
     entry = read_manifest(root / "wds").shards[0].files[0]
+    assert entry.bytes > 3 * streams.STALL_BYTES  # several windows' bytes, so that several must be met
     with custom_server(root, paced(entry.path, 256, 0.02, then_silent=False)) as url:
-        result, took = bounded(lambda: list(iter_remote_tar(f"{url}/wds", entry)), 30)
-    assert result == list(iter_tar_samples(root / "wds" / entry.path))
-    assert len(result) == 4 and took > 3 * 0.5  # several windows, each met
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
+        result = bounded(lambda: list(iter_remote_tar(f"{url}/wds", entry)))
+    assert result == list(iter_tar_samples(root / "wds" / entry.path))  # each window met: no stall
+    assert len(result) == 4
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads process states from /proc")
 def test_a_trickling_pipe_command_is_killed_whole_on_a_stall(monkeypatch, tmp_path):
     monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
     pid_file = tmp_path / "sleep.pid"
-    stream = open_stream(f"pipe:sh -c 'sleep 30 & echo $! > {pid_file}; printf x; wait'")
-    error, took = bounded(stream.read, 15)
+    # Neither command sends more, or ends, for 10 minutes: a stall error is the window at work.
+    stream = open_stream(f"pipe:sh -c 'sleep 600 & echo $! > {pid_file}; printf x; wait'")
+    error = bounded(stream.read)
     assert isinstance(error, ManifestError), error
-    assert re.search(r"stalled: 1 bytes in the last 1\.\d s", str(error)), error
-    assert took < 6
+    assert re.search(r"stalled: 1 bytes in the last \d+\.\d s", str(error)), error
     assert stream.proc.returncode == -signal.SIGKILL  # the shell, killed and reaped ...
     sleeper = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while process_alive(sleeper) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not process_alive(sleeper)  # ... with its child: the whole process group
-    error, took = bounded(lambda: open_dataset("pipe:sh -c 'printf x; sleep 30' {}"), 15)  # the manifest, by name
-    assert isinstance(error, ManifestError) and "stalled" in str(error) and took < 6
+    try:  # ... with its child: the whole process group
+        wait_for(lambda: not process_alive(sleeper), "the command's child outlived it")
+    finally:
+        if process_alive(sleeper):  # only when the test failed
+            os.kill(sleeper, signal.SIGKILL)
+    error = bounded(lambda: open_dataset("pipe:sh -c 'printf x; sleep 600' {}"))  # the manifest, by name
+    assert isinstance(error, ManifestError) and "stalled" in str(error), error
 
 
 def claiming(tar: bytes, size: int) -> bytes:
@@ -351,7 +345,7 @@ def peak_memory(fn: Callable[[], object]) -> tuple[object, int]:
     """``fn()``'s result (or exception) and the peak of Python's allocations while it ran, in bytes."""
     tracemalloc.start()
     try:
-        result, _ = bounded(fn, 30)
+        result = bounded(fn)
         return result, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -462,7 +456,7 @@ def test_an_endless_manifest_is_refused_at_its_cap(served, monkeypatch):
 
     monkeypatch.setattr(remote, "MANIFEST_BYTES", 2 << 20)
     with custom_server(root, send) as url:
-        error, _ = bounded(lambda: open_dataset(f"{url}/wds"), 30)
+        error = bounded(lambda: open_dataset(f"{url}/wds"))
     assert isinstance(error, ManifestError), error
     assert str(error).startswith(f"{url}/wds/manifest.json is longer than {2 << 20} bytes")
 
@@ -482,7 +476,7 @@ def test_a_garbled_http_answer_is_a_packer_error(tmp_path):
     thread.start()
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/out"
     try:
-        error, _ = bounded(lambda: WdsDataset(url), 30)
+        error = bounded(lambda: WdsDataset(url))
     finally:
         listener.close()
         thread.join(10)
@@ -513,10 +507,10 @@ def test_a_chunked_answer_trickling_its_framing_stalls_within_the_window(monkeyp
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/shard-00000.tar"
     try:
         stream = open_stream(url)
-        error, seconds = bounded(lambda: stream.read(1024), 20)
+        error = bounded(lambda: stream.read(1024))  # each receive alone would wait 0.2 s: no end
     finally:
         stop.set()
         listener.close()
         thread.join(10)
     assert isinstance(error, ManifestError), error
-    assert str(error).startswith(f"{url} stalled: 0 bytes in the last") and seconds < 5
+    assert str(error).startswith(f"{url} stalled: 0 bytes in the last"), error

@@ -13,6 +13,7 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import MaskConfig, ShardSize
+from packer.manifest import read_manifest
 from packer.verify import verify
 from readers import make_loader, open_dataset
 
@@ -56,7 +57,9 @@ def check_masks(out: Path, ignore: int = 255, epoch: int = 0, **options) -> None
     ds = open_dataset(out, normalize=False, **options)
     ds.set_epoch(epoch)
     assert ds.ignore_index == ignore
+    seen = 0
     for image, mask in ds:
+        seen += 1
         assert mask.dtype == torch.int64 and mask.shape == image.shape[1:]
         assert set(mask.unique().tolist()) <= {0, 1, 2, 3, ignore}
         pixels = image.permute(1, 2, 0).numpy().astype(int)
@@ -66,6 +69,7 @@ def check_masks(out: Path, ignore: int = 255, epoch: int = 0, **options) -> None
             interior = _eroded(m == cls)
             assert near[interior].all(), f"class {cls} pixels off its colour"
             assert (m[_eroded(near)] == cls).all(), f"colour of class {cls} with another class in the mask"
+    assert seen == read_manifest(out).samples > 0  # every sample checked
 
 
 def _eroded(region: np.ndarray) -> np.ndarray:
@@ -101,7 +105,7 @@ def test_every_format_stores_the_masks(data, tmp_path, fmt):
     assert verify(tmp_path / "out") == []
     check_masks(tmp_path / "out", ignore=250)
     masks = [m for _, m in open_dataset(tmp_path / "out")]
-    assert all((m == 250).any() for m in masks)  # the letterbox is padded with the ignore index
+    assert len(masks) == len(IMAGES) and all((m == 250).any() for m in masks)  # the letterbox: the ignore index
     images, batch = next(iter(make_loader(open_dataset(tmp_path / "out"), 3, shuffle=False, num_workers=0)))
     assert images.shape == (3, 3, 64, 64) and batch.shape == (3, 64, 64) and batch.dtype == torch.int64
 

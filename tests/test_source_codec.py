@@ -268,8 +268,10 @@ def test_readers_leave_pillows_pixel_limit_as_they_found_it(outputs):
     before = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = 1000  # far below these images: the conversion's own limit applied already
     try:
-        ds = open_dataset(outputs["lmdb"], normalize=False)
-        assert [tuple(ds[i][0].shape[1:]) for i in range(2)]
+        ds = open_dataset(outputs["lmdb"], normalize=False, return_meta=True)
+        # Decoded whole, though Pillow refuses over twice its limit: two JPEGs re-encoded, one kept as it was
+        got = [(ds[i][2]["key"], tuple(ds[i][0].shape[1:])) for i in range(3)]
+        assert got == [("a/big.jpg", (192, 256)), ("a/gray.jpg", (48, 64)), ("a/plain.jpg", (80, 120))]
         assert Image.MAX_IMAGE_PIXELS == 1000
     finally:
         Image.MAX_IMAGE_PIXELS = before

@@ -169,8 +169,10 @@ def test_token_round_trip_is_exact(text_outputs, fmt, tmp_path):
     tok = str(make_tokenizer(tmp_path / "tok.json"))
     ds = open_dataset(result.output, return_meta=True)
     samples = read_all(ds)
+    expected = {**TEXTS, "neg/crlf.txt": "one\ntwo"}
+    assert sorted(meta["key"] for _, _, meta in samples) == sorted(expected)  # every text, once
     for ids, _, meta in samples:
-        text = {**TEXTS, "neg/crlf.txt": "one\ntwo"}[meta["key"]]
+        text = expected[meta["key"]]
         assert ids.dtype == torch.int64 and ids.tolist() == token_ids(text, "x", tok, 6).tolist()
     assert ds.lengths().tolist() == [len(ids) for ids, _, _ in samples]
     assert ds.pad_id == 0 and result.manifest.fields["text"]["tokenizer"]["max_length"] == 6

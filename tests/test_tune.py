@@ -200,7 +200,7 @@ def test_tune_command_json_and_text(outputs, real_measure_on_the_clock):
     for t in data["trials"]:
         assert t["samples_per_s"] > 0 and t["peak_memory_bytes"] > 0
     assert data["recommended"]["num_workers"] in {t["num_workers"] for t in data["trials"]}
-    assert data["seconds"] < 4
+    assert data["seconds"] <= 2 + 1e-6  # within --seconds, on the search's fake clock
     for text in data["code"].values():
         compile(text, "<code>", "exec")
     text = CliRunner().invoke(

@@ -9,12 +9,14 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import FORMATS, make_tree, pack_every_format
+from helpers import FakeClock, wait_for
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -88,6 +90,8 @@ def test_shards_are_checked_side_by_side_and_reported_in_shard_order(outputs, tm
 
 def test_an_interrupted_verify_leaves_no_checking_process(outputs, monkeypatch):
     import multiprocessing as mp
+    import multiprocessing.context
+    import signal
 
     import packer.verify as v
 
@@ -98,12 +102,21 @@ def test_an_interrupted_verify_leaves_no_checking_process(outputs, monkeypatch):
     def interrupt(n: int) -> None:
         raise KeyboardInterrupt
 
+    started = []
+    start = mp.context.ForkProcess.start
+
+    def recorded(self) -> None:
+        start(self)
+        started.append(self)
+
+    monkeypatch.setattr(mp.context.ForkProcess, "start", recorded)
     monkeypatch.setattr(v, "PROGRESS_SECONDS", 0.0)
     monkeypatch.setattr(v, "check_samples", stuck)
-    began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         verify(outputs["npy"], progress=interrupt, workers=2)
-    assert time.monotonic() - began < 30 and not mp.active_children()
+    # Killed, not waited for: a checking process let run would end with 0 after its 600 s.
+    assert started and [p.exitcode for p in started] == [-signal.SIGKILL] * len(started)
+    assert not mp.active_children()
 
 
 @pytest.mark.parametrize("workers", [1, 4])
@@ -132,22 +145,37 @@ def test_an_interrupted_verify_leaves_no_padded_copy(outputs, tmp_path, monkeypa
         raise AssertionError("the progress callback's interrupt was lost")
 
 
-def test_a_busy_parent_does_not_take_a_childs_queued_word_for_a_stall(outputs, monkeypatch):
+def test_a_busy_parent_does_not_take_a_childs_queued_word_for_a_stall(outputs, tmp_path, monkeypatch):
     """A progress callback that blocks longer than STALL_SECONDS once (a paused terminal): the other
-    shard's reports wait in its pipe, and it is read, not killed as stalled (the review's finding)."""
+    shard's reports wait in its pipe, and it is read, not killed as stalled (the review's finding).
+    Verify runs on a fake clock that only the callback moves: a child that a busy machine keeps
+    waiting is never taken for stalled, and the callback's block is the event it waits for."""
     import packer
     import packer.verify as v
 
+    clock = FakeClock()
+    monkeypatch.setattr(v, "time", SimpleNamespace(monotonic=clock))  # verify's clock, its children's too
     monkeypatch.setattr(v, "STALL_SECONDS", 1.0)
     monkeypatch.setattr(v, "PROGRESS_SECONDS", 0.0)
+    names = [s.name for s in read_manifest(outputs["npy"]).shards]
+    check = v.check_samples
+
+    def checked(root, manifest, shard, progress=None, labels=None, intact=False):
+        found = check(root, manifest, shard, progress, labels, intact=intact)
+        (tmp_path / shard.name).touch()  # its reports are in its pipe
+        return found
+
     blocked = []
 
-    def slow(n: int) -> None:
+    def busy(n: int) -> None:
         if not blocked:
             blocked.append(n)
-            time.sleep(1.5)
+            wait_for(lambda: all((tmp_path / name).exists() for name in names), "the shards were never checked")
+            clock.advance(1.5)  # longer than STALL_SECONDS, every child's reports waiting in its pipe
 
-    assert verify(outputs["npy"], progress=slow, workers=2) == []
+    monkeypatch.setattr(v, "check_samples", checked)
+    assert verify(outputs["npy"], progress=busy, workers=2) == []
+    assert blocked and len(names) == 2
     assert packer.verify(outputs["npy"], workers=1) == []  # the module called as the function takes workers too
 
 

@@ -6,6 +6,7 @@ import itertools
 import time
 
 import pytest
+from helpers import wait_for
 
 import packer.prefetch
 import packer.worker
@@ -80,7 +81,7 @@ def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned
 
         def advance(self, position: int) -> None:
             super().advance(position)
-            deadline = time.monotonic() + 5  # let the thread catch up, so that what it asks for is known
+            deadline = time.monotonic() + 120  # let the thread catch up, so that what it asks for is known
             while self.alive and self._next < min(len(self._paths), position + 2) and time.monotonic() < deadline:
                 time.sleep(0.001)
 
@@ -157,7 +158,13 @@ def test_a_worker_ends_on_sigterm_whatever_handler_its_converter_had(image_tree,
 
     from packer.system import request_stop
 
-    monkeypatch.setattr(packer.worker, "write_shard", lambda *args, **kwargs: time.sleep(60))
+    inside = tmp_path / "inside"
+
+    def shard(*args, **kwargs) -> None:
+        inside.touch()
+        time.sleep(60)
+
+    monkeypatch.setattr(packer.worker, "write_shard", shard)
     previous = signal.signal(signal.SIGTERM, request_stop)  # as the CLI installs it
     try:
         ctx = mp.get_context("fork")
@@ -170,8 +177,8 @@ def test_a_worker_ends_on_sigterm_whatever_handler_its_converter_had(image_tree,
         proc.start()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    time.sleep(0.5)  # inside its shard
+    wait_for(inside.exists, "the worker never got to its shard")
     proc.terminate()
-    proc.join(10)
+    proc.join(120)  # a safety net: the worker ends at once, or runs its minute out and exits 0
     assert proc.exitcode == -signal.SIGTERM and not receive.poll()  # ended, nothing sent
     assert "Traceback" not in capfd.readouterr().err

@@ -30,18 +30,18 @@ from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
+from packer.finish import name_shards
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
-from packer.output import discard, lock_output, publish, recover, release_output, start_staging
 from packer.pipeline import ConvertResult, checked, refuse_packer_output
 from packer.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.registry import get_format
+from packer.run.staging import Staging
 from packer.sample_layout import ImageCodec, SampleLayout
 from packer.stats import summarize
 from packer.system import usable_cpus
 from packer.text import TextConfig
-from packer.worker import ShardJob
+from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +101,14 @@ def append(
     source, output = Path(source), Path(output)
     read_manifest(output)  # a clear error now for a folder that is no output
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    lock = lock_output(output)
-    try:
-        recover(output)
+    with Staging(output) as staging:
         # Everything from here on under the lock: another append that finished meanwhile (a class
         # added, say) is what this one adds to.
         old = read_manifest(output)
         found, layout = _checked_source(source, output, config, old, labels_file, add_classes)
         result = _append_locked(
-            source, output, config, layout, old, found, strict, timeout, progress, on_plan, executor
+            source, staging, config, layout, old, found, strict, timeout, progress, on_plan, executor
         )
-    finally:
-        release_output(output, lock)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -209,7 +205,7 @@ def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> Non
 
 def _append_locked(
     source: Path,
-    output: Path,
+    staging: Staging,
     config: ConvertConfig,
     layout: SampleLayout,
     old: Manifest,
@@ -220,7 +216,8 @@ def _append_locked(
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
     executor: Executor,
 ) -> AppendResult:
-    """The part of ``append`` that runs under the output's lock."""
+    """The part of ``append`` that runs under the output's lock (``staging``)."""
+    output = staging.output
     spec = get_format(old.format)
     old_layout = SampleLayout.from_manifest(old)
     held: set[str] = set()
@@ -270,27 +267,22 @@ def _append_locked(
     ]
     if on_plan is not None:
         on_plan(new_found, tasks)
-    stage = start_staging(output)
-    try:
-        jobs = [
-            ShardJob(first + i, t, config.format, layout, config.preprocess, str(stage), strict, text=config.text)
-            for i, t in enumerate(tasks)
-        ]
+    staging.start()
+    # A failure, Ctrl-C included, discards the new shards: OUT is untouched until publish renames
+    # the new version into place, and an append is simply run again.
+    with staging.writing(resumable=False) as stage:
+        jobs = [ShardWork.of(config, layout, str(stage), strict).job(first + i, t) for i, t in enumerate(tasks)]
         results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
         for shard in old.shards:  # under their own names: readers of the old version find them
             place_shard(stage, output, shard, shard.name, True)
         results = sorted(results, key=lambda r: r.name)
         results = name_shards(stage, results, [r.name for r in results], first)
         if not any(r.samples for r in results):  # every new file was bad: the output stays as it is
-            discard(stage)
+            staging.discard()
             bad = [s for r in results for s in r.skipped]
             return AppendResult(output, old, 0.0, bad, found.ignored, len(fresh), 0, changed, removed)
         manifest = _appended_manifest(output, stage, old, layout, new_found, results, config, changed, removed)
-        write_output(stage, manifest)
-        publish(stage, output, True)
-    except BaseException:
-        discard(stage)  # OUT is untouched until publish renames the new version into place
-        raise
+        staging.publish(manifest, overwrite=True)
     added = sum(r.samples for r in results)
     all_skipped = [*new_found.skipped, *(s for r in results for s in r.skipped)]  # this run's, not the output's
     return AppendResult(output, manifest, 0.0, all_skipped, found.ignored, len(fresh), added, changed, removed)

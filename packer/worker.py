@@ -14,14 +14,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import xxhash
 
 from packer import preprocess, source_codec, text
 from packer.codecs import encode_image, image_extension
-from packer.config import PreprocessConfig
+from packer.config import ConvertConfig, PreprocessConfig
 from packer.containers import ContainerJob, container_bytes
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
@@ -94,6 +94,32 @@ class ShardJob:
     plan_fingerprint: str = ""
     """With ``record``: the fingerprint of the run's plan, written into the record
     (``packer.output.PLAN_OF_RECORD``)."""
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """What every shard of one run shares: its format and layout, preprocessing, the folder the
+    shards are written into, strictness and text options. ``job`` makes each shard's ``ShardJob``:
+    the one place one is built."""
+
+    format: str
+    layout: SampleLayout
+    directory: str
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    strict: bool = False
+    text: TextConfig = field(default_factory=TextConfig)
+
+    @classmethod
+    def of(cls, config: ConvertConfig, layout: SampleLayout, directory: str, strict: bool = False) -> ShardWork:
+        """The shared part of a conversion's shards, from its options."""
+        return cls(config.format, layout, directory, config.preprocess, strict, config.text)
+
+    def job(self, number: int, task: ShardTask, **own: Any) -> ShardJob:
+        """Shard ``number`` of the run, writing ``task``; ``own``: what is its own (its items' detection
+        targets, masks, container places or repacked shards; ``record``)."""
+        return ShardJob(
+            number, task, self.format, self.layout, self.preprocess, self.directory, self.strict, text=self.text, **own
+        )
 
 
 def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) -> None:

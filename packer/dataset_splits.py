@@ -35,6 +35,7 @@ from packer.output import check_output, is_packer_output, remove_tree, staging_d
 from packer.pipeline import ConvertResult, checked, convert
 from packer.records import ShardTask, Skipped
 from packer.resume import plan_fingerprint
+from packer.run.job import ConvertJob, Selection
 from packer.run.staging import Staging
 from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, split_name_problem, write_splits
 
@@ -240,6 +241,8 @@ def convert_splits(
     """
     started = time.perf_counter()
     source, output = Path(source), Path(output)
+    chosen = Selection(labels_file, classes, add_classes)
+    ConvertJob(source, output, config, chosen, resume=resume, executor=executor, splits=True).validate()
     parts, common, origin, roots = _plan(source, config, fractions, seed, classes, add_classes, labels_file)
     missing = {name: _missing(d, common) for name, d in parts.items()}
     for name, absent in missing.items():

@@ -35,6 +35,7 @@ from packer.pipeline import ConvertResult, discover_checked
 from packer.plan import plan_tasks
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.resume import current_digests, plan_fingerprint
+from packer.run.job import ConvertJob, Selection
 from packer.run.staging import Staging
 from packer.sample_layout import SampleLayout
 from packer.system import usable_cpus
@@ -110,6 +111,8 @@ def convert_node(
     """
     started = time.perf_counter()
     output = Path(output)
+    chosen = Selection(labels_file, classes, add_classes)
+    ConvertJob(Path(source), output, config, chosen, strict=strict, nodes=node.nodes, executor=executor).validate()
     recorded = config_to_dict(config)
     if config_from_dict(recorded) != config:
         raise PackerError("this configuration cannot be recorded for packer merge; convert on one machine instead")

@@ -140,7 +140,7 @@ def _checked_source(
         raise ConfigError(
             f"{output} was labelled by a --labels file, not by class folders: pass --labels with the new files' labels"
         )
-    if old.annotations is not None or any(f.kind in ("detection", "mask") for f in old.text_fields):
+    if old.annotations is not None or any(f.kind_of.target for f in old.text_fields):
         raise ConfigError(
             f"{output} holds detection or segmentation targets: --append does not add to such outputs "
             "yet; convert the new images on their own and read both (readers.concat)"

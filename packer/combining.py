@@ -130,7 +130,7 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
                 "remapped without rewriting every target; convert them with one category list "
                 f"(packer convert ... --annotations ... --classes {roots[0]})"
             )
-        if any(f.kind == "mask" for f in layout.text) and m.classes != first.classes:
+        if any(f.kind_of.class_indices for f in layout.text) and m.classes != first.classes:
             raise InputError(
                 f"{root} and {roots[0]} have other mask classes: a mask's pixels are class indices, "
                 "so their maps must be equal to combine them"

@@ -16,6 +16,7 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
+from packer.field_kinds import KINDS, FieldKind, kind_of
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -103,12 +104,6 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-TEXT_KINDS = ("text", "tokens", "json", "detection", "mask", "geometry")
-"""What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON, a
-detection target as UTF-8 JSON (``packer.detection``), a segmentation mask as a grayscale PNG of
-class indices (``packer.segmentation``), an image's geometry as UTF-8 JSON (``packer.geometry``)."""
-
-
 @dataclass(frozen=True)
 class TextField:
     """A variable-length field stored as bytes per sample: ``text`` or ``json`` (by ``name``), holding
@@ -125,70 +120,30 @@ class TextField:
     """A mask field's record: ``ignore_index`` (the value of padding) and ``source`` (the masks folder)."""
 
     @property
+    def kind_of(self) -> FieldKind:
+        """What this field's kind is (``packer.field_kinds``): its entry, its checks, its reading."""
+        return kind_of(self.kind)
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element: a sample's length is its byte count divided by this (tokens are 4 bytes)."""
-        return 4 if self.kind == "tokens" else 1
+        return self.kind_of.itemsize
 
     def to_dict(self) -> dict:
         """The manifest's entry for this field."""
-        source = {"source_encoding": self.encoding, "missing": "stored empty" if self.allow_missing else "skipped"}
-        if self.kind == "tokens":
-            return {
-                "kind": "tokens",
-                "dtype": "int32",
-                "shape": [None],
-                "length_unit": "tokens",
-                "tokenizer": self.tokenizer,
-                **source,
-            }
-        if self.kind == "mask":
-            return {
-                "kind": "mask",
-                "dtype": "uint8",
-                "encoding": "png",
-                "shape": [None, None],
-                "values": "class indices (palette indices kept)",
-                **(self.info or {}),
-            }
-        if self.kind == "geometry":
-            return {
-                "kind": "geometry",
-                "dtype": "str",
-                "encoding": "utf-8",
-                "shape": [],
-                "holds": "how the source image's pixels map to the stored ones (scale, offset, orientation)",
-            }
-        if self.kind == "detection":
-            return {
-                "kind": "detection",
-                "dtype": "str",
-                "encoding": "utf-8",
-                "shape": [],
-                "length_unit": "bytes",
-                "boxes": "XYXY float32 pixels of the stored image",
-                "labels": "indices into annotations.categories",
-            }
-        return {
-            "kind": self.kind,
-            "dtype": "str",
-            "encoding": "utf-8",
-            "newlines": "LF",
-            "shape": [],
-            "length_unit": "bytes",
-            **source,
-        }
+        return self.kind_of.entry(self)
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "TextField":
         """Inverse of ``to_dict``."""
-        info = {k: d[k] for k in ("ignore_index", "source") if k in d} if d.get("kind") == "mask" else None
+        kind = d["kind"]
         return cls(
             name,
-            d["kind"],
+            kind,
             d.get("tokenizer"),
             d.get("source_encoding", "utf-8"),
             d.get("missing") == "stored empty",
-            info,
+            KINDS[kind].info(d) if kind in KINDS else None,
         )
 
 

@@ -208,7 +208,7 @@ def read_sample(
             data, decoded, image, encoded = read_image(files["image"], job)
             digest.update(b"image\0%d\0" % len(data) + data)
         for f in job.layout.text:
-            if f.kind == "geometry":  # where the image's pixels went, for the json's own coordinates
+            if f.kind_of.made_by_converter:  # the geometry: where the image's pixels went, for the json's coordinates
                 fields[f.name] = geometry_bytes(decoded, job.preprocess)
                 continue
             path = files.get(f.name)
@@ -217,7 +217,7 @@ def read_sample(
                 continue
             data = preprocess.read_source(path, text.MAX_TEXT_BYTES, "more than a text or json file may have")
             digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
-            fields[f.name] = text_bytes(f.kind, data, path, job.text)
+            fields[f.name] = f.kind_of.stored(data, path, job.text)
     except DecodeError as e:
         if len(item.parts) > 1:  # say which file of the sample (after the reason: its kind is before the colon)
             raise DecodeError(item.relpath, f"{e.reason} [{os.path.basename(e.path)}]") from None
@@ -301,17 +301,6 @@ def read_ahead(
     if prefetch is not None and not prefetch.started and reads_are_slow(len(found), held, time.perf_counter() - began):
         prefetch.start(start + len(found))
     return found
-
-
-def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:
-    """What is stored for a text field of ``kind`` read from ``data``: UTF-8 text, int32 token ids or
-    UTF-8 JSON text (see packer.text)."""
-    if kind == "json":
-        return text.json_text(data, path, config.encoding).encode("utf-8")
-    decoded = text.decode_text(data, path, config.encoding)
-    if kind == "tokens":
-        return text.token_ids(decoded, path, config.tokenizer, config.max_length).tobytes()  # type: ignore[arg-type]
-    return decoded.encode("utf-8")
 
 
 def write_shard(

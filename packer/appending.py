@@ -30,6 +30,7 @@ from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
+from packer.file_stamp import FileStamp
 from packer.finish import name_shards
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.pipeline import ConvertResult, checked, refuse_packer_output
@@ -223,7 +224,7 @@ def _append_locked(
     held: set[str] = set()
     for shard in old.shards:
         held.update(spec.read_index(output, shard, old_layout)[0])
-    written_at = os.stat(output / MANIFEST_NAME).st_mtime
+    written_at = FileStamp.at(output / MANIFEST_NAME).mtime_ns
     changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
     # Removed: no longer in the source at all. A held file that discovery skipped is still there: a
     # --labels file listing only the new files' labels leaves the held ones out.
@@ -288,12 +289,12 @@ def _append_locked(
     return AppendResult(output, manifest, 0.0, all_skipped, found.ignored, len(fresh), added, changed, removed)
 
 
-def _modified_after(item: SourceItem, when: float) -> bool:
-    """Whether any of the item's files was modified, or replaced, after ``when`` (a time stamp): its
-    change time too, since a copy that keeps the original's modification time (``cp -p``, ``rsync
-    -a``, ``tar x``) sets that one back."""
+def _modified_after(item: SourceItem, when_ns: int) -> bool:
+    """Whether any of the item's files was modified, or replaced, after ``when_ns`` (a time in ns):
+    its change time too (``FileStamp.changed_at_ns``), since a copy that keeps the original's
+    modification time (``cp -p``, ``rsync -a``, ``tar x``) sets that one back."""
     try:
-        return any(max(st.st_mtime, st.st_ctime) > when for st in (os.stat(p) for p in item.paths))
+        return any(FileStamp.at(p).changed_at_ns > when_ns for p in item.paths)
     except OSError:
         return False
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from zlib_ng.zlib_ng import crc32
 
 from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
 from packer.field_kinds import KINDS, FieldKind, kind_of
+from packer.file_stamp import FileStamp
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -278,7 +278,7 @@ class _LastRecord:
     parsed: Optional[dict] = None
 
     @classmethod
-    def get(cls, path: str, stamp: tuple[int, int, int]) -> dict:
+    def get(cls, path: str, stamp: FileStamp) -> dict:
         if cls.key != (path, stamp) or cls.parsed is None:
             cls.cache_clear()
             cls.parsed, cls.key = json.loads(Path(path).read_bytes()), (path, stamp)
@@ -299,7 +299,7 @@ def forget_read_records() -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
+def _recorded(path: str, stamp: FileStamp, which: int) -> Sequence:
     """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
     column = read_per_sample_record(_record(path, stamp), (which,))[which]
     assert column is not None
@@ -317,8 +317,7 @@ class RecordedColumn(ValueSequence, Sequence):
 
     def column(self) -> Sequence:
         """The values, read from the record (OSError or ValueError where it is gone or damaged)."""
-        st = os.stat(self.path)
-        column = _recorded(self.path, (st.st_size, st.st_mtime_ns, st.st_ino), self.which)
+        column = _recorded(self.path, FileStamp.at(self.path), self.which)
         if len(column) != self.count:
             raise ValueError(f"{self.path} no longer holds the {self.count} samples it was written with")
         return column

@@ -25,7 +25,8 @@ from packer.config import ConvertConfig, PreprocessConfig
 from packer.containers import ContainerJob, container_bytes
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
-from packer.folder_stamps import stat_or_none as source_stat
+from packer.file_stamp import MISSING_SOURCE_TEXT, FileStamp
+from packer.file_stamp import stat_or_none as source_stat
 from packer.geometry import image_geometry
 from packer.manifest import file_entry
 from packer.output import record_shard
@@ -161,10 +162,10 @@ def source_digest(data: bytes) -> str:
 
 
 def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
-    """What --resume compares of a source file: size, modification and change times, inode (of
-    ``st``, its os.stat, when the caller took it)."""
+    """What --resume compares of a source file: its ``FileStamp.as_source_text`` (of ``st``, its
+    os.stat, when the caller took it)."""
     st = st or source_stat(path)
-    return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    return MISSING_SOURCE_TEXT if st is None else FileStamp.of(st).as_source_text()
 
 
 def files_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> str:

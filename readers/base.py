@@ -18,6 +18,7 @@ from PIL import Image
 
 from packer.errors import ConfigError, ManifestError, PackerError
 from packer.field_kinds import Geometry, Json, Tokens
+from packer.file_stamp import FileStamp
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
 from packer.registry import FORMATS, resolve
@@ -50,16 +51,14 @@ open (an epoch of a wds output opens every shard again)."""
 
 
 def output_identity(root: Any) -> Optional[tuple]:
-    """What tells a local output apart from one written in its place later: its manifest's inode,
-    size and modification time (a new conversion replaces the folder, so all of them change).
-    None for URLs; ``("missing",)`` when the manifest is gone."""
+    """What tells a local output apart from one written in its place later: its manifest's
+    ``FileStamp.reader_identity``, device, inode, size and modification time (a new conversion
+    replaces the folder, so all of them change). None for URLs; ``("missing",)`` when the manifest
+    is gone."""
     if is_url(root):
         return None
-    try:
-        st = os.stat(Path(root) / MANIFEST_NAME)
-    except OSError:
-        return ("missing",)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    stamp = FileStamp.at_or_none(Path(root) / MANIFEST_NAME)
+    return ("missing",) if stamp is None else stamp.reader_identity()
 
 
 def manifest_sha256(root: Any) -> Optional[str]:
@@ -78,8 +77,7 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
     see FormatSpec). ManifestError naming the file when it differs."""
     if not verify and (not structure or entry.structure_crc32 is None):
         return
-    st = path.stat()
-    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, verify)
+    key = (str(path), *FileStamp.at(path).reader_identity(), verify)
     if key in _CHECKED or (not verify and key[:-1] + (True,) in _CHECKED):
         return
     if verify:

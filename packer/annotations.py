@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 from packer.class_map import extend_class_map, quoted
 from packer.errors import InputError
+from packer.file_stamp import FileStamp
 from packer.records import Skipped
 
 ANNOTATION_FORMATS = ("coco", "yolo", "voc")
@@ -155,8 +156,8 @@ def _digest(path: Path) -> str:
         return h.hexdigest()
     for folder, _, files in sorted(os.walk(path)):
         for name in sorted(files):
-            st = os.stat(os.path.join(folder, name))
-            h.update(f"{os.path.relpath(os.path.join(folder, name), path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            file = os.path.join(folder, name)
+            h.update(FileStamp.at(file).as_annotations_line(os.path.relpath(file, path)))
     return h.hexdigest()
 
 

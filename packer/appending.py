@@ -30,18 +30,19 @@ from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
+from packer.file_stamp import FileStamp
+from packer.finish import name_shards
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
-from packer.output import discard, lock_output, publish, recover, release_output, start_staging
 from packer.pipeline import ConvertResult, checked, refuse_packer_output
 from packer.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.registry import get_format
+from packer.run.staging import Staging
 from packer.sample_layout import ImageCodec, SampleLayout
 from packer.stats import summarize
 from packer.system import usable_cpus
 from packer.text import TextConfig
-from packer.worker import ShardJob
+from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +102,14 @@ def append(
     source, output = Path(source), Path(output)
     read_manifest(output)  # a clear error now for a folder that is no output
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    lock = lock_output(output)
-    try:
-        recover(output)
+    with Staging(output) as staging:
         # Everything from here on under the lock: another append that finished meanwhile (a class
         # added, say) is what this one adds to.
         old = read_manifest(output)
         found, layout = _checked_source(source, output, config, old, labels_file, add_classes)
         result = _append_locked(
-            source, output, config, layout, old, found, strict, timeout, progress, on_plan, executor
+            source, staging, config, layout, old, found, strict, timeout, progress, on_plan, executor
         )
-    finally:
-        release_output(output, lock)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -144,7 +141,7 @@ def _checked_source(
         raise ConfigError(
             f"{output} was labelled by a --labels file, not by class folders: pass --labels with the new files' labels"
         )
-    if old.annotations is not None or any(f.kind in ("detection", "mask") for f in old.text_fields):
+    if old.annotations is not None or any(f.kind_of.target for f in old.text_fields):
         raise ConfigError(
             f"{output} holds detection or segmentation targets: --append does not add to such outputs "
             "yet; convert the new images on their own and read both (readers.concat)"
@@ -209,7 +206,7 @@ def _check_preprocess(config: ConvertConfig, old: Manifest, output: Path) -> Non
 
 def _append_locked(
     source: Path,
-    output: Path,
+    staging: Staging,
     config: ConvertConfig,
     layout: SampleLayout,
     old: Manifest,
@@ -220,13 +217,14 @@ def _append_locked(
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
     executor: Executor,
 ) -> AppendResult:
-    """The part of ``append`` that runs under the output's lock."""
+    """The part of ``append`` that runs under the output's lock (``staging``)."""
+    output = staging.output
     spec = get_format(old.format)
     old_layout = SampleLayout.from_manifest(old)
     held: set[str] = set()
     for shard in old.shards:
         held.update(spec.read_index(output, shard, old_layout)[0])
-    written_at = os.stat(output / MANIFEST_NAME).st_mtime
+    written_at = FileStamp.at(output / MANIFEST_NAME).mtime_ns
     changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
     # Removed: no longer in the source at all. A held file that discovery skipped is still there: a
     # --labels file listing only the new files' labels leaves the held ones out.
@@ -270,38 +268,33 @@ def _append_locked(
     ]
     if on_plan is not None:
         on_plan(new_found, tasks)
-    stage = start_staging(output)
-    try:
-        jobs = [
-            ShardJob(first + i, t, config.format, layout, config.preprocess, str(stage), strict, text=config.text)
-            for i, t in enumerate(tasks)
-        ]
+    staging.start()
+    # A failure, Ctrl-C included, discards the new shards: OUT is untouched until publish renames
+    # the new version into place, and an append is simply run again.
+    with staging.writing(resumable=False) as stage:
+        jobs = [ShardWork.of(config, layout, str(stage), strict).job(first + i, t) for i, t in enumerate(tasks)]
         results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
         for shard in old.shards:  # under their own names: readers of the old version find them
             place_shard(stage, output, shard, shard.name, True)
         results = sorted(results, key=lambda r: r.name)
         results = name_shards(stage, results, [r.name for r in results], first)
         if not any(r.samples for r in results):  # every new file was bad: the output stays as it is
-            discard(stage)
+            staging.discard()
             bad = [s for r in results for s in r.skipped]
             return AppendResult(output, old, 0.0, bad, found.ignored, len(fresh), 0, changed, removed)
         manifest = _appended_manifest(output, stage, old, layout, new_found, results, config, changed, removed)
-        write_output(stage, manifest)
-        publish(stage, output, True)
-    except BaseException:
-        discard(stage)  # OUT is untouched until publish renames the new version into place
-        raise
+        staging.publish(manifest, overwrite=True)
     added = sum(r.samples for r in results)
     all_skipped = [*new_found.skipped, *(s for r in results for s in r.skipped)]  # this run's, not the output's
     return AppendResult(output, manifest, 0.0, all_skipped, found.ignored, len(fresh), added, changed, removed)
 
 
-def _modified_after(item: SourceItem, when: float) -> bool:
-    """Whether any of the item's files was modified, or replaced, after ``when`` (a time stamp): its
-    change time too, since a copy that keeps the original's modification time (``cp -p``, ``rsync
-    -a``, ``tar x``) sets that one back."""
+def _modified_after(item: SourceItem, when_ns: int) -> bool:
+    """Whether any of the item's files was modified, or replaced, after ``when_ns`` (a time in ns):
+    its change time too (``FileStamp.changed_at_ns``), since a copy that keeps the original's
+    modification time (``cp -p``, ``rsync -a``, ``tar x``) sets that one back."""
     try:
-        return any(max(st.st_mtime, st.st_ctime) > when for st in (os.stat(p) for p in item.paths))
+        return any(FileStamp.at(p).changed_at_ns > when_ns for p in item.paths)
     except OSError:
         return False
 

@@ -25,22 +25,22 @@ from typing import Optional, Sequence
 from packer import __version__
 from packer.assemble import merged_groups, shard_entries
 from packer.class_map import differences, extend_class_map
-from packer.config import PreprocessConfig
 from packer.errors import InputError, ManifestError, OutputError
 from packer.executor import Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
+from packer.finish import name_shards
 from packer.manifest import FileEntry, Manifest, ShardEntry, read_manifest, sha256_of
-from packer.output import check_output, discard, lock_output, publish, recover, release_output, start_staging
+from packer.output import check_output
 from packer.pipeline import ConvertResult
 from packer.plan import shard_name
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
 from packer.repack_shard import RepackJob
+from packer.run.staging import Staging
 from packer.sample_layout import SampleLayout
 from packer.shard_names import LMDB_SUFFIX
 from packer.stats import auto_normalize
 from packer.system import usable_cpus
-from packer.worker import ShardJob
+from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +75,15 @@ def combine(
             raise OutputError(f"{output} is inside the input {root}; choose an output outside it")
     classes, maps = unified_classes(roots, manifests)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    lock = lock_output(output)
-    try:
-        recover(output)
-        stage = start_staging(output)
-        try:
+    with Staging(output) as staging:
+        staging.start()
+        with staging.writing(resumable=False) as stage:  # nothing to resume: a combine is run again
             results, rewritten = _write_shards(stage, roots, manifests, layout, maps, link, executor, progress)
             duplicates = cross_duplicates(roots, manifests, layout)
             planned = [shard_name(i) for i in range(len(results))]
             results = name_shards(stage, results, planned)
             manifest = combined_manifest(roots, manifests, layout, classes, maps, results, duplicates)
-            write_output(stage, manifest)
-            publish(stage, output, overwrite)
-        except BaseException:
-            discard(stage)
-            raise
-    except OSError as e:
-        raise OutputError(f"cannot write the output in {output.parent}: {e.strerror or e}") from None
-    finally:
-        release_output(output, lock)
+            staging.publish(manifest, overwrite=overwrite)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, {}, rewritten)
 
@@ -140,7 +130,7 @@ def _check_alike(roots: list[Path], manifests: list[Manifest]) -> SampleLayout:
                 "remapped without rewriting every target; convert them with one category list "
                 f"(packer convert ... --annotations ... --classes {roots[0]})"
             )
-        if any(f.kind == "mask" for f in layout.text) and m.classes != first.classes:
+        if any(f.kind_of.class_indices for f in layout.text) and m.classes != first.classes:
             raise InputError(
                 f"{root} and {roots[0]} have other mask classes: a mask's pixels are class indices, "
                 "so their maps must be equal to combine them"
@@ -192,6 +182,7 @@ def _write_shards(
     results: list[Optional[ShardResult]] = []
     jobs = []
     fmt = manifests[0].format
+    work = ShardWork(fmt, layout, str(stage))
     for root, m, mapping in zip(roots, manifests, maps):
         for shard, start in zip(m.shards, m.shard_offsets):
             planned = shard_name(len(results))
@@ -203,11 +194,7 @@ def _write_shards(
             first_file = str((root / shard.files[0].path).resolve())
             items = tuple(SourceItem(start + i, first_file, f"{shard.name}/{i}") for i in range(shard.samples))
             repack = RepackJob(str(root.resolve()), fmt, layout, ((shard, start),), tuple(mapping))
-            jobs.append(
-                ShardJob(
-                    len(results), ShardTask(planned, items), fmt, layout, PreprocessConfig(), str(stage), repack=repack
-                )
-            )
+            jobs.append(work.job(len(results), ShardTask(planned, items), repack=repack))
             results.append(None)
     if jobs:
         for result in executor.run(jobs, progress=progress):

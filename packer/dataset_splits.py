@@ -31,10 +31,12 @@ from packer.discover import Discovery, class_folders, discover, field_kind, is_l
 from packer.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
-from packer.output import check_output, is_packer_output, lock_output, release_output, remove_tree, staging_dir
+from packer.output import check_output, is_packer_output, remove_tree, staging_dir
 from packer.pipeline import ConvertResult, checked, convert
 from packer.records import ShardTask, Skipped
 from packer.resume import plan_fingerprint
+from packer.run.job import ConvertJob, Selection
+from packer.run.staging import Staging
 from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, split_name_problem, write_splits
 
 log = logging.getLogger(__name__)
@@ -239,6 +241,8 @@ def convert_splits(
     """
     started = time.perf_counter()
     source, output = Path(source), Path(output)
+    chosen = Selection(labels_file, classes, add_classes)
+    ConvertJob(source, output, config, chosen, resume=resume, executor=executor, splits=True).validate()
     parts, common, origin, roots = _plan(source, config, fractions, seed, classes, add_classes, labels_file)
     missing = {name: _missing(d, common) for name, d in parts.items()}
     for name, absent in missing.items():
@@ -250,7 +254,7 @@ def convert_splits(
                 quoted(absent),
             )
     _check_parent(output, overwrite, resume, source)  # before the lock file is made beside it
-    lock = lock_output(output)
+    set_lock = Staging(output).lock()  # the set's lock: no other run writes the set or one of its splits
     try:
         previous = _check_parent(output, overwrite, resume, source, warn=True)
         ours = {
@@ -316,7 +320,7 @@ def convert_splits(
         record.complete = True
         write_splits(output, record)
     finally:
-        release_output(output, lock)
+        set_lock.release()
     return SplitsResult(output, record, results, time.perf_counter() - started)
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from packer.class_map import extend_class_map
 from packer.errors import InputError
-from packer.folder_stamps import FolderStamps, stat_or_none
+from packer.file_stamp import FileStamp, stat_or_none
+from packer.folder_stamps import FolderStamps
 from packer.item_table import IMAGES, PAIRED, SINGLE, ItemTable, LabelRuns, TableBuilder
 from packer.process_pool import ProcessPool
 from packer.record_blocks import RecordBlocks
@@ -683,16 +684,16 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
     come to point at a folder)."""
     prefix = rel_dir + "/" if rel_dir else ""
     problems = walk.problems
-    st = None
+    stamp = None
     try:
-        st = os.stat(folder)
-        walk.folders.add(rel_dir, st)
-        if (st.st_dev, st.st_ino) in walk.seen:
+        stamp = FileStamp.at(folder)
+        walk.folders.add(rel_dir, stamp)
+        if stamp.which_file() in walk.seen:
             return []
-        walk.seen.add((st.st_dev, st.st_ino))
+        walk.seen.add(stamp.which_file())
         listed = list(os.scandir(folder))
     except OSError as e:
-        if st is None:
+        if stamp is None:
             walk.folders.add(rel_dir, None)
         problems.append(Skipped(prefix or "/", f"cannot read folder: {e.strerror or e}"))
         return []
@@ -714,7 +715,7 @@ def _entries(folder: str, rel_dir: str, walk: _Walk) -> list[tuple]:
             if not is_packer_folder(entry.path):
                 entries.append((name + "/", rel, entry.path, _LINKED_FOLDER if entry.is_symlink() else _FOLDER))
             else:
-                walk.folders.add(rel, stat_or_none(entry.path))
+                walk.folders.add(rel, FileStamp.at_or_none(entry.path))
             continue
         if entry.is_symlink() and stat_or_none(entry.path) is None:
             walk.folders.add(rel, None)

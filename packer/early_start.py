@@ -27,19 +27,20 @@ import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import IO, Optional, Sequence
+from typing import Optional, Sequence
 
 from packer.config import ConvertConfig
 from packer.containers import container_kind
 from packer.discover import prefix_samples
 from packer.executor import JobRunner
 from packer.item_table import ItemTable
-from packer.output import discard, lock_output, recover, staging_dir, start_staging, write_plan
+from packer.output import staging_dir
 from packer.plan import auto_cut, fixed_size, shard_name
 from packer.records import ShardResult, ShardTask, SourceItem
 from packer.resume import hash_plan_lines, plan_record
+from packer.run.staging import Staging
 from packer.sample_layout import SampleLayout
-from packer.worker import ProgressFn, ShardJob
+from packer.worker import ProgressFn, ShardJob, ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,12 @@ def early_start_allowed(
 
 class EarlyStart:
     """Watches a walk (``packer.discover.WalkWatcher``) and runs the shards it makes known, in the
-    staging folder of ``output``, with up to ``workers`` processes; then ``settle`` keeps those that
+    conversion's ``staging`` folder, with up to ``workers`` processes; then ``settle`` keeps those that
     the final plan has, and ``finish`` runs the rest (see the module)."""
 
     def __init__(
         self,
-        output: Path,
+        staging: Staging,
         config: ConvertConfig,
         workers: int,
         *,
@@ -107,14 +108,12 @@ class EarlyStart:
         timeout: float,
         fields: Optional[Sequence[str]] = None,
     ) -> None:
-        self.output = output
+        self.staging = staging
         self.config = config
         self.workers = workers
         self.strict = strict
         self.timeout = timeout
         self.fields = tuple(fields) if fields else None
-        self.lock: Optional[IO] = None
-        """The output's lock, once the first shard is known (the pipeline then holds it)."""
         self.runner: Optional[JobRunner] = None
         self.planned = False
         """Whether ``settle`` has recorded the final plan in the staging folder."""
@@ -193,22 +192,12 @@ class EarlyStart:
         if self.runner is None:
             self._start_staging()
         assert self.runner is not None and self._layout is not None
-        stage, jobs = str(staging_dir(self.output)), []
+        stage, jobs = str(self.staging.folder), []
         while len(self._jobs) < self._shards and self.runner.queued + len(jobs) < self.workers:
             k = len(self._jobs)
             part = items[k * per : (k + 1) * per]
             task = ShardTask(shard_name(k), part.compact() if isinstance(part, ItemTable) else part)
-            job = ShardJob(
-                k,
-                task,
-                self.config.format,
-                self._layout,
-                self.config.preprocess,
-                stage,
-                self.strict,
-                text=self.config.text,
-                record=True,
-            )
+            job = ShardWork.of(self.config, self._layout, stage, self.strict).job(k, task, record=True)
             self._jobs[k] = (task.name, len(task.items), self._layout, lines_digest(task.items))
             jobs.append(job)
         log.debug("walking on; shards %d to %d start early", jobs[0].number, jobs[-1].number)
@@ -217,9 +206,8 @@ class EarlyStart:
 
     def _start_staging(self) -> None:
         """Lock the output and start its staging folder, as the pipeline does after a walk."""
-        self.lock = lock_output(self.output)
-        recover(self.output)
-        start_staging(self.output)  # none was there (early_start_allowed)
+        self.staging.lock()
+        self.staging.start()  # none was there (early_start_allowed); the plan is recorded by settle
         self.runner = JobRunner(self.workers, progress=self._count, timeout=self.timeout)
 
     def _give_up(self, why: str) -> None:
@@ -260,7 +248,7 @@ class EarlyStart:
             self.runner.cancel(dropped)
             for k in dropped:
                 del self._jobs[k]
-        write_plan(staging_dir(self.output), plan_record(fingerprint, workers))
+        self.staging.record_plan(plan_record(fingerprint, workers))
         self.planned = True
         self._items = None
         log.info("%d shard(s) started while the source was walked", len(kept))
@@ -286,7 +274,7 @@ class EarlyStart:
         if self.runner is not None:
             self.runner.stop()
             if not self.planned:
-                discard(staging_dir(self.output))
+                self.staging.discard()
 
 
 def lines_digest(items: Sequence[SourceItem]) -> str:

@@ -19,11 +19,14 @@ from typing import Optional
 
 import numpy as np
 
+from packer.file_stamp import MISSING_FOLDER_RECORD, FileStamp
+
 RACY_SECONDS = 2.0
 
-STAMP_FIELDS = 4
-"""Per folder: device, inode, modification time and change time in nanoseconds (all -1 when the
-folder could not be read: it must still be unreadable)."""
+STAMP_FIELDS = len(MISSING_FOLDER_RECORD)
+"""Per folder: its ``FileStamp.as_folder_record``, device, inode, modification time and change time in
+nanoseconds (``MISSING_FOLDER_RECORD``, all -1, when the folder could not be read: it must still be
+unreadable)."""
 
 
 class FolderStamps:
@@ -39,11 +42,11 @@ class FolderStamps:
     def __len__(self) -> int:
         return len(self.ends) - 1
 
-    def add(self, rel: str, st: Optional[os.stat_result]) -> None:
-        """One folder, as ``os.stat`` found it (None: it could not be read)."""
+    def add(self, rel: str, stamp: Optional[FileStamp]) -> None:
+        """One folder, as its stamp found it (None: it could not be read)."""
         self.blob += rel.encode("utf-8", "surrogateescape")
         self.ends.append(len(self.blob))
-        self.stamps.extend(_stamp(st))
+        self.stamps.extend(_record(stamp))
 
     def extend(self, blob: bytearray, ends: array, stamps: array) -> None:
         """Add the folders another walk's FolderStamps holds (its ``blob``, ``ends`` and ``stamps``)."""
@@ -86,22 +89,12 @@ class FolderStamps:
         ends = self.ends
         for i in range(len(self)):
             rel = self.blob[ends[i] : ends[i + 1]].decode("utf-8", "surrogateescape")
-            recorded = tuple(stamps[i].tolist())
-            st = stat_or_none(os.path.join(root, rel) if rel else root)
-            if _stamp(st) != recorded or max(recorded[2], recorded[3]) >= racy:
+            now = FileStamp.at_or_none(os.path.join(root, rel) if rel else root)
+            # equal records: ``now``'s times are the recorded ones (an unreadable folder has none)
+            if _record(now) != tuple(stamps[i].tolist()) or (now is not None and now.changed_at_ns >= racy):
                 return rel or "/"
         return None
 
 
-def stat_or_none(path: str | os.PathLike) -> Optional[os.stat_result]:
-    """``os.stat(path)`` (links followed), None when it fails: a missing file, a broken link, no access."""
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
-def _stamp(st: Optional[os.stat_result]) -> tuple[int, int, int, int]:
-    if st is None:
-        return (-1, -1, -1, -1)
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+def _record(stamp: Optional[FileStamp]) -> tuple[int, int, int, int]:
+    return MISSING_FOLDER_RECORD if stamp is None else stamp.as_folder_record()

@@ -21,7 +21,8 @@ import numpy as np
 from packer.class_map import class_map_digest
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ManifestError
-from packer.records import TEXT_KINDS, FileEntry, TextField
+from packer.field_kinds import TEXT_KINDS, fits
+from packer.records import FileEntry, TextField
 from packer.registry import ENCODED_SINCE, FORMATS, TEXT_SINCE
 
 MANIFEST_NAME = "manifest.json"
@@ -303,14 +304,7 @@ def _check_text_fields(m: "Manifest", where: str) -> None:
                 f"{where}: field {name} needs format version {TEXT_SINCE} or later, not "
                 f"{m.format_version}; the manifest is damaged"
             )
-        if (
-            not isinstance(f, dict)
-            or f.get("kind") not in TEXT_KINDS
-            or (f["kind"] == "json") != (name == "json")
-            or (f["kind"] == "detection") != (name == "target")
-            or (f["kind"] == "mask") != (name == "mask")
-            or (f["kind"] == "geometry") != (name == "geometry")
-        ):
+        if not isinstance(f, dict) or f.get("kind") not in TEXT_KINDS or not fits(f["kind"], name):
             raise ManifestError(
                 f"{where}: fields.{name} {f!r} is not a field this packer reads "
                 f"(kind one of {', '.join(TEXT_KINDS)}). Upgrade packer to read it."

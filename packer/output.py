@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Optional
 
 from packer.errors import OutputError, PackerError
-from packer.folder_stamps import stat_or_none
+from packer.file_stamp import FileStamp
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
 from packer.records import ShardResult
 from packer.registry import get_format
@@ -188,7 +188,7 @@ def record_shard(
     was written for (``PLAN_OF_RECORD``)."""
     name = planned or result.name
     (stage / f"{name}{RENAMED_SUFFIX}").unlink(missing_ok=True)  # of an earlier version of the shard
-    stamps = {f.path: file_stamp(stage / f.path) for f in result.files}
+    stamps = {f.path: _shard_file_record(stage / f.path) for f in result.files}
     record = stage / f"{name}{DONE_SUFFIX}"
     samples = write_samples(stage, name, result)
     _write_json(
@@ -211,17 +211,16 @@ only of the plan it resumes (records without one, of packers before 0.8.1, are k
 
 
 FILE_STAMPS = "file_stamps"
-"""In a shard's record: each of its files' ``file_stamp`` as it was recorded. --resume keeps a file
-whose stamp is unchanged without reading it again for its SHA-256 (a resume at 70% of a large
-output read 70% of it back); any write to a file changes its change time, which no tool sets."""
+"""In a shard's record: each of its files' stamp as it was recorded (``FileStamp.as_shard_file_record``).
+--resume keeps a file whose stamp is unchanged without reading it again for its SHA-256 (a resume at
+70% of a large output read 70% of it back); any write to a file changes its change time, which no
+tool sets."""
 
 
-def file_stamp(path: Path) -> list[int]:
-    """Size, modification and change times (ns), inode and device of a file (empty if it is gone)."""
-    st = stat_or_none(path)
-    if st is None:
-        return []
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+def _shard_file_record(path: Path) -> list[int]:
+    """``path``'s ``FileStamp.as_shard_file_record``, empty if it is gone."""
+    stamp = FileStamp.at_or_none(path)
+    return [] if stamp is None else stamp.as_shard_file_record()
 
 
 def record_renamed(stage: Path, planned: str, result: ShardResult) -> None:
@@ -291,10 +290,13 @@ def _intact(stage: Path, relpath: str, size: int, digest: str, stamp: Optional[l
     """The file holds what was recorded: its stamp is the recorded one, or else its SHA-256 is. The
     device number is not compared: a record written on another machine (a Ray node) holds that
     machine's, and NFS clients number one mount differently; the staging folder is one filesystem,
-    and size, both times (the change time no tool sets) and inode still have to match."""
+    and size, both times (the change time no tool sets) and inode still have to match
+    (``FileStamp.same_file_without_device``)."""
     path = stage / relpath
-    if stamp and file_stamp(path)[:4] == stamp[:4] and stamp[0] == size:
-        return True
+    if stamp:
+        now = FileStamp.at_or_none(path)
+        if now is not None and now.same_file_without_device(stamp) and stamp[0] == size:
+            return True
     return path.is_file() and path.stat().st_size == size and sha256_of(path) == digest
 
 

@@ -6,63 +6,41 @@ talking to any other; the parent only collects their results and writes the mani
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from packer import __version__
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
 from packer.containers import container_kind, discover_container, job_for
-from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
 from packer.discover import Discovery, WalkWatcher, discover, is_packer_folder
 from packer.early_start import EarlyStart, early_start_allowed
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
+from packer.finish import name_shards
 from packer.item_table import ItemTable
 from packer.manifest import Manifest
-from packer.output import (
-    check_output,
-    discard,
-    finished_shards,
-    forget_renamed,
-    is_packer_output,
-    lock_output,
-    publish,
-    read_plan,
-    recover,
-    release_output,
-    staging_dir,
-    start_staging,
-    write_plan,
-)
+from packer.output import check_output, is_packer_output, staging_dir
 from packer.plan import plan_tasks
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.registry import get_format
 from packer.report import reason_kind
-from packer.resume import (
-    SOURCES_PER_SHARD,
-    current_digests,
-    current_layout,
-    plan_fingerprint,
-    plan_record,
-    unchanged_sources,
-)
+from packer.resume import SOURCES_PER_SHARD, plan_fingerprint
+from packer.run.job import ConvertJob, Selection
+from packer.run.staging import Staging
 from packer.sample_layout import SampleLayout
 from packer.saved_discovery import can_save, discovery_options
 from packer.saved_discovery import load as load_discovery
 from packer.saved_discovery import save as save_discovery
-from packer.segmentation import mask_job, match_masks
 from packer.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from packer.system import usable_cpus
+from packer.targets import Targets, targets_for
 from packer.text import TextConfig
-from packer.worker import ShardJob, source_stamp
+from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -119,160 +97,103 @@ def convert(
     Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
     folder is kept for ``resume``.
     """
+    job = ConvertJob(
+        Path(source),
+        Path(output),
+        config,
+        Selection(labels_file, classes, add_classes),
+        workers,
+        overwrite,
+        strict,
+        resume,
+        timeout,
+        executor,
+        progress,
+        on_plan,
+        discovery,
+    )
+    return run_convert(job.validate())
+
+
+def run_convert(job: ConvertJob) -> ConvertResult:
+    """Run a validated ``job`` (see ``convert``): open staging, find the samples, attach their targets,
+    plan, run and publish."""
     started = time.perf_counter()
-    output = Path(output)
-    if resume and not staging_dir(output).exists() and output.is_dir() and is_packer_output(output):
+    source, output, config, chosen = job.source, job.output, job.config, job.selection
+    staging = Staging(output)
+    if job.resume and not staging.folder.exists() and output.is_dir() and is_packer_output(output):
         raise OutputError(f"{output} is already complete: nothing to resume (pass --overwrite to convert again)")
-    options = discovery_options(labels_file, config.text.fields, config.text.allow_missing, classes, add_classes)
-    lock, locked = None, False
+    options = discovery_options(
+        chosen.labels_file, config.text.fields, config.text.allow_missing, chosen.classes, chosen.add_classes
+    )
+    processes = max(1, job.workers or usable_cpus())
     early = None
     if early_start_allowed(
-        Path(source),
+        source,
         output,
         config,
-        labels_file=labels_file,
-        classes=classes,
-        resume=resume,
-        executor=executor,
-        discovery=discovery,
+        labels_file=chosen.labels_file,
+        classes=chosen.classes,
+        resume=job.resume,
+        executor=job.executor,
+        discovery=job.discovery,
     ):
         early = EarlyStart(
-            output, config, max(1, workers or usable_cpus()), strict=strict, timeout=timeout, fields=config.text.fields
+            staging, config, processes, strict=job.strict, timeout=job.timeout, fields=config.text.fields
         )
     try:
         found, walked = None, None
-        if discovery is None and resume and staging_dir(output).is_dir():
-            lock, locked = lock_output(output), True  # before reading what the interrupted run saved
-            found = reused_discovery(Path(source), output, overwrite, strict, config.text, options)
-        if found is None and discovery is None:
+        if job.discovery is None and job.resume and staging.folder.is_dir():
+            staging.lock()  # before reading what the interrupted run saved
+            found = reused_discovery(source, output, job.overwrite, job.strict, config.text, options)
+        if found is None and job.discovery is None:
             # With --annotations, --classes orders the boxes' categories, not class folders
-            folder_classes = classes if config.detection is None else None
+            folder_classes = chosen.classes if config.detection is None else None
             found = discover_checked(
                 source,
                 output,
-                labels_file,
-                overwrite,
-                strict,
+                chosen.labels_file,
+                job.overwrite,
+                job.strict,
                 config.text,
                 folder_classes,
-                add_classes and folder_classes is not None,
-                max(1, workers or usable_cpus()),
+                chosen.add_classes and folder_classes is not None,
+                processes,
                 on_walk=early,
             )
             walked = found if can_save(found) else None
-            if early is not None and early.lock is not None:
-                lock, locked = early.lock, True  # taken when the first shard started
         elif found is None:
-            check_output(output, overwrite, Path(source))
-            found = checked(discovery, strict, config.text)
-        if not locked:
-            lock, locked = lock_output(output), True
-        result = _matched_and_converted(
-            Path(source),
-            output,
+            check_output(output, job.overwrite, source)
+            found = checked(job.discovery, job.strict, config.text)
+        staging.lock()  # held already where the early start began writing shards during the walk
+        targets = targets_for(config)
+        found = checked(targets.attach(found, chosen.classes, chosen.add_classes), job.strict, config.text)
+        layout = SampleLayout.from_config(config, found.fields)
+        executor = job.executor or LocalExecutor(processes)
+        run = RunOptions(executor.workers, job.overwrite, job.strict, job.resume, job.timeout, job.discovery is None)
+        result = _convert_locked(
+            source,
+            staging,
             config,
+            layout,
             found,
+            run,
+            job.progress,
+            job.on_plan,
+            executor,
+            targets,
             walked,
             options,
-            labels_file,
-            classes,
-            add_classes,
-            strict,
-            RunOptions(0, overwrite, strict, resume, timeout, discovery is None),
-            workers,
-            progress,
-            on_plan,
-            executor,
-            early,
+            early if early is not None and early.runner is not None else None,
         )
     except BaseException:
         if early is not None:
             early.abandon()
         raise
     finally:
-        if locked:
-            release_output(output, lock)
-        elif early is not None and early.lock is not None:  # taken by the early start of a walk that failed
-            release_output(output, early.lock)
+        staging.release()
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _matched_and_converted(
-    source: Path,
-    output: Path,
-    config: ConvertConfig,
-    found: Discovery,
-    walked: Optional[Discovery],
-    options: dict,
-    labels_file: Optional[str | os.PathLike],
-    classes: Optional[Sequence[str]],
-    add_classes: bool,
-    strict: bool,
-    run: "RunOptions",
-    workers: Optional[int],
-    progress: Optional[ProgressFn],
-    on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
-    executor: Optional[Executor],
-    early: Optional[EarlyStart] = None,
-) -> ConvertResult:
-    """The rest of ``convert``, under the output's lock: the discovery's boxes or masks matched, then
-    the shards planned, written, merged and published (``walked``: the discovery to save for --resume,
-    when a walk made it; ``run``: its options but the worker count, which comes from the executor;
-    ``early``: the shards started during the walk)."""
-    matched = None
-    if found.places is not None and (config.detection is not None or config.masks is not None):
-        raise InputError(
-            f"{source} is a container of images: --annotations and --masks pair boxes and masks with "
-            "image files; convert the images of a folder"
-        )
-    if config.masks is not None and (labels_file is not None or classes is not None):
-        raise InputError(
-            "--labels and --classes label images by class; with --masks the labels are the masks' "
-            "indices: leave them out"
-        )
-    if config.detection is not None and labels_file is not None:
-        raise InputError(
-            "--labels labels images by class; with --annotations the labels are the boxes' categories: "
-            "leave it out (--classes orders the categories)"
-        )
-    if config.detection is not None:
-        if found.fields != ("image",):
-            raise InputError(
-                f"--annotations pairs boxes with images, but the samples of {source} have the fields "
-                f"{', '.join(found.fields)}; pass --fields image"
-            )
-        matched = match_targets(found, config.detection, classes, add_classes)
-        found = checked(matched.found, strict, config.text)
-    masks = None
-    if config.masks is not None:
-        if found.fields != ("image",):
-            raise InputError(
-                f"--masks pairs masks with images, but the samples of {source} have the fields "
-                f"{', '.join(found.fields)}; pass --fields image"
-            )
-        found, masks = match_masks(found, config.masks)
-        found = checked(found, strict, config.text)
-    layout = SampleLayout.from_config(config, found.fields)
-    executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    run = replace(run, workers=executor.workers)
-    recover(output)
-    return _convert_locked(
-        source,
-        output,
-        config,
-        layout,
-        found,
-        run,
-        progress,
-        on_plan,
-        executor,
-        matched,
-        masks,
-        walked,
-        options,
-        early if early is not None and early.runner is not None else None,
-    )
 
 
 def reused_discovery(
@@ -386,7 +307,7 @@ class RunOptions:
 
 def _convert_locked(
     source: Path,
-    output: Path,
+    staging: Staging,
     config: ConvertConfig,
     layout: SampleLayout,
     found: Discovery,
@@ -394,23 +315,21 @@ def _convert_locked(
     progress: Optional[ProgressFn],
     on_plan: Optional[Callable[[Discovery, list[ShardTask]], None]],
     executor: Executor,
-    matched: Optional[Matched] = None,
-    masks: Optional[dict[int, str]] = None,
+    targets: Targets,
     walked: Optional[Discovery] = None,
     options: Optional[dict] = None,
     early: Optional[EarlyStart] = None,
 ) -> ConvertResult:
-    """The part of ``convert`` that runs while this process holds the output's lock (``matched``: the
-    annotations of a detection output; ``masks``: each item's mask file; ``walked``: the discovery a
-    walk made, saved in the staging folder with its ``options`` for --resume; ``early``: the shards
-    that started while it walked, which the plan keeps or writes again)."""
-    stage = staging_dir(output)
-    previous = read_plan(stage) if run.resume else None
+    """The part of ``convert`` that runs while this process holds the output's lock, once the samples
+    are found and their ``targets`` attached (``walked``: the discovery a walk made, saved in the
+    staging folder with its ``options`` for --resume; ``early``: the shards that started while it
+    walked, which the plan keeps or writes again)."""
+    previous = staging.plan() if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
     shard_plan = plan_tasks(found, config, layout, plan_workers)
     tasks = shard_plan.tasks
     per_shard = previous is None or previous.get("sources") == SOURCES_PER_SHARD
-    extra = _targets_digest(matched, config, masks)
+    extra = targets.digest()
     recorded = plan_fingerprint(config, tasks, run.strict, extra=extra)
     # Plans of older packers (and of split runs) also covered each file's stamp.
     expected = recorded if per_shard else plan_fingerprint(config, tasks, run.strict, stamps=True, extra=extra)
@@ -418,8 +337,7 @@ def _convert_locked(
         kept_early = early.settle(tasks, layout, recorded, plan_workers)
         finished: dict[str, ShardResult] = {}
     else:
-        finished = staged_shards(
-            output,
+        finished = staging.resume_or_start(
             tasks,
             previous,
             run.resume,
@@ -429,23 +347,17 @@ def _convert_locked(
             workers=plan_workers,
         )
     if walked is not None:
-        save_discovery(stage, walked, options or {})
+        save_discovery(staging.folder, walked, options or {})
     if on_plan is not None:
         on_plan(found, tasks)
-    with publishing(stage):
+    with staging.writing() as stage:
+        work = ShardWork.of(config, layout, str(stage), run.strict)
         jobs = [
-            ShardJob(
+            work.job(
                 i,
                 t,
-                config.format,
-                layout,
-                config.preprocess,
-                str(stage),
-                run.strict,
-                text=config.text,
-                detection=_detection_job(matched, config, t),
                 container=job_for(found.places, t.items) if found.places is not None else None,
-                segmentation=mask_job(masks, config.masks, t.items),
+                **targets.job_for(t),
             )
             for i, t in enumerate(tasks)
         ]
@@ -454,7 +366,7 @@ def _convert_locked(
             results = early.finish(todo, progress)
             todo = jobs  # every shard was written by this run
         else:
-            todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, run.timeout)
+            todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, run.timeout)
             by_name = {**finished, **{r.name: r for r in fresh}}
             results = [by_name[t.name] for t in tasks]
         if not any(r.samples for r in results):
@@ -475,135 +387,10 @@ def _convert_locked(
             found,
             results,
             plan_workers,
-            matched.summary if matched is not None else None,
+            targets.summary(),
             scratch=stage,
             fixed_samples=shard_plan.fixed_samples,
         )
-        write_output(stage, manifest)
-        publish(stage, output, run.overwrite, source)
+        staging.publish(manifest, overwrite=run.overwrite, source=source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    return ConvertResult(output, manifest, 0.0, skipped, found.ignored, processed)
-
-
-def staged_shards(
-    output: Path,
-    tasks: list[ShardTask],
-    previous: Optional[dict],
-    resume: bool,
-    *,
-    expected: str,
-    recorded: str,
-    version: int,
-    workers: int,
-) -> dict[str, ShardResult]:
-    """The shards of ``tasks`` that an interrupted run finished and that still hold, when there is
-    one to resume (``previous``, its plan record; refused unless its fingerprint is ``expected``);
-    otherwise none, in a new staging folder whose plan records ``recorded`` and ``workers``.
-    ``version``: the format version this run writes (shards written at another are written again)."""
-    stage = staging_dir(output)
-    if resume and previous is None:
-        log.warning("--resume: no interrupted run of %s to continue; starting a new one", output)
-    if previous is not None:
-        if previous.get("fingerprint") != expected:
-            started = previous.get("packer")
-            other = (
-                ""
-                if started == __version__
-                else (
-                    f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
-                    f"such as those with --shuffle or of a large source with --shard-size auto, packer {__version__} "
-                    "draws otherwise)"
-                )
-            )
-            raise OutputError(
-                f"the source files or options changed since the interrupted run in {stage}{other}; "
-                "run without --resume to start over"
-            )
-        finished = current_layout(current_digests(finished_shards(stage, [t.name for t in tasks])), version)
-        if previous.get("sources") == SOURCES_PER_SHARD:
-            finished = unchanged_sources(finished, tasks)
-        for task in tasks:
-            if task.name not in finished:
-                forget_renamed(stage, task.name)  # written again: its files of an interrupted publish go
-        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
-        return finished
-    if stage.exists() and not resume:
-        log.warning("discarding the unfinished run in %s (pass --resume to continue it)", stage)
-    try:
-        start_staging(output)  # replaces an unfinished run's folder with a new one
-    except OSError as e:
-        raise OutputError(f"cannot create {stage}: {_describe_os_error(e)}") from None
-    write_plan(stage, plan_record(recorded, workers))
-    return {}
-
-
-@contextlib.contextmanager
-def publishing(stage: Path) -> Iterator[None]:
-    """The work in a staging folder up to its publishing: a Ctrl-C leaves the folder, with its finished
-    shards, for --resume; any other failure removes it (an OSError as an OutputError naming where)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise
-    except OSError as e:
-        discard(stage)
-        raise OutputError(f"cannot write the output in {stage.parent}: {_describe_os_error(e)}") from None
-    except BaseException:
-        discard(stage)
-        raise
-
-
-def _detection_job(matched: Optional[Matched], config: ConvertConfig, task: ShardTask) -> Optional[DetectionJob]:
-    """The annotations of ``task``'s images, for its worker (None for outputs without detection targets)."""
-    if matched is None or config.detection is None:
-        return None
-    return DetectionJob(
-        {it.index: matched.targets.get(it.index) for it in task.items},
-        config.detection.min_visibility,
-        config.detection.coords,
-    )
-
-
-def _targets_digest(matched: Optional[Matched], config: ConvertConfig, masks: Optional[dict[int, str]] = None) -> str:
-    """What --resume compares of the annotations or masks ("" without): the masks' stamps, like the images'."""
-    if masks is not None:
-        return "".join(f"\0{i}\0{masks[i]}\0{source_stamp(masks[i])}" for i in sorted(masks))
-    if matched is None or config.detection is None:
-        return ""
-    return annotations_digest(matched, config.detection)
-
-
-def run_unfinished(
-    executor: Executor,
-    jobs: list[ShardJob],
-    finished: dict[str, ShardResult],
-    stage: Path,
-    progress: Optional[ProgressFn],
-    timeout: float,
-) -> tuple[list[ShardJob], list[ShardResult]]:
-    """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each shard
-    recorded in ``stage`` for --resume by its worker as it finishes. Returns the jobs run and their
-    results (their per-sample values left in their records)."""
-    if progress is not None:
-        done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
-        if done_items:
-            progress(done_items)
-    fingerprint = (read_plan(stage) or {}).get("fingerprint")
-    fingerprint = fingerprint if isinstance(fingerprint, str) else ""  # no plan record (or an odd one): none
-    todo = [
-        replace(j, directory=str(stage), record=True, plan_fingerprint=fingerprint)
-        for j in jobs
-        if j.task.name not in finished
-    ]
-    fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
-    return todo, fresh
-
-
-def _describe_os_error(e: OSError) -> str:
-    where = f" ({e.filename})" if e.filename else ""
-    hint = {
-        28: "; free some space or write elsewhere",
-        13: "; check the folder's permissions",
-        30: "; the filesystem is read-only",
-    }.get(e.errno or 0, "")
-    return f"{e.strerror or e}{where}{hint}"
+    return ConvertResult(staging.output, manifest, 0.0, skipped, found.ignored, processed)

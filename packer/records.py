@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
+from packer.field_kinds import KINDS, FieldKind, kind_of
+from packer.file_stamp import FileStamp
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -103,12 +104,6 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-TEXT_KINDS = ("text", "tokens", "json", "detection", "mask", "geometry")
-"""What a variable-length field's bytes hold: UTF-8 text, little-endian int32 token ids, UTF-8 JSON, a
-detection target as UTF-8 JSON (``packer.detection``), a segmentation mask as a grayscale PNG of
-class indices (``packer.segmentation``), an image's geometry as UTF-8 JSON (``packer.geometry``)."""
-
-
 @dataclass(frozen=True)
 class TextField:
     """A variable-length field stored as bytes per sample: ``text`` or ``json`` (by ``name``), holding
@@ -125,70 +120,30 @@ class TextField:
     """A mask field's record: ``ignore_index`` (the value of padding) and ``source`` (the masks folder)."""
 
     @property
+    def kind_of(self) -> FieldKind:
+        """What this field's kind is (``packer.field_kinds``): its entry, its checks, its reading."""
+        return kind_of(self.kind)
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element: a sample's length is its byte count divided by this (tokens are 4 bytes)."""
-        return 4 if self.kind == "tokens" else 1
+        return self.kind_of.itemsize
 
     def to_dict(self) -> dict:
         """The manifest's entry for this field."""
-        source = {"source_encoding": self.encoding, "missing": "stored empty" if self.allow_missing else "skipped"}
-        if self.kind == "tokens":
-            return {
-                "kind": "tokens",
-                "dtype": "int32",
-                "shape": [None],
-                "length_unit": "tokens",
-                "tokenizer": self.tokenizer,
-                **source,
-            }
-        if self.kind == "mask":
-            return {
-                "kind": "mask",
-                "dtype": "uint8",
-                "encoding": "png",
-                "shape": [None, None],
-                "values": "class indices (palette indices kept)",
-                **(self.info or {}),
-            }
-        if self.kind == "geometry":
-            return {
-                "kind": "geometry",
-                "dtype": "str",
-                "encoding": "utf-8",
-                "shape": [],
-                "holds": "how the source image's pixels map to the stored ones (scale, offset, orientation)",
-            }
-        if self.kind == "detection":
-            return {
-                "kind": "detection",
-                "dtype": "str",
-                "encoding": "utf-8",
-                "shape": [],
-                "length_unit": "bytes",
-                "boxes": "XYXY float32 pixels of the stored image",
-                "labels": "indices into annotations.categories",
-            }
-        return {
-            "kind": self.kind,
-            "dtype": "str",
-            "encoding": "utf-8",
-            "newlines": "LF",
-            "shape": [],
-            "length_unit": "bytes",
-            **source,
-        }
+        return self.kind_of.entry(self)
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "TextField":
         """Inverse of ``to_dict``."""
-        info = {k: d[k] for k in ("ignore_index", "source") if k in d} if d.get("kind") == "mask" else None
+        kind = d["kind"]
         return cls(
             name,
-            d["kind"],
+            kind,
             d.get("tokenizer"),
             d.get("source_encoding", "utf-8"),
             d.get("missing") == "stored empty",
-            info,
+            KINDS[kind].info(d) if kind in KINDS else None,
         )
 
 
@@ -323,7 +278,7 @@ class _LastRecord:
     parsed: Optional[dict] = None
 
     @classmethod
-    def get(cls, path: str, stamp: tuple[int, int, int]) -> dict:
+    def get(cls, path: str, stamp: FileStamp) -> dict:
         if cls.key != (path, stamp) or cls.parsed is None:
             cls.cache_clear()
             cls.parsed, cls.key = json.loads(Path(path).read_bytes()), (path, stamp)
@@ -344,7 +299,7 @@ def forget_read_records() -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _recorded(path: str, stamp: tuple[int, int, int], which: int) -> Sequence:
+def _recorded(path: str, stamp: FileStamp, which: int) -> Sequence:
     """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
     column = read_per_sample_record(_record(path, stamp), (which,))[which]
     assert column is not None
@@ -362,8 +317,7 @@ class RecordedColumn(ValueSequence, Sequence):
 
     def column(self) -> Sequence:
         """The values, read from the record (OSError or ValueError where it is gone or damaged)."""
-        st = os.stat(self.path)
-        column = _recorded(self.path, (st.st_size, st.st_mtime_ns, st.st_ino), self.which)
+        column = _recorded(self.path, FileStamp.at(self.path), self.which)
         if len(column) != self.count:
             raise ValueError(f"{self.path} no longer holds the {self.count} samples it was written with")
         return column

@@ -23,28 +23,21 @@ from typing import Callable, Optional
 
 from packer import __version__
 from packer.assemble import class_counts, shard_entries
-from packer.config import DEFAULT_QUALITY, PreprocessConfig, ShardSize
+from packer.config import DEFAULT_QUALITY, ShardSize
 from packer.errors import ConfigError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
+from packer.finish import name_shards
 from packer.manifest import Manifest, read_manifest, sha256_of
-from packer.output import (
-    check_output,
-    lock_output,
-    publish,
-    read_plan,
-    recover,
-    release_output,
-    staging_dir,
-)
-from packer.pipeline import ConvertResult, publishing, run_unfinished, staged_shards
+from packer.output import check_output
+from packer.pipeline import ConvertResult
 from packer.plan import plan_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.registry import get_format
 from packer.repack_shard import RepackJob, overlapping
+from packer.run.staging import Staging
 from packer.sample_layout import ImageCodec, SampleLayout
 from packer.system import usable_cpus
-from packer.worker import ShardJob
+from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +130,10 @@ def repack(
     if not items:
         raise InputError(f"{source} holds no samples to repack")
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
-    lock = lock_output(output)
-    try:
-        recover(output)
+    with Staging(output) as staging:
         result = _repack_locked(
             source,
-            output,
+            staging,
             src,
             src_layout,
             layout,
@@ -156,15 +147,13 @@ def repack(
             progress,
             on_plan,
         )
-    finally:
-        release_output(output, lock)
     result.seconds = time.perf_counter() - started
     return result
 
 
 def _repack_locked(
     source: Path,
-    output: Path,
+    staging: Staging,
     src: Manifest,
     src_layout: SampleLayout,
     layout: SampleLayout,
@@ -179,13 +168,11 @@ def _repack_locked(
     on_plan: Optional[Callable[[int, list[ShardTask]], None]],
 ) -> ConvertResult:
     """The part of ``repack`` that runs while this process holds the output's lock."""
-    stage = staging_dir(output)
-    previous = read_plan(stage) if resume else None
+    previous = staging.plan() if resume else None
     plan_workers = previous.get("workers", executor.workers) if previous else executor.workers
     tasks = plan_shards(items, shard_size, _sample_bytes(src, layout), plan_workers)
     fingerprint = _fingerprint(source, fmt, layout, shard_size, tasks)
-    finished = staged_shards(
-        output,
+    finished = staging.resume_or_start(
         tasks,
         previous,
         resume,
@@ -197,29 +184,25 @@ def _repack_locked(
     if on_plan is not None:
         on_plan(len(items), tasks)
     root = str(source.resolve())
-    with publishing(stage):
+    with staging.writing() as stage:
+        work = ShardWork(fmt, layout, str(stage))
         jobs = [
-            ShardJob(
+            work.job(
                 i,
                 t,
-                fmt,
-                layout,
-                PreprocessConfig(),
-                str(stage),
                 repack=RepackJob(
                     root, src.format, src_layout, overlapping(src.shards, t.items[0].index, t.items[-1].index + 1)
                 ),
             )
             for i, t in enumerate(tasks)
         ]
-        todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
+        todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
         results = name_shards(stage, [by_name[t.name] for t in tasks], [t.name for t in tasks])
         manifest = repacked_manifest(source, src, layout, fmt, results, shard_size, plan_workers)
-        write_output(stage, manifest)
-        publish(stage, output, overwrite, source)
+        staging.publish(manifest, overwrite=overwrite, source=source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
-    return ConvertResult(output, manifest, 0.0, skipped, {}, sum(len(j.task.items) for j in todo))
+    return ConvertResult(staging.output, manifest, 0.0, skipped, {}, sum(len(j.task.items) for j in todo))
 
 
 def repacked_manifest(

@@ -20,6 +20,7 @@ import numpy as np
 
 from packer.codecs import IMAGE_CODECS
 from packer.errors import ConfigError
+from packer.field_kinds import Detection, Geometry, Mask
 from packer.records import TextField
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ ENCODED_IMAGES = "encoded images"
 TEXT_FIELDS = "text fields"
 NO_IMAGE = "samples without an image"
 VARIABLE_RAW = "raw images of varying sizes"
-DETECTION_TARGETS = "detection targets"
-SEGMENTATION_MASKS = "segmentation masks"
-SAMPLE_GEOMETRY = "the geometry of each image"
+DETECTION_TARGETS = Detection.feature
+SEGMENTATION_MASKS = Mask.feature
+SAMPLE_GEOMETRY = Geometry.feature
 SOURCE_BYTES = "source file bytes"
 ENCODED_SIZES = "the size of each encoded image of varying size"
 RAW_SIZES = "the size of each raw image of varying size, apart from the images"
@@ -153,12 +154,7 @@ class SampleLayout:
             found.add(NO_IMAGE)
         if self.text:
             found.add(TEXT_FIELDS)
-        if any(f.kind == "detection" for f in self.text):
-            found.add(DETECTION_TARGETS)
-        if any(f.kind == "mask" for f in self.text):
-            found.add(SEGMENTATION_MASKS)
-        if any(f.kind == "geometry" for f in self.text):
-            found.add(SAMPLE_GEOMETRY)
+        found.update(f.kind_of.feature for f in self.text if f.kind_of.feature is not None)
         return frozenset(found)
 
     def fields(self) -> dict[str, dict]:

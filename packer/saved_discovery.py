@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from packer.discover import Discovery
+from packer.file_stamp import FileStamp
 from packer.folder_stamps import FolderStamps
 from packer.item_table import ItemTable, LabelRuns
 from packer.manifest import sha256_of
@@ -58,11 +59,8 @@ def discovery_options(
     labels = None
     if labels_file is not None:
         path = os.path.abspath(labels_file)
-        try:
-            st = os.stat(path)
-            labels = [path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        except OSError:
-            labels = [path]
+        stamp = FileStamp.at_or_none(path)
+        labels = [path] if stamp is None else stamp.as_labels_file_record(path)
     return {
         "labels_file": labels,
         "fields": list(fields) if fields else None,

@@ -99,18 +99,6 @@ def wds_lengths_suffix(field: str) -> str:
     return f".{field}.lengths.npy"
 
 
-TEXT_MEMBERS = {
-    "text": "txt",
-    "tokens": "tokens.npy",
-    "json": "data.json",
-    "detection": "target.json",
-    "mask": "mask.png",
-    "geometry": "geometry.json",
-}
-"""Tar member extension of a variable-length field, by what it holds (``TextField.kind``):
-``KEY.txt`` UTF-8 text, ``KEY.tokens.npy`` int32 token ids, ``KEY.data.json`` (``KEY.json`` is
-packer's own metadata), ``KEY.target.json`` a detection target, ``KEY.mask.png`` a segmentation mask."""
-
 TAR_MEMBERS = ("cls", "json", "npy")
 """Member extensions of one sample in a tar shard, in the order they are written; with jpeg or png
 images the last is ``jpg`` or ``png`` (``packer.codecs.IMAGE_EXTENSIONS``)."""

@@ -6,9 +6,10 @@ sample of the shard twice over (text and parsed values), the largest part of the
 after discovery (docs/BENCHMARKS.md, the scale benchmark). The worker therefore also writes
 ``NAME.done.samples.npy`` beside ``NAME.done.json``: a structured array of each sample's 16-byte
 digest and int32 label, 20 bytes a sample, read with one ``numpy.load``. The record holds the side
-file's stamp (size, times, inode), so a side file that is not the one written with the record is
-never read; the record's own columns stay the reference, read where there is no side file (records
-of older packers, digests that are not 128-bit, labels past int32). Never published.
+file's stamp (size, times, inode: ``FileStamp.as_side_file_record``), so a side file that is not the
+one written with the record is never read; the record's own columns stay the reference, read where
+there is no side file (records of older packers, digests that are not 128-bit, labels past int32).
+Never published.
 """
 
 from __future__ import annotations
@@ -20,17 +21,13 @@ from typing import Optional
 import numpy as np
 
 from packer.columns import HexColumn, IntColumn
+from packer.file_stamp import FileStamp
 from packer.records import ShardResult
 
 SAMPLES_SUFFIX = ".done.samples.npy"
 SAMPLES_FILE = "samples_file"
 """In a shard's record: the stamp of its side file as written (absent where there is none)."""
 SAMPLE_DTYPE = np.dtype([("digest", "V16"), ("label", "<i4")])
-
-
-def _stamp(path: Path) -> list[int]:
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def write_samples(stage: Path, name: str, result: ShardResult) -> Optional[list[int]]:
@@ -56,7 +53,7 @@ def write_samples(stage: Path, name: str, result: ShardResult) -> Optional[list[
     with open(tmp, "wb") as f:
         np.save(f, table, allow_pickle=False)
     os.replace(tmp, path)
-    return _stamp(path)
+    return FileStamp.at(path).as_side_file_record()
 
 
 class _Last:
@@ -77,7 +74,7 @@ def read_samples(result: ShardResult) -> Optional[np.ndarray]:
         return _Last.table
     forget_samples()
     try:
-        if _stamp(Path(path)) != list(stamp):
+        if FileStamp.at(path).as_side_file_record() != list(stamp):
             return None
         table = np.load(path, allow_pickle=False)
     except (OSError, ValueError):

@@ -29,28 +29,18 @@ from packer.containers import job_for
 from packer.discover import Discovery
 from packer.errors import ConfigError, InputError, OutputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
-from packer.finish import name_shards, write_output
-from packer.output import (
-    STAGING_MARK,
-    finished_shards,
-    lock_file,
-    lock_output,
-    publish,
-    read_plan,
-    recover,
-    release_output,
-    remove_tree,
-    staging_dir,
-    write_plan,
-)
-from packer.pipeline import ConvertResult, discover_checked, run_unfinished
+from packer.finish import name_shards
+from packer.output import STAGING_MARK, lock_file, remove_tree, write_plan
+from packer.pipeline import ConvertResult, discover_checked
 from packer.plan import plan_tasks
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.resume import current_digests, plan_fingerprint
+from packer.run.job import ConvertJob, Selection
+from packer.run.staging import Staging
 from packer.sample_layout import SampleLayout
 from packer.system import usable_cpus
 from packer.text import TextConfig
-from packer.worker import ShardJob
+from packer.worker import ShardWork
 
 MISSING_SHOWN = 20  # missing shards named in merge's message
 
@@ -121,7 +111,8 @@ def convert_node(
     """
     started = time.perf_counter()
     output = Path(output)
-    pre = config.preprocess
+    chosen = Selection(labels_file, classes, add_classes)
+    ConvertJob(Path(source), output, config, chosen, strict=strict, nodes=node.nodes, executor=executor).validate()
     recorded = config_to_dict(config)
     if config_from_dict(recorded) != config:
         raise PackerError("this configuration cannot be recorded for packer merge; convert on one machine instead")
@@ -149,29 +140,26 @@ def convert_node(
         },
     }
     locks = _lock_node(output, node)
+    staging = Staging(output)  # shared with the other nodes, under the node locks: never locked alone
     try:
-        stage = join_staging(output, plan, node)
+        stage = join_staging(staging, plan, node)
+        work = ShardWork.of(config, layout, str(stage), strict)
         jobs = [
-            ShardJob(
+            work.job(
                 i,
                 t,
-                config.format,
-                layout,
-                pre,
-                str(stage),
-                strict,
-                text=config.text,
                 container=job_for(found.places, t.items) if found.places is not None else None,
             )
             for i, t in enumerate(tasks)
             if node.owner(i) == node.rank
         ]
-        finished = current_digests(finished_shards(stage, [j.task.name for j in jobs]))
+        finished = current_digests(staging.finished([j.task.name for j in jobs]))
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
-        todo, fresh = run_unfinished(executor, jobs, finished, stage, progress, timeout)
+        with staging.writing(shared=True):
+            todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, timeout)
     except OSError as e:
-        raise OutputError(f"cannot write into {staging_dir(output)}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write into {staging.folder}: {e.strerror or e}") from None
     finally:
         _unlock_node(locks)
     results: list[ShardResult] = [*finished.values(), *fresh]
@@ -189,11 +177,11 @@ def convert_node(
     )
 
 
-def join_staging(output: Path, plan: dict, node: NodeSplit) -> Path:
+def join_staging(staging: Staging, plan: dict, node: NodeSplit) -> Path:
     """The shared staging folder of a split conversion: created with ``plan`` by the first node
     (made complete under a temporary name, then renamed, so no node ever sees it half made), or
     joined when it holds the same plan. OutputError when it holds another run."""
-    stage = staging_dir(output)
+    output, stage = staging.output, staging.folder
     if not stage.exists():
         stage.parent.mkdir(parents=True, exist_ok=True)
         fresh = stage.parent / f"{stage.name}.new-{socket.gethostname()}-{os.getpid()}"
@@ -205,7 +193,7 @@ def join_staging(output: Path, plan: dict, node: NodeSplit) -> Path:
             return stage
         except OSError:  # another node was first: join its folder below
             remove_tree(fresh)
-    recorded = read_plan(stage)
+    recorded = staging.plan()
     if recorded is None:
         raise OutputError(
             f"{stage} exists but holds no packer plan; if no packer run uses it, remove it and start the nodes again"
@@ -284,11 +272,8 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
     run does. OutputError naming the missing shards and their nodes otherwise."""
     started = time.perf_counter()
     output = Path(output)
-    stage = staging_dir(output)
-    lock = lock_output(output)
-    try:
-        recover(output)
-        plan = read_plan(stage)
+    with Staging(output) as staging, staging.writing(shared=True) as stage:  # a failed merge keeps every node's work
+        plan = staging.plan()
         if plan is None or "split" not in plan:
             raise OutputError(
                 f"no split conversion of {output} to merge ({stage} holds none): run packer convert "
@@ -296,7 +281,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             )
         split = plan["split"]
         names = split["shards"]
-        finished = finished_shards(stage, names)
+        finished = staging.finished(names)
         missing = [(i, name) for i, name in enumerate(names) if name not in finished]
         if missing:
             nodes = NodeSplit(split["nodes"], 0)
@@ -334,12 +319,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             config, layout, found, results, plan["workers"], scratch=stage, fixed_samples=split.get("fixed_samples")
         )
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
-        write_output(stage, manifest)
-        publish(stage, output, overwrite, source)
-    except OSError as e:
-        raise OutputError(f"cannot write the output in {stage.parent}: {e.strerror or e}") from None
-    finally:
-        release_output(output, lock)
+        staging.publish(manifest, overwrite=overwrite, source=source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     return ConvertResult(output, manifest, time.perf_counter() - started, skipped, found.ignored, 0)
 

@@ -19,8 +19,6 @@ import numpy as np
 from packer.codecs import CODECS, IMAGE_EXTENSIONS
 from packer.errors import ManifestError
 from packer.records import TextField
-from packer.shard_names import TEXT_MEMBERS
-from packer.text import TOKEN_DTYPE
 
 USTAR_OWNER = "packer"
 """User and group name of every member packer writes (uid and gid 0, mode 0444, mtime 0)."""
@@ -350,14 +348,9 @@ def tar_fields(fields: dict, text: Sequence[TextField], name: str = "tar") -> di
     ManifestError when a member is missing or damaged."""
     out: dict[str, bytes] = {}
     for f in text:
-        member = TEXT_MEMBERS[f.kind]
+        member = f.kind_of.member
         try:
-            data = fields.get(member, b"") if f.kind == "json" else fields[member]  # no json member: missing
-            if f.kind == "tokens":
-                ids = CODECS["npy"].decode(data)
-                if ids.dtype != TOKEN_DTYPE or ids.ndim != 1:
-                    raise ValueError(f"KEY.{member} holds {ids.dtype} {ids.shape}, not 1-D int32 token ids")
-                data = ids.tobytes()
+            data = f.kind_of.from_tar(fields, member)
         except (KeyError, ValueError) as e:
             raise ManifestError(
                 f"{name}: sample {fields.get('__key__')} is damaged ({type(e).__name__}: {e})"

@@ -8,8 +8,6 @@ it hit.
 
 from __future__ import annotations
 
-import io
-import json
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -425,37 +423,8 @@ def _sample_problem(s: StoredSample, layout: SampleLayout, sized: bool = False) 
 
 
 def _text_problem(f: TextField, data: bytes) -> str:
-    """What is wrong with one text field's stored bytes, or ``""``."""
-    if f.kind == "tokens":
-        return "" if len(data) % 4 == 0 else f"{f.name}: {len(data)} bytes is not a whole number of int32 token ids"
-    if f.kind == "mask":
-        return _mask_problem(f, data)
-    try:
-        text = bytes(data).decode("utf-8")
-        if (f.kind == "json" and text) or f.kind == "geometry":  # an empty json is a missing one (--allow-missing)
-            json.loads(text)
-        if f.kind == "detection":
-            target = json.loads(text)
-            boxes, labels = target["boxes"], target["labels"]
-            if len(boxes) != len(labels) or any(len(b) != 4 or not b[0] <= b[2] or not b[1] <= b[3] for b in boxes):
-                return f"{f.name}: the boxes are not XYXY boxes, one per label"
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        return f"{f.name} does not decode as {'UTF-8 text' if f.kind == 'text' else 'JSON'}: {e}"
-    return ""
-
-
-def _mask_problem(f: TextField, data: bytes) -> str:
-    """What is wrong with a stored segmentation mask (a grayscale PNG), or ``""``."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as img:
-            img.load()
-            if img.format != "PNG" or img.mode != "L":
-                return f"{f.name}: the mask is a {img.format} {img.mode} image, not a grayscale PNG of class indices"
-    except Exception as e:  # noqa: BLE001 - Pillow reports damage in many ways
-        return f"{f.name} does not decode as a PNG: {e}"
-    return ""
+    """What is wrong with one text field's stored bytes, or ``""`` (its kind's check)."""
+    return f.kind_of.problem(f, data)
 
 
 class _VerifyModule(types.ModuleType):

@@ -14,18 +14,19 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import xxhash
 
 from packer import preprocess, source_codec, text
 from packer.codecs import encode_image, image_extension
-from packer.config import PreprocessConfig
+from packer.config import ConvertConfig, PreprocessConfig
 from packer.containers import ContainerJob, container_bytes
 from packer.detection import TARGET_FIELD, DetectionJob, target_bytes
 from packer.errors import DecodeError, OutputError
-from packer.folder_stamps import stat_or_none as source_stat
+from packer.file_stamp import MISSING_SOURCE_TEXT, FileStamp
+from packer.file_stamp import stat_or_none as source_stat
 from packer.geometry import image_geometry
 from packer.manifest import file_entry
 from packer.output import record_shard
@@ -96,6 +97,32 @@ class ShardJob:
     (``packer.output.PLAN_OF_RECORD``)."""
 
 
+@dataclass(frozen=True)
+class ShardWork:
+    """What every shard of one run shares: its format and layout, preprocessing, the folder the
+    shards are written into, strictness and text options. ``job`` makes each shard's ``ShardJob``:
+    the one place one is built."""
+
+    format: str
+    layout: SampleLayout
+    directory: str
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    strict: bool = False
+    text: TextConfig = field(default_factory=TextConfig)
+
+    @classmethod
+    def of(cls, config: ConvertConfig, layout: SampleLayout, directory: str, strict: bool = False) -> ShardWork:
+        """The shared part of a conversion's shards, from its options."""
+        return cls(config.format, layout, directory, config.preprocess, strict, config.text)
+
+    def job(self, number: int, task: ShardTask, **own: Any) -> ShardJob:
+        """Shard ``number`` of the run, writing ``task``; ``own``: what is its own (its items' detection
+        targets, masks, container places or repacked shards; ``record``)."""
+        return ShardJob(
+            number, task, self.format, self.layout, self.preprocess, self.directory, self.strict, text=self.text, **own
+        )
+
+
 def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) -> None:
     """Body of a shard's worker process: write the shard, reporting through ``conn``.
 
@@ -135,10 +162,10 @@ def source_digest(data: bytes) -> str:
 
 
 def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
-    """What --resume compares of a source file: size, modification and change times, inode (of
-    ``st``, its os.stat, when the caller took it)."""
+    """What --resume compares of a source file: its ``FileStamp.as_source_text`` (of ``st``, its
+    os.stat, when the caller took it)."""
     st = st or source_stat(path)
-    return "missing" if st is None else f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    return MISSING_SOURCE_TEXT if st is None else FileStamp.of(st).as_source_text()
 
 
 def files_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> str:
@@ -182,7 +209,7 @@ def read_sample(
             data, decoded, image, encoded = read_image(files["image"], job)
             digest.update(b"image\0%d\0" % len(data) + data)
         for f in job.layout.text:
-            if f.kind == "geometry":  # where the image's pixels went, for the json's own coordinates
+            if f.kind_of.made_by_converter:  # the geometry: where the image's pixels went, for the json's coordinates
                 fields[f.name] = geometry_bytes(decoded, job.preprocess)
                 continue
             path = files.get(f.name)
@@ -191,7 +218,7 @@ def read_sample(
                 continue
             data = preprocess.read_source(path, text.MAX_TEXT_BYTES, "more than a text or json file may have")
             digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
-            fields[f.name] = text_bytes(f.kind, data, path, job.text)
+            fields[f.name] = f.kind_of.stored(data, path, job.text)
     except DecodeError as e:
         if len(item.parts) > 1:  # say which file of the sample (after the reason: its kind is before the colon)
             raise DecodeError(item.relpath, f"{e.reason} [{os.path.basename(e.path)}]") from None
@@ -275,17 +302,6 @@ def read_ahead(
     if prefetch is not None and not prefetch.started and reads_are_slow(len(found), held, time.perf_counter() - began):
         prefetch.start(start + len(found))
     return found
-
-
-def text_bytes(kind: str, data: bytes, path: str, config: TextConfig) -> bytes:
-    """What is stored for a text field of ``kind`` read from ``data``: UTF-8 text, int32 token ids or
-    UTF-8 JSON text (see packer.text)."""
-    if kind == "json":
-        return text.json_text(data, path, config.encoding).encode("utf-8")
-    decoded = text.decode_text(data, path, config.encoding)
-    if kind == "tokens":
-        return text.token_ids(decoded, path, config.tokenizer, config.max_length).tobytes()  # type: ignore[arg-type]
-    return decoded.encode("utf-8")
 
 
 def write_shard(

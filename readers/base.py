@@ -8,8 +8,6 @@ Map-style readers share ``readers.mapstyle.PackedDataset``; tensors come from ``
 
 from __future__ import annotations
 
-import io
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,13 +17,14 @@ import torch
 from PIL import Image
 
 from packer.errors import ConfigError, ManifestError, PackerError
+from packer.field_kinds import Geometry, Json, Tokens
+from packer.file_stamp import FileStamp
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
 from packer.records import FileEntry, TextField
 from packer.registry import FORMATS, resolve
 from packer.sample_layout import SampleLayout
 from packer.source_codec import decode_stored
 from packer.splits_record import check_split_member
-from packer.text import TOKEN_DTYPE
 from readers.collate import SlotRing, empty_batch
 from readers.combine import concat
 from readers.crops import (
@@ -52,16 +51,14 @@ open (an epoch of a wds output opens every shard again)."""
 
 
 def output_identity(root: Any) -> Optional[tuple]:
-    """What tells a local output apart from one written in its place later: its manifest's inode,
-    size and modification time (a new conversion replaces the folder, so all of them change).
-    None for URLs; ``("missing",)`` when the manifest is gone."""
+    """What tells a local output apart from one written in its place later: its manifest's
+    ``FileStamp.reader_identity``, device, inode, size and modification time (a new conversion
+    replaces the folder, so all of them change). None for URLs; ``("missing",)`` when the manifest
+    is gone."""
     if is_url(root):
         return None
-    try:
-        st = os.stat(Path(root) / MANIFEST_NAME)
-    except OSError:
-        return ("missing",)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    stamp = FileStamp.at_or_none(Path(root) / MANIFEST_NAME)
+    return ("missing",) if stamp is None else stamp.reader_identity()
 
 
 def manifest_sha256(root: Any) -> Optional[str]:
@@ -80,8 +77,7 @@ def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> No
     see FormatSpec). ManifestError naming the file when it differs."""
     if not verify and (not structure or entry.structure_crc32 is None):
         return
-    st = path.stat()
-    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, verify)
+    key = (str(path), *FileStamp.at(path).reader_identity(), verify)
     if key in _CHECKED or (not verify and key[:-1] + (True,) in _CHECKED):
         return
     if verify:
@@ -134,52 +130,17 @@ def placement_meta(meta: Optional[dict], placement: Optional[Placement]) -> None
 
 
 def decode_field(field: TextField, data) -> Any:
-    """The value of a stored text field's bytes: ``str`` for text, a 1-D int64 tensor of token ids,
-    the parsed object for json (None for a json field stored empty by --allow-missing)."""
-    if field.kind == "tokens":
-        return torch.from_numpy(np.frombuffer(data, dtype=TOKEN_DTYPE).astype(np.int64))
-    if field.kind == "mask":
-        return mask_tensor(data)
-    text = bytes(data).decode("utf-8")
-    if field.kind in ("json", "geometry"):
-        return json.loads(text) if text else None
-    if field.kind == "detection":
-        return detection_target(json.loads(text))
-    return text
-
-
-def mask_tensor(data) -> torch.Tensor:
-    """A stored segmentation mask (a grayscale PNG of class indices) as an int64 (H, W) tensor."""
-    with Image.open(io.BytesIO(bytes(data))) as img:
-        return torch.from_numpy(np.asarray(img, dtype=np.uint8).astype(np.int64))
-
-
-def detection_target(stored: dict) -> dict:
-    """A stored detection target as torchvision's detection models take it: ``boxes`` float32 (N, 4) XYXY
-    pixels of the returned image, ``labels`` int64 (N,), ``iscrowd`` int64 and ``area`` float32 where
-    COCO gave them, ``masks`` uint8 (N, H, W) where COCO gave segmentations, ``difficult`` where VOC
-    did, ``visible`` float32 (the share of each annotated box inside the image) where the conversion's
-    crop cut a box, and the image's ``geometry`` (a dict; see ``packer.geometry.Geometry``)."""
-    target = {
-        "boxes": torch.tensor(stored["boxes"], dtype=torch.float32).reshape(-1, 4),
-        "labels": torch.tensor(stored["labels"], dtype=torch.int64),
-    }
-    for name, dtype in (
-        ("iscrowd", torch.int64),
-        ("area", torch.float32),
-        ("difficult", torch.int64),
-        ("visible", torch.float32),
-    ):
-        if name in stored:
-            target[name] = torch.tensor(stored[name], dtype=dtype)
-    if "masks" in stored:  # COCO instance masks, stored as RLE of the returned image
-        from pycocotools import mask as cocomask
-
-        w, h = (stored.get("geometry") or {}).get("size") or (0, 0)
-        masks = [cocomask.decode({"size": m["size"], "counts": m["counts"].encode("ascii")}) for m in stored["masks"]]
-        target["masks"] = torch.from_numpy(np.stack(masks)) if masks else torch.zeros((0, h, w), dtype=torch.uint8)
-    target["geometry"] = stored.get("geometry")
-    return target
+    """The value of a stored text field's bytes (its kind's ``read``, ``packer.field_kinds``), arrays as
+    tensors: ``str`` for text, a 1-D int64 tensor of token ids, the parsed object for json (None for a
+    json field stored empty by --allow-missing), an int64 (H, W) tensor of a mask's class indices, a
+    detection target as torchvision's detection models take it (``boxes`` float32 XYXY, ``labels``
+    int64, ...; see ``packer.field_kinds.Detection.read``)."""
+    value = field.kind_of.read(data)
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, dict) and any(isinstance(v, np.ndarray) for v in value.values()):
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in value.items()}
+    return value
 
 
 TRANSFORM_INPUTS = ("tensor", "pil", "normalized")
@@ -222,7 +183,6 @@ class ImageTransform:
 
 def _pil(image: torch.Tensor) -> Any:
     """A PIL image of a uint8 C x H x W tensor (RGB or L)."""
-    from PIL import Image
 
     hwc = image.permute(1, 2, 0).numpy()
     return Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc, "L" if hwc.shape[2] == 1 else "RGB")
@@ -303,9 +263,9 @@ class ReaderBase:
         self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
-        self.has_target = any(f.kind in ("detection", "mask") for f in self.text_fields)
+        self.has_target = any(f.kind_of.target for f in self.text_fields)
         """True for outputs whose samples are ``(image, target)``: detection boxes, or a segmentation mask."""
-        self.geometry = any(f.kind == "geometry" for f in self.text_fields)
+        self.geometry = any(isinstance(f.kind_of, Geometry) for f in self.text_fields)
         """True when each image's geometry is stored (beside a paired json): the last text field, given in
         ``return_meta``'s dict as ``"geometry"``, never in the sample tuple."""
         self.augment = self._augment(crop, flip)
@@ -486,11 +446,11 @@ class ReaderBase:
 
     def length_field(self, field: Optional[str] = None) -> TextField:
         """The text field ``field`` names; by default the first text or token-id field (else json)."""
-        fields = {f.name: f for f in self.text_fields if f.kind in ("text", "tokens", "json")}
+        fields = {f.name: f for f in self.text_fields if f.kind_of.readable}
         if not fields:
             raise ValueError(f"{self.root} has no text fields, so its samples have no length")
         if field is None:
-            return next((f for f in fields.values() if f.kind != "json"), next(iter(fields.values())))
+            return next((f for f in fields.values() if not isinstance(f.kind_of, Json)), next(iter(fields.values())))
         if field not in fields:
             raise ValueError(f"{self.root} has no field {field!r}; its text fields are {', '.join(fields)}")
         return fields[field]
@@ -498,7 +458,7 @@ class ReaderBase:
     @property
     def pad_id(self) -> int:
         """Padding id of the token-id field's tokenizer (0 without one): what pad_collate should pad with."""
-        tokens = next((f for f in self.text_fields if f.kind == "tokens"), None)
+        tokens = next((f for f in self.text_fields if isinstance(f.kind_of, Tokens)), None)
         return int((tokens.tokenizer or {}).get("pad_id") or 0) if tokens else 0
 
     @property
@@ -514,7 +474,7 @@ class ReaderBase:
     @property
     def ignore_index(self) -> Optional[int]:
         """A segmentation output's ignore index (the value of padding in the masks); None for other outputs."""
-        mask = next((f for f in self.text_fields if f.kind == "mask"), None)
+        mask = next((f for f in self.text_fields if f.kind_of.class_indices), None)
         return int((mask.info or {}).get("ignore_index", 255)) if mask is not None else None
 
     @property

@@ -434,7 +434,7 @@ def _affine(placement: Placement) -> tuple[tuple[float, float], tuple[float, flo
 
 
 def place_target(target: dict, placement: Placement, min_visibility: float) -> dict:
-    """A detection target (``readers.base.detection_target``) of the stored image, moved onto the image
+    """A detection target (``packer.field_kinds.Detection.read``, as tensors) of the stored image, moved onto the image
     ``placement`` makes: boxes scaled, offset, mirrored with the flip and clipped to the picture,
     dropped as the converter drops them (less than ``min_visibility`` of the annotated box's area left,
     counting what the conversion's crop cut: ``visible``; ``packer.boxes``) or narrower or lower than

@@ -10,6 +10,7 @@ import numpy as np
 
 from packer.codecs import NpyDecoder, decode_npy, npy_view
 from packer.errors import ManifestError
+from packer.file_stamp import FileStamp
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.shard_names import (
@@ -28,14 +29,13 @@ _ENVS: dict[tuple, list] = {}
 
 py-lmdb refuses to open one file twice in a process, and two datasets over the same output (train
 and eval views, a copy) are common, so they share one environment. The key includes the inode
-and modification time: an output converted again at the same path is a new file, never served
-from a stale map, while a dataset that opened the old file keeps reading it (py-lmdb opens the
-new file beside it: another inode)."""
+and modification time (``FileStamp.reader_identity``): an output converted again at the same path
+is a new file, never served from a stale map, while a dataset that opened the old file keeps reading
+it (py-lmdb opens the new file beside it: another inode)."""
 
 
 def _identity(path: str) -> tuple:
-    st = os.stat(path)
-    return (os.getpid(), path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    return (os.getpid(), path, *FileStamp.at(path).reader_identity())
 
 
 def _acquire(path: str) -> tuple[tuple, lmdb.Environment]:

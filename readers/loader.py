@@ -216,7 +216,7 @@ class PackedLoader:
         if self.sampler is not None:
             self.sampler.begin(epoch, start)
         else:  # seen by the workers, persistent ones too, when this pass starts
-            self.dataset._batching["control"].copy_(torch.tensor([epoch, start]))  # type: ignore
+            self.dataset.start_pass(epoch, start)  # type: ignore[union-attr]
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
         for batch in _in_order(self.loader, start):

@@ -281,6 +281,14 @@ class WdsDataset(ReaderBase, IterableDataset):
                 stacklevel=2,
             )
 
+    def start_pass(self, epoch: int, skip: int) -> None:
+        """Make the next pass of ``configure_batches``'s batches epoch ``epoch``'s, from its batch ``skip``
+        on: written into the shared control tensor, so that the DataLoader's workers, persistent ones
+        too, see it when the pass starts (``make_loader``'s loader calls it before each pass)."""
+        if self._batching is None:
+            raise RuntimeError("start_pass is for batches made by the reader: call configure_batches first")
+        self._batching["control"].copy_(torch.tensor([int(epoch), int(skip)]))
+
     def _shares(self, rank: int, workers: int) -> list[list[int]]:
         """Shard numbers read by each DataLoader worker of ``rank``: every ``workers``-th of the rank's.
         A worker left without one reads none (another's would repeat samples within the epoch); a

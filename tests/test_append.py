@@ -180,7 +180,7 @@ def test_an_interrupted_append_leaves_the_output_as_it_was(tmp_path):
     add(src, "cat", list(range(3, 40)))
     ready = tmp_path / "ready"
     code = f"""
-import time, pathlib, packer.appending as a
+import time, pathlib, packer.run.staging as a  # the lifecycle writes the manifest, then publishes
 from packer.appending import append, config_of
 from packer.config import ShardSize
 from packer.manifest import read_manifest

@@ -30,13 +30,13 @@ def watched(monkeypatch):
     monkeypatch.setattr(packer.early_start, "CHECK_EVERY", 0.0)
     monkeypatch.setattr(packer.early_start, "REBUILD_GROWTH", 1.0)
     started: list[str] = []
-    made = packer.early_start.ShardJob
 
-    def recording(number, task, *args, **kwargs):  # early_start makes a ShardJob for each early shard
-        started.append(task.items[0].relpath)
-        return made(number, task, *args, **kwargs)
+    class Recording(packer.early_start.ShardWork):
+        def job(self, number, task, **own):  # early_start makes a job for each early shard here
+            started.append(task.items[0].relpath)
+            return super().job(number, task, **own)
 
-    monkeypatch.setattr(packer.early_start, "ShardJob", recording)
+    monkeypatch.setattr(packer.early_start, "ShardWork", Recording)
     return started
 
 
@@ -204,19 +204,20 @@ def test_queued_early_shards_hold_their_own_samples_only(tmp_path, watched, monk
     tree = _tree(tmp_path / "src", classes=6, per_class=20)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=4))
     queued, holding = [], []
-    feed, made = packer.early_start.EarlyStart._feed, packer.early_start.ShardJob
+    feed = packer.early_start.EarlyStart._feed
 
     def looking(self):
         feed(self)
         if self.runner is not None:
             queued.append(self.runner.queued)
 
-    def holding_what(number, task, *args, **kwargs):
-        holding.append(len(task.items.records))
-        return made(number, task, *args, **kwargs)
+    class HoldingWhat(packer.early_start.ShardWork):
+        def job(self, number, task, **own):
+            holding.append(len(task.items.records))
+            return super().job(number, task, **own)
 
     monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", looking)
-    monkeypatch.setattr(packer.early_start, "ShardJob", holding_what)
+    monkeypatch.setattr(packer.early_start, "ShardWork", HoldingWhat)
     convert(tree, tmp_path / "out", config, workers=2)
     assert watched and max(queued) <= 2
     assert set(holding) == {4}

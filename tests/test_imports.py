@@ -109,3 +109,9 @@ def test_import_readers_loads_no_writer():
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     # h5py and lmdb belong to their readers; the writers' modules and the converter must stay unloaded
     assert [m for m in loaded.stdout.strip().split(",") if m.startswith("packer")] == []
+
+
+def test_the_file_stamp_imports_nothing_of_packer():
+    """``packer.file_stamp`` is shared by the converter and the readers (which stamp the files they
+    open): it must stay a leaf, loading no other module of packer."""
+    assert import_graph()["packer.file_stamp"] == set()

@@ -39,6 +39,7 @@ from packer.pipeline import convert as run_convert
 from packer.ray_executor import RayExecutor
 from packer.registry import FORMAT_NAMES  # the --format choices
 from packer.repacking import REPACK_OPTIONS, repack
+from packer.run.job import ConvertJob, Selection
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.split import merge as merge_output
 from packer.text import TextConfig
@@ -409,10 +410,8 @@ def convert(
         config = ConvertConfig(
             fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text, detection, masks
         )
-        node = _node_split(num_nodes, node_rank, executor_name, address, resume)
+        node = _node_split(num_nodes, node_rank, executor_name, address)
         fractions = parse_split_spec(split_spec) if split_spec is not None else None
-        if add_classes and classes_from is None:
-            raise ConfigError("--add-classes extends the class map of --classes; give --classes too")
         found_splits = None
         if not no_splits and labels_file is None and source.is_dir() and container_kind(source) is None:
             try:
@@ -421,18 +420,16 @@ def convert(
                 if fractions is None:
                     raise  # with --split, a class folder named like a split is only a class
         splits = fractions is not None or found_splits is not None
-        if splits and (detection is not None or masks is not None):
-            raise ConfigError(
-                "--annotations and --masks with splits: convert each split on its own with its "
-                "annotations or masks, or pass --no-splits"
-            )
-        if node is not None and (detection is not None or masks is not None):
-            raise ConfigError(
-                "--annotations and --masks with --num-nodes are not supported yet: convert on one "
-                "machine or with --executor ray"
-            )
-        if splits and node is not None:
-            raise ConfigError("--num-nodes converts one output; convert each split on its own, with the same --classes")
+        ConvertJob(  # the one place that says which options go together
+            source,
+            output if output is not None else source,
+            config,
+            Selection(labels_file, () if classes_from is not None else None, add_classes),
+            resume=resume,
+            splits=splits,
+            nodes=node.nodes if node is not None else None,
+            ray=executor_name == "ray",
+        ).validate()
         if fractions is not None and found_splits is not None:
             raise ConfigError(
                 f"{source} is already split into folders ({', '.join(found_splits)}); leave out "
@@ -812,22 +809,16 @@ def _append(
 
 
 def _node_split(
-    num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str], resume: bool
+    num_nodes: Optional[int], node_rank: Optional[int], executor: str, address: Optional[str]
 ) -> Optional[NodeSplit]:
-    """The static split asked for, if any; ConfigError for options that cannot go together."""
+    """The static split asked for, if any (ConvertJob.validate says what it cannot go with); ConfigError
+    for flags given without the one they belong to."""
     if address is not None and executor != "ray":
         raise ConfigError("--address is for --executor ray")
     if (num_nodes is None) != (node_rank is None):
         raise ConfigError("--num-nodes and --node-rank go together: give both, or neither")
     if num_nodes is None or node_rank is None:
         return None
-    if executor == "ray":
-        raise ConfigError(
-            "--num-nodes splits a conversion for schedulers without Ray; with --executor ray, "
-            "Ray spreads the shards over the cluster by itself"
-        )
-    if resume:
-        raise ConfigError("--resume is implied with --num-nodes: a node run again redoes only its unfinished shards")
     return NodeSplit(num_nodes, node_rank)
 
 

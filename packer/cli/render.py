@@ -154,30 +154,7 @@ def describe(output: Path, m: Manifest) -> str:
             f"  normalize {_normalize(norm)}{' (applied by readers)' if img['dtype'] == 'uint8' else ' (stored)'}",
         ]
     for f in m.text_fields:
-        if f.kind == "tokens":
-            tok = f.tokenizer or {}
-            lines.append(
-                f"  {f.name:<9} int32 token ids from {tok.get('file')} (vocabulary {tok.get('vocab_size')}, "
-                f"pad id {tok.get('pad_id')}, max length {tok.get('max_length') or 'none'})"
-            )
-        elif f.kind == "mask":
-            info = f.info or {}
-            lines.append(
-                f"  {f.name:<9} segmentation masks from {info.get('source')}: class indices as grayscale PNG, "
-                f"resized with nearest-neighbour, padding {info.get('ignore_index')}"
-            )
-        elif f.kind == "detection":
-            a = m.annotations or {}
-            names = a.get("categories") or []
-            lines.append(
-                f"  {f.name:<9} detection boxes (XYXY pixels of the stored image) from {a.get('source')} "
-                f"({a.get('format')}): {a.get('boxes')} boxes, {a.get('boxes_dropped')} dropped by the crop "
-                f"(under {a.get('min_visibility')} of their area left), {a.get('images_without_boxes')} "
-                f"image(s) without any"
-            )
-            lines.append(f"  categories {len(names)}: {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}")
-        else:
-            lines.append(f"  {f.name:<9} UTF-8 {'JSON' if f.kind == 'json' else 'text'}, LF line ends")
+        lines += [f"  {line}" for line in f.kind_of.describe(f, m.annotations)]
     lines.append(f"  skipped   {len(m.skipped)} file(s){_kinds(m)}")
     lines += _stats(m.stats)
     if m.duplicates:

@@ -40,13 +40,11 @@ from packer.shard_names import (
     NPY_IMAGE_SHAPES,
     TAR_MEMBERS,
     TAR_SUFFIX,
-    TEXT_MEMBERS,
     WIDS_INDEX,
     tar_member_key,
     wds_lengths_suffix,
 )
 from packer.tario import USTAR_OWNER, decode_tar_sample, iter_shard_samples, packer_header, tar_fields
-from packer.text import TOKEN_DTYPE
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -123,12 +121,9 @@ class WdsWriter:
         for f in self.layout.text:
             value = sample.fields[f.name]
             self.lengths[f.name].append(len(value) // f.itemsize)
-            if f.kind == "json" and not value:
-                continue  # missing (--allow-missing): no member, as an empty one is not JSON to webdataset
-            if f.kind == "tokens":  # a .npy member, so that webdataset's decoders read it as an array
-                self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", npy_header(TOKEN_DTYPE.str, (len(value) // 4,)), value)
-            else:
-                self._member(f"{key}.{TEXT_MEMBERS[f.kind]}", value)
+            parts = f.kind_of.tar_member(value)  # None: no member (a json missing with --allow-missing)
+            if parts is not None:
+                self._member(f"{key}.{f.kind_of.member}", *parts)
         self._index.append(" ".join(self._components))
         self._components.clear()
 

@@ -1,0 +1,1 @@
+"""Running an operation's shards: the staging lifecycle every operation shares (``Staging``)."""

@@ -1,0 +1,220 @@
+"""The staging lifecycle: one object for what every operation does with its output folder.
+
+Convert, append, repack, combine, a node of a split conversion and its merge, and the early start
+all write an output the same way: take the output's lock and repair what a run killed while
+publishing left; start a staging folder beside the output (or continue an interrupted run's, for
+``--resume``) with a plan record; write the shards into it; then publish it into place with its
+manifest, or discard it. ``Staging`` owns those steps; the operations only say what they write.
+The folder's files and records themselves are ``packer.output``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Iterator, Optional
+
+from packer import __version__
+from packer.errors import OutputError
+from packer.executor import Executor, ProgressFn
+from packer.finish import write_output
+from packer.manifest import Manifest
+from packer.output import (
+    discard,
+    finished_shards,
+    forget_renamed,
+    lock_output,
+    publish,
+    read_plan,
+    recover,
+    release_output,
+    staging_dir,
+    start_staging,
+    write_plan,
+)
+from packer.records import ShardResult, ShardTask
+from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
+from packer.worker import ShardJob
+
+log = logging.getLogger(__name__)
+
+
+class Staging:
+    """An operation's hold on the output folder ``output``: its lock, its staging folder (``folder``),
+    the plan recorded there, and publishing or discarding it.
+
+    ``with Staging(output) as staging:`` holds the lock for the block (see ``lock``). A node of a
+    split conversion, which shares the folder with other nodes under locks of its own, uses the
+    folder without ``lock``.
+    """
+
+    def __init__(self, output: Path) -> None:
+        self.output = Path(output)
+        self.folder = staging_dir(self.output)
+        self._lock: Optional[IO] = None
+        self.held = False
+        """Whether this process holds the output's lock."""
+
+    # the lock ------------------------------------------------------------------------------------
+    def lock(self) -> Staging:
+        """Take the output's lock for this run (OutputError when another run holds it), then repair
+        what a run killed while publishing left. Once only: later calls do nothing."""
+        if not self.held:
+            try:
+                self._lock = lock_output(self.output)
+                self.held = True
+                recover(self.output)
+            except OSError as e:
+                raise OutputError(f"cannot write the output in {self.folder.parent}: {describe_os_error(e)}") from None
+        return self
+
+    def release(self) -> None:
+        """Release the lock, if held."""
+        if self.held:
+            release_output(self.output, self._lock)
+            self._lock, self.held = None, False
+
+    def __enter__(self) -> Staging:
+        return self.lock()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # the folder and its plan ---------------------------------------------------------------------
+    def plan(self) -> Optional[dict]:
+        """The plan recorded in the staging folder by an interrupted (or a sharing) run, if any."""
+        return read_plan(self.folder)
+
+    def start(self, plan: Optional[dict] = None) -> Path:
+        """A new, empty staging folder (an interrupted run's is removed), with ``plan`` recorded."""
+        try:
+            start_staging(self.output)
+            if plan is not None:
+                write_plan(self.folder, plan)
+        except OSError as e:
+            raise OutputError(f"cannot create {self.folder}: {describe_os_error(e)}") from None
+        return self.folder
+
+    def record_plan(self, plan: dict) -> None:
+        """Record ``plan`` in the staging folder, once it is known (the early start's, after the walk)."""
+        write_plan(self.folder, plan)
+
+    def finished(self, names: list[str]) -> dict[str, ShardResult]:
+        """The shards of ``names`` recorded in the folder as finished whose files are intact."""
+        return finished_shards(self.folder, names)
+
+    def resume_or_start(
+        self,
+        tasks: list[ShardTask],
+        previous: Optional[dict],
+        resume: bool,
+        *,
+        expected: str,
+        recorded: str,
+        version: int,
+        workers: int,
+    ) -> dict[str, ShardResult]:
+        """The shards of ``tasks`` that an interrupted run finished and that still hold, when there is
+        one to resume (``previous``, its plan record; refused unless its fingerprint is ``expected``);
+        otherwise none, in a new staging folder whose plan records ``recorded`` and ``workers``.
+        ``version``: the format version this run writes (shards written at another are written again)."""
+        if resume and previous is None:
+            log.warning("--resume: no interrupted run of %s to continue; starting a new one", self.output)
+        if previous is None:
+            if self.folder.exists() and not resume:
+                log.warning("discarding the unfinished run in %s (pass --resume to continue it)", self.folder)
+            self.start(plan_record(recorded, workers))
+            return {}
+        if previous.get("fingerprint") != expected:
+            started = previous.get("packer")
+            other = (
+                ""
+                if started == __version__
+                else (
+                    f" (or its plan: it was started by packer {started or 'before 0.8.3'}, whose plans of some runs, "
+                    f"such as those with --shuffle or of a large source with --shard-size auto, packer {__version__} "
+                    "draws otherwise)"
+                )
+            )
+            raise OutputError(
+                f"the source files or options changed since the interrupted run in {self.folder}{other}; "
+                "run without --resume to start over"
+            )
+        finished = current_layout(current_digests(self.finished([t.name for t in tasks])), version)
+        if previous.get("sources") == SOURCES_PER_SHARD:
+            finished = unchanged_sources(finished, tasks)
+        for task in tasks:
+            if task.name not in finished:
+                forget_renamed(self.folder, task.name)  # written again: its files of an interrupted publish go
+        log.info("resuming: %d of %d shards already finished", len(finished), len(tasks))
+        return finished
+
+    # writing, then publishing or discarding ------------------------------------------------------
+    def run_unfinished(
+        self,
+        executor: Executor,
+        jobs: list[ShardJob],
+        finished: dict[str, ShardResult],
+        progress: Optional[ProgressFn],
+        timeout: float,
+    ) -> tuple[list[ShardJob], list[ShardResult]]:
+        """Count the files of the ``finished`` shards as done, then run the other ``jobs``, each shard
+        recorded in the folder for --resume by its worker as it finishes, under the plan's fingerprint.
+        Returns the jobs run and their results (their per-sample values left in their records)."""
+        if progress is not None:
+            done_items = sum(len(j.task.items) for j in jobs if j.task.name in finished)
+            if done_items:
+                progress(done_items)
+        fingerprint = (self.plan() or {}).get("fingerprint")
+        fingerprint = fingerprint if isinstance(fingerprint, str) else ""  # no plan record (or an odd one): none
+        todo = [
+            replace(j, directory=str(self.folder), record=True, plan_fingerprint=fingerprint)
+            for j in jobs
+            if j.task.name not in finished
+        ]
+        fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
+        return todo, fresh
+
+    @contextlib.contextmanager
+    def writing(self, *, resumable: bool = True, shared: bool = False) -> Iterator[Path]:
+        """The work in the staging folder up to its publishing. A failure discards the folder (an
+        OSError becomes an OutputError naming where and what to do), but for a Ctrl-C of a
+        ``resumable`` run, which leaves the finished shards for --resume; a ``shared`` folder (the
+        nodes' of a split conversion) is never discarded here, their shards are other runs' work."""
+        try:
+            yield self.folder
+        except KeyboardInterrupt:
+            if not resumable and not shared:
+                self.discard()
+            raise
+        except OSError as e:
+            if not shared:
+                self.discard()
+            raise OutputError(f"cannot write the output in {self.folder.parent}: {describe_os_error(e)}") from None
+        except BaseException:
+            if not shared:
+                self.discard()
+            raise
+
+    def publish(self, manifest: Manifest, *, overwrite: bool, source: Optional[Path] = None) -> None:
+        """Write ``manifest`` last, then move the folder into place as the output (replacing an older
+        output where ``overwrite`` allows it; ``source``: what the output must not be inside)."""
+        write_output(self.folder, manifest)
+        publish(self.folder, self.output, overwrite, source)
+
+    def discard(self) -> None:
+        """Remove the staging folder (only one packer made)."""
+        discard(self.folder)
+
+
+def describe_os_error(e: OSError) -> str:
+    """An OSError as a message: what failed, on which file, and what to do for the common causes."""
+    where = f" ({e.filename})" if e.filename else ""
+    hint = {
+        28: "; free some space or write elsewhere",
+        13: "; check the folder's permissions",
+        30: "; the filesystem is read-only",
+    }.get(e.errno or 0, "")
+    return f"{e.strerror or e}{where}{hint}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from readers.crops import (
     CenterCrop,
     Placement,
     RandomResizedCrop,
+    place_geometry,
     place_mask,
     place_target,
     render,
@@ -437,6 +438,23 @@ class ReaderBase:
             )
         check_file(p, entry, self.verify, FORMATS[self.manifest.format].structure)
         return p
+
+    def sample_of(
+        self, index: int, key: Optional[str], label: int, values: Sequence[Any], placement: Optional[Placement]
+    ) -> tuple:
+        """The tuple a reader yields for one sample (``build_sample``), from its decoded ``values`` (the
+        image, then each text field's value, the geometry last where it is stored) and the crop's
+        ``placement``; with ``return_meta`` its dict says its index, key, stored label, geometry (composed
+        with the crop: it maps onto the returned image) and crop. Every reader builds its samples here."""
+        values = list(values)
+        geometry = values.pop() if self.geometry else None
+        meta = {"index": index, "key": key, "label": label} if self.return_meta else None
+        if meta is not None and self.geometry:
+            meta["geometry"] = place_geometry(geometry, placement) if placement is not None else geometry
+        placement_meta(meta, placement)
+        return build_sample(
+            values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform, self.has_target
+        )
 
     @property
     def fixed_images(self) -> bool:

@@ -22,9 +22,9 @@ from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.records import TextField
 from packer.source_codec import decode_stored
-from readers.base import ReaderBase, build_sample, decode_field, placement_meta
+from readers.base import ReaderBase, decode_field
 from readers.collate import PackedBatch
-from readers.crops import place_geometry, render
+from readers.crops import render
 from readers.device_decode import BatchBuilder, EncodedBatch, on_device
 from readers.tensors import torch_dtype
 
@@ -149,14 +149,7 @@ class PackedDataset(ReaderBase, Dataset):
             values = self._values(shard, local, epoch, placement)
             label = int(self._shard_labels(shard)[local])
             key = self.read_key(self._handle(shard), local) if self.return_meta else None
-        geometry = values.pop() if self.geometry else None
-        meta = {"index": self._offsets[shard] + local, "key": key, "label": label} if self.return_meta else None
-        if meta is not None and self.geometry:  # composed with the crop: it maps onto the returned image
-            meta["geometry"] = place_geometry(geometry, placement[0]) if placement else geometry
-        placement_meta(meta, placement[0] if placement else None)
-        return build_sample(
-            values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform, self.has_target
-        )
+        return self.sample_of(self._offsets[shard] + local, key, label, values, placement[0] if placement else None)
 
     def __getitems__(self, indices: list[int]):
         """The samples at ``indices`` as one ``PackedBatch`` (PyTorch calls this with a batch's indices).

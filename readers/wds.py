@@ -24,9 +24,9 @@ from packer.errors import ManifestError
 from packer.manifest import ShardEntry
 from packer.shard_names import NPY_IMAGE_SHAPES, TAR_SUFFIX, wds_lengths_suffix
 from packer.tario import decode_tar_sample, iter_shard_samples, tar_fields
-from readers.base import ReaderBase, build_sample, decode_field, placement_meta
+from readers.base import ReaderBase, decode_field
 from readers.collate import Numbered, PackedBatch
-from readers.crops import Placement, place_geometry
+from readers.crops import Placement
 from readers.remote import file_url, is_url, iter_remote_tar, read_remote_file
 
 PASS_SLOTS = 64
@@ -124,17 +124,9 @@ class WdsDataset(ReaderBase, IterableDataset):
         texts: tuple,
         placement: Optional[Placement] = None,
     ):
-        """The tuple yielded for one decoded sample (see ``build_sample``)."""
-        meta = {"index": index, "key": key, "label": label} if self.return_meta else None
-        placement_meta(meta, placement)
-        if self.geometry:
-            texts, geometry = texts[:-1], texts[-1]
-            if meta is not None:  # composed with the crop: it maps onto the returned image
-                meta["geometry"] = place_geometry(geometry, placement) if placement is not None else geometry
-        values = ((self.convert(array),) if array is not None else ()) + texts
-        return build_sample(
-            values[0], label, self.apply_transform, meta, values[1:], self.target_transform, self.has_target
-        )
+        """The tuple yielded for one decoded sample (see ``ReaderBase.sample_of``)."""
+        image = (self.convert(array),) if array is not None else ()
+        return self.sample_of(index, key, label, image + texts, placement)
 
     def iter_shard(self, shard: int, epoch: int = 0) -> Iterator[tuple]:
         """``(index, image array or None, label, key, text field values, Placement or None)`` of each

@@ -56,18 +56,21 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 _stop_requested = False
+_held = 0  # depth of stop_signals_held blocks this process is in
 
 
 def request_stop(signum: int, frame: object) -> None:
     """Handler for Ctrl-C and SIGTERM (the CLI installs it): note the request, raise KeyboardInterrupt.
 
-    The note matters when the raise is lost. A signal that arrives just before ``stop_signals_held``
-    blocks it has its Python handler run at the next chance, which can be inside one of fork's
-    at-fork hooks (logging's lock release), where Python prints the exception and drops it; the
-    block then re-raises it on its way out (see ``stop_signals_held``).
+    Inside ``stop_signals_held`` it only notes the request, which the block raises on its way out. A
+    signal that arrives just before the block blocks it has its Python handler run at the next
+    chance, which can be inside one of fork's at-fork hooks (logging's lock release), where a raise
+    is printed as "Exception ignored" with a traceback and dropped.
     """
     global _stop_requested
     _stop_requested = True
+    if _held:
+        return
     raise KeyboardInterrupt
 
 
@@ -93,22 +96,29 @@ def stop_signals_held() -> Iterator[None]:
     stop requested through ``request_stop`` whose KeyboardInterrupt was dropped inside the block is
     raised when the block ends.
     """
+    global _held
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    _held += 1  # first: a handler that runs from here on, even before the mask is set, only notes the stop
     try:
-        yield
-    except BaseException:
-        clear_stop_request()  # an exception (the interrupt itself, say) leaves the block: nothing was lost
-        raise
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            yield
+        except KeyboardInterrupt:
+            clear_stop_request()  # the interrupt itself leaves the block: nothing was lost
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _held -= 1
     _raise_lost_stop()
 
 
 def release_stop_signals() -> None:
     """In a child forked under ``stop_signals_held``: take the inherited block off again."""
+    global _held
+    _held = 0  # the child is in none of its parent's blocks
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 

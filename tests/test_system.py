@@ -27,3 +27,32 @@ def test_an_interrupt_that_propagated_is_not_raised_twice():
             request_stop(signal.SIGINT, None)
     with stop_signals_held():  # the interrupt left the block: it was not lost, so not raised again
         pass
+
+
+def test_a_stop_requested_inside_the_held_block_is_raised_at_its_end_not_where_it_landed():
+    """A signal that slipped in before the block blocked it runs its handler at the next chance: inside
+    the block that can be one of fork's at-fork hooks, where a raise is printed as a traceback and
+    dropped. Inside the block the handler only notes the request; the block raises it once, at its end."""
+    clear_stop_request()
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with stop_signals_held():
+            request_stop(signal.SIGTERM, None)  # returns: nothing raised where it landed
+            steps.append("the fork finished and its worker was recorded")
+    assert steps == ["the fork finished and its worker was recorded"]
+    with stop_signals_held():  # raised once, then forgotten
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        request_stop(signal.SIGINT, None)  # outside any block it raises at once, as before
+    clear_stop_request()
+
+
+def test_a_stop_noted_in_a_block_that_fails_otherwise_is_not_forgotten():
+    clear_stop_request()
+    with pytest.raises(OSError):
+        with stop_signals_held():
+            request_stop(signal.SIGTERM, None)
+            raise OSError("fork refused")
+    with pytest.raises(KeyboardInterrupt):  # the user still asked to stop: the next block says so
+        with stop_signals_held():
+            pass

@@ -254,8 +254,11 @@ def convert_splits(
                 quoted(absent),
             )
     _check_parent(output, overwrite, resume, source)  # before the lock file is made beside it
-    set_lock = Staging(output).lock()  # the set's lock: no other run writes the set or one of its splits
+    # The set's lock: no other run writes the set or one of its splits. The set is never published
+    # by a rename, so there is nothing to repair; each split's own conversion repairs its folder.
+    set_lock = Staging(output)
     try:
+        set_lock.lock(repair=False)
         previous = _check_parent(output, overwrite, resume, source, warn=True)
         ours = {
             name

@@ -184,6 +184,7 @@ class PackedLoader:
         self._consumed = 0  # batches handed out in the current epoch
         self._chosen: Optional[tuple[int, int]] = None  # (epoch, first batch) of the next pass, if one was asked for
         self._passes = 0  # passes begun: each new one moves on to the next epoch unless one was chosen
+        self._left = False  # the current pass was left before its end: the next one is the next epoch
         if sampler is not None:
             # Frameworks (Lightning) call set_epoch on loader.sampler: that call chooses the epoch as ours does.
             sampler.follow(self.set_epoch)
@@ -209,7 +210,7 @@ class PackedLoader:
             epoch, start = self._chosen
         else:
             epoch, start = self.epoch + (1 if self._passes else 0), 0
-        self._chosen = None
+        self._chosen, self._left = None, False
         self._passes += 1
         number = self._passes
         self.epoch, self._consumed = epoch, start
@@ -219,9 +220,21 @@ class PackedLoader:
             self.dataset.start_pass(epoch, start)  # type: ignore[union-attr]
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
-        for batch in _in_order(self.loader, start):
-            if number != self._passes:  # a newer pass began: this one is left, its count no longer ours
-                return
+        try:
+            yield from self._batches(number, start)
+        finally:  # a pass closed before its end (a loop's break): a state taken now starts the next epoch
+            if number == self._passes and self._consumed < len(self):
+                self._left = True
+
+    def _batches(self, number: int, start: int) -> Iterator:
+        """The batches of pass ``number`` from batch ``start``, placed and counted."""
+        batches = _in_order(self.loader, start)
+        # Asked before each batch is taken, not after: with persistent workers a newer pass shares
+        # the DataLoader's iterator, and a batch this left pass took would be lost to it.
+        while number == self._passes:
+            batch = next(batches, _END)
+            if batch is _END:
+                break
             if self.dataset.has_target:  # detection_collate's (images, targets[, metas])
                 self._consumed += 1
                 yield self._place_detection(batch)
@@ -287,6 +300,8 @@ class PackedLoader:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
         the batch order depends on, checked when loading)."""
         epoch, consumed = self._chosen if self._chosen is not None else (self.epoch, self._consumed)
+        if self._chosen is None and self._left:  # the pass was left: the next one, here or resumed, moves on
+            epoch, consumed = epoch + 1, 0
         if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
             epoch, consumed = epoch + 1, 0
         return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}
@@ -309,6 +324,10 @@ class PackedLoader:
             self.sampler.load_state_dict(state)
         self.epoch = int(state["epoch"])
         self._chosen = (self.epoch, int(state["batches"]))
+
+
+_END = object()
+"""What ``next`` gives at the end of a pass's batches."""
 
 
 def _size(dataset: Any) -> int:

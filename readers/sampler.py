@@ -86,6 +86,12 @@ class EpochChoice:
         """Iterate epoch ``epoch`` from its batch ``start`` next (no one is told: the caller chose it)."""
         self.epoch, self.start = int(epoch), int(start)
 
+    def __getstate__(self) -> dict:
+        """Pickled (or copied) without its follower: a copy follows no loader."""
+        state = dict(self.__dict__)
+        state.pop("_follower", None)
+        return state
+
     def follow(self, follower: Optional[Callable[[int], None]]) -> None:
         """Call ``follower(epoch)``, a bound method, after each ``set_epoch`` (None: call no one).
 

@@ -456,3 +456,51 @@ def test_a_resumed_state_keeps_its_place_when_the_framework_sets_the_same_epoch(
     resumed.set_epoch(1)
     assert seen + indices(first_pass(resumed)) == full[1]
     assert indices(first_pass(resumed)) == full[2]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_a_left_pass_does_not_take_a_batch_of_the_next_one(packed, fmt):
+    """With persistent workers both passes share the DataLoader's iterator: the left pass must not take
+    a batch from it once a newer pass began."""
+    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=7)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    first = next(new)
+    assert list(old) == []  # the left pass ends without taking anything
+    rest = indices(new)
+    want = epochs(make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=7), [1])[0]
+    assert [first[2]["index"].tolist(), *rest] == want
+    assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["batches"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_a_state_taken_after_a_pass_was_left_resumes_where_the_same_loader_goes_on(packed, fmt):
+    def fresh():
+        return make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=5)
+
+    loader = fresh()
+    for number, _batch in enumerate(loader):
+        if number == 1:
+            break  # a loop left early (max_steps, limit_train_batches): its generator is closed here
+    del _batch
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert (state["epoch"], state["batches"]) == (1, 0)
+    inside = fresh()
+    stream = iter(inside)
+    next(stream)
+    assert (inside.state_dict()["epoch"], inside.state_dict()["batches"]) == (0, 1)  # taken inside the loop
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    assert indices(resumed) == indices(loader)  # both go on with epoch 1
+
+
+def test_the_loaders_sampler_can_be_pickled_and_copied_without_its_loader(packed):
+    import copy
+    import pickle
+
+    loader = make_loader(open_dataset(packed["npy"]), 4, num_workers=0, seed=7)
+    for clone in (pickle.loads(pickle.dumps(loader.sampler)), copy.deepcopy(loader.sampler)):
+        clone.set_epoch(3)  # follows no loader
+        assert clone.batches(3) == loader.sampler.batches(3)
+    assert loader.sampler.epoch == 0

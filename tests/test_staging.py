@@ -107,3 +107,17 @@ def test_publish_writes_the_manifest_last_and_moves_the_folder_into_place(tmp_pa
     assert read_manifest(out).shards == manifest.shards
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in made.iterdir())
     assert (out / "manifest.json").read_bytes() == (made / "manifest.json").read_bytes()
+
+
+def test_a_failed_repair_releases_the_lock_it_took(tmp_path):
+    out = tmp_path / "out"
+    stray = tmp_path / ".out.packer-old"  # what an interrupted publish leaves, here holding someone's file
+    stray.mkdir()
+    (stray / "notes.txt").write_text("not a packer output")
+    with pytest.raises(OutputError, match="is left from an earlier run but is not a packer output"):
+        with Staging(out):
+            pass
+    assert not lock_file(out).exists()
+    with Staging(out).lock(repair=False) as again:  # free: another run may take it
+        assert again.held
+    assert (stray / "notes.txt").read_text() == "not a packer output"

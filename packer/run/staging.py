@@ -58,16 +58,22 @@ class Staging:
         """Whether this process holds the output's lock."""
 
     # the lock ------------------------------------------------------------------------------------
-    def lock(self) -> Staging:
-        """Take the output's lock for this run (OutputError when another run holds it), then repair
-        what a run killed while publishing left. Once only: later calls do nothing."""
-        if not self.held:
-            try:
-                self._lock = lock_output(self.output)
-                self.held = True
+    def lock(self, *, repair: bool = True) -> Staging:
+        """Take the output's lock for this run (OutputError when another run holds it), then, with
+        ``repair``, repair what a run killed while publishing left (``packer.output.recover``); a failed
+        repair releases the lock again. Once only: later calls do nothing."""
+        if self.held:
+            return self
+        try:
+            self._lock = lock_output(self.output)
+            self.held = True
+            if repair:
                 recover(self.output)
-            except OSError as e:
+        except BaseException as e:
+            self.release()  # a with-block's __exit__ never runs when its __enter__ fails
+            if isinstance(e, OSError):
                 raise OutputError(f"cannot write the output in {self.folder.parent}: {describe_os_error(e)}") from None
+            raise
         return self
 
     def release(self) -> None:

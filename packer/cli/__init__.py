@@ -17,7 +17,7 @@ import logging
 import click
 
 from packer import __version__
-from packer.cli import advisor, convert, inspection
+from packer.cli import advisor, convert, inspection, outputs
 
 __all__ = ["cli", "main"]
 
@@ -32,8 +32,8 @@ def cli(verbose: bool) -> None:
 
 for _command in (
     convert.convert,
-    convert.merge,
-    convert.combine,
+    outputs.merge,
+    outputs.combine,
     inspection.info,
     inspection.verify,
     advisor.tune,

@@ -1,7 +1,9 @@
-"""The preprocessing options, declared once for every command that takes them, and their parsing."""
+"""Options declared once for every command that takes them (preprocessing, decoding, text fields,
+targets), and the parsing of the preprocessing ones."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import click
@@ -9,6 +11,7 @@ import click
 from packer.config import (
     COLOR_MODES,
     DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_VISIBILITY,
     DTYPES,
     GEOMETRIES,
     INTERPOLATIONS,
@@ -103,6 +106,103 @@ def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
     for option in reversed(options):  # decorators apply bottom-up; the help lists them top-down
         command = option(command)
     return command
+
+
+_TEXT_OPTIONS = (
+    click.option(
+        "--fields",
+        "fields_",
+        default=None,
+        help="What a sample is: image, text, or several of image,text,json (files sharing a stem in one "
+        "folder are one sample).  [default: found from the files]",
+        show_default=False,
+    ),
+    click.option(
+        "--allow-missing",
+        is_flag=True,
+        help="Pack paired samples missing their text or json file, with that field empty (else skipped).",
+    ),
+    click.option(
+        "--encoding",
+        default="utf-8",
+        help="Encoding of .txt and .json files (a UTF-8 byte-order mark is dropped; CRLF becomes LF).",
+    ),
+    click.option(
+        "--tokenizer",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="A local tokenizer.json (Hugging Face tokenizers): store int32 token ids instead of text.",
+    ),
+    click.option(
+        "--max-length",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Truncate token ids to this many (special tokens kept); needs --tokenizer.",
+    ),
+)
+
+_TARGET_OPTIONS = (
+    click.option(
+        "--annotations",
+        "annotations",
+        type=click.Path(exists=True, path_type=Path),
+        default=None,
+        help="Detection boxes for the images: a COCO instances .json, a YOLO labels folder (.txt per image, "
+        "names from classes.txt or data.yaml) or a Pascal VOC folder of .xml; boxes follow every resize, "
+        "crop and pad, and readers return (image, target).",
+    ),
+    click.option(
+        "--annotation-format",
+        type=click.Choice(["coco", "yolo", "voc"]),
+        default=None,
+        help="The format of --annotations.  [default: found from the content]",
+        show_default=False,
+    ),
+    click.option(
+        "--min-box-visibility",
+        type=click.FloatRange(0, 1),
+        default=DEFAULT_MIN_VISIBILITY,
+        help="Drop a box that the crop leaves with less than this share of its area (counted and reported).",
+    ),
+    click.option(
+        "--box-coords",
+        type=click.Choice(["auto", "stored", "displayed"]),
+        default="auto",
+        help="Which pixels the boxes of --annotations are on when EXIF turns an image: the file's grid as "
+        "stored, or the turned image (auto: YOLO's are on the turned image; COCO and VOC boxes by the "
+        "image size they give; an image nothing decides is skipped and reported).",
+    ),
+    click.option(
+        "--masks",
+        "masks_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="Semantic segmentation: a folder of class-index PNGs, REL.png for the image REL.*; resized with "
+        "nearest-neighbour, cropped and padded exactly like their image; readers return (image, mask).",
+    ),
+    click.option(
+        "--mask-sidecar",
+        is_flag=True,
+        help="Segmentation masks beside their images: 0001.png is the mask of 0001.jpg in the same folder.",
+    ),
+    click.option(
+        "--mask-ignore",
+        type=click.IntRange(0, 255),
+        default=255,
+        help="The mask value of padding (--resize pad, a --crop larger than the image).",
+    ),
+)
+
+
+def text_options(command: F) -> F:
+    """Add --fields, --allow-missing, --encoding, --tokenizer and --max-length."""
+    return _apply(_TEXT_OPTIONS, command)
+
+
+def target_options(command: F) -> F:
+    """Add --annotations, --annotation-format, --min-box-visibility, --box-coords, --masks,
+    --mask-sidecar and --mask-ignore."""
+    return _apply(_TARGET_OPTIONS, command)
 
 
 def preprocess_options(command: F) -> F:

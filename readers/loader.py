@@ -184,7 +184,6 @@ class PackedLoader:
         self._consumed = 0  # batches handed out in the current epoch
         self._chosen: Optional[tuple[int, int]] = None  # (epoch, first batch) of the next pass, if one was asked for
         self._passes = 0  # passes begun: each new one moves on to the next epoch unless one was chosen
-        self._left = False  # the current pass was left before its end: the next one is the next epoch
         if sampler is not None:
             # Frameworks (Lightning) call set_epoch on loader.sampler: that call chooses the epoch as ours does.
             sampler.follow(self.set_epoch)
@@ -210,7 +209,7 @@ class PackedLoader:
             epoch, start = self._chosen
         else:
             epoch, start = self.epoch + (1 if self._passes else 0), 0
-        self._chosen, self._left = None, False
+        self._chosen = None
         self._passes += 1
         number = self._passes
         self.epoch, self._consumed = epoch, start
@@ -220,11 +219,7 @@ class PackedLoader:
             self.dataset.start_pass(epoch, start)  # type: ignore[union-attr]
         if self.ring is not None:
             self.ring.reset()  # slots of batches a left pass never handed out
-        try:
-            yield from self._batches(number, start)
-        finally:  # a pass closed before its end (a loop's break): a state taken now starts the next epoch
-            if number == self._passes and self._consumed < len(self):
-                self._left = True
+        yield from self._batches(number, start)
 
     def _batches(self, number: int, start: int) -> Iterator:
         """The batches of pass ``number`` from batch ``start``, placed and counted."""
@@ -298,10 +293,10 @@ class PackedLoader:
 
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what
-        the batch order depends on, checked when loading)."""
+        the batch order depends on, checked when loading). A pass left before its end (a loop that
+        breaks to save a checkpoint) is resumed where it was left; the same loader iterated again
+        moves on to the next epoch instead, unless ``load_state_dict`` or ``set_epoch`` says otherwise."""
         epoch, consumed = self._chosen if self._chosen is not None else (self.epoch, self._consumed)
-        if self._chosen is None and self._left:  # the pass was left: the next one, here or resumed, moves on
-            epoch, consumed = epoch + 1, 0
         if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
             epoch, consumed = epoch + 1, 0
         return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}

@@ -474,27 +474,6 @@ def test_a_left_pass_does_not_take_a_batch_of_the_next_one(packed, fmt):
     assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["batches"] == 0
 
 
-@pytest.mark.parametrize("fmt", ["npy", "wds"])
-def test_a_state_taken_after_a_pass_was_left_resumes_where_the_same_loader_goes_on(packed, fmt):
-    def fresh():
-        return make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, seed=5)
-
-    loader = fresh()
-    for number, _batch in enumerate(loader):
-        if number == 1:
-            break  # a loop left early (max_steps, limit_train_batches): its generator is closed here
-    del _batch
-    state = json.loads(json.dumps(loader.state_dict()))
-    assert (state["epoch"], state["batches"]) == (1, 0)
-    inside = fresh()
-    stream = iter(inside)
-    next(stream)
-    assert (inside.state_dict()["epoch"], inside.state_dict()["batches"]) == (0, 1)  # taken inside the loop
-    resumed = fresh()
-    resumed.load_state_dict(state)
-    assert indices(resumed) == indices(loader)  # both go on with epoch 1
-
-
 def test_the_loaders_sampler_can_be_pickled_and_copied_without_its_loader(packed):
     import copy
     import pickle

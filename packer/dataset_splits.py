@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 from packer.class_map import class_map_digest, extend_class_map, quoted, read_class_file
 from packer.config import ConvertConfig
 from packer.containers import container_kind
-from packer.discover import Discovery, class_folders, discover, field_kind, is_litter
+from packer.discover import Discovery, class_folders, discover
 from packer.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.manifest import MANIFEST_NAME, read_manifest, sha256_of
@@ -38,6 +38,7 @@ from packer.resume import plan_fingerprint
 from packer.run.job import ConvertJob, Selection
 from packer.run.staging import Staging
 from packer.splits_record import SPLITS_NAME, SplitsRecord, read_splits, split_name_problem, write_splits
+from packer.walk import field_kind, is_litter
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 At 10^8 files the walk alone takes minutes, and every worker would wait for it. Where the cut of the
 shards does not depend on the number of samples (``--shard-size N`` samples, or ``auto`` on a large
 source: ``packer.plan.auto_cut``), the shards over the files that the walk has listed for good are
-known before it ends. ``EarlyStart`` watches the walk (``packer.discover.WalkWatcher``) and hands
+known before it ends. ``EarlyStart`` watches the walk (``packer.walk.WalkWatcher``) and hands
 those shards to workers as they become known.
 
 When the walk ends, the pipeline plans every shard exactly as it does without an early start. Each
@@ -45,7 +45,7 @@ from packer.worker import ProgressFn, ShardJob, ShardWork
 log = logging.getLogger(__name__)
 
 EARLY_AFTER = 0.25
-"""Seconds of walking before any shard starts early (as ``discover.PARALLEL_AFTER`` starts the walk's
+"""Seconds of walking before any shard starts early (as ``walk.PARALLEL_AFTER`` starts the walk's
 pool): a tree listed in less is planned whole, as before, and never pays for watching its walk."""
 
 CHECK_EVERY = 0.05
@@ -94,7 +94,7 @@ def early_start_allowed(
 
 
 class EarlyStart:
-    """Watches a walk (``packer.discover.WalkWatcher``) and runs the shards it makes known, in the
+    """Watches a walk (``packer.walk.WalkWatcher``) and runs the shards it makes known, in the
     conversion's ``staging`` folder, with up to ``workers`` processes; then ``settle`` keeps those that
     the final plan has, and ``finish`` runs the rest (see the module)."""
 
@@ -132,7 +132,7 @@ class EarlyStart:
 
     # the walk's watcher -------------------------------------------------------------------------
     def __call__(self, root: Path, listing, stable: int, walk) -> None:
-        """``packer.discover.WalkWatcher``: start the shards over the first ``stable`` files listed."""
+        """``packer.walk.WalkWatcher``: start the shards over the first ``stable`` files listed."""
         now = time.monotonic()
         if now < self._next_look or self._given_up:
             return

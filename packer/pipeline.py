@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 from packer.assemble import build_manifest
 from packer.config import ConvertConfig
 from packer.containers import container_kind, discover_container, job_for
-from packer.discover import Discovery, WalkWatcher, discover, is_packer_folder
+from packer.discover import Discovery, discover
 from packer.early_start import EarlyStart, early_start_allowed
 from packer.errors import DecodeError, InputError, OutputError
 from packer.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
@@ -40,6 +40,7 @@ from packer.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
 from packer.system import usable_cpus
 from packer.targets import Targets, targets_for
 from packer.text import TextConfig
+from packer.walk import WalkWatcher, is_packer_folder
 from packer.worker import ShardWork
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,10 @@ import os
 import pytest
 from conftest import make_tree, write_image
 
-from packer.discover import discover, is_image_name, is_litter, read_labels_file
+from packer.discover import discover, read_labels_file
 from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped
+from packer.walk import is_image_name, is_litter
 
 
 def touch(path, data=b"x"):
@@ -477,12 +478,13 @@ def test_the_parallel_walk_finds_what_the_serial_walk_finds(tmp_path, monkeypatc
     """With several processes the root's subfolders are walked in a pool: the same items, labels,
     skipped and ignored files, in the same order, as one process finds."""
     import packer.discover
+    import packer.walk
 
     root = tmp_path / "src"
     locked = _hostile_tree(root)
     try:
         serial = discover(root, fields=fields)
-        monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
+        monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
         parallel = discover(root, fields=fields, processes=2)
     finally:
         locked.chmod(0o755)
@@ -498,22 +500,23 @@ def test_a_folder_two_processes_both_list_means_one_walk_again(tmp_path, monkeyp
     """A folder reachable by two real paths (a bind mount) seen by two processes: the walk is done
     again in one process, which lists it once."""
     import packer.discover
+    import packer.walk
 
     root = tmp_path / "src"
     for n in ["a/1.png", "b/2.png", "c/3.png"]:
         touch(root / n)
     serial = discover(root)
-    real = packer.discover._merged
+    real = packer.walk._merged
     calls = []
 
     def overlapping(result, walk):
         calls.append(1)
         if len(calls) == 1:
-            raise packer.discover._Overlap()
+            raise packer.walk._Overlap()
         return real(result, walk)
 
-    monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
-    monkeypatch.setattr(packer.discover, "_merged", overlapping)
+    monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
+    monkeypatch.setattr(packer.walk, "_merged", overlapping)
     again = discover(root, processes=2)
     assert list(again.items) == list(serial.items) and calls == [1]
 

@@ -140,6 +140,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, monkeypatch):
     import packer.discover
+    import packer.walk
     from packer.discover import discover
     from packer.system import process_context
 
@@ -160,7 +161,7 @@ def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, m
     for name in ["a/1.png", "b/2.png", "c/3.png"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
-    monkeypatch.setattr(packer.discover, "PARALLEL_AFTER", 0.0)
+    monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
     started.clear()
     found = discover(tmp_path, processes=2)
     assert [it.relpath for it in found.items] == ["a/1.png", "b/2.png", "c/3.png"]

@@ -28,7 +28,6 @@ from packer.config import (
 )
 from packer.containers import container_kind
 from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
-from packer.discover import is_packer_folder
 from packer.errors import ConfigError, DecodeError, InputError, PackerError
 from packer.executor import DEFAULT_TIMEOUT
 from packer.manifest import MANIFEST_NAME
@@ -39,6 +38,7 @@ from packer.registry import FORMAT_NAMES  # the --format choices
 from packer.run.job import ConvertJob, Selection
 from packer.split import NodeResult, NodeSplit, convert_node
 from packer.text import TextConfig
+from packer.walk import is_packer_folder
 
 
 @click.command()

@@ -14,7 +14,7 @@ from helpers import run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from readers import loader as loader_module
+from readers import defaults as loader_defaults
 from readers import make_loader, open_dataset
 
 PRE = PreprocessConfig(size=(40, 32))
@@ -138,26 +138,26 @@ def test_encoded_images_of_one_size_are_batched_into_the_ring_too(packed, fmt, t
 
 def test_defaults_follow_cores_memory_and_dataset(packed, monkeypatch):
     ds = open_dataset(packed["npy"])
-    opts = loader_module.default_options(ds, 4, torch.uint8, cores=8, memory=2**40)
+    opts = loader_defaults.default_options(ds, 4, torch.uint8, cores=8, memory=2**40)
     assert opts["num_workers"] == 6  # capped by the dataset: 23 samples make 6 batches of 4
     assert opts["persistent_workers"] and opts["prefetch_factor"] == 2 and not opts["pin_memory"]
-    assert loader_module.default_options(ds, 1, torch.uint8, cores=3, memory=2**40)["num_workers"] == 3
-    per_batch = loader_module.batch_bytes(ds, 4, torch.uint8)
+    assert loader_defaults.default_options(ds, 1, torch.uint8, cores=3, memory=2**40)["num_workers"] == 3
+    per_batch = loader_defaults.batch_bytes(ds, 4, torch.uint8)
     # per worker: (2 x prefetch + 2) batches in flight (queue and ring)
-    tight = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(3 * 4 * per_batch / 0.25))
+    tight = loader_defaults.default_options(ds, 4, torch.uint8, cores=3, memory=int(3 * 4 * per_batch / 0.25))
     assert tight["num_workers"] == 3 and tight["prefetch_factor"] == 1  # prefetch lowered first
-    tighter = loader_module.default_options(ds, 4, torch.uint8, cores=3, memory=int(2 * 4 * per_batch / 0.25))
+    tighter = loader_defaults.default_options(ds, 4, torch.uint8, cores=3, memory=int(2 * 4 * per_batch / 0.25))
     assert tighter["num_workers"] == 2
-    assert loader_module.default_options(ds, 4, torch.uint8, cores=2, memory=2**40, cuda=True)["pin_memory"]
-    monkeypatch.setattr(loader_module, "physical_cores", lambda: 1)
-    monkeypatch.setattr(loader_module, "available_memory", lambda: 2**40)
+    assert loader_defaults.default_options(ds, 4, torch.uint8, cores=2, memory=2**40, cuda=True)["pin_memory"]
+    monkeypatch.setattr(loader_defaults, "physical_cores", lambda: 1)
+    monkeypatch.setattr(loader_defaults, "available_memory", lambda: 2**40)
     made = make_loader(ds, 4)
     assert made.loader.num_workers == 1 and made.loader.persistent_workers
     assert make_loader(ds, 4, num_workers=0).loader.num_workers == 0
     assert made.loader.multiprocessing_context is None
     spawned = make_loader(ds, 4, multiprocessing_context="spawn")
     assert spawned.loader.multiprocessing_context.get_start_method() == "spawn"
-    assert 1 <= loader_module.physical_cores() <= __import__("packer.system").system.usable_cpus()
+    assert 1 <= loader_defaults.physical_cores() <= __import__("packer.system").system.usable_cpus()
 
 
 def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
@@ -244,7 +244,7 @@ def test_tar_shard_workers_beyond_the_shards_stay_idle_and_every_sample_comes_on
         loader = make_loader(open_dataset(packed["wds"]), 4, num_workers=8, seed=3)
     labels = torch.cat([y for _, y in loader])
     assert len(labels) == N and torch.bincount(labels).tolist() == [8, 7, 8]
-    from readers.loader import default_options
+    from readers.defaults import default_options
 
     options = default_options(open_dataset(packed["wds"]), 4, torch.uint8, cores=16, memory=2**34, world_size=4)
     assert options["num_workers"] == 1  # ranks 0 and 1 hold 2 shards, ranks 2 and 3 one: one worker each

@@ -23,7 +23,8 @@ from packer.config import PreprocessConfig
 from packer.errors import ConfigError
 from readers.advisor.folder import FolderDataset, folder_items
 from readers.advisor.timing import Rate, check_images, one_thread, time_loader
-from readers.loader import default_options, make_loader
+from readers.defaults import default_options
+from readers.loader import make_loader
 
 PLOT_EXTRA = 'pip install matplotlib (or: pip install -e ".[plot]")'
 

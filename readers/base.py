@@ -16,12 +16,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from packer.errors import ConfigError, ManifestError, PackerError
+from packer.errors import ConfigError
 from packer.field_kinds import Geometry, Json, Tokens
-from packer.file_stamp import FileStamp
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
-from packer.records import FileEntry, TextField
-from packer.registry import FORMATS, resolve
+from packer.records import TextField
 from packer.sample_layout import SampleLayout
 from packer.source_codec import decode_stored
 from packer.splits_record import check_split_member
@@ -39,61 +36,12 @@ from readers.crops import (
     stored_size,
     upright_stored,
 )
-from readers.remote import is_url, open_manifest
+from readers.output_files import OutputFiles
+from readers.remote import is_url
 from readers.tensors import BatchNormalize, ImageConverter
 
 Transform = Callable[[torch.Tensor], Any]
 TargetTransform = Callable[[int], Any]
-
-
-_CHECKED: set[tuple] = set()
-"""Files this process has checked (``check_file``), by identity: each is checked once, not at each
-open (an epoch of a wds output opens every shard again)."""
-
-
-def output_identity(root: Any) -> Optional[tuple]:
-    """What tells a local output apart from one written in its place later: its manifest's
-    ``FileStamp.reader_identity``, device, inode, size and modification time (a new conversion
-    replaces the folder, so all of them change). None for URLs; ``("missing",)`` when the manifest
-    is gone."""
-    if is_url(root):
-        return None
-    stamp = FileStamp.at_or_none(Path(root) / MANIFEST_NAME)
-    return ("missing",) if stamp is None else stamp.reader_identity()
-
-
-def manifest_sha256(root: Any) -> Optional[str]:
-    """SHA-256 of a local output's manifest bytes (None for URLs, or when it cannot be read)."""
-    if is_url(root):
-        return None
-    try:
-        return sha256_of(Path(root) / MANIFEST_NAME)
-    except OSError:
-        return None
-
-
-def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> None:
-    """Check a shard file before its first read in this process: its SHA-256 with ``verify``,
-    else its structure checksum when the format records one (``structure`` names the function,
-    see FormatSpec). ManifestError naming the file when it differs."""
-    if not verify and (not structure or entry.structure_crc32 is None):
-        return
-    key = (str(path), *FileStamp.at(path).reader_identity(), verify)
-    if key in _CHECKED or (not verify and key[:-1] + (True,) in _CHECKED):
-        return
-    if verify:
-        if sha256_of(path) != entry.sha256:
-            raise ManifestError(
-                f"{path} has changed: its SHA-256 does not match the manifest; the output is "
-                f"damaged, run packer verify {path.parent}"
-            )
-    elif resolve(structure)(path) != entry.structure_crc32:
-        raise ManifestError(
-            f"{path} is damaged where its library looks up records (its structure checksum does not "
-            f"match the manifest): reading it could crash this process, so it is refused. Run "
-            f"packer verify {path.parent}"
-        )
-    _CHECKED.add(key)
 
 
 def build_sample(
@@ -245,9 +193,11 @@ class ReaderBase:
                 "always checked against the manifest's size and SHA-256 as they arrive"
             )
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote)
-        self.manifest, self._identity = self._open_manifest()
+        self.files = OutputFiles.open(self.root, self.format_name or None, bool(verify))
+        """The output's files and identity: the manifest read once, each shard file checked before use."""
+        self.manifest = self.files.manifest
         if not is_url(root):
-            check_split_member(self.root, self._manifest_sha256)
+            check_split_member(self.root, self.files.manifest_sha256)
         self.verify = bool(verify)
         if transform_input not in TRANSFORM_INPUTS:
             raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {transform_input!r}")
@@ -261,7 +211,6 @@ class ReaderBase:
         self.shared_batches = False  # set by make_loader: batches cross to the main process as they are
         self.encoded_batches = False  # set by make_loader(decode="device"): JPEG bytes and crops cross instead
         self._offsets = self.manifest.shard_offsets
-        self._files = {f.path: f for shard in self.manifest.shards for f in shard.files}
         self.layout = SampleLayout.from_manifest(self.manifest)
         self.text_fields = self.manifest.text_fields
         self.has_target = any(f.kind_of.target for f in self.text_fields)
@@ -367,77 +316,14 @@ class ReaderBase:
             return claimed
         return None, empty_batch((n, c, h, w), out_dtype, self.convert.normalize is None, shared=self.shared_batches)
 
-    def _open_manifest(self) -> tuple[Manifest, Optional[tuple]]:
-        """The manifest and the identity of the output it was read from (None for URLs), read
-        again if the output was replaced while it was being read."""
-        for _ in range(3):
-            before = output_identity(self.root)
-            manifest = open_manifest(self.root, expect_format=self.format_name or None)
-            self._manifest_sha256 = manifest_sha256(self.root)
-            if before == output_identity(self.root):
-                return manifest, before
-        raise ManifestError(f"{self.root} keeps changing while it is opened (is a conversion writing it?)")
-
     def check_unchanged(self) -> None:
-        """ManifestError when the output is no longer the one this dataset opened (replaced by a new
-        conversion, or removed): its files must not be mixed with the ones already read.
-
-        The manifest's inode, size and time are compared; when they differ, its bytes: a remount
-        (NFS, FUSE) can change the first without any change to the output."""
-        if self._identity is None:
-            return
-        now = output_identity(self.root)
-        if now == self._identity:
-            return
-        if now != ("missing",) and manifest_sha256(self.root) == self._manifest_sha256:
-            self._identity = now  # the same manifest, so the same shard files (their SHA-256s are in it)
-            return
-        if now != ("missing",) and self._still_listed():
-            self._identity = now  # appended to (packer convert --append): this version's files are all still there
-            return
-        raise ManifestError(
-            f"{self.root} was replaced or removed after this dataset was opened: its shard files "
-            "are no longer the ones its manifest lists. Open the dataset again to read the new output"
-        )
-
-    def _still_listed(self) -> bool:
-        """Whether the output's manifest now lists every shard this dataset reads with the very same
-        files (names, sizes, SHA-256s): true after an append, which adds shards and rewrites none. The
-        dataset then goes on reading the version it opened."""
-        try:
-            newer = {s.name: s.files for s in read_manifest(Path(self.root)).shards}
-        except (PackerError, OSError):
-            return False
-        return all(newer.get(s.name) == s.files for s in self.manifest.shards)
+        """ManifestError when the output is no longer the one this dataset opened (``OutputFiles.check_unchanged``)."""
+        self.files.check_unchanged()
 
     def path(self, relpath: str) -> Path:
-        """Path of a shard file named in the manifest, checked before its first use in a process:
-        a regular file inside the output, of the recorded size, of the output this dataset opened;
-        the structure checksum the manifest records (LMDB), or with ``verify=True`` the SHA-256.
-
-        The size and structure checks matter: LMDB memory-maps its file, and a read past the end
-        of a cut file, or through a damaged page number, kills the process with SIGBUS instead of
-        raising an error. Call ``check_unchanged`` again once the file is open.
-        """
-        self.check_unchanged()
-        p = self.root / relpath
-        unsafe = unsafe_file(p, self.root)
-        if unsafe:
-            raise ManifestError(f"{p} {unsafe}; the output is damaged: run packer verify {self.root}")
-        try:
-            size = p.stat().st_size
-        except OSError:
-            raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
-        entry = self._files.get(relpath)
-        if entry is None:
-            return p  # not a shard file of the manifest (nothing to compare)
-        if size != entry.bytes:
-            raise ManifestError(
-                f"{p} is {size} bytes but the manifest says {entry.bytes}: the file is damaged; "
-                f"run packer verify {self.root}"
-            )
-        check_file(p, entry, self.verify, FORMATS[self.manifest.format].structure)
-        return p
+        """Path of a shard file named in the manifest, checked before its first use in a process
+        (``OutputFiles.path``). Call ``check_unchanged`` again once the file is open."""
+        return self.files.path(relpath)
 
     def sample_of(
         self, index: int, key: Optional[str], label: int, values: Sequence[Any], placement: Optional[Placement]

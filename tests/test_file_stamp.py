@@ -183,7 +183,7 @@ def test_modified_after_counts_a_later_change_time(file):
 
 def test_readers_output_identity(file, tmp_path):
     from packer.manifest import MANIFEST_NAME
-    from readers.base import output_identity
+    from readers.output_files import output_identity
 
     manifest = tmp_path / MANIFEST_NAME
     manifest.write_text("{}")

@@ -1,5 +1,5 @@
 """The targets a conversion carries beside its images (none, boxes, masks), chosen once per run."""
 
-from packer.targets.attached import Boxes, Masks, NoTargets, Targets, targets_for
+from packer.targets.attached import Boxes, Masks, Targets, targets_for
 
-__all__ = ["Targets", "NoTargets", "Boxes", "Masks", "targets_for"]
+__all__ = ["Targets", "Boxes", "Masks", "targets_for"]

@@ -40,8 +40,6 @@ class Targets:
         return None
 
 
-NoTargets = Targets
-
 
 class Boxes(Targets):
     """Detection boxes (and polygons) from ``--annotations``, carried through the geometry."""

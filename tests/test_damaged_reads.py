@@ -347,7 +347,9 @@ def test_an_lmdb_page_number_past_the_file_is_refused_not_a_sigbus(lmdb_output, 
     damaged = copy / read_manifest(copy).shards[1].files[0].path
     point_first_value_past_the_end(damaged)
     read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1], flush=True)\nds[6]"
-    unchecked = _in_subprocess("import readers.output_files\nreaders.output_files.check_file = lambda *a: None\n" + read)
+    unchecked = _in_subprocess(
+        "import readers.output_files\nreaders.output_files.check_file = lambda *a: None\n" + read
+    )
     assert unchecked.returncode == -signal.SIGBUS and unchecked.stdout.split() == ["0"]
     checked = _in_subprocess(read)
     assert checked.returncode == 1 and checked.stdout.split() == ["0"]

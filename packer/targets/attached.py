@@ -40,7 +40,6 @@ class Targets:
         return None
 
 
-
 class Boxes(Targets):
     """Detection boxes (and polygons) from ``--annotations``, carried through the geometry."""
 

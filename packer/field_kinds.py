@@ -175,8 +175,7 @@ class Json(FieldKind):
 
     def read(self, data: Any) -> Any:
         """The parsed object, or None for a json stored empty."""
-        text = bytes(data).decode("utf-8")
-        return json.loads(text) if text else None
+        return _parsed(data)
 
     def tar_member(self, value: bytes) -> Optional[tuple[bytes, ...]]:
         return (value,) if value else None  # an empty member is not JSON to webdataset
@@ -185,7 +184,7 @@ class Json(FieldKind):
         return fields.get(member, b"")  # no member: missing (--allow-missing)
 
 
-class Geometry(Json):
+class Geometry(FieldKind):
     """How the source image's pixels map to the stored ones, as JSON (``KEY.geometry.json``), made by
     the converter for an image with a paired json (``packer.geometry``)."""
 
@@ -195,6 +194,7 @@ class Geometry(Json):
     feature = "the geometry of each image"
     readable = False
     made_by_converter = True
+    described_as = "JSON"
 
     def entry(self, field: TextField) -> dict:
         return {
@@ -206,16 +206,14 @@ class Geometry(Json):
         }
 
     def check_text(self, text: str) -> None:
-        json.loads(text)
+        json.loads(text)  # never empty: the converter makes one for every image
+
+    def read(self, data: Any) -> Any:
+        """The geometry as a dict (``packer.geometry.Geometry.to_dict``)."""
+        return _parsed(data)
 
     def describe(self, field: TextField, annotations: Optional[dict]) -> list[str]:
         return [f"{field.name:<9} each image's geometry (scale, offset, orientation of its pixels) as UTF-8 JSON"]
-
-    def tar_member(self, value: bytes) -> Optional[tuple[bytes, ...]]:
-        return (value,)
-
-    def from_tar(self, fields: dict, member: str) -> bytes:
-        return fields[member]
 
 
 class Detection(FieldKind):
@@ -359,6 +357,12 @@ def fits(kind: str, name: str) -> bool:
     own = {k.field_name: k.name for k in KINDS.values() if k.field_name is not None}
     wanted = KINDS[kind].field_name
     return (wanted is None or wanted == name) and own.get(name, kind) == kind
+
+
+def _parsed(data: Any) -> Any:
+    """Stored UTF-8 JSON as its object (None for empty bytes)."""
+    text = bytes(data).decode("utf-8")
+    return json.loads(text) if text else None
 
 
 def _source(field: TextField) -> dict:

@@ -168,7 +168,9 @@ def run_convert(job: ConvertJob) -> ConvertResult:
             found = checked(job.discovery, job.strict, config.text)
         staging.lock()  # held already where the early start began writing shards during the walk
         targets = targets_for(config)
-        found = checked(targets.attach(found, chosen.classes, chosen.add_classes), job.strict, config.text)
+        attached = targets.attach(found, chosen.classes, chosen.add_classes)
+        if attached is not found:  # images left out for want of their targets: checked again
+            found = checked(attached, job.strict, config.text)
         layout = SampleLayout.from_config(config, found.fields)
         executor = job.executor or LocalExecutor(processes)
         run = RunOptions(executor.workers, job.overwrite, job.strict, job.resume, job.timeout, job.discovery is None)

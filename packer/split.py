@@ -36,7 +36,7 @@ from packer.plan import plan_tasks
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.resume import current_digests, plan_fingerprint
 from packer.run.job import ConvertJob, Selection
-from packer.run.staging import Staging
+from packer.run.staging import Staging, describe_os_error
 from packer.sample_layout import SampleLayout
 from packer.system import usable_cpus
 from packer.text import TextConfig
@@ -159,7 +159,7 @@ def convert_node(
         with staging.writing(shared=True):
             todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, timeout)
     except OSError as e:
-        raise OutputError(f"cannot write into {staging.folder}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write into {staging.folder}: {describe_os_error(e)}") from None
     finally:
         _unlock_node(locks)
     results: list[ShardResult] = [*finished.values(), *fresh]

@@ -80,6 +80,7 @@ class Conversion:
 
 
 # Inputs ------------------------------------------------------------------------------------------
+# Copies of the tests' helpers, not imports: the recorded inputs must not change when a test helper does.
 
 
 def write_image(path: Path, size: tuple[int, int], mode: str = "RGB", seed: int = 0, **save: object) -> Path:

@@ -39,17 +39,20 @@ def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 
     return paths
 
 
-def pack_every_format(tmp_path_factory, classes: dict[str, int], preprocess, samples_per_shard: int) -> dict:
-    """A ``make_tree`` of ``classes`` converted into every format with ``samples_per_shard``: format -> output."""
+def pack_every_format(
+    tmp_path_factory, classes: dict[str, int], preprocess, samples_per_shard: int, formats=FORMATS
+) -> dict:
+    """A ``make_tree`` of ``classes`` converted into every format of ``formats`` with ``samples_per_shard``:
+    format -> output."""
     from packer import ConvertConfig, convert
     from packer.config import ShardSize
 
     src = tmp_path_factory.mktemp("src") / "images"
     make_tree(src, classes)
     out = tmp_path_factory.mktemp("out")
-    for fmt in FORMATS:
+    for fmt in formats:
         convert(src, out / fmt, ConvertConfig(fmt, preprocess, ShardSize(samples=samples_per_shard)), workers=2)
-    return {fmt: out / fmt for fmt in FORMATS}
+    return {fmt: out / fmt for fmt in formats}
 
 
 def pair_tree(root: Path, per_class: int = 3) -> Path:

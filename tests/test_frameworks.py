@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tree
+from conftest import pack_every_format
 
-from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ShardSize
+from packer import PreprocessConfig
 from readers import make_loader, open_dataset
 
 lightning = pytest.importorskip("lightning")  # in the test extra: never skipped after the README's install
@@ -24,14 +23,8 @@ N = 23
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> dict[str, Path]:
     """23 images in 3 classes, as npy (random access) and wds (tar shards read in order)."""
-    root = tmp_path_factory.mktemp("src") / "images"
-    make_tree(root, {"ant": 8, "bee": 7, "cat": 8})
-    out = tmp_path_factory.mktemp("out")
-    for fmt in ("npy", "wds"):
-        convert(
-            root, out / fmt, ConvertConfig(fmt, PreprocessConfig(size=(SIZE, SIZE)), ShardSize(samples=4)), workers=1
-        )
-    return {fmt: out / fmt for fmt in ("npy", "wds")}
+    classes = {"ant": 8, "bee": 7, "cat": 8}
+    return pack_every_format(tmp_path_factory, classes, PreprocessConfig(size=(SIZE, SIZE)), 4, ("npy", "wds"))
 
 
 class Recorder(lightning.LightningModule):

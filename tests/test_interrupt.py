@@ -52,15 +52,17 @@ import time
 import packer.preprocess as _pp
 _decode = _pp.decode
 def _slow(*args, **kwargs):
-    time.sleep(0.01)
+    time.sleep(0.04)
     return _decode(*args, **kwargs)
 _pp.decode = _slow
 """
 
 
 def slowed_env(where: Path) -> dict:
-    """Environment whose Python decodes every image 10 ms slower (a sitecustomize hook), so that a run
-    lasts long enough to be interrupted however fast the machine and the decoder are."""
+    """Environment whose Python decodes every image 40 ms slower (a sitecustomize hook), so that a run
+    lasts long enough to be interrupted however fast the machine and the decoder are, and is still
+    running when the signal comes however slowly a busy machine lets the test notice its first shard
+    (at 10 ms a run could end, and restore the default SIGINT handler, before the signal landed)."""
     hooks = where / "slow-hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(SLOW_DECODE)
@@ -111,8 +113,8 @@ def resume_and_compare(src: Path, out: Path, reference: dict[str, bytes]) -> Non
 def test_interrupt_exits_130_leaves_no_output_and_resumes_identically(big_tree, reference, tmp_path, sig):
     out = tmp_path / "out"
     proc = start_and_stop(big_tree, out, sig)
-    assert proc.returncode == 130
     stderr = proc.stderr.read()  # read once: a second read of the pipe finds it empty
+    assert proc.returncode == 130, stderr
     assert "--resume" in stderr and "Traceback" not in stderr
     assert not out.exists()
     with pytest.raises(ManifestError):

@@ -12,11 +12,11 @@ __version__ = "0.9.1"
 _LAZY = {
     "ConvertConfig": "packer.config",
     "PreprocessConfig": "packer.config",
-    "TextConfig": "packer.text",
-    "ConvertResult": "packer.pipeline",
-    "convert": "packer.pipeline",
-    "repack": "packer.repacking",
-    "verify": "packer.verify",
+    "TextConfig": "packer.spec.text",
+    "ConvertResult": "packer.ops.convert",
+    "convert": "packer.ops.convert",
+    "repack": "packer.ops.repack",
+    "verify": "packer.output.verify",
 }
 
 __all__ = ["__version__", *_LAZY]

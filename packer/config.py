@@ -7,10 +7,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from packer.errors import ConfigError
-from packer.registry import get_format
-from packer.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the CLI's default comes from here
-from packer.text import TextConfig
+from packer.spec.errors import ConfigError
+from packer.spec.registry import get_format
+from packer.spec.sample_layout import DEFAULT_QUALITY, ImageCodec  # noqa: F401 - the CLI's default comes from here
+from packer.spec.text import TextConfig
 
 RESIZE_MODES = ("shorter-crop", "shorter", "max", "stretch", "pad", "none")
 GEOMETRIES = ("torchvision", "fractional")
@@ -43,7 +43,7 @@ class PreprocessConfig:
     records the converted images' own mean and std, computed while converting, as the
     normalization. Images of more than ``max_pixels`` pixels are skipped (decompression-bomb
     protection). ``reduced_decode`` lets the JPEG decoder scale an image down by M/8 (M = 1..5)
-    while decoding as long as it stays at least the target size (packer.jpeg): faster decoding,
+    while decoding as long as it stays at least the target size (packer.pixels.jpeg): faster decoding,
     pixels within a few levels of a full decode (docs/BENCHMARKS.md). ``geometry`` is how
     ``shorter-crop`` places its crop (``GEOMETRIES``).
     """
@@ -149,7 +149,7 @@ class PreprocessConfig:
         if self.crop is None:
             d.pop("crop")  # outputs without one keep the records of packers before it
         if self.reduced_decode:  # how: a record, so that a change of the method changes the fingerprint too
-            from packer.jpeg import SCALING
+            from packer.pixels.jpeg import SCALING
 
             d["jpeg_scaling"] = SCALING
         return d
@@ -161,7 +161,7 @@ class PreprocessConfig:
         d.setdefault("reduced_decode", False)  # outputs written before it existed decoded in full
         if d.get("resize", "shorter-crop") == "shorter-crop":
             d.setdefault("geometry", "fractional")  # shorter-crop outputs written before it existed
-        d.pop("jpeg_scaling", None)  # how reduced_decode scaled (packer.jpeg): a record, not an option
+        d.pop("jpeg_scaling", None)  # how reduced_decode scaled (packer.pixels.jpeg): a record, not an option
         norm = d.pop("normalize", None)
         tuples = {k: tuple(d[k]) for k in ("size", "fill", "background", "crop") if d.get(k) is not None}
         d.update(tuples)
@@ -175,10 +175,10 @@ class ShardSize:
     """How samples are cut into shards: a sample count, a byte budget, or ``auto``.
 
     ``auto`` cuts shards of at most 256 MiB, at least 4 per worker when they keep 1000 samples each
-    (up to 64; ``packer.plan``), and makes their number a multiple of the worker count, so that every worker
+    (up to 64; ``packer.run.plan``), and makes their number a multiple of the worker count, so that every worker
     gets the same amount of work. A source of images of one shape (no text) large enough for 64
     shards of one count (at most 20,000 samples, fitting 256 MiB) is cut at that count instead, a cut known before
-    the walk of the tree ends (``packer.plan.auto_cut``, ``packer.early_start``).
+    the walk of the tree ends (``packer.run.plan.auto_cut``, ``packer.run.early_start``).
     """
 
     samples: Optional[int] = None
@@ -245,7 +245,7 @@ class DetectionConfig:
     min_visibility: float = DEFAULT_MIN_VISIBILITY
     coords: str = "auto"
     """Which pixels the boxes are on: ``stored`` (the file's grid, EXIF orientation not applied),
-    ``displayed`` (the turned image), or ``auto`` (see ``packer.annotations``)."""
+    ``displayed`` (the turned image), or ``auto`` (see ``packer.targets.annotations``)."""
 
     def __post_init__(self) -> None:
         _choice("box-coords", self.coords, BOX_COORDS)
@@ -271,9 +271,11 @@ class ConvertConfig:
     codec: ImageCodec = field(default_factory=ImageCodec)
     text: TextConfig = field(default_factory=TextConfig)
     detection: Optional[DetectionConfig] = None
-    """Detection annotations to carry through the geometry into each sample's ``target`` (``packer.detection``)."""
+    """Detection annotations to carry through the geometry into each sample's ``target``
+    (``packer.targets.detection``)."""
     masks: Optional[MaskConfig] = None
-    """Segmentation masks to carry through the geometry into each sample's ``mask`` (``packer.segmentation``)."""
+    """Segmentation masks to carry through the geometry into each sample's ``mask``
+    (``packer.targets.segmentation``)."""
 
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats

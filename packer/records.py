@@ -15,8 +15,8 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32
 
 from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
-from packer.field_kinds import KINDS, FieldKind, kind_of
-from packer.file_stamp import FileStamp
+from packer.spec.entries import FileEntry
+from packer.spec.file_stamp import FileStamp
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -104,49 +104,6 @@ def image_crc32(image: np.ndarray) -> int:
     return crc32(np.ascontiguousarray(image).data)
 
 
-@dataclass(frozen=True)
-class TextField:
-    """A variable-length field stored as bytes per sample: ``text`` or ``json`` (by ``name``), holding
-    ``kind`` data; ``tokenizer`` is the manifest's record of the tokenizer for ``tokens``. How the
-    sources were read is recorded too: their ``encoding``, and whether a missing file was stored
-    empty (``allow_missing``) rather than skipping its sample."""
-
-    name: str
-    kind: str
-    tokenizer: Optional[dict] = None
-    encoding: str = "utf-8"
-    allow_missing: bool = False
-    info: Optional[dict] = None
-    """A mask field's record: ``ignore_index`` (the value of padding) and ``source`` (the masks folder)."""
-
-    @property
-    def kind_of(self) -> FieldKind:
-        """What this field's kind is (``packer.field_kinds``): its entry, its checks, its reading."""
-        return kind_of(self.kind)
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element: a sample's length is its byte count divided by this (tokens are 4 bytes)."""
-        return self.kind_of.itemsize
-
-    def to_dict(self) -> dict:
-        """The manifest's entry for this field."""
-        return self.kind_of.entry(self)
-
-    @classmethod
-    def from_dict(cls, name: str, d: dict) -> "TextField":
-        """Inverse of ``to_dict``."""
-        kind = d["kind"]
-        return cls(
-            name,
-            kind,
-            d.get("tokenizer"),
-            d.get("source_encoding", "utf-8"),
-            d.get("missing") == "stored empty",
-            KINDS[kind].info(d) if kind in KINDS else None,
-        )
-
-
 @dataclass
 class StoredSample:
     """One sample as read back from a shard by a format's scanner (used by ``packer verify``):
@@ -183,34 +140,7 @@ class ShardTask:
 
     name: str
     items: Sequence[SourceItem]
-    """A tuple, or a view of the discovery's ``packer.item_table.ItemTable``."""
-
-
-@dataclass
-class FileEntry:
-    """One file of a shard, as the manifest records it.
-
-    ``structure_crc32``, for formats whose library trusts what it finds in the file (LMDB): the
-    checksum of the parts it follows to find a record (``FormatSpec.structure``), which readers
-    compare before the library opens the file; None for other formats and older outputs."""
-
-    path: str
-    bytes: int
-    sha256: str
-    structure_crc32: Optional[int] = None
-
-    def to_dict(self) -> dict:
-        """The manifest's form of this record."""
-        d: dict = {"path": self.path, "bytes": self.bytes, "sha256": self.sha256}
-        if self.structure_crc32 is not None:
-            d["structure_crc32"] = self.structure_crc32
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "FileEntry":
-        """Inverse of ``to_dict`` (not checked: ``Manifest.from_dict`` checks the manifest's)."""
-        crc = d.get("structure_crc32")
-        return cls(d["path"], int(d["bytes"]), d["sha256"], None if crc is None else int(crc))
+    """A tuple, or a view of the discovery's ``packer.sources.item_table.ItemTable``."""
 
 
 @functools.cache
@@ -434,12 +364,12 @@ class ShardResult:
     (``add_image_source``)."""
     samples_file: tuple = ()
     """Where the record's side file of digests and labels is, and its stamp as written
-    (``packer.shard_samples``): empty where there is none. Not part of ``to_dict``."""
+    (``packer.output.shard_samples``): empty where there is none. Not part of ``to_dict``."""
 
     def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back
         when asked for, ``RecordedColumn``): what the parent holds of a finished shard, nothing a
-        sample. ``samples_file``: the record's side file and its stamp (``packer.shard_samples``), if any."""
+        sample. ``samples_file``: the record's side file and its stamp (``packer.output.shard_samples``), if any."""
         n = len(self.keys)
         if len(self.labels) == n and len(self.digests) == n:
             self.keys, self.labels, self.digests = (RecordedColumn(str(record), which, n) for which in range(3))

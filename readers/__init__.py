@@ -10,21 +10,21 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from packer.registry import FORMATS
-from readers.base import ReaderBase
-from readers.collate import PackedBatch, detection_collate, packed_collate, pad_collate
-from readers.combine import PackedChain, PackedConcat, check_same_classes, concat
-from readers.crops import CenterCrop, RandomResizedCrop
-from readers.hdf5 import Hdf5Dataset
-from readers.lmdb import LmdbDataset
-from readers.loader import PackedLoader, make_loader
-from readers.mapstyle import PackedDataset
-from readers.mixture import Mixture, open_mixture
-from readers.npy import NpyDataset
-from readers.remote import open_manifest
-from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
-from readers.tensors import BatchNormalize, ImageConverter
-from readers.wds import WdsDataset
+from packer.spec.registry import FORMATS
+from readers.augment.crops import CenterCrop, RandomResizedCrop
+from readers.compose.combine import PackedChain, PackedConcat, check_same_classes, concat
+from readers.compose.mixture import Mixture, open_mixture
+from readers.datasets.base import ReaderBase
+from readers.datasets.hdf5 import Hdf5Dataset
+from readers.datasets.lmdb import LmdbDataset
+from readers.datasets.mapstyle import PackedDataset
+from readers.datasets.npy import NpyDataset
+from readers.datasets.tensors import BatchNormalize, ImageConverter
+from readers.datasets.wds import WdsDataset
+from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
+from readers.loading.loader import PackedLoader, make_loader
+from readers.loading.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
+from readers.remote.urls import open_manifest
 
 AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
 
@@ -35,8 +35,8 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     Common options: ``normalize`` (default True), ``transform``, ``target_transform`` (applied to
     each label, as torchvision's), ``return_meta``, ``crop`` (``RandomResizedCrop(224)``,
     ``CenterCrop(224, resize=256)``) and ``flip``, drawn from ``seed`` per epoch and sample
-    (``readers.crops``); the wds reader also takes ``shuffle`` (buffer size). ``root`` may be a URL for wds outputs
-    (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote``), with ``cache_dir=``.
+    (``readers.augment.crops``); the wds reader also takes ``shuffle`` (buffer size). ``root`` may be
+    a URL for wds outputs (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote.urls``), with ``cache_dir=``.
     """
     manifest = open_manifest(root)
     return FORMATS[manifest.format].reader_class()(root, **options)

@@ -41,13 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from packer.advisor import FolderDataset, PeakMemory  # noqa: E402
 from packer.config import PreprocessConfig  # noqa: E402
-from packer.discover import discover  # noqa: E402
-from packer.preprocess import keep_image_memory, load_image  # noqa: E402
-from packer.registry import FORMAT_NAMES  # noqa: E402
+from packer.pixels.preprocess import keep_image_memory, load_image  # noqa: E402
+from packer.sources.discover import discover  # noqa: E402
+from packer.spec.registry import FORMAT_NAMES  # noqa: E402
 from packer.system import usable_cpus  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
-from readers.advisor import FolderDataset, PeakMemory  # noqa: E402
 
 BATCH = 64
 
@@ -90,7 +90,7 @@ def load(path: str, size: int = 224) -> np.ndarray:
 
 
 def load_packer(path: str) -> np.ndarray:
-    """packer's own decode + resize with the default options: JPEGs scaled while decoding (packer.jpeg).
+    """packer's own decode + resize with the default options: JPEGs scaled while decoding (packer.pixels.jpeg).
     ``floor`` runs it in processes set up as packer's workers (``preprocess.keep_image_memory``)."""
     return load_image(path, PreprocessConfig())
 
@@ -181,7 +181,7 @@ def convert_subprocess(
     src: Path, out: Path, fmt: str, codec: str, workers: int, annotations: Optional[Path] = None
 ) -> dict:
     """Run one conversion in a fresh process (imports not timed); its seconds and output bytes
-    (``annotations``: a COCO file whose boxes the conversion carries, packer.detection)."""
+    (``annotations``: a COCO file whose boxes the conversion carries, packer.targets.detection)."""
     detection = f"DetectionConfig({str(annotations)!r}, coords='stored')" if annotations else "None"
     code = (
         "import sys, time, json; from packer import ConvertConfig, convert; "
@@ -319,11 +319,11 @@ def chart(results: dict, path: Path) -> bool:
 
 
 def draft_check(count: int = 12) -> None:
-    """Speed and pixel difference of reduced JPEG decoding (packer.jpeg) against a full decode, to
+    """Speed and pixel difference of reduced JPEG decoding (packer.pixels.jpeg) against a full decode, to
     224x224, on JPEGs (quality 90) made from the sample photographs at 2000x1500 and 500x375."""
     import io
 
-    from packer.preprocess import decode
+    from packer.pixels.preprocess import decode
 
     photos = sorted((ROOT / "sample_data" / "images").glob("*/*"))[:count]
     for size in ((2000, 1500), (500, 375)):

@@ -21,11 +21,11 @@ folders, all byte-distinct, and measures, each in a fresh child process:
   uninterrupted conversion's time, then run again with ``--resume``; its shards compared with the
   uninterrupted output's;
 - ``packer.verify`` CPU (its own and its per-shard children's) per file;
-- shards started during the walk (``packer.early_start``): the largest tree converted to npy with a
+- shards started during the walk (``packer.run.early_start``): the largest tree converted to npy with a
   cut known from its first samples (``--early-shard-size``), with the early start and without,
   alternated ``--early-rounds`` times: wall, when the first shard started, the parent's peak, and
   whether both wrote the same shards;
-- optionally (``--discovery-files``), ``packer.discover.discover`` alone on a tree of empty files.
+- optionally (``--discovery-files``), ``packer.sources.discover.discover`` alone on a tree of empty files.
 
 Prints the tables; ``--markdown`` writes them with an extrapolation to 10^8 files (the per-file slope
 between the two largest sizes), ``--json`` the raw records.
@@ -149,9 +149,9 @@ def smaps(pid: int) -> dict[str, int]:
 
 def child_convert(p: dict) -> dict:
     """One conversion through ``packer.convert``, timed phase by phase from inside the packer parent."""
-    import packer.early_start as early_start
-    import packer.executor as executor
-    import packer.pipeline as pipeline
+    import packer.ops.convert as pipeline
+    import packer.run.early_start as early_start
+    import packer.run.executor as executor
     from packer import ConvertConfig, PreprocessConfig, convert
     from packer.config import parse_shard_size
 
@@ -259,7 +259,7 @@ def _read_in_fork(out: str, fmt: str, batches: int, conn) -> None:
 
 
 def _epoch_in_fork(size: int, conn) -> None:
-    from readers.sampler import EpochBatchSampler
+    from readers.loading.sampler import EpochBatchSampler
 
     before = maxrss_kib()
     start = time.perf_counter()
@@ -313,14 +313,14 @@ def child_readers(p: dict) -> dict:
 
 def child_epoch(p: dict) -> dict:
     """Time to the first batch of an epoch of each size in ``p["sizes"]``."""
-    import readers.sampler  # noqa: F401 - imported before forking
+    import readers.loading.sampler  # noqa: F401 - imported before forking
 
     return {"epochs": in_forks(_epoch_in_fork, [(n,) for n in p["sizes"]])}
 
 
 def child_verify(p: dict) -> dict:
     """``packer.verify`` of one output: wall, CPU of this process and of the shard checkers it forks."""
-    from packer.verify import verify
+    from packer.output.verify import verify
 
     wall, cpu, kids = time.perf_counter(), time.process_time(), children_cpu()
     problems = verify(p["output"])
@@ -333,9 +333,9 @@ def child_verify(p: dict) -> dict:
 
 
 def child_discover(p: dict) -> dict:
-    """``packer.discover.discover`` alone, with ``processes``: wall, CPU (this process and the pool's)
+    """``packer.sources.discover.discover`` alone, with ``processes``: wall, CPU (this process and the pool's)
     and peak RSS of this process."""
-    from packer.discover import discover
+    from packer.sources.discover import discover
 
     before, rss = maxrss_kib(), rss_kib()
     wall, cpu, pool_cpu = time.perf_counter(), time.process_time(), children_cpu()
@@ -375,14 +375,14 @@ def run_child(kind: str, params: dict, timeout: float = 7200) -> dict:
 # The measures, from the parent --------------------------------------------------------------------------
 def shard_digests(output: Path) -> list[tuple[str, str]]:
     """(file path, SHA-256) of every shard file the output's manifest lists, in order."""
-    from packer.manifest import read_manifest
+    from packer.spec.manifest import read_manifest
 
     return [(f.path, f.sha256) for s in read_manifest(output).shards for f in s.files]
 
 
 def remove_output(output: Path) -> None:
     """Remove ``output`` and what packer keeps beside it (staging folder, lock file)."""
-    from packer.output import lock_file, staging_dir
+    from packer.output.files import lock_file, staging_dir
 
     for path in (output, staging_dir(output)):
         if path.exists():
@@ -433,7 +433,7 @@ def measure_resume(
 ) -> dict:
     """Interrupt a CLI conversion at ``INTERRUPT_AT`` of the uninterrupted conversion ``row``'s time,
     resume it, and compare the result with the ``reference`` shard files of that conversion."""
-    from packer.output import DONE_SUFFIX, PLAN_RECORD, staging_dir
+    from packer.output.files import DONE_SUFFIX, PLAN_RECORD, staging_dir
 
     out = work / f"resume-{fmt}"
     cmd = [
@@ -807,7 +807,7 @@ def report(results: dict, markdown: bool) -> str:
             for e in results.get("early", [])
         ],
         f"--shard-size {results.get('early_shard_size')}: a cut known from the first samples, as --shard-size "
-        "auto makes for a large source (packer.early_start); off: no shard starts before the walk ends.",
+        "auto makes for a large source (packer.run.early_start); off: no shard starts before the walk ends.",
     )
     runs = [d for d in (results.get("discovery"), results.get("discovery_parallel")) if d]
     if runs:

@@ -176,9 +176,9 @@ def source_identical(src: Path, out: Path) -> str:
     """How many stored images of a ``--codec source`` output hash equal to their source files."""
     import hashlib
 
-    from packer.manifest import read_manifest
-    from packer.registry import FORMATS
-    from packer.sample_layout import SampleLayout
+    from packer.spec.manifest import read_manifest
+    from packer.spec.registry import FORMATS
+    from packer.spec.sample_layout import SampleLayout
 
     m = read_manifest(out)
     layout, same = SampleLayout.from_manifest(m), 0
@@ -195,8 +195,8 @@ def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
     centre crop, with the statistics' histogram): the ceiling of the two conversions' ratio."""
     import simplejpeg
 
-    from packer import preprocess, source_codec
     from packer.config import PreprocessConfig
+    from packer.pixels import preprocess, source_codec
 
     datas = [Path(p).read_bytes() for p, _ in items[:count]]
     kept = PreprocessConfig(size=None, resize="none", mode="RGB", mean=None, std=None)

@@ -15,7 +15,7 @@ Converts generated images (npy and wds) and a small text corpus, then checks, fo
 - ``decode="device"``: random-resized crops of a JPEG output decoded by nvJPEG (torchvision) on the
   GPU, within a level of the workers' crops on average (the largest difference reported), and both
   decodes' samples/s with 2 and ``--workers``
-  workers (the faster one should be the default: see readers/device_decode.py).
+  workers (the faster one should be the default: see readers/augment/device_decode.py).
 
 Prints a JSON report and writes it to ``--out``; exits 1 when a check fails.
 """

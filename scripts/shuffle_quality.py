@@ -27,7 +27,7 @@ from bench import make_images  # noqa: E402
 
 from packer import ConvertConfig, PreprocessConfig, convert  # noqa: E402
 from packer.config import ShardSize  # noqa: E402
-from packer.registry import FORMAT_NAMES  # noqa: E402
+from packer.spec.registry import FORMAT_NAMES  # noqa: E402
 from readers import make_loader, open_dataset  # noqa: E402
 
 

@@ -140,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from packer import ConvertConfig, convert
-    from packer.text import TextConfig
+    from packer.spec.text import TextConfig
     from readers import EpochBatchSampler, LengthBucketSampler, make_loader, open_dataset, padding_ratio
 
     shutil.rmtree(args.work, ignore_errors=True)

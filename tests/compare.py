@@ -14,9 +14,9 @@ import lmdb
 import numpy as np
 from PIL import Image
 
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
-from packer.report import REPORT_NAME
-from packer.shard_names import DALI_INDEX, WIDS_INDEX
+from packer.output.report import REPORT_NAME
+from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.spec.shard_names import DALI_INDEX, WIDS_INDEX
 
 Row = tuple[str, int, np.ndarray]
 """One stored sample: (key, label, image)."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.registry import FORMAT_NAMES  # noqa: E402
+from packer.spec.registry import FORMAT_NAMES  # noqa: E402
 
 FORMATS = FORMAT_NAMES  # every registered format is tested the moment it is registered
 

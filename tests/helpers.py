@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 from click.testing import Result
 
-from packer.output import staging_dir
+from packer.output.files import staging_dir
 from packer.records import ShardTask
 
 
@@ -108,14 +108,14 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
 def shard_file(out: Path, position: int, suffix: str) -> Path:
     """The file ending in ``suffix`` of the ``position``-th shard of the output ``out``, by its
     manifest: published names carry the output's content tag (``shard-00001-TAG.tar``)."""
-    from packer.manifest import read_manifest
+    from packer.spec.manifest import read_manifest
 
     return out / read_manifest(out).shards[position].file(suffix)
 
 
 def shard_names(out: Path) -> list[str]:
     """The names of the output's shards, in order."""
-    from packer.manifest import read_manifest
+    from packer.spec.manifest import read_manifest
 
     return [s.name for s in read_manifest(out).shards]
 
@@ -154,9 +154,9 @@ def later_shards_unfinished(first: int = 1) -> Iterator[None]:
     shard (the patch reaches the forked workers), so that a Ctrl-C raised from the progress of its
     samples finds it unfinished. Workers record their shard as soon as it is closed: without the
     wait a fast shard may finish between its last progress message and the Ctrl-C."""
-    import packer.worker
+    import packer.run.worker
 
-    real = packer.worker.closed
+    real = packer.run.worker.closed
 
     def waiting(job, *args, **kwargs):
         if job.number >= first:
@@ -164,5 +164,5 @@ def later_shards_unfinished(first: int = 1) -> Iterator[None]:
         return real(job, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packer.worker, "closed", waiting)
+        patch.setattr(packer.run.worker, "closed", waiting)
         yield

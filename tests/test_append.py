@@ -19,12 +19,12 @@ from conftest import FORMATS, write_image
 from helpers import shard_file
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.appending import append, config_of
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.errors import ConfigError, InputError
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.ops.append import append, config_of
+from packer.output.verify import verify
+from packer.spec.errors import ConfigError, InputError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(16, 12))
@@ -181,9 +181,9 @@ def test_an_interrupted_append_leaves_the_output_as_it_was(tmp_path):
     ready = tmp_path / "ready"
     code = f"""
 import time, pathlib, packer.run.staging as a  # the lifecycle writes the manifest, then publishes
-from packer.appending import append, config_of
+from packer.ops.append import append, config_of
 from packer.config import ShardSize
-from packer.manifest import read_manifest
+from packer.spec.manifest import read_manifest
 real = a.write_output
 def stall(stage, manifest):
     real(stage, manifest)  # the new version is complete in its staging folder, not yet published
@@ -231,7 +231,7 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
     add(src, "cat", [1, 2, 3, 4])
     add(src, "dog", [5, 6, 7, 8])
     convert(src, tmp_path / "set", ConvertConfig("npy", PRE), workers=1)  # no split folders: one output
-    from packer.dataset_splits import convert_splits
+    from packer.ops.splits import convert_splits
 
     convert_splits(
         src, tmp_path / "splits", ConvertConfig("npy", PRE), fractions=[("train", 0.5), ("val", 0.5)], seed=0, workers=1
@@ -269,7 +269,7 @@ def test_outputs_an_append_would_get_wrong_are_refused(tmp_path):
 def test_a_lock_file_of_lmdb_tools_a_fixed_file_and_many_workers(tmp_path):
     import lmdb
 
-    from packer.executor import LocalExecutor
+    from packer.run.executor import LocalExecutor
 
     src, out = tmp_path / "src", tmp_path / "out"
     add(src, "cat", [1, 2])

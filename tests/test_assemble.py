@@ -1,4 +1,4 @@
-"""packer.assemble: the duplicate groups and class counts merged from the shards' results."""
+"""packer.output.assemble: the duplicate groups and class counts merged from the shards' results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from packer.assemble import _duplicates_by_dict, class_counts, find_duplicates
+from packer.output.assemble import _duplicates_by_dict, class_counts, find_duplicates
 from packer.records import ShardResult
 
 
@@ -35,9 +35,9 @@ def test_duplicates_as_the_grouping_by_digest_gives_them(seed):
 def test_duplicates_spilled_to_bucket_files_are_the_same(seed, tmp_path, monkeypatch):
     """Past SPILL_WORDS samples the first words go to bucket files in the scratch folder, searched
     one at a time: the same groups, and the folder left as it was."""
-    import packer.assemble
+    import packer.output.assemble
 
-    monkeypatch.setattr(packer.assemble, "SPILL_WORDS", 3)
+    monkeypatch.setattr(packer.output.assemble, "SPILL_WORDS", 3)
     results = _results(seed)
     assert find_duplicates(results, scratch=tmp_path) == _duplicates_by_dict(results)
     assert list(tmp_path.iterdir()) == []
@@ -46,9 +46,9 @@ def test_duplicates_spilled_to_bucket_files_are_the_same(seed, tmp_path, monkeyp
 def test_spilled_search_counts_every_shard_even_with_odd_digests(tmp_path, monkeypatch):
     """A shard whose digests are not 128-bit hex sends the search to the dict; ``each`` still sees
     every shard (the class counts are taken there)."""
-    import packer.assemble
+    import packer.output.assemble
 
-    monkeypatch.setattr(packer.assemble, "SPILL_WORDS", 1)
+    monkeypatch.setattr(packer.output.assemble, "SPILL_WORDS", 1)
     a = "ab" * 16
     results = [
         ShardResult("s0", 1, [], keys=["odd"], digests=["xy"]),
@@ -100,7 +100,7 @@ def test_class_counts():
 
 
 def test_overlapping_duplicate_groups_are_merged():
-    from packer.assemble import merged_groups
+    from packer.output.assemble import merged_groups
 
     groups = [["a", "b"], ["a", "b", "x", "y"], ["x", "y"], ["p", "q"], [], ["q", "r"], ["solo"]]
     assert merged_groups(groups) == [["a", "b", "x", "y"], ["p", "q", "r"]]

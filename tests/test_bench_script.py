@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from conftest import write_image
 
-from packer import jpeg
 from packer.config import PreprocessConfig
-from packer.preprocess import load_image
+from packer.pixels import jpeg
+from packer.pixels.preprocess import load_image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench  # noqa: E402

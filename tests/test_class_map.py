@@ -9,11 +9,11 @@ from click.testing import CliRunner
 from conftest import make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.class_map import class_map_digest
 from packer.cli import cli
-from packer.dataset_splits import read_class_map
-from packer.errors import InputError, ManifestError
-from packer.manifest import read_manifest
+from packer.ops.splits import read_class_map
+from packer.spec.class_map import class_map_digest
+from packer.spec.errors import InputError, ManifestError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(12, 12))

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import exited_cleanly
 
 from packer.cli import cli
-from packer.manifest import read_manifest
+from packer.spec.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 

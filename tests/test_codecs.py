@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.codecs import (
+from packer.spec.codecs import (
     CODECS,
     IMAGE_CODECS,
     IMAGE_EXTENSIONS,
@@ -17,7 +17,7 @@ from packer.codecs import (
     encode_image,
     encode_npy,
 )
-from packer.errors import PackerError
+from packer.spec.errors import PackerError
 
 VALUES = {
     "npy": [
@@ -215,7 +215,7 @@ def test_unknown_image_codec_is_refused_by_name():
 
 
 def test_npy_decoder_parses_a_shared_header_once_and_still_reads_others():
-    from packer.codecs import NpyDecoder, encode_npy
+    from packer.spec.codecs import NpyDecoder, encode_npy
 
     decode = NpyDecoder()
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from readers import LengthBucketSampler, pad_collate
-from readers.collate import Numbered, PackedBatch, empty_batch
+from readers.loading.collate import Numbered, PackedBatch, empty_batch
 
 
 def ids(*values: int) -> torch.Tensor:

@@ -103,8 +103,8 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     """After its record is written, the parent holds a shard's result without its per-sample values:
     they are read back from the record when asked for, and duplicates are found the same way."""
     from packer import records
-    from packer.assemble import _add_labels, class_counts, find_duplicates
-    from packer.output import record_shard
+    from packer.output.assemble import _add_labels, class_counts, find_duplicates
+    from packer.output.files import record_shard
     from packer.records import RecordedColumn
 
     def result(name, keys, digests):

@@ -12,11 +12,11 @@ from conftest import FORMATS, write_image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
-from packer.combining import combine, merged_stats
 from packer.config import ImageCodec, ShardSize
-from packer.errors import InputError
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.ops.combine import combine, merged_stats
+from packer.output.verify import verify
+from packer.spec.errors import InputError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(16, 12))

@@ -12,10 +12,10 @@ from conftest import make_tree
 from helpers import exited_cleanly
 
 from packer import ConvertConfig, PreprocessConfig, convert
+from packer.advisor.compare import compare, plot
 from packer.cli import cli
 from packer.config import ShardSize
 from readers import open_dataset
-from readers.advisor.compare import compare, plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

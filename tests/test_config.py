@@ -16,7 +16,7 @@ from packer.config import (
     parse_shard_size,
     parse_size,
 )
-from packer.errors import ConfigError
+from packer.spec.errors import ConfigError
 
 # --------------------------------------------------------------------------- ImageCodec
 
@@ -320,7 +320,7 @@ def test_shard_size_not_both():
 
 
 def test_decode_error_rebuilds_from_its_message_alone():
-    from packer.errors import DecodeError
+    from packer.spec.errors import DecodeError
 
     e = DecodeError("a/b.png: truncated")  # as torch's DataLoader rebuilds a worker's exception
     assert str(e) == "a/b.png: truncated"

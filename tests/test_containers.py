@@ -17,9 +17,9 @@ from conftest import make_tree
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.errors import InputError
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.errors import InputError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(16, 12))

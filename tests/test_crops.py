@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from packer.errors import ConfigError
+from packer.spec.errors import ConfigError
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
-from readers.crops import RANDOMS, Augment, uniforms
+from readers.augment.crops import RANDOMS, Augment, uniforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from bench_train import get_params as torchvision_get_params  # noqa: E402  (torchvision's, written out)
@@ -129,11 +129,11 @@ def test_crop_pixels_are_pillow_cutting_and_resizing_the_stored_image(outputs, n
 
 @pytest.mark.parametrize("channels", [1, 3])
 def test_enlarged_crops_are_within_a_level_of_torchs_kernel_and_two_of_pillows(channels):
-    """Crops enlarged on both sides take OpenCV's bilinear kernel (readers.crops._resized): the same
+    """Crops enlarged on both sides take OpenCV's bilinear kernel (readers.augment.crops._resized): the same
     weights as torch's antialiased kernel in fixed point. Against both, on sharp random pixels."""
     import torch.nn.functional as F
 
-    from readers.crops import _resized
+    from readers.augment.crops import _resized
 
     rng = np.random.default_rng(3)
     for _ in range(60):
@@ -398,29 +398,29 @@ def test_tar_shards_follow_set_epoch_in_persistent_workers_and_count_passes_in_f
 
 
 def test_map_style_readers_in_workers_without_set_epoch_warn_that_crops_repeat(outputs, recwarn):
-    import readers.mapstyle
+    import readers.datasets.mapstyle
 
-    readers.mapstyle._WARNED.clear()
+    readers.datasets.mapstyle._WARNED.clear()
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(24))
     list(DataLoader(ds, batch_size=6, num_workers=0))  # in this process: epoch 0, no warning
     assert not [w for w in recwarn if "set_epoch" in str(w.message)]
-    readers.mapstyle._WARNED.clear()
+    readers.datasets.mapstyle._WARNED.clear()
     import torch.utils.data
 
     original = torch.utils.data.get_worker_info
-    readers.mapstyle.get_worker_info = lambda: object()  # as inside a DataLoader worker
+    readers.datasets.mapstyle.get_worker_info = lambda: object()  # as inside a DataLoader worker
     try:
         with pytest.warns(UserWarning, match="set_epoch"):
             ds[0]
     finally:
-        readers.mapstyle.get_worker_info = original
+        readers.datasets.mapstyle.get_worker_info = original
     ds.set_epoch(0)
-    readers.mapstyle._WARNED.clear()
-    readers.mapstyle.get_worker_info = lambda: object()
+    readers.datasets.mapstyle._WARNED.clear()
+    readers.datasets.mapstyle.get_worker_info = lambda: object()
     try:
         ds[0]  # set: no warning
     finally:
-        readers.mapstyle.get_worker_info = original
+        readers.datasets.mapstyle.get_worker_info = original
     assert not [w for w in recwarn if "set_epoch" in str(w.message)]
 
 

@@ -23,10 +23,10 @@ from helpers import shard_names
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.errors import ConfigError, ManifestError
-from packer.lmdb_pages import structure_crc32
-from packer.manifest import read_manifest, sha256_of
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.errors import ConfigError, ManifestError
+from packer.spec.lmdb_pages import structure_crc32
+from packer.spec.manifest import read_manifest, sha256_of
 from readers import WdsDataset, open_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def test_a_shard_file_replaced_by_a_fifo_is_refused_at_once(outputs, fmt, tmp_pa
     read = _in_subprocess(f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nn = sum(1 for _ in ds)")
     assert read.returncode == 1 and "ManifestError" in read.stderr
     assert f"{target.name} is not a regular file" in read.stderr
-    checked = _in_subprocess(f"from packer.verify import verify\nfor p in verify({str(copy)!r}): print(p)")
+    checked = _in_subprocess(f"from packer.output.verify import verify\nfor p in verify({str(copy)!r}): print(p)")
     assert checked.returncode == 0, checked.stderr
     assert f"{shard.name}: {target.name} is not a regular file (a FIFO, device or folder)" in checked.stdout
 
@@ -179,7 +179,7 @@ def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tm
     # Verify's clock stands still until the intact shard's result is in its pipe, then moves past the
     # stall: however long a busy machine takes, only the looping shard can be found stalled.
     checked = _in_subprocess(
-        f"import os, types, packer.verify as v\nv.STALL_SECONDS = 2\ndone = {str(tmp_path / 'intact')!r}\n"
+        f"import os, types, packer.output.verify as v\nv.STALL_SECONDS = 2\ndone = {str(tmp_path / 'intact')!r}\n"
         "check_in_child = v._check_in_child\n"
         "def checked(root, manifest, shard, *args):\n    check_in_child(root, manifest, shard, *args)\n"
         f"    if shard.name != {first!r}:\n        open(done, 'w').close()\n"
@@ -202,7 +202,7 @@ def test_an_old_hdf5_output_is_read_and_its_damaged_heap_never_hangs(outputs, tm
 def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
     """Whatever makes a library loop, verify stops its child and goes on with the next shard."""
     code = (
-        "import multiprocessing as mp, time, packer.verify as v\nv.STALL_SECONDS = 1\n"
+        "import multiprocessing as mp, time, packer.output.verify as v\nv.STALL_SECONDS = 1\n"
         "v.check_samples = lambda *a, **k: time.sleep(600)\n"
         f"for p in v.verify({str(outputs['npy'])!r}): print(p)\n"
         "print('children left', len(mp.active_children()))"
@@ -221,7 +221,7 @@ def test_a_scanner_stuck_after_some_samples_is_reported_at_the_sample_it_reached
     # Verify's clock stands still until every scanner is stuck, then moves past the stall: however long
     # a busy machine takes to run a scanner up to its samples, none is found stalled before.
     code = (
-        f"import os, time, types, packer.verify as v\nv.STALL_SECONDS = 1\nstuck_at = {str(tmp_path)!r}\n"
+        f"import os, time, types, packer.output.verify as v\nv.STALL_SECONDS = 1\nstuck_at = {str(tmp_path)!r}\n"
         "def stuck(root, manifest, shard, progress=None, labels=None, **kwargs):\n"
         "    for _ in range(3):\n        progress(1)\n"
         "    open(os.path.join(stuck_at, shard.name), 'w').close()\n    time.sleep(600)\n"
@@ -293,7 +293,7 @@ def test_damaged_lmdb_structure_is_refused_before_lmdb_can_crash_on_it(lmdb_outp
         (copy / entry.path).write_bytes(bytes(data))
         copies.append(str(copy))
     code = (
-        "import torch\nfrom packer.errors import ManifestError\nfrom readers import open_dataset\n"
+        "import torch\nfrom packer.spec.errors import ManifestError\nfrom readers import open_dataset\n"
         f"intact = open_dataset({str(lmdb_output)!r})\n"
         f"for root in {copies!r}:\n"
         "    ds = open_dataset(root)\n"
@@ -348,7 +348,7 @@ def test_an_lmdb_page_number_past_the_file_is_refused_not_a_sigbus(lmdb_output, 
     point_first_value_past_the_end(damaged)
     read = f"from readers import open_dataset\nds = open_dataset({str(copy)!r})\nprint(ds[5][1], flush=True)\nds[6]"
     unchecked = _in_subprocess(
-        "import readers.output_files\nreaders.output_files.check_file = lambda *a: None\n" + read
+        "import readers.datasets.output_files\nreaders.datasets.output_files.check_file = lambda *a: None\n" + read
     )
     assert unchecked.returncode == -signal.SIGBUS and unchecked.stdout.split() == ["0"]
     checked = _in_subprocess(read)
@@ -436,7 +436,7 @@ def test_the_lmdb_structure_walk_stays_bounded_on_a_crafted_tree(tmp_path, monke
     """A crafted file whose every page is a branch pointing at 500 others: a walk that queued each
     reference would take pages x nodes steps and as much memory; it stops at the first page met
     twice, or once more references than pages were queued."""
-    import packer.lmdb_pages as lmdb_pages
+    import packer.spec.lmdb_pages as lmdb_pages
 
     page, pages, nodes = 4096, 512, 500
     data = bytearray(page * pages)
@@ -469,7 +469,7 @@ def test_an_encoded_image_of_another_size_is_refused_by_every_read_path(tmp_path
     from PIL import Image
 
     from packer.config import ImageCodec
-    from packer.shard_names import npy_varlen_suffixes
+    from packer.spec.shard_names import npy_varlen_suffixes
 
     src = tmp_path / "src"
     make_tree(src, {"a": 3})

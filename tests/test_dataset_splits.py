@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 from conftest import FORMATS, make_tree, write_image
 
-import packer.dataset_splits as dataset_splits
+import packer.ops.splits as dataset_splits
 from packer import ConvertConfig, PreprocessConfig
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.dataset_splits import convert_splits, parse_split_spec, split_counts, split_folders
-from packer.discover import discover
-from packer.errors import ConfigError, DecodeError, InputError, ManifestError, OutputError
-from packer.splits_record import SPLITS_NAME, read_splits
+from packer.ops.splits import convert_splits, parse_split_spec, split_counts, split_folders
+from packer.sources.discover import discover
+from packer.spec.errors import ConfigError, DecodeError, InputError, ManifestError, OutputError
+from packer.spec.splits_record import SPLITS_NAME, read_splits
 from readers import concat, open_dataset
 
 PRE = PreprocessConfig(size=(12, 12))

@@ -17,8 +17,8 @@ from PIL import Image, ImageOps
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import DetectionConfig, ShardSize
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.manifest import read_manifest
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
 
 # Stored (file) size and EXIF orientation of each image, and its rectangles: (x0, y0, x1, y1) on the
@@ -445,7 +445,7 @@ def _inner(region: np.ndarray) -> np.ndarray:
 
 
 def test_images_are_matched_by_path_never_by_a_shared_file_name(tmp_path):
-    from packer.errors import InputError  # noqa: F401 - documents what the refusals are
+    from packer.spec.errors import InputError  # noqa: F401 - documents what the refusals are
 
     for folder in ("cat", "dog"):
         (tmp_path / "src" / folder).mkdir(parents=True)
@@ -480,7 +480,7 @@ def test_images_are_matched_by_path_never_by_a_shared_file_name(tmp_path):
     ],
 )
 def test_coco_files_that_cannot_be_trusted_are_refused_with_a_message(tmp_path, change, message):
-    from packer.errors import InputError
+    from packer.spec.errors import InputError
 
     images = write_images(tmp_path / "images")
     write_coco(tmp_path / "coco.json", images)
@@ -641,7 +641,7 @@ def test_outputs_converted_apart_share_one_category_order_with_classes(dataset, 
     """A VOC set that lacks a category sorts the names it has ("circle", "star": star is 1 there, 2 in
     the full set). Read or combined with the full set's output it is refused, never mislabelled;
     converted with --classes FULL_OUTPUT it takes that order, and then combines."""
-    from packer.dataset_splits import read_class_map
+    from packer.ops.splits import read_class_map
 
     root, _ = dataset
     val_voc = tmp_path / "val_voc"

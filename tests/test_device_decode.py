@@ -16,7 +16,7 @@ from PIL import Image
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
-from readers.device_decode import EncodedBatch
+from readers.augment.device_decode import EncodedBatch
 
 MAX = PreprocessConfig(resize="max", size=(72, 72))
 STD = 0.225  # the smallest of ImageNet's stds: a level is at most 1 / (255 * STD) of a normalized value
@@ -156,7 +156,7 @@ def test_same_pixels_as_pillow_within_two_levels(outputs):
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
     ds.encoded_batches, ds.seed = True, 0
     batch = ds.__getitems__([0])
-    from readers.device_decode import DeviceDecoder
+    from readers.augment.device_decode import DeviceDecoder
 
     image = DeviceDecoder(None, "RGB", None)(batch)[0][0].permute(1, 2, 0).numpy()
     x0, y0, x1, y1 = batch.boxes[0].tolist()
@@ -214,7 +214,7 @@ def test_no_device_decode_of_images_held_decoded_in_memory(tmp_path):
 def test_a_file_the_gpu_decoder_refuses_is_decoded_as_the_workers_decode_it(outputs):
     """nvJPEG fails a whole batched call for one file it does not take (arithmetic coding, say): the
     batch is decoded file by file, that one by libjpeg-turbo."""
-    from readers.device_decode import DeviceDecoder
+    from readers.augment.device_decode import DeviceDecoder
 
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
     ds.encoded_batches, ds.seed = True, 0

@@ -5,10 +5,10 @@ import os
 import pytest
 from conftest import make_tree, write_image
 
-from packer.discover import discover, read_labels_file
-from packer.errors import InputError
 from packer.records import UNLABELLED, Skipped
-from packer.walk import is_image_name, is_litter
+from packer.sources.discover import discover, read_labels_file
+from packer.sources.walk import is_image_name, is_litter
+from packer.spec.errors import InputError
 
 
 def touch(path, data=b"x"):
@@ -199,7 +199,7 @@ def test_folder_reachable_by_a_symlink_is_found_under_its_real_path(tmp_path):
 
 def test_single_field_items_share_the_walks_buffers(tmp_path):
     """A folder of images is held as an ItemTable: no SourceItem object per file until one is asked for."""
-    from packer.item_table import ItemTable
+    from packer.sources.item_table import ItemTable
 
     for n in ["c/1.png", "c/2.png", "d/3.png"]:
         touch(tmp_path / n)
@@ -477,14 +477,14 @@ def _hostile_tree(root):
 def test_the_parallel_walk_finds_what_the_serial_walk_finds(tmp_path, monkeypatch, fields):
     """With several processes the root's subfolders are walked in a pool: the same items, labels,
     skipped and ignored files, in the same order, as one process finds."""
-    import packer.discover
-    import packer.walk
+    import packer.sources.discover
+    import packer.sources.walk
 
     root = tmp_path / "src"
     locked = _hostile_tree(root)
     try:
         serial = discover(root, fields=fields)
-        monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
+        monkeypatch.setattr(packer.sources.walk, "PARALLEL_AFTER", 0.0)
         parallel = discover(root, fields=fields, processes=2)
     finally:
         locked.chmod(0o755)
@@ -499,24 +499,24 @@ def test_the_parallel_walk_finds_what_the_serial_walk_finds(tmp_path, monkeypatc
 def test_a_folder_two_processes_both_list_means_one_walk_again(tmp_path, monkeypatch):
     """A folder reachable by two real paths (a bind mount) seen by two processes: the walk is done
     again in one process, which lists it once."""
-    import packer.discover
-    import packer.walk
+    import packer.sources.discover
+    import packer.sources.walk
 
     root = tmp_path / "src"
     for n in ["a/1.png", "b/2.png", "c/3.png"]:
         touch(root / n)
     serial = discover(root)
-    real = packer.walk._merged
+    real = packer.sources.walk._merged
     calls = []
 
     def overlapping(result, walk):
         calls.append(1)
         if len(calls) == 1:
-            raise packer.walk._Overlap()
+            raise packer.sources.walk._Overlap()
         return real(result, walk)
 
-    monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
-    monkeypatch.setattr(packer.walk, "_merged", overlapping)
+    monkeypatch.setattr(packer.sources.walk, "PARALLEL_AFTER", 0.0)
+    monkeypatch.setattr(packer.sources.walk, "_merged", overlapping)
     again = discover(root, processes=2)
     assert list(again.items) == list(serial.items) and calls == [1]
 
@@ -542,8 +542,8 @@ def test_a_deep_chain_of_symlinked_folders_is_walked_as_deep_as_the_system_resol
 def test_class_runs_across_compressed_blocks(tmp_path):
     """Labels are runs of the sorted listing: folders that end inside a block, span several blocks,
     and files outside any class folder, each labelled as its top folder says."""
-    from packer.item_table import LabelRuns
-    from packer.record_blocks import BLOCK
+    from packer.sources.item_table import LabelRuns
+    from packer.sources.record_blocks import BLOCK
 
     sizes = {"a": 3, "b": 2 * BLOCK + 5, "b0": 1, "c": BLOCK - 1}
     for name, n in sizes.items():

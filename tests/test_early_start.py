@@ -1,4 +1,4 @@
-"""Shards started while discovery walks (packer.early_start): the output is the one a run without them
+"""Shards started while discovery walks (packer.run.early_start): the output is the one a run without them
 writes, shards that the final plan does not have are written again, and a failure leaves nothing."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from compare import assert_same_output, check_files
 from conftest import make_tree, write_image
 from helpers import interrupted_after, no_staging
 
-import packer.discover
-import packer.early_start
-import packer.plan
+import packer.run.early_start
+import packer.run.plan
+import packer.sources.discover
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.errors import DecodeError
-from packer.manifest import read_manifest
+from packer.spec.errors import DecodeError
+from packer.spec.manifest import read_manifest
 
 CONFIG = ConvertConfig(format="npy", preprocess=PreprocessConfig(size=(16, 16), resize="stretch"))
 
@@ -26,22 +26,22 @@ CONFIG = ConvertConfig(format="npy", preprocess=PreprocessConfig(size=(16, 16), 
 def watched(monkeypatch):
     """Early starts at every folder the walk finishes (a test tree is walked in milliseconds), and the
     shards that started early, by their first sample's key."""
-    monkeypatch.setattr(packer.early_start, "EARLY_AFTER", 0.0)
-    monkeypatch.setattr(packer.early_start, "CHECK_EVERY", 0.0)
-    monkeypatch.setattr(packer.early_start, "REBUILD_GROWTH", 1.0)
+    monkeypatch.setattr(packer.run.early_start, "EARLY_AFTER", 0.0)
+    monkeypatch.setattr(packer.run.early_start, "CHECK_EVERY", 0.0)
+    monkeypatch.setattr(packer.run.early_start, "REBUILD_GROWTH", 1.0)
     started: list[str] = []
 
-    class Recording(packer.early_start.ShardWork):
+    class Recording(packer.run.early_start.ShardWork):
         def job(self, number, task, **own):  # early_start makes a job for each early shard here
             started.append(task.items[0].relpath)
             return super().job(number, task, **own)
 
-    monkeypatch.setattr(packer.early_start, "ShardWork", Recording)
+    monkeypatch.setattr(packer.run.early_start, "ShardWork", Recording)
     return started
 
 
 def _never_early(monkeypatch) -> None:
-    monkeypatch.setattr(packer.early_start, "EARLY_AFTER", 1e9)
+    monkeypatch.setattr(packer.run.early_start, "EARLY_AFTER", 1e9)
 
 
 def _tree(root: Path, classes: int = 6, per_class: int = 20) -> Path:
@@ -66,8 +66,8 @@ def test_shards_started_during_the_walk_give_the_same_output(tmp_path, watched, 
 
 def test_a_large_source_under_auto_starts_early_with_a_fixed_cut(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=8, per_class=25)
-    monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # 64 shards of 3 from 192 samples on
+    monkeypatch.setattr(packer.run.plan, "ESTIMATE_PREFIX", 16)
+    monkeypatch.setattr(packer.run.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # 64 shards of 3 from 192 samples on
     convert(tree, tmp_path / "early", CONFIG, workers=2)
     manifest = read_manifest(tmp_path / "early")
     assert manifest.sharding["samples_per_shard"] == 3 and "balanced_for_workers" not in manifest.sharding
@@ -80,8 +80,8 @@ def test_a_large_source_under_auto_starts_early_with_a_fixed_cut(tmp_path, watch
 
 def test_a_source_below_the_fixed_cut_is_balanced_and_starts_nothing_early(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=4, per_class=10)
-    monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # the fixed cut would need 192 samples
+    monkeypatch.setattr(packer.run.plan, "ESTIMATE_PREFIX", 16)
+    monkeypatch.setattr(packer.run.plan, "AUTO_FIXED_MAX_SAMPLES", 3)  # the fixed cut would need 192 samples
     convert(tree, tmp_path / "out", CONFIG, workers=2)
     manifest = read_manifest(tmp_path / "out")
     assert manifest.sharding["balanced_for_workers"] == 2
@@ -162,16 +162,16 @@ def test_a_ctrl_c_after_the_walk_resumes_with_the_early_shards_kept(tmp_path, wa
 def test_a_ctrl_c_during_the_walk_leaves_no_staging_folder(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=4, per_class=10)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
-    walked = packer.discover._samples_found
+    walked = packer.sources.discover._samples_found
 
     def interrupted(*args, **kwargs):  # the walk is over, the plan not yet made
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.discover, "_samples_found", interrupted)
+    monkeypatch.setattr(packer.sources.discover, "_samples_found", interrupted)
     with pytest.raises(KeyboardInterrupt):
         convert(tree, tmp_path / "out", config, workers=2)
     assert watched and no_staging(tmp_path / "out")
-    monkeypatch.setattr(packer.discover, "_samples_found", walked)
+    monkeypatch.setattr(packer.sources.discover, "_samples_found", walked)
     convert(tree, tmp_path / "out", config, workers=2, resume=True)
     check_files(tmp_path / "out", read_manifest(tmp_path / "out"))
 
@@ -181,14 +181,14 @@ def test_a_class_folder_made_during_the_walk_relabels_the_early_shards(tmp_path,
     shards started early hold the old labels, and are written again."""
     tree = _tree(tmp_path / "src", classes=4, per_class=10)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=5))
-    feed = packer.early_start.EarlyStart._feed
+    feed = packer.run.early_start.EarlyStart._feed
 
     def adding_a_class(self):
         feed(self)
         if self._jobs:
             (tree / "a-new").mkdir(exist_ok=True)  # listed by the final class map, not by the walk
 
-    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", adding_a_class)
+    monkeypatch.setattr(packer.run.early_start.EarlyStart, "_feed", adding_a_class)
     with caplog.at_level(logging.WARNING, logger="packer"):
         convert(tree, tmp_path / "early", config, workers=2)
     assert "do not match the final plan" in caplog.text
@@ -204,20 +204,20 @@ def test_queued_early_shards_hold_their_own_samples_only(tmp_path, watched, monk
     tree = _tree(tmp_path / "src", classes=6, per_class=20)
     config = ConvertConfig(format="npy", preprocess=CONFIG.preprocess, shard_size=ShardSize(samples=4))
     queued, holding = [], []
-    feed = packer.early_start.EarlyStart._feed
+    feed = packer.run.early_start.EarlyStart._feed
 
     def looking(self):
         feed(self)
         if self.runner is not None:
             queued.append(self.runner.queued)
 
-    class HoldingWhat(packer.early_start.ShardWork):
+    class HoldingWhat(packer.run.early_start.ShardWork):
         def job(self, number, task, **own):
             holding.append(len(task.items.records))
             return super().job(number, task, **own)
 
-    monkeypatch.setattr(packer.early_start.EarlyStart, "_feed", looking)
-    monkeypatch.setattr(packer.early_start, "ShardWork", HoldingWhat)
+    monkeypatch.setattr(packer.run.early_start.EarlyStart, "_feed", looking)
+    monkeypatch.setattr(packer.run.early_start, "ShardWork", HoldingWhat)
     convert(tree, tmp_path / "out", config, workers=2)
     assert watched and max(queued) <= 2
     assert set(holding) == {4}
@@ -254,17 +254,17 @@ def test_a_run_without_resume_keeps_an_interrupted_run_until_its_walk_ends(tmp_p
     stage = tmp_path / ".out.packer-partial"
     records = sorted(p.name for p in stage.glob("*.done.json"))
     assert records
-    monkeypatch.setattr(packer.early_start, "EARLY_AFTER", 0.0)
-    walked = packer.discover._samples_found
+    monkeypatch.setattr(packer.run.early_start, "EARLY_AFTER", 0.0)
+    walked = packer.sources.discover._samples_found
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.discover, "_samples_found", interrupted)
+    monkeypatch.setattr(packer.sources.discover, "_samples_found", interrupted)
     with pytest.raises(KeyboardInterrupt):
         convert(tree, tmp_path / "out", config, workers=2)
     assert watched == [] and sorted(p.name for p in stage.glob("*.done.json")) == records
-    monkeypatch.setattr(packer.discover, "_samples_found", walked)
+    monkeypatch.setattr(packer.sources.discover, "_samples_found", walked)
     convert(tree, tmp_path / "out", config, workers=2, resume=True)
     check_files(tmp_path / "out", read_manifest(tmp_path / "out"))
 
@@ -272,8 +272,8 @@ def test_a_run_without_resume_keeps_an_interrupted_run_until_its_walk_ends(tmp_p
 def test_auto_keeps_the_balanced_cut_for_images_of_their_own_sizes(tmp_path, watched, monkeypatch):
     """An estimate from the first samples could make shards of varying images far over 256 MiB."""
     tree = _tree(tmp_path / "src", classes=8, per_class=25)
-    monkeypatch.setattr(packer.plan, "ESTIMATE_PREFIX", 16)
-    monkeypatch.setattr(packer.plan, "AUTO_FIXED_MAX_SAMPLES", 3)
+    monkeypatch.setattr(packer.run.plan, "ESTIMATE_PREFIX", 16)
+    monkeypatch.setattr(packer.run.plan, "AUTO_FIXED_MAX_SAMPLES", 3)
     config = ConvertConfig(format="npy", preprocess=PreprocessConfig(resize="none"))
     convert(tree, tmp_path / "out", config, workers=2)
     assert read_manifest(tmp_path / "out").sharding["balanced_for_workers"] == 2

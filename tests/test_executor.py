@@ -1,17 +1,17 @@
-"""The local executor's loop as an object (packer.executor.JobRunner): jobs added while others run,
+"""The local executor's loop as an object (packer.run.executor.JobRunner): jobs added while others run,
 and cancelled ones leave neither files nor counted progress behind."""
 
 from __future__ import annotations
 
 import time
 
-import packer.worker
+import packer.run.worker
 from packer.config import PreprocessConfig
-from packer.discover import discover
-from packer.executor import JobRunner
 from packer.records import ShardTask
-from packer.sample_layout import SampleLayout
-from packer.worker import ShardJob
+from packer.run.executor import JobRunner
+from packer.run.worker import ShardJob
+from packer.sources.discover import discover
+from packer.spec.sample_layout import SampleLayout
 
 
 def _jobs(tree, stage, per: int = 5) -> list[ShardJob]:
@@ -46,14 +46,14 @@ def test_jobs_added_while_others_run_all_finish(image_tree, tmp_path):
 
 def test_cancelled_jobs_leave_no_files_and_are_counted_back(image_tree, tmp_path, monkeypatch):
     done, slow, queued = _jobs(image_tree, tmp_path)
-    real = packer.worker.closed
+    real = packer.run.worker.closed
 
     def waiting(job, *args, **kwargs):  # the second shard stays unfinished until it is cancelled
         if job.number == 1:
             time.sleep(120)
         return real(job, *args, **kwargs)
 
-    monkeypatch.setattr(packer.worker, "closed", waiting)
+    monkeypatch.setattr(packer.run.worker, "closed", waiting)
     counted: list[int] = []
     runner = JobRunner(2, progress=counted.append)
     runner.add([done, slow, queued])

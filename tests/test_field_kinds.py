@@ -1,4 +1,4 @@
-"""packer.field_kinds: each kind of variable-length field, as one object, gives its manifest entry,
+"""packer.spec.field_kinds: each kind of variable-length field, as one object, gives its manifest entry,
 its name rule, its tar member, its verify check and its value, checked against explicit values."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.field_kinds import KINDS, TEXT_KINDS, fits, kind_of
-from packer.records import TextField
+from packer.spec.entries import TextField
+from packer.spec.field_kinds import KINDS, TEXT_KINDS, fits, kind_of
 
 
 def test_every_kind_is_registered_under_its_manifest_name():

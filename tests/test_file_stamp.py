@@ -1,4 +1,4 @@
-"""``packer.file_stamp``: one definition of "has this file changed", and every form of it that runs
+"""``packer.spec.file_stamp``: one definition of "has this file changed", and every form of it that runs
 in progress keep on disk, each exactly as the code before it wrote it. The expected values are
 written out from ``os.stat`` here, never made by the code under test."""
 
@@ -11,12 +11,15 @@ import os
 import numpy as np
 import pytest
 
-from packer import appending, output, saved_discovery, worker
-from packer.annotations import _digest as annotations_digest
-from packer.file_stamp import MISSING_FOLDER_RECORD, MISSING_SOURCE_TEXT, FileStamp
-from packer.folder_stamps import FolderStamps
+from packer.ops import append as appending
+from packer.output import files as output
+from packer.output.shard_samples import read_samples, write_samples
 from packer.records import ShardResult, SourceItem
-from packer.shard_samples import read_samples, write_samples
+from packer.run import worker
+from packer.sources import saved_discovery
+from packer.sources.folder_stamps import FolderStamps
+from packer.spec.file_stamp import MISSING_FOLDER_RECORD, MISSING_SOURCE_TEXT, FileStamp
+from packer.targets.annotations import _digest as annotations_digest
 
 
 @pytest.fixture
@@ -46,22 +49,22 @@ def test_a_stamp_holds_the_stat_fields(file):
 def test_each_stored_form_is_the_one_written_before(file):
     st = os.stat(file)
     stamp = FileStamp.of(st)
-    # packer/folder_stamps.py, a row of folder_stamps.npy
+    # packer/sources/folder_stamps.py, a row of folder_stamps.npy
     assert stamp.as_folder_record() == (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-    # packer/output.py file_stamp, a shard record's file_stamps
+    # packer/output/files.py file_stamp, a shard record's file_stamps
     assert stamp.as_shard_file_record() == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     assert json.dumps(stamp.as_shard_file_record()) == (
         f"[{st.st_size}, {st.st_mtime_ns}, {st.st_ctime_ns}, {st.st_ino}, {st.st_dev}]"
     )
-    # packer/shard_samples.py, a shard record's samples_file
+    # packer/output/shard_samples.py, a shard record's samples_file
     assert stamp.as_side_file_record() == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    # packer/saved_discovery.py, discovery.json's labels_file
+    # packer/sources/saved_discovery.py, discovery.json's labels_file
     assert stamp.as_labels_file_record(str(file)) == [str(file), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    # packer/worker.py source_stamp, hashed into sources digests and plan fingerprints
+    # packer/run/worker.py source_stamp, hashed into sources digests and plan fingerprints
     assert stamp.as_source_text() == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-    # packer/annotations.py, a line of an annotations folder's digest
+    # packer/targets/annotations.py, a line of an annotations folder's digest
     assert stamp.as_annotations_line("labels/a.txt") == f"labels/a.txt\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
-    # in memory only: readers/base.py, readers/lmdb.py; packer/discover.py's loop guard
+    # in memory only: readers/datasets/base.py, readers/datasets/lmdb.py; packer/sources/discover.py's loop guard
     assert stamp.reader_identity() == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     assert stamp.which_file() == (st.st_dev, st.st_ino)
 
@@ -182,8 +185,8 @@ def test_modified_after_counts_a_later_change_time(file):
 
 
 def test_readers_output_identity(file, tmp_path):
-    from packer.manifest import MANIFEST_NAME
-    from readers.output_files import output_identity
+    from packer.spec.manifest import MANIFEST_NAME
+    from readers.datasets.output_files import output_identity
 
     manifest = tmp_path / MANIFEST_NAME
     manifest.write_text("{}")

@@ -7,9 +7,9 @@ import torch
 from conftest import make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.errors import InputError
+from packer.advisor.folder import FolderDataset, folder_items
+from packer.spec.errors import InputError
 from readers import open_dataset
-from readers.advisor.folder import FolderDataset, folder_items
 
 
 @pytest.mark.parametrize("normalize", ["imagenet", "none"])

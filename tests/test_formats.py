@@ -14,15 +14,15 @@ import pytest
 from PIL import Image
 
 import packer.formats.lmdb as lmdb_format
-from packer.codecs import encode_image
 from packer.config import ImageCodec
-from packer.errors import ConfigError
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.wds import ustar_header
-from packer.manifest import ShardEntry, file_entry
 from packer.records import Sample, fields_crc32, image_crc32
-from packer.registry import FORMAT_NAMES, FORMATS, get_format
-from packer.sample_layout import SampleLayout
+from packer.spec.codecs import encode_image
+from packer.spec.errors import ConfigError
+from packer.spec.manifest import ShardEntry, file_entry
+from packer.spec.registry import FORMAT_NAMES, FORMATS, get_format
+from packer.spec.sample_layout import SampleLayout
 
 H, W, C = 6, 5, 3
 FIXED = SampleLayout("uint8", (H, W, C), C)

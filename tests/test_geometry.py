@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from packer import preprocess
 from packer.config import PreprocessConfig
-from packer.geometry import image_geometry, map_boxes, orient_box
-from packer.jpeg import upright
+from packer.pixels import preprocess
+from packer.pixels.geometry import image_geometry, map_boxes, orient_box
+from packer.pixels.jpeg import upright
 
 RECT = (20, 10, 60, 40)  # x0, y0, x1, y1 on a 200 x 150 stored grid
 

@@ -13,12 +13,13 @@ from click.testing import CliRunner
 from conftest import FORMATS
 from hostile import GOOD, MAX_PIXELS, make_hostile_corpus
 
-from packer import ConvertConfig, PreprocessConfig, convert, preprocess
+from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
-from packer.errors import DecodeError
-from packer.manifest import read_manifest
-from packer.preprocess import load_image, read_source
-from packer.report import REPORT_NAME
+from packer.output.report import REPORT_NAME
+from packer.pixels import preprocess
+from packer.pixels.preprocess import load_image, read_source
+from packer.spec.errors import DecodeError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(24, 16), max_pixels=MAX_PIXELS)

@@ -17,11 +17,11 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from packer.discover import discover
-from packer.errors import ManifestError
-from packer.source_kinds import IMAGE_EXTENSIONS
+from packer.sources.discover import discover
+from packer.spec.errors import ManifestError
+from packer.spec.source_kinds import IMAGE_EXTENSIONS
 from readers import WdsDataset, make_loader, open_dataset
-from readers.collate import PackedBatch
+from readers.loading.collate import PackedBatch
 
 PRE = PreprocessConfig(size=(24, 16))
 MAP_STYLE = [f for f in FORMATS if f != "wds"]

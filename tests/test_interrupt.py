@@ -14,9 +14,9 @@ import pytest
 from helpers import process_alive, quiet_after, wait_for
 from PIL import Image
 
-from packer.errors import ManifestError
-from packer.manifest import read_manifest
-from packer.output import DONE_SUFFIX, staging_dir
+from packer.output.files import DONE_SUFFIX, staging_dir
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 OPTIONS = ["-f", "npy", "--size", "64", "--shard-size", "15", "-j", "2", "-q"]
@@ -49,7 +49,7 @@ def reference(big_tree, tmp_path_factory) -> dict[str, bytes]:
 
 SLOW_DECODE = """
 import time
-import packer.preprocess as _pp
+import packer.pixels.preprocess as _pp
 _decode = _pp.decode
 def _slow(*args, **kwargs):
     time.sleep(0.04)
@@ -153,7 +153,7 @@ def test_resume_refuses_changed_options(big_tree, tmp_path):
 
 SITECUSTOMIZE = """
 import os, signal, time
-import packer.preprocess as _pp
+import packer.pixels.preprocess as _pp
 _decode = _pp.decode
 def _poisoned(data, cfg, path="<bytes>", **options):
     if b"CRASH-ME" in data:
@@ -167,7 +167,7 @@ _pp.decode = _poisoned
 
 READ_SITECUSTOMIZE = """
 import os, signal, time
-import packer.preprocess as _pp
+import packer.pixels.preprocess as _pp
 _read = _pp.read_source
 def _poisoned(path, *args, **options):
     if "crash" in os.path.basename(path):

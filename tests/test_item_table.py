@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from packer.config import ConvertConfig
-from packer.item_table import IMAGES, PAIRED, SINGLE, LabelRuns, TableBuilder
 from packer.records import UNLABELLED, ShardTask, SourceItem
-from packer.resume import plan_fingerprint
+from packer.run.resume import plan_fingerprint
+from packer.sources.item_table import IMAGES, PAIRED, SINGLE, LabelRuns, TableBuilder
 
 BASE = "/data/src/"
 KEYS = ["cat/1.jpg", "cat/2.jpg", "dög/é.png", "dog/4.jpg", "dog/5.jpg"]

@@ -12,9 +12,9 @@ from conftest import make_tree
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import DetectionConfig, MaskConfig
-from packer.errors import ConfigError
-from packer.output import staging_dir
+from packer.output.files import staging_dir
 from packer.run.job import ConvertJob, Selection
+from packer.spec.errors import ConfigError
 
 BOXES = ConvertConfig("npy", detection=DetectionConfig("ann.json", "coco"))
 MASKS = ConvertConfig("npy", masks=MaskConfig("masks"))

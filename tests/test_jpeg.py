@@ -1,4 +1,4 @@
-"""JPEG decoding at reduced scale (packer.jpeg) and how decode uses it."""
+"""JPEG decoding at reduced scale (packer.pixels.jpeg) and how decode uses it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from packer import jpeg
 from packer.config import PreprocessConfig
-from packer.errors import DecodeError
-from packer.preprocess import decode
+from packer.pixels import jpeg
+from packer.pixels.preprocess import decode
+from packer.spec.errors import DecodeError
 
 
 def _jpeg(size=(505, 379), orientation=None, mode="RGB", quality=95, stripes=False, **save) -> bytes:
@@ -234,7 +234,7 @@ def test_a_full_decode_is_the_whole_image():
 
 def test_the_manifest_records_how_jpegs_were_scaled(tmp_path):
     from packer import ConvertConfig, convert
-    from packer.manifest import read_manifest
+    from packer.spec.manifest import read_manifest
 
     (tmp_path / "src" / "a").mkdir(parents=True)
     (tmp_path / "src" / "a" / "one.jpg").write_bytes(_jpeg())

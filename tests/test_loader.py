@@ -14,8 +14,8 @@ from helpers import run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from readers import defaults as loader_defaults
 from readers import make_loader, open_dataset
+from readers.datasets import defaults as loader_defaults
 
 PRE = PreprocessConfig(size=(40, 32))
 N = 23
@@ -244,7 +244,7 @@ def test_tar_shard_workers_beyond_the_shards_stay_idle_and_every_sample_comes_on
         loader = make_loader(open_dataset(packed["wds"]), 4, num_workers=8, seed=3)
     labels = torch.cat([y for _, y in loader])
     assert len(labels) == N and torch.bincount(labels).tolist() == [8, 7, 8]
-    from readers.defaults import default_options
+    from readers.datasets.defaults import default_options
 
     options = default_options(open_dataset(packed["wds"]), 4, torch.uint8, cores=16, memory=2**34, world_size=4)
     assert options["num_workers"] == 1  # ranks 0 and 1 hold 2 shards, ranks 2 and 3 one: one worker each

@@ -15,8 +15,8 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.manifest import read_manifest
 
 PRE = PreprocessConfig(size=(16, 12))
 

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from packer.errors import ManifestError
-from packer.manifest import (
+from packer.spec.entries import FileEntry, TextField
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     Manifest,
@@ -16,9 +17,8 @@ from packer.manifest import (
     sha256_of,
     write_manifest,
 )
-from packer.records import FileEntry, TextField
-from packer.registry import FORMATS
-from packer.sample_layout import ImageCodec, SampleLayout
+from packer.spec.registry import FORMATS
+from packer.spec.sample_layout import ImageCodec, SampleLayout
 
 FORMAT_VERSIONS = {name: spec.newest for name, spec in FORMATS.items()}
 

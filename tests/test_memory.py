@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from readers.advisor.memory import PeakMemory, process_tree, pss
+from packer.advisor.memory import PeakMemory, process_tree, pss
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -14,7 +14,7 @@ from helpers import run_ranks
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from readers import RandomResizedCrop, make_loader, open_dataset, open_mixture
-from readers.mixture import allocate
+from readers.compose.mixture import allocate
 
 PRE = PreprocessConfig(size=(16, 12), auto_normalize=True)
 
@@ -248,7 +248,7 @@ def keys_of(batch) -> list:
 def test_parts_draw_crops_of_their_own(parts):
     """Parts of one mixture seed take their crops from numbers of their own: the same output twice as
     two parts gives sample j of each other crops (they all shared the mixture's seed)."""
-    from readers.mixture import part_seed
+    from readers.compose.mixture import part_seed
 
     a, b = (open_dataset(parts["web"], crop=RandomResizedCrop(8), flip=True, return_meta=True) for _ in range(2))
     mix = open_mixture({"a": (a, 1), "b": (b, 1)}, seed=5)

@@ -13,12 +13,12 @@ from compare import check_files
 from conftest import FORMATS, make_tree
 from helpers import no_staging, shard_file
 
-import packer.pipeline
+import packer.ops.convert
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.errors import InputError, ManifestError, OutputError
-from packer.manifest import read_manifest
-from packer.output import STAGING_MARK, _old_dir, lock_output, recover, release_output, staging_dir
-from packer.verify import verify
+from packer.output.files import STAGING_MARK, _old_dir, lock_output, recover, release_output, staging_dir
+from packer.output.verify import verify
+from packer.spec.errors import InputError, ManifestError, OutputError
+from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(16, 12))
@@ -193,7 +193,7 @@ def _boom(*args, **kwargs):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_failure_leaves_no_output_and_no_staging(image_tree, tmp_path, monkeypatch, fmt):
-    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)  # fails after every shard is written
+    monkeypatch.setattr(packer.ops.convert, "build_manifest", _boom)  # fails after every shard is written
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="merge failed"):
         convert(image_tree, out, ConvertConfig(fmt, PRE), workers=1)
@@ -206,7 +206,7 @@ def test_failure_keeps_old_output(image_tree, tmp_path, monkeypatch):
     out = tmp_path / "out"
     convert(image_tree, out, ConvertConfig("npy", PRE), workers=1)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    monkeypatch.setattr(packer.pipeline, "build_manifest", _boom)
+    monkeypatch.setattr(packer.ops.convert, "build_manifest", _boom)
     with pytest.raises(RuntimeError):
         convert(image_tree, out, ConvertConfig("wds", PRE), workers=1, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

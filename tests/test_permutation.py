@@ -1,4 +1,4 @@
-"""readers.permutation: a bijection of range(n) for every n, keyed, mixed like a uniform shuffle; small
+"""readers.loading.permutation: a bijection of range(n) for every n, keyed, mixed like a uniform shuffle; small
 sizes are numpy's own permutation."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from readers.permutation import MATERIALIZED_BELOW, Permutation
+from readers.loading.permutation import MATERIALIZED_BELOW, Permutation
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 15, 16, 17, 255, 256, 257, 1000, 4**8 - 1, 4**8, 4**8 + 1])
@@ -39,7 +39,7 @@ def test_keys_give_other_orders_and_the_same_key_the_same():
 
 def test_the_order_is_fixed_across_versions():
     """The order is part of what a resumed run relies on: these values may only change with
-    readers.sampler.ORDER_VERSION."""
+    readers.loading.sampler.ORDER_VERSION."""
     assert Permutation(10, 1, materialized_below=0).take(0, 10).tolist() == [0, 6, 7, 2, 8, 5, 3, 4, 1, 9]
     assert Permutation(10**8, 123)[np.array([0, 1, 99_999_999])].tolist() == [65110971, 31360252, 9891489]
 

@@ -1,4 +1,4 @@
-"""packer.pipeline: the whole conversion end to end: manifest, checksums, skips, labels, progress,
+"""packer.ops.convert: the whole conversion end to end: manifest, checksums, skips, labels, progress,
 determinism, shuffling."""
 
 import json
@@ -13,17 +13,18 @@ from compare import assert_rows_equal, check_files, stored
 from conftest import FORMATS, write_image
 from helpers import no_staging, sizes
 
-import packer.pipeline
-import packer.preprocess
-from packer import ConvertConfig, PreprocessConfig, convert, jpeg
+import packer.ops.convert
+import packer.pixels.preprocess
+from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from packer.discover import discover
-from packer.errors import DecodeError
-from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.plan import shard_name
-from packer.preprocess import load_image
+from packer.pixels import jpeg
+from packer.pixels.preprocess import load_image
 from packer.records import SourceItem
-from packer.sample_layout import SampleLayout
+from packer.run.plan import shard_name
+from packer.sources.discover import discover
+from packer.spec.errors import DecodeError
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
+from packer.spec.sample_layout import SampleLayout
 
 PRE = PreprocessConfig(size=(16, 12))
 
@@ -232,7 +233,7 @@ def test_the_items_of_its_own_discovery_are_released_once_the_shards_are_written
     import gc
     import weakref
 
-    from packer.item_table import ReleasedItems
+    from packer.sources.item_table import ReleasedItems
 
     held = []
     convert(
@@ -262,7 +263,7 @@ def test_progress_with_worker_processes(image_tree, tmp_path):
 def test_every_worker_keeps_pillows_image_memory(image_tree, tmp_path, monkeypatch):
     marks = tmp_path / "marks"
     marks.mkdir()
-    monkeypatch.setattr(packer.preprocess, "keep_image_memory", lambda: (marks / str(os.getpid())).touch())
+    monkeypatch.setattr(packer.pixels.preprocess, "keep_image_memory", lambda: (marks / str(os.getpid())).touch())
     convert(image_tree, tmp_path / "out", ConvertConfig("npy", PRE, ShardSize(samples=6)), workers=2)
     assert len(list(marks.iterdir())) == 3  # one process per shard, none in the converter itself
     assert not (marks / str(os.getpid())).exists()
@@ -357,9 +358,9 @@ def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
     """read_ahead: image-only files from a position on, stat before read, up to a sample of several
     files, a file known to crash the decoder, READ_AHEAD_FILES or READ_AHEAD_BYTES; a file that
     cannot be read is its DecodeError, for its turn."""
-    import packer.worker as worker
+    import packer.run.worker as worker
     from packer.records import ShardTask
-    from packer.worker import ShardJob, read_ahead
+    from packer.run.worker import ShardJob, read_ahead
 
     items = list(discover(image_tree).items)  # 15 image-only samples
     (image_tree / "bee" / "img_001.png").unlink()  # listed, then gone

@@ -1,13 +1,13 @@
-"""packer.plan: shard planning, shard names, the per-sample size estimate."""
+"""packer.run.plan: shard planning, shard names, the per-sample size estimate."""
 
 import pytest
 from conftest import write_image
 from helpers import sizes
 
 from packer.config import DEFAULT_SHARD_BYTES, ShardSize
-from packer.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.records import SourceItem
-from packer.sample_layout import SampleLayout
+from packer.run.plan import estimate_sample_bytes, plan_shards, shard_name
+from packer.spec.sample_layout import SampleLayout
 
 MiB = 1024**2
 

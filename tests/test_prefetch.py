@@ -1,4 +1,4 @@
-"""packer.prefetch: the thread that asks the kernel for the files ahead of a worker's reads."""
+"""packer.pixels.prefetch: the thread that asks the kernel for the files ahead of a worker's reads."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-import packer.prefetch
-from packer.prefetch import Prefetcher, reads_are_slow
+import packer.pixels.prefetch
+from packer.pixels.prefetch import Prefetcher, reads_are_slow
 
-pytestmark = pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
+pytestmark = pytest.mark.skipif(not packer.pixels.prefetch.available(), reason="no posix_fadvise here")
 
 
 def _files(tmp_path, count: int, size: int = 1000) -> list[tuple[str, ...]]:
@@ -132,7 +132,7 @@ def test_only_regular_files_are_opened(tmp_path):
 
 
 def test_without_posix_fadvise_it_does_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(packer.prefetch, "_WILLNEED", None)
+    monkeypatch.setattr(packer.pixels.prefetch, "_WILLNEED", None)
     with _prefetcher(_files(tmp_path, 5)) as prefetch:
         prefetch.start(0)
         assert not prefetch.started and prefetch.requested_files == 0
@@ -153,16 +153,16 @@ def test_closed_it_stays_stopped_and_leaves_no_thread(tmp_path):
 def test_the_kernel_is_asked_for_whole_files_in_pieces(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        packer.prefetch.os,
+        packer.pixels.prefetch.os,
         "posix_fadvise",
         lambda fd, offset, length, advice: calls.append((os.fstat(fd).st_size, offset, length, advice)),
     )
     big = tmp_path / "big.jpg"
-    big.write_bytes(bytes(2 * packer.prefetch.ADVICE_CHUNK + 5))
+    big.write_bytes(bytes(2 * packer.pixels.prefetch.ADVICE_CHUNK + 5))
     with _prefetcher(_files(tmp_path, 1) + [(str(big),)]) as prefetch:
         prefetch.start(0)
         assert _settle(prefetch) == 2
-    chunk, willneed = packer.prefetch.ADVICE_CHUNK, os.POSIX_FADV_WILLNEED
+    chunk, willneed = packer.pixels.prefetch.ADVICE_CHUNK, os.POSIX_FADV_WILLNEED
     assert calls == [
         (1000, 0, 1000, willneed),
         (2 * chunk + 5, 0, chunk, willneed),
@@ -172,12 +172,14 @@ def test_the_kernel_is_asked_for_whole_files_in_pieces(tmp_path, monkeypatch):
 
 
 def test_reads_are_slow_per_file_and_per_byte():
-    per_file = packer.prefetch.SLOW_READ_SECONDS
+    per_file = packer.pixels.prefetch.SLOW_READ_SECONDS
     assert not reads_are_slow(16, 16 * 44_000, 16 * 33e-6)  # cached photographs
     assert reads_are_slow(16, 16 * 44_000, 16 * 120e-6)  # the same from this VM's disk
     assert not reads_are_slow(16, 16 * 5_000_000, 16 * 609e-6)  # cached 5 MB files take longer, by their bytes
-    assert not reads_are_slow(packer.prefetch.MIN_SLOW_FILES - 1, 0, 1.0)  # too few to tell a preemption apart
-    assert reads_are_slow(packer.prefetch.MIN_SLOW_FILES, 0, packer.prefetch.MIN_SLOW_FILES * per_file * 1.01)
+    assert not reads_are_slow(packer.pixels.prefetch.MIN_SLOW_FILES - 1, 0, 1.0)  # too few to tell a preemption apart
+    assert reads_are_slow(
+        packer.pixels.prefetch.MIN_SLOW_FILES, 0, packer.pixels.prefetch.MIN_SLOW_FILES * per_file * 1.01
+    )
 
 
 def _threads_left() -> list[threading.Thread]:

@@ -8,8 +8,7 @@ from conftest import write_image
 from PIL import Image
 
 from packer.config import PreprocessConfig
-from packer.errors import ConfigError, DecodeError
-from packer.preprocess import (
+from packer.pixels.preprocess import (
     IMAGE_BLOCKS_KEPT,
     decode,
     decode_image,
@@ -18,6 +17,7 @@ from packer.preprocess import (
     keep_image_memory,
     load_image,
 )
+from packer.spec.errors import ConfigError, DecodeError
 
 
 def save_array(path, array, mode=None, **save):
@@ -408,7 +408,7 @@ def _photo_jpeg(tmp_path, size=(1600, 1200), orientation=None) -> bytes:
 
 
 def test_draft_size_keeps_at_least_the_target():
-    from packer.preprocess import draft_size
+    from packer.pixels.preprocess import draft_size
 
     cfg = PreprocessConfig(size=(224, 224))
     assert draft_size((2000, 1500), cfg) == (299, 224)
@@ -651,7 +651,7 @@ def test_a_long_thin_image_is_cropped_without_resizing_all_of_it(tmp_path, monke
     """A 10 x 2000 strip resized whole to torchvision's 224 x 44800 first would take 30 MB for a
     224 x 224 crop (a 10 x 50000 one, gigabytes): beyond TWO_STEP_LIMIT the kept box is resized in
     one step, within a level or so of the two steps."""
-    import packer.preprocess as preprocess
+    import packer.pixels.preprocess as preprocess
 
     path = photo(tmp_path / "strip.png", (10, 2000))
     reference = torchvision_center_crop(torchvision_resize(Image.open(path).convert("RGB"), 224), 224)

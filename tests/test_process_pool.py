@@ -1,4 +1,4 @@
-"""The walk's pool (packer.process_pool): results in their tasks' order, an error raised where the
+"""The walk's pool (packer.sources.process_pool): results in their tasks' order, an error raised where the
 caller waits, a task whose process died run by the parent, and an end that never waits on a task."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from packer.process_pool import ProcessPool
+from packer.sources.process_pool import ProcessPool
 
 
 def _square(x: int) -> tuple[int, int]:
@@ -97,7 +97,7 @@ def _big(n: int) -> bytes:
 
 _ORPHAN = """
 import os, signal, sys, time
-from packer.process_pool import ProcessPool
+from packer.sources.process_pool import ProcessPool
 def busy(marker):
     open(marker, "w").close()
     time.sleep(3600)
@@ -139,9 +139,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, monkeypatch):
-    import packer.discover
-    import packer.walk
-    from packer.discover import discover
+    import packer.sources.discover
+    import packer.sources.walk
+    from packer.sources.discover import discover
     from packer.system import process_context
 
     context = process_context()
@@ -161,7 +161,7 @@ def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, m
     for name in ["a/1.png", "b/2.png", "c/3.png"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
-    monkeypatch.setattr(packer.walk, "PARALLEL_AFTER", 0.0)
+    monkeypatch.setattr(packer.sources.walk, "PARALLEL_AFTER", 0.0)
     started.clear()
     found = discover(tmp_path, processes=2)
     assert [it.relpath for it in found.items] == ["a/1.png", "b/2.png", "c/3.png"]

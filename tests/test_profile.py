@@ -16,14 +16,14 @@ from conftest import make_tree, write_image
 from helpers import exited_cleanly
 
 from packer import ConvertConfig, PreprocessConfig, convert
+from packer.advisor.profile import FOLDER_STAGES, OUTPUT_STAGES, Profile, profile_folder, profile_output, spread
 from packer.cli import cli
 from packer.config import ImageCodec, ShardSize
-from readers.advisor.profile import FOLDER_STAGES, OUTPUT_STAGES, Profile, profile_folder, profile_output, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 PRE = PreprocessConfig(size=(32, 24))
-# The module itself: readers.advisor may export functions named like its submodules.
-PROFILE_MODULE = importlib.import_module("readers.advisor.profile")
+# The module itself: packer.advisor may export functions named like its submodules.
+PROFILE_MODULE = importlib.import_module("packer.advisor.profile")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.preprocess import load_image
+from packer.pixels.preprocess import load_image
 from readers import open_dataset
 
 # (Pillow mode, file types that can hold it)

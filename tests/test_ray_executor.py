@@ -24,11 +24,11 @@ from PIL import Image
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.errors import DecodeError, PackerError
-from packer.manifest import read_manifest
-from packer.output import DONE_SUFFIX, staging_dir
-from packer.ray_executor import RayExecutor
-from packer.verify import verify
+from packer.output.files import DONE_SUFFIX, staging_dir
+from packer.output.verify import verify
+from packer.run.ray_executor import RayExecutor
+from packer.spec.errors import DecodeError, PackerError
+from packer.spec.manifest import read_manifest
 
 PRE = PreprocessConfig(size=(16, 12))
 
@@ -41,7 +41,7 @@ PRE = PreprocessConfig(size=(16, 12))
 # add a line to the marker "counted" each time they are decoded.
 HOOK = """
 import os, signal, time
-import packer.preprocess as _pp
+import packer.pixels.preprocess as _pp
 _decode = _pp.decode
 def _marker(name):
     return os.path.join(os.environ["PACKER_TEST_MARKERS"], name)

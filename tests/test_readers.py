@@ -20,12 +20,12 @@ from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
-from packer.discover import discover
-from packer.errors import ManifestError
-from packer.manifest import read_manifest, sha256_of
-from packer.preprocess import load_image
-from packer.registry import get_format
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.pixels.preprocess import load_image
+from packer.sources.discover import discover
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import read_manifest, sha256_of
+from packer.spec.registry import get_format
 from readers import NpyDataset, WdsDataset, open_dataset
 
 PRE = PreprocessConfig(size=(40, 32))
@@ -425,7 +425,7 @@ def test_damaged_jpg_member_is_named_by_the_wds_reader(tmp_path, encoded):
 def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
     from conftest import write_image
 
-    from packer.verify import verify
+    from packer.output.verify import verify
 
     src = tmp_path / "src"
     for i in range(5):
@@ -450,7 +450,7 @@ def test_images_of_their_own_size_round_trip(tmp_path, fmt, dtype):
 def test_image_sizes_come_from_the_index_without_reading_an_image(tmp_path, fmt, codec):
     from conftest import make_tree
 
-    from packer.shard_names import NPY_IMAGE_SHAPES
+    from packer.spec.shard_names import NPY_IMAGE_SHAPES
 
     src = tmp_path / "src"
     make_tree(src, {"a": 3, "b": 2}, size=(90, 60))
@@ -574,7 +574,7 @@ def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
     import itertools
     import tracemalloc
 
-    from packer.tario import iter_tar_samples
+    from packer.spec.tario import iter_tar_samples
 
     src = tmp_path / "src"
     from conftest import make_tree

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from packer.record_blocks import BLOCK, RecordBlocks
+from packer.sources.record_blocks import BLOCK, RecordBlocks
 
 
 def names(n, start=0):

@@ -29,13 +29,15 @@ from helpers import process_alive, shard_file, wait_for
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.errors import ConfigError, ManifestError
-from packer.manifest import read_manifest
-from packer.shard_names import DALI_INDEX
-from packer.tario import iter_tar_samples
-from readers import WdsDataset, make_loader, open_dataset, remote, streams
-from readers.remote import clean_cache, is_url, iter_remote_tar
-from readers.streams import open_stream
+from packer.spec.errors import ConfigError, ManifestError
+from packer.spec.manifest import read_manifest
+from packer.spec.shard_names import DALI_INDEX
+from packer.spec.tario import iter_tar_samples
+from readers import WdsDataset, make_loader, open_dataset
+from readers.remote import streams
+from readers.remote import urls as remote
+from readers.remote.streams import open_stream
+from readers.remote.urls import clean_cache, is_url, iter_remote_tar
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from helpers import shard_file
 from packer import ConvertConfig, PreprocessConfig, convert, repack
 from packer.cli import cli
 from packer.config import ImageCodec, ShardSize
-from packer.errors import ConfigError, InputError, ManifestError
-from packer.manifest import read_manifest
-from packer.registry import FORMATS as SPECS
-from packer.sample_layout import SampleLayout
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.errors import ConfigError, InputError, ManifestError
+from packer.spec.manifest import read_manifest
+from packer.spec.registry import FORMATS as SPECS
+from packer.spec.sample_layout import SampleLayout
 from readers import open_dataset
 
 PRE = PreprocessConfig(size=(16, 12))
@@ -223,7 +223,7 @@ def test_a_damaged_source_sample_stops_the_repack_and_nothing_is_published(origi
 
 
 def test_an_output_cannot_be_repacked_into_itself_or_inside_itself(original, tmp_path):
-    from packer.errors import OutputError
+    from packer.spec.errors import OutputError
 
     with pytest.raises(OutputError):
         repack(original, original, "npy", overwrite=True)
@@ -261,8 +261,8 @@ def test_a_shard_is_read_from_any_sample_on_without_the_samples_before(tree, tmp
 
 
 def test_repacking_into_small_shards_reads_each_source_sample_once(original, tmp_path, monkeypatch):
-    import packer.repack_shard as rs
-    from packer.worker import write_shard
+    import packer.sources.repack_shard as rs
+    from packer.run.worker import write_shard
 
     reads: list[int] = []
     real = rs.get_format

@@ -1,4 +1,4 @@
-"""packer.resume through convert(..., resume=True): which finished shards an interrupted run keeps,
+"""packer.run.resume through convert(..., resume=True): which finished shards an interrupted run keeps,
 and which it writes again (files changed since, records of older packers)."""
 
 import json
@@ -7,14 +7,14 @@ import pytest
 from conftest import add_varied_files, write_image
 from helpers import as_older_sha256_record, interrupted_after, later_shards_unfinished
 
-import packer.pipeline
+import packer.ops.convert
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.discover import discover
-from packer.errors import OutputError
-from packer.manifest import MANIFEST_NAME
-from packer.output import staging_dir
-from packer.plan import plan_shards
+from packer.output.files import staging_dir
+from packer.run.plan import plan_shards
+from packer.sources.discover import discover
+from packer.spec.errors import OutputError
+from packer.spec.manifest import MANIFEST_NAME
 
 PRE = PreprocessConfig(size=(16, 12))
 
@@ -28,13 +28,13 @@ def test_resume_writes_again_a_finished_shard_whose_files_changed(image_tree, tm
     """Each worker stamps its shard's files (size, times, inode) before reading them: a finished
     shard whose files changed since is written again from the files as they are now, as an
     uninterrupted run would; finished shards whose files did not change are kept."""
-    from packer.output import DONE_SUFFIX, read_plan
+    from packer.output.files import DONE_SUFFIX, read_plan
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
     _interrupt_after_first_shard(image_tree, out, config)
     assert [p.name for p in staging_dir(out).glob(f"*{DONE_SUFFIX}")] == [f"shard-00000{DONE_SUFFIX}"]
-    assert read_plan(staging_dir(out))["sources"] == packer.pipeline.SOURCES_PER_SHARD
+    assert read_plan(staging_dir(out))["sources"] == packer.ops.convert.SOURCES_PER_SHARD
     write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=99)  # in the finished shard
     with caplog.at_level("WARNING", logger="packer"):
         resumed = convert(image_tree, out, config, workers=1, resume=True)
@@ -56,7 +56,7 @@ def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, 
     """Older packers stamped every source file into the plan's fingerprint and their shard records
     have no stamps: such a run resumes with its finished shards when no file changed, and is
     refused when one did."""
-    from packer.output import DONE_SUFFIX, read_plan, write_plan
+    from packer.output.files import DONE_SUFFIX, read_plan, write_plan
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
@@ -65,7 +65,8 @@ def test_resume_of_an_older_packers_run_checks_every_file(image_tree, tmp_path, 
     tasks = plan_shards(discover(image_tree).items, config.shard_size, 1.0)
     plan = read_plan(stage)
     write_plan(
-        stage, {"fingerprint": packer.pipeline.plan_fingerprint(config, tasks, stamps=True), "workers": plan["workers"]}
+        stage,
+        {"fingerprint": packer.ops.convert.plan_fingerprint(config, tasks, stamps=True), "workers": plan["workers"]},
     )
     record = stage / f"shard-00000{DONE_SUFFIX}"
     older = json.loads(record.read_text())
@@ -97,7 +98,7 @@ def _interrupt_in_second_shard(source, out, config) -> None:
 def test_resume_keeps_the_statistics(image_tree, tmp_path, older_record):
     """Finished shards' stats come back from their records; a record without them (an older
     packer's) is not trusted and its shard is written again."""
-    from packer.output import DONE_SUFFIX
+    from packer.output.files import DONE_SUFFIX
 
     add_varied_files(image_tree)
     config = ConvertConfig("npy", PreprocessConfig(size=(16, 12), auto_normalize=True), ShardSize(samples=4))
@@ -122,7 +123,7 @@ def test_resume_rewrites_shards_whose_sources_an_older_packer_digested(image_tre
     in a later shard, is still reported."""
     import shutil
 
-    from packer.output import DONE_SUFFIX
+    from packer.output.files import DONE_SUFFIX
 
     shutil.copy(image_tree / "ant" / "img_000.png", image_tree / "cat" / "img_099.png")  # in shards 0 and 3
     config = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
@@ -146,7 +147,7 @@ def test_resume_rewrites_shards_an_older_format_version_wrote(image_tree, tmp_pa
     """A shard finished by a packer before 0.3.0 (its record names no format version) has hdf5
     keys in the global heap or an lmdb file without its structure checksum: written again, so the
     output holds one layout, the one its manifest names."""
-    from packer.output import DONE_SUFFIX
+    from packer.output.files import DONE_SUFFIX
 
     config = ConvertConfig(fmt, PreprocessConfig(size=(16, 12)), ShardSize(samples=4))
     whole = convert(image_tree, tmp_path / "whole", config, workers=1).manifest
@@ -167,12 +168,12 @@ def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypat
     """A Ctrl-C after the first shard's files were renamed to their published names (but before the
     others'): --resume finds the renamed shard by its rename record, keeps every shard, and
     publishes what an uninterrupted run does."""
-    import packer.finish
-    from packer.output import RENAMED_SUFFIX
+    import packer.output.finish
+    from packer.output.files import RENAMED_SUFFIX
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
-    real = packer.finish.record_renamed
+    real = packer.output.finish.record_renamed
     calls: list[str] = []
 
     def stop_after_the_first(stage, planned, result):
@@ -180,10 +181,10 @@ def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypat
         calls.append(planned)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.finish, "record_renamed", stop_after_the_first)
+    monkeypatch.setattr(packer.output.finish, "record_renamed", stop_after_the_first)
     with pytest.raises(KeyboardInterrupt):
         convert(image_tree, out, config, workers=1)
-    monkeypatch.setattr(packer.finish, "record_renamed", real)
+    monkeypatch.setattr(packer.output.finish, "record_renamed", real)
     stage = staging_dir(out)
     assert calls == ["shard-00000"] and [p.name for p in stage.glob(f"*{RENAMED_SUFFIX}")] == [
         f"shard-00000{RENAMED_SUFFIX}"
@@ -199,22 +200,22 @@ def test_resume_after_a_ctrl_c_among_the_renames(image_tree, tmp_path, monkeypat
 def test_a_renamed_shard_written_again_leaves_no_old_files(image_tree, tmp_path, monkeypatch):
     """A Ctrl-C among the renames, then the renamed shard's source changes: --resume writes that shard
     again, and its files under the old published name are not published beside the new ones."""
-    import packer.finish
-    from packer.output import is_packer_output
-    from packer.verify import verify
+    import packer.output.finish
+    from packer.output.files import is_packer_output
+    from packer.output.verify import verify
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
-    real = packer.finish.record_renamed
+    real = packer.output.finish.record_renamed
 
     def stop_after_the_first(stage, planned, result):
         real(stage, planned, result)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.finish, "record_renamed", stop_after_the_first)
+    monkeypatch.setattr(packer.output.finish, "record_renamed", stop_after_the_first)
     with pytest.raises(KeyboardInterrupt):
         convert(image_tree, out, config, workers=1)
-    monkeypatch.setattr(packer.finish, "record_renamed", real)
+    monkeypatch.setattr(packer.output.finish, "record_renamed", real)
     old = sorted(p.name for p in staging_dir(out).glob("shard-00000-*"))
     assert old
     write_image(image_tree / "ant" / "img_000.png", (9, 9), seed=97)  # in the renamed shard
@@ -231,8 +232,8 @@ def test_kept_shards_are_trusted_by_their_stamps_not_read_again(image_tree, tmp_
     is hashed, and kept when its SHA-256 still matches."""
     import os
 
-    import packer.output
-    from packer.output import DONE_SUFFIX, FILE_STAMPS
+    import packer.output.files
+    from packer.output.files import DONE_SUFFIX, FILE_STAMPS
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
@@ -244,8 +245,8 @@ def test_kept_shards_are_trusted_by_their_stamps_not_read_again(image_tree, tmp_
         stamp[4] += 1  # recorded on another machine (a Ray node), whose NFS client numbers the mount otherwise
     path.write_text(json.dumps(record))
     hashed = []
-    real = packer.output.sha256_of
-    monkeypatch.setattr(packer.output, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    real = packer.output.files.sha256_of
+    monkeypatch.setattr(packer.output.files, "sha256_of", lambda p: hashed.append(p.name) or real(p))
     assert convert(image_tree, out, config, workers=1, resume=True).processed == 10
     assert hashed == []
 
@@ -264,7 +265,7 @@ def test_a_record_written_for_another_plan_is_not_kept(image_tree, tmp_path):
     """Workers record their own shards; one of an earlier run that outlived it (a Ray task on a lost
     node) may record a shard in the staging folder of a new run: --resume keeps only records of the
     plan it resumes."""
-    from packer.output import DONE_SUFFIX, PLAN_OF_RECORD, read_plan
+    from packer.output.files import DONE_SUFFIX, PLAN_OF_RECORD, read_plan
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5))
     out = tmp_path / "out"
@@ -282,7 +283,7 @@ def test_a_shuffled_run_of_an_older_packer_is_refused_naming_the_versions(image_
     """Shuffled plans are fingerprinted otherwise since 0.8.3: a run an older packer interrupted is
     refused with a message that says which packer started it, not only that files or options changed."""
     from packer import __version__
-    from packer.output import read_plan, write_plan
+    from packer.output.files import read_plan, write_plan
 
     config = ConvertConfig("npy", PRE, ShardSize(samples=5), shuffle=3)
     out = tmp_path / "out"

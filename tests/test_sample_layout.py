@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig
-from packer.errors import ConfigError
-from packer.manifest import Manifest, ShardEntry
-from packer.records import TextField
-from packer.registry import FORMATS, FormatSpec
-from packer.sample_layout import (
+from packer.spec.entries import TextField
+from packer.spec.errors import ConfigError
+from packer.spec.manifest import Manifest, ShardEntry
+from packer.spec.registry import FORMATS, FormatSpec
+from packer.spec.sample_layout import (
     ENCODED_IMAGES,
     ENCODED_SIZES,
     NO_IMAGE,
@@ -25,7 +25,7 @@ from packer.sample_layout import (
     SampleLayout,
     choose,
 )
-from packer.text import TextConfig
+from packer.spec.text import TextConfig
 
 CASES = {
     "fixed raw": (ConvertConfig("npy"), ("image",)),

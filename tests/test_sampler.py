@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from readers.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
+from readers.loading.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_padding_ratio_counts_padded_slots():
 
 
 def test_bucket_sampler_takes_rank_and_world_from_torch_distributed(monkeypatch):
-    import readers.sampler as sampler
+    import readers.loading.sampler as sampler
 
     monkeypatch.setattr(sampler, "distributed_rank", lambda: (2, 3))
     s = LengthBucketSampler(lognormal_lengths(50), 4, seed=0)
@@ -225,7 +225,7 @@ def test_bucket_sampler_refuses_bad_arguments():
 def test_epoch_start_does_not_build_the_order(monkeypatch):
     """10 million samples: the first batch comes with one chunk of the epoch's order evaluated, not
     the whole of it (a list of 10^7 ints, as torch.randperm made it before)."""
-    from readers.permutation import Permutation
+    from readers.loading.permutation import Permutation
 
     evaluated: list[int] = []
     real = Permutation.__getitem__

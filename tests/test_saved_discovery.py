@@ -10,16 +10,16 @@ import pytest
 from conftest import make_tree, write_image
 from helpers import later_shards_unfinished
 
-import packer.folder_stamps
-import packer.pipeline
-import packer.saved_discovery
+import packer.ops.convert
+import packer.sources.folder_stamps
+import packer.sources.saved_discovery
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.discover import discover
-from packer.errors import OutputError
-from packer.folder_stamps import FolderStamps
-from packer.manifest import MANIFEST_NAME
-from packer.output import SAVED_DISCOVERY, staging_dir
+from packer.output.files import SAVED_DISCOVERY, staging_dir
+from packer.sources.discover import discover
+from packer.sources.folder_stamps import FolderStamps
+from packer.spec.errors import OutputError
+from packer.spec.manifest import MANIFEST_NAME
 
 CONFIG = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples=5))
 
@@ -28,7 +28,7 @@ CONFIG = ConvertConfig("npy", PreprocessConfig(size=(16, 12)), ShardSize(samples
 def settled(monkeypatch):
     """Folders made by the test count as settled: nothing is too close to the walk to trust (on a real
     tree, folders changed in the two seconds before the walk are not trusted)."""
-    monkeypatch.setattr(packer.folder_stamps, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(packer.sources.folder_stamps, "RACY_SECONDS", 0.0)
 
 
 def interrupted(tree, out, config=CONFIG, **kwargs):
@@ -52,7 +52,7 @@ def test_resume_of_an_unchanged_tree_takes_the_saved_discovery(image_tree, tmp_p
     out = tmp_path / "out"
     interrupted(image_tree, out)
     assert (staging_dir(out) / SAVED_DISCOVERY / "discovery.json").is_file()
-    monkeypatch.setattr(packer.pipeline, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
     with caplog.at_level("INFO", logger="packer"):
         resumed = convert(image_tree, out, CONFIG, workers=1, resume=True)
     assert "as the interrupted run found them" in caplog.text
@@ -179,22 +179,22 @@ def test_a_save_cut_short_is_never_taken(image_tree, tmp_path, monkeypatch, sett
             raise KeyboardInterrupt
         return real(path, arr, *args, **kwargs)
 
-    monkeypatch.setattr(packer.saved_discovery.np, "save", torn)
+    monkeypatch.setattr(packer.sources.saved_discovery.np, "save", torn)
     with pytest.raises(KeyboardInterrupt):
         convert(image_tree, out, CONFIG, workers=1, resume=True)
-    monkeypatch.setattr(packer.saved_discovery.np, "save", real)
+    monkeypatch.setattr(packer.sources.saved_discovery.np, "save", real)
     assert not (staging_dir(out) / SAVED_DISCOVERY / "discovery.json").exists()
     assert convert(image_tree, out, CONFIG, workers=1, resume=True).processed == 10
 
 
 def test_a_discovery_that_cannot_be_saved_is_a_warning(image_tree, tmp_path, monkeypatch, caplog):
-    real = packer.saved_discovery._write
+    real = packer.sources.saved_discovery._write
 
     def full(folder, found, options):
         real(folder, found, options)  # most of it written, then the disk is full
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(packer.saved_discovery, "_write", full)
+    monkeypatch.setattr(packer.sources.saved_discovery, "_write", full)
     with caplog.at_level("WARNING", logger="packer"):
         convert(image_tree, tmp_path / "out", CONFIG, workers=1)
     assert "cannot save the discovery" in caplog.text and "No space left on device" in caplog.text
@@ -208,7 +208,7 @@ def test_a_source_under_a_folder_whose_name_is_not_utf8(tmp_path, monkeypatch, s
     make_tree(src, {"ant": 5, "bee": 6})
     out = tmp_path / "out"
     interrupted(src, out)
-    monkeypatch.setattr(packer.pipeline, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
     assert convert(src, out, CONFIG, workers=1, resume=True).processed == 6
 
 
@@ -252,7 +252,7 @@ def test_masks_are_matched_again_to_a_reused_discovery(tmp_path, monkeypatch, se
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(tmp_path / "seg" / "images", out, config, workers=1, progress=stop)
-    monkeypatch.setattr(packer.pipeline, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
     assert convert(tmp_path / "seg" / "images", out, config, workers=1, resume=True).processed == 2
     monkeypatch.undo()
     convert(tmp_path / "seg" / "images", tmp_path / "fresh", config, workers=1)

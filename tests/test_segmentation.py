@@ -13,8 +13,8 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import MaskConfig, ShardSize
-from packer.manifest import read_manifest
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.spec.manifest import read_manifest
 from readers import make_loader, open_dataset
 
 COLOURS = {1: (255, 0, 0), 2: (0, 255, 0), 3: (0, 0, 255)}
@@ -127,7 +127,7 @@ def test_bad_masks_are_skipped_with_the_reason(data, tmp_path):
 
 
 def test_masks_inside_the_source_are_refused(data, tmp_path):
-    from packer.errors import InputError
+    from packer.spec.errors import InputError
 
     with pytest.raises(InputError, match="inside the source folder"):
         convert(

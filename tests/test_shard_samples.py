@@ -1,4 +1,4 @@
-"""packer.shard_samples: the side file of a shard record that the parent reads after the workers."""
+"""packer.output.shard_samples: the side file of a shard record that the parent reads after the workers."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 
-from packer.assemble import _add_labels, find_duplicates
-from packer.output import finished_shards, record_shard
+from packer.output.assemble import _add_labels, find_duplicates
+from packer.output.files import finished_shards, record_shard
+from packer.output.shard_samples import SAMPLES_SUFFIX, forget_samples, read_samples
 from packer.records import ShardResult, forget_read_records
-from packer.shard_samples import SAMPLES_SUFFIX, forget_samples, read_samples
 
 
 def result(name, keys, digests, labels=None):
@@ -68,17 +68,17 @@ def test_side_files_are_not_published(image_tree, tmp_path):
 def test_scratch_left_by_a_killed_run_is_not_published(image_tree, tmp_path, monkeypatch):
     """The duplicate search's bucket folder of a run killed outright (no Ctrl-C to clean it up),
     found again by a --resume in the same staging folder, is removed on publishing."""
-    import packer.pipeline
+    import packer.ops.convert
     from packer import ConvertConfig, PreprocessConfig, convert
-    from packer.output import SCRATCH_PREFIX
+    from packer.output.files import SCRATCH_PREFIX
 
-    real = packer.pipeline.build_manifest
+    real = packer.ops.convert.build_manifest
 
     def after_a_kill(*args, scratch=None, **kwargs):
         (scratch / f"{SCRATCH_PREFIX}old").mkdir()
         (scratch / f"{SCRATCH_PREFIX}old" / "000.u64").write_bytes(b"\0" * 8)
         return real(*args, scratch=scratch, **kwargs)
 
-    monkeypatch.setattr(packer.pipeline, "build_manifest", after_a_kill)
+    monkeypatch.setattr(packer.ops.convert, "build_manifest", after_a_kill)
     convert(image_tree, tmp_path / "out", ConvertConfig("npy", PreprocessConfig(size=(16, 16))), workers=1)
     assert not list((tmp_path / "out").glob(f"{SCRATCH_PREFIX}*"))

@@ -13,11 +13,11 @@ from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize, parse_normalize
-from packer.errors import ConfigError
-from packer.manifest import read_manifest
-from packer.registry import FORMATS as SPECS
-from packer.sample_layout import SampleLayout
-from packer.source_codec import SOURCE_STATS, keep
+from packer.pixels.source_codec import SOURCE_STATS, keep
+from packer.spec.errors import ConfigError
+from packer.spec.manifest import read_manifest
+from packer.spec.registry import FORMATS as SPECS
+from packer.spec.sample_layout import SampleLayout
 from readers import RandomResizedCrop, open_dataset
 
 MAX = PreprocessConfig(resize="max", size=(256, 256))
@@ -136,7 +136,7 @@ def test_statistics_of_kept_jpegs_are_counted_at_one_eighth_unless_normalizing_b
 
 
 def test_kept_jpegs_are_checked_at_one_eighth_whatever_their_size(tmp_path, monkeypatch):
-    from packer import jpeg
+    from packer.pixels import jpeg
 
     scales = []
     decode_scaled = jpeg.decode_scaled

@@ -15,11 +15,11 @@ from conftest import FORMATS, make_tree
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.errors import OutputError
-from packer.manifest import read_manifest
-from packer.output import staging_dir
-from packer.split import NodeSplit, convert_node, merge
-from packer.verify import verify
+from packer.ops.nodes import NodeSplit, convert_node, merge
+from packer.output.files import staging_dir
+from packer.output.verify import verify
+from packer.spec.errors import OutputError
+from packer.spec.manifest import read_manifest
 
 PRE = PreprocessConfig(size=(16, 12))
 
@@ -89,7 +89,7 @@ def _as_an_older_packers_records(tree: Path, out: Path, nodes: NodeSplit) -> int
 
     from helpers import as_older_sha256_record
 
-    from packer.output import DONE_SUFFIX
+    from packer.output.files import DONE_SUFFIX
 
     records = sorted(staging_dir(out).glob(f"*{DONE_SUFFIX}"))
     mine = [r for i, r in enumerate(records) if nodes.owner(i) == nodes.rank]

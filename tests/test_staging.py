@@ -10,11 +10,11 @@ import pytest
 from conftest import make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.errors import OutputError
-from packer.manifest import read_manifest
-from packer.output import STAGING_MARK, is_packer_output, lock_file, read_plan
+from packer.output.files import STAGING_MARK, is_packer_output, lock_file, read_plan
 from packer.records import ShardTask
 from packer.run.staging import Staging
+from packer.spec.errors import OutputError
+from packer.spec.manifest import read_manifest
 
 
 def test_a_second_run_cannot_take_the_lock_until_the_first_releases_it(tmp_path):

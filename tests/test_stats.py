@@ -15,12 +15,13 @@ from PIL import Image
 
 from packer import ConvertConfig, convert
 from packer.config import ImageCodec, PreprocessConfig, ShardSize
-from packer.discover import discover
-from packer.errors import ConfigError
-from packer.manifest import read_manifest
-from packer.preprocess import finish_pixels
-from packer.records import FileEntry, ShardResult, ShardStats, Skipped
-from packer.stats import SIZE_BINS, auto_normalize, pixel_stats, size_summary, summarize
+from packer.pixels.preprocess import finish_pixels
+from packer.pixels.stats import SIZE_BINS, auto_normalize, pixel_stats, size_summary, summarize
+from packer.records import ShardResult, ShardStats, Skipped
+from packer.sources.discover import discover
+from packer.spec.entries import FileEntry
+from packer.spec.errors import ConfigError
+from packer.spec.manifest import read_manifest
 
 PRE = PreprocessConfig(size=(16, 12))
 

@@ -10,10 +10,10 @@ from conftest import make_tree, write_image
 
 from packer import ConvertConfig
 from packer.config import DetectionConfig, MaskConfig
-from packer.discover import discover
-from packer.errors import InputError
 from packer.records import ShardTask
-from packer.targets import Boxes, Masks, Targets, targets_for
+from packer.sources.discover import discover
+from packer.spec.errors import InputError
+from packer.targets.attached import Boxes, Masks, Targets, targets_for
 
 
 def test_the_kind_is_chosen_from_the_options():

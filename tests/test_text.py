@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
-from packer.errors import ConfigError, DecodeError
-from packer.preprocess import load_image
-from packer.text import TextConfig, decode_text, json_text, load_tokenizer, token_ids
-from packer.verify import verify
+from packer.output.verify import verify
+from packer.pixels.preprocess import load_image
+from packer.spec.errors import ConfigError, DecodeError
+from packer.spec.text import TextConfig, decode_text, json_text, load_tokenizer, token_ids
 from readers import make_loader, open_dataset
 
 TEXTS = {
@@ -363,9 +363,9 @@ def test_sample_texts_convert_as_the_readme_says(tmp_path):
 
 
 def test_a_too_large_text_file_is_skipped_saying_why(tmp_path, monkeypatch):
-    import packer.text
+    import packer.spec.text
 
-    monkeypatch.setattr(packer.text, "MAX_TEXT_BYTES", 16)  # read in this process (workers=1 forks it too)
+    monkeypatch.setattr(packer.spec.text, "MAX_TEXT_BYTES", 16)  # read in this process (workers=1 forks it too)
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
     (src / "a" / "small.txt").write_text("short")

@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import FakeClock
 
-from packer.errors import ConfigError
-from readers.advisor import timing
-from readers.advisor.timing import busy_note, check_images, time_loader
+from packer.advisor import timing
+from packer.advisor.timing import busy_note, check_images, time_loader
+from packer.spec.errors import ConfigError
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_check_images():
 
 
 def test_batch_sizes_of_tuples_and_pad_collate_dicts():
-    from readers.advisor.timing import batch_size_of
+    from packer.advisor.timing import batch_size_of
 
     assert batch_size_of((torch.zeros(3, 1), torch.zeros(3))) == 3
     assert batch_size_of({"input_ids": torch.zeros(5, 7), "labels": torch.zeros(5)}) == 5

@@ -11,7 +11,7 @@ from PIL import Image
 
 from packer import PreprocessConfig
 from packer.config import IMAGENET_MEAN, IMAGENET_STD
-from packer.errors import ConfigError
+from packer.spec.errors import ConfigError
 from readers import make_loader, open_dataset
 
 MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)

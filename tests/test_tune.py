@@ -14,11 +14,7 @@ from conftest import make_tree
 from helpers import FakeClock, exited_cleanly
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.cli import cli
-from packer.config import ShardSize
-from packer.errors import ConfigError
-from readers import open_dataset
-from readers.advisor.tune import (
+from packer.advisor.tune import (
     LoaderMeasure,
     Measurement,
     Trial,
@@ -27,10 +23,14 @@ from readers.advisor.tune import (
     tune,
     worker_counts,
 )
+from packer.cli import cli
+from packer.config import ShardSize
+from packer.spec.errors import ConfigError
+from readers import open_dataset
 
 PRE = PreprocessConfig(size=(24, 16))
-# The module itself: readers.advisor exports the function tune, which hides the submodule of that name.
-TUNE_MODULE = importlib.import_module("readers.advisor.tune")
+# The module itself: packer.advisor exports the function tune, which hides the submodule of that name.
+TUNE_MODULE = importlib.import_module("packer.advisor.tune")
 
 
 @pytest.fixture(scope="module")

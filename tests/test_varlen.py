@@ -9,7 +9,7 @@ import pytest
 import packer.formats.varlen as varlen
 from packer.formats.base import HashedFile
 from packer.formats.varlen import CHUNK_BYTES, Hdf5VarlenWriter, NpyStream, NpyVarlenWriter, iter_varlen
-from packer.shard_names import hdf5_varlen_names, npy_varlen_suffixes
+from packer.spec.shard_names import hdf5_varlen_names, npy_varlen_suffixes
 
 ITEMS = [b"first", b"", "ünïcode text".encode("utf-8"), bytes(range(256)) * 3, b"\x00"]
 

@@ -20,13 +20,13 @@ from helpers import FakeClock, wait_for
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
-from packer.codecs import encode_npy
 from packer.config import ImageCodec, ShardSize
-from packer.errors import ManifestError
-from packer.manifest import read_manifest
-from packer.registry import get_format
-from packer.sample_layout import SampleLayout
-from packer.verify import Problem, verify
+from packer.output.verify import Problem, verify
+from packer.spec.codecs import encode_npy
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import read_manifest
+from packer.spec.registry import get_format
+from packer.spec.sample_layout import SampleLayout
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_intact_output_verifies(outputs, fmt):
 def test_progress_counts_every_sample_once_however_often_it_is_sent(outputs, monkeypatch, every):
     """A shard's checking process sends its count every PROGRESS_SECONDS (a message a sample cost more
     than the check): the counts still add up to the samples, the last ones sent with the shard's end."""
-    import packer.verify as v
+    import packer.output.verify as v
 
     monkeypatch.setattr(v, "PROGRESS_SECONDS", every)
     told: list[int] = []
@@ -67,7 +67,7 @@ def test_progress_counts_every_sample_once_however_often_it_is_sent(outputs, mon
 def test_shards_are_checked_side_by_side_and_reported_in_shard_order(outputs, tmp_path, monkeypatch, workers):
     """Up to ``workers`` shards have their samples checked at once, each in its own process; the
     problems still come shard by shard in the manifest's order, whichever shard finishes first."""
-    import packer.verify as v
+    import packer.output.verify as v
 
     names = [s.name for s in read_manifest(outputs["npy"]).shards]
     wait = 30.0 if workers == 2 else 1.0  # one at a time: the first shard waits for the second in vain
@@ -93,7 +93,7 @@ def test_an_interrupted_verify_leaves_no_checking_process(outputs, monkeypatch):
     import multiprocessing.context
     import signal
 
-    import packer.verify as v
+    import packer.output.verify as v
 
     def stuck(root, manifest, shard, progress=None, labels=None, intact=False):
         progress(1)
@@ -151,7 +151,7 @@ def test_a_busy_parent_does_not_take_a_childs_queued_word_for_a_stall(outputs, t
     Verify runs on a fake clock that only the callback moves: a child that a busy machine keeps
     waiting is never taken for stalled, and the callback's block is the event it waits for."""
     import packer
-    import packer.verify as v
+    import packer.output.verify as v
 
     clock = FakeClock()
     monkeypatch.setattr(v, "time", SimpleNamespace(monotonic=clock))  # verify's clock, its children's too
@@ -323,13 +323,13 @@ def test_an_lmdb_lock_file_left_by_stock_tools_is_not_a_problem_but_other_files_
     assert [p.message for p in verify(copy)] == ["stray.bin is not listed in the manifest"]
 
 
-@pytest.mark.parametrize("first", ["import packer.verify", "from packer import verify"])
+@pytest.mark.parametrize("first", ["import packer.output.verify", "from packer import verify"])
 def test_packer_verify_is_callable_whichever_way_it_was_imported_first(first, tmp_path):
     """``from packer import verify`` names the module once ``packer.verify`` was imported (Python binds
     a submodule to its package): it must verify all the same, and the module keep its names."""
     code = (
-        f"{first}\nfrom packer import verify\nimport packer.verify as v\n"
-        "from packer.errors import ManifestError\n"
+        f"{first}\nfrom packer import verify\nimport packer.output.verify as v\n"
+        "from packer.spec.errors import ManifestError\n"
         f"try:\n    verify({str(tmp_path / 'none')!r})\n"
         "except ManifestError as e:\n    print('not a folder' in str(e))\n"
         "print(callable(v.verify), v.STALL_SECONDS > 0)"

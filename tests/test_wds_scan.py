@@ -1,4 +1,4 @@
-"""The wds shard scan walks the tar's headers itself (packer.tario.iter_shard_samples): the same
+"""The wds shard scan walks the tar's headers itself (packer.spec.tario.iter_shard_samples): the same
 samples as tarfile for every tar packer writes and for other plain ustar tars, and a clear refusal,
 naming the shard and the byte, of a damaged, cut or hostile tar (issue 26)."""
 
@@ -15,16 +15,16 @@ from click.testing import CliRunner
 from conftest import make_tree, pair_tree
 
 import packer.formats.wds as wds
-import packer.tario as tario
+import packer.spec.tario as tario
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import ImageCodec, ShardSize
-from packer.errors import ManifestError
-from packer.manifest import read_manifest
-from packer.sample_layout import SampleLayout
-from packer.tario import iter_shard_samples, iter_tar_samples, packer_header
-from packer.text import TextConfig
-from packer.verify import Problem, verify
+from packer.output.verify import Problem, verify
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import read_manifest
+from packer.spec.sample_layout import SampleLayout
+from packer.spec.tario import iter_shard_samples, iter_tar_samples, packer_header
+from packer.spec.text import TextConfig
 
 SMALL = PreprocessConfig(size=(16, 12))
 KINDS = ["raw", "raw-sizes", "jpeg", "png", "source", "paired", "text", "tokens"]
@@ -182,7 +182,7 @@ def test_verify_reads_intact_wds_shards_by_their_index_and_damaged_ones_by_their
     outputs, tmp_path, monkeypatch
 ):
     import packer.formats.wds as wds_module
-    from packer.verify import verify
+    from packer.output.verify import verify
 
     marks = tmp_path / "walked"  # the shards are checked in forked processes: they leave a file
     real = wds_module.iter_shard_samples

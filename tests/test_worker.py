@@ -1,4 +1,4 @@
-"""packer.worker: writing one shard in a worker process."""
+"""packer.run.worker: writing one shard in a worker process."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 import pytest
 from helpers import wait_for
 
-import packer.prefetch
-import packer.worker
+import packer.pixels.prefetch
+import packer.run.worker
 from packer.config import PreprocessConfig
-from packer.discover import discover
 from packer.records import ShardTask
-from packer.sample_layout import SampleLayout
-from packer.worker import PROGRESS_SECONDS, ShardJob, write_shard
+from packer.run.worker import PROGRESS_SECONDS, ShardJob, write_shard
+from packer.sources.discover import discover
+from packer.spec.sample_layout import SampleLayout
 
 
 def _job(image_tree, tmp_path) -> ShardJob:
@@ -35,28 +35,28 @@ def test_progress_is_reported_by_time_not_per_file(image_tree, tmp_path, monkeyp
     """Workers report at most every PROGRESS_SECONDS: a count per file made the parent wake
     hundreds of times a second for small images. Whatever the timing, every file is counted once."""
     clock = itertools.count()
-    monkeypatch.setattr(packer.worker.time, "monotonic", lambda: next(clock) * tick)
+    monkeypatch.setattr(packer.run.worker.time, "monotonic", lambda: next(clock) * tick)
     reports: list[int] = []
     result = write_shard(_job(image_tree, tmp_path), progress=reports.append)
     assert result.samples == 15
     assert reports == expected
 
 
-@pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
+@pytest.mark.skipif(not packer.pixels.prefetch.available(), reason="no posix_fadvise here")
 def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, tmp_path, monkeypatch):
     """Slow reads start the thread that asks the disk for the files ahead; fast ones do not. Either
     way the worker reads every file itself: the same shard."""
     started: list[bool] = []
 
-    class Spy(packer.prefetch.Prefetcher):
+    class Spy(packer.pixels.prefetch.Prefetcher):
         def close(self) -> None:
             started.append(self.started)
             super().close()
 
-    monkeypatch.setattr(packer.worker, "Prefetcher", Spy)
+    monkeypatch.setattr(packer.run.worker, "Prefetcher", Spy)
     results = {}
     for name, slow in (("fast", False), ("slow", True)):
-        monkeypatch.setattr(packer.worker, "reads_are_slow", lambda files, nbytes, seconds, slow=slow: slow)
+        monkeypatch.setattr(packer.run.worker, "reads_are_slow", lambda files, nbytes, seconds, slow=slow: slow)
         out = tmp_path / name
         out.mkdir()
         results[name] = write_shard(_job(image_tree, out))
@@ -67,7 +67,7 @@ def test_slow_reads_start_the_prefetcher_and_change_nothing_written(image_tree, 
     assert (fast.keys, fast.digests, fast.sources) == (slow.keys, slow.digests, slow.sources)
 
 
-@pytest.mark.skipif(not packer.prefetch.available(), reason="no posix_fadvise here")
+@pytest.mark.skipif(not packer.pixels.prefetch.available(), reason="no posix_fadvise here")
 def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned_file(
     image_tree, tmp_path, monkeypatch
 ):
@@ -75,7 +75,7 @@ def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned
     decoder, but never for a file known to crash or hang the decoder."""
     requested: list[str] = []
 
-    class Spy(packer.prefetch.Prefetcher):
+    class Spy(packer.pixels.prefetch.Prefetcher):
         def __init__(self, paths, max_file_bytes=None):
             super().__init__(paths, max_file_bytes, ahead_files=2)
 
@@ -89,9 +89,9 @@ def test_prefetch_follows_the_decoder_past_its_window_and_never_opens_a_poisoned
             requested.append(path)
             return super()._request(path)
 
-    monkeypatch.setattr(packer.worker, "Prefetcher", Spy)
-    monkeypatch.setattr(packer.worker, "READ_AHEAD_FILES", 4)
-    monkeypatch.setattr(packer.worker, "reads_are_slow", lambda files, nbytes, seconds: True)
+    monkeypatch.setattr(packer.run.worker, "Prefetcher", Spy)
+    monkeypatch.setattr(packer.run.worker, "READ_AHEAD_FILES", 4)
+    monkeypatch.setattr(packer.run.worker, "reads_are_slow", lambda files, nbytes, seconds: True)
     job = _job(image_tree, tmp_path)
     items = job.task.items
     poisoned = items[9]
@@ -115,9 +115,9 @@ def test_a_recording_worker_leaves_the_per_sample_values_in_the_shard_record(ima
     import dataclasses
     import pickle
 
-    from packer.executor import run_jobs
-    from packer.output import finished_shards
+    from packer.output.files import finished_shards
     from packer.records import RecordedColumn
+    from packer.run.executor import run_jobs
 
     plain = write_shard(_job(image_tree, tmp_path))
     job = dataclasses.replace(_job(image_tree, tmp_path), record=True)
@@ -136,13 +136,13 @@ def test_a_record_that_cannot_be_written_is_an_output_error_naming_the_shard(ima
     import dataclasses
     import errno
 
-    import packer.worker
-    from packer.errors import OutputError
+    import packer.run.worker
+    from packer.spec.errors import OutputError
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(packer.worker, "record_shard", full)
+    monkeypatch.setattr(packer.run.worker, "record_shard", full)
     with pytest.raises(OutputError, match="cannot write shard-00000's record in .*No space left on device"):
         write_shard(dataclasses.replace(_job(image_tree, tmp_path), record=True))
 
@@ -164,13 +164,13 @@ def test_a_worker_ends_on_sigterm_whatever_handler_its_converter_had(image_tree,
         inside.touch()
         time.sleep(60)
 
-    monkeypatch.setattr(packer.worker, "write_shard", shard)
+    monkeypatch.setattr(packer.run.worker, "write_shard", shard)
     previous = signal.signal(signal.SIGTERM, request_stop)  # as the CLI installs it
     try:
         ctx = mp.get_context("fork")
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(
-            target=packer.worker.run_shard_process,
+            target=packer.run.worker.run_shard_process,
             args=(_job(image_tree, tmp_path), send, None, os.getpid(), logging.WARNING),
             daemon=True,
         )

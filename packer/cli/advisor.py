@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from packer.cli.render import human
 from packer.config import PreprocessConfig
-from packer.errors import PackerError
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.spec.errors import PackerError
+from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.system import usable_cpus
 
 
@@ -66,9 +66,9 @@ def tune(
     """
     import torch
 
+    from packer.advisor.tune import LoaderMeasure, most_useful_workers, recommended_code
+    from packer.advisor.tune import tune as run_tune
     from readers import open_dataset
-    from readers.advisor.tune import LoaderMeasure, most_useful_workers, recommended_code
-    from readers.advisor.tune import tune as run_tune
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,7 +185,7 @@ def profile(source: Path, samples: int, batch_size: int, like: Optional[Path], a
     bytes, decode (jpeg/png), to tensor + normalize, collate. Prints each stage's share of the
     time and what to do about the largest.
     """
-    from readers.advisor.profile import profile_folder, profile_output
+    from packer.advisor.profile import profile_folder, profile_output
 
     with _advisor_errors():
         is_output = (source / MANIFEST_NAME).exists()
@@ -258,8 +258,8 @@ def bench(
 ) -> None:
     """Read OUTPUT and the raw folder it came from (--compare) with the same preprocessing, batch
     size and workers, and print samples/s of both and the speed-up."""
+    from packer.advisor.compare import compare, plot, require_matplotlib
     from readers import open_dataset
-    from readers.advisor.compare import compare, plot, require_matplotlib
 
     with _advisor_errors():
         if plot_path is not None:
@@ -299,7 +299,7 @@ def bench(
 
 def _busy(cpus: int) -> None:
     """Warn (stderr) when other processes keep the machine busy: measurements will be noisy."""
-    from readers.advisor.timing import busy_note
+    from packer.advisor.timing import busy_note
 
     note = busy_note(cpus)
     if note:

@@ -17,7 +17,6 @@ from packer.cli.options import decode_options, preprocess_config, preprocess_opt
 from packer.cli.render import node_summary, splits_summary, summary
 from packer.cli.running import close_bars
 from packer.cli.signals import stop_on_signals
-from packer.codecs import IMAGE_CODECS
 from packer.config import (
     DEFAULT_QUALITY,
     ConvertConfig,
@@ -26,19 +25,20 @@ from packer.config import (
     MaskConfig,
     parse_shard_size,
 )
-from packer.containers import container_kind
-from packer.dataset_splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
-from packer.errors import ConfigError, DecodeError, InputError, PackerError
-from packer.executor import DEFAULT_TIMEOUT
-from packer.manifest import MANIFEST_NAME
-from packer.output import staging_dir
-from packer.pipeline import convert as run_convert
-from packer.ray_executor import RayExecutor
-from packer.registry import FORMAT_NAMES  # the --format choices
+from packer.ops.convert import convert as run_convert
+from packer.ops.nodes import NodeResult, NodeSplit, convert_node
+from packer.ops.splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
+from packer.output.files import staging_dir
+from packer.run.executor import DEFAULT_TIMEOUT
 from packer.run.job import ConvertJob, Selection
-from packer.split import NodeResult, NodeSplit, convert_node
-from packer.text import TextConfig
-from packer.walk import is_packer_folder
+from packer.run.ray_executor import RayExecutor
+from packer.sources.containers import container_kind
+from packer.sources.walk import is_packer_folder
+from packer.spec.codecs import IMAGE_CODECS
+from packer.spec.errors import ConfigError, DecodeError, InputError, PackerError
+from packer.spec.manifest import MANIFEST_NAME
+from packer.spec.registry import FORMAT_NAMES  # the --format choices
+from packer.spec.text import TextConfig
 
 
 @click.command()

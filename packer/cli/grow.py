@@ -10,17 +10,17 @@ from click.core import ParameterSource
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from packer.appending import append as append_files
-from packer.appending import config_of
 from packer.cli.render import append_summary, summary
 from packer.cli.running import executor_for, reported
 from packer.cli.signals import stop_on_signals
 from packer.config import ImageCodec, parse_shard_size
-from packer.errors import ConfigError, DecodeError, PackerError
-from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.output import staging_dir
-from packer.repacking import REPACK_OPTIONS, repack
-from packer.text import TextConfig
+from packer.ops.append import append as append_files
+from packer.ops.append import config_of
+from packer.ops.repack import REPACK_OPTIONS, repack
+from packer.output.files import staging_dir
+from packer.spec.errors import ConfigError, DecodeError, PackerError
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
+from packer.spec.text import TextConfig
 
 
 def repack_output(
@@ -157,7 +157,7 @@ def append_to(
     given_preprocess,
     given_codec: ImageCodec,
 ) -> None:
-    """``packer convert --append``: the new files of SOURCE converted as OUTPUT was (``packer.appending``).
+    """``packer convert --append``: the new files of SOURCE converted as OUTPUT was (``packer.ops.append``).
     Preprocessing options left out are OUTPUT's; one given with another value is refused."""
     ctx = click.get_current_context()
 

@@ -11,10 +11,10 @@ import click
 from tqdm import tqdm
 
 from packer.cli.render import compare_class_maps, describe, describe_splits
-from packer.errors import PackerError
-from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.splits_record import is_splits_folder, read_splits, splits_problems
-from packer.verify import verify as verify_output
+from packer.output.verify import verify as verify_output
+from packer.spec.errors import PackerError
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
+from packer.spec.splits_record import is_splits_folder, read_splits, splits_problems
 
 
 @click.command()

@@ -12,9 +12,9 @@ from tqdm import tqdm
 from packer.cli.render import summary
 from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
-from packer.combining import combine as combine_outputs
-from packer.errors import PackerError
-from packer.split import merge as merge_output
+from packer.ops.combine import combine as combine_outputs
+from packer.ops.nodes import merge as merge_output
+from packer.spec.errors import PackerError
 
 
 @click.command()

@@ -8,14 +8,14 @@ from typing import Optional
 
 import click
 
-from packer.class_map import class_map_digest, differences, quoted
-from packer.dataset_splits import SplitsResult, describe_missing
-from packer.errors import PackerError
-from packer.manifest import Manifest, read_manifest
-from packer.pipeline import ConvertResult
-from packer.report import REPORT_NAME, reason_kind, shown, source_counts
-from packer.split import NodeResult
-from packer.splits_record import SplitsRecord, splits_problems
+from packer.ops.convert import ConvertResult
+from packer.ops.nodes import NodeResult
+from packer.ops.splits import SplitsResult, describe_missing
+from packer.output.report import REPORT_NAME, reason_kind, shown, source_counts
+from packer.spec.class_map import class_map_digest, differences, quoted
+from packer.spec.errors import PackerError
+from packer.spec.manifest import Manifest, read_manifest
+from packer.spec.splits_record import SplitsRecord, splits_problems
 
 SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them all
 
@@ -88,7 +88,7 @@ def summary(result: ConvertResult) -> None:
 
 
 def append_summary(result, source) -> None:
-    """Print a finished append (``packer.appending.AppendResult``): what was added, and what was reported."""
+    """Print a finished append (``packer.ops.append.AppendResult``): what was added, and what was reported."""
     m = result.manifest
     if not result.added and result.processed:
         click.echo(

@@ -10,8 +10,8 @@ from typing import Callable, Iterator, Optional
 import click
 from tqdm import tqdm
 
-from packer.errors import ConfigError, PackerError
-from packer.ray_executor import RayExecutor
+from packer.run.ray_executor import RayExecutor
+from packer.spec.errors import ConfigError, PackerError
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 A writer knows only how to put samples into its own files for one shard. Shard planning, naming,
 hashing and the manifest live in the pipeline, once for all formats; a writer that writes a file
 in order may hash it on the way (``HashedFile``), so that the pipeline need not read it back.
-What a sample holds is the ``SampleLayout`` the writer is given (``packer.sample_layout``).
+What a sample holds is the ``SampleLayout`` the writer is given (``packer.spec.sample_layout``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from packer.records import Sample
-from packer.sample_layout import SampleLayout
+from packer.spec.sample_layout import SampleLayout
 
 
 def encoded_bytes(sample: Sample, layout: SampleLayout) -> bytes:

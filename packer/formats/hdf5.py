@@ -21,13 +21,13 @@ from typing import ClassVar, Iterator, Optional
 import h5py
 import numpy as np
 
-from packer.codecs import raw_bytes
 from packer.formats.base import encoded_bytes
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen, varlen_images
-from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
-from packer.shard_names import (
+from packer.spec.codecs import raw_bytes
+from packer.spec.manifest import ShardEntry
+from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
+from packer.spec.shard_names import (
     HDF5_CRC32,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,

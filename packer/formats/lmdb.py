@@ -26,12 +26,12 @@ from typing import ClassVar, Iterator, Optional
 import lmdb
 import numpy as np
 
-from packer.codecs import NpyDecoder, decode_npy, encode_npy, npy_header
 from packer.formats.base import encoded_bytes
-from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
-from packer.shard_names import (
+from packer.spec.codecs import NpyDecoder, decode_npy, encode_npy, npy_header
+from packer.spec.manifest import ShardEntry
+from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
+from packer.spec.shard_names import (
     LMDB_CRC32,
     LMDB_IMAGE_SHAPES,
     LMDB_LABELS,

@@ -18,13 +18,13 @@ from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.codecs import raw_bytes
 from packer.formats.base import encoded_bytes
 from packer.formats.varlen import NpyStream, NpyVarlenWriter, iter_varlen, varlen_images
-from packer.manifest import ShardEntry
 from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
-from packer.shard_names import (
+from packer.spec.codecs import raw_bytes
+from packer.spec.manifest import ShardEntry
+from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
+from packer.spec.shard_names import (
     NPY_CRC32,
     NPY_IMAGE_SHAPES,
     NPY_IMAGES,

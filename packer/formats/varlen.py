@@ -17,10 +17,10 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from packer.codecs import npy_header, raw_image
 from packer.formats.base import HashedFile
-from packer.sample_layout import ImageStorage, SampleLayout
-from packer.shard_names import hdf5_varlen_names, npy_varlen_suffixes
+from packer.spec.codecs import npy_header, raw_image
+from packer.spec.sample_layout import ImageStorage, SampleLayout
+from packer.spec.shard_names import hdf5_varlen_names, npy_varlen_suffixes
 
 CHUNK_BYTES = 64 * 1024
 """HDF5 chunk of a flat array. Reading one sample reads every chunk it touches: with 8-20 KB

@@ -28,13 +28,13 @@ from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.codecs import CODECS, NpyDecoder, image_extension, npy_header
-from packer.errors import ManifestError
 from packer.formats.base import HashedFile, encoded_bytes
-from packer.manifest import Manifest, ShardEntry
 from packer.records import Sample, StoredSample
-from packer.sample_layout import ImageStorage, SampleLayout, choose
-from packer.shard_names import (
+from packer.spec.codecs import CODECS, NpyDecoder, image_extension, npy_header
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import Manifest, ShardEntry
+from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
+from packer.spec.shard_names import (
     DALI_INDEX,
     DALI_INDEX_VERSION,
     NPY_IMAGE_SHAPES,
@@ -44,7 +44,7 @@ from packer.shard_names import (
     tar_member_key,
     wds_lengths_suffix,
 )
-from packer.tario import USTAR_OWNER, decode_tar_sample, iter_shard_samples, packer_header, tar_fields
+from packer.spec.tario import USTAR_OWNER, decode_tar_sample, iter_shard_samples, packer_header, tar_fields
 
 
 def ustar_header(name: str, size: int) -> bytes:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from packer.config import ConvertConfig
-from packer.containers import container_kind
-from packer.discover import Discovery
-from packer.errors import ConfigError
-from packer.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.records import ShardTask
+from packer.run.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
+from packer.sources.containers import container_kind
+from packer.sources.discover import Discovery
+from packer.spec.errors import ConfigError
 
 
 @dataclass(frozen=True)

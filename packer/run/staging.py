@@ -5,7 +5,7 @@ all write an output the same way: take the output's lock and repair what a run k
 publishing left; start a staging folder beside the output (or continue an interrupted run's, for
 ``--resume``) with a plan record; write the shards into it; then publish it into place with its
 manifest, or discard it. ``Staging`` owns those steps; the operations only say what they write.
-The folder's files and records themselves are ``packer.output``'s.
+The folder's files and records themselves are ``packer.output.files``'s.
 """
 
 from __future__ import annotations
@@ -17,11 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator, Optional
 
 from packer import __version__
-from packer.errors import OutputError
-from packer.executor import Executor, ProgressFn
-from packer.finish import write_output
-from packer.manifest import Manifest
-from packer.output import (
+from packer.output.files import (
     discard,
     finished_shards,
     forget_renamed,
@@ -34,9 +30,13 @@ from packer.output import (
     start_staging,
     write_plan,
 )
+from packer.output.finish import write_output
 from packer.records import ShardResult, ShardTask
-from packer.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
-from packer.worker import ShardJob
+from packer.run.executor import Executor, ProgressFn
+from packer.run.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
+from packer.run.worker import ShardJob
+from packer.spec.errors import OutputError
+from packer.spec.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Staging:
     # the lock ------------------------------------------------------------------------------------
     def lock(self, *, repair: bool = True) -> Staging:
         """Take the output's lock for this run (OutputError when another run holds it), then, with
-        ``repair``, repair what a run killed while publishing left (``packer.output.recover``); a failed
+        ``repair``, repair what a run killed while publishing left (``packer.output.files.recover``); a failed
         repair releases the lock again. Once only: later calls do nothing."""
         if self.held:
             return self

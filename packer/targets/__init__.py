@@ -1,5 +1,3 @@
-"""The targets a conversion carries beside its images (none, boxes, masks), chosen once per run."""
-
-from packer.targets.attached import Boxes, Masks, Targets, targets_for
-
-__all__ = ["Targets", "Boxes", "Masks", "targets_for"]
+"""The targets a conversion carries beside its images: annotations read (COCO, YOLO, Pascal VOC),
+boxes and COCO masks (``detection``), class-index masks (``segmentation``), and the choice of one
+per run (``attached``: none, boxes, masks)."""

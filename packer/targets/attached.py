@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from packer.config import ConvertConfig, DetectionConfig, MaskConfig
-from packer.detection import DetectionJob, Matched, annotations_digest, match_targets
-from packer.discover import Discovery
-from packer.errors import InputError
 from packer.records import ShardTask
-from packer.segmentation import mask_job, match_masks
-from packer.worker import source_stamp
+from packer.run.worker import source_stamp
+from packer.sources.discover import Discovery
+from packer.spec.errors import InputError
+from packer.targets.detection import DetectionJob, Matched, annotations_digest, match_targets
+from packer.targets.segmentation import mask_job, match_masks
 
 
 class Targets:
@@ -48,7 +48,7 @@ class Boxes(Targets):
         self.matched: Optional[Matched] = None
 
     def attach(self, found: Discovery, classes: Optional[Sequence[str]], add_classes: bool) -> Discovery:
-        """Pair every image with its annotations (``packer.detection.match_targets``); ``classes``
+        """Pair every image with its annotations (``packer.targets.detection.match_targets``); ``classes``
         orders the categories (``add_classes``: append those it lacks)."""
         _images_only(found, "--annotations pairs boxes")
         self.matched = match_targets(found, self.config, classes, add_classes)
@@ -79,7 +79,7 @@ class Masks(Targets):
         self.files: Optional[dict[int, str]] = None
 
     def attach(self, found: Discovery, classes: Optional[Sequence[str]], add_classes: bool) -> Discovery:
-        """Pair every image with its mask file (``packer.segmentation.match_masks``)."""
+        """Pair every image with its mask file (``packer.targets.segmentation.match_masks``)."""
         _images_only(found, "--masks pairs masks")
         found, self.files = match_masks(found, self.config)
         return found

@@ -1,0 +1,1 @@
+"""Several outputs as one: ``concat`` and mixtures."""

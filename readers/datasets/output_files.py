@@ -1,0 +1,153 @@
+"""The files of one packer output as a reader sees them: its manifest, read once, and the identity
+of the output it came from; each shard file checked before its first read in a process (inside the
+output, of the recorded size, the structure checksum or SHA-256); ``check_unchanged`` refuses an
+output replaced or removed since it was opened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from packer.spec.entries import FileEntry
+from packer.spec.errors import ManifestError, PackerError
+from packer.spec.file_stamp import FileStamp
+from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
+from packer.spec.registry import FORMATS, resolve
+from readers.remote.urls import is_url, open_manifest
+
+_CHECKED: set[tuple] = set()
+"""Files this process has checked (``check_file``), by identity: each is checked once, not at each
+open (an epoch of a wds output opens every shard again)."""
+
+
+def output_identity(root: Any) -> Optional[tuple]:
+    """What tells a local output apart from one written in its place later: its manifest's
+    ``FileStamp.reader_identity``, device, inode, size and modification time (a new conversion
+    replaces the folder, so all of them change). None for URLs; ``("missing",)`` when the manifest
+    is gone."""
+    if is_url(root):
+        return None
+    stamp = FileStamp.at_or_none(Path(root) / MANIFEST_NAME)
+    return ("missing",) if stamp is None else stamp.reader_identity()
+
+
+def manifest_sha256(root: Any) -> Optional[str]:
+    """SHA-256 of a local output's manifest bytes (None for URLs, or when it cannot be read)."""
+    if is_url(root):
+        return None
+    try:
+        return sha256_of(Path(root) / MANIFEST_NAME)
+    except OSError:
+        return None
+
+
+def check_file(path: Path, entry: FileEntry, verify: bool, structure: str) -> None:
+    """Check a shard file before its first read in this process: its SHA-256 with ``verify``,
+    else its structure checksum when the format records one (``structure`` names the function,
+    see FormatSpec). ManifestError naming the file when it differs."""
+    if not verify and (not structure or entry.structure_crc32 is None):
+        return
+    key = (str(path), *FileStamp.at(path).reader_identity(), verify)
+    if key in _CHECKED or (not verify and key[:-1] + (True,) in _CHECKED):
+        return
+    if verify:
+        if sha256_of(path) != entry.sha256:
+            raise ManifestError(
+                f"{path} has changed: its SHA-256 does not match the manifest; the output is "
+                f"damaged, run packer verify {path.parent}"
+            )
+    elif resolve(structure)(path) != entry.structure_crc32:
+        raise ManifestError(
+            f"{path} is damaged where its library looks up records (its structure checksum does not "
+            f"match the manifest): reading it could crash this process, so it is refused. Run "
+            f"packer verify {path.parent}"
+        )
+    _CHECKED.add(key)
+
+
+class OutputFiles:
+    """One opened output: ``manifest``, the ``identity`` of its manifest file when it was read (None
+    for URLs), its ``manifest_sha256``, and each shard file's manifest entry by path (``entries``).
+    Plain data: it pickles to DataLoader workers, and holds no open file."""
+
+    def __init__(
+        self, root: Any, manifest: Manifest, identity: Optional[tuple], digest: Optional[str], verify: bool = False
+    ) -> None:
+        self.root, self.manifest, self.identity, self.manifest_sha256 = root, manifest, identity, digest
+        self.verify = verify
+        self.entries: dict[str, FileEntry] = {f.path: f for shard in manifest.shards for f in shard.files}
+
+    @classmethod
+    def open(cls, root: Any, format_name: Optional[str] = None, verify: bool = False) -> OutputFiles:
+        """The output at ``root`` (a Path, or a URL: ``readers.remote.urls``): its manifest and the identity
+        of the output it was read from, read again if the output was replaced while it was being read.
+        ``format_name``: the format a reader of one format expects; ``verify``: check every shard
+        file's SHA-256 before its first read."""
+        for _ in range(3):
+            before = output_identity(root)
+            manifest = open_manifest(root, expect_format=format_name)
+            digest = manifest_sha256(root)
+            if before == output_identity(root):
+                return cls(root, manifest, before, digest, verify)
+        raise ManifestError(f"{root} keeps changing while it is opened (is a conversion writing it?)")
+
+    def check_unchanged(self) -> None:
+        """ManifestError when the output is no longer the one this dataset opened (replaced by a new
+        conversion, or removed): its files must not be mixed with the ones already read.
+
+        The manifest's inode, size and time are compared; when they differ, its bytes: a remount
+        (NFS, FUSE) can change the first without any change to the output."""
+        if self.identity is None:
+            return
+        now = output_identity(self.root)
+        if now == self.identity:
+            return
+        if now != ("missing",) and manifest_sha256(self.root) == self.manifest_sha256:
+            self.identity = now  # the same manifest, so the same shard files (their SHA-256s are in it)
+            return
+        if now != ("missing",) and self._still_listed():
+            self.identity = now  # appended to (packer convert --append): this version's files are all still there
+            return
+        raise ManifestError(
+            f"{self.root} was replaced or removed after this dataset was opened: its shard files "
+            "are no longer the ones its manifest lists. Open the dataset again to read the new output"
+        )
+
+    def _still_listed(self) -> bool:
+        """Whether the output's manifest now lists every shard this dataset reads with the very same
+        files (names, sizes, SHA-256s): true after an append, which adds shards and rewrites none. The
+        dataset then goes on reading the version it opened."""
+        try:
+            newer = {s.name: s.files for s in read_manifest(Path(self.root)).shards}
+        except (PackerError, OSError):
+            return False
+        return all(newer.get(s.name) == s.files for s in self.manifest.shards)
+
+    def path(self, relpath: str) -> Path:
+        """Path of a shard file named in the manifest, checked before its first use in a process:
+        a regular file inside the output, of the recorded size, of the output this dataset opened;
+        the structure checksum the manifest records (LMDB), or with ``verify=True`` the SHA-256.
+
+        The size and structure checks matter: LMDB memory-maps its file, and a read past the end
+        of a cut file, or through a damaged page number, kills the process with SIGBUS instead of
+        raising an error. Call ``check_unchanged`` again once the file is open.
+        """
+        self.check_unchanged()
+        p = self.root / relpath
+        unsafe = unsafe_file(p, self.root)
+        if unsafe:
+            raise ManifestError(f"{p} {unsafe}; the output is damaged: run packer verify {self.root}")
+        try:
+            size = p.stat().st_size
+        except OSError:
+            raise ManifestError(f"{p} is listed in the manifest but missing; the output is incomplete") from None
+        entry = self.entries.get(relpath)
+        if entry is None:
+            return p  # not a shard file of the manifest (nothing to compare)
+        if size != entry.bytes:
+            raise ManifestError(
+                f"{p} is {size} bytes but the manifest says {entry.bytes}: the file is damaged; "
+                f"run packer verify {self.root}"
+            )
+        check_file(p, entry, self.verify, FORMATS[self.manifest.format].structure)
+        return p

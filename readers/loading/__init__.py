@@ -1,0 +1,1 @@
+"""Loading: ``make_loader`` and ``PackedLoader``, collating batches, samplers and permutations."""

@@ -1,0 +1,417 @@
+"""Which indices each batch holds: a seeded per-epoch shuffle, split over distributed ranks, resumable.
+
+``EpochBatchSampler`` is a batch sampler for the map-style readers (any ``Dataset`` with a length):
+
+- the order of an epoch is a seeded random permutation (``readers.loading.permutation``, keyed by
+  ``(seed, epoch)``): the same on every rank and in every run, different in every epoch. It is
+  evaluated batch by batch as the epoch goes, never built whole, so that an epoch of 10^8 samples
+  starts at once and holds no list of them (order version ``ORDER_VERSION``; packer 0.6.0 and
+  earlier drew ``torch.randperm``);
+- with ``world_size`` ranks, rank ``r`` takes positions ``r, r + world_size, ...`` of that order,
+  so the ranks are disjoint and together see every sample exactly once per epoch;
+- every rank yields the same number of batches (DDP hangs when one rank runs out first): sizes are
+  ``batch_size`` except at the end of the epoch, where a rank with one sample fewer than another
+  spreads its samples so that its batch count still matches (no sample repeated, none dropped).
+  ``drop_last=True`` instead drops the tail so that every batch is full, on every rank;
+- ``state_dict()`` / ``load_state_dict()`` record the epoch and how many batches were consumed, and
+  the next iteration starts at the first batch not consumed, in the same order as an uninterrupted
+  run.
+
+``LengthBucketSampler`` does the same for variable-length samples (token ids), but puts samples of
+similar length in the same batch, so that padding them to the batch maximum wastes little.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import weakref
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from readers.loading.permutation import Permutation
+
+ORDER_VERSION = 2
+"""Which epoch order ``EpochBatchSampler`` draws: 2, the lazy ``Permutation``; 1 (states that do not say),
+``torch.randperm``. A state saved mid-epoch under another version cannot be continued exactly."""
+
+_CHUNK = 16384
+"""Positions of the epoch order evaluated at once: enough to make numpy's per-call cost vanish,
+few enough that the first batch does not wait for much more of the epoch than it needs."""
+
+
+def distributed_rank() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialised ``torch.distributed`` process group, else ``(0, 1)``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class EpochBatch(list):
+    """A batch of indices (a list) that carries the epoch it belongs to, for the reader that reads
+    it in whichever DataLoader worker: its random crops and flips are that epoch's (``readers.augment.crops``)."""
+
+    def __init__(self, indices: Sequence[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = int(epoch)
+
+    def __reduce__(self) -> tuple:
+        return (EpochBatch, (list(self), self.epoch))
+
+
+class EpochChoice:
+    """What every batch sampler of ``make_loader`` has: the epoch to iterate, the batches of it to skip
+    (``start``, after a resume), and whom to tell when someone else calls ``set_epoch``.
+
+    A training framework (Lightning) calls ``set_epoch`` on ``loader.sampler``: ``make_loader``'s
+    loader follows that call (``follow``), and sets the epoch it chose itself through ``begin``.
+    """
+
+    epoch: int = 0
+    start: int = 0  # batches of this epoch to skip (set when resuming)
+    _follower: Optional[weakref.WeakMethod] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of epoch ``epoch``; call before iterating each epoch."""
+        self.begin(int(epoch), 0 if int(epoch) != self.epoch else self.start)
+        follower = self._follower() if self._follower is not None else None
+        if follower is not None:
+            follower(int(epoch))
+
+    def begin(self, epoch: int, start: int) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start`` next (no one is told: the caller chose it)."""
+        self.epoch, self.start = int(epoch), int(start)
+
+    def __getstate__(self) -> dict:
+        """Pickled (or copied) without its follower: a copy follows no loader."""
+        state = dict(self.__dict__)
+        state.pop("_follower", None)
+        return state
+
+    def follow(self, follower: Optional[Callable[[int], None]]) -> None:
+        """Call ``follower(epoch)``, a bound method, after each ``set_epoch`` (None: call no one).
+
+        Held weakly: its object (the loader) holds this sampler, and a cycle between them would keep
+        a DataLoader's worker processes alive until the garbage collector happens to run.
+        """
+        self._follower = None if follower is None else weakref.WeakMethod(follower)  # type: ignore[arg-type]
+
+
+class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
+    """Batches of indices into a dataset of ``size`` samples for one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        if size < world_size:
+            raise ValueError(f"{size} samples cannot be split over {world_size} ranks")
+        self.size, self.batch_size, self.shuffle, self.seed = int(size), int(batch_size), bool(shuffle), int(seed)
+        self.rank, self.world_size, self.drop_last = int(rank), int(world_size), bool(drop_last)
+
+    def permutation(self, epoch: int) -> Permutation:
+        """The order of epoch ``epoch`` (all ranks): its position ``i`` holds the ``i``-th index drawn."""
+        return Permutation(self.size, self.seed * 1_000_003 + epoch)
+
+    def order(self, epoch: int) -> list[int]:
+        """Every index of the dataset in epoch ``epoch``'s order (all ranks)."""
+        if not self.shuffle:
+            return list(range(self.size))
+        return self.permutation(epoch).take(0, self.size).tolist()
+
+    def batch_bounds(self) -> np.ndarray:
+        """Where this rank's batches start in its share of the order, and where the last one ends
+        (``len(self) + 1`` offsets; the same in every epoch)."""
+        b = self.batch_size
+        mine = (self.size - self.rank + self.world_size - 1) // self.world_size  # positions r, r + world, ...
+        if self.drop_last:
+            full = self.size // self.world_size // b  # the smallest rank's count of full batches
+            return np.arange(full + 1, dtype=np.int64) * b
+        count = len(self)
+        sizes = np.full(count, b, dtype=np.int64)
+        sizes[-1] = mine - b * (count - 1)
+        # A rank with fewer samples may be short of one for its last batch: take them from the end
+        # of the batches before it, one each, so every batch keeps at least one sample.
+        k = count - 2
+        while sizes[-1] < 1 and k >= 0:
+            if sizes[k] > 1:
+                sizes[k] -= 1
+                sizes[-1] += 1
+            k -= 1
+        if sizes[-1] < 1:  # batch_size 1 and uneven ranks
+            raise ValueError(
+                f"rank {self.rank} has {mine} samples for {count} batches of {b}: "
+                "use drop_last=True, or a batch size above 1"
+            )
+        return np.concatenate(([0], np.cumsum(sizes)))
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of epoch ``epoch`` from batch ``start`` on, evaluated a chunk of the
+        order at a time (see ``readers.loading.permutation``)."""
+        bounds = self.batch_bounds()
+        perm = self.permutation(epoch) if self.shuffle else None
+        per_chunk = max(1, _CHUNK // self.batch_size)
+        for first in range(start, len(bounds) - 1, per_chunk):
+            last = min(first + per_chunk, len(bounds) - 1)
+            positions = np.arange(bounds[first], bounds[last], dtype=np.int64) * self.world_size + self.rank
+            indices = (perm[positions] if perm is not None else positions).tolist()
+            base = int(bounds[first])
+            for k in range(first, last):
+                yield indices[int(bounds[k]) - base : int(bounds[k + 1]) - base]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of epoch ``epoch``, in order."""
+        return list(self.iter_batches(epoch))
+
+    def __len__(self) -> int:
+        per_rank = self.size // self.world_size
+        if self.drop_last:
+            return per_rank // self.batch_size
+        return math.ceil(math.ceil(self.size / self.world_size) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self.start = self.start, 0
+        for batch in self.iter_batches(self.epoch, start):
+            yield EpochBatch(batch, self.epoch)
+
+    def state_dict(self, consumed: int = 0) -> dict:
+        """The position after ``consumed`` batches of the current epoch (see ``load_state_dict``)."""
+        epoch = self.epoch
+        if consumed >= len(self):
+            epoch, consumed = epoch + 1, 0
+        return {
+            "epoch": epoch,
+            "batches": int(consumed),
+            "seed": self.seed,
+            "size": self.size,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "order": ORDER_VERSION,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at batch ``state["batches"]`` of epoch ``state["epoch"]`` on the next iteration.
+
+        The seed, dataset size, world size and batch size must be those the state was taken with:
+        otherwise the remaining batches would not be the ones an uninterrupted run yields.
+        """
+        for key in ("seed", "size", "world_size", "batch_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume: the state was saved with {key}={state[key]}, "
+                    f"this sampler has {key}={getattr(self, key)}"
+                )
+        if self.shuffle and state.get("order", 1) != ORDER_VERSION and int(state["batches"]) > 0:
+            raise ValueError(
+                f"cannot resume in the middle of epoch {state['epoch']}: the state was saved by a packer "
+                "that shuffled epochs in another order (packer 0.6.0 or earlier), so the rest of the "
+                "epoch would repeat some samples and miss others. Resume at the next epoch: set "
+                "state['epoch'] += 1 and state['batches'] = 0"
+            )
+        self.epoch = int(state["epoch"])
+        self.start = int(state["batches"])
+
+
+class LengthBucketSampler(EpochBatchSampler):
+    """Batches of indices of similar length, for one rank; resumable like ``EpochBatchSampler``.
+
+    ``lengths`` holds each sample's length (``dataset.lengths()``). Every epoch, on every rank alike:
+
+    - the indices in ``order(epoch)`` (the seeded permutation of ``EpochBatchSampler``; index order
+      with ``shuffle=False``) are cut into pools of ``batch_size * bucket_batches``;
+    - each pool is sorted by length (ties keep the permuted order) and cut into batches;
+    - the list of all batches is shuffled (seeded by seed and epoch; not with ``shuffle=False``);
+    - rank ``r`` takes batches ``r, r + world_size, ...``. For equal batch counts on every rank the
+      largest batches (most samples, then most padded tokens) are split in two until the count is a
+      multiple of ``world_size``; each half is still of similar lengths, and no sample is repeated
+      or dropped. ``drop_last=True`` instead drops samples at the end of the permutation so that
+      every batch is full and every rank has ``len(self)`` of them.
+
+    Larger pools pad less and mix less: ``bucket_batches`` trades one for the other.
+    ``rank`` and ``world_size`` default to those of ``torch.distributed`` when it is initialised.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | torch.Tensor,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        bucket_batches: int = 50,
+    ) -> None:
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
+            raise ValueError(f"lengths must be a 1-D sequence of ints, got {lengths.dtype} of shape {lengths.shape}")
+        if lengths.size and lengths.min() < 0:
+            raise ValueError(f"lengths must not be negative (sample {int(lengths.argmin())} has {lengths.min()})")
+        if bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be at least 1, got {bucket_batches}")
+        found_rank, found_world = distributed_rank()
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
+        super().__init__(
+            len(lengths), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+        )
+        if batch_size == 1 and not drop_last and len(lengths) % world_size:
+            raise ValueError(
+                f"{len(lengths)} samples in batches of 1 cannot give {world_size} ranks equal batch "
+                "counts: use drop_last=True, or a batch size above 1"
+            )
+        self.lengths = lengths.astype(np.int64)
+        self._length_rank = np.unique(self.lengths, return_inverse=True)[1].reshape(-1)  # same order, values < size
+        self.bucket_batches = int(bucket_batches)
+
+    def all_batches(self, epoch: int) -> list[list[int]]:
+        """Every rank's batches of epoch ``epoch``, interleaved: rank ``r`` takes ``[r::world_size]``."""
+        g = torch.Generator()
+        g.manual_seed(self.seed * 1_000_003 + epoch)  # shuffles the batches
+        order = self.permutation(epoch).take(0, self.size) if self.shuffle else np.arange(self.size)
+        b = self.batch_size
+        if self.drop_last:
+            order = order[: len(self) * self.world_size * b]
+        pool = np.arange(len(order)) // (b * self.bucket_batches)
+        # Sort by pool, then length, ties in the permuted order (a stable sort of one int64 key: 3x
+        # faster than np.lexsort; length ranks instead of lengths keep the key from overflowing).
+        order = order[np.argsort(pool * self.size + self._length_rank[order], kind="stable")]
+        flat = order.tolist()
+        batches = [flat[i : i + b] for i in range(0, len(flat), b)]
+        if not self.drop_last and len(batches) % self.world_size:
+            batches = self._split_to_multiple(batches)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+        return batches
+
+    def _split_to_multiple(self, batches: list[list[int]]) -> list[list[int]]:
+        """``batches`` with the largest split in two until their count is a multiple of world_size.
+
+        Largest: most samples, then most padded tokens. Always possible: with ``size >= world_size``
+        and ``batch_size >= 2`` (checked in __init__) the count needed never exceeds the number of
+        samples. The halves take the place of the batch they come from.
+        """
+        need = -len(batches) % self.world_size
+
+        def key(i: int, lo: int, hi: int) -> tuple[int, int, int, int, int]:
+            # A batch's lengths ascend, so its last sample is its longest.
+            return lo - hi, (lo - hi) * int(self.lengths[batches[i][hi - 1]]), i, lo, hi
+
+        # Only the `need` largest batches can be split: while one of them is left, it is larger
+        # than every other batch, and there are only `need` splits.
+        sizes = np.array([len(x) for x in batches])
+        longest = self.lengths[[x[-1] for x in batches]]
+        first = np.lexsort((np.arange(len(batches)), -sizes * longest, -sizes))[:need]
+        heap = [key(i, 0, len(batches[i])) for i in first.tolist()]
+        heapq.heapify(heap)
+        for _ in range(need):
+            _, _, i, lo, hi = heapq.heappop(heap)
+            heapq.heappush(heap, key(i, lo, (lo + hi) // 2))
+            heapq.heappush(heap, key(i, (lo + hi) // 2, hi))
+        pieces: dict[int, list[tuple[int, int]]] = {}
+        for _, _, i, lo, hi in sorted(heap, key=lambda k: k[2:]):
+            pieces.setdefault(i, []).append((lo, hi))
+        out = []
+        for i, batch in enumerate(batches):
+            out.extend([batch[lo:hi] for lo, hi in pieces[i]] if i in pieces else [batch])
+        return out
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of epoch ``epoch``, in order."""
+        return self.all_batches(epoch)[self.rank :: self.world_size]
+
+    def iter_batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
+        """This rank's batches of epoch ``epoch`` from batch ``start`` on: bucketing sorts the whole
+        epoch by length, so they are made up front (O(samples) per epoch, unlike EpochBatchSampler)."""
+        return iter(self.batches(epoch)[start:])
+
+    def state_dict(self, consumed: int = 0) -> dict:
+        """The position after ``consumed`` batches of the current epoch (see ``load_state_dict``)."""
+        return {**super().state_dict(consumed), "bucket_batches": self.bucket_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` says; refused if it was saved with other settings (as EpochBatchSampler)."""
+        if "bucket_batches" in state and state["bucket_batches"] != self.bucket_batches:
+            raise ValueError(
+                f"cannot resume: the state was saved with bucket_batches={state['bucket_batches']}, "
+                f"this sampler has bucket_batches={self.bucket_batches}"
+            )
+        super().load_state_dict(state)
+
+
+def padding_ratio(batches: Sequence[Sequence[int]], lengths: Sequence[int] | np.ndarray | torch.Tensor) -> float:
+    """Share of padding when each batch is padded to its longest sample: padded slots / all slots."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    slots = tokens = 0
+    for batch in batches:
+        if len(batch):
+            got = lengths[np.asarray(batch)]
+            slots += len(got) * int(got.max())
+            tokens += int(got.sum())
+    return (slots - tokens) / slots if slots else 0.0
+
+
+__all__ = ["EpochBatchSampler", "LengthBucketSampler", "padding_ratio", "distributed_rank"]
+
+
+class SamplerBatches(EpochChoice):
+    """Batches of indices from a sampler of the caller's (``make_loader(ds, n,
+    sampler=WeightedRandomSampler(...))``: ``batch_size`` indices at a time; or, with ``batched``,
+    a batch sampler's own lists), with what ``make_loader``'s loader asks of its batch sampler:
+    ``set_epoch`` (passed to the sampler when it has one, as ``DistributedSampler`` does) and
+    ``start``, batches of the epoch to skip after a resume. Skipping gives the batches an
+    uninterrupted run would have given only when the sampler draws the same order for the same
+    epoch (a ``DistributedSampler``, or a generator the caller seeds per epoch)."""
+
+    def __init__(self, sampler: Any, batch_size: int, drop_last: bool = False, batched: bool = False) -> None:
+        self.sampler, self.batch_size, self.drop_last, self.batched = sampler, int(batch_size), bool(drop_last), batched
+
+    def begin(self, epoch: int, start: int) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start`` next, the sampler's epoch too when it takes one."""
+        super().begin(epoch, start)
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        if self.batched:
+            return n
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def _batches(self) -> Iterator[list[int]]:
+        if self.batched:
+            yield from ([int(i) for i in batch] for batch in self.sampler)
+            return
+        batch: list[int] = []
+        for index in self.sampler:
+            batch.append(int(index))
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, self.start = self.start, 0
+        for number, batch in enumerate(self._batches()):
+            if number >= start:
+                yield EpochBatch(batch, self.epoch)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to check beyond the loader's own: the sampler is the caller's."""

@@ -12,6 +12,7 @@ from helpers import later_shards_unfinished
 
 import packer.ops.convert
 import packer.sources.folder_stamps
+import packer.sources.origin
 import packer.sources.saved_discovery
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -52,7 +53,7 @@ def test_resume_of_an_unchanged_tree_takes_the_saved_discovery(image_tree, tmp_p
     out = tmp_path / "out"
     interrupted(image_tree, out)
     assert (staging_dir(out) / SAVED_DISCOVERY / "discovery.json").is_file()
-    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.sources.origin, "discover_checked", no_walk)
     with caplog.at_level("INFO", logger="packer"):
         resumed = convert(image_tree, out, CONFIG, workers=1, resume=True)
     assert "as the interrupted run found them" in caplog.text
@@ -208,7 +209,7 @@ def test_a_source_under_a_folder_whose_name_is_not_utf8(tmp_path, monkeypatch, s
     make_tree(src, {"ant": 5, "bee": 6})
     out = tmp_path / "out"
     interrupted(src, out)
-    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.sources.origin, "discover_checked", no_walk)
     assert convert(src, out, CONFIG, workers=1, resume=True).processed == 6
 
 
@@ -252,7 +253,7 @@ def test_masks_are_matched_again_to_a_reused_discovery(tmp_path, monkeypatch, se
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt), later_shards_unfinished():
         convert(tmp_path / "seg" / "images", out, config, workers=1, progress=stop)
-    monkeypatch.setattr(packer.ops.convert, "discover_checked", no_walk)
+    monkeypatch.setattr(packer.sources.origin, "discover_checked", no_walk)
     assert convert(tmp_path / "seg" / "images", out, config, workers=1, resume=True).processed == 2
     monkeypatch.undo()
     convert(tmp_path / "seg" / "images", tmp_path / "fresh", config, workers=1)

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from packer import __version__
 from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.ops.combine import cross_duplicates, differing, merged_stats, place_shard
-from packer.ops.convert import ConvertResult, checked, refuse_packer_output
+from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.output.finish import name_shards
 from packer.pixels.stats import summarize
@@ -36,6 +36,7 @@ from packer.run.plan import estimate_sample_bytes, plan_shards, shard_name
 from packer.run.staging import Staging
 from packer.run.worker import ShardWork
 from packer.sources.discover import Discovery
+from packer.sources.origin import checked, refuse_packer_output
 from packer.spec.errors import ConfigError, InputError, OutputError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest

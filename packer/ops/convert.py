@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from packer.config import ConvertConfig
 from packer.output.assemble import build_manifest
-from packer.output.files import check_output, is_packer_output, staging_dir
+from packer.output.files import is_packer_output
 from packer.output.finish import name_shards
 from packer.output.report import reason_kind
 from packer.records import ShardResult, ShardTask, Skipped
@@ -27,19 +27,16 @@ from packer.run.plan import plan_tasks
 from packer.run.resume import SOURCES_PER_SHARD, plan_fingerprint
 from packer.run.staging import Staging
 from packer.run.worker import ShardWork
-from packer.sources.containers import container_kind, discover_container, job_for
-from packer.sources.discover import Discovery, discover
+from packer.sources.containers import job_for
+from packer.sources.discover import Discovery
 from packer.sources.item_table import ItemTable
-from packer.sources.saved_discovery import can_save, discovery_options
-from packer.sources.saved_discovery import load as load_discovery
+from packer.sources.origin import Walked, checked, sample_source
+from packer.sources.saved_discovery import discovery_options
 from packer.sources.saved_discovery import save as save_discovery
-from packer.sources.walk import WalkWatcher, is_packer_folder
-from packer.spec.errors import DecodeError, InputError, OutputError
+from packer.spec.errors import InputError, OutputError
 from packer.spec.manifest import Manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
-from packer.spec.source_kinds import IMAGE_EXTENSIONS, TEXT_EXTENSIONS
-from packer.spec.text import TextConfig
 from packer.system import usable_cpus
 from packer.targets.attached import Targets, targets_for
 
@@ -142,30 +139,24 @@ def run_convert(job: ConvertJob) -> ConvertResult:
         early = EarlyStart(
             staging, config, processes, strict=job.strict, timeout=job.timeout, fields=config.text.fields
         )
+    # With --annotations, --classes orders the boxes' categories, not class folders
+    folder_classes = chosen.classes if config.detection is None else None
+    walk = Walked(
+        source,
+        output,
+        chosen.labels_file,
+        job.overwrite,
+        job.strict,
+        config.text,
+        folder_classes,
+        chosen.add_classes and folder_classes is not None,
+        processes,
+        on_walk=early,
+    )
+    samples = sample_source(walk, job.discovery, job.resume and staging.folder.is_dir(), options, staging.lock)
     try:
-        found, walked = None, None
-        if job.discovery is None and job.resume and staging.folder.is_dir():
-            staging.lock()  # before reading what the interrupted run saved
-            found = reused_discovery(source, output, job.overwrite, job.strict, config.text, options)
-        if found is None and job.discovery is None:
-            # With --annotations, --classes orders the boxes' categories, not class folders
-            folder_classes = chosen.classes if config.detection is None else None
-            found = discover_checked(
-                source,
-                output,
-                chosen.labels_file,
-                job.overwrite,
-                job.strict,
-                config.text,
-                folder_classes,
-                chosen.add_classes and folder_classes is not None,
-                processes,
-                on_walk=early,
-            )
-            walked = found if can_save(found) else None
-        elif found is None:
-            check_output(output, job.overwrite, source)
-            found = checked(job.discovery, job.strict, config.text)
+        found = samples.find()
+        walked = samples.to_save(found)
         staging.lock()  # held already where the early start began writing shards during the walk
         targets = targets_for(config)
         attached = targets.attach(found, chosen.classes, chosen.add_classes)
@@ -197,100 +188,6 @@ def run_convert(job: ConvertJob) -> ConvertResult:
         staging.release()
     result.seconds = time.perf_counter() - started
     return result
-
-
-def reused_discovery(
-    source: Path, output: Path, overwrite: bool, strict: bool, text: TextConfig, options: dict
-) -> Optional[Discovery]:
-    """What the interrupted run in ``output``'s staging folder found in ``source``, if no folder of the
-    tree changed since (``packer.sources.saved_discovery``), after the checks ``discover_checked`` makes; None
-    where it must be walked again."""
-    check_output(output, overwrite, source)
-    refuse_packer_output(source)
-    if not source.is_dir() or container_kind(source) is not None:
-        return None
-    found = load_discovery(staging_dir(output), source, options)
-    return checked(found, strict, text) if found is not None else None
-
-
-def discover_checked(
-    source: str | os.PathLike,
-    output: Path,
-    labels_file: Optional[str | os.PathLike],
-    overwrite: bool,
-    strict: bool,
-    text: TextConfig = TextConfig(),
-    classes: Optional[Sequence[str]] = None,
-    add_classes: bool = False,
-    processes: int = 1,
-    on_walk: Optional[WalkWatcher] = None,
-) -> Discovery:
-    """The checks every conversion makes before any work: the output may be written, the source
-    has samples, and with ``strict`` discovery skipped none; then what discovery found (``text``
-    says which fields make a sample, ``classes`` the class map, see ``convert``; ``processes``
-    and ``on_walk`` may walk a folder source, see ``discover``)."""
-    check_output(output, overwrite, Path(source))
-    refuse_packer_output(Path(source))
-    kind = container_kind(Path(source))
-    if kind is not None:
-        if labels_file is not None or (text.fields and tuple(text.fields) != ("image",)):
-            raise InputError(
-                f"{source} is a {kind} source: its images are labelled by their own column or member; "
-                "--labels and --fields do not apply"
-            )
-        found, places = discover_container(Path(source), kind, classes, add_classes)
-        found.places = places
-        return checked(found, strict, text)
-    if Path(source).is_file():
-        raise InputError(
-            f"{source} is a file: give a folder of images, a .parquet file or a .tar of WebDataset samples"
-        )
-    found = discover(source, labels_file, text.fields, text.allow_missing, classes, add_classes, processes, on_walk)
-    if not found.items and labels_file is not None and found.skipped:
-        raise InputError(
-            f"none of the {len(found.skipped)} samples under {source} is listed in {labels_file}; "
-            "its paths must be relative to the source folder, e.g. 'cat/001.jpg'"
-        )
-    return checked(found, strict, text)
-
-
-def refuse_packer_output(source: Path) -> None:
-    """InputError for a packer output (or a folder of split outputs) given as the source folder: walked
-    for files, its report.txt would become a text sample and its shards litter. ``packer.repack``
-    converts an output into another format from its own shards."""
-    if not is_packer_folder(source):
-        return
-    if (source / "manifest.json").is_file():
-        raise InputError(
-            f"{source} is a packer output, not a folder of source files: repack it with packer convert "
-            f"{source} -f FORMAT -o OUTPUT (from Python: packer.repack)"
-        )
-    raise InputError(
-        f"{source} holds split outputs (splits.json), not source files: repack each split on its own "
-        f"(packer convert {source / 'train'} -f FORMAT -o OUTPUT, ...)"
-    )
-
-
-def checked(found: Discovery, strict: bool, text: TextConfig = TextConfig()) -> Discovery:
-    """``found`` once it passes the checks of ``discover_checked`` on what was found (samples, fields, strict)."""
-    source = found.root
-    if not found.items:
-        if found.skipped:
-            raise InputError(
-                f"no usable samples in {source}: all {len(found.skipped)} were skipped; first: "
-                f"{found.skipped[0].path}: {found.skipped[0].reason}"
-            )
-        looked = ", ".join(sorted(IMAGE_EXTENSIONS | TEXT_EXTENSIONS))
-        raise InputError(f"no images or texts found in {source} (looked for {looked})")
-    if (text.tokenizer is not None or text.max_length is not None) and "text" not in found.fields:
-        raise InputError(
-            f"--tokenizer tokenizes text, but the samples in {source} have no text field "
-            f"(fields: {', '.join(found.fields)}); pass --fields with text, or leave --tokenizer out"
-        )
-    if strict and found.skipped:
-        first = found.skipped[0]
-        raise DecodeError(first.path, first.reason)
-    return found
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Callable, Optional, Sequence
 
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
-from packer.ops.convert import ConvertResult, discover_checked
+from packer.ops.convert import ConvertResult
 from packer.output.assemble import build_manifest, source_counts
 from packer.output.files import STAGING_MARK, lock_file, remove_tree, write_plan
 from packer.output.finish import name_shards
@@ -37,6 +37,7 @@ from packer.run.staging import Staging, describe_os_error
 from packer.run.worker import ShardWork
 from packer.sources.containers import job_for
 from packer.sources.discover import Discovery
+from packer.sources.origin import discover_checked
 from packer.spec.errors import ConfigError, InputError, OutputError, PackerError
 from packer.spec.sample_layout import SampleLayout
 from packer.spec.text import TextConfig

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from packer.config import ConvertConfig
-from packer.ops.convert import ConvertResult, checked, convert
+from packer.ops.convert import ConvertResult, convert
 from packer.output.files import check_output, is_packer_output, remove_tree, staging_dir
 from packer.records import ShardTask, Skipped
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
@@ -34,6 +34,7 @@ from packer.run.resume import plan_fingerprint
 from packer.run.staging import Staging
 from packer.sources.containers import container_kind
 from packer.sources.discover import Discovery, class_folders, discover
+from packer.sources.origin import checked
 from packer.sources.walk import field_kind, is_litter
 from packer.spec.class_map import class_map_digest, extend_class_map, quoted, read_class_file
 from packer.spec.errors import ConfigError, InputError, ManifestError, OutputError

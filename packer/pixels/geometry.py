@@ -22,7 +22,7 @@ from PIL import Image
 from packer.config import PreprocessConfig
 from packer.pixels.boxes import MappedBoxes, place_boxes
 from packer.pixels.jpeg import upright
-from packer.pixels.resize import resize, resize_plan
+from packer.pixels.resize import crop_offsets, resize, resize_plan
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,9 @@ def image_geometry(stored_size: tuple[int, int], orientation: int, cfg: Preproce
     # keeps its window only; pad leaves the letterbox around it).
     content = _within((ox, oy, ox + w * sx, oy + h * sy), out)
     if cfg.crop is not None:
-        (ow, oh), (cw, ch) = out, cfg.crop
-        # center_crop: pad a smaller side ((crop - side) // 2 before), then cut at the rounded centre
-        px, py = ((cw - ow) // 2 if cw > ow else 0), ((ch - oh) // 2 if ch > oh else 0)
-        pw, ph = max(cw, ow), max(ch, oh)
-        left, top = int(round((pw - cw) / 2.0)), int(round((ph - ch) / 2.0))
+        (px, py), (left, top) = crop_offsets(out, cfg.crop)
         dx, dy = px - left, py - top
-        ox, oy, out = ox + dx, oy + dy, (cw, ch)
+        ox, oy, out = ox + dx, oy + dy, cfg.crop
         content = _within((content[0] + dx, content[1] + dy, content[2] + dx, content[3] + dy), out)
     return Geometry(tuple(stored_size), orientation, (w, h), (sx, sy), (ox, oy), out, content)  # type: ignore[arg-type]
 

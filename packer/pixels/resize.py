@@ -231,13 +231,22 @@ def center_crop(img: Image.Image, size: tuple[int, int], fill: tuple[int, ...]) 
     (w, h), (cw, ch) = img.size, size
     if (w, h) == (cw, ch):
         return img
+    pad, (left, top) = crop_offsets((w, h), size)
     if cw > w or ch > h:
-        pw, ph = max(cw, w), max(ch, h)
-        canvas = Image.new(img.mode, (pw, ph), fill[0] if img.mode == "L" else rgb(fill))
-        canvas.paste(img, ((cw - w) // 2 if cw > w else 0, (ch - h) // 2 if ch > h else 0))
-        img, (w, h) = canvas, (pw, ph)
-    left, top = int(round((w - cw) / 2.0)), int(round((h - ch) / 2.0))
+        canvas = Image.new(img.mode, (max(cw, w), max(ch, h)), fill[0] if img.mode == "L" else rgb(fill))
+        canvas.paste(img, pad)
+        img = canvas
     return img.crop((left, top, left + cw, top + ch))
+
+
+def crop_offsets(size: tuple[int, int], crop: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((pad left, pad top), (cut left, cut top))`` of ``center_crop``'s ``crop`` (width, height) of an
+    image of ``size``: a side smaller than the crop is padded, ``(crop - side) // 2`` before; the crop
+    is cut at ``int(round((padded side - crop) / 2))``. The pixels and the geometry both take these."""
+    (w, h), (cw, ch) = size, crop
+    pad = ((cw - w) // 2 if cw > w else 0, (ch - h) // 2 if ch > h else 0)
+    pw, ph = max(cw, w), max(ch, h)
+    return pad, (int(round((pw - cw) / 2.0)), int(round((ph - ch) / 2.0)))
 
 
 def rgb(color: tuple[int, ...]) -> tuple[int, int, int]:

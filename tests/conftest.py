@@ -29,6 +29,23 @@ def write_image(path: Path, size: tuple[int, int] = (64, 48), mode: str = "RGB",
     return path
 
 
+def save_array(path: Path, array: np.ndarray, mode: str | None = None, **save) -> Path:
+    """Write ``array`` as an image file (converted to ``mode`` if given) and return its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img = Image.fromarray(array)
+    if mode and img.mode != mode:
+        img = img.convert(mode)
+    img.save(path, **save)
+    return path
+
+
+def solid(path: Path, size: tuple[int, int], color, mode: str = "RGB") -> Path:
+    """Write an image of one ``color`` and return its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, size, color).save(path)
+    return path
+
+
 def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 48), ext: str = "png") -> list[Path]:
     """A class-folder tree: ``classes`` maps class name to file count; sizes vary a little per file."""
     paths = []

@@ -16,8 +16,9 @@ from hostile import GOOD, MAX_PIXELS, make_hostile_corpus
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.output.report import REPORT_NAME
-from packer.pixels import preprocess
-from packer.pixels.preprocess import load_image, read_source
+from packer.pixels import read
+from packer.pixels.preprocess import load_image
+from packer.pixels.read import read_source
 from packer.spec.errors import DecodeError
 from packer.spec.manifest import read_manifest
 from readers import open_dataset
@@ -86,7 +87,7 @@ def test_unreadable_file_reason(tmp_path, monkeypatch):
     def deny(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(preprocess.os, "open", deny)  # as root, a mode of 000 would not stop the read
+    monkeypatch.setattr(read.os, "open", deny)  # as root, a mode of 000 would not stop the read
     with pytest.raises(DecodeError, match="cannot read file: Permission denied"):
         read_source(path)
 
@@ -118,7 +119,7 @@ def test_read_source_refuses_what_is_not_a_regular_file(tmp_path):
 def test_read_source_reads_a_file_that_changed_size_to_its_end(monkeypatch):
     """The first read is sized from fstat; a file that grew or shrank since is still read to its end,
     and one that grew past the limit is read no further than a chunk past it."""
-    monkeypatch.setattr(preprocess, "READ_CHUNK", 4)
+    monkeypatch.setattr(read, "READ_CHUNK", 4)
     for content, size, limit, expect in (
         (b"abcdefgh", 3, None, b"abcdefgh"),
         (b"abc", 2, None, b"abc"),
@@ -130,7 +131,7 @@ def test_read_source_reads_a_file_that_changed_size_to_its_end(monkeypatch):
         os.write(w, content)
         os.close(w)
         try:
-            assert preprocess._read_to_end(r, size, limit) == expect
+            assert read._read_to_end(r, size, limit) == expect
         finally:
             os.close(r)
 

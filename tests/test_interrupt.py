@@ -167,15 +167,15 @@ _pp.decode = _poisoned
 
 READ_SITECUSTOMIZE = """
 import os, signal, time
-import packer.pixels.preprocess as _pp
-_read = _pp.read_source
+import packer.pixels.read as _read_module
+_read = _read_module.read_source
 def _poisoned(path, *args, **options):
     if "crash" in os.path.basename(path):
         os.kill(os.getpid(), signal.SIGSEGV)
     if "hang" in os.path.basename(path):
         time.sleep(3600)
     return _read(path, *args, **options)
-_pp.read_source = _poisoned
+_read_module.read_source = _poisoned
 """
 
 

@@ -29,7 +29,10 @@ from torch.utils.data import default_collate
 from packer.advisor.folder import converter_for, folder_items
 from packer.advisor.timing import check_images, one_thread
 from packer.config import PreprocessConfig
-from packer.pixels.preprocess import finish_pixels, oriented, read_source, resize
+from packer.pixels.decoding import oriented
+from packer.pixels.preprocess import finish_pixels
+from packer.pixels.read import read_source
+from packer.pixels.resize import resize
 from packer.pixels.source_codec import decode_stored
 from packer.spec.errors import DecodeError, InputError
 from packer.spec.manifest import read_manifest

@@ -3,9 +3,10 @@
 The preprocessing of ``packer.pixels.preprocess`` is, geometrically, the EXIF orientation (a turn or
 mirror of the stored pixel grid) followed by an axis-aligned scale and offset: every resize mode,
 the centre crop and the letterbox pad only scale each axis and shift it. ``image_geometry`` computes
-that scale and offset from the displayed size and the options alone, exactly as ``resize`` places
-the pixels (torchvision's integer sizes and rounded offsets included), so that boxes drawn on the
-source land on the same pixels in the stored image (``map_boxes``). Coordinates are continuous
+that scale and offset from the displayed size and the options alone, from the plan the pixels are
+resized by (``packer.pixels.resize.resize_plan``: torchvision's integer sizes and rounded offsets
+included), so that boxes drawn on the source land on the same pixels in the stored image
+(``map_boxes``). Coordinates are continuous
 pixel-edge coordinates: ``(0, 0)`` is the top-left corner of the first pixel, ``(w, h)`` the
 bottom-right corner of the last one, as COCO's and VOC's boxes are.
 """
@@ -21,7 +22,7 @@ from PIL import Image
 from packer.config import PreprocessConfig
 from packer.pixels.boxes import MappedBoxes, place_boxes
 from packer.pixels.jpeg import upright
-from packer.pixels.preprocess import max_side, resize, torchvision_crop
+from packer.pixels.resize import crop_offsets, resize, resize_plan
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,9 @@ def image_geometry(stored_size: tuple[int, int], orientation: int, cfg: Preproce
     # keeps its window only; pad leaves the letterbox around it).
     content = _within((ox, oy, ox + w * sx, oy + h * sy), out)
     if cfg.crop is not None:
-        (ow, oh), (cw, ch) = out, cfg.crop
-        # center_crop: pad a smaller side ((crop - side) // 2 before), then cut at the rounded centre
-        px, py = ((cw - ow) // 2 if cw > ow else 0), ((ch - oh) // 2 if ch > oh else 0)
-        pw, ph = max(cw, ow), max(ch, oh)
-        left, top = int(round((pw - cw) / 2.0)), int(round((ph - ch) / 2.0))
+        (px, py), (left, top) = crop_offsets(out, cfg.crop)
         dx, dy = px - left, py - top
-        ox, oy, out = ox + dx, oy + dy, (cw, ch)
+        ox, oy, out = ox + dx, oy + dy, cfg.crop
         content = _within((content[0] + dx, content[1] + dy, content[2] + dx, content[3] + dy), out)
     return Geometry(tuple(stored_size), orientation, (w, h), (sx, sy), (ox, oy), out, content)  # type: ignore[arg-type]
 
@@ -82,31 +79,16 @@ def _within(box: tuple[float, float, float, float], size: tuple[int, int]) -> tu
 
 
 def _resize(w: int, h: int, cfg: PreprocessConfig) -> tuple[float, float, float, float, tuple[int, int]]:
-    """``(scale x, scale y, offset x, offset y, output size)`` of ``cfg.resize`` alone, as ``preprocess`` does it."""
-    if cfg.resize == "none" or cfg.size is None:
-        return 1.0, 1.0, 0.0, 0.0, (w, h)
-    tw, th = cfg.size
-    if cfg.resize == "stretch":
-        return tw / w, th / h, 0.0, 0.0, (tw, th)
-    if cfg.resize == "max":
-        nw, nh = max_side((w, h), tw)
-        return nw / w, nh / h, 0.0, 0.0, (nw, nh)
-    if cfg.resize == "shorter":
-        (rw, rh), _ = torchvision_crop((w, h), cfg.size)
-        return rw / w, rh / h, 0.0, 0.0, (rw, rh)
-    if cfg.resize == "shorter-crop" and cfg.geometry == "torchvision":
-        (rw, rh), (left, top) = torchvision_crop((w, h), cfg.size)
-        return rw / w, rh / h, -float(left), -float(top), (tw, th)
-    if cfg.resize == "shorter-crop":  # fractional: the largest centred box of the target's shape, in one step
-        scale = max(tw / w, th / h)
-        cw, ch = min(w, tw / scale), min(h, th / scale)
-        left, top = max(0.0, (w - cw) / 2), max(0.0, (h - ch) / 2)
-        sx, sy = tw / cw, th / ch
-        return sx, sy, -left * sx, -top * sy, (tw, th)
-    # pad: fitted inside, centred on the canvas
-    scale = min(tw / w, th / h)
-    nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
-    return nw / w, nh / h, float((tw - nw) // 2), float((th - nh) // 2), (tw, th)
+    """``(scale x, scale y, offset x, offset y, output size)`` of ``cfg.resize`` alone: its ``resize_plan``."""
+    plan = resize_plan((w, h), cfg)
+    ww, wh = (w, h) if plan.window is None else plan.window[2:]
+    sx, sy = plan.resized[0] / ww, plan.resized[1] / wh
+    if plan.window is None and plan.crop is None:  # the picture whole, at the origin or pad's letterbox
+        return sx, sy, float(plan.at[0]), float(plan.at[1]), plan.size
+    # A part cut off: of the resized picture (torchvision's crop) or of the picture (the fractional
+    # window). Negated last, so an axis with nothing cut has the offset -0.0 stored geometries hold.
+    (cx, cy), (wx, wy) = plan.crop or (0, 0), (plan.window or (0.0, 0.0))[:2]
+    return sx, sy, -(cx + wx * sx), -(cy + wy * sy), plan.size
 
 
 def orient_boxes(boxes: np.ndarray, stored_size: tuple[int, int], orientation: int) -> np.ndarray:

@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from typing import Optional, Sequence
 
-from packer.pixels.preprocess import SOURCE_OPEN_FLAGS
+from packer.pixels.read import SOURCE_OPEN_FLAGS
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Prefetcher:
         missing file, a FIFO or device, which is not even opened, one over ``max_file_bytes``, or
         any error: the worker's own read reports what is wrong)."""
         try:
-            st = os.stat(path)  # never open a FIFO or device: see preprocess.read_source
+            st = os.stat(path)  # never open a FIFO or device: see read.read_source
             size = st.st_size
             too_large = self._max_file_bytes is not None and size > self._max_file_bytes
             if not stat.S_ISREG(st.st_mode) or not size or too_large:

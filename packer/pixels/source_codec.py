@@ -87,7 +87,7 @@ def keep(data: bytes, cfg: PreprocessConfig, path: str = "<bytes>", full: bool =
 
 
 def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Optional[Kept]:
-    from packer.pixels.preprocess import _check_pixels, _exif_orientation, _orientation
+    from packer.pixels.decoding import _check_pixels, _exif_orientation, _orientation
 
     if cfg.mode not in ("RGB", "L"):
         return None
@@ -138,7 +138,7 @@ def block_histogram(image: Image.Image, size: tuple[int, int]) -> list[int]:
 
 
 def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:
-    from packer.pixels.preprocess import _check_pixels, _orientation
+    from packer.pixels.decoding import _check_pixels, _orientation
 
     try:
         with Image.open(io.BytesIO(data)) as img:

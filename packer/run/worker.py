@@ -21,7 +21,7 @@ import xxhash
 
 from packer.config import ConvertConfig, PreprocessConfig
 from packer.output.files import record_shard
-from packer.pixels import preprocess, source_codec
+from packer.pixels import preprocess, read, source_codec
 from packer.pixels.geometry import image_geometry
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
@@ -217,7 +217,7 @@ def read_sample(
             if path is None:  # --allow-missing: stored empty
                 fields[f.name] = b""
                 continue
-            data = preprocess.read_source(path, text.MAX_TEXT_BYTES, "more than a text or json file may have")
+            data = read.read_source(path, text.MAX_TEXT_BYTES, "more than a text or json file may have")
             digest.update(f"{f.name}\0{len(data)}\0".encode() + data)
             fields[f.name] = f.kind_of.stored(data, path, job.text)
     except DecodeError as e:
@@ -272,7 +272,7 @@ def read_image(
 
 def read_source(path: str, job: ShardJob, st: Optional[os.stat_result] = None) -> bytes:
     """The bytes of one image file, within the job's ``--max-file-bytes`` (DecodeError otherwise)."""
-    return preprocess.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
+    return read.read_source(path, max_bytes=job.preprocess.max_file_bytes, st=st)
 
 
 def read_ahead(

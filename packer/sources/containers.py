@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Optional, Sequence
 
-from packer.pixels.preprocess import read_source
+from packer.pixels.read import read_source
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.sources.discover import Discovery
 from packer.spec.class_map import extend_class_map

@@ -23,7 +23,8 @@ from PIL import Image
 
 from packer.config import MaskConfig, PreprocessConfig
 from packer.pixels.geometry import GridError, carry_indices, grid_is_displayed
-from packer.pixels.preprocess import Decoded, read_source
+from packer.pixels.preprocess import Decoded
+from packer.pixels.read import read_source
 from packer.records import Skipped
 from packer.sources.discover import Discovery
 from packer.spec.errors import DecodeError, InputError

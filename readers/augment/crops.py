@@ -292,7 +292,7 @@ def upright_stored(stored, codec: str, mode: str) -> tuple:
     (``raw``)."""
     if codec != "source":
         return stored, codec
-    from packer.pixels.preprocess import _exif_orientation
+    from packer.pixels.decoding import _exif_orientation
     from packer.pixels.source_codec import decode_source
 
     data = bytes(stored)

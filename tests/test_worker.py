@@ -116,7 +116,7 @@ def test_a_recording_worker_leaves_the_per_sample_values_in_the_shard_record(ima
     import pickle
 
     from packer.output.files import finished_shards
-    from packer.records import RecordedColumn
+    from packer.recorded_columns import RecordedColumn
     from packer.run.executor import run_jobs
 
     plain = write_shard(_job(image_tree, tmp_path))

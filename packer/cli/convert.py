@@ -22,7 +22,8 @@ from packer.config import (
     parse_shard_size,
 )
 from packer.ops.nodes import NodeSplit
-from packer.ops.splits import parse_split_spec, read_class_map, split_folders
+from packer.ops.split_plans import parse_split_spec, split_folders
+from packer.ops.splits import read_class_map
 from packer.run.job import ConvertJob, Selection
 from packer.sources.containers import container_kind
 from packer.sources.walk import is_packer_folder

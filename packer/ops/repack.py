@@ -34,7 +34,8 @@ from packer.run.staging import Staging
 from packer.run.worker import ShardWork
 from packer.sources.repack_shard import RepackJob, overlapping
 from packer.spec.errors import ConfigError, InputError, OutputError
-from packer.spec.manifest import Manifest, read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import Manifest, read_manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import ImageCodec, SampleLayout
 from packer.system import usable_cpus

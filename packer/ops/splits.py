@@ -37,7 +37,8 @@ from packer.run.staging import Staging
 from packer.sources.discover import Discovery
 from packer.spec.class_map import class_map_digest, quoted, read_class_file
 from packer.spec.errors import InputError, ManifestError, OutputError
-from packer.spec.manifest import MANIFEST_NAME, read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.splits_record import SPLITS_NAME, SplitsRecord, read_splits, write_splits
 
 log = logging.getLogger(__name__)

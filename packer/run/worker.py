@@ -32,7 +32,7 @@ from packer.spec.codecs import encode_image, image_extension
 from packer.spec.errors import DecodeError, OutputError
 from packer.spec.file_stamp import MISSING_SOURCE_TEXT, FileStamp
 from packer.spec.file_stamp import stat_or_none as source_stat
-from packer.spec.manifest import file_entry
+from packer.spec.listed_files import file_entry
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
 from packer.spec.text import TextConfig

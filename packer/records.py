@@ -46,7 +46,7 @@ class SourceItem:
 
     @property
     def fields_stamp(self) -> str:
-        """A paired sample's field names, each after a NUL, as the plan fingerprint and ``worker.files_stamp``
+        """A paired sample's field names, each after a NUL, as the plan fingerprint and ``source_stamps.files_stamp``
         end a sample's line with them (empty for an image-only one)."""
         return "".join(f"\0{f}" for f, _ in self.parts)
 
@@ -199,7 +199,7 @@ class ShardStats:
 
 
 SOURCE_DIGEST = "xxh3-128"
-"""How ``ShardResult.digests`` are computed (``worker.source_digest``; for a sample of several files,
+"""How ``ShardResult.digests`` are computed (``source_stamps.source_digest``; for a sample of several files,
 one digest over all of them, each after its field name and length: ``worker.read_sample``).
 Records of finished shards name it: --resume writes a shard recorded with another again, and
 merge refuses a mix, so that every digest of a run can be compared (older packers recorded
@@ -213,7 +213,7 @@ class ShardResult:
     ``keys``, ``labels`` and ``digests`` (an XXH3-128 of each sample's source bytes, ``SOURCE_DIGEST``,
     to find identical files) are per written sample, in order; ``stats`` counts pixel values and original
     sizes. ``sources`` is a SHA-256 of every source file's size, times and inode as the worker found
-    them before reading (``worker.sources_digest``), for --resume; empty in records of older packers.
+    them before reading (``source_stamps.sources_digest``), for --resume; empty in records of older packers.
     ``digest`` names how ``digests`` were computed. ``format_version`` is the on-disk version the
     shard was written at (0 in records of packers before 0.3.0, which did not say).
     """

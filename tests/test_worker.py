@@ -12,7 +12,8 @@ import packer.pixels.prefetch
 import packer.run.worker
 from packer.config import PreprocessConfig
 from packer.records import ShardTask
-from packer.run.worker import PROGRESS_SECONDS, ShardJob, write_shard
+from packer.run.shard_job import ShardJob
+from packer.run.worker import PROGRESS_SECONDS, write_shard
 from packer.sources.discover import discover
 from packer.spec.sample_layout import SampleLayout
 

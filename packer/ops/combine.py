@@ -31,8 +31,8 @@ from packer.pixels.stats import auto_normalize
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import Executor, LocalExecutor, ProgressFn
 from packer.run.plan import shard_name
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.repack_shard import RepackJob
 from packer.spec.class_map import differences, extend_class_map
 from packer.spec.errors import InputError, ManifestError, OutputError

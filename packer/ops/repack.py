@@ -30,8 +30,8 @@ from packer.output.finish import name_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.plan import plan_shards
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.repack_shard import RepackJob, overlapping
 from packer.spec.errors import ConfigError, InputError, OutputError
 from packer.spec.listed_files import sha256_of

@@ -13,14 +13,9 @@ import click
 from packer.cli.convert_options import convert_options
 from packer.cli.convert_run import run_conversion
 from packer.cli.grow import append_to, repack_output
+from packer.cli.option_values import parse_shard_size
 from packer.cli.options import preprocess_config
-from packer.config import (
-    ConvertConfig,
-    DetectionConfig,
-    ImageCodec,
-    MaskConfig,
-    parse_shard_size,
-)
+from packer.config import ConvertConfig, DetectionConfig, ImageCodec, MaskConfig
 from packer.ops.nodes import NodeSplit
 from packer.ops.split_plans import parse_split_spec, split_folders
 from packer.ops.splits import read_class_map

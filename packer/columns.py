@@ -16,7 +16,7 @@ import numpy as np
 
 class ValueSequence:
     """Equality with any other such sequence, list or tuple of the same values, as a list has (the
-    columns here, ``records.RecordedColumn``, ``item_table.ItemTable``); unhashable, like a list."""
+    columns here, ``recorded_columns.RecordedColumn``, ``item_table.ItemTable``); unhashable, like a list."""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, (ValueSequence, list, tuple)):

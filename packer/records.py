@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,9 +12,9 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 from zlib_ng.zlib_ng import crc32
 
-from packer.columns import HexColumn, IntColumn, StrColumn, ValueSequence
+from packer.columns import HexColumn, IntColumn, StrColumn
+from packer.recorded_columns import RecordedColumn, per_sample_record, read_per_sample_record
 from packer.spec.entries import FileEntry
-from packer.spec.file_stamp import FileStamp
 
 UNLABELLED = -1
 """Label stored for samples that have no class (a source folder without class subfolders)."""
@@ -48,7 +46,7 @@ class SourceItem:
 
     @property
     def fields_stamp(self) -> str:
-        """A paired sample's field names, each after a NUL, as the plan fingerprint and ``worker.files_stamp``
+        """A paired sample's field names, each after a NUL, as the plan fingerprint and ``source_stamps.files_stamp``
         end a sample's line with them (empty for an image-only one)."""
         return "".join(f"\0{f}" for f, _ in self.parts)
 
@@ -200,131 +198,8 @@ class ShardStats:
         )
 
 
-class _LastRecord:
-    """The last shard record read, parsed, so that reading its labels and then its digests parses it
-    once; dropped before the next one is read (an lru_cache would hold both while reading)."""
-
-    key: Optional[tuple] = None
-    parsed: Optional[dict] = None
-
-    @classmethod
-    def get(cls, path: str, stamp: FileStamp) -> dict:
-        if cls.key != (path, stamp) or cls.parsed is None:
-            cls.cache_clear()
-            cls.parsed, cls.key = json.loads(Path(path).read_bytes()), (path, stamp)
-        return cls.parsed
-
-    @classmethod
-    def cache_clear(cls) -> None:
-        cls.key = cls.parsed = None
-
-
-_record = _LastRecord.get
-
-
-def forget_read_records() -> None:
-    """Drop what was kept of the shard records read last (``build_manifest`` is done with them)."""
-    _LastRecord.cache_clear()
-    _recorded.cache_clear()
-
-
-@functools.lru_cache(maxsize=2)
-def _recorded(path: str, stamp: FileStamp, which: int) -> Sequence:
-    """Column ``which`` of the shard record at ``path`` (as its ``stamp`` says it is now)."""
-    column = read_per_sample_record(_record(path, stamp), (which,))[which]
-    assert column is not None
-    return column
-
-
-class RecordedColumn(ValueSequence, Sequence):
-    """One per-sample column (0 keys, 1 labels, 2 digests) of a shard record on disk, read when asked
-    for (the last two columns read are kept): the parent holds ``count`` and a path, not the values."""
-
-    __slots__ = ("path", "which", "count")
-
-    def __init__(self, path: str, which: int, count: int) -> None:
-        self.path, self.which, self.count = path, which, count
-
-    def column(self) -> Sequence:
-        """The values, read from the record (OSError or ValueError where it is gone or damaged)."""
-        column = _recorded(self.path, FileStamp.at(self.path), self.which)
-        if len(column) != self.count:
-            raise ValueError(f"{self.path} no longer holds the {self.count} samples it was written with")
-        return column
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, i):
-        return self.column()[i]
-
-    def __iter__(self):
-        return iter(self.column())
-
-    def __array__(self, dtype=None, copy=None):
-        return np.asarray(self.column(), dtype=dtype)
-
-    def __repr__(self) -> str:
-        return f"RecordedColumn({['keys', 'labels', 'digests'][self.which]} of {self.path}, {self.count} values)"
-
-
-def in_memory(column: Sequence) -> Sequence:
-    """``column`` itself, or a ``RecordedColumn``'s values read from its record."""
-    return column.column() if isinstance(column, RecordedColumn) else column
-
-
-def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Sequence[str]) -> dict:
-    """A shard record's per-sample values, each as one JSON string where it can be: ``keys_nul``, the
-    keys joined by NUL (never in a file name); ``labels_i32``, base64 of little-endian int32s;
-    ``digests_hex``, the 128-bit digests back to back. A record of JSON lists cost the parent an
-    object a value to write, and as many to read back on --resume. Values that
-    do not fit (a NUL in a key, a label past int32, another kind of digest) are JSON lists, as
-    packers before 0.8.0 wrote them all."""
-    record: dict = {}
-    if isinstance(keys, StrColumn):
-        joined = keys.joined_by_nul()  # None: a key holds a NUL itself
-    else:
-        joined = "\0".join(keys)
-        joined = joined if joined.count("\0") == max(len(keys) - 1, 0) else None
-    if joined is None:
-        record["keys"] = list(keys)
-    else:
-        record["keys_nul"], record["count"] = joined, len(keys)
-    wide = np.asarray(labels, dtype=np.int64).reshape(-1)
-    if wide.size and (wide.min() < -(2**31) or wide.max() >= 2**31):
-        record["labels"] = wide.tolist()
-    else:
-        record["labels_i32"] = base64.b64encode(wide.astype("<i4").tobytes()).decode("ascii")
-    if isinstance(digests, HexColumn) and digests.width == 16:
-        record["digests_hex"] = digests.raw.hex()
-    else:
-        record["digests"] = list(digests)
-    return record
-
-
-def read_per_sample_record(d: dict, which: tuple[int, ...] = (0, 1, 2)) -> list[Optional[Sequence]]:
-    """Keys, labels and digests (those ``which`` names: 0, 1, 2; None for the others) of a shard record
-    (``per_sample_record``'s or a list form), as columns made without an object a value."""
-    out: list[Optional[Sequence]] = [None, None, None]
-    if 0 in which:
-        out[0] = (
-            StrColumn.from_joined(d["keys_nul"], int(d["count"])) if "keys_nul" in d else StrColumn.of(list(d["keys"]))
-        )
-    if 1 in which:
-        out[1] = (
-            IntColumn(np.frombuffer(base64.b64decode(d["labels_i32"]), "<i4").astype(np.int32))
-            if "labels_i32" in d
-            else IntColumn.of([int(v) for v in d["labels"]])
-        )
-    if 2 in which:
-        out[2] = (
-            HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d else HexColumn.of(list(d["digests"]))
-        )
-    return out
-
-
 SOURCE_DIGEST = "xxh3-128"
-"""How ``ShardResult.digests`` are computed (``worker.source_digest``; for a sample of several files,
+"""How ``ShardResult.digests`` are computed (``source_stamps.source_digest``; for a sample of several files,
 one digest over all of them, each after its field name and length: ``worker.read_sample``).
 Records of finished shards name it: --resume writes a shard recorded with another again, and
 merge refuses a mix, so that every digest of a run can be compared (older packers recorded
@@ -338,7 +213,7 @@ class ShardResult:
     ``keys``, ``labels`` and ``digests`` (an XXH3-128 of each sample's source bytes, ``SOURCE_DIGEST``,
     to find identical files) are per written sample, in order; ``stats`` counts pixel values and original
     sizes. ``sources`` is a SHA-256 of every source file's size, times and inode as the worker found
-    them before reading (``worker.sources_digest``), for --resume; empty in records of older packers.
+    them before reading (``source_stamps.sources_digest``), for --resume; empty in records of older packers.
     ``digest`` names how ``digests`` were computed. ``format_version`` is the on-disk version the
     shard was written at (0 in records of packers before 0.3.0, which did not say).
     """

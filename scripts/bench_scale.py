@@ -153,7 +153,7 @@ def child_convert(p: dict) -> dict:
     import packer.run.early_start as early_start
     import packer.run.executor as executor
     from packer import ConvertConfig, PreprocessConfig, convert
-    from packer.config import parse_shard_size
+    from packer.cli.option_values import parse_shard_size
 
     marks: dict[str, dict] = {}
 

@@ -102,10 +102,10 @@ def test_records_of_older_packers_are_read():
 def test_results_kept_in_their_records(tmp_path, monkeypatch):
     """After its record is written, the parent holds a shard's result without its per-sample values:
     they are read back from the record when asked for, and duplicates are found the same way."""
-    from packer import records
+    from packer import recorded_columns
     from packer.output.assemble import _add_labels, class_counts, find_duplicates
     from packer.output.files import record_shard
-    from packer.records import RecordedColumn
+    from packer.recorded_columns import RecordedColumn
 
     def result(name, keys, digests):
         return ShardResult(
@@ -122,11 +122,11 @@ def test_results_kept_in_their_records(tmp_path, monkeypatch):
     assert kept[1].keys == ["b/1", "b/2"] and kept[1].labels == [1, 1] and kept[0].digests[1] == "2" * 32
     assert find_duplicates(kept) == find_duplicates(held) == [["a/1", "b/2"]]
     assert class_counts(kept, 2) == class_counts(held, 2) == [2, 2]
-    records._LastRecord.cache_clear()
-    records._recorded.cache_clear()
+    recorded_columns._LastRecord.cache_clear()
+    recorded_columns._recorded.cache_clear()
     parsed = []
-    real = records.json.loads
-    monkeypatch.setattr(records.json, "loads", lambda text: parsed.append(1) or real(text))
+    real = recorded_columns.json.loads
+    monkeypatch.setattr(recorded_columns.json, "loads", lambda text: parsed.append(1) or real(text))
     counts = np.zeros(2, np.int64)
     assert find_duplicates(kept, lambda r: _add_labels(counts, r)) == [["a/1", "b/2"]]
     assert counts.tolist() == [2, 2]

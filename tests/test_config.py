@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from packer.cli.option_values import parse_normalize, parse_shard_size, parse_size
 from packer.config import (
     DEFAULT_SHARD_BYTES,
     IMAGENET_MEAN,
@@ -12,9 +13,6 @@ from packer.config import (
     ImageCodec,
     PreprocessConfig,
     ShardSize,
-    parse_normalize,
-    parse_shard_size,
-    parse_size,
 )
 from packer.spec.errors import ConfigError
 

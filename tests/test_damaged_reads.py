@@ -25,8 +25,9 @@ from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from packer.output.verify import verify
 from packer.spec.errors import ConfigError, ManifestError
+from packer.spec.listed_files import sha256_of
 from packer.spec.lmdb_pages import structure_crc32
-from packer.spec.manifest import read_manifest, sha256_of
+from packer.spec.manifest import read_manifest
 from readers import WdsDataset, open_dataset
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,8 @@ import packer.ops.splits as dataset_splits
 from packer import ConvertConfig, PreprocessConfig
 from packer.cli import cli
 from packer.config import ShardSize
-from packer.ops.splits import convert_splits, parse_split_spec, split_counts, split_folders
+from packer.ops.split_plans import parse_split_spec, split_counts, split_folders
+from packer.ops.splits import convert_splits
 from packer.sources.discover import discover
 from packer.spec.errors import ConfigError, DecodeError, InputError, ManifestError, OutputError
 from packer.spec.splits_record import SPLITS_NAME, read_splits

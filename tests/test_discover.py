@@ -6,7 +6,8 @@ import pytest
 from conftest import make_tree, write_image
 
 from packer.records import UNLABELLED, Skipped
-from packer.sources.discover import discover, read_labels_file
+from packer.sources.discover import discover
+from packer.sources.labels_file import read_labels_file
 from packer.sources.walk import is_image_name, is_litter
 from packer.spec.errors import InputError
 

@@ -9,7 +9,7 @@ import packer.run.worker
 from packer.config import PreprocessConfig
 from packer.records import ShardTask
 from packer.run.executor import JobRunner
-from packer.run.worker import ShardJob
+from packer.run.shard_job import ShardJob
 from packer.sources.discover import discover
 from packer.spec.sample_layout import SampleLayout
 

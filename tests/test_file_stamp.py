@@ -15,7 +15,7 @@ from packer.ops import append as appending
 from packer.output import files as output
 from packer.output.shard_samples import read_samples, write_samples
 from packer.records import ShardResult, SourceItem
-from packer.run import worker
+from packer.run import source_stamps
 from packer.sources import saved_discovery
 from packer.sources.folder_stamps import FolderStamps
 from packer.spec.file_stamp import MISSING_FOLDER_RECORD, MISSING_SOURCE_TEXT, FileStamp
@@ -60,7 +60,7 @@ def test_each_stored_form_is_the_one_written_before(file):
     assert stamp.as_side_file_record() == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     # packer/sources/saved_discovery.py, discovery.json's labels_file
     assert stamp.as_labels_file_record(str(file)) == [str(file), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    # packer/run/worker.py source_stamp, hashed into sources digests and plan fingerprints
+    # packer/run/source_stamps.py source_stamp, hashed into sources digests and plan fingerprints
     assert stamp.as_source_text() == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     # packer/targets/annotations.py, a line of an annotations folder's digest
     assert stamp.as_annotations_line("labels/a.txt") == f"labels/a.txt\0{st.st_size}\0{st.st_mtime_ns}\0".encode()
@@ -71,11 +71,11 @@ def test_each_stored_form_is_the_one_written_before(file):
 
 def test_the_sites_write_the_forms_written_before(file, tmp_path):
     st = os.stat(file)
-    assert worker.source_stamp(str(file)) == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-    assert worker.source_stamp(str(file), st) == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    assert source_stamps.source_stamp(str(file)) == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    assert source_stamps.source_stamp(str(file), st) == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     item = SourceItem(0, str(file), "a.png", parts=(("text", str(file)), ("image", str(file))))
     line = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-    assert worker.files_stamp(item) == f"{line}/{line}\0text\0image"
+    assert source_stamps.files_stamp(item) == f"{line}/{line}\0text\0image"
     assert output._shard_file_record(file) == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     options = saved_discovery.discovery_options(file, None, False, None, False)
     assert options["labels_file"] == [str(file), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
@@ -152,7 +152,7 @@ def test_a_missing_file(tmp_path):
     assert FileStamp.at_or_none(gone) is None
     with pytest.raises(FileNotFoundError):
         FileStamp.at(gone)
-    assert MISSING_SOURCE_TEXT == worker.source_stamp(str(gone)) == "missing"
+    assert MISSING_SOURCE_TEXT == source_stamps.source_stamp(str(gone)) == "missing"
     assert MISSING_FOLDER_RECORD == (-1, -1, -1, -1)
     assert output._shard_file_record(gone) == []
     options = saved_discovery.discovery_options(gone, None, False, None, False)

@@ -20,7 +20,8 @@ from packer.formats.wds import ustar_header
 from packer.records import Sample, fields_crc32, image_crc32
 from packer.spec.codecs import encode_image
 from packer.spec.errors import ConfigError
-from packer.spec.manifest import ShardEntry, file_entry
+from packer.spec.listed_files import file_entry
+from packer.spec.manifest import ShardEntry
 from packer.spec.registry import FORMAT_NAMES, FORMATS, get_format
 from packer.spec.sample_layout import SampleLayout
 

@@ -7,16 +7,8 @@ import pytest
 
 from packer.spec.entries import FileEntry, TextField
 from packer.spec.errors import ManifestError
-from packer.spec.manifest import (
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    Manifest,
-    ShardEntry,
-    file_entry,
-    read_manifest,
-    sha256_of,
-    write_manifest,
-)
+from packer.spec.listed_files import file_entry, sha256_of
+from packer.spec.manifest import MANIFEST_NAME, MANIFEST_VERSION, Manifest, ShardEntry, read_manifest, write_manifest
 from packer.spec.registry import FORMATS
 from packer.spec.sample_layout import ImageCodec, SampleLayout
 

@@ -360,7 +360,8 @@ def test_workers_read_files_ahead_in_a_row(image_tree, tmp_path, monkeypatch):
     cannot be read is its DecodeError, for its turn."""
     import packer.run.worker as worker
     from packer.records import ShardTask
-    from packer.run.worker import ShardJob, read_ahead
+    from packer.run.shard_job import ShardJob
+    from packer.run.worker import read_ahead
 
     items = list(discover(image_tree).items)  # 15 image-only samples
     (image_tree / "bee" / "img_001.png").unlink()  # listed, then gone

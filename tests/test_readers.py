@@ -24,7 +24,8 @@ from packer.output.verify import verify
 from packer.pixels.preprocess import load_image
 from packer.sources.discover import discover
 from packer.spec.errors import ManifestError
-from packer.spec.manifest import read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import read_manifest
 from packer.spec.registry import get_format
 from readers import NpyDataset, WdsDataset, open_dataset
 

@@ -9,7 +9,8 @@ import numpy as np
 from packer.output.assemble import _add_labels, find_duplicates
 from packer.output.files import finished_shards, record_shard
 from packer.output.shard_samples import SAMPLES_SUFFIX, forget_samples, read_samples
-from packer.records import ShardResult, forget_read_records
+from packer.recorded_columns import forget_read_records
+from packer.records import ShardResult
 
 
 def result(name, keys, digests, labels=None):

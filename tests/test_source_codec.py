@@ -12,7 +12,8 @@ from conftest import FORMATS, write_image
 from PIL import Image
 
 from packer import ConvertConfig, PreprocessConfig, convert
-from packer.config import ImageCodec, ShardSize, parse_normalize
+from packer.cli.option_values import parse_normalize
+from packer.config import ImageCodec, ShardSize
 from packer.pixels.source_codec import SOURCE_STATS, keep
 from packer.spec.errors import ConfigError
 from packer.spec.manifest import read_manifest

@@ -12,7 +12,8 @@ import packer.pixels.prefetch
 import packer.run.worker
 from packer.config import PreprocessConfig
 from packer.records import ShardTask
-from packer.run.worker import PROGRESS_SECONDS, ShardJob, write_shard
+from packer.run.shard_job import ShardJob
+from packer.run.worker import PROGRESS_SECONDS, write_shard
 from packer.sources.discover import discover
 from packer.spec.sample_layout import SampleLayout
 
@@ -116,7 +117,7 @@ def test_a_recording_worker_leaves_the_per_sample_values_in_the_shard_record(ima
     import pickle
 
     from packer.output.files import finished_shards
-    from packer.records import RecordedColumn
+    from packer.recorded_columns import RecordedColumn
     from packer.run.executor import run_jobs
 
     plain = write_shard(_job(image_tree, tmp_path))

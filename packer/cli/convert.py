@@ -1,183 +1,34 @@
-"""``packer convert``: its options, their checks, and the run with progress bars (``packer.cli.grow``
-when the source is a packer output or with ``--append``)."""
+"""``packer convert``: the command, and the checks of what its options ask for (through
+``ConvertJob.validate``). The options are declared in ``packer.cli.convert_options``, the run with
+progress bars is ``packer.cli.convert_run``; ``packer.cli.grow`` when the source is a packer output
+or with ``--append``."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from pathlib import Path
 from typing import Optional
 
 import click
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
+from packer.cli.convert_options import convert_options
+from packer.cli.convert_run import run_conversion
 from packer.cli.grow import append_to, repack_output
-from packer.cli.options import decode_options, preprocess_config, preprocess_options, target_options, text_options
-from packer.cli.render import node_summary, splits_summary, summary
-from packer.cli.running import close_bars
-from packer.cli.signals import stop_on_signals
-from packer.config import (
-    DEFAULT_QUALITY,
-    ConvertConfig,
-    DetectionConfig,
-    ImageCodec,
-    MaskConfig,
-    parse_shard_size,
-)
-from packer.ops.convert import convert as run_convert
-from packer.ops.nodes import NodeResult, NodeSplit, convert_node
-from packer.ops.splits import SplitsResult, convert_splits, parse_split_spec, read_class_map, split_folders
-from packer.output.files import staging_dir
-from packer.run.executor import DEFAULT_TIMEOUT
+from packer.cli.option_values import parse_shard_size
+from packer.cli.options import preprocess_config
+from packer.config import ConvertConfig, DetectionConfig, ImageCodec, MaskConfig
+from packer.ops.nodes import NodeSplit
+from packer.ops.split_plans import parse_split_spec, split_folders
+from packer.ops.splits import read_class_map
 from packer.run.job import ConvertJob, Selection
-from packer.run.ray_executor import RayExecutor
 from packer.sources.containers import container_kind
 from packer.sources.walk import is_packer_folder
-from packer.spec.codecs import IMAGE_CODECS
-from packer.spec.errors import ConfigError, DecodeError, InputError, PackerError
+from packer.spec.errors import ConfigError, InputError, PackerError
 from packer.spec.manifest import MANIFEST_NAME
-from packer.spec.registry import FORMAT_NAMES  # the --format choices
 from packer.spec.text import TextConfig
 
 
 @click.command()
-@click.argument("source", type=click.Path(exists=True, path_type=Path))
-@click.option("-f", "--format", "fmt", required=True, type=click.Choice(list(FORMAT_NAMES)), help="Output format.")
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Output folder.  [default: SOURCE-FORMAT beside the source]",
-    show_default=False,
-)
-@preprocess_options
-@click.option(
-    "--codec",
-    type=click.Choice(IMAGE_CODECS),
-    default="raw",
-    help="How images are stored: raw pixels, jpeg (lossy, several times smaller), png (lossless), or "
-    "source: each JPEG/PNG file's own bytes where the preprocessing keeps its pixels (--resize none, "
-    "or max within --size), the others re-encoded (JPEG, or PNG for lossless sources); readers "
-    "decode them all. Needs --dtype uint8.",
-)
-@click.option(
-    "--quality",
-    type=click.IntRange(1, 95),
-    default=DEFAULT_QUALITY,
-    help="JPEG quality for --codec jpeg, and for the JPEGs --codec source re-encodes.",
-)
-@click.option(
-    "--shard-size",
-    default="auto",
-    help="auto (<=256 MiB, balanced over workers; a large fixed-shape source: one count, <=20000), a "
-    "sample count (1000), or bytes (256MB, 1GiB).",
-)
-@click.option(
-    "--shuffle",
-    "shuffle_seed",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Store samples in a permutation seeded by this number instead of sorted order (good for "
-    "wds, whose readers then need only a small shuffle buffer).  [default: sorted order]",
-    show_default=False,
-)
-@click.option(
-    "--labels",
-    "labels_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="CSV of 'relative path,label' rows: only the files it lists are packed (the others are "
-    "skipped and reported); labels are class names, or class indices if all are integers >= 0.",
-)
-@text_options
-@target_options
-@click.option(
-    "--classes",
-    "classes_from",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="Take the class map (label indices) from this file (one class name per line) or packer output, "
-    "so that another conversion of the same classes gets the same labels. With --annotations: the "
-    "order of the categories (a detection output gives its categories).",
-)
-@click.option(
-    "--add-classes",
-    is_flag=True,
-    help="With --classes: append classes the map lacks at its end instead of refusing them.",
-)
-@click.option(
-    "--split",
-    "split_spec",
-    default=None,
-    help="Cut the class folders into several outputs, e.g. train=0.9,val=0.1: a stratified random split "
-    "(seeded by --split-seed), one class map for all, OUTPUT/train, OUTPUT/val.",
-)
-@click.option("--split-seed", type=click.IntRange(min=0), default=0, help="Seed of --split.")
-@click.option(
-    "--no-splits",
-    is_flag=True,
-    help="Top-level folders named train, val, valid, validation or test are classes, not splits.",
-)
-@decode_options
-@click.option(
-    "-j",
-    "--workers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Worker processes.  [default: usable cores]",
-    show_default=False,
-)
-@click.option(
-    "--strict", is_flag=True, help="Stop at the first bad file (exit 1, nothing written) instead of skipping it."
-)
-@click.option("--resume", is_flag=True, help="Continue an interrupted run from its finished shards.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=DEFAULT_TIMEOUT,
-    help="Seconds one file may take to decode before it is skipped as hanging.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
-@click.option(
-    "--append",
-    "append_",
-    is_flag=True,
-    help="Add the files of SOURCE that the existing output OUTPUT does not hold yet, as new shards: its "
-    "shards stay as they are, its preprocessing and class map are used (a new class needs "
-    "--add-classes).",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-@click.option(
-    "--executor",
-    "executor_name",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    help="local: worker processes on this machine; ray: one Ray task per shard on a Ray cluster, the "
-    "output on a filesystem every node sees (pip install 'packer-datasets[ray]'). The output is the "
-    "same.",
-)
-@click.option(
-    "--address",
-    default=None,
-    show_default=False,
-    help="With --executor ray: the cluster, auto (the one `ray start` runs here) or ray://HOST:10001.  "
-    "[default: a Ray instance on this machine for this run]",
-)
-@click.option(
-    "--num-nodes",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Split the conversion over N machines without Ray (e.g. a SLURM array): this run writes the "
-    "shards of --node-rank; `packer merge OUTPUT` publishes the output once every node is done.",
-)
-@click.option(
-    "--node-rank",
-    type=click.IntRange(min=0),
-    default=None,
-    help="This machine's number, 0 to N-1, with --num-nodes (e.g. $SLURM_ARRAY_TASK_ID).",
-)
+@convert_options
 def convert(
     source: Path,
     fmt: str,
@@ -365,119 +216,26 @@ def convert(
     if output is None:
         resolved = source.resolve()
         output = resolved.parent / f"{resolved.name}-{fmt}"
-    bars: list[tqdm] = []
-
-    names: list[str] = []  # the split being written, when there are splits
-
-    def on_plan(found, tasks) -> None:
-        close_bars(bars)
-        where = f"{names[-1]}: " if names else ""
-        bars.append(
-            tqdm(
-                total=sum(len(t.items) for t in tasks),
-                unit="img",
-                disable=quiet,
-                dynamic_ncols=True,
-                desc=f"{where}packing {len(tasks)} shard(s)",
-            )
-        )
-
-    def on_progress(n: int) -> None:
-        bars[-1].update(n)
-
-    with stop_on_signals():
-        try:
-            with logging_redirect_tqdm(), contextlib.ExitStack() as stack:  # log lines (-v) go above the bar
-                executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
-                if executor is not None:
-                    executor.connect()  # before the progress bar: Ray prints while it starts
-                if splits:
-                    result = convert_splits(
-                        source,
-                        output,
-                        config,
-                        fractions=fractions,
-                        seed=split_seed,
-                        classes=classes,
-                        add_classes=add_classes,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
-                        resume=resume,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
-                        on_split=names.append,
-                        executor=executor,
-                    )
-                elif node is not None:
-                    result = convert_node(
-                        source,
-                        output,
-                        config,
-                        node,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
-                        classes=classes,
-                        add_classes=add_classes,
-                    )
-                else:
-                    result = run_convert(
-                        source,
-                        output,
-                        config,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
-                        resume=resume,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
-                        executor=executor,
-                        classes=classes,
-                        add_classes=add_classes,
-                    )
-        except KeyboardInterrupt:
-            close_bars(bars)
-            again = "the same command again" if node is not None else "the same command with --resume"
-            if splits:
-                done = names[:-1]
-                click.echo(
-                    f"packer: interrupted; the splits in {output} are unfinished (readers refuse them)"
-                    + (f"; finished: {', '.join(done)}" if done else "")
-                    + f". Run {again} to continue.",
-                    err=True,
-                )
-                sys.exit(130)
-            stage = staging_dir(output)
-            kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""
-            click.echo(f"packer: interrupted; no output was written.{kept}", err=True)
-            sys.exit(130)
-        except DecodeError as e:
-            close_bars(bars)
-            if splits and names:
-                raise click.ClickException(
-                    f"stopped at the first bad file (--strict): {e}; the splits in {output} "
-                    "are unfinished (readers refuse them)"
-                ) from None
-            raise click.ClickException(f"stopped at the first bad file (--strict), nothing written: {e}") from None
-        except PackerError as e:
-            close_bars(bars)
-            raise click.ClickException(str(e)) from None
-    close_bars(bars)
-    if isinstance(result, NodeResult):
-        node_summary(result)
-    elif isinstance(result, SplitsResult):
-        splits_summary(result)
-    else:
-        summary(result)
+    run_conversion(
+        source,
+        output,
+        config,
+        splits=splits,
+        fractions=fractions,
+        split_seed=split_seed,
+        node=node,
+        classes=classes,
+        add_classes=add_classes,
+        labels_file=labels_file,
+        workers=workers,
+        overwrite=overwrite,
+        strict=strict,
+        resume=resume,
+        timeout=timeout,
+        quiet=quiet,
+        executor_name=executor_name,
+        address=address,
+    )
 
 
 def _node_split(

@@ -10,10 +10,11 @@ from click.core import ParameterSource
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from packer.cli.option_values import parse_shard_size
 from packer.cli.render import append_summary, summary
 from packer.cli.running import executor_for, reported
 from packer.cli.signals import stop_on_signals
-from packer.config import ImageCodec, parse_shard_size
+from packer.config import ImageCodec
 from packer.ops.append import append as append_files
 from packer.ops.append import config_of
 from packer.ops.repack import REPACK_OPTIONS, repack

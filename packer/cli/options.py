@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import click
 
+from packer.cli.option_values import parse_normalize, parse_size
 from packer.config import (
     COLOR_MODES,
     DEFAULT_MAX_PIXELS,
@@ -17,8 +18,6 @@ from packer.config import (
     INTERPOLATIONS,
     RESIZE_MODES,
     PreprocessConfig,
-    parse_normalize,
-    parse_size,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

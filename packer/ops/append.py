@@ -33,8 +33,8 @@ from packer.pixels.stats import summarize
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.plan import estimate_sample_bytes, plan_shards, shard_name
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.discover import Discovery
 from packer.sources.origin import checked, refuse_packer_output
 from packer.spec.errors import ConfigError, InputError, OutputError

@@ -31,12 +31,13 @@ from packer.pixels.stats import auto_normalize
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import Executor, LocalExecutor, ProgressFn
 from packer.run.plan import shard_name
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.repack_shard import RepackJob
 from packer.spec.class_map import differences, extend_class_map
 from packer.spec.errors import InputError, ManifestError, OutputError
-from packer.spec.manifest import FileEntry, Manifest, ShardEntry, read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import FileEntry, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
 from packer.spec.shard_names import LMDB_SUFFIX

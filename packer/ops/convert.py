@@ -25,8 +25,8 @@ from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, Progre
 from packer.run.job import ConvertJob, Selection
 from packer.run.plan import plan_tasks
 from packer.run.resume import SOURCES_PER_SHARD, plan_fingerprint
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.containers import job_for
 from packer.sources.discover import Discovery
 from packer.sources.item_table import ItemTable

@@ -33,8 +33,8 @@ from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, Progre
 from packer.run.job import ConvertJob, Selection
 from packer.run.plan import plan_tasks
 from packer.run.resume import current_digests, plan_fingerprint
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging, describe_os_error
-from packer.run.worker import ShardWork
 from packer.sources.containers import job_for
 from packer.sources.discover import Discovery
 from packer.sources.origin import discover_checked

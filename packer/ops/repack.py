@@ -30,11 +30,12 @@ from packer.output.finish import name_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.plan import plan_shards
+from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ShardWork
 from packer.sources.repack_shard import RepackJob, overlapping
 from packer.spec.errors import ConfigError, InputError, OutputError
-from packer.spec.manifest import Manifest, read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import Manifest, read_manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import ImageCodec, SampleLayout
 from packer.system import usable_cpus

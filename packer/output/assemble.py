@@ -19,7 +19,8 @@ from packer.output.files import SCRATCH_PREFIX
 from packer.output.shard_samples import digest_words, forget_samples, read_samples
 from packer.pixels.source_codec import SOURCE_STATS
 from packer.pixels.stats import auto_normalize, summarize
-from packer.records import ShardResult, ShardStats, forget_read_records, in_memory
+from packer.recorded_columns import forget_read_records, in_memory
+from packer.records import ShardResult, ShardStats
 from packer.sources.discover import Discovery
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.registry import get_format

@@ -19,7 +19,8 @@ from packer.output.shard_samples import SAMPLES_FILE, SAMPLES_SUFFIX, write_samp
 from packer.records import ShardResult
 from packer.spec.errors import OutputError, PackerError
 from packer.spec.file_stamp import FileStamp
-from packer.spec.manifest import MANIFEST_NAME, read_manifest, sha256_of
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.registry import get_format
 from packer.system import stop_signals_held
 

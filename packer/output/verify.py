@@ -24,7 +24,8 @@ from typing import Callable, Optional
 from packer.pixels.source_codec import decode_stored
 from packer.records import StoredSample, stored_crc32
 from packer.spec.entries import TextField
-from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest, sha256_of, unsafe_file
+from packer.spec.listed_files import sha256_of, unsafe_file
+from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import FORMATS, SOURCE_SINCE
 from packer.spec.sample_layout import SampleLayout
 from packer.spec.shard_names import LMDB_SUFFIX

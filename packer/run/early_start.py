@@ -35,8 +35,9 @@ from packer.records import ShardResult, ShardTask, SourceItem
 from packer.run.executor import JobRunner
 from packer.run.plan import auto_cut, fixed_size, shard_name
 from packer.run.resume import hash_plan_lines, plan_record
+from packer.run.shard_job import ShardJob, ShardWork
 from packer.run.staging import Staging
-from packer.run.worker import ProgressFn, ShardJob, ShardWork
+from packer.run.worker import ProgressFn
 from packer.sources.containers import container_kind
 from packer.sources.discover import prefix_samples
 from packer.sources.item_table import ItemTable

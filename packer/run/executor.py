@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from packer.records import ShardResult, ShardTask, SourceItem
-from packer.run.worker import FINISHING, ProgressFn, ShardJob, run_shard_process
+from packer.run.shard_job import ShardJob
+from packer.run.worker import FINISHING, ProgressFn, run_shard_process
 from packer.spec.errors import PackerError
 from packer.spec.registry import get_format
 from packer.system import as_child_process, process_context, stop_signals_held

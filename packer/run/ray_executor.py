@@ -32,7 +32,8 @@ from typing import Any, Callable, Optional
 
 from packer.records import ShardResult
 from packer.run.executor import DEFAULT_TIMEOUT, RunStopped, run_jobs
-from packer.run.worker import ProgressFn, ShardJob
+from packer.run.shard_job import ShardJob
+from packer.run.worker import ProgressFn
 from packer.spec.errors import PackerError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Sequence
 from packer import __version__
 from packer.config import ConvertConfig
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, SourceItem
-from packer.run.worker import files_stamp, sources_digest
+from packer.run.source_stamps import files_stamp, sources_digest
 from packer.sources.item_table import ItemTable
 from packer.spec.text import TextConfig
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 SOURCES_PER_SHARD = "per-shard"
-"""The plan record's ``sources`` when the workers stamp each shard's source files (``worker.sources_digest``)
+"""The plan record's ``sources`` when the workers stamp each shard's source files (``source_stamps.sources_digest``)
 and the fingerprint covers only options and plan. Plans without it (older packers', and split runs',
 whose nodes must all see the same files) have each file's stamp in the fingerprint, taken before
 any worker started."""
@@ -131,7 +131,7 @@ def current_layout(finished: dict[str, ShardResult], version: int) -> dict[str, 
 
 def unchanged_sources(finished: dict[str, ShardResult], tasks: list[ShardTask]) -> dict[str, ShardResult]:
     """The ``finished`` shards whose source files are as their worker found them (size, times,
-    inode; see ``worker.sources_digest``). The others are written again, from the files as they are
+    inode; see ``source_stamps.sources_digest``). The others are written again, from the files as they are
     now, as an uninterrupted run would; so is a shard recorded without stamps."""
     kept = {}
     for task in tasks:

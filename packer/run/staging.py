@@ -34,7 +34,7 @@ from packer.output.finish import write_output
 from packer.records import ShardResult, ShardTask
 from packer.run.executor import Executor, ProgressFn
 from packer.run.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
-from packer.run.worker import ShardJob
+from packer.run.shard_job import ShardJob
 from packer.spec.errors import OutputError
 from packer.spec.manifest import Manifest
 

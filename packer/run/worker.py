@@ -1,7 +1,8 @@
 """The work of one shard, run inside a worker process: read, decode, preprocess, write, hash.
 
-A worker gets a plain ``ShardJob`` and never any open object, so the same function serves the
-local executor's processes and, later, tasks on other machines.
+A worker gets a plain ``ShardJob`` (``packer.run.shard_job``) and never any open object, so the same
+function serves the local executor's processes and, later, tasks on other machines. What it records
+of the source files (digests, stamps) is ``packer.run.source_stamps``.
 """
 
 from __future__ import annotations
@@ -12,33 +13,31 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import xxhash
 
-from packer.config import ConvertConfig, PreprocessConfig
+from packer.config import PreprocessConfig
 from packer.output.files import record_shard
 from packer.pixels import preprocess, read, source_codec
 from packer.pixels.geometry import image_geometry
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
-from packer.records import Sample, ShardResult, ShardTask, Skipped, SourceItem
-from packer.sources.containers import ContainerJob, container_bytes
-from packer.sources.repack_shard import RepackJob, stored_samples
+from packer.records import Sample, ShardResult, Skipped, SourceItem
+from packer.run.shard_job import ShardJob
+from packer.run.source_stamps import item_stamp, source_digest, source_stamp
+from packer.sources.containers import container_bytes
+from packer.sources.repack_shard import stored_samples
 from packer.spec import text
 from packer.spec.codecs import encode_image, image_extension
 from packer.spec.errors import DecodeError, OutputError
-from packer.spec.file_stamp import MISSING_SOURCE_TEXT, FileStamp
 from packer.spec.file_stamp import stat_or_none as source_stat
-from packer.spec.manifest import file_entry
+from packer.spec.listed_files import file_entry
 from packer.spec.registry import get_format
-from packer.spec.sample_layout import SampleLayout
-from packer.spec.text import TextConfig
 from packer.system import as_child_process
-from packer.targets.detection import TARGET_FIELD, DetectionJob, target_bytes
-from packer.targets.segmentation import MASK_FIELD, SegmentationJob, mask_bytes
+from packer.targets.detection import TARGET_FIELD, target_bytes
+from packer.targets.segmentation import MASK_FIELD, mask_bytes
 
 log = logging.getLogger(__name__)
 
@@ -60,68 +59,6 @@ READ_AHEAD_BYTES = 16 * 1024**2
 (fewer once READ_AHEAD_BYTES are held) before decoding them. Between two decodes the kernel's
 caches have gone cold: a stat and a read there cost several times what they cost back to back,
 so a run of them costs much less a file in all."""
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    """Everything a worker needs to write one shard.
-
-    ``number`` is the shard's position in the plan; ``poisoned`` maps item indices to a reason
-    for items known to crash or hang the decoder, which are skipped without being opened.
-    ``strict`` makes the first bad file an error instead of a skip.
-    """
-
-    number: int
-    task: ShardTask
-    format: str
-    layout: SampleLayout
-    preprocess: PreprocessConfig
-    directory: str
-    strict: bool = False
-    poisoned: dict[int, str] = field(default_factory=dict)
-    text: TextConfig = field(default_factory=TextConfig)
-    detection: Optional[DetectionJob] = None
-    """Detection outputs: each item's annotations and the crop rule (``packer.targets.detection``)."""
-    segmentation: Optional[SegmentationJob] = None
-    """Segmentation outputs: each item's mask file (``packer.targets.segmentation``)."""
-    container: Optional[ContainerJob] = None
-    """Sources that are containers (``packer.sources.containers``): where the items' images are inside them."""
-    repack: Optional[RepackJob] = None
-    """Repacking a packer output: where its samples are (``packer.repack``); the items are dataset
-    indices into it, each with the path of its source shard's first file, whose stamp --resume compares."""
-    record: bool = False
-    """Write the finished shard's record (``packer.output.files.record_shard``) in ``directory`` here, and
-    return the result with its per-sample values left in it (``ShardResult.kept_in``): the parent then
-    never holds a shard's keys, labels and digests, nor the text of its record."""
-    plan_fingerprint: str = ""
-    """With ``record``: the fingerprint of the run's plan, written into the record
-    (``packer.output.files.PLAN_OF_RECORD``)."""
-
-
-@dataclass(frozen=True)
-class ShardWork:
-    """What every shard of one run shares: its format and layout, preprocessing, the folder the
-    shards are written into, strictness and text options. ``job`` makes each shard's ``ShardJob``:
-    the one place one is built."""
-
-    format: str
-    layout: SampleLayout
-    directory: str
-    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
-    strict: bool = False
-    text: TextConfig = field(default_factory=TextConfig)
-
-    @classmethod
-    def of(cls, config: ConvertConfig, layout: SampleLayout, directory: str, strict: bool = False) -> ShardWork:
-        """The shared part of a conversion's shards, from its options."""
-        return cls(config.format, layout, directory, config.preprocess, strict, config.text)
-
-    def job(self, number: int, task: ShardTask, **own: Any) -> ShardJob:
-        """Shard ``number`` of the run, writing ``task``; ``own``: what is its own (its items' detection
-        targets, masks, container places or repacked shards; ``record``)."""
-        return ShardJob(
-            number, task, self.format, self.layout, self.preprocess, self.directory, self.strict, text=self.text, **own
-        )
 
 
 def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) -> None:
@@ -152,43 +89,6 @@ def run_shard_process(job: ShardJob, conn, slot, parent: int, log_level: int) ->
     else:
         conn.send(("result", result))
     conn.close()
-
-
-def source_digest(data: bytes) -> str:
-    """XXH3-128 of a source file's bytes (``records.SOURCE_DIGEST``), to find identical files. It
-    runs once per file in the hot path, where a SHA-256 costs many times as much, even with the
-    CPU's SHA instructions. Identical bytes is all the duplicate report needs: no one gains by
-    forging a collision there."""
-    return xxhash.xxh3_128_hexdigest(data)
-
-
-def source_stamp(path: str, st: Optional[os.stat_result] = None) -> str:
-    """What --resume compares of a source file: its ``FileStamp.as_source_text`` (of ``st``, its
-    os.stat, when the caller took it)."""
-    st = st or source_stat(path)
-    return MISSING_SOURCE_TEXT if st is None else FileStamp.of(st).as_source_text()
-
-
-def files_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> str:
-    """The stamps of one sample's files, a paired sample's followed by its fields' names (``st``: an
-    image-only sample's os.stat, when the caller took it)."""
-    if item.parts:
-        return "/".join(map(source_stamp, item.paths)) + item.fields_stamp
-    return source_stamp(item.path, st)
-
-
-def item_stamp(item: SourceItem, st: Optional[os.stat_result] = None) -> bytes:
-    """One sample's line in its shard's ``sources_digest``: its index and ``files_stamp``."""
-    return f"\0{item.index}\0{files_stamp(item, st)}".encode()
-
-
-def sources_digest(items: Iterable[SourceItem]) -> str:
-    """SHA-256 of the stamps of ``items``' files, as the worker writing their shard records it
-    (``ShardResult.sources``): --resume writes a finished shard again when it differs."""
-    h = hashlib.sha256()
-    for item in items:
-        h.update(item_stamp(item))
-    return h.hexdigest()
 
 
 def read_sample(

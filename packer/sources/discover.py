@@ -1,12 +1,11 @@
 """Finding the samples: the walk's files (``packer.sources.walk``) as samples of single files or paired by stem,
-labelled by class folders or a labels file, in deterministic order."""
+labelled by class folders or a labels file (read by ``packer.sources.labels_file``), in deterministic order."""
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from packer.records import UNLABELLED, Skipped, SourceItem
 from packer.sources.folder_stamps import FolderStamps
 from packer.sources.item_table import IMAGES, PAIRED, SINGLE, ItemTable, LabelRuns, TableBuilder
+from packer.sources.labels_file import read_labels_file
 from packer.sources.record_blocks import RecordBlocks
 from packer.sources.walk import (
     KIND_CODES,
@@ -395,43 +395,9 @@ def _with_labels_file(
     return Discovery(root, items.build(), classes, skipped, ignored)
 
 
-def read_labels_file(path: Path, known: Optional[set[str]] = None) -> dict[str, str]:
-    """Read a CSV of ``relative path,label`` rows.
-
-    A first row whose path has no image, text or json extension (``path,label``, ``file_name,label``)
-    is a header, unless it is one of the ``known`` sample keys (paired samples are named by their
-    shared stem, ``cats/0001``).
-    """
-    if not path.is_file():
-        raise InputError(f"labels file {path} does not exist")
-    try:
-        return _read_labels_rows(path, known or set())
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
-
-
-def _read_labels_rows(path: Path, known: set[str]) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        for lineno, row in enumerate(csv.reader(f), start=1):
-            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-                continue
-            if len(row) < 2:
-                raise InputError(f"{path}:{lineno}: expected 'relative path,label', got {row!r}")
-            rel, label = row[0].strip(), row[1].strip()
-            if not labels and field_kind(rel) is None and rel not in known:
-                continue  # the header row
-            rel = PurePosixPath(rel.replace("\\", "/")).as_posix()
-            if rel in labels and labels[rel] != label:
-                raise InputError(f"{path}:{lineno}: {rel} is listed twice with different labels")
-            labels[rel] = label
-    return labels
-
-
 __all__ = [
     "Discovery",
     "discover",
-    "read_labels_file",
     "is_image_name",
     "is_litter",
     "field_kind",

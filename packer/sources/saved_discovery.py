@@ -39,7 +39,7 @@ from packer.sources.folder_stamps import FolderStamps
 from packer.sources.item_table import ItemTable, LabelRuns
 from packer.sources.record_blocks import RecordBlocks
 from packer.spec.file_stamp import FileStamp
-from packer.spec.manifest import sha256_of
+from packer.spec.listed_files import sha256_of
 
 log = logging.getLogger(__name__)
 

@@ -197,7 +197,8 @@ def splits_problems(folder: str | os.PathLike, record: SplitsRecord) -> list[str
     """What is wrong with a folder of splits as a set: unfinished, a split missing or replaced on its own,
     a class map that is not the shared one. Empty when the set is whole (each split's own files are
     ``packer verify``'s to check)."""
-    from packer.spec.manifest import MANIFEST_NAME, read_manifest, sha256_of
+    from packer.spec.listed_files import sha256_of
+    from packer.spec.manifest import MANIFEST_NAME, read_manifest
 
     folder = Path(folder)
     problems = []

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 from packer.config import ConvertConfig, DetectionConfig, MaskConfig
 from packer.records import ShardTask
-from packer.run.worker import source_stamp
+from packer.run.source_stamps import source_stamp
 from packer.sources.discover import Discovery
 from packer.spec.errors import InputError
 from packer.targets.detection import DetectionJob, Matched, annotations_digest, match_targets

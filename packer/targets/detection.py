@@ -28,7 +28,8 @@ from packer.pixels.preprocess import Decoded
 from packer.records import UNLABELLED, Skipped
 from packer.sources.discover import Discovery
 from packer.spec.errors import DecodeError, InputError
-from packer.targets.annotations import Annotations, ImageBoxes, load_annotations, with_categories
+from packer.targets.annotation_records import Annotations, ImageBoxes, with_categories
+from packer.targets.annotations import load_annotations
 
 TARGET_FIELD = "target"
 

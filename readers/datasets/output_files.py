@@ -11,7 +11,8 @@ from typing import Any, Optional
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError, PackerError
 from packer.spec.file_stamp import FileStamp
-from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest, sha256_of, unsafe_file
+from packer.spec.listed_files import sha256_of, unsafe_file
+from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.spec.registry import FORMATS, resolve
 from readers.remote.urls import is_url, open_manifest
 

@@ -15,8 +15,7 @@ from packer.ops import append as appending
 from packer.output import files as output
 from packer.output.shard_samples import read_samples, write_samples
 from packer.records import ShardResult, SourceItem
-from packer.run import source_stamps
-from packer.sources import saved_discovery
+from packer.sources import saved_discovery, source_stamps
 from packer.sources.folder_stamps import FolderStamps
 from packer.spec.file_stamp import MISSING_FOLDER_RECORD, MISSING_SOURCE_TEXT, FileStamp
 from packer.targets.annotations import _digest as annotations_digest
@@ -60,7 +59,7 @@ def test_each_stored_form_is_the_one_written_before(file):
     assert stamp.as_side_file_record() == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     # packer/sources/saved_discovery.py, discovery.json's labels_file
     assert stamp.as_labels_file_record(str(file)) == [str(file), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    # packer/run/source_stamps.py source_stamp, hashed into sources digests and plan fingerprints
+    # packer/sources/source_stamps.py source_stamp, hashed into sources digests and plan fingerprints
     assert stamp.as_source_text() == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     # packer/targets/annotations.py, a line of an annotations folder's digest
     assert stamp.as_annotations_line("labels/a.txt") == f"labels/a.txt\0{st.st_size}\0{st.st_mtime_ns}\0".encode()

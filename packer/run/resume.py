@@ -16,8 +16,8 @@ from typing import Sequence
 from packer import __version__
 from packer.config import ConvertConfig
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, SourceItem
-from packer.run.source_stamps import files_stamp, sources_digest
 from packer.sources.item_table import ItemTable
+from packer.sources.source_stamps import files_stamp, sources_digest
 from packer.spec.text import TextConfig
 
 log = logging.getLogger(__name__)

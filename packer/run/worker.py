@@ -2,7 +2,7 @@
 
 A worker gets a plain ``ShardJob`` (``packer.run.shard_job``) and never any open object, so the same
 function serves the local executor's processes and, later, tasks on other machines. What it records
-of the source files (digests, stamps) is ``packer.run.source_stamps``.
+of the source files (digests, stamps) is ``packer.sources.source_stamps``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from packer.pixels.geometry import image_geometry
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, Skipped, SourceItem
 from packer.run.shard_job import ShardJob
-from packer.run.source_stamps import item_stamp, source_digest, source_stamp
 from packer.sources.containers import container_bytes
 from packer.sources.repack_shard import stored_samples
+from packer.sources.source_stamps import item_stamp, source_digest, source_stamp
 from packer.spec import text
 from packer.spec.codecs import encode_image, image_extension
 from packer.spec.errors import DecodeError, OutputError

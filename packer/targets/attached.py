@@ -13,8 +13,8 @@ from typing import Any, Optional, Sequence
 
 from packer.config import ConvertConfig, DetectionConfig, MaskConfig
 from packer.records import ShardTask
-from packer.run.source_stamps import source_stamp
 from packer.sources.discover import Discovery
+from packer.sources.source_stamps import source_stamp
 from packer.spec.errors import InputError
 from packer.targets.detection import DetectionJob, Matched, annotations_digest, match_targets
 from packer.targets.segmentation import mask_job, match_masks

@@ -219,15 +219,17 @@ def test_a_stuck_scanner_is_stopped_and_its_shard_reported(outputs):
 def test_a_scanner_stuck_after_some_samples_is_reported_at_the_sample_it_reached(outputs, tmp_path):
     """The child reports its samples every PROGRESS_SECONDS: the stall message still names the sample
     it stopped at, and the progress bar gets every sample finished, not the last report's count."""
-    # Verify's clock stands still until every scanner is stuck, then moves past the stall: however long
-    # a busy machine takes to run a scanner up to its samples, none is found stalled before.
+    # Verify's clock stands still until every scanner is stuck, then moves a second (the stall) at each
+    # reading: however long a busy machine takes to run a scanner up to its samples, none is found
+    # stalled before, and a report that reaches verify after the jump is overtaken at the next reading.
     code = (
-        f"import os, time, types, packer.output.verify as v\nv.STALL_SECONDS = 1\nstuck_at = {str(tmp_path)!r}\n"
+        f"import itertools, os, time, types, packer.output.verify as v\nv.STALL_SECONDS = 1\n"
+        f"stuck_at = {str(tmp_path)!r}\nticks = itertools.count(100)\n"
         "def stuck(root, manifest, shard, progress=None, labels=None, **kwargs):\n"
         "    for _ in range(3):\n        progress(1)\n"
         "    open(os.path.join(stuck_at, shard.name), 'w').close()\n    time.sleep(600)\n"
         f"v.check_samples = stuck\nshards = {len(shard_names(outputs['npy']))}\n"
-        "v.time = types.SimpleNamespace(monotonic=lambda: 100.0 * (len(os.listdir(stuck_at)) == shards))\n"
+        "v.time = types.SimpleNamespace(monotonic=lambda: float(next(ticks)) * (len(os.listdir(stuck_at)) == shards))\n"
         f"told = []\nfor p in v.verify({str(outputs['npy'])!r}, progress=told.append, workers=shards): print(p)\n"
         "print('told', sum(told))"
     )

@@ -22,7 +22,8 @@ from readers.datasets.npy import NpyDataset
 from readers.datasets.tensors import BatchNormalize, ImageConverter
 from readers.datasets.wds import WdsDataset
 from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
-from readers.loading.loader import PackedLoader, make_loader
+from readers.loading.loader import make_loader
+from readers.loading.packed_loader import PackedLoader
 from readers.loading.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
 from readers.remote.urls import open_manifest
 

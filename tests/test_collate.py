@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from readers import LengthBucketSampler, pad_collate
-from readers.loading.collate import Numbered, PackedBatch, empty_batch
+from readers.loading.batch_buffers import empty_batch
+from readers.loading.collate import Numbered, PackedBatch
 
 
 def ids(*values: int) -> torch.Tensor:

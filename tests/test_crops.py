@@ -129,11 +129,11 @@ def test_crop_pixels_are_pillow_cutting_and_resizing_the_stored_image(outputs, n
 
 @pytest.mark.parametrize("channels", [1, 3])
 def test_enlarged_crops_are_within_a_level_of_torchs_kernel_and_two_of_pillows(channels):
-    """Crops enlarged on both sides take OpenCV's bilinear kernel (readers.augment.crops._resized): the same
+    """Crops enlarged on both sides take OpenCV's bilinear kernel (readers.augment.render._resized): the same
     weights as torch's antialiased kernel in fixed point. Against both, on sharp random pixels."""
     import torch.nn.functional as F
 
-    from readers.augment.crops import _resized
+    from readers.augment.render import _resized
 
     rng = np.random.default_rng(3)
     for _ in range(60):

@@ -407,7 +407,7 @@ def test_an_output_replaced_under_a_reader_is_an_error_not_a_mix(fmt, tmp_path):
             list(stream)
         return
     old = ds[0][0].clone()
-    ds._handle(1)  # shard 1 opened (as lengths() opens shards), none of it read yet
+    ds.handles.get(1, ds)  # shard 1 opened (as lengths() opens shards), none of it read yet
     convert(second, out, config, workers=1, overwrite=True)
     new = open_dataset(out)
     assert [new[i][1] for i in range(10, 20)] == [0] * 5 + [1] * 5 and not torch.equal(new[0][0], old)

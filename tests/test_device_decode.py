@@ -17,6 +17,7 @@ from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
 from readers.augment.device_decode import EncodedBatch
+from readers.loading.batch_buffers import BatchBuffers
 
 MAX = PreprocessConfig(resize="max", size=(72, 72))
 STD = 0.225  # the smallest of ImageNet's stds: a level is at most 1 / (255 * STD) of a normalized value
@@ -91,14 +92,14 @@ def test_workers_send_jpeg_bytes_and_render_only_what_the_device_cannot(outputs)
     """The plain JPEGs cross as their stored bytes; the PNG, the EXIF-turned file and the boxes that
     pad are rendered by the worker."""
     ds = open_dataset(outputs["source"], crop=RandomResizedCrop(48), flip=True)
-    ds.encoded_batches, ds.seed = True, 0
+    ds = ds.for_loader(BatchBuffers(encoded=True), 0)
     batch = ds.__getitems__(list(range(len(ds))))
     assert isinstance(batch, EncodedBatch) and len(batch.labels) == 12
     assert len(batch.rows) == 10 and len(batch.done) == 2  # the PNG and the turned JPEG
     ends = [0, *batch.ends.tolist()]
     assert all(bytes(batch.data[a:b].numpy()).startswith(b"\xff\xd8") for a, b in zip(ends, ends[1:]))
     padded = open_dataset(outputs["npy"], crop=CenterCrop(300))
-    padded.encoded_batches, padded.seed = True, 0
+    padded = padded.for_loader(BatchBuffers(encoded=True), 0)
     assert len(padded.__getitems__([0, 1, 2]).done) == 3
 
 
@@ -154,7 +155,7 @@ def test_same_pixels_as_pillow_within_two_levels(outputs):
     """A device crop against Pillow cropping and resizing the decoded stored image (the issue's check
     of the workers' crops, applied to the device's)."""
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
-    ds.encoded_batches, ds.seed = True, 0
+    ds = ds.for_loader(BatchBuffers(encoded=True), 0)
     batch = ds.__getitems__([0])
     from readers.augment.device_decode import DeviceDecoder
 
@@ -217,7 +218,7 @@ def test_a_file_the_gpu_decoder_refuses_is_decoded_as_the_workers_decode_it(outp
     from readers.augment.device_decode import DeviceDecoder
 
     ds = open_dataset(outputs["npy"], crop=RandomResizedCrop(48), normalize=False)
-    ds.encoded_batches, ds.seed = True, 0
+    ds = ds.for_loader(BatchBuffers(encoded=True), 0)
     batch = ds.__getitems__(list(range(6)))
     plain = DeviceDecoder(None, "RGB", None)
     calls: list[int] = []

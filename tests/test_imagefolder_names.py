@@ -133,7 +133,7 @@ def test_nested_folders_give_imagefolders_samples_in_sorted_key_order(tmp_path):
 def test_samples_with_one_shard_open_at_a_time_and_not_pickled(packed, fmt):
     ds = open_dataset(packed[fmt], max_open_shards=1)
     _, want = imagefolder_listing(packed["_src"])
-    assert ds.samples == want and len(ds._handles) == 1
+    assert ds.samples == want and len(ds.handles.open) == 1
     data = pickle.dumps(ds)
     assert b"img_004" not in data  # the kept keys stay in this process, as open handles do
     copy = pickle.loads(data)

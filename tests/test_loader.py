@@ -483,3 +483,22 @@ def test_the_loaders_sampler_can_be_pickled_and_copied_without_its_loader(packed
         clone.set_epoch(3)  # follows no loader
         assert clone.batches(3) == loader.sampler.batches(3)
     assert loader.sampler.epoch == 0
+
+
+def test_the_loader_hands_its_batch_state_to_its_own_copy_of_the_reader(packed):
+    """make_loader's buffers and seed go to a copy of the reader (``for_loader``), which takes them to
+    the workers when pickled; the caller's reader keeps its own; a tar-shard reader's pass is set on
+    the batch plan the loader keeps."""
+    import pickle
+
+    from readers.loading.batch_buffers import BatchBuffers
+
+    ds = open_dataset(packed["npy"], seed=4)
+    copy = ds.for_loader(BatchBuffers(shared=True, encoded=True), 9, normalize=False)
+    assert copy.buffers.shared and copy.buffers.encoded and copy.seed == 9 and copy.convert.normalize is None
+    assert ds.buffers == BatchBuffers() and ds.seed == 4 and ds.convert.normalize is not None
+    assert pickle.loads(pickle.dumps(copy)).buffers.encoded
+    loader = make_loader(open_dataset(packed["wds"]), 5, num_workers=0)
+    assert loader.batches is not None and loader.dataset.batches is loader.batches
+    next(iter(loader))
+    assert loader.batches.this_pass() == (0, 0)

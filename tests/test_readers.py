@@ -220,7 +220,7 @@ def test_forked_workers_open_their_own_handles(packed, tmp_path):
 def test_open_shards_are_bounded(packed):
     ds = open_dataset(packed["lmdb"], max_open_shards=1)
     first = [ds[i][0] for i in range(15)]
-    assert len(ds._handles) == 1
+    assert len(ds.handles.open) == 1
     assert all(torch.equal(a, b) for a, b in zip(first, [open_dataset(packed["npy"])[i][0] for i in range(15)]))
 
 
@@ -516,7 +516,7 @@ def test_labels_are_views_of_the_files_not_copies(many_labels, fmt):
     """Every worker used to copy every shard's labels (8 B a sample each): they are now views of the
     mapped files, which the page cache shares between processes."""
     ds = open_dataset(many_labels[fmt])
-    labels = ds._shard_labels(1)
+    labels = ds.handles.labels_of(1, ds)
     assert labels.tolist() == [0] * 500 and not labels.flags.owndata and not labels.flags.writeable
     base = labels
     while isinstance(base, np.ndarray) and base.base is not None:
@@ -562,9 +562,9 @@ def test_labels_are_dropped_with_their_shard(many_labels, fmt):
     files open: the views leave the cache with their shard."""
     ds = open_dataset(many_labels[fmt], max_open_shards=2)
     assert [int(s[1]) for s in ds.__getitems__([0, 500, 1000])] == [0, 0, 1]
-    assert sorted(ds._labels) == sorted(ds._handles) == [1, 2]
+    assert sorted(ds.handles.labels) == sorted(ds.handles.open) == [1, 2]
     assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
-    assert len(ds._labels) <= 2
+    assert len(ds.handles.labels) <= 2
 
 
 def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):

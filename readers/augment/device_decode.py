@@ -18,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from readers.augment.crops import Placement, _inside
+from readers.augment.crops import Placement
+from readers.augment.render import box_inside
 from readers.datasets.tensors import BatchNormalize
 
 DECODE_WHERE = ("workers", "device")
@@ -120,7 +121,7 @@ def on_device(placement: Placement, height: int, width: int) -> bool:
     if placement.whole is not None:
         (rh, rw), (box_h, box_w) = placement.whole, (height, width)
     else:
-        if not placement.cut or not _inside(placement.box, (height, width)):
+        if not placement.cut or not box_inside(placement.box, (height, width)):
             return False
         (rh, rw), (box_h, box_w) = (oh, ow), (bottom - top, right - left)
     return box_h <= MAX_SHRINK * rh and box_w <= MAX_SHRINK * rw
@@ -139,7 +140,7 @@ def refusal(dataset, random_access: bool, collate_given: bool) -> Optional[str]:
         )
     if getattr(dataset, "memory", None) is not None:
         return "in_memory=True holds the images decoded already: there is nothing left to decode on the device"
-    if dataset.augment is None or dataset.augment.crop is None:
+    if dataset.crops is None or dataset.crops.augment.crop is None:
         return "it makes batches of crops of one size: open the dataset with crop=RandomResizedCrop(N) or CenterCrop(N)"
     if dataset.one_by_one or dataset.text_fields or dataset.has_target:
         return (

@@ -80,7 +80,7 @@ class Hdf5Dataset(PackedDataset):
     format_name = "hdf5"
 
     def open_shard(self, shard: ShardEntry) -> _Hdf5Shard:
-        path = self.path(shard.file(HDF5_SUFFIX))
+        path = self.files.path(shard.file(HDF5_SUFFIX))
         f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
 
         def varlen(field: str) -> tuple[h5py.Dataset, np.ndarray]:

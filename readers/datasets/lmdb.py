@@ -75,7 +75,7 @@ class LmdbDataset(PackedDataset):
     format_name = "lmdb"
 
     def open_shard(self, shard: ShardEntry) -> _LmdbShard:
-        path = str(self.path(shard.file(LMDB_SUFFIX)).resolve())
+        path = str(self.files.path(shard.file(LMDB_SUFFIX)).resolve())
         key, env = _acquire(path)
         # buffers=True: values are views of the map, valid while the transaction lives (until
         # close_shard), so an image is copied once, into its batch slot, and no sooner.

@@ -11,7 +11,6 @@ import bisect
 import contextlib
 import os
 import warnings
-from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -22,9 +21,11 @@ from packer.pixels.source_codec import decode_stored
 from packer.spec.entries import TextField
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry
-from readers.augment.crops import render
 from readers.augment.device_decode import BatchBuilder, EncodedBatch, on_device
-from readers.datasets.base import ReaderBase, decode_field
+from readers.augment.render import render
+from readers.datasets.base import ReaderBase
+from readers.datasets.samples import decode_field
+from readers.datasets.shard_handles import ShardHandles
 from readers.datasets.tensors import torch_dtype
 from readers.loading.collate import PackedBatch
 
@@ -57,17 +58,14 @@ class PackedDataset(ReaderBase, Dataset):
         self, root: str | os.PathLike, *, max_open_shards: int = 64, in_memory: bool = False, **options
     ) -> None:
         super().__init__(root, **options)
-        self.max_open_shards = max(1, int(max_open_shards))
-        self._handles: OrderedDict[int, Any] = OrderedDict()
-        self._labels: dict[int, np.ndarray] = {}  # of the open shards: views of their files (see _shard_labels)
-        self._keys: dict[int, list[str]] = {}  # per shard, read by ``samples``: kept like the labels
-        self._pid: Optional[int] = None
+        self.handles = ShardHandles(max_open_shards)
+        """This process's open shards (``readers.datasets.shard_handles``)."""
         self.memory: Optional[torch.Tensor] = None
         self._memory_view: Optional[np.ndarray] = None
         # The epoch of the crops and flips, in shared memory: DataLoader workers (persistent ones too)
         # see set_epoch. make_loader's batches carry their epoch instead (readers.loading.sampler.EpochBatch).
         # -1: never set (epoch 0, and a warning in DataLoader workers, where crops would repeat every epoch).
-        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_() if self.augment is not None else None
+        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_() if self.crops is not None else None
         if in_memory:
             self.load_into_memory()
 
@@ -107,7 +105,7 @@ class PackedDataset(ReaderBase, Dataset):
             if self._memory_view is None:
                 self._memory_view = self.memory.numpy()
             return self._memory_view[self._offsets[shard] + local]
-        stored = self.read_stored(self._handle(shard), local)
+        stored = self.read_stored(self.handles.get(shard, self), local)
         if not self.layout.codec.encoded:
             self._check_image(stored, shard)
         return stored
@@ -124,7 +122,7 @@ class PackedDataset(ReaderBase, Dataset):
         epoch = int(self._epoch.item()) if self._epoch is not None else 0
         if epoch >= 0:
             return epoch
-        if self.augment is not None and self.augment.random and get_worker_info() is not None:
+        if self.crops is not None and self.crops.random and get_worker_info() is not None:
             _warn_epochs()
         return 0
 
@@ -147,8 +145,8 @@ class PackedDataset(ReaderBase, Dataset):
         placement: list = []
         with self._reading(shard):
             values = self._values(shard, local, epoch, placement)
-            label = int(self._shard_labels(shard)[local])
-            key = self.read_key(self._handle(shard), local) if self.return_meta else None
+            label = int(self.handles.labels_of(shard, self)[local])
+            key = self.read_key(self.handles.get(shard, self), local) if self.return_meta else None
         return self.sample_of(self._offsets[shard] + local, key, label, values, placement[0] if placement else None)
 
     def __getitems__(self, indices: list[int]):
@@ -167,7 +165,7 @@ class PackedDataset(ReaderBase, Dataset):
             return [self[i] for i in indices]  # a subclass's own __getitem__
         if self.one_by_one:
             return [self._sample_at(i, epoch) for i in indices]  # per sample, as dataset[i]
-        if self.encoded_batches:
+        if self.buffers.encoded:
             return self._encoded_batch(indices, epoch)
         n = len(indices)
         if self.layout.has_image and self.image_shape is None:  # images of their own sizes: no batch tensor
@@ -180,13 +178,15 @@ class PackedDataset(ReaderBase, Dataset):
         hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
-                labels[rows] = self._shard_labels(shard)[local]
+                labels[rows] = self.handles.labels_of(shard, self)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
-                    if self.augment is None:
+                    if self.crops is None:
                         image = self._image(shard, at)
                     else:  # cropped and flipped
                         codec = "raw" if self.memory is not None else None  # held decoded
-                        image = self.stored_out(self._stored(shard, at), self._offsets[shard] + at, epoch, codec)[0]
+                        image = self.crops.image(
+                            self._stored(shard, at), self.seed, self._offsets[shard] + at, epoch, codec
+                        )[0]
                     if hwc is not None and image.dtype == hwc.dtype:
                         hwc[j] = image
                     else:
@@ -201,10 +201,10 @@ class PackedDataset(ReaderBase, Dataset):
         batch, mode = BatchBuilder(len(indices), (h, w), c), self.layout.mode
         for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
-                batch.labels[rows] = self._shard_labels(shard)[local]
+                batch.labels[rows] = self.handles.labels_of(shard, self)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
-                    stored, codec, placement, (height, width) = self.placed(
-                        self._stored(shard, at), self._offsets[shard] + at, epoch, self.layout.codec.name
+                    stored, codec, placement, (height, width) = self.crops.placed(  # type: ignore[union-attr]
+                        self._stored(shard, at), self.seed, self._offsets[shard] + at, epoch
                     )
                     if codec == "jpeg" and on_device(placement, height, width):
                         batch.add_encoded(j, bytes(stored), placement)
@@ -218,7 +218,7 @@ class PackedDataset(ReaderBase, Dataset):
         out: list = [None] * len(indices)
         for shard, rows, local in self._by_shard(indices):
             with self._reading(shard):
-                labels = self._shard_labels(shard)[local].tolist()
+                labels = self.handles.labels_of(shard, self)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
                     values = self._values(shard, at, epoch)
                     if self.geometry:
@@ -231,19 +231,21 @@ class PackedDataset(ReaderBase, Dataset):
         ``epoch``), then each text field's value. The Placement used is appended to ``placement``."""
         values, used = [], None
         if self.layout.has_image:
-            if self.augment is None:
+            if self.crops is None:
                 image, used = self._image(shard, local), None  # decoded and checked against the manifest
             else:
                 codec = "raw" if self.memory is not None else None  # held decoded
-                image, used = self.stored_out(self._stored(shard, local), self._offsets[shard] + local, epoch, codec)
+                image, used = self.crops.image(
+                    self._stored(shard, local), self.seed, self._offsets[shard] + local, epoch, codec
+                )
             if placement is not None and used is not None:
                 placement.append(used)
             values.append(self.convert(image))
         if self.text_fields:
-            handle = self._handle(shard)
+            handle = self.handles.get(shard, self)
             values += [decode_field(f, self.read_field(handle, local, f.name)) for f in self.text_fields]
             if self.has_target and used is not None:  # the boxes or mask follow the pixels
-                values[1] = self.place_target(values[1], used)
+                values[1] = self.crops.target(values[1], used)  # type: ignore[union-attr]
         return values
 
     def _by_shard(self, indices: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -295,7 +297,7 @@ class PackedDataset(ReaderBase, Dataset):
         out = np.empty(len(self), dtype=np.int64)
         for i, start in enumerate(self._offsets[:-1]):
             with self._reading(i):
-                labels = self._shard_labels(i)  # copied shard by shard (see _shard_labels)
+                labels = self.handles.labels_of(i, self)  # copied shard by shard (see ShardHandles.labels_of)
                 if len(labels) != self._offsets[i + 1] - start:
                     raise ManifestError(
                         f"{self.root / self.manifest.shards[i].name}: {len(labels)} labels where "
@@ -324,7 +326,7 @@ class PackedDataset(ReaderBase, Dataset):
         for shard in range(len(self.manifest.shards)):
             keys = self._shard_keys(shard)
             with self._reading(shard):
-                out += zip(keys, self._shard_labels(shard).tolist())
+                out += zip(keys, self.handles.labels_of(shard, self).tolist())
         return out
 
     @property
@@ -333,18 +335,18 @@ class PackedDataset(ReaderBase, Dataset):
         return self.samples
 
     def _shard_keys(self, shard: int) -> list[str]:
-        keys = self._keys.get(shard)
+        keys = self.handles.keys.get(shard)
         if keys is None:
             count = self.manifest.shards[shard].samples
             with self._reading(shard):
-                keys = list(self.read_keys(self._handle(shard), count))
+                keys = list(self.read_keys(self.handles.get(shard, self), count))
             if len(keys) != count:
                 raise ManifestError(
                     f"{self.root / self.manifest.shards[shard].name}: {len(keys)} keys where the "
                     f"manifest says {count} samples; the output is damaged, run packer verify "
                     f"{self.root}"
                 )
-            self._keys[shard] = keys
+            self.handles.keys[shard] = keys
         return keys
 
     @property
@@ -361,7 +363,7 @@ class PackedDataset(ReaderBase, Dataset):
         for shard in range(len(self.manifest.shards)):
             entry = self.manifest.shards[shard]
             with self._reading(shard):
-                shapes = self.read_shapes(self._handle(shard), entry)
+                shapes = self.read_shapes(self.handles.get(shard, self), entry)
             if shapes is None or shapes.shape != (entry.samples, 3):
                 raise ValueError(
                     f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
@@ -374,11 +376,11 @@ class PackedDataset(ReaderBase, Dataset):
         """Every sample's length of a text field in dataset order, int64: UTF-8 bytes for text and
         json, ids for token ids (``field`` defaults to the text/token field). Read from the shards'
         indexes alone; no sample is read. For ``LengthBucketSampler``."""
-        f = self.length_field(field)
+        f = self.info.length_field(field)
         parts = []
         for shard in range(len(self.manifest.shards)):
             with self._reading(shard):
-                parts.append(np.asarray(self.read_lengths(self._handle(shard), f), dtype=np.int64))
+                parts.append(np.asarray(self.read_lengths(self.handles.get(shard, self), f), dtype=np.int64))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def sample_weights(self) -> torch.Tensor:
@@ -411,7 +413,7 @@ class PackedDataset(ReaderBase, Dataset):
         bytes (any buffer) of an encoded image.
 
         May be a read-only view of the shard's file, valid until the shard is closed: use it before
-        the next ``_handle`` call (which may close shards) and never write into it.
+        the next ``handles.get`` call (which may close shards) and never write into it.
         """
         raise NotImplementedError
 
@@ -443,54 +445,11 @@ class PackedDataset(ReaderBase, Dataset):
     def close_shard(self, handle: Any) -> None:
         """Release an open shard."""
 
-    # Handle lifecycle -------------------------------------------------------------------------
-    def _in_this_process(self) -> None:
-        """Forget what a parent process left (a forked worker): its handles must not be used, and its
-        label views may be of maps that opening a shard here unmaps (LMDB closes inherited
-        environments), so they are dropped before any is read."""
-        if self._pid != os.getpid():
-            self._handles, self._labels, self._keys, self._pid = OrderedDict(), {}, {}, os.getpid()
-
-    def _handle(self, shard: int) -> Any:
-        self._in_this_process()
-        handle = self._handles.get(shard)
-        if handle is None:
-            while len(self._handles) >= self.max_open_shards:
-                closed, old = self._handles.popitem(last=False)
-                self.close_shard(old)
-                self._labels.pop(closed, None)  # a view of the closed shard's map, which holds a file open
-            handle = self.open_shard(self.manifest.shards[shard])
-            try:
-                self.check_unchanged()  # after the open: the files open now are the manifest's, or this fails
-            except ManifestError:
-                self.close_shard(handle)
-                raise
-            self._handles[shard] = handle
-        else:
-            self._handles.move_to_end(shard)
-        return handle
-
-    def _shard_labels(self, shard: int) -> np.ndarray:
-        """The labels of ``shard``, read-only: a view of its mapped files (shared by every worker through
-        the page cache; nothing is copied per worker, so a worker's memory does not grow with the
-        dataset). Kept while the shard is open, dropped when it is closed: a map holds a file open,
-        and LMDB's is unmapped with its environment, so use the view at once (index or copy it), and
-        never keep it past opening another shard."""
-        self._in_this_process()
-        labels = self._labels.get(shard)
-        if labels is None:
-            labels = self._labels[shard] = self.read_labels(self._handle(shard))
-        return labels
-
     def close(self) -> None:
         """Close every open shard in this process."""
-        if self._pid == os.getpid():
-            for handle in self._handles.values():
-                self.close_shard(handle)
-        self._handles, self._labels, self._keys = OrderedDict(), {}, {}
+        self.handles.close(self)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_handles"], state["_labels"], state["_keys"], state["_pid"] = OrderedDict(), {}, {}, None
         state["_memory_view"] = None  # the shared tensor travels as a handle; numpy views of it do not
         return state

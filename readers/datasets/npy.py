@@ -33,11 +33,11 @@ class NpyDataset(PackedDataset):
         def mmap(suffix: str) -> np.ndarray:
             # A plain ndarray over the map (it keeps the map alive): indexing a np.memmap costs
             # more per sample for its subclass bookkeeping.
-            return np.asarray(np.load(self.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False))
+            return np.asarray(np.load(self.files.path(shard.file(suffix)), mmap_mode="r", allow_pickle=False))
 
         def varlen(field: str) -> tuple[np.ndarray, np.ndarray]:
             data, offsets = npy_varlen_suffixes(field)
-            return mmap(data), np.load(self.path(shard.file(offsets)), allow_pickle=False)
+            return mmap(data), np.load(self.files.path(shard.file(offsets)), allow_pickle=False)
 
         labels = mmap(NPY_LABELS)
         text = {f.name: varlen(f.name) for f in self.text_fields}
@@ -48,7 +48,7 @@ class NpyDataset(PackedDataset):
             return _NpyShard(mmap(NPY_IMAGES), None, mmap(NPY_KEYS), labels, text)
         shapes = None
         if kind is ImageStorage.VARIABLE:
-            shapes = np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
+            shapes = np.load(self.files.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
         return _NpyShard(*varlen("images"), mmap(NPY_KEYS), labels, text, shapes, str(self.root / shard.name))
 
     def read_stored(self, handle: _NpyShard, local: int) -> np.ndarray:
@@ -60,7 +60,7 @@ class NpyDataset(PackedDataset):
         return data
 
     def read_labels(self, handle: _NpyShard) -> np.ndarray:
-        return handle.labels  # a view of the mapped file (see PackedDataset._shard_labels)
+        return handle.labels  # a view of the mapped file (see ShardHandles.labels_of)
 
     def read_field(self, handle: _NpyShard, local: int, field: str) -> np.ndarray:
         flat, offsets = handle.text[field]
@@ -74,7 +74,7 @@ class NpyDataset(PackedDataset):
             return handle.shapes
         if not any(f.path.endswith(NPY_IMAGE_SHAPES) for f in shard.files):
             return None
-        return np.load(self.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
+        return np.load(self.files.path(shard.file(NPY_IMAGE_SHAPES)), allow_pickle=False)
 
     def read_key(self, handle: _NpyShard, local: int) -> str:
         return str(handle.keys[local])

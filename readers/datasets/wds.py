@@ -19,14 +19,17 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from packer.pixels.source_codec import decode_stored
 from packer.spec.codecs import NpyDecoder
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry
 from packer.spec.shard_names import NPY_IMAGE_SHAPES, TAR_SUFFIX, wds_lengths_suffix
 from packer.spec.tario import decode_tar_sample, iter_shard_samples, tar_fields
 from readers.augment.crops import Placement
-from readers.datasets.base import ReaderBase, decode_field
+from readers.datasets.base import ReaderBase
+from readers.datasets.samples import decode_field
 from readers.loading.collate import Numbered, PackedBatch
+from readers.loading.tar_batches import TarBatches
 from readers.remote.urls import file_url, is_url, iter_remote_tar, read_remote_file
 
 PASS_SLOTS = 64
@@ -58,7 +61,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         # shared memory: workers, persistent or made anew each epoch, see set_epoch and count their passes
         self._epochs = torch.zeros(1 + PASS_SLOTS, dtype=torch.int64).share_memory_()
         self._local_passes = -1  # a worker beyond PASS_SLOTS counts its own
-        self._batching: Optional[dict] = None  # set by configure_batches
+        self.batches: Optional[TarBatches] = None
+        """The whole batches this reader makes (``batch_by``), or None: it yields samples."""
         self._npy = NpyDecoder()  # the images of an output share one npy header: parsed once
 
     def set_epoch(self, epoch: int) -> None:
@@ -91,12 +95,12 @@ class WdsDataset(ReaderBase, IterableDataset):
         return order
 
     def __len__(self) -> int:
-        """Samples in the output; with ``configure_batches``, this rank's batches per epoch."""
-        return self._batch_count() if self._batching is not None else self.manifest.samples
+        """Samples in the output; with ``batch_by``, this rank's batches per epoch."""
+        return self.batches.count(self._shard_samples()) if self.batches is not None else self.manifest.samples
 
     def __iter__(self) -> Iterator:
-        if self._batching is not None:
-            yield from self._iter_batches()
+        if self.batches is not None:
+            yield from self._iter_batches(self.batches)
             return
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -135,13 +139,13 @@ class WdsDataset(ReaderBase, IterableDataset):
             yield (index, *self.decode(fields, path, index, epoch))
 
     def lengths(self, field: Optional[str] = None) -> np.ndarray:
-        """Every sample's length of a text field in stored order, int64 (see ``ReaderBase.lengths``),
+        """Every sample's length of a text field in stored order, int64 (see ``PackedDataset.lengths``),
         read from the shards' ``.lengths.npy`` side files, not from the tars."""
-        f = self.length_field(field)
+        f = self.info.length_field(field)
         parts = [
             np.load(self._side_file(s, wds_lengths_suffix(f.name)), allow_pickle=False) for s in self.manifest.shards
         ]
-        self.check_unchanged()  # after the reads: the side files read were the opened output's
+        self.files.check_unchanged()  # after the reads: the side files read were the opened output's
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     @property
@@ -160,7 +164,7 @@ class WdsDataset(ReaderBase, IterableDataset):
                     f"packer {self.manifest.packer_version}); convert it again with this packer"
                 )
             parts.append(np.load(self._side_file(entry, NPY_IMAGE_SHAPES), allow_pickle=False)[:, :2])
-        self.check_unchanged()
+        self.files.check_unchanged()
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros((0, 2), np.int64)
 
     def iter_shard_raw(self, shard: int) -> Iterator[tuple[int, dict, str]]:
@@ -171,7 +175,7 @@ class WdsDataset(ReaderBase, IterableDataset):
             path = file_url(self.root, relpath)
             samples = iter_remote_tar(self.root, next(f for f in entry.files if f.path == relpath), self.cache_dir)
         else:
-            path = self.path(relpath)
+            path = self.files.path(relpath)
             samples = self._local_tar(path)
         local = 0
         for fields in samples:
@@ -190,7 +194,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         pending = None
         for fields in iter_shard_samples(path):  # headers walked here, not by tarfile (see packer.spec.tario)
             if not checked:
-                self.check_unchanged()
+                self.files.check_unchanged()
                 checked = True
             if pending is not None:
                 yield pending
@@ -203,7 +207,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         and checked against the manifest's SHA-256."""
         relpath = shard.file(suffix)
         if not is_url(self.root):
-            return self.path(relpath)
+            return self.files.path(relpath)
         return io.BytesIO(read_remote_file(self.root, next(f for f in shard.files if f.path == relpath)))
 
     def decode(self, fields: dict, path: str, index: int = 0, epoch: int = 0) -> tuple:
@@ -214,16 +218,19 @@ class WdsDataset(ReaderBase, IterableDataset):
         stored = tar_fields(fields, self.text_fields, path)
         texts = tuple(decode_field(f, stored[f.name]) for f in self.text_fields)
         placement = None
-        if array is not None and (codec != "raw" or self.augment is not None):
+        if array is not None and (codec != "raw" or self.crops is not None):
             try:
-                array, placement = self.stored_out(array, index, epoch)
+                if self.crops is None:
+                    array = decode_stored(array, codec, self.layout.mode)
+                else:
+                    array, placement = self.crops.image(array, self.seed, index, epoch)
             except Exception as e:  # noqa: BLE001 - Pillow reports bad data with many types
                 raise ManifestError(
                     f"{path}: sample {fields['__key__']} is damaged ({type(e).__name__}: {e}); "
                     f"run packer verify {self.root}"
                 ) from None
         if self.has_target and placement is not None:  # the boxes or mask follow the pixels
-            texts = (self.place_target(texts[0], placement), *texts[1:])
+            texts = (self.crops.target(texts[0], placement), *texts[1:])  # type: ignore[union-attr]
         return array, label, meta.get("key", fields["__key__"]), texts, placement
 
     # Whole batches, for make_loader ---------------------------------------------------------------
@@ -237,114 +244,54 @@ class WdsDataset(ReaderBase, IterableDataset):
         workers: int = 0,
         control: Optional[torch.Tensor] = None,
     ) -> None:
-        """Yield whole batches (``PackedBatch``) instead of samples, an equal number on every rank.
+        """Yield whole batches (``PackedBatch``) instead of samples, an equal number on every rank, through
+        this reader's shuffle buffer: ``batch_by`` a ``TarBatches`` of these (its policy is there)."""
+        batches = TarBatches(batch_size, drop_last, rank, world_size, workers, self.shuffle)
+        if control is not None:
+            batches.control = control
+        self.batch_by(batches)
 
-        Policy (documented in the README): shards are assigned once, rank ``r`` of ``world_size``
-        reading shards ``r, r + world_size, ...`` and, within a rank, DataLoader worker ``k`` of
-        ``workers`` every ``workers``-th of those; each epoch a worker reads its shards in a shuffled
-        order through the shuffle buffer, in batches of ``batch_size`` with one partial batch at
-        its end (none with ``drop_last``); a worker left without a shard reads none. So with one
-        rank every sample comes exactly once per epoch, whatever the worker count. Ranks must yield
-        equal batch counts (DDP waits for the slowest): a rank with fewer batches than the largest
-        adds full batches drawn from another pass over its shards (a few samples repeat); with
-        ``drop_last`` the ranks with more drop some instead. ``control`` is a shared ``[epoch,
-        batches to skip]`` tensor that the loader sets before each pass, also for persistent workers.
-        """
-        self._batching = {
-            "batch_size": int(batch_size),
-            "drop_last": drop_last,
-            "rank": rank,
-            "world": world_size,
-            "workers": max(1, workers),
-            "control": control if control is not None else torch.zeros(2, dtype=torch.int64),
-        }
-        shards = len(self.manifest.shards)
-        if shards < world_size:
+    def batch_by(self, batches: TarBatches) -> None:
+        """Yield the whole batches ``batches`` plans (``PackedBatch``) instead of samples; ``len()`` is then
+        this rank's batches per epoch. ``make_loader`` makes the plan and keeps it to start each pass."""
+        self.batches = batches
+        shards, world, workers = len(self.manifest.shards), batches.world, batches.workers
+        if shards < world:
             warnings.warn(
-                f"{shards} shard(s) for {world_size} rank(s): some ranks read the same shards, so samples "
+                f"{shards} shard(s) for {world} rank(s): some ranks read the same shards, so samples "
                 "repeat within an epoch; convert with a smaller --shard-size for more shards",
                 stacklevel=2,
             )
-        elif shards < world_size * max(1, workers):
+        elif shards < world * workers:
             warnings.warn(
-                f"{shards} shard(s) for {world_size} rank(s) x {max(1, workers)} worker(s): some workers "
+                f"{shards} shard(s) for {world} rank(s) x {workers} worker(s): some workers "
                 "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
                 "shards",
                 stacklevel=2,
             )
 
-    def start_pass(self, epoch: int, skip: int) -> None:
-        """Make the next pass of ``configure_batches``'s batches epoch ``epoch``'s, from its batch ``skip``
-        on: written into the shared control tensor, so that the DataLoader's workers, persistent ones
-        too, see it when the pass starts (``make_loader``'s loader calls it before each pass)."""
-        if self._batching is None:
-            raise RuntimeError("start_pass is for batches made by the reader: call configure_batches first")
-        self._batching["control"].copy_(torch.tensor([int(epoch), int(skip)]))
-
-    def _shares(self, rank: int, workers: int) -> list[list[int]]:
-        """Shard numbers read by each DataLoader worker of ``rank``: every ``workers``-th of the rank's.
-        A worker left without one reads none (another's would repeat samples within the epoch); a
-        rank without one (fewer shards than ranks) borrows one, as DDP needs batches from every rank."""
-        b = self._batching
-        everything = list(range(len(self.manifest.shards)))
-        mine = everything[rank :: b["world"]] or everything[rank % len(everything) :][:1]
-        return [mine[k::workers] for k in range(workers)]
-
-    def _natural_counts(self, rank: int, workers: int) -> list[int]:
-        b = self._batching
-        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in self._shares(rank, workers)]
-        size = b["batch_size"]
-        return [h // size if b["drop_last"] else -(-h // size) for h in held]
-
-    def _batch_count(self) -> int:
-        b = self._batching
-        totals = [sum(self._natural_counts(r, b["workers"])) for r in range(b["world"])]
-        return min(totals) if b["drop_last"] else max(totals)
-
     def batch_plan(self, workers: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """For this rank: each worker's shards, each worker's batch sizes in order, and which worker
-        makes each batch of the epoch in the order the DataLoader hands them out (one from each
-        worker still going, in turn)."""
-        b = self._batching
-        size, count = b["batch_size"], self._batch_count()
-        shares = self._shares(b["rank"], workers)
-        held = [sum(self.manifest.shards[s].samples for s in shards) for shards in shares]
-        counts = self._natural_counts(b["rank"], workers)
-        sizes = [[size] * c for c in counts]
-        if not b["drop_last"]:
-            for k, c in enumerate(counts):
-                if c:
-                    sizes[k][-1] = held[k] - size * (c - 1)  # the partial batch at the end of a worker's data
-        k, reading = 0, [w for w in range(workers) if shares[w]]  # never an idle worker: it has nothing to read
-        while sum(len(x) for x in sizes) < count:  # fewer than the largest rank: resampled full batches
-            sizes[reading[k % len(reading)]].append(size)
-            k += 1
-        while sum(len(x) for x in sizes) > count:  # drop_last: more than the smallest rank
-            max(sizes, key=len).pop()
-        seq: list[int] = []
-        left = [len(x) for x in sizes]
-        while any(left):
-            for k in range(workers):
-                if left[k]:
-                    seq.append(k)
-                    left[k] -= 1
-        return shares, sizes, seq
+        makes each batch (``TarBatches.plan``)."""
+        return self.batches.plan(self._shard_samples(), workers)  # type: ignore[union-attr]
 
-    def _iter_batches(self) -> Iterator:
-        b = self._batching
-        epoch, skip = (int(v) for v in b["control"].tolist())
+    def _shard_samples(self) -> list[int]:
+        return [s.samples for s in self.manifest.shards]
+
+    def _iter_batches(self, b: TarBatches) -> Iterator:
+        epoch, skip = b.this_pass()
         info = get_worker_info()
-        worker, workers = (info.id, b["workers"]) if info is not None else (0, 1)
-        shares, sizes, seq = self.batch_plan(workers)
-        rng = random.Random(((self.seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + b["rank"])
+        worker, workers = (info.id, b.workers) if info is not None else (0, 1)
+        shares, sizes, seq = b.plan(self._shard_samples(), workers)
+        rng = random.Random(((self.seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + b.rank)
         shards = list(shares[worker])
 
         def endless() -> Iterator:  # passes over this worker's shards, each in a new order, through the buffer
             while True:
-                if self.shuffle:
+                if b.shuffle:
                     rng.shuffle(shards)
                 one_pass = (item for shard in shards for item in self.iter_shard_raw(shard))
-                yield from shuffle_buffer(one_pass, self.shuffle, rng) if self.shuffle else one_pass
+                yield from shuffle_buffer(one_pass, b.shuffle, rng) if b.shuffle else one_pass
 
         stream = endless()
         mine = [g for g, k in enumerate(seq) if k == worker]  # the epoch's batches this worker makes

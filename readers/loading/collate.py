@@ -13,10 +13,7 @@ from a ``PackedBatch`` (it is also a list of per-sample views), only slower.
 
 from __future__ import annotations
 
-import math
 import numbers
-import os
-import weakref
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -24,6 +21,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from readers.augment.device_decode import EncodedBatch
+from readers.loading.batch_buffers import RingBatch
 
 
 class PackedBatch(list):
@@ -71,122 +69,6 @@ def packed_collate(batch: Any) -> Any:
     ):
         return pad_collate(batch)
     return default_collate(batch)
-
-
-def empty_batch(
-    shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool = False, shared: bool = True
-) -> torch.Tensor:
-    """An uninitialized (N, C, H, W) tensor; in shared memory when ``shared`` and called in a DataLoader
-    worker (only worth it when the batch crosses to the main process as it is: ``packed_collate``).
-
-    ``channels_last=True`` lays the bytes out as N x H x W x C (the stored order), so filling it is
-    a plain copy per sample; the tensor's shape is still (N, C, H, W).
-    """
-    n, c, h, w = shape
-    physical = (n, h, w, c) if channels_last else (n, c, h, w)
-    if not shared or get_worker_info() is None:
-        # From numpy, which asks for huge pages for large arrays: a fresh batch then costs a few page
-        # faults, not one per 4 KiB. torch.empty's memory, mapped afresh for each batch by some
-        # processes' allocator and not by others, made uint8 reads in the main process run at one
-        # of two very different rates from one process to the next.
-        out = torch.from_numpy(np.empty(physical, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
-    else:
-        # As default_collate does: fill shared memory directly instead of copying into it later.
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        storage = torch.UntypedStorage._new_shared(max(1, math.prod(physical) * itemsize))
-        out = torch.empty(0, dtype=dtype).set_(storage, 0, physical)
-    return out.permute(0, 3, 1, 2) if channels_last else out
-
-
-class SlotRing:
-    """Batch buffers in shared memory, made once and reused, between DataLoader workers and the loader.
-
-    Every batch through a worker pipe normally lands in freshly mapped shared memory, and on a
-    virtual machine faulting in those pages costs more than filling them. Here each worker owns
-    ``per_worker`` slots made before the workers start. A worker fills a slot it owns that is free
-    and sends only its number (``RingBatch``); ``make_loader``'s iterator hands out the slot itself,
-    and the slot is free again once nothing refers to the batch any more (``hand_out``). When all of
-    a worker's slots are held (a training loop that keeps batches), it falls back to the usual fresh
-    shared memory: the ring only ever saves time, it never waits.
-    """
-
-    def __init__(
-        self, workers: int, per_worker: int, shape: tuple[int, int, int, int], dtype: torch.dtype, channels_last: bool
-    ) -> None:
-        self.workers, self.per_worker, self.shape, self.dtype = workers, per_worker, shape, dtype
-        self.channels_last = channels_last
-        n, c, h, w = shape
-        physical = (n, h, w, c) if channels_last else shape
-        self.slots = [torch.empty(physical, dtype=dtype).share_memory_() for _ in range(workers * per_worker)]
-        self.free = torch.ones(workers * per_worker, dtype=torch.uint8).share_memory_()
-        self._out: dict[int, weakref.finalize] = {}  # slots handed out by the loader, by finalizer
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_out": {}}  # finalizers stay in the loader's process
-
-    @staticmethod
-    def bytes_needed(workers: int, per_worker: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
-        """Shared memory a ring of this size takes."""
-        return workers * per_worker * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-
-    def view(self, slot: int, n: int) -> torch.Tensor:
-        """The (n, C, H, W) batch tensor over slot ``slot``."""
-        t = self.slots[slot][:n]
-        return t.permute(0, 3, 1, 2) if self.channels_last else t
-
-    def hand_out(self, slot: int, n: int) -> torch.Tensor:
-        """In the loader: the batch in slot ``slot`` as a tensor that frees the slot when it dies.
-
-        The tensor is made over a numpy view of the slot that only it (and every tensor sharing
-        its memory: views, slices, numpy arrays of it) keeps alive; when the last of them goes,
-        the view's finalizer marks the slot free. Exact, with no polling.
-        """
-        array = self.slots[slot].numpy()[:n]
-        handed = self._out[slot] = weakref.finalize(array, self.release, slot)
-        handed.atexit = False
-        t = torch.from_numpy(array)
-        return t.permute(0, 3, 1, 2) if self.channels_last else t
-
-    def reset(self) -> None:
-        """In the loader, before a pass: free the slots filled for batches never handed out (a pass
-        left early, whose queued batches the DataLoader threw away)."""
-        for slot in range(len(self.slots)):
-            handed = self._out.get(slot)
-            if handed is None or not handed.alive:
-                self.free[slot] = 1
-
-    def claim(self, n: int, dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
-        """In a worker: a free slot of its own and its tensor for ``n`` samples, or None."""
-        info = get_worker_info()
-        if info is None or info.id >= self.workers or n > self.shape[0] or dtype != self.dtype:
-            return None
-        first = info.id * self.per_worker
-        for slot in range(first, first + self.per_worker):
-            if self.free[slot]:
-                self.free[slot] = 0
-                return slot, self.view(slot, n)
-        return None
-
-    def release(self, slot: int) -> None:
-        """In the loader: slot ``slot`` may be filled again."""
-        self.free[slot] = 1
-
-
-class RingBatch(NamedTuple):
-    """What a worker sends for a batch filled into a ``SlotRing`` slot."""
-
-    slot: int
-    n: int
-    labels: np.ndarray  # numpy, pickled by value: a tensor would travel through its own shared memory
-
-
-def shared_memory_free() -> int | None:
-    """Bytes free in /dev/shm (where PyTorch puts shared tensors on Linux), or None where unknown."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except (OSError, AttributeError):
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 # What pad_collate calls each element of a sample, and the output key each kind goes to.
@@ -441,13 +323,4 @@ def _stack(column: Sequence[Any]) -> torch.Tensor:
     return default_collate(images)
 
 
-__all__ = [
-    "PackedBatch",
-    "packed_collate",
-    "pad_collate",
-    "empty_batch",
-    "SlotRing",
-    "RingBatch",
-    "Numbered",
-    "shared_memory_free",
-]
+__all__ = ["PackedBatch", "packed_collate", "pad_collate", "detection_collate", "ArraysAcrossWorkers", "Numbered"]

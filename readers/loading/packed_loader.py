@@ -1,0 +1,213 @@
+"""``PackedLoader``: what ``make_loader`` returns. It iterates its DataLoader's batches in their epoch
+order, puts them on the device and normalizes them there, follows its epochs, and saves and restores
+where it stands in one (``state_dict``)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from readers.augment import device_decode
+from readers.compose.mixture import Mixture
+from readers.datasets.base import ReaderBase
+from readers.datasets.tensors import BatchNormalize
+from readers.loading.batch_buffers import RingBatch, SlotRing
+from readers.loading.collate import Numbered
+from readers.loading.sampler import EpochBatchSampler, SamplerBatches
+from readers.loading.tar_batches import TarBatches
+
+
+class PackedLoader:
+    """Iterates like a DataLoader over ``(images, labels)`` batches; see ``make_loader``.
+
+    ``loader`` is the underlying DataLoader, ``sampler`` the batch sampler (map-style readers), ``batches``
+    the batch plan of a tar-shard reader; ``ring`` the reusable batch buffers its workers fill, if any.
+    """
+
+    def __init__(
+        self,
+        dataset: ReaderBase,
+        loader: DataLoader,
+        sampler: Optional[Union[EpochBatchSampler, SamplerBatches]],
+        normalize: Optional[BatchNormalize],
+        device: Optional[torch.device],
+        ring: Optional[SlotRing] = None,
+        order: Optional[dict] = None,
+        decoder: Optional[device_decode.DeviceDecoder] = None,
+        batches: Optional[TarBatches] = None,
+    ) -> None:
+        self.dataset, self.loader, self.sampler, self.decoder = dataset, loader, sampler, decoder
+        self.batches = batches  # a tar-shard reader's batch plan, whose passes this loader starts
+        self.normalize, self.device, self.ring = normalize, device, ring
+        self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
+        self.epoch = 0  # of the current pass (or of the next one, before any pass)
+        self._consumed = 0  # batches handed out in the current epoch
+        self._chosen: Optional[tuple[int, int]] = None  # (epoch, first batch) of the next pass, if one was asked for
+        self._passes = 0  # passes begun: each new one moves on to the next epoch unless one was chosen
+        if sampler is not None:
+            # Frameworks (Lightning) call set_epoch on loader.sampler: that call chooses the epoch as ours does.
+            sampler.follow(self.set_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``'s order (without a call, each new pass is the next epoch's).
+
+        After ``load_state_dict``, the epoch the state was saved in keeps its place in that epoch.
+        """
+        epoch = int(epoch)
+        if self._chosen is None or self._chosen[0] != epoch:
+            self._chosen = (epoch, 0)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        # The epoch is chosen when the first batch is asked for, not at iter(): Lightning calls iter()
+        # once only to check that the loader is iterable, and calls set_epoch between iter() and the
+        # first batch. A framework that stops after len(self) batches never runs a pass to its end,
+        # yet the next pass is the next epoch.
+        if self._chosen is not None:
+            epoch, start = self._chosen
+        else:
+            epoch, start = self.epoch + (1 if self._passes else 0), 0
+        self._chosen = None
+        self._passes += 1
+        number = self._passes
+        self.epoch, self._consumed = epoch, start
+        if self.sampler is not None:
+            self.sampler.begin(epoch, start)
+        elif self.batches is not None:  # seen by the workers, persistent ones too, when this pass starts
+            self.batches.start_pass(epoch, start)
+        if self.ring is not None:
+            self.ring.reset()  # slots of batches a left pass never handed out
+        yield from self._batches(number, start)
+
+    def _batches(self, number: int, start: int) -> Iterator:
+        """The batches of pass ``number`` from batch ``start``, placed and counted."""
+        batches = _in_order(self.loader, start)
+        # Asked before each batch is taken, not after: with persistent workers a newer pass shares
+        # the DataLoader's iterator, and a batch this left pass took would be lost to it.
+        while number == self._passes:
+            batch = next(batches, _END)
+            if batch is _END:
+                break
+            if self.dataset.has_target:  # detection_collate's (images, targets[, metas])
+                self._consumed += 1
+                yield self._place_detection(batch)
+                batch = None
+                continue
+            if isinstance(batch, dict):  # pad_collate's batches (outputs with text fields)
+                self._consumed += 1
+                yield self._place(batch)
+                batch = None
+                continue
+            if isinstance(batch, device_decode.EncodedBatch):  # decode="device"
+                self._consumed += 1
+                yield self.decoder(batch)  # type: ignore[misc]
+                batch = None
+                continue
+            if isinstance(batch, RingBatch):
+                images, labels, rest = self.ring.hand_out(batch.slot, batch.n), torch.from_numpy(batch.labels), []  # type: ignore[union-attr]
+            else:
+                images, labels, *rest = batch
+            batch = None
+            if self.device is not None:
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+            if self.normalize is not None:
+                images = self.normalize(images)
+            self._consumed += 1
+            out = (images, labels, *rest)
+            images = labels = rest = None  # so that only the caller holds the batch now
+            yield out
+            out = None
+
+    def _place_detection(self, batch: tuple) -> tuple:
+        """A detection batch with its images and targets' tensors on the device, the images normalized."""
+        images, targets, *rest = batch
+        tensor = lambda v: torch.from_numpy(v) if isinstance(v, np.ndarray) else v  # noqa: E731 - crossed as numpy
+        if isinstance(targets, list):
+            targets = [{k: tensor(v) for k, v in t.items()} if isinstance(t, dict) else tensor(t) for t in targets]
+        if self.device is not None:
+            move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+            images = move(images) if torch.is_tensor(images) else [move(i) for i in images]
+            if torch.is_tensor(targets):  # stacked masks
+                targets = move(targets)
+            else:
+                targets = [
+                    move(t) if torch.is_tensor(t) else {k: move(v) if torch.is_tensor(v) else v for k, v in t.items()}
+                    for t in targets
+                ]
+        if self.normalize is not None:
+            images = self.normalize(images) if torch.is_tensor(images) else [self.normalize(i[None])[0] for i in images]
+        return (images, targets, *rest)
+
+    def _place(self, batch: dict) -> dict:
+        """A pad_collate batch with its tensors on the device and its images normalized (arrays that
+        crossed from a worker as numpy, see ArraysAcrossWorkers, become tensors again)."""
+        batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        if self.device is not None:
+            batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if self.normalize is not None and "images" in batch:
+            batch["images"] = self.normalize(batch["images"])
+        return batch
+
+    def state_dict(self) -> dict:
+        """Where this loader stands: the epoch and the batches already handed out in it (plus what
+        the batch order depends on, checked when loading). A pass left before its end (a loop that
+        breaks to save a checkpoint) is resumed where it was left; the same loader iterated again
+        moves on to the next epoch instead, unless ``load_state_dict`` or ``set_epoch`` says otherwise."""
+        epoch, consumed = self._chosen if self._chosen is not None else (self.epoch, self._consumed)
+        if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
+            epoch, consumed = epoch + 1, 0
+        return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next iteration continue after the batches ``state`` says were handed out.
+
+        Refused when the batch order would differ from the run that saved it: another batch size,
+        seed, world size, dataset size, bucketing, or (tar shards) worker count; pass the same values.
+        """
+        mine = {"size": _size(self.dataset), **self.order}
+        state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                raise ValueError(
+                    f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
+                    f"{key}={value}; make the loader with the same {key}"
+                )
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state)
+        self.epoch = int(state["epoch"])
+        self._chosen = (self.epoch, int(state["batches"]))
+
+
+_END = object()
+"""What ``next`` gives at the end of a pass's batches."""
+
+
+def _size(dataset: Any) -> int:
+    """The samples a loader's epoch order is made for: an output's, or a mixture's epoch."""
+    return len(dataset) if isinstance(dataset, Mixture) else dataset.manifest.samples
+
+
+def _in_order(batches: Iterable, first: int) -> Iterator:
+    """``batches`` with ``Numbered`` ones put back in number order from ``first`` (the DataLoader takes
+    one batch from each worker in turn, which after a resume need not be the epoch's planned order)."""
+    waiting: dict[int, Any] = {}
+    expected = first
+    for batch in batches:
+        if not isinstance(batch, Numbered):
+            yield batch
+            continue
+        waiting[batch[0]] = batch[1]
+        while expected in waiting:
+            yield waiting.pop(expected)
+            expected += 1
+    if waiting:
+        raise RuntimeError(f"batches {sorted(waiting)} arrived but batch {expected} never did")
+
+
+__all__ = ["PackedLoader"]

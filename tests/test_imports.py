@@ -148,3 +148,28 @@ def test_readers_reach_only_the_part_of_packer_they_share():
         "packer.spec.manifest" in reached and "packer.spec.field_kinds" in reached
     )  # the walk found the readers' imports
     assert sorted(m for m in reached if not shared(m)) == [], "readers reach packer modules outside the shared part"
+
+
+def test_the_spec_imports_nothing_of_packer_outside_itself():
+    """``packer.spec`` is what every output is: the readers share it, so it must not pull in a stage."""
+    graph = import_graph()
+    assert "packer.spec.manifest" in graph  # the walk found the spec
+    outside = {
+        m: sorted(d for d in deps if not d.startswith("packer.spec"))
+        for m, deps in graph.items()
+        if m.startswith("packer.spec.")
+    }
+    assert {m: d for m, d in outside.items() if d} == {}
+
+
+def test_only_the_commands_import_the_operations():
+    """The stages below the operations never import ``packer.ops`` or ``packer.cli``: an operation
+    composes the stages, a command runs an operation."""
+    graph = import_graph()
+    above = ("packer.ops", "packer.cli")
+    offenders = {
+        m: sorted(d for d in deps if d.startswith(above))
+        for m, deps in graph.items()
+        if m.startswith("packer") and not m.startswith((*above, "packer.__main__"))
+    }
+    assert {m: d for m, d in offenders.items() if d} == {}

@@ -347,7 +347,7 @@ def prefix_samples(
     if len(chosen) != 1:
         return None
     prefix = Listing()
-    prefix._extend(listing, 0, stable)
+    prefix.extend_range(listing, 0, stable)
     return _single_field(root, prefix, chosen[0], {}, [], None, False)
 
 

@@ -96,17 +96,18 @@ class Listing:
             return self
         out, done = Listing(), 0
         for at, part in [*inserts, (len(self), None)]:
-            out._extend(self, done, at)
+            out.extend_range(self, done, at)
             if part is not None:
-                out._extend(part, 0, len(part))
+                out.extend_range(part, 0, len(part))
             done = at
         return out
 
     def extend(self, other: "Listing") -> None:
         """Append every file of ``other``."""
-        self._extend(other, 0, len(other))
+        self.extend_range(other, 0, len(other))
 
-    def _extend(self, other: "Listing", a: int, b: int) -> None:
+    def extend_range(self, other: "Listing", a: int, b: int) -> None:
+        """Append files ``a`` to ``b`` (excluded) of ``other``."""
         self.paths.extend(other.paths, a, b)
         self.kinds += other.kinds[a:b]
 

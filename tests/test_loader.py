@@ -198,6 +198,60 @@ def test_ddp_two_processes(packed, tmp_path):
         assert a["epochs"][0] != a["epochs"][1]
 
 
+GLOBAL_BATCH = 6
+
+
+def _ranks_save_then_resume(rank: int, world: int, port: int, payload: dict, out: str) -> None:
+    """Save: 2 batches on each rank, then the loader's state. Resume: the state loaded, the epoch's rest."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    loader = make_loader(open_dataset(payload["root"], return_meta=True), GLOBAL_BATCH // world, num_workers=1, seed=3)
+    result: dict = {"len": len(loader)}
+    if payload.get("state") is None:
+        loader.set_epoch(1)
+        seen = []
+        for *_, meta in itertools.islice(loader, 2):
+            seen += meta["index"].tolist()
+        result |= {"seen": seen, "state": loader.state_dict()}
+    else:
+        loader.load_state_dict(payload["state"])
+        rest = []
+        for *_, meta in loader:
+            dist.all_reduce(torch.ones(1))  # as DDP does each step: hangs if a rank runs out early
+            rest += meta["index"].tolist()
+        result["rest"] = rest
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_a_loader_state_saved_on_two_ranks_resumes_on_three_and_on_one(packed, tmp_path):
+    """The same global batch (3 x 2 ranks, 2 x 3 ranks, 6 x 1): the resumed epoch is every sample the
+    two ranks had not seen, each once, with equal batch counts on the three ranks."""
+    root = str(packed["npy"])
+    for sub in ("save", "three"):
+        (tmp_path / sub).mkdir()
+    saved = run_ranks(_ranks_save_then_resume, {"root": root}, tmp_path / "save", world=2)
+    seen = saved[0]["seen"] + saved[1]["seen"]
+    assert len(seen) == 2 * GLOBAL_BATCH and saved[0]["state"] == saved[1]["state"]
+    resumed = run_ranks(
+        _ranks_save_then_resume, {"root": root, "state": saved[0]["state"]}, tmp_path / "three", world=3
+    )
+    rest = [i for r in resumed for i in r["rest"]]
+    assert sorted(seen + rest) == list(range(N))
+    one = make_loader(open_dataset(root, return_meta=True), GLOBAL_BATCH, num_workers=0, seed=3)
+    one.load_state_dict(saved[0]["state"])
+    alone = [i for *_, meta in one for i in meta["index"].tolist()]
+    assert sorted(seen + alone) == list(range(N)) and sorted(alone) == sorted(rest)
+
+
+def test_a_tar_loader_state_of_another_rank_count_is_refused_saying_why(packed):
+    state = make_loader(open_dataset(packed["wds"]), 3, num_workers=0).state_dict() | {"world_size": 2}
+    with pytest.raises(ValueError, match="tar shards are assigned to ranks and their DataLoader workers"):
+        make_loader(open_dataset(packed["wds"]), 3, num_workers=0).load_state_dict(state)
+
+
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "wds"])
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_in_memory_gives_the_same_batches_and_is_shared_with_workers(packed, fmt, ctx):

@@ -264,3 +264,69 @@ def test_a_mid_epoch_state_of_the_old_order_is_refused():
         s.load_state_dict(old)
     s.load_state_dict({**old, "epoch": 1, "batches": 0})
     assert s.epoch == 1 and s.start == 0
+
+
+def _consume(samplers: list[EpochBatchSampler], epoch: int, batches: int) -> list[int]:
+    """The indices every rank's first ``batches`` batches of ``epoch`` hold."""
+    return [i for s in samplers for x in s.batches(epoch)[:batches] for i in x]
+
+
+@pytest.mark.parametrize("size,drop_last", [(101, False), (120, False), (101, True)])
+@pytest.mark.parametrize("saved_on,resumed_on", list(itertools.product([1, 2, 3, 4], [1, 2, 3, 4])))
+def test_a_state_resumes_on_another_rank_count_with_the_same_global_batch(size, drop_last, saved_on, resumed_on):
+    """Global batch 12 on 1, 2, 3 or 4 ranks: after k batches on N ranks, M ranks see the rest of the
+    epoch, every sample not yet seen exactly once; the next epoch is a run on M ranks' own."""
+    glob = 12
+
+    def ranks(world: int) -> list[EpochBatchSampler]:
+        return [
+            EpochBatchSampler(size, glob // world, seed=5, rank=r, world_size=world, drop_last=drop_last)
+            for r in range(world)
+        ]
+
+    saved = ranks(saved_on)
+    for k in (0, 1, 4):
+        seen = _consume(saved, 2, k)
+        state = saved[0].state_dict(consumed=k) | {"epoch": 2}
+        resumed = ranks(resumed_on)
+        rest = []
+        for s in resumed:
+            s.load_state_dict(state)
+            rest += [i for x in s for i in x]
+        assert not set(seen) & set(rest) and len(seen) + len(rest) == len(set(seen) | set(rest))
+        kept = len(resumed[0]) * glob if drop_last else size  # drop_last leaves the epoch's tail out
+        assert len(seen) == k * glob and len(seen) + len(rest) == (kept if drop_last else size)
+        if not drop_last:
+            assert sorted(seen + rest) == list(range(size))
+        else:  # the first kept positions of the one order, as an uninterrupted run on M ranks reads them
+            assert sorted(seen + rest) == sorted(_consume(resumed, 2, len(resumed[0])))
+        for s, fresh in zip(resumed, ranks(resumed_on)):  # the next epoch: as a run on M ranks has it
+            assert s.batches(3) == fresh.batches(3)
+
+
+def test_a_state_of_another_global_batch_is_refused_with_the_batch_that_fits():
+    state = EpochBatchSampler(100, 6, rank=0, world_size=2).state_dict(consumed=2)
+    with pytest.raises(ValueError, match=r"global batch of 6 x 2 ranks = 12 samples.*\(batch_size=4 here\)"):
+        EpochBatchSampler(100, 6, rank=0, world_size=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="12 samples do not split evenly over 5 ranks"):
+        EpochBatchSampler(100, 2, rank=0, world_size=5).load_state_dict(state)
+
+
+def test_a_state_among_the_uneven_last_batches_resumes_only_on_its_own_rank_count():
+    # 25 samples on 2 ranks in batches of 4: rank 1 has 12 samples for 4 batches, so its third batch
+    # gives one to its fourth; after 3 batches the samples seen are not the first 24 of the order.
+    saved = [EpochBatchSampler(25, 4, rank=r, world_size=2) for r in range(2)]
+    assert len(saved[0]) == 4 and [len(x) for x in saved[1].batches(0)] == [4, 4, 3, 1]
+    state = saved[0].state_dict(consumed=3)
+    with pytest.raises(ValueError, match="last batches of the epoch.*Resume on 2 ranks, or at the next epoch"):
+        EpochBatchSampler(25, 2, rank=0, world_size=4).load_state_dict(state)
+    EpochBatchSampler(25, 4, rank=1, world_size=2).load_state_dict(state)  # its own rank count continues
+    earlier = saved[0].state_dict(consumed=2)  # before the uneven batches: any rank count with 8 a batch
+    EpochBatchSampler(25, 2, rank=3, world_size=4).load_state_dict(earlier)
+
+
+def test_the_length_buckets_refuse_another_rank_count_saying_why():
+    lengths = lognormal_lengths(300)
+    state = LengthBucketSampler(lengths, 8, seed=9, rank=0, world_size=2).state_dict(consumed=1)
+    with pytest.raises(ValueError, match="groups the samples of each rank's batches itself"):
+        LengthBucketSampler(lengths, 16, seed=9, rank=0, world_size=1).load_state_dict(state)

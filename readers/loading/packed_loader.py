@@ -167,13 +167,25 @@ class PackedLoader:
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue after the batches ``state`` says were handed out.
 
-        Refused when the batch order would differ from the run that saved it: another batch size,
-        seed, world size, dataset size, bucketing, or (tar shards) worker count; pass the same values.
+        Refused when the batch order would differ from the run that saved it: another seed, dataset
+        size, bucketing, or (tar shards) worker count; pass the same values. A map-style output's
+        state continues on another number of ranks with the same global batch (batch size x ranks):
+        the rest of the epoch is every sample not yet seen, each once (``EpochBatchSampler``).
         """
         mine = {"size": _size(self.dataset), **self.order}
         state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
+        regroups = self.sampler is not None and self.order.get("sampler") is None and self.sampler.regroups
         for key, value in mine.items():
             if key in state and state[key] != value:
+                if regroups and key in ("batch_size", "world_size"):
+                    continue  # the sampler checks the global batch and where the state was taken
+                if key == "world_size" and self.sampler is None:
+                    raise ValueError(
+                        f"cannot resume on {value} ranks a state saved on {state[key]}: tar shards are "
+                        "assigned to ranks and their DataLoader workers, so the rest of an epoch is known "
+                        f"only on {state[key]} ranks; resume there, or at the next epoch (state['epoch'] += 1 "
+                        "and state['batches'] = 0)"
+                    )
                 raise ValueError(
                     f"cannot resume: the state was saved with {key}={state[key]}, this loader has "
                     f"{key}={value}; make the loader with the same {key}"

@@ -204,13 +204,21 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
             "order": ORDER_VERSION,
         }
 
+    regroups = True
+    """Whether a state saved on another number of ranks can continue here (same global batch): true
+    for one global order cut into per-rank strides; a sampler that groups samples into batches by
+    something else (lengths) says False."""
+
     def load_state_dict(self, state: dict) -> None:
         """Continue at batch ``state["batches"]`` of epoch ``state["epoch"]`` on the next iteration.
 
-        The seed, dataset size, world size and batch size must be those the state was taken with:
-        otherwise the remaining batches would not be the ones an uninterrupted run yields.
+        The seed and dataset size must be those the state was taken with: otherwise the remaining
+        batches would not be the ones an uninterrupted run yields. A state saved on another number
+        of ranks continues here when the global batch (batch size x ranks) is the same: the rest of
+        the epoch is then every sample the saving run had not seen, each once, split over these
+        ranks, and the next epochs are those of a run on this many ranks (see ``resumed_batches``).
         """
-        for key in ("seed", "size", "world_size", "batch_size"):
+        for key in ("seed", "size"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"cannot resume: the state was saved with {key}={state[key]}, "
@@ -224,7 +232,65 @@ class EpochBatchSampler(EpochChoice, Sampler[list[int]]):
                 "state['epoch'] += 1 and state['batches'] = 0"
             )
         self.epoch = int(state["epoch"])
-        self.start = int(state["batches"])
+        self.start = self.resumed_batches(state)
+
+    def resumed_batches(self, state: dict) -> int:
+        """The batches of ``state``'s epoch this rank skips: the state's own count on the same ranks
+        and batch size. From another number of ranks with the same global batch, the same count too:
+        rank ``r`` of ``W`` takes positions ``r, r + W, ...`` of the epoch's one order, so ``k``
+        full batches on every rank are exactly the first ``k x global batch`` positions, whatever
+        ``W``. Refused, with the reason, where that does not hold: another global batch, a state
+        taken among the last batches of an epoch whose ranks' batches are not all full, or a sampler
+        that does not regroup (``regroups``)."""
+        consumed = int(state["batches"])
+        world, batch = int(state.get("world_size", self.world_size)), int(state.get("batch_size", self.batch_size))
+        if (world, batch) == (self.world_size, self.batch_size):
+            return consumed
+        saved, here = world * batch, self.world_size * self.batch_size
+        if not self.regroups:
+            raise ValueError(
+                f"cannot resume: the state was saved with world_size={world} and batch_size={batch}, this "
+                f"sampler has {self.world_size} and {self.batch_size}; {type(self).__name__} groups the "
+                "samples of each rank's batches itself, so only the same ranks and batch size continue its "
+                "epoch (or resume at the next epoch: state['epoch'] += 1 and state['batches'] = 0)"
+            )
+        if saved != here:
+            keep = (
+                f"keep the global batch (batch_size={saved // self.world_size} here) and the rest of the epoch "
+                "continues exactly"
+                if saved % self.world_size == 0
+                else f"{saved} samples do not split evenly over {self.world_size} ranks: resume on a number of "
+                f"ranks that divides {saved}, or at the next epoch (state['epoch'] += 1, state['batches'] = 0)"
+            )
+            raise ValueError(
+                f"cannot resume on {self.world_size} ranks: the state was saved with a global batch of "
+                f"{batch} x {world} ranks = {saved} samples, this sampler has {self.batch_size} x "
+                f"{self.world_size} = {here}; {keep}"
+            )
+        if consumed == 0:
+            return 0
+        ranks = [self._like(r, world, batch) for r in range(world)]
+        full = all(consumed < len(s) and int(s.batch_bounds()[consumed]) == consumed * batch for s in ranks)
+        if not (full and consumed < len(self) and int(self.batch_bounds()[consumed]) == consumed * self.batch_size):
+            raise ValueError(
+                f"cannot resume epoch {state['epoch']} after batch {consumed} on {self.world_size} ranks: the "
+                f"state was saved on {world} ranks among the last batches of the epoch, where the ranks' "
+                "batches are not all full, so the samples seen are not the first of the epoch's order. "
+                f"Resume on {world} ranks, or at the next epoch (state['epoch'] += 1, state['batches'] = 0)"
+            )
+        return consumed
+
+    def _like(self, rank: int, world_size: int, batch_size: int) -> "EpochBatchSampler":
+        """This sampler's order for another rank, world size and batch size."""
+        return EpochBatchSampler(
+            self.size,
+            batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=rank,
+            world_size=world_size,
+            drop_last=self.drop_last,
+        )
 
 
 class LengthBucketSampler(EpochBatchSampler):
@@ -245,6 +311,8 @@ class LengthBucketSampler(EpochBatchSampler):
     Larger pools pad less and mix less: ``bucket_batches`` trades one for the other.
     ``rank`` and ``world_size`` default to those of ``torch.distributed`` when it is initialised.
     """
+
+    regroups = False  # its batches group samples of similar length, per rank: another world regroups them
 
     def __init__(
         self,

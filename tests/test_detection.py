@@ -18,6 +18,7 @@ from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
 from packer.config import DetectionConfig, ShardSize
 from packer.output.verify import verify
+from packer.spec.errors import ConfigError
 from packer.spec.manifest import read_manifest
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
 
@@ -717,3 +718,33 @@ def test_outputs_converted_apart_share_one_category_order_with_classes(dataset, 
     assert lacking.exit_code == 1 and "'star'" in lacking.output and "--add-classes" in lacking.output
     added = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "val4"), "--add-classes"])
     assert added.exit_code == 0 and open_dataset(tmp_path / "val4").categories == ["circle", "square", "star"]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_label_offset_moves_every_box_label_for_torchvision_detectors(dataset, tmp_path, fmt):
+    """torchvision's detectors keep label 0 for the background: ``label_offset=1`` gives them the
+    categories from 1, in samples and in make_loader's batches, with crops, the stored bytes unchanged."""
+    root, _ = dataset
+    config = ConvertConfig(
+        fmt, MODES["shorter-crop"], detection=DetectionConfig(str(root / "coco.json"), coords="stored")
+    )
+    out = tmp_path / "out"
+    convert(root / "images", out, config, workers=1)
+    stored = [t["labels"] for _, t in open_dataset(out)]
+    assert any(len(labels) and int(labels.min()) == 0 for labels in stored)  # the stored numbering starts at 0
+    moved = [t["labels"] for _, t in open_dataset(out, label_offset=1)]
+    assert [m.tolist() for m in moved] == [(s + 1).tolist() for s in stored]
+    batches = make_loader(open_dataset(out, label_offset=1, crop=CenterCrop(48)), 2, shuffle=False, num_workers=0)
+    cropped = make_loader(open_dataset(out, crop=CenterCrop(48)), 2, shuffle=False, num_workers=0)
+    for (_, targets), (_, plain) in zip(batches, cropped, strict=True):
+        assert [t["labels"].tolist() for t in targets] == [(p["labels"] + 1).tolist() for p in plain]
+
+
+def test_label_offset_is_refused_where_there_are_no_box_labels(dataset, tmp_path):
+    root, _ = dataset
+    convert(root / "images", tmp_path / "plain", ConvertConfig("npy", MODES["shorter-crop"]), workers=1)
+    with pytest.raises(ConfigError, match="target_transform=lambda label: label \\+ 1"):
+        open_dataset(tmp_path / "plain", label_offset=1)
+    with pytest.raises(ConfigError, match="whole number"):
+        open_dataset(tmp_path / "plain", label_offset=True)
+    assert open_dataset(tmp_path / "plain", label_offset=0).label_offset == 0

@@ -43,6 +43,9 @@ class FieldKind:
     """A training target (boxes, masks): read as the sample's target, never as its text."""
     class_indices = False
     """Its values are class indices, so outputs combined must share one class map."""
+    labelled_boxes = False
+    """A target of boxes with a ``labels`` array (category indices from 0), which a reader's
+    ``label_offset`` moves."""
     readable = True
     """A text a collate can pad and a length can be measured on (text, tokens, json)."""
     described_as = "UTF-8 text"
@@ -225,6 +228,7 @@ class Detection(FieldKind):
     field_name = "target"
     feature = "detection targets"
     target = True
+    labelled_boxes = True
     readable = False
     described_as = "JSON"
 

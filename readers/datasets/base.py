@@ -45,6 +45,9 @@ class ReaderBase:
     numbering; batches of a ``make_loader`` then go through the per-sample path, never around it);
     ``return_meta=True`` adds a third item ``{"index", "key", "label"}`` to each sample: the
     sample's position in the output, its source path relative to the converted folder, its label.
+    ``label_offset`` (detection outputs) is added to every box's label as the reader returns it:
+    stored labels index the categories from 0, torchvision's detectors want them from 1 (0 is their
+    background), so ``label_offset=1`` feeds them with no glue; nothing on disk changes.
 
     ``crop`` (``readers.RandomResizedCrop`` or ``readers.CenterCrop``, held as ``crops``) gives every image that size,
     from images stored in any size; ``flip=True`` mirrors each image left to right with probability
@@ -77,6 +80,7 @@ class ReaderBase:
         crop: Optional[RandomResizedCrop | CenterCrop] = None,
         flip: bool = False,
         seed: int = 0,
+        label_offset: int = 0,
     ) -> None:
         if is_url(root) and not self.reads_urls:
             raise ConfigError(
@@ -117,6 +121,8 @@ class ReaderBase:
             self.info.geometry,
         )
         self.crops = ImageCrops.asked(crop, flip, self.root, self.manifest, self.layout, self.info.ignore_index)
+        self.label_offset = self._checked_offset(label_offset)
+        """Added to each box's label of a detection output's targets (0: the stored labels)."""
         """The crop and flip applied to each image (``readers.augment.image_crops.ImageCrops``), or None."""
 
     @property
@@ -186,8 +192,26 @@ class ReaderBase:
         if meta is not None:
             ImageCrops.describe(meta, geometry, placement, self.geometry)
         return build_sample(
-            values[0], label, self.apply_transform, meta, tuple(values[1:]), self.target_transform, self.has_target
+            values[0],
+            label,
+            self.apply_transform,
+            meta,
+            tuple(values[1:]),
+            self.target_transform,
+            self.has_target,
+            self.label_offset,
         )
+
+    def _checked_offset(self, offset: Any) -> int:
+        """``label_offset`` once checked: a whole number, and only where there are box labels to move."""
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise ConfigError(f"label_offset must be a whole number, got {offset!r}")
+        if offset and not any(f.kind_of.labelled_boxes for f in self.text_fields):
+            raise ConfigError(
+                f"label_offset moves the box labels of detection outputs; {self.root} has none. For class "
+                "labels pass target_transform=lambda label: label + 1"
+            )
+        return offset
 
     @property
     def fixed_images(self) -> bool:

@@ -24,7 +24,7 @@ from packer.spec.manifest import ShardEntry
 from readers.augment.device_decode import BatchBuilder, EncodedBatch, on_device
 from readers.augment.render import render
 from readers.datasets.base import ReaderBase
-from readers.datasets.samples import decode_field
+from readers.datasets.samples import decode_field, offset_labels
 from readers.datasets.shard_handles import ShardHandles
 from readers.datasets.tensors import torch_dtype
 from readers.loading.collate import PackedBatch
@@ -223,7 +223,10 @@ class PackedDataset(ReaderBase, Dataset):
                     values = self._values(shard, at, epoch)
                     if self.geometry:
                         values.pop()  # in the meta dict only, and these samples have none
-                    out[j] = tuple(values) if self.has_target else (*values, label)
+                    if self.has_target:  # (image, target) as build_sample makes them
+                        out[j] = (values[0], offset_labels(values[1], self.label_offset), *values[2:])
+                    else:
+                        out[j] = (*values, label)
         return out
 
     def _values(self, shard: int, local: int, epoch: int = 0, placement: Optional[list] = None) -> list:

@@ -22,6 +22,7 @@ def build_sample(
     rest: tuple = (),
     target_transform: Optional[TargetTransform] = None,
     has_target: bool = False,
+    label_offset: int = 0,
 ) -> tuple:
     """The tuple a reader yields: ``(image, label)`` or ``(image, label, meta)``; with text fields
     ``(first field, *rest, label[, meta])``. ``transform`` applies to the first field (the image,
@@ -29,15 +30,22 @@ def build_sample(
     ``target_transform``); ``meta["label"]`` keeps the stored label. With ``has_target`` (a detection
     output) samples are ``(image, target[, meta])`` as torchvision's detection datasets give them, the
     ``target_transform`` applied to the target dict; a segmentation output's ``(image, mask[, meta])``
-    likewise, the mask an int64 (H, W) tensor."""
+    likewise, the mask an int64 (H, W) tensor. ``label_offset`` is added to a detection target's
+    ``labels`` before the ``target_transform``."""
     if transform is not None:
         image = transform(image)
     if has_target:
-        target = rest[0] if target_transform is None else target_transform(rest[0])
+        target = offset_labels(rest[0], label_offset)
+        target = target if target_transform is None else target_transform(target)
         return (image, target) if meta is None else (image, target, meta)
     if target_transform is not None:
         label = target_transform(label)
     return (image, *rest, label) if meta is None else (image, *rest, label, meta)
+
+
+def offset_labels(target: Any, offset: int) -> Any:
+    """A detection ``target`` with ``offset`` added to its box ``labels`` (the reader's ``label_offset``)."""
+    return {**target, "labels": target["labels"] + offset} if offset else target
 
 
 def decode_field(field: TextField, data) -> Any:
@@ -54,4 +62,4 @@ def decode_field(field: TextField, data) -> Any:
     return value
 
 
-__all__ = ["build_sample", "decode_field", "Transform", "TargetTransform"]
+__all__ = ["build_sample", "decode_field", "offset_labels", "Transform", "TargetTransform"]

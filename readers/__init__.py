@@ -11,6 +11,7 @@ import os
 from typing import Union
 
 from packer.spec.registry import FORMATS
+from readers.augment.buckets import AspectBuckets
 from readers.augment.crops import CenterCrop, RandomResizedCrop
 from readers.compose.combine import PackedChain, PackedConcat, check_same_classes, concat
 from readers.compose.mixture import Mixture, open_mixture
@@ -22,9 +23,10 @@ from readers.datasets.npy import NpyDataset
 from readers.datasets.tensors import BatchNormalize, ImageConverter
 from readers.datasets.wds import WdsDataset
 from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
+from readers.loading.length_sampler import LengthBucketSampler, padding_ratio
 from readers.loading.loader import make_loader
 from readers.loading.packed_loader import PackedLoader
-from readers.loading.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
+from readers.loading.sampler import EpochBatchSampler
 from readers.remote.urls import open_manifest
 
 AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
@@ -49,6 +51,7 @@ __all__ = [
     "Mixture",
     "RandomResizedCrop",
     "CenterCrop",
+    "AspectBuckets",
     "concat",
     "check_same_classes",
     "PackedConcat",

@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from readers.loading.sampler import EpochBatchSampler, LengthBucketSampler, padding_ratio
+from readers.loading.length_sampler import LengthBucketSampler, padding_ratio
+from readers.loading.sampler import EpochBatchSampler
 
 
 @pytest.mark.parametrize(
@@ -198,9 +199,9 @@ def test_padding_ratio_counts_padded_slots():
 
 
 def test_bucket_sampler_takes_rank_and_world_from_torch_distributed(monkeypatch):
-    import readers.loading.sampler as sampler
+    import readers.loading.length_sampler as length_sampler
 
-    monkeypatch.setattr(sampler, "distributed_rank", lambda: (2, 3))
+    monkeypatch.setattr(length_sampler, "distributed_rank", lambda: (2, 3))
     s = LengthBucketSampler(lognormal_lengths(50), 4, seed=0)
     assert (s.rank, s.world_size) == (2, 3)
     assert LengthBucketSampler(lognormal_lengths(50), 4, rank=0, world_size=1).world_size == 1

@@ -4,6 +4,7 @@ geometry moved with the pixels. One object, so readers share it instead of inher
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from packer.spec.errors import ConfigError
 from packer.spec.manifest import Manifest
 from packer.spec.sample_layout import SampleLayout
+from readers.augment.buckets import AspectBuckets
 from readers.augment.crops import Augment, CenterCrop, Placement, RandomResizedCrop
 from readers.augment.placing import place_geometry, place_mask, place_target
 from readers.augment.render import render, stored_size, upright_stored
@@ -27,6 +29,25 @@ class ImageCrops:
     ) -> None:
         self.augment, self.mode, self.codec = augment, mode, codec
         self.fill, self.min_visibility = fill, float(min_visibility)
+        self.bucket_of_index: Optional[np.ndarray] = None
+        """With ``AspectBuckets``: each sample's bucket (``with_buckets``), so a batch of one bucket is
+        made as one tensor of its resolution."""
+
+    def with_buckets(self, bucket_ids: np.ndarray) -> ImageCrops:
+        """A copy that knows each sample's bucket (``bucket_ids[index]``) for whole-batch reads."""
+        other = copy.copy(self)
+        other.bucket_of_index = np.asarray(bucket_ids, dtype=np.int32 if len(bucket_ids) < 2**31 else np.int64)
+        return other
+
+    def batch_size_of(self, indices: Any) -> Optional[tuple[int, int]]:
+        """(height, width) of every image of the batch at ``indices`` when they all share one bucket,
+        else None (their sizes differ: the batch is made sample by sample)."""
+        if self.bucket_of_index is None or not len(indices):
+            return None
+        ids = self.bucket_of_index[np.asarray(indices, dtype=np.int64)]
+        if (ids != ids[0]).any():
+            return None
+        return self.augment.crop.resolutions[int(ids[0])]  # type: ignore[union-attr]
 
     @classmethod
     def asked(
@@ -35,7 +56,7 @@ class ImageCrops:
         """The crop and flip asked for, checked against what the output at ``root`` stores; None for neither."""
         if crop is None and not flip:
             return None
-        if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop)):
+        if crop is not None and not isinstance(crop, (RandomResizedCrop, CenterCrop, AspectBuckets)):
             raise ConfigError(
                 f"crop takes readers.RandomResizedCrop(size) or readers.CenterCrop(size), not "
                 f"{type(crop).__name__}; a torchvision transform goes to transform="

@@ -171,11 +171,21 @@ class ReaderBase:
             reader.convert = ImageConverter(self.manifest, normalize=False)
         return reader
 
-    def batch_tensor(self, n: int) -> tuple[Optional[int], torch.Tensor]:
-        """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size, from
-        its ``buffers``. Float32 when normalizing, contiguous; otherwise the stored dtype in the stored
-        NHWC byte order."""
-        h, w, c = self.image_shape  # type: ignore[misc]
+    def cropped(self, crop: Any, bucket_ids: Optional[Any] = None) -> ReaderBase:
+        """A copy of this reader whose images get ``crop`` (its flip kept); with ``AspectBuckets``,
+        ``bucket_ids`` (each sample's bucket) lets a batch of one bucket be read as one tensor."""
+        flip = self.crops is not None and self.crops.augment.flip
+        crops = ImageCrops.asked(crop, flip, self.root, self.manifest, self.layout, self.info.ignore_index)
+        reader = copy.copy(self)
+        reader.crops = crops.with_buckets(bucket_ids) if crops is not None and bucket_ids is not None else crops
+        return reader
+
+    def batch_tensor(self, n: int, size: Optional[tuple[int, int]] = None) -> tuple[Optional[int], torch.Tensor]:
+        """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size (or
+        ``size``, a batch's own), from its ``buffers``. Float32 when normalizing, contiguous; otherwise
+        the stored dtype in the stored NHWC byte order."""
+        h, w = size if size is not None else self.image_shape[:2]  # type: ignore[index]
+        c = self.layout.channels
         out_dtype = self.convert.batch_dtype(self.layout.np_dtype)
         return self.buffers.batch_tensor(n, (c, h, w), out_dtype, self.convert.normalize is None)
 

@@ -168,11 +168,14 @@ class PackedDataset(ReaderBase, Dataset):
         if self.buffers.encoded:
             return self._encoded_batch(indices, epoch)
         n = len(indices)
-        if self.layout.has_image and self.image_shape is None:  # images of their own sizes: no batch tensor
-            return [self._sample_at(i, epoch) for i in indices]
+        size = None  # a batch of one aspect-ratio bucket: one tensor of its resolution
+        if self.layout.has_image and self.image_shape is None:
+            size = self.crops.batch_size_of(indices) if self.crops is not None else None
+            if size is None:  # images of their own sizes: no batch tensor
+                return [self._sample_at(i, epoch) for i in indices]
         if self.text_fields:
             return self._text_samples(indices, epoch)
-        slot, images = self.batch_tensor(n)
+        slot, images = self.batch_tensor(n, size)
         labels = np.empty(n, dtype=np.int64)
         # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
         hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None

@@ -57,9 +57,10 @@ class SlotRing:
     ) -> None:
         self.workers, self.per_worker, self.shape, self.dtype = workers, per_worker, shape, dtype
         self.channels_last = channels_last
-        n, c, h, w = shape
-        physical = (n, h, w, c) if channels_last else shape
-        self.slots = [torch.empty(physical, dtype=dtype).share_memory_() for _ in range(workers * per_worker)]
+        # Flat slots of the largest batch: a batch of another image size (an aspect-ratio bucket's)
+        # is a view of the first of its bytes.
+        self.capacity = math.prod(shape)
+        self.slots = [torch.empty(self.capacity, dtype=dtype).share_memory_() for _ in range(workers * per_worker)]
         self.free = torch.ones(workers * per_worker, dtype=torch.uint8).share_memory_()
         self._out: dict[int, weakref.finalize] = {}  # slots handed out by the loader, by finalizer
 
@@ -71,19 +72,27 @@ class SlotRing:
         """Shared memory a ring of this size takes."""
         return workers * per_worker * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
 
-    def view(self, slot: int, n: int) -> torch.Tensor:
-        """The (n, C, H, W) batch tensor over slot ``slot``."""
-        t = self.slots[slot][:n]
+    def _physical(self, n: int, size: Optional[tuple[int, int]]) -> tuple[int, int, int, int]:
+        """The memory layout of a batch of ``n`` images of ``size`` (height, width; the ring's own by default)."""
+        _, c, h, w = self.shape
+        h, w = size if size is not None else (h, w)
+        return (n, h, w, c) if self.channels_last else (n, c, h, w)
+
+    def view(self, slot: int, n: int, size: Optional[tuple[int, int]] = None) -> torch.Tensor:
+        """The (n, C, H, W) batch tensor over slot ``slot`` (images of ``size``, the ring's own by default)."""
+        physical = self._physical(n, size)
+        t = self.slots[slot][: math.prod(physical)].view(physical)
         return t.permute(0, 3, 1, 2) if self.channels_last else t
 
-    def hand_out(self, slot: int, n: int) -> torch.Tensor:
+    def hand_out(self, slot: int, n: int, size: Optional[tuple[int, int]] = None) -> torch.Tensor:
         """In the loader: the batch in slot ``slot`` as a tensor that frees the slot when it dies.
 
         The tensor is made over a numpy view of the slot that only it (and every tensor sharing
         its memory: views, slices, numpy arrays of it) keeps alive; when the last of them goes,
         the view's finalizer marks the slot free. Exact, with no polling.
         """
-        array = self.slots[slot].numpy()[:n]
+        physical = self._physical(n, size)
+        array = self.slots[slot].numpy()[: math.prod(physical)].reshape(physical)
         handed = self._out[slot] = weakref.finalize(array, self.release, slot)
         handed.atexit = False
         t = torch.from_numpy(array)
@@ -97,16 +106,20 @@ class SlotRing:
             if handed is None or not handed.alive:
                 self.free[slot] = 1
 
-    def claim(self, n: int, dtype: torch.dtype) -> tuple[int, torch.Tensor] | None:
-        """In a worker: a free slot of its own and its tensor for ``n`` samples, or None."""
+    def claim(
+        self, n: int, dtype: torch.dtype, size: Optional[tuple[int, int]] = None
+    ) -> tuple[int, torch.Tensor] | None:
+        """In a worker: a free slot of its own and its tensor for ``n`` samples (of ``size``), or None."""
         info = get_worker_info()
-        if info is None or info.id >= self.workers or n > self.shape[0] or dtype != self.dtype:
+        if info is None or info.id >= self.workers or dtype != self.dtype:
+            return None
+        if n > self.shape[0] or math.prod(self._physical(n, size)) > self.capacity:
             return None
         first = info.id * self.per_worker
         for slot in range(first, first + self.per_worker):
             if self.free[slot]:
                 self.free[slot] = 0
-                return slot, self.view(slot, n)
+                return slot, self.view(slot, n, size)
         return None
 
     def release(self, slot: int) -> None:
@@ -120,6 +133,7 @@ class RingBatch(NamedTuple):
     slot: int
     n: int
     labels: np.ndarray  # numpy, pickled by value: a tensor would travel through its own shared memory
+    size: Optional[tuple[int, int]] = None  # (height, width) of its images, where not the ring's own
 
 
 def shared_memory_free() -> int | None:
@@ -149,7 +163,7 @@ class BatchBuffers:
     ) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)``: a free slot of the ring when there is
         one, else fresh memory (``empty_batch``), laid out N x H x W x C when ``channels_last``."""
-        claimed = self.ring.claim(n, dtype) if self.ring is not None else None
+        claimed = self.ring.claim(n, dtype, tuple(chw[1:])) if self.ring is not None else None  # type: ignore[arg-type]
         if claimed is not None:
             return claimed
         return None, empty_batch((n, *chw), dtype, channels_last, shared=self.shared)  # type: ignore[arg-type]

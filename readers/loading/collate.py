@@ -40,7 +40,7 @@ class PackedBatch(list):
     def collated(self) -> tuple:
         """``(images, labels)`` as ``default_collate`` would return them, or a ``RingBatch``."""
         if self.slot is not None:
-            return RingBatch(self.slot, len(self.labels), self.labels.numpy())
+            return RingBatch(self.slot, len(self.labels), self.labels.numpy(), tuple(self.images.shape[2:]))
         return self.images, self.labels
 
 

@@ -33,21 +33,18 @@ import torch
 from torch.utils.data import DataLoader
 
 from readers.augment import device_decode
+from readers.augment.buckets import AspectBuckets
 from readers.compose.mixture import Mixture
 from readers.datasets.base import ReaderBase
 from readers.datasets.defaults import default_options
 from readers.datasets.mapstyle import PackedDataset
 from readers.datasets.tensors import ImageConverter
 from readers.loading.batch_buffers import BatchBuffers, SlotRing, shared_memory_free
+from readers.loading.bucket_sampler import AspectBucketSampler
 from readers.loading.collate import ArraysAcrossWorkers, detection_collate, packed_collate, pad_collate
+from readers.loading.length_sampler import LengthBucketSampler
 from readers.loading.packed_loader import PackedLoader
-from readers.loading.sampler import (
-    ORDER_VERSION,
-    EpochBatchSampler,
-    LengthBucketSampler,
-    SamplerBatches,
-    distributed_rank,
-)
+from readers.loading.sampler import ORDER_VERSION, EpochBatchSampler, SamplerBatches, distributed_rank
 from readers.loading.tar_batches import TarBatches
 
 log = logging.getLogger(__name__)
@@ -66,6 +63,7 @@ def make_loader(
     device: Union[str, torch.device, None] = None,
     bucket_by_length: Union[bool, str] = False,
     decode: str = "workers",
+    buckets: Optional[AspectBuckets] = None,
     **overrides: Any,
 ) -> PackedLoader:
     """A loader of ``(images, labels)`` batches over a packer reader, with the defaults above.
@@ -91,6 +89,12 @@ def make_loader(
     draws the same order for the same epoch). With images of their own sizes (``--resize none``)
     a ``transform`` that gives them one size lets batches be stacked.
 
+    ``buckets`` (``readers.AspectBuckets``, for outputs of images of their own sizes on npy, lmdb or
+    hdf5): each image goes to the bucket nearest its aspect ratio, known from the output's index of
+    sizes, is cropped to the bucket's ratio and resized to its resolution (boxes and masks follow),
+    and each batch holds one bucket (``readers.loading.bucket_sampler``); ``loader.describe()`` says
+    how many images each bucket got and the share of pixels cropped away.
+
     ``decode="device"``: for JPEG-stored outputs read with ``crop=``, the workers send each batch's
     JPEG bytes and crop placements, and the loader decodes, crops, flips and normalizes them on
     ``device`` (nvJPEG through torchvision on CUDA; see ``readers.augment.device_decode``). The same crops
@@ -110,6 +114,9 @@ def make_loader(
             f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
             f"{type(dataset).__name__}"
         )
+    bucket_ids = None
+    if buckets is not None:
+        dataset, bucket_ids = _bucketed(dataset, buckets, bucket_by_length, overrides, decode)
     device = torch.device(device) if device is not None else None
     cuda = device is not None and device.type == "cuda"
     normalize = None
@@ -136,6 +143,7 @@ def make_loader(
     if (
         m.has_image
         and shape is None
+        and buckets is None
         and batch_size > 1
         and "collate_fn" not in overrides
         and dataset.transform is None
@@ -166,8 +174,11 @@ def make_loader(
         options.pop("prefetch_factor", None)
     ours = "collate_fn" not in overrides  # a collate of the caller's own sees plain samples, never ring slots
     ring = None
-    if workers and ours and not cuda and decoder is None and dataset.fixed_images and not dataset.one_by_one:
-        h, w, c = shape
+    whole = dataset.fixed_images or (bucket_ids is not None and not dataset.text_fields)  # one tensor a batch
+    if workers and ours and not cuda and decoder is None and whole and not dataset.one_by_one:
+        # Slots of the largest batch: a bucket's batch fills the first of its bytes.
+        largest = max(buckets.resolutions, key=lambda r: r[0] * r[1]) if shape is None else None  # type: ignore[union-attr]
+        h, w, c = shape if shape is not None else (*largest, dataset.layout.channels)  # type: ignore[misc]
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
         free = shared_memory_free()
@@ -200,6 +211,17 @@ def make_loader(
                     "between ranks (it has no set_epoch): every rank would draw the same batches, or "
                     "overlapping ones. Pass a DistributedSampler, or a sampler that takes the rank"
                 )
+        elif bucket_ids is not None:
+            sampler = AspectBucketSampler(
+                bucket_ids,
+                batch_size,
+                areas=[h * w for h, w in buckets.resolutions],  # type: ignore[union-attr]
+                shuffle=shuffle,
+                seed=seed,
+                rank=rank,
+                world_size=world,
+                drop_last=drop_last,
+            )
         elif bucket_by_length:
             field = bucket_by_length if isinstance(bucket_by_length, str) else None
             sampler = LengthBucketSampler(
@@ -237,6 +259,31 @@ def make_loader(
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
     return PackedLoader(reader, loader, sampler, normalize, device, ring, order, decoder, batches)
+
+
+def _bucketed(
+    dataset: ReaderBase, buckets: AspectBuckets, bucket_by_length: Any, overrides: dict, decode: str
+) -> tuple[ReaderBase, Any]:
+    """The reader a bucketed loader reads (a copy cropped by ``buckets``) and each sample's bucket;
+    ValueError for what bucketing cannot do, saying what to do instead."""
+    if not isinstance(buckets, AspectBuckets):
+        raise TypeError(f"buckets takes a readers.AspectBuckets, not {type(buckets).__name__}")
+    if not isinstance(dataset, PackedDataset):
+        raise ValueError("buckets needs random access (npy, lmdb or hdf5): tar shards are read in order")
+    if not dataset.layout.has_image or dataset.layout.shape is not None:
+        raise ValueError(
+            f"buckets batches images of their own sizes, and every image of {dataset.root} is stored in one "
+            "size: convert with --resize none, shorter or max to keep their aspect ratios"
+        )
+    if dataset.crops is not None and dataset.crops.size is not None:
+        raise ValueError("buckets crops each image to its bucket: open the dataset without crop= (flip= is kept)")
+    if bucket_by_length or "sampler" in overrides or "batch_sampler" in overrides or decode != "workers":
+        raise ValueError(
+            "buckets makes its own batches, decoded in the workers: pass no bucket_by_length, sampler, "
+            "batch_sampler or decode='device' with it"
+        )
+    ids = buckets.bucket_ids(dataset.image_sizes)
+    return dataset.cropped(buckets, ids), ids
 
 
 def collate_for(dataset: ReaderBase, cuda: bool) -> Callable[[Any], Any]:

@@ -63,6 +63,17 @@ class PackedLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    def describe(self) -> dict:
+        """What this loader makes of its output: batches per pass, the batch size, and with
+        ``buckets`` each bucket's resolution and image count and the share of pixels its crops cut
+        away (beside what centred square crops would), from the output's index alone."""
+        about: dict = {"batches": len(self), "batch_size": self.order.get("batch_size")}
+        crops = getattr(self.dataset, "crops", None)
+        describe = getattr(getattr(crops, "augment", None), "crop", None)
+        if crops is not None and crops.bucket_of_index is not None and describe is not None:
+            about.update(describe.describe(self.dataset.image_sizes))
+        return about
+
     def __iter__(self) -> Iterator:
         # The epoch is chosen when the first batch is asked for, not at iter(): Lightning calls iter()
         # once only to check that the loader is iterable, and calls set_epoch between iter() and the
@@ -109,7 +120,11 @@ class PackedLoader:
                 batch = None
                 continue
             if isinstance(batch, RingBatch):
-                images, labels, rest = self.ring.hand_out(batch.slot, batch.n), torch.from_numpy(batch.labels), []  # type: ignore[union-attr]
+                images, labels, rest = (
+                    self.ring.hand_out(batch.slot, batch.n, batch.size),
+                    torch.from_numpy(batch.labels),
+                    [],
+                )  # type: ignore[union-attr]
             else:
                 images, labels, *rest = batch
             batch = None

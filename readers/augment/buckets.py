@@ -1,0 +1,150 @@
+"""Aspect-ratio buckets: images kept near their own aspect ratio, in batches of one shape.
+
+Detection and generative models train on images that keep (about) their aspect ratio; a batch must
+still be one tensor. ``AspectBuckets`` holds a set of resolutions (height, width); each image goes
+to the bucket whose aspect ratio is nearest its own (compared in log space: 2:1 is as far from 1:1
+as 1:2), and is resized to cover that resolution and cropped to it: the crop keeps the whole of the
+image's shorter extent for the bucket's ratio, its position along the other side drawn per
+``(seed, epoch, index)`` (or centred). It is a crop like ``RandomResizedCrop``: boxes, masks and
+geometry follow it, and the flip applies on top. ``make_loader(ds, n, buckets=...)`` batches
+each bucket's images together (``readers.loading.bucket_sampler``); the bucket of every image is
+known from the output's index of sizes, without reading an image.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from readers.augment.crops import Placement
+
+_TOP, _LEFT = 0, 1
+"""The sample's uniform numbers (``Draws``) that place the crop: distinct from the flip's."""
+
+
+def budget_resolutions(
+    pixels: int | tuple[int, int] = (1024, 1024), step: int = 64, max_ratio: float = 4.0
+) -> tuple[tuple[int, int], ...]:
+    """Resolutions (height, width), each side a multiple of ``step``, of at most ``pixels`` pixels
+    (an area, or a (height, width) whose area it is) and as close to it as the step allows, with
+    aspect ratios from 1 : ``max_ratio`` to ``max_ratio`` : 1, sorted by aspect ratio (width over
+    height): the buckets diffusion trainers use (1024 x 1024 with a step of 64 gives 832 x 1216, ...)."""
+    area = int(pixels[0]) * int(pixels[1]) if isinstance(pixels, tuple) else int(pixels)
+    if step < 1 or area < step * step or max_ratio < 1:
+        raise ValueError(
+            f"buckets need step >= 1, a pixel budget of at least step x step and max_ratio >= 1, "
+            f"not pixels={pixels!r}, step={step!r}, max_ratio={max_ratio!r}"
+        )
+    found: set[tuple[int, int]] = set()
+    width = step
+    while width * step <= area:
+        height = area // width // step * step
+        if height >= step and 1 / max_ratio <= width / height <= max_ratio:
+            found.add((height, width))
+        width += step
+    return tuple(sorted(found, key=lambda hw: (hw[1] / hw[0], hw[0])))
+
+
+@dataclass(frozen=True)
+class AspectBuckets:
+    """Resolutions ``(height, width)`` to batch images by (see the module docstring): given, as torch
+    sizes are, or made from a pixel budget (``AspectBuckets.budget(1024, step=64)``).
+    ``random_position``: the crop's position along the side it cuts is drawn per sample and epoch
+    (False: centred, the same every epoch). ``reduced_decode`` as ``RandomResizedCrop``'s."""
+
+    resolutions: tuple[tuple[int, int], ...]
+    random_position: bool = True
+    reduced_decode: bool = False
+
+    def __post_init__(self) -> None:
+        pairs = tuple((int(h), int(w)) for h, w in self.resolutions)
+        if not pairs or any(h < 1 or w < 1 for h, w in pairs) or len(set(pairs)) != len(pairs):
+            raise ValueError(
+                f"AspectBuckets needs distinct (height, width) pairs of positive sizes, got {self.resolutions!r}"
+            )
+        object.__setattr__(self, "resolutions", pairs)
+
+    @classmethod
+    def budget(
+        cls, pixels: int | tuple[int, int] = (1024, 1024), step: int = 64, max_ratio: float = 4.0, **options
+    ) -> AspectBuckets:
+        """Buckets of about ``pixels`` pixels each (``budget_resolutions``)."""
+        return cls(budget_resolutions(pixels, step, max_ratio), **options)
+
+    @property
+    def size(self) -> Optional[tuple[int, int]]:
+        """None: the size out is the image's bucket's."""
+        return None
+
+    @property
+    def random(self) -> bool:
+        """True when the crop's position changes with the seed and epoch."""
+        return self.random_position
+
+    def _log_ratios(self) -> np.ndarray:
+        return np.log(np.array([w / h for h, w in self.resolutions]))
+
+    def bucket_ids(self, sizes: np.ndarray | Sequence[Sequence[int]]) -> np.ndarray:
+        """The bucket of each image of ``sizes`` (rows of height, width): the index of the resolution
+        whose aspect ratio is nearest (in log space; the first of equals)."""
+        sizes = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
+        ratios = np.log(sizes[:, 1] / sizes[:, 0])
+        return np.abs(ratios[:, None] - self._log_ratios()[None, :]).argmin(axis=1).astype(np.int64)
+
+    def bucket_of(self, height: int, width: int) -> int:
+        """The bucket of one image of ``height`` x ``width``."""
+        return int(np.abs(math.log(width / height) - self._log_ratios()).argmin())
+
+    def cut(self, height: int, width: int, bucket: int) -> tuple[int, int]:
+        """(height, width) of the part of an image of ``height`` x ``width`` that ``bucket`` keeps:
+        its whole extent along one side, the bucket's aspect ratio along the other."""
+        bh, bw = self.resolutions[bucket]
+        if width * bh > height * bw:  # wider than the bucket: cut its width
+            return height, max(1, min(width, round(height * bw / bh)))
+        return max(1, min(height, round(width * bh / bw))), width
+
+    def placement(self, height: int, width: int, u: Callable[[int], float]) -> Placement:
+        """The Placement of one image (without the flip, which ``Augment`` adds): the bucket's ratio
+        cut from it, resized to the bucket's resolution."""
+        bucket = self.bucket_of(height, width)
+        ch, cw = self.cut(height, width, bucket)
+        if self.random_position:
+            top, left = int(u(_TOP) * (height - ch + 1)), int(u(_LEFT) * (width - cw + 1))
+        else:
+            top, left = (height - ch) // 2, (width - cw) // 2
+        return Placement(
+            (float(left), float(top), float(left + cw), float(top + ch)),
+            self.resolutions[bucket],
+            False,
+            True,
+            self.reduced_decode,
+        )
+
+    def describe(self, sizes: np.ndarray) -> dict:
+        """What bucketing does to images of ``sizes`` (rows of height, width): each bucket's
+        resolution and image count, and the share of the images' pixels the crops cut away, next to
+        a square crop's (each image's centred square, what a fixed square crop keeps at best)."""
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        ids = self.bucket_ids(sizes)
+        counts = np.bincount(ids, minlength=len(self.resolutions))
+        h, w = sizes[:, 0], sizes[:, 1]
+        bh, bw = (np.array(self.resolutions, dtype=np.int64)[ids, k] for k in (0, 1))
+        wider = w * bh > h * bw  # as cut(), for every image at once
+        cw = np.where(wider, np.clip(np.round(h * bw / bh), 1, w), w)
+        ch = np.where(wider, h, np.clip(np.round(w * bh / bw), 1, h))
+        kept = int((ch * cw).sum())
+        total = int(sizes.prod(axis=1).sum())
+        square = int((sizes.min(axis=1) ** 2).sum())
+        return {
+            "buckets": [
+                {"resolution": list(r), "images": int(c)} for r, c in zip(self.resolutions, counts.tolist()) if c
+            ],
+            "cropped_share": 1 - kept / total if total else 0.0,
+            "square_crop_share": 1 - square / total if total else 0.0,
+        }
+
+
+__all__ = ["AspectBuckets", "budget_resolutions"]

@@ -68,10 +68,9 @@ class PackedLoader:
         ``buckets`` each bucket's resolution and image count and the share of pixels its crops cut
         away (beside what centred square crops would), from the output's index alone."""
         about: dict = {"batches": len(self), "batch_size": self.order.get("batch_size")}
-        crops = getattr(self.dataset, "crops", None)
-        describe = getattr(getattr(crops, "augment", None), "crop", None)
-        if crops is not None and crops.bucket_of_index is not None and describe is not None:
-            about.update(describe.describe(self.dataset.image_sizes))
+        crops = getattr(self.dataset, "crops", None)  # a mixture has none of its own
+        if crops is not None and crops.bucket_of_index is not None:
+            about.update(crops.augment.crop.describe(self.dataset.image_sizes))
         return about
 
     def __iter__(self) -> Iterator:

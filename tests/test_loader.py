@@ -556,3 +556,11 @@ def test_the_loader_hands_its_batch_state_to_its_own_copy_of_the_reader(packed):
     assert loader.batches is not None and loader.dataset.batches is loader.batches
     next(iter(loader))
     assert loader.batches.this_pass() == (0, 0)
+
+
+def test_a_state_of_another_output_of_the_same_size_is_refused(packed):
+    """npy and lmdb outputs of the same 23 samples: the epoch order would fit, the samples would not."""
+    state = make_loader(open_dataset(packed["npy"]), 4, num_workers=0).state_dict()
+    make_loader(open_dataset(packed["npy"]), 4, num_workers=0).load_state_dict(state)  # its own output: fine
+    with pytest.raises(ValueError, match="saved reading another output"):
+        make_loader(open_dataset(packed["lmdb"]), 4, num_workers=0).load_state_dict(state)

@@ -176,7 +176,17 @@ class PackedLoader:
         epoch, consumed = self._chosen if self._chosen is not None else (self.epoch, self._consumed)
         if consumed >= len(self):  # taken during the last batch: the next run starts the next epoch
             epoch, consumed = epoch + 1, 0
-        return {"epoch": epoch, "batches": consumed, "size": _size(self.dataset), **self.order}
+        return {"epoch": epoch, "batches": consumed, **self._source(), **self.order}
+
+    def _source(self) -> dict:
+        """What the state is of: the samples the epoch order is made for, and the output(s) read
+        (their manifests' SHA-256: another output of the same size must not continue this epoch)."""
+        parts = self.dataset.datasets if isinstance(self.dataset, Mixture) else [self.dataset]
+        digests = [getattr(getattr(p, "files", None), "manifest_sha256", None) for p in parts]
+        source: dict = {"size": _size(self.dataset)}
+        if all(digests):
+            source["output"] = "+".join(d[:16] for d in digests)  # type: ignore[index]
+        return source
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next iteration continue after the batches ``state`` says were handed out.
@@ -186,8 +196,13 @@ class PackedLoader:
         state continues on another number of ranks with the same global batch (batch size x ranks):
         the rest of the epoch is every sample not yet seen, each once (``EpochBatchSampler``).
         """
-        mine = {"size": _size(self.dataset), **self.order}
+        mine = {**self._source(), **self.order}
         state = {"bucket_by_length": False, **state}  # states saved before bucketing existed did not bucket
+        if "output" in state and "output" in mine and state["output"] != mine["output"]:
+            raise ValueError(
+                "cannot resume: the state was saved reading another output (manifest SHA-256 "
+                f"{state['output']}..., this loader reads {mine['output']}...); open the output it was saved with"
+            )
         regroups = self.sampler is not None and self.order.get("sampler") is None and self.sampler.regroups
         for key, value in mine.items():
             if key in state and state[key] != value:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
+from helpers import run_ranks
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -71,3 +72,63 @@ def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, w
     assert [model.seen[e] for e in range(3)] == want
     assert want[0] != want[1] != want[2]
     assert all(sorted(sum(batches, [])) == list(range(N)) for batches in want)
+
+
+def _trainer(**kwargs) -> "lightning.Trainer":
+    """A quiet CPU Trainer for 2 epochs; ``kwargs`` add to or replace its arguments."""
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    return lightning.Trainer(**{"max_epochs": 2, "accelerator": "cpu", "devices": 1, **quiet, **kwargs})
+
+
+def _lightning_ddp_rank(rank: int, world: int, port: int, payload: dict, out: str) -> None:
+    """One rank of a Lightning DDP run launched as torchrun does (Lightning sees LOCAL_RANK and does
+    not start processes itself): the batches this rank trained on, by epoch, per format."""
+    import json
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    result = {}
+    for fmt, root in payload.items():
+        model = Recorder(Path(root), 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _trainer(devices=world, strategy="ddp").fit(model)
+        result[fmt] = [model.seen[e] for e in range(2)]
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # Lightning leaves it: gloo's threads would abort the exit
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_lightning_ddp_on_two_processes_splits_every_epoch_between_the_ranks(packed, tmp_path):
+    ranks = run_ranks(_lightning_ddp_rank, {fmt: str(packed[fmt]) for fmt in ("npy", "wds")}, tmp_path)
+    for fmt in ("npy", "wds"):
+        a, b = ranks[0][fmt], ranks[1][fmt]
+        for epoch in range(2):
+            assert len(a[epoch]) == len(b[epoch]) == 3  # equal batch counts: 23 samples, 4 a batch on 2 ranks
+            sa, sb = sum(a[epoch], []), sum(b[epoch], [])
+            if fmt == "npy":
+                assert not set(sa) & set(sb) and sorted(sa + sb) == list(range(N))
+            else:  # disjoint shards per rank; the rank with fewer batches adds resampled ones
+                assert set(sa) | set(sb) == set(range(N))
+        assert a[0] != a[1] and b[0] != b[1]
+
+
+@pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("wds", 2)])
+def test_lightning_resumes_a_mid_epoch_checkpoint_exactly(packed, tmp_path, fmt, workers):
+    """Lightning saves the loader's state_dict in its checkpoint (loops.fit_loop.state_dict.combined_loader)
+    and loads it on fit(ckpt_path=...): the restart trains on exactly the batches of that epoch not yet seen."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    full = Recorder(packed[fmt], workers)
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=8, save_top_k=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer(callbacks=[every], enable_checkpointing=True).fit(full)
+        checkpoint = tmp_path / "epoch=1-step=8.ckpt"  # 6 batches an epoch: 2 batches into the second epoch
+        saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        assert [(s["epoch"], s["batches"]) for s in saved] == [(1, 2)]
+        resumed = Recorder(packed[fmt], workers)
+        _trainer().fit(resumed, ckpt_path=checkpoint)
+    assert list(resumed.seen) == [1] and resumed.seen[1] == full.seen[1][2:]
+    assert sorted(sum(full.seen[1][:2] + resumed.seen[1], [])) == list(range(N))

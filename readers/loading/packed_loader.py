@@ -51,6 +51,20 @@ class PackedLoader:
             # Frameworks (Lightning) call set_epoch on loader.sampler: that call chooses the epoch as ours does.
             sampler.follow(self.set_epoch)
 
+    def __getattr__(self, name: str) -> Any:
+        # Only names no attribute has get here. A framework reading these is about to re-make a torch
+        # DataLoader around this loader's dataset, which would lose its epoch order, collate and device
+        # placement: an AttributeError (what getattr(x, name, default) and hasattr expect) that says so.
+        if name in _REMADE_FROM:
+            raise AttributeError(
+                f"PackedLoader has no {name!r}: it is not a torch DataLoader, and one re-made around its dataset "
+                "(accelerate's skip_first_batches, the transformers Trainer's default get_resumed_dataloader) "
+                "would lose its batch order. Resume it from its own state instead: loader.load_state_dict(state) "
+                "(Accelerate: accelerator.register_for_checkpointing(loader); transformers: override "
+                "get_resumed_dataloader to load the state, see docs/READERS.md, Training frameworks)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch``'s order (without a call, each new pass is the next epoch's).
 
@@ -224,6 +238,10 @@ class PackedLoader:
         self.epoch = int(state["epoch"])
         self._chosen = (self.epoch, int(state["batches"]))
 
+
+_REMADE_FROM = frozenset({"batch_sampler", "drop_last"})
+"""What re-making a DataLoader around a loader reads first (a map-style dataset's batch sampler, an
+iterable one's drop_last), where a framework does that to skip batches."""
 
 _END = object()
 """What ``next`` gives at the end of a pass's batches."""

@@ -166,3 +166,13 @@ def later_shards_unfinished(first: int = 1) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(packer.run.worker, "closed", waiting)
         yield
+
+
+def stop_workers(loader) -> None:
+    """Shut down the persistent DataLoader workers of a ``PackedLoader`` now. A framework keeps its loader
+    in reference cycles (Trainer, model, loader), and torch's DataLoader iterator freed by the cyclic
+    garbage collector waits 5 s per persistent worker to end it: the cost would land on whatever test
+    collects next (the transformers Trainer calls gc.collect() at its start)."""
+    iterator = getattr(loader.loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
-from helpers import run_ranks
+from helpers import run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -36,6 +36,7 @@ class Recorder(lightning.LightningModule):
         self.root, self.workers = root, workers
         self.linear = torch.nn.Linear(3 * SIZE * SIZE, 3)
         self.seen: dict[int, list[list[int]]] = {}
+        self.loaders: list = []  # those train_dataloader made, to stop their workers after fit
 
     def training_step(self, batch, index):
         images, labels, meta = batch
@@ -46,7 +47,13 @@ class Recorder(lightning.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
-        return make_loader(open_dataset(self.root, return_meta=True), 4, num_workers=self.workers, seed=3)
+        self.loaders.append(make_loader(open_dataset(self.root, return_meta=True), 4, num_workers=self.workers, seed=3))
+        return self.loaders[-1]
+
+    def stop(self) -> None:
+        """Stop the workers of the loaders this module made (see helpers.stop_workers)."""
+        for loader in self.loaders:
+            stop_workers(loader)
 
 
 @pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("npy", 2), ("wds", 2)])
@@ -64,11 +71,13 @@ def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, w
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
         trainer.fit(model)
+    model.stop()
     reference = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=workers, seed=3)
     want = []
     for epoch in range(3):
         reference.set_epoch(epoch)
         want.append([meta["index"].tolist() for *_, meta in reference])
+    stop_workers(reference)
     assert [model.seen[e] for e in range(3)] == want
     assert want[0] != want[1] != want[2]
     assert all(sorted(sum(batches, [])) == list(range(N)) for batches in want)
@@ -130,5 +139,7 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_exactly(packed, tmp_path, fmt,
         assert [(s["epoch"], s["batches"]) for s in saved] == [(1, 2)]
         resumed = Recorder(packed[fmt], workers)
         _trainer().fit(resumed, ckpt_path=checkpoint)
+    full.stop()
+    resumed.stop()
     assert list(resumed.seen) == [1] and resumed.seen[1] == full.seen[1][2:]
     assert sorted(sum(full.seen[1][:2] + resumed.seen[1], [])) == list(range(N))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
+from helpers import stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -42,6 +43,7 @@ def _epochs(root: Path, workers: int, count: int) -> list[list[list[int]]]:
     for epoch in range(count):
         loader.set_epoch(epoch)
         out.append([meta["index"].tolist() for *_, meta in loader])
+    stop_workers(loader)
     return out
 
 
@@ -79,6 +81,7 @@ def test_accelerate_prepare_passes_the_loader_through_and_save_state_resumes_it(
     epoch0 = _accelerate_steps(accelerator, model, optimizer, loader, 99)
     first = _accelerate_steps(accelerator, model, optimizer, loader, 2)  # no set_epoch: a new pass moves on
     accelerator.save_state(tmp_path / "state")
+    stop_workers(loader)
     assert epoch0 == want[0] and first == want[1][:2] and want[0] != want[1]
 
     again = accelerate.Accelerator(cpu=True)
@@ -88,6 +91,7 @@ def test_accelerate_prepare_passes_the_loader_through_and_save_state_resumes_it(
     again.register_for_checkpointing(loader)
     again.load_state(tmp_path / "state")
     assert _accelerate_steps(again, model, optimizer, loader, 99) == want[1][2:]  # the epoch's rest, exactly
+    stop_workers(loader)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "wds"])

@@ -66,6 +66,8 @@ class AspectBuckets:
                 f"AspectBuckets needs distinct (height, width) pairs of positive sizes, got {self.resolutions!r}"
             )
         object.__setattr__(self, "resolutions", pairs)
+        # Each bucket's log aspect ratio, once: every sample's placement compares its own with them.
+        object.__setattr__(self, "_logs", np.log(np.array([w / h for h, w in pairs])))
 
     @classmethod
     def budget(
@@ -84,19 +86,16 @@ class AspectBuckets:
         """True when the crop's position changes with the seed and epoch."""
         return self.random_position
 
-    def _log_ratios(self) -> np.ndarray:
-        return np.log(np.array([w / h for h, w in self.resolutions]))
-
     def bucket_ids(self, sizes: np.ndarray | Sequence[Sequence[int]]) -> np.ndarray:
         """The bucket of each image of ``sizes`` (rows of height, width): the index of the resolution
         whose aspect ratio is nearest (in log space; the first of equals)."""
         sizes = np.asarray(sizes, dtype=np.float64).reshape(-1, 2)
         ratios = np.log(sizes[:, 1] / sizes[:, 0])
-        return np.abs(ratios[:, None] - self._log_ratios()[None, :]).argmin(axis=1).astype(np.int64)
+        return np.abs(ratios[:, None] - self._logs[None, :]).argmin(axis=1).astype(np.int64)
 
     def bucket_of(self, height: int, width: int) -> int:
         """The bucket of one image of ``height`` x ``width``."""
-        return int(np.abs(math.log(width / height) - self._log_ratios()).argmin())
+        return int(np.abs(math.log(width / height) - self._logs).argmin())
 
     def cut(self, height: int, width: int, bucket: int) -> tuple[int, int]:
         """(height, width) of the part of an image of ``height`` x ``width`` that ``bucket`` keeps:

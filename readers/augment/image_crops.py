@@ -39,7 +39,7 @@ class ImageCrops:
         other.bucket_of_index = np.asarray(bucket_ids, dtype=np.int32 if len(bucket_ids) < 2**31 else np.int64)
         return other
 
-    def batch_size_of(self, indices: Any) -> Optional[tuple[int, int]]:
+    def batch_resolution(self, indices: Any) -> Optional[tuple[int, int]]:
         """(height, width) of every image of the batch at ``indices`` when they all share one bucket,
         else None (their sizes differ: the batch is made sample by sample)."""
         if self.bucket_of_index is None or not len(indices):

@@ -23,6 +23,7 @@ from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry
 from readers.augment.device_decode import BatchBuilder, EncodedBatch, on_device
 from readers.augment.render import render
+from readers.datasets import index_views
 from readers.datasets.base import ReaderBase
 from readers.datasets.samples import decode_field, offset_labels
 from readers.datasets.shard_handles import ShardHandles
@@ -84,7 +85,7 @@ class PackedDataset(ReaderBase, Dataset):
         memory = torch.empty((len(self), *self.layout.shape), dtype=torch_dtype(self.layout.np_dtype)).share_memory_()
         view = memory.numpy()
         for shard in range(len(self.manifest.shards)):
-            with self._reading(shard):
+            with self.reading(shard):
                 for local in range(self.manifest.shards[shard].samples):
                     view[self._offsets[shard] + local] = self._image(shard, local)
         self.memory, self._memory_view = memory, None
@@ -143,7 +144,7 @@ class PackedDataset(ReaderBase, Dataset):
         """Sample ``index`` as ``dataset[index]`` gives it, cropped and flipped for ``epoch``."""
         shard, local = self.locate(int(index))
         placement: list = []
-        with self._reading(shard):
+        with self.reading(shard):
             values = self._values(shard, local, epoch, placement)
             label = int(self.handles.labels_of(shard, self)[local])
             key = self.read_key(self.handles.get(shard, self), local) if self.return_meta else None
@@ -170,7 +171,7 @@ class PackedDataset(ReaderBase, Dataset):
         n = len(indices)
         size = None  # a batch of one aspect-ratio bucket: one tensor of its resolution
         if self.layout.has_image and self.image_shape is None:
-            size = self.crops.batch_size_of(indices) if self.crops is not None else None
+            size = self.crops.batch_resolution(indices) if self.crops is not None else None
             if size is None:  # images of their own sizes: no batch tensor
                 return [self._sample_at(i, epoch) for i in indices]
         if self.text_fields:
@@ -180,7 +181,7 @@ class PackedDataset(ReaderBase, Dataset):
         # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
         hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         for shard, rows, local in self._by_shard(indices):
-            with self._reading(shard):
+            with self.reading(shard):
                 labels[rows] = self.handles.labels_of(shard, self)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
                     if self.crops is None:
@@ -203,7 +204,7 @@ class PackedDataset(ReaderBase, Dataset):
         h, w, c = self.image_shape  # type: ignore[misc]
         batch, mode = BatchBuilder(len(indices), (h, w), c), self.layout.mode
         for shard, rows, local in self._by_shard(indices):
-            with self._reading(shard):
+            with self.reading(shard):
                 batch.labels[rows] = self.handles.labels_of(shard, self)[local]
                 for j, at in zip(rows.tolist(), local.tolist()):
                     stored, codec, placement, (height, width) = self.crops.placed(  # type: ignore[union-attr]
@@ -220,7 +221,7 @@ class PackedDataset(ReaderBase, Dataset):
         shard by shard (pad_collate batches them)."""
         out: list = [None] * len(indices)
         for shard, rows, local in self._by_shard(indices):
-            with self._reading(shard):
+            with self.reading(shard):
                 labels = self.handles.labels_of(shard, self)[local].tolist()
                 for j, at, label in zip(rows.tolist(), local.tolist(), labels):
                     values = self._values(shard, at, epoch)
@@ -272,7 +273,7 @@ class PackedDataset(ReaderBase, Dataset):
             yield shard, rows, index[rows] - self._offsets[shard]
 
     @contextlib.contextmanager
-    def _reading(self, shard: int):
+    def reading(self, shard: int):
         """Turn any failure to read a shard into one ManifestError naming its files.
 
         An IndexError here too: the index was checked against the manifest before (``locate``,
@@ -298,109 +299,36 @@ class PackedDataset(ReaderBase, Dataset):
 
     @property
     def labels(self) -> np.ndarray:
-        """Every sample's label in dataset order, int64, read from the shards' label arrays alone
-        (no image is read)."""
-        out = np.empty(len(self), dtype=np.int64)
-        for i, start in enumerate(self._offsets[:-1]):
-            with self._reading(i):
-                labels = self.handles.labels_of(i, self)  # copied shard by shard (see ShardHandles.labels_of)
-                if len(labels) != self._offsets[i + 1] - start:
-                    raise ManifestError(
-                        f"{self.root / self.manifest.shards[i].name}: {len(labels)} labels where "
-                        f"the manifest says {self._offsets[i + 1] - start} samples; the output is "
-                        f"damaged, run packer verify {self.root}"
-                    )
-                out[start : self._offsets[i + 1]] = labels
-        return out
+        """Every sample's label in dataset order, int64, from the shards' label arrays alone."""
+        return index_views.labels(self)
 
     @property
     def targets(self) -> list[int]:
-        """Every sample's label in dataset order, as torchvision's ``ImageFolder.targets``: a list of
-        ints (-1 for unlabelled data), from the shards' label arrays alone (no image is read). A new
-        list at each access; ``labels`` is the same as one int64 array."""
-        return self.labels.tolist()
+        """Every sample's label as torchvision's ``ImageFolder.targets`` (see ``index_views.targets``)."""
+        return index_views.targets(self)
 
     @property
     def samples(self) -> list[tuple[str, int]]:
-        """``(key, label)`` of every sample in dataset order, as torchvision's ``ImageFolder.samples``.
-
-        The key is the sample's source path relative to the converted folder (``"cat/001.jpg"``), as
-        the shards store it, not an absolute path: the source folder may be gone, or on another
-        machine. Read from the shards' keys and labels alone (no image is read); the keys are kept
-        per process after the first access. A new list at each access."""
-        out: list[tuple[str, int]] = []
-        for shard in range(len(self.manifest.shards)):
-            keys = self._shard_keys(shard)
-            with self._reading(shard):
-                out += zip(keys, self.handles.labels_of(shard, self).tolist())
-        return out
+        """``(key, label)`` of every sample, as torchvision's ``ImageFolder.samples`` (see ``index_views.samples``)."""
+        return index_views.samples(self)
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
         """The same list as ``samples`` (torchvision keeps ``imgs`` as an alias of it)."""
-        return self.samples
-
-    def _shard_keys(self, shard: int) -> list[str]:
-        keys = self.handles.keys.get(shard)
-        if keys is None:
-            count = self.manifest.shards[shard].samples
-            with self._reading(shard):
-                keys = list(self.read_keys(self.handles.get(shard, self), count))
-            if len(keys) != count:
-                raise ManifestError(
-                    f"{self.root / self.manifest.shards[shard].name}: {len(keys)} keys where the "
-                    f"manifest says {count} samples; the output is damaged, run packer verify "
-                    f"{self.root}"
-                )
-            self.handles.keys[shard] = keys
-        return keys
+        return index_views.samples(self)
 
     @property
     def image_sizes(self) -> np.ndarray:
-        """``(N, 2)`` int64 (height, width) of every image as returned without a crop, in dataset order,
-        from the shards' index of sizes alone (no image is read): for aspect-ratio batching, or to know
-        what a crop cuts from. ValueError for an output without images, or one of varying sizes that
-        an older packer wrote without the index (convert it again)."""
-        if not self.layout.has_image:
-            raise ValueError(f"{self.root} stores no images")
-        if self.layout.shape is not None:
-            return np.tile(np.array(self.layout.shape[:2], np.int64), (len(self), 1))
-        parts = []
-        for shard in range(len(self.manifest.shards)):
-            entry = self.manifest.shards[shard]
-            with self._reading(shard):
-                shapes = self.read_shapes(self.handles.get(shard, self), entry)
-            if shapes is None or shapes.shape != (entry.samples, 3):
-                raise ValueError(
-                    f"{self.root}: shard {entry.name} has no index of its images' sizes (written by "
-                    f"packer {self.manifest.packer_version}); convert it again with this packer"
-                )
-            parts.append(np.asarray(shapes[:, :2], np.int64))
-        return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+        """``(N, 2)`` (height, width) of every image as returned without a crop (see ``index_views.image_sizes``)."""
+        return index_views.image_sizes(self)
 
     def lengths(self, field: Optional[str] = None) -> np.ndarray:
-        """Every sample's length of a text field in dataset order, int64: UTF-8 bytes for text and
-        json, ids for token ids (``field`` defaults to the text/token field). Read from the shards'
-        indexes alone; no sample is read. For ``LengthBucketSampler``."""
-        f = self.info.length_field(field)
-        parts = []
-        for shard in range(len(self.manifest.shards)):
-            with self._reading(shard):
-                parts.append(np.asarray(self.read_lengths(self.handles.get(shard, self), f), dtype=np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        """Every sample's length of a text field, for ``LengthBucketSampler`` (see ``index_views.lengths``)."""
+        return index_views.lengths(self, field)
 
     def sample_weights(self) -> torch.Tensor:
-        """Per-sample weights 1 / (samples of its class), for ``WeightedRandomSampler`` class balance.
-
-        ``WeightedRandomSampler(ds.sample_weights(), num_samples=len(ds))`` draws every class
-        equally often. Unlabelled samples (label -1) get weight 0.
-        """
-        labels = self.labels
-        counts = np.bincount(labels[labels >= 0], minlength=len(self.classes or []))
-        weights = np.zeros(len(labels), dtype=np.float64)
-        known = labels >= 0
-        weights[known] = 1.0 / counts[labels[known]]
-        return torch.from_numpy(weights)
+        """Per-sample weights 1 / (samples of its class), for ``WeightedRandomSampler`` class balance."""
+        return index_views.sample_weights(self)
 
     # Per-format parts -------------------------------------------------------------------------
     def open_shard(self, shard: ShardEntry) -> Any:

@@ -74,6 +74,17 @@ def run_conversion(
                 executor = stack.enter_context(RayExecutor(address, workers)) if executor_name == "ray" else None
                 if executor is not None:
                     executor.connect()  # before the progress bar: Ray prints while it starts
+                common = dict(  # what every kind of conversion takes alike
+                    labels_file=labels_file,
+                    workers=workers,
+                    overwrite=overwrite,
+                    strict=strict,
+                    timeout=timeout,
+                    progress=on_progress,
+                    on_plan=on_plan,
+                    classes=classes,
+                    add_classes=add_classes,
+                )
                 if splits:
                     result = convert_splits(
                         source,
@@ -81,52 +92,15 @@ def run_conversion(
                         config,
                         fractions=fractions,
                         seed=split_seed,
-                        classes=classes,
-                        add_classes=add_classes,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
                         resume=resume,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
                         on_split=names.append,
                         executor=executor,
+                        **common,
                     )
                 elif node is not None:
-                    result = convert_node(
-                        source,
-                        output,
-                        config,
-                        node,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
-                        classes=classes,
-                        add_classes=add_classes,
-                    )
+                    result = convert_node(source, output, config, node, **common)
                 else:
-                    result = run_convert(
-                        source,
-                        output,
-                        config,
-                        labels_file=labels_file,
-                        workers=workers,
-                        overwrite=overwrite,
-                        strict=strict,
-                        resume=resume,
-                        timeout=timeout,
-                        progress=on_progress,
-                        on_plan=on_plan,
-                        executor=executor,
-                        classes=classes,
-                        add_classes=add_classes,
-                    )
+                    result = run_convert(source, output, config, resume=resume, executor=executor, **common)
         except KeyboardInterrupt:
             close_bars(bars)
             again = "the same command again" if node is not None else "the same command with --resume"

@@ -7,11 +7,14 @@ shuffled float32 batches of 64 with a flip, in 2 workers, two ways taking turns 
 - ``RandomResizedCrop(224)``: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)``;
 - buckets: ``make_loader(open_dataset(out, flip=True), 64, buckets=AspectBuckets.budget((224, 224),
   step=32, max_ratio=2.5))``, every image cropped to its bucket's ratio and resized to about 224 x 224
-  pixels.
+  pixels;
+- padded buckets: the same buckets with ``fit="pad"``, every image resized whole into its bucket and
+  padded.
 
 Each rate is samples/s over ``--epochs`` epochs after one warm-up epoch, the median of ``--repeat``
 rounds; the table also gives the share of the images' pixels the buckets' crops cut away next to
-what centred square crops would cut (``loader.describe()``).
+what centred square crops would cut, and the share of the padded batches' pixels that is padding
+next to what padding each image to a square would add (``loader.describe()``).
 
     python scripts/bench_buckets.py --images 1200 --epochs 2 --repeat 3
 """
@@ -74,6 +77,7 @@ def main() -> None:
     if not src.is_dir():
         make_images(src, args.images)
     buckets = AspectBuckets.budget((224, 224), step=32, max_ratio=2.5)
+    padded = AspectBuckets(buckets.resolutions, fit="pad")
     rows = []
     for codec in ("raw", "jpeg"):
         out = args.work / f"npy-{codec}"
@@ -85,37 +89,39 @@ def main() -> None:
                 open_dataset(out, crop=RandomResizedCrop(224), flip=True), 64, num_workers=args.workers
             ),
             "buckets": lambda: make_loader(open_dataset(out, flip=True), 64, buckets=buckets, num_workers=args.workers),
+            "padded": lambda: make_loader(open_dataset(out, flip=True), 64, buckets=padded, num_workers=args.workers),
         }
         rates: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.repeat):
             for name, make in ways.items():
                 rates[name].append(rate(make, args.epochs))
-        about = ways["buckets"]().describe()
-        fixed, bucketed = statistics.median(rates["RandomResizedCrop(224)"]), statistics.median(rates["buckets"])
-        ratios = [b / f for b, f in zip(rates["buckets"], rates["RandomResizedCrop(224)"])]
-        rows.append(
-            {
-                "codec": codec,
-                "rrc": fixed,
-                "buckets": bucketed,
-                "ratio": bucketed / fixed,
-                "ratio_range": [min(ratios), max(ratios)],
-                "buckets_used": len(about["buckets"]),
-                "cropped_share": about["cropped_share"],
-                "square_crop_share": about["square_crop_share"],
-            }
-        )
+        about, pads = ways["buckets"]().describe(), ways["padded"]().describe()
+        fixed = statistics.median(rates["RandomResizedCrop(224)"])
+        row: dict = {"codec": codec, "rrc": fixed, "buckets_used": len(about["buckets"])}
+        for name in ("buckets", "padded"):
+            ratios = [b / f for b, f in zip(rates[name], rates["RandomResizedCrop(224)"])]
+            row[name] = statistics.median(rates[name])
+            row[f"{name}_ratio"] = row[name] / fixed
+            row[f"{name}_range"] = [min(ratios), max(ratios)]
+        for key in ("cropped_share", "square_crop_share"):
+            row[key] = about[key]
+        for key in ("padded_share", "square_pad_share"):
+            row[key] = pads[key]
+        rows.append(row)
     print(f"Host: {platform.processor() or platform.machine()}, {args.workers} workers, {args.images} images")
     print(
-        "| stored as | RandomResizedCrop(224) samples/s | buckets samples/s | buckets / RRC | buckets used "
-        "| pixels cropped by buckets | by square crops |"
+        "| stored as | RandomResizedCrop(224) samples/s | buckets samples/s | buckets / RRC | padded buckets "
+        "samples/s | padded / RRC | buckets used | pixels cropped by buckets | by square crops "
+        "| padding in padded buckets | in padded squares |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| max 512, {r['codec']} | {r['rrc']:.0f} | {r['buckets']:.0f} | {r['ratio']:.2f}x "
-            f"[{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}] | {r['buckets_used']} "
-            f"| {r['cropped_share']:.1%} | {r['square_crop_share']:.1%} |"
+            f"| max 512, {r['codec']} | {r['rrc']:.0f} | {r['buckets']:.0f} | {r['buckets_ratio']:.2f}x "
+            f"[{r['buckets_range'][0]:.2f}-{r['buckets_range'][1]:.2f}] | {r['padded']:.0f} "
+            f"| {r['padded_ratio']:.2f}x [{r['padded_range'][0]:.2f}-{r['padded_range'][1]:.2f}] "
+            f"| {r['buckets_used']} | {r['cropped_share']:.1%} | {r['square_crop_share']:.1%} "
+            f"| {r['padded_share']:.1%} | {r['square_pad_share']:.1%} |"
         )
     (args.work / "buckets.json").write_text(json.dumps(rows, indent=2))
 

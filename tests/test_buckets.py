@@ -177,6 +177,80 @@ def test_describe_says_what_each_bucket_got_and_what_the_crops_cut(outputs):
     assert about["batches"] == len(make_loader(ds, 4, buckets=BUCKETS, num_workers=0))
 
 
+PADDED = AspectBuckets(BUCKETS.resolutions, fit="pad")
+
+
+def test_padded_buckets_keep_the_whole_image_at_the_corner_and_boxes_follow(outputs):
+    """fit="pad": each image resized whole to fit its bucket, zeros to its right and below (to its
+    left when flipped), the red rectangle where its box says."""
+    ds = open_dataset(outputs["boxes"], normalize=False, flip=True, return_meta=True)
+    sizes = ds.image_sizes
+    flips = set()
+    for images, targets, meta in make_loader(ds, 3, buckets=PADDED, num_workers=0, seed=5):
+        for image, target, about in zip(images, targets, meta):
+            index, flip = about["index"], about["flip"]
+            h, w = (int(v) for v in sizes[index])
+            bucket = PADDED.bucket_of(h, w)
+            fh, fw = PADDED.fitted(h, w, bucket)
+            assert tuple(image.shape[1:]) == PADDED.resolutions[bucket]
+            assert fh == image.shape[1] or fw == image.shape[2]  # as large as fits
+            assert abs(fw / fh - w / h) <= max(1 / fh, 1 / fw) * w / h * 1.01  # its own ratio
+            pixels = image.permute(1, 2, 0).numpy()
+            rows, cols = pixels.max(axis=-1).nonzero()
+            left = image.shape[2] - fw if flip else 0
+            assert (rows.min(), rows.max() + 1, cols.min(), cols.max() + 1) == (0, fh, left, left + fw)
+            red = (np.abs(pixels.astype(int) - np.array(RED)).max(axis=-1) <= 60).nonzero()
+            found = (red[1].min(), red[0].min(), red[1].max() + 1, red[0].max() + 1)
+            assert np.allclose(target["boxes"].tolist()[0], found, atol=1.5), (target["boxes"], found)
+            flips.add(bool(flip))
+    assert flips == {False, True}
+
+
+def test_padded_buckets_describe_their_padding_and_cut_nothing(outputs):
+    ds = open_dataset(outputs["npy"])
+    about = make_loader(ds, 4, buckets=PADDED, num_workers=0).describe()
+    assert about["fit"] == "pad" and about["cropped_share"] == 0.0
+    assert 0 < about["padded_share"] < about["square_pad_share"] < 1  # buckets pad less than squares
+    sizes = ds.image_sizes
+    fitted = [PADDED.fitted(h, w, PADDED.bucket_of(h, w)) for h, w in sizes]
+    canvas = [np.prod(PADDED.resolutions[PADDED.bucket_of(h, w)]) for h, w in sizes]
+    assert about["padded_share"] == pytest.approx(1 - sum(h * w for h, w in fitted) / sum(canvas))
+    with pytest.raises(ValueError, match="fit takes one of crop, pad"):
+        AspectBuckets(BUCKETS.resolutions, fit="stretch")
+
+
+def test_a_padded_mask_takes_the_ignore_index_and_a_random_position_moves_the_image():
+    from readers.augment.crops import Draws
+    from readers.augment.placing import place_mask
+
+    square = AspectBuckets(((48, 48),), fit="pad")
+    mask = torch.arange(20 * 40, dtype=torch.uint8).reshape(20, 40) % 7  # (height, width): fitted to 24 x 48
+    placed = place_mask(mask, square.placement(20, 40, Draws(0, 0, 0)), 255)
+    assert tuple(placed.shape) == (48, 48) and (placed[24:] == 255).all() and (placed[:24] != 255).all()
+    ys, xs = (((torch.arange(n) + 0.5) / 1.2).long() for n in (24, 48))
+    assert torch.equal(placed[:24], mask[ys][:, xs])  # nearest neighbour at a 1.2 scale, at the corner
+    moving = AspectBuckets(((48, 48),), fit="pad", random_position=True)
+    tops = {moving.placement(20, 40, Draws(0, e, 0)).offset for e in range(8)}
+    assert len(tops) > 1 and all(left == 0 and -24 <= top <= 0 for top, left in tops)
+
+
+def test_a_jpeg_decoded_at_a_reduced_scale_is_padded_as_the_full_decode(tmp_path):
+    from readers.augment.crops import Draws
+    from readers.augment.render import render
+
+    pixels = np.zeros((400, 800, 3), np.uint8)
+    pixels[:, :, 0] = np.linspace(0, 255, 800, dtype=np.uint8)[None, :]
+    pixels[:, :, 1] = np.linspace(0, 255, 400, dtype=np.uint8)[:, None]
+    Image.fromarray(pixels).save(tmp_path / "wide.jpg", quality=95)
+    data = (tmp_path / "wide.jpg").read_bytes()
+    reduced = AspectBuckets(((48, 48),), fit="pad", reduced_decode=True).placement(400, 800, Draws(0, 0, 0))
+    full = render(data, "jpeg", "RGB", reduced._replace(reduced=False))
+    small = render(data, "jpeg", "RGB", reduced)
+    assert full.shape == small.shape == (48, 48, 3)
+    assert (small[24:] == 0).all() and (full[24:] == 0).all()
+    assert np.abs(small[:24].astype(int) - full[:24].astype(int)).mean() < 4
+
+
 def test_what_buckets_cannot_batch_is_refused_saying_what_to_do(outputs):
     with pytest.raises(ValueError, match="stored in one size: convert with --resize none"):
         make_loader(open_dataset(outputs["fixed"]), 4, buckets=BUCKETS)
@@ -188,12 +262,13 @@ def test_what_buckets_cannot_batch_is_refused_saying_what_to_do(outputs):
         make_loader(open_dataset(outputs["npy"]), 4, buckets=BUCKETS, sampler=range(3))
 
 
-def test_workers_fill_reused_ring_slots_with_each_buckets_shape(outputs):
+@pytest.mark.parametrize("buckets", [BUCKETS, PADDED], ids=["crop", "pad"])
+def test_workers_fill_reused_ring_slots_with_each_buckets_shape(outputs, buckets):
     """With workers, a bucket's batch is written into a reused shared slot (viewed in its own shape):
     the same batches as read in the main process."""
     ds = open_dataset(outputs["npy"], flip=True)
-    here = [(x.clone(), y.clone()) for x, y in make_loader(ds, 4, buckets=BUCKETS, num_workers=0, seed=6)]
-    loader = make_loader(ds, 4, buckets=BUCKETS, num_workers=2, seed=6)
+    here = [(x.clone(), y.clone()) for x, y in make_loader(ds, 4, buckets=buckets, num_workers=0, seed=6)]
+    loader = make_loader(ds, 4, buckets=buckets, num_workers=2, seed=6)
     assert loader.ring is not None
     there = [(x.clone(), y.clone()) for x, y in loader]
     assert len({tuple(x.shape[2:]) for x, _ in there}) > 1  # several buckets' shapes through one ring

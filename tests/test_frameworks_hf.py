@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
-from helpers import stop_workers
+from helpers import run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -92,6 +92,61 @@ def test_accelerate_prepare_passes_the_loader_through_and_save_state_resumes_it(
     again.load_state(tmp_path / "state")
     assert _accelerate_steps(again, model, optimizer, loader, 99) == want[1][2:]  # the epoch's rest, exactly
     stop_workers(loader)
+
+
+def _accelerate_run(root: Path) -> tuple:
+    """What a training script sets up: an Accelerator, a model and optimizer it prepares, and the
+    loader it prepares (handed back as it is) and registers for checkpointing."""
+    accelerator = accelerate.Accelerator(cpu=True)
+    model = Net()
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(_loader(root))
+    accelerator.register_for_checkpointing(loader)
+    return accelerator, model, optimizer, loader
+
+
+def _accelerate_rank(rank: int, world: int, port: int, payload: dict, out: str) -> None:
+    """One rank of an Accelerate run launched by torchrun (``Accelerator`` joins the gloo group the
+    environment names): per format, the batches of two epochs; then a run saving its state two batches
+    into the second epoch and a restart that loads it, their batches."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    result = {}
+    for fmt, root in payload.items():
+        accelerator, model, optimizer, loader = _accelerate_run(Path(root))
+        epochs = [_accelerate_steps(accelerator, model, optimizer, loader, 99) for _ in range(2)]
+        accelerator, model, optimizer, loader = _accelerate_run(Path(root))  # a fresh run, saved mid-epoch
+        _accelerate_steps(accelerator, model, optimizer, loader, 99)
+        before = _accelerate_steps(accelerator, model, optimizer, loader, 2)
+        accelerator.save_state(Path(out) / f"state-{fmt}")
+        accelerator, model, optimizer, loader = _accelerate_run(Path(root))  # the restart
+        accelerator.load_state(Path(out) / f"state-{fmt}")
+        after = _accelerate_steps(accelerator, model, optimizer, loader, 99)
+        result[fmt] = {"epochs": epochs, "before": before, "after": after}
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_accelerate_on_two_processes_splits_every_epoch_and_resumes_each_rank_exactly(packed, tmp_path):
+    """torchrun-style ranks (what ``accelerate launch`` and ``torchrun`` start): each epoch split
+    between the ranks, the next epoch another order, and ``save_state``/``load_state`` (Accelerate
+    saves the main process's loader state; every rank loads it) resuming each rank's epoch exactly."""
+    ranks = run_ranks(_accelerate_rank, {fmt: str(packed[fmt]) for fmt in ("npy", "wds")}, tmp_path)
+    for fmt in ("npy", "wds"):
+        a, b = ranks[0][fmt], ranks[1][fmt]
+        for epoch in range(2):
+            assert len(a["epochs"][epoch]) == len(b["epochs"][epoch]) == 3  # 23 samples, 4 a batch, 2 ranks
+            sa, sb = sum(a["epochs"][epoch], []), sum(b["epochs"][epoch], [])
+            if fmt == "npy":
+                assert not set(sa) & set(sb) and sorted(sa + sb) == list(range(N))
+            else:  # disjoint shards per rank; the rank with fewer batches adds resampled ones
+                assert set(sa) | set(sb) == set(range(N))
+        assert a["epochs"][0] != a["epochs"][1]
+        for rank in (a, b):
+            assert rank["before"] + rank["after"] == rank["epochs"][1]  # nothing repeated or skipped
 
 
 @pytest.mark.parametrize("fmt", ["npy", "wds"])

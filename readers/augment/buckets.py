@@ -6,8 +6,12 @@ to the bucket whose aspect ratio is nearest its own (compared in log space: 2:1 
 as 1:2), and is resized to cover that resolution and cropped to it: the crop keeps the whole of the
 image's shorter extent for the bucket's ratio, its position along the other side drawn per
 ``(seed, epoch, index)`` (or centred). It is a crop like ``RandomResizedCrop``: boxes, masks and
-geometry follow it, and the flip applies on top. ``make_loader(ds, n, buckets=...)`` batches
-each bucket's images together (``readers.loading.bucket_sampler``); the bucket of every image is
+geometry follow it, and the flip applies on top. With ``fit="pad"`` nothing is cut: the whole image
+is resized to fit inside the bucket's resolution and the rest is padded with zeros (a segmentation
+mask with its ignore index), the image at the top-left corner as torchvision's detection models
+and mmdetection pad their batches (or at a position drawn per sample, ``random_position=True``);
+the flip mirrors the padded picture. ``make_loader(ds, n, buckets=...)`` batches each bucket's
+images together (``readers.loading.bucket_sampler``); the bucket of every image is
 known from the output's index of sizes, without reading an image.
 """
 
@@ -23,6 +27,9 @@ from readers.augment.crops import Placement
 
 _TOP, _LEFT = 0, 1
 """The sample's uniform numbers (``Draws``) that place the crop: distinct from the flip's."""
+
+FITS = ("crop", "pad")
+"""How an image is made the shape of its bucket: its bucket's ratio cut out, or the whole image padded."""
 
 
 def budget_resolutions(
@@ -52,12 +59,16 @@ def budget_resolutions(
 class AspectBuckets:
     """Resolutions ``(height, width)`` to batch images by (see the module docstring): given, as torch
     sizes are, or made from a pixel budget (``AspectBuckets.budget(1024, step=64)``).
-    ``random_position``: the crop's position along the side it cuts is drawn per sample and epoch
-    (False: centred, the same every epoch). ``reduced_decode`` as ``RandomResizedCrop``'s."""
+    ``fit``: ``"crop"`` cuts the bucket's aspect ratio out of each image, ``"pad"`` resizes the whole
+    image into the bucket and pads the rest. ``random_position``: the crop's position along the
+    side it cuts (or the padded image's within its bucket) is drawn per sample and epoch; default
+    True for crops (False: centred, the same every epoch), False for padding (the image at the
+    top-left corner). ``reduced_decode`` as ``RandomResizedCrop``'s."""
 
     resolutions: tuple[tuple[int, int], ...]
-    random_position: bool = True
+    random_position: Optional[bool] = None
     reduced_decode: bool = False
+    fit: str = "crop"
 
     def __post_init__(self) -> None:
         pairs = tuple((int(h), int(w)) for h, w in self.resolutions)
@@ -65,7 +76,11 @@ class AspectBuckets:
             raise ValueError(
                 f"AspectBuckets needs distinct (height, width) pairs of positive sizes, got {self.resolutions!r}"
             )
+        if self.fit not in FITS:
+            raise ValueError(f"AspectBuckets fit takes one of {', '.join(FITS)}, not {self.fit!r}")
         object.__setattr__(self, "resolutions", pairs)
+        if self.random_position is None:
+            object.__setattr__(self, "random_position", self.fit == "crop")
         # Each bucket's log aspect ratio, once: every sample's placement compares its own with them.
         object.__setattr__(self, "_logs", np.log(np.array([w / h for h, w in pairs])))
 
@@ -84,7 +99,7 @@ class AspectBuckets:
     @property
     def random(self) -> bool:
         """True when the crop's position changes with the seed and epoch."""
-        return self.random_position
+        return bool(self.random_position)
 
     def bucket_ids(self, sizes: np.ndarray | Sequence[Sequence[int]]) -> np.ndarray:
         """The bucket of each image of ``sizes`` (rows of height, width): the index of the resolution
@@ -105,10 +120,21 @@ class AspectBuckets:
             return height, max(1, min(width, round(height * bw / bh)))
         return max(1, min(height, round(width * bh / bw))), width
 
+    def fitted(self, height: int, width: int, bucket: int) -> tuple[int, int]:
+        """(height, width) an image of ``height`` x ``width`` is resized to when padded into
+        ``bucket``: its own aspect ratio, as large as fits the bucket's resolution."""
+        bh, bw = self.resolutions[bucket]
+        if width * bh > height * bw:  # wider than the bucket: its width fills the bucket's
+            return max(1, min(bh, round(height * bw / width))), bw
+        return bh, max(1, min(bw, round(width * bh / height)))
+
     def placement(self, height: int, width: int, u: Callable[[int], float]) -> Placement:
         """The Placement of one image (without the flip, which ``Augment`` adds): the bucket's ratio
-        cut from it, resized to the bucket's resolution."""
+        cut from it and resized to the bucket's resolution, or (``fit="pad"``) the whole image
+        resized to fit it and padded."""
         bucket = self.bucket_of(height, width)
+        if self.fit == "pad":
+            return self._padded(height, width, bucket, u)
         ch, cw = self.cut(height, width, bucket)
         if self.random_position:
             top, left = int(u(_TOP) * (height - ch + 1)), int(u(_LEFT) * (width - cw + 1))
@@ -122,28 +148,56 @@ class AspectBuckets:
             self.reduced_decode,
         )
 
+    def _padded(self, height: int, width: int, bucket: int, u: Callable[[int], float]) -> Placement:
+        """The Placement of an image padded into ``bucket``: resized whole (``Placement.whole``) to
+        ``fitted``, then the bucket's resolution cut from it at a negative offset (the padding)."""
+        bh, bw = self.resolutions[bucket]
+        fh, fw = self.fitted(height, width, bucket)
+        top = int(u(_TOP) * (bh - fh + 1)) if self.random_position else 0
+        left = int(u(_LEFT) * (bw - fw + 1)) if self.random_position else 0
+        sy, sx = height / fh, width / fw  # the resized image's pixels, in the stored image's
+        return Placement(
+            (-left * sx, -top * sy, (bw - left) * sx, (bh - top) * sy),
+            (bh, bw),
+            False,
+            False,
+            self.reduced_decode,
+            (fh, fw),
+            (-top, -left),
+        )
+
     def describe(self, sizes: np.ndarray) -> dict:
         """What bucketing does to images of ``sizes`` (rows of height, width): each bucket's
-        resolution and image count, and the share of the images' pixels the crops cut away, next to
-        a square crop's (each image's centred square, what a fixed square crop keeps at best)."""
+        resolution and image count, the share of the images' pixels the crops cut away
+        (``cropped_share``, next to a centred square crop's, what a fixed square crop keeps at best)
+        and the share of the batches' pixels that is padding (``padded_share``, next to what padding
+        each image into a square of its longer side would add)."""
         sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
         ids = self.bucket_ids(sizes)
         counts = np.bincount(ids, minlength=len(self.resolutions))
         h, w = sizes[:, 0], sizes[:, 1]
         bh, bw = (np.array(self.resolutions, dtype=np.int64)[ids, k] for k in (0, 1))
-        wider = w * bh > h * bw  # as cut(), for every image at once
-        cw = np.where(wider, np.clip(np.round(h * bw / bh), 1, w), w)
-        ch = np.where(wider, h, np.clip(np.round(w * bh / bw), 1, h))
-        kept = int((ch * cw).sum())
+        wider = w * bh > h * bw  # as cut() and fitted(), for every image at once
         total = int(sizes.prod(axis=1).sum())
-        square = int((sizes.min(axis=1) ** 2).sum())
-        return {
+        longer = sizes.max(axis=1).astype(np.float64)
+        about: dict = {
+            "fit": self.fit,
             "buckets": [
                 {"resolution": list(r), "images": int(c)} for r, c in zip(self.resolutions, counts.tolist()) if c
             ],
-            "cropped_share": 1 - kept / total if total else 0.0,
-            "square_crop_share": 1 - square / total if total else 0.0,
+            "square_crop_share": 1 - int((sizes.min(axis=1) ** 2).sum()) / total if total else 0.0,
+            "square_pad_share": 1 - float((h * w / longer**2).sum()) / len(sizes) if len(sizes) else 0.0,
         }
+        if self.fit == "pad":
+            fh = np.where(wider, np.clip(np.round(h * bw / w), 1, bh), bh)
+            fw = np.where(wider, bw, np.clip(np.round(w * bh / h), 1, bw))
+            canvas = int((bh * bw).sum())
+            about.update(cropped_share=0.0, padded_share=1 - int((fh * fw).sum()) / canvas if canvas else 0.0)
+        else:
+            cw = np.where(wider, np.clip(np.round(h * bw / bh), 1, w), w)
+            ch = np.where(wider, h, np.clip(np.round(w * bh / bw), 1, h))
+            about.update(cropped_share=1 - int((ch * cw).sum()) / total if total else 0.0, padded_share=0.0)
+        return about
 
 
 __all__ = ["AspectBuckets", "budget_resolutions"]

@@ -56,10 +56,12 @@ def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
 
     Resizing is antialiased bilinear interpolation of uint8 images (``_resized``: torch's kernel, the
     one torchvision's tensor transforms use, or OpenCV's for enlarging; within a level of Pillow's
-    pixels, and faster): of the box
-    cut out (``cut``), or of the whole image before the box is cut (``whole``). A box that pads is
-    cut by Pillow. With ``reduced``, a JPEG is decoded at the smallest M/8 scale that still gives the
-    box at least the output's size, the box then resized where it lies on the scaled pixels."""
+    pixels, and faster): of the box cut out (``cut``), or of the whole image before the box is cut
+    (``whole``). A box of the output's size is cut out as it is, zeros where it reaches past the
+    image (``window``: a padded centre crop, an image padded into its bucket); any other box that
+    pads is cut by Pillow. With ``reduced``, a JPEG is decoded at the smallest M/8 scale that still
+    gives the box at least the output's size, the box then resized where it lies on the scaled
+    pixels (or the whole image resized and padded)."""
     (oh, ow), channels = placement.size, 1 if mode == "L" else 3
     if codec == "jpeg":
         data = bytes(stored)
@@ -78,17 +80,42 @@ def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
         placement = placement._replace(box=(float(left), float(top), float(left + cw), float(top + ch)), whole=None)
     if placement.cut and box_inside(placement.box, array.shape):
         x0, y0, x1, y1 = (int(v) for v in placement.box)
-        out = _resized(array[y0:y1, x0:x1], (oh, ow))
-        if not placement.flip:
-            return out
-        if out.strides[1] == out.shape[2]:  # pixels side by side (OpenCV's, or the stored image's own)
-            return _opencv().flip(out, 1).reshape(out.shape)
-        return torch.flip(torch.from_numpy(out), dims=[1]).numpy()  # torch's HWC view of planar memory
+        return _mirrored(_resized(array[y0:y1, x0:x1], (oh, ow)), placement.flip)
+    x0, y0, x1, y1 = placement.box
+    if (x1 - x0, y1 - y0) == (ow, oh) and float(x0).is_integer() and float(y0).is_integer():
+        return _mirrored(window(array, int(y0), int(x0), (oh, ow)), placement.flip)  # no resize: cut or pad
     image = Image.fromarray(np.ascontiguousarray(array[:, :, 0] if channels == 1 else array))
     image = image.crop(tuple(int(v) for v in placement.box))  # pads with zeros where the box lies outside
     if image.size != (ow, oh):
         image = image.resize((ow, oh), Image.Resampling.BILINEAR)
     return _finish(image, placement.flip)
+
+
+def window(hwc: np.ndarray, top: int, left: int, size: tuple[int, int]) -> np.ndarray:
+    """The ``size`` (height, width) part of an HxWxC image whose corner lies at (``top``, ``left``),
+    zeros where it reaches past the image (a negative corner pads before it, as Pillow's ``crop``):
+    a view when it lies within the image, else a copy in the image's memory layout (HWC, or an HWC
+    view of planar memory), so that normalizing it reads memory in order."""
+    (oh, ow), (h, w), c = size, hwc.shape[:2], hwc.shape[2]
+    if top >= 0 and left >= 0 and top + oh <= h and left + ow <= w:
+        return hwc[top : top + oh, left : left + ow]
+    if c > 1 and hwc.strides[2] != 1:  # an HWC view of planar memory (torch's resize): stay planar
+        out = np.zeros((c, oh, ow), np.uint8).transpose(1, 2, 0)
+    else:
+        out = np.zeros((oh, ow, c), np.uint8)
+    y0, x0, y1, x1 = max(top, 0), max(left, 0), min(top + oh, h), min(left + ow, w)
+    if y1 > y0 and x1 > x0:
+        out[y0 - top : y1 - top, x0 - left : x1 - left] = hwc[y0:y1, x0:x1]
+    return out
+
+
+def _mirrored(hwc: np.ndarray, flip: bool) -> np.ndarray:
+    """An HxWxC uint8 image mirrored left to right when ``flip``, copied in the layout it has."""
+    if not flip:
+        return hwc
+    if hwc.strides[1] == hwc.shape[2]:  # pixels side by side (OpenCV's, or the stored image's own)
+        return _opencv().flip(hwc, 1).reshape(hwc.shape)
+    return torch.flip(torch.from_numpy(hwc), dims=[1]).numpy()  # torch's HWC view of planar memory
 
 
 def _resized(hwc: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -137,8 +164,10 @@ def _reduced(data: bytes, mode: str, placement: Placement) -> Optional[np.ndarra
     w, h = header.width, header.height
     if Image.MAX_IMAGE_PIXELS and w * h > Image.MAX_IMAGE_PIXELS:
         return None
+    pads = False
     if placement.whole is not None:  # the box of the resized image, at the stored image's scale
         (nh, nw), (y0, x0) = placement.whole, placement.offset
+        pads = y0 < 0 or x0 < 0 or y0 + oh > nh or x0 + ow > nw
         left, top, right, bottom = x0 * w / nw, y0 * h / nh, (x0 + ow) * w / nw, (y0 + oh) * h / nh
     need = (math.ceil(w * ow / (right - left)), math.ceil(h * oh / (bottom - top)))
     if jpeg.eighths_for((w, h), need) > jpeg.MAX_EIGHTHS:
@@ -146,6 +175,9 @@ def _reduced(data: bytes, mode: str, placement: Placement) -> Optional[np.ndarra
     scaled = jpeg.decode_scaled(data, (w, h), need, header.gray)
     if scaled is None or scaled.eighths == 8:
         return None
+    if pads:  # the whole image resized, then placed in the zeros around it
+        whole = _finish(scaled.image.resize((nw, nh), Image.Resampling.BILINEAR), False)
+        return _mirrored(window(whole, y0, x0, (oh, ow)), placement.flip)
     f = scaled.eighths / 8
     out = scaled.image.resize((ow, oh), Image.Resampling.BILINEAR, box=(left * f, top * f, right * f, bottom * f))
     return _finish(out, placement.flip)
@@ -165,4 +197,4 @@ def _finish(image: Image.Image, flip: bool) -> np.ndarray:
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
 
-__all__ = ["render", "stored_size", "upright_stored", "box_inside", "OPENCV_MAX_PIXELS"]
+__all__ = ["render", "stored_size", "upright_stored", "box_inside", "window", "OPENCV_MAX_PIXELS"]

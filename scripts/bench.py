@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from packer.advisor import FolderDataset, PeakMemory  # noqa: E402
+from packer.advisor.host import Host, describe_host  # noqa: E402
 from packer.config import PreprocessConfig  # noqa: E402
 from packer.pixels.preprocess import keep_image_memory, load_image  # noqa: E402
 from packer.sources.discover import discover  # noqa: E402
@@ -225,7 +226,7 @@ def markdown(results: dict) -> str:
     """The results as Markdown tables."""
     m = results["machine"]
     lines = [
-        f"Machine: {m['cpu']}, {m['cores']} usable cores, Python {m['python']}, torch {m['torch']}; "
+        f"{Host.from_dict(m).line()}; Python {m['python']}, torch {m['torch']}; "
         f"{results['images']} JPEGs, {results['workers']} workers, batches of {BATCH}.",
         "",
         f"Conversion floor (bare decode+resize, {results['workers']} processes, no writing) at the start: "
@@ -278,7 +279,7 @@ def chart(results: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = results["rows"]
+    rows, m = results["rows"], results["machine"]
     names = [f"{r['tool']}\n{r['format']}" for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(rows) * 3), 4.5))
     panels = [
@@ -309,7 +310,8 @@ def chart(results: dict, path: Path) -> bool:
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"packer bench: {results['images']} images, {results['workers']} workers, {results['machine']['cores']} cores",
+        f"packer bench: {results['images']} images, {results['workers']} workers; {m['cpu']}, {m['cores']} cores, "
+        f"{m.get('simd', 'SIMD not recorded')}",
         fontsize=10,
     )
     fig.tight_layout()
@@ -560,18 +562,8 @@ def main() -> None:
         "workers": w,
         "repeat": args.repeat,
         "rows": [],
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": usable_cpus(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
+        "machine": {**describe_host().to_dict(), "python": platform.python_version(), "torch": torch.__version__},
     }
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-        results["machine"]["cpu"] = next(x.split(":", 1)[1].strip() for x in cpuinfo if x.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     results["floor"] = floor([p for p, _ in items], w)
     results["own_floor"] = floor([p for p, _ in items], w, load_packer)
     print(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from packer import ConvertConfig, PreprocessConfig, convert  # noqa: E402
+from packer.advisor.host import describe_host  # noqa: E402
 from packer.config import ImageCodec  # noqa: E402
 from readers import AspectBuckets, RandomResizedCrop, make_loader, open_dataset  # noqa: E402
 
@@ -108,7 +108,8 @@ def main() -> None:
         for key in ("padded_share", "square_pad_share"):
             row[key] = pads[key]
         rows.append(row)
-    print(f"Host: {platform.processor() or platform.machine()}, {args.workers} workers, {args.images} images")
+    host = describe_host()
+    print(f"{host.line()}; {args.workers} workers, {args.images} images")
     print(
         "| stored as | RandomResizedCrop(224) samples/s | buckets samples/s | buckets / RRC | padded buckets "
         "samples/s | padded / RRC | buckets used | pixels cropped by buckets | by square crops "
@@ -123,7 +124,7 @@ def main() -> None:
             f"| {r['buckets_used']} | {r['cropped_share']:.1%} | {r['square_crop_share']:.1%} "
             f"| {r['padded_share']:.1%} | {r['square_pad_share']:.1%} |"
         )
-    (args.work / "buckets.json").write_text(json.dumps(rows, indent=2))
+    (args.work / "buckets.json").write_text(json.dumps({"machine": host.to_dict(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

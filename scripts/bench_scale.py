@@ -889,6 +889,7 @@ def header(args: argparse.Namespace, started: float) -> str:
 
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
     from packer import __version__
+    from packer.advisor.host import describe_host
 
     command = shlex.join(["python", "scripts/bench_scale.py", *sys.argv[1:]])
     return "\n".join(
@@ -896,7 +897,8 @@ def header(args: argparse.Namespace, started: float) -> str:
             f"## Scale benchmark (issue 26), {datetime.date.today().isoformat()}",
             "",
             f"- commit `{git('rev-parse', '--short', 'HEAD')}`{dirty}, packer {__version__}, Python "
-            f"{platform.python_version()}, {os.cpu_count()} cores, {platform.platform()}",
+            f"{platform.python_version()}, {platform.platform()}",
+            f"- {describe_host().line()}",
             f"- command: `{command}` ({time.perf_counter() - started:.0f} s)",
             f"- sources: {SIDE}x{SIDE} JPEGs in {CLASSES} class folders, converted with `--size {SIDE}` (the default "
             f"shorter-crop, a no-op on images of that size) and otherwise default options, {args.workers} workers",

@@ -290,6 +290,14 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def _host(record: dict | None = None):
+    """This machine (or the one ``record`` describes) as a ``packer.advisor.host.Host``: imported here,
+    since FFCV's side runs this file in a Python without packer."""
+    from packer.advisor.host import Host, describe_host
+
+    return describe_host() if record is None else Host.from_dict(record)
+
+
 def run(args: argparse.Namespace, src: Path) -> dict:
     """Every form of the training task, measured in one run: ``--repeat`` rounds, each converting and
     reading every form once, packer's, FFCV's and the folder's reads taking turns, so that a change
@@ -299,7 +307,14 @@ def run(args: argparse.Namespace, src: Path) -> dict:
     work = args.work / "train"
     work.mkdir(parents=True, exist_ok=True)
     w, rounds = args.workers, max(1, args.repeat)
-    results: dict = {"images": len(items), "workers": w, "epochs": args.epochs, "rounds": rounds, "rows": []}
+    results: dict = {
+        "images": len(items),
+        "workers": w,
+        "epochs": args.epochs,
+        "rounds": rounds,
+        "rows": [],
+        "machine": _host().to_dict(),
+    }
     results["source_bytes"] = du(src)
     rows: dict[tuple[str, str], dict] = {}
     default_runs: list[float] = []
@@ -382,6 +397,8 @@ def markdown(results: dict) -> str:
     folder = next(r for r in rows if r["tool"].startswith("folder"))
     rounds = results.get("rounds", 1)
     lines = [
+        _host(results["machine"]).line() if "machine" in results else "Host: not recorded",
+        "",
         f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
         f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
         f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",

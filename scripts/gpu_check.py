@@ -64,10 +64,11 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from packer import ConvertConfig, PreprocessConfig, convert
+    from packer.advisor.host import describe_host
     from packer.config import ImageCodec
     from readers import BatchNormalize, RandomResizedCrop, make_loader, open_dataset
 
-    report: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    report: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "host": describe_host().to_dict()}
     failures: list[str] = []
 
     def check(name: str, ok: bool, detail: object = None) -> None:

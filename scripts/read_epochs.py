@@ -15,6 +15,7 @@ import argparse
 import time
 
 import readers
+from packer.advisor.host import describe_host
 from readers import make_loader, open_dataset
 
 
@@ -41,6 +42,7 @@ def main() -> None:
         for batch in loader:
             samples += len(batch[1])
         rates.append(samples / (time.perf_counter() - start))
+    print(describe_host().line())
     print(
         f"{readers.__file__}: {args.output} {args.dtype} {args.workers}w: "
         + ", ".join(f"{r:,.0f}" for r in rates)

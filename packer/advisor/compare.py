@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.advisor.folder import FolderDataset, folder_items
+from packer.advisor.host import describe_host
 from packer.advisor.timing import Rate, check_images, one_thread, time_loader
 from packer.config import PreprocessConfig
 from packer.spec.errors import ConfigError
@@ -127,7 +128,8 @@ def require_matplotlib() -> None:
 
 
 def plot(comparison: Comparison, path: str | os.PathLike) -> Path:
-    """Draw the two rates as a bar chart PNG at ``path``; ConfigError when matplotlib is missing."""
+    """Draw the two rates as a bar chart PNG at ``path``, the host named under it (a ratio holds for
+    the host it was measured on); ConfigError when matplotlib is missing."""
     require_matplotlib()
     import matplotlib
 
@@ -143,7 +145,9 @@ def plot(comparison: Comparison, path: str | os.PathLike) -> Path:
     ax.set_ylabel("samples/s")
     ax.set_title(f"{c.speedup:.1f}x faster packed: batch {c.batch_size}, {c.num_workers} workers", fontsize=10)
     ax.margins(y=0.15)
-    fig.tight_layout()
+    host = describe_host()
+    fig.text(0.5, 0.01, f"{host.cpu}, {host.cores} cores, {host.simd}", ha="center", fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=100, format="png")
     plt.close(fig)

@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 import click
 from tqdm import tqdm
 
+from packer.advisor.host import describe_host
 from packer.cli.render import human
 from packer.config import PreprocessConfig
 from packer.spec.errors import PackerError
@@ -103,6 +104,7 @@ def tune(
         f"{batch_size}, {cpus} usable core(s), device {device}; measured for {result.seconds:.0f} of "
         f"{seconds:g} s"
     )
+    click.echo(describe_host().line())
     base = result.baseline
     click.echo(f"  {'setting':<28} {'samples/s':>10} {'vs 0 workers':>13} {'peak memory':>12}")
     for trial, m in result.trials:
@@ -140,6 +142,7 @@ def _tune_json(
         "batch_size": batch_size,
         "device": device,
         "usable_cpus": cpus,
+        "host": describe_host().to_dict(),
         "seconds_budget": seconds,
         "seconds": result.seconds,
         "trials": [
@@ -273,6 +276,7 @@ def bench(
     if as_json:
         data = result.to_dict()
         data["plot"] = str(plot_path) if plot_path is not None else None
+        data["host"] = describe_host().to_dict()
         click.echo(json.dumps(data, indent=1))
         return
     pre = ds.manifest.preprocess
@@ -281,6 +285,7 @@ def bench(
         f"packer bench: {output} against {source}: batches of {batch_size}, {result.num_workers} worker(s) "
         f"each, the same preprocessing ({size}, {pre['mode']}) and float32 batches as the readers give"
     )
+    click.echo(describe_host().line())
     for name, rate in (("raw folder", result.folder), (f"packed {ds.manifest.format}", result.packed)):
         click.echo(
             f"  {name:<12} {rate.samples_per_s:>10,.0f} samples/s  ({rate.samples:,} samples in "

@@ -5,15 +5,20 @@ Photographs are stored once in their own sizes, the longer side at most 256 (pac
 back as shuffled float32 batches of 64 through ``RandomResizedCrop(224)`` + a horizontal flip,
 normalized with ImageNet's mean and std, in 2 workers:
 
-- packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``; the
+- packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``, NCHW
+  batches and (max 256 rows) channels-last ones (``memory_format=torch.channels_last``); the
   ``--codec source`` output (the photographs in full) also with ``RandomResizedCrop(224, reduced_decode=True)``;
+- SPDL's thread-based pipeline over the same files (``SpdlTrainLoader``, with as many threads as
+  workers and twice as many), when ``spdl`` and FFmpeg's libraries are installed;
 - the torchvision-style folder pipeline: each file opened with Pillow every epoch, cropped with
   ``RandomResizedCrop.get_params``'s draw, resized (bilinear, antialiased), flipped, made a tensor
   and normalized, per sample in a ``DataLoader`` (written with Pillow: torchvision cannot be
   installed beside this machine's torch);
 - FFCV, when ``--ffcv-python`` names a Python with ffcv installed: its ``RandomResizedCropRGBImageDecoder``
   + ``RandomHorizontalFlip`` + ``NormalizeImage`` + ``ToTensor`` + ``ToTorchImage`` from a ``.beton`` written
-  with ``RGBImageField(max_resolution=256)``, ``write_mode`` raw and jpg. This file runs itself
+  with ``RGBImageField(max_resolution=256)``, ``write_mode`` raw and jpg, read with
+  ``ToTorchImage(channels_last=False)`` (NCHW) and with its default (channels-last), each packer row
+  compared with FFCV's of the same storage and layout. This file runs itself
   there with ``--ffcv-side`` (it imports neither packer nor readers on that side).
 
 Every rate is samples/s over ``--epochs`` epochs after one warm-up epoch (FFCV compiles its pipeline
@@ -138,6 +143,67 @@ def folder_loader(items: list[tuple[str, int]], workers: int):
     )
 
 
+class SpdlTrainLoader:
+    """The same task as ``FolderTrainSet`` through SPDL, Meta's thread-based loader (``pip install spdl``,
+    with FFmpeg's libraries): each epoch a ``spdl.pipeline`` pipeline whose ``threads`` threads demux
+    and decode each JPEG with FFmpeg, cropped, resized (bilinear) and flipped by an FFmpeg filter
+    graph as the crop drawn for it says (torchvision's ``get_params``, seeded per epoch and sample),
+    batched by 64 and normalized to float32 NCHW, as SPDL's image examples do it. Threads need no
+    worker processes: SPDL's decoding releases the GIL."""
+
+    def __init__(self, items: list[tuple[str, int]], threads: int) -> None:
+        self.items, self.threads, self.epoch = items, threads, 0
+        self.mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(STD).view(1, 3, 1, 1) * 255
+
+    def load(self, index: int):
+        import spdl.io
+
+        path, label = self.items[index]
+        packets = spdl.io.demux_image(path)
+        g = torch.Generator().manual_seed(self.epoch * 1_000_003 + index)
+        i, j, h, w = get_params(packets.height, packets.width, g)
+        flip = ",hflip" if torch.rand(1, generator=g).item() < 0.5 else ""
+        graph = f"crop={w}:{h}:{j}:{i},scale={SIZE}:{SIZE}:flags=bilinear{flip},format=rgb24"
+        frames = spdl.io.decode_packets(packets, filter_desc=graph)
+        return spdl.io.to_numpy(spdl.io.convert_frames(frames)), label
+
+    def collate(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = torch.from_numpy(np.stack([s[0] for s in samples])).permute(0, 3, 1, 2)
+        images = ((pixels.float() - self.mean) / self.std).contiguous()
+        return images, torch.tensor([s[1] for s in samples])
+
+    def __len__(self) -> int:
+        return -(-len(self.items) // BATCH)
+
+    def __iter__(self):
+        from spdl.pipeline import PipelineBuilder
+
+        order = torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        pipeline = (
+            PipelineBuilder()
+            .add_source(order)
+            .pipe(self.load, concurrency=self.threads)
+            .aggregate(BATCH)
+            .pipe(self.collate)
+            .add_sink(3)
+            .build(num_threads=self.threads + 1)
+        )
+        self.epoch += 1
+        with pipeline.auto_stop():
+            yield from pipeline
+
+
+def spdl_available() -> bool:
+    """Whether SPDL and FFmpeg's libraries are installed (the SPDL row is left out otherwise)."""
+    try:
+        import spdl.io  # noqa: F401
+        import spdl.pipeline  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
 # packer ---------------------------------------------------------------------------------------------
 def packer_convert(src: Path, out: Path, codec: str, workers: int, resize: str = "max", size: int = MAX_SIDE) -> float:
     """Seconds of ``packer convert`` (a fresh process, as users run it) of ``src`` into an npy output."""
@@ -222,11 +288,12 @@ def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
     }
 
 
-def packer_loader(out: Path, workers: int, reduced_decode: bool = False):
+def packer_loader(out: Path, workers: int, reduced_decode: bool = False, channels_last: bool = False):
     from readers import RandomResizedCrop, make_loader, open_dataset
 
     ds = open_dataset(out, crop=RandomResizedCrop(SIZE, reduced_decode=reduced_decode), flip=True)
-    return make_loader(ds, BATCH, num_workers=workers)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return make_loader(ds, BATCH, num_workers=workers, memory_format=layout)
 
 
 # FFCV (run in its own Python, --ffcv-side) ----------------------------------------------------------
@@ -249,7 +316,7 @@ def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
             with Image.open(items[i][0]) as img:
                 return img.convert("RGB"), items[i][1]
 
-    found = {}
+    found: dict = {}
     for mode in ("raw", "jpg"):
         path = work / f"ffcv-{mode}.beton"
         start = time.perf_counter()
@@ -260,26 +327,30 @@ def ffcv_side(src: Path, work: Path, workers: int, epochs: int) -> dict:
         ).from_indexed_dataset(Photos())
         seconds = time.perf_counter() - start
         mean, std = np.array(MEAN) * 255, np.array(STD) * 255
-        loader = Loader(
-            str(path),
-            batch_size=BATCH,
-            num_workers=workers,
-            order=OrderOption.RANDOM,
-            drop_last=False,
-            pipelines={
-                "image": [
-                    RandomResizedCropRGBImageDecoder((SIZE, SIZE)),
-                    RandomHorizontalFlip(),
-                    NormalizeImage(mean, std, np.float32),
-                    ToTensor(),
-                    ToTorchImage(),
-                ],
-                "label": [IntDecoder(), ToTensor(), Squeeze()],
-            },
-        )
-        batch = next(iter(loader))
-        assert tuple(batch[0].shape[1:]) == (3, SIZE, SIZE) and batch[0].dtype == torch.float32, batch[0].shape
-        found[mode] = {"rate": timed(loader, epochs), "bytes": du(path), "convert_s": seconds}
+        found[mode] = {"bytes": du(path), "convert_s": seconds}
+        for channels_last in (False, True):  # NCHW, and FFCV's default: NHWC memory
+            loader = Loader(
+                str(path),
+                batch_size=BATCH,
+                num_workers=workers,
+                order=OrderOption.RANDOM,
+                drop_last=False,
+                pipelines={
+                    "image": [
+                        RandomResizedCropRGBImageDecoder((SIZE, SIZE)),
+                        RandomHorizontalFlip(),
+                        NormalizeImage(mean, std, np.float32),
+                        ToTensor(),
+                        ToTorchImage(channels_last=channels_last),
+                    ],
+                    "label": [IntDecoder(), ToTensor(), Squeeze()],
+                },
+            )
+            images = next(iter(loader))[0]
+            assert tuple(images.shape[1:]) == (3, SIZE, SIZE) and images.dtype == torch.float32, images.shape
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            assert images.is_contiguous(memory_format=layout)
+            found[mode]["rate_channels_last" if channels_last else "rate"] = timed(loader, epochs)
     return found
 
 
@@ -335,6 +406,9 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             seconds = packer_convert(src, out, codec, w, resize)
             stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
             add("packer", stored, timed(packer_loader(out, w), args.epochs), du(out), seconds)
+            if resize == "max":  # NHWC batches, against FFCV's default layout
+                rate = timed(packer_loader(out, w, channels_last=True), args.epochs)
+                add("packer", f"{stored}, channels-last", rate, du(out), seconds)
             if codec == "source":  # the photographs in full: a crop may be decoded at a reduced scale
                 add(
                     "packer",
@@ -365,13 +439,9 @@ def run(args: argparse.Namespace, src: Path) -> dict:
                 text=True,
             )
             for mode, found in json.loads(side.stdout.strip().splitlines()[-1]).items():
-                add(
-                    "FFCV",
-                    f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}",
-                    found["rate"],
-                    found["bytes"],
-                    found["convert_s"],
-                )
+                stored = f"max 256, {'jpeg' if mode == 'jpg' else 'raw'}"
+                add("FFCV", stored, found["rate"], found["bytes"], found["convert_s"])
+                add("FFCV", f"{stored}, channels-last", found["rate_channels_last"], found["bytes"], found["convert_s"])
         add(
             "folder (Pillow, torchvision-style)",
             "source files",
@@ -379,6 +449,9 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             results["source_bytes"],
             0.0,
         )
+        for threads in (w, 2 * w) if spdl_available() else ():
+            rate = timed(SpdlTrainLoader(items, threads), args.epochs)
+            add(f"SPDL folder pipeline ({threads} threads)", "source files", rate, results["source_bytes"], 0.0)
     results["source_costs"] = source_costs(items)
     results["default_convert_runs"] = default_runs
     results["default_convert_s"] = median(default_runs)
@@ -394,7 +467,8 @@ def markdown(results: dict) -> str:
     lowest and highest over the rounds (rows measured in the same round compared)."""
     rows = results["rows"]
     ffcv = {r["stored"]: r for r in rows if r["tool"] == "FFCV"}
-    folder = next(r for r in rows if r["tool"].startswith("folder"))
+    # "vs folder": against the fastest folder pipeline a user could pick (DataLoader or SPDL)
+    folder = max((r for r in rows if r["tool"].startswith(("folder", "SPDL"))), key=lambda r: r["rate"])
     rounds = results.get("rounds", 1)
     lines = [
         _host(results["machine"]).line() if "machine" in results else "Host: not recorded",
@@ -402,6 +476,8 @@ def markdown(results: dict) -> str:
         f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
         f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
         f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",
+        "",
+        f"vs folder: against the fastest folder pipeline here, {folder['tool']}",
         "",
         "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -5,6 +5,7 @@ whether a run left its staging folder."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -96,13 +97,31 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
 
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, payload, str(out))) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(target, r, world, port, payload, str(out))) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=240)
         assert p.exitcode == 0, "a rank failed or hung"
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
+    """One process of ``run_ranks``: ``target``, then an exit that skips the interpreter's teardown.
+    Its result is on disk by then; a framework's leftovers (gloo's and OpenMP's threads, objects
+    whose finalizers wait on a peer that has gone) once kept a rank from exiting on a loaded machine."""
+    import os
+    import traceback
+
+    try:
+        target(rank, world, port, payload, out)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def shard_file(out: Path, position: int, suffix: str) -> Path:

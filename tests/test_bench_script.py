@@ -93,6 +93,39 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     )
 
 
+def test_training_task_compares_with_the_fastest_folder_pipeline_and_names_its_host():
+    import bench_train
+
+    from packer.advisor.host import describe_host
+
+    row = {"stored": "source files", "bytes": 2**20, "convert_s": 0.0}
+    results = {
+        "images": 3,
+        "workers": 2,
+        "epochs": 1,
+        "default_bytes": 2**20,
+        "default_convert_s": 1.0,
+        "machine": describe_host().to_dict(),
+        "rows": [
+            {
+                "tool": "packer",
+                "stored": "max 256, raw, channels-last",
+                "rate": 600.0,
+                "bytes": 2**21,
+                "convert_s": 1.0,
+            },
+            {"tool": "FFCV", "stored": "max 256, raw, channels-last", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
+            {"tool": "folder (Pillow, torchvision-style)", "rate": 100.0, **row},
+            {"tool": "SPDL folder pipeline (4 threads)", "rate": 150.0, **row},
+        ],
+    }
+    table = bench_train.markdown(results)
+    assert table.startswith(describe_host().line())
+    assert "vs folder: against the fastest folder pipeline here, SPDL folder pipeline (4 threads)" in table
+    assert "| packer | max 256, raw, channels-last | 600 | 4.00x | 2.00x | 2.0 | 1.0 |" in table
+    assert "| folder (Pillow, torchvision-style) | source files | 100 | 0.67x |  |" in table
+
+
 def test_scale_tree_is_byte_distinct_32px_jpegs_and_extrapolates_through_the_two_largest(tmp_path):
     import bench_scale
     from PIL import Image

@@ -15,7 +15,6 @@ from typing import Iterator, Optional
 import click
 from tqdm import tqdm
 
-from packer.advisor.host import describe_host
 from packer.cli.render import human
 from packer.config import PreprocessConfig
 from packer.spec.errors import PackerError
@@ -104,7 +103,7 @@ def tune(
         f"{batch_size}, {cpus} usable core(s), device {device}; measured for {result.seconds:.0f} of "
         f"{seconds:g} s"
     )
-    click.echo(describe_host().line())
+    click.echo(_host().line())
     base = result.baseline
     click.echo(f"  {'setting':<28} {'samples/s':>10} {'vs 0 workers':>13} {'peak memory':>12}")
     for trial, m in result.trials:
@@ -142,7 +141,7 @@ def _tune_json(
         "batch_size": batch_size,
         "device": device,
         "usable_cpus": cpus,
-        "host": describe_host().to_dict(),
+        "host": _host().to_dict(),
         "seconds_budget": seconds,
         "seconds": result.seconds,
         "trials": [
@@ -276,7 +275,7 @@ def bench(
     if as_json:
         data = result.to_dict()
         data["plot"] = str(plot_path) if plot_path is not None else None
-        data["host"] = describe_host().to_dict()
+        data["host"] = _host().to_dict()
         click.echo(json.dumps(data, indent=1))
         return
     pre = ds.manifest.preprocess
@@ -285,7 +284,7 @@ def bench(
         f"packer bench: {output} against {source}: batches of {batch_size}, {result.num_workers} worker(s) "
         f"each, the same preprocessing ({size}, {pre['mode']}) and float32 batches as the readers give"
     )
-    click.echo(describe_host().line())
+    click.echo(_host().line())
     for name, rate in (("raw folder", result.folder), (f"packed {ds.manifest.format}", result.packed)):
         click.echo(
             f"  {name:<12} {rate.samples_per_s:>10,.0f} samples/s  ({rate.samples:,} samples in "
@@ -300,6 +299,14 @@ def bench(
         )
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
+
+
+def _host():
+    """This machine, named beside figures (``packer.advisor.host``; imported when measuring, as the
+    advisor imports torch)."""
+    from packer.advisor.host import describe_host
+
+    return describe_host()
 
 
 def _busy(cpus: int) -> None:

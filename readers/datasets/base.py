@@ -29,7 +29,7 @@ from readers.datasets.image_transform import TRANSFORM_INPUTS, ImageTransform
 from readers.datasets.output_files import OutputFiles
 from readers.datasets.output_info import FromInfo, OutputInfo
 from readers.datasets.samples import TargetTransform, Transform, build_sample
-from readers.datasets.tensors import BatchNormalize, ImageConverter
+from readers.datasets.tensors import BatchNormalize, ImageConverter, checked_memory_format
 from readers.loading.batch_buffers import BatchBuffers
 from readers.remote.urls import is_url
 
@@ -56,6 +56,11 @@ class ReaderBase:
     follows its own epochs). With ``return_meta`` the meta dict says what was done (``"crop"``:
     the box in the stored image's pixels, and ``"flip"``).
 
+    ``memory_format=torch.channels_last`` lays whole batches of normalized images out as NHWC memory
+    (viewed as NCHW, as ``tensor.to(memory_format=torch.channels_last)`` does), what channels-last CNN
+    training wants and FFCV gives by default, with the same values; batches of stored values
+    (``normalize=False``) are NHWC memory either way. Single samples (``ds[i]``) stay CHW.
+
     Each shard file is checked when a process first opens it: its size against the manifest (and,
     for LMDB, the checksum of the pages LMDB follows, so a damaged file is refused instead of
     crashing the process), and that the output is still the one this dataset opened (an output
@@ -81,6 +86,7 @@ class ReaderBase:
         flip: bool = False,
         seed: int = 0,
         label_offset: int = 0,
+        memory_format: torch.memory_format = torch.contiguous_format,
     ) -> None:
         if is_url(root) and not self.reads_urls:
             raise ConfigError(
@@ -103,6 +109,7 @@ class ReaderBase:
         if transform_input not in TRANSFORM_INPUTS:
             raise ConfigError(f"transform_input must be one of {', '.join(TRANSFORM_INPUTS)}, not {transform_input!r}")
         self.normalize = bool(normalize)
+        self.memory_format = checked_memory_format(memory_format)
         self.transform_input = transform_input
         self.transform = transform  # sets convert and apply_transform (a property: assigning it later works too)
         self.target_transform = target_transform
@@ -121,9 +128,9 @@ class ReaderBase:
             self.info.geometry,
         )
         self.crops = ImageCrops.asked(crop, flip, self.root, self.manifest, self.layout, self.info.ignore_index)
+        """The crop and flip applied to each image (``readers.augment.image_crops.ImageCrops``), or None."""
         self.label_offset = self._checked_offset(label_offset)
         """Added to each box's label of a detection output's targets (0: the stored labels)."""
-        """The crop and flip applied to each image (``readers.augment.image_crops.ImageCrops``), or None."""
 
     @property
     def transform(self) -> Optional[Transform]:
@@ -139,10 +146,10 @@ class ReaderBase:
         # normalization comes after it (ImageTransform); otherwise the converter normalizes.
         # transform_input="normalized" keeps packer 0.2.0's way: the transform gets normalized floats.
         before = self.transform_input == "normalized" or transform is None or not uint8
-        self.convert = ImageConverter(self.manifest, self.normalize and before)
+        self.convert = ImageConverter(self.manifest, self.normalize and before, self.memory_format)
         self.apply_transform: Optional[Callable[[Any], Any]] = None
         if transform is not None and self.manifest.has_image and self.transform_input != "normalized":
-            after = BatchNormalize(self.manifest) if self.normalize and uint8 else None
+            after = BatchNormalize(self.manifest, self.memory_format) if self.normalize and uint8 else None
             self.apply_transform = ImageTransform(transform, after, self.transform_input)
         elif transform is not None:
             self.apply_transform = transform
@@ -171,6 +178,13 @@ class ReaderBase:
             reader.convert = ImageConverter(self.manifest, normalize=False)
         return reader
 
+    def with_memory_format(self, memory_format: torch.memory_format) -> ReaderBase:
+        """A copy of this reader whose whole batches are laid out as ``memory_format`` says."""
+        reader = copy.copy(self)
+        reader.memory_format = checked_memory_format(memory_format)
+        reader.transform = self.transform  # makes the converter again, with the new layout
+        return reader
+
     def cropped(self, crop: Any, bucket_ids: Optional[Any] = None) -> ReaderBase:
         """A copy of this reader whose images get ``crop`` (its flip kept); with ``AspectBuckets``,
         ``bucket_ids`` (each sample's bucket) lets a batch of one bucket be read as one tensor."""
@@ -182,12 +196,12 @@ class ReaderBase:
 
     def batch_tensor(self, n: int, size: Optional[tuple[int, int]] = None) -> tuple[Optional[int], torch.Tensor]:
         """``(ring slot or None, empty (n, C, H, W) batch tensor)`` for this reader's fixed image size (or
-        ``size``, a batch's own), from its ``buffers``. Float32 when normalizing, contiguous; otherwise
-        the stored dtype in the stored NHWC byte order."""
+        ``size``, a batch's own), from its ``buffers``. Float32 when normalizing, contiguous or NHWC
+        memory (``memory_format``); otherwise the stored dtype in the stored NHWC byte order."""
         h, w = size if size is not None else self.image_shape[:2]  # type: ignore[index]
         c = self.layout.channels
         out_dtype = self.convert.batch_dtype(self.layout.np_dtype)
-        return self.buffers.batch_tensor(n, (c, h, w), out_dtype, self.convert.normalize is None)
+        return self.buffers.batch_tensor(n, (c, h, w), out_dtype, self.convert.channels_last)
 
     def sample_of(
         self, index: int, key: Optional[str], label: int, values: Sequence[Any], placement: Optional[Placement]
@@ -253,7 +267,7 @@ class ReaderBase:
 
     def batch_normalizer(self) -> BatchNormalize:
         """The normalization of this output as a per-batch callable (see BatchNormalize)."""
-        return BatchNormalize(self.manifest)
+        return BatchNormalize(self.manifest, self.memory_format)
 
     def __len__(self) -> int:
         return self.manifest.samples

@@ -64,6 +64,7 @@ def make_loader(
     bucket_by_length: Union[bool, str] = False,
     decode: str = "workers",
     buckets: Optional[AspectBuckets] = None,
+    memory_format: Optional[torch.memory_format] = None,
     **overrides: Any,
 ) -> PackedLoader:
     """A loader of ``(images, labels)`` batches over a packer reader, with the defaults above.
@@ -95,6 +96,11 @@ def make_loader(
     and each batch holds one bucket (``readers.loading.bucket_sampler``); ``loader.describe()`` says
     how many images each bucket got and the share of pixels cropped away.
 
+    ``memory_format=torch.channels_last`` (default: the dataset's, ``open_dataset(..., memory_format=)``)
+    gives float32 image batches in NHWC memory, viewed as NCHW (``images.is_contiguous(memory_format=
+    torch.channels_last)``), as FFCV does and channels-last CNN training wants: written so by the
+    workers, with the same values as NCHW batches; on CUDA they stay so after normalization.
+
     ``decode="device"``: for JPEG-stored outputs read with ``crop=``, the workers send each batch's
     JPEG bytes and crop placements, and the loader decodes, crops, flips and normalizes them on
     ``device`` (nvJPEG through torchvision on CUDA; see ``readers.augment.device_decode``). The same crops
@@ -108,12 +114,19 @@ def make_loader(
             raise ValueError("decode='device' reads one output; a mixture's parts are decoded in the workers")
         if bucket_by_length:
             raise ValueError("bucket_by_length batches one output by its lengths; a mixture draws its own samples")
+        if memory_format is not None and memory_format != torch.contiguous_format:
+            raise ValueError(
+                "memory_format lays out one output's batches as its workers write them; a mixture's batches "
+                "are stacked from its parts' samples (NCHW): call images.contiguous(memory_format=...) on them"
+            )
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
         raise TypeError(
             f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
             f"{type(dataset).__name__}"
         )
+    if memory_format is not None and memory_format != dataset.memory_format:
+        dataset = dataset.with_memory_format(memory_format)
     bucket_ids = None
     if buckets is not None:
         dataset, bucket_ids = _bucketed(dataset, buckets, bucket_by_length, overrides, decode)
@@ -183,7 +196,7 @@ def make_loader(
         need = SlotRing.bytes_needed(workers, per_worker, (batch_size, c, h, w), transport)
         free = shared_memory_free()
         if free is None or need <= free // 2:
-            ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport, convert.normalize is None)
+            ring = SlotRing(workers, per_worker, (batch_size, c, h, w), transport, convert.channels_last)
         else:
             log.info(
                 "make_loader: %d MB free in /dev/shm, too little for reusable batch buffers (%d MB)",

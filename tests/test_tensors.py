@@ -1,0 +1,134 @@
+"""readers.datasets.tensors: stored pixels to normalized float32, in every layout a crop comes in and
+every layout a batch is written in (NCHW, channels-last), with the same values; and
+make_loader(..., memory_format=torch.channels_last) over real outputs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import pack_every_format
+from helpers import stop_workers
+
+from packer import PreprocessConfig
+from readers import RandomResizedCrop, make_loader, open_dataset
+from readers.datasets.tensors import BatchNormalize, ImageConverter
+
+ROOT = Path(__file__).resolve().parent.parent
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+class Manifest:
+    """What the converters read of a manifest: its normalization (``channels`` values), or none."""
+
+    def __init__(self, channels: int = 3, normalized: bool = True) -> None:
+        norm = {"mean": MEAN[:channels], "std": STD[:channels]} if normalized else None
+        self.preprocess = {"normalize": norm}
+
+
+def layouts(pixels: np.ndarray) -> dict[str, np.ndarray]:
+    """One HWC uint8 image as each kind of source gives it, all (C, H, W) views: pixels side by side
+    (OpenCV, a stored raw image), a view of a wider image (a crop of a memory map), planes (torch's
+    resize), and a read-only array."""
+    h, w, c = pixels.shape
+    wide = np.zeros((h, w + 7, c), np.uint8)
+    wide[:, 3 : 3 + w] = pixels
+    frozen = pixels.copy()
+    frozen.setflags(write=False)
+    return {
+        "hwc": pixels.transpose(2, 0, 1),
+        "crop of a wider image": wide[:, 3 : 3 + w].transpose(2, 0, 1),
+        "planar": np.ascontiguousarray(pixels.transpose(2, 0, 1)),
+        "read-only": frozen.transpose(2, 0, 1),
+    }
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("normalized", [True, False], ids=["mean-std", "x/255"])
+def test_normalize_gives_x_over_255_minus_mean_over_std_in_every_layout(channels, normalized):
+    pixels = np.random.default_rng(channels).integers(0, 256, (37, 53, channels), dtype=np.uint8)
+    pixels[0, 0], pixels[-1, -1] = 0, 255  # both ends of the range
+    mean = np.array(MEAN[:channels] if normalized else [0.0] * channels, np.float64)
+    std = np.array(STD[:channels] if normalized else [1.0] * channels, np.float64)
+    exact = ((pixels / 255.0 - mean) / std).transpose(2, 0, 1)
+    normalize = BatchNormalize(Manifest(channels, normalized))
+    results = []
+    for name, source in layouts(pixels).items():
+        nchw = np.full((channels, 37, 53), np.nan, np.float32)
+        normalize.normalize_into(source, nchw)
+        nhwc = np.full((37, 53, channels), np.nan, np.float32)
+        normalize.normalize_into(source, nhwc.transpose(2, 0, 1))  # a channels-last batch's slot
+        assert np.abs(nchw - exact).max() <= 4 * np.finfo(np.float32).eps * np.abs(exact).max(), name
+        results += [nchw, nhwc.transpose(2, 0, 1)]
+    assert all(np.array_equal(results[0], r) for r in results)  # every layout: the same float32 values
+
+
+def test_batches_of_either_layout_equal_value_for_value_on_the_cpu():
+    batch = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (4, 6, 5, 3), dtype=np.uint8)).permute(
+        0, 3, 1, 2
+    )
+    nchw = BatchNormalize(Manifest())(batch)
+    nhwc = BatchNormalize(Manifest(), torch.channels_last)(batch)
+    assert nchw.is_contiguous() and nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nchw, nhwc)
+    with pytest.raises(ValueError, match="torch.contiguous_format .* or torch.channels_last"):
+        BatchNormalize(Manifest(), torch.preserve_format)
+
+
+def test_stored_values_stay_nhwc_whatever_the_memory_format():
+    assert ImageConverter(Manifest(), normalize=False).channels_last
+    assert not ImageConverter(Manifest()).channels_last
+    assert ImageConverter(Manifest(), memory_format=torch.channels_last).channels_last
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> dict[str, Path]:
+    """18 images in 3 classes, stored at their own 64x48 size, as npy and wds."""
+    pre = PreprocessConfig(size=None, resize="none")
+    return pack_every_format(tmp_path_factory, {"a": 6, "b": 6, "c": 6}, pre, 5, ("npy", "wds"))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_channels_last_batches_equal_the_nchw_ones(packed, fmt, workers):
+    """make_loader(memory_format=torch.channels_last): NHWC memory from the workers' ring slots (or the
+    main process), the same values as NCHW batches, cropped and flipped alike."""
+
+    def batches(memory_format):
+        ds = open_dataset(packed[fmt], crop=RandomResizedCrop(40), flip=True)
+        loader = make_loader(ds, 4, seed=2, num_workers=workers, memory_format=memory_format)
+        out = [(x.clone(memory_format=torch.preserve_format), y) for x, y in loader]
+        stop_workers(loader)
+        return out
+
+    nchw, nhwc = batches(None), batches(torch.channels_last)
+    assert len(nchw) == len(nhwc) == 5
+    for (a, la), (b, lb) in zip(nchw, nhwc):
+        assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_the_datasets_own_memory_format_is_the_loaders_default(packed):
+    ds = open_dataset(packed["npy"], crop=RandomResizedCrop(32), memory_format=torch.channels_last)
+    images, _ = next(iter(make_loader(ds, 6, num_workers=0)))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert ds.batch_normalizer().memory_format == torch.channels_last
+    assert ds[0][0].is_contiguous()  # single samples stay CHW
+    images, _ = next(iter(make_loader(ds, 6, num_workers=0, memory_format=torch.contiguous_format)))
+    assert images.is_contiguous()
+    with pytest.raises(ValueError, match="memory_format takes"):
+        open_dataset(packed["npy"], memory_format="nhwc")
+
+
+def test_the_normalize_microbenchmark_runs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_normalize.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.startswith("Host: ") and "channels-last: normalize_into (chosen)" in out.stdout

@@ -81,40 +81,43 @@ class BatchNormalize:
         """``dst = src * scale + bias`` per channel: one CHW uint8 image (any strides) into a float32
         (C, H, W) ``dst``, contiguous or a CHW view of HWC memory (a channels-last batch's slot).
 
-        Two numpy passes, the product then the sum, so every layout, worker count and rank gives the
-        same float32 values. numpy, not torch: it runs on one thread, whereas torch's intra-op threads
-        in a process that shares its cores with DataLoader workers can stall each other badly. numpy
-        is fastest when the source is laid out as ``dst`` is, so an image of the other layout is
-        first regrouped by OpenCV's ``split`` (pixels to planes) or ``merge`` (planes to pixels) into
-        a scratch buffer of this thread: 0.09 ms for a 224 x 224 crop where reading it across costs
-        0.13 ms (``scripts/bench_normalize.py``).
+        numpy (``_affine``): the bytes cast to float32 where they go, then multiplied and added in
+        place, so every layout, worker count and rank gives the same float32 values. numpy, not
+        torch: it runs on one thread, whereas torch's intra-op threads in a process that shares its
+        cores with DataLoader workers can stall each other badly. numpy is fastest when the source
+        is laid out as ``dst`` is, so an image of the other layout is first regrouped by OpenCV's
+        ``split`` (pixels to planes) or ``merge`` (planes to pixels) into a scratch buffer of this
+        thread. ``scripts/bench_normalize.py`` times each way (docs/BENCHMARKS.md has the figures).
         """
         c, h, w = src.shape
         if c > 1 and _pixels_side_by_side(dst.transpose(1, 2, 0)):  # a channels-last slot
             hwc = src.transpose(1, 2, 0)
             if not _pixels_side_by_side(hwc):
                 hwc = self._scratch.merged(src)
-            rows = _rows(dst.transpose(1, 2, 0))
-            scale, bias = self._tiled(c, w)
-            np.multiply(_rows(hwc), scale, out=rows, casting="unsafe")
-            np.add(rows, bias, out=rows)
+            out = dst.transpose(1, 2, 0)
+            if out.flags.c_contiguous:  # a slot of a batch: one run of h * w pixels, factors as long
+                np.copyto(_rows(out), _rows(hwc), casting="unsafe")
+                flat = out.reshape(-1)  # a view: contiguous
+                _affine(flat, flat, *self._tiled(c, h * w))
+            else:
+                _affine(_rows(out), _rows(hwc), *self._tiled(c, w))
             return
         if c > 1 and src.strides[0] < src.strides[2]:  # pixels side by side (HWC memory): to planes
             src = self._scratch.split(src)
-        np.multiply(src, self._np_scale, out=dst, casting="unsafe")
-        np.add(dst, self._np_bias, out=dst)
+        _affine(dst, src, self._np_scale, self._np_bias)
 
-    def _tiled(self, channels: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(scale, bias)`` of ``channels`` channels repeated for ``width`` pixels: a row's factors.
-        One pair per channel count, as wide as the widest image yet, sliced for narrower ones (images
-        of their own sizes would otherwise keep a pair per width)."""
+    def _tiled(self, channels: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scale, bias)`` of ``channels`` channels repeated for ``pixels`` pixels side by side (a
+        row's, or a whole image's: numpy multiplies a run as long as its factors at the speed of a
+        scalar, 0.03 ms for 224 x 224 x 3, where factors broadcast row by row take 0.05). One pair
+        per channel count, as long as the largest yet, sliced for smaller ones."""
         found = self._rows.get(channels)
-        if found is None or found[0].size < width * channels:
+        if found is None or found[0].size < pixels * channels:
             found = self._rows[channels] = tuple(  # type: ignore[assignment]
-                np.tile(np.broadcast_to(f.reshape(-1), (channels,)), max(width, 256))
+                np.tile(np.broadcast_to(f.reshape(-1), (channels,)), max(pixels, 256))
                 for f in (self._np_scale, self._np_bias)
             )
-        return found[0][: width * channels], found[1][: width * channels]
+        return found[0][: pixels * channels], found[1][: pixels * channels]
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -152,6 +155,15 @@ class Scratch(threading.local):
         out = self._buffer((h, w, c))
         _written(_opencv().merge(list(chw), out), out)
         return out
+
+
+def _affine(dst: np.ndarray, src: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> None:
+    """``dst = float32(src) * scale + bias`` (broadcast), each step rounded to float32. The cast is a
+    pass of its own: numpy's mixed uint8 x float32 multiply casts through a small buffer and takes
+    longer (0.07 ms against 0.05 for a 224 x 224 RGB image into a slot of a batch)."""
+    np.copyto(dst, src, casting="unsafe")
+    np.multiply(dst, scale, out=dst)
+    np.add(dst, bias, out=dst)
 
 
 def _written(got: np.ndarray, asked: np.ndarray) -> None:

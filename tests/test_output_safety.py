@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,32 @@ def test_overwrite_never_replaces_a_folder_that_only_has_a_manifest_json(tmp_pat
     with pytest.raises(OutputError, match="not a packer output"):
         convert(src, data, ConvertConfig("npy", PRE), overwrite=True)
     assert (data / "background.js").read_text() == "precious"
+
+
+@pytest.mark.parametrize("url", ["s3://data/wds", "gs://bucket/out", "https://host/out", "pipe:cat {}"])
+def test_a_url_destination_is_refused_never_made_a_local_folder(tmp_path, src, monkeypatch, url):
+    """packer writes outputs to local folders: `-o s3://data/wds` once wrote a folder named `s3:` here
+    and said "wrote 40 samples", with nothing in the bucket."""
+    from click.testing import CliRunner
+
+    from packer import repack
+    from packer.cli import cli
+    from packer.ops.combine import combine
+
+    monkeypatch.chdir(tmp_path)
+    for command in (["convert", str(src), "-f", "wds", "-o", url], ["combine", str(src), "-o", url]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 2 and "is not a local folder" in result.output and url in result.output
+    for call in (
+        lambda: convert(src, url, ConvertConfig("npy", PRE)),
+        lambda: repack(src, url, "npy"),
+        lambda: combine([src], url),
+    ):
+        with pytest.raises(ValueError, match="not a local folder: packer writes outputs to a local folder"):
+            call()
+    with pytest.raises(ValueError, match="not a local folder"):  # what pathlib makes of s3://data/wds
+        convert(src, Path("s3://data/wds"), ConvertConfig("npy", PRE))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no folder named s3:, gs:, https:, pipe:...
 
 
 def test_an_output_holding_the_source_is_refused(tmp_path, src):

@@ -8,7 +8,7 @@ from typing import Callable
 
 import click
 
-from packer.cli.options import decode_options, preprocess_options, target_options, text_options
+from packer.cli.options import OutputFolder, decode_options, preprocess_options, target_options, text_options
 from packer.config import DEFAULT_QUALITY
 from packer.run.executor import DEFAULT_TIMEOUT
 from packer.spec.codecs import IMAGE_CODECS
@@ -20,7 +20,7 @@ _OPTIONS: list[Callable] = [
     click.option(
         "-o",
         "--output",
-        type=click.Path(path_type=Path),
+        type=OutputFolder(),
         default=None,
         help="Output folder.  [default: SOURCE-FORMAT beside the source]",
         show_default=False,

@@ -101,6 +101,22 @@ _DECODE_OPTIONS = (
 )
 
 
+class OutputFolder(click.ParamType):
+    """A local folder to write an output to, as given (a URL such as ``s3://bucket/out`` refused,
+    never turned into a local folder named ``s3:``: ``packer.output.files.local_output``)."""
+
+    name = "folder"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Path:
+        from packer.output.files import local_output
+        from packer.spec.errors import ConfigError
+
+        try:
+            return local_output(value)
+        except ConfigError as e:
+            self.fail(str(e), param, ctx)
+
+
 def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
     for option in reversed(options):  # decorators apply bottom-up; the help lists them top-down
         command = option(command)

@@ -9,6 +9,7 @@ from typing import Optional
 import click
 from tqdm import tqdm
 
+from packer.cli.options import OutputFolder
 from packer.cli.render import summary
 from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
@@ -18,7 +19,7 @@ from packer.spec.errors import PackerError
 
 
 @click.command()
-@click.argument("output", type=click.Path(path_type=Path))
+@click.argument("output", type=OutputFolder())
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
 def merge(output: Path, overwrite: bool) -> None:
     """Publish OUTPUT after a conversion split with --num-nodes, once every node is done.
@@ -39,7 +40,7 @@ def merge(output: Path, overwrite: bool) -> None:
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option("-o", "--output", type=OutputFolder(), required=True, help="Output folder.")
 @click.option(
     "--copy", is_flag=True, help="Copy every shard file instead of hard-linking it where the filesystem allows."
 )

@@ -28,6 +28,7 @@ from packer.config import ConvertConfig, PreprocessConfig, ShardSize
 from packer.ops.combine import cross_duplicates, differing, merged_stats, place_shard
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
+from packer.output.files import local_output
 from packer.output.finish import name_shards
 from packer.pixels.stats import summarize
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
@@ -100,7 +101,7 @@ def append(
     new files' labels, for an output labelled by a ``--labels`` file (required then)."""
 
     started = time.perf_counter()
-    source, output = Path(source), Path(output)
+    source, output = Path(source), local_output(output)
     read_manifest(output)  # a clear error now for a folder that is no output
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     with Staging(output) as staging:

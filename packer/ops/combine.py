@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from packer import __version__
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import merged_groups, shard_entries
-from packer.output.files import check_output
+from packer.output.files import check_output, local_output
 from packer.output.finish import name_shards
 from packer.pixels.stats import auto_normalize
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
@@ -63,7 +63,7 @@ def combine(
     preprocessing (naming the difference), or in detection categories or mask classes."""
     started = time.perf_counter()
     roots = [Path(p) for p in inputs]
-    output = Path(output)
+    output = local_output(output)
     if len(roots) < 2:
         raise InputError("packer combine takes at least two outputs")
     if len({r.resolve() for r in roots}) != len(roots):

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 from packer.config import ConvertConfig
 from packer.output.assemble import build_manifest
-from packer.output.files import is_packer_output
+from packer.output.files import is_packer_output, local_output
 from packer.output.finish import name_shards
 from packer.output.report import reason_kind
 from packer.records import ShardResult, ShardTask, Skipped
@@ -97,7 +97,7 @@ def convert(
     """
     job = ConvertJob(
         Path(source),
-        Path(output),
+        local_output(output),
         config,
         Selection(labels_file, classes, add_classes),
         workers,

@@ -26,7 +26,7 @@ from typing import IO, Callable, Optional, Sequence
 from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import build_manifest, source_counts
-from packer.output.files import STAGING_MARK, lock_file, remove_tree, write_plan
+from packer.output.files import STAGING_MARK, local_output, lock_file, remove_tree, write_plan
 from packer.output.finish import name_shards
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
@@ -111,7 +111,7 @@ def convert_node(
     is (other nodes may be writing into it); running the node again continues it.
     """
     started = time.perf_counter()
-    output = Path(output)
+    output = local_output(output)
     chosen = Selection(labels_file, classes, add_classes)
     ConvertJob(Path(source), output, config, chosen, strict=strict, nodes=node.nodes, executor=executor).validate()
     recorded = config_to_dict(config)
@@ -272,7 +272,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
     intact (SHA-256); then the manifest is written and the output renamed into place as a single
     run does. OutputError naming the missing shards and their nodes otherwise."""
     started = time.perf_counter()
-    output = Path(output)
+    output = local_output(output)
     with Staging(output) as staging, staging.writing(shared=True) as stage:  # a failed merge keeps every node's work
         plan = staging.plan()
         if plan is None or "split" not in plan:

@@ -25,7 +25,7 @@ from packer import __version__
 from packer.config import DEFAULT_QUALITY, ShardSize
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, shard_entries
-from packer.output.files import check_output
+from packer.output.files import check_output, local_output
 from packer.output.finish import name_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
@@ -113,7 +113,7 @@ def repack(
     Raises a PackerError subclass for anything the user must fix (a damaged source included: every
     sample's CRC-32 is checked as it is read, and nothing is published then)."""
     started = time.perf_counter()
-    source, output = Path(source), Path(output)
+    source, output = Path(source), local_output(output)
     src = read_manifest(source)
     src_layout = SampleLayout.from_manifest(src)
     layout = target_layout(source, src_layout, codec, quality)

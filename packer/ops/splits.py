@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 from packer.config import ConvertConfig
 from packer.ops.convert import ConvertResult, convert
 from packer.ops.split_plans import plan_splits
-from packer.output.files import check_output, is_packer_output, remove_tree, staging_dir
+from packer.output.files import check_output, is_packer_output, local_output, remove_tree, staging_dir
 from packer.records import ShardTask
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.run.job import ConvertJob, Selection
@@ -108,7 +108,7 @@ def convert_splits(
     arguments are ``packer.ops.convert.convert``'s, for every split.
     """
     started = time.perf_counter()
-    source, output = Path(source), Path(output)
+    source, output = Path(source), local_output(output)
     chosen = Selection(labels_file, classes, add_classes)
     ConvertJob(source, output, config, chosen, resume=resume, executor=executor, splits=True).validate()
     parts, common, origin, roots = plan_splits(source, config, fractions, seed, classes, add_classes, labels_file)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import IO, Optional
 
 from packer.output.shard_samples import SAMPLES_FILE, SAMPLES_SUFFIX, write_samples
 from packer.records import ShardResult
-from packer.spec.errors import OutputError, PackerError
+from packer.spec.errors import ConfigError, OutputError, PackerError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.listed_files import sha256_of
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
@@ -36,6 +37,24 @@ RENAMED_SUFFIX = ".renamed.json"
 """Beside a shard's record once ``packer.output.finish`` renamed its files: the new name and paths, a few
 bytes, where rewriting the record (every sample's key and digest) cost time per file after the
 workers (docs/BENCHMARKS.md, the scale benchmark)."""
+
+
+URL_LIKE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/")
+"""A scheme and a slash (``s3://``, ``gs://``, ``https://``, and ``s3:/``, what ``pathlib`` makes of
+``s3://``): a destination that is not a local folder. Drive letters (``C:/``) have one letter."""
+
+
+def local_output(output: str | os.PathLike) -> Path:
+    """``output`` as the local folder an output is written to; ConfigError for a URL or a ``pipe:``
+    command, which would otherwise become a local folder named ``s3:`` with nothing in the bucket."""
+    text = os.fspath(output)
+    if isinstance(text, str) and (URL_LIKE.match(text) or text.startswith("pipe:")):
+        raise ConfigError(
+            f"{text} is not a local folder: packer writes outputs to a local folder (object storage is not "
+            "a destination yet). Convert to a local folder, then upload it (e.g. aws s3 cp --recursive OUT "
+            "s3://bucket/prefix); readers stream wds shards from s3:// and gs:// URLs"
+        )
+    return Path(output)
 
 
 def check_output(output: Path, overwrite: bool, source: Optional[Path] = None) -> None:

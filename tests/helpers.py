@@ -100,9 +100,15 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
     procs = [ctx.Process(target=_rank, args=(target, r, world, port, payload, str(out))) for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=240)
-        assert p.exitcode == 0, "a rank failed or hung"
+    try:
+        for p in procs:
+            p.join(timeout=240)
+            assert p.exitcode == 0, "a rank failed or hung"
+    finally:
+        for p in procs:  # a rank waiting on one that failed would wait for gloo's 30-minute timeout
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 

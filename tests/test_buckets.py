@@ -181,8 +181,8 @@ PADDED = AspectBuckets(BUCKETS.resolutions, fit="pad")
 
 
 def test_padded_buckets_keep_the_whole_image_at_the_corner_and_boxes_follow(outputs):
-    """fit="pad": each image resized whole to fit its bucket, zeros to its right and below (to its
-    left when flipped), the red rectangle where its box says."""
+    """fit="pad": each image resized whole to fit its bucket, zeros to its right and below, flipped or
+    not (the flip mirrors the image, which stays at its corner), the red rectangle where its box says."""
     ds = open_dataset(outputs["boxes"], normalize=False, flip=True, return_meta=True)
     sizes = ds.image_sizes
     flips = set()
@@ -197,8 +197,7 @@ def test_padded_buckets_keep_the_whole_image_at_the_corner_and_boxes_follow(outp
             assert abs(fw / fh - w / h) <= max(1 / fh, 1 / fw) * w / h * 1.01  # its own ratio
             pixels = image.permute(1, 2, 0).numpy()
             rows, cols = pixels.max(axis=-1).nonzero()
-            left = image.shape[2] - fw if flip else 0
-            assert (rows.min(), rows.max() + 1, cols.min(), cols.max() + 1) == (0, fh, left, left + fw)
+            assert (rows.min(), rows.max() + 1, cols.min(), cols.max() + 1) == (0, fh, 0, fw)
             red = (np.abs(pixels.astype(int) - np.array(RED)).max(axis=-1) <= 60).nonzero()
             found = (red[1].min(), red[0].min(), red[1].max() + 1, red[0].max() + 1)
             assert np.allclose(target["boxes"].tolist()[0], found, atol=1.5), (target["boxes"], found)
@@ -229,6 +228,11 @@ def test_a_padded_mask_takes_the_ignore_index_and_a_random_position_moves_the_im
     assert tuple(placed.shape) == (48, 48) and (placed[24:] == 255).all() and (placed[:24] != 255).all()
     ys, xs = (((torch.arange(n) + 0.5) / 1.2).long() for n in (24, 48))
     assert torch.equal(placed[:24], mask[ys][:, xs])  # nearest neighbour at a 1.2 scale, at the corner
+    tall = torch.arange(40 * 20, dtype=torch.uint8).reshape(40, 20) % 7  # fitted to 48 x 24, at the left
+    upright = place_mask(tall, square.placement(40, 20, Draws(0, 0, 0)), 255)
+    mirrored = place_mask(tall, square.flipped(square.placement(40, 20, Draws(0, 0, 0))), 255)
+    assert (upright[:, 24:] == 255).all() and (mirrored[:, 24:] == 255).all()  # still at the left
+    assert torch.equal(mirrored[:, :24], upright[:, :24].flip(-1))  # the image mirrored in its place
     moving = AspectBuckets(((48, 48),), fit="pad", random_position=True)
     tops = {moving.placement(20, 40, Draws(0, e, 0)).offset for e in range(8)}
     assert len(tops) > 1 and all(left == 0 and -24 <= top <= 0 for top, left in tops)

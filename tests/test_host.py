@@ -56,12 +56,20 @@ def test_this_hosts_record_names_what_each_library_dispatches_to_and_survives_js
     assert again == host and again.line() == host.line()
 
 
-def test_the_line_says_when_the_environment_caps_the_kernels(monkeypatch):
+def test_a_cap_is_claimed_only_when_the_environment_sets_it_and_the_libraries_took_it(monkeypatch):
+    from packer.advisor.host import _capped
+
+    below = {"torch": "AVX2", "numpy": "X86_V3", "opencv": "AVX2"}
+    assert _capped(below) is None  # no cap asked
     for name, value in SIMD_CAPS["avx2"].items():
         monkeypatch.setenv(name, value)
-    assert describe_host().capped == "avx2" and "capped at AVX2 by the environment" in describe_host().line()
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    assert describe_host().capped is None  # a partial cap is not claimed
+    assert _capped(below) == "avx2"
+    assert _capped({**below, "numpy": "X86_V4"}) is None  # imported before the variables were set
+    assert _capped({**below, "torch": "AVX512"}) is None
+    line = Host("X", "y", 2, "AVX-512", dispatch=below, capped="avx2").line()
+    assert "kernels (capped at AVX2 by the environment): torch AVX2, numpy X86_V3, opencv AVX2" in line
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    assert _capped(below) is None  # a partial cap is not claimed
 
 
 def test_as_simd_runs_a_command_with_torch_and_numpy_on_avx2_kernels():

@@ -101,6 +101,7 @@ def test_channels_last_batches_equal_the_nchw_ones(packed, fmt, workers):
     def batches(memory_format):
         ds = open_dataset(packed[fmt], crop=RandomResizedCrop(40), flip=True)
         loader = make_loader(ds, 4, seed=2, num_workers=workers, memory_format=memory_format)
+        assert (loader.ring is not None) == (workers > 0)  # the workers write into reused shared slots
         out = [(x.clone(memory_format=torch.preserve_format), y) for x, y in loader]
         stop_workers(loader)
         return out
@@ -110,6 +111,16 @@ def test_channels_last_batches_equal_the_nchw_ones(packed, fmt, workers):
     for (a, la), (b, lb) in zip(nchw, nhwc):
         assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_batches_stacked_from_samples_are_laid_out_as_asked_too(packed):
+    """With return_meta (or a transform, targets, text) batches are stacked from samples, NCHW: the
+    loader copies them into the layout asked for, the same values."""
+    ds = open_dataset(packed["npy"], crop=RandomResizedCrop(32), flip=True, return_meta=True)
+    nchw = [x for x, _, _ in make_loader(ds, 6, num_workers=0, seed=1)]
+    nhwc = [x for x, _, _ in make_loader(ds, 6, num_workers=0, seed=1, memory_format=torch.channels_last)]
+    assert all(b.is_contiguous(memory_format=torch.channels_last) for b in nhwc)
+    assert all(torch.equal(a, b) for a, b in zip(nchw, nhwc, strict=True))
 
 
 def test_the_datasets_own_memory_format_is_the_loaders_default(packed):

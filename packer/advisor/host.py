@@ -25,9 +25,17 @@ compilers target as x86-64-v4; VNNI and BF16 speed integer and bfloat16 work."""
 SIMD_CAPS: dict[str, dict[str, str]] = {
     "avx2": {
         "ATEN_CPU_CAPABILITY": "avx2",  # torch's kernels
-        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",  # numpy's dispatch targets above AVX2
+        # numpy's dispatch targets above AVX2: numpy 2.4's names, then those of older releases
+        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL",
         "OPENCV_CPU_DISABLE": "AVX512-SKX,AVX512-CLX,AVX512-CNL,AVX512-ICL",  # OpenCV's
-        "NUMBA_CPU_NAME": "haswell",  # numba (FFCV's kernels): LLVM code for an AVX2 CPU
+        # numba (FFCV's kernels): LLVM code for an AVX2 CPU. The name alone is not enough: numba's JIT
+        # still takes the host's features (AVX-512 included) unless they are given too.
+        "NUMBA_CPU_NAME": "haswell",
+        "NUMBA_CPU_FEATURES": (
+            "+64bit,+adx,+aes,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fsgsbase,+lzcnt,+mmx,+movbe,"
+            "+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt,"
+            "-avx512f,-avx512bw,-avx512vl,-avx512dq,-avx512cd,-avx512vnni,-avx512bf16"
+        ),
     },
 }
 """Environment variables that cap each library's SIMD dispatch at a level, set before the libraries
@@ -111,8 +119,8 @@ def describe_host(cpuinfo: Optional[str] = None) -> Host:
         cores=usable_cpus(),
         simd=simd,
         avx512=tuple(f for f in AVX512_FLAGS if f in flags),
-        dispatch=library_dispatch(),
-        capped=_capped(),
+        dispatch=(dispatch := library_dispatch()),
+        capped=_capped(dispatch),
     )
 
 
@@ -143,11 +151,13 @@ def library_dispatch() -> dict[str, str]:
     return out
 
 
-def _capped() -> Optional[str]:
-    """The ``SIMD_CAPS`` level whose variables this process's environment carries, if any."""
+def _capped(dispatch: dict[str, str]) -> Optional[str]:
+    """The ``SIMD_CAPS`` level whose variables this process's environment carries, if the libraries'
+    dispatch agrees (none of them on an AVX-512 level): a cap that did not take is not claimed."""
     for level, variables in SIMD_CAPS.items():
         if all(os.environ.get(k) == v for k, v in variables.items()):
-            return level
+            above = [name for name, got in dispatch.items() if "512" in got or got.endswith("V4")]
+            return None if above else level
     return None
 
 

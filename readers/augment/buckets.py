@@ -10,9 +10,9 @@ geometry follow it, and the flip applies on top. With ``fit="pad"`` nothing is c
 is resized to fit inside the bucket's resolution and the rest is padded with zeros (a segmentation
 mask with its ignore index), the image at the top-left corner as torchvision's detection models
 and mmdetection pad their batches (or at a position drawn per sample, ``random_position=True``);
-the flip mirrors the padded picture. ``make_loader(ds, n, buckets=...)`` batches each bucket's
-images together (``readers.loading.bucket_sampler``); the bucket of every image is
-known from the output's index of sizes, without reading an image.
+the flip mirrors the image, which stays where its position says. ``make_loader(ds, n,
+buckets=...)`` batches each bucket's images together (``readers.loading.bucket_sampler``); the
+bucket of every image is known from the output's index of sizes, without reading an image.
 """
 
 from __future__ import annotations
@@ -165,6 +165,19 @@ class AspectBuckets:
             (fh, fw),
             (-top, -left),
         )
+
+    def flipped(self, placement: Placement) -> Placement:
+        """``placement`` mirrored left to right (``Augment`` asks when a sample's flip is drawn). A
+        padded image is first placed at the mirrored position, so that after the whole picture is
+        mirrored it sits where its position says (the top-left corner by default): the flip mirrors
+        the image, not where the padding goes."""
+        if self.fit != "pad" or placement.whole is None:
+            return placement._replace(flip=True)
+        bw, fw, (top, left) = placement.size[1], placement.whole[1], placement.offset
+        x0, y0, x1, y1 = placement.box
+        sx = (x1 - x0) / bw  # stored pixels per output pixel
+        left = -(bw - fw + left)  # offsets are negative where the picture is padded
+        return placement._replace(box=(left * sx, y0, (bw + left) * sx, y1), offset=(top, left), flip=True)
 
     def describe(self, sizes: np.ndarray) -> dict:
         """What bucketing does to images of ``sizes`` (rows of height, width): each bucket's

@@ -276,7 +276,10 @@ class Augment:
             out = Placement((0.0, 0.0, float(width), float(height)), (height, width), False, True)
         else:
             out = self.crop.placement(height, width, u)
-        return out._replace(flip=u(_FLIP) < 0.5) if self.flip else out
+        if not self.flip or u(_FLIP) >= 0.5:
+            return out
+        flipped = getattr(self.crop, "flipped", None)  # a crop that places its picture itself (AspectBuckets)
+        return flipped(out) if flipped is not None else out._replace(flip=True)
 
 
 __all__ = ["RandomResizedCrop", "CenterCrop", "Augment", "Placement", "Draws", "uniforms", "RANDOMS"]

@@ -113,13 +113,16 @@ def on_device(placement: Placement, height: int, width: int) -> bool:
     """True when the device makes ``placement`` of an image of ``height`` x ``width`` as the worker
     would: a box within the image, or a ``CenterCrop(resize=)`` (whose box lies within the resized
     image), shrunk at most ``MAX_SHRINK`` times. The worker renders the others: a box that reaches
-    past the image (it pads), and ``reduced_decode`` crops (decoded at a reduced scale, which the
+    past the image or the resized image (it pads), and ``reduced_decode`` crops (decoded at a reduced scale, which the
     device's full decode would not give)."""
     if placement.reduced:
         return False
     (oh, ow), (left, top, right, bottom) = placement.size, placement.box
     if placement.whole is not None:
-        (rh, rw), (box_h, box_w) = placement.whole, (height, width)
+        (rh, rw), (y0, x0) = placement.whole, placement.offset
+        if y0 < 0 or x0 < 0 or y0 + oh > rh or x0 + ow > rw:  # padded (an image fitted into its bucket)
+            return False
+        (box_h, box_w) = (height, width)
     else:
         if not placement.cut or not box_inside(placement.box, (height, width)):
             return False

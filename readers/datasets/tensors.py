@@ -95,7 +95,7 @@ class BatchNormalize:
             if not _pixels_side_by_side(hwc):
                 hwc = self._scratch.merged(src)
             out = dst.transpose(1, 2, 0)
-            if out.flags.c_contiguous:  # a slot of a batch: one run of h * w pixels, factors as long
+            if out.flags.c_contiguous and h * w <= FLAT_FACTORS:  # one run of h * w pixels, factors as long
                 np.copyto(_rows(out), _rows(hwc), casting="unsafe")
                 flat = out.reshape(-1)  # a view: contiguous
                 _affine(flat, flat, *self._tiled(c, h * w))
@@ -129,6 +129,11 @@ class BatchNormalize:
         self._scratch = Scratch()
 
 
+FLAT_FACTORS = 1 << 19
+"""The most pixels a channels-last image is normalized as one run, with factors as long (2 x 6 MB for
+RGB at most, kept per worker); larger images broadcast a row's factors over their rows."""
+
+
 class Scratch(threading.local):
     """The uint8 buffer of one thread that ``normalize_into`` regroups an image's channels into, kept
     for the next image (threads of a thread-based loader each get their own); it grows to the
@@ -146,7 +151,8 @@ class Scratch(threading.local):
     def split(self, chw: np.ndarray) -> np.ndarray:
         """The CHW image ``chw`` (a view of HWC memory) copied to planar memory."""
         out = self._buffer(chw.shape)
-        _written(_opencv().split(chw.transpose(1, 2, 0), list(out))[0], out[0])
+        for got, asked in zip(_opencv().split(chw.transpose(1, 2, 0), list(out)), out):
+            _written(got, asked)
         return out
 
     def merged(self, chw: np.ndarray) -> np.ndarray:

@@ -99,7 +99,9 @@ def make_loader(
     ``memory_format=torch.channels_last`` (default: the dataset's, ``open_dataset(..., memory_format=)``)
     gives float32 image batches in NHWC memory, viewed as NCHW (``images.is_contiguous(memory_format=
     torch.channels_last)``), as FFCV does and channels-last CNN training wants: written so by the
-    workers, with the same values as NCHW batches; on CUDA they stay so after normalization.
+    workers, with the same values as NCHW batches; on CUDA they stay so after normalization. Batches
+    stacked from samples (a ``transform``, ``return_meta``, targets, text) or decoded on the device
+    are copied into that layout as they are handed out.
 
     ``decode="device"``: for JPEG-stored outputs read with ``crop=``, the workers send each batch's
     JPEG bytes and crop placements, and the loader decodes, crops, flips and normalizes them on
@@ -271,7 +273,8 @@ def make_loader(
             del order["seed"]  # the caller's sampler draws the order, not make_loader's seed
     if sampler is None:
         order["workers"] = workers  # the tar-shard batch plan depends on it
-    return PackedLoader(reader, loader, sampler, normalize, device, ring, order, decoder, batches)
+    layout = dataset.memory_format
+    return PackedLoader(reader, loader, sampler, normalize, device, ring, order, decoder, batches, layout)
 
 
 def _bucketed(

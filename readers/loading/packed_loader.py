@@ -38,8 +38,12 @@ class PackedLoader:
         order: Optional[dict] = None,
         decoder: Optional[device_decode.DeviceDecoder] = None,
         batches: Optional[TarBatches] = None,
+        memory_format: torch.memory_format = torch.contiguous_format,
     ) -> None:
         self.dataset, self.loader, self.sampler, self.decoder = dataset, loader, sampler, decoder
+        self.memory_format = memory_format
+        """How image batches are laid out when handed out: the workers write whole batches so; batches
+        stacked from samples (a transform, meta, targets, text) or decoded on the device are copied so."""
         self.batches = batches  # a tar-shard reader's batch plan, whose passes this loader starts
         self.normalize, self.device, self.ring = normalize, device, ring
         self.order = dict(order or {})  # what the batch order depends on: batch_size, world_size, seed (, workers)
@@ -129,8 +133,9 @@ class PackedLoader:
                 continue
             if isinstance(batch, device_decode.EncodedBatch):  # decode="device"
                 self._consumed += 1
-                yield self.decoder(batch)  # type: ignore[misc]
-                batch = None
+                images, labels = self.decoder(batch)  # type: ignore[misc]
+                yield self._laid_out(images), labels
+                batch = images = labels = None
                 continue
             if isinstance(batch, RingBatch):
                 images, labels, rest = (
@@ -147,7 +152,7 @@ class PackedLoader:
             if self.normalize is not None:
                 images = self.normalize(images)
             self._consumed += 1
-            out = (images, labels, *rest)
+            out = (self._laid_out(images), labels, *rest)
             images = labels = rest = None  # so that only the caller holds the batch now
             yield out
             out = None
@@ -170,7 +175,7 @@ class PackedLoader:
                 ]
         if self.normalize is not None:
             images = self.normalize(images) if torch.is_tensor(images) else [self.normalize(i[None])[0] for i in images]
-        return (images, targets, *rest)
+        return (self._laid_out(images), targets, *rest)
 
     def _place(self, batch: dict) -> dict:
         """A pad_collate batch with its tensors on the device and its images normalized (arrays that
@@ -180,7 +185,21 @@ class PackedLoader:
             batch = {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
         if self.normalize is not None and "images" in batch:
             batch["images"] = self.normalize(batch["images"])
+        if "images" in batch:
+            batch["images"] = self._laid_out(batch["images"])
         return batch
+
+    def _laid_out(self, images: Any) -> Any:
+        """``images`` as ``memory_format`` lays batches out: a 4-D tensor not yet so (stacked from
+        samples, decoded on the device) is copied so; lists of images of their own sizes are left."""
+        if (
+            torch.is_tensor(images)
+            and images.dim() == 4
+            and self.memory_format != torch.contiguous_format
+            and not images.is_contiguous(memory_format=self.memory_format)
+        ):
+            return images.contiguous(memory_format=self.memory_format)
+        return images
 
     def state_dict(self) -> dict:
         """Where this loader stands: the epoch and the batches already handed out in it (plus what

@@ -17,7 +17,7 @@ import logging
 import click
 
 from packer import __version__
-from packer.cli import advisor, convert, inspection, outputs
+from packer.cli import advisor, convert, inspection, outputs, preview
 
 __all__ = ["cli", "main"]
 
@@ -36,6 +36,7 @@ for _command in (
     outputs.combine,
     inspection.info,
     inspection.verify,
+    preview.preview,
     advisor.tune,
     advisor.profile,
     advisor.bench,

@@ -1,0 +1,1 @@
+"""Pictures of what readers return: contact sheets for ``packer preview``."""

@@ -125,3 +125,17 @@ def test_what_is_not_an_output_gets_a_clear_error(tmp_path):
     result = run(tmp_path, "-o", tmp_path / "x.png")
     assert result.exit_code == 1 and "Error:" in result.output and "Traceback" not in result.output
     assert run(tmp_path).exit_code == 2  # neither -o nor --text
+
+
+def test_a_mask_is_laid_over_in_its_classs_colour_and_the_ignore_index_left_clear():
+    import torch
+
+    from readers.preview.sheet import Shown, contact_sheet
+
+    image = np.full((40, 40, 3), 100, np.uint8)
+    mask = torch.zeros((40, 40), dtype=torch.uint8)
+    mask[:, :20], mask[:, 30:] = 1, 255  # class 1 on the left, the ignore index on the right
+    sheet = np.asarray(contact_sheet([Shown(0, "a.png", image, -1, mask)], 1, tile=40, ignore_index=255))
+    blended = (0.5 * 100 + 0.5 * np.array(PALETTE[1])).astype(int)
+    assert np.abs(sheet[20, 5].astype(int) - blended).max() <= 2
+    assert (sheet[20, 25] == 100).all() and (sheet[20, 35] == 100).all()  # background and ignored: clear

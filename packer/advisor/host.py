@@ -1,8 +1,8 @@
 """Which machine a measurement was made on: the CPU, the cores this process may use, the SIMD level
 the CPU offers and the one each library actually dispatches to.
 
-A speed ratio measured on one host is not a claim about another: the same command gave packer
-1.98x FFCV on a 2-core Xeon with AVX-512 and 1.04x on a 2-core EPYC. Every benchmark therefore prints
+A speed ratio measured on one host is not a claim about another: the same command has given packer
+very different ratios to FFCV on two 2-core hosts of one kind (docs/BENCHMARKS.md). Every benchmark prints
 ``Host.line()`` beside its table and stores ``Host.to_dict()`` with its figures. The libraries'
 dispatch can be capped below what the CPU offers (``SIMD_CAPS``, ``scripts/as_simd.py``) to measure
 on an AVX-512 host what AVX2 kernels give; the line then says so.

@@ -81,8 +81,8 @@ class BatchNormalize:
         """``dst = src * scale + bias`` per channel: one CHW uint8 image (any strides) into a float32
         (C, H, W) ``dst``, contiguous or a CHW view of HWC memory (a channels-last batch's slot).
 
-        numpy (``_affine``): the bytes cast to float32 where they go, then multiplied and added in
-        place, so every layout, worker count and rank gives the same float32 values. numpy, not
+        numpy: the bytes cast to float32 where they go, then multiplied and added in place
+        (``_scale_shift``), so every layout, worker count and rank gives the same float32 values. numpy, not
         torch: it runs on one thread, whereas torch's intra-op threads in a process that shares its
         cores with DataLoader workers can stall each other badly. numpy is fastest when the source
         is laid out as ``dst`` is, so an image of the other layout is first regrouped by OpenCV's
@@ -95,22 +95,22 @@ class BatchNormalize:
             if not _pixels_side_by_side(hwc):
                 hwc = self._scratch.merged(src)
             out = dst.transpose(1, 2, 0)
+            np.copyto(_rows(out), _rows(hwc), casting="unsafe")
             if out.flags.c_contiguous and h * w <= FLAT_FACTORS:  # one run of h * w pixels, factors as long
-                np.copyto(_rows(out), _rows(hwc), casting="unsafe")
-                flat = out.reshape(-1)  # a view: contiguous
-                _affine(flat, flat, *self._tiled(c, h * w))
+                _scale_shift(out.reshape(-1), *self._tiled(c, h * w))  # reshape: a view, it is contiguous
             else:
-                _affine(_rows(out), _rows(hwc), *self._tiled(c, w))
+                _scale_shift(_rows(out), *self._tiled(c, w))
             return
         if c > 1 and src.strides[0] < src.strides[2]:  # pixels side by side (HWC memory): to planes
             src = self._scratch.split(src)
-        _affine(dst, src, self._np_scale, self._np_bias)
+        np.copyto(dst, src, casting="unsafe")
+        _scale_shift(dst, self._np_scale, self._np_bias)
 
     def _tiled(self, channels: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
         """``(scale, bias)`` of ``channels`` channels repeated for ``pixels`` pixels side by side (a
-        row's, or a whole image's: numpy multiplies a run as long as its factors at the speed of a
-        scalar, 0.03 ms for 224 x 224 x 3, where factors broadcast row by row take 0.05). One pair
-        per channel count, as long as the largest yet, sliced for smaller ones."""
+        row's, or a whole image's: numpy multiplies a run as long as its factors about as fast as by
+        a scalar, and factors broadcast row by row cost it a loop a row). One pair per channel count,
+        as long as the largest yet, sliced for smaller ones."""
         found = self._rows.get(channels)
         if found is None or found[0].size < pixels * channels:
             found = self._rows[channels] = tuple(  # type: ignore[assignment]
@@ -163,13 +163,12 @@ class Scratch(threading.local):
         return out
 
 
-def _affine(dst: np.ndarray, src: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> None:
-    """``dst = float32(src) * scale + bias`` (broadcast), each step rounded to float32. The cast is a
-    pass of its own: numpy's mixed uint8 x float32 multiply casts through a small buffer and takes
-    longer (0.07 ms against 0.05 for a 224 x 224 RGB image into a slot of a batch)."""
-    np.copyto(dst, src, casting="unsafe")
-    np.multiply(dst, scale, out=dst)
-    np.add(dst, bias, out=dst)
+def _scale_shift(values: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> None:
+    """``values = values * scale + bias`` in place (broadcast), each step rounded to float32. The
+    caller casts the bytes into ``values`` first, a pass of its own: numpy's mixed uint8 x float32
+    multiply casts through a small buffer and takes longer (docs/BENCHMARKS.md)."""
+    np.multiply(values, scale, out=values)
+    np.add(values, bias, out=values)
 
 
 def _written(got: np.ndarray, asked: np.ndarray) -> None:

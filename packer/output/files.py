@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import IO, Optional
@@ -21,6 +20,7 @@ from packer.records import ShardResult
 from packer.spec.errors import ConfigError, OutputError, PackerError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.listed_files import sha256_of
+from packer.spec.locations import names_url
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.registry import get_format
 from packer.system import stop_signals_held
@@ -39,16 +39,11 @@ bytes, where rewriting the record (every sample's key and digest) cost time per 
 workers (docs/BENCHMARKS.md, the scale benchmark)."""
 
 
-URL_LIKE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/")
-"""A scheme and a slash (``s3://``, ``gs://``, ``https://``, and ``s3:/``, what ``pathlib`` makes of
-``s3://``): a destination that is not a local folder. Drive letters (``C:/``) have one letter."""
-
-
 def local_output(output: str | os.PathLike) -> Path:
     """``output`` as the local folder an output is written to; ConfigError for a URL or a ``pipe:``
     command, which would otherwise become a local folder named ``s3:`` with nothing in the bucket."""
     text = os.fspath(output)
-    if isinstance(text, str) and (URL_LIKE.match(text) or text.startswith("pipe:")):
+    if isinstance(text, str) and names_url(text):
         raise ConfigError(
             f"{text} is not a local folder: packer writes outputs to a local folder (object storage is not "
             "a destination yet). Convert to a local folder, then upload it (e.g. aws s3 cp --recursive OUT "

@@ -47,6 +47,7 @@ from typing import IO, Iterator, Optional, Union
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
+from packer.spec.locations import is_url
 from packer.spec.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest
 from packer.spec.tario import iter_tar_samples
 from readers.remote import streams
@@ -61,15 +62,9 @@ MANIFEST_BYTES = 256 << 20
 """The most a remote manifest may hold (its size is not known in advance): a server sending an
 endless one must not fill the memory."""
 PART_STALE = 3600.0  # seconds without a write after which an unlocked part file is a leftover
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _PART = re.compile(r"^\.[0-9a-f]{32}-[A-Za-z0-9._-]+\.[0-9a-f]{12}\.part$")  # what _Checked names its part files
 _CLEANED: set[str] = set()  # cache folders this process has cleaned of leftovers (once each)
 log = logging.getLogger(__name__)
-
-
-def is_url(root: object) -> bool:
-    """True when ``root`` names a remote output (a URL or a ``pipe:`` command), not a local folder."""
-    return isinstance(root, str) and (root.startswith("pipe:") or bool(_SCHEME.match(root)))
 
 
 def file_url(root: str, name: str) -> str:

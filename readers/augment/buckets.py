@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from readers.augment.crops import Placement
+from readers.augment.crops import Placement, mirrored
 
 _TOP, _LEFT = 0, 1
 """The sample's uniform numbers (``Draws``) that place the crop: distinct from the flip's."""
@@ -172,7 +172,7 @@ class AspectBuckets:
         mirrored it sits where its position says (the top-left corner by default): the flip mirrors
         the image, not where the padding goes."""
         if self.fit != "pad" or placement.whole is None:
-            return placement._replace(flip=True)
+            return mirrored(placement)
         bw, fw, (top, left) = placement.size[1], placement.whole[1], placement.offset
         x0, y0, x1, y1 = placement.box
         sx = (x1 - x0) / bw  # stored pixels per output pixel

@@ -99,6 +99,11 @@ class Placement(NamedTuple):
     offset: tuple[int, int] = (0, 0)
 
 
+def mirrored(placement: Placement) -> Placement:
+    """``placement`` mirrored left to right: the whole picture it makes is flipped."""
+    return placement._replace(flip=True)
+
+
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """A crop of random area (``scale``, a share of the image) and aspect ratio (``ratio``, width
@@ -157,6 +162,9 @@ class RandomResizedCrop:
         ]
         return np.array(out, dtype=np.int64).reshape(-1, 4)
 
+    flipped = staticmethod(mirrored)
+    """The Placement of a flipped sample (``Augment`` asks when a sample's flip is drawn)."""
+
     def _fallback(self, height: int, width: int) -> tuple[int, int, int, int]:
         """torchvision's centre crop of the nearest allowed ratio, at least a pixel on each side (its
         own can be 0 pixels high for a strip of extreme ratio, which would give a black image)."""
@@ -204,6 +212,9 @@ class CenterCrop:
     def random(self) -> bool:
         """False: the same crop every epoch."""
         return False
+
+    flipped = staticmethod(mirrored)
+    """The Placement of a flipped sample (``Augment`` asks when a sample's flip is drawn)."""
 
     def placement(self, height: int, width: int, u: Optional[Callable[[int], float]] = None) -> Placement:
         """The Placement of one image of ``height`` x ``width`` (``u`` is not used)."""
@@ -278,8 +289,7 @@ class Augment:
             out = self.crop.placement(height, width, u)
         if not self.flip or u(_FLIP) >= 0.5:
             return out
-        flipped = getattr(self.crop, "flipped", None)  # a crop that places its picture itself (AspectBuckets)
-        return flipped(out) if flipped is not None else out._replace(flip=True)
+        return mirrored(out) if self.crop is None else self.crop.flipped(out)
 
 
 __all__ = ["RandomResizedCrop", "CenterCrop", "Augment", "Placement", "Draws", "uniforms", "RANDOMS"]

@@ -31,6 +31,19 @@ def test_peer_load_gives_packers_full_decode_pixels_without_packers_decoder(tmp_
     assert np.array_equal(got, expected)
 
 
+def _task(rows: list[dict], **more) -> dict:
+    """A training-task result of 3 images, 2 workers, 1 epoch, with ``rows`` (what bench_train.run gives)."""
+    return {
+        "images": 3,
+        "workers": 2,
+        "epochs": 1,
+        "default_bytes": 2**20,
+        "default_convert_s": 1.0,
+        "rows": rows,
+        **more,
+    }
+
+
 def test_training_task_folder_pipeline_and_table(tmp_path):
     import bench_train
 
@@ -41,13 +54,8 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     image, label = bench_train.FolderTrainSet(items)[2]
     assert image.shape == (3, 224, 224) and str(image.dtype) == "torch.float32"
     assert label == 1 and -3 < float(image.min()) < float(image.max()) < 3  # normalized, not 0..255
-    results = {
-        "images": 3,
-        "workers": 2,
-        "epochs": 1,
-        "default_bytes": 2**20,
-        "default_convert_s": 1.0,
-        "rows": [
+    results = _task(
+        [
             {"tool": "packer", "stored": "max 256, raw", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
             {"tool": "FFCV", "stored": "max 256, raw", "rate": 200.0, "bytes": 2**21, "convert_s": 1.0},
             {
@@ -57,8 +65,8 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
                 "bytes": 2**20,
                 "convert_s": 0.0,
             },
-        ],
-    }
+        ]
+    )
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table
     # With rounds: medians, and each ratio's range over the rounds' own pairs.
@@ -99,14 +107,8 @@ def test_training_task_compares_with_the_fastest_folder_pipeline_and_names_its_h
     from packer.advisor.host import describe_host
 
     row = {"stored": "source files", "bytes": 2**20, "convert_s": 0.0}
-    results = {
-        "images": 3,
-        "workers": 2,
-        "epochs": 1,
-        "default_bytes": 2**20,
-        "default_convert_s": 1.0,
-        "machine": describe_host().to_dict(),
-        "rows": [
+    results = _task(
+        [
             {
                 "tool": "packer",
                 "stored": "max 256, raw, channels-last",
@@ -118,7 +120,8 @@ def test_training_task_compares_with_the_fastest_folder_pipeline_and_names_its_h
             {"tool": "folder (Pillow, torchvision-style)", "rate": 100.0, **row},
             {"tool": "SPDL folder pipeline (4 threads)", "rate": 150.0, **row},
         ],
-    }
+        machine=describe_host().to_dict(),
+    )
     table = bench_train.markdown(results)
     assert table.startswith(describe_host().line())
     assert "vs folder: against the fastest folder pipeline here, SPDL folder pipeline (4 threads)" in table

@@ -316,3 +316,55 @@ def _per_channel(name: str, values, channels: int, kind):
         # Grayscale with RGB settings (e.g. the ImageNet statistics): use the channel average.
         return (kind(round(sum(values) / 3, 6)) if kind is float else round(sum(values) / 3),)
     raise ConfigError(f"{name} needs 1 or {channels} values, got {len(values)}: {values}")
+
+
+TOKEN_SHARD_BYTES = 128 * 1024**2
+"""A token output's shard, by default: 64 Mi uint16 ids (a few seconds to write, a handful of
+files for a corpus of billions of tokens)."""
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """A corpus tokenized and packed into blocks (``packer convert CORPUS --pack BLOCK``).
+
+    ``block``: the inputs of a block (it stores up to ``block + 1`` ids); ``packing``: ``concat`` or
+    ``best-fit`` (``packer.tokens.packing``); ``tokenizer``: a ``tokenizer.json``; ``eos``: the
+    end-of-text id (None: the tokenizer's own); ``bos`` / ``bos_id``: add a beginning id (found in
+    the tokenizer, or this one); ``documents``, ``text_key``, ``encoding``: how the corpus is read
+    (``packer.sources.corpus``); ``shuffle_seed``: the documents' order (None: as read); ``shard_size``:
+    blocks per shard (a sample count) or bytes of ids; ``strict``: stop at the first bad document.
+    """
+
+    format: str
+    block: int
+    tokenizer: str
+    packing: str = "concat"
+    eos: Optional[int] = None
+    bos: bool = False
+    bos_id: Optional[int] = None
+    documents: str = "file"
+    text_key: str = "text"
+    encoding: str = "utf-8"
+    shuffle_seed: Optional[int] = None
+    shard_size: ShardSize = field(default_factory=ShardSize)
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        from packer.spec.token_blocks import PACKINGS
+
+        get_format(self.format).check_tokens()
+        if self.block < 1:
+            raise ConfigError(f"--pack must be a block size of at least 1 token, got {self.block}")
+        if self.packing not in PACKINGS:
+            raise ConfigError(f"--pack-mode {self.packing!r}: use one of {', '.join(PACKINGS)}")
+        if self.documents not in ("file", "lines"):
+            raise ConfigError(f"--documents {self.documents!r}: use file or lines")
+        TextConfig(self.encoding)  # checks the encoding
+
+    def blocks_per_shard(self, itemsize: int) -> int:
+        """Blocks in each shard: the count given, or as many as fill the byte size (default
+        ``TOKEN_SHARD_BYTES``) with ids of ``itemsize`` bytes."""
+        if self.shard_size.samples is not None:
+            return self.shard_size.samples
+        size = self.shard_size.bytes or TOKEN_SHARD_BYTES
+        return max(1, size // (itemsize * (self.block + 1)))

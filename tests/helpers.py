@@ -201,3 +201,31 @@ def stop_workers(loader) -> None:
     iterator = getattr(loader.loader, "_iterator", None)
     if iterator is not None:
         iterator._shutdown_workers()
+
+
+def make_bpe_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> Path:
+    """A byte-level BPE tokenizer with ``<|endoftext|>`` (id 0), trained on ``texts`` with the
+    ``tokenizers`` library itself, saved as ``path`` (a tokenizer.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return path
+
+
+def corpus_texts(count: int, seed: int = 0, longest: int = 400) -> list[str]:
+    """``count`` documents of made-up words, of 1 to ``longest`` words each (short and long mixed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(list("etaoinshrdlu"), size=int(rng.integers(1, 8)))) for _ in range(200)]
+    return [" ".join(rng.choice(words, size=int(rng.integers(1, longest)))) for _ in range(count)]

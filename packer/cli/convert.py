@@ -15,6 +15,7 @@ from packer.cli.convert_run import run_conversion
 from packer.cli.grow import append_to, repack_output
 from packer.cli.option_values import parse_shard_size
 from packer.cli.options import preprocess_config
+from packer.cli.pack import run_pack
 from packer.config import ConvertConfig, DetectionConfig, ImageCodec, MaskConfig
 from packer.ops.nodes import NodeSplit
 from packer.ops.split_plans import parse_split_spec, split_folders
@@ -53,6 +54,13 @@ def convert(
     encoding: str,
     tokenizer: Optional[str],
     max_length: Optional[int],
+    pack: Optional[int],
+    pack_mode: str,
+    documents: str,
+    text_key: str,
+    eos: Optional[int],
+    bos: bool,
+    bos_id: Optional[int],
     annotations: Optional[Path],
     annotation_format: Optional[str],
     min_box_visibility: float,
@@ -94,7 +102,13 @@ def convert(
     --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing. Or a
     container of images: a .parquet file (or a folder of them), a Hugging Face dataset saved with
     save_to_disk, or WebDataset .tar shards (a file, or a folder of them).
+
+    With --pack BLOCK, SOURCE is a text corpus for language-model pretraining, tokenized with
+    --tokenizer once and packed into blocks of BLOCK tokens (docs/TOKENS.md).
     """
+    if pack is not None:
+        run_pack(click.get_current_context())
+        return
     if (source / MANIFEST_NAME).is_file() and is_packer_folder(source) and not append_:
         repack_output(
             source,

@@ -8,7 +8,14 @@ from typing import Callable
 
 import click
 
-from packer.cli.options import OutputFolder, decode_options, preprocess_options, target_options, text_options
+from packer.cli.options import (
+    OutputFolder,
+    decode_options,
+    pack_options,
+    preprocess_options,
+    target_options,
+    text_options,
+)
 from packer.config import DEFAULT_QUALITY
 from packer.run.executor import DEFAULT_TIMEOUT
 from packer.spec.codecs import IMAGE_CODECS
@@ -65,6 +72,7 @@ _OPTIONS: list[Callable] = [
         "skipped and reported); labels are class names, or class indices if all are integers >= 0.",
     ),
     text_options,
+    pack_options,
     target_options,
     click.option(
         "--classes",

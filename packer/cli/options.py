@@ -209,6 +209,57 @@ _TARGET_OPTIONS = (
 )
 
 
+_PACK_OPTIONS = (
+    click.option(
+        "--pack",
+        "pack",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="BLOCK",
+        help="Language-model pretraining: SOURCE is a corpus (.txt, .jsonl, .parquet files, a saved Hugging Face "
+        "dataset, .gz/.zst of the text ones), tokenized with --tokenizer and packed into blocks of BLOCK inputs "
+        "and their next-token targets. See docs/TOKENS.md.",
+    ),
+    click.option(
+        "--pack-mode",
+        type=click.Choice(["concat", "best-fit"]),
+        default="concat",
+        help="concat: every document then its end-of-text id, cut into blocks overlapping by one id (no "
+        "padding, no token lost); best-fit: whole documents placed into blocks, the rest padded.",
+    ),
+    click.option(
+        "--documents",
+        type=click.Choice(["file", "lines"]),
+        default="file",
+        help="With --pack: a .txt file is one document, or each of its non-empty lines is one.",
+    ),
+    click.option(
+        "--text-key",
+        default="text",
+        help="With --pack: the key of a .jsonl line, or the column of a table, that holds the text.",
+    ),
+    click.option(
+        "--eos",
+        type=click.IntRange(min=0),
+        default=None,
+        help="With --pack: the end-of-text id after each document.  [default: the tokenizer's <|endoftext|>, </s> ...]",
+        show_default=False,
+    ),
+    click.option("--bos", is_flag=True, help="With --pack: add the tokenizer's beginning id before each document too."),
+    click.option(
+        "--bos-id",
+        type=click.IntRange(min=0),
+        default=None,
+        help="With --pack: the beginning id to add (implies --bos).",
+    ),
+)
+
+
+def pack_options(command: F) -> F:
+    """Add --pack, --pack-mode, --documents, --text-key, --eos, --bos and --bos-id."""
+    return _apply(_PACK_OPTIONS, command)
+
+
 def text_options(command: F) -> F:
     """Add --fields, --allow-missing, --encoding, --tokenizer and --max-length."""
     return _apply(_TEXT_OPTIONS, command)

@@ -12,6 +12,7 @@ from packer.ops.convert import ConvertResult
 from packer.ops.nodes import NodeResult
 from packer.ops.splits import SplitsResult, describe_missing
 from packer.output.report import REPORT_NAME, reason_kind, shown, source_counts
+from packer.records import Skipped
 from packer.spec.class_map import class_map_digest, differences, quoted
 from packer.spec.errors import PackerError
 from packer.spec.manifest import Manifest, read_manifest
@@ -65,13 +66,7 @@ def summary(result: ConvertResult) -> None:
         + (f" ({rate:.0f} {'images' if m.sample_fields == ('image',) else 'samples'}/s)" if result.processed else "")
     )
     report = result.output / REPORT_NAME
-    if result.skipped:
-        reasons = Counter(reason_kind(s.reason) for s in result.skipped)
-        click.echo(f"skipped {len(result.skipped)} file(s), all listed in {report}:", err=True)
-        for kind, count in reasons.most_common():
-            click.echo(f"  {count} x {kind}", err=True)
-            for s in [s for s in result.skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
-                click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
+    skipped_summary(result.skipped, report)
     if m.classes and m.class_counts:
         empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
         if empty:
@@ -85,6 +80,18 @@ def summary(result: ConvertResult) -> None:
     if result.ignored:
         parts = ", ".join(f"{ext} x{n}" for ext, n in result.ignored.items())
         click.echo(f"ignored {sum(result.ignored.values())} file(s) that are not images ({parts})", err=True)
+
+
+def skipped_summary(skipped: list[Skipped], report: Path, what: str = "file(s)") -> None:
+    """Print on stderr how many ``skipped`` there are, by reason, with a few paths of each."""
+    if not skipped:
+        return
+    reasons = Counter(reason_kind(s.reason) for s in skipped)
+    click.echo(f"skipped {len(skipped)} {what}, all listed in {report}:", err=True)
+    for kind, count in reasons.most_common():
+        click.echo(f"  {count} x {kind}", err=True)
+        for s in [s for s in skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:
+            click.echo(f"      {shown(s.path)}: {s.reason}", err=True)
 
 
 def append_summary(result, source) -> None:
@@ -133,6 +140,8 @@ def human(n: float) -> str:
 
 def describe(output: Path, m: Manifest) -> str:
     """The text ``packer info`` prints for the output at ``output`` with manifest ``m``."""
+    if m.tokens is not None:
+        return describe_tokens(output, m)
     pre = m.preprocess
     norm = pre.get("normalize")
     size = "x".join(map(str, pre["size"])) if pre.get("size") else "original"
@@ -159,6 +168,28 @@ def describe(output: Path, m: Manifest) -> str:
     lines += _stats(m.stats)
     if m.duplicates:
         lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
+    lines += [f"  history   {_event(h)}" for h in m.history]
+    return "\n".join(lines)
+
+
+def describe_tokens(output: Path, m: Manifest) -> str:
+    """The text ``packer info`` prints for a token output."""
+    s = m.tokens
+    assert s is not None
+    total = sum(f.bytes for shard in m.shards for f in shard.files)
+    tok = s.tokenizer
+    lines = [
+        f"{output}: packer {m.format} token output (format version {m.format_version}, packer {m.packer_version})",
+        f"  blocks    {m.samples:,} of {s.block} inputs ({s.block + 1} ids stored) in {len(m.shards)} shard(s), "
+        f"{human(total)}, {s.packing} packing",
+        f"  corpus    {s.documents:,} documents, {s.tokens:,} tokens, {s.stored:,} stored as {s.dtype} "
+        f"({total / max(s.tokens, 1):.3f} bytes a token), padding {100 * s.padding_share(m.samples):.2f}%, "
+        f"{s.dropped} dropped",
+        f"  tokenizer {tok.get('file')} (sha256 {str(tok.get('sha256'))[:12]}), vocabulary {s.vocab_size:,}, "
+        f"end-of-text id {s.eos}" + (f", beginning id {s.bos}" if s.bos is not None else ""),
+        "  order     " + ("as read" if s.shuffle_seed is None else f"documents shuffled with seed {s.shuffle_seed}"),
+        f"  skipped   {len(m.skipped)} document(s) or file(s){_kinds(m)}",
+    ]
     lines += [f"  history   {_event(h)}" for h in m.history]
     return "\n".join(lines)
 

@@ -8,6 +8,10 @@ uint8) and ``NAME.images.offsets.npy`` (N + 1, int64). Text fields are variable-
 images file. Raw images of varying sizes (``--resize none``) are a variable-length field of their
 pixels' bytes with ``NAME.images.shapes.npy`` (N x 3, int64) beside it. Images are streamed to disk
 as they arrive (see ``varlen.NpyStream``).
+
+A token shard (format version 8, ``packer.spec.token_blocks``) is ``NAME.tokens.npy`` (its token
+stream), ``NAME.blocks.npy`` (N x 2 uint32: each block's start and length in it) and
+``NAME.documents.npy`` (uint32: where each document, or the piece of one, starts in it).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from packer.spec.shard_names import (
     NPY_LABELS,
     npy_varlen_suffixes,
 )
+from packer.spec.token_blocks import POSITION_DTYPE
+from packer.spec.token_shards import npy_token_files
 
 SUFFIXES = (NPY_IMAGES, NPY_LABELS, NPY_KEYS, NPY_CRC32)
 
@@ -143,6 +149,33 @@ class NpyWriter:
         for name, array in zip(self.names, arrays):
             np.save(self.directory / name, array, allow_pickle=False)
         return files + self.names
+
+
+class NpyTokenWriter:
+    """One npy token shard: ``write`` its stream's ids in order (``tokens`` of them in all), then
+    ``close`` with its blocks and document starts. ``digests`` holds the token file's SHA-256, taken
+    as it is written."""
+
+    def __init__(self, directory: Path, shard: str, dtype: np.dtype, tokens: int) -> None:
+        self.directory = Path(directory)
+        self.names = npy_token_files(shard)
+        self._stream = NpyStream(self.directory / self.names[0], np.dtype(dtype).newbyteorder("<"), (), tokens)
+        self._count = 0
+        self.digests: dict[str, str] = {}
+
+    def write(self, ids: np.ndarray) -> None:
+        """Append ids to the stream."""
+        self._stream.write(np.ascontiguousarray(ids, dtype=self._stream.dtype).data)
+        self._count += len(ids)
+
+    def close(self, spans: np.ndarray, documents: np.ndarray) -> list[str]:
+        """Finish the shard with its blocks' ``(start, length)`` and its document starts; its file names."""
+        self._stream.close(self._count)
+        if self._stream.sha256 is not None:
+            self.digests[self.names[0]] = self._stream.sha256
+        for name, values in zip(self.names[1:], (spans, documents)):
+            np.save(self.directory / name, np.asarray(values).astype(POSITION_DTYPE), allow_pickle=False)
+        return list(self.names)
 
 
 def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:

@@ -31,22 +31,22 @@ def source_counts(m: Manifest) -> str:
 
 def render_report(m: Manifest) -> str:
     """Plain-text report of an output: counts, skipped files by reason, duplicates, empty classes."""
-    lines = [
-        f"packer {m.packer_version}: {m.samples} samples in {len(m.shards)} {m.format} shard(s) "
-        f"from {m.source.get('files', '?')} {'image file(s)' if m.sample_fields == ('image',) else 'source samples'}",
-    ]
-    if m.has_image and m.fields["image"].get("codec") == "source":
-        lines.append(f"images stored as {source_counts(m)}")
-    if m.classes is not None and m.class_counts is not None:
-        lines.append("")
-        lines.append("samples per class:")
-        lines += [f"  {name}: {count}" for name, count in zip(m.classes, m.class_counts)]
-        empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
-        if empty:
-            lines.append(f"WARNING: {len(empty)} class(es) have no samples: {', '.join(empty)}")
+    if m.tokens is not None:
+        t = m.tokens
+        lines = [
+            f"packer {m.packer_version}: {m.samples} blocks of {t.block} tokens ({t.packing}) in {len(m.shards)} "
+            f"{m.format} shard(s) from {m.source.get('files', '?')} corpus file(s)",
+            f"{t.documents} documents, {t.tokens} tokens, {t.stored} stored, {t.padding} padding positions "
+            f"({100 * t.padding_share(m.samples):.2f}%), {t.dropped} tokens not stored",
+        ]
+    else:
+        lines = _sample_lines(m)
     if m.skipped:
         kinds = Counter(reason_kind(s["reason"]) for s in m.skipped)
-        lines += ["", f"skipped {len(m.skipped)} file(s):"]
+        lines += [
+            "",
+            f"skipped {len(m.skipped)} file(s) or document(s):" if m.tokens else f"skipped {len(m.skipped)} file(s):",
+        ]
         for kind, count in kinds.most_common():
             lines.append(f"  {count} x {kind}")
         lines.append("")
@@ -63,6 +63,24 @@ def render_report(m: Manifest) -> str:
         parts = ", ".join(f"{ext} x{n}" for ext, n in ignored.items())
         lines += ["", f"ignored {sum(ignored.values())} file(s) that are not images: {parts}"]
     return "\n".join(lines) + "\n"
+
+
+def _sample_lines(m: Manifest) -> list[str]:
+    """The report's first lines for an output of samples: counts, how images are stored, classes."""
+    lines = [
+        f"packer {m.packer_version}: {m.samples} samples in {len(m.shards)} {m.format} shard(s) "
+        f"from {m.source.get('files', '?')} {'image file(s)' if m.sample_fields == ('image',) else 'source samples'}",
+    ]
+    if m.has_image and m.fields["image"].get("codec") == "source":
+        lines.append(f"images stored as {source_counts(m)}")
+    if m.classes is not None and m.class_counts is not None:
+        lines.append("")
+        lines.append("samples per class:")
+        lines += [f"  {name}: {count}" for name, count in zip(m.classes, m.class_counts)]
+        empty = [name for name, count in zip(m.classes, m.class_counts) if count == 0]
+        if empty:
+            lines.append(f"WARNING: {len(empty)} class(es) have no samples: {', '.join(empty)}")
+    return lines
 
 
 def write_report(path: Path, manifest: Manifest) -> None:

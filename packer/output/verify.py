@@ -370,6 +370,8 @@ def check_samples(
     as the manifest records them (``check_files``), so the format may read them by its own index
     (``FormatSpec.scan_intact``).
     """
+    if manifest.tokens is not None:
+        return check_token_shard(root, manifest, shard, progress)
     layout = SampleLayout.from_manifest(manifest)
     sized = layout.sizes_indexed and manifest.format_version >= SOURCE_SINCE  # every image's size is indexed
     problems: list[Problem] = []
@@ -388,6 +390,22 @@ def check_samples(
     except Exception as e:  # any decoder error is a finding to report, never a crash of verify
         problems.append(Problem(shard.name, f"unreadable from sample {position} on: {type(e).__name__}: {e}", position))
     return problems
+
+
+def check_token_shard(
+    root: Path, manifest: Manifest, shard: ShardEntry, progress: Optional[Callable[[int], None]] = None
+) -> list[Problem]:
+    """A token shard read with the format's stock library: its blocks inside its stream, its document
+    starts in order, every id within the vocabulary (``packer.spec.token_shards``)."""
+    assert manifest.tokens is not None
+    try:
+        opened = FORMATS[manifest.format].open_token_shard(root, shard.name)
+        message = opened.check(manifest.tokens, shard.samples, shard.name)
+    except Exception as e:  # noqa: BLE001 - a damaged file is a finding, never a crash of verify
+        message = f"unreadable: {type(e).__name__}: {e}"
+    if progress is not None:
+        progress(shard.samples)
+    return [Problem(shard.name, message.removeprefix(f"{shard.name}: "))] if message else []
 
 
 def _sample_problem(s: StoredSample, layout: SampleLayout, sized: bool = False) -> str:

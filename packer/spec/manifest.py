@@ -25,7 +25,8 @@ from packer.spec.manifest_checks import (
     checked_file_entry,
     whole_number,
 )
-from packer.spec.registry import FORMATS
+from packer.spec.registry import FORMATS, TOKENS_SINCE
+from packer.spec.token_blocks import TokenSection
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -92,6 +93,9 @@ class Manifest:
     history: list[dict] = field(default_factory=list)
     """What was done to the output after its conversion, oldest first (a repack: ``packer.repack``);
     absent from the file while empty."""
+    tokens: Optional[TokenSection] = None
+    """A token output's blocks: how the corpus was tokenized and packed (``packer.spec.token_blocks``);
+    its samples are blocks and it has no ``fields``."""
 
     def to_dict(self) -> dict:
         """JSON-ready form, keys in a fixed order so two equal runs write equal files."""
@@ -114,6 +118,7 @@ class Manifest:
             "source": self.source,
             **({"annotations": self.annotations} if self.annotations is not None else {}),
             **({"history": self.history} if self.history else {}),
+            **({"tokens": self.tokens.to_dict()} if self.tokens is not None else {}),
         }
 
     @classmethod
@@ -147,6 +152,7 @@ class Manifest:
                 manifest_version=int(d.get("manifest_version", 1)),
                 annotations=d.get("annotations"),
                 history=d.get("history", []),
+                tokens=TokenSection.from_dict(d["tokens"], where) if "tokens" in d else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
@@ -285,6 +291,13 @@ def parse_manifest(
         raise ManifestError(
             f"{path}: {manifest.format} format version {manifest.format_version} is newer than this packer "
             f"reads ({newest}). Upgrade packer to read it."
+        )
+    if manifest.tokens is not None and (
+        not FORMATS[manifest.format].token_writer or manifest.format_version < TOKENS_SINCE
+    ):
+        raise ManifestError(
+            f"{path}: a {manifest.format} output of format version {manifest.format_version} cannot hold "
+            "token blocks; the manifest is damaged"
         )
     if expect_format is not None and manifest.format != expect_format:
         raise ManifestError(f"{directory} holds the {manifest.format} format, not {expect_format}")

@@ -80,7 +80,12 @@ def check_layout(m: "Manifest", where: str) -> None:
     if not isinstance(m.fields, dict):
         raise ManifestError(f"{where}: fields is not an object")
     _check_text_fields(m, where)
-    if "image" in m.fields or not m.text_fields:  # text-only outputs have no image field
+    if m.tokens is not None:
+        if m.fields:
+            raise ManifestError(
+                f"{where}: a token output's samples are blocks and have no fields; the manifest is damaged"
+            )
+    elif "image" in m.fields or not m.text_fields:  # text-only outputs have no image field
         _check_image_field(m, where)
     if not isinstance(m.preprocess, dict):
         raise ManifestError(f"{where}: preprocess is not an object")

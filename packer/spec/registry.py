@@ -61,6 +61,10 @@ INDEXES_SINCE = 7
 """The wds format version that added the other loaders' indexes: ``NAME.idx`` beside each tar (NVIDIA
 DALI) and ``shardindex.json`` (``wids``). Every wds output is written at it; readers read older ones."""
 
+TOKENS_SINCE = 8
+"""The format version that added token outputs (``packer convert CORPUS --pack BLOCK``): samples that
+are blocks of token ids, described by the manifest's ``tokens`` section (``packer.spec.token_blocks``)."""
+
 _COMMON = {
     ENCODED_IMAGES: ENCODED_SINCE,
     TEXT_FIELDS: TEXT_SINCE,
@@ -107,11 +111,33 @@ class FormatSpec:
     """``scan`` of a shard whose files verify found as the manifest records them, where the format can
     trust its own index then (wds: members sliced where ``NAME.idx`` says, headers not walked again);
     empty: ``scanner``."""
+    token_writer: str = ""
+    """The class that writes one token shard (``packer convert CORPUS --pack``); empty: the format
+    stores no token blocks yet."""
+    token_shard: str = ""
+    """The function ``(directory, shard name) -> TokenShard`` that opens a token shard with the
+    format's stock library (``packer.spec.token_shards``), for the readers and ``verify``."""
 
     @property
     def newest(self) -> int:
         """The newest on-disk version of this format that this packer writes and reads."""
-        return max((self.oldest_written, *self.since.values()))
+        return max((self.oldest_written, *self.since.values(), TOKENS_SINCE if self.token_writer else 0))
+
+    def check_tokens(self) -> None:
+        """ConfigError unless this format stores token blocks, naming those that do."""
+        if not self.token_writer:
+            able = ", ".join(f.name for f in FORMATS.values() if f.token_writer)
+            raise ConfigError(f"the {self.name} format does not store token blocks yet; use --format {able}")
+
+    def token_writer_class(self) -> type:
+        """The class that writes one token shard of this format (``packer.formats.npy.NpyTokenWriter``)."""
+        self.check_tokens()
+        return resolve(self.token_writer)
+
+    def open_token_shard(self, directory: "Path", shard: str) -> Any:
+        """One token shard's ``TokenShard`` (``packer.spec.token_shards``), read with the stock library."""
+        self.check_tokens()
+        return resolve(self.token_shard)(directory, shard)
 
     def version(self, layout: SampleLayout) -> int:
         """The version written for an output of ``layout``: the oldest that describes it (as numpy
@@ -173,6 +199,8 @@ FORMATS: dict[str, FormatSpec] = {
             "readers.datasets.npy:NpyDataset",
             {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
             indexer="packer.formats.npy:scan_index",
+            token_writer="packer.formats.npy:NpyTokenWriter",
+            token_shard="packer.spec.token_shards:open_npy_token_shard",
         ),
         FormatSpec(
             "lmdb",

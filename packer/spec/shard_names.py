@@ -102,3 +102,8 @@ def wds_lengths_suffix(field: str) -> str:
 TAR_MEMBERS = ("cls", "json", "npy")
 """Member extensions of one sample in a tar shard, in the order they are written; with jpeg or png
 images the last is ``jpg`` or ``png`` (``packer.spec.codecs.IMAGE_EXTENSIONS``)."""
+
+NPY_TOKENS, NPY_BLOCKS, NPY_DOCUMENTS = ".tokens.npy", ".blocks.npy", ".documents.npy"
+"""Suffixes of an npy token shard's three files (format version 8): its token stream (uint16 or
+uint32), its blocks' (start, length) in that stream (N x 2 uint32) and the positions where documents
+start in it (uint32, ascending)."""

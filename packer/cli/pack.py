@@ -1,0 +1,115 @@
+"""``packer convert CORPUS --pack BLOCK``: the options a token conversion takes, checked, the run with a
+progress bar, and its summary (``packer.ops.pack_tokens`` does the work)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import click
+from tqdm import tqdm
+
+from packer.cli.option_values import parse_shard_size
+from packer.cli.render import human, skipped_summary
+from packer.cli.running import reported
+from packer.cli.signals import stop_on_signals
+from packer.config import PackConfig
+from packer.ops.pack_tokens import PackResult, pack_corpus
+from packer.output.report import REPORT_NAME
+from packer.spec.errors import ConfigError, DecodeError
+
+PACK_OPTIONS = frozenset(
+    {
+        "source",
+        "fmt",
+        "output",
+        "shard_size",
+        "shuffle_seed",
+        "encoding",
+        "tokenizer",
+        "workers",
+        "strict",
+        "overwrite",
+        "quiet",
+        "pack",
+        "pack_mode",
+        "documents",
+        "text_key",
+        "eos",
+        "bos",
+        "bos_id",
+    }
+)
+"""The parameters of ``packer convert`` a token conversion uses; any other given is refused."""
+
+
+def run_pack(ctx: click.Context) -> None:
+    """Run the token conversion ``ctx``'s parameters ask for (see the module); click errors for options
+    that do not apply, a missing tokenizer, bad input with ``--strict``."""
+    p = ctx.params
+    given = sorted(
+        name
+        for name in p
+        if name not in PACK_OPTIONS and ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    )
+    if given:
+        flags = ", ".join("--" + name.removesuffix("_").replace("_", "-") for name in given)
+        raise click.UsageError(f"{flags}: not an option of a token conversion (--pack); leave it out")
+    if p["tokenizer"] is None:
+        raise click.UsageError("--pack tokenizes the corpus: pass --tokenizer tokenizer.json")
+    source: Path = p["source"]
+    output: Optional[Path] = p["output"]
+    if output is None:
+        resolved = source.resolve()
+        output = resolved.parent / f"{resolved.stem}-{p['fmt']}"
+    if p["workers"] is not None:
+        # tokenizers' thread pool reads this once, when it first encodes in this process
+        os.environ["RAYON_NUM_THREADS"] = str(p["workers"])
+    bars: list[tqdm] = []
+    with stop_on_signals(), reported(bars, lambda: "packer: interrupted; no output was written."):
+        try:
+            config = PackConfig(
+                p["fmt"],
+                p["pack"],
+                p["tokenizer"],
+                packing=p["pack_mode"],
+                eos=p["eos"],
+                bos=p["bos"] or p["bos_id"] is not None,
+                bos_id=p["bos_id"],
+                documents=p["documents"],
+                text_key=p["text_key"],
+                encoding=p["encoding"],
+                shuffle_seed=p["shuffle_seed"],
+                shard_size=parse_shard_size(p["shard_size"]),
+                strict=p["strict"],
+            )
+        except ConfigError as e:
+            raise click.UsageError(str(e)) from None
+        bars.append(tqdm(unit="doc", disable=p["quiet"], dynamic_ncols=True, desc="tokenizing"))
+        try:
+            result = pack_corpus(source, output, config, overwrite=p["overwrite"], progress=bars[-1].update)
+        except DecodeError as e:
+            raise click.ClickException(f"stopped at the first bad document (--strict), nothing written: {e}") from None
+    pack_summary(result)
+
+
+def pack_summary(result: PackResult) -> None:
+    """Print a finished token conversion: blocks, tokens, padding, and on stderr what was skipped."""
+    m = result.manifest
+    s = m.tokens
+    assert s is not None
+    size = sum(f.bytes for shard in m.shards for f in shard.files)
+    rate = s.tokens / result.tokenize_seconds if result.tokenize_seconds else 0.0
+    click.echo(
+        f"packer: wrote {m.samples:,} blocks of {s.block} tokens ({s.packing}) in {len(m.shards)} {m.format} "
+        f"shard(s), {human(size)}, to {result.output} in {result.seconds:.1f} s"
+    )
+    click.echo(
+        f"  {s.documents:,} documents, {s.tokens:,} tokens ({rate:,.0f} tokens/s tokenized), {s.stored:,} stored "
+        f"as {s.dtype}, padding {100 * s.padding_share(m.samples):.2f}% of block positions, {s.dropped} dropped"
+    )
+    skipped_summary(result.skipped, result.output / REPORT_NAME, "document(s) or file(s)")
+
+
+__all__ = ["run_pack", "pack_summary", "PACK_OPTIONS"]

@@ -1,0 +1,185 @@
+"""Token outputs: a tokenized corpus packed into blocks for language-model pretraining.
+
+A token output's samples are *blocks*: up to ``block + 1`` token ids each (``block`` inputs and, one
+position on, their next-token targets). Each shard stores its blocks' tokens in one flat stream,
+where block ``j`` is ``tokens[start_j : start_j + length_j]``, and the positions in that stream where
+a document (or the piece of one that a block holds) starts. How the blocks were cut is the
+manifest's ``tokens`` section (``TokenSection``): ``concat`` joins every document, each followed by
+the end-of-text token, and cuts the stream into blocks overlapping by one token (a shard's stream
+is a slice of the corpus's); ``best-fit`` places whole documents into blocks and pads the rest.
+
+This module is part of what every output is: the section, the token dtype, and what a reader makes
+of one block (inputs, labels, position ids restarting at each document, ``cu_seqlens``), numpy only.
+The files of each format's token shards are ``packer.spec.token_shards``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from packer.spec.errors import ConfigError, ManifestError
+
+PACKINGS = ("concat", "best-fit")
+"""How documents become blocks (``--pack-mode``)."""
+
+IGNORE_INDEX = -100
+"""The label of a position with no next token (padding): what ``torch.nn.CrossEntropyLoss`` ignores."""
+
+MAX_SHARD_TOKENS = 2**32 - 1
+"""The most tokens one shard's stream holds: its block and document positions are uint32."""
+
+POSITION_DTYPE = np.dtype("<u4")
+"""Stored dtype of block starts and lengths and of document starts, within a shard's stream."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The stored dtype of ids below ``vocab_size``: uint16 when they fit (2 bytes a token), else
+    uint32; ConfigError beyond uint32."""
+    if vocab_size <= 2**16:
+        return np.dtype("<u2")
+    if vocab_size <= 2**32:
+        return np.dtype("<u4")
+    raise ConfigError(f"a vocabulary of {vocab_size} ids does not fit uint32 token ids")
+
+
+@dataclass(frozen=True)
+class TokenSection:
+    """The manifest's ``tokens`` section: how a corpus became blocks, and what it held.
+
+    ``block``: the inputs of a block (a block stores up to ``block + 1`` tokens); ``dtype``: the
+    stored ids (``uint16``, ``uint32``); ``packing``: ``concat`` or ``best-fit``; ``eos`` and
+    ``bos``: the ids added around each document (``bos`` None: none); ``pad_id``: the id readers put
+    in padding (labels there are ``IGNORE_INDEX``); ``vocab_size``; ``tokenizer``: its file name,
+    SHA-256 and vocabulary size. Counts: ``documents`` and ``tokens`` of the corpus (with the added
+    ids), ``stored`` tokens in the shards (concat repeats each shard's last token at the next one's
+    start; best-fit repeats a long document's token at each cut), ``padding`` (block positions
+    without a token: ``blocks * (block + 1) - stored``) and ``dropped`` (tokens not stored: none,
+    by either packing). ``shuffle_seed``: the seed of the documents' order, None for sorted order.
+    """
+
+    block: int
+    dtype: str
+    packing: str
+    eos: int
+    bos: Optional[int]
+    pad_id: int
+    vocab_size: int
+    tokenizer: dict
+    documents: int = 0
+    tokens: int = 0
+    stored: int = 0
+    padding: int = 0
+    dropped: int = 0
+    shuffle_seed: Optional[int] = None
+    text: dict = field(default_factory=dict)
+    """How the corpus's texts were found: ``documents`` (``file`` or ``lines``), ``text_key``."""
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """``dtype`` as a numpy dtype."""
+        return np.dtype(self.dtype).newbyteorder("<")
+
+    def padding_share(self, blocks: int) -> float:
+        """The share of ``blocks``' positions that hold no token."""
+        return self.padding / (blocks * (self.block + 1)) if blocks else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready form, in a fixed key order."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> "TokenSection":
+        """The section of a manifest read from ``where``; ManifestError when it is not one."""
+        try:
+            if not isinstance(d, dict):
+                raise TypeError("not an object")
+            section = cls(**d)
+        except TypeError as e:
+            raise ManifestError(f"{where}: the tokens section is not one this packer reads ({e})") from None
+        numbers = (section.block, section.eos, section.pad_id, section.vocab_size, section.documents, section.tokens)
+        counts = (section.stored, section.padding, section.dropped)
+        if (
+            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*numbers, *counts))
+            or section.block < 1
+            or section.packing not in PACKINGS
+            or section.dtype not in ("uint16", "uint32")
+            or token_dtype(section.vocab_size).itemsize > np.dtype(section.dtype).itemsize
+            or not (section.bos is None or isinstance(section.bos, int))
+        ):
+            raise ManifestError(
+                f"{where}: the tokens section {d!r} is not a block size, a packing ({', '.join(PACKINGS)}), "
+                "uint16 or uint32 ids of its vocabulary and whole counts; the manifest is damaged"
+            )
+        return section
+
+
+def tokenizer_record(path: str, vocab_size: int) -> dict:
+    """What the manifest records of a ``tokenizer.json``: its file name, SHA-256 and vocabulary size
+    (``--append`` and ``packer combine`` compare the hash)."""
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"file": os.path.basename(path), "sha256": digest, "vocab_size": int(vocab_size)}
+
+
+@dataclass
+class BlockBatch:
+    """Blocks as training reads them, numpy arrays of ``n`` rows of ``block`` positions.
+
+    ``input_ids`` (int64; ``pad_id`` in padding), ``labels`` (the next token of each input;
+    ``IGNORE_INDEX`` where there is none), ``position_ids`` (restarting at 0 at each block's start,
+    at each document's start and where padding starts), ``cu_seqlens`` (int32: the start of each
+    such run in the flattened batch, then ``n * block``; what variable-length attention takes) and
+    ``max_seqlen`` (the longest run)."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    cu_seqlens: np.ndarray
+    max_seqlen: int
+
+
+def read_blocks(
+    pieces: Sequence[np.ndarray], document_starts: Sequence[np.ndarray], block: int, pad_id: int
+) -> BlockBatch:
+    """The ``BlockBatch`` of blocks given as their stored tokens (``pieces``, each up to ``block + 1``
+    ids) and the positions in each where a document starts (``document_starts``, sorted)."""
+    n = len(pieces)
+    inputs = np.full((n, block), pad_id, dtype=np.int64)
+    labels = np.full((n, block), IGNORE_INDEX, dtype=np.int64)
+    starts = np.zeros((n, block), dtype=np.int64)
+    marks: list[np.ndarray] = []
+    for row, (tokens, docs) in enumerate(zip(pieces, document_starts)):
+        length = len(tokens)
+        real = min(length, block)
+        inputs[row, :real] = tokens[:real]
+        if length > 1:
+            labels[row, : length - 1] = tokens[1 : min(length, block + 1)]
+        begun = np.asarray(docs, dtype=np.int64)
+        begun = begun[(begun > 0) & (begun < real)]
+        if real < block:  # padding runs as its own sequence
+            begun = np.append(begun, real)
+        starts[row, begun] = begun
+        marks.append(np.concatenate(([0], begun)) + row * block)
+    np.maximum.accumulate(starts, axis=1, out=starts)
+    positions = np.arange(block, dtype=np.int64)[None, :] - starts
+    cu = np.concatenate([*marks, [n * block]]).astype(np.int32) if n else np.zeros(1, np.int32)
+    longest = int(np.diff(cu).max()) if n else 0
+    return BlockBatch(inputs, labels, positions, cu, longest)
+
+
+__all__ = [
+    "PACKINGS",
+    "IGNORE_INDEX",
+    "MAX_SHARD_TOKENS",
+    "POSITION_DTYPE",
+    "token_dtype",
+    "TokenSection",
+    "tokenizer_record",
+    "BlockBatch",
+    "read_blocks",
+]

@@ -1,0 +1,1 @@
+"""Token outputs: a corpus tokenized once (``tokenizing``) and packed into blocks (``packing``)."""

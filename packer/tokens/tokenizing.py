@@ -1,0 +1,236 @@
+"""A corpus tokenized once: every document's ids, with its end-of-text (and beginning) token, in one
+flat file in the staging folder, and each document's length.
+
+The Hugging Face ``tokenizers`` library encodes a batch of documents on all usable cores (its Rust
+threads, without the GIL), so this runs in one process with three threads overlapping: one reads
+and parses the next batch of documents, one encodes, one turns the previous batch's ids into the
+stored dtype and writes them. A batch the tokenizer fails on is encoded one document at a time, and
+the document that fails is reported by its path and line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from packer.records import Skipped
+from packer.sources.corpus import BATCH_CHARACTERS, Document
+from packer.spec.errors import ConfigError, DecodeError
+from packer.spec.text import read_tokenizer
+from packer.spec.token_blocks import token_dtype
+
+EOS_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
+"""End-of-text tokens looked for in a tokenizer's vocabulary, in this order, when ``--eos`` is not given."""
+BOS_TOKENS = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "<|bos|>", "[BOS]")
+"""Beginning-of-text tokens looked for with ``--bos``."""
+
+
+@dataclass(frozen=True)
+class CorpusTokenizer:
+    """The tokenizer a corpus is encoded with: its file, the ids added after (``eos``) and before
+    (``bos``, None: nothing) each document, its vocabulary size and the stored dtype of its ids."""
+
+    path: str
+    eos: int
+    bos: Optional[int]
+    vocab_size: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The stored dtype of the ids: uint16 when the vocabulary fits, else uint32."""
+        return token_dtype(self.vocab_size)
+
+    def load(self):
+        """The ``tokenizers.Tokenizer``, with no padding and no truncation (nothing is cut)."""
+        tokenizer = read_tokenizer(self.path)
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return tokenizer
+
+
+def corpus_tokenizer(
+    path: str, eos: Optional[int] = None, bos: bool = False, bos_id: Optional[int] = None
+) -> CorpusTokenizer:
+    """The ``CorpusTokenizer`` of ``tokenizer.json`` at ``path``: ``eos`` given, or the vocabulary's
+    end-of-text token (``EOS_TOKENS``); with ``bos`` (or ``bos_id``) a beginning token too. ConfigError
+    when the file does not load or a token cannot be found, saying which option to pass."""
+    tokenizer = read_tokenizer(path)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    token_dtype(vocab)  # a vocabulary beyond uint32 is refused here
+    if eos is None:
+        eos = _find(tokenizer, EOS_TOKENS)
+        if eos is None:
+            raise ConfigError(
+                f"the tokenizer {path} has none of the end-of-text tokens {', '.join(EOS_TOKENS)}: pass --eos ID"
+            )
+    if bos_id is None and bos:
+        bos_id = _find(tokenizer, BOS_TOKENS)
+        if bos_id is None:
+            raise ConfigError(
+                f"--bos: the tokenizer {path} has none of the beginning tokens {', '.join(BOS_TOKENS)}: "
+                "pass --bos-id ID"
+            )
+    for name, value in (("--eos", eos), ("--bos-id", bos_id)):
+        if value is not None and not 0 <= value < vocab:
+            raise ConfigError(f"{name} {value} is not an id of the tokenizer's vocabulary of {vocab}")
+    return CorpusTokenizer(str(path), int(eos), None if bos_id is None else int(bos_id), int(vocab))
+
+
+def _find(tokenizer, names: tuple[str, ...]) -> Optional[int]:
+    for name in names:
+        found = tokenizer.token_to_id(name)
+        if found is not None:
+            return int(found)
+    return None
+
+
+@dataclass
+class Tokenized:
+    """A tokenized corpus: its ids in ``path`` (raw ``dtype`` values, documents back to back) and each
+    document's ``lengths`` (its ids with the added ones) and ``origins`` (path and line)."""
+
+    path: Path
+    dtype: np.dtype
+    lengths: np.ndarray
+    origins: list[str]
+
+    @property
+    def tokens(self) -> int:
+        """Every id stored, the added ones included."""
+        return int(self.lengths.sum())
+
+    def ids(self) -> np.ndarray:
+        """The ids, memory-mapped (an empty array for an empty corpus)."""
+        if not self.tokens:
+            return np.zeros(0, self.dtype)
+        return np.memmap(self.path, dtype=self.dtype, mode="r")
+
+
+def tokenize(
+    documents: Iterator[Document],
+    tokenizer: CorpusTokenizer,
+    out: Path,
+    skipped: Callable[[Skipped], None],
+    strict: bool = False,
+    progress: Optional[Callable[[int], None]] = None,
+) -> Tokenized:
+    """Encode every document of ``documents`` into ``out`` (see the module). A document the tokenizer
+    fails on is given to ``skipped`` (``strict``: raised as a DecodeError); ``progress`` gets the count
+    of each batch's documents as it is written."""
+    encoder = tokenizer.load()
+    lengths: list[np.ndarray] = []
+    origins: list[str] = []
+    batches = _prefetched(_batches(documents))
+    with open(out, "wb") as f, ThreadPoolExecutor(1) as writer:
+        pending = None
+        for batch in batches:
+            encodings, kept = _encode(encoder, batch, skipped, strict)
+            if pending is not None:
+                lengths.append(pending.result())
+            pending = writer.submit(_write, f, encodings, tokenizer, progress, len(batch))
+            origins += [d.where for d in kept]
+        if pending is not None:
+            lengths.append(pending.result())
+    found = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    return Tokenized(Path(out), tokenizer.dtype, found, origins)
+
+
+def _batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
+    """``documents`` in batches of about ``BATCH_CHARACTERS`` characters."""
+    batch: list[Document] = []
+    size = 0
+    for doc in documents:
+        batch.append(doc)
+        size += len(doc.text)
+        if size >= BATCH_CHARACTERS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+_DONE = object()
+
+
+def _prefetched(batches: Iterator[list[Document]]) -> Iterator[list[Document]]:
+    """``batches``, read by a thread of their own one or two ahead (files are read and JSON parsed
+    while the tokenizer encodes); its exceptions are raised here, in order."""
+    ready: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        ready.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            ready.put(e)
+
+    thread = threading.Thread(target=produce, name="packer-corpus-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _encode(
+    encoder, batch: list[Document], skipped: Callable[[Skipped], None], strict: bool
+) -> tuple[list, list[Document]]:
+    """The encodings of a batch's documents and the documents kept (those the tokenizer encoded)."""
+    texts = [d.text for d in batch]
+    try:
+        return encoder.encode_batch_fast(texts, add_special_tokens=False), batch
+    except Exception:  # noqa: BLE001 - find the document it failed on
+        pass
+    encodings, kept = [], []
+    for doc in batch:
+        try:
+            encodings.append(encoder.encode(doc.text, add_special_tokens=False))
+            kept.append(doc)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain exceptions
+            if strict:
+                raise DecodeError(doc.where, f"the tokenizer failed on it: {e}") from None
+            skipped(Skipped(doc.where, f"the tokenizer failed on it: {e}"))
+    return encodings, kept
+
+
+def _write(
+    f, encodings: list, tokenizer: CorpusTokenizer, progress: Optional[Callable[[int], None]], count: int
+) -> np.ndarray:
+    """Write a batch's ids, each document's with its added ids, to ``f``; returns their lengths."""
+    ids = [e.ids for e in encodings]
+    sizes = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), tokenizer.dtype, count=int(sizes.sum()))
+    ends = np.cumsum(sizes)
+    # The added ids go in with one vectorized insert: before each document (bos), after it (eos).
+    where = ends if tokenizer.bos is None else np.stack([ends - sizes, ends], axis=1).ravel()
+    values = tokenizer.eos if tokenizer.bos is None else np.tile([tokenizer.bos, tokenizer.eos], len(ids))
+    np.insert(flat, where, values).tofile(f)
+    if progress is not None:
+        progress(count)
+    return sizes + (1 if tokenizer.bos is None else 2)
+
+
+__all__ = ["EOS_TOKENS", "BOS_TOKENS", "CorpusTokenizer", "corpus_tokenizer", "Tokenized", "tokenize"]

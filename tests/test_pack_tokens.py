@@ -1,0 +1,165 @@
+"""packer convert CORPUS --pack BLOCK (packer.ops.pack_tokens, packer.cli.pack): the stored blocks are
+the tokenizer's ids of every document with its end-of-text id, read back with numpy alone; bad input
+is reported by path and line; verify and info know token outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import corpus_texts, make_bpe_tokenizer
+
+from packer.cli import cli
+from packer.config import PackConfig, ShardSize
+from packer.ops.pack_tokens import pack_corpus
+from packer.output.verify import verify
+from packer.spec.manifest import read_manifest
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path, list[str]]:
+    """A corpus of 60 documents in two .jsonl files and a tokenizer trained on it."""
+    root = tmp_path_factory.mktemp("corpus")
+    texts = corpus_texts(60, longest=120)
+    (root / "docs").mkdir()
+    for name, part in (("a.jsonl", texts[:25]), ("b.jsonl", texts[25:])):
+        (root / "docs" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in part))
+    return root / "docs", make_bpe_tokenizer(root / "tokenizer.json", texts), texts
+
+
+def _ids(tokenizer: Path, texts: list[str]) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def _stock_blocks(out: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every block's ids and document starts, read with numpy alone from the files the manifest lists."""
+    m = json.loads((out / "manifest.json").read_text())
+    blocks = []
+    for shard in m["shards"]:
+        tokens, spans, docs = (
+            np.load(out / f"{shard['name']}{s}", mmap_mode="r")
+            for s in (".tokens.npy", ".blocks.npy", ".documents.npy")
+        )
+        for start, length in spans.tolist():
+            inside = docs[(docs >= start) & (docs < start + length)].astype(np.int64) - start
+            blocks.append((np.asarray(tokens[start : start + length]), inside))
+    return blocks
+
+
+def test_concat_is_every_document_then_its_eos_in_order_across_shards(corpus, tmp_path):
+    src, tokenizer, texts = corpus
+    out = tmp_path / "c"
+    result = pack_corpus(src, out, PackConfig("npy", 16, str(tokenizer), shard_size=ShardSize(samples=7)))
+    expected = np.concatenate([np.array(ids + [0]) for ids in _ids(tokenizer, texts)])
+    blocks = _stock_blocks(out)
+    assert len(read_manifest(out).shards) > 3  # several shards: their boundaries must lose nothing
+    for i, (ids, _) in enumerate(blocks):
+        np.testing.assert_array_equal(ids, expected[i * 16 : i * 16 + 17])
+    assert 16 * (len(blocks) - 1) + len(blocks[-1][0]) == len(expected)
+    s = result.manifest.tokens
+    assert (s.documents, s.tokens, s.dropped, s.dtype, s.eos) == (60, len(expected), 0, "uint16", 0)
+    assert s.padding == 17 - len(blocks[-1][0])
+    assert np.load(next(out.glob("*.tokens.npy"))).dtype == np.uint16
+
+
+def test_bos_and_a_shuffled_document_order(corpus, tmp_path):
+    src, tokenizer, texts = corpus
+    out = tmp_path / "s"
+    pack_corpus(src, out, PackConfig("npy", 32, str(tokenizer), bos=True, shuffle_seed=3))
+    ids = _ids(tokenizer, texts)
+    order = np.random.default_rng(3).permutation(len(texts))
+    expected = np.concatenate([np.array([1] + ids[d] + [0]) for d in order])  # <s> is id 1
+    stream = np.concatenate([b[0][:-1] for b in _stock_blocks(out)[:-1]] + [_stock_blocks(out)[-1][0]])
+    np.testing.assert_array_equal(stream, expected)
+
+
+def test_best_fit_keeps_documents_whole_and_reports_its_padding(corpus, tmp_path):
+    src, tokenizer, texts = corpus
+    out = tmp_path / "b"
+    block = 200
+    result = pack_corpus(src, out, PackConfig("npy", block, str(tokenizer), packing="best-fit"))
+    docs = [np.array(ids + [0]) for ids in _ids(tokenizer, texts)]
+    found: list[np.ndarray] = []
+    for ids, starts in _stock_blocks(out):
+        bounds = list(starts) + [len(ids)]
+        found += [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+    whole = sorted(tuple(d) for d in docs if len(d) <= block + 1)
+    assert sorted(tuple(f) for f in found if any(len(f) == len(d) and np.array_equal(f, d) for d in docs)) == whole
+    s = result.manifest.tokens
+    assert s.stored == sum(len(b[0]) for b in _stock_blocks(out))
+    assert s.padding == result.manifest.samples * (block + 1) - s.stored
+    assert 0 < s.padding_share(result.manifest.samples) < 0.5
+
+
+def test_cli_reports_bad_lines_by_path_and_line_and_verify_and_info_know_the_output(corpus, tmp_path):
+    src, tokenizer, texts = corpus
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "c.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n{oops\n" + json.dumps({"txt": "x"}) + "\n")
+    (bad / "d.txt").write_bytes(b"\xff\xfe\xfa")
+    out = tmp_path / "o"
+    runner = CliRunner()
+    r = runner.invoke(
+        cli, ["convert", str(bad), "-f", "npy", "-o", str(out), "--tokenizer", str(tokenizer), "--pack", "8", "-q"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.stdout and "1 documents" in r.stdout
+    report = (out / "report.txt").read_text()
+    for where in ("c.jsonl:2", "c.jsonl:3", "d.txt"):
+        assert where in r.stderr and where in report
+    assert verify(out) == []
+    info = runner.invoke(cli, ["info", str(out)])
+    assert "token output" in info.output and "1 documents" in info.output and "vocabulary 300" in info.output
+    r = runner.invoke(
+        cli,
+        [
+            "convert",
+            str(bad),
+            "-f",
+            "npy",
+            "-o",
+            str(tmp_path / "s"),
+            "--tokenizer",
+            str(tokenizer),
+            "--pack",
+            "8",
+            "--strict",
+        ],
+    )
+    assert r.exit_code == 1 and "c.jsonl:2" in r.output and not (tmp_path / "s").exists()
+
+
+def test_cli_refuses_what_a_token_conversion_cannot_do(corpus, tmp_path):
+    src, tokenizer, _ = corpus
+    runner = CliRunner()
+    base = ["convert", str(src), "-o", str(tmp_path / "x"), "--pack", "8"]
+    r = runner.invoke(cli, [*base, "-f", "npy"])
+    assert r.exit_code == 2 and "--tokenizer" in r.output
+    r = runner.invoke(cli, [*base, "-f", "npy", "--tokenizer", str(tokenizer), "--size", "64"])
+    assert r.exit_code == 2 and "--size: not an option of a token conversion" in r.output
+    r = runner.invoke(cli, [*base, "-f", "npy", "--tokenizer", str(tokenizer), "--eos", "300"])
+    assert r.exit_code == 2 and "not an id of the tokenizer's vocabulary" in r.output
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    r = runner.invoke(cli, [*base, "-f", "npy", "--tokenizer", str(broken)])
+    assert r.exit_code == 2 and "is not a tokenizers file" in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_verify_finds_a_damaged_token_shard(corpus, tmp_path):
+    src, tokenizer, _ = corpus
+    out = tmp_path / "v"
+    pack_corpus(src, out, PackConfig("npy", 16, str(tokenizer)))
+    spans = next(out.glob("*.blocks.npy"))
+    arr = np.load(spans)
+    arr[3, 1] = 40  # a block longer than block + 1
+    np.save(spans, arr)
+    problems = verify(out)
+    assert any("SHA-256" in p.message for p in problems)
+    assert any("more than 17 tokens" in p.message for p in problems)

@@ -21,6 +21,7 @@ from readers.datasets.lmdb import LmdbDataset
 from readers.datasets.mapstyle import PackedDataset
 from readers.datasets.npy import NpyDataset
 from readers.datasets.tensors import BatchNormalize, ImageConverter
+from readers.datasets.token_blocks import TokenBlocks
 from readers.datasets.wds import WdsDataset
 from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
 from readers.loading.length_sampler import LengthBucketSampler, padding_ratio
@@ -29,7 +30,7 @@ from readers.loading.packed_loader import PackedLoader
 from readers.loading.sampler import EpochBatchSampler
 from readers.remote.urls import open_manifest
 
-AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset]
+AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset, TokenBlocks]
 
 
 def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
@@ -40,8 +41,13 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     ``CenterCrop(224, resize=256)``) and ``flip``, drawn from ``seed`` per epoch and sample
     (``readers.augment.crops``); the wds reader also takes ``shuffle`` (buffer size). ``root`` may be
     a URL for wds outputs (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote.urls``), with ``cache_dir=``.
+
+    A token output (``packer convert CORPUS --pack BLOCK``) gives a ``TokenBlocks`` of its blocks
+    (options ``return_dict``, ``block_mask``, ``vocab_size``, ``seed``; ``readers.datasets.token_blocks``).
     """
     manifest = open_manifest(root)
+    if manifest.tokens is not None:  # a token output: blocks (readers.datasets.token_blocks)
+        return TokenBlocks(root, **options)
     return FORMATS[manifest.format].reader_class()(root, **options)
 
 
@@ -73,4 +79,5 @@ __all__ = [
     "LmdbDataset",
     "Hdf5Dataset",
     "WdsDataset",
+    "TokenBlocks",
 ]

@@ -39,6 +39,7 @@ from readers.datasets.base import ReaderBase
 from readers.datasets.defaults import default_options
 from readers.datasets.mapstyle import PackedDataset
 from readers.datasets.tensors import ImageConverter
+from readers.datasets.token_blocks import TokenBlocks
 from readers.loading.batch_buffers import BatchBuffers, SlotRing, shared_memory_free
 from readers.loading.bucket_sampler import AspectBucketSampler
 from readers.loading.collate import ArraysAcrossWorkers, detection_collate, packed_collate, pad_collate
@@ -122,6 +123,10 @@ def make_loader(
                 "are stacked from its parts' samples (NCHW): call images.contiguous(memory_format=...) on them"
             )
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
+    if isinstance(dataset, TokenBlocks):
+        if decode != "workers" or buckets is not None or bucket_by_length or memory_format is not None:
+            raise ValueError("token blocks have no images to decode, bucket or lay out, nor lengths to bucket by")
+        return _token_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
         raise TypeError(
             f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
@@ -315,6 +320,60 @@ def collate_for(dataset: ReaderBase, cuda: bool) -> Callable[[Any], Any]:
     return packed_collate
 
 
+def _token_loader(
+    dataset: TokenBlocks,
+    batch_size: int,
+    shuffle: bool,
+    seed: Optional[int],
+    drop_last: bool,
+    device: Union[str, torch.device, None],
+    overrides: dict,
+) -> PackedLoader:
+    """``make_loader`` of token blocks: make_loader's sampler (a seeded shuffle of blocks per epoch,
+    equal batches per rank, exact resume, on another rank count too) over whole batches read by
+    ``TokenBlocks.__getitems__``. No worker by default: a batch is a few memory-mapped copies, which
+    one process makes faster than it could hand them over from workers (``--workers`` in
+    ``scripts/bench_tokens.py`` measures it); ``num_workers=`` overrides."""
+    if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
+        raise ValueError("token blocks are read in make_loader's own order: pass no sampler or batch_sampler")
+    device = torch.device(device) if device is not None else None
+    seed = dataset.seed if seed is None else int(seed)
+    rank, world = distributed_rank()
+    options: dict[str, Any] = {"num_workers": 0, "collate_fn": _whole_batch}
+    if device is not None and device.type == "cuda":
+        options["pin_memory"] = True
+    options.update(overrides)
+    if int(options.get("num_workers") or 0):
+        options.setdefault("persistent_workers", True)
+    sampler, order = _epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
+    loader = DataLoader(dataset, batch_sampler=sampler, **options)
+    return PackedLoader(dataset, loader, sampler, None, device, None, order)  # type: ignore[arg-type]
+
+
+def _epoch_order(
+    size: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool, rank: int, world: int
+) -> tuple[EpochBatchSampler, dict]:
+    """make_loader's own batch sampler over ``size`` samples, and what its order depends on (the
+    loader's ``state_dict`` records it, ``load_state_dict`` checks it)."""
+    sampler = EpochBatchSampler(
+        size, batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
+    )
+    order = {
+        "batch_size": batch_size,
+        "world_size": world,
+        "seed": seed,
+        "bucket_by_length": False,
+        "sampler": None,
+        "order": ORDER_VERSION,
+    }
+    return sampler, order
+
+
+def _whole_batch(batch: Any) -> Any:
+    """The collate of a dataset whose ``__getitems__`` gives whole batches: the batch as it is."""
+    return batch
+
+
 def _mixture_loader(
     mixture: Mixture,
     batch_size: int,
@@ -355,17 +414,10 @@ def _mixture_loader(
         options.pop("persistent_workers", None)
         options.pop("prefetch_factor", None)
     options.setdefault("collate_fn", collate_for(first, cuda))
-    sampler = EpochBatchSampler(
-        len(mixture), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
-    )
+    sampler, order = _epoch_order(len(mixture), batch_size, shuffle, seed, drop_last, rank, world)
     loader = DataLoader(mixture, batch_sampler=sampler, **options)
     order = {
-        "batch_size": batch_size,
-        "world_size": world,
-        "seed": seed,
-        "bucket_by_length": False,
-        "sampler": None,
-        "order": ORDER_VERSION,
+        **order,
         "mixture": {
             "parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
             "seed": mixture.seed,

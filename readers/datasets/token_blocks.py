@@ -1,0 +1,193 @@
+"""``TokenBlocks``: the reader of a token output (``packer convert CORPUS --pack BLOCK``).
+
+Each sample is one block of ``block`` positions, as language-model pretraining reads it::
+
+    ds = open_dataset("packed/tokens")          # a TokenBlocks
+    ds[0]["input_ids"], ds[0]["labels"]         # int64 [block]: the ids, and the next id of each
+    loader = make_loader(ds, batch_size=16)     # a seeded shuffle of blocks per epoch, exact resume
+
+``labels`` are the next token of each input, ``-100`` (what ``CrossEntropyLoss`` ignores) where
+there is none (padding). ``position_ids`` restart at 0 at each document's start (and at the block's
+start, and where padding starts); ``cu_seqlens`` (int32) gives the same runs as the offsets
+variable-length attention takes (flash-attention's ``cu_seqlens``: for a batch, the runs of the
+flattened ``batch * block`` positions), with ``max_seqlen``. ``block_mask=True`` adds
+``attention_mask``, a bool ``[1, block, block]`` (``[batch, 1, block, block]``) mask that lets each
+position attend to the positions before it in its own run only, as ``scaled_dot_product_attention``
+takes it. ``return_dict=False`` gives the plain ``(input_ids, labels)`` pair.
+
+The shards are memory-mapped (``np.load(..., mmap_mode="r")``): a block read copies its few KB and
+nothing else, in whichever process reads it; each process opens the shards itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packer.spec.errors import ManifestError
+from packer.spec.registry import FORMATS
+from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
+from packer.spec.token_shards import TokenShard
+from readers.datasets.output_files import OutputFiles
+
+
+class TokenBlocks(Dataset):
+    """The blocks of a token output at ``root`` (see the module).
+
+    ``vocab_size``: the vocabulary the training code expects; an output of another is refused (its
+    ids would index another embedding). ``seed``: the default seed of ``make_loader``'s shuffle.
+    ``verify=True`` checks each shard file's SHA-256 before its first read.
+    """
+
+    has_target = False  # what PackedLoader asks of every dataset it loads
+
+    def __init__(
+        self,
+        root: Union[str, os.PathLike],
+        *,
+        return_dict: bool = True,
+        block_mask: bool = False,
+        vocab_size: Optional[int] = None,
+        seed: int = 0,
+        verify: bool = False,
+    ) -> None:
+        self.root = Path(root)
+        self.files = OutputFiles.open(self.root, verify=verify)
+        self.manifest = self.files.manifest
+        section = self.manifest.tokens
+        if section is None:
+            raise ManifestError(
+                f"{root} holds samples, not token blocks: open it with readers.open_dataset, or convert a corpus "
+                "with packer convert CORPUS --tokenizer tokenizer.json --pack BLOCK"
+            )
+        if vocab_size is not None and int(vocab_size) != section.vocab_size:
+            raise ValueError(
+                f"{root} holds ids of a vocabulary of {section.vocab_size} ({section.tokenizer.get('file')}), "
+                f"not {vocab_size}: it was tokenized with another tokenizer than the model expects"
+            )
+        self.section: TokenSection = section
+        self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
+        self._starts = self.manifest.shard_offsets
+        self._open: dict[int, TokenShard] = {}
+        self._pid = os.getpid()
+
+    # what the output holds -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.manifest.samples
+
+    @property
+    def block_size(self) -> int:
+        """Positions of a block (its inputs; it stores one id more, the last target)."""
+        return self.section.block
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the corpus, with the end-of-text (and beginning) ids added to each document."""
+        return self.section.tokens
+
+    @property
+    def documents(self) -> int:
+        """Documents of the corpus that were tokenized."""
+        return self.section.documents
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary size (ids are below it)."""
+        return self.section.vocab_size
+
+    @property
+    def tokenizer(self) -> dict:
+        """The tokenizer's file name, SHA-256 and vocabulary size, as the manifest records them."""
+        return dict(self.section.tokenizer)
+
+    @property
+    def padding_share(self) -> float:
+        """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
+        return self.section.padding_share(len(self))
+
+    # reading ---------------------------------------------------------------------------------
+    def __getitem__(self, index: int) -> Any:
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"block {index} of {len(self)}")
+        batch = self._read([index % len(self)])
+        if not self.return_dict:
+            return batch[0][0], batch[1][0]
+        return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """A whole batch of blocks, stacked (what ``make_loader``'s workers read)."""
+        return self._read([int(i) for i in indices])
+
+    def _read(self, indices: list[int]) -> Any:
+        pieces, starts = [], []
+        for index in indices:
+            shard = bisect.bisect_right(self._starts, index) - 1
+            tokens, documents = self._shard(shard).block(index - self._starts[shard])
+            pieces.append(tokens)
+            starts.append(documents)
+        blocks = read_blocks(pieces, starts, self.section.block, self.section.pad_id)
+        if not self.return_dict:
+            return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
+        return self._as_dict(blocks)
+
+    def _as_dict(self, blocks: BlockBatch) -> dict:
+        out: dict[str, Any] = {
+            "input_ids": torch.from_numpy(blocks.input_ids),
+            "labels": torch.from_numpy(blocks.labels),
+            "position_ids": torch.from_numpy(blocks.position_ids),
+            "cu_seqlens": torch.from_numpy(blocks.cu_seqlens),
+            "max_seqlen": blocks.max_seqlen,
+        }
+        if self.block_mask:
+            run = blocks.position_ids
+            n, block = run.shape
+            positions = np.arange(block)
+            # the start of each position's run: the same start means the same run
+            begin = positions[None, :] - run
+            same = begin[:, :, None] == begin[:, None, :]
+            causal = positions[:, None] >= positions[None, :]
+            out["attention_mask"] = torch.from_numpy(same & causal[None]).unsqueeze(1)
+        return out
+
+    def _shard(self, number: int) -> TokenShard:
+        """Shard ``number``'s arrays, opened in this process on first use (a forked worker opens its own)."""
+        if self._pid != os.getpid():
+            self._open, self._pid = {}, os.getpid()
+        shard = self._open.get(number)
+        if shard is None:
+            entry = self.manifest.shards[number]
+            for f in entry.files:
+                self.files.path(f.path)  # inside the output, of the recorded size (and hash with verify)
+            try:
+                shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
+            except (OSError, ValueError) as e:
+                raise ManifestError(
+                    f"{self.root}: shard {entry.name} cannot be read ({e}); run packer verify {self.root}"
+                ) from None
+            problem = shard.check(self.section, entry.samples, f"{self.root}/{entry.name}", values=False)
+            if problem:
+                raise ManifestError(f"{problem}; run packer verify {self.root}")
+            self._open[number] = shard
+        return shard
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_open"] = {}  # memory maps are opened again by whoever unpickles
+        return state
+
+    def __repr__(self) -> str:
+        s = self.section
+        return (
+            f"TokenBlocks({str(self.root)!r}: {len(self)} blocks of {s.block} ({s.packing}), {s.tokens:,} tokens "
+            f"of {s.documents:,} documents, vocabulary {s.vocab_size})"
+        )
+
+
+__all__ = ["TokenBlocks"]

@@ -1,0 +1,146 @@
+"""readers.datasets.token_blocks and make_loader over token outputs: the blocks as numpy reads them,
+the same batches with 0, 1 and 2 workers and on 2 ranks, resume mid-epoch exact to the token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import corpus_texts, make_bpe_tokenizer, run_ranks
+
+from packer.config import PackConfig, ShardSize
+from packer.ops.pack_tokens import pack_corpus
+from packer.spec.errors import ManifestError
+from readers import TokenBlocks, make_loader, open_dataset
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> dict[str, Path]:
+    """A corpus packed with blocks of 24 both ways, in shards of 9 blocks."""
+    root = tmp_path_factory.mktemp("tokens")
+    texts = corpus_texts(80, longest=60)
+    (root / "corpus").mkdir()
+    (root / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tokenizer = make_bpe_tokenizer(root / "tokenizer.json", texts)
+    out = {}
+    for mode in ("concat", "best-fit"):
+        out[mode] = root / mode
+        config = PackConfig("npy", 24, str(tokenizer), packing=mode, shard_size=ShardSize(samples=9))
+        pack_corpus(root / "corpus", out[mode], config)
+    return out
+
+
+def _numpy_block(out: Path, index: int) -> tuple[np.ndarray, np.ndarray]:
+    m = json.loads((out / "manifest.json").read_text())
+    for shard in m["shards"]:
+        if index < shard["samples"]:
+            name = shard["name"]
+            tokens, spans, docs = (
+                np.load(out / f"{name}{s}") for s in (".tokens.npy", ".blocks.npy", ".documents.npy")
+            )
+            start, length = spans[index]
+            inside = docs[(docs >= start) & (docs < start + length)].astype(np.int64) - start
+            return tokens[start : start + length].astype(np.int64), inside
+        index -= shard["samples"]
+    raise IndexError(index)
+
+
+@pytest.mark.parametrize("mode", ["concat", "best-fit"])
+def test_each_block_is_what_numpy_reads_with_position_ids_per_document(packed, mode):
+    ds = open_dataset(packed[mode])
+    assert isinstance(ds, TokenBlocks) and ds.block_size == 24 and ds.vocab_size == 300
+    for i in range(len(ds)):
+        sample = ds[i]
+        ids, starts = _numpy_block(packed[mode], i)
+        n = min(len(ids), 24)
+        assert sample["input_ids"].dtype == torch.int64 and sample["input_ids"].shape == (24,)
+        np.testing.assert_array_equal(sample["input_ids"][:n], ids[:n])
+        np.testing.assert_array_equal(sample["labels"][: len(ids) - 1], ids[1:])
+        assert (sample["labels"][len(ids) - 1 :] == -100).all()
+        runs = [0, *[s for s in starts.tolist() if 0 < s < n], *([n] if n < 24 else []), 24]
+        assert sample["cu_seqlens"].tolist() == runs
+        for a, b in zip(runs, runs[1:]):
+            assert sample["position_ids"][a:b].tolist() == list(range(b - a))
+    x, y = open_dataset(packed[mode], return_dict=False)[0]
+    assert torch.equal(x, ds[0]["input_ids"]) and torch.equal(y, ds[0]["labels"])
+
+
+def test_block_mask_lets_a_position_see_its_own_document_before_it_only(packed):
+    ds = open_dataset(packed["best-fit"], block_mask=True)
+    sample = ds[0]
+    mask = sample["attention_mask"][0]
+    pos = sample["position_ids"]
+    for q in range(24):
+        begin = q - int(pos[q])
+        assert mask[q].tolist() == [begin <= k <= q for k in range(24)]
+
+
+def _epoch(loader) -> list[list[int]]:
+    return [batch["input_ids"][:, :4].tolist() for batch in loader]
+
+
+def test_same_batches_with_0_1_2_workers_and_a_new_order_each_epoch(packed):
+    ds = open_dataset(packed["concat"])
+    runs = [_epoch(make_loader(ds, 5, num_workers=w, seed=4)) for w in (0, 1, 2)]
+    assert runs[0] == runs[1] == runs[2]
+    loader = make_loader(ds, 5, seed=4)
+    first, second = _epoch(loader), _epoch(loader)
+    assert first == runs[0] and first != second
+    assert sorted(map(tuple, sum(first, []))) == sorted(map(tuple, sum(second, [])))
+    assert len(sum(first, [])) == len(ds)
+
+
+def test_resume_mid_epoch_equals_the_uninterrupted_run(packed):
+    ds = open_dataset(packed["best-fit"])
+    whole = make_loader(ds, 4, seed=2)
+    _epoch(whole)
+    expected = _epoch(whole)  # epoch 1
+    loader = make_loader(ds, 4, seed=2)
+    _epoch(loader)
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch["input_ids"][:, :4].tolist())
+        if i == 2:
+            state = loader.state_dict()
+            break
+    resumed = make_loader(open_dataset(packed["best-fit"]), 4, seed=2)
+    resumed.load_state_dict(state)
+    got += _epoch(resumed)
+    assert got == expected
+
+
+def _rank_blocks(rank, world, port, payload, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    loader = make_loader(open_dataset(payload), 3, seed=1)
+    seen = [b["input_ids"].tolist() for b in loader]
+    Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_get_equal_disjoint_shares_of_every_block(packed, tmp_path):
+    ranks = run_ranks(_rank_blocks, str(packed["concat"]), tmp_path)
+    assert len(ranks[0]) == len(ranks[1])
+    rows = [tuple(r) for rank in ranks for batch in rank for r in batch]
+    ds = open_dataset(packed["concat"])
+    every = {tuple(ds[i]["input_ids"].tolist()) for i in range(len(ds))}
+    assert set(rows) == every  # every block read, on one rank or the other (the last batch evened out)
+
+
+def test_refusals(packed, tmp_path):
+    with pytest.raises(ValueError, match="vocabulary of 300"):
+        open_dataset(packed["concat"], vocab_size=50257)
+    with pytest.raises(ValueError, match="no images"):
+        make_loader(open_dataset(packed["concat"]), 4, bucket_by_length=True)
+    damaged = tmp_path / "damaged"
+    import shutil
+
+    shutil.copytree(packed["concat"], damaged)
+    tokens = sorted(damaged.glob("*.tokens.npy"))[0]
+    tokens.write_bytes(tokens.read_bytes()[:-10])
+    with pytest.raises(ManifestError, match="the manifest says"):
+        open_dataset(damaged)[0]

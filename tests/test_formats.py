@@ -73,7 +73,7 @@ def test_each_format_description_names_its_writer_scanner_and_reader():
         reader = spec.reader_class()
         assert reader.format_name == name and getattr(readers, reader.__name__) is reader
         # 6: --codec source (5: detection targets; hdf5 4: keys off HDF5's global heap); wds 7: other loaders' indexes
-        assert spec.newest == {"wds": 7, "npy": 8}.get(name, 6)  # npy 8: token outputs
+        assert spec.newest == (7 if name == "wds" else 8)  # npy, lmdb, hdf5 8: token outputs
 
 
 def test_get_format():

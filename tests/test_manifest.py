@@ -184,11 +184,10 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
         assert format_version(fmt, "jpeg") == format_version(fmt, "png") == 2
         assert format_version(fmt, "raw", text=True) == format_version(fmt, "jpeg", text=True) == 3
         assert format_version(fmt, "raw", image=False, text=True) == 3
-    assert FORMAT_VERSIONS["lmdb"] == 6  # the newest: --codec source
-    assert FORMAT_VERSIONS["npy"] == 8  # the newest: token blocks (--pack)
+    assert FORMAT_VERSIONS["lmdb"] == FORMAT_VERSIONS["npy"] == 8  # the newest: token blocks (--pack)
     # hdf5 moved its keys off HDF5's global heap in version 4, which every hdf5 output is now
     assert {format_version("hdf5", codec, text) for codec in ("raw", "jpeg") for text in (False, True)} == {4}
-    assert FORMAT_VERSIONS["hdf5"] == 6  # the newest: --codec source
+    assert FORMAT_VERSIONS["hdf5"] == 8  # the newest: token blocks (--pack)
     # wds added other loaders' indexes (DALI's .idx, wids' shardindex.json) in version 7, which every wds output is now
     assert {
         format_version("wds", codec, text, shape, image)

@@ -163,3 +163,52 @@ def test_verify_finds_a_damaged_token_shard(corpus, tmp_path):
     problems = verify(out)
     assert any("SHA-256" in p.message for p in problems)
     assert any("more than 17 tokens" in p.message for p in problems)
+
+
+def _stock_arrays(out: Path, fmt: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each shard's (tokens, blocks, documents) read with the format's stock library alone."""
+    import io
+
+    import h5py
+    import lmdb
+
+    m = json.loads((out / "manifest.json").read_text())
+    found = []
+    for shard in m["shards"]:
+        name = shard["name"]
+        if fmt == "npy":
+            found.append(tuple(np.load(out / f"{name}.{k}.npy") for k in ("tokens", "blocks", "documents")))
+        elif fmt == "hdf5":
+            with h5py.File(out / f"{name}.h5", "r") as f:
+                found.append(tuple(f[k][()] for k in ("tokens", "blocks", "documents")))
+        else:
+            env = lmdb.open(str(out / f"{name}.lmdb"), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                found.append(tuple(np.load(io.BytesIO(txn.get(k))) for k in (b"tokens", b"blocks", b"documents")))
+            env.close()
+    return found
+
+
+def test_npy_lmdb_and_hdf5_hold_the_same_blocks_read_with_their_own_libraries(corpus, tmp_path):
+    src, tokenizer, _ = corpus
+    stored = {}
+    for fmt in ("npy", "lmdb", "hdf5"):
+        out = tmp_path / fmt
+        result = pack_corpus(src, out, PackConfig(fmt, 16, str(tokenizer), shard_size=ShardSize(samples=40)))
+        assert result.manifest.format == fmt and result.manifest.format_version == 8
+        assert verify(out) == []
+        stored[fmt] = _stock_arrays(out, fmt)
+    for fmt in ("lmdb", "hdf5"):
+        assert len(stored[fmt]) == len(stored["npy"]) > 1
+        for a, b in zip(stored[fmt], stored["npy"]):
+            for x, y in zip(a, b):
+                assert x.dtype == y.dtype
+                np.testing.assert_array_equal(x, y)
+
+
+def test_wds_is_refused_with_the_formats_that_store_blocks(corpus, tmp_path):
+    src, tokenizer, _ = corpus
+    r = CliRunner().invoke(
+        cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "w"), "--tokenizer", str(tokenizer), "--pack", "8"]
+    )
+    assert r.exit_code == 2 and "does not store token blocks yet; use --format npy, lmdb, hdf5" in r.output

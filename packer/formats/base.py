@@ -12,6 +12,8 @@ import hashlib
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+import numpy as np
+
 from packer.records import Sample
 from packer.spec.sample_layout import SampleLayout
 
@@ -68,3 +70,23 @@ class ShardWriter(Protocol):
 
     def close(self) -> list[str]:
         """Finish the shard and return the names of its files, relative to ``directory``."""
+
+
+class TokenBuffer:
+    """A token shard's stream gathered in memory as its ids arrive (``write``), for a format that stores
+    it whole at close (hdf5, lmdb); ``digests`` stays empty: their files are hashed once written."""
+
+    def __init__(self, dtype: np.dtype, tokens: int) -> None:
+        self.ids = np.empty(tokens, dtype=np.dtype(dtype).newbyteorder("<"))
+        self.count = 0
+        self.digests: dict[str, str] = {}
+
+    def write(self, ids: np.ndarray) -> None:
+        """Append ids to the stream."""
+        self.ids[self.count : self.count + len(ids)] = ids
+        self.count += len(ids)
+
+    @property
+    def stream(self) -> np.ndarray:
+        """The ids written so far."""
+        return self.ids[: self.count]

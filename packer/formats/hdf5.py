@@ -21,14 +21,16 @@ from typing import ClassVar, Iterator, Optional
 import h5py
 import numpy as np
 
-from packer.formats.base import encoded_bytes
+from packer.formats.base import TokenBuffer, encoded_bytes
 from packer.formats.varlen import Hdf5VarlenWriter, iter_varlen, varlen_images
 from packer.records import Sample, StoredSample
 from packer.spec.codecs import raw_bytes
 from packer.spec.manifest import ShardEntry
 from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
 from packer.spec.shard_names import (
+    HDF5_BLOCKS,
     HDF5_CRC32,
+    HDF5_DOCUMENTS,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,
     HDF5_KEY_BYTES,
@@ -36,8 +38,10 @@ from packer.spec.shard_names import (
     HDF5_KEYS,
     HDF5_LABELS,
     HDF5_SUFFIX,
+    HDF5_TOKENS,
     hdf5_varlen_names,
 )
+from packer.spec.token_blocks import POSITION_DTYPE
 
 BATCH = 64  # samples buffered per write: h5py's per-call overhead dominates single-sample writes
 
@@ -168,6 +172,24 @@ class Hdf5Writer:
         self._file.create_dataset(HDF5_KEY_OFFSETS, data=np.asarray(self.key_offsets, np.int64), track_times=False)
         self._file.close()
         return [self.file_name]
+
+
+class Hdf5TokenWriter(TokenBuffer):
+    """One HDF5 token shard ``NAME.h5``: datasets ``tokens`` (its stream, 1-D and contiguous, so that a
+    reader may also map it), ``blocks`` (N x 2 uint32: each block's start and length in it) and
+    ``documents`` (uint32: where each document, or the piece of one, starts)."""
+
+    def __init__(self, directory: Path, shard: str, dtype: np.dtype, tokens: int) -> None:
+        super().__init__(dtype, tokens)
+        self.path = Path(directory) / f"{shard}{HDF5_SUFFIX}"
+
+    def close(self, spans: np.ndarray, documents: np.ndarray) -> list[str]:
+        """Write the shard's file; its name."""
+        with h5py.File(self.path, "w", track_order=False) as f:
+            f.create_dataset(HDF5_TOKENS, data=self.stream, track_times=False)
+            f.create_dataset(HDF5_BLOCKS, data=np.asarray(spans).astype(POSITION_DTYPE), track_times=False)
+            f.create_dataset(HDF5_DOCUMENTS, data=np.asarray(documents).astype(POSITION_DTYPE), track_times=False)
+        return [self.path.name]
 
 
 def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:

@@ -26,22 +26,26 @@ from typing import ClassVar, Iterator, Optional
 import lmdb
 import numpy as np
 
-from packer.formats.base import encoded_bytes
+from packer.formats.base import TokenBuffer, encoded_bytes
 from packer.records import Sample, StoredSample
 from packer.spec.codecs import NpyDecoder, decode_npy, encode_npy, npy_header
 from packer.spec.manifest import ShardEntry
 from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
 from packer.spec.shard_names import (
+    LMDB_BLOCKS,
     LMDB_CRC32,
+    LMDB_DOCUMENTS,
     LMDB_IMAGE_SHAPES,
     LMDB_LABELS,
     LMDB_LENGTH,
     LMDB_SUFFIX,
+    LMDB_TOKENS,
     lmdb_field_key,
     lmdb_image_key,
     lmdb_key_key,
     lmdb_lengths_key,
 )
+from packer.spec.token_blocks import POSITION_DTYPE
 
 COMMIT_BYTES = 1024**2
 """A write transaction is committed once it holds this many bytes of values. LMDB keeps a
@@ -185,6 +189,43 @@ class LmdbWriter:
         # output complete, and the data is in the page cache for any process that reads it.
         self._env.close()
         return [self.file_name]
+
+
+class LmdbTokenWriter(TokenBuffer):
+    """One LMDB token shard ``NAME.lmdb``: keys ``tokens`` (its stream), ``blocks`` (N x 2 uint32: each
+    block's start and length in it) and ``documents`` (uint32: where each document, or the piece of
+    one, starts), each the ``.npy`` bytes of its array (``np.load(io.BytesIO(value))``)."""
+
+    def __init__(self, directory: Path, shard: str, dtype: np.dtype, tokens: int) -> None:
+        super().__init__(dtype, tokens)
+        self.path = Path(directory) / f"{shard}{LMDB_SUFFIX}"
+
+    def close(self, spans: np.ndarray, documents: np.ndarray) -> list[str]:
+        """Write the shard's file in one transaction; its name."""
+        values = {
+            LMDB_BLOCKS: encode_npy(np.asarray(spans).astype(POSITION_DTYPE)),
+            LMDB_DOCUMENTS: encode_npy(np.asarray(documents).astype(POSITION_DTYPE)),
+            LMDB_TOKENS: npy_header(self.ids.dtype.str, (self.count,)) + self.stream.tobytes(),
+        }
+        size = sum(len(v) for v in values.values())
+        env = lmdb.open(
+            str(self.path),
+            subdir=False,
+            map_size=max(16 * 1024**2, 2 * size),  # values on overflow pages: a few pages over their bytes
+            lock=False,
+            sync=False,
+            metasync=False,
+            readahead=False,
+            max_dbs=0,
+        )
+        try:
+            with env.begin(write=True) as txn:
+                for key in sorted(values):
+                    txn.put(key, values[key], append=True)
+            env.sync(True)
+        finally:
+            env.close()
+        return [self.path.name]
 
 
 def scan_shard(directory: Path, shard: ShardEntry, layout: SampleLayout, start: int = 0) -> Iterator[StoredSample]:

@@ -88,6 +88,7 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec) -> li
     ids = tokenized.ids()
     offsets = np.concatenate(([0], np.cumsum(tokenized.lengths)))
     writer_class = spec.token_writer_class()
+    structure = spec.structure_checksum()  # LMDB's: readers check it before the library maps the file
     written = []
     for number, shard in enumerate(plan.shards):
         name = f"shard-{number:05d}"
@@ -96,7 +97,7 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec) -> li
             begin = int(offsets[doc]) + start
             writer.write(ids[begin : begin + length])
         names = writer.close(shard.spans, _piece_starts(shard))
-        files = [file_entry(stage, n, writer.digests.get(n)) for n in names]
+        files = [file_entry(stage, n, writer.digests.get(n), structure) for n in names]
         written.append(ShardResult(name, shard.blocks, files))
     tag = content_tag(written)
     renamed = []

@@ -211,6 +211,8 @@ FORMATS: dict[str, FormatSpec] = {
             whole_file=True,
             structure="packer.spec.lmdb_pages:structure_crc32",
             indexer="packer.formats.lmdb:scan_index",
+            token_writer="packer.formats.lmdb:LmdbTokenWriter",
+            token_shard="packer.spec.token_shards:open_lmdb_token_shard",
         ),
         FormatSpec(
             "hdf5",
@@ -221,6 +223,8 @@ FORMATS: dict[str, FormatSpec] = {
             oldest_written=HDF5_FLAT_KEYS_SINCE,
             whole_file=True,
             indexer="packer.formats.hdf5:scan_index",
+            token_writer="packer.formats.hdf5:Hdf5TokenWriter",
+            token_shard="packer.spec.token_shards:open_hdf5_token_shard",
         ),
         FormatSpec(
             "wds",

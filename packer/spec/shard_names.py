@@ -107,3 +107,10 @@ NPY_TOKENS, NPY_BLOCKS, NPY_DOCUMENTS = ".tokens.npy", ".blocks.npy", ".document
 """Suffixes of an npy token shard's three files (format version 8): its token stream (uint16 or
 uint32), its blocks' (start, length) in that stream (N x 2 uint32) and the positions where documents
 start in it (uint32, ascending)."""
+
+HDF5_TOKENS, HDF5_BLOCKS, HDF5_DOCUMENTS = "tokens", "blocks", "documents"
+"""Datasets of an HDF5 token shard (format version 8), as the npy token shard's three files."""
+
+LMDB_TOKENS, LMDB_BLOCKS, LMDB_DOCUMENTS = b"tokens", b"blocks", b"documents"
+"""Keys of an LMDB token shard (format version 8), each the ``.npy`` bytes of the npy token shard's
+array of that name."""

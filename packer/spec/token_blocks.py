@@ -15,6 +15,7 @@ The files of each format's token shards are ``packer.spec.token_shards``'s.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import asdict, dataclass, field
@@ -144,32 +145,54 @@ class BlockBatch:
 
 
 def read_blocks(
-    pieces: Sequence[np.ndarray], document_starts: Sequence[np.ndarray], block: int, pad_id: int
+    pieces: Sequence[np.ndarray],
+    document_starts: Sequence[Sequence[int]],
+    block: int,
+    pad_id: int,
+    out: Optional[np.ndarray] = None,
 ) -> BlockBatch:
     """The ``BlockBatch`` of blocks given as their stored tokens (``pieces``, each up to ``block + 1``
-    ids) and the positions in each where a document starts (``document_starts``, sorted)."""
+    ids) and the positions in each where a document starts (``document_starts``, sorted).
+
+    Each block's ids are converted to int64 twice (inputs, and labels one position on) and the
+    position ids are computed for the whole batch from its runs: a batch costs about three int64
+    writes of its positions, which is what it holds. ``out``: where to write the three, a
+    ``(3, n, block)`` int64 array (a loader's reusable shared memory); fresh memory otherwise."""
     n = len(pieces)
-    inputs = np.full((n, block), pad_id, dtype=np.int64)
-    labels = np.full((n, block), IGNORE_INDEX, dtype=np.int64)
-    starts = np.zeros((n, block), dtype=np.int64)
-    marks: list[np.ndarray] = []
+    if out is None:
+        out = np.empty((3, n, block), dtype=np.int64)
+    if out.shape != (3, n, block) or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous (3, {n}, {block}) int64 array, not {out.dtype} {out.shape}")
+    inputs, labels, positions = out
+    cu = [0]  # where each run starts in the flattened batch
     for row, (tokens, docs) in enumerate(zip(pieces, document_starts)):
         length = len(tokens)
         real = min(length, block)
         inputs[row, :real] = tokens[:real]
-        if length > 1:
-            labels[row, : length - 1] = tokens[1 : min(length, block + 1)]
-        begun = np.asarray(docs, dtype=np.int64)
-        begun = begun[(begun > 0) & (begun < real)]
-        if real < block:  # padding runs as its own sequence
-            begun = np.append(begun, real)
-        starts[row, begun] = begun
-        marks.append(np.concatenate(([0], begun)) + row * block)
-    np.maximum.accumulate(starts, axis=1, out=starts)
-    positions = np.arange(block, dtype=np.int64)[None, :] - starts
-    cu = np.concatenate([*marks, [n * block]]).astype(np.int32) if n else np.zeros(1, np.int32)
-    longest = int(np.diff(cu).max()) if n else 0
-    return BlockBatch(inputs, labels, positions, cu, longest)
+        # From the stored ids again, not from the inputs: numpy converts uint16 to int64 several
+        # times faster than it copies int64 rows one element apart.
+        labels[row, : length - 1] = tokens[1 : block + 1]
+        base = row * block
+        cu += [base + d for d in docs if 0 < d < real]
+        if length <= block:
+            inputs[row, real:] = pad_id
+            labels[row, real - 1 :] = IGNORE_INDEX
+            if real < block:  # padding runs as its own sequence
+                cu.append(base + real)
+        cu.append(base + block)
+    runs = np.asarray(cu, dtype=np.int64)
+    lengths = np.diff(runs)
+    # Each position's distance from the start of its run, for the whole batch at once.
+    np.subtract(_count(n * block), np.repeat(runs[:-1], lengths), out=positions.reshape(-1))
+    return BlockBatch(inputs, labels, positions, runs.astype(np.int32), int(lengths.max()) if n else 0)
+
+
+@functools.lru_cache(maxsize=8)
+def _count(size: int) -> np.ndarray:
+    """0, 1, ... ``size - 1``, made once per batch size."""
+    values = np.arange(size, dtype=np.int64)
+    values.flags.writeable = False
+    return values
 
 
 __all__ = [

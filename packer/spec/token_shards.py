@@ -8,29 +8,61 @@ not hold together (a block beyond the stream, ids beyond the vocabulary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from packer.spec.shard_names import NPY_BLOCKS, NPY_DOCUMENTS, NPY_TOKENS
+from packer.spec.codecs import npy_view
+from packer.spec.shard_names import (
+    HDF5_BLOCKS,
+    HDF5_DOCUMENTS,
+    HDF5_SUFFIX,
+    HDF5_TOKENS,
+    LMDB_BLOCKS,
+    LMDB_DOCUMENTS,
+    LMDB_SUFFIX,
+    LMDB_TOKENS,
+    NPY_BLOCKS,
+    NPY_DOCUMENTS,
+    NPY_TOKENS,
+)
 from packer.spec.token_blocks import POSITION_DTYPE, TokenSection
 
 
 @dataclass
 class TokenShard:
-    """One shard of a token output: ``tokens`` (its stream), ``blocks`` (N x 2: start, length) and
-    ``documents`` (ascending starts), positions within ``tokens``."""
+    """One shard of a token output: ``tokens`` (its stream: an array, or an h5py dataset), ``blocks``
+    (N x 2: start, length) and ``documents`` (ascending starts), positions within ``tokens``;
+    ``handle``: what must stay open while they are read (an HDF5 file, an LMDB transaction)."""
 
-    tokens: np.ndarray
+    tokens: Any
     blocks: np.ndarray
     documents: np.ndarray
+    handle: Any = None
+    _positions: Optional[tuple[np.ndarray, np.ndarray]] = field(default=None, repr=False)
 
-    def block(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+    def block(self, j: int) -> tuple[np.ndarray, list[int]]:
         """Block ``j``'s stored tokens and the starts of the documents in it, relative to its start."""
-        start, length = int(self.blocks[j, 0]), int(self.blocks[j, 1])
-        lo, hi = np.searchsorted(self.documents, (start, start + length))
-        return self.tokens[start : start + length], self.documents[lo:hi].astype(np.int64) - start
+        tokens, starts = self.read([j])
+        return tokens[0], starts[0]
+
+    def read(self, local: Sequence[int]) -> tuple[list[np.ndarray], list[list[int]]]:
+        """The stored tokens of the blocks ``local`` (views of the stream) and, for each, the starts of
+        the documents in it relative to its start: looked up for all of them at once."""
+        if self._positions is None:  # int64 once: searchsorted would convert the uint32 array at every call
+            self._positions = (self.blocks.astype(np.int64), self.documents.astype(np.int64))
+        blocks, documents = self._positions
+        spans = blocks[np.asarray(local, dtype=np.int64)]
+        starts, ends = spans[:, 0], spans[:, 0] + spans[:, 1]
+        lo, hi = np.searchsorted(documents, starts), np.searchsorted(documents, ends)
+        tokens = [self.tokens[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        inside = [
+            [d - a for d in documents[i:j].tolist()] if j > i else []
+            for a, i, j in zip(starts.tolist(), lo.tolist(), hi.tolist())
+        ]
+        return tokens, inside
 
     def check(self, section: TokenSection, samples: int, where: str, values: bool = True) -> str:
         """What is wrong with this shard of ``samples`` blocks as ``section`` describes them, or ``""``.
@@ -49,9 +81,14 @@ class TokenShard:
             np.any(np.diff(self.documents.astype(np.int64)) < 0) or self.documents[-1] >= len(self.tokens)
         ):
             return f"{where}: the document starts do not grow inside the token stream"
-        if values and len(self.tokens) and int(self.tokens.max()) >= section.vocab_size:
+        if values and _largest(self.tokens) >= section.vocab_size:
             return f"{where}: a token id is beyond the vocabulary of {section.vocab_size}"
         return ""
+
+
+def _largest(tokens: Any, step: int = 1 << 24) -> int:
+    """The largest id of a stream (-1 when empty), read a part at a time (an h5py dataset is not in memory)."""
+    return max((int(np.max(tokens[i : i + step])) for i in range(0, len(tokens), step)), default=-1)
 
 
 def npy_token_files(shard: str) -> list[str]:
@@ -66,8 +103,56 @@ def open_npy_token_shard(directory: Path, shard: str, mmap: bool = True) -> Toke
     tokens, blocks, documents = (
         np.load(Path(directory) / name, mmap_mode=mode, allow_pickle=False) for name in npy_token_files(shard)
     )
-    # The small arrays are read whole: each block looks them up.
-    return TokenShard(tokens, np.ascontiguousarray(blocks), np.ascontiguousarray(documents))
+    # A plain array over the map (slicing a np.memmap costs more than the copy of a block); the
+    # small arrays are read whole: each block looks them up.
+    return TokenShard(np.asarray(tokens), np.ascontiguousarray(blocks), np.ascontiguousarray(documents))
 
 
-__all__ = ["TokenShard", "npy_token_files", "open_npy_token_shard"]
+def open_hdf5_token_shard(directory: Path, shard: str) -> TokenShard:
+    """An HDF5 token shard's datasets (h5py); its stream memory-mapped where HDF5 stores it contiguous
+    and uncompressed, as packer writes it (a block is then a slice of the map, not an HDF5 read)."""
+    import h5py
+
+    path = Path(directory) / f"{shard}{HDF5_SUFFIX}"
+    f = h5py.File(path, "r")
+    try:
+        tokens = f[HDF5_TOKENS]
+        blocks, documents = f[HDF5_BLOCKS][()], f[HDF5_DOCUMENTS][()]
+        offset = tokens.id.get_offset() if tokens.chunks is None and tokens.compression is None else None
+        if offset is not None and tokens.ndim == 1:
+            tokens = np.asarray(np.memmap(path, dtype=tokens.dtype, mode="r", offset=offset, shape=tokens.shape))
+    except BaseException:
+        f.close()
+        raise
+    return TokenShard(tokens, blocks, documents, handle=f)
+
+
+def open_lmdb_token_shard(directory: Path, shard: str) -> TokenShard:
+    """An LMDB token shard's arrays, views of the map (no copy) read in a transaction kept open with
+    them; the environment is the process's shared one (``packer.spec.lmdb_envs``)."""
+    from packer.spec.lmdb_envs import acquire, release
+
+    key, env = acquire(str(Path(directory) / f"{shard}{LMDB_SUFFIX}"))
+    try:
+        txn = env.begin(buffers=True)
+        values = [txn.get(k) for k in (LMDB_TOKENS, LMDB_BLOCKS, LMDB_DOCUMENTS)]
+        if any(v is None for v in values):
+            raise ValueError(f"{shard} lacks one of the keys tokens, blocks, documents")
+        tokens, blocks, documents = (npy_view(v) for v in values)
+    except BaseException:
+        release(key)
+        raise
+    return TokenShard(tokens, np.array(blocks), np.array(documents), handle=(txn, _Released(key, release)))
+
+
+class _Released:
+    """Releases an LMDB environment (``release(key)``) when the shard that holds it is dropped."""
+
+    def __init__(self, key: tuple, release: Any) -> None:
+        self.key, self.release = key, release
+
+    def __del__(self) -> None:
+        self.release(self.key)
+
+
+__all__ = ["TokenShard", "npy_token_files", "open_npy_token_shard", "open_hdf5_token_shard", "open_lmdb_token_shard"]

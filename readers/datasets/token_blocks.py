@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from packer.spec.registry import FORMATS
 from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
+from readers.loading.batch_buffers import SlotRing
 
 
 class TokenBlocks(Dataset):
@@ -76,6 +77,7 @@ class TokenBlocks(Dataset):
         self._starts = self.manifest.shard_offsets
         self._open: dict[int, TokenShard] = {}
         self._pid = os.getpid()
+        self._ring: Optional[SlotRing] = None
 
     # what the output holds -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -125,26 +127,46 @@ class TokenBlocks(Dataset):
         """A whole batch of blocks, stacked (what ``make_loader``'s workers read)."""
         return self._read([int(i) for i in indices])
 
+    def with_ring(self, ring: Optional[SlotRing]) -> "TokenBlocks":
+        """A copy whose batches read in a DataLoader worker are written into ``ring``'s shared slots
+        (``make_loader``'s, made once: fresh shared memory for every batch costs the loader more
+        than reading the batch)."""
+        copy = object.__new__(TokenBlocks)
+        copy.__dict__.update(self.__getstate__())
+        copy._ring = ring
+        return copy
+
     def _read(self, indices: list[int]) -> Any:
-        pieces, starts = [], []
-        for index in indices:
-            shard = bisect.bisect_right(self._starts, index) - 1
-            tokens, documents = self._shard(shard).block(index - self._starts[shard])
-            pieces.append(tokens)
-            starts.append(documents)
-        blocks = read_blocks(pieces, starts, self.section.block, self.section.pad_id)
+        by_shard: dict[int, list[int]] = {}
+        for row, index in enumerate(indices):
+            by_shard.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(row)
+        pieces: list[Any] = [None] * len(indices)
+        starts: list[Any] = [None] * len(indices)
+        for shard, rows in by_shard.items():
+            first = self._starts[shard]
+            tokens, documents = self._shard(shard).read([indices[r] - first for r in rows])
+            for r, t, d in zip(rows, tokens, documents):
+                pieces[r], starts[r] = t, d
+        block = self.section.block
+        claimed = None
+        if self._ring is not None and not self.block_mask:
+            claimed = self._ring.claim(3 * len(indices), torch.int64, (1, block))
+        out = claimed[1].numpy().reshape(3, len(indices), block) if claimed is not None else None
+        blocks = read_blocks(pieces, starts, block, self.section.pad_id, out)
+        if claimed is not None:
+            return RingBlocks(claimed[0], len(indices), block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
         if not self.return_dict:
             return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
         return self._as_dict(blocks)
 
     def _as_dict(self, blocks: BlockBatch) -> dict:
-        out: dict[str, Any] = {
-            "input_ids": torch.from_numpy(blocks.input_ids),
-            "labels": torch.from_numpy(blocks.labels),
-            "position_ids": torch.from_numpy(blocks.position_ids),
-            "cu_seqlens": torch.from_numpy(blocks.cu_seqlens),
-            "max_seqlen": blocks.max_seqlen,
-        }
+        out = _batch(
+            torch.from_numpy(blocks.input_ids),
+            torch.from_numpy(blocks.labels),
+            torch.from_numpy(blocks.position_ids),
+            blocks.cu_seqlens,
+            blocks.max_seqlen,
+        )
         if self.block_mask:
             run = blocks.position_ids
             n, block = run.shape
@@ -190,4 +212,35 @@ class TokenBlocks(Dataset):
         )
 
 
-__all__ = ["TokenBlocks"]
+class RingBlocks(NamedTuple):
+    """What a DataLoader worker sends for a batch of blocks written into a ``SlotRing`` slot: the slot,
+    the blocks in it, and the small parts by value."""
+
+    slot: int
+    n: int
+    block: int
+    cu_seqlens: np.ndarray
+    max_seqlen: int
+    as_dict: bool
+
+    def hand_out(self, ring: SlotRing) -> Any:
+        """In the loader: the batch over the slot, which is free again once no part of it is referred to."""
+        inputs, labels, positions = ring.hand_out(self.slot, 3 * self.n, (1, self.block)).view(3, self.n, self.block)
+        if not self.as_dict:
+            return inputs, labels
+        return _batch(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
+
+
+def _batch(
+    inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, cu_seqlens: np.ndarray, max_seqlen: int
+) -> dict[str, Any]:
+    return {
+        "input_ids": inputs,
+        "labels": labels,
+        "position_ids": positions,
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "max_seqlen": max_seqlen,
+    }
+
+
+__all__ = ["TokenBlocks", "RingBlocks"]

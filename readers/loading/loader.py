@@ -345,9 +345,16 @@ def _token_loader(
     options.update(overrides)
     if int(options.get("num_workers") or 0):
         options.setdefault("persistent_workers", True)
+    workers = int(options.get("num_workers") or 0)
+    ring = None
+    if workers and not options.get("pin_memory") and not dataset.block_mask:
+        per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
+        shape = (3 * batch_size, 1, 1, dataset.block_size)  # inputs, labels, position ids
+        if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) <= (shared_memory_free() or 0) // 2:
+            ring = SlotRing(workers, per_worker, shape, torch.int64, False)
     sampler, order = _epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
-    loader = DataLoader(dataset, batch_sampler=sampler, **options)
-    return PackedLoader(dataset, loader, sampler, None, device, None, order)  # type: ignore[arg-type]
+    loader = DataLoader(dataset.with_ring(ring), batch_sampler=sampler, **options)
+    return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
 
 
 def _epoch_order(

@@ -14,6 +14,7 @@ from readers.augment import device_decode
 from readers.compose.mixture import Mixture
 from readers.datasets.base import ReaderBase
 from readers.datasets.tensors import BatchNormalize
+from readers.datasets.token_blocks import RingBlocks
 from readers.loading.batch_buffers import RingBatch, SlotRing
 from readers.loading.collate import Numbered
 from readers.loading.sampler import EpochBatchSampler, SamplerBatches
@@ -121,6 +122,13 @@ class PackedLoader:
             batch = next(batches, _END)
             if batch is _END:
                 break
+            if isinstance(batch, RingBlocks):  # token blocks written into a ring slot by a worker
+                batch = batch.hand_out(self.ring)  # type: ignore[arg-type]
+                if isinstance(batch, tuple):
+                    self._consumed += 1
+                    yield tuple(t.to(self.device, non_blocking=True) if self.device else t for t in batch)
+                    batch = None
+                    continue
             if self.dataset.has_target:  # detection_collate's (images, targets[, metas])
                 self._consumed += 1
                 yield self._place_detection(batch)

@@ -144,3 +144,16 @@ def test_refusals(packed, tmp_path):
     tokens.write_bytes(tokens.read_bytes()[:-10])
     with pytest.raises(ManifestError, match="the manifest says"):
         open_dataset(damaged)[0]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_lmdb_and_hdf5_read_the_blocks_npy_does_in_workers_too(packed, fmt, tmp_path):
+    corpus, tokenizer = packed["concat"].parent / "corpus", packed["concat"].parent / "tokenizer.json"
+    out = tmp_path / fmt
+    pack_corpus(corpus, out, PackConfig(fmt, 24, str(tokenizer), shard_size=ShardSize(samples=9)))
+    ds, npy = open_dataset(out), open_dataset(packed["concat"])
+    for i in range(len(npy)):
+        assert all(torch.equal(ds[i][k], npy[i][k]) for k in ("input_ids", "labels", "position_ids", "cu_seqlens"))
+    twice = open_dataset(out)  # a second reader of the same files in this process
+    assert torch.equal(twice[3]["input_ids"], ds[3]["input_ids"])
+    assert _epoch(make_loader(ds, 5, num_workers=2, seed=4)) == _epoch(make_loader(npy, 5, seed=4))

@@ -157,3 +157,39 @@ def test_lmdb_and_hdf5_read_the_blocks_npy_does_in_workers_too(packed, fmt, tmp_
     twice = open_dataset(out)  # a second reader of the same files in this process
     assert torch.equal(twice[3]["input_ids"], ds[3]["input_ids"])
     assert _epoch(make_loader(ds, 5, num_workers=2, seed=4)) == _epoch(make_loader(npy, 5, seed=4))
+
+
+def test_a_mixture_of_token_outputs_weighs_its_parts_by_tokens(packed):
+    from readers import open_mixture
+
+    mix = open_mixture({"c": (packed["concat"], 3), "b": (packed["best-fit"], 1)}, epoch_size=40, seed=5)
+    shares = mix.token_shares()
+    assert abs(shares["c"] - 0.75) < 0.03 and abs(shares["b"] - 0.25) < 0.03
+    parts = {"c": open_dataset(packed["concat"]), "b": open_dataset(packed["best-fit"])}
+    batches = [_epoch(make_loader(mix, 6, num_workers=w)) for w in (0, 2)]
+    assert batches[0] == batches[1]
+    batch = next(iter(make_loader(mix, 40, shuffle=False)))
+    for i in range(40):
+        k, j = mix.draw(i, 0)
+        assert torch.equal(batch["input_ids"][i], parts[mix.names[k]][j]["input_ids"])
+    loader = make_loader(mix, 6)
+    whole = _epoch(loader)
+    again = make_loader(mix, 6)
+    got = []
+    for i, b in enumerate(again):
+        got.append(b["input_ids"][:, :4].tolist())
+        if i == 1:
+            state = again.state_dict()
+            break
+    resumed = make_loader(mix, 6)
+    resumed.load_state_dict(state)
+    assert got + _epoch(resumed) == whole
+
+
+def test_token_blocks_do_not_mix_with_samples(packed, image_tree, tmp_path):
+    from packer import ConvertConfig, convert
+    from readers import open_mixture
+
+    convert(image_tree, tmp_path / "packed", ConvertConfig(format="npy"))
+    with pytest.raises(ValueError, match="cannot be combined"):  # labelled images, unlabelled blocks
+        open_mixture({"t": (packed["concat"], 1), "i": (tmp_path / "packed", 1)})

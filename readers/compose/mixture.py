@@ -28,6 +28,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from readers.compose.combine import check_same_classes
 from readers.datasets.mapstyle import PackedDataset
+from readers.datasets.token_blocks import TokenBlocks
 from readers.loading.collate import PackedBatch
 from readers.loading.sampler import EpochBatch
 
@@ -36,10 +37,19 @@ _WARNED: list[bool] = []
 PartSpec = Union[tuple[Union[str, os.PathLike, PackedDataset], float], Sequence[Any]]
 
 
-def _kind(ds: PackedDataset) -> dict:
+def _kind(ds: Any) -> dict:
     """What must agree between a mixture's parts for their samples to batch and mean the same: the
     fields but the image's storage (text kinds and tokenizers, mask classes), the returned image's
-    shape, dtype and normalization, the detection categories, how samples are returned."""
+    shape, dtype and normalization, the detection categories, how samples are returned; for token
+    blocks, their size, the tokenizer, its padding id and how blocks are returned."""
+    if isinstance(ds, TokenBlocks):
+        s = ds.section
+        return {
+            "token blocks": s.block,
+            "tokenizer": s.tokenizer.get("sha256"),
+            "padding id": s.pad_id,
+            "returned": (ds.return_dict, ds.block_mask),
+        }
     m = ds.manifest
     image = m.fields.get("image")
     return {
@@ -76,7 +86,7 @@ class Mixture(Dataset):
         self.datasets = [copy.copy(parts[n][0]) for n in self.names]  # the caller's readers keep their settings
         weights = [parts[n][1] for n in self.names]
         for name, ds, weight in zip(self.names, self.datasets, weights):
-            if not isinstance(ds, PackedDataset):
+            if not isinstance(ds, (PackedDataset, TokenBlocks)):
                 why = (
                     (
                         "tar shards are read in order, so their samples cannot be drawn one by one; repack it for "
@@ -117,7 +127,11 @@ class Mixture(Dataset):
         self.seed = int(seed)
         for k, ds in enumerate(self.datasets):
             ds.seed = part_seed(self.seed, k)  # the parts' random crops follow the mixture's seed (and their cycles)
-        self.counts = allocate(self.weights, self.epoch_size)
+        # Token blocks are mixed by tokens, as pretraining recipes state their mixes: a part whose
+        # blocks hold fewer ids (best-fit padding) gives more blocks for the same share.
+        tokens = isinstance(first, TokenBlocks)
+        shares = [w / d.tokens_per_block for w, d in zip(self.weights, self.datasets)] if tokens else self.weights
+        self.counts = allocate(shares, self.epoch_size)
         starved = [n for n, c in zip(self.names, self.counts) if c == 0]
         if starved:
             raise ValueError(
@@ -191,6 +205,11 @@ class Mixture(Dataset):
         """How many samples each part gives an epoch."""
         return dict(zip(self.names, self.counts))
 
+    def token_shares(self) -> dict[str, float]:
+        """The share of an epoch's tokens (padding left out) each part of token blocks gives."""
+        tokens = [c * d.tokens_per_block for c, d in zip(self.counts, self.datasets)]
+        return {n: t / sum(tokens) for n, t in zip(self.names, tokens)}
+
     def draw(self, index: int, epoch: int) -> tuple[int, int]:
         """``(part, index into that part)`` of mixture sample ``index`` in ``epoch``."""
         k, _, i = self._draw(index, epoch)
@@ -232,6 +251,15 @@ class Mixture(Dataset):
         for row, (k, cycle, _) in enumerate(drawn):
             rows.setdefault((k, cycle), []).append(row)
         # A part's crops and flips are those of its cycle: a sample drawn again is cropped anew.
+        first = self.datasets[0]
+        if isinstance(first, TokenBlocks):  # one batch of the parts' blocks, in the order asked
+            pieces: list = [None] * len(indices)
+            starts: list = [None] * len(indices)
+            for (k, _), rs in rows.items():
+                found = self.datasets[k].pieces([drawn[r][2] for r in rs])  # type: ignore[union-attr]
+                for r, t, d in zip(rs, *found):
+                    pieces[r], starts[r] = t, d
+            return first.batch_of(pieces, starts)
         got = {
             (k, cycle): self.datasets[k].__getitems__(EpochBatch([drawn[r][2] for r in rs], cycle))
             for (k, cycle), rs in rows.items()

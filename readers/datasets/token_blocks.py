@@ -47,6 +47,7 @@ class TokenBlocks(Dataset):
     """
 
     has_target = False  # what PackedLoader asks of every dataset it loads
+    classes = None  # what a mixture's parts compare
 
     def __init__(
         self,
@@ -109,6 +110,12 @@ class TokenBlocks(Dataset):
         return dict(self.section.tokenizer)
 
     @property
+    def tokens_per_block(self) -> float:
+        """The ids a block holds on average, padding left out (a mixture weighs its parts by tokens)."""
+        s = self.section
+        return (len(self) * (s.block + 1) - s.padding) / max(len(self), 1)
+
+    @property
     def padding_share(self) -> float:
         """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
         return self.section.padding_share(len(self))
@@ -137,6 +144,11 @@ class TokenBlocks(Dataset):
         return copy
 
     def _read(self, indices: list[int]) -> Any:
+        return self.batch_of(*self.pieces(indices))
+
+    def pieces(self, indices: Sequence[int]) -> tuple[list[np.ndarray], list[list[int]]]:
+        """The stored ids of the blocks ``indices`` (views of their shards) and the document starts in
+        each, looked up shard by shard: what ``batch_of`` makes a batch of."""
         by_shard: dict[int, list[int]] = {}
         for row, index in enumerate(indices):
             by_shard.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(row)
@@ -147,14 +159,20 @@ class TokenBlocks(Dataset):
             tokens, documents = self._shard(shard).read([indices[r] - first for r in rows])
             for r, t, d in zip(rows, tokens, documents):
                 pieces[r], starts[r] = t, d
+        return pieces, starts
+
+    def batch_of(self, pieces: list[np.ndarray], starts: list[list[int]]) -> Any:
+        """The batch of blocks given by ``pieces`` (this output's or a mixture's of outputs like it),
+        written into a ring slot in a loader's worker when there is one free."""
+        n = len(pieces)
         block = self.section.block
         claimed = None
         if self._ring is not None and not self.block_mask:
-            claimed = self._ring.claim(3 * len(indices), torch.int64, (1, block))
-        out = claimed[1].numpy().reshape(3, len(indices), block) if claimed is not None else None
+            claimed = self._ring.claim(3 * n, torch.int64, (1, block))
+        out = claimed[1].numpy().reshape(3, n, block) if claimed is not None else None
         blocks = read_blocks(pieces, starts, block, self.section.pad_id, out)
         if claimed is not None:
-            return RingBlocks(claimed[0], len(indices), block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
+            return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
         if not self.return_dict:
             return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
         return self._as_dict(blocks)

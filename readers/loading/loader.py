@@ -112,6 +112,13 @@ def make_loader(
     """
     if decode not in device_decode.DECODE_WHERE:
         raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, device_decode.DECODE_WHERE))}")
+    tokens = isinstance(dataset, TokenBlocks) or (
+        isinstance(dataset, Mixture) and isinstance(dataset.datasets[0], TokenBlocks)
+    )
+    if tokens:
+        if decode != "workers" or buckets is not None or bucket_by_length or memory_format is not None:
+            raise ValueError("token blocks have no images to decode, bucket or lay out, nor lengths to bucket by")
+        return _token_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)  # type: ignore[arg-type]
     if isinstance(dataset, Mixture):
         if decode != "workers":
             raise ValueError("decode='device' reads one output; a mixture's parts are decoded in the workers")
@@ -123,10 +130,6 @@ def make_loader(
                 "are stacked from its parts' samples (NCHW): call images.contiguous(memory_format=...) on them"
             )
         return _mixture_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
-    if isinstance(dataset, TokenBlocks):
-        if decode != "workers" or buckets is not None or bucket_by_length or memory_format is not None:
-            raise ValueError("token blocks have no images to decode, bucket or lay out, nor lengths to bucket by")
-        return _token_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if not isinstance(dataset, ReaderBase):
         raise TypeError(
             f"make_loader takes a packer reader (readers.open_dataset) or a readers.open_mixture, not "
@@ -321,7 +324,7 @@ def collate_for(dataset: ReaderBase, cuda: bool) -> Callable[[Any], Any]:
 
 
 def _token_loader(
-    dataset: TokenBlocks,
+    dataset: Union[TokenBlocks, Mixture],
     batch_size: int,
     shuffle: bool,
     seed: Optional[int],
@@ -337,7 +340,10 @@ def _token_loader(
     if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
         raise ValueError("token blocks are read in make_loader's own order: pass no sampler or batch_sampler")
     device = torch.device(device) if device is not None else None
+    if isinstance(dataset, Mixture) and seed is not None and int(seed) != dataset.seed:
+        dataset = dataset.with_seed(int(seed))  # the mixture's seed draws its parts' streams
     seed = dataset.seed if seed is None else int(seed)
+    first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
     rank, world = distributed_rank()
     options: dict[str, Any] = {"num_workers": 0, "collate_fn": _whole_batch}
     if device is not None and device.type == "cuda":
@@ -347,14 +353,27 @@ def _token_loader(
         options.setdefault("persistent_workers", True)
     workers = int(options.get("num_workers") or 0)
     ring = None
-    if workers and not options.get("pin_memory") and not dataset.block_mask:
+    if workers and not options.get("pin_memory") and not first.block_mask and isinstance(dataset, TokenBlocks):
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
-        shape = (3 * batch_size, 1, 1, dataset.block_size)  # inputs, labels, position ids
+        shape = (3 * batch_size, 1, 1, first.block_size)  # inputs, labels, position ids
         if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) <= (shared_memory_free() or 0) // 2:
             ring = SlotRing(workers, per_worker, shape, torch.int64, False)
     sampler, order = _epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
-    loader = DataLoader(dataset.with_ring(ring), batch_sampler=sampler, **options)
+    if isinstance(dataset, Mixture):
+        order["mixture"] = _mixture_record(dataset)
+        read: Any = dataset
+    else:
+        read = dataset.with_ring(ring)
+    loader = DataLoader(read, batch_sampler=sampler, **options)
     return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
+
+
+def _mixture_record(mixture: Mixture) -> dict:
+    """What a mixture loader's order depends on beyond the sampler's: its parts' sizes and weights, its seed."""
+    return {
+        "parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
+        "seed": mixture.seed,
+    }
 
 
 def _epoch_order(
@@ -423,13 +442,7 @@ def _mixture_loader(
     options.setdefault("collate_fn", collate_for(first, cuda))
     sampler, order = _epoch_order(len(mixture), batch_size, shuffle, seed, drop_last, rank, world)
     loader = DataLoader(mixture, batch_sampler=sampler, **options)
-    order = {
-        **order,
-        "mixture": {
-            "parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
-            "seed": mixture.seed,
-        },
-    }
+    order = {**order, "mixture": _mixture_record(mixture)}
     if first.crops is not None:
         order["augment"] = repr(first.crops.augment)
     return PackedLoader(mixture, loader, sampler, None, device, None, order)

@@ -134,6 +134,8 @@ def test_two_ranks_get_equal_disjoint_shares_of_every_block(packed, tmp_path):
 def test_refusals(packed, tmp_path):
     with pytest.raises(ValueError, match="vocabulary of 300"):
         open_dataset(packed["concat"], vocab_size=50257)
+    with pytest.raises(ValueError, match="read from a local folder"):
+        TokenBlocks("s3://bucket/tokens")
     with pytest.raises(ValueError, match="no images"):
         make_loader(open_dataset(packed["concat"]), 4, bucket_by_length=True)
     damaged = tmp_path / "damaged"

@@ -74,8 +74,8 @@ def pack_corpus(
                 raise InputError(f"{source} holds no document to tokenize ({len(skipped)} skipped)")
             order = document_order(len(tokenized.lengths), config.shuffle_seed)
             spec = get_format(config.format)
-            packer = concat_plan if config.packing == "concat" else best_fit_plan
-            plan = packer(tokenized.lengths, order, config.block, config.blocks_per_shard(tokenizer.dtype.itemsize))
+            plan_of = concat_plan if config.packing == "concat" else best_fit_plan
+            plan = plan_of(tokenized.lengths, order, config.block, config.blocks_per_shard(tokenizer.dtype.itemsize))
             results = _write_shards(stage, plan, tokenized, spec)
             os.unlink(stage / SPILL_NAME)
             manifest = _manifest(config, tokenizer, tokenized, plan, results, skipped, source, len(files))

@@ -22,6 +22,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from packer.spec.errors import ConfigError
 from packer.spec.token_blocks import MAX_SHARD_TOKENS
 
 
@@ -102,7 +103,7 @@ def _slice_plan(
     piece_end = np.minimum(ends[docs], hi) - starts[docs]
     pieces = np.stack([order[docs], piece_start, piece_end - piece_start], axis=1).astype(np.int64)
     if hi - lo > MAX_SHARD_TOKENS:
-        raise ValueError(f"a shard of {hi - lo} tokens is beyond uint32 positions; use a smaller --shard-size")
+        raise ConfigError(f"a shard of {hi - lo} tokens is beyond uint32 positions; use a smaller --shard-size")
     begin = np.arange(last - first, dtype=np.int64) * block
     return ShardPlan(pieces, np.stack([begin, np.minimum(block + 1, hi - lo - begin)], axis=1))
 
@@ -161,7 +162,7 @@ def best_fit_plan(lengths: np.ndarray, order: np.ndarray, block: int, blocks_per
         pieces = np.array([p for blk in part for p in blk], np.int64).reshape(-1, 3)
         sizes = np.array([sum(p[2] for p in blk) for blk in part], np.int64)
         if int(sizes.sum()) > MAX_SHARD_TOKENS:
-            raise ValueError("a shard's tokens are beyond uint32 positions; use a smaller --shard-size")
+            raise ConfigError("a shard's tokens are beyond uint32 positions; use a smaller --shard-size")
         shards.append(ShardPlan(pieces, np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)))
     return PackPlan(shards, block, stored, len(blocks) * room - stored)
 

@@ -36,6 +36,7 @@ from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.loading.batch_buffers import SlotRing
+from readers.remote.urls import is_url
 
 
 class TokenBlocks(Dataset):
@@ -59,6 +60,11 @@ class TokenBlocks(Dataset):
         seed: int = 0,
         verify: bool = False,
     ) -> None:
+        if is_url(root):
+            raise ValueError(
+                f"{root}: token outputs are read from a local folder for now; download it first "
+                "(e.g. aws s3 cp --recursive URL DIR)"
+            )
         self.root = Path(root)
         self.files = OutputFiles.open(self.root, verify=verify)
         self.manifest = self.files.manifest
@@ -125,7 +131,7 @@ class TokenBlocks(Dataset):
         index = int(index)
         if not -len(self) <= index < len(self):
             raise IndexError(f"block {index} of {len(self)}")
-        batch = self._read([index % len(self)])
+        batch = self.batch_of(*self.pieces([index % len(self)]), shared=False)
         if not self.return_dict:
             return batch[0][0], batch[1][0]
         return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
@@ -161,13 +167,13 @@ class TokenBlocks(Dataset):
                 pieces[r], starts[r] = t, d
         return pieces, starts
 
-    def batch_of(self, pieces: list[np.ndarray], starts: list[list[int]]) -> Any:
+    def batch_of(self, pieces: list[np.ndarray], starts: list[list[int]], shared: bool = True) -> Any:
         """The batch of blocks given by ``pieces`` (this output's or a mixture's of outputs like it),
-        written into a ring slot in a loader's worker when there is one free."""
+        written into a ring slot in a loader's worker when there is one free (``shared``)."""
         n = len(pieces)
         block = self.section.block
         claimed = None
-        if self._ring is not None and not self.block_mask:
+        if shared and self._ring is not None and not self.block_mask:
             claimed = self._ring.claim(3 * n, torch.int64, (1, block))
         out = claimed[1].numpy().reshape(3, n, block) if claimed is not None else None
         blocks = read_blocks(pieces, starts, block, self.section.pad_id, out)

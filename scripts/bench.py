@@ -526,9 +526,26 @@ def main() -> None:
         help="only run the training task (random-resized crops + flips into batches; bench_train.py)",
     )
     parser.add_argument("--ffcv-python", help="with --train-check: a Python with ffcv installed, to run FFCV too")
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="only run the token-block benchmark (a corpus packed with --pack, against the tokenizer floor and "
+        "LitData; bench_tokens.py, whose own options it takes after --)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
-    args = parser.parse_args()
+    args, more = parser.parse_known_args()
+    if args.tokens:
+        import bench_tokens
+
+        bench_tokens.run(
+            bench_tokens.parser().parse_args(
+                ["--work", str(args.work / "tokens"), "--workers", str(args.workers), *more]
+            )
+        )
+        return
+    if more:
+        parser.error(f"unrecognized arguments: {' '.join(more)}")
     if args.draft_check:
         draft_check()
         return

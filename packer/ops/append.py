@@ -25,11 +25,12 @@ from typing import Callable, Optional
 
 from packer import __version__
 from packer.config import ConvertConfig, PreprocessConfig, ShardSize
-from packer.ops.combine import cross_duplicates, differing, merged_stats, place_shard
+from packer.ops.combine import cross_duplicates, differing, merged_stats
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.output.files import local_output
 from packer.output.finish import name_shards
+from packer.output.placed_shards import place_shard
 from packer.pixels.stats import summarize
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn

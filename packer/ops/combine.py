@@ -1,4 +1,5 @@
-"""``packer combine``: outputs of one format and one preprocessing as one output, without decoding.
+"""``packer combine``: outputs of one format and one preprocessing as one output, without decoding
+(token outputs: ``packer.ops.combine_tokens``).
 
 The inputs' shards become the output's shards in input order: hard-linked where the filesystem
 allows (copied otherwise, and always for LMDB), so combining costs a directory entry per file. The class
@@ -16,17 +17,18 @@ import hashlib
 import logging
 import math
 import os
-import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional, Sequence
 
 from packer import __version__
+from packer.ops.combine_tokens import combine_tokens
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import merged_groups, shard_entries
 from packer.output.files import check_output, local_output
 from packer.output.finish import name_shards
+from packer.output.placed_shards import input_names, place_shard
 from packer.pixels.stats import auto_normalize
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import Executor, LocalExecutor, ProgressFn
@@ -37,10 +39,9 @@ from packer.sources.repack_shard import RepackJob
 from packer.spec.class_map import differences, extend_class_map
 from packer.spec.errors import InputError, ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
-from packer.spec.manifest import FileEntry, Manifest, ShardEntry, read_manifest
+from packer.spec.manifest import Manifest, read_manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
-from packer.spec.shard_names import LMDB_SUFFIX
 from packer.system import usable_cpus
 
 log = logging.getLogger(__name__)
@@ -69,11 +70,13 @@ def combine(
     if len({r.resolve() for r in roots}) != len(roots):
         raise InputError("an output is given twice; each input must be another output")
     manifests = [read_manifest(r) for r in roots]
-    layout = _check_alike(roots, manifests)
     for root in roots:
         check_output(output, overwrite, root)
         if root.resolve() in output.resolve().parents:
             raise OutputError(f"{output} is inside the input {root}; choose an output outside it")
+    if any(m.tokens is not None for m in manifests):  # blocks of token ids: their own rules
+        return combine_tokens(roots, manifests, output, overwrite=overwrite, link=link, progress=progress)
+    layout = _check_alike(roots, manifests)
     classes, maps = unified_classes(roots, manifests)
     executor = executor or LocalExecutor(max(1, workers or usable_cpus()))
     with Staging(output) as staging:
@@ -203,29 +206,6 @@ def _write_shards(
     return [r for r in results if r is not None], sum(len(j.task.items) for j in jobs)
 
 
-def place_shard(stage: Path, root: Path, shard: ShardEntry, planned: str, link: bool) -> ShardResult:
-    """One input shard's files in ``stage`` under the planned name, hard-linked where allowed (LMDB
-    files are copied: py-lmdb refuses to open one file twice in a process, and a link is the same file,
-    so a reader of the input and one of the result could not live in one process)."""
-    files = []
-    for f in shard.files:
-        path = planned + f.path[len(shard.name) :]
-        source, target = root / f.path, stage / path
-        if link and not f.path.endswith(LMDB_SUFFIX):
-            try:
-                os.link(source, target)
-            except OSError:
-                shutil.copyfile(source, target)
-        else:
-            shutil.copyfile(source, target)
-        if target.stat().st_size != f.bytes:
-            raise OutputError(
-                f"{source} is {target.stat().st_size} bytes, its manifest says {f.bytes}: run packer verify {root}"
-            )
-        files.append(FileEntry(path, f.bytes, f.sha256, f.structure_crc32))
-    return ShardResult(planned, shard.samples, files, image_sources=dict(shard.image_sources or {}))
-
-
 def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: SampleLayout) -> list[list[str]]:
     """Groups of keys of samples stored with identical bytes in different inputs (``INPUT:KEY``):
     candidates by their stored CRC-32 (read without images), confirmed by comparing the bytes."""
@@ -273,13 +253,6 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
             if len({n for n, _ in members}) > 1:
                 groups.append(sorted(f"{names[n]}:{key}" for n, key in members))
     return sorted(groups)
-
-
-def input_names(roots: list[Path]) -> list[str]:
-    """How the combined manifest names each input: its folder's name, numbered (``NAME#1``, from 1
-    in input order) when two inputs' folders have the same name (never a path: an output holds none)."""
-    plain = [r.name for r in roots]
-    return plain if len(set(plain)) == len(plain) else [f"{name}#{n}" for n, name in enumerate(plain, start=1)]
 
 
 def merged_stats(manifests: list[Manifest]) -> Optional[dict]:

@@ -28,7 +28,7 @@ from packer.ops.convert import ConvertResult
 from packer.output.assemble import merged_groups, shard_entries
 from packer.output.files import check_output, local_output
 from packer.output.finish import name_shards
-from packer.output.placed_shards import input_names, place_shard
+from packer.output.placed_shards import combine_entry, input_names, place_shard
 from packer.pixels.stats import auto_normalize
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import Executor, LocalExecutor, ProgressFn
@@ -38,7 +38,6 @@ from packer.run.staging import Staging
 from packer.sources.repack_shard import RepackJob
 from packer.spec.class_map import differences, extend_class_map
 from packer.spec.errors import InputError, ManifestError, OutputError
-from packer.spec.listed_files import sha256_of
 from packer.spec.manifest import Manifest, read_manifest
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
@@ -338,21 +337,7 @@ def combined_manifest(
         for key in ("boxes", "boxes_dropped", "images_without_boxes"):
             if key in annotations:
                 annotations[key] = sum(int((m.annotations or {}).get(key, 0)) for m in manifests)
-    entry = {
-        "action": "combine",
-        "packer_version": __version__,
-        "samples": sum(r.samples for r in results),
-        "inputs": [
-            {
-                "name": name,
-                "samples": m.samples,
-                "format_version": m.format_version,
-                "manifest_sha256": sha256_of(root / "manifest.json"),
-                **({"history": m.history} if m.history else {}),
-            }
-            for name, root, m in zip(names, roots, manifests)
-        ],
-    }
+    entry = combine_entry(names, roots, manifests, sum(r.samples for r in results))
     if duplicates:
         shown = "; ".join(", ".join(g) for g in duplicates[:DUPLICATES_SHOWN])
         log.warning("%d group(s) of samples are stored in more than one input: %s", len(duplicates), shown)

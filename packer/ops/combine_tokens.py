@@ -17,13 +17,12 @@ from typing import Optional
 from packer import __version__
 from packer.ops.convert import ConvertResult
 from packer.output.finish import name_shards
-from packer.output.placed_shards import input_names, place_shard
+from packer.output.placed_shards import combine_entry, input_names, place_shard
 from packer.records import ShardResult, Skipped
 from packer.run.executor import ProgressFn
 from packer.run.plan import shard_name
 from packer.run.staging import Staging
 from packer.spec.errors import InputError
-from packer.spec.listed_files import sha256_of
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.token_blocks import TokenSection
 
@@ -116,22 +115,7 @@ def _manifest(
         source={"files": sum(int(m.source.get("files", 0)) for m in manifests)},
         sharding={"blocks_per_shard": "as the inputs'"},
         tokens=tokens,
-        history=[
-            {
-                "action": "combine",
-                "packer_version": __version__,
-                "samples": blocks,
-                "inputs": [
-                    {
-                        "name": name,
-                        "samples": m.samples,
-                        "format_version": m.format_version,
-                        "manifest_sha256": sha256_of(root / "manifest.json"),
-                    }
-                    for name, root, m in zip(names, roots, manifests)
-                ],
-            }
-        ],
+        history=[combine_entry(names, roots, manifests, blocks)],
     )
 
 

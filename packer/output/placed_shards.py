@@ -8,10 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
+from packer import __version__
 from packer.records import ShardResult
 from packer.spec.entries import FileEntry
 from packer.spec.errors import OutputError
-from packer.spec.manifest import ShardEntry
+from packer.spec.listed_files import sha256_of
+from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.shard_names import LMDB_SUFFIX
 
 
@@ -45,4 +47,24 @@ def input_names(roots: list[Path]) -> list[str]:
     return plain if len(set(plain)) == len(plain) else [f"{name}#{n}" for n, name in enumerate(plain, start=1)]
 
 
-__all__ = ["place_shard", "input_names"]
+def combine_entry(names: list[str], roots: list[Path], manifests: list[Manifest], samples: int) -> dict:
+    """The history entry of a combine: each input's name, samples, format version, manifest SHA-256
+    and own history."""
+    return {
+        "action": "combine",
+        "packer_version": __version__,
+        "samples": samples,
+        "inputs": [
+            {
+                "name": name,
+                "samples": m.samples,
+                "format_version": m.format_version,
+                "manifest_sha256": sha256_of(root / "manifest.json"),
+                **({"history": m.history} if m.history else {}),
+            }
+            for name, root, m in zip(names, roots, manifests)
+        ],
+    }
+
+
+__all__ = ["place_shard", "input_names", "combine_entry"]

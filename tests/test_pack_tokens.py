@@ -212,3 +212,46 @@ def test_wds_is_refused_with_the_formats_that_store_blocks(corpus, tmp_path):
         cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "w"), "--tokenizer", str(tokenizer), "--pack", "8"]
     )
     assert r.exit_code == 2 and "does not store token blocks yet; use --format npy, lmdb, hdf5" in r.output
+
+
+def test_append_adds_the_new_files_as_new_shards_and_refuses_what_would_mix(corpus, tmp_path):
+    src, tokenizer, texts = corpus
+    grow = tmp_path / "grow"
+    grow.mkdir()
+    (grow / "a.jsonl").write_text((src / "a.jsonl").read_text())
+    out = tmp_path / "o"
+    base = ["convert", str(grow), "-f", "npy", "-o", str(out), "--tokenizer", str(tokenizer), "--pack", "16", "-q"]
+    runner = CliRunner()
+    assert runner.invoke(cli, base).exit_code == 0
+    before = read_manifest(out)
+    old_files = {f.path: f.sha256 for s in before.shards for f in s.files}
+    (grow / "b.jsonl").write_text((src / "b.jsonl").read_text())
+    r = runner.invoke(cli, [*base, "--append"])
+    assert r.exit_code == 0, r.output
+    after = read_manifest(out)
+    assert {f.path: f.sha256 for s in after.shards[: len(before.shards)] for f in s.files} == old_files
+    assert after.tokens.documents == 60 and after.samples > before.samples and verify(out) == []
+    assert after.history[-1]["action"] == "append" and "appended" in r.stdout
+    # the new shards hold b.jsonl's documents as a conversion of b.jsonl alone packs them
+    alone = tmp_path / "b"
+    only_b = tmp_path / "only_b"
+    only_b.mkdir()
+    (only_b / "b.jsonl").write_text((src / "b.jsonl").read_text())
+    pack_corpus(only_b, alone, PackConfig("npy", 16, str(tokenizer)))
+    new = _stock_blocks(out)[before.samples :]
+    assert len(new) == read_manifest(alone).samples
+    for (x, _), (y, _) in zip(new, _stock_blocks(alone)):
+        np.testing.assert_array_equal(x, y)
+    r = runner.invoke(cli, [*base, "--append"])
+    assert r.exit_code == 1 and "nothing to append" in r.output
+    (grow / "a.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")
+    (grow / "c.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n")
+    r = runner.invoke(cli, [*base, "--append"])
+    assert r.exit_code == 1 and "a.jsonl has changed since it was packed" in r.output
+    (grow / "a.jsonl").write_text((src / "a.jsonl").read_text())
+    r = runner.invoke(cli, [*base[:-2], "32", "-q", "--append"])
+    assert r.exit_code == 1 and "block 16, not 32" in r.output
+    other = make_bpe_tokenizer(tmp_path / "other.json", texts, vocab_size=280)
+    r = runner.invoke(cli, [*base[:7], str(other), *base[8:], "--append"])
+    assert r.exit_code == 1 and "is not the tokenizer" in r.output
+    assert read_manifest(out).samples == after.samples

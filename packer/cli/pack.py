@@ -15,9 +15,10 @@ from packer.cli.render import human, skipped_summary
 from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
 from packer.config import PackConfig
-from packer.ops.pack_tokens import PackResult, pack_corpus
+from packer.ops.pack_tokens import PackResult, append_corpus, pack_corpus
 from packer.output.report import REPORT_NAME
 from packer.spec.errors import ConfigError, DecodeError
+from packer.spec.manifest import read_manifest
 
 PACK_OPTIONS = frozenset(
     {
@@ -31,6 +32,7 @@ PACK_OPTIONS = frozenset(
         "workers",
         "strict",
         "overwrite",
+        "append_",
         "quiet",
         "pack",
         "pack_mode",
@@ -88,13 +90,20 @@ def run_pack(ctx: click.Context) -> None:
             raise click.UsageError(str(e)) from None
         bars.append(tqdm(unit="doc", disable=p["quiet"], dynamic_ncols=True, desc="tokenizing"))
         try:
-            result = pack_corpus(source, output, config, overwrite=p["overwrite"], progress=bars[-1].update)
+            if p["append_"]:
+                if p["output"] is None:
+                    raise click.UsageError("--append adds to an existing token output: give it with -o OUTPUT")
+                before = read_manifest(output).samples
+                result = append_corpus(source, output, config, progress=bars[-1].update)
+                click.echo(f"packer: appended {result.manifest.samples - before:,} blocks to {output}")
+            else:
+                result = pack_corpus(source, output, config, overwrite=p["overwrite"], progress=bars[-1].update)
         except DecodeError as e:
             raise click.ClickException(f"stopped at the first bad document (--strict), nothing written: {e}") from None
-    pack_summary(result)
+    pack_summary(result, "holds" if p["append_"] else "wrote")
 
 
-def pack_summary(result: PackResult) -> None:
+def pack_summary(result: PackResult, verb: str = "wrote") -> None:
     """Print a finished token conversion: blocks, tokens, padding, and on stderr what was skipped."""
     m = result.manifest
     s = m.tokens
@@ -102,8 +111,8 @@ def pack_summary(result: PackResult) -> None:
     size = sum(f.bytes for shard in m.shards for f in shard.files)
     rate = s.tokens / result.tokenize_seconds if result.tokenize_seconds else 0.0
     click.echo(
-        f"packer: wrote {m.samples:,} blocks of {s.block} tokens ({s.packing}) in {len(m.shards)} {m.format} "
-        f"shard(s), {human(size)}, to {result.output} in {result.seconds:.1f} s"
+        f"packer: {result.output} {verb} {m.samples:,} blocks of {s.block} tokens ({s.packing}) in {len(m.shards)} "
+        f"{m.format} shard(s), {human(size)} ({result.seconds:.1f} s)"
     )
     click.echo(
         f"  {s.documents:,} documents, {s.tokens:,} tokens ({rate:,.0f} tokens/s tokenized), {s.stored:,} stored "

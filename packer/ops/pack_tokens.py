@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -21,13 +21,14 @@ from packer import __version__
 from packer.config import PackConfig
 from packer.output.files import check_output
 from packer.output.finish import content_tag, published_name
+from packer.output.placed_shards import place_shard
 from packer.records import ShardResult, Skipped
 from packer.run.staging import Staging
 from packer.sources.corpus import CorpusConfig, corpus_files, read_documents
 from packer.spec.entries import FileEntry
 from packer.spec.errors import InputError
-from packer.spec.listed_files import file_entry
-from packer.spec.manifest import Manifest, ShardEntry
+from packer.spec.listed_files import file_entry, sha256_of
+from packer.spec.manifest import Manifest, ShardEntry, read_manifest
 from packer.spec.registry import TOKENS_SINCE, get_format
 from packer.spec.token_blocks import TokenSection, tokenizer_record
 from packer.tokens.packing import PackPlan, ShardPlan, best_fit_plan, concat_plan, document_order
@@ -62,29 +63,170 @@ def pack_corpus(
     files = corpus_files(source)
     check_output(output, overwrite, source)
     tokenizer = corpus_tokenizer(config.tokenizer, config.eos, config.bos, config.bos_id)
-    corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
     skipped: list[Skipped] = []
     with Staging(output) as staging:
         stage = staging.start({"packer": __version__, "operation": "pack"})
         with staging.writing(resumable=False):
-            documents = read_documents(files, corpus, skipped.append, source)
-            tokenized = tokenize(documents, tokenizer, stage / SPILL_NAME, skipped.append, config.strict, progress)
-            tokenize_seconds = time.perf_counter() - started
-            if not len(tokenized.lengths):
-                raise InputError(f"{source} holds no document to tokenize ({len(skipped)} skipped)")
-            order = document_order(len(tokenized.lengths), config.shuffle_seed)
-            spec = get_format(config.format)
-            plan_of = concat_plan if config.packing == "concat" else best_fit_plan
-            plan = plan_of(tokenized.lengths, order, config.block, config.blocks_per_shard(tokenizer.dtype.itemsize))
-            results = _write_shards(stage, plan, tokenized, spec)
-            os.unlink(stage / SPILL_NAME)
-            manifest = _manifest(config, tokenizer, tokenized, plan, results, skipped, source, len(files))
+            packed = _pack(stage, source, files, config, tokenizer, skipped, progress)
+            manifest = Manifest(
+                format=config.format,
+                format_version=TOKENS_SINCE,
+                packer_version=__version__,
+                samples=packed.plan.blocks,
+                classes=None,
+                fields={},
+                preprocess={},
+                shards=[ShardEntry(r.name, r.samples, r.files) for r in packed.results],
+                skipped=[s.to_dict() for s in skipped],
+                source={"files": len(files), "corpus": packed.records},
+                sharding={"blocks_per_shard": max((s.blocks for s in packed.plan.shards), default=0)},
+                tokens=_section(config, tokenizer, packed),
+            )
             staging.publish(manifest, overwrite=overwrite, source=source)
-    return PackResult(output, manifest, skipped, time.perf_counter() - started, tokenize_seconds)
+    return PackResult(output, manifest, skipped, time.perf_counter() - started, packed.seconds)
 
 
-def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec) -> list[ShardResult]:
-    """Write every shard of ``plan`` from the tokenized corpus; their results under published names."""
+def append_corpus(
+    source: Path, output: Path, config: PackConfig, *, progress: Optional[Callable[[int], None]] = None
+) -> PackResult:
+    """Add the corpus files of ``source`` that the token output ``output`` does not hold yet as new
+    shards after its own, tokenized and packed as it was (see ``check_appendable``); its shards stay
+    as they are. InputError when there is nothing new, or a file it holds has changed since."""
+    started = time.perf_counter()
+    source, output = Path(source), Path(output)
+    old = read_manifest(output)
+    tokenizer = corpus_tokenizer(config.tokenizer, config.eos, config.bos, config.bos_id)
+    check_appendable(output, old, config, tokenizer)
+    held = {r[0]: r for r in old.source.get("corpus", [])}
+    files, records = [], []
+    for path in corpus_files(source):
+        record = corpus_record(path, source)
+        if record[0] not in held:
+            files.append(path)
+            records.append(record)
+        elif held[record[0]] != record:
+            raise InputError(
+                f"{path} has changed since it was packed into {output}: its old documents are in the output. "
+                "Convert the corpus again, or give its new text a file of its own"
+            )
+    if not files:
+        raise InputError(f"nothing to append: every corpus file of {source} is in {output} already")
+    skipped: list[Skipped] = []
+    assert old.tokens is not None
+    with Staging(output) as staging:
+        stage = staging.start({"packer": __version__, "operation": "append"})
+        with staging.writing(resumable=False):
+            for shard in old.shards:  # linked as they are: the appended output keeps them
+                place_shard(stage, output, shard, shard.name, True)
+            packed = _pack(stage, source, files, config, tokenizer, skipped, progress, first=len(old.shards))
+            counts = _section(config, tokenizer, packed)
+            section = replace(
+                old.tokens,
+                **{
+                    k: getattr(old.tokens, k) + getattr(counts, k) for k in ("documents", "tokens", "stored", "padding")
+                },
+            )
+            manifest = replace(
+                old,
+                packer_version=__version__,
+                samples=old.samples + packed.plan.blocks,
+                shards=[*old.shards, *(ShardEntry(r.name, r.samples, r.files) for r in packed.results)],
+                skipped=[*old.skipped, *(s.to_dict() for s in skipped)],
+                source={"files": int(old.source.get("files", 0)) + len(files), "corpus": [*held.values(), *records]},
+                tokens=section,
+                history=[
+                    *old.history,
+                    {
+                        "action": "append",
+                        "packer_version": __version__,
+                        "files": len(files),
+                        "blocks": packed.plan.blocks,
+                    },
+                ],
+            )
+            staging.publish(manifest, overwrite=True)
+    return PackResult(output, manifest, skipped, time.perf_counter() - started, packed.seconds)
+
+
+def check_appendable(output: Path, old: Manifest, config: PackConfig, tokenizer: CorpusTokenizer) -> None:
+    """InputError unless ``output`` is a token output whose blocks the new documents can join: the
+    same format, tokenizer (by its SHA-256), block size, packing, added ids and dtype."""
+    if old.tokens is None:
+        raise InputError(f"{output} holds samples, not token blocks: --append with --pack grows a token output")
+    s = old.tokens
+    record = tokenizer_record(tokenizer.path, tokenizer.vocab_size)
+    if record["sha256"] != s.tokenizer.get("sha256"):
+        raise InputError(
+            f"{tokenizer.path} is not the tokenizer {output} was made with ({s.tokenizer.get('file')}, sha256 "
+            f"{str(s.tokenizer.get('sha256'))[:12]}): its ids would mean other tokens"
+        )
+    given = {
+        "format": config.format,
+        "block": config.block,
+        "packing": config.packing,
+        "eos": tokenizer.eos,
+        "bos": tokenizer.bos,
+        "dtype": tokenizer.dtype.name,
+    }
+    held = {"format": old.format, **{k: getattr(s, k) for k in ("block", "packing", "eos", "bos", "dtype")}}
+    for key, value in given.items():
+        if value != held[key]:
+            raise InputError(
+                f"{output} was packed with {key} {held[key]!r}, not {value!r}: append with the options it was made with"
+            )
+
+
+def corpus_record(path: Path, root: Path) -> list:
+    """What the manifest keeps of one corpus file, to tell a new file from one already packed: its path
+    relative to the corpus, its size and SHA-256."""
+    relative = os.path.relpath(path, root) if Path(root).is_dir() else Path(path).name
+    return [relative, path.stat().st_size, sha256_of(path)]
+
+
+@dataclass
+class _Packed:
+    """What ``_pack`` wrote: the plan, its shards' results, the tokenized corpus's counts, the files'
+    records, and how long tokenizing took."""
+
+    plan: PackPlan
+    results: list[ShardResult]
+    documents: int
+    tokens: int
+    dtype: np.dtype
+    records: list[list]
+    seconds: float
+
+
+def _pack(
+    stage: Path,
+    source: Path,
+    files: list[Path],
+    config: PackConfig,
+    tokenizer: CorpusTokenizer,
+    skipped: list[Skipped],
+    progress: Optional[Callable[[int], None]],
+    first: int = 0,
+) -> _Packed:
+    """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``."""
+    started = time.perf_counter()
+    corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
+    documents = read_documents(files, corpus, skipped.append, source)
+    tokenized = tokenize(documents, tokenizer, stage / SPILL_NAME, skipped.append, config.strict, progress)
+    seconds = time.perf_counter() - started
+    if not len(tokenized.lengths):
+        raise InputError(f"{source} holds no document to tokenize ({len(skipped)} skipped)")
+    order = document_order(len(tokenized.lengths), config.shuffle_seed)
+    plan_of = concat_plan if config.packing == "concat" else best_fit_plan
+    plan = plan_of(tokenized.lengths, order, config.block, config.blocks_per_shard(tokenizer.dtype.itemsize))
+    results = _write_shards(stage, plan, tokenized, get_format(config.format), first)
+    os.unlink(stage / SPILL_NAME)
+    records = [corpus_record(f, source) for f in files]
+    return _Packed(plan, results, len(tokenized.lengths), tokenized.tokens, tokenized.dtype, records, seconds)
+
+
+def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0) -> list[ShardResult]:
+    """Write every shard of ``plan`` from the tokenized corpus; their results under published names,
+    numbered from ``first`` (an append's follow the output's)."""
     ids = tokenized.ids()
     offsets = np.concatenate(([0], np.cumsum(tokenized.lengths)))
     writer_class = spec.token_writer_class()
@@ -102,7 +244,7 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec) -> li
     tag = content_tag(written)
     renamed = []
     for position, result in enumerate(written):
-        new = published_name(position, tag)
+        new = published_name(first + position, tag)
         files = []
         for f in result.files:
             path = new + f.path[len(result.name) :]
@@ -118,47 +260,25 @@ def _piece_starts(shard: ShardPlan) -> np.ndarray:
     return np.cumsum(sizes) - sizes
 
 
-def _manifest(
-    config: PackConfig,
-    tokenizer: CorpusTokenizer,
-    tokenized: Tokenized,
-    plan: PackPlan,
-    results: list[ShardResult],
-    skipped: list[Skipped],
-    source: Path,
-    files: int,
-) -> Manifest:
-    section = TokenSection(
+def _section(config: PackConfig, tokenizer: CorpusTokenizer, packed: _Packed) -> TokenSection:
+    """The ``tokens`` section of what ``_pack`` wrote."""
+    return TokenSection(
         block=config.block,
-        dtype=tokenized.dtype.name,
+        dtype=packed.dtype.name,
         packing=config.packing,
         eos=tokenizer.eos,
         bos=tokenizer.bos,
         pad_id=tokenizer.eos,
         vocab_size=tokenizer.vocab_size,
         tokenizer=tokenizer_record(tokenizer.path, tokenizer.vocab_size),
-        documents=len(tokenized.lengths),
-        tokens=tokenized.tokens,
-        stored=plan.stored,
-        padding=plan.padding,
+        documents=packed.documents,
+        tokens=packed.tokens,
+        stored=packed.plan.stored,
+        padding=packed.plan.padding,
         dropped=0,
         shuffle_seed=config.shuffle_seed,
         text={"documents": config.documents, "text_key": config.text_key, "encoding": config.encoding},
     )
-    return Manifest(
-        format=config.format,
-        format_version=TOKENS_SINCE,
-        packer_version=__version__,
-        samples=plan.blocks,
-        classes=None,
-        fields={},
-        preprocess={},
-        shards=[ShardEntry(r.name, r.samples, r.files) for r in results],
-        skipped=[s.to_dict() for s in skipped],
-        source={"path": str(source), "files": files},
-        sharding={"blocks_per_shard": max((s.blocks for s in plan.shards), default=0)},
-        tokens=section,
-    )
 
 
-__all__ = ["pack_corpus", "PackResult", "SPILL_NAME"]
+__all__ = ["pack_corpus", "append_corpus", "check_appendable", "corpus_record", "PackResult", "SPILL_NAME"]

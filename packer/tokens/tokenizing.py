@@ -94,12 +94,11 @@ def _find(tokenizer, names: tuple[str, ...]) -> Optional[int]:
 @dataclass
 class Tokenized:
     """A tokenized corpus: its ids in ``path`` (raw ``dtype`` values, documents back to back) and each
-    document's ``lengths`` (its ids with the added ones) and ``origins`` (path and line)."""
+    document's ``lengths`` (its ids with the added ones)."""
 
     path: Path
     dtype: np.dtype
     lengths: np.ndarray
-    origins: list[str]
 
     @property
     def tokens(self) -> int:
@@ -126,20 +125,18 @@ def tokenize(
     of each batch's documents as it is written."""
     encoder = tokenizer.load()
     lengths: list[np.ndarray] = []
-    origins: list[str] = []
     batches = _prefetched(_batches(documents))
     with open(out, "wb") as f, ThreadPoolExecutor(1) as writer:
         pending = None
         for batch in batches:
-            encodings, kept = _encode(encoder, batch, skipped, strict)
+            encodings = _encode(encoder, batch, skipped, strict)
             if pending is not None:
                 lengths.append(pending.result())
             pending = writer.submit(_write, f, encodings, tokenizer, progress, len(batch))
-            origins += [d.where for d in kept]
         if pending is not None:
             lengths.append(pending.result())
     found = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-    return Tokenized(Path(out), tokenizer.dtype, found, origins)
+    return Tokenized(Path(out), tokenizer.dtype, found)
 
 
 def _batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
@@ -165,20 +162,25 @@ def _prefetched(batches: Iterator[list[Document]]) -> Iterator[list[Document]]:
     ready: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
+    def put(item: object) -> bool:
+        """Hand ``item`` over unless the consumer has stopped (then it never takes another: a blocking
+        put would hang this thread, and the consumer's join with it)."""
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for batch in batches:
-                while not stop.is_set():
-                    try:
-                        ready.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(batch):
                     return
-            ready.put(_DONE)
+            put(_DONE)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
-            ready.put(e)
+            put(e)
 
     thread = threading.Thread(target=produce, name="packer-corpus-reader", daemon=True)
     thread.start()
@@ -195,25 +197,23 @@ def _prefetched(batches: Iterator[list[Document]]) -> Iterator[list[Document]]:
         thread.join()
 
 
-def _encode(
-    encoder, batch: list[Document], skipped: Callable[[Skipped], None], strict: bool
-) -> tuple[list, list[Document]]:
-    """The encodings of a batch's documents and the documents kept (those the tokenizer encoded)."""
+def _encode(encoder, batch: list[Document], skipped: Callable[[Skipped], None], strict: bool) -> list:
+    """The encodings of a batch's documents (those the tokenizer encoded: one it fails on is skipped)."""
     texts = [d.text for d in batch]
     try:
-        return encoder.encode_batch_fast(texts, add_special_tokens=False), batch
-    except Exception:  # noqa: BLE001 - find the document it failed on
+        # encode_batch_fast (tokenizers 0.20, the oldest packer allows) leaves out the offsets.
+        return encoder.encode_batch_fast(texts, add_special_tokens=False)
+    except Exception:  # noqa: BLE001 - tokenizers raises plain exceptions: find the document it failed on
         pass
-    encodings, kept = [], []
+    encodings = []
     for doc in batch:
         try:
             encodings.append(encoder.encode(doc.text, add_special_tokens=False))
-            kept.append(doc)
         except Exception as e:  # noqa: BLE001 - tokenizers raises plain exceptions
             if strict:
                 raise DecodeError(doc.where, f"the tokenizer failed on it: {e}") from None
             skipped(Skipped(doc.where, f"the tokenizer failed on it: {e}"))
-    return encodings, kept
+    return encodings
 
 
 def _write(

@@ -21,6 +21,7 @@ from readers.datasets.lmdb import LmdbDataset
 from readers.datasets.mapstyle import PackedDataset
 from readers.datasets.npy import NpyDataset
 from readers.datasets.tensors import BatchNormalize, ImageConverter
+from readers.datasets.token_blocks import OPTIONS as TOKEN_OPTIONS
 from readers.datasets.token_blocks import TokenBlocks
 from readers.datasets.wds import WdsDataset
 from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
@@ -47,6 +48,12 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     """
     manifest = open_manifest(root)
     if manifest.tokens is not None:  # a token output: blocks (readers.datasets.token_blocks)
+        other = sorted(set(options) - set(TOKEN_OPTIONS))
+        if other:
+            raise TypeError(
+                f"{root} holds token blocks, which take {', '.join(TOKEN_OPTIONS)}, not {', '.join(other)} "
+                "(options of images and text samples)"
+            )
         return TokenBlocks(root, **options)
     return FORMATS[manifest.format].reader_class()(root, **options)
 

@@ -8,9 +8,9 @@ not hold together (a block beyond the stream, ids beyond the vocabulary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -35,13 +35,13 @@ from packer.spec.token_blocks import POSITION_DTYPE, TokenSection
 class TokenShard:
     """One shard of a token output: ``tokens`` (its stream: an array, or an h5py dataset), ``blocks``
     (N x 2: start, length) and ``documents`` (ascending starts), positions within ``tokens``;
-    ``handle``: what must stay open while they are read (an HDF5 file, an LMDB transaction)."""
+    ``handle``: what must stay open while they are read (an HDF5 file, an LMDB transaction), with a
+    ``close``."""
 
     tokens: Any
     blocks: np.ndarray
     documents: np.ndarray
     handle: Any = None
-    _positions: Optional[tuple[np.ndarray, np.ndarray]] = field(default=None, repr=False)
 
     def block(self, j: int) -> tuple[np.ndarray, list[int]]:
         """Block ``j``'s stored tokens and the starts of the documents in it, relative to its start."""
@@ -51,18 +51,25 @@ class TokenShard:
     def read(self, local: Sequence[int]) -> tuple[list[np.ndarray], list[list[int]]]:
         """The stored tokens of the blocks ``local`` (views of the stream) and, for each, the starts of
         the documents in it relative to its start: looked up for all of them at once."""
-        if self._positions is None:  # int64 once: searchsorted would convert the uint32 array at every call
-            self._positions = (self.blocks.astype(np.int64), self.documents.astype(np.int64))
-        blocks, documents = self._positions
-        spans = blocks[np.asarray(local, dtype=np.int64)]
+        spans = self.blocks[np.asarray(local, dtype=np.int64)]
+        # uint32, as the documents: searchsorted converts neither (an int64 needle converted the whole array)
         starts, ends = spans[:, 0], spans[:, 0] + spans[:, 1]
-        lo, hi = np.searchsorted(documents, starts), np.searchsorted(documents, ends)
-        tokens = [self.tokens[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        lo, hi = np.searchsorted(self.documents, starts), np.searchsorted(self.documents, ends)
+        starts_, ends_ = starts.tolist(), ends.tolist()
+        tokens = [self.tokens[a:b] for a, b in zip(starts_, ends_)]
+        documents = self.documents
         inside = [
             [d - a for d in documents[i:j].tolist()] if j > i else []
-            for a, i, j in zip(starts.tolist(), lo.tolist(), hi.tolist())
+            for a, i, j in zip(starts_, lo.tolist(), hi.tolist())
         ]
         return tokens, inside
+
+    def close(self) -> None:
+        """Let go of what this shard holds open (an HDF5 file, an LMDB transaction and environment);
+        no view of its stream may be used after."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.close()
 
     def check(self, section: TokenSection, samples: int, where: str, values: bool = True) -> str:
         """What is wrong with this shard of ``samples`` blocks as ``section`` describes them, or ``""``.
@@ -99,13 +106,12 @@ def npy_token_files(shard: str) -> list[str]:
 def open_npy_token_shard(directory: Path, shard: str, mmap: bool = True) -> TokenShard:
     """An npy token shard's arrays (``np.load``, memory-mapped unless ``mmap`` is False); OSError or
     ValueError where a file is missing or not an array."""
-    mode = "r" if mmap else None
-    tokens, blocks, documents = (
-        np.load(Path(directory) / name, mmap_mode=mode, allow_pickle=False) for name in npy_token_files(shard)
-    )
-    # A plain array over the map (slicing a np.memmap costs more than the copy of a block); the
-    # small arrays are read whole: each block looks them up.
-    return TokenShard(np.asarray(tokens), np.ascontiguousarray(blocks), np.ascontiguousarray(documents))
+    names = npy_token_files(shard)
+    tokens = np.load(Path(directory) / names[0], mmap_mode="r" if mmap else None, allow_pickle=False)
+    # The small arrays are read whole (each block looks them up; a map each would hold a file open);
+    # the stream is a plain array over its map (slicing a np.memmap costs more than copying a block).
+    blocks, documents = (np.load(Path(directory) / name, allow_pickle=False) for name in names[1:])
+    return TokenShard(np.asarray(tokens), blocks, documents)
 
 
 def open_hdf5_token_shard(directory: Path, shard: str) -> TokenShard:
@@ -121,6 +127,8 @@ def open_hdf5_token_shard(directory: Path, shard: str) -> TokenShard:
         offset = tokens.id.get_offset() if tokens.chunks is None and tokens.compression is None else None
         if offset is not None and tokens.ndim == 1:
             tokens = np.asarray(np.memmap(path, dtype=tokens.dtype, mode="r", offset=offset, shape=tokens.shape))
+            f.close()  # the map holds the file: no HDF5 handle stays open
+            return TokenShard(tokens, blocks, documents)
     except BaseException:
         f.close()
         raise
@@ -132,27 +140,36 @@ def open_lmdb_token_shard(directory: Path, shard: str) -> TokenShard:
     them; the environment is the process's shared one (``packer.spec.lmdb_envs``)."""
     from packer.spec.lmdb_envs import acquire, release
 
-    key, env = acquire(str(Path(directory) / f"{shard}{LMDB_SUFFIX}"))
+    # Resolved: py-lmdb refuses a second open of one file in a process, however its path is spelled.
+    key, env = acquire(str((Path(directory) / f"{shard}{LMDB_SUFFIX}").resolve()))
     try:
         txn = env.begin(buffers=True)
         values = [txn.get(k) for k in (LMDB_TOKENS, LMDB_BLOCKS, LMDB_DOCUMENTS)]
         if any(v is None for v in values):
             raise ValueError(f"{shard} lacks one of the keys tokens, blocks, documents")
         tokens, blocks, documents = (npy_view(v) for v in values)
+        blocks, documents = np.array(blocks), np.array(documents)
     except BaseException:
         release(key)
         raise
-    return TokenShard(tokens, np.array(blocks), np.array(documents), handle=(txn, _Released(key, release)))
+    return TokenShard(tokens, blocks, documents, handle=_LmdbHold(txn, key, release))
 
 
-class _Released:
-    """Releases an LMDB environment (``release(key)``) when the shard that holds it is dropped."""
+class _LmdbHold:
+    """An LMDB shard's read transaction and its environment's share, let go of once: by ``close``, or
+    when the shard is dropped."""
 
-    def __init__(self, key: tuple, release: Any) -> None:
-        self.key, self.release = key, release
+    def __init__(self, txn: Any, key: tuple, release: Any) -> None:
+        self.txn, self.key, self.release = txn, key, release
+
+    def close(self) -> None:
+        txn, self.txn = self.txn, None
+        if txn is not None:
+            txn.abort()
+            self.release(self.key)
 
     def __del__(self) -> None:
-        self.release(self.key)
+        self.close()
 
 
 __all__ = ["TokenShard", "npy_token_files", "open_npy_token_shard", "open_hdf5_token_shard", "open_lmdb_token_shard"]

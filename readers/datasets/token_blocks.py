@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
@@ -37,6 +38,13 @@ from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.loading.batch_buffers import SlotRing
 from readers.remote.urls import is_url
+
+MAX_OPEN_SHARDS = 64
+"""Shards a reader keeps open in one process (each holds a file descriptor), least recently used
+closed first: a shuffled read of a large output would otherwise run out of descriptors."""
+
+OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify")
+"""What ``open_dataset`` passes on to ``TokenBlocks``."""
 
 
 class TokenBlocks(Dataset):
@@ -82,7 +90,7 @@ class TokenBlocks(Dataset):
         self.section: TokenSection = section
         self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
         self._starts = self.manifest.shard_offsets
-        self._open: dict[int, TokenShard] = {}
+        self._open: OrderedDict[int, TokenShard] = OrderedDict()
         self._pid = os.getpid()
         self._ring: Optional[SlotRing] = None
 
@@ -155,6 +163,7 @@ class TokenBlocks(Dataset):
     def pieces(self, indices: Sequence[int]) -> tuple[list[np.ndarray], list[list[int]]]:
         """The stored ids of the blocks ``indices`` (views of their shards) and the document starts in
         each, looked up shard by shard: what ``batch_of`` makes a batch of."""
+        self._trim()  # before reading, never during: the blocks read are views of their shards
         by_shard: dict[int, list[int]] = {}
         for row, index in enumerate(indices):
             by_shard.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(row)
@@ -202,18 +211,27 @@ class TokenBlocks(Dataset):
             out["attention_mask"] = torch.from_numpy(same & causal[None]).unsqueeze(1)
         return out
 
+    def _trim(self) -> None:
+        """Close the least recently used shards beyond ``MAX_OPEN_SHARDS`` (each holds a file open)."""
+        if self._pid != os.getpid():
+            self._open, self._pid = OrderedDict(), os.getpid()  # a parent's: never used here
+        while len(self._open) > MAX_OPEN_SHARDS:
+            self._open.popitem(last=False)[1].close()
+
     def _shard(self, number: int) -> TokenShard:
         """Shard ``number``'s arrays, opened in this process on first use (a forked worker opens its own)."""
         if self._pid != os.getpid():
-            self._open, self._pid = {}, os.getpid()
+            self._open, self._pid = OrderedDict(), os.getpid()
         shard = self._open.get(number)
-        if shard is None:
+        if shard is not None:
+            self._open.move_to_end(number)
+        else:
             entry = self.manifest.shards[number]
             for f in entry.files:
                 self.files.path(f.path)  # inside the output, of the recorded size (and hash with verify)
             try:
                 shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
-            except (OSError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - numpy, h5py and lmdb each raise their own
                 raise ManifestError(
                     f"{self.root}: shard {entry.name} cannot be read ({e}); run packer verify {self.root}"
                 ) from None
@@ -225,7 +243,7 @@ class TokenBlocks(Dataset):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_open"] = {}  # memory maps are opened again by whoever unpickles
+        state["_open"] = OrderedDict()  # memory maps are opened again by whoever unpickles
         return state
 
     def __repr__(self) -> str:

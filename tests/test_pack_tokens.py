@@ -255,3 +255,17 @@ def test_append_adds_the_new_files_as_new_shards_and_refuses_what_would_mix(corp
     r = runner.invoke(cli, [*base[:7], str(other), *base[8:], "--append"])
     assert r.exit_code == 1 and "is not the tokenizer" in r.output
     assert read_manifest(out).samples == after.samples
+
+
+def test_commands_for_samples_refuse_a_token_output_with_what_to_do(corpus, tmp_path):
+    src, tokenizer, _ = corpus
+    out = tmp_path / "t"
+    pack_corpus(src, out, PackConfig("npy", 16, str(tokenizer)))
+    runner = CliRunner()
+    r = runner.invoke(cli, ["convert", str(out), "-f", "lmdb", "-o", str(tmp_path / "r")])
+    assert r.exit_code == 1 and "not repacked yet: convert its corpus again with -f lmdb" in r.output
+    r = runner.invoke(cli, ["preview", str(out), "--text"])
+    assert r.exit_code == 1 and "holds token blocks, not pictures" in r.output
+    for command in (["tune", str(out)], ["profile", str(out)], ["bench", str(out), "--compare", str(src)]):
+        r = runner.invoke(cli, command)
+        assert r.exit_code == 1 and "holds token blocks: packer" in r.output, command

@@ -4,6 +4,7 @@ the same batches with 0, 1 and 2 workers and on 2 ranks, resume mid-epoch exact 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -189,9 +190,57 @@ def test_a_mixture_of_token_outputs_weighs_its_parts_by_tokens(packed):
 
 
 def test_token_blocks_do_not_mix_with_samples(packed, image_tree, tmp_path):
+    from conftest import write_image
+
     from packer import ConvertConfig, convert
     from readers import open_mixture
 
-    convert(image_tree, tmp_path / "packed", ConvertConfig(format="npy"))
-    with pytest.raises(ValueError, match="cannot be combined"):  # labelled images, unlabelled blocks
-        open_mixture({"t": (packed["concat"], 1), "i": (tmp_path / "packed", 1)})
+    flat = tmp_path / "flat"
+    for i in range(3):
+        write_image(flat / f"{i}.png", seed=i)
+    for name, source in (("labelled", image_tree), ("unlabelled", flat)):
+        convert(source, tmp_path / name, ConvertConfig(format="npy"))
+        with pytest.raises(ValueError, match="holds token blocks and part 'i' samples"):
+            open_mixture({"t": (packed["concat"], 1), "i": (tmp_path / name, 1)})
+    with pytest.raises(TypeError, match="take return_dict, block_mask, vocab_size, seed, verify, not normalize"):
+        open_dataset(packed["concat"], normalize=False)
+
+
+def test_shards_beyond_the_open_limit_are_closed_and_opened_again(packed, tmp_path, monkeypatch):
+    import readers.datasets.token_blocks as token_blocks
+
+    monkeypatch.setattr(token_blocks, "MAX_OPEN_SHARDS", 2)
+    corpus, tokenizer = packed["concat"].parent / "corpus", packed["concat"].parent / "tokenizer.json"
+    for fmt in ("npy", "lmdb", "hdf5"):
+        out = tmp_path / fmt
+        pack_corpus(corpus, out, PackConfig(fmt, 24, str(tokenizer), shard_size=ShardSize(samples=3)))
+        ds, npy = open_dataset(out), open_dataset(packed["concat"])
+        order = np.random.default_rng(0).permutation(len(ds)).tolist()
+        for i in order + order:
+            assert torch.equal(ds.__getitems__([i])["input_ids"][0], npy[i]["input_ids"])
+            assert len(ds._open) <= 3  # the limit, plus the shard of the batch being read
+        if fmt == "lmdb":  # the same files by another spelling of their path, in this process
+            other = open_dataset(Path(os.path.relpath(out)))
+            assert torch.equal(other[0]["input_ids"], ds[0]["input_ids"])
+
+
+def test_a_hugging_face_causal_lm_takes_the_blocks_as_already_shifted_labels(packed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    ).eval()
+    ds = open_dataset(packed["best-fit"])
+    batch = next(iter(make_loader(ds, len(ds), seed=1)))  # every block: best-fit pads some
+    with torch.no_grad():
+        out = model(
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            labels=batch["labels"],
+            shift_labels=batch["labels"],
+        )
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+    assert (batch["labels"] == -100).any()  # best-fit padding is ignored
+    assert torch.allclose(out.loss, expected)

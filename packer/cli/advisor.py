@@ -79,6 +79,7 @@ def tune(
     if cuda and not torch.cuda.is_available():
         raise click.BadParameter("no CUDA device is available here", param_hint="--device")
     with _advisor_errors():
+        refuse_token_output(output, "tune")
         ds = open_dataset(output)
         cpus = usable_cpus()
         most = max_workers or most_useful_workers(ds, batch_size, cpus)
@@ -191,6 +192,7 @@ def profile(source: Path, samples: int, batch_size: int, like: Optional[Path], a
 
     with _advisor_errors():
         is_output = (source / MANIFEST_NAME).exists()
+        refuse_token_output(source, "profile")
         if is_output and like is not None:
             raise click.UsageError("--like is for a raw folder; an output is profiled with its own settings")
         pre = PreprocessConfig.from_dict(read_manifest(like).preprocess) if like is not None else None
@@ -264,6 +266,7 @@ def bench(
     from readers import open_dataset
 
     with _advisor_errors():
+        refuse_token_output(output, "bench")
         if plot_path is not None:
             require_matplotlib()  # before minutes of measuring, not after
         ds = open_dataset(output)
@@ -334,6 +337,15 @@ def _timer_bar(seconds: float, desc: str, quiet: bool) -> Iterator[_Tick]:
         total=seconds, desc=desc, disable=quiet, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s"
     ) as bar:
         yield _Tick(bar)
+
+
+def refuse_token_output(output: Path, command: str) -> None:
+    """A ClickException when ``output`` is a token output, which ``command`` does not measure."""
+    if (output / MANIFEST_NAME).is_file() and read_manifest(output).tokens is not None:
+        raise click.ClickException(
+            f"{output} holds token blocks: packer {command} measures outputs of images and text samples; "
+            "scripts/bench_tokens.py measures token conversion and block reads"
+        )
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import Optional
 import click
 
 from packer.spec.errors import PackerError
+from packer.spec.manifest import read_manifest
 
 
 def _grid(text: str) -> tuple[int, int]:
@@ -75,6 +76,12 @@ def preview(
         raise click.UsageError("give -o SHEET.png for the picture, or --text for a line a sample")
     columns, rows = _grid(grid)
     try:
+        manifest = read_manifest(output)
+        if manifest.tokens is not None:
+            raise click.ClickException(
+                f"{output} holds token blocks, not pictures: packer info {output} describes it, and "
+                "readers.open_dataset reads its blocks"
+            )
         options: dict = {"normalize": False, "return_meta": True, "seed": seed}
         if train:
             options.update(crop=RandomResizedCrop(crop), flip=flip)

@@ -115,6 +115,11 @@ def repack(
     started = time.perf_counter()
     source, output = Path(source), local_output(output)
     src = read_manifest(source)
+    if src.tokens is not None:
+        raise InputError(
+            f"{source} holds token blocks, which are not repacked yet: convert its corpus again with -f {fmt} "
+            "(the same --tokenizer and --pack)"
+        )
     src_layout = SampleLayout.from_manifest(src)
     layout = target_layout(source, src_layout, codec, quality)
     spec = get_format(fmt)

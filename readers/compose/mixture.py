@@ -106,6 +106,12 @@ class Mixture(Dataset):
             if len(ds) == 0:
                 raise ValueError(f"mixture part {name!r} holds no samples")
         self.weights = [float(w) for w in weights]
+        blocks = [isinstance(d, TokenBlocks) for d in self.datasets]
+        if any(blocks) and not all(blocks):
+            raise ValueError(
+                f"mixture part {self.names[blocks.index(True)]!r} holds token blocks and part "
+                f"{self.names[blocks.index(False)]!r} samples: a batch holds one or the other"
+            )
         check_same_classes(self.datasets)
         first = self.datasets[0]
         for name, ds in zip(self.names[1:], self.datasets[1:]):

@@ -26,11 +26,11 @@ from packer.records import ShardResult, Skipped
 from packer.run.staging import Staging
 from packer.sources.corpus import CorpusConfig, corpus_files, read_documents
 from packer.spec.entries import FileEntry
-from packer.spec.errors import InputError
+from packer.spec.errors import ConfigError, InputError
 from packer.spec.listed_files import file_entry, sha256_of
 from packer.spec.manifest import Manifest, ShardEntry, read_manifest
 from packer.spec.registry import TOKENS_SINCE, get_format
-from packer.spec.token_blocks import TokenSection, tokenizer_record
+from packer.spec.token_blocks import MAX_SHARD_TOKENS, TokenSection, tokenizer_record
 from packer.tokens.packing import PackPlan, ShardPlan, best_fit_plan, concat_plan, document_order
 from packer.tokens.tokenizing import CorpusTokenizer, Tokenized, corpus_tokenizer, tokenize
 
@@ -97,7 +97,12 @@ def append_corpus(
     old = read_manifest(output)
     tokenizer = corpus_tokenizer(config.tokenizer, config.eos, config.bos, config.bos_id)
     check_appendable(output, old, config, tokenizer)
-    held = {r[0]: r for r in old.source.get("corpus", [])}
+    if "corpus" not in old.source:
+        raise InputError(
+            f"{output} records no corpus files (a packer combine of token outputs), so what it holds of "
+            f"{source} is not known: pack the new files into an output of their own and combine the two"
+        )
+    held = {r[0]: r for r in old.source["corpus"]}
     files, records = [], []
     for path in corpus_files(source):
         record = corpus_record(path, source)
@@ -169,6 +174,9 @@ def check_appendable(output: Path, old: Manifest, config: PackConfig, tokenizer:
         "dtype": tokenizer.dtype.name,
     }
     held = {"format": old.format, **{k: getattr(s, k) for k in ("block", "packing", "eos", "bos", "dtype")}}
+    text = {"documents": config.documents, "text_key": config.text_key, "encoding": config.encoding}
+    given.update(text)
+    held.update({k: s.text.get(k, v) for k, v in text.items()})
     for key, value in given.items():
         if value != held[key]:
             raise InputError(
@@ -209,6 +217,12 @@ def _pack(
 ) -> _Packed:
     """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``."""
     started = time.perf_counter()
+    per_shard = config.blocks_per_shard(tokenizer.dtype.itemsize)
+    if per_shard * (config.block + 1) > MAX_SHARD_TOKENS:  # known now, not after an hour of tokenizing
+        raise ConfigError(
+            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a shard's uint32 "
+            f"positions ({MAX_SHARD_TOKENS}); use a smaller --shard-size"
+        )
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
     documents = read_documents(files, corpus, skipped.append, source)
     tokenized = tokenize(documents, tokenizer, stage / SPILL_NAME, skipped.append, config.strict, progress)
@@ -217,7 +231,7 @@ def _pack(
         raise InputError(f"{source} holds no document to tokenize ({len(skipped)} skipped)")
     order = document_order(len(tokenized.lengths), config.shuffle_seed)
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
-    plan = plan_of(tokenized.lengths, order, config.block, config.blocks_per_shard(tokenizer.dtype.itemsize))
+    plan = plan_of(tokenized.lengths, order, config.block, per_shard)
     results = _write_shards(stage, plan, tokenized, get_format(config.format), first)
     os.unlink(stage / SPILL_NAME)
     records = [corpus_record(f, source) for f in files]

@@ -59,8 +59,8 @@ class TokenSection:
     SHA-256 and vocabulary size. Counts: ``documents`` and ``tokens`` of the corpus (with the added
     ids), ``stored`` tokens in the shards (concat repeats each shard's last token at the next one's
     start; best-fit repeats a long document's token at each cut), ``padding`` (block positions
-    without a token: ``blocks * (block + 1) - stored``) and ``dropped`` (tokens not stored: none,
-    by either packing). ``shuffle_seed``: the seed of the documents' order, None for sorted order.
+    without a token: the sum over the blocks of ``block + 1 - length``) and ``dropped`` (tokens not
+    stored: none, by either packing). ``shuffle_seed``: the seed of the documents' order, None for sorted order.
     """
 
     block: int

@@ -12,7 +12,7 @@ from helpers import corpus_texts, make_bpe_tokenizer
 
 from packer.config import PackConfig, ShardSize
 from packer.ops.combine import combine
-from packer.ops.pack_tokens import pack_corpus
+from packer.ops.pack_tokens import append_corpus, pack_corpus
 from packer.output.verify import verify
 from packer.spec.errors import InputError
 from readers import open_dataset
@@ -39,6 +39,8 @@ def test_combined_blocks_are_the_inputs_blocks_in_order(tmp_path, fmt):
     ab, da, db = (open_dataset(tmp_path / n) for n in ("ab", "a", "b"))
     expected = [da[i]["input_ids"] for i in range(len(da))] + [db[i]["input_ids"] for i in range(len(db))]
     assert all(torch.equal(ab[i]["input_ids"], e) for i, e in enumerate(expected))
+    with pytest.raises(InputError, match="records no corpus files"):  # what it holds of a corpus is unknown
+        append_corpus(tmp_path / "ca", tmp_path / "ab", config)
 
 
 def test_blocks_of_another_tokenizer_size_or_kind_are_refused(tmp_path):

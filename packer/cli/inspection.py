@@ -10,6 +10,7 @@ from typing import Optional
 import click
 from tqdm import tqdm
 
+from packer.cli.options import OutputLocation
 from packer.cli.render import compare_class_maps, describe, describe_splits
 from packer.output.verify import verify as verify_output
 from packer.spec.errors import PackerError
@@ -18,12 +19,13 @@ from packer.spec.splits_record import is_splits_folder, read_splits, splits_prob
 
 
 @click.command()
-@click.argument("outputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("outputs", nargs=-1, required=True, type=OutputLocation())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def info(outputs: tuple[Path, ...], as_json: bool) -> None:
     """Describe the packed output OUTPUT (several: each, then whether their class maps agree).
 
     A folder of splits (written from train/val/... folders or with --split) is described split by split.
+    OUTPUT may be a URL (s3://bucket/out, gs://, https://): its manifest is read from there.
     """
     if as_json and len(outputs) > 1:
         raise click.UsageError("--json prints one manifest: give one output")
@@ -32,6 +34,15 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
         for n, output in enumerate(outputs):
             if n:
                 click.echo("")
+            if isinstance(output, str):  # a URL
+                from readers.remote.urls import open_manifest
+
+                m = open_manifest(output)
+                click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False) if as_json else describe(output, m))
+                maps.append((output, m.classes))
+                if as_json:
+                    return
+                continue
             if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
                 record = read_splits(output)
                 if as_json:
@@ -57,7 +68,7 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("output", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("output", type=OutputLocation())
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @click.option(
     "-j",
@@ -69,8 +80,12 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
 def verify(output: Path, quiet: bool, workers: Optional[int]) -> None:
     """Re-read every shard of OUTPUT: sizes, SHA-256 checksums, and that every sample decodes intact.
 
-    Exits 1 and names the shard, file and sample of each problem found.
+    Exits 1 and names the shard, file and sample of each problem found. OUTPUT may be a URL
+    (s3://bucket/out, gs://, https://): every file is then streamed once and checked against the
+    manifest's size and SHA-256 (a local copy's verify also decodes every sample).
     """
+    if isinstance(output, str):
+        return _verify_url(output, quiet)
     if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
         return _verify_splits(output, quiet, workers)
     try:
@@ -84,6 +99,28 @@ def verify(output: Path, quiet: bool, workers: Optional[int]) -> None:
         raise click.ClickException(str(e)) from None
     _fail_on(problems, output, "convert again, or restore the files named above")
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
+
+
+def _verify_url(url: str, quiet: bool) -> None:
+    """``packer verify URL``: every file streamed and checked (``readers.remote.urls.check_remote_output``)."""
+    from readers.remote.urls import check_remote_output, open_manifest
+
+    try:
+        m = open_manifest(url)
+        with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
+            found = check_remote_output(url, m, progress=bar.update)
+    except KeyboardInterrupt:
+        click.echo("packer: verify interrupted", err=True)
+        sys.exit(130)
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    if found:
+        for where, what in found:
+            click.echo(f"{where}: {what}", err=True)
+        raise click.ClickException(f"{url} is damaged: {len(found)} problem(s); upload the files named above again")
+    click.echo(
+        f"packer: {url} is intact: {m.samples} samples in {len(m.shards)} shard(s), every file's SHA-256 checked"
+    )
 
 
 def _fail_on(problems: list, output: Path, what_to_do: str) -> None:

@@ -117,6 +117,20 @@ class OutputFolder(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class OutputLocation(click.ParamType):
+    """An output to read: an existing local folder (a Path), or a URL (``s3://bucket/out``, ``https://``:
+    ``packer.spec.locations``), kept as its string."""
+
+    name = "output"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        from packer.spec.locations import names_url
+
+        if isinstance(value, str) and names_url(value):
+            return value
+        return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
+
+
 def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
     for option in reversed(options):  # decorators apply bottom-up; the help lists them top-down
         command = option(command)

@@ -74,6 +74,20 @@ def open_stream(url: str) -> IO[bytes]:
         raise ManifestError(f"{url} does not exist (is the output there, and complete?)") from None
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot open {url}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the backends' own (botocore's NoCredentialsError, google.auth's)
+        hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
+        if hint is None:
+            raise
+        raise ManifestError(f"cannot open {url}: {e}. {hint}") from None
+
+
+CREDENTIALS = {
+    "s3": "s3:// URLs are read with the standard AWS settings: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(or AWS_PROFILE, a profile of ~/.aws/credentials), and AWS_ENDPOINT_URL for an S3-compatible store",
+    "gs": "gs:// URLs are read with Google's default credentials: GOOGLE_APPLICATION_CREDENTIALS (a key file) "
+    "or gcloud auth application-default login",
+}
+"""What a credentials error of each scheme's backend means, said to the user."""
 
 
 class _Paced:

@@ -43,12 +43,13 @@ import shlex
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Iterator, Optional, Union
+from typing import IO, Callable, Iterator, Optional, Union
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
 from packer.spec.locations import is_url
 from packer.spec.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest
+from packer.spec.registry import FORMATS
 from packer.spec.tario import iter_tar_samples
 from readers.remote import streams
 from readers.remote.streams import open_stream
@@ -113,6 +114,44 @@ def read_remote_file(root: str, entry: FileEntry) -> bytes:
     finally:
         stream.close()
     return data
+
+
+def check_remote_output(
+    root: str, manifest: Manifest, progress: Optional[Callable[[int], None]] = None
+) -> list[tuple[str, str]]:
+    """``packer verify`` of an output at a URL: every file its manifest lists streamed once (nothing
+    kept) and compared with the manifest's size and SHA-256, and the files made from the manifest
+    (other loaders' shard lists) compared with what it makes of them now. Returns ``(where, what)``
+    of each problem; ``progress`` gets each shard's samples as it is checked."""
+    problems: list[tuple[str, str]] = []
+    for shard in manifest.shards:
+        for entry in shard.files:
+            url = file_url(root, entry.path)
+            try:
+                stream = _Checked(open_stream(url), url, entry, None)
+                try:
+                    while stream.read(streams.CHUNK):
+                        pass
+                    stream.finish()
+                finally:
+                    stream.close()
+            except ManifestError as e:
+                problems.append((shard.name, str(e)))
+        if progress is not None:
+            progress(shard.samples)
+    for name, expected in FORMATS[manifest.format].files_of_output(manifest).items():
+        url = file_url(root, name)
+        try:
+            with open_stream(url) as stream:
+                found = b"".join(iter(lambda: stream.read(streams.CHUNK), b""))
+        except ManifestError as e:
+            problems.append(("output", str(e)))
+            continue
+        if found != expected:
+            problems.append(
+                ("output", f"{url} does not match the manifest (other loaders would read the wrong shards)")
+            )
+    return problems
 
 
 def iter_remote_tar(root: str, entry: FileEntry, cache_dir: Optional[Union[str, os.PathLike]] = None) -> Iterator[dict]:

@@ -4,6 +4,7 @@ variables: streamed tar reads, packer info and verify of a bucket, a changed obj
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -105,3 +106,64 @@ def test_a_prefix_without_manifest_is_not_an_output(bucket):
     fs.pipe("data/half/shard-00000.tar", b"\0" * 1024)
     with pytest.raises(ManifestError, match="does not exist"):
         open_dataset("s3://data/half")
+
+
+def _convert(src, url, *more: str):
+    return CliRunner().invoke(cli, ["convert", str(src), "-f", "wds", "-o", url, "--size", "16", "-q", *more])
+
+
+def test_convert_into_a_bucket_uploads_a_checked_output_manifest_last(bucket, tmp_path):
+    fs, local = bucket
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 3, "bee": 2})
+    r = _convert(src, "s3://data/new", "--shard-size", "2")
+    assert r.exit_code == 0, r.output
+    assert "uploaded" in r.output and not any(p.name.startswith("packer-upload-") for p in tmp_path.iterdir())
+    m = json.loads(fs.cat_file("data/new/manifest.json"))
+    names = {p.split("/", 2)[2] for p in fs.find("data/new")}
+    assert {f["path"] for s in m["shards"] for f in s["files"]} | {"manifest.json", "report.txt"} <= names
+    assert ".packer-lock" not in names and m["samples"] == 5
+    assert CliRunner().invoke(cli, ["verify", "s3://data/new", "-q"]).exit_code == 0
+    assert sum(len(labels) for _, labels in make_loader(open_dataset("s3://data/new"), 2)) == 5
+    r = _convert(src, "s3://data/new")
+    assert r.exit_code == 1 and "already holds a packer output; pass --overwrite" in r.output
+    make_tree(src, {"cat": 2})
+    r = _convert(src, "s3://data/new", "--overwrite")
+    assert r.exit_code == 0, r.output
+    fs.invalidate_cache()  # this filesystem object listed the prefix before the upload
+    m2 = json.loads(fs.cat_file("data/new/manifest.json"))
+    kept = {f["path"] for s in m2["shards"] for f in s["files"]}
+    old = {f["path"] for s in m["shards"] for f in s["files"]} - kept
+    assert m2["samples"] == 7 and old and not any(fs.exists(f"data/new/{p}") for p in old)  # replaced, then removed
+
+
+def test_a_bucket_destination_is_refused_while_locked_or_foreign(bucket, tmp_path):
+    import time
+
+    fs, local = bucket
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2})
+    fs.pipe("data/foreign/notes.txt", b"someone else's")
+    r = _convert(src, "s3://data/foreign", "--overwrite")
+    assert r.exit_code == 1 and "not a packer output, refusing to write there" in r.output
+    assert fs.cat_file("data/foreign/notes.txt") == b"someone else's"
+    fs.pipe("data/locked/.packer-lock", json.dumps({"host": "h", "pid": 1, "started": time.time()}).encode())
+    r = _convert(src, "s3://data/locked")
+    assert r.exit_code == 1 and "another conversion is writing" in r.output
+    r = _convert(src, "s3://data/x", "--resume")
+    assert r.exit_code == 2 and "--resume with a bucket output is not built yet" in r.output
+
+
+def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
+    from helpers import corpus_texts, make_bpe_tokenizer
+
+    fs, local = bucket
+    texts = corpus_texts(20, longest=50)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tokenizer = make_bpe_tokenizer(tmp_path / "tokenizer.json", texts)
+    command = ["convert", str(tmp_path / "corpus"), "-f", "npy", "-o", "s3://data/tokens"]
+    r = CliRunner().invoke(cli, [*command, "--tokenizer", str(tokenizer), "--pack", "16", "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(fs.cat_file("data/tokens/manifest.json"))["tokens"]["documents"] == 20
+    assert CliRunner().invoke(cli, ["verify", "s3://data/tokens", "-q"]).exit_code == 0

@@ -6,7 +6,7 @@ or with ``--append``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -16,6 +16,7 @@ from packer.cli.grow import append_to, repack_output
 from packer.cli.option_values import parse_shard_size
 from packer.cli.options import preprocess_config
 from packer.cli.pack import run_pack
+from packer.cli.remote_output import uploaded
 from packer.config import ConvertConfig, DetectionConfig, ImageCodec, MaskConfig
 from packer.ops.nodes import NodeSplit
 from packer.ops.split_plans import parse_split_spec, split_folders
@@ -30,7 +31,37 @@ from packer.spec.text import TextConfig
 
 @click.command()
 @convert_options
-def convert(
+def convert(**params: Any) -> None:
+    """Convert the image (or text) folder SOURCE into a packed output.
+
+    Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
+    subfolders gives unlabelled samples. When every top-level folder is a split (train, val, valid,
+    validation, test) holding class folders, each split becomes an output of its own (OUTPUT/train,
+    ...) and all share one class map. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
+    are one sample with several fields. Unreadable files are skipped and listed at the end and in
+    the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
+    With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
+    averaged to one.
+
+    SOURCE may also be a packer output: it is then repacked from its own shards into another
+    --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing. Or a
+    container of images: a .parquet file (or a folder of them), a Hugging Face dataset saved with
+    save_to_disk, or WebDataset .tar shards (a file, or a folder of them).
+
+    With --pack BLOCK, SOURCE is a text corpus for language-model pretraining, tokenized with
+    --tokenizer once and packed into blocks of BLOCK tokens (docs/TOKENS.md).
+
+    OUTPUT may be a bucket (s3://bucket/prefix, gs://, any fsspec URL): the output is written to a
+    local temporary folder, then uploaded, each file checked, the manifest last.
+    """
+    if isinstance(params["output"], str):  # a URL: written locally, then uploaded
+        with uploaded(click.get_current_context(), params["output"]) as local:
+            _convert(**{**params, "output": local, "overwrite": False})
+        return
+    _convert(**params)
+
+
+def _convert(
     source: Path,
     fmt: str,
     output: Optional[Path],
@@ -87,25 +118,7 @@ def convert(
     num_nodes: Optional[int],
     node_rank: Optional[int],
 ) -> None:
-    """Convert the image (or text) folder SOURCE into a packed output.
-
-    Top-level subfolders of SOURCE are classes (as torchvision's ImageFolder); a folder without
-    subfolders gives unlabelled samples. When every top-level folder is a split (train, val, valid,
-    validation, test) holding class folders, each split becomes an output of its own (OUTPUT/train,
-    ...) and all share one class map. Files that share a stem (0001.jpg, 0001.txt, 0001.json)
-    are one sample with several fields. Unreadable files are skipped and listed at the end and in
-    the output's manifest.json and report.txt (`packer -v convert ...` logs each as it happens).
-    With --mode L, three-value settings (the imagenet statistics, --fill, --background) are
-    averaged to one.
-
-    SOURCE may also be a packer output: it is then repacked from its own shards into another
-    --format, --codec or --shard-size, keeping its samples, order, labels and preprocessing. Or a
-    container of images: a .parquet file (or a folder of them), a Hugging Face dataset saved with
-    save_to_disk, or WebDataset .tar shards (a file, or a folder of them).
-
-    With --pack BLOCK, SOURCE is a text corpus for language-model pretraining, tokenized with
-    --tokenizer once and packed into blocks of BLOCK tokens (docs/TOKENS.md).
-    """
+    """The conversion itself (see ``convert``), into a local folder."""
     if pack is not None:
         run_pack(click.get_current_context())
         return

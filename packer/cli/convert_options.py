@@ -9,7 +9,7 @@ from typing import Callable
 import click
 
 from packer.cli.options import (
-    OutputFolder,
+    ConvertDestination,
     decode_options,
     pack_options,
     preprocess_options,
@@ -27,9 +27,10 @@ _OPTIONS: list[Callable] = [
     click.option(
         "-o",
         "--output",
-        type=OutputFolder(),
+        type=ConvertDestination(),
         default=None,
-        help="Output folder.  [default: SOURCE-FORMAT beside the source]",
+        help="Output folder, or a bucket (s3://bucket/prefix: written locally, then uploaded).  "
+        "[default: SOURCE-FORMAT beside the source]",
         show_default=False,
     ),
     preprocess_options,

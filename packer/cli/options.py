@@ -131,6 +131,26 @@ class OutputLocation(click.ParamType):
         return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
 
 
+class ConvertDestination(click.ParamType):
+    """Where ``packer convert`` writes: a local folder, or a URL a fsspec backend writes (``s3://``,
+    ``gs://``), kept as its string; ``http(s)://`` and ``pipe:`` are refused (nothing writes them)."""
+
+    name = "folder or url"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        from packer.spec.locations import names_url
+
+        text = str(value)
+        if names_url(text):
+            if "://" not in text and not text.startswith("pipe:"):  # s3:/bucket, as pathlib spells it
+                text = text.replace(":/", "://", 1)
+            scheme = text.split("://")[0] if "://" in text else "pipe"
+            if scheme in ("http", "https", "pipe", "file"):
+                self.fail(f"{text}: packer cannot write {scheme} URLs; give s3://, gs:// or a local folder", param, ctx)
+            return text
+        return OutputFolder().convert(value, param, ctx)
+
+
 def _apply(options: tuple[Callable[[F], F], ...], command: F) -> F:
     for option in reversed(options):  # decorators apply bottom-up; the help lists them top-down
         command = option(command)

@@ -45,9 +45,9 @@ def local_output(output: str | os.PathLike) -> Path:
     text = os.fspath(output)
     if isinstance(text, str) and names_url(text):
         raise ConfigError(
-            f"{text} is not a local folder: packer writes outputs to a local folder (object storage is not "
-            "a destination yet). Convert to a local folder, then upload it (e.g. aws s3 cp --recursive OUT "
-            "s3://bucket/prefix); readers stream wds shards from s3:// and gs:// URLs"
+            f"{text} is not a local folder: packer writes outputs to a local folder here (the command "
+            "packer convert SRC -o s3://bucket/prefix uploads one; or upload a folder, e.g. aws s3 cp "
+            "--recursive OUT s3://bucket/prefix); readers stream wds shards from s3:// and gs:// URLs"
         )
     return Path(output)
 

@@ -145,8 +145,14 @@ def test_a_bucket_destination_is_refused_while_locked_or_foreign(bucket, tmp_pat
     make_tree(src, {"ant": 2})
     fs.pipe("data/foreign/notes.txt", b"someone else's")
     r = _convert(src, "s3://data/foreign", "--overwrite")
-    assert r.exit_code == 1 and "not a packer output, refusing to write there" in r.output
+    assert r.exit_code == 1 and "holds objects that are not packer's (notes.txt)" in r.output
     assert fs.cat_file("data/foreign/notes.txt") == b"someone else's"
+    fs.pipe("data/app/manifest.json", b'{"name": "my web app"}')  # packer's name, not packer's manifest
+    r = _convert(src, "s3://data/app", "--overwrite")
+    assert r.exit_code == 1 and "is not a packer manifest" in r.output
+    assert fs.cat_file("data/app/manifest.json") == b'{"name": "my web app"}'
+    r = _convert(src, "s3://nobucket/x")
+    assert r.exit_code == 1 and "cannot write s3://nobucket/x" in r.output and "does not exist" in r.output
     fs.pipe("data/locked/.packer-lock", json.dumps({"host": "h", "pid": 1, "started": time.time()}).encode())
     r = _convert(src, "s3://data/locked")
     assert r.exit_code == 1 and "another conversion is writing" in r.output
@@ -167,3 +173,50 @@ def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(fs.cat_file("data/tokens/manifest.json"))["tokens"]["documents"] == 20
     assert CliRunner().invoke(cli, ["verify", "s3://data/tokens", "-q"]).exit_code == 0
+
+
+def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypatch):
+    import packer.output.upload as upload
+
+    fs, local = bucket
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 3, "bee": 2})
+    assert _convert(src, "s3://data/kept", "--shard-size", "2").exit_code == 0
+    fs.invalidate_cache()
+    before = {p: fs.cat_file(p) for p in fs.find("data/kept")}
+    checked = upload._check_uploaded
+    calls = []
+
+    def fails_third(*args):
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError("connection reset")
+        checked(*args)
+
+    monkeypatch.setattr(upload, "_check_uploaded", fails_third)
+    make_tree(src, {"cat": 2})
+    r = _convert(src, "s3://data/kept", "--shard-size", "2", "--overwrite")
+    assert r.exit_code == 1 and "cannot write s3://data/kept: connection reset" in r.output
+    fs.invalidate_cache()
+    assert {p: fs.cat_file(p) for p in fs.find("data/kept")} == before  # the old output, whole; no lock
+    calls.clear()
+    r = _convert(src, "s3://data/fresh", "--shard-size", "2")
+    assert r.exit_code == 1 and not fs.find("data/fresh")  # nothing of the run left: a new run may start
+    monkeypatch.setattr(upload, "_check_uploaded", checked)
+    assert _convert(src, "s3://data/fresh", "--shard-size", "2").exit_code == 0
+    assert sum(len(labels) for _, labels in make_loader(open_dataset("s3://data/kept"), 2)) == 5
+
+
+def test_convert_into_a_bucket_without_credentials_says_which_are_read(bucket, tmp_path, monkeypatch):
+    import s3fs
+
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2})
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        r = _convert(src, "s3://data/creds")
+        assert r.exit_code == 1 and "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in r.output
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

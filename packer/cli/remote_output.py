@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -12,7 +13,8 @@ from typing import Iterator
 import click
 from tqdm import tqdm
 
-from packer.output.upload import check_destination, upload_output
+from packer.cli.signals import stop_on_signals
+from packer.output.upload import release, reserve, upload_output
 from packer.spec.errors import PackerError
 
 NOT_YET = {"resume": "--resume", "append_": "--append", "num_nodes": "--num-nodes"}
@@ -25,27 +27,34 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
     (the command's ``output`` and ``overwrite`` are that folder's for the block); removed either way."""
     p = ctx.params
     given = [flag for name, flag in NOT_YET.items() if p.get(name)]
+    if p.get("executor_name") == "ray":
+        given.append("--executor ray")  # its tasks write to a folder every node sees, not a private one
     if given:
         raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
     overwrite = bool(p.get("overwrite"))
     try:
-        check_destination(url, overwrite)  # before any work
+        dest = reserve(url, overwrite)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))
+    scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: the whole output, for now
     local = scratch / "output"
     saved = dict(p)
     p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
     try:
         yield local
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
-        with tqdm(total=size, unit="B", unit_scale=True, disable=bool(p.get("quiet")), desc="uploading") as bar:
+        with stop_on_signals():
             try:
-                sent = upload_output(local, url, overwrite, progress=bar.update)
+                with tqdm(total=size, unit="B", unit_scale=True, disable=bool(p.get("quiet")), desc="uploading") as bar:
+                    sent = upload_output(local, dest, progress=bar.update)
+            except KeyboardInterrupt:
+                click.echo(f"packer: upload interrupted; {url} is as it was before", err=True)
+                sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None
         click.echo(f"packer: uploaded {sent / 2**20:.1f} MB to {url}, every file checked, the manifest last")
     finally:
+        release(dest)
         p.clear()
         p.update(saved)
         shutil.rmtree(scratch, ignore_errors=True)

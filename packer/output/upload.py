@@ -1,108 +1,248 @@
 """An output written to object storage (``packer convert SRC -o s3://bucket/prefix``): a finished local
-output uploaded under a URL so that no reader ever sees it half written.
+output uploaded under a URL so that no reader ever takes it for a whole output before it is one.
 
-The steps: the prefix is checked (an output there is replaced only with ``overwrite``; other objects
-without a manifest are refused) and a lock object written (``.packer-lock``, refused while another
-run's is younger than ``LOCK_LEASE``); every file but the manifests is uploaded, in parallel, and read
-back to compare its size and SHA-256 with what was written; then each ``manifest.json`` (and a split
-set's ``splits.json``) last, so a prefix without one is never an output; then, with ``overwrite``,
-the objects of the replaced output that the new one does not list are removed, and the lock.
-Credentials and endpoint are fsspec's backend's own (for ``s3://``: the standard AWS variables,
-``AWS_ENDPOINT_URL`` included).
+``reserve`` comes first, before any conversion work: it checks the prefix and takes its lock.
+Another run's lock younger than ``LOCK_LEASE`` (by the store's own clock) refuses the run; the lock
+is created with the store's exclusive create where the backend offers it (S3: ``If-None-Match``),
+so two runs cannot both take it, and a thread renews it while the run lasts. An output there is
+replaced only with ``overwrite``; objects that are not packer's (not named as packer names its
+files, or a ``manifest.json`` that is not a packer manifest) are refused, never removed; a killed
+upload's leftovers (packer's names, no manifest) are replaced with ``overwrite``.
+
+``upload_output`` then puts the shard files in parallel, each read back and compared with what was
+written, then the other files of each output (``report.txt``, other loaders' shard lists), then each
+``manifest.json`` and last a split set's ``splits.json``: a prefix without its manifest is never an
+output, and a wds shard list never names a shard not yet uploaded. A failure before the manifests
+removes what the run uploaded (the prefix is as it was); after them, the replaced output's own
+objects that the new one does not list are removed. ``release`` lets go of the lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
-import time
+import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from packer.spec.errors import OutputError
-from packer.spec.manifest import MANIFEST_NAME
+from packer.spec.errors import ManifestError, OutputError
+from packer.spec.locations import CREDENTIALS
+from packer.spec.manifest import MANIFEST_NAME, parse_manifest
 
 LOCK_NAME = ".packer-lock"
 LOCK_LEASE = 3600.0
-"""Seconds a lock object holds off other runs; an older one is a killed run's."""
-LAST = (MANIFEST_NAME, "splits.json")
-"""Files uploaded after all the others, in this order: what makes the prefix an output."""
+"""Seconds a lock holds off other runs since it was last renewed; an older one is a dead run's."""
+RENEW_EVERY = 300.0
+"""Seconds between renewals of a run's own lock."""
+SPLITS_NAME = "splits.json"
 UPLOADS = 4
 """Files uploaded at once."""
+OWN_NAME = re.compile(
+    r"([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|report\.txt|shardindex\.json|"
+    r"manifest\.json|splits\.json)"
+)
+"""The names packer gives the files of an output (and of a split set's outputs, one folder down)."""
+
+
+@dataclass
+class Destination:
+    """A prefix reserved for one upload: its filesystem and path, the run's lock token, and the
+    objects of the output there before (packer's own: what ``overwrite`` may remove)."""
+
+    url: str
+    fs: Any
+    root: str
+    token: str
+    overwrite: bool
+    before: set[str]
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _renewer: Optional[threading.Thread] = None
 
 
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path in it; OutputError when no backend can write it."""
+    scheme = url.split("://")[0]
     try:
         import fsspec
 
-        return fsspec.core.url_to_fs(url)
+        fs, root = fsspec.core.url_to_fs(url)
     except ImportError as e:
+        extra = {"gs": "gcs", "gcs": "gcs"}.get(scheme, "s3")
         raise OutputError(
-            f"writing {url} needs fsspec's backend for it: {e} (pip install 'packer-datasets[s3]')"
+            f"writing {url} needs fsspec's backend for it: {e} (pip install 'packer-datasets[{extra}]')"
         ) from None
     except ValueError as e:
         raise OutputError(f"cannot write {url}: {e}") from None
+    return fs, root.rstrip("/")
 
 
-def check_destination(url: str, overwrite: bool) -> None:
-    """OutputError, before any work, when ``url`` cannot take an output: one is there and ``overwrite``
-    is not given, other objects are there without a manifest, or another run holds its lock."""
+def reserve(url: str, overwrite: bool) -> Destination:
+    """Check ``url`` and take its lock (see the module); OutputError saying what to do otherwise."""
     fs, root = filesystem(url)
-    names = _names(fs, root)
-    if any(n in names for n in LAST):
-        if not overwrite:
-            raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it")
-    elif names - {LOCK_NAME}:
-        stale = LOCK_NAME in names and _lock_age(fs, root) > LOCK_LEASE
-        if not (overwrite and stale):
+    with _store_errors(url):
+        names = _names(fs, root)
+        if LOCK_NAME in names and _lock_age(fs, root) <= LOCK_LEASE:
             raise OutputError(
-                f"{url} holds objects but no manifest.json: it is not a packer output, refusing to write there "
-                "(a killed upload's leftovers are replaced with --overwrite once its lock is an hour old)"
+                f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
+                f"{_lock_age(fs, root):.0f} s ago); wait for it, or remove the lock object if that run died"
             )
-    if LOCK_NAME in names and _lock_age(fs, root) <= LOCK_LEASE:
+        names.discard(LOCK_NAME)
+        foreign = sorted(n for n in names if not OWN_NAME.fullmatch(n))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise OutputError(f"{url} holds objects that are not packer's ({shown}): refusing to write there")
+        whole = _check_manifests(fs, root, names, url)
+        if whole and not overwrite:
+            raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it")
+        if names and not whole and not overwrite:
+            raise OutputError(
+                f"{url} holds the files of an upload that did not finish (no manifest.json): pass --overwrite "
+                "to replace them"
+            )
+        token = uuid.uuid4().hex
+        _write_lock(fs, root, token, exclusive=LOCK_NAME not in _names(fs, root), url=url)
+    dest = Destination(url, fs, root, token, overwrite, names)
+    dest._renewer = threading.Thread(target=_renew, args=(dest,), name="packer-lock", daemon=True)
+    dest._renewer.start()
+    return dest
+
+
+def upload_output(local: Path, dest: Destination, progress: Optional[Callable[[int], None]] = None) -> int:
+    """Upload the finished output (or split set) in ``local`` to the reserved ``dest`` (see the module);
+    returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked."""
+    fs, root = dest.fs, dest.root
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    relative = {p: p.relative_to(local).as_posix() for p in files}
+    shards = [p for p in files if p.name.startswith("shard-")]
+    last = (MANIFEST_NAME, SPLITS_NAME)
+    others = [p for p in files if p not in shards and p.name not in last]
+    manifests = sorted((p for p in files if p.name in last), key=lambda p: (last.index(p.name), relative[p]))
+    sent: list[str] = []
+
+    def put(path: Path) -> int:
+        target = f"{root}/{relative[path]}"
+        fs.put_file(str(path), target)
+        sent.append(relative[path])
+        _check_uploaded(fs, path, target, dest.url)
+        if progress is not None:
+            progress(path.stat().st_size)
+        return path.stat().st_size
+
+    with _store_errors(dest.url):
+        try:
+            with ThreadPoolExecutor(UPLOADS) as pool:
+                size = sum(pool.map(put, shards))
+            size += sum(put(p) for p in others)
+            _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
+        except BaseException:
+            for name in set(sent) - dest.before:  # the prefix as it was: nothing of this run's left
+                _remove(fs, f"{root}/{name}")
+            raise
+        size += sum(put(p) for p in manifests)  # one by one, after every other file: the output appears whole
+        if dest.overwrite:
+            for name in sorted(dest.before - set(relative.values())):
+                _remove(fs, f"{root}/{name}")  # the replaced output's own objects, now unlisted
+    return size
+
+
+def release(dest: Destination) -> None:
+    """Stop renewing the lock and remove it, if it is still this run's."""
+    dest._stop.set()
+    if dest._renewer is not None:
+        dest._renewer.join()
+    try:
+        if _lock_token(dest.fs, dest.root) == dest.token:
+            dest.fs.rm_file(f"{dest.root}/{LOCK_NAME}")
+    except Exception:  # noqa: BLE001 - a lock left behind is refused for an hour, never a wrong output
+        pass
+
+
+@contextlib.contextmanager
+def _store_errors(url: str) -> Iterator[None]:
+    """The backends' errors as OutputErrors naming the URL (credentials: which settings are read)."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except (OSError, ValueError, ManifestError) as e:
+        raise OutputError(f"cannot write {url}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - botocore's NoCredentialsError, google.auth's, ...
+        if "Credentials" not in type(e).__name__:
+            raise
+        raise OutputError(f"cannot write {url}: {e}. {CREDENTIALS.get(url.split('://')[0], '')}") from None
+
+
+def _check_manifests(fs: Any, root: str, names: set[str], url: str) -> bool:
+    """Whether an output (or a split set) is there; OutputError when its manifest is not packer's."""
+    wanted = [MANIFEST_NAME] if MANIFEST_NAME in names else []
+    if SPLITS_NAME in names:
+        try:
+            wanted += [f"{s}/{MANIFEST_NAME}" for s in json.loads(fs.cat_file(f"{root}/{SPLITS_NAME}"))["splits"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise OutputError(f"{url}/{SPLITS_NAME} is not packer's ({e}): refusing to write there") from None
+    for name in wanted:
+        try:
+            parse_manifest(fs.cat_file(f"{root}/{name}").decode("utf-8"), f"{url}/{name}")
+        except (ManifestError, UnicodeDecodeError, FileNotFoundError) as e:
+            raise OutputError(f"{url}/{name} is not a packer manifest ({e}): refusing to write there") from None
+    return bool(wanted)
+
+
+def _write_lock(fs: Any, root: str, token: str, exclusive: bool, url: str) -> None:
+    data = json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid()}).encode()
+    path = f"{root}/{LOCK_NAME}"
+    if not exclusive:  # a dead run's lock, replaced
+        fs.pipe_file(path, data)
+        return
+    try:
+        fs.pipe_file(path, data, mode="create")  # S3's If-None-Match: one of two racing runs wins
+    except FileExistsError:
+        raise OutputError(f"another conversion took the lock of {url} just now; wait for it") from None
+    except TypeError:  # a backend without exclusive create: the check above and this write can race
+        fs.pipe_file(path, data)
+
+
+def _renew(dest: Destination) -> None:
+    """Rewrite the lock every ``RENEW_EVERY`` seconds while the run lasts (its age is the store's clock)."""
+    while not dest._stop.wait(RENEW_EVERY):
+        try:
+            if _lock_token(dest.fs, dest.root) == dest.token:
+                _write_lock(dest.fs, dest.root, dest.token, exclusive=False, url=dest.url)
+        except Exception:  # noqa: BLE001 - checked again before the manifests go up
+            pass
+
+
+def _check_own_lock(dest: Destination) -> None:
+    if _lock_token(dest.fs, dest.root) != dest.token:
         raise OutputError(
-            f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} is {_lock_age(fs, root):.0f} s old); "
-            "wait for it, or remove the lock object if that run died"
+            f"{dest.url}: this run's lock was taken over by another run; nothing of this run is kept there"
         )
 
 
-def upload_output(local: Path, url: str, overwrite: bool, progress: Optional[Callable[[int], None]] = None) -> int:
-    """Upload the finished output (or split set) in ``local`` to ``url`` as the module says; returns the
-    bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked."""
-    check_destination(url, overwrite)
-    fs, root = filesystem(url)
-    old = _names(fs, root) - {LOCK_NAME}
-    fs.pipe_file(
-        f"{root}/{LOCK_NAME}",
-        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode(),
-    )
+def _lock_token(fs: Any, root: str) -> Optional[str]:
     try:
-        files = sorted(p for p in local.rglob("*") if p.is_file())
-        relative = {p: p.relative_to(local).as_posix() for p in files}
-        first = [p for p in files if p.name not in LAST]
-        last = sorted((p for p in files if p.name in LAST), key=lambda p: (LAST.index(p.name), relative[p]))
+        return json.loads(fs.cat_file(f"{root}/{LOCK_NAME}")).get("token")
+    except (OSError, ValueError, AttributeError):
+        return None
 
-        def put(path: Path) -> int:
-            target = f"{root}/{relative[path]}"
-            fs.put_file(str(path), target)
-            _check_uploaded(fs, path, target, url)
-            if progress is not None:
-                progress(path.stat().st_size)
-            return path.stat().st_size
 
-        with ThreadPoolExecutor(UPLOADS) as pool:
-            sent = sum(pool.map(put, first))
-        sent += sum(put(p) for p in last)  # one by one, after every shard: the output appears whole
-        if overwrite:
-            for name in sorted(old - set(relative.values())):
-                fs.rm_file(f"{root}/{name}")  # the replaced output's objects, once the new manifest is in place
-    finally:
-        fs.rm_file(f"{root}/{LOCK_NAME}")
-    return sent
+def _lock_age(fs: Any, root: str) -> float:
+    """Seconds since the lock under ``root`` was last written, by the store's clock where it says."""
+    try:
+        written = fs.modified(f"{root}/{LOCK_NAME}")
+        if written.tzinfo is None:
+            written = written.replace(tzinfo=timezone.utc)
+        return (datetime.now(timezone.utc) - written).total_seconds()
+    except (OSError, NotImplementedError, AttributeError, ValueError):
+        return LOCK_LEASE + 1  # unreadable: treated as a dead run's
 
 
 def _check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
@@ -122,6 +262,13 @@ def _check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 
+def _remove(fs: Any, path: str) -> None:
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+
+
 def _names(fs: Any, root: str) -> set[str]:
     """The objects under ``root``, relative to it, as the store has them now (not a cached listing)."""
     fs.invalidate_cache(root)
@@ -129,16 +276,8 @@ def _names(fs: Any, root: str) -> set[str]:
         found = fs.find(root)
     except FileNotFoundError:
         return set()
-    prefix = root.rstrip("/") + "/"
+    prefix = root + "/"
     return {p[len(prefix) :] for p in found if p.startswith(prefix)}
 
 
-def _lock_age(fs: Any, root: str) -> float:
-    """Seconds since the lock object under ``root`` was written (by its own record)."""
-    try:
-        return time.time() - float(json.loads(fs.cat_file(f"{root}/{LOCK_NAME}"))["started"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return LOCK_LEASE + 1  # unreadable: treated as a dead run's
-
-
-__all__ = ["check_destination", "upload_output", "LOCK_NAME", "LOCK_LEASE"]
+__all__ = ["Destination", "reserve", "upload_output", "release", "LOCK_NAME", "LOCK_LEASE"]

@@ -21,4 +21,14 @@ def names_url(text: str) -> bool:
     return is_url(text) or bool(_PATHLIB_SCHEME.match(text))
 
 
-__all__ = ["is_url", "names_url"]
+CREDENTIALS = {
+    "s3": "s3:// URLs are read and written with the standard AWS settings: AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, a profile of ~/.aws/credentials), and AWS_ENDPOINT_URL for an "
+    "S3-compatible store",
+    "gs": "gs:// URLs are read and written with Google's default credentials: GOOGLE_APPLICATION_CREDENTIALS "
+    "(a key file) or gcloud auth application-default login",
+}
+"""What a credentials error of each scheme's backend means, said to the user."""
+
+
+__all__ = ["is_url", "names_url", "CREDENTIALS"]

@@ -33,6 +33,7 @@ import urllib.request
 from typing import IO
 
 from packer.spec.errors import ManifestError
+from packer.spec.locations import CREDENTIALS
 
 CHUNK = 1 << 20  # bytes per read from a remote stream, at most
 TIMEOUT = 60.0  # seconds to connect and get an HTTP answer; reads after that follow the stall rule
@@ -79,15 +80,6 @@ def open_stream(url: str) -> IO[bytes]:
         if hint is None:
             raise
         raise ManifestError(f"cannot open {url}: {e}. {hint}") from None
-
-
-CREDENTIALS = {
-    "s3": "s3:// URLs are read with the standard AWS settings: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-    "(or AWS_PROFILE, a profile of ~/.aws/credentials), and AWS_ENDPOINT_URL for an S3-compatible store",
-    "gs": "gs:// URLs are read with Google's default credentials: GOOGLE_APPLICATION_CREDENTIALS (a key file) "
-    "or gcloud auth application-default login",
-}
-"""What a credentials error of each scheme's backend means, said to the user."""
 
 
 class _Paced:

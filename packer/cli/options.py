@@ -127,6 +127,8 @@ class OutputLocation(click.ParamType):
         from packer.spec.locations import names_url
 
         if isinstance(value, str) and names_url(value):
+            if "://" not in value and not value.startswith("pipe:"):  # s3:/bucket, as pathlib spells it
+                value = value.replace(":/", "://", 1)
             return value
         return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
 

@@ -220,3 +220,16 @@ def test_convert_into_a_bucket_without_credentials_says_which_are_read(bucket, t
         assert r.exit_code == 1 and "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in r.output
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_split_set_in_a_bucket_is_described_and_verified_split_by_split(bucket, tmp_path):
+    fs, local = bucket
+    src = tmp_path / "images"
+    make_tree(src / "train", {"ant": 3, "bee": 2})
+    make_tree(src / "val", {"ant": 1, "bee": 1})
+    assert _convert(src, "s3://data/splits").exit_code == 0
+    runner = CliRunner()
+    r = runner.invoke(cli, ["info", "s3://data/splits"])
+    assert r.exit_code == 0 and "s3://data/splits/train" in r.output and "s3://data/splits/val" in r.output
+    r = runner.invoke(cli, ["verify", "s3://data/splits", "-q"])
+    assert r.exit_code == 0 and "is intact: 7 samples" in r.output, r.output

@@ -34,14 +34,12 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
         for n, output in enumerate(outputs):
             if n:
                 click.echo("")
-            if isinstance(output, str):  # a URL
-                from readers.remote.urls import open_manifest
-
-                m = open_manifest(output)
-                click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False) if as_json else describe(output, m))
-                maps.append((output, m.classes))
-                if as_json:
-                    return
+            if isinstance(output, str):  # a URL: an output, or a split set's outputs
+                for url, m in _remote_outputs(output):
+                    click.echo(json.dumps(m.to_dict(), indent=1, ensure_ascii=False) if as_json else describe(url, m))
+                    maps.append((url, m.classes))
+                    if as_json:
+                        return
                 continue
             if is_splits_folder(output) and not (output / MANIFEST_NAME).exists():
                 record = read_splits(output)
@@ -101,14 +99,31 @@ def verify(output: Path, quiet: bool, workers: Optional[int]) -> None:
     click.echo(f"packer: {output} is intact: {m.samples} samples in {len(m.shards)} shard(s) verified")
 
 
-def _verify_url(url: str, quiet: bool) -> None:
-    """``packer verify URL``: every file streamed and checked (``readers.remote.urls.check_remote_output``)."""
-    from readers.remote.urls import check_remote_output, open_manifest
+def _remote_outputs(url: str) -> list:
+    """``(url, manifest)`` of the output at ``url``, or of each output of the split set there."""
+    from readers.remote.urls import open_manifest, remote_splits
 
     try:
-        m = open_manifest(url)
-        with tqdm(total=m.samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
-            found = check_remote_output(url, m, progress=bar.update)
+        return [(url, open_manifest(url))]
+    except PackerError:
+        names = remote_splits(url)
+        if not names:
+            raise
+        return [(f"{url.rstrip('/')}/{name}", open_manifest(f"{url.rstrip('/')}/{name}")) for name in names]
+
+
+def _verify_url(url: str, quiet: bool) -> None:
+    """``packer verify URL``: every file of the output (or of each of a split set's outputs) streamed
+    and checked (``readers.remote.urls.check_remote_output``)."""
+    from readers.remote.urls import check_remote_output
+
+    try:
+        outputs = _remote_outputs(url)
+        samples = sum(m.samples for _, m in outputs)
+        found = []
+        with tqdm(total=samples, unit="sample", disable=quiet, desc="verifying", dynamic_ncols=True) as bar:
+            for where, m in outputs:
+                found += check_remote_output(where, m, progress=bar.update)
     except KeyboardInterrupt:
         click.echo("packer: verify interrupted", err=True)
         sys.exit(130)
@@ -118,9 +133,8 @@ def _verify_url(url: str, quiet: bool) -> None:
         for where, what in found:
             click.echo(f"{where}: {what}", err=True)
         raise click.ClickException(f"{url} is damaged: {len(found)} problem(s); upload the files named above again")
-    click.echo(
-        f"packer: {url} is intact: {m.samples} samples in {len(m.shards)} shard(s), every file's SHA-256 checked"
-    )
+    shards = sum(len(m.shards) for _, m in outputs)
+    click.echo(f"packer: {url} is intact: {samples} samples in {shards} shard(s), every file's SHA-256 checked")
 
 
 def _fail_on(problems: list, output: Path, what_to_do: str) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import logging
 import os
 import re
@@ -114,6 +115,20 @@ def read_remote_file(root: str, entry: FileEntry) -> bytes:
     finally:
         stream.close()
     return data
+
+
+def remote_splits(root: str) -> Optional[list[str]]:
+    """The split names of a split set at the URL ``root`` (its ``splits.json``), or None when it has
+    none (an output, or nothing)."""
+    try:
+        with open_stream(file_url(root, "splits.json")) as stream:
+            data = stream.read(MANIFEST_BYTES + 1)
+    except ManifestError:
+        return None
+    try:
+        return [str(name) for name in json.loads(data.decode("utf-8"))["splits"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{file_url(root, 'splits.json')} is not a packer split set's record: {e}") from None
 
 
 def check_remote_output(

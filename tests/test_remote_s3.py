@@ -160,15 +160,20 @@ def test_a_bucket_destination_is_refused_while_locked_or_foreign(bucket, tmp_pat
     assert r.exit_code == 2 and "--resume with a bucket output is not built yet" in r.output
 
 
-def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
+def _token_corpus(folder, documents: int):
+    """A corpus of ``documents`` JSON Lines documents in ``folder / "corpus"`` and a tokenizer trained on it."""
     from helpers import corpus_texts, make_bpe_tokenizer
 
+    texts = corpus_texts(documents, longest=60)
+    (folder / "corpus").mkdir()
+    (folder / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return folder / "corpus", make_bpe_tokenizer(folder / "tokenizer.json", texts)
+
+
+def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
     fs, local = bucket
-    texts = corpus_texts(20, longest=50)
-    (tmp_path / "corpus").mkdir()
-    (tmp_path / "corpus" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    tokenizer = make_bpe_tokenizer(tmp_path / "tokenizer.json", texts)
-    command = ["convert", str(tmp_path / "corpus"), "-f", "npy", "-o", "s3://data/tokens"]
+    corpus, tokenizer = _token_corpus(tmp_path, 20)
+    command = ["convert", str(corpus), "-f", "npy", "-o", "s3://data/tokens"]
     r = CliRunner().invoke(cli, [*command, "--tokenizer", str(tokenizer), "--pack", "16", "-q"])
     assert r.exit_code == 0, r.output
     assert json.loads(fs.cat_file("data/tokens/manifest.json"))["tokens"]["documents"] == 20
@@ -233,3 +238,30 @@ def test_a_split_set_in_a_bucket_is_described_and_verified_split_by_split(bucket
     assert r.exit_code == 0 and "s3://data/splits/train" in r.output and "s3://data/splits/val" in r.output
     r = runner.invoke(cli, ["verify", "s3://data/splits", "-q"])
     assert r.exit_code == 0 and "is intact: 7 samples" in r.output, r.output
+
+
+def test_token_blocks_read_from_a_bucket_through_a_verified_cache(bucket, tmp_path):
+    import torch
+
+    fs, local = bucket
+    corpus, tokenizer = _token_corpus(tmp_path, 30)
+    for fmt in ("npy", "lmdb"):
+        command = ["convert", str(corpus), "-f", fmt, "-o", str(tmp_path / fmt), "--shard-size", "5"]
+        assert CliRunner().invoke(cli, [*command, "--tokenizer", str(tokenizer), "--pack", "16", "-q"]).exit_code == 0
+        fs.put(f"{tmp_path / fmt}/", f"data/blocks-{fmt}/", recursive=True)
+        with pytest.raises(ValueError, match="pass cache_dir="):
+            open_dataset(f"s3://data/blocks-{fmt}")
+        remote = open_dataset(f"s3://data/blocks-{fmt}", cache_dir=tmp_path / "cache")
+        near = open_dataset(tmp_path / fmt)
+        assert len(remote) == len(near) > 5
+        assert all(torch.equal(remote[i]["input_ids"], near[i]["input_ids"]) for i in range(len(near)))
+        batches = [b["input_ids"].tolist() for b in make_loader(remote, 4, num_workers=2, seed=3)]
+        assert batches == [b["input_ids"].tolist() for b in make_loader(near, 4, seed=3)]
+    # a shard changed in the bucket is never read: its download does not match the manifest
+    name = read_manifest(tmp_path / "npy").shards[-1].files[0].path
+    data = bytearray((tmp_path / "npy" / name).read_bytes())
+    data[-1] ^= 0xFF
+    fs.pipe(f"data/blocks-npy/{name}", bytes(data))
+    fresh = open_dataset("s3://data/blocks-npy", cache_dir=tmp_path / "other-cache")
+    with pytest.raises(ManifestError, match="SHA-256"):
+        fresh[len(fresh) - 1]

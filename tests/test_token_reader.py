@@ -135,7 +135,7 @@ def test_two_ranks_get_equal_disjoint_shares_of_every_block(packed, tmp_path):
 def test_refusals(packed, tmp_path):
     with pytest.raises(ValueError, match="vocabulary of 300"):
         open_dataset(packed["concat"], vocab_size=50257)
-    with pytest.raises(ValueError, match="read from a local folder"):
+    with pytest.raises(ValueError, match="pass cache_dir="):
         TokenBlocks("s3://bucket/tokens")
     with pytest.raises(ValueError, match="no images"):
         make_loader(open_dataset(packed["concat"]), 4, bucket_by_length=True)
@@ -202,7 +202,9 @@ def test_token_blocks_do_not_mix_with_samples(packed, image_tree, tmp_path):
         convert(source, tmp_path / name, ConvertConfig(format="npy"))
         with pytest.raises(ValueError, match="holds token blocks and part 'i' samples"):
             open_mixture({"t": (packed["concat"], 1), "i": (tmp_path / name, 1)})
-    with pytest.raises(TypeError, match="take return_dict, block_mask, vocab_size, seed, verify, not normalize"):
+    with pytest.raises(
+        TypeError, match="take return_dict, block_mask, vocab_size, seed, verify, cache_dir, not normalize"
+    ):
         open_dataset(packed["concat"], normalize=False)
 
 

@@ -22,6 +22,7 @@ nothing else, in whichever process reads it; each process opens the shards itsel
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -37,13 +38,13 @@ from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.loading.batch_buffers import SlotRing
-from readers.remote.urls import is_url
+from readers.remote.urls import cached_copy, is_url
 
 MAX_OPEN_SHARDS = 64
 """Shards a reader keeps open in one process (each holds a file descriptor), least recently used
 closed first: a shuffled read of a large output would otherwise run out of descriptors."""
 
-OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify")
+OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify", "cache_dir")
 """What ``open_dataset`` passes on to ``TokenBlocks``."""
 
 
@@ -52,7 +53,9 @@ class TokenBlocks(Dataset):
 
     ``vocab_size``: the vocabulary the training code expects; an output of another is refused (its
     ids would index another embedding). ``seed``: the default seed of ``make_loader``'s shuffle.
-    ``verify=True`` checks each shard file's SHA-256 before its first read.
+    ``verify=True`` checks each shard file's SHA-256 before its first read. ``root`` may be a URL
+    (``s3://bucket/tokens``, ``https://``): each shard is then downloaded once into ``cache_dir``,
+    checked against the manifest's size and SHA-256 as it streams, and read from there.
     """
 
     has_target = False  # what PackedLoader asks of every dataset it loads
@@ -67,14 +70,25 @@ class TokenBlocks(Dataset):
         vocab_size: Optional[int] = None,
         seed: int = 0,
         verify: bool = False,
+        cache_dir: Union[str, os.PathLike, None] = None,
     ) -> None:
+        self.url: Optional[str] = None
+        self.cache: Optional[Path] = None
         if is_url(root):
-            raise ValueError(
-                f"{root}: token outputs are read from a local folder for now; download it first "
-                "(e.g. aws s3 cp --recursive URL DIR)"
-            )
-        self.root = Path(root)
-        self.files = OutputFiles.open(self.root, verify=verify)
+            if cache_dir is None:
+                raise ValueError(
+                    f"{root}: token blocks are read at random, so each shard is downloaded once into a cache: "
+                    "pass cache_dir= (a local folder)"
+                )
+            self.url = str(root)
+            self.files = OutputFiles.open(self.url, verify=verify)
+            # A folder of this output's files (named by their SHA-256s), each verified as it is downloaded.
+            files = "".join(f.sha256 for shard in self.files.manifest.shards for f in shard.files)
+            self.cache = Path(cache_dir) / f"tokens-{hashlib.sha256(files.encode()).hexdigest()[:16]}"
+            self.root = self.cache
+        else:
+            self.root = Path(root)
+            self.files = OutputFiles.open(self.root, verify=verify)
         self.manifest = self.files.manifest
         section = self.manifest.tokens
         if section is None:
@@ -228,7 +242,10 @@ class TokenBlocks(Dataset):
         else:
             entry = self.manifest.shards[number]
             for f in entry.files:
-                self.files.path(f.path)  # inside the output, of the recorded size (and hash with verify)
+                if self.url is not None:  # downloaded once, verified, into this output's cache folder
+                    cached_copy(self.url, f, self.root)
+                else:
+                    self.files.path(f.path)  # inside the output, of the recorded size (and hash with verify)
             try:
                 shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
             except Exception as e:  # noqa: BLE001 - numpy, h5py and lmdb each raise their own

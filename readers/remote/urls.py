@@ -117,6 +117,24 @@ def read_remote_file(root: str, entry: FileEntry) -> bytes:
     return data
 
 
+def cached_copy(root: str, entry: FileEntry, folder: Path) -> Path:
+    """A verified local copy of the file ``entry`` of the output at ``root``, as ``folder / entry.path``:
+    the one there when it has the manifest's size, else downloaded (checked against the manifest's
+    size and SHA-256 as it streams, kept only once complete: a part file renamed into place)."""
+    target = Path(folder) / entry.path
+    if target.is_file() and target.stat().st_size == entry.bytes:
+        return target
+    url = file_url(root, entry.path)
+    stream = _Checked(open_stream(url), url, entry, target)
+    try:
+        stream.finish()
+    finally:
+        stream.close()
+    if not target.is_file():  # its part file was removed as a leftover meanwhile: downloaded again
+        return cached_copy(root, entry, folder)
+    return target
+
+
 def remote_splits(root: str) -> Optional[list[str]]:
     """The split names of a split set at the URL ``root`` (its ``splits.json``), or None when it has
     none (an output, or nothing)."""

@@ -118,6 +118,7 @@ def test_convert_into_a_bucket_uploads_a_checked_output_manifest_last(bucket, tm
     make_tree(src, {"ant": 3, "bee": 2})
     r = _convert(src, "s3://data/new", "--shard-size", "2")
     assert r.exit_code == 0, r.output
+    assert "to s3://data/new in" in r.output and "packer-upload-" not in r.output  # the summary names the bucket
     assert "uploaded" in r.output and not any(p.name.startswith("packer-upload-") for p in tmp_path.iterdir())
     m = json.loads(fs.cat_file("data/new/manifest.json"))
     names = {p.split("/", 2)[2] for p in fs.find("data/new")}

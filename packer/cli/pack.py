@@ -11,7 +11,7 @@ import click
 from tqdm import tqdm
 
 from packer.cli.option_values import parse_shard_size
-from packer.cli.render import human, skipped_summary
+from packer.cli.render import human, shown_as, skipped_summary
 from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
 from packer.config import PackConfig
@@ -111,8 +111,8 @@ def pack_summary(result: PackResult, verb: str = "wrote") -> None:
     size = sum(f.bytes for shard in m.shards for f in shard.files)
     rate = s.tokens / result.tokenize_seconds if result.tokenize_seconds else 0.0
     click.echo(
-        f"packer: {result.output} {verb} {m.samples:,} blocks of {s.block} tokens ({s.packing}) in {len(m.shards)} "
-        f"{m.format} shard(s), {human(size)} ({result.seconds:.1f} s)"
+        f"packer: {shown_as(result.output)} {verb} {m.samples:,} blocks of {s.block} tokens ({s.packing}) in "
+        f"{len(m.shards)} {m.format} shard(s), {human(size)} ({result.seconds:.1f} s)"
     )
     click.echo(
         f"  {s.documents:,} documents, {s.tokens:,} tokens ({rate:,.0f} tokens/s tokenized), {s.stored:,} stored "

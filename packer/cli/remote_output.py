@@ -13,6 +13,7 @@ from typing import Iterator
 import click
 from tqdm import tqdm
 
+from packer.cli.render import showing
 from packer.cli.signals import stop_on_signals
 from packer.output.upload import release, reserve, upload_output
 from packer.spec.errors import PackerError
@@ -41,7 +42,8 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
     saved = dict(p)
     p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
     try:
-        yield local
+        with showing(local, url):  # the summary names the bucket, not the temporary folder
+            yield local
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         with stop_on_signals():
             try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import click
 
@@ -51,9 +53,32 @@ def splits_summary(result: SplitsResult) -> None:
     )
     if record.unlabelled:
         classes += f" ({', '.join(record.unlabelled)}: unlabelled, no class folders)"
-    click.echo(f"packer: {how}: {counts} samples into {result.output}, {classes}, in {result.seconds:.1f} s")
+    click.echo(f"packer: {how}: {counts} samples into {shown_as(result.output)}, {classes}, in {result.seconds:.1f} s")
     for line in describe_missing(record):
         click.echo(f"  {line} (their indices are kept)")
+
+
+_SHOWN: dict[str, str] = {}
+"""Local folders shown as the place their output goes (a bucket: ``packer.cli.remote_output``)."""
+
+
+def shown_as(path: Any) -> str:
+    """``path`` as the user knows it: under a folder being uploaded, the URL it is uploaded to."""
+    text = str(path)
+    for local, url in _SHOWN.items():
+        if text == local or text.startswith(local + os.sep):
+            return url + text[len(local) :].replace(os.sep, "/")
+    return text
+
+
+@contextlib.contextmanager
+def showing(local: Path, url: str) -> Iterator[None]:
+    """Within the block, what is printed of ``local`` names ``url`` instead."""
+    _SHOWN[str(local)] = url.rstrip("/")
+    try:
+        yield
+    finally:
+        _SHOWN.pop(str(local), None)
 
 
 def summary(result: ConvertResult) -> None:
@@ -62,7 +87,7 @@ def summary(result: ConvertResult) -> None:
     rate = result.processed / result.seconds if result.seconds else 0.0
     click.echo(
         f"packer: wrote {m.samples} samples in {len(m.shards)} {m.format} shard(s), "
-        f"{human(result.bytes)}, to {result.output} in {result.seconds:.1f} s"
+        f"{human(result.bytes)}, to {shown_as(result.output)} in {result.seconds:.1f} s"
         + (f" ({rate:.0f} {'images' if m.sample_fields == ('image',) else 'samples'}/s)" if result.processed else "")
     )
     report = result.output / REPORT_NAME
@@ -87,7 +112,7 @@ def skipped_summary(skipped: list[Skipped], report: Path, what: str = "file(s)")
     if not skipped:
         return
     reasons = Counter(reason_kind(s.reason) for s in skipped)
-    click.echo(f"skipped {len(skipped)} {what}, all listed in {report}:", err=True)
+    click.echo(f"skipped {len(skipped)} {what}, all listed in {shown_as(report)}:", err=True)
     for kind, count in reasons.most_common():
         click.echo(f"  {count} x {kind}", err=True)
         for s in [s for s in skipped if reason_kind(s.reason) == kind][:SHOW_SKIPPED]:

@@ -165,8 +165,23 @@ def test_bad_urls_say_what_is_wrong(served):
         open_dataset("pipe:false {}")
     with pytest.raises(ManifestError, match="cannot open nosuchscheme://"):
         open_dataset("nosuchscheme://bucket/out")
-    with pytest.raises(ConfigError, match="NpyDataset reads local folders only"):
+    with pytest.raises(ConfigError, match="NpyDataset reads .* at random, .* pass cache_dir="):
         open_dataset(f"{url}/npy")
+
+
+def test_a_map_style_output_at_a_url_is_read_through_a_verified_cache(served, tmp_path):
+    root, url, requests = served
+    local = open_dataset(root / "npy", return_meta=True)
+    remote = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True)
+    assert samples(remote) == samples(local)
+    asked = len(requests)
+    again = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True)
+    assert samples(again) == samples(local)
+    assert all(r.endswith("manifest.json") for r in requests[asked:])  # the shards come from the cache
+    cached = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache")
+    loaders = [make_loader(d, 4, num_workers=2, seed=1) for d in (open_dataset(root / "npy"), cached)]
+    first, second = ([(x.numpy().tobytes(), y.tolist()) for x, y in loader] for loader in loaders)
+    assert first == second
 
 
 def test_text_lengths_come_checked_from_the_url(served):

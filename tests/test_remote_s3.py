@@ -266,3 +266,21 @@ def test_token_blocks_read_from_a_bucket_through_a_verified_cache(bucket, tmp_pa
     fresh = open_dataset("s3://data/blocks-npy", cache_dir=tmp_path / "other-cache")
     with pytest.raises(ManifestError, match="SHA-256"):
         fresh[len(fresh) - 1]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_a_map_style_output_in_a_bucket_reads_at_random_through_a_cache(bucket, tmp_path, fmt):
+    fs, _ = bucket
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 3})
+    local = tmp_path / fmt
+    convert(src, local, ConvertConfig(fmt, PreprocessConfig(size=(16, 12)), ShardSize(samples=3)), workers=2)
+    fs.put(f"{local}/", f"data/map-{fmt}/", recursive=True)
+    remote = open_dataset(f"s3://data/map-{fmt}", cache_dir=tmp_path / "cache")
+    near = open_dataset(local)
+    order = [6, 0, 3, 5, 1]  # at random: each shard downloaded when a sample of it is first asked for
+    assert [(remote[i][0].tolist(), remote[i][1]) for i in order] == [(near[i][0].tolist(), near[i][1]) for i in order]
+    batches = [
+        [(x.numpy().tobytes(), y.tolist()) for x, y in make_loader(d, 3, num_workers=2, seed=2)] for d in (remote, near)
+    ]
+    assert batches[0] == batches[1]

@@ -67,6 +67,10 @@ class ReaderBase:
     replaced since, by ``packer convert --overwrite``, is an error, never a mix of the two).
     ``verify=True`` also checks each file's SHA-256 against the manifest before its first read
     (about a second per GB from the page cache): no damaged byte is ever read.
+
+    A map-style output at a URL (``s3://bucket/out``, ``https://``) is read through ``cache_dir=``:
+    each shard file is downloaded once, when a sample of it is first asked for, checked against the
+    manifest's size and SHA-256 as it streams, and read from the local copy after.
     """
 
     format_name: str = ""
@@ -87,12 +91,13 @@ class ReaderBase:
         seed: int = 0,
         label_offset: int = 0,
         memory_format: torch.memory_format = torch.contiguous_format,
+        cache_dir: Optional[str | os.PathLike] = None,
     ) -> None:
-        if is_url(root) and not self.reads_urls:
+        cached = is_url(root) and not self.reads_urls
+        if cached and cache_dir is None:
             raise ConfigError(
-                f"{type(self).__name__} reads local folders only ({root} is a URL): the "
-                f"{self.format_name} format needs random access. Copy the output to a local disk, "
-                "or convert with --format wds, whose shards stream from URLs"
+                f"{type(self).__name__} reads {root} at random, so each of its shards is downloaded once into a "
+                f"local cache: pass cache_dir= (or convert with --format wds, whose shards stream from URLs)"
             )
         if is_url(root) and verify:
             raise ConfigError(
@@ -102,6 +107,8 @@ class ReaderBase:
         self.root: Any = root if is_url(root) else Path(root)  # Path, or the URL as given (readers.remote.urls)
         self.files = OutputFiles.open(self.root, self.format_name or None, bool(verify))
         """The output's files and identity: the manifest read once, each shard file checked before use."""
+        if cached:  # a map-style output at a URL: its shards downloaded once, verified, then read locally
+            self.root = self.files.through_cache(cache_dir)
         self.manifest = self.files.manifest
         if not is_url(root):
             check_split_member(self.root, self.files.manifest_sha256)

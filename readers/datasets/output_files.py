@@ -5,6 +5,7 @@ output replaced or removed since it was opened."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,7 +15,7 @@ from packer.spec.file_stamp import FileStamp
 from packer.spec.listed_files import sha256_of, unsafe_file
 from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.spec.registry import FORMATS, resolve
-from readers.remote.urls import is_url, open_manifest
+from readers.remote.urls import cached_copy, is_url, open_manifest
 
 _CHECKED: set[tuple] = set()
 """Files this process has checked (``check_file``), by identity: each is checked once, not at each
@@ -77,6 +78,19 @@ class OutputFiles:
         self.root, self.manifest, self.identity, self.manifest_sha256 = root, manifest, identity, digest
         self.verify = verify
         self.entries: dict[str, FileEntry] = {f.path: f for shard in manifest.shards for f in shard.files}
+        self.url: Optional[str] = None
+        """For an output read from a URL through a local cache (``through_cache``): its URL."""
+
+    def through_cache(self, cache_dir: Any) -> Path:
+        """Read the URL output through a local cache from now on: ``path`` downloads each file once into
+        a folder of ``cache_dir`` named by the output's files (checked against the manifest's size and
+        SHA-256 as it streams, kept only once whole) and gives the local copy. Returns that folder."""
+        if not is_url(self.root):
+            raise ValueError(f"{self.root} is a local folder: it needs no cache")
+        files = "".join(f.sha256 for shard in self.manifest.shards for f in shard.files)
+        self.url = str(self.root)
+        self.root = Path(cache_dir) / f"{self.manifest.format}-{hashlib.sha256(files.encode()).hexdigest()[:16]}"
+        return self.root
 
     @classmethod
     def open(cls, root: Any, format_name: Optional[str] = None, verify: bool = False) -> OutputFiles:
@@ -133,6 +147,11 @@ class OutputFiles:
         of a cut file, or through a damaged page number, kills the process with SIGBUS instead of
         raising an error. Call ``check_unchanged`` again once the file is open.
         """
+        if self.url is not None:  # a URL read through a cache: downloaded once, verified, then checked as local
+            entry = self.entries[relpath]
+            p = cached_copy(self.url, entry, self.root)
+            check_file(p, entry, False, FORMATS[self.manifest.format].structure)
+            return p
         self.check_unchanged()
         p = self.root / relpath
         unsafe = unsafe_file(p, self.root)

@@ -22,7 +22,6 @@ nothing else, in whichever process reads it; each process opens the shards itsel
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -38,7 +37,7 @@ from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.loading.batch_buffers import SlotRing
-from readers.remote.urls import cached_copy, is_url
+from readers.remote.urls import is_url
 
 MAX_OPEN_SHARDS = 64
 """Shards a reader keeps open in one process (each holds a file descriptor), least recently used
@@ -72,20 +71,14 @@ class TokenBlocks(Dataset):
         verify: bool = False,
         cache_dir: Union[str, os.PathLike, None] = None,
     ) -> None:
-        self.url: Optional[str] = None
-        self.cache: Optional[Path] = None
         if is_url(root):
             if cache_dir is None:
                 raise ValueError(
                     f"{root}: token blocks are read at random, so each shard is downloaded once into a cache: "
                     "pass cache_dir= (a local folder)"
                 )
-            self.url = str(root)
-            self.files = OutputFiles.open(self.url, verify=verify)
-            # A folder of this output's files (named by their SHA-256s), each verified as it is downloaded.
-            files = "".join(f.sha256 for shard in self.files.manifest.shards for f in shard.files)
-            self.cache = Path(cache_dir) / f"tokens-{hashlib.sha256(files.encode()).hexdigest()[:16]}"
-            self.root = self.cache
+            self.files = OutputFiles.open(str(root), verify=verify)
+            self.root = self.files.through_cache(cache_dir)  # each shard downloaded once, verified
         else:
             self.root = Path(root)
             self.files = OutputFiles.open(self.root, verify=verify)
@@ -242,10 +235,7 @@ class TokenBlocks(Dataset):
         else:
             entry = self.manifest.shards[number]
             for f in entry.files:
-                if self.url is not None:  # downloaded once, verified, into this output's cache folder
-                    cached_copy(self.url, f, self.root)
-                else:
-                    self.files.path(f.path)  # inside the output, of the recorded size (and hash with verify)
+                self.files.path(f.path)  # inside the output, of the recorded size (a URL's: downloaded, verified)
             try:
                 shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
             except Exception as e:  # noqa: BLE001 - numpy, h5py and lmdb each raise their own

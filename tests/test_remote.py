@@ -531,3 +531,48 @@ def test_a_chunked_answer_trickling_its_framing_stalls_within_the_window(monkeyp
         thread.join(10)
     assert isinstance(error, ManifestError), error
     assert str(error).startswith(f"{url} stalled: 0 bytes in the last"), error
+
+
+@contextlib.contextmanager
+def busy_server(root: Path, failures: int, code: int = 503, retry_after: str = "0") -> Iterator[tuple[str, list]]:
+    """``root``'s files on a loopback HTTP server that answers ``code`` (with ``Retry-After``) to the
+    first ``failures`` requests of each path; yields its URL and the (path, status) of each request."""
+    seen: list = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if sum(1 for p, _ in seen if p == self.path) < failures:
+                seen.append((self.path, code))
+                self.send_response(code)
+                self.send_header("Retry-After", retry_after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            seen.append((self.path, 200))
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_busy_or_throttling_server_is_tried_again_then_named(served):
+    root, _, _ = served
+    local = samples(open_dataset(root / "wds", return_meta=True))
+    with busy_server(root, failures=2, code=503) as (url, seen):
+        assert samples(open_dataset(f"{url}/wds", return_meta=True)) == local
+    busy, served_ok = ({p for p, s in seen if s == code} for code in (503, 200))
+    assert "/wds/manifest.json" in busy and busy == served_ok  # each path: twice busy, then served
+    with busy_server(root, failures=99, code=429) as (url, seen):
+        with pytest.raises(ManifestError, match=r"manifest.json: HTTP 429 .* \(after 5 tries\)"):
+            open_dataset(f"{url}/wds")
+    assert len(seen) == 5

@@ -30,7 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import IO
+from typing import IO, Optional
 
 from packer.spec.errors import ManifestError
 from packer.spec.locations import CREDENTIALS
@@ -46,22 +46,46 @@ _OWN_GROUP: dict = (
 )
 
 
+RETRIES = 4
+"""Opens of an http(s) URL tried again after a server error or a throttling answer (``RETRIED``):
+with waits of 0.5, 1, 2 and 4 s (or what ``Retry-After`` asks, up to ``RETRY_WAIT_MOST``). fsspec's
+backends retry on their own (botocore: its standard retry mode)."""
+RETRIED = frozenset({429, 500, 502, 503, 504})
+RETRY_WAIT_MOST = 30.0
+
+
+def _backoff(attempt: int, retry_after: Optional[str]) -> float:
+    """Seconds to wait before try ``attempt + 2``: the server's ``Retry-After`` (in seconds) where it
+    gives one, else doubling from half a second; never more than ``RETRY_WAIT_MOST``."""
+    try:
+        asked = float(retry_after) if retry_after is not None else None
+    except ValueError:
+        asked = None
+    return min(RETRY_WAIT_MOST, asked if asked is not None and asked >= 0 else 0.5 * 2**attempt)
+
+
 def open_stream(url: str) -> IO[bytes]:
     """A readable binary stream of ``url``, held to the stall rule (see the module): ``read(n)`` gives
     what has arrived, at most ``n`` bytes. ManifestError naming the URL when it cannot be opened."""
     if url.startswith("pipe:"):
         return _PipeStream(url[len("pipe:") :])  # type: ignore[return-value]
     if url.startswith(("http://", "https://")):
-        try:
-            response = urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 - the user's own URL
-        except urllib.error.HTTPError as e:
-            e.close()
-            missing = " (is the output there, and complete?)" if e.code == 404 else ""
-            raise ManifestError(f"{url}: HTTP {e.code} {e.reason}{missing}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise ManifestError(f"cannot open {url}: {getattr(e, 'reason', e)}") from None
-        except (http.client.HTTPException, ValueError) as e:  # a garbled answer (BadStatusLine), a bad URL
-            raise ManifestError(f"cannot open {url}: {type(e).__name__}: {e}") from None
+        for attempt in range(RETRIES + 1):
+            try:
+                response = urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 - the user's own URL
+                break
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code in RETRIED and attempt < RETRIES:  # busy or throttled: again, after a wait
+                    time.sleep(_backoff(attempt, e.headers.get("Retry-After")))
+                    continue
+                missing = " (is the output there, and complete?)" if e.code == 404 else ""
+                tries = f" (after {attempt + 1} tries)" if e.code in RETRIED else ""
+                raise ManifestError(f"{url}: HTTP {e.code} {e.reason}{missing}{tries}") from None
+            except (urllib.error.URLError, OSError) as e:
+                raise ManifestError(f"cannot open {url}: {getattr(e, 'reason', e)}") from None
+            except (http.client.HTTPException, ValueError) as e:  # a garbled answer (BadStatusLine), a bad URL
+                raise ManifestError(f"cannot open {url}: {type(e).__name__}: {e}") from None
         return _HttpStream(url, response)  # type: ignore[return-value]
     try:
         import fsspec

@@ -1,0 +1,188 @@
+"""Outputs in a bucket against the same on a local disk, on an S3-compatible server on 127.0.0.1
+(moto's server mode, through s3fs and botocore): the figures measure packer's overhead, not a network.
+
+    python scripts/bench_bucket.py --images 1000 --work /tmp/packer-bucket
+
+- **Conversion**: ``packer convert SRC -f wds -o s3://bench/out`` (written locally, uploaded, every
+  file read back, the manifest last) against ``-o LOCAL``, the same images, each a new process,
+  alternated ``--repeat`` times; the local scratch space the upload took (the whole output, for now).
+- **Random reads** of an npy output, shuffled batches of 64, 2 workers, one epoch each:
+  ``open_dataset("s3://bench/npy", cache_dir=...)`` with an empty cache (every shard downloaded
+  and verified on first use) and again with the cache full, against the local output read with its
+  page cache dropped (``/proc/sys/vm/drop_caches``, where this process may write it; otherwise warm,
+  and said so). The requests the server answered per batch are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from packer.advisor.host import describe_host  # noqa: E402
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+    "AWS_CONFIG_FILE": "/nonexistent/config",
+}
+
+
+class Requests(logging.Handler):
+    """Counts the requests the server's log records (werkzeug logs one line a request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def start_server() -> tuple[object, Requests]:
+    from moto.server import ThreadedMotoServer
+
+    counter = Requests()
+    log = logging.getLogger("werkzeug")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.handlers = [counter]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update({**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"})
+    return server, counter
+
+
+def timed_convert(src: Path, out: str, fmt: str) -> float:
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", "--overwrite"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def drop_page_cache() -> bool:
+    """Drop the page cache (the local output then reads from the disk); False where not allowed."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def epoch(root, batch: int, workers: int, cache_dir=None) -> tuple[float, int]:
+    from readers import make_loader, open_dataset
+
+    options = {} if cache_dir is None else {"cache_dir": cache_dir}
+    loader = make_loader(open_dataset(root, **options), batch, num_workers=workers, seed=0)
+    started, batches, samples = time.perf_counter(), 0, 0
+    for _, labels in loader:
+        batches += 1
+        samples += len(labels)
+    return samples / (time.perf_counter() - started), batches
+
+
+def run(args: argparse.Namespace) -> dict:
+    import bench
+    import s3fs
+
+    work = Path(args.work)
+    src = work / "images"
+    if not src.is_dir() or sum(1 for _ in src.rglob("*.jpg")) != args.images:
+        shutil.rmtree(src, ignore_errors=True)
+        bench.make_images(src, args.images)
+    server, requests = start_server()
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        fs.mkdir("bench")
+        host = describe_host()
+        print(f"{host.line()}; {args.images} images, {args.workers} workers", flush=True)
+        local, remote = [], []
+        for _ in range(args.repeat):  # alternated: the host's drift falls on both
+            local.append(timed_convert(src, str(work / "local-wds"), "wds"))
+            remote.append(timed_convert(src, "s3://bench/wds", "wds"))
+        size = sum(p.stat().st_size for p in (work / "local-wds").rglob("*") if p.is_file())
+        conversion = {
+            "local_s": local,
+            "bucket_s": remote,
+            "ratio": statistics.median(local) / statistics.median(remote),
+            "scratch_bytes": size,
+        }
+        print(f"conversion: local {local} s, into the bucket {remote} s: {conversion['ratio']:.2f}x", flush=True)
+        timed_convert(src, str(work / "local-npy"), "npy")
+        fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
+        cache = work / "cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        cold = drop_page_cache()
+        local_rate, _ = epoch(work / "local-npy", args.batch, args.workers)
+        before = requests.count
+        first_rate, batches = epoch("s3://bench/npy", args.batch, args.workers, cache)
+        first_requests = requests.count - before
+        before = requests.count
+        cached_rate, _ = epoch("s3://bench/npy", args.batch, args.workers, cache)
+        reads = {
+            "local_samples_per_s": local_rate,
+            "local_cold": cold,
+            "bucket_first_epoch": first_rate,
+            "bucket_cached_epoch": cached_rate,
+            "requests_per_batch_first": first_requests / batches,
+            "requests_per_batch_cached": (requests.count - before) / batches,
+        }
+        print(json.dumps(reads, indent=1), flush=True)
+        results = {"machine": host.to_dict(), "images": args.images, "conversion": conversion, "reads": reads}
+        (work / "bucket.json").write_text(json.dumps(results, indent=2))
+        print(markdown(results, args))
+        return results
+    finally:
+        server.stop()
+
+
+def markdown(r: dict, args: argparse.Namespace) -> str:
+    c, x = r["conversion"], r["reads"]
+    cold = "cold page cache" if x["local_cold"] else "warm page cache (drop_caches not allowed here)"
+    return "\n".join(
+        [
+            f"| {r['images']} images | seconds (runs) | ratio |",
+            "|---|---|---:|",
+            f"| convert -f wds to a local folder | {', '.join(f'{s:.1f}' for s in c['local_s'])} | 1.00x |",
+            f"| convert -f wds into the bucket | {', '.join(f'{s:.1f}' for s in c['bucket_s'])} | {c['ratio']:.2f}x |",
+            "",
+            f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch |",
+            "|---|---:|---:|---:|",
+            f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | |",
+            f"| bucket, empty cache (downloads) | {x['bucket_first_epoch']:.0f} "
+            f"| {x['bucket_first_epoch'] / x['local_samples_per_s']:.2f}x | {x['requests_per_batch_first']:.2f} |",
+            f"| bucket, cache full | {x['bucket_cached_epoch']:.0f} "
+            f"| {x['bucket_cached_epoch'] / x['local_samples_per_s']:.2f}x | {x['requests_per_batch_cached']:.2f} |",
+        ]
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--work", type=Path, default=Path("/tmp/packer-bucket"))
+    return p
+
+
+if __name__ == "__main__":
+    run(parser().parse_args())

@@ -220,7 +220,7 @@ def test_shards_beyond_the_open_limit_are_closed_and_opened_again(packed, tmp_pa
         order = np.random.default_rng(0).permutation(len(ds)).tolist()
         for i in order + order:
             assert torch.equal(ds.__getitems__([i])["input_ids"][0], npy[i]["input_ids"])
-            assert len(ds._open) <= 3  # the limit, plus the shard of the batch being read
+            assert len(ds.handles.open) <= 3  # the limit, plus the shard of the batch being read
         if fmt == "lmdb":  # the same files by another spelling of their path, in this process
             other = open_dataset(Path(os.path.relpath(out)))
             assert torch.equal(other[0]["input_ids"], ds[0]["input_ids"])

@@ -16,7 +16,6 @@ The files of each format's token shards are ``packer.spec.token_shards``'s.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
@@ -24,6 +23,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from packer.spec.errors import ConfigError, ManifestError
+from packer.spec.listed_files import sha256_of
 
 PACKINGS = ("concat", "best-fit")
 """How documents become blocks (``--pack-mode``)."""
@@ -122,9 +122,7 @@ class TokenSection:
 def tokenizer_record(path: str, vocab_size: int) -> dict:
     """What the manifest records of a ``tokenizer.json``: its file name, SHA-256 and vocabulary size
     (``--append`` and ``packer combine`` compare the hash)."""
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return {"file": os.path.basename(path), "sha256": digest, "vocab_size": int(vocab_size)}
+    return {"file": os.path.basename(path), "sha256": sha256_of(path), "vocab_size": int(vocab_size)}
 
 
 @dataclass
@@ -152,39 +150,72 @@ def read_blocks(
     out: Optional[np.ndarray] = None,
 ) -> BlockBatch:
     """The ``BlockBatch`` of blocks given as their stored tokens (``pieces``, each up to ``block + 1``
-    ids) and the positions in each where a document starts (``document_starts``, sorted).
-
-    Each block's ids are converted to int64 twice (inputs, and labels one position on) and the
-    position ids are computed for the whole batch from its runs: a batch costs about three int64
-    writes of its positions, which is what it holds. ``out``: where to write the three, a
-    ``(3, n, block)`` int64 array (a loader's reusable shared memory); fresh memory otherwise."""
+    ids) and the positions in each where a document starts (``document_starts``, sorted): ``out``
+    (or fresh memory) filled by ``fill_blocks``, then ``finish_blocks``."""
     n = len(pieces)
+    out = batch_memory(n, block, out)
+    runs = fill_blocks(out, range(n), pieces, document_starts, block, pad_id)
+    return finish_blocks(out, runs)
+
+
+def batch_memory(n: int, block: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Where a batch of ``n`` blocks is written: ``out`` (a loader's reusable shared memory), checked
+    to be a C-contiguous ``(3, n, block)`` int64 array, or fresh memory."""
     if out is None:
-        out = np.empty((3, n, block), dtype=np.int64)
+        return np.empty((3, n, block), dtype=np.int64)
     if out.shape != (3, n, block) or out.dtype != np.int64 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous (3, {n}, {block}) int64 array, not {out.dtype} {out.shape}")
-    inputs, labels, positions = out
-    cu = [0]  # where each run starts in the flattened batch
-    for row, (tokens, docs) in enumerate(zip(pieces, document_starts)):
+    return out
+
+
+def fill_blocks(
+    out: np.ndarray,
+    rows: Sequence[int],
+    pieces: Sequence[np.ndarray],
+    document_starts: Sequence[Sequence[int]],
+    block: int,
+    pad_id: int,
+) -> list[list[int]]:
+    """Write the inputs and labels of the blocks ``pieces`` into rows ``rows`` of ``out`` (see
+    ``batch_memory``); returns where a run starts in each (the document starts inside it, and where
+    its padding starts), what ``finish_blocks`` needs. The stored ids are copied here: once this
+    returns, ``pieces`` (views of their shard) may go.
+
+    Each block's ids are converted to int64 twice (inputs, and labels one position on): a batch
+    costs about three int64 writes of its positions, with the position ids, which is what it holds."""
+    inputs, labels = out[0], out[1]
+    runs = []
+    for row, tokens, docs in zip(rows, pieces, document_starts):
         length = len(tokens)
         real = min(length, block)
         inputs[row, :real] = tokens[:real]
         # From the stored ids again, not from the inputs: numpy converts uint16 to int64 several
         # times faster than it copies int64 rows one element apart.
         labels[row, : length - 1] = tokens[1 : block + 1]
-        base = row * block
-        cu += [base + d for d in docs if 0 < d < real]
+        starts = [d for d in docs if 0 < d < real]
         if length <= block:
             inputs[row, real:] = pad_id
             labels[row, real - 1 :] = IGNORE_INDEX
             if real < block:  # padding runs as its own sequence
-                cu.append(base + real)
+                starts.append(real)
+        runs.append(starts)
+    return runs
+
+
+def finish_blocks(out: np.ndarray, runs: Sequence[Sequence[int]]) -> BlockBatch:
+    """The ``BlockBatch`` of ``out`` once every row is filled (``fill_blocks``; ``runs`` in row order):
+    the position ids of the whole batch at once, and ``cu_seqlens``."""
+    _, n, block = out.shape
+    cu = [0]
+    for row, starts in enumerate(runs):
+        base = row * block
+        cu += [base + d for d in starts]
         cu.append(base + block)
-    runs = np.asarray(cu, dtype=np.int64)
-    lengths = np.diff(runs)
-    # Each position's distance from the start of its run, for the whole batch at once.
-    np.subtract(_count(n * block), np.repeat(runs[:-1], lengths), out=positions.reshape(-1))
-    return BlockBatch(inputs, labels, positions, runs.astype(np.int32), int(lengths.max()) if n else 0)
+    starts_ = np.asarray(cu, dtype=np.int64)
+    lengths = np.diff(starts_)
+    # Each position's distance from the start of its run.
+    np.subtract(_count(n * block), np.repeat(starts_[:-1], lengths), out=out[2].reshape(-1))
+    return BlockBatch(out[0], out[1], out[2], starts_.astype(np.int32), int(lengths.max()) if n else 0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -205,4 +236,7 @@ __all__ = [
     "tokenizer_record",
     "BlockBatch",
     "read_blocks",
+    "batch_memory",
+    "fill_blocks",
+    "finish_blocks",
 ]

@@ -207,6 +207,14 @@ class Mixture(Dataset):
         batches carry their epoch instead)."""
         self._epoch.fill_(int(epoch))
 
+    def order_record(self) -> dict:
+        """What a loader's order over this mixture depends on beyond its sampler's (``make_loader``
+        records it with the loader's state): the parts' sizes and weights, the seed."""
+        return {
+            "parts": {n: [len(d), w] for n, d, w in zip(self.names, self.datasets, self.weights)},
+            "seed": self.seed,
+        }
+
     def proportions(self) -> dict[str, int]:
         """How many samples each part gives an epoch."""
         return dict(zip(self.names, self.counts))
@@ -259,13 +267,8 @@ class Mixture(Dataset):
         # A part's crops and flips are those of its cycle: a sample drawn again is cropped anew.
         first = self.datasets[0]
         if isinstance(first, TokenBlocks):  # one batch of the parts' blocks, in the order asked
-            pieces: list = [None] * len(indices)
-            starts: list = [None] * len(indices)
-            for (k, _), rs in rows.items():
-                found = self.datasets[k].pieces([drawn[r][2] for r in rs])  # type: ignore[union-attr]
-                for r, t, d in zip(rs, *found):
-                    pieces[r], starts[r] = t, d
-            return first.batch_of(pieces, starts)
+            parts = [(self.datasets[k], rs, [drawn[r][2] for r in rs]) for (k, _), rs in rows.items()]
+            return first.batch_from(parts, len(indices))  # type: ignore[arg-type]
         got = {
             (k, cycle): self.datasets[k].__getitems__(EpochBatch([drawn[r][2] for r in rs], cycle))
             for (k, cycle), rs in rows.items()

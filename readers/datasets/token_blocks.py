@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
@@ -32,10 +31,12 @@ import torch
 from torch.utils.data import Dataset
 
 from packer.spec.errors import ManifestError
+from packer.spec.manifest import ShardEntry
 from packer.spec.registry import FORMATS
-from packer.spec.token_blocks import BlockBatch, TokenSection, read_blocks
+from packer.spec.token_blocks import BlockBatch, TokenSection, batch_memory, fill_blocks, finish_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
+from readers.datasets.shard_handles import ShardHandles
 from readers.loading.batch_buffers import SlotRing
 from readers.remote.urls import is_url
 
@@ -97,8 +98,8 @@ class TokenBlocks(Dataset):
         self.section: TokenSection = section
         self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
         self._starts = self.manifest.shard_offsets
-        self._open: OrderedDict[int, TokenShard] = OrderedDict()
-        self._pid = os.getpid()
+        self.handles = ShardHandles(MAX_OPEN_SHARDS)
+        """The shards open in this process (least recently used closed first; a fork opens its own)."""
         self._ring: Optional[SlotRing] = None
 
     # what the output holds -------------------------------------------------------------------
@@ -146,58 +147,62 @@ class TokenBlocks(Dataset):
         index = int(index)
         if not -len(self) <= index < len(self):
             raise IndexError(f"block {index} of {len(self)}")
-        batch = self.batch_of(*self.pieces([index % len(self)]), shared=False)
+        batch = self.batch_from([(self, [0], [index % len(self)])], 1, shared=False)
         if not self.return_dict:
             return batch[0][0], batch[1][0]
         return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """A whole batch of blocks, stacked (what ``make_loader``'s workers read)."""
-        return self._read([int(i) for i in indices])
+        indices = [int(i) for i in indices]
+        return self.batch_from([(self, range(len(indices)), indices)], len(indices))
 
     def with_ring(self, ring: Optional[SlotRing]) -> "TokenBlocks":
         """A copy whose batches read in a DataLoader worker are written into ``ring``'s shared slots
         (``make_loader``'s, made once: fresh shared memory for every batch costs the loader more
         than reading the batch)."""
-        copy = object.__new__(TokenBlocks)
-        copy.__dict__.update(self.__getstate__())
-        copy._ring = ring
-        return copy
+        clone = object.__new__(TokenBlocks)
+        clone.__dict__.update(self.__dict__)
+        clone.handles, clone._ring = ShardHandles(MAX_OPEN_SHARDS), ring  # shards of its own
+        return clone
 
-    def _read(self, indices: list[int]) -> Any:
-        return self.batch_of(*self.pieces(indices))
-
-    def pieces(self, indices: Sequence[int]) -> tuple[list[np.ndarray], list[list[int]]]:
-        """The stored ids of the blocks ``indices`` (views of their shards) and the document starts in
-        each, looked up shard by shard: what ``batch_of`` makes a batch of."""
-        self._trim()  # before reading, never during: the blocks read are views of their shards
-        by_shard: dict[int, list[int]] = {}
-        for row, index in enumerate(indices):
-            by_shard.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(row)
-        pieces: list[Any] = [None] * len(indices)
-        starts: list[Any] = [None] * len(indices)
-        for shard, rows in by_shard.items():
-            first = self._starts[shard]
-            tokens, documents = self._shard(shard).read([indices[r] - first for r in rows])
-            for r, t, d in zip(rows, tokens, documents):
-                pieces[r], starts[r] = t, d
-        return pieces, starts
-
-    def batch_of(self, pieces: list[np.ndarray], starts: list[list[int]], shared: bool = True) -> Any:
-        """The batch of blocks given by ``pieces`` (this output's or a mixture's of outputs like it),
-        written into a ring slot in a loader's worker when there is one free (``shared``)."""
-        n = len(pieces)
+    def batch_from(
+        self, parts: Sequence[tuple["TokenBlocks", Sequence[int], Sequence[int]]], n: int, shared: bool = True
+    ) -> Any:
+        """A batch of ``n`` blocks: each part ``(reader, rows, indices)`` (this output, or a mixture's
+        outputs like it) writes its blocks ``indices`` into rows ``rows``; in a loader's worker into a
+        ring slot when one is free (``shared``)."""
         block = self.section.block
         claimed = None
         if shared and self._ring is not None and not self.block_mask:
             claimed = self._ring.claim(3 * n, torch.int64, (1, block))
-        out = claimed[1].numpy().reshape(3, n, block) if claimed is not None else None
-        blocks = read_blocks(pieces, starts, block, self.section.pad_id, out)
+        out = batch_memory(n, block, claimed[1].numpy().reshape(3, n, block) if claimed is not None else None)
+        runs: list[Any] = [None] * n
+        for reader, rows, indices in parts:
+            for row, starts in zip(rows, reader.fill(out, rows, indices)):
+                runs[row] = starts
+        blocks = finish_blocks(out, runs)
         if claimed is not None:
             return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
         if not self.return_dict:
             return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
         return self._as_dict(blocks)
+
+    def fill(self, out: np.ndarray, rows: Sequence[int], indices: Sequence[int]) -> list[list[int]]:
+        """Write blocks ``indices`` into rows ``rows`` of ``out`` shard by shard (``fill_blocks``: each
+        shard's blocks are copied before the next shard is opened, which may close it); the runs of
+        each row, in the order given."""
+        by_shard: dict[int, list[int]] = {}
+        for k, index in enumerate(indices):
+            by_shard.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(k)
+        runs: list[Any] = [None] * len(indices)
+        for number, ks in by_shard.items():
+            first = self._starts[number]
+            tokens, documents = self.handles.get(number, self).read([indices[k] - first for k in ks])
+            found = fill_blocks(out, [rows[k] for k in ks], tokens, documents, self.section.block, self.section.pad_id)
+            for k, starts in zip(ks, found):
+                runs[k] = starts
+        return runs
 
     def _as_dict(self, blocks: BlockBatch) -> dict:
         out = _batch(
@@ -218,40 +223,29 @@ class TokenBlocks(Dataset):
             out["attention_mask"] = torch.from_numpy(same & causal[None]).unsqueeze(1)
         return out
 
-    def _trim(self) -> None:
-        """Close the least recently used shards beyond ``MAX_OPEN_SHARDS`` (each holds a file open)."""
-        if self._pid != os.getpid():
-            self._open, self._pid = OrderedDict(), os.getpid()  # a parent's: never used here
-        while len(self._open) > MAX_OPEN_SHARDS:
-            self._open.popitem(last=False)[1].close()
-
-    def _shard(self, number: int) -> TokenShard:
-        """Shard ``number``'s arrays, opened in this process on first use (a forked worker opens its own)."""
-        if self._pid != os.getpid():
-            self._open, self._pid = OrderedDict(), os.getpid()
-        shard = self._open.get(number)
-        if shard is not None:
-            self._open.move_to_end(number)
-        else:
-            entry = self.manifest.shards[number]
-            for f in entry.files:
-                self.files.path(f.path)  # inside the output, of the recorded size (a URL's: downloaded, verified)
-            try:
-                shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
-            except Exception as e:  # noqa: BLE001 - numpy, h5py and lmdb each raise their own
-                raise ManifestError(
-                    f"{self.root}: shard {entry.name} cannot be read ({e}); run packer verify {self.root}"
-                ) from None
-            problem = shard.check(self.section, entry.samples, f"{self.root}/{entry.name}", values=False)
-            if problem:
-                raise ManifestError(f"{problem}; run packer verify {self.root}")
-            self._open[number] = shard
+    def open_shard(self, entry: ShardEntry) -> TokenShard:
+        """A shard's arrays, checked (what ``ShardHandles`` opens in each process on first use)."""
+        for f in entry.files:
+            self.files.path(f.path)  # inside the output, of the recorded size (a URL's: downloaded, verified)
+        try:
+            shard = FORMATS[self.manifest.format].open_token_shard(self.root, entry.name)
+        except Exception as e:  # noqa: BLE001 - numpy, h5py and lmdb each raise their own
+            raise ManifestError(
+                f"{self.root}: shard {entry.name} cannot be read ({e}); run packer verify {self.root}"
+            ) from None
+        problem = shard.check(self.section, entry.samples, f"{self.root}/{entry.name}", values=False)
+        if problem:
+            shard.close()
+            raise ManifestError(f"{problem}; run packer verify {self.root}")
         return shard
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_open"] = OrderedDict()  # memory maps are opened again by whoever unpickles
-        return state
+    def close_shard(self, shard: TokenShard) -> None:
+        """Let go of a shard ``ShardHandles`` closes (its file, its LMDB transaction)."""
+        shard.close()
+
+    def read_labels(self, shard: TokenShard) -> np.ndarray:
+        """Blocks have no labels of their own (``ShardOpener``): their targets are their next ids."""
+        raise TypeError("token blocks have no labels of their own")
 
     def __repr__(self) -> str:
         s = self.section

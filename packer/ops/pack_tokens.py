@@ -20,12 +20,12 @@ import numpy as np
 from packer import __version__
 from packer.config import PackConfig
 from packer.output.files import check_output
-from packer.output.finish import content_tag, published_name
+from packer.output.finish import name_shards
 from packer.output.placed_shards import place_shard
 from packer.records import ShardResult, Skipped
+from packer.run.plan import shard_name
 from packer.run.staging import Staging
 from packer.sources.corpus import CorpusConfig, corpus_files, read_documents
-from packer.spec.entries import FileEntry
 from packer.spec.errors import ConfigError, InputError
 from packer.spec.listed_files import file_entry, sha256_of
 from packer.spec.manifest import Manifest, ShardEntry, read_manifest
@@ -247,7 +247,7 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first
     structure = spec.structure_checksum()  # LMDB's: readers check it before the library maps the file
     written = []
     for number, shard in enumerate(plan.shards):
-        name = f"shard-{number:05d}"
+        name = shard_name(number)
         writer = writer_class(stage, name, tokenized.dtype, shard.tokens)
         for doc, start, length in shard.pieces.tolist():
             begin = int(offsets[doc]) + start
@@ -255,17 +255,7 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first
         names = writer.close(shard.spans, _piece_starts(shard))
         files = [file_entry(stage, n, writer.digests.get(n), structure) for n in names]
         written.append(ShardResult(name, shard.blocks, files))
-    tag = content_tag(written)
-    renamed = []
-    for position, result in enumerate(written):
-        new = published_name(first + position, tag)
-        files = []
-        for f in result.files:
-            path = new + f.path[len(result.name) :]
-            os.replace(stage / f.path, stage / path)
-            files.append(FileEntry(path, f.bytes, f.sha256, f.structure_crc32))
-        renamed.append(ShardResult(new, result.samples, files))
-    return renamed
+    return name_shards(stage, written, [r.name for r in written], first)
 
 
 def _piece_starts(shard: ShardPlan) -> np.ndarray:

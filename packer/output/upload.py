@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from packer.spec.errors import ManifestError, OutputError
+from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
 
@@ -251,14 +252,11 @@ def _check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
     found = fs.info(target).get("size")
     if found != size:
         raise OutputError(f"{url}: {target} is {found} bytes after its upload, not {size}; run the conversion again")
-    local, remote = hashlib.sha256(), hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            local.update(block)
+    remote = hashlib.sha256()
     with fs.open(target, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             remote.update(block)
-    if local.digest() != remote.digest():
+    if remote.hexdigest() != sha256_of(path):
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 

@@ -168,7 +168,11 @@ def _json_line(line: str, name: str, number: int, key: str, bad: Callable[[int, 
     if not isinstance(record, dict) or key not in record:
         bad(number, f"has no {key!r} key (pass --text-key with the key that holds the text)")
         return
-    text = record[key]
+    yield from _document(record[key], name, number, key, bad)
+
+
+def _document(text: object, name: str, number: int, key: str, bad: Callable[[int, str], None]) -> Iterator[Document]:
+    """The document of a line's or row's ``key`` value, or its problem given to ``bad``."""
     if not isinstance(text, str):
         bad(number, f"its {key!r} is {type(text).__name__}, not a string")
     elif not text.strip():
@@ -196,12 +200,7 @@ def _table_documents(
                 raise DecodeError(name, f"has no column {config.text_key!r} (pass --text-key with the text column)")
             for text in batch.column(config.text_key).to_pylist():
                 row += 1
-                if not isinstance(text, str):
-                    bad(row, f"row {row}'s {config.text_key!r} is {type(text).__name__}, not a string")
-                elif not text.strip():
-                    bad(row, "the document is empty")
-                else:
-                    yield Document(text, name, row)
+                yield from _document(text, name, row, config.text_key, bad)
     except (pa.ArrowException, OSError) as e:
         raise DecodeError(
             name, f"cannot be read as {'Parquet' if path.suffix.lower() == '.parquet' else 'Arrow'}: {e}"

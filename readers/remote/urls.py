@@ -163,9 +163,7 @@ def check_remote_output(
             try:
                 stream = _Checked(open_stream(url), url, entry, None)
                 try:
-                    while stream.read(streams.CHUNK):
-                        pass
-                    stream.finish()
+                    stream.finish()  # reads it all, then compares size and SHA-256
                 finally:
                     stream.close()
             except ManifestError as e:

@@ -45,8 +45,9 @@ from readers.loading.bucket_sampler import AspectBucketSampler
 from readers.loading.collate import ArraysAcrossWorkers, detection_collate, packed_collate, pad_collate
 from readers.loading.length_sampler import LengthBucketSampler
 from readers.loading.packed_loader import PackedLoader
-from readers.loading.sampler import ORDER_VERSION, EpochBatchSampler, SamplerBatches, distributed_rank
+from readers.loading.sampler import ORDER_VERSION, EpochBatchSampler, SamplerBatches, distributed_rank, epoch_order
 from readers.loading.tar_batches import TarBatches
+from readers.loading.token_loader import token_loader
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def make_loader(
     if tokens:
         if decode != "workers" or buckets is not None or bucket_by_length or memory_format is not None:
             raise ValueError("token blocks have no images to decode, bucket or lay out, nor lengths to bucket by")
-        return _token_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)  # type: ignore[arg-type]
+        return token_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)  # type: ignore[arg-type]
     if isinstance(dataset, Mixture):
         if decode != "workers":
             raise ValueError("decode='device' reads one output; a mixture's parts are decoded in the workers")
@@ -323,83 +324,6 @@ def collate_for(dataset: ReaderBase, cuda: bool) -> Callable[[Any], Any]:
     return packed_collate
 
 
-def _token_loader(
-    dataset: Union[TokenBlocks, Mixture],
-    batch_size: int,
-    shuffle: bool,
-    seed: Optional[int],
-    drop_last: bool,
-    device: Union[str, torch.device, None],
-    overrides: dict,
-) -> PackedLoader:
-    """``make_loader`` of token blocks: make_loader's sampler (a seeded shuffle of blocks per epoch,
-    equal batches per rank, exact resume, on another rank count too) over whole batches read by
-    ``TokenBlocks.__getitems__``. No worker by default: a batch is a few memory-mapped copies, which
-    one process makes faster than it could hand them over from workers (``--workers`` in
-    ``scripts/bench_tokens.py`` measures it); ``num_workers=`` overrides."""
-    if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
-        raise ValueError("token blocks are read in make_loader's own order: pass no sampler or batch_sampler")
-    device = torch.device(device) if device is not None else None
-    if isinstance(dataset, Mixture) and seed is not None and int(seed) != dataset.seed:
-        dataset = dataset.with_seed(int(seed))  # the mixture's seed draws its parts' streams
-    seed = dataset.seed if seed is None else int(seed)
-    first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
-    rank, world = distributed_rank()
-    options: dict[str, Any] = {"num_workers": 0, "collate_fn": _whole_batch}
-    if device is not None and device.type == "cuda":
-        options["pin_memory"] = True
-    options.update(overrides)
-    if int(options.get("num_workers") or 0):
-        options.setdefault("persistent_workers", True)
-    workers = int(options.get("num_workers") or 0)
-    ring = None
-    if workers and not options.get("pin_memory") and not first.block_mask and isinstance(dataset, TokenBlocks):
-        per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
-        shape = (3 * batch_size, 1, 1, first.block_size)  # inputs, labels, position ids
-        if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) <= (shared_memory_free() or 0) // 2:
-            ring = SlotRing(workers, per_worker, shape, torch.int64, False)
-    sampler, order = _epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
-    if isinstance(dataset, Mixture):
-        order["mixture"] = _mixture_record(dataset)
-        read: Any = dataset
-    else:
-        read = dataset.with_ring(ring)
-    loader = DataLoader(read, batch_sampler=sampler, **options)
-    return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
-
-
-def _mixture_record(mixture: Mixture) -> dict:
-    """What a mixture loader's order depends on beyond the sampler's: its parts' sizes and weights, its seed."""
-    return {
-        "parts": {n: [len(d), w] for n, d, w in zip(mixture.names, mixture.datasets, mixture.weights)},
-        "seed": mixture.seed,
-    }
-
-
-def _epoch_order(
-    size: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool, rank: int, world: int
-) -> tuple[EpochBatchSampler, dict]:
-    """make_loader's own batch sampler over ``size`` samples, and what its order depends on (the
-    loader's ``state_dict`` records it, ``load_state_dict`` checks it)."""
-    sampler = EpochBatchSampler(
-        size, batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
-    )
-    order = {
-        "batch_size": batch_size,
-        "world_size": world,
-        "seed": seed,
-        "bucket_by_length": False,
-        "sampler": None,
-        "order": ORDER_VERSION,
-    }
-    return sampler, order
-
-
-def _whole_batch(batch: Any) -> Any:
-    """The collate of a dataset whose ``__getitems__`` gives whole batches: the batch as it is."""
-    return batch
-
-
 def _mixture_loader(
     mixture: Mixture,
     batch_size: int,
@@ -440,9 +364,9 @@ def _mixture_loader(
         options.pop("persistent_workers", None)
         options.pop("prefetch_factor", None)
     options.setdefault("collate_fn", collate_for(first, cuda))
-    sampler, order = _epoch_order(len(mixture), batch_size, shuffle, seed, drop_last, rank, world)
+    sampler, order = epoch_order(len(mixture), batch_size, shuffle, seed, drop_last, rank, world)
     loader = DataLoader(mixture, batch_sampler=sampler, **options)
-    order = {**order, "mixture": _mixture_record(mixture)}
+    order = {**order, "mixture": mixture.order_record()}
     if first.crops is not None:
         order["augment"] = repr(first.crops.augment)
     return PackedLoader(mixture, loader, sampler, None, device, None, order)

@@ -341,4 +341,23 @@ class SamplerBatches(EpochChoice):
         """Nothing to check beyond the loader's own: the sampler is the caller's."""
 
 
-__all__ = ["EpochBatchSampler", "SamplerBatches", "distributed_rank"]
+def epoch_order(
+    size: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool, rank: int, world: int
+) -> tuple[EpochBatchSampler, dict]:
+    """make_loader's own batch sampler over ``size`` samples, and what its order depends on (the
+    loader's ``state_dict`` records it, ``load_state_dict`` checks it)."""
+    sampler = EpochBatchSampler(
+        size, batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world, drop_last=drop_last
+    )
+    order = {
+        "batch_size": batch_size,
+        "world_size": world,
+        "seed": seed,
+        "bucket_by_length": False,
+        "sampler": None,
+        "order": ORDER_VERSION,
+    }
+    return sampler, order
+
+
+__all__ = ["EpochBatchSampler", "SamplerBatches", "distributed_rank", "epoch_order"]

@@ -1,0 +1,67 @@
+"""``make_loader`` of token blocks (``readers.datasets.token_blocks``) and of mixtures of them."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from torch.utils.data import DataLoader
+
+from readers.compose.mixture import Mixture
+from readers.datasets.token_blocks import TokenBlocks
+from readers.loading.batch_buffers import SlotRing, shared_memory_free
+from readers.loading.packed_loader import PackedLoader
+from readers.loading.sampler import distributed_rank, epoch_order
+
+
+def token_loader(
+    dataset: Union[TokenBlocks, Mixture],
+    batch_size: int,
+    shuffle: bool,
+    seed: Optional[int],
+    drop_last: bool,
+    device: Union[str, torch.device, None],
+    overrides: dict,
+) -> PackedLoader:
+    """``make_loader`` of token blocks: make_loader's sampler (a seeded shuffle of blocks per epoch,
+    equal batches per rank, exact resume, on another rank count too) over whole batches read by
+    ``TokenBlocks.__getitems__``. No worker by default: a batch is a few memory-mapped copies, which
+    one process makes faster than it could hand them over from workers (``--workers`` in
+    ``scripts/bench_tokens.py`` measures it); ``num_workers=`` overrides."""
+    if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
+        raise ValueError("token blocks are read in make_loader's own order: pass no sampler or batch_sampler")
+    device = torch.device(device) if device is not None else None
+    if isinstance(dataset, Mixture) and seed is not None and int(seed) != dataset.seed:
+        dataset = dataset.with_seed(int(seed))  # the mixture's seed draws its parts' streams
+    seed = dataset.seed if seed is None else int(seed)
+    first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
+    rank, world = distributed_rank()
+    options: dict[str, Any] = {"num_workers": 0, "collate_fn": _whole_batch}
+    if device is not None and device.type == "cuda":
+        options["pin_memory"] = True
+    options.update(overrides)
+    workers = int(options.get("num_workers") or 0)
+    if workers:
+        options.setdefault("persistent_workers", True)
+    ring = None
+    if workers and not options.get("pin_memory") and not first.block_mask and isinstance(dataset, TokenBlocks):
+        per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
+        shape = (3 * batch_size, 1, 1, first.block_size)  # inputs, labels, position ids
+        if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) <= (shared_memory_free() or 0) // 2:
+            ring = SlotRing(workers, per_worker, shape, torch.int64, False)
+    sampler, order = epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
+    if isinstance(dataset, Mixture):
+        order["mixture"] = dataset.order_record()
+        read: Any = dataset
+    else:
+        read = dataset.with_ring(ring)
+    loader = DataLoader(read, batch_sampler=sampler, **options)
+    return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
+
+
+def _whole_batch(batch: Any) -> Any:
+    """The collate of a dataset whose ``__getitems__`` gives whole batches: the batch as it is."""
+    return batch
+
+
+__all__ = ["token_loader"]

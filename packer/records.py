@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
-from zlib_ng.zlib_ng import crc32
 
 from packer.columns import HexColumn, IntColumn, StrColumn
 from packer.recorded_columns import RecordedColumn, per_sample_record, read_per_sample_record
+from packer.spec.checksums import stored_crc32
 from packer.spec.entries import FileEntry
 
 UNLABELLED = -1
@@ -74,32 +74,6 @@ class Sample:
         """CRC-32 of what is stored, to find damaged samples: the encoded bytes, or the image's raw
         bytes (C order, stored dtype), continued over each variable-length field's bytes in order."""
         return stored_crc32(self.encoded, self.image, self.fields.values())
-
-
-def stored_crc32(encoded: Optional[bytes], image: Optional[np.ndarray], fields: Iterable[bytes]) -> int:
-    """The CRC-32 stored beside a sample: of its ``encoded`` image bytes if any, else of its raw
-    ``image`` array (if any), continued over each variable-length field's bytes in order."""
-    if encoded is not None:
-        crc = crc32(encoded)
-    else:
-        crc = image_crc32(image) if image is not None else 0
-    return fields_crc32(fields, crc)
-
-
-def fields_crc32(values: Iterable[bytes], crc: int = 0) -> int:
-    """CRC-32 continued from ``crc`` over each field's bytes in order (``crc`` unchanged without fields)."""
-    for value in values:
-        crc = crc32(value, crc)
-    return crc
-
-
-def image_crc32(image: np.ndarray) -> int:
-    """CRC-32 of an array's raw bytes in C order, as stored with every sample.
-
-    Every CRC-32 here is zlib-ng's: the same values as zlib's (the checksum any zlib or
-    ``binascii.crc32`` recomputes), several times faster with the CPU's carry-less multiply, and
-    it runs once per sample in the converter's hot path and in verify."""
-    return crc32(np.ascontiguousarray(image).data)
 
 
 @dataclass

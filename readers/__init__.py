@@ -41,7 +41,9 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     each label, as torchvision's), ``return_meta``, ``crop`` (``RandomResizedCrop(224)``,
     ``CenterCrop(224, resize=256)``) and ``flip``, drawn from ``seed`` per epoch and sample
     (``readers.augment.crops``); the wds reader also takes ``shuffle`` (buffer size). ``root`` may be
-    a URL for wds outputs (``https://``, ``s3://``, ``pipe:CMD {}``; see ``readers.remote.urls``), with ``cache_dir=``.
+    a URL (``https://``, ``s3://``, ``gs://``): wds outputs stream (``pipe:CMD {}`` too; see
+    ``readers.remote.urls``), npy and hdf5 outputs are read by byte ranges (``readers.remote.ranges``),
+    lmdb ones through downloaded shards; ``cache_dir=`` keeps what was read, ``cache_limit=`` bounds it.
 
     A token output (``packer convert CORPUS --pack BLOCK``) gives a ``TokenBlocks`` of its blocks
     (options ``return_dict``, ``block_mask``, ``vocab_size``, ``seed``; ``readers.datasets.token_blocks``).

@@ -6,11 +6,12 @@
 - **Conversion**: ``packer convert SRC -f wds -o s3://bench/out`` (written locally, uploaded, every
   file read back, the manifest last) against ``-o LOCAL``, the same images, each a new process,
   alternated ``--repeat`` times; the local scratch space the upload took (the whole output, for now).
-- **Random reads** of an npy output, shuffled batches of 64, 2 workers, one epoch each:
-  ``open_dataset("s3://bench/npy", cache_dir=...)`` with an empty cache (every shard downloaded
-  and verified on first use) and again with the cache full, against the local output read with its
-  page cache dropped (``/proc/sys/vm/drop_caches``, where this process may write it; otherwise warm,
-  and said so). The requests the server answered per batch are counted.
+- **Random reads** of an npy output, shuffled batches of 64, 2 workers, one epoch each, against the
+  local output read with its page cache dropped (``/proc/sys/vm/drop_caches``, where this process
+  may write it; otherwise warm, and said so): ``open_dataset("s3://bench/npy")`` by byte ranges
+  without a cache; with ``cache_dir=`` empty, then full (the blocks of the first epoch); and with
+  ``download=True`` (every shard file downloaded whole and verified on first use). The requests the
+  server answered per batch are counted (every one: a shard's size, indexes and ranges).
 """
 
 from __future__ import annotations
@@ -85,10 +86,9 @@ def drop_page_cache() -> bool:
         return False
 
 
-def epoch(root, batch: int, workers: int, cache_dir=None) -> tuple[float, int]:
+def epoch(root, batch: int, workers: int, **options) -> tuple[float, int]:
     from readers import make_loader, open_dataset
 
-    options = {} if cache_dir is None else {"cache_dir": cache_dir}
     loader = make_loader(open_dataset(root, **options), batch, num_workers=workers, seed=0)
     started, batches, samples = time.perf_counter(), 0, 0
     for _, labels in loader:
@@ -127,23 +127,22 @@ def run(args: argparse.Namespace) -> dict:
         print(f"conversion: local {local} s, into the bucket {remote} s: {conversion['ratio']:.2f}x", flush=True)
         timed_convert(src, str(work / "local-npy"), "npy")
         fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
-        cache = work / "cache"
-        shutil.rmtree(cache, ignore_errors=True)
         cold = drop_page_cache()
-        local_rate, _ = epoch(work / "local-npy", args.batch, args.workers)
-        before = requests.count
-        first_rate, batches = epoch("s3://bench/npy", args.batch, args.workers, cache)
-        first_requests = requests.count - before
-        before = requests.count
-        cached_rate, _ = epoch("s3://bench/npy", args.batch, args.workers, cache)
-        reads = {
-            "local_samples_per_s": local_rate,
-            "local_cold": cold,
-            "bucket_first_epoch": first_rate,
-            "bucket_cached_epoch": cached_rate,
-            "requests_per_batch_first": first_requests / batches,
-            "requests_per_batch_cached": (requests.count - before) / batches,
+        local_rate, batches = epoch(work / "local-npy", args.batch, args.workers)
+        reads = {"local_samples_per_s": local_rate, "local_cold": cold, "batches": batches}
+        blocks, downloads = work / "blocks", work / "downloads"
+        for folder in (blocks, downloads):
+            shutil.rmtree(folder, ignore_errors=True)
+        runs = {  # in this order: the block cache is empty in the second and full in the third
+            "ranges": {},
+            "ranges_cache_empty": {"cache_dir": blocks},
+            "ranges_cache_full": {"cache_dir": blocks},
+            "download": {"cache_dir": downloads, "download": True},
         }
+        for name, options in runs.items():
+            before = requests.count
+            reads[name], _ = epoch("s3://bench/npy", args.batch, args.workers, **options)
+            reads[f"{name}_requests_per_batch"] = (requests.count - before) / batches
         print(json.dumps(reads, indent=1), flush=True)
         results = {"machine": host.to_dict(), "images": args.images, "conversion": conversion, "reads": reads}
         (work / "bucket.json").write_text(json.dumps(results, indent=2))
@@ -166,12 +165,21 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch |",
             "|---|---:|---:|---:|",
             f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | |",
-            f"| bucket, empty cache (downloads) | {x['bucket_first_epoch']:.0f} "
-            f"| {x['bucket_first_epoch'] / x['local_samples_per_s']:.2f}x | {x['requests_per_batch_first']:.2f} |",
-            f"| bucket, cache full | {x['bucket_cached_epoch']:.0f} "
-            f"| {x['bucket_cached_epoch'] / x['local_samples_per_s']:.2f}x | {x['requests_per_batch_cached']:.2f} |",
+            *(
+                f"| bucket, {label} | {x[name]:.0f} | {x[name] / x['local_samples_per_s']:.2f}x "
+                f"| {x[f'{name}_requests_per_batch']:.2f} |"
+                for name, label in READS.items()
+            ),
         ]
     )
+
+
+READS = {
+    "ranges": "byte ranges, no cache",
+    "ranges_cache_empty": "byte ranges, cache_dir empty",
+    "ranges_cache_full": "byte ranges, cache_dir full",
+    "download": "download=True, cache_dir empty (whole shards)",
+}
 
 
 def parser() -> argparse.ArgumentParser:

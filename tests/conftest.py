@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +103,38 @@ def image_tree(tmp_path: Path) -> Path:
     (root / "bee" / "Thumbs.db").write_bytes(b"\0\1")
     (root / "cat" / "notes.txt").write_text("not an image")
     return root
+
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",  # none of this machine's own settings
+    "AWS_CONFIG_FILE": "/nonexistent/config",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """An S3-compatible server on 127.0.0.1 (moto's server mode, as s3fs's own tests use), found
+    through the standard AWS variables, with a bucket ``data``: yields an s3fs filesystem of it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line a request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    # moto keeps its buckets in this process across servers: start from none (its reset API)
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
+    env = pytest.MonkeyPatch()
+    for key, value in {**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+        env.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("data")
+    yield fs
+    env.undo()
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()

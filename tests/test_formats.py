@@ -17,7 +17,8 @@ import packer.formats.lmdb as lmdb_format
 from packer.config import ImageCodec
 from packer.formats.lmdb import LmdbWriter
 from packer.formats.wds import ustar_header
-from packer.records import Sample, fields_crc32, image_crc32
+from packer.records import Sample
+from packer.spec.checksums import fields_crc32, image_crc32
 from packer.spec.codecs import encode_image
 from packer.spec.errors import ConfigError
 from packer.spec.listed_files import file_entry

@@ -165,20 +165,30 @@ def test_bad_urls_say_what_is_wrong(served):
         open_dataset("pipe:false {}")
     with pytest.raises(ManifestError, match="cannot open nosuchscheme://"):
         open_dataset("nosuchscheme://bucket/out")
-    with pytest.raises(ConfigError, match="NpyDataset reads .* at random, .* pass cache_dir="):
-        open_dataset(f"{url}/npy")
+    with pytest.raises(ConfigError, match="NpyDataset reads .* at random and download=True asks it, .*cache_dir="):
+        open_dataset(f"{url}/npy", download=True)
+
+
+def test_a_server_that_ignores_ranges_is_refused_never_sliced_wrong(served, monkeypatch):
+    from readers.remote import ranges
+
+    root, url, _ = served
+    monkeypatch.setattr(ranges, "BLOCK", 512)  # a range shorter than the file: this server sends it all
+    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+    with pytest.raises(ManifestError, match="does not answer range requests.*download=True and cache_dir="):
+        open_dataset(f"{url}/npy")[5]
 
 
 def test_a_map_style_output_at_a_url_is_read_through_a_verified_cache(served, tmp_path):
     root, url, requests = served
     local = open_dataset(root / "npy", return_meta=True)
-    remote = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True)
+    remote = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True, download=True)
     assert samples(remote) == samples(local)
     asked = len(requests)
-    again = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True)
+    again = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", return_meta=True, download=True)
     assert samples(again) == samples(local)
     assert all(r.endswith("manifest.json") for r in requests[asked:])  # the shards come from the cache
-    cached = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache")
+    cached = open_dataset(f"{url}/npy", cache_dir=tmp_path / "cache", download=True)
     loaders = [make_loader(d, 4, num_workers=2, seed=1) for d in (open_dataset(root / "npy"), cached)]
     first, second = ([(x.numpy().tobytes(), y.tolist()) for x, y in loader] for loader in loaders)
     assert first == second

@@ -5,7 +5,6 @@ variables: streamed tar reads, packer info and verify of a bucket, a changed obj
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 from click.testing import CliRunner
@@ -18,41 +17,16 @@ from packer.spec.errors import ManifestError
 from packer.spec.manifest import read_manifest
 from readers import make_loader, open_dataset
 
-AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",  # none of this machine's own settings
-    "AWS_CONFIG_FILE": "/nonexistent/config",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
-
 
 @pytest.fixture(scope="module")
-def bucket(tmp_path_factory):
+def bucket(s3_server, tmp_path_factory):
     """A wds output uploaded to ``s3://data/wds`` of an S3 server on 127.0.0.1, and its local folder."""
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line a request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = pytest.MonkeyPatch()
-    for key, value in {**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
-        env.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()
     src = tmp_path_factory.mktemp("src") / "images"
     make_tree(src, {"ant": 7, "bee": 6})
     local = tmp_path_factory.mktemp("out") / "wds"
     convert(src, local, ConvertConfig("wds", PreprocessConfig(size=(16, 12)), ShardSize(samples=4)), workers=2)
-    fs = s3fs.S3FileSystem()
-    fs.mkdir("data")
-    fs.put(f"{local}/", "data/wds/", recursive=True)
-    yield fs, local
-    env.undo()
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
+    s3_server.put(f"{local}/", "data/wds/", recursive=True)
+    return s3_server, local
 
 
 def _batches(root, workers: int) -> list:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer.pixels.source_codec import decode_stored
-from packer.records import StoredSample, stored_crc32
+from packer.records import StoredSample
+from packer.spec.checksums import stored_crc32
 from packer.spec.entries import TextField
 from packer.spec.listed_files import sha256_of, unsafe_file
 from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest

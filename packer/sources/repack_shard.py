@@ -19,7 +19,8 @@ import numpy as np
 from PIL import Image
 
 from packer.pixels.source_codec import decode_stored
-from packer.records import Sample, SourceItem, StoredSample, stored_crc32
+from packer.records import Sample, SourceItem, StoredSample
+from packer.spec.checksums import stored_crc32
 from packer.spec.codecs import encode_image
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry

@@ -31,7 +31,11 @@ from readers.datasets.output_info import FromInfo, OutputInfo
 from readers.datasets.samples import TargetTransform, Transform, build_sample
 from readers.datasets.tensors import BatchNormalize, ImageConverter, checked_memory_format
 from readers.loading.batch_buffers import BatchBuffers
+from readers.remote.block_cache import BlockCache
 from readers.remote.urls import is_url
+
+DEFAULT_CACHE_LIMIT = 16 << 30
+"""Bytes of blocks read by ranges that ``cache_dir`` keeps at most, by default (``readers.remote.block_cache``)."""
 
 
 class ReaderBase:
@@ -68,13 +72,19 @@ class ReaderBase:
     ``verify=True`` also checks each file's SHA-256 against the manifest before its first read
     (about a second per GB from the page cache): no damaged byte is ever read.
 
-    A map-style output at a URL (``s3://bucket/out``, ``https://``) is read through ``cache_dir=``:
-    each shard file is downloaded once, when a sample of it is first asked for, checked against the
-    manifest's size and SHA-256 as it streams, and read from the local copy after.
+    A map-style output at a URL (``s3://bucket/out``, ``gs://``, ``https://``) is read at random:
+    npy and hdf5 outputs by byte ranges, only the samples asked for (``readers.remote.ranges``: a
+    batch's requests at once, neighbours joined), each sample checked against the CRC-32 its shard
+    records; the blocks read are kept in ``cache_dir`` when given, at most about ``cache_limit`` bytes
+    (default ``DEFAULT_CACHE_LIMIT``). LMDB outputs, whose page layout cannot be read by ranges, and
+    any output with ``download=True``, are read through ``cache_dir``: each shard file downloaded
+    whole once, when a sample of it is first asked for, checked against the manifest's size and
+    SHA-256 as it streams, and read from the local copy after.
     """
 
     format_name: str = ""
     reads_urls: bool = False  # True for readers that stream shards from URLs (readers.remote.urls)
+    reads_ranges: bool = False  # True for readers of formats read by byte ranges from URLs (readers.remote.ranges)
 
     def __init__(
         self,
@@ -92,13 +102,20 @@ class ReaderBase:
         label_offset: int = 0,
         memory_format: torch.memory_format = torch.contiguous_format,
         cache_dir: Optional[str | os.PathLike] = None,
+        cache_limit: int = DEFAULT_CACHE_LIMIT,
+        download: bool = False,
     ) -> None:
-        cached = is_url(root) and not self.reads_urls
+        ranged = is_url(root) and self.reads_ranges and not download and not str(root).startswith("pipe:")
+        cached = is_url(root) and not self.reads_urls and not ranged
         if cached and cache_dir is None:
+            why = "its pages cannot be read by byte ranges" if not self.reads_ranges else "download=True asks it"
             raise ConfigError(
-                f"{type(self).__name__} reads {root} at random, so each of its shards is downloaded once into a "
-                f"local cache: pass cache_dir= (or convert with --format wds, whose shards stream from URLs)"
+                f"{type(self).__name__} reads {root} at random and {why}, so each of its shards is downloaded "
+                f"once into a local cache: pass cache_dir= (or convert with --format npy or hdf5, read by "
+                f"ranges, or wds, whose shards stream from URLs)"
             )
+        if cache_limit != DEFAULT_CACHE_LIMIT and cache_dir is None:
+            raise ConfigError("cache_limit= bounds the blocks kept in cache_dir=: pass cache_dir= too")
         if is_url(root) and verify:
             raise ConfigError(
                 "verify=True checks local shard files before they are read; streamed shards are "
@@ -109,6 +126,8 @@ class ReaderBase:
         """The output's files and identity: the manifest read once, each shard file checked before use."""
         if cached:  # a map-style output at a URL: its shards downloaded once, verified, then read locally
             self.root = self.files.through_cache(cache_dir)
+        elif ranged:  # only the samples asked for, each checked against its CRC-32
+            self.files.read_by_ranges(BlockCache(cache_dir, cache_limit) if cache_dir is not None else None)
         self.manifest = self.files.manifest
         if not is_url(root):
             check_split_member(self.root, self.files.manifest_sha256)

@@ -5,12 +5,16 @@ sample is one unfiltered chunk of exactly one image (how packer writes them): th
 path as npy, with the byte offsets taken from h5py, not assumed. Any other layout (a file
 rewritten with compression, say) is read through h5py. Encoded images (jpeg, png) are sliced out
 of the flat bytes dataset and decoded.
+
+From a URL, h5py reads the file through a ``RangeFile`` (``readers.remote.ranges``), the images
+by the same chunk offsets; a batch's chunks (of raw images, and of the flat bytes of encoded
+images and text fields) are fetched at once, and each sample is checked against its CRC-32.
 """
 
 from __future__ import annotations
 
 import mmap
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import h5py
 import numpy as np
@@ -20,6 +24,7 @@ from packer.spec.entries import TextField
 from packer.spec.manifest import ShardEntry
 from packer.spec.sample_layout import ImageStorage
 from packer.spec.shard_names import (
+    HDF5_CRC32,
     HDF5_FLAT_KEYS_SINCE,
     HDF5_IMAGE_SHAPES,
     HDF5_IMAGES,
@@ -31,6 +36,8 @@ from packer.spec.shard_names import (
     hdf5_varlen_names,
 )
 from readers.datasets.mapstyle import PackedDataset
+from readers.remote.ranges import RangeFile, RemoteBytes
+from readers.remote.sample_checks import SampleChecks
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
 
@@ -47,6 +54,9 @@ class _Hdf5Shard(NamedTuple):
     text: dict = {}  # field: (flat bytes dataset, N + 1 offsets)
     shapes: Optional[np.ndarray] = None  # N x 3, raw images of varying sizes (stored like encoded ones)
     flat_keys: bool = True  # keys as UTF-8 bytes (format version 4 on), else HDF5 strings
+    checks: Optional[SampleChecks] = None  # read by ranges from a URL: each sample checked as it is read
+    source: Any = None  # read by ranges: the file's RangeSource
+    flat_chunks: dict = {}  # read by ranges: dataset name: (file offset of each chunk, chunk length) where unfiltered
 
 
 def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
@@ -74,14 +84,33 @@ def chunk_offsets(images: h5py.Dataset) -> Optional[np.ndarray]:
     return offsets if ok[0] and (offsets >= 0).all() else None
 
 
+def flat_chunks(data: h5py.Dataset) -> Optional[tuple[np.ndarray, int]]:
+    """``(file offset of each chunk, chunk length)`` of a flat, chunked, unfiltered bytes dataset (the
+    chunks a range read of its elements needs), else None."""
+    if not hasattr(data.id, "chunk_iter") or data.chunks is None or data.id.get_create_plist().get_nfilters():
+        return None
+    length = data.chunks[0]
+    starts = np.full(-(-data.shape[0] // length), -1, dtype=np.int64)
+
+    def visit(info) -> None:
+        starts[info.chunk_offset[0] // length] = -1 if info.byte_offset is None else info.byte_offset
+
+    data.id.chunk_iter(visit)
+    return (starts, length) if (starts >= 0).all() else None
+
+
 class Hdf5Dataset(PackedDataset):
     """Map-style dataset over an hdf5 output (see PackedDataset for what items look like)."""
 
     format_name = "hdf5"
+    reads_ranges = True
 
     def open_shard(self, shard: ShardEntry) -> _Hdf5Shard:
-        path = self.files.path(shard.file(HDF5_SUFFIX))
-        f = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        name = shard.file(HDF5_SUFFIX)
+        ranged = self.files.ranged
+        source = self.files.source(name) if ranged else None
+        path = self.files.path(name) if not ranged else None
+        f = h5py.File(RangeFile(source) if ranged else path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
 
         def varlen(field: str) -> tuple[h5py.Dataset, np.ndarray]:
             data, offsets = hdf5_varlen_names(field)
@@ -89,29 +118,66 @@ class Hdf5Dataset(PackedDataset):
 
         text = {t.name: varlen(t.name) for t in self.text_fields}
         keys = self.manifest.format_version >= HDF5_FLAT_KEYS_SINCE  # by the manifest, never guessed from the file
+        remote: dict = {}
+        if ranged:
+            flat = [data for data, _ in text.values()]
+            if self.layout.image in (ImageStorage.ENCODED, ImageStorage.VARIABLE):
+                flat.append(f[hdf5_varlen_names("images")[0]])
+            chunks_of = {d.name: flat_chunks(d) for d in flat}
+            checks = SampleChecks(f[HDF5_CRC32][:], self.files.where(name))
+            remote = {"checks": checks, "source": source, "flat_chunks": chunks_of}
         kind = self.layout.image
         if kind is ImageStorage.NONE:
-            return _Hdf5Shard(f, None, None, text=text, flat_keys=keys)
+            return _Hdf5Shard(f, None, None, text=text, flat_keys=keys, **remote)
         if kind is ImageStorage.ENCODED:
-            return _Hdf5Shard(f, *varlen("images"), text=text, flat_keys=keys)
+            return _Hdf5Shard(f, *varlen("images"), text=text, flat_keys=keys, **remote)
         if kind is ImageStorage.VARIABLE:
-            return _Hdf5Shard(f, *varlen("images"), text=text, shapes=f[HDF5_IMAGE_SHAPES][:], flat_keys=keys)
+            shapes = f[HDF5_IMAGE_SHAPES][:]
+            return _Hdf5Shard(f, *varlen("images"), text=text, shapes=shapes, flat_keys=keys, **remote)
         images = f[HDF5_IMAGES]
         chunks = chunk_offsets(images)
         if chunks is None:
-            return _Hdf5Shard(f, images, None, text=text, flat_keys=keys)
+            return _Hdf5Shard(f, images, None, text=text, flat_keys=keys, **remote)
         shape = images.shape[1:]
-        mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # plain ndarray: cheaper to index
+        # A plain ndarray over the map: cheaper to index than a np.memmap. From a URL, by ranges.
+        mapped = RemoteBytes(source) if ranged else np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))
         nbytes = images.dtype.itemsize * int(np.prod(shape))
-        return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text, flat_keys=keys)
+        return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text, flat_keys=keys, **remote)
 
-    def read_stored(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
+    def image_bytes(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
+        """The image of sample ``local`` as the file holds it: a chunk's bytes, a row, or its slice of
+        the flat bytes."""
         if handle.mapped is not None:
             start = handle.chunks[local]  # local is always < the shard's samples: checked by locate()
             return handle.mapped[start : start + handle.nbytes].view(handle.dtype).reshape(handle.shape)
         if handle.offsets is None:
             return handle.images[local]
-        data = handle.images[handle.offsets[local] : handle.offsets[local + 1]]
+        return handle.images[handle.offsets[local] : handle.offsets[local + 1]]
+
+    def ranges_of(self, handle: _Hdf5Shard, local: np.ndarray) -> list:
+        if handle.checks is None:
+            return []
+        spans: list[tuple[int, int]] = []
+        if handle.mapped is not None:
+            spans += [(int(handle.chunks[i]), int(handle.chunks[i]) + handle.nbytes) for i in local.tolist()]
+        flat = list(handle.text.values())
+        if handle.offsets is not None:
+            flat.append((handle.images, handle.offsets))
+        for data, offsets in flat:
+            table = handle.flat_chunks.get(data.name)
+            if table is None:  # a filtered dataset: h5py reads it chunk by chunk
+                continue
+            starts, length = table
+            for i in local.tolist():
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                if b > a:
+                    chunks = range(a // length, (b - 1) // length + 1)
+                    spans += [(int(starts[c]), int(starts[c]) + length) for c in chunks]
+        size = handle.source.size  # a flat dataset's last chunk may end at the file's end
+        return [(handle.source, [(a, min(b, size)) for a, b in spans])]
+
+    def read_stored(self, handle: _Hdf5Shard, local: int) -> np.ndarray:
+        data = self.checked_sample(handle, local)[0] if handle.checks is not None else self.image_bytes(handle, local)
         if handle.shapes is not None:
             return raw_image(data, self.layout.np_dtype, handle.shapes[local], handle.file.filename)
         return data
@@ -120,6 +186,8 @@ class Hdf5Dataset(PackedDataset):
         labels = handle.file[HDF5_LABELS]
         offset = labels.id.get_offset()
         if offset is None or labels.chunks is not None or labels.compression is not None or not labels.size:
+            return labels[:]
+        if handle.source is not None:  # read by ranges: no file descriptor to map
             return labels[:]
         # Contiguous and unfiltered (as packer writes it): a view of the file at the data's offset,
         # shared by every worker through the page cache instead of a copy in each. Mapped from the
@@ -137,6 +205,8 @@ class Hdf5Dataset(PackedDataset):
         return np.frombuffer(mapped, dtype=labels.dtype, count=labels.size, offset=offset - start).reshape(labels.shape)
 
     def read_field(self, handle: _Hdf5Shard, local: int, field: str) -> np.ndarray:
+        if handle.checks is not None:
+            return self.checked_sample(handle, local)[1][list(handle.text).index(field)]
         flat, offsets = handle.text[field]
         return flat[offsets[local] : offsets[local + 1]]
 

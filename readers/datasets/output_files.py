@@ -6,8 +6,11 @@ output replaced or removed since it was opened."""
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import Any, Optional
+
+import numpy as np
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError, PackerError
@@ -15,7 +18,10 @@ from packer.spec.file_stamp import FileStamp
 from packer.spec.listed_files import sha256_of, unsafe_file
 from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.spec.registry import FORMATS, resolve
-from readers.remote.urls import cached_copy, is_url, open_manifest
+from readers.remote.block_cache import BlockCache
+from readers.remote.npy_ranges import RemoteArray
+from readers.remote.ranges import RangeSource
+from readers.remote.urls import cached_copy, file_url, is_url, open_manifest
 
 _CHECKED: set[tuple] = set()
 """Files this process has checked (``check_file``), by identity: each is checked once, not at each
@@ -80,6 +86,50 @@ class OutputFiles:
         self.entries: dict[str, FileEntry] = {f.path: f for shard in manifest.shards for f in shard.files}
         self.url: Optional[str] = None
         """For an output read from a URL through a local cache (``through_cache``): its URL."""
+        self.ranged = False
+        """Whether the output's files are read by byte ranges from its URL (``read_by_ranges``)."""
+        self.blocks: Optional[BlockCache] = None
+
+    def read_by_ranges(self, blocks: Optional[BlockCache]) -> None:
+        """Read the URL output's files by byte ranges from now on (``readers.remote.ranges``), their
+        blocks kept in ``blocks`` too when given: ``rows`` of a large file come as they are asked for,
+        ``array`` of a small one whole, checked against the manifest's SHA-256."""
+        if not is_url(self.root) or str(self.root).startswith("pipe:"):
+            raise ValueError(f"{self.root} is not a URL of a store that answers range requests")
+        self.ranged, self.blocks = True, blocks
+
+    def where(self, relpath: str) -> str:
+        """The file ``relpath`` of the output as a message names it: its path, or its URL."""
+        return file_url(str(self.root), relpath) if is_url(self.root) else str(Path(self.root) / relpath)
+
+    def rows(self, relpath: str) -> Any:
+        """The array of the large ``.npy`` file ``relpath``, never read whole: memory-mapped (a plain
+        ndarray over the map: indexing a np.memmap costs more), or a RemoteArray read by ranges."""
+        if self.ranged:
+            return RemoteArray(self.source(relpath))
+        return np.asarray(np.load(self.path(relpath), mmap_mode="r", allow_pickle=False))
+
+    def source(self, relpath: str) -> RangeSource:
+        """The file ``relpath`` of an output read by ranges (``read_by_ranges``), as a RangeSource."""
+        return RangeSource(file_url(str(self.root), relpath), self.entries[relpath], self.blocks)
+
+    def array(self, relpath: str, mapped: bool = False) -> np.ndarray:
+        """The array of the ``.npy`` file ``relpath`` (labels, keys, offsets), read whole, or memory-
+        mapped with ``mapped`` (shared by every worker through the page cache); from a URL read by
+        ranges, read whole through the block caches and checked against the manifest's SHA-256."""
+        if self.ranged:
+            entry = self.entries[relpath]
+            data = self.source(relpath).read(0, entry.bytes)
+            if hashlib.sha256(data).hexdigest() != entry.sha256:
+                self.source(relpath).forget([(0, entry.bytes)])  # read again next time, not the cached copy
+                raise ManifestError(
+                    f"{self.where(relpath)} is of another SHA-256 than the manifest records: the object was "
+                    "changed or damaged after the manifest was written; run packer verify on the output"
+                )
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        if mapped:
+            return np.asarray(np.load(self.path(relpath), mmap_mode="r", allow_pickle=False))
+        return np.load(self.path(relpath), allow_pickle=False)
 
     def through_cache(self, cache_dir: Any) -> Path:
         """Read the URL output through a local cache from now on: ``path`` downloads each file once into
@@ -147,6 +197,8 @@ class OutputFiles:
         of a cut file, or through a damaged page number, kills the process with SIGBUS instead of
         raising an error. Call ``check_unchanged`` again once the file is open.
         """
+        if self.ranged:
+            raise ValueError(f"{self.where(relpath)} is read by byte ranges: it has no local path")
         if self.url is not None:  # a URL read through a cache: downloaded once, verified, then checked as local
             entry = self.entries[relpath]
             p = cached_copy(self.url, entry, self.root)

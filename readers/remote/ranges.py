@@ -1,0 +1,297 @@
+"""Byte ranges of a remote shard file, read on demand: the random access of map-style outputs in a bucket.
+
+``RangeSource(url, entry)`` reads parts of one file of an output at a URL (``s3://``, ``gs://``,
+``https://``: any fsspec backend that answers range requests) in aligned blocks of ``BLOCK`` bytes:
+
+- ``fetch(spans)`` asks for every block the spans need that no cache holds, neighbouring blocks
+  joined into one request, all the requests at once (fsspec's ``cat_ranges``: concurrent on the
+  asynchronous backends, s3fs, gcsfs and HTTP), so a batch's latency is one round trip, not one a
+  sample. The readers call it with a whole batch's spans before they read its samples.
+- ``read(start, end)`` gives the bytes, from the caches or fetched then.
+
+Blocks are kept in this process's memory (least recently used dropped past ``memory_limit``) and,
+with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
+the file's SHA-256 in the manifest, so a block of one output is never served for another.
+
+What arrives is checked: the file's size against the manifest when it is first opened in a process,
+each answer's length against the range asked (a server that ignores ranges and sends the whole file
+is refused, never sliced at the wrong place); the readers check each sample against the CRC-32 the
+manifest's shard records for it, so an object changed under a reader is an error, never mixed data.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from packer.spec.entries import FileEntry
+from packer.spec.errors import ManifestError
+from packer.spec.locations import CREDENTIALS
+from readers.remote.block_cache import BlockCache
+
+BLOCK = 256 << 10
+"""Bytes per block, the unit of requests and caches: a few samples of 64 KiB, one of 192 KiB (a
+256x256 RGB image) in at most two. Smaller blocks waste less of each request; more of them make
+more requests where samples are read in order."""
+MEMORY_LIMIT = 256 << 20
+"""Bytes of blocks kept in each process's memory (least recently used dropped first)."""
+
+
+class _Memory:
+    """This process's blocks of every RangeSource, least recently used dropped past ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self.blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Optional[bytes]:
+        with self.lock:
+            data = self.blocks.get(key)
+            if data is not None:
+                self.blocks.move_to_end(key)
+            return data
+
+    def drop(self, key: tuple[str, int]) -> None:
+        with self.lock:
+            data = self.blocks.pop(key, None)
+            if data is not None:
+                self.held -= len(data)
+
+    def put(self, key: tuple[str, int], data: bytes) -> None:
+        with self.lock:
+            if key in self.blocks:
+                return
+            self.blocks[key] = data
+            self.held += len(data)
+            while self.held > self.limit and len(self.blocks) > 1:
+                _, dropped = self.blocks.popitem(last=False)
+                self.held -= len(dropped)
+
+
+MEMORY = _Memory(MEMORY_LIMIT)
+"""The blocks of this process (a forked DataLoader worker starts with a copy of its parent's: the
+same bytes, keyed by file SHA-256)."""
+
+
+class Requests:
+    """What range reads cost in this process: ``requests`` made and ``bytes`` received (read them
+    around a batch for its request count, as ``scripts/bench_bucket.py`` does)."""
+
+    requests = 0
+    bytes = 0
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem of ``url`` and the path in it (ManifestError when there is no backend)."""
+    try:
+        import fsspec.core
+    except ImportError:
+        raise ManifestError(f"reading {url.split('://')[0]}:// URLs needs fsspec: pip install fsspec") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:  # fsspec names the package of a scheme it has no backend for
+        raise ManifestError(f"cannot open {url}: {e}") from None
+
+
+def _failed(url: str, e: BaseException) -> ManifestError:
+    """The ManifestError of a failed request for ``url``, saying what to do."""
+    if isinstance(e, FileNotFoundError):
+        return ManifestError(
+            f"{url} is gone: the output was replaced or removed after this dataset was opened. "
+            "Open the dataset again to read the new output"
+        )
+    hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
+    return ManifestError(f"reading {url} failed: {type(e).__name__}: {e}" + (f". {hint}" if hint else ""))
+
+
+class RangeSource:
+    """One file of an output at a URL, read by byte ranges (see the module). Plain data: it pickles
+    to DataLoader workers, each of which opens its own connection on its first request."""
+
+    def __init__(
+        self, url: str, entry: FileEntry, cache: Optional[BlockCache] = None, block: Optional[int] = None
+    ) -> None:
+        self.url, self.size, self.block = url, entry.bytes, int(block or BLOCK)  # BLOCK read at each open
+        self.key = f"{entry.sha256[:32]}-{self.block}"  # the file's identity in every cache
+        self.cache = cache
+        self._fs: Optional[tuple[int, Any, str]] = None  # (pid, filesystem, path): per process
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None}
+
+    def _open(self) -> tuple[Any, str]:
+        """The filesystem and path of this file in this process, its size checked once against the manifest."""
+        if self._fs is not None and self._fs[0] == os.getpid():
+            return self._fs[1], self._fs[2]
+        fs, path = _filesystem(self.url)
+        try:
+            size = fs.size(path)
+        except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
+            raise _failed(self.url, e) from None
+        if size is not None and size != self.size:
+            raise ManifestError(
+                f"{self.url} is {size} bytes, not the {self.size} of the manifest: the object was "
+                "changed or damaged after the manifest was written; run packer verify on the output"
+            )
+        self._fs = (os.getpid(), fs, path)
+        return fs, path
+
+    def _blocks(self, spans: Iterable[tuple[int, int]]) -> list[int]:
+        """The block numbers the byte spans ``[start, end)`` touch, in order, each once."""
+        needed: set[int] = set()
+        for start, end in spans:
+            if not 0 <= start <= end <= self.size:
+                raise ManifestError(
+                    f"{self.url}: bytes {start} to {end} asked of a file of {self.size}; the output's "
+                    "index does not match its files, run packer verify on the output"
+                )
+            if end > start:
+                needed.update(range(start // self.block, (end - 1) // self.block + 1))
+        return sorted(needed)
+
+    def _cached(self, number: int) -> Optional[bytes]:
+        """Block ``number`` from memory or the disk cache, or None."""
+        data = MEMORY.get((self.key, number))
+        if data is None and self.cache is not None:
+            data = self.cache.get(self.key, number, self._length(number))
+            if data is not None:
+                MEMORY.put((self.key, number), data)
+        return data
+
+    def _length(self, number: int) -> int:
+        return min(self.block, self.size - number * self.block)
+
+    def fetch(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Get every block the spans ``[start, end)`` need that no cache holds: neighbours in one
+        request, the requests at once."""
+        fetch_all([(self, spans)])
+
+    def forget(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Drop the blocks of the spans from every cache: they did not match a checksum, and are
+        fetched again when next asked for."""
+        for n in self._blocks(spans):
+            MEMORY.drop((self.key, n))
+            if self.cache is not None:
+                self.cache.drop(self.key, n)
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file."""
+        numbers = self._blocks([(start, end)])
+        if not numbers:
+            return b""
+        parts = [self._cached(n) for n in numbers]
+        if any(p is None for p in parts):
+            got = _request([(self, [n for n, p in zip(numbers, parts) if p is None])])
+            parts = [p if p is not None else got[self.key, n] for n, p in zip(numbers, parts)]
+        data = b"".join(parts)  # type: ignore[arg-type]
+        first = numbers[0] * self.block
+        return data[start - first : end - first]
+
+
+def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -> None:
+    """``RangeSource.fetch`` of several files at once: every missing block of all of them asked for
+    in one round of concurrent requests (one per run of neighbouring blocks)."""
+    missing = [(source, [n for n in source._blocks(spans) if source._cached(n) is None]) for source, spans in wanted]
+    missing = [(source, numbers) for source, numbers in missing if numbers]
+    if missing:
+        _request(missing)
+
+
+def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
+    """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
+    filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
+    Returns them by ``(source.key, number)``."""
+    asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
+    for source, numbers in wanted:
+        fs, path = source._open()
+        runs: list[list[int]] = []
+        for n in numbers:
+            if runs and n == runs[-1][-1] + 1:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        asks.setdefault(id(fs), (fs, []))[1].extend((source, path, run) for run in runs)
+    got: dict[tuple[str, int], bytes] = {}
+    for fs, runs in asks.values():
+        starts = [run[0] * source.block for source, _, run in runs]
+        ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
+        try:
+            answers = fs.cat_ranges([path for _, path, _ in runs], starts, ends, on_error="return")
+        except Exception as e:  # noqa: BLE001 - each backend raises its own
+            raise _failed(runs[0][0].url, e) from None
+        Requests.requests += len(runs)
+        for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
+            if isinstance(data, BaseException):
+                raise _failed(source.url, data)
+            Requests.bytes += len(data)
+            if len(data) != end - start:
+                raise ManifestError(
+                    f"{source.url}: asked for bytes {start} to {end}, got {len(data)} bytes: the server "
+                    "does not answer range requests, or the object changed. Read the output with "
+                    "download=True and cache_dir= (each shard file downloaded whole, then checked)"
+                )
+            view = memoryview(data)
+            for n in run:
+                at = (n - run[0]) * source.block
+                block = bytes(view[at : at + source._length(n)]) if len(run) > 1 else data
+                got[source.key, n] = block
+                MEMORY.put((source.key, n), block)
+                if source.cache is not None:
+                    source.cache.put(source.key, n, block)
+    return got
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only binary file over a RangeSource, for libraries that take a file object (h5py):
+    each read served from the blocks, fetched when no cache holds them."""
+
+    def __init__(self, source: RangeSource) -> None:
+        super().__init__()
+        self.source, self.at = source, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.at, io.SEEK_END: self.source.size}[whence]
+        self.at = max(0, base + int(offset))
+        return self.at
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self.source.size, self.at + len(view))
+        if end <= self.at:
+            return 0
+        data = self.source.read(self.at, end)
+        view[: len(data)] = data
+        self.at = end
+        return len(data)
+
+
+class RemoteBytes:
+    """The bytes of a RangeSource as a read-only uint8 array that is only sliced: ``b[i:j]`` gives
+    those bytes (fetched when no cache holds them), as a memory map's array would."""
+
+    def __init__(self, source: RangeSource) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return self.source.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise IndexError("RemoteBytes are read by contiguous slices only")
+        start, end, _ = key.indices(self.source.size)
+        return np.frombuffer(self.source.read(start, max(start, end)), np.uint8)

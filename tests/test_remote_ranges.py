@@ -1,0 +1,165 @@
+"""Map-style outputs read from a bucket by byte ranges (readers.remote.ranges, npy_ranges, block_cache,
+sample_checks), against an S3-compatible server on 127.0.0.1 through s3fs and botocore: the same
+samples and batches as the local output, a batch's requests joined and made at once, a bounded block
+cache shared by later readers, and a changed or removed object refused, never mixed in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_tree
+
+from packer import ConvertConfig, PreprocessConfig, convert
+from packer.config import ShardSize
+from packer.spec.errors import ConfigError, ManifestError
+from packer.spec.manifest import read_manifest
+from packer.spec.sample_layout import ImageCodec
+from readers import make_loader, open_dataset
+from readers.remote import ranges
+from readers.remote.block_cache import BlockCache
+from readers.remote.ranges import Requests
+
+
+@pytest.fixture(scope="module")
+def outputs(s3_server, tmp_path_factory):
+    """npy and hdf5 outputs, raw and jpeg, of 30 images of 32x24 in shards of 12, with a text field,
+    in ``s3://data/ranges/NAME`` and in a local folder: ``(fs, {NAME: local folder})``."""
+    src = tmp_path_factory.mktemp("src") / "images"
+    make_tree(src, {"ant": 16, "bee": 14}, size=(40, 30))
+    for image in sorted(src.rglob("*.png")):
+        image.with_suffix(".txt").write_text(f"caption of {image.stem} " * (len(image.stem) % 4 + 1))
+    root = tmp_path_factory.mktemp("ranges")
+    made = {}
+    for fmt in ("npy", "hdf5"):
+        for codec in ("raw", "jpeg"):
+            name = f"{fmt}-{codec}"
+            config = ConvertConfig(fmt, PreprocessConfig(size=(32, 24)), ShardSize(samples=12), codec=ImageCodec(codec))
+            convert(src, root / name, config, workers=2)
+            s3_server.put(f"{root / name}/", f"data/ranges/{name}/", recursive=True)
+            made[name] = root / name
+    return s3_server, made
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 2 KiB (an image of 32x24 is 2,304 bytes), and an empty memory: every sample spans
+    block boundaries and every read goes to the server or the disk cache."""
+    monkeypatch.setattr(ranges, "BLOCK", 2048)
+    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+
+
+def _sample(item) -> tuple:
+    image, *rest = item
+    return (image.numpy().tobytes(), *rest)
+
+
+def _batch(batch) -> tuple:
+    """A loader's batch as comparable values (tensors as their bytes)."""
+    return tuple(v.numpy().tobytes() if hasattr(v, "numpy") else repr(v) for v in batch)
+
+
+@pytest.mark.parametrize("name", ["npy-raw", "npy-jpeg", "hdf5-raw", "hdf5-jpeg"])
+def test_samples_read_by_ranges_are_the_local_ones(outputs, small_blocks, tmp_path, name):
+    fs, local = outputs
+    remote = open_dataset(f"s3://data/ranges/{name}", return_meta=True)
+    near = open_dataset(local[name], return_meta=True)
+    assert remote.files.ranged and len(remote) == len(near) == 30
+    order = [17, 0, 29, 5, 12, 11, 23]
+    assert [_sample(remote[i]) for i in order] == [_sample(near[i]) for i in order]
+    batches = [
+        [_batch(b) for b in make_loader(open_dataset(d), 8, num_workers=2, seed=4)]
+        for d in (f"s3://data/ranges/{name}", local[name])
+    ]
+    assert batches[0] == batches[1]
+
+
+@pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw"])
+def test_a_batch_is_one_round_of_joined_requests_then_served_from_the_cache(outputs, small_blocks, tmp_path, name):
+    fs, local = outputs
+    ds = open_dataset(f"s3://data/ranges/{name}", cache_dir=tmp_path / "cache")
+    near = open_dataset(local[name])
+    ds[0], ds[12], ds[24]  # every shard opened: headers and indexes read
+    batch = [1, 2, 3, 4, 20, 21]  # two runs of neighbours
+    calls: list[int] = []
+    real = ranges._request
+    ranges._request = lambda wanted: calls.append(len(wanted)) or real(wanted)
+    try:
+        before = Requests.requests
+        got = ds.__getitems__(batch)
+        asked = Requests.requests - before
+    finally:
+        ranges._request = real
+    assert calls == [2]  # one round: both shards' blocks asked for together
+    assert 2 <= asked <= 4  # the neighbours' blocks joined: one request per run (a chunk table may split one)
+    assert [_sample(s) for s in got] == [_sample(s) for s in near.__getitems__(batch)]
+    # a later reader (another process, say) finds the blocks in cache_dir: no request at all
+    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    again = open_dataset(f"s3://data/ranges/{name}", cache_dir=tmp_path / "cache")
+    again[0], again[12], again[24]
+    before = Requests.requests
+    assert [_sample(s) for s in again.__getitems__(batch)] == [_sample(s) for s in near.__getitems__(batch)]
+    assert Requests.requests == before
+
+
+def test_the_block_cache_stays_within_its_limit(outputs, small_blocks, tmp_path):
+    fs, local = outputs
+    limit = 16 << 10
+    ds = open_dataset("s3://data/ranges/npy-raw", cache_dir=tmp_path / "cache", cache_limit=limit)
+    near = open_dataset(local["npy-raw"])
+    for _ in range(2):
+        assert [_batch(b) for b in make_loader(ds, 5, seed=1)] == [_batch(b) for b in make_loader(near, 5, seed=1)]
+    held = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert 0 < held <= limit + limit // 8 + 4 * 2048  # trimmed after each eighth written, by up to a batch
+    with pytest.raises(ValueError, match="positive"):
+        BlockCache(tmp_path / "x", 0)
+
+
+@pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw"])
+def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_blocks, tmp_path, name):
+    fs, local = outputs
+    fs.cp(f"data/ranges/{name}/", f"data/changed-{name}/", recursive=True)
+    ds = open_dataset(f"s3://data/changed-{name}")
+    first = _sample(ds[3])
+    shard = read_manifest(local[name]).shards[0]
+    images = next(f.path for f in shard.files if "images" in f.path or f.path.endswith(".h5"))
+    data = bytearray((local[name] / images).read_bytes())
+    at = len(data) - 2304 * 12 + 2304 * 7 + 100 if name.startswith("npy") else None
+    if at is None:  # hdf5: the byte in sample 7's chunk
+        import h5py
+
+        with h5py.File(local[name] / images) as f:
+            at = int(f["images"].id.get_chunk_info_by_coord((7, 0, 0, 0)).byte_offset) + 100
+    data[at] ^= 0xFF
+    fs.pipe(f"data/changed-{name}/{images}", bytes(data))  # same size, one byte other
+    assert _sample(ds[3]) == first  # its blocks are held: the same bytes as before
+    with pytest.raises(ManifestError, match="sample 7 of .* does not match its checksum"):
+        ds[7]
+    fs.pipe(f"data/changed-{name}/{images}", (local[name] / images).read_bytes())  # put back
+    assert _sample(ds[7]) == _sample(open_dataset(local[name])[7])  # the damaged blocks were not kept
+    fs.pipe(f"data/changed-{name}/{images}", bytes(data[:-10]))  # shorter: refused where it is opened
+    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    with pytest.raises(ManifestError, match="not the .* of the manifest"):
+        open_dataset(f"s3://data/changed-{name}")[7]
+    fs.rm(f"data/changed-{name}/{images}")
+    with pytest.raises(ManifestError, match="gone: the output was replaced or removed"):
+        open_dataset(f"s3://data/changed-{name}")[7]
+
+
+def test_lmdb_from_a_bucket_needs_the_download_cache(outputs, tmp_path):
+    fs, local = outputs
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 3})
+    convert(src, tmp_path / "lmdb", ConvertConfig("lmdb", PreprocessConfig(size=(16, 12))), workers=1)
+    fs.put(f"{tmp_path / 'lmdb'}/", "data/ranges-lmdb/", recursive=True)
+    with pytest.raises(ConfigError, match="its pages cannot be read by byte ranges.*pass cache_dir="):
+        open_dataset("s3://data/ranges-lmdb")
+    ds = open_dataset("s3://data/ranges-lmdb", cache_dir=tmp_path / "cache")
+    assert not ds.files.ranged and len(ds) == 3 and ds[2][0].shape == (3, 12, 16)
+
+
+def test_download_true_reads_whole_checked_files(outputs, tmp_path):
+    fs, local = outputs
+    ds = open_dataset("s3://data/ranges/npy-raw", cache_dir=tmp_path / "cache", download=True)
+    assert not ds.files.ranged
+    assert np.array_equal(ds[29][0].numpy(), open_dataset(local["npy-raw"])[29][0].numpy())
+    assert any(p.name.endswith(".images.npy") for p in (tmp_path / "cache").rglob("*"))

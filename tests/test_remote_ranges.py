@@ -104,17 +104,34 @@ def test_a_batch_is_one_round_of_joined_requests_then_served_from_the_cache(outp
 def test_the_block_cache_stays_within_its_limit(outputs, small_blocks, tmp_path):
     fs, local = outputs
     limit = 16 << 10
+    (tmp_path / "cache" / "mine").mkdir(parents=True)
+    (tmp_path / "cache" / "mine" / "notes.txt").write_text("kept")
     ds = open_dataset("s3://data/ranges/npy-raw", cache_dir=tmp_path / "cache", cache_limit=limit)
     near = open_dataset(local["npy-raw"])
     for _ in range(2):
         assert [_batch(b) for b in make_loader(ds, 5, seed=1)] == [_batch(b) for b in make_loader(near, 5, seed=1)]
-    held = sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    held = sum(p.stat().st_size for p in (tmp_path / "cache" / "blocks").rglob("*") if p.is_file())
     assert 0 < held <= limit + limit // 8 + 4 * 2048  # trimmed after each eighth written, by up to a batch
+    assert (tmp_path / "cache" / "mine" / "notes.txt").read_text() == "kept"  # not the cache's: never removed
     with pytest.raises(ValueError, match="positive"):
         BlockCache(tmp_path / "x", 0)
 
 
-@pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw"])
+def _byte_of_sample(path, name: str, local: int) -> int:
+    """The file offset of a byte inside sample ``local``'s stored image in the shard file ``path``."""
+    if name == "npy-raw":
+        return path.stat().st_size - 2304 * (12 - local) + 100
+    import h5py
+
+    with h5py.File(path) as f:
+        if name == "hdf5-raw":
+            return int(f["images"].id.get_chunk_info_by_coord((local, 0, 0, 0)).byte_offset) + 100
+        at = int(f["images_offsets"][local]) + 10  # inside the JPEG's bytes, in the flat dataset's chunks
+        chunk = f["images_bytes"].chunks[0]
+        return int(f["images_bytes"].id.get_chunk_info_by_coord((at // chunk * chunk,)).byte_offset) + at % chunk
+
+
+@pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw", "hdf5-jpeg"])
 def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_blocks, tmp_path, name):
     fs, local = outputs
     fs.cp(f"data/ranges/{name}/", f"data/changed-{name}/", recursive=True)
@@ -123,13 +140,7 @@ def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_
     shard = read_manifest(local[name]).shards[0]
     images = next(f.path for f in shard.files if "images" in f.path or f.path.endswith(".h5"))
     data = bytearray((local[name] / images).read_bytes())
-    at = len(data) - 2304 * 12 + 2304 * 7 + 100 if name.startswith("npy") else None
-    if at is None:  # hdf5: the byte in sample 7's chunk
-        import h5py
-
-        with h5py.File(local[name] / images) as f:
-            at = int(f["images"].id.get_chunk_info_by_coord((7, 0, 0, 0)).byte_offset) + 100
-    data[at] ^= 0xFF
+    data[_byte_of_sample(local[name] / images, name, 7)] ^= 0xFF
     fs.pipe(f"data/changed-{name}/{images}", bytes(data))  # same size, one byte other
     assert _sample(ds[3]) == first  # its blocks are held: the same bytes as before
     with pytest.raises(ManifestError, match="sample 7 of .* does not match its checksum"):
@@ -155,6 +166,31 @@ def test_lmdb_from_a_bucket_needs_the_download_cache(outputs, tmp_path):
         open_dataset("s3://data/ranges-lmdb")
     ds = open_dataset("s3://data/ranges-lmdb", cache_dir=tmp_path / "cache")
     assert not ds.files.ranged and len(ds) == 3 and ds[2][0].shape == (3, 12, 16)
+
+
+def test_a_batch_larger_than_the_memory_is_still_one_round(outputs, small_blocks, monkeypatch):
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(4096))  # two blocks: far less than a batch
+    ds = open_dataset("s3://data/ranges/npy-raw")
+    ds[0], ds[12], ds[24]
+    before = Requests.requests
+    got = ds.__getitems__(list(range(1, 12)))
+    assert Requests.requests - before == 2  # one run of blocks in each file (images, captions), kept for the batch
+    assert [_sample(s) for s in got] == [
+        _sample(s) for s in open_dataset(local["npy-raw"]).__getitems__(list(range(1, 12)))
+    ]
+
+
+def test_options_that_do_not_go_together_are_refused(outputs, tmp_path):
+    fs, local = outputs
+    with pytest.raises(ConfigError, match="cache_limit= bounds .* pass cache_dir= too"):
+        open_dataset("s3://data/ranges/npy-raw", cache_limit=1 << 20)
+    with pytest.raises(ConfigError, match="not read by ranges"):
+        open_dataset("s3://data/ranges/npy-raw", cache_dir=tmp_path, download=True, cache_limit=1 << 20)
+    with pytest.raises(ConfigError, match="above 0"):
+        open_dataset("s3://data/ranges/npy-raw", cache_dir=tmp_path, cache_limit=0)
+    with pytest.raises(ConfigError, match="download=True .* is a local folder"):
+        open_dataset(local["npy-raw"], download=True)
 
 
 def test_download_true_reads_whole_checked_files(outputs, tmp_path):

@@ -105,17 +105,8 @@ class ReaderBase:
         cache_limit: int = DEFAULT_CACHE_LIMIT,
         download: bool = False,
     ) -> None:
-        ranged = is_url(root) and self.reads_ranges and not download and not str(root).startswith("pipe:")
-        cached = is_url(root) and not self.reads_urls and not ranged
-        if cached and cache_dir is None:
-            why = "its pages cannot be read by byte ranges" if not self.reads_ranges else "download=True asks it"
-            raise ConfigError(
-                f"{type(self).__name__} reads {root} at random and {why}, so each of its shards is downloaded "
-                f"once into a local cache: pass cache_dir= (or convert with --format npy or hdf5, read by "
-                f"ranges, or wds, whose shards stream from URLs)"
-            )
-        if cache_limit != DEFAULT_CACHE_LIMIT and cache_dir is None:
-            raise ConfigError("cache_limit= bounds the blocks kept in cache_dir=: pass cache_dir= too")
+        reading = self._remote_reading(root, cache_dir, cache_limit, download)
+        ranged, cached = reading == "ranges", reading == "download"
         if is_url(root) and verify:
             raise ConfigError(
                 "verify=True checks local shard files before they are read; streamed shards are "
@@ -157,6 +148,52 @@ class ReaderBase:
         """The crop and flip applied to each image (``readers.augment.image_crops.ImageCrops``), or None."""
         self.label_offset = self._checked_offset(label_offset)
         """Added to each box's label of a detection output's targets (0: the stored labels)."""
+
+    def _remote_reading(self, root: Any, cache_dir: Any, cache_limit: int, download: bool) -> Optional[str]:
+        """How the output at ``root`` is read: ``"ranges"`` (npy, hdf5 at a URL), ``"download"`` (whole
+        shard files into ``cache_dir``: lmdb at a URL, or ``download=True``), ``"stream"`` (wds at a
+        URL) or None (a local folder). ConfigError for options that do not go together."""
+        name = type(self).__name__
+        if not is_url(root):
+            reading = None
+        elif self.reads_urls:
+            reading = "stream"
+        elif self.reads_ranges and not download and not str(root).startswith("pipe:"):
+            reading = "ranges"
+        else:
+            reading = "download"
+        if download and reading != "download":
+            where = "a local folder" if reading is None else "streamed"
+            raise ConfigError(
+                f"download=True downloads the shards of an output at a URL that {name} reads at "
+                f"random; {root} is {where}"
+            )
+        if reading == "download" and cache_dir is None:
+            why = (
+                "its pages cannot be read by byte ranges"
+                if not self.reads_ranges
+                else "download=True asks it"
+                if download
+                else "a pipe: command cannot be read by byte ranges"
+            )
+            raise ConfigError(
+                f"{name} reads {root} at random and {why}, so each of its shards is downloaded once into a "
+                f"local cache: pass cache_dir= (or convert with --format npy or hdf5, read by ranges, or "
+                f"wds, whose shards stream from URLs)"
+            )
+        if cache_limit != DEFAULT_CACHE_LIMIT and (reading != "ranges" or cache_dir is None):
+            raise ConfigError(
+                "cache_limit= bounds the blocks that npy and hdf5 outputs read by byte ranges keep in "
+                + (
+                    "cache_dir=: pass cache_dir= too"
+                    if reading == "ranges"
+                    else f"cache_dir=; {name} of {root} "
+                    "is not read by ranges (whole shards kept in cache_dir= are not bounded)"
+                )
+            )
+        if cache_limit <= 0:
+            raise ConfigError(f"cache_limit= is a number of bytes above 0, not {cache_limit}")
+        return reading
 
     @property
     def transform(self) -> Optional[Transform]:

@@ -110,7 +110,8 @@ class Hdf5Dataset(PackedDataset):
         ranged = self.files.ranged
         source = self.files.source(name) if ranged else None
         path = self.files.path(name) if not ranged else None
-        f = h5py.File(RangeFile(source) if ranged else path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES)
+        # By ranges, the blocks are cached already, and a chunk h5py kept would outlive a failed check.
+        f = h5py.File(RangeFile(source) if ranged else path, "r", rdcc_nbytes=0 if ranged else CHUNK_CACHE_BYTES)
 
         def varlen(field: str) -> tuple[h5py.Dataset, np.ndarray]:
             data, offsets = hdf5_varlen_names(field)

@@ -1,20 +1,22 @@
 """A folder of file blocks read by ranges from a bucket, shared by processes, of bounded size.
 
-``BlockCache(folder, limit)`` keeps each block as its own file, ``folder/KEY/NUMBER`` (KEY names the
-remote file by its SHA-256 in the manifest and the block size), written under a part name and renamed
-into place once whole, so that DataLoader workers and later runs sharing the folder never read half a
-block. A block whose length is not the one asked for is ignored (and fetched again).
+``BlockCache(cache_dir, limit)`` keeps each block as its own file, ``cache_dir/blocks/KEY/NUMBER``
+(KEY names the remote file by its SHA-256 in the manifest and the block size), written under a part
+name and renamed into place once whole, so that DataLoader workers and later runs sharing the folder
+never read half a block. A block whose length is not the one asked for is ignored (and fetched again).
 
-The folder stays near ``limit`` bytes: each process, after writing an eighth of ``limit`` since it
-last looked, adds up the folder and, when it holds more than ``limit``, removes the blocks written
-longest ago (and part files an hour old, left by killed processes) until it holds three quarters.
+The blocks stay near ``limit`` bytes: each process, after writing an eighth of ``limit`` since it
+last looked, adds them up and, when they hold more than ``limit``, removes the blocks written
+longest ago (and part files an hour old, left by killed processes) until they hold three quarters.
 Several processes writing at once may together go over by what each wrote since its last look.
+Nothing else in ``cache_dir`` is counted or removed: only names this module gives.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -22,16 +24,19 @@ from typing import Optional, Union
 
 log = logging.getLogger(__name__)
 PART_STALE = 3600.0  # seconds after which a part file is a killed process's leftover
+FOLDER = "blocks"  # the subfolder of cache_dir that holds the blocks
+_KEY = re.compile(r"[0-9a-f]{32}-\d+")  # what RangeSource names a file's blocks' folder
+_BLOCK = re.compile(r"\d+|\.\d+\.[0-9a-f]{12}\.part")  # a block, or its part file
 
 
 class BlockCache:
-    """Blocks of remote files in ``folder``, about ``limit`` bytes at most (see the module). Plain
-    data: it pickles to DataLoader workers."""
+    """Blocks of remote files in ``cache_dir/blocks``, about ``limit`` bytes at most (see the module).
+    Plain data: it pickles to DataLoader workers."""
 
-    def __init__(self, folder: Union[str, os.PathLike], limit: int) -> None:
+    def __init__(self, cache_dir: Union[str, os.PathLike], limit: int) -> None:
         if limit <= 0:
             raise ValueError(f"cache_limit must be a positive number of bytes, not {limit}")
-        self.folder, self.limit = Path(folder), int(limit)
+        self.folder, self.limit = Path(cache_dir) / FOLDER, int(limit)
         self.written = 0  # bytes this process wrote since it last added up the folder
 
     def get(self, key: str, number: int, length: int) -> Optional[bytes]:
@@ -70,7 +75,11 @@ class BlockCache:
         self.written = 0
         now, blocks, total = time.time(), [], 0
         for sub in _entries(self.folder):
+            if not _KEY.fullmatch(sub.name):
+                continue
             for entry in _entries(sub):
+                if not _BLOCK.fullmatch(entry.name):
+                    continue
                 try:
                     stat = entry.stat(follow_symlinks=False)
                 except OSError:

@@ -13,10 +13,13 @@ Blocks are kept in this process's memory (least recently used dropped past ``mem
 with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
 the file's SHA-256 in the manifest, so a block of one output is never served for another.
 
-What arrives is checked: the file's size against the manifest when it is first opened in a process,
+What arrives is checked: the file's size against the manifest at the first request a process makes for it,
 each answer's length against the range asked (a server that ignores ranges and sends the whole file
-is refused, never sliced at the wrong place); the readers check each sample against the CRC-32 the
-manifest's shard records for it, so an object changed under a reader is an error, never mixed data.
+is refused, never sliced at the wrong place); the readers check each sample against the CRC-32 its
+shard records for it, so an object changed under a reader is an error, never mixed samples. The
+small files of npy shards (labels, keys, offsets, checksums) are read whole and checked against the
+manifest's SHA-256; an hdf5 shard's labels, keys and tables are read through h5py inside the file,
+with no check of their own (see docs/READERS.md).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ BLOCK = 256 << 10
 """Bytes per block, the unit of requests and caches: a few samples of 64 KiB, one of 192 KiB (a
 256x256 RGB image) in at most two. Smaller blocks waste less of each request; more of them make
 more requests where samples are read in order."""
+CONCURRENT = 32
+"""Requests a process has in flight at once, at most (a batch needing more makes them in turns)."""
 MEMORY_LIMIT = 256 << 20
 """Bytes of blocks kept in each process's memory (least recently used dropped first)."""
 
@@ -48,10 +53,16 @@ class _Memory:
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
         self.blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self.batch: dict[tuple[str, int], bytes] = {}
+        """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
+        than the memory is still read from one round of requests."""
         self.lock = threading.Lock()
 
     def get(self, key: tuple[str, int]) -> Optional[bytes]:
         with self.lock:
+            data = self.batch.get(key)
+            if data is not None:
+                return data
             data = self.blocks.get(key)
             if data is not None:
                 self.blocks.move_to_end(key)
@@ -59,6 +70,7 @@ class _Memory:
 
     def drop(self, key: tuple[str, int]) -> None:
         with self.lock:
+            self.batch.pop(key, None)
             data = self.blocks.pop(key, None)
             if data is not None:
                 self.held -= len(data)
@@ -77,6 +89,14 @@ class _Memory:
 MEMORY = _Memory(MEMORY_LIMIT)
 """The blocks of this process (a forked DataLoader worker starts with a copy of its parent's: the
 same bytes, keyed by file SHA-256)."""
+
+
+def _new_lock() -> None:
+    MEMORY.lock = threading.Lock()  # a fork may copy the lock held by another thread of the parent
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
 
 
 class Requests:
@@ -199,8 +219,7 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -
     in one round of concurrent requests (one per run of neighbouring blocks)."""
     missing = [(source, [n for n in source._blocks(spans) if source._cached(n) is None]) for source, spans in wanted]
     missing = [(source, numbers) for source, numbers in missing if numbers]
-    if missing:
-        _request(missing)
+    MEMORY.batch = _request(missing) if missing else {}
 
 
 def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
@@ -222,7 +241,8 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
         starts = [run[0] * source.block for source, _, run in runs]
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
         try:
-            answers = fs.cat_ranges([path for _, path, _ in runs], starts, ends, on_error="return")
+            paths = [path for _, path, _ in runs]
+            answers = fs.cat_ranges(paths, starts, ends, on_error="return", batch_size=CONCURRENT)
         except Exception as e:  # noqa: BLE001 - each backend raises its own
             raise _failed(runs[0][0].url, e) from None
         Requests.requests += len(runs)

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -124,11 +125,34 @@ def range_server(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def timed_convert(src: Path, out: str, fmt: str) -> float:
+def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None, *more: str) -> tuple[float, int]:
+    """Seconds of ``packer convert SRC -f FMT -o OUT`` in a new process, and the most bytes its
+    temporary folder (``TMPDIR=scratch``, where a bucket output's local folder goes) held, polled
+    every 10 ms."""
     started = time.perf_counter()
-    command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", "--overwrite"]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", "--overwrite", *more]
+    env = dict(os.environ)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        env["TMPDIR"] = str(scratch)
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env)
+    peak = 0
+    while run.poll() is None:
+        if scratch is not None:
+            peak = max(peak, sum(_size(p) for p in scratch.rglob("*")))
+        time.sleep(0.01)
+    if run.returncode:
+        raise SystemExit(f"{' '.join(command)} failed ({run.returncode})")
+    return time.perf_counter() - started, peak
+
+
+def _size(path: Path) -> int:
+    """Bytes of the file ``path``; 0 for a folder or a file removed while the folder was listed."""
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return 0
 
 
 def drop_page_cache() -> bool:
@@ -168,19 +192,25 @@ def run(args: argparse.Namespace) -> dict:
         fs.mkdir("bench")
         host = describe_host()
         print(f"{host.line()}; {args.images} images, {args.workers} workers", flush=True)
-        local, remote = [], []
+        local, remote, peaks = [], [], []
+        shards = ("--shard-size", str(args.shard_size))
         for _ in range(args.repeat):  # alternated: the host's drift falls on both
-            local.append(timed_convert(src, str(work / "local-wds"), "wds"))
-            remote.append(timed_convert(src, "s3://bench/wds", "wds"))
-        size = sum(p.stat().st_size for p in (work / "local-wds").rglob("*") if p.is_file())
+            local.append(timed_convert(src, str(work / "local-wds"), "wds", None, *shards)[0])
+            seconds, peak = timed_convert(src, "s3://bench/wds", "wds", work / "tmp", *shards)
+            remote.append(seconds)
+            peaks.append(peak)
+        tars = [p.stat().st_size for p in (work / "local-wds").glob("*.tar")]
         conversion = {
             "local_s": local,
             "bucket_s": remote,
             "ratio": statistics.median(local) / statistics.median(remote),
-            "scratch_bytes": size,
+            "output_bytes": sum(_size(p) for p in (work / "local-wds").rglob("*")),
+            "shards": len(tars),
+            "largest_shard_bytes": max(tars),
+            "peak_local_bytes": max(peaks),
         }
         print(f"conversion: local {local} s, into the bucket {remote} s: {conversion['ratio']:.2f}x", flush=True)
-        timed_convert(src, str(work / "local-npy"), "npy")
+        timed_convert(src, str(work / "local-npy"), "npy")  # shards of the default size
         fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
         cold = drop_page_cache()
         local_rate, batches = epoch(work / "local-npy", args.batch, args.workers)
@@ -226,6 +256,11 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"| convert -f wds to a local folder | {', '.join(f'{s:.1f}' for s in c['local_s'])} | 1.00x |",
             f"| convert -f wds into the bucket | {', '.join(f'{s:.1f}' for s in c['bucket_s'])} | {c['ratio']:.2f}x |",
             "",
+            f"Local disk during the conversion into the bucket: at most {c['peak_local_bytes'] / 2**20:.1f} MB "
+            f"({c['peak_local_bytes'] / c['largest_shard_bytes']:.1f} shards of "
+            f"{c['largest_shard_bytes'] / 2**20:.1f} MB; the output: {c['output_bytes'] / 2**20:.1f} MB in "
+            f"{c['shards']} shards).",
+            "",
             f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch |",
             "|---|---:|---:|---:|",
             f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | |",
@@ -256,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--shard-size", default="100", help="of the conversions (samples, or bytes: 16MB)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bucket"))
     return p

@@ -164,7 +164,7 @@ def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypat
     assert _convert(src, "s3://data/kept", "--shard-size", "2").exit_code == 0
     fs.invalidate_cache()
     before = {p: fs.cat_file(p) for p in fs.find("data/kept")}
-    checked = upload._check_uploaded
+    checked = upload.put_checked
     calls = []
 
     def fails_third(*args):
@@ -173,7 +173,7 @@ def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypat
             raise OSError("connection reset")
         checked(*args)
 
-    monkeypatch.setattr(upload, "_check_uploaded", fails_third)
+    monkeypatch.setattr(upload, "put_checked", fails_third)
     make_tree(src, {"cat": 2})
     r = _convert(src, "s3://data/kept", "--shard-size", "2", "--overwrite")
     assert r.exit_code == 1 and "cannot write s3://data/kept: connection reset" in r.output
@@ -182,7 +182,7 @@ def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypat
     calls.clear()
     r = _convert(src, "s3://data/fresh", "--shard-size", "2")
     assert r.exit_code == 1 and not fs.find("data/fresh")  # nothing of the run left: a new run may start
-    monkeypatch.setattr(upload, "_check_uploaded", checked)
+    monkeypatch.setattr(upload, "put_checked", checked)
     assert _convert(src, "s3://data/fresh", "--shard-size", "2").exit_code == 0
     assert sum(len(labels) for _, labels in make_loader(open_dataset("s3://data/kept"), 2)) == 5
 

@@ -20,6 +20,7 @@ from packer.ops.convert import convert as run_convert
 from packer.ops.nodes import NodeResult, NodeSplit, convert_node
 from packer.ops.splits import SplitsResult, convert_splits
 from packer.output.files import staging_dir
+from packer.output.shard_uploads import sink_for
 from packer.run.ray_executor import RayExecutor
 from packer.spec.errors import DecodeError, PackerError
 
@@ -112,6 +113,9 @@ def run_conversion(
                     + f". Run {again} to continue.",
                     err=True,
                 )
+                sys.exit(130)
+            if sink_for(output) is not None:  # a bucket output: its uploads were removed (packer.cli.remote_output)
+                click.echo("packer: interrupted; nothing was kept, in the bucket or here.", err=True)
                 sys.exit(130)
             stage = staging_dir(output)
             kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""

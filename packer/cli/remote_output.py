@@ -1,5 +1,6 @@
-"""``packer convert ... -o s3://bucket/prefix``: the conversion written to a local temporary folder,
-then uploaded by ``packer.output.upload`` (checked, the manifest last), the local copy removed."""
+"""``packer convert ... -o s3://bucket/prefix``: the conversion written to a local temporary folder, its
+shards uploaded as they finish (``packer.output.shard_uploads``: the local folder holds a few shards,
+not the output), the rest by ``packer.output.upload`` (checked, the manifest last)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tqdm import tqdm
 
 from packer.cli.render import showing
 from packer.cli.signals import stop_on_signals
+from packer.output.shard_uploads import ShardUploads, streaming
 from packer.output.upload import release, reserve, upload_output
 from packer.spec.errors import PackerError
 
@@ -37,23 +39,33 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         dest = reserve(url, overwrite)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: the whole output, for now
+    scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: a few shards at a time
     local = scratch / "output"
     saved = dict(p)
     p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
+    shards = ShardUploads(dest, local)
     try:
-        with showing(local, url):  # the summary names the bucket, not the temporary folder
-            yield local
+        try:
+            with streaming(shards), showing(local, url):  # the summary names the bucket, not the local folder
+                yield local
+            shards.finish()
+        except PackerError as e:
+            shards.abandon()
+            raise click.ClickException(str(e)) from None
+        except BaseException:
+            shards.abandon()
+            raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         with stop_on_signals():
             try:
                 with tqdm(total=size, unit="B", unit_scale=True, disable=bool(p.get("quiet")), desc="uploading") as bar:
-                    sent = upload_output(local, dest, progress=bar.update)
+                    sent = upload_output(local, dest, progress=bar.update, streamed=frozenset(shards.published))
             except KeyboardInterrupt:
                 click.echo(f"packer: upload interrupted; {url} is as it was before", err=True)
                 sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None
+        sent += shards.bytes
         click.echo(f"packer: uploaded {sent / 2**20:.1f} MB to {url}, every file checked, the manifest last")
     finally:
         release(dest)

@@ -17,7 +17,6 @@ from typing import Callable, Optional, Sequence
 from packer.config import ConvertConfig
 from packer.output.assemble import build_manifest
 from packer.output.files import is_packer_output, local_output
-from packer.output.finish import name_shards
 from packer.output.report import reason_kind
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.run.early_start import EarlyStart, early_start_allowed
@@ -276,7 +275,7 @@ def _convert_locked(
                 + ", ".join(f"{n} x {k}" for k, n in kinds.most_common())
                 + ")"
             )
-        results = name_shards(stage, results, [t.name for t in tasks])
+        results = staging.name_shards(results, [t.name for t in tasks])
         processed = sum(len(j.task.items) for j in todo)
         del jobs, todo
         if run.own_items and isinstance(found.items, ItemTable):

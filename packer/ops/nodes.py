@@ -27,7 +27,6 @@ from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import build_manifest, source_counts
 from packer.output.files import STAGING_MARK, local_output, lock_file, remove_tree, write_plan
-from packer.output.finish import name_shards
 from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.job import ConvertJob, Selection
@@ -315,7 +314,7 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
         results = [finished[name] for name in names]
         if not any(r.samples for r in results):
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
-        results = name_shards(stage, results, names)
+        results = staging.name_shards(results, names)
         manifest = build_manifest(
             config, layout, found, results, plan["workers"], scratch=stage, fixed_samples=split.get("fixed_samples")
         )

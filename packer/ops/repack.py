@@ -26,7 +26,6 @@ from packer.config import DEFAULT_QUALITY, ShardSize
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, shard_entries
 from packer.output.files import check_output, local_output
-from packer.output.finish import name_shards
 from packer.records import ShardResult, ShardTask, Skipped, SourceItem
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.plan import plan_shards
@@ -204,7 +203,7 @@ def _repack_locked(
         ]
         todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, timeout)
         by_name = {**finished, **{r.name: r for r in fresh}}
-        results = name_shards(stage, [by_name[t.name] for t in tasks], [t.name for t in tasks])
+        results = staging.name_shards([by_name[t.name] for t in tasks], [t.name for t in tasks])
         manifest = repacked_manifest(source, src, layout, fmt, results, shard_size, plan_workers)
         staging.publish(manifest, overwrite=overwrite, source=source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]

@@ -17,6 +17,7 @@ import hashlib
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, Optional
 
 from packer.output.files import record_renamed
 from packer.output.report import REPORT_NAME, write_report
@@ -43,10 +44,17 @@ def published_name(position: int, tag: str) -> str:
     return f"shard-{position:05d}-{tag}"
 
 
-def name_shards(stage: Path, results: list[ShardResult], planned: list[str], first: int = 0) -> list[ShardResult]:
+def name_shards(
+    stage: Path,
+    results: list[ShardResult],
+    planned: list[str],
+    first: int = 0,
+    move: Optional[Callable[[str, str], None]] = None,
+) -> list[ShardResult]:
     """Delete the files of the shards without samples and rename the others' to their published
     names (see the module), numbered from ``first`` (an append's follow the output's), returning the
-    results as they now are (an empty shard with no files).
+    results as they now are (an empty shard with no files). ``move(old, new)`` renames a file (paths
+    relative to ``stage``): by default in ``stage``; ``Staging.move`` also where it was uploaded.
 
     Each shard's rename is recorded for ``--resume`` (``output.record_renamed``, beside its record
     under its ``planned`` name) as soon as its files are renamed, so an interrupted rename leaves at
@@ -70,7 +78,10 @@ def name_shards(stage: Path, results: list[ShardResult], planned: list[str], fir
                         raise ValueError(f"{f.path} does not start with its shard's name {result.name}")
                     path = name + f.path[len(result.name) :]
                     if path != f.path:
-                        os.replace(stage / f.path, stage / path)
+                        if move is None:
+                            os.replace(stage / f.path, stage / path)
+                        else:
+                            move(f.path, path)
                     files.append(replace(f, path=path))
                 renamed = replace(result, name=name, files=files)
             if renamed != result:

@@ -19,6 +19,7 @@ objects that the new one does not list are removed. ``release`` lets go of the l
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -88,7 +89,7 @@ def filesystem(url: str) -> tuple[Any, str]:
 def reserve(url: str, overwrite: bool) -> Destination:
     """Check ``url`` and take its lock (see the module); OutputError saying what to do otherwise."""
     fs, root = filesystem(url)
-    with _store_errors(url):
+    with store_errors(url):
         names = _names(fs, root)
         if LOCK_NAME in names and _lock_age(fs, root) <= LOCK_LEASE:
             raise OutputError(
@@ -116,9 +117,16 @@ def reserve(url: str, overwrite: bool) -> Destination:
     return dest
 
 
-def upload_output(local: Path, dest: Destination, progress: Optional[Callable[[int], None]] = None) -> int:
+def upload_output(
+    local: Path,
+    dest: Destination,
+    progress: Optional[Callable[[int], None]] = None,
+    streamed: frozenset[str] = frozenset(),
+) -> int:
     """Upload the finished output (or split set) in ``local`` to the reserved ``dest`` (see the module);
-    returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked."""
+    returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked.
+    ``streamed``: the names of the shard files already in the prefix, uploaded and checked as the
+    conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails."""
     fs, root = dest.fs, dest.root
     files = sorted(p for p in local.rglob("*") if p.is_file())
     relative = {p: p.relative_to(local).as_posix() for p in files}
@@ -130,27 +138,26 @@ def upload_output(local: Path, dest: Destination, progress: Optional[Callable[[i
 
     def put(path: Path) -> int:
         target = f"{root}/{relative[path]}"
-        fs.put_file(str(path), target)
-        sent.append(relative[path])
-        _check_uploaded(fs, path, target, dest.url)
+        sent.append(relative[path])  # before the upload: a failed one may have left an object
+        put_checked(fs, path, target, dest.url)
         if progress is not None:
             progress(path.stat().st_size)
         return path.stat().st_size
 
-    with _store_errors(dest.url):
+    with store_errors(dest.url):
         try:
             with ThreadPoolExecutor(UPLOADS) as pool:
                 size = sum(pool.map(put, shards))
             size += sum(put(p) for p in others)
             _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
         except BaseException:
-            for name in set(sent) - dest.before:  # the prefix as it was: nothing of this run's left
-                _remove(fs, f"{root}/{name}")
+            for name in (set(sent) | streamed) - dest.before:  # the prefix as it was: nothing of this run's left
+                remove_object(fs, f"{root}/{name}")
             raise
         size += sum(put(p) for p in manifests)  # one by one, after every other file: the output appears whole
         if dest.overwrite:
-            for name in sorted(dest.before - set(relative.values())):
-                _remove(fs, f"{root}/{name}")  # the replaced output's own objects, now unlisted
+            for name in sorted(dest.before - set(relative.values()) - streamed):
+                remove_object(fs, f"{root}/{name}")  # the replaced output's own objects, now unlisted
     return size
 
 
@@ -167,7 +174,7 @@ def release(dest: Destination) -> None:
 
 
 @contextlib.contextmanager
-def _store_errors(url: str) -> Iterator[None]:
+def store_errors(url: str) -> Iterator[None]:
     """The backends' errors as OutputErrors naming the URL (credentials: which settings are read)."""
     try:
         yield
@@ -246,7 +253,30 @@ def _lock_age(fs: Any, root: str) -> float:
         return LOCK_LEASE + 1  # unreadable: treated as a dead run's
 
 
-def _check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
+def put_checked(fs: Any, path: Path, target: str, url: str) -> None:
+    """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
+    it differs). On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``), which
+    the store checks on receipt and records: the object's size and recorded SHA-256 are then compared
+    with the file's, and no byte is read back. Elsewhere, or where the store recorded none (a
+    multipart upload records a checksum of its parts' checksums), the object is read back
+    (``check_uploaded``)."""
+    head = None
+    if hasattr(fs, "call_s3"):  # s3fs: S3 and S3-compatible stores
+        fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
+        bucket, key, _ = fs.split_path(target)
+        head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    else:
+        fs.put_file(str(path), target)
+    recorded = (head or {}).get("ChecksumSHA256")
+    if not recorded or "-" in recorded:  # none, or a multipart upload's checksum of checksums
+        check_uploaded(fs, path, target, url)
+        return
+    size = path.stat().st_size
+    if head.get("ContentLength") != size or base64.b64decode(recorded).hex() != sha256_of(path):  # type: ignore[union-attr]
+        raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
+
+
+def check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
     """OutputError unless the object ``target`` reads back as ``path``: its size, then its SHA-256."""
     size = path.stat().st_size
     found = fs.info(target).get("size")
@@ -260,7 +290,8 @@ def _check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 
-def _remove(fs: Any, path: str) -> None:
+def remove_object(fs: Any, path: str) -> None:
+    """Remove the object ``path`` of ``fs``; one already gone is no error."""
     try:
         fs.rm_file(path)
     except FileNotFoundError:
@@ -278,4 +309,15 @@ def _names(fs: Any, root: str) -> set[str]:
     return {p[len(prefix) :] for p in found if p.startswith(prefix)}
 
 
-__all__ = ["Destination", "reserve", "upload_output", "release", "LOCK_NAME", "LOCK_LEASE"]
+__all__ = [
+    "Destination",
+    "reserve",
+    "upload_output",
+    "release",
+    "check_uploaded",
+    "put_checked",
+    "remove_object",
+    "store_errors",
+    "LOCK_NAME",
+    "LOCK_LEASE",
+]

@@ -209,7 +209,9 @@ class EarlyStart:
         """Lock the output and start its staging folder, as the pipeline does after a walk."""
         self.staging.lock()
         self.staging.start()  # none was there (early_start_allowed); the plan is recorded by settle
-        self.runner = JobRunner(self.workers, progress=self._count, timeout=self.timeout)
+        self.runner = JobRunner(
+            self.workers, progress=self._count, on_result=self.staging.on_result, timeout=self.timeout
+        )
 
     def _give_up(self, why: str) -> None:
         log.info("no more shards start early: %s", why)

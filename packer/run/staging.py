@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 from packer import __version__
 from packer.output.files import (
@@ -30,7 +31,8 @@ from packer.output.files import (
     start_staging,
     write_plan,
 )
-from packer.output.finish import write_output
+from packer.output.finish import name_shards, write_output
+from packer.output.shard_uploads import sink_for
 from packer.records import ShardResult, ShardTask
 from packer.run.executor import Executor, ProgressFn
 from packer.run.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
@@ -56,6 +58,29 @@ class Staging:
         self._lock: Optional[IO] = None
         self.held = False
         """Whether this process holds the output's lock."""
+        self.sink = sink_for(self.output)
+        """Where the finished shards go as they finish when the output goes to a bucket
+        (``packer.output.shard_uploads``), else None: they stay in the folder."""
+
+    @property
+    def on_result(self) -> Optional[Callable[[ShardJob, ShardResult], None]]:
+        """What an executor calls with each finished shard (None when nothing is to be done with it)."""
+        sink = self.sink
+        if sink is None:
+            return None
+        return lambda job, result: sink.take(self.output, self.folder, result)
+
+    def move(self, old: str, new: str) -> None:
+        """Rename the shard file ``old`` of the staging folder to ``new``: where it was uploaded, if
+        it was (``packer.output.shard_uploads``), else in the folder."""
+        if self.sink is not None and self.sink.holds(self.output, old):
+            self.sink.move(self.output, old, new)
+        else:
+            os.replace(self.folder / old, self.folder / new)
+
+    def name_shards(self, results: list[ShardResult], planned: list[str], first: int = 0) -> list[ShardResult]:
+        """``packer.output.finish.name_shards`` of this folder's shards, uploaded ones included."""
+        return name_shards(self.folder, results, planned, first, move=self.move)
 
     # the lock ------------------------------------------------------------------------------------
     def lock(self, *, repair: bool = True) -> Staging:
@@ -180,7 +205,7 @@ class Staging:
             for j in jobs
             if j.task.name not in finished
         ]
-        fresh = executor.run(todo, progress=progress, timeout=timeout) if todo else []
+        fresh = executor.run(todo, progress=progress, timeout=timeout, on_result=self.on_result) if todo else []
         return todo, fresh
 
     @contextlib.contextmanager

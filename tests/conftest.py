@@ -138,3 +138,17 @@ def s3_server():
     env.undo()
     s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
+
+
+class FailsAt:
+    """A stand-in for the function ``real`` whose ``n``-th call raises ``OSError("connection reset")``
+    (a connection lost mid-upload); ``calls`` counts them (set it to 0 to count again)."""
+
+    def __init__(self, real, n: int) -> None:
+        self.real, self.n, self.calls = real, n, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls == self.n:
+            raise OSError("connection reset")
+        return self.real(*args)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_tree
+from conftest import FailsAt, make_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -165,21 +165,14 @@ def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypat
     fs.invalidate_cache()
     before = {p: fs.cat_file(p) for p in fs.find("data/kept")}
     checked = upload.put_checked
-    calls = []
-
-    def fails_third(*args):
-        calls.append(args)
-        if len(calls) == 3:
-            raise OSError("connection reset")
-        checked(*args)
-
+    fails_third = FailsAt(checked, 3)
     monkeypatch.setattr(upload, "put_checked", fails_third)
     make_tree(src, {"cat": 2})
     r = _convert(src, "s3://data/kept", "--shard-size", "2", "--overwrite")
     assert r.exit_code == 1 and "cannot write s3://data/kept: connection reset" in r.output
     fs.invalidate_cache()
     assert {p: fs.cat_file(p) for p in fs.find("data/kept")} == before  # the old output, whole; no lock
-    calls.clear()
+    fails_third.calls = 0
     r = _convert(src, "s3://data/fresh", "--shard-size", "2")
     assert r.exit_code == 1 and not fs.find("data/fresh")  # nothing of the run left: a new run may start
     monkeypatch.setattr(upload, "put_checked", checked)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_tree
+from conftest import FailsAt, make_tree
 
 from packer.cli import cli
 from packer.output import shard_uploads
@@ -89,15 +89,7 @@ def test_a_failed_upload_during_the_conversion_leaves_nothing(s3_server, tmp_pat
     fs = s3_server
     src = tmp_path / "images"
     make_tree(src, {"ant": 12})
-    checked, calls = upload.put_checked, []
-
-    def fails_fifth(*args):
-        calls.append(args)
-        if len(calls) == 5:
-            raise OSError("connection reset")
-        checked(*args)
-
-    monkeypatch.setattr(upload, "put_checked", fails_fifth)
+    monkeypatch.setattr(upload, "put_checked", FailsAt(upload.put_checked, 5))
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     r = _convert(src, "s3://data/failed")

@@ -199,3 +199,25 @@ def test_download_true_reads_whole_checked_files(outputs, tmp_path):
     assert not ds.files.ranged
     assert np.array_equal(ds[29][0].numpy(), open_dataset(local["npy-raw"])[29][0].numpy())
     assert any(p.name.endswith(".images.npy") for p in (tmp_path / "cache").rglob("*"))
+
+
+def test_a_reader_during_an_overwrite_sees_the_old_output_or_refuses(outputs, small_blocks, tmp_path):
+    from click.testing import CliRunner
+
+    from packer.cli import cli
+
+    fs, _ = outputs
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 4})
+    command = ["convert", str(src), "-f", "npy", "-o", "s3://data/overwritten", "--size", "16", "--shard-size", "3"]
+    assert CliRunner().invoke(cli, [*command, "-q"]).exit_code == 0
+    old = open_dataset("s3://data/overwritten")
+    first = _sample(old[0])
+    make_tree(src, {"cat": 3})  # another output: other shards, other names
+    assert CliRunner().invoke(cli, [*command, "-q", "--overwrite"]).exit_code == 0
+    assert _sample(old[0]) == first  # its blocks are held: the old sample, whole
+    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    with pytest.raises(ManifestError, match="is gone: the output was replaced or removed"):
+        old[7]  # another shard of the old output: its objects were removed once the new manifest was in place
+    new = open_dataset("s3://data/overwritten")
+    assert len(new) == 11 and len(old) == 8

@@ -51,10 +51,10 @@ def convert(**params: Any) -> None:
     With --pack BLOCK, SOURCE is a text corpus for language-model pretraining, tokenized with
     --tokenizer once and packed into blocks of BLOCK tokens (docs/TOKENS.md).
 
-    OUTPUT may be a bucket (s3://bucket/prefix, gs://, any fsspec URL): the output is written to a
-    local temporary folder, then uploaded, each file checked, the manifest last.
+    OUTPUT may be a bucket (s3://bucket/prefix, gs://, any fsspec URL): each shard is uploaded as it
+    is finished (a few at a time on the local disk, under TMPDIR), each file checked, the manifest last.
     """
-    if isinstance(params["output"], str):  # a URL: written locally, then uploaded
+    if isinstance(params["output"], str):  # a URL: shards uploaded as they finish
         with uploaded(click.get_current_context(), params["output"]) as local:
             _convert(**{**params, "output": local, "overwrite": False})
         return

@@ -29,7 +29,7 @@ _OPTIONS: list[Callable] = [
         "--output",
         type=ConvertDestination(),
         default=None,
-        help="Output folder, or a bucket (s3://bucket/prefix: written locally, then uploaded).  "
+        help="Output folder, or a bucket (s3://bucket/prefix: each shard uploaded as it is finished).  "
         "[default: SOURCE-FORMAT beside the source]",
         show_default=False,
     ),

@@ -47,6 +47,7 @@ class ShardUploads:
         self.published: set[str] = set()
         """The published names the shards were moved to (``upload_output`` keeps them)."""
         self.bytes = 0  # uploaded and checked
+        self.copies: list[Future] = []  # the copies to published names (``move``)
         self._lock = threading.Lock()
 
     def covers(self, output: Path) -> bool:
@@ -92,10 +93,14 @@ class ShardUploads:
         return self.covers(output) and self._name(output, relpath) in self.uploads
 
     def move(self, output: Path, old: str, new: str) -> None:
-        """Give the uploaded file ``old`` of ``output`` its published name ``new``: copied inside the
-        store, checked by its size, the planned object removed."""
+        """Give the uploaded file ``old`` of ``output`` its published name ``new`` (once its upload is
+        done): copied inside the store in the background, checked by its size, the planned object
+        removed. ``finish`` waits for the copies."""
         source, target = self._name(output, old), self._name(output, new)
-        self.uploads.pop(source).result()
+        self.uploads.pop(source).result()  # here, not in the pool: a copy never waits on a queued upload
+        self.copies.append(self.pool.submit(self._copy, source, target))
+
+    def _copy(self, source: str, target: str) -> None:
         fs, root = self.dest.fs, self.dest.root
         with store_errors(self.dest.url):
             fs.copy(f"{root}/{source}", f"{root}/{target}")
@@ -108,8 +113,10 @@ class ShardUploads:
         self.published.add(target)
 
     def finish(self) -> None:
-        """Wait for the last uploads (OutputError when one failed) and remove the planned objects that
-        no published shard came from."""
+        """Wait for the last uploads and copies (OutputError when one failed) and remove the planned
+        objects that no published shard came from."""
+        for copy in self.copies:
+            copy.result()
         for name, pending in list(self.uploads.items()):
             pending.result()
             with store_errors(self.dest.url):

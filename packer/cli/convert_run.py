@@ -104,6 +104,8 @@ def run_conversion(
                     result = run_convert(source, output, config, resume=resume, executor=executor, **common)
         except KeyboardInterrupt:
             close_bars(bars)
+            if sink_for(output) is not None:  # a bucket output: packer.cli.remote_output says what was kept
+                sys.exit(130)
             again = "the same command again" if node is not None else "the same command with --resume"
             if splits:
                 done = names[:-1]
@@ -113,9 +115,6 @@ def run_conversion(
                     + f". Run {again} to continue.",
                     err=True,
                 )
-                sys.exit(130)
-            if sink_for(output) is not None:  # a bucket output: its uploads were removed (packer.cli.remote_output)
-                click.echo("packer: interrupted; nothing was kept, in the bucket or here.", err=True)
                 sys.exit(130)
             stage = staging_dir(output)
             kept = f" Finished shards are kept in {stage}: run {again} to continue." if stage.exists() else ""

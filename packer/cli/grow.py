@@ -19,6 +19,7 @@ from packer.ops.append import append as append_files
 from packer.ops.append import config_of
 from packer.ops.repack import REPACK_OPTIONS, repack
 from packer.output.files import staging_dir
+from packer.output.shard_uploads import sink_for
 from packer.spec.errors import ConfigError, DecodeError, PackerError
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.text import TextConfig
@@ -75,6 +76,8 @@ def repack_output(
         )
 
     def interrupted() -> str:
+        if sink_for(output) is not None:  # a bucket output: packer.cli.remote_output says what was kept
+            return ""
         stage = staging_dir(output)
         kept = (
             f" Finished shards are kept in {stage}: run the same command with --resume to continue."

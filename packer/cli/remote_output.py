@@ -52,8 +52,10 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         except PackerError as e:
             shards.abandon()
             raise click.ClickException(str(e)) from None
-        except BaseException:
+        except BaseException as e:
             shards.abandon()
+            if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130):
+                click.echo(f"packer: interrupted; {url} is as it was before, and nothing is kept here", err=True)
             raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         with stop_on_signals():

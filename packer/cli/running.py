@@ -28,12 +28,15 @@ def executor_for(name: str, address: Optional[str], workers: Optional[int]) -> I
 @contextlib.contextmanager
 def reported(bars: list[tqdm], interrupted: Callable[[], str]) -> Iterator[None]:
     """Around a command's work: its progress bars closed whatever happens, a Ctrl-C exit 130 with the
-    message ``interrupted()`` gives, a ConfigError a usage error (exit 2), another PackerError exit 1."""
+    message ``interrupted()`` gives (none when it is empty), a ConfigError a usage error (exit 2),
+    another PackerError exit 1."""
     try:
         yield
     except KeyboardInterrupt:
         close_bars(bars)
-        click.echo(interrupted(), err=True)
+        message = interrupted()
+        if message:
+            click.echo(message, err=True)
         sys.exit(130)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None

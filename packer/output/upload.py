@@ -47,11 +47,18 @@ RENEW_EVERY = 300.0
 SPLITS_NAME = "splits.json"
 UPLOADS = 4
 """Files uploaded at once."""
+ONE_REQUEST = 64 << 20
+"""Files below this size go up in one request with their SHA-256 (s3fs sends files below twice its
+50 MiB part size in one request); larger ones in parts, read back to be checked."""
+PARTS = ".packer-parts"
+"""The folder of a prefix where a conversion puts its shards as they finish, before their published
+names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``."""
 OWN_NAME = re.compile(
-    r"([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|report\.txt|shardindex\.json|"
-    r"manifest\.json|splits\.json)"
+    r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
+    r"report\.txt|shardindex\.json|manifest\.json|splits\.json)"
 )
-"""The names packer gives the files of an output (and of a split set's outputs, one folder down)."""
+"""The names packer gives the files of an output (and of a split set's outputs, one folder down),
+and the parts of a conversion's shards (``PARTS``)."""
 
 
 @dataclass
@@ -258,10 +265,11 @@ def put_checked(fs: Any, path: Path, target: str, url: str) -> None:
     it differs). On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``), which
     the store checks on receipt and records: the object's size and recorded SHA-256 are then compared
     with the file's, and no byte is read back. Elsewhere, or where the store recorded none (a
-    multipart upload records a checksum of its parts' checksums), the object is read back
-    (``check_uploaded``)."""
+    multipart upload records a checksum of its parts' checksums; S3 refuses a multipart upload whose
+    parts s3fs sends without theirs, so files of ``ONE_REQUEST`` bytes or more go without it), the
+    object is read back (``check_uploaded``)."""
     head = None
-    if hasattr(fs, "call_s3"):  # s3fs: S3 and S3-compatible stores
+    if hasattr(fs, "call_s3") and path.stat().st_size < ONE_REQUEST:  # s3fs: S3 and S3-compatible stores
         fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
         bucket, key, _ = fs.split_path(target)
         head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")

@@ -59,8 +59,13 @@ def test_best_fit_keeps_documents_whole_unless_longer_than_a_block(lengths, bloc
     plan = best_fit_plan(np.array(lengths), document_order(len(docs), None), block, 4)
     seen: dict[int, list[tuple[int, int]]] = {}
     for shard in plan.shards:
+        block_starts, at = set(shard.spans[:, 0].tolist()), 0
         for d, s, n in shard.pieces.tolist():
             seen.setdefault(d, []).append((s, n))
+            # a document's remainder opens its block: no position before it in the block learns to
+            # predict an id from the middle of a document
+            assert s == 0 or at in block_starts
+            at += n
         for s, n in shard.spans.tolist():
             assert n <= block + 1 and s + n <= shard.tokens
     for d, n in enumerate(lengths):

@@ -8,7 +8,10 @@ last block keeps its true length. A shard's stream is the slice of the corpus it
 ``best-fit``: each document whole in one block where it fits (best-fit decreasing: the longest
 first, each into the open block it leaves the least room in); a document longer than a block is
 cut into full blocks overlapping by one token, as concat cuts the stream, and its remainder is
-placed like a document. A block's unused positions are padding.
+placed like a document, but first in its block and only in a block that holds no other remainder:
+the label of the position before a run is the run's first id, and a remainder's first id is the
+middle of a document, which no end-of-text token should learn to predict. A block's unused
+positions are padding.
 
 A plan is ``Piece`` runs per block (a document's ids from ``start``, ``length`` of them): the
 shard writer gathers them from the tokenized corpus, so the plan holds no token itself.
@@ -135,25 +138,26 @@ def best_fit_plan(lengths: np.ndarray, order: np.ndarray, block: int, blocks_per
     rank = {doc: i for i, doc in enumerate(order.tolist())}
     rest.sort(key=lambda p: (-p[2], rank[p[0]], p[1]))
     bins: list[list[tuple[int, int, int]]] = []
-    rooms: list[int] = []  # distinct free rooms of open bins, sorted
-    by_room: dict[int, list[int]] = {}
+    plain, continued = _OpenBins(), _OpenBins()  # open bins without, and with, a document's remainder
     for piece in rest:
-        i = bisect.bisect_left(rooms, piece[2])
-        if i < len(rooms):
-            free = rooms[i]
-            b = by_room[free].pop()
-            if not by_room[free]:
-                del rooms[i]
+        remainder = piece[1] > 0  # the rest of a long document: first, in a block without another
+        fits = [
+            (free, kind)
+            for kind in ((plain,) if remainder else (plain, continued))
+            if (free := kind.smallest(piece[2]))
+        ]
+        if fits:
+            free, kind = min(fits, key=lambda fit: fit[0])
+            free, b = kind.take(free)
         else:
-            free, b = room, len(bins)
+            free, b, kind = room, len(bins), plain
             bins.append([])
-        bins[b].append(piece)
-        left = free - piece[2]
-        if left > 0:
-            if not by_room.get(left):
-                bisect.insort(rooms, left)
-                by_room[left] = []
-            by_room[left].append(b)
+        if remainder:
+            bins[b].insert(0, piece)
+        else:
+            bins[b].append(piece)
+        if free > piece[2]:
+            (continued if remainder or kind is continued else plain).add(free - piece[2], b)
     blocks = full + bins
     stored = sum(p[2] for blk in blocks for p in blk)
     shards = []
@@ -165,6 +169,34 @@ def best_fit_plan(lengths: np.ndarray, order: np.ndarray, block: int, blocks_per
             raise ConfigError("a shard's tokens are beyond uint32 positions; use a smaller --shard-size")
         shards.append(ShardPlan(pieces, np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)))
     return PackPlan(shards, block, stored, len(blocks) * room - stored)
+
+
+class _OpenBins:
+    """Open bins by their free room, for best-fit: the smallest room that takes a piece, in O(log n)."""
+
+    def __init__(self) -> None:
+        self.rooms: list[int] = []  # distinct free rooms, sorted
+        self.by_room: dict[int, list[int]] = {}
+
+    def smallest(self, length: int) -> Optional[int]:
+        """The smallest free room of an open bin that holds ``length`` ids, or None."""
+        i = bisect.bisect_left(self.rooms, length)
+        return self.rooms[i] if i < len(self.rooms) else None
+
+    def take(self, free: int) -> tuple[int, int]:
+        """``(free, bin)``: an open bin of room ``free``, no longer open here."""
+        b = self.by_room[free].pop()
+        if not self.by_room[free]:
+            del self.by_room[free]
+            self.rooms.pop(bisect.bisect_left(self.rooms, free))
+        return free, b
+
+    def add(self, free: int, b: int) -> None:
+        """Bin ``b`` open with room ``free``."""
+        if free not in self.by_room:
+            bisect.insort(self.rooms, free)
+            self.by_room[free] = []
+        self.by_room[free].append(b)
 
 
 __all__ = ["ShardPlan", "PackPlan", "document_order", "concat_plan", "best_fit_plan", "split_document"]

@@ -141,11 +141,19 @@ def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None,
     peak = 0
     while run.poll() is None:
         if scratch is not None:
-            peak = max(peak, sum(_size(p) for p in scratch.rglob("*")))
+            peak = max(peak, _folder_size(scratch))
         time.sleep(0.01)
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({run.returncode})")
     return time.perf_counter() - started, peak
+
+
+def _folder_size(folder: Path) -> int:
+    """Bytes of the files under ``folder`` now (0 when a folder goes while it is listed: polled again)."""
+    try:
+        return sum(_size(p) for p in folder.rglob("*"))
+    except OSError:
+        return 0
 
 
 def _size(path: Path) -> int:

@@ -147,4 +147,7 @@ def die_with_parent() -> None:
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request took effect
+        os._exit(1)

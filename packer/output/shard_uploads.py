@@ -79,7 +79,8 @@ class ShardUploads:
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
             futures.append(self.pool.submit(self._upload, aside, part))
             self.uploads[name] = (part, futures[-1])
-            self.parts[part] = futures[-1]
+            with self._lock:  # _copy removes from it in the pool
+                self.parts[part] = futures[-1]
         self.waiting.append(futures)
         while self.waiting and (len(self.waiting) >= self.ahead or all(u.done() for u in self.waiting[0])):
             for sent in self.waiting.popleft():

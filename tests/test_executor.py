@@ -4,6 +4,7 @@ and cancelled ones leave neither files nor counted progress behind."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import packer.run.worker
 from packer.config import PreprocessConfig
@@ -77,3 +78,26 @@ def test_a_cancelled_job_waiting_to_run_again_leaves_no_files(image_tree, tmp_pa
     assert runner.queued == 2
     assert not list(tmp_path.glob("shard-00002.*"))
     assert sorted(runner.finish()) == [0, 1]
+
+
+def test_the_parents_time_in_on_result_is_not_a_hang_of_the_others(image_tree, tmp_path, monkeypatch):
+    """``on_result`` may wait (a bucket's uploads): a worker that went on writing meanwhile is not
+    ended as one that made no progress for ``timeout`` seconds."""
+    quick, second = _jobs(image_tree, tmp_path, per=1)[:2]
+    long = replace(second, task=ShardTask(second.task.name, discover(image_tree).items[1:]))
+    real = packer.run.worker.read_sample
+
+    def paced(item, job, *args, **kwargs):  # the long shard takes a file every 0.4 s: 5.6 s in all
+        if job.number == 1:
+            time.sleep(0.4)
+        return real(item, job, *args, **kwargs)
+
+    def uploading(job, result) -> None:  # the parent busy for longer than the timeout
+        if job.number == 0:
+            time.sleep(3.0)
+
+    monkeypatch.setattr(packer.run.worker, "read_sample", paced)
+    runner = JobRunner(2, on_result=uploading, timeout=2.0)
+    runner.add([quick, long])
+    results = runner.finish()
+    assert sorted(results) == [0, 1] and results[1].samples == 14 and not runner._failures

@@ -177,10 +177,10 @@ class JobRunner:
                 # All that cancel needs of a finished job is where its files are: not its items.
                 self._jobs[r.job.number] = replace(r.job, task=ShardTask(r.job.task.name, ()), poisoned={})
                 if self.on_result is not None:
-                    began = time.monotonic()
                     self.on_result(r.job, value)  # may wait (a bucket's uploads, packer.output.shard_uploads)
+                    waited, now = time.monotonic() - now, time.monotonic()
                     for other in self._running:  # time the parent spent here is not the workers' to answer for
-                        other.since += time.monotonic() - began
+                        other.since += waited
             elif kind == "error":
                 raise value
             else:

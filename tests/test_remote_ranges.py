@@ -5,6 +5,9 @@ cache shared by later readers, and a changed or removed object refused, never mi
 
 from __future__ import annotations
 
+import io
+import os
+
 import numpy as np
 import pytest
 from conftest import make_tree
@@ -221,3 +224,67 @@ def test_a_reader_during_an_overwrite_sees_the_old_output_or_refuses(outputs, sm
         old[7]  # another shard of the old output: its objects were removed once the new manifest was in place
     new = open_dataset("s3://data/overwritten")
     assert len(new) == 11 and len(old) == 8
+
+
+@pytest.fixture
+def throttling(outputs, tmp_path):
+    """The local npy-raw output served over HTTP on 127.0.0.1 with byte ranges, each range asked for
+    answered first ``busy[0]`` times with 503 (``Retry-After: 0``): ``(url, busy, ranges answered)``."""
+    import functools
+    import http.server
+    import re
+    import threading
+
+    _, local = outputs
+    busy, answered = [0], [0]
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def send_head(self):
+            asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+            if asked is None:
+                return super().send_head()
+            if busy[0] > 0:
+                busy[0] -= 1
+                self.send_response(503)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            path = self.translate_path(self.path)
+            start, end = int(asked[1]), min(int(asked[2]), os.path.getsize(path) - 1)
+            with open(path, "rb") as f:
+                data = os.pread(f.fileno(), end - start + 1, start)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{os.path.getsize(path)}")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            answered[0] += 1
+            return io.BytesIO(data)
+
+    http.server.ThreadingHTTPServer.request_queue_size = 64
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(local["npy-raw"]))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_busy_server_is_asked_again_then_named(outputs, small_blocks, throttling, monkeypatch):
+    from readers.remote import streams
+
+    fs, local = outputs
+    url, busy, answered = throttling
+    near = open_dataset(local["npy-raw"])
+    busy[0] = 3  # three 503s, then the ranges: read after waits of 0 s (Retry-After)
+    ds = open_dataset(url)
+    assert [_sample(ds[i]) for i in (4, 17)] == [_sample(near[i]) for i in (4, 17)]
+    assert busy[0] == 0 and answered[0] > 0  # the three were answered 503, then asked again
+    monkeypatch.setattr(streams, "RETRIES", 2)
+    busy[0] = 1000  # busy for good: an error naming the file and the tries
+    with pytest.raises(ManifestError, match=r"reading http://.*\.npy failed \(after 3 tries\): .*503"):
+        open_dataset(url)[25]

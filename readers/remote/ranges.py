@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Iterable, Optional
 
@@ -35,6 +36,7 @@ import numpy as np
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
 from packer.spec.locations import CREDENTIALS
+from readers.remote import streams
 from readers.remote.block_cache import BlockCache
 
 BLOCK = 256 << 10
@@ -119,15 +121,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
         raise ManifestError(f"cannot open {url}: {e}") from None
 
 
-def _failed(url: str, e: BaseException) -> ManifestError:
-    """The ManifestError of a failed request for ``url``, saying what to do."""
+def _failed(url: str, e: BaseException, tries: str = "") -> ManifestError:
+    """The ManifestError of a failed request for ``url`` (``tries``: how often it was asked), saying what to do."""
     if isinstance(e, FileNotFoundError):
         return ManifestError(
             f"{url} is gone: the output was replaced or removed after this dataset was opened. "
             "Open the dataset again to read the new output"
         )
     hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
-    return ManifestError(f"reading {url} failed: {type(e).__name__}: {e}" + (f". {hint}" if hint else ""))
+    return ManifestError(f"reading {url} failed{tries}: {type(e).__name__}: {e}" + (f". {hint}" if hint else ""))
 
 
 class RangeSource:
@@ -240,15 +242,8 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
     for fs, runs in asks.values():
         starts = [run[0] * source.block for source, _, run in runs]
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
-        try:
-            paths = [path for _, path, _ in runs]
-            answers = fs.cat_ranges(paths, starts, ends, on_error="return", batch_size=CONCURRENT)
-        except Exception as e:  # noqa: BLE001 - each backend raises its own
-            raise _failed(runs[0][0].url, e) from None
-        Requests.requests += len(runs)
+        answers = _answers(fs, runs, starts, ends)
         for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
-            if isinstance(data, BaseException):
-                raise _failed(source.url, data)
             Requests.bytes += len(data)
             if len(data) != end - start:
                 raise ManifestError(
@@ -265,6 +260,38 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
                 if source.cache is not None:
                     source.cache.put(source.key, n, block)
     return got
+
+
+def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[bytes]:
+    """The bytes of each run, asked for all at once; the runs a server answered with an error of
+    ``streams.RETRIED`` (busy, throttled) asked again after ``streams.backoff``, up to
+    ``streams.RETRIES`` times (s3fs and gcsfs retry such answers themselves; fsspec's HTTP does not).
+    ManifestError naming the URL for any other failure, or after the last try."""
+    answers: list = [None] * len(runs)
+    todo = list(range(len(runs)))
+    for attempt in range(streams.RETRIES + 1):
+        try:
+            paths = [runs[i][1] for i in todo]
+            got = fs.cat_ranges(
+                paths, [starts[i] for i in todo], [ends[i] for i in todo], on_error="return", batch_size=CONCURRENT
+            )
+        except Exception as e:  # noqa: BLE001 - each backend raises its own
+            raise _failed(runs[todo[0]][0].url, e) from None
+        Requests.requests += len(todo)
+        again, wait = [], None
+        for i, data in zip(todo, got):
+            if isinstance(data, BaseException):
+                if getattr(data, "status", None) not in streams.RETRIED or attempt == streams.RETRIES:
+                    tries = f" (after {attempt + 1} tries)" if attempt else ""
+                    raise _failed(runs[i][0].url, data, tries)
+                again.append(i)
+                wait = wait or (getattr(data, "headers", None) or {}).get("Retry-After")
+            answers[i] = data
+        if not again:
+            return answers
+        todo = again
+        time.sleep(streams.backoff(attempt, wait))
+    return answers
 
 
 class RangeFile(io.RawIOBase):

@@ -54,7 +54,7 @@ RETRIED = frozenset({429, 500, 502, 503, 504})
 RETRY_WAIT_MOST = 30.0
 
 
-def _backoff(attempt: int, retry_after: Optional[str]) -> float:
+def backoff(attempt: int, retry_after: Optional[str]) -> float:
     """Seconds to wait before try ``attempt + 2``: the server's ``Retry-After`` (in seconds) where it
     gives one, else doubling from half a second; never more than ``RETRY_WAIT_MOST``."""
     try:
@@ -77,7 +77,7 @@ def open_stream(url: str) -> IO[bytes]:
             except urllib.error.HTTPError as e:
                 e.close()
                 if e.code in RETRIED and attempt < RETRIES:  # busy or throttled: again, after a wait
-                    time.sleep(_backoff(attempt, e.headers.get("Retry-After")))
+                    time.sleep(backoff(attempt, e.headers.get("Retry-After")))
                     continue
                 missing = " (is the output there, and complete?)" if e.code == 404 else ""
                 tries = f" (after {attempt + 1} tries)" if e.code in RETRIED else ""

@@ -120,8 +120,11 @@ class _Body:
 
 def range_server(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     """``RangeHandler`` serving ``folder`` on 127.0.0.1, in a thread; the server and its URL."""
-    http.server.ThreadingHTTPServer.request_queue_size = 128  # socketserver's 5 drops a batch's connections
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(folder)))
+
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 128  # socketserver's 5 drops a batch's connections
+
+    server = Server(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(folder)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 

@@ -264,10 +264,10 @@ def throttling(outputs, tmp_path):
             answered[0] += 1
             return io.BytesIO(data)
 
-    http.server.ThreadingHTTPServer.request_queue_size = 64
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Handler, directory=str(local["npy-raw"]))
-    )
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 64  # socketserver's 5 would drop a batch's connections
+
+    server = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(local["npy-raw"])))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered
     server.shutdown()

@@ -36,7 +36,8 @@ from packer.spec.shard_names import (
     hdf5_varlen_names,
 )
 from readers.datasets.mapstyle import PackedDataset
-from readers.remote.ranges import RangeFile, RemoteBytes
+from readers.remote.npy_ranges import RemoteArray
+from readers.remote.ranges import RangeFile
 from readers.remote.sample_checks import SampleChecks
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks
@@ -141,7 +142,7 @@ class Hdf5Dataset(PackedDataset):
             return _Hdf5Shard(f, images, None, text=text, flat_keys=keys, **remote)
         shape = images.shape[1:]
         # A plain ndarray over the map: cheaper to index than a np.memmap. From a URL, by ranges.
-        mapped = RemoteBytes(source) if ranged else np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))
+        mapped = RemoteArray(source, flat=True) if ranged else np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))
         nbytes = images.dtype.itemsize * int(np.prod(shape))
         return _Hdf5Shard(f, images, None, mapped, chunks, images.dtype, shape, nbytes, text, flat_keys=keys, **remote)
 

@@ -1,4 +1,5 @@
-"""An ``.npy`` file at a URL read by byte ranges: its header once, then only the rows asked for."""
+"""An ``.npy`` file at a URL read by byte ranges: its header once, then only the rows asked for; or
+any file as flat bytes (an HDF5 file's chunks, at the offsets HDF5's index gives)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.r
 class RemoteArray:
     """The array of an ``.npy`` file read by ranges (``RangeSource``): ``a[i]`` is row ``i``,
     ``a[i:j]`` rows ``i`` to ``j`` (of a flat uint8 array: those bytes), each a read-only array of
-    what arrived. ``span(i, j)`` gives the file's bytes of rows ``i`` to ``j``, for a batch's fetch."""
+    what arrived. ``span(i, j)`` gives the file's bytes of rows ``i`` to ``j``, for a batch's fetch.
+    With ``flat``, the file has no header: it is read as its own bytes, a uint8 array of its size."""
 
-    def __init__(self, source: RangeSource) -> None:
+    def __init__(self, source: RangeSource, flat: bool = False) -> None:
         self.source = source
+        if flat:
+            self.shape, self.dtype, self.offset, self.row_bytes = (source.size,), np.dtype(np.uint8), 0, 1
+            return
         head = io.BytesIO(source.read(0, min(source.size, source.block)))
         try:
             version = np.lib.format.read_magic(head)

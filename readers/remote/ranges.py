@@ -3,13 +3,14 @@
 ``RangeSource(url, entry)`` reads parts of one file of an output at a URL (``s3://``, ``gs://``,
 ``https://``: any fsspec backend that answers range requests) in aligned blocks of ``BLOCK`` bytes:
 
-- ``fetch(spans)`` asks for every block the spans need that no cache holds, neighbouring blocks
-  joined into one request, all the requests at once (fsspec's ``cat_ranges``: concurrent on the
-  asynchronous backends, s3fs, gcsfs and HTTP), so a batch's latency is one round trip, not one a
-  sample. The readers call it with a whole batch's spans before they read its samples.
-- ``read(start, end)`` gives the bytes, from the caches or fetched then.
+- ``fetch_all([(source, spans), ...])`` asks for every block the spans need that no cache holds,
+  neighbouring blocks joined into one request, all the requests at once (fsspec's ``cat_ranges``:
+  concurrent on the asynchronous backends, s3fs, gcsfs and HTTP), so a batch's latency is one round
+  trip, not one a sample. The readers call it with a whole batch's spans before they read its samples.
+- ``read(start, end)`` gives the bytes, from the caches or fetched then; ``RangeFile`` is a file
+  object over them (for h5py), ``npy_ranges.RemoteArray`` an array.
 
-Blocks are kept in this process's memory (least recently used dropped past ``memory_limit``) and,
+Blocks are kept in this process's memory (least recently used dropped past ``MEMORY_LIMIT``) and,
 with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
 the file's SHA-256 in the manifest, so a block of one output is never served for another.
 
@@ -30,8 +31,6 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any, Iterable, Optional
-
-import numpy as np
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
@@ -189,11 +188,6 @@ class RangeSource:
     def _length(self, number: int) -> int:
         return min(self.block, self.size - number * self.block)
 
-    def fetch(self, spans: Iterable[tuple[int, int]]) -> None:
-        """Get every block the spans ``[start, end)`` need that no cache holds: neighbours in one
-        request, the requests at once."""
-        fetch_all([(self, spans)])
-
     def forget(self, spans: Iterable[tuple[int, int]]) -> None:
         """Drop the blocks of the spans from every cache: they did not match a checksum, and are
         fetched again when next asked for."""
@@ -325,20 +319,3 @@ class RangeFile(io.RawIOBase):
         view[: len(data)] = data
         self.at = end
         return len(data)
-
-
-class RemoteBytes:
-    """The bytes of a RangeSource as a read-only uint8 array that is only sliced: ``b[i:j]`` gives
-    those bytes (fetched when no cache holds them), as a memory map's array would."""
-
-    def __init__(self, source: RangeSource) -> None:
-        self.source = source
-
-    def __len__(self) -> int:
-        return self.source.size
-
-    def __getitem__(self, key: slice) -> np.ndarray:
-        if not isinstance(key, slice) or key.step not in (None, 1):
-            raise IndexError("RemoteBytes are read by contiguous slices only")
-        start, end, _ = key.indices(self.source.size)
-        return np.frombuffer(self.source.read(start, max(start, end)), np.uint8)

@@ -77,7 +77,7 @@ class ShardUploads:
             part = f"{PARTS}/{self.dest.token[:12]}-{n}/{name}"
             aside = Path(folder) / f".upload-{n}-{Path(f.path).name}"
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
-            futures.append(self.pool.submit(self._upload, aside, part))
+            futures.append(self.pool.submit(self._upload, aside, part, f.sha256))
             self.uploads[name] = (part, futures[-1])
             with self._lock:  # _copy removes from it in the pool
                 self.parts[part] = futures[-1]
@@ -86,13 +86,13 @@ class ShardUploads:
             for sent in self.waiting.popleft():
                 sent.result()
 
-    def _upload(self, path: Path, name: str) -> None:
+    def _upload(self, path: Path, name: str, sha256: str) -> None:
         target = f"{self.dest.root}/{name}"
         with store_errors(self.dest.url):
             with self._lock:
                 self.sent.add(name)  # before the upload: a failed one may have left an object
             size = path.stat().st_size
-            upload.put_checked(self.dest.fs, path, target, self.dest.url)
+            upload.put_checked(self.dest.fs, path, target, self.dest.url, sha256)  # the worker's hash, not again
         path.unlink(missing_ok=True)  # in the bucket and checked: the local disk holds it no more
         with self._lock:
             self.bytes += size

@@ -260,14 +260,15 @@ def _lock_age(fs: Any, root: str) -> float:
         return LOCK_LEASE + 1  # unreadable: treated as a dead run's
 
 
-def put_checked(fs: Any, path: Path, target: str, url: str) -> None:
+def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
     """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
     it differs). On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``), which
     the store checks on receipt and records: the object's size and recorded SHA-256 are then compared
     with the file's, and no byte is read back. Elsewhere, or where the store recorded none (a
     multipart upload records a checksum of its parts' checksums; S3 refuses a multipart upload whose
     parts s3fs sends without theirs, so files of ``ONE_REQUEST`` bytes or more go without it), the
-    object is read back (``check_uploaded``)."""
+    object is read back (``check_uploaded``). ``sha256``: the file's, where it is known already (a
+    shard's, from its worker); else it is computed."""
     head = None
     if hasattr(fs, "call_s3") and path.stat().st_size < ONE_REQUEST:  # s3fs: S3 and S3-compatible stores
         fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
@@ -277,15 +278,16 @@ def put_checked(fs: Any, path: Path, target: str, url: str) -> None:
         fs.put_file(str(path), target)
     recorded = (head or {}).get("ChecksumSHA256")
     if not recorded or "-" in recorded:  # none, or a multipart upload's checksum of checksums
-        check_uploaded(fs, path, target, url)
+        check_uploaded(fs, path, target, url, sha256)
         return
     size = path.stat().st_size
-    if head.get("ContentLength") != size or base64.b64decode(recorded).hex() != sha256_of(path):  # type: ignore[union-attr]
+    if head.get("ContentLength") != size or base64.b64decode(recorded).hex() != (sha256 or sha256_of(path)):  # type: ignore[union-attr]
         raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
 
 
-def check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
-    """OutputError unless the object ``target`` reads back as ``path``: its size, then its SHA-256."""
+def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
+    """OutputError unless the object ``target`` reads back as ``path``: its size, then its SHA-256
+    (``sha256`` where it is known, else computed)."""
     size = path.stat().st_size
     found = fs.info(target).get("size")
     if found != size:
@@ -294,7 +296,7 @@ def check_uploaded(fs: Any, path: Path, target: str, url: str) -> None:
     with fs.open(target, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             remote.update(block)
-    if remote.hexdigest() != sha256_of(path):
+    if remote.hexdigest() != (sha256 or sha256_of(path)):
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 

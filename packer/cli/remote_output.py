@@ -1,6 +1,7 @@
 """``packer convert ... -o s3://bucket/prefix``: the conversion written to a local temporary folder, its
 shards uploaded as they finish (``packer.output.shard_uploads``: the local folder holds a few shards,
-not the output), the rest by ``packer.output.upload`` (checked, the manifest last)."""
+not the output), the rest by ``packer.output.upload`` (checked, the manifest last). An interrupt keeps
+the finished shards in the bucket, and ``--resume`` continues from them (``ShardUploads.restore``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from packer.output.shard_uploads import ShardUploads, streaming
 from packer.output.upload import release, reserve, upload_output
 from packer.spec.errors import PackerError
 
-NOT_YET = {"resume": "--resume", "append_": "--append", "num_nodes": "--num-nodes"}
+NOT_YET = {"append_": "--append", "num_nodes": "--num-nodes"}
 """Options a conversion into a bucket does not take yet."""
 
 
@@ -34,9 +35,9 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         given.append("--executor ray")  # its tasks write to a folder every node sees, not a private one
     if given:
         raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
-    overwrite = bool(p.get("overwrite"))
+    overwrite, resume = bool(p.get("overwrite")), bool(p.get("resume"))
     try:
-        dest = reserve(url, overwrite)  # before any work: the prefix checked, its lock taken
+        dest = reserve(url, overwrite, resume)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: a few shards at a time
@@ -46,6 +47,8 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
     shards = ShardUploads(dest, local)
     try:
         try:
+            if resume:
+                shards.restore()  # the interrupted run's records, for the conversion's --resume
             with streaming(shards), showing(local, url):  # the summary names the bucket, not the local folder
                 yield local
             shards.finish()
@@ -53,17 +56,24 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             shards.abandon()
             raise click.ClickException(str(e)) from None
         except BaseException as e:
-            shards.abandon()
-            if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130):
-                click.echo(f"packer: interrupted; {url} is as it was before, and nothing is kept here", err=True)
+            interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
+            shards.abandon(resumable=interrupted)
+            if interrupted:
+                click.echo(_interrupted(url, shards), err=True)
+                sys.exit(130)  # what the conversion exits with on Ctrl-C, wherever it came
             raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         with stop_on_signals():
             try:
                 with tqdm(total=size, unit="B", unit_scale=True, disable=bool(p.get("quiet")), desc="uploading") as bar:
-                    sent = upload_output(local, dest, progress=bar.update, streamed=frozenset(shards.published))
+                    sent = upload_output(
+                        local, dest, progress=bar.update, streamed=frozenset(shards.published), abandon=shards.abandon
+                    )
             except KeyboardInterrupt:
-                click.echo(f"packer: upload interrupted; {url} is as it was before", err=True)
+                if dest.published:
+                    click.echo(f"packer: interrupted once {url} was published whole", err=True)
+                else:
+                    click.echo(_interrupted(url, shards), err=True)
                 sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None
@@ -74,6 +84,16 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         p.clear()
         p.update(saved)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _interrupted(url: str, shards: ShardUploads) -> str:
+    """What an interrupt left of the conversion into ``url`` (after ``shards.abandon``)."""
+    if shards.resumable:
+        return (
+            f"packer: interrupted; nothing was published to {url}. The shards finished so far are kept there: "
+            "run the same command with --resume to continue"
+        )
+    return f"packer: interrupted; {url} is as it was before, and nothing is kept here"
 
 
 __all__ = ["uploaded"]

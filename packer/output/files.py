@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from packer.output.shard_samples import SAMPLES_FILE, SAMPLES_SUFFIX, write_samples
 from packer.records import ShardResult
@@ -279,9 +279,14 @@ def _renamed(stage: Path, planned: str, result: ShardResult) -> ShardResult:
     )
 
 
-def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
+def finished_shards(
+    stage: Path, names: list[str], intact: Optional[Callable[..., bool]] = None
+) -> dict[str, ShardResult]:
     """Shards of an interrupted run whose record exists and whose files still match their SHA-256
-    (as renamed by ``record_renamed``), their per-sample columns left in their records (``kept_in``)."""
+    (as renamed by ``record_renamed``), their per-sample columns left in their records (``kept_in``).
+    ``intact(stage, relpath, size, sha256, stamp)``: whether a recorded file holds what was recorded
+    (default: the file in ``stage``; a bucket output's are in the store)."""
+    intact = intact or _intact
     finished = {}
     plan = (read_plan(stage) or {}).get("fingerprint")
     for name in names:
@@ -294,7 +299,7 @@ def finished_shards(stage: Path, names: list[str]) -> dict[str, ShardResult]:
             continue
         if PLAN_OF_RECORD in record and record[PLAN_OF_RECORD] != plan:
             continue  # written for another plan, by a worker of an earlier run
-        if all(_intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
+        if all(intact(stage, f.path, f.bytes, f.sha256, stamps.get(f.path)) for f in result.files):
             samples = record.get(SAMPLES_FILE)
             side = (str(stage / f"{name}{SAMPLES_SUFFIX}"), samples) if isinstance(samples, list) else ()
             finished[name] = result.kept_in(path, side)

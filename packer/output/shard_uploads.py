@@ -10,19 +10,29 @@ While ``AHEAD`` finished shards wait for their upload, the run waits, so the loc
 shards being written (one a worker) and at most ``AHEAD`` more.
 
 Once all are written, each shard's part is copied to its published name inside the store
-(``move``: no byte goes through this machine again) and removed; ``finish`` waits for the last
-uploads and copies and removes the parts no published shard came from (shards left without
-samples, shards an early start wrote again). The manifests go up last
-(``packer.output.upload.upload_output``): until then the prefix is not an output. A failure or an
-interrupt before them removes every object this run wrote (``abandon``, with Ctrl-C and SIGTERM held
-back), never one that was there before.
+(``move``: no byte goes through this machine again); ``finish`` waits for the last uploads, copies
+and records. The manifests go up last (``packer.output.upload.upload_output``): until then the
+prefix is not an output; then every part goes (those of shards left without samples, or that an
+early start wrote again, too). A failure before them removes every object this run wrote
+(``abandon``, with Ctrl-C and SIGTERM held back), never one that was there before.
+
+``--resume``: the staging folder's records (the plan, and each finished shard's record with the part
+objects its files went to) are mirrored under ``PARTS/state/`` as they are written (``keep_plan``,
+``take``), each record after its shard's uploads and its folder's plan. An interrupt keeps the
+parts and records (a killed run leaves them anyway); ``restore`` brings the records back into a new
+local folder, and ``finished`` keeps the recorded shards whose parts are still in the store with
+the recorded size and SHA-256, so that they are moved to their published names as this run's own.
+The parts and records of every run go once the manifest is up. A split set's records are not
+restored yet: its splits are written again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
+import re
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,12 +40,20 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from packer.output import upload
-from packer.output.upload import PARTS, UPLOADS, Destination, remove_object, store_errors
+from packer.output.files import DONE_SUFFIX, FILE_STAMPS, PLAN_RECORD, STAGING_MARK, finished_shards
+from packer.output.shard_samples import SAMPLES_FILE
+from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_object, store_errors
 from packer.records import ShardResult
 from packer.system import stop_signals_held
 
 AHEAD = 2
 """Finished shards that may wait for their upload; the run waits while that many do."""
+OWN_PART = re.compile(rf"{re.escape(PARTS)}/[0-9a-f]{{12}}-\d+/.+")
+"""A part's name, as ``take`` gives it (and ``OWN_NAME`` allows)."""
+CHECKS = 16
+"""Parts of an interrupted run checked at once by ``restore``."""
+PARTS_OF_RECORD = "parts"
+"""In a mirrored shard record: the part object of each of its files, by the file's path."""
 _SINKS: dict[Path, ShardUploads] = {}
 
 
@@ -48,7 +66,7 @@ class ShardUploads:
         self.uploads: dict[str, tuple[str, Future]] = {}
         """The latest part of each planned file not yet moved to its published name, and its upload,
         by the file's name under the prefix."""
-        self.parts: dict[str, Future] = {}  # every part object of this run not yet removed, and its upload
+        self.parts: dict[str, Future] = {}  # every part object of this run, and its upload
         self._count = itertools.count()
         self.waiting: deque[list[Future]] = deque()  # each taken shard's uploads, oldest first
         self.sent: set[str] = set()  # every object this run wrote, by name under the prefix
@@ -57,11 +75,26 @@ class ShardUploads:
         self.bytes = 0  # uploaded and checked
         self.copies: list[Future] = []  # the copies to published names (``move``)
         self._lock = threading.Lock()
+        self.records = ThreadPoolExecutor(1, thread_name_prefix="packer-records")  # in order, after the uploads
+        self.kept: list[Future] = []  # the records' mirroring
+        self.planned: set[Path] = set()  # the staging folders whose plan is mirrored
+        self.deferred: dict[Path, list[tuple[Path, dict, list[Future]]]] = {}
+        """Shards finished before their folder's plan was recorded (an early start's), mirrored with it."""
+        self.resumed: dict[str, tuple[str, int, str]] = {}
+        """The part of each file an interrupted run uploaded and recorded, with the file's size and
+        SHA-256 as recorded, by the file's name under the prefix (``restore``)."""
+        self.intact: set[str] = set()  # the parts of ``resumed`` that the store holds as recorded
+        self.restored: set[Path] = set()  # the staging folders whose records ``restore`` brought back
 
     def covers(self, output: Path) -> bool:
         """Whether ``output`` is written inside this run's local folder (its shards are uploaded here)."""
         output = Path(output).absolute()
         return output == self.local or self.local in output.parents
+
+    def shown(self, output: Path) -> str:
+        """The URL of ``output`` (a folder inside this run's local folder) in the bucket."""
+        folder = Path(output).absolute().relative_to(self.local).as_posix()
+        return self.dest.url.rstrip("/") + ("" if folder == "." else f"/{folder}")
 
     def _name(self, output: Path, relpath: str) -> str:
         """The object name, under the prefix, of the file ``relpath`` of the output ``output``."""
@@ -71,7 +104,7 @@ class ShardUploads:
     def take(self, output: Path, folder: Path, result: ShardResult) -> None:
         """Upload the files of the finished shard ``result`` (in the staging ``folder`` of ``output``) in
         the background; wait while ``ahead`` shards wait for theirs. OutputError when an upload failed."""
-        futures = []
+        futures, parts = [], {}
         for f in result.files:
             name, n = self._name(output, f.path), next(self._count)
             part = f"{PARTS}/{self.dest.token[:12]}-{n}/{name}"
@@ -81,6 +114,8 @@ class ShardUploads:
             self.uploads[name] = (part, futures[-1])
             with self._lock:  # _copy removes from it in the pool
                 self.parts[part] = futures[-1]
+            parts[f.path] = part
+        self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
         self.waiting.append(futures)
         while self.waiting and (len(self.waiting) >= self.ahead or all(u.done() for u in self.waiting[0])):
             for sent in self.waiting.popleft():
@@ -96,6 +131,132 @@ class ShardUploads:
         path.unlink(missing_ok=True)  # in the bucket and checked: the local disk holds it no more
         with self._lock:
             self.bytes += size
+
+    # the records --resume reads ------------------------------------------------------------------
+    def _state_name(self, path: Path) -> str:
+        return f"{STATE}/{Path(path).absolute().relative_to(self.local.parent).as_posix()}"
+
+    def _put_state(self, path: Path, data: bytes, after: list[Future] = ()) -> None:
+        """Put ``data`` as the mirror of the staging file ``path`` once the uploads ``after`` are done."""
+        for sent in after:
+            if sent.cancelled() or sent.exception() is not None:
+                return  # that shard is not finished in the store; the run fails on it anyway
+        name = self._state_name(path)
+        with store_errors(self.dest.url):
+            with self._lock:
+                self.sent.add(name)
+            self.dest.fs.pipe_file(f"{self.dest.root}/{name}", data)
+
+    def restart(self, folder: Path) -> None:
+        """A new run in the staging ``folder``: the records mirrored of a run before go with its plan's
+        (``keep_plan``), not before: until then an interrupt leaves them as they were."""
+        self.planned.discard(Path(folder).absolute())
+        self.deferred.pop(Path(folder).absolute(), None)
+
+    def _clear(self, folder: Path) -> None:
+        old = f"{self.dest.root}/{self._state_name(folder)}"
+        with store_errors(self.dest.url):
+            self.dest.fs.invalidate_cache(old)
+            if self.dest.fs.exists(old):
+                self.dest.fs.rm(old, recursive=True)
+
+    def keep_plan(self, folder: Path) -> None:
+        """Mirror the plan recorded in the staging ``folder``, then the records of the shards finished
+        before it that are still there (``settle`` deletes those of shards it cancels). Only a
+        conversion's plan (with a fingerprint, which --resume compares) is mirrored."""
+        folder = Path(folder).absolute()
+        if self.local in folder.parents:
+            return  # a split's, inside the output folder: a split set's --resume writes its splits again
+        try:
+            plan = (folder / PLAN_RECORD).read_bytes()
+            if not json.loads(plan).get("fingerprint"):
+                return
+        except (OSError, ValueError, AttributeError):
+            return
+        if folder not in self.restored:  # a new run: the records of one before go with its plan
+            self.kept.append(self.records.submit(self._clear, folder))
+        self.kept.append(self.records.submit(self._put_state, folder / PLAN_RECORD, plan))
+        self.planned.add(folder)
+        for path, parts, uploads in self.deferred.pop(folder, []):
+            self._keep_record(path, parts, uploads)
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a plan was mirrored: an interrupt then keeps the finished shards for --resume."""
+        return bool(self.planned)
+
+    def _keep_record(self, path: Path, parts: dict[str, str], uploads: list[Future]) -> None:
+        """Mirror the finished shard's record ``path`` with its files' ``parts``, after their
+        ``uploads``; before its folder's plan is, the record waits for it (``keep_plan``)."""
+        if path.parent.absolute() not in self.planned:
+            self.deferred.setdefault(path.parent.absolute(), []).append((path, parts, uploads))
+            return
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return  # not recorded (no --resume of it), or cancelled: written again by a resumed run
+        for local_only in (FILE_STAMPS, SAMPLES_FILE):  # this machine's inodes, a side file not mirrored
+            record.pop(local_only, None)
+        data = json.dumps({**record, PARTS_OF_RECORD: parts}, ensure_ascii=False).encode()
+        self.kept.append(self.records.submit(self._put_state, path, data, uploads))
+
+    def restore(self) -> int:
+        """Bring the records an interrupted run mirrored back into the local folder's parent (its
+        staging folders, as that run left them), and check the parts they name (the size and the
+        SHA-256 the store recorded, else read back); returns the records of shards restored."""
+        fs, root, shards = self.dest.fs, self.dest.root, 0
+        with store_errors(self.dest.url):
+            state = sorted(n[len(STATE) + 1 :] for n in self.dest.before if n.startswith(f"{STATE}/"))
+            planned = {Path(n).parent for n in state if Path(n).name == PLAN_RECORD}
+            wanted = {}
+            for name in state:
+                path = self.local.parent / name
+                if Path(name).parent not in planned or name.startswith(f"{self.local.name}/"):
+                    continue  # no plan: nothing to resume; a split's (inside the output folder): not yet
+                if self.local.parent.resolve() not in path.resolve().parents:
+                    continue  # never outside the scratch folder, whatever a name says
+                wanted[f"{root}/{STATE}/{name}"] = path
+            fetched = fs.cat(list(wanted)) if wanted else {}  # at once (s3fs: concurrent requests)
+            for key, path in wanted.items():
+                data = fetched[key]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                if path.name == PLAN_RECORD:
+                    (path.parent / STAGING_MARK).touch()
+                    self.planned.add(path.parent.absolute())  # this run's records of it are mirrored at once
+                    self.restored.add(path.parent.absolute())
+                elif path.name.endswith(DONE_SUFFIX):
+                    try:
+                        record = json.loads(data)
+                        for f in record["files"]:
+                            part = record[PARTS_OF_RECORD][f["path"]]
+                            if not (OWN_PART.fullmatch(part) and OWN_NAME.fullmatch(part)):
+                                raise ValueError(f"not a part's name: {part}")
+                            self.resumed[part.split("/", 2)[2]] = (part, int(f["bytes"]), str(f["sha256"]))
+                        shards += 1
+                    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+                        continue  # not a record this packer wrote: its shard is written again
+        with ThreadPoolExecutor(CHECKS) as pool:  # a request each: at once, not one after another
+            held = pool.map(lambda r: upload.holds(fs, f"{root}/{r[0]}", r[1], r[2]), self.resumed.values())
+            with store_errors(self.dest.url):
+                self.intact = {r[0] for r, ok in zip(self.resumed.values(), list(held)) if ok}
+        return shards
+
+    def finished(self, output: Path, folder: Path, names: list[str]) -> dict[str, ShardResult]:
+        """The shards of ``names`` restored (``restore``) whose parts the store holds as recorded;
+        they are moved to their published names as this run's own."""
+        done: Future = Future()
+        done.set_result(None)
+
+        def intact(stage: Path, relpath: str, size: int, digest: str, stamp: object = None) -> bool:
+            name = self._name(output, relpath)
+            part, *recorded = self.resumed.get(name, ("", 0, ""))
+            if part not in self.intact or recorded != [size, digest]:
+                return False
+            self.uploads[name] = (part, done)
+            return True
+
+        return finished_shards(folder, names, intact)
 
     def holds(self, output: Path, relpath: str) -> bool:
         """Whether the file ``relpath`` of ``output``'s staging folder was taken for upload (and not moved)."""
@@ -119,30 +280,33 @@ class ShardUploads:
             size, copied = fs.info(f"{root}/{source}").get("size"), fs.info(f"{root}/{target}").get("size")
             if size != copied:
                 raise OSError(f"{target} is {copied} bytes after its copy from {source}, not {size}")
-            remove_object(fs, f"{root}/{source}")
-        with self._lock:
-            self.parts.pop(source, None)
+        with self._lock:  # the part stays until the manifest is up: an interrupt here loses no shard
             self.published.add(target)
 
     def finish(self) -> None:
-        """Wait for the last uploads and copies (OutputError when one failed) and remove the planned
-        objects that no published shard came from."""
+        """Wait for the last uploads, copies and records (OutputError when one failed). The parts
+        stay until the manifest is up (``upload_output`` removes them)."""
         for copy in self.copies:
             copy.result()
-        for part, pending in list(self.parts.items()):
+        for kept in self.kept:
+            kept.result()
+        for pending in list(self.parts.values()):
             pending.result()
-            with store_errors(self.dest.url):
-                remove_object(self.dest.fs, f"{self.dest.root}/{part}")
-            del self.parts[part]
         self.uploads.clear()
         self.pool.shutdown()
+        self.records.shutdown()
 
-    def abandon(self) -> None:
+    def abandon(self, resumable: bool = False) -> None:
         """After a failure or an interrupt: stop, and remove every object this run wrote that was not
-        there before (the prefix as it was)."""
+        there before (the prefix as it was); ``resumable`` (an interrupt) keeps the parts and records
+        of the finished shards for ``--resume``, where a plan was recorded (``resumable``)."""
+        resumable = resumable and self.resumable
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
+            self.records.shutdown(wait=True, cancel_futures=not resumable)
             for name in sorted(self.sent - self.dest.before):
+                if resumable and name.startswith(f"{PARTS}/"):
+                    continue
                 try:
                     remove_object(self.dest.fs, f"{self.dest.root}/{name}")
                 except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite

@@ -2,19 +2,24 @@
 output uploaded under a URL so that no reader ever takes it for a whole output before it is one.
 
 ``reserve`` comes first, before any conversion work: it checks the prefix and takes its lock.
-Another run's lock younger than ``LOCK_LEASE`` (by the store's own clock) refuses the run; the lock
-is created with the store's exclusive create where the backend offers it (S3: ``If-None-Match``),
-so two runs cannot both take it, and a thread renews it while the run lasts. An output there is
+Another run's lock younger than ``LOCK_LEASE`` (by the store's own clock) refuses the run, unless it
+names this machine and a process that is gone (``_holder_is_gone``: a killed run); the lock is
+created with the store's exclusive create where the backend offers it (S3: ``If-None-Match``), so
+two runs cannot both take it, and a thread renews it while the run lasts. An output there is
 replaced only with ``overwrite``; objects that are not packer's (not named as packer names its
-files, or a ``manifest.json`` that is not a packer manifest) are refused, never removed; a killed
-upload's leftovers (packer's names, no manifest) are replaced with ``overwrite``.
+files, or a ``manifest.json`` that is not a packer manifest) are refused, never removed; an
+interrupted conversion's (its records under ``STATE``: ``packer.output.shard_uploads``) are
+continued with ``resume`` or replaced; other leftovers of packer's names without a manifest are
+replaced only with ``overwrite``.
 
-``upload_output`` then puts the shard files in parallel, each read back and compared with what was
-written, then the other files of each output (``report.txt``, other loaders' shard lists), then each
-``manifest.json`` and last a split set's ``splits.json``: a prefix without its manifest is never an
-output, and a wds shard list never names a shard not yet uploaded. A failure before the manifests
-removes what the run uploaded (the prefix is as it was); after them, the replaced output's own
-objects that the new one does not list are removed. ``release`` lets go of the lock.
+``upload_output`` then puts the shard files not uploaded while the conversion ran in parallel, each
+checked (``put_checked``), then the other files of each output (``report.txt``, other loaders'
+shard lists), then each ``manifest.json`` and last a split set's ``splits.json``: a prefix without
+its manifest is never an output, and a wds shard list never names a shard not yet uploaded. A
+failure before the manifests removes what the run uploaded (the prefix is as it was); after them,
+the replaced output's own objects that the new one does not list (with ``overwrite``; else an
+interrupted run's at the top of the prefix) and every run's parts and records are removed.
+``release`` lets go of the lock.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,10 +45,15 @@ from packer.spec.errors import ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
+from packer.system import stop_signals_held
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = ".packer-lock"
 LOCK_LEASE = 3600.0
 """Seconds a lock holds off other runs since it was last renewed; an older one is a dead run's."""
+TAKEOVER_SETTLE = 1.0
+"""Seconds a run that replaced a dead run's lock waits before reading it back (see ``reserve``)."""
 RENEW_EVERY = 300.0
 """Seconds between renewals of a run's own lock."""
 SPLITS_NAME = "splits.json"
@@ -52,13 +64,16 @@ ONE_REQUEST = 64 << 20
 50 MiB part size in one request); larger ones in parts, read back to be checked."""
 PARTS = ".packer-parts"
 """The folder of a prefix where a conversion puts its shards as they finish, before their published
-names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``."""
+names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``, and the records ``--resume`` reads
+(``PARTS/state/...``). Removed once the manifest is up."""
+STATE = f"{PARTS}/state"
+"""Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
-    r"report\.txt|shardindex\.json|manifest\.json|splits\.json)"
+    r"report\.txt|shardindex\.json|manifest\.json|splits\.json)|\.packer-parts/state/[A-Za-z0-9._/-]+"
 )
 """The names packer gives the files of an output (and of a split set's outputs, one folder down),
-and the parts of a conversion's shards (``PARTS``)."""
+and the parts and records of a conversion's shards (``PARTS``)."""
 
 
 @dataclass
@@ -72,6 +87,8 @@ class Destination:
     token: str
     overwrite: bool
     before: set[str]
+    published: bool = False
+    """Whether the manifests are up: the output is whole there (``upload_output``)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _renewer: Optional[threading.Thread] = None
 
@@ -93,32 +110,56 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
-def reserve(url: str, overwrite: bool) -> Destination:
-    """Check ``url`` and take its lock (see the module); OutputError saying what to do otherwise."""
+def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
+    """Check ``url`` and take its lock (see the module); OutputError saying what to do otherwise.
+    ``resume``: an interrupted conversion's objects there (its records under ``STATE``) are to be
+    continued; without it they are replaced, as a local run discards an unfinished one."""
     fs, root = filesystem(url)
     with store_errors(url):
         names = _names(fs, root)
-        if LOCK_NAME in names and _lock_age(fs, root) <= LOCK_LEASE:
-            raise OutputError(
-                f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
-                f"{_lock_age(fs, root):.0f} s ago); wait for it, or remove the lock object if that run died"
-            )
-        names.discard(LOCK_NAME)
+        dead = None  # the token of a dead run's lock, replaced below
+        if LOCK_NAME in names:
+            names.discard(LOCK_NAME)
+            lock = _read_lock(fs, root)
+            age = _lock_age(fs, root)
+            if age <= LOCK_LEASE and not _holder_is_gone(lock):
+                raise OutputError(
+                    f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
+                    f"{age:.0f} s ago); wait for it, or remove the lock object if that run died"
+                )
+            dead = str((lock or {}).get("token"))
         foreign = sorted(n for n in names if not OWN_NAME.fullmatch(n))
         if foreign:
             shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
             raise OutputError(f"{url} holds objects that are not packer's ({shown}): refusing to write there")
         whole = _check_manifests(fs, root, names, url)
+        interrupted = any(n.startswith(f"{STATE}/") for n in names)
         if whole and not overwrite:
-            raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it")
-        if names and not whole and not overwrite:
+            again = " (with --resume, to continue the interrupted conversion that replaces it)" if interrupted else ""
+            raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it{again}")
+        scratch = all(n.startswith(f"{PARTS}/") for n in names)  # a run's parts, which no output lists
+        if names and not whole and not overwrite and not interrupted and not scratch:
             raise OutputError(
                 f"{url} holds the files of an upload that did not finish (no manifest.json): pass --overwrite "
                 "to replace them"
             )
+        if interrupted and not resume:
+            log.warning("discarding the unfinished conversion into %s (pass --resume to continue it)", url)
         token = uuid.uuid4().hex
-        _write_lock(fs, root, token, exclusive=LOCK_NAME not in _names(fs, root), url=url)
-    dest = Destination(url, fs, root, token, overwrite, names)
+        dest = Destination(url, fs, root, token, overwrite, names)
+        if dead is None:
+            _write_lock(fs, root, token, exclusive=True, url=url)
+        else:  # read again just before it is replaced, and read back a moment after: of two, the later goes on
+            if str((_read_lock(fs, root) or {}).get("token")) != dead:
+                raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
+            try:
+                _write_lock(fs, root, token, exclusive=False, url=url)
+                time.sleep(TAKEOVER_SETTLE)
+            except BaseException:
+                release(dest)  # an interrupt here: the lock goes with the run
+                raise
+            if _lock_token(fs, root) != token:
+                raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
     dest._renewer = threading.Thread(target=_renew, args=(dest,), name="packer-lock", daemon=True)
     dest._renewer.start()
     return dest
@@ -129,11 +170,13 @@ def upload_output(
     dest: Destination,
     progress: Optional[Callable[[int], None]] = None,
     streamed: frozenset[str] = frozenset(),
+    abandon: Optional[Callable[[bool], None]] = None,
 ) -> int:
     """Upload the finished output (or split set) in ``local`` to the reserved ``dest`` (see the module);
     returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked.
     ``streamed``: the names of the shard files already in the prefix, uploaded and checked as the
-    conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails."""
+    conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails, and then
+    ``abandon(interrupted)`` is called (``ShardUploads.abandon``: the run's parts and records)."""
     fs, root = dest.fs, dest.root
     files = sorted(p for p in local.rglob("*") if p.is_file())
     relative = {p: p.relative_to(local).as_posix() for p in files}
@@ -157,14 +200,31 @@ def upload_output(
                 size = sum(pool.map(put, shards))
             size += sum(put(p) for p in others)
             _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
-        except BaseException:
+        except BaseException as e:
             for name in (set(sent) | streamed) - dest.before:  # the prefix as it was: nothing of this run's left
                 remove_object(fs, f"{root}/{name}")
+            if abandon is not None:
+                abandon(isinstance(e, KeyboardInterrupt))
             raise
-        size += sum(put(p) for p in manifests)  # one by one, after every other file: the output appears whole
-        if dest.overwrite:
-            for name in sorted(dest.before - set(relative.values()) - streamed):
-                remove_object(fs, f"{root}/{name}")  # the replaced output's own objects, now unlisted
+    with stop_signals_held():  # Ctrl-C waits for the output to be whole, and the leftovers gone
+        with store_errors(dest.url):
+            size += sum(put(p) for p in manifests)  # one by one, after every other file: the output appears whole
+        dest.published = True
+        # with --overwrite, the replaced output's own objects, now unlisted; else an interrupted run's
+        # at the top (the objects of an output one folder down are not this run's); the parts and
+        # records of every run, the records first (parts without them are only scratch)
+        try:
+            listed = set(relative.values()) | streamed
+            old = {n for n in dest.before if dest.overwrite or "/" not in n} | _names(fs, f"{root}/{PARTS}", root)
+            gone = sorted(old - listed, key=lambda n: (not n.startswith(f"{STATE}/"), n))
+            remove_objects(fs, [f"{root}/{name}" for name in gone])
+        except Exception as e:  # noqa: BLE001 - the output is whole; what is left is removed by the next run
+            log.warning(
+                "%s is published, but objects the new output does not list could not be removed (%s); "
+                "the next conversion into it removes them",
+                dest.url,
+                e,
+            )
     return size
 
 
@@ -212,7 +272,8 @@ def _check_manifests(fs: Any, root: str, names: set[str], url: str) -> bool:
 
 
 def _write_lock(fs: Any, root: str, token: str, exclusive: bool, url: str) -> None:
-    data = json.dumps({"token": token, "host": socket.gethostname(), "pid": os.getpid()}).encode()
+    ids = {**_this_machine(), "pid": os.getpid(), "started": _process_start(os.getpid())}
+    data = json.dumps({"token": token, **ids}).encode()
     path = f"{root}/{LOCK_NAME}"
     if not exclusive:  # a dead run's lock, replaced
         fs.pipe_file(path, data)
@@ -249,6 +310,48 @@ def _lock_token(fs: Any, root: str) -> Optional[str]:
         return None
 
 
+def _read_lock(fs: Any, root: str) -> Optional[dict]:
+    """The lock object under ``root`` as written (``_write_lock``), None when it is gone or unreadable."""
+    try:
+        lock = json.loads(fs.cat_file(f"{root}/{LOCK_NAME}"))
+    except (OSError, ValueError):
+        return None
+    return lock if isinstance(lock, dict) else None
+
+
+def _holder_is_gone(lock: Optional[dict]) -> bool:
+    """Whether ``lock`` is a run's of this machine (the same boot and process namespace) whose process
+    is gone (a killed conversion: ``--resume`` then need not wait for its lease). A lock of another
+    machine or container, or one that does not say, is never taken for a dead run's before its
+    lease ends."""
+    if not lock:
+        return False
+    here = _this_machine()
+    if not here["boot"] or not here["pidns"] or {k: lock.get(k) for k in here} != here:
+        return False
+    try:
+        return _process_start(int(lock["pid"])) != lock.get("started")  # gone, or its pid another's now
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _this_machine() -> dict:
+    """What tells this machine's processes apart from another's sharing its host name (a container)."""
+    ids = {"host": socket.gethostname(), "boot": None, "pidns": None}
+    with contextlib.suppress(OSError):
+        ids["boot"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        ids["pidns"] = os.readlink("/proc/self/ns/pid")
+    return ids
+
+
+def _process_start(pid: int) -> Optional[int]:
+    """The start time of the process ``pid`` (clock ticks since boot), None when there is none."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _lock_age(fs: Any, root: str) -> float:
     """Seconds since the lock under ``root`` was last written, by the store's clock where it says."""
     try:
@@ -276,13 +379,46 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
         head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     else:
         fs.put_file(str(path), target)
-    recorded = (head or {}).get("ChecksumSHA256")
-    if not recorded or "-" in recorded:  # none, or a multipart upload's checksum of checksums
+    recorded = _recorded_sha256(head)
+    if recorded is None:  # none, or a multipart upload's checksum of checksums
         check_uploaded(fs, path, target, url, sha256)
         return
     size = path.stat().st_size
-    if head.get("ContentLength") != size or base64.b64decode(recorded).hex() != (sha256 or sha256_of(path)):  # type: ignore[union-attr]
+    if head.get("ContentLength") != size or recorded != (sha256 or sha256_of(path)):  # type: ignore[union-attr]
         raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
+
+
+def _recorded_sha256(head: Optional[dict]) -> Optional[str]:
+    """The SHA-256 (hex) S3 recorded for an object uploaded in one request with it, from its
+    ``head_object``; None where it recorded none or a multipart upload's checksum of checksums."""
+    recorded = (head or {}).get("ChecksumSHA256")
+    return None if not recorded or "-" in recorded else base64.b64decode(recorded).hex()
+
+
+def holds(fs: Any, target: str, size: int, sha256: str) -> bool:
+    """Whether the object ``target`` is ``size`` bytes with the SHA-256 ``sha256`` (a shard an
+    interrupted run uploaded, before ``--resume`` keeps it): compared with the checksum S3 recorded
+    where it did, else read back. False when it is gone."""
+    try:
+        if hasattr(fs, "call_s3"):
+            bucket, key, _ = fs.split_path(target)
+            head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            found, recorded = head.get("ContentLength"), _recorded_sha256(head)
+        else:
+            found, recorded = fs.info(target).get("size"), None
+    except FileNotFoundError:
+        return False
+    if found != size:
+        return False
+    return (recorded or _sha256_of_object(fs, target)) == sha256
+
+
+def _sha256_of_object(fs: Any, target: str) -> str:
+    remote = hashlib.sha256()
+    with fs.open(target, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            remote.update(block)
+    return remote.hexdigest()
 
 
 def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
@@ -292,12 +428,20 @@ def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[
     found = fs.info(target).get("size")
     if found != size:
         raise OutputError(f"{url}: {target} is {found} bytes after its upload, not {size}; run the conversion again")
-    remote = hashlib.sha256()
-    with fs.open(target, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            remote.update(block)
-    if remote.hexdigest() != (sha256 or sha256_of(path)):
+    if _sha256_of_object(fs, target) != (sha256 or sha256_of(path)):
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
+
+
+def remove_objects(fs: Any, paths: list[str]) -> None:
+    """Remove the objects ``paths`` of ``fs``, in as few requests as the backend allows (S3: a
+    thousand a request); those already gone are no error."""
+    if not paths:
+        return
+    try:
+        fs.rm(paths)
+    except FileNotFoundError:
+        for path in paths:
+            remove_object(fs, path)
 
 
 def remove_object(fs: Any, path: str) -> None:
@@ -308,14 +452,15 @@ def remove_object(fs: Any, path: str) -> None:
         pass
 
 
-def _names(fs: Any, root: str) -> set[str]:
-    """The objects under ``root``, relative to it, as the store has them now (not a cached listing)."""
+def _names(fs: Any, root: str, relative_to: Optional[str] = None) -> set[str]:
+    """The objects under ``root``, relative to it (or to ``relative_to``, a folder above it), as the
+    store has them now (not a cached listing)."""
     fs.invalidate_cache(root)
     try:
         found = fs.find(root)
     except FileNotFoundError:
         return set()
-    prefix = root + "/"
+    prefix = (relative_to or root) + "/"
     return {p[len(prefix) :] for p in found if p.startswith(prefix)}
 
 
@@ -326,7 +471,9 @@ __all__ = [
     "release",
     "check_uploaded",
     "put_checked",
+    "holds",
     "remove_object",
+    "remove_objects",
     "store_errors",
     "LOCK_NAME",
     "LOCK_LEASE",

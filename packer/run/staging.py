@@ -70,6 +70,11 @@ class Staging:
             return None
         return lambda job, result: sink.take(self.output, self.folder, result)
 
+    @property
+    def shown(self) -> str:
+        """The output as messages name it: its URL when it goes to a bucket, not the local folder."""
+        return self.sink.shown(self.output) if self.sink is not None else str(self.output)
+
     def move(self, old: str, new: str) -> None:
         """Rename the shard file ``old`` of the staging folder to ``new``: where it was uploaded, if
         it was (``packer.output.shard_uploads``), else in the folder."""
@@ -122,18 +127,26 @@ class Staging:
         """A new, empty staging folder (an interrupted run's is removed), with ``plan`` recorded."""
         try:
             start_staging(self.output)
+            if self.sink is not None:
+                self.sink.restart(self.folder)
             if plan is not None:
-                write_plan(self.folder, plan)
+                self.record_plan(plan)
         except OSError as e:
             raise OutputError(f"cannot create {self.folder}: {describe_os_error(e)}") from None
         return self.folder
 
     def record_plan(self, plan: dict) -> None:
-        """Record ``plan`` in the staging folder, once it is known (the early start's, after the walk)."""
+        """Record ``plan`` in the staging folder, once it is known (the early start's, after the walk);
+        a bucket output's is kept in the store too, for ``--resume``."""
         write_plan(self.folder, plan)
+        if self.sink is not None:
+            self.sink.keep_plan(self.folder)
 
     def finished(self, names: list[str]) -> dict[str, ShardResult]:
-        """The shards of ``names`` recorded in the folder as finished whose files are intact."""
+        """The shards of ``names`` recorded in the folder as finished whose files are intact (a bucket
+        output's: in the store, ``ShardUploads.finished``)."""
+        if self.sink is not None:
+            return self.sink.finished(self.output, self.folder, names)
         return finished_shards(self.folder, names)
 
     def resume_or_start(
@@ -152,10 +165,10 @@ class Staging:
         otherwise none, in a new staging folder whose plan records ``recorded`` and ``workers``.
         ``version``: the format version this run writes (shards written at another are written again)."""
         if resume and previous is None:
-            log.warning("--resume: no interrupted run of %s to continue; starting a new one", self.output)
+            log.warning("--resume: no interrupted run of %s to continue; starting a new one", self.shown)
         if previous is None:
             if self.folder.exists() and not resume:
-                log.warning("discarding the unfinished run in %s (pass --resume to continue it)", self.folder)
+                log.warning("discarding the unfinished run of %s (pass --resume to continue it)", self.shown)
             self.start(plan_record(recorded, workers))
             return {}
         if previous.get("fingerprint") != expected:
@@ -170,7 +183,7 @@ class Staging:
                 )
             )
             raise OutputError(
-                f"the source files or options changed since the interrupted run in {self.folder}{other}; "
+                f"the source files or options changed since the interrupted run of {self.shown}{other}; "
                 "run without --resume to start over"
             )
         finished = current_layout(current_digests(self.finished([t.name for t in tasks])), version)

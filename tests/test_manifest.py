@@ -197,7 +197,7 @@ def test_format_version_is_1_for_raw_images_2_for_encoded_ones_3_with_text():
         for image in (True, False)
         if image or text
     } == {7}
-    assert FORMAT_VERSIONS["wds"] == 7
+    assert FORMAT_VERSIONS["wds"] == 8  # the newest: token blocks (--pack); its sample outputs stay at 7
     # raw images of their own sizes changed the npy and hdf5 layouts (3); version 6 indexed the sizes of
     # images of varying size in lmdb and wds, and of encoded ones in every format
     varying = {fmt: format_version(fmt, "raw", shape=None) for fmt in FORMATS}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from helpers import corpus_texts, make_bpe_tokenizer
 
@@ -181,6 +182,11 @@ def _stock_arrays(out: Path, fmt: str) -> list[tuple[np.ndarray, np.ndarray, np.
         elif fmt == "hdf5":
             with h5py.File(out / f"{name}.h5", "r") as f:
                 found.append(tuple(f[k][()] for k in ("tokens", "blocks", "documents")))
+        elif fmt == "wds":  # webdataset's own reader: a shard is one sample of three arrays
+            import webdataset
+
+            (sample,) = list(webdataset.WebDataset(str(out / f"{name}.tar"), shardshuffle=False).decode())
+            found.append(tuple(sample[f"{k}.npy"] for k in ("tokens", "blocks", "documents")))
         else:
             env = lmdb.open(str(out / f"{name}.lmdb"), subdir=False, readonly=True, lock=False)
             with env.begin() as txn:
@@ -189,16 +195,16 @@ def _stock_arrays(out: Path, fmt: str) -> list[tuple[np.ndarray, np.ndarray, np.
     return found
 
 
-def test_npy_lmdb_and_hdf5_hold_the_same_blocks_read_with_their_own_libraries(corpus, tmp_path):
+def test_every_format_holds_the_same_blocks_read_with_its_own_library(corpus, tmp_path):
     src, tokenizer, _ = corpus
     stored = {}
-    for fmt in ("npy", "lmdb", "hdf5"):
+    for fmt in ("npy", "lmdb", "hdf5", "wds"):
         out = tmp_path / fmt
         result = pack_corpus(src, out, PackConfig(fmt, 16, str(tokenizer), shard_size=ShardSize(samples=40)))
         assert result.manifest.format == fmt and result.manifest.format_version == 8
         assert verify(out) == []
         stored[fmt] = _stock_arrays(out, fmt)
-    for fmt in ("lmdb", "hdf5"):
+    for fmt in ("lmdb", "hdf5", "wds"):
         assert len(stored[fmt]) == len(stored["npy"]) > 1
         for a, b in zip(stored[fmt], stored["npy"]):
             for x, y in zip(a, b):
@@ -206,12 +212,34 @@ def test_npy_lmdb_and_hdf5_hold_the_same_blocks_read_with_their_own_libraries(co
                 np.testing.assert_array_equal(x, y)
 
 
-def test_wds_is_refused_with_the_formats_that_store_blocks(corpus, tmp_path):
+def test_a_tar_token_output_is_read_and_verified_as_the_others(corpus, tmp_path):
+    from packer.spec.errors import ManifestError
+    from readers import make_loader, open_dataset
+
     src, tokenizer, _ = corpus
-    r = CliRunner().invoke(
-        cli, ["convert", str(src), "-f", "wds", "-o", str(tmp_path / "w"), "--tokenizer", str(tokenizer), "--pack", "8"]
-    )
-    assert r.exit_code == 2 and "does not store token blocks yet; use --format npy, lmdb, hdf5" in r.output
+    outputs = {}
+    for fmt in ("npy", "wds"):
+        outputs[fmt] = tmp_path / fmt
+        command = ["convert", str(src), "-f", fmt, "-o", str(outputs[fmt]), "--tokenizer", str(tokenizer)]
+        r = CliRunner().invoke(cli, [*command, "--pack", "8", "--shard-size", "30", "-q"])
+        assert r.exit_code == 0, r.output
+    assert not (outputs["wds"] / "shardindex.json").exists()  # wids' list counts samples, a token tar holds one
+    tars = sorted(p.name for p in outputs["wds"].iterdir() if p.name != "manifest.json" and p.name != "report.txt")
+    assert tars and all(name.endswith(".tar") for name in tars)
+    batches = {fmt: list(make_loader(open_dataset(out), 8, shuffle=True, seed=3)) for fmt, out in outputs.items()}
+    assert len(batches["wds"]) == len(batches["npy"]) > 1
+    for a, b in zip(batches["wds"], batches["npy"]):
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert torch.equal(a[key], b[key])
+    assert CliRunner().invoke(cli, ["verify", str(outputs["wds"]), "-q"]).exit_code == 0
+    tar = outputs["wds"] / tars[0]
+    data = bytearray(tar.read_bytes())
+    data[512 + 5] ^= 0xFF  # inside the blocks member's .npy header
+    tar.write_bytes(bytes(data))
+    r = CliRunner().invoke(cli, ["verify", str(outputs["wds"])])
+    assert r.exit_code == 1 and tars[0] in r.output
+    with pytest.raises(ManifestError, match=tars[0].removesuffix(".tar")):
+        list(make_loader(open_dataset(outputs["wds"]), 8))
 
 
 def test_append_adds_the_new_files_as_new_shards_and_refuses_what_would_mix(corpus, tmp_path):

@@ -28,9 +28,9 @@ from typing import ClassVar, Iterator, Optional
 
 import numpy as np
 
-from packer.formats.base import HashedFile, encoded_bytes
+from packer.formats.base import HashedFile, TokenBuffer, encoded_bytes
 from packer.records import Sample, StoredSample
-from packer.spec.codecs import CODECS, NpyDecoder, image_extension, npy_header
+from packer.spec.codecs import CODECS, NpyDecoder, encode_npy, image_extension, npy_header
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.sample_layout import ImageStorage, SampleLayout, choose
@@ -40,11 +40,13 @@ from packer.spec.shard_names import (
     NPY_IMAGE_SHAPES,
     TAR_MEMBERS,
     TAR_SUFFIX,
+    TAR_TOKEN_MEMBERS,
     WIDS_INDEX,
     tar_member_key,
     wds_lengths_suffix,
 )
 from packer.spec.tario import USTAR_OWNER, decode_tar_sample, iter_shard_samples, packer_header, tar_fields
+from packer.spec.token_blocks import POSITION_DTYPE
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -147,6 +149,42 @@ class WdsWriter:
         return names
 
 
+class WdsTokenWriter(TokenBuffer):
+    """One tar token shard ``NAME.tar``: the members ``shard.blocks.npy`` (N x 2 uint32: each block's
+    start and length in the stream), ``shard.documents.npy`` (uint32: where each document, or the
+    piece of one, starts) and ``shard.tokens.npy`` (the stream), as the npy token shard's files;
+    ``webdataset.WebDataset(url).decode()`` gives the shard as one sample of the three arrays."""
+
+    max_stream_bytes: ClassVar[int] = 8**11 - 1 - 128
+    """The largest stream a shard holds: a ustar member is under 8 GiB (less the .npy header)."""
+
+    def __init__(self, directory: Path, shard: str, dtype: np.dtype, tokens: int) -> None:
+        super().__init__(dtype, tokens)
+        self.path = Path(directory) / f"{shard}{TAR_SUFFIX}"
+
+    def close(self, spans: np.ndarray, documents: np.ndarray) -> list[str]:
+        """Write the shard's tar, hashed as it is written; its name."""
+        members = (
+            (encode_npy(np.asarray(spans).astype(POSITION_DTYPE)),),
+            (encode_npy(np.asarray(documents).astype(POSITION_DTYPE)),),
+            (npy_header(self.ids.dtype.str, (self.count,)), self.stream.data),
+        )
+        f, offset = HashedFile(self.path), 0
+        try:
+            for name, parts in zip(TAR_TOKEN_MEMBERS, members):
+                size = sum(memoryview(p).nbytes for p in parts)
+                pad = tarfile.NUL * (-size % tarfile.BLOCKSIZE)
+                for part in (ustar_header(name, size), *parts, pad):
+                    f.write(part)
+                offset += tarfile.BLOCKSIZE + size + len(pad)
+            end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # the end marker, then zeros to a record, as tarfile
+            f.write(end + tarfile.NUL * (-(offset + len(end)) % tarfile.RECORDSIZE))
+        finally:
+            f.file.close()
+        self.digests[self.path.name] = f.hexdigest()
+        return [self.path.name]
+
+
 def _sample_offset(directory: Path, shard: ShardEntry, tar: Path, start: int) -> tuple[int, int]:
     """``(offset of the header of sample start's first member, start)`` from the shard's DALI index,
     checked against the tar (the member name there); ``(0, 0)`` without an index or when it does not match."""
@@ -192,7 +230,10 @@ def scan_index(directory: Path, shard: ShardEntry, layout: SampleLayout) -> tupl
 def output_files(manifest: Manifest) -> dict[str, bytes]:
     """The files of a tar-shard output made from its manifest: ``shardindex.json``, the shard list of
     ``wids.ShardListDataset`` (as its ``widsindex create`` writes it, without the MD5 sums: the
-    manifest's SHA-256 covers the files)."""
+    manifest's SHA-256 covers the files). None for a token output: its tars hold one sample each, the
+    shard's arrays, not its blocks."""
+    if manifest.tokens is not None:
+        return {}
     shards = [
         {
             "url": s.file(TAR_SUFFIX),

@@ -223,6 +223,12 @@ def _pack(
             f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a shard's uint32 "
             f"positions ({MAX_SHARD_TOKENS}); use a smaller --shard-size"
         )
+    most = getattr(get_format(config.format).token_writer_class(), "max_stream_bytes", None)
+    if most is not None and per_shard * (config.block + 1) * tokenizer.dtype.itemsize > most:
+        raise ConfigError(
+            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a {config.format} shard "
+            f"holds ({most} bytes); use a smaller --shard-size"
+        )
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
     documents = read_documents(files, corpus, skipped.append, source)
     tokenized = tokenize(documents, tokenizer, stage / SPILL_NAME, skipped.append, config.strict, progress)

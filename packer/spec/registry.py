@@ -238,6 +238,8 @@ FORMATS: dict[str, FormatSpec] = {
             output_files_since=INDEXES_SINCE,
             indexer="packer.formats.wds:scan_index",
             intact_scanner="packer.formats.wds:scan_intact_shard",
+            token_writer="packer.formats.wds:WdsTokenWriter",
+            token_shard="packer.spec.token_shards:open_wds_token_shard",
         ),
     )
 }

@@ -111,6 +111,11 @@ start in it (uint32, ascending)."""
 HDF5_TOKENS, HDF5_BLOCKS, HDF5_DOCUMENTS = "tokens", "blocks", "documents"
 """Datasets of an HDF5 token shard (format version 8), as the npy token shard's three files."""
 
+TAR_TOKEN_MEMBERS = ("shard.blocks.npy", "shard.documents.npy", "shard.tokens.npy")
+"""Members of a tar token shard ``NAME.tar`` (format version 8), in the order they are written: the
+npy token shard's three files under one key (``shard``), so that ``webdataset.WebDataset`` gives a
+shard as one sample of three arrays."""
+
 LMDB_TOKENS, LMDB_BLOCKS, LMDB_DOCUMENTS = b"tokens", b"blocks", b"documents"
 """Keys of an LMDB token shard (format version 8), each the ``.npy`` bytes of the npy token shard's
 array of that name."""

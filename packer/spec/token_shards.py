@@ -8,6 +8,8 @@ not hold together (a block beyond the stream, ids beyond the vocabulary).
 
 from __future__ import annotations
 
+import mmap
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,6 +29,8 @@ from packer.spec.shard_names import (
     NPY_BLOCKS,
     NPY_DOCUMENTS,
     NPY_TOKENS,
+    TAR_SUFFIX,
+    TAR_TOKEN_MEMBERS,
 )
 from packer.spec.token_blocks import POSITION_DTYPE, TokenSection
 
@@ -133,6 +137,27 @@ def open_hdf5_token_shard(directory: Path, shard: str) -> TokenShard:
         f.close()
         raise
     return TokenShard(tokens, blocks, documents, handle=f)
+
+
+def open_wds_token_shard(directory: Path, shard: str) -> TokenShard:
+    """A tar token shard's arrays, views of a read-only map of the tar (its members are stored whole,
+    uncompressed); ValueError where the tar does not hold exactly the three members, OSError where
+    it cannot be read."""
+    path = Path(directory) / f"{shard}{TAR_SUFFIX}"
+    with open(path, "rb") as f:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            members = {m.name: m for m in tar.getmembers()}
+        if sorted(members) != sorted(TAR_TOKEN_MEMBERS) or not all(m.isfile() for m in members.values()):
+            raise ValueError(f"its members are {sorted(members)}, not {list(TAR_TOKEN_MEMBERS)}")
+        data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    arrays = []
+    for name in TAR_TOKEN_MEMBERS:
+        m = members[name]
+        if m.offset_data + m.size > len(data):
+            raise ValueError(f"{name} ends past the file's end")
+        arrays.append(npy_view(data[m.offset_data : m.offset_data + m.size]))
+    blocks, documents, tokens = arrays
+    return TokenShard(tokens, np.array(blocks), np.array(documents))  # the small ones copied: looked up often
 
 
 def open_lmdb_token_shard(directory: Path, shard: str) -> TokenShard:

@@ -23,15 +23,16 @@ from readers.datasets.npy import NpyDataset
 from readers.datasets.tensors import BatchNormalize, ImageConverter
 from readers.datasets.token_blocks import OPTIONS as TOKEN_OPTIONS
 from readers.datasets.token_blocks import TokenBlocks
+from readers.datasets.token_stream import TokenStream
 from readers.datasets.wds import WdsDataset
 from readers.loading.collate import PackedBatch, detection_collate, packed_collate, pad_collate
 from readers.loading.length_sampler import LengthBucketSampler, padding_ratio
 from readers.loading.loader import make_loader
 from readers.loading.packed_loader import PackedLoader
 from readers.loading.sampler import EpochBatchSampler
-from readers.remote.urls import open_manifest
+from readers.remote.urls import is_url, open_manifest
 
-AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset, TokenBlocks]
+AnyDataset = Union[NpyDataset, LmdbDataset, Hdf5Dataset, WdsDataset, TokenBlocks, TokenStream]
 
 
 def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
@@ -46,7 +47,9 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
     lmdb ones through downloaded shards; ``cache_dir=`` keeps what was read, ``cache_limit=`` bounds it.
 
     A token output (``packer convert CORPUS --pack BLOCK``) gives a ``TokenBlocks`` of its blocks
-    (options ``return_dict``, ``block_mask``, ``vocab_size``, ``seed``; ``readers.datasets.token_blocks``).
+    (options ``return_dict``, ``block_mask``, ``vocab_size``, ``seed``; ``readers.datasets.token_blocks``),
+    or, for a wds one at a URL without ``cache_dir``, a ``TokenStream`` that streams its tar shards
+    (``readers.datasets.token_stream``).
     """
     manifest = open_manifest(root)
     if manifest.tokens is not None:  # a token output: blocks (readers.datasets.token_blocks)
@@ -56,6 +59,8 @@ def open_dataset(root: str | os.PathLike, **options) -> AnyDataset:
                 f"{root} holds token blocks, which take {', '.join(TOKEN_OPTIONS)}, not {', '.join(other)} "
                 "(options of images and text samples)"
             )
+        if is_url(root) and manifest.format == "wds" and options.get("cache_dir") is None:
+            return TokenStream(root, **options)  # tar shards stream; with a cache_dir, read at random
         return TokenBlocks(root, **options)
     return FORMATS[manifest.format].reader_class()(root, **options)
 
@@ -89,4 +94,5 @@ __all__ = [
     "Hdf5Dataset",
     "WdsDataset",
     "TokenBlocks",
+    "TokenStream",
 ]

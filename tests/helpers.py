@@ -229,3 +229,31 @@ def corpus_texts(count: int, seed: int = 0, longest: int = 400) -> list[str]:
     rng = np.random.default_rng(seed)
     words = ["".join(rng.choice(list("etaoinshrdlu"), size=int(rng.integers(1, 8)))) for _ in range(200)]
     return [" ".join(rng.choice(words, size=int(rng.integers(1, longest)))) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def served_folder(directory: Path) -> Iterator[tuple[str, list[str]]]:
+    """``directory`` served over HTTP on 127.0.0.1 for the block: its base URL, and the paths asked for."""
+    import functools
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 from conftest import make_tree
-from helpers import process_alive, shard_file, wait_for
+from helpers import process_alive, served_folder, shard_file, wait_for
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -50,23 +50,8 @@ def served(tmp_path_factory):
     pre = PreprocessConfig(size=(16, 12))
     convert(src, root / "wds", ConvertConfig("wds", pre, ShardSize(samples=4)), workers=2)
     convert(src, root / "npy", ConvertConfig("npy", pre, ShardSize(samples=4)), workers=2)
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            requests.append(self.path)
-            super().do_GET()
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}", requests
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with served_folder(root) as (url, requests):
+        yield root, url, requests
 
 
 def samples(ds) -> list[tuple[bytes, int, dict]]:

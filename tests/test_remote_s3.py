@@ -220,6 +220,23 @@ def test_a_split_set_in_a_bucket_is_described_and_verified_split_by_split(bucket
     assert r.exit_code == 0 and "is intact: 7 samples" in r.output, r.output
 
 
+def test_a_wds_token_output_converted_into_a_bucket_streams_from_it(bucket, tmp_path):
+    from readers import TokenStream
+
+    fs, local = bucket
+    corpus, tokenizer = _token_corpus(tmp_path, 30)
+    base = ["convert", str(corpus), "-f", "wds", "--shard-size", "5", "--tokenizer", str(tokenizer), "--pack", "16"]
+    for out in ("s3://data/stream-wds", str(tmp_path / "stream-wds")):
+        r = CliRunner().invoke(cli, [*base, "-o", out, "-q"])
+        assert r.exit_code == 0, r.output
+    stream = open_dataset("s3://data/stream-wds", seed=4)
+    assert isinstance(stream, TokenStream)
+    near = open_dataset(tmp_path / "stream-wds")
+    rows = [tuple(r) for b in make_loader(stream, 4, num_workers=2) for r in b["input_ids"].tolist()]
+    assert sorted(rows) == sorted(tuple(near[i]["input_ids"].tolist()) for i in range(len(near)))
+    assert CliRunner().invoke(cli, ["verify", "s3://data/stream-wds", "-q"]).exit_code == 0
+
+
 def test_token_blocks_read_from_a_bucket_through_a_verified_cache(bucket, tmp_path):
     import torch
 

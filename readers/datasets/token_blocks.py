@@ -33,10 +33,11 @@ from torch.utils.data import Dataset
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry
 from packer.spec.registry import FORMATS
-from packer.spec.token_blocks import BlockBatch, TokenSection, batch_memory, fill_blocks, finish_blocks
+from packer.spec.token_blocks import batch_memory, fill_blocks, finish_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.datasets.shard_handles import ShardHandles
+from readers.datasets.token_output import OPTIONS, TokenOutput, batch_dict
 from readers.loading.batch_buffers import SlotRing
 from readers.remote.urls import is_url
 
@@ -44,11 +45,8 @@ MAX_OPEN_SHARDS = 64
 """Shards a reader keeps open in one process (each holds a file descriptor), least recently used
 closed first: a shuffled read of a large output would otherwise run out of descriptors."""
 
-OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify", "cache_dir")
-"""What ``open_dataset`` passes on to ``TokenBlocks``."""
 
-
-class TokenBlocks(Dataset):
+class TokenBlocks(TokenOutput, Dataset):
     """The blocks of a token output at ``root`` (see the module).
 
     ``vocab_size``: the vocabulary the training code expects; an output of another is refused (its
@@ -57,9 +55,6 @@ class TokenBlocks(Dataset):
     (``s3://bucket/tokens``, ``https://``): each shard is then downloaded once into ``cache_dir``,
     checked against the manifest's size and SHA-256 as it streams, and read from there.
     """
-
-    has_target = False  # what PackedLoader asks of every dataset it loads
-    classes = None  # what a mixture's parts compare
 
     def __init__(
         self,
@@ -83,20 +78,9 @@ class TokenBlocks(Dataset):
         else:
             self.root = Path(root)
             self.files = OutputFiles.open(self.root, verify=verify)
-        self.manifest = self.files.manifest
-        section = self.manifest.tokens
-        if section is None:
-            raise ManifestError(
-                f"{root} holds samples, not token blocks: open it with readers.open_dataset, or convert a corpus "
-                "with packer convert CORPUS --tokenizer tokenizer.json --pack BLOCK"
-            )
-        if vocab_size is not None and int(vocab_size) != section.vocab_size:
-            raise ValueError(
-                f"{root} holds ids of a vocabulary of {section.vocab_size} ({section.tokenizer.get('file')}), "
-                f"not {vocab_size}: it was tokenized with another tokenizer than the model expects"
-            )
-        self.section: TokenSection = section
-        self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
+        super().__init__(
+            root, self.files.manifest, return_dict=return_dict, block_mask=block_mask, vocab_size=vocab_size, seed=seed
+        )
         self._starts = self.manifest.shard_offsets
         self.handles = ShardHandles(MAX_OPEN_SHARDS)
         """The shards open in this process (least recently used closed first; a fork opens its own)."""
@@ -105,42 +89,6 @@ class TokenBlocks(Dataset):
     # what the output holds -------------------------------------------------------------------
     def __len__(self) -> int:
         return self.manifest.samples
-
-    @property
-    def block_size(self) -> int:
-        """Positions of a block (its inputs; it stores one id more, the last target)."""
-        return self.section.block
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of the corpus, with the end-of-text (and beginning) ids added to each document."""
-        return self.section.tokens
-
-    @property
-    def documents(self) -> int:
-        """Documents of the corpus that were tokenized."""
-        return self.section.documents
-
-    @property
-    def vocab_size(self) -> int:
-        """The tokenizer's vocabulary size (ids are below it)."""
-        return self.section.vocab_size
-
-    @property
-    def tokenizer(self) -> dict:
-        """The tokenizer's file name, SHA-256 and vocabulary size, as the manifest records them."""
-        return dict(self.section.tokenizer)
-
-    @property
-    def tokens_per_block(self) -> float:
-        """The ids a block holds on average, padding left out (a mixture weighs its parts by tokens)."""
-        s = self.section
-        return (len(self) * (s.block + 1) - s.padding) / max(len(self), 1)
-
-    @property
-    def padding_share(self) -> float:
-        """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
-        return self.section.padding_share(len(self))
 
     # reading ---------------------------------------------------------------------------------
     def __getitem__(self, index: int) -> Any:
@@ -184,9 +132,7 @@ class TokenBlocks(Dataset):
         blocks = finish_blocks(out, runs)
         if claimed is not None:
             return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
-        if not self.return_dict:
-            return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
-        return self._as_dict(blocks)
+        return self.as_batch(blocks)
 
     def fill(self, out: np.ndarray, rows: Sequence[int], indices: Sequence[int]) -> list[list[int]]:
         """Write blocks ``indices`` into rows ``rows`` of ``out`` shard by shard (``fill_blocks``: each
@@ -203,25 +149,6 @@ class TokenBlocks(Dataset):
             for k, starts in zip(ks, found):
                 runs[k] = starts
         return runs
-
-    def _as_dict(self, blocks: BlockBatch) -> dict:
-        out = _batch(
-            torch.from_numpy(blocks.input_ids),
-            torch.from_numpy(blocks.labels),
-            torch.from_numpy(blocks.position_ids),
-            blocks.cu_seqlens,
-            blocks.max_seqlen,
-        )
-        if self.block_mask:
-            run = blocks.position_ids
-            n, block = run.shape
-            positions = np.arange(block)
-            # the start of each position's run: the same start means the same run
-            begin = positions[None, :] - run
-            same = begin[:, :, None] == begin[:, None, :]
-            causal = positions[:, None] >= positions[None, :]
-            out["attention_mask"] = torch.from_numpy(same & causal[None]).unsqueeze(1)
-        return out
 
     def open_shard(self, entry: ShardEntry) -> TokenShard:
         """A shard's arrays, checked (what ``ShardHandles`` opens in each process on first use)."""
@@ -271,19 +198,7 @@ class RingBlocks(NamedTuple):
         inputs, labels, positions = ring.hand_out(self.slot, 3 * self.n, (1, self.block)).view(3, self.n, self.block)
         if not self.as_dict:
             return inputs, labels
-        return _batch(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
+        return batch_dict(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
 
 
-def _batch(
-    inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, cu_seqlens: np.ndarray, max_seqlen: int
-) -> dict[str, Any]:
-    return {
-        "input_ids": inputs,
-        "labels": labels,
-        "position_ids": positions,
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
-        "max_seqlen": max_seqlen,
-    }
-
-
-__all__ = ["TokenBlocks", "RingBlocks"]
+__all__ = ["TokenBlocks", "RingBlocks", "OPTIONS"]

@@ -28,8 +28,8 @@ from packer.spec.tario import decode_tar_sample, iter_shard_samples, tar_fields
 from readers.augment.crops import Placement
 from readers.datasets.base import ReaderBase
 from readers.datasets.samples import decode_field
-from readers.loading.collate import Numbered, PackedBatch
-from readers.loading.tar_batches import TarBatches
+from readers.loading.collate import PackedBatch
+from readers.loading.tar_batches import TarBatches, shuffle_buffer, warn_few_shards
 from readers.remote.urls import file_url, is_url, iter_remote_tar, read_remote_file
 
 PASS_SLOTS = 64
@@ -255,20 +255,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         """Yield the whole batches ``batches`` plans (``PackedBatch``) instead of samples; ``len()`` is then
         this rank's batches per epoch. ``make_loader`` makes the plan and keeps it to start each pass."""
         self.batches = batches
-        shards, world, workers = len(self.manifest.shards), batches.world, batches.workers
-        if shards < world:
-            warnings.warn(
-                f"{shards} shard(s) for {world} rank(s): some ranks read the same shards, so samples "
-                "repeat within an epoch; convert with a smaller --shard-size for more shards",
-                stacklevel=2,
-            )
-        elif shards < world * workers:
-            warnings.warn(
-                f"{shards} shard(s) for {world} rank(s) x {workers} worker(s): some workers "
-                "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
-                "shards",
-                stacklevel=2,
-            )
+        warn_few_shards(len(self.manifest.shards), batches.world, batches.workers)
 
     def batch_plan(self, workers: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """For this rank: each worker's shards, each worker's batch sizes in order, and which worker
@@ -279,27 +266,7 @@ class WdsDataset(ReaderBase, IterableDataset):
         return [s.samples for s in self.manifest.shards]
 
     def _iter_batches(self, b: TarBatches) -> Iterator:
-        epoch, skip = b.this_pass()
-        info = get_worker_info()
-        worker, workers = (info.id, b.workers) if info is not None else (0, 1)
-        shares, sizes, seq = b.plan(self._shard_samples(), workers)
-        rng = random.Random(((self.seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + b.rank)
-        shards = list(shares[worker])
-
-        def endless() -> Iterator:  # passes over this worker's shards, each in a new order, through the buffer
-            while True:
-                if b.shuffle:
-                    rng.shuffle(shards)
-                one_pass = (item for shard in shards for item in self.iter_shard_raw(shard))
-                yield from shuffle_buffer(one_pass, b.shuffle, rng) if b.shuffle else one_pass
-
-        stream = endless()
-        mine = [g for g, k in enumerate(seq) if k == worker]  # the epoch's batches this worker makes
-        for g, n in zip(mine, sizes[worker]):
-            items = [next(stream) for _ in range(n)]
-            if g < skip:
-                continue  # consumed before a resume: read, not decoded
-            yield Numbered(g, self._make_batch(items, epoch))  # make_loader puts them in order
+        yield from b.iterate(self._shard_samples(), self.seed, self.iter_shard_raw, self._make_batch)
 
     def _make_batch(self, items: list, epoch: int) -> PackedBatch:
         n = len(items)
@@ -316,17 +283,3 @@ class WdsDataset(ReaderBase, IterableDataset):
                 self.convert.into(array, images[j])
             labels[j] = label
         return PackedBatch(images, torch.from_numpy(labels), slot)
-
-
-def shuffle_buffer(items: Iterator, size: int, rng: random.Random) -> Iterator:
-    """Yield ``items`` in a random order drawn through a buffer of ``size`` items."""
-    buf: list = []
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = rng.randrange(size)
-        buf[j], item = item, buf[j]
-        yield item
-    rng.shuffle(buf)
-    yield from buf

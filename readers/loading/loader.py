@@ -40,6 +40,7 @@ from readers.datasets.defaults import default_options
 from readers.datasets.mapstyle import PackedDataset
 from readers.datasets.tensors import ImageConverter
 from readers.datasets.token_blocks import TokenBlocks
+from readers.datasets.token_stream import TokenStream
 from readers.loading.batch_buffers import BatchBuffers, SlotRing, shared_memory_free
 from readers.loading.bucket_sampler import AspectBucketSampler
 from readers.loading.collate import ArraysAcrossWorkers, detection_collate, packed_collate, pad_collate
@@ -113,7 +114,7 @@ def make_loader(
     """
     if decode not in device_decode.DECODE_WHERE:
         raise ValueError(f"decode={decode!r}: use one of {', '.join(map(repr, device_decode.DECODE_WHERE))}")
-    tokens = isinstance(dataset, TokenBlocks) or (
+    tokens = isinstance(dataset, (TokenBlocks, TokenStream)) or (
         isinstance(dataset, Mixture) and isinstance(dataset.datasets[0], TokenBlocks)
     )
     if tokens:

@@ -5,10 +5,15 @@ it to the reader (``WdsDataset.batch_by``)."""
 
 from __future__ import annotations
 
+import random
+import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+from torch.utils.data import get_worker_info
+
+from readers.loading.collate import Numbered
 
 
 @dataclass
@@ -95,5 +100,69 @@ class TarBatches:
                     left[k] -= 1
         return shares, sizes, seq
 
+    def iterate(
+        self,
+        samples: Sequence[int],
+        seed: int,
+        items_of: Callable[[int], Iterable],
+        make: Callable[[list, int], Any],
+    ) -> Iterator[Numbered]:
+        """This DataLoader worker's batches of the pass ``start_pass`` chose, numbered in the epoch's
+        order: the items of its shards (``items_of(shard)``, for shards of ``samples`` samples each),
+        each pass over them in a new shard order through the shuffle buffer, made into batches by
+        ``make(items, epoch)``; those before the pass's first batch are read, not made (a resume)."""
+        epoch, skip = self.this_pass()
+        info = get_worker_info()
+        worker, workers = (info.id, self.workers) if info is not None else (0, 1)
+        shares, sizes, seq = self.plan(samples, workers)
+        rng = random.Random(((seed * 1_000_003 + epoch) * 4099 + worker) * 8191 + self.rank)
+        shards = list(shares[worker])
 
-__all__ = ["TarBatches"]
+        def endless() -> Iterator:  # passes over this worker's shards, each in a new order, through the buffer
+            while True:
+                if self.shuffle:
+                    rng.shuffle(shards)
+                one_pass = (item for shard in shards for item in items_of(shard))
+                yield from shuffle_buffer(one_pass, self.shuffle, rng) if self.shuffle else one_pass
+
+        stream = endless()
+        mine = [g for g, k in enumerate(seq) if k == worker]  # the epoch's batches this worker makes
+        for g, n in zip(mine, sizes[worker]):
+            items = [next(stream) for _ in range(n)]
+            if g < skip:
+                continue  # consumed before a resume: read, not made
+            yield Numbered(g, make(items, epoch))  # make_loader puts them in order
+
+
+def warn_few_shards(shards: int, world: int, workers: int) -> None:
+    """Warn where ``shards`` tar shards are too few for ``world`` ranks of ``workers`` DataLoader workers."""
+    if shards < world:
+        warnings.warn(
+            f"{shards} shard(s) for {world} rank(s): some ranks read the same shards, so samples "
+            "repeat within an epoch; convert with a smaller --shard-size for more shards",
+            stacklevel=3,
+        )
+    elif shards < world * workers:
+        warnings.warn(
+            f"{shards} shard(s) for {world} rank(s) x {workers} worker(s): some workers "
+            "have no shard of their own and stay idle; convert with a smaller --shard-size for more "
+            "shards",
+            stacklevel=3,
+        )
+
+
+def shuffle_buffer(items: Iterator, size: int, rng: random.Random) -> Iterator:
+    """Yield ``items`` in a random order drawn through a buffer of ``size`` items."""
+    buf: list = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = rng.randrange(size)
+        buf[j], item = item, buf[j]
+        yield item
+    rng.shuffle(buf)
+    yield from buf
+
+
+__all__ = ["TarBatches", "shuffle_buffer", "warn_few_shards"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional, Union
 
 import torch
@@ -9,13 +10,19 @@ from torch.utils.data import DataLoader
 
 from readers.compose.mixture import Mixture
 from readers.datasets.token_blocks import TokenBlocks
+from readers.datasets.token_stream import TokenStream
 from readers.loading.batch_buffers import SlotRing, shared_memory_free
 from readers.loading.packed_loader import PackedLoader
 from readers.loading.sampler import distributed_rank, epoch_order
+from readers.loading.tar_batches import TarBatches
+
+STREAM_SHUFFLE_BUFFER = 4096
+"""Blocks in the shuffle buffer of a streamed token output (``TokenStream``) when none is given: of
+2,049 uint16 ids, 16 MiB of views, which keep the shards they are in (each held whole) in memory."""
 
 
 def token_loader(
-    dataset: Union[TokenBlocks, Mixture],
+    dataset: Union[TokenBlocks, TokenStream, Mixture],
     batch_size: int,
     shuffle: bool,
     seed: Optional[int],
@@ -31,18 +38,14 @@ def token_loader(
     if overrides.get("sampler") is not None or overrides.get("batch_sampler") is not None:
         raise ValueError("token blocks are read in make_loader's own order: pass no sampler or batch_sampler")
     device = torch.device(device) if device is not None else None
+    if isinstance(dataset, TokenStream):
+        return _stream_loader(dataset, batch_size, shuffle, seed, drop_last, device, overrides)
     if isinstance(dataset, Mixture) and seed is not None and int(seed) != dataset.seed:
         dataset = dataset.with_seed(int(seed))  # the mixture's seed draws its parts' streams
     seed = dataset.seed if seed is None else int(seed)
     first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
     rank, world = distributed_rank()
-    options: dict[str, Any] = {"num_workers": 0, "collate_fn": _whole_batch}
-    if device is not None and device.type == "cuda":
-        options["pin_memory"] = True
-    options.update(overrides)
-    workers = int(options.get("num_workers") or 0)
-    if workers:
-        options.setdefault("persistent_workers", True)
+    options, workers = _options({"num_workers": 0, "collate_fn": _whole_batch}, device, overrides)
     ring = None
     if workers and not options.get("pin_memory") and not first.block_mask and isinstance(dataset, TokenBlocks):
         per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
@@ -57,6 +60,45 @@ def token_loader(
         read = dataset.with_ring(ring)
     loader = DataLoader(read, batch_sampler=sampler, **options)
     return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
+
+
+def _stream_loader(
+    dataset: TokenStream,
+    batch_size: int,
+    shuffle: bool,
+    seed: Optional[int],
+    drop_last: bool,
+    device: Optional[torch.device],
+    overrides: dict,
+) -> PackedLoader:
+    """``make_loader`` of a streamed token output: its tar shards shared out over ranks and workers
+    as tar outputs of samples are (``TarBatches``), through a shuffle buffer of blocks. One worker by
+    default, so that the next shard streams while training goes on."""
+    if seed is not None and int(seed) != dataset.seed:
+        dataset = copy.copy(dataset)
+        dataset.seed = int(seed)
+    rank, world = distributed_rank()
+    options, workers = _options({"num_workers": 1}, device, overrides)
+    control = torch.zeros(2, dtype=torch.int64).share_memory_()
+    buffer = STREAM_SHUFFLE_BUFFER if shuffle else 0
+    batches = TarBatches(batch_size, drop_last, rank, world, workers, buffer, control)
+    dataset.batch_by(batches)
+    loader = DataLoader(dataset, batch_size=None, **options)
+    order = {"batch_size": batch_size, "world_size": world, "seed": dataset.seed, "workers": workers, "sampler": None}
+    return PackedLoader(dataset, loader, None, None, device, None, order, None, batches)  # type: ignore[arg-type]
+
+
+def _options(defaults: dict, device: Optional[torch.device], overrides: dict) -> tuple[dict[str, Any], int]:
+    """The DataLoader's options (``defaults``, memory pinned for a CUDA device, the caller's
+    ``overrides`` last, workers kept between epochs) and its worker count."""
+    options: dict[str, Any] = dict(defaults)
+    if device is not None and device.type == "cuda":
+        options["pin_memory"] = True
+    options.update(overrides)
+    workers = int(options.get("num_workers") or 0)
+    if workers:
+        options.setdefault("persistent_workers", True)
+    return options, workers
 
 
 def _whole_batch(batch: Any) -> Any:

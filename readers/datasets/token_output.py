@@ -1,0 +1,130 @@
+"""What every reader of a token output knows of it: its manifest's ``tokens`` section, checked against
+what the training code expects, and the batches as training takes them.
+
+``TokenBlocks`` (``readers.datasets.token_blocks``) reads blocks at random from local shards (or
+shards downloaded into a cache); ``TokenStream`` (``readers.datasets.token_stream``) streams the tar
+shards of a wds token output from a URL. Both are a ``TokenOutput``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from packer.spec.errors import ManifestError
+from packer.spec.manifest import Manifest
+from packer.spec.token_blocks import BlockBatch, TokenSection
+
+OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify", "cache_dir")
+"""What ``open_dataset`` passes on to a token output's reader."""
+
+
+class TokenOutput:
+    """The ``tokens`` section of the token output ``root`` whose manifest is ``manifest`` (see the
+    module); ``vocab_size``: the vocabulary the training code expects (an output of another is
+    refused: its ids would index another embedding)."""
+
+    has_target = False  # what PackedLoader asks of every dataset it loads
+    classes = None  # what a mixture's parts compare
+
+    def __init__(
+        self,
+        root: Any,
+        manifest: Manifest,
+        *,
+        return_dict: bool,
+        block_mask: bool,
+        vocab_size: Optional[int],
+        seed: int,
+    ) -> None:
+        section = manifest.tokens
+        if section is None:
+            raise ManifestError(
+                f"{root} holds samples, not token blocks: open it with readers.open_dataset, or convert a corpus "
+                "with packer convert CORPUS --tokenizer tokenizer.json --pack BLOCK"
+            )
+        if vocab_size is not None and int(vocab_size) != section.vocab_size:
+            raise ValueError(
+                f"{root} holds ids of a vocabulary of {section.vocab_size} ({section.tokenizer.get('file')}), "
+                f"not {vocab_size}: it was tokenized with another tokenizer than the model expects"
+            )
+        self.manifest = manifest
+        self.section: TokenSection = section
+        self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
+
+    @property
+    def block_size(self) -> int:
+        """Positions of a block (its inputs; it stores one id more, the last target)."""
+        return self.section.block
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the corpus, with the end-of-text (and beginning) ids added to each document."""
+        return self.section.tokens
+
+    @property
+    def documents(self) -> int:
+        """Documents of the corpus that were tokenized."""
+        return self.section.documents
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's vocabulary size (ids are below it)."""
+        return self.section.vocab_size
+
+    @property
+    def tokenizer(self) -> dict:
+        """The tokenizer's file name, SHA-256 and vocabulary size, as the manifest records them."""
+        return dict(self.section.tokenizer)
+
+    @property
+    def tokens_per_block(self) -> float:
+        """The ids a block holds on average, padding left out (a mixture weighs its parts by tokens)."""
+        s, blocks = self.section, self.manifest.samples
+        return (blocks * (s.block + 1) - s.padding) / max(blocks, 1)
+
+    @property
+    def padding_share(self) -> float:
+        """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
+        return self.section.padding_share(self.manifest.samples)
+
+    def as_batch(self, blocks: BlockBatch) -> Any:
+        """A ``BlockBatch`` as training takes it: the dict of tensors (see the readers' modules), or the
+        ``(input_ids, labels)`` pair with ``return_dict=False``."""
+        if not self.return_dict:
+            return torch.from_numpy(blocks.input_ids), torch.from_numpy(blocks.labels)
+        out = batch_dict(
+            torch.from_numpy(blocks.input_ids),
+            torch.from_numpy(blocks.labels),
+            torch.from_numpy(blocks.position_ids),
+            blocks.cu_seqlens,
+            blocks.max_seqlen,
+        )
+        if self.block_mask:
+            run = blocks.position_ids
+            n, block = run.shape
+            positions = np.arange(block)
+            # the start of each position's run: the same start means the same run
+            begin = positions[None, :] - run
+            same = begin[:, :, None] == begin[:, None, :]
+            causal = positions[:, None] >= positions[None, :]
+            out["attention_mask"] = torch.from_numpy(same & causal[None]).unsqueeze(1)
+        return out
+
+
+def batch_dict(
+    inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, cu_seqlens: np.ndarray, max_seqlen: int
+) -> dict[str, Any]:
+    """The dict of a batch of blocks."""
+    return {
+        "input_ids": inputs,
+        "labels": labels,
+        "position_ids": positions,
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "max_seqlen": max_seqlen,
+    }
+
+
+__all__ = ["TokenOutput", "batch_dict", "OPTIONS"]

@@ -16,7 +16,9 @@ What it measures, all on the same corpus, tokenizer and cores (ratios in one run
   and ``--workers`` workers, LitData's ``StreamingDataset(item_loader=TokensLoader(block_size=BLOCK
   + 1), shuffle=True)`` in its ``StreamingDataLoader``, and a bare ``np.memmap`` gather of the same
   blocks into an int64 batch in one process (the memory-copy bound), each for ``--seconds``;
-- **size**: the bytes of each output per token of the corpus.
+- **size**: the bytes of each output per token of the corpus;
+- with ``--stream``, the same concat output in wds, read from its folder (``TokenBlocks``) and
+  streamed over HTTP from a server on 127.0.0.1 (``TokenStream``, 1 and 2 workers).
 
 The corpus is made once in ``--work`` (JSON Lines files of documents of made-up words with
 Zipf-distributed frequencies, many short documents and a long tail), with a byte-level BPE tokenizer
@@ -154,10 +156,10 @@ def tokenizer_floor(texts: list[str], tokenizer: Path) -> dict:
     return {"seconds": time.perf_counter() - started, "tokens": tokens + len(texts)}
 
 
-def packer_convert(corpus: Path, tokenizer: Path, out: Path, block: int, mode: str) -> dict:
+def packer_convert(corpus: Path, tokenizer: Path, out: Path, block: int, mode: str, fmt: str = "npy") -> dict:
     """``packer convert ... --pack`` in a new process: its wall time and the output's bytes and tokens."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "packer", "convert", str(corpus), "-f", "npy", "-o", str(out)]
+    command = [sys.executable, "-m", "packer", "convert", str(corpus), "-f", fmt, "-o", str(out)]
     command += ["--tokenizer", str(tokenizer), "--pack", str(block), "--pack-mode", mode, "-q"]
     started = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -236,6 +238,36 @@ def packer_reads(out: Path, batch: int, workers: int, seconds: float) -> float:
     return _rate(_forever(lambda: iter(loader)), seconds, batch * ds.block_size)
 
 
+def stream_reads(out: Path, batch: int, seconds: float) -> dict[str, float]:
+    """Reads of the wds output ``out``: from its folder (``TokenBlocks``, no worker), and streamed over
+    HTTP from a server on 127.0.0.1 (``TokenStream``: one worker, make_loader's default, and two)."""
+    import functools
+    import http.server
+    import threading
+
+    from readers import make_loader, open_dataset
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(out.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{out.name}"
+    try:
+        local = open_dataset(out)
+        rates = {"packer wds, local folder, 0 workers": packer_reads(out, batch, 0, seconds)}
+        for workers in (1, 2):
+            loader = make_loader(open_dataset(url), batch, num_workers=workers)
+            rate = _rate(_forever(lambda: iter(loader)), seconds, batch * local.block_size)
+            rates[f"packer wds streamed over HTTP (127.0.0.1), {workers} worker(s)"] = rate
+    finally:
+        server.shutdown()
+        server.server_close()
+    return rates
+
+
 def memmap_gather(out: Path, block: int, batch: int, seconds: float) -> float:
     """A bare gather of random blocks of ``block + 1`` ids from the token streams into an int64 batch."""
     manifest = json.loads((out / "manifest.json").read_text())
@@ -307,6 +339,9 @@ def run(args: argparse.Namespace) -> dict:
         reads[f"litdata {args.workers} workers"] = litdata_reads(
             work / "litdata", args.block, args.batch, args.workers, args.seconds
         )
+    if args.stream:
+        packer_convert(work / "corpus", tokenizer, work / "packer-wds", args.block, "concat", "wds")
+        reads.update(stream_reads(work / "packer-wds", args.batch, args.seconds))
     results["reads"] = reads
     for name, rate in reads.items():
         print(f"reads, {name}: {rate:,.0f} tokens/s", flush=True)
@@ -350,6 +385,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--seconds", type=float, default=10.0, help="each read rate is measured this long")
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-tokens"))
+    p.add_argument("--stream", action="store_true", help="also a wds output, read locally and streamed over HTTP")
     return p
 
 

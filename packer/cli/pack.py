@@ -16,9 +16,12 @@ from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
 from packer.config import PackConfig
 from packer.ops.pack_tokens import PackResult, append_corpus, pack_corpus
+from packer.output.files import staging_dir
 from packer.output.report import REPORT_NAME
+from packer.output.shard_uploads import sink_for
 from packer.spec.errors import ConfigError, DecodeError
 from packer.spec.manifest import read_manifest
+from packer.tokens.progress import PROGRESS_NAME
 
 PACK_OPTIONS = frozenset(
     {
@@ -32,6 +35,7 @@ PACK_OPTIONS = frozenset(
         "workers",
         "strict",
         "overwrite",
+        "resume",
         "append_",
         "quiet",
         "pack",
@@ -68,8 +72,14 @@ def run_pack(ctx: click.Context) -> None:
     if p["workers"] is not None:
         # tokenizers' thread pool reads this once, when it first encodes in this process
         os.environ["RAYON_NUM_THREADS"] = str(p["workers"])
+    if p["resume"] and p["append_"]:
+        raise click.UsageError("--resume of a token --append is not built yet: run the --append again")
+    if p["resume"] and sink_for(output) is not None:
+        raise click.UsageError(
+            "--resume of a token conversion into a bucket is not built yet: convert to a local folder, or start over"
+        )
     bars: list[tqdm] = []
-    with stop_on_signals(), reported(bars, lambda: "packer: interrupted; no output was written."):
+    with stop_on_signals(), reported(bars, lambda: _interrupted(output, p["append_"])):
         try:
             config = PackConfig(
                 p["fmt"],
@@ -97,10 +107,23 @@ def run_pack(ctx: click.Context) -> None:
                 result = append_corpus(source, output, config, progress=bars[-1].update)
                 click.echo(f"packer: appended {result.manifest.samples - before:,} blocks to {output}")
             else:
-                result = pack_corpus(source, output, config, overwrite=p["overwrite"], progress=bars[-1].update)
+                result = pack_corpus(
+                    source, output, config, overwrite=p["overwrite"], progress=bars[-1].update, resume=p["resume"]
+                )
         except DecodeError as e:
             raise click.ClickException(f"stopped at the first bad document (--strict), nothing written: {e}") from None
     pack_summary(result, "holds" if p["append_"] else "wrote")
+
+
+def _interrupted(output: Path, append: bool) -> str:
+    """What a Ctrl-C of the token conversion into ``output`` left."""
+    stage = staging_dir(output)
+    if append or sink_for(output) is not None or not (stage / PROGRESS_NAME).is_file():
+        return "packer: interrupted; no output was written."
+    return (
+        f"packer: interrupted; no output was written. The documents tokenized so far are kept in {stage}: "
+        "run the same command with --resume to continue"
+    )
 
 
 def pack_summary(result: PackResult, verb: str = "wrote") -> None:

@@ -4,11 +4,13 @@ The stages: read the corpus's documents (``packer.sources.corpus``), tokenize th
 the staging folder (``packer.tokens.tokenizing``), plan the blocks (``packer.tokens.packing``), write
 each shard's stream, blocks and document starts with the format's token writer, then publish the
 folder with its manifest through ``Staging``, as every operation does: a reader never sees a half
-written output, and a failed run leaves nothing behind.
+written output, and a failed run leaves nothing behind but for an interrupt, which keeps what was
+tokenized for ``--resume`` (``packer.tokens.progress``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -19,20 +21,23 @@ import numpy as np
 
 from packer import __version__
 from packer.config import PackConfig
-from packer.output.files import check_output
+from packer.output.files import PLAN_RECORD, STAGING_MARK, check_output
 from packer.output.finish import name_shards
 from packer.output.placed_shards import place_shard
 from packer.records import ShardResult, Skipped
 from packer.run.plan import shard_name
 from packer.run.staging import Staging
-from packer.sources.corpus import CorpusConfig, corpus_files, read_documents
-from packer.spec.errors import ConfigError, InputError
+from packer.sources.corpus import CorpusConfig, corpus_files
+from packer.spec.errors import ConfigError, InputError, OutputError
 from packer.spec.listed_files import file_entry, sha256_of
 from packer.spec.manifest import Manifest, ShardEntry, read_manifest
 from packer.spec.registry import TOKENS_SINCE, get_format
 from packer.spec.token_blocks import MAX_SHARD_TOKENS, TokenSection, tokenizer_record
 from packer.tokens.packing import PackPlan, ShardPlan, best_fit_plan, concat_plan, document_order
-from packer.tokens.tokenizing import CorpusTokenizer, Tokenized, corpus_tokenizer, tokenize
+from packer.tokens.progress import PROGRESS_NAME, Progress, Tracker, fingerprint
+from packer.tokens.tokenizing import CorpusTokenizer, Tokenized, corpus_tokenizer, lengths_path, tokenize
+
+log = logging.getLogger(__name__)
 
 SPILL_NAME = "corpus.ids"
 """The tokenized corpus in the staging folder, removed before publishing."""
@@ -56,18 +61,25 @@ def pack_corpus(
     *,
     overwrite: bool = False,
     progress: Optional[Callable[[int], None]] = None,
+    resume: bool = False,
 ) -> PackResult:
-    """Tokenize and pack the corpus ``source`` into the token output ``output`` (see the module)."""
+    """Tokenize and pack the corpus ``source`` into the token output ``output`` (see the module).
+    ``resume``: go on from the tokenizing an interrupted run left in the staging folder
+    (``packer.tokens.progress``), refused where the corpus files or the options that shape the ids
+    changed since."""
     started = time.perf_counter()
     source, output = Path(source), Path(output)
     files = corpus_files(source)
     check_output(output, overwrite, source)
     tokenizer = corpus_tokenizer(config.tokenizer, config.eos, config.bos, config.bos_id)
+    records = [corpus_record(f, source) for f in files]  # before any work: --resume compares them
+    plan = {"packer": __version__, "operation": "pack", "fingerprint": _fingerprint(records, config, tokenizer)}
     skipped: list[Skipped] = []
     with Staging(output) as staging:
-        stage = staging.start({"packer": __version__, "operation": "pack"})
-        with staging.writing(resumable=False):
-            packed = _pack(stage, source, files, config, tokenizer, skipped, progress)
+        start = _resumed(staging, plan) if resume else None
+        stage = staging.folder if start is not None else staging.start(plan)
+        with staging.writing(resumable=True):
+            packed = _pack(stage, source, files, config, tokenizer, skipped, progress, records=records, start=start)
             manifest = Manifest(
                 format=config.format,
                 format_version=TOKENS_SINCE,
@@ -153,6 +165,36 @@ def append_corpus(
     return PackResult(output, manifest, skipped, time.perf_counter() - started, packed.seconds)
 
 
+def _fingerprint(records: list[list], config: PackConfig, tokenizer: CorpusTokenizer) -> str:
+    """The fingerprint of what a tokenizing of the corpus files ``records`` gives (``progress.fingerprint``)."""
+    reading = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
+    record = tokenizer_record(tokenizer.path, tokenizer.vocab_size)
+    return fingerprint(records, record, tokenizer.eos, tokenizer.bos, reading)
+
+
+def _resumed(staging: Staging, plan: dict) -> Optional[Progress]:
+    """The progress an interrupted token conversion left in ``staging``'s folder (an empty one where
+    it recorded none yet); None, with a warning, where there is no interrupted run. OutputError where
+    its corpus or options differ from ``plan``'s."""
+    previous = staging.plan()
+    if previous is None:
+        log.warning("--resume: no interrupted run of %s to continue; starting a new one", staging.shown)
+        return None
+    if previous.get("operation") != "pack" or previous.get("fingerprint") != plan["fingerprint"]:
+        raise OutputError(
+            f"the corpus files or the tokenizing options changed since the interrupted run of {staging.shown} "
+            "(or it was not a token conversion); run without --resume to start over"
+        )
+    start = Progress.read(staging.folder) or Progress()
+    spill = staging.folder / SPILL_NAME
+    kept = {PLAN_RECORD, STAGING_MARK, PROGRESS_NAME, spill.name, lengths_path(spill).name}
+    for entry in staging.folder.iterdir():  # shards the interrupted run began or named: written again
+        if entry.name not in kept and entry.is_file():
+            entry.unlink()
+    log.info("resuming: %d documents tokenized already", start.documents)
+    return start
+
+
 def check_appendable(output: Path, old: Manifest, config: PackConfig, tokenizer: CorpusTokenizer) -> None:
     """InputError unless ``output`` is a token output whose blocks the new documents can join: the
     same format, tokenizer (by its SHA-256), block size, packing, added ids and dtype."""
@@ -214,8 +256,12 @@ def _pack(
     skipped: list[Skipped],
     progress: Optional[Callable[[int], None]],
     first: int = 0,
+    records: Optional[list[list]] = None,
+    start: Optional[Progress] = None,
 ) -> _Packed:
-    """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``."""
+    """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``;
+    ``records``: the files' ``corpus_record`` where known already; ``start``: the progress of an
+    interrupted tokenizing to go on from (``--resume``)."""
     started = time.perf_counter()
     per_shard = config.blocks_per_shard(tokenizer.dtype.itemsize)
     if per_shard * (config.block + 1) > MAX_SHARD_TOKENS:  # known now, not after an hour of tokenizing
@@ -230,8 +276,13 @@ def _pack(
             f"holds ({most} bytes); use a smaller --shard-size"
         )
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
-    documents = read_documents(files, corpus, skipped.append, source)
-    tokenized = tokenize(documents, tokenizer, stage / SPILL_NAME, skipped.append, config.strict, progress)
+    track = Tracker(stage, files, corpus, source, skipped.append, start)
+    spill = stage / SPILL_NAME
+    begin = (start.documents, start.ids) if start is not None else (0, 0)
+    tokenized = tokenize(
+        track.documents(), tokenizer, spill, track.report, config.strict, progress, start=begin, written=track.written
+    )
+    track.finish()  # tokenized whole: an interrupt from here on tokenizes nothing again
     seconds = time.perf_counter() - started
     if not len(tokenized.lengths):
         raise InputError(f"{source} holds no document to tokenize ({len(skipped)} skipped)")
@@ -239,8 +290,9 @@ def _pack(
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
     results = _write_shards(stage, plan, tokenized, get_format(config.format), first)
-    os.unlink(stage / SPILL_NAME)
-    records = [corpus_record(f, source) for f in files]
+    for scratch in (spill, lengths_path(spill), stage / PROGRESS_NAME):  # never published
+        scratch.unlink(missing_ok=True)
+    records = records if records is not None else [corpus_record(f, source) for f in files]
     return _Packed(plan, results, len(tokenized.lengths), tokenized.tokens, tokenized.dtype, records, seconds)
 
 

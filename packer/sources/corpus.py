@@ -105,13 +105,19 @@ def read_documents(
     """Every document of ``files`` in order; each problem is given to ``skipped`` (with ``strict``
     raised as a DecodeError instead). Paths are reported relative to ``root`` where given."""
     for path in files:
-        name = os.path.relpath(path, root) if root is not None and Path(root).is_dir() else str(path)
+        name = document_path(path, root)
         try:
             yield from _file_documents(path, name, config, skipped)
         except DecodeError as e:
             if config.strict:
                 raise
             skipped(Skipped(e.path, str(e).removeprefix(f"{e.path}: ")))
+
+
+def document_path(path: Path, root: Optional[Path] = None) -> str:
+    """The path the documents of the corpus file ``path`` (and its problems) are reported by: relative
+    to the corpus folder ``root`` where given."""
+    return os.path.relpath(path, root) if root is not None and Path(root).is_dir() else str(path)
 
 
 def _file_documents(
@@ -238,4 +244,12 @@ def _open(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-__all__ = ["CorpusConfig", "Document", "DOCUMENTS", "BATCH_CHARACTERS", "corpus_files", "read_documents"]
+__all__ = [
+    "CorpusConfig",
+    "Document",
+    "DOCUMENTS",
+    "BATCH_CHARACTERS",
+    "corpus_files",
+    "read_documents",
+    "document_path",
+]

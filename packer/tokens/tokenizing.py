@@ -109,7 +109,12 @@ class Tokenized:
         """The ids, memory-mapped (an empty array for an empty corpus)."""
         if not self.tokens:
             return np.zeros(0, self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r")
+        return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.tokens,))
+
+
+def lengths_path(out: Path) -> Path:
+    """Where ``tokenize`` keeps the lengths of the documents it wrote to ``out`` (int64, appended)."""
+    return Path(out).with_name(Path(out).name + ".lengths")
 
 
 def tokenize(
@@ -119,24 +124,59 @@ def tokenize(
     skipped: Callable[[Skipped], None],
     strict: bool = False,
     progress: Optional[Callable[[int], None]] = None,
+    *,
+    start: tuple[int, int] = (0, 0),
+    written: Optional[Callable[[Document, int, int], None]] = None,
 ) -> Tokenized:
-    """Encode every document of ``documents`` into ``out`` (see the module). A document the tokenizer
-    fails on is given to ``skipped`` (``strict``: raised as a DecodeError); ``progress`` gets the count
-    of each batch's documents as it is written."""
+    """Encode every document of ``documents`` into ``out`` (see the module), each document's length
+    into ``lengths_path(out)``. A document the tokenizer fails on is given to ``skipped``
+    (``strict``: raised as a DecodeError); ``progress`` gets the count of each batch's documents as
+    it is written.
+
+    ``start``: ``(documents, ids)`` an interrupted run wrote (``--resume``): the files are cut there
+    and written on (``documents`` holds the documents after those). ``written(last, documents,
+    ids)`` is called once each batch is in the files (flushed): its last document, and the totals."""
     encoder = tokenizer.load()
-    lengths: list[np.ndarray] = []
+    done, ids = start
+    resuming = done or ids
+    lengths = lengths_path(out)
     batches = _prefetched(_batches(documents))
-    with open(out, "wb") as f, ThreadPoolExecutor(1) as writer:
-        pending = None
-        for batch in batches:
-            encodings = _encode(encoder, batch, skipped, strict)
+    with open(out, "r+b" if resuming else "wb") as f, open(lengths, "r+b" if resuming else "wb") as lf:
+        if resuming:  # what a killed run wrote after its last record goes
+            f.truncate(ids * tokenizer.dtype.itemsize)
+            lf.truncate(done * LENGTH_DTYPE.itemsize)
+            f.seek(0, 2)
+            lf.seek(0, 2)
+            if progress is not None and done:
+                progress(done)
+        with ThreadPoolExecutor(1) as writer:
+            pending = None
+            for batch in batches:
+                encodings = _encode(encoder, batch, skipped, strict)
+                if pending is not None:
+                    done, ids = _settled(pending, f, lf, done, ids, written)
+                pending = (writer.submit(_write, f, lf, encodings, tokenizer, progress, len(batch)), batch[-1])
             if pending is not None:
-                lengths.append(pending.result())
-            pending = writer.submit(_write, f, encodings, tokenizer, progress, len(batch))
-        if pending is not None:
-            lengths.append(pending.result())
-    found = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+                done, ids = _settled(pending, f, lf, done, ids, written)
+    found = np.fromfile(lengths, dtype=LENGTH_DTYPE) if done else np.zeros(0, LENGTH_DTYPE)
     return Tokenized(Path(out), tokenizer.dtype, found)
+
+
+LENGTH_DTYPE = np.dtype("<i8")
+"""The stored dtype of the documents' lengths."""
+
+
+def _settled(pending: tuple, f, lf, done: int, ids: int, written: Optional[Callable]) -> tuple[int, int]:
+    """The totals once the batch ``pending`` (its write, its last document) is written; ``written``
+    told, the files flushed first (the writer is idle: the next batch is not submitted yet)."""
+    future, last = pending
+    sizes = future.result()
+    done, ids = done + len(sizes), ids + int(sizes.sum())
+    if written is not None:
+        f.flush()
+        lf.flush()
+        written(last, done, ids)
+    return done, ids
 
 
 def _batches(documents: Iterator[Document]) -> Iterator[list[Document]]:
@@ -217,9 +257,10 @@ def _encode(encoder, batch: list[Document], skipped: Callable[[Skipped], None], 
 
 
 def _write(
-    f, encodings: list, tokenizer: CorpusTokenizer, progress: Optional[Callable[[int], None]], count: int
+    f, lf, encodings: list, tokenizer: CorpusTokenizer, progress: Optional[Callable[[int], None]], count: int
 ) -> np.ndarray:
-    """Write a batch's ids, each document's with its added ids, to ``f``; returns their lengths."""
+    """Write a batch's ids, each document's with its added ids, to ``f``, and their lengths to ``lf``;
+    returns the lengths."""
     ids = [e.ids for e in encodings]
     sizes = np.fromiter(map(len, ids), np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), tokenizer.dtype, count=int(sizes.sum()))
@@ -227,10 +268,12 @@ def _write(
     # The added ids go in with one vectorized insert: before each document (bos), after it (eos).
     where = ends if tokenizer.bos is None else np.stack([ends - sizes, ends], axis=1).ravel()
     values = tokenizer.eos if tokenizer.bos is None else np.tile([tokenizer.bos, tokenizer.eos], len(ids))
-    np.insert(flat, where, values).tofile(f)
+    f.write(np.insert(flat, where, values).data)
+    lengths = (sizes + (1 if tokenizer.bos is None else 2)).astype(LENGTH_DTYPE)
+    lf.write(lengths.data)
     if progress is not None:
         progress(count)
-    return sizes + (1 if tokenizer.bos is None else 2)
+    return lengths
 
 
-__all__ = ["EOS_TOKENS", "BOS_TOKENS", "CorpusTokenizer", "corpus_tokenizer", "Tokenized", "tokenize"]
+__all__ = ["EOS_TOKENS", "BOS_TOKENS", "CorpusTokenizer", "corpus_tokenizer", "Tokenized", "tokenize", "lengths_path"]

@@ -1,0 +1,164 @@
+"""packer.tokens.progress: a token conversion interrupted while it tokenizes goes on with --resume from
+where it stood, tokenizing only what it had not, to the output an uninterrupted run gives; a changed
+corpus is refused; the documents and lines reported are reported once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers import corpus_texts, make_bpe_tokenizer
+
+from packer.cli import cli
+from packer.config import PackConfig, ShardSize
+from packer.ops.pack_tokens import pack_corpus
+from packer.output.files import staging_dir
+from packer.spec.errors import OutputError
+from packer.tokens import progress, tokenizing
+from packer.tokens.progress import PROGRESS_NAME
+
+
+@pytest.fixture
+def corpus(tmp_path) -> tuple[Path, Path]:
+    """Four .jsonl files of 40 documents, two bad lines among them, and a tokenizer trained on them."""
+    texts = corpus_texts(160, longest=80)
+    (tmp_path / "docs").mkdir()
+    for k in range(4):
+        lines = [json.dumps({"text": t}) for t in texts[40 * k : 40 * (k + 1)]]
+        if k in (1, 2):
+            lines.insert(7, "{not json")
+        (tmp_path / "docs" / f"part-{k}.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path / "docs", make_bpe_tokenizer(tmp_path / "tokenizer.json", texts)
+
+
+def _small_batches(monkeypatch) -> list[int]:
+    """Batches of a few documents, a record after each; the documents each batch encodes, counted."""
+    monkeypatch.setattr(tokenizing, "BATCH_CHARACTERS", 2000)
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    encoded: list[int] = []
+    encode = tokenizing._encode
+
+    def counted(encoder, batch, skipped, strict):
+        encoded.append(len(batch))
+        return encode(encoder, batch, skipped, strict)
+
+    monkeypatch.setattr(tokenizing, "_encode", counted)
+    return encoded
+
+
+@pytest.fixture
+def small_batches(monkeypatch) -> list[int]:
+    return _small_batches(monkeypatch)
+
+
+def _interrupt_at(monkeypatch, batch: int) -> None:
+    encode = tokenizing._encode
+    calls = []
+
+    def stopped(encoder, docs, skipped, strict):
+        calls.append(1)
+        if len(calls) == batch:
+            raise KeyboardInterrupt
+        return encode(encoder, docs, skipped, strict)
+
+    monkeypatch.setattr(tokenizing, "_encode", stopped)
+
+
+def _files(out: Path) -> dict:
+    m = json.loads((out / "manifest.json").read_text())
+    return {"shards": [(f["path"], f["sha256"]) for s in m["shards"] for f in s["files"]], "tokens": m["tokens"]}
+
+
+def _config(tokenizer: Path, block: int = 16) -> PackConfig:
+    return PackConfig("npy", block, str(tokenizer), shard_size=ShardSize(samples=20))
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["ctrl-c", "killed after its record"])
+def test_an_interrupted_tokenizing_resumes_where_it_stood(corpus, tmp_path, monkeypatch, small_batches, killed):
+    src, tokenizer = corpus
+    pack_corpus(src, tmp_path / "whole", _config(tokenizer))
+    total = sum(small_batches)
+    small_batches.clear()
+    _interrupt_at(monkeypatch, 6)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        pack_corpus(src, out, _config(tokenizer))
+    stage = staging_dir(out)
+    assert not out.exists() and (stage / PROGRESS_NAME).is_file()
+    record = json.loads((stage / PROGRESS_NAME).read_text())
+    assert record["documents"] > 0 and record["file"] >= 1  # into the second file at least
+    if killed:  # a kill after the record: the files hold more than it says, cut back on resume
+        for name in ("corpus.ids", "corpus.ids.lengths"):
+            with open(stage / name, "ab") as f:
+                f.write(b"\x01" * 64)
+    monkeypatch.undo()
+    encoded = _small_batches(monkeypatch)
+    result = pack_corpus(src, out, _config(tokenizer), resume=True)
+    assert sum(encoded) == total - record["documents"] > 0  # only the documents after the record
+    assert _files(out) == _files(tmp_path / "whole")  # byte for byte
+    reports = [s["path"] for s in json.loads((out / "manifest.json").read_text())["skipped"]]
+    assert sorted(reports) == ["part-1.jsonl:8", "part-2.jsonl:8"]  # each once
+    assert [s.path for s in result.skipped] == reports
+    assert not stage.exists() and not (out / PROGRESS_NAME).exists() and not (out / "corpus.ids").exists()
+
+
+def test_the_blocks_may_change_the_corpus_may_not(corpus, tmp_path, monkeypatch, small_batches):
+    src, tokenizer = corpus
+    pack_corpus(src, tmp_path / "whole-32", _config(tokenizer, 32))
+    _interrupt_at(monkeypatch, 5)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        pack_corpus(src, out, _config(tokenizer, 16))
+    monkeypatch.undo()
+    # blocks are planned from the ids alone: another block size goes on from the same tokenizing
+    pack_corpus(src, out, _config(tokenizer, 32), resume=True)
+    assert _files(out)["shards"] == _files(tmp_path / "whole-32")["shards"]
+    # a corpus file changed since: refused, the interrupted run kept
+    _small_batches(monkeypatch)
+    _interrupt_at(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        pack_corpus(src, tmp_path / "again", _config(tokenizer))
+    monkeypatch.undo()
+    (src / "part-3.jsonl").write_text(json.dumps({"text": "a new document"}) + "\n")
+    with pytest.raises(OutputError, match="corpus files or the tokenizing options changed"):
+        pack_corpus(src, tmp_path / "again", _config(tokenizer), resume=True)
+    assert (staging_dir(tmp_path / "again") / PROGRESS_NAME).is_file()
+
+
+def test_the_command_says_what_was_kept_and_takes_resume(corpus, tmp_path, monkeypatch, small_batches):
+    src, tokenizer = corpus
+    command = ["convert", str(src), "-f", "npy", "-o", str(tmp_path / "cli"), "--tokenizer", str(tokenizer)]
+    command += ["--pack", "16", "--shard-size", "20", "-q"]
+    _interrupt_at(monkeypatch, 5)
+    r = CliRunner().invoke(cli, command)
+    assert r.exit_code == 130 and "run the same command with --resume" in r.output, r.output
+    monkeypatch.undo()
+    r = CliRunner().invoke(cli, [*command, "--resume"])
+    assert r.exit_code == 0 and (tmp_path / "cli" / "manifest.json").is_file(), r.output
+    r = CliRunner().invoke(cli, [*command, "--append", "--resume"])
+    assert r.exit_code == 2 and "--resume of a token --append is not built yet" in r.output
+
+
+def test_shards_an_interrupted_run_wrote_are_not_published_by_the_next(corpus, tmp_path, monkeypatch):
+    from packer.ops import pack_tokens
+    from packer.output.verify import verify
+
+    src, tokenizer = corpus
+    name_shards = pack_tokens.name_shards
+
+    def named_then_interrupted(*args, **kwargs):
+        name_shards(*args, **kwargs)
+        raise KeyboardInterrupt  # tokenized whole, every shard written and named
+
+    monkeypatch.setattr(pack_tokens, "name_shards", named_then_interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        pack_corpus(src, out, _config(tokenizer, 16))
+    assert list(staging_dir(out).glob("shard-*"))
+    monkeypatch.undo()
+    pack_corpus(src, out, _config(tokenizer, 24), resume=True)  # other blocks: other shards
+    pack_corpus(src, tmp_path / "whole", _config(tokenizer, 24))
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
+    assert verify(out) == []

@@ -15,7 +15,7 @@ from helpers import corpus_texts, make_bpe_tokenizer, run_ranks, served_folder
 from packer.config import PackConfig, ShardSize
 from packer.ops.pack_tokens import pack_corpus
 from packer.spec.errors import ManifestError
-from readers import TokenBlocks, TokenStream, make_loader, open_dataset
+from readers import TokenBlocks, TokenStream, make_loader, open_dataset, open_mixture
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,42 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(served):
     resumed.load_state_dict(state)
     got += _rows(resumed)
     assert got == expected
+    for other in ({"num_workers": 1}, {"num_workers": 2, "shuffle": False}, {"num_workers": 2, "seed": 3}):
+        with pytest.raises(ValueError):  # each worker reads other shards, or in another order
+            make_loader(open_dataset(served["url"], seed=2), 3, **other).load_state_dict(state)
+
+
+def test_a_resumed_loader_streams_only_the_shards_it_makes_batches_of(served):
+    loader = make_loader(open_dataset(served["url"], seed=2), 3, num_workers=0)
+    batches = len(loader)
+    for i, _ in enumerate(loader):
+        if i == batches - 3:
+            state = loader.state_dict()
+            break
+    served["requests"].clear()
+    resumed = make_loader(open_dataset(served["url"], seed=2), 3, num_workers=0)
+    resumed.load_state_dict(state)
+    assert len(list(resumed)) == 2
+    tars = [r for r in served["requests"] if r.endswith(".tar")]
+    shards = len(json.loads((served["local"] / "manifest.json").read_text())["shards"])
+    assert 0 < len(tars) < shards  # the batches drawn before the state were not streamed again
+
+
+def test_make_loader_leaves_the_reader_as_it_was_and_states_do_not_cross_readers(served):
+    stream = open_dataset(served["url"], seed=2)
+    blocks = len(stream)
+    first, second = make_loader(stream, 4, num_workers=0), make_loader(stream, 2, num_workers=0)
+    assert len(stream) == blocks and len(list(first)) == -(-blocks // 4) and len(list(second)) == -(-blocks // 2)
+    state = first.state_dict()
+    cached = open_dataset(served["url"], seed=2, cache_dir=served["site"] / "cache-states")
+    with pytest.raises(ValueError):  # the same output read at random: another order
+        make_loader(cached, 4).load_state_dict(state)
+    with pytest.raises(ValueError):
+        make_loader(open_dataset(served["url"], seed=2), 4, num_workers=0).load_state_dict(
+            make_loader(cached, 4).state_dict()
+        )
+    with pytest.raises(ValueError, match="cache_dir="):
+        open_mixture({"a": (stream, 1.0)})
 
 
 def _rank_rows(rank, world, port, payload, out):

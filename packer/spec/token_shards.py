@@ -141,13 +141,15 @@ def open_hdf5_token_shard(directory: Path, shard: str) -> TokenShard:
 
 def open_wds_token_shard(directory: Path, shard: str) -> TokenShard:
     """A tar token shard's arrays, views of a read-only map of the tar (its members are stored whole,
-    uncompressed); ValueError where the tar does not hold exactly the three members, OSError where
-    it cannot be read."""
+    uncompressed); ValueError where the tar does not hold exactly the three members as plain files,
+    ``tarfile.ReadError`` where it is no tar, OSError where it cannot be read."""
     path = Path(directory) / f"{shard}{TAR_SUFFIX}"
     with open(path, "rb") as f:
         with tarfile.open(fileobj=f, mode="r:") as tar:
             members = {m.name: m for m in tar.getmembers()}
-        if sorted(members) != sorted(TAR_TOKEN_MEMBERS) or not all(m.isfile() for m in members.values()):
+        if sorted(members) != sorted(TAR_TOKEN_MEMBERS) or not all(
+            m.isfile() and m.sparse is None for m in members.values()
+        ):
             raise ValueError(f"its members are {sorted(members)}, not {list(TAR_TOKEN_MEMBERS)}")
         data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     arrays = []

@@ -87,14 +87,15 @@ class Mixture(Dataset):
         weights = [parts[n][1] for n in self.names]
         for name, ds, weight in zip(self.names, self.datasets, weights):
             if not isinstance(ds, (PackedDataset, TokenBlocks)):
-                why = (
-                    (
+                if getattr(ds, "section", None) is not None:  # a TokenStream: its blocks, streamed
+                    why = "its blocks stream in order; open it with a cache_dir= to draw them at random"
+                elif hasattr(ds, "manifest"):
+                    why = (
                         "tar shards are read in order, so their samples cannot be drawn one by one; repack it for "
                         "random access (packer convert OUTPUT -f lmdb -o OUTPUT-lmdb)"
                     )
-                    if hasattr(ds, "manifest")
-                    else "give one output's reader (readers.open_dataset) or its folder"
-                )
+                else:
+                    why = "give one output's reader (readers.open_dataset) or its folder"
                 raise ValueError(f"mixture part {name!r} is {type(ds).__name__}: {why}")
             if (
                 isinstance(weight, bool)

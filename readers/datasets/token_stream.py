@@ -1,19 +1,21 @@
 """``TokenStream``: the blocks of a wds token output at a URL, streamed a tar shard at a time.
 
     ds = open_dataset("s3://bucket/tokens")      # a wds token output, no cache_dir: a TokenStream
-    loader = make_loader(ds, batch_size=16)       # the same batches as TokenBlocks gives, in a streamed order
+    loader = make_loader(ds, batch_size=16)       # the same blocks as TokenBlocks gives, in a streamed order
 
-Each shard is read whole, front to back, as it arrives (``readers.remote.urls.iter_remote_tar``:
-its size and SHA-256 checked against the manifest before a block of it is used; ``cache_dir=``
-keeps checked copies for later passes), then its blocks are handed out. ``make_loader`` reads it as
-it reads tar outputs of samples (``readers.loading.tar_batches.TarBatches``): each rank and
-DataLoader worker reads shards of its own, in a new order each epoch, through a shuffle buffer of
-blocks; every rank gets the same number of batches; a resumed loader reads the batches it handed
-out before, without making them, and goes on with the next one. Without ``make_loader`` it yields
-the blocks one at a time, in order, the shards shared out over the DataLoader's workers.
+A shard is read whole, front to back, when a block of it is first made into a batch
+(``readers.remote.urls.iter_remote_tar``: its size and SHA-256 checked against the manifest before
+a block of it is used), and let go once its last block is made; the blocks in between are
+references. ``make_loader`` reads it as it reads tar outputs of samples
+(``readers.loading.tar_batches.TarBatches``): each rank and DataLoader worker reads shards of its
+own, in a new order each epoch, through a shuffle buffer of blocks; every rank gets the same number
+of batches; a resumed loader draws the batches it handed out before without making them (nor
+streaming their shards), and goes on with the next one. Without ``make_loader`` it yields the
+blocks one at a time, in order, the shards shared out over the DataLoader's workers.
 
 Random access (a sampler, a mixture) needs ``TokenBlocks``: ``open_dataset(url, cache_dir=...)``
-downloads each shard once and reads it at random.
+downloads each shard once and reads it at random. (A ``TokenStream`` made directly with
+``cache_dir=`` keeps checked copies of what it streams, for later passes.)
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class TokenStream(TokenOutput, IterableDataset):
         self.batches: Optional[TarBatches] = None
         """The whole batches this reader makes (``batch_by``), or None: it yields blocks."""
         self._offsets = self.manifest.shard_offsets
+        self._held: Optional[tuple[int, dict[int, list]]] = None  # see _holding
 
     def __len__(self) -> int:
         """Blocks in the output; with ``batch_by``, this rank's batches per epoch."""
@@ -93,16 +96,40 @@ class TokenStream(TokenOutput, IterableDataset):
             raise ManifestError(f"{problem}; run packer verify {self.root}")
         return shard
 
-    def blocks_of(self, number: int) -> Iterator[tuple[TokenShard, int]]:
-        """``(shard, block)`` of each block of shard ``number`` in stored order (the shard streamed
-        when the first is asked for)."""
-        shard = self.shard(number)
-        for local in range(len(shard.blocks)):
-            yield shard, local
+    def blocks_of(self, number: int) -> Iterator[tuple[int, int]]:
+        """``(shard, block)`` of each block of shard ``number`` in stored order: references, the shard
+        is streamed when a block of it is first made into a batch (``make_batch``)."""
+        held = self._holding()
+        left = held.setdefault(number, [None, 0])
+        left[1] += self.manifest.shards[number].samples
+        for local in range(self.manifest.shards[number].samples):
+            yield number, local
+
+    def _holding(self) -> dict[int, list]:
+        """This process's shards: ``[TokenShard or None (not streamed yet), blocks not yet made]`` by
+        number; a shard goes once its last block is made (a fork, or a copy, holds its own)."""
+        if self._held is None or self._held[0] != os.getpid():
+            self._held = (os.getpid(), {})
+        return self._held[1]
+
+    def passed(self, items: list[tuple[int, int]]) -> None:
+        """The blocks ``items`` were drawn and not made (a resumed loader's first batches): their shards
+        need not be streamed for them."""
+        self._release(items)
+
+    def _release(self, items: list[tuple[int, int]]) -> None:
+        held = self._holding()
+        for number, _ in items:
+            left = held[number]
+            left[1] -= 1
+            if left[1] <= 0:
+                del held[number]
 
     def __iter__(self) -> Iterator[Any]:
         if self.batches is not None:
-            yield from self.batches.iterate(self._shard_blocks(), self.seed, self.blocks_of, self.make_batch)
+            yield from self.batches.iterate(
+                self._shard_blocks(), self.seed, self.blocks_of, self.make_batch, self.passed
+            )
             return
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -114,26 +141,32 @@ class TokenStream(TokenOutput, IterableDataset):
                 else:
                     yield {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
 
-    def make_batch(self, items: list[tuple[TokenShard, int]], epoch: int = 0) -> Any:
+    def make_batch(self, items: list[tuple[int, int]], epoch: int = 0) -> Any:
         """The batch of the blocks ``items`` (each ``(shard, block)``), in that order."""
         n, block = len(items), self.section.block
         out = batch_memory(n, block)
-        groups: dict[int, tuple[TokenShard, list[int], list[int]]] = {}
-        for row, (shard, local) in enumerate(items):
-            _, rows, blocks = groups.setdefault(id(shard), (shard, [], []))
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for row, (number, local) in enumerate(items):
+            rows, blocks = groups.setdefault(number, ([], []))
             rows.append(row)
             blocks.append(local)
+        held = self._holding()
         runs: list[Any] = [None] * n
-        for shard, rows, blocks in groups.values():
-            tokens, starts = shard.read(blocks)
+        for number, (rows, blocks) in groups.items():
+            entry = held.setdefault(number, [None, len(blocks)])
+            if entry[0] is None:
+                entry[0] = self.shard(number)
+            tokens, starts = entry[0].read(blocks)
             for row, found in zip(rows, fill_blocks(out, rows, tokens, starts, block, self.section.pad_id)):
                 runs[row] = found
+        self._release(items)  # copied: a shard whose last block this was goes
         return self.as_batch(finish_blocks(out, runs))
 
     def batch_by(self, batches: TarBatches) -> None:
         """Yield the whole batches ``batches`` plans instead of blocks; ``len()`` is then this rank's
         batches per epoch. ``make_loader`` makes the plan and starts each pass."""
         self.batches = batches
+        self._held = None  # a copy (make_loader's) holds shards of its own
         warn_few_shards(len(self.manifest.shards), batches.world, batches.workers)
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch.utils.data import get_worker_info
@@ -106,11 +106,13 @@ class TarBatches:
         seed: int,
         items_of: Callable[[int], Iterable],
         make: Callable[[list, int], Any],
+        passed: Optional[Callable[[list], None]] = None,
     ) -> Iterator[Numbered]:
         """This DataLoader worker's batches of the pass ``start_pass`` chose, numbered in the epoch's
         order: the items of its shards (``items_of(shard)``, for shards of ``samples`` samples each),
         each pass over them in a new shard order through the shuffle buffer, made into batches by
-        ``make(items, epoch)``; those before the pass's first batch are read, not made (a resume)."""
+        ``make(items, epoch)``; those before the pass's first batch are drawn, not made (a resume),
+        and given to ``passed`` where given."""
         epoch, skip = self.this_pass()
         info = get_worker_info()
         worker, workers = (info.id, self.workers) if info is not None else (0, 1)
@@ -130,7 +132,9 @@ class TarBatches:
         for g, n in zip(mine, sizes[worker]):
             items = [next(stream) for _ in range(n)]
             if g < skip:
-                continue  # consumed before a resume: read, not made
+                if passed is not None:
+                    passed(items)
+                continue  # consumed before a resume: drawn, not made
             yield Numbered(g, make(items, epoch))  # make_loader puts them in order
 
 

@@ -17,8 +17,12 @@ from readers.loading.sampler import distributed_rank, epoch_order
 from readers.loading.tar_batches import TarBatches
 
 STREAM_SHUFFLE_BUFFER = 4096
-"""Blocks in the shuffle buffer of a streamed token output (``TokenStream``) when none is given: of
-2,049 uint16 ids, 16 MiB of views, which keep the shards they are in (each held whole) in memory."""
+"""Blocks in the shuffle buffer of a streamed token output (``TokenStream``): references, whose
+shards a worker holds whole until their last block is made (docs/TOKENS.md gives how many)."""
+
+
+STREAM_ORDER = "token-stream-1"
+"""The batch order of a streamed token output, as a loader's state records it."""
 
 
 def token_loader(
@@ -72,10 +76,11 @@ def _stream_loader(
     overrides: dict,
 ) -> PackedLoader:
     """``make_loader`` of a streamed token output: its tar shards shared out over ranks and workers
-    as tar outputs of samples are (``TarBatches``), through a shuffle buffer of blocks. One worker by
-    default, so that the next shard streams while training goes on."""
-    if seed is not None and int(seed) != dataset.seed:
-        dataset = copy.copy(dataset)
+    as tar outputs of samples are (``TarBatches``), through a shuffle buffer of blocks, by a copy of
+    ``dataset`` (the caller's stays as it was). One worker by default: batches are made, and shards
+    streamed, in another process than the training loop's."""
+    dataset = copy.copy(dataset)  # the caller's reader (and another loader's) keeps its own plan
+    if seed is not None:
         dataset.seed = int(seed)
     rank, world = distributed_rank()
     options, workers = _options({"num_workers": 1}, device, overrides)
@@ -84,7 +89,15 @@ def _stream_loader(
     batches = TarBatches(batch_size, drop_last, rank, world, workers, buffer, control)
     dataset.batch_by(batches)
     loader = DataLoader(dataset, batch_size=None, **options)
-    order = {"batch_size": batch_size, "world_size": world, "seed": dataset.seed, "workers": workers, "sampler": None}
+    order = {
+        "order": STREAM_ORDER,  # not TokenBlocks' (the same output read at random): their states don't mix
+        "batch_size": batch_size,
+        "world_size": world,
+        "seed": dataset.seed,
+        "workers": workers,  # the shards each worker reads
+        "shuffle_buffer": buffer,
+        "sampler": None,
+    }
     return PackedLoader(dataset, loader, None, None, device, None, order, None, batches)  # type: ignore[arg-type]
 
 

@@ -24,20 +24,19 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import ShardEntry
 from packer.spec.registry import FORMATS
-from packer.spec.token_blocks import batch_memory, fill_blocks, finish_blocks
+from packer.spec.token_blocks import fill_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.datasets.shard_handles import ShardHandles
-from readers.datasets.token_output import OPTIONS, TokenOutput, batch_dict
+from readers.datasets.token_output import OPTIONS, RingBlocks, TokenOutput
 from readers.loading.batch_buffers import SlotRing
 from readers.remote.urls import is_url
 
@@ -84,7 +83,6 @@ class TokenBlocks(TokenOutput, Dataset):
         self._starts = self.manifest.shard_offsets
         self.handles = ShardHandles(MAX_OPEN_SHARDS)
         """The shards open in this process (least recently used closed first; a fork opens its own)."""
-        self._ring: Optional[SlotRing] = None
 
     # what the output holds -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -120,19 +118,15 @@ class TokenBlocks(TokenOutput, Dataset):
         """A batch of ``n`` blocks: each part ``(reader, rows, indices)`` (this output, or a mixture's
         outputs like it) writes its blocks ``indices`` into rows ``rows``; in a loader's worker into a
         ring slot when one is free (``shared``)."""
-        block = self.section.block
-        claimed = None
-        if shared and self._ring is not None and not self.block_mask:
-            claimed = self._ring.claim(3 * n, torch.int64, (1, block))
-        out = batch_memory(n, block, claimed[1].numpy().reshape(3, n, block) if claimed is not None else None)
-        runs: list[Any] = [None] * n
-        for reader, rows, indices in parts:
-            for row, starts in zip(rows, reader.fill(out, rows, indices)):
-                runs[row] = starts
-        blocks = finish_blocks(out, runs)
-        if claimed is not None:
-            return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
-        return self.as_batch(blocks)
+
+        def fill(out: np.ndarray) -> list:
+            runs: list[Any] = [None] * n
+            for reader, rows, indices in parts:
+                for row, starts in zip(rows, reader.fill(out, rows, indices)):
+                    runs[row] = starts
+            return runs
+
+        return self.assemble(n, fill, shared)
 
     def fill(self, out: np.ndarray, rows: Sequence[int], indices: Sequence[int]) -> list[list[int]]:
         """Write blocks ``indices`` into rows ``rows`` of ``out`` shard by shard (``fill_blocks``: each
@@ -180,25 +174,6 @@ class TokenBlocks(TokenOutput, Dataset):
             f"TokenBlocks({str(self.root)!r}: {len(self)} blocks of {s.block} ({s.packing}), {s.tokens:,} tokens "
             f"of {s.documents:,} documents, vocabulary {s.vocab_size})"
         )
-
-
-class RingBlocks(NamedTuple):
-    """What a DataLoader worker sends for a batch of blocks written into a ``SlotRing`` slot: the slot,
-    the blocks in it, and the small parts by value."""
-
-    slot: int
-    n: int
-    block: int
-    cu_seqlens: np.ndarray
-    max_seqlen: int
-    as_dict: bool
-
-    def hand_out(self, ring: SlotRing) -> Any:
-        """In the loader: the batch over the slot, which is free again once no part of it is referred to."""
-        inputs, labels, positions = ring.hand_out(self.slot, 3 * self.n, (1, self.block)).view(3, self.n, self.block)
-        if not self.as_dict:
-            return inputs, labels
-        return batch_dict(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
 
 
 __all__ = ["TokenBlocks", "RingBlocks", "OPTIONS"]

@@ -8,14 +8,15 @@ shards of a wds token output from a URL. Both are a ``TokenOutput``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
 
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import Manifest
-from packer.spec.token_blocks import BlockBatch, TokenSection
+from packer.spec.token_blocks import BlockBatch, TokenSection, batch_memory, finish_blocks
+from readers.loading.batch_buffers import SlotRing
 
 OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify", "cache_dir")
 """What ``open_dataset`` passes on to a token output's reader."""
@@ -53,6 +54,7 @@ class TokenOutput:
         self.manifest = manifest
         self.section: TokenSection = section
         self.return_dict, self.block_mask, self.seed = bool(return_dict), bool(block_mask), int(seed)
+        self._ring: Optional[SlotRing] = None  # make_loader's reusable shared slots, in its workers
 
     @property
     def block_size(self) -> int:
@@ -90,6 +92,20 @@ class TokenOutput:
         """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
         return self.section.padding_share(self.manifest.samples)
 
+    def assemble(self, n: int, fill: Callable[[np.ndarray], list], shared: bool = True) -> Any:
+        """A batch of ``n`` blocks that ``fill(out)`` writes into ``out`` (see ``batch_memory``),
+        returning each row's runs: in a loader's worker into a ring slot when one is free
+        (``shared``), then sent as a ``RingBlocks``; else as ``as_batch`` gives it."""
+        block = self.section.block
+        claimed = None
+        if shared and self._ring is not None and not self.block_mask:
+            claimed = self._ring.claim(3 * n, torch.int64, (1, block))
+        out = batch_memory(n, block, claimed[1].numpy().reshape(3, n, block) if claimed is not None else None)
+        blocks = finish_blocks(out, fill(out))
+        if claimed is not None:
+            return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
+        return self.as_batch(blocks)
+
     def as_batch(self, blocks: BlockBatch) -> Any:
         """A ``BlockBatch`` as training takes it: the dict of tensors (see the readers' modules), or the
         ``(input_ids, labels)`` pair with ``return_dict=False``."""
@@ -114,6 +130,25 @@ class TokenOutput:
         return out
 
 
+class RingBlocks(NamedTuple):
+    """What a DataLoader worker sends for a batch of blocks written into a ``SlotRing`` slot: the slot,
+    the blocks in it, and the small parts by value."""
+
+    slot: int
+    n: int
+    block: int
+    cu_seqlens: np.ndarray
+    max_seqlen: int
+    as_dict: bool
+
+    def hand_out(self, ring: SlotRing) -> Any:
+        """In the loader: the batch over the slot, which is free again once no part of it is referred to."""
+        inputs, labels, positions = ring.hand_out(self.slot, 3 * self.n, (1, self.block)).view(3, self.n, self.block)
+        if not self.as_dict:
+            return inputs, labels
+        return batch_dict(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
+
+
 def batch_dict(
     inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, cu_seqlens: np.ndarray, max_seqlen: int
 ) -> dict[str, Any]:
@@ -127,4 +162,4 @@ def batch_dict(
     }
 
 
-__all__ = ["TokenOutput", "batch_dict", "OPTIONS"]
+__all__ = ["TokenOutput", "RingBlocks", "batch_dict", "OPTIONS"]

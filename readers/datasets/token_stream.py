@@ -29,10 +29,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.spec.codecs import npy_view
 from packer.spec.errors import ManifestError
 from packer.spec.shard_names import TAR_SUFFIX, TAR_TOKEN_MEMBERS
-from packer.spec.token_blocks import batch_memory, fill_blocks, finish_blocks
+from packer.spec.token_blocks import fill_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.datasets.token_output import TokenOutput
+from readers.loading.batch_buffers import SlotRing
 from readers.loading.tar_batches import TarBatches, warn_few_shards
 from readers.remote.urls import file_url, iter_remote_tar
 
@@ -142,30 +143,37 @@ class TokenStream(TokenOutput, IterableDataset):
                     yield {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
 
     def make_batch(self, items: list[tuple[int, int]], epoch: int = 0) -> Any:
-        """The batch of the blocks ``items`` (each ``(shard, block)``), in that order."""
-        n, block = len(items), self.section.block
-        out = batch_memory(n, block)
+        """The batch of the blocks ``items`` (each ``(shard, block)``), in that order (in a loader's
+        worker, into a ring slot where one is free: ``TokenOutput.assemble``)."""
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for row, (number, local) in enumerate(items):
             rows, blocks = groups.setdefault(number, ([], []))
             rows.append(row)
             blocks.append(local)
         held = self._holding()
-        runs: list[Any] = [None] * n
-        for number, (rows, blocks) in groups.items():
-            entry = held.setdefault(number, [None, len(blocks)])
-            if entry[0] is None:
-                entry[0] = self.shard(number)
-            tokens, starts = entry[0].read(blocks)
-            for row, found in zip(rows, fill_blocks(out, rows, tokens, starts, block, self.section.pad_id)):
-                runs[row] = found
-        self._release(items)  # copied: a shard whose last block this was goes
-        return self.as_batch(finish_blocks(out, runs))
 
-    def batch_by(self, batches: TarBatches) -> None:
-        """Yield the whole batches ``batches`` plans instead of blocks; ``len()`` is then this rank's
-        batches per epoch. ``make_loader`` makes the plan and starts each pass."""
-        self.batches = batches
+        def fill(out: np.ndarray) -> list:
+            runs: list[Any] = [None] * len(items)
+            for number, (rows, blocks) in groups.items():
+                entry = held.setdefault(number, [None, len(blocks)])
+                if entry[0] is None:
+                    entry[0] = self.shard(number)
+                tokens, starts = entry[0].read(blocks)
+                for row, found in zip(
+                    rows, fill_blocks(out, rows, tokens, starts, self.section.block, self.section.pad_id)
+                ):
+                    runs[row] = found
+            return runs
+
+        batch = self.assemble(len(items), fill, shared=self.batches is not None)
+        self._release(items)  # copied: a shard whose last block this was goes
+        return batch
+
+    def batch_by(self, batches: TarBatches, ring: Optional[SlotRing] = None) -> None:
+        """Yield the whole batches ``batches`` plans instead of blocks, in ``ring``'s slots where given;
+        ``len()`` is then this rank's batches per epoch. ``make_loader`` makes the plan and starts each
+        pass."""
+        self.batches, self._ring = batches, ring
         self._held = None  # a copy (make_loader's) holds shards of its own
         warn_few_shards(len(self.manifest.shards), batches.world, batches.workers)
 

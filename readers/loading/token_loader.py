@@ -50,12 +50,7 @@ def token_loader(
     first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
     rank, world = distributed_rank()
     options, workers = _options({"num_workers": 0, "collate_fn": _whole_batch}, device, overrides)
-    ring = None
-    if workers and not options.get("pin_memory") and not first.block_mask and isinstance(dataset, TokenBlocks):
-        per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
-        shape = (3 * batch_size, 1, 1, first.block_size)  # inputs, labels, position ids
-        if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) <= (shared_memory_free() or 0) // 2:
-            ring = SlotRing(workers, per_worker, shape, torch.int64, False)
+    ring = _ring(first, batch_size, workers, options) if isinstance(dataset, TokenBlocks) else None
     sampler, order = epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
     if isinstance(dataset, Mixture):
         order["mixture"] = dataset.order_record()
@@ -83,11 +78,12 @@ def _stream_loader(
     if seed is not None:
         dataset.seed = int(seed)
     rank, world = distributed_rank()
-    options, workers = _options({"num_workers": 1}, device, overrides)
+    options, workers = _options({"num_workers": 1, "collate_fn": _whole_batch}, device, overrides)
     control = torch.zeros(2, dtype=torch.int64).share_memory_()
     buffer = STREAM_SHUFFLE_BUFFER if shuffle else 0
     batches = TarBatches(batch_size, drop_last, rank, world, workers, buffer, control)
-    dataset.batch_by(batches)
+    ring = _ring(dataset, batch_size, workers, options)
+    dataset.batch_by(batches, ring)
     loader = DataLoader(dataset, batch_size=None, **options)
     order = {
         "order": STREAM_ORDER,  # not TokenBlocks' (the same output read at random): their states don't mix
@@ -98,7 +94,20 @@ def _stream_loader(
         "shuffle_buffer": buffer,
         "sampler": None,
     }
-    return PackedLoader(dataset, loader, None, None, device, None, order, None, batches)  # type: ignore[arg-type]
+    return PackedLoader(dataset, loader, None, None, device, ring, order, None, batches)  # type: ignore[arg-type]
+
+
+def _ring(reader: Any, batch_size: int, workers: int, options: dict) -> Optional[SlotRing]:
+    """The reusable shared slots ``reader``'s batches are written into by the DataLoader's workers
+    (fresh shared memory for every batch costs the loader more than reading it), where they help
+    and the shared memory holds them; else None."""
+    if not workers or options.get("pin_memory") or reader.block_mask:
+        return None
+    per_worker = int(options.get("prefetch_factor") or 2) + 2  # queued + the caller's current and previous
+    shape = (3 * batch_size, 1, 1, reader.block_size)  # inputs, labels, position ids
+    if SlotRing.bytes_needed(workers, per_worker, shape, torch.int64) > (shared_memory_free() or 0) // 2:
+        return None
+    return SlotRing(workers, per_worker, shape, torch.int64, False)
 
 
 def _options(defaults: dict, device: Optional[torch.device], overrides: dict) -> tuple[dict[str, Any], int]:

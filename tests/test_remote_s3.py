@@ -167,6 +167,25 @@ def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
     assert CliRunner().invoke(cli, ["verify", "s3://data/tokens", "-q"]).exit_code == 0
 
 
+def test_an_interrupted_token_conversion_into_a_bucket_leaves_it_as_it_was(bucket, tmp_path, monkeypatch):
+    from packer.tokens import tokenizing
+
+    fs, local = bucket
+    corpus, tokenizer = _token_corpus(tmp_path, 20)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenizing, "_encode", interrupted)
+    command = ["convert", str(corpus), "-f", "npy", "-o", "s3://data/tokens-stopped", "--tokenizer", str(tokenizer)]
+    r = CliRunner().invoke(cli, [*command, "--pack", "16", "-q"])
+    assert r.exit_code == 130 and "is as it was before" in r.output and "--resume" not in r.output, r.output
+    fs.invalidate_cache()
+    assert not fs.exists("data/tokens-stopped") or not fs.find("data/tokens-stopped")
+    r = CliRunner().invoke(cli, [*command, "--pack", "16", "-q", "--resume"])
+    assert r.exit_code == 2 and "into a bucket is not built yet" in r.output
+
+
 def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypatch):
     import packer.output.upload as upload
 

@@ -162,3 +162,44 @@ def test_shards_an_interrupted_run_wrote_are_not_published_by_the_next(corpus, t
     pack_corpus(src, tmp_path / "whole", _config(tokenizer, 24))
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
     assert verify(out) == []
+
+
+def test_kept_work_survives_a_failure_a_bad_option_and_a_lost_page(corpus, tmp_path, monkeypatch, caplog):
+    from packer.ops import pack_tokens
+    from packer.spec.errors import ConfigError
+
+    src, tokenizer = corpus
+    pack_corpus(src, tmp_path / "whole", _config(tokenizer))
+    out = tmp_path / "out"
+    stage = staging_dir(out)
+    _small_batches(monkeypatch)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pack_tokens, "_write_shards", full_disk)  # tokenized whole, then the disk fills
+    with pytest.raises(OutputError, match="No space left"):
+        pack_corpus(src, out, _config(tokenizer))
+    assert (stage / PROGRESS_NAME).is_file() and "run the same command with --resume" in caplog.text
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="--shard-size"):  # refused before the kept work is touched
+        pack_corpus(src, out, PackConfig("npy", 16, str(tokenizer), shard_size=ShardSize(samples=10**9)), resume=True)
+    assert (stage / PROGRESS_NAME).is_file()
+    # the machine crashed: the record counts ids the spill lost
+    spill = stage / "corpus.ids"
+    spill.write_bytes(spill.read_bytes()[:-10])
+    caplog.clear()
+    pack_corpus(src, out, _config(tokenizer), resume=True)
+    assert "shorter than their record; tokenizing again" in caplog.text
+    assert _files(out) == _files(tmp_path / "whole")
+
+
+def test_a_plain_run_says_it_discards_an_interrupted_one(corpus, tmp_path, monkeypatch, caplog):
+    src, tokenizer = corpus
+    _small_batches(monkeypatch)
+    _interrupt_at(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        pack_corpus(src, tmp_path / "out", _config(tokenizer))
+    monkeypatch.undo()
+    pack_corpus(src, tmp_path / "out", _config(tokenizer))
+    assert "discarding the unfinished run" in caplog.text and "--resume" in caplog.text

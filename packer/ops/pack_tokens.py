@@ -10,12 +10,13 @@ tokenized for ``--resume`` (``packer.tokens.progress``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -72,13 +73,16 @@ def pack_corpus(
     files = corpus_files(source)
     check_output(output, overwrite, source)
     tokenizer = corpus_tokenizer(config.tokenizer, config.eos, config.bos, config.bos_id)
+    _blocks_per_shard(config, tokenizer)  # a bad --shard-size refused before any work, kept work included
     records = [corpus_record(f, source) for f in files]  # before any work: --resume compares them
     plan = {"packer": __version__, "operation": "pack", "fingerprint": _fingerprint(records, config, tokenizer)}
     skipped: list[Skipped] = []
     with Staging(output) as staging:
-        start = _resumed(staging, plan) if resume else None
+        start = _resumed(staging, plan, tokenizer.dtype.itemsize) if resume else None
+        if start is None and staging.plan() is not None:
+            log.warning("discarding the unfinished run of %s (pass --resume to continue it)", staging.shown)
         stage = staging.folder if start is not None else staging.start(plan)
-        with staging.writing(resumable=True):
+        with _kept_when_tokenized(staging):
             packed = _pack(stage, source, files, config, tokenizer, skipped, progress, records=records, start=start)
             manifest = Manifest(
                 format=config.format,
@@ -165,6 +169,28 @@ def append_corpus(
     return PackResult(output, manifest, skipped, time.perf_counter() - started, packed.seconds)
 
 
+@contextlib.contextmanager
+def _kept_when_tokenized(staging: Staging) -> Iterator[None]:
+    """``staging.writing`` of a token conversion: an interrupt keeps the folder for --resume, and so
+    does a failure once some of the corpus is tokenized (a full disk, say: hours of work), with a
+    warning saying so; before that, a failure discards it."""
+    try:
+        with staging.writing(resumable=True, shared=True):  # discarded here, not there
+            yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        if (staging.folder / PROGRESS_NAME).is_file():
+            log.warning(
+                "the documents tokenized so far are kept in %s: once the cause is fixed, run the same command "
+                "with --resume",
+                staging.folder,
+            )
+        else:
+            staging.discard()
+        raise
+
+
 def _fingerprint(records: list[list], config: PackConfig, tokenizer: CorpusTokenizer) -> str:
     """The fingerprint of what a tokenizing of the corpus files ``records`` gives (``progress.fingerprint``)."""
     reading = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
@@ -172,14 +198,20 @@ def _fingerprint(records: list[list], config: PackConfig, tokenizer: CorpusToken
     return fingerprint(records, record, tokenizer.eos, tokenizer.bos, reading)
 
 
-def _resumed(staging: Staging, plan: dict) -> Optional[Progress]:
+def _resumed(staging: Staging, plan: dict, itemsize: int) -> Optional[Progress]:
     """The progress an interrupted token conversion left in ``staging``'s folder (an empty one where
-    it recorded none yet); None, with a warning, where there is no interrupted run. OutputError where
-    its corpus or options differ from ``plan``'s."""
+    it recorded none yet, or its files hold less than the record: ``itemsize``, the ids'); None, with
+    a warning, where there is no interrupted run. OutputError where its corpus or options differ
+    from ``plan``'s."""
     previous = staging.plan()
     if previous is None:
         log.warning("--resume: no interrupted run of %s to continue; starting a new one", staging.shown)
         return None
+    if previous.get("packer") != plan["packer"]:
+        raise OutputError(
+            f"the interrupted run of {staging.shown} was started by packer {previous.get('packer')}, which may read "
+            f"or tokenize the corpus otherwise than packer {plan['packer']}; run without --resume to start over"
+        )
     if previous.get("operation") != "pack" or previous.get("fingerprint") != plan["fingerprint"]:
         raise OutputError(
             f"the corpus files or the tokenizing options changed since the interrupted run of {staging.shown} "
@@ -187,6 +219,9 @@ def _resumed(staging: Staging, plan: dict) -> Optional[Progress]:
         )
     start = Progress.read(staging.folder) or Progress()
     spill = staging.folder / SPILL_NAME
+    if not start.holds(spill, lengths_path(spill), itemsize):
+        log.warning("--resume: the files in %s are shorter than their record; tokenizing again", staging.folder)
+        start = Progress()
     kept = {PLAN_RECORD, STAGING_MARK, PROGRESS_NAME, spill.name, lengths_path(spill).name}
     for entry in staging.folder.iterdir():  # shards the interrupted run began or named: written again
         if entry.name not in kept and entry.is_file():
@@ -263,21 +298,10 @@ def _pack(
     ``records``: the files' ``corpus_record`` where known already; ``start``: the progress of an
     interrupted tokenizing to go on from (``--resume``)."""
     started = time.perf_counter()
-    per_shard = config.blocks_per_shard(tokenizer.dtype.itemsize)
-    if per_shard * (config.block + 1) > MAX_SHARD_TOKENS:  # known now, not after an hour of tokenizing
-        raise ConfigError(
-            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a shard's uint32 "
-            f"positions ({MAX_SHARD_TOKENS}); use a smaller --shard-size"
-        )
-    most = getattr(get_format(config.format).token_writer_class(), "max_stream_bytes", None)
-    if most is not None and per_shard * (config.block + 1) * tokenizer.dtype.itemsize > most:
-        raise ConfigError(
-            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a {config.format} shard "
-            f"holds ({most} bytes); use a smaller --shard-size"
-        )
+    per_shard = _blocks_per_shard(config, tokenizer)
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
-    track = Tracker(stage, files, corpus, source, skipped.append, start)
     spill = stage / SPILL_NAME
+    track = Tracker(stage, files, corpus, source, skipped.append, start, (spill.name, lengths_path(spill).name))
     begin = (start.documents, start.ids) if start is not None else (0, 0)
     tokenized = tokenize(
         track.documents(), tokenizer, spill, track.report, config.strict, progress, start=begin, written=track.written
@@ -290,10 +314,28 @@ def _pack(
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
     results = _write_shards(stage, plan, tokenized, get_format(config.format), first)
-    for scratch in (spill, lengths_path(spill), stage / PROGRESS_NAME):  # never published
+    for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):  # never published; the record first
         scratch.unlink(missing_ok=True)
     records = records if records is not None else [corpus_record(f, source) for f in files]
     return _Packed(plan, results, len(tokenized.lengths), tokenized.tokens, tokenized.dtype, records, seconds)
+
+
+def _blocks_per_shard(config: PackConfig, tokenizer: CorpusTokenizer) -> int:
+    """The blocks a shard holds; ConfigError where a shard of them is more than the format can hold
+    (known before any work, not after an hour of tokenizing)."""
+    per_shard = config.blocks_per_shard(tokenizer.dtype.itemsize)
+    if per_shard * (config.block + 1) > MAX_SHARD_TOKENS:
+        raise ConfigError(
+            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a shard's uint32 "
+            f"positions ({MAX_SHARD_TOKENS}); use a smaller --shard-size"
+        )
+    most = getattr(get_format(config.format).token_writer_class(), "max_stream_bytes", None)
+    if most is not None and per_shard * (config.block + 1) * tokenizer.dtype.itemsize > most:
+        raise ConfigError(
+            f"--shard-size: {per_shard} blocks of {config.block + 1} ids are more than a {config.format} shard "
+            f"holds ({most} bytes); use a smaller --shard-size"
+        )
+    return per_shard
 
 
 def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0) -> list[ShardResult]:

@@ -169,8 +169,9 @@ class ShardUploads:
             return  # a split's, inside the output folder: a split set's --resume writes its splits again
         try:
             plan = (folder / PLAN_RECORD).read_bytes()
-            if not json.loads(plan).get("fingerprint"):
-                return
+            recorded = json.loads(plan)
+            if not recorded.get("fingerprint") or recorded.get("operation") == "pack":
+                return  # a token conversion's: its shards are uploaded at its end, it keeps no records here
         except (OSError, ValueError, AttributeError):
             return
         if folder not in self.restored:  # a new run: the records of one before go with its plan

@@ -14,6 +14,7 @@ so they may change between the two runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -73,6 +74,14 @@ class Progress:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def holds(self, ids: Path, lengths: Path, itemsize: int = 0) -> bool:
+        """Whether the files ``ids`` and ``lengths`` hold at least what this records (a crash of the
+        machine may have lost pages the record counts); ``itemsize``: the ids' (0: 1 byte at least)."""
+        try:
+            return ids.stat().st_size >= self.ids * max(itemsize, 1) and lengths.stat().st_size >= 8 * self.documents
+        except OSError:
+            return self.ids == 0 and self.documents == 0
+
     def write(self, stage: Path) -> None:
         """Record this in the staging folder ``stage`` (replaced whole: never half written)."""
         path = Path(stage) / PROGRESS_NAME
@@ -101,8 +110,10 @@ class Tracker:
         root: Optional[Path],
         report: Callable[[Skipped], None],
         start: Optional[Progress] = None,
+        synced: tuple[str, ...] = (),
     ) -> None:
         self.stage, self.files, self.reading, self.root = Path(stage), files, reading, root
+        self.synced = synced  # the files of ``stage`` a record counts
         self.start = start or Progress()
         self.skipped = list(self.start.skipped)
         self._seen = set(self.skipped)  # Skipped is frozen: the reports given already
@@ -134,12 +145,20 @@ class Tracker:
     def written(self, last: Document, documents: int, ids: int) -> None:
         """A batch ending with the document ``last`` is in the files, which now hold ``documents``
         and ``ids``; recorded when ``EVERY`` seconds have passed since the last record."""
-        self._last = Progress(documents, ids, self._index.get(last.path, 0), last.line)
+        self._last = Progress(documents, ids, self._index[last.path], last.line)
         if time.monotonic() - self._recorded >= EVERY:
             self.finish()
 
     def finish(self) -> None:
-        """Record where the tokenizing stands now."""
+        """Record where the tokenizing stands now, once the files it counts are on the disk (a record
+        must never count what a crash of the machine could lose)."""
+        for name in self.synced:
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(self.stage / name, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         self._last.skipped = list(self.skipped)
         self._last.write(self.stage)
         self._recorded = time.monotonic()

@@ -159,6 +159,33 @@ def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_
         open_dataset(f"s3://data/changed-{name}")[7]
 
 
+@pytest.mark.parametrize("name", ["hdf5-raw", "hdf5-jpeg"])
+def test_an_hdf5_object_relabelled_under_a_reader_is_refused(outputs, small_blocks, tmp_path, name):
+    """Labels are not under a sample's CRC-32: the index's checksum in the manifest catches a shard
+    replaced by one of the same images and size with other labels (or keys, or offsets)."""
+    import h5py
+
+    fs, local = outputs
+    shard = read_manifest(local[name]).shards[0]
+    h5 = next(f.path for f in shard.files if f.path.endswith(".h5"))
+    relabelled = tmp_path / h5
+    relabelled.write_bytes((local[name] / h5).read_bytes())
+    with h5py.File(relabelled, "r+") as f:
+        f["labels"][0] = 1 - f["labels"][0]  # in place: the same size, every sample's bytes the same
+    assert relabelled.stat().st_size == (local[name] / h5).stat().st_size
+    fs.cp(f"data/ranges/{name}/", f"data/relabelled-{name}/", recursive=True)
+    ds = open_dataset(f"s3://data/relabelled-{name}")
+    fs.pipe(f"data/relabelled-{name}/{h5}", relabelled.read_bytes())
+    with pytest.raises(ManifestError, match="labels, keys or offsets are not the ones the manifest records"):
+        ds[0]
+    (tmp_path / "local").mkdir()
+    for f in local[name].iterdir():  # the same on a local disk: refused before h5py reads it
+        (tmp_path / "local" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "local" / h5).write_bytes(relabelled.read_bytes())
+    with pytest.raises(ManifestError, match="structure checksum does not match"):
+        open_dataset(tmp_path / "local")[0]
+
+
 def test_lmdb_from_a_bucket_needs_the_download_cache(outputs, tmp_path):
     fs, local = outputs
     src = tmp_path / "images"

@@ -222,6 +222,7 @@ FORMATS: dict[str, FormatSpec] = {
             {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
             oldest_written=HDF5_FLAT_KEYS_SINCE,
             whole_file=True,
+            structure="packer.spec.hdf5_index:structure_crc32",
             indexer="packer.formats.hdf5:scan_index",
             token_writer="packer.formats.hdf5:Hdf5TokenWriter",
             token_shard="packer.spec.token_shards:open_hdf5_token_shard",

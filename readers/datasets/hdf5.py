@@ -21,6 +21,8 @@ import numpy as np
 
 from packer.spec.codecs import raw_image
 from packer.spec.entries import TextField
+from packer.spec.errors import ManifestError
+from packer.spec.hdf5_index import index_crc32
 from packer.spec.manifest import ShardEntry
 from packer.spec.sample_layout import ImageStorage
 from packer.spec.shard_names import (
@@ -113,6 +115,14 @@ class Hdf5Dataset(PackedDataset):
         path = self.files.path(name) if not ranged else None
         # By ranges, the blocks are cached already, and a chunk h5py kept would outlive a failed check.
         f = h5py.File(RangeFile(source) if ranged else path, "r", rdcc_nbytes=0 if ranged else CHUNK_CACHE_BYTES)
+        recorded = self.files.entries[name].structure_crc32
+        if ranged and recorded is not None and index_crc32(f) != recorded:
+            f.close()  # labels, keys or offsets of another version than the manifest's: never mixed in
+            raise ManifestError(
+                f"{self.files.where(name)}: its labels, keys or offsets are not the ones the manifest records "
+                "(the object was replaced or damaged since the output was opened); open the dataset again, or "
+                f"run packer verify {self.root}"
+            )
 
         def varlen(field: str) -> tuple[h5py.Dataset, np.ndarray]:
             data, offsets = hdf5_varlen_names(field)

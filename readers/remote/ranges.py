@@ -19,8 +19,8 @@ each answer's length against the range asked (a server that ignores ranges and s
 is refused, never sliced at the wrong place); the readers check each sample against the CRC-32 its
 shard records for it, so an object changed under a reader is an error, never mixed samples. The
 small files of npy shards (labels, keys, offsets, checksums) are read whole and checked against the
-manifest's SHA-256; an hdf5 shard's labels, keys and tables are read through h5py inside the file,
-with no check of their own (see docs/READERS.md).
+manifest's SHA-256; an hdf5 shard's labels, keys and offsets, read through h5py inside the file,
+against the checksum of its index the manifest records (``packer.spec.hdf5_index``).
 """
 
 from __future__ import annotations

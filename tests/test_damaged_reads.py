@@ -151,6 +151,7 @@ def as_hdf5_version_1(root: Path) -> None:
                 )
             os.replace(tmp, path)
             entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_of(path)
+            entry.pop("structure_crc32", None)  # packers of format version 1 recorded no checksum of the index
     manifest["format_version"] = 1
     (root / "manifest.json").write_text(json.dumps(manifest))
 

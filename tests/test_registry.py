@@ -54,11 +54,13 @@ def test_every_import_path_names_an_object_of_the_formats_own_modules(name):
     assert list(inspect.signature(resolve(spec.scanner)).parameters)[:4] == ["directory", "shard", "layout", "start"]
 
 
-def test_only_lmdb_checksums_its_structure_and_only_wds_writes_files_of_the_whole_output():
+def test_lmdb_and_hdf5_checksum_their_structure_and_only_wds_writes_files_of_the_whole_output():
+    from packer.spec import hdf5_index
+
     assert {n: FORMATS[n].structure_checksum() for n in FORMAT_NAMES} == {
         "npy": None,
         "lmdb": structure_crc32,
-        "hdf5": None,
+        "hdf5": hdf5_index.structure_crc32,  # its index: labels, keys, offsets
         "wds": None,
     }
     assert [n for n in FORMAT_NAMES if FORMATS[n].output_files] == ["wds"]

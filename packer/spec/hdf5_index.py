@@ -37,10 +37,14 @@ def index_crc32(f: Any) -> int:
     f.visititems(lambda name, obj: names.append(name) if hasattr(obj, "dtype") and is_index(name) else None)
     crc = 0
     for name in sorted(names):
-        data = f[name]
-        values = np.ascontiguousarray(data[()])
+        values = np.ascontiguousarray(f[name][()])
         crc = crc32(f"{name}|{values.dtype.str}|{values.shape}".encode(), crc)
-        crc = crc32(values.tobytes(), crc)
+        if values.dtype.hasobject:  # variable-length strings (keys before format version 4): each one's bytes
+            for item in values.ravel().tolist():
+                raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+                crc = crc32(len(raw).to_bytes(8, "little") + raw, crc)
+        else:
+            crc = crc32(values.tobytes(), crc)
     return crc
 
 

@@ -106,34 +106,6 @@ def test_a_failed_upload_during_the_conversion_leaves_nothing(s3_server, tmp_pat
     assert not shard_uploads._SINKS
 
 
-def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_path, monkeypatch):
-    from packer.output import upload
-    from packer.spec.errors import OutputError
-
-    fs = s3_server
-    path = tmp_path / "shard-00000.tar"
-    path.write_bytes(b"x" * 100_000)
-    monkeypatch.setattr(upload, "check_uploaded", lambda *a: pytest.fail("read back although S3 recorded a SHA-256"))
-    upload.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
-    assert fs.cat_file("data/checked/shard-00000.tar") == path.read_bytes()
-    monkeypatch.setattr(upload, "sha256_of", lambda p: "0" * 64)  # the file now differs from what the store holds
-    with pytest.raises(OutputError, match="is not the file uploaded"):
-        upload.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
-
-
-def test_large_files_are_read_back_instead(s3_server, tmp_path, monkeypatch):
-    from packer.output import upload
-
-    path = tmp_path / "shard-00000.tar"
-    path.write_bytes(b"y" * 5000)
-    monkeypatch.setattr(upload, "ONE_REQUEST", 4096)  # as if it were over s3fs's one-request size
-    read_back = []
-    checked = upload.check_uploaded
-    monkeypatch.setattr(upload, "check_uploaded", lambda *a: read_back.append(a[2]) or checked(*a))
-    upload.put_checked(s3_server, path, "data/large/shard-00000.tar", "s3://data/large")
-    assert read_back == ["data/large/shard-00000.tar"]
-
-
 def _counting_takes(monkeypatch, stop_at: int = 0) -> list:
     """Count ShardUploads.take calls; with ``stop_at``, a Ctrl-C arrives as that shard finishes, or
     the first after it once the plan is recorded (an early start's shards may finish before it)."""

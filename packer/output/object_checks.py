@@ -1,0 +1,92 @@
+"""An uploaded object checked against the file it came from, without reading it back where the store
+says what it holds: S3 records the SHA-256 of an object uploaded in one request with it
+(botocore's ``ChecksumAlgorithm``), so its size and that checksum are compared; elsewhere, or for a
+multipart upload (whose recorded checksum is one of its parts' checksums), the object is read back
+and hashed. ``holds`` asks the same of an object already there (a part an interrupted run left).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Any, Optional
+
+from packer.spec.errors import OutputError
+from packer.spec.listed_files import sha256_of
+
+ONE_REQUEST = 64 << 20
+"""Files below this size go up in one request with their SHA-256 (s3fs sends files below twice its
+50 MiB part size in one request); larger ones in parts, read back to be checked."""
+
+
+def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
+    """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
+    it differs). On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``), which
+    the store checks on receipt and records: the object's size and recorded SHA-256 are then compared
+    with the file's, and no byte is read back. Elsewhere, or where the store recorded none (a
+    multipart upload records a checksum of its parts' checksums; S3 refuses a multipart upload whose
+    parts s3fs sends without theirs, so files of ``ONE_REQUEST`` bytes or more go without it), the
+    object is read back (``check_uploaded``). ``sha256``: the file's, where it is known already (a
+    shard's, from its worker); else it is computed."""
+    head = None
+    if hasattr(fs, "call_s3") and path.stat().st_size < ONE_REQUEST:  # s3fs: S3 and S3-compatible stores
+        fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
+        bucket, key, _ = fs.split_path(target)
+        head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    else:
+        fs.put_file(str(path), target)
+    recorded = _recorded_sha256(head)
+    if recorded is None:  # none, or a multipart upload's checksum of checksums
+        check_uploaded(fs, path, target, url, sha256)
+        return
+    size = path.stat().st_size
+    if head.get("ContentLength") != size or recorded != (sha256 or sha256_of(path)):  # type: ignore[union-attr]
+        raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
+
+
+def _recorded_sha256(head: Optional[dict]) -> Optional[str]:
+    """The SHA-256 (hex) S3 recorded for an object uploaded in one request with it, from its
+    ``head_object``; None where it recorded none or a multipart upload's checksum of checksums."""
+    recorded = (head or {}).get("ChecksumSHA256")
+    return None if not recorded or "-" in recorded else base64.b64decode(recorded).hex()
+
+
+def holds(fs: Any, target: str, size: int, sha256: str) -> bool:
+    """Whether the object ``target`` is ``size`` bytes with the SHA-256 ``sha256`` (a shard an
+    interrupted run uploaded, before ``--resume`` keeps it): compared with the checksum S3 recorded
+    where it did, else read back. False when it is gone."""
+    try:
+        if hasattr(fs, "call_s3"):
+            bucket, key, _ = fs.split_path(target)
+            head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            found, recorded = head.get("ContentLength"), _recorded_sha256(head)
+        else:
+            found, recorded = fs.info(target).get("size"), None
+    except FileNotFoundError:
+        return False
+    if found != size:
+        return False
+    return (recorded or _sha256_of_object(fs, target)) == sha256
+
+
+def _sha256_of_object(fs: Any, target: str) -> str:
+    remote = hashlib.sha256()
+    with fs.open(target, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            remote.update(block)
+    return remote.hexdigest()
+
+
+def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
+    """OutputError unless the object ``target`` reads back as ``path``: its size, then its SHA-256
+    (``sha256`` where it is known, else computed)."""
+    size = path.stat().st_size
+    found = fs.info(target).get("size")
+    if found != size:
+        raise OutputError(f"{url}: {target} is {found} bytes after its upload, not {size}; run the conversion again")
+    if _sha256_of_object(fs, target) != (sha256 or sha256_of(path)):
+        raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
+
+
+__all__ = ["put_checked", "check_uploaded", "holds", "ONE_REQUEST"]

@@ -1,0 +1,55 @@
+"""packer.output.object_checks against an S3-compatible server on 127.0.0.1: an upload is checked by
+the SHA-256 the store records, without reading it back, and read back where none is recorded; an
+object already there is held as recorded or not."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from packer.output import object_checks
+from packer.spec.errors import OutputError
+
+
+def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_path, monkeypatch):
+    fs = s3_server
+    path = tmp_path / "shard-00000.tar"
+    path.write_bytes(b"x" * 100_000)
+    fail = lambda *a: pytest.fail("read back although S3 recorded a SHA-256")  # noqa: E731
+    monkeypatch.setattr(object_checks, "check_uploaded", fail)
+    object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+    assert fs.cat_file("data/checked/shard-00000.tar") == path.read_bytes()
+    monkeypatch.setattr(object_checks, "sha256_of", lambda p: "0" * 64)  # the file now differs from the object
+    with pytest.raises(OutputError, match="is not the file uploaded"):
+        object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+
+
+def test_large_files_are_read_back_instead(s3_server, tmp_path, monkeypatch):
+    path = tmp_path / "shard-00000.tar"
+    path.write_bytes(b"y" * 5000)
+    monkeypatch.setattr(object_checks, "ONE_REQUEST", 4096)  # as if it were over s3fs's one-request size
+    read_back = []
+    checked = object_checks.check_uploaded
+    monkeypatch.setattr(object_checks, "check_uploaded", lambda *a: read_back.append(a[2]) or checked(*a))
+    object_checks.put_checked(s3_server, path, "data/large/shard-00000.tar", "s3://data/large")
+    assert read_back == ["data/large/shard-00000.tar"]
+
+
+def test_an_object_there_is_held_by_its_recorded_sha256_or_read_back(s3_server, tmp_path, monkeypatch):
+    fs = s3_server
+    path = tmp_path / "part"
+    path.write_bytes(b"z" * 3000)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    object_checks.put_checked(fs, path, "data/held/part", "s3://data/held")  # S3 records its SHA-256
+    fs.pipe("data/held/piped", path.read_bytes())  # no checksum recorded: read back
+    reads = []
+    read = object_checks._sha256_of_object
+    monkeypatch.setattr(object_checks, "_sha256_of_object", lambda fs, t: reads.append(t) or read(fs, t))
+    assert object_checks.holds(fs, "data/held/part", 3000, digest) and reads == []
+    assert not object_checks.holds(fs, "data/held/part", 3000, "0" * 64)  # another file's
+    assert not object_checks.holds(fs, "data/held/part", 2999, digest)  # another size
+    assert object_checks.holds(fs, "data/held/piped", 3000, digest) and reads == ["data/held/piped"]
+    fs.pipe("data/held/piped", b"y" * 3000)
+    assert not object_checks.holds(fs, "data/held/piped", 3000, digest)  # same size, other bytes
+    assert not object_checks.holds(fs, "data/held/gone", 3000, digest)

@@ -18,7 +18,9 @@ What it measures, all on the same corpus, tokenizer and cores (ratios in one run
   blocks into an int64 batch in one process (the memory-copy bound), each for ``--seconds``;
 - **size**: the bytes of each output per token of the corpus;
 - with ``--stream``, the same concat output in wds, read from its folder (``TokenBlocks``) and
-  streamed over HTTP from a server on 127.0.0.1 (``TokenStream``, 1 and 2 workers).
+  streamed over HTTP from a server on 127.0.0.1 (``TokenStream``, 1 and 2 workers);
+- with ``--resume-check``, the concat conversion stopped by SIGINT at 70% of its fresh time, then
+  ``--resume``: the resumed run's time against the fresh one's, and whether the shards are the same.
 
 The corpus is made once in ``--work`` (JSON Lines files of documents of made-up words with
 Zipf-distributed frequencies, many short documents and a long tail), with a byte-level BPE tokenizer
@@ -175,6 +177,27 @@ def packer_convert(corpus: Path, tokenizer: Path, out: Path, block: int, mode: s
     }
 
 
+def resume_check(corpus: Path, tokenizer: Path, out: Path, block: int, fresh: float, share: float = 0.7) -> dict:
+    """``packer convert ... --pack`` stopped by SIGINT after ``share`` of the ``fresh`` run's seconds,
+    then the same command with ``--resume``: each one's wall time, and whether the output is the
+    fresh run's (its manifest's shard files)."""
+    import signal
+
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "packer", "convert", str(corpus), "-f", "npy", "-o", str(out)]
+    command += ["--tokenizer", str(tokenizer), "--pack", str(block), "-q"]
+    started = time.perf_counter()
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(share * fresh)
+    run.send_signal(signal.SIGINT)
+    code = run.wait()
+    stopped = time.perf_counter() - started
+    started = time.perf_counter()
+    subprocess.run([*command, "--resume"], check=True, stdout=subprocess.DEVNULL)
+    resumed = time.perf_counter() - started
+    return {"stopped_after": stopped, "exit": code, "resumed": resumed}
+
+
 def _litdata_tokenize(path: str, tokenizer: str, eos: int):
     from tokenizers import Tokenizer
 
@@ -323,6 +346,19 @@ def run(args: argparse.Namespace) -> dict:
             f"padding {c['padding'] / (c['blocks'] * (args.block + 1)):.2%}",
             flush=True,
         )
+    if args.resume_check:
+        fresh = results["packer-concat"]["seconds"]
+        r = resume_check(work / "corpus", tokenizer, work / "packer-resumed", args.block, fresh)
+        same = (
+            json.loads((work / "packer-resumed" / "manifest.json").read_text())["shards"]
+            == json.loads((work / "packer-concat" / "manifest.json").read_text())["shards"]
+        )
+        results["resume"] = {**r, "fresh": fresh, "same_shards": same}
+        print(
+            f"--resume: stopped by SIGINT after {r['stopped_after']:.1f} s (exit {r['exit']}), resumed in "
+            f"{r['resumed']:.1f} s against {fresh:.1f} s fresh ({r['resumed'] / fresh:.2f}); same shards: {same}",
+            flush=True,
+        )
     lit = litdata_convert(files, tokenizer, work / "litdata", args.block, args.workers)
     results["litdata"] = lit
     if lit is not None:
@@ -386,6 +422,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0, help="each read rate is measured this long")
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-tokens"))
     p.add_argument("--stream", action="store_true", help="also a wds output, read locally and streamed over HTTP")
+    p.add_argument(
+        "--resume-check", action="store_true", help="also a concat conversion stopped at 70%% of its time, then resumed"
+    )
     return p
 
 

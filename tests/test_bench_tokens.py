@@ -13,7 +13,8 @@ import bench_tokens  # noqa: E402
 
 def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_path, capsys):
     args = bench_tokens.parser().parse_args(
-        ["--corpus-mb", "1", "--vocab", "400", "--block", "64", "--seconds", "0.2", "--work", str(tmp_path), "--stream"]
+        ["--corpus-mb", "1", "--vocab", "400", "--block", "64", "--seconds", "0.2", "--work", str(tmp_path)]
+        + ["--stream", "--resume-check"]
     )
     results = bench_tokens.run(args)
     assert results["floor"]["tokens"] > 0 and results["documents"] > 100
@@ -22,6 +23,7 @@ def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_
         assert row["tokens"] == results["floor"]["tokens"]  # every document's ids and its end-of-text id
         assert 2.0 <= row["bytes"] / row["tokens"] < 2.35  # blocks of 64: 8 bytes of (start, length) a 64 ids
     assert results["reads"]["packer 0 workers"] > 0 and results["reads"]["np.memmap gather, 1 process"] > 0
+    assert results["resume"]["same_shards"]  # stopped or not (a small corpus may end first), the same output
     streamed = [rate for name, rate in results["reads"].items() if "streamed over HTTP" in name]
     assert len(streamed) == 2 and all(rate > 0 for rate in streamed)
     assert "| packer --pack 64 --pack-mode best-fit |" in capsys.readouterr().out

@@ -157,12 +157,19 @@ def _token_corpus(folder, documents: int):
     return folder / "corpus", make_bpe_tokenizer(folder / "tokenizer.json", texts)
 
 
-def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path):
+def test_a_token_output_uploaded_to_a_bucket(bucket, tmp_path, monkeypatch):
+    from packer.output.shard_uploads import ShardUploads
+
     fs, local = bucket
     corpus, tokenizer = _token_corpus(tmp_path, 20)
-    command = ["convert", str(corpus), "-f", "npy", "-o", "s3://data/tokens"]
+    taken = []
+    take = ShardUploads.take
+    monkeypatch.setattr(ShardUploads, "take", lambda self, *a: taken.append(a[2].name) or take(self, *a))
+    command = ["convert", str(corpus), "-f", "npy", "-o", "s3://data/tokens", "--shard-size", "4"]
     r = CliRunner().invoke(cli, [*command, "--tokenizer", str(tokenizer), "--pack", "16", "-q"])
     assert r.exit_code == 0, r.output
+    shards = json.loads(fs.cat_file("data/tokens/manifest.json"))["shards"]
+    assert len(taken) == len(shards) > 1  # each shard uploaded as it was written, not the output at its end
     assert json.loads(fs.cat_file("data/tokens/manifest.json"))["tokens"]["documents"] == 20
     assert CliRunner().invoke(cli, ["verify", "s3://data/tokens", "-q"]).exit_code == 0
 

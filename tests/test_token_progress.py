@@ -142,17 +142,17 @@ def test_the_command_says_what_was_kept_and_takes_resume(corpus, tmp_path, monke
 
 
 def test_shards_an_interrupted_run_wrote_are_not_published_by_the_next(corpus, tmp_path, monkeypatch):
-    from packer.ops import pack_tokens
     from packer.output.verify import verify
+    from packer.run.staging import Staging
 
     src, tokenizer = corpus
-    name_shards = pack_tokens.name_shards
+    name_shards = Staging.name_shards
 
-    def named_then_interrupted(*args, **kwargs):
-        name_shards(*args, **kwargs)
+    def named_then_interrupted(self, *args, **kwargs):
+        name_shards(self, *args, **kwargs)
         raise KeyboardInterrupt  # tokenized whole, every shard written and named
 
-    monkeypatch.setattr(pack_tokens, "name_shards", named_then_interrupted)
+    monkeypatch.setattr(Staging, "name_shards", named_then_interrupted)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         pack_corpus(src, out, _config(tokenizer, 16))

@@ -83,7 +83,18 @@ def pack_corpus(
             log.warning("discarding the unfinished run of %s (pass --resume to continue it)", staging.shown)
         stage = staging.folder if start is not None else staging.start(plan)
         with _kept_when_tokenized(staging):
-            packed = _pack(stage, source, files, config, tokenizer, skipped, progress, records=records, start=start)
+            packed = _pack(
+                stage,
+                source,
+                files,
+                config,
+                tokenizer,
+                skipped,
+                progress,
+                records=records,
+                start=start,
+                staging=staging,
+            )
             manifest = Manifest(
                 format=config.format,
                 format_version=TOKENS_SINCE,
@@ -293,10 +304,12 @@ def _pack(
     first: int = 0,
     records: Optional[list[list]] = None,
     start: Optional[Progress] = None,
+    staging: Optional[Staging] = None,
 ) -> _Packed:
     """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``;
     ``records``: the files' ``corpus_record`` where known already; ``start``: the progress of an
-    interrupted tokenizing to go on from (``--resume``)."""
+    interrupted tokenizing to go on from (``--resume``); ``staging``: the folder's, which each shard
+    is handed to as it is written (``_write_shards``)."""
     started = time.perf_counter()
     per_shard = _blocks_per_shard(config, tokenizer)
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
@@ -313,7 +326,7 @@ def _pack(
     order = document_order(len(tokenized.lengths), config.shuffle_seed)
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
-    results = _write_shards(stage, plan, tokenized, get_format(config.format), first)
+    results = _write_shards(stage, plan, tokenized, get_format(config.format), first, staging)
     for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):  # never published; the record first
         scratch.unlink(missing_ok=True)
     records = records if records is not None else [corpus_record(f, source) for f in files]
@@ -338,9 +351,13 @@ def _blocks_per_shard(config: PackConfig, tokenizer: CorpusTokenizer) -> int:
     return per_shard
 
 
-def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0) -> list[ShardResult]:
+def _write_shards(
+    stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0, staging: Optional[Staging] = None
+) -> list[ShardResult]:
     """Write every shard of ``plan`` from the tokenized corpus; their results under published names,
-    numbered from ``first`` (an append's follow the output's)."""
+    numbered from ``first`` (an append's follow the output's). With ``staging`` (the folder's), each
+    shard is handed on as it is written (an output in a bucket uploads it then: the local disk holds
+    a few shards beside the tokenized corpus, not the output twice)."""
     ids = tokenized.ids()
     offsets = np.concatenate(([0], np.cumsum(tokenized.lengths)))
     writer_class = spec.token_writer_class()
@@ -355,6 +372,10 @@ def _write_shards(stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first
         names = writer.close(shard.spans, _piece_starts(shard))
         files = [file_entry(stage, n, writer.digests.get(n), structure) for n in names]
         written.append(ShardResult(name, shard.blocks, files))
+        if staging is not None and staging.on_result is not None:
+            staging.on_result(None, written[-1])  # type: ignore[arg-type]
+    if staging is not None:
+        return staging.name_shards(written, [r.name for r in written], first)
     return name_shards(stage, written, [r.name for r in written], first)
 
 

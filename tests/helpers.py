@@ -8,7 +8,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import pytest
 from click.testing import Result
@@ -232,8 +232,9 @@ def corpus_texts(count: int, seed: int = 0, longest: int = 400) -> list[str]:
 
 
 @contextlib.contextmanager
-def served_folder(directory: Path) -> Iterator[tuple[str, list[str]]]:
-    """``directory`` served over HTTP on 127.0.0.1 for the block: its base URL, and the paths asked for."""
+def served_folder(directory: Path, answer: Optional[Callable] = None) -> Iterator[tuple[str, list[str]]]:
+    """``directory`` served over HTTP on 127.0.0.1 for the block: its base URL, and the paths asked for.
+    ``answer(handler)``, where given, may answer a request itself (returning True) before the file is."""
     import functools
     import http.server
     import threading
@@ -246,7 +247,8 @@ def served_folder(directory: Path) -> Iterator[tuple[str, list[str]]]:
 
         def do_GET(self) -> None:
             requests.append(self.path)
-            super().do_GET()
+            if answer is None or not answer(self):
+                super().do_GET()
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import http.server
 import io
 import os
@@ -534,30 +533,19 @@ def busy_server(root: Path, failures: int, code: int = 503, retry_after: str = "
     first ``failures`` requests of each path; yields its URL and the (path, status) of each request."""
     seen: list = []
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
+    def answer(handler) -> bool:
+        if sum(1 for p, _ in seen if p == handler.path) < failures:
+            seen.append((handler.path, code))
+            handler.send_response(code)
+            handler.send_header("Retry-After", retry_after)
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return True
+        seen.append((handler.path, 200))
+        return False
 
-        def do_GET(self) -> None:
-            if sum(1 for p, _ in seen if p == self.path) < failures:
-                seen.append((self.path, code))
-                self.send_response(code)
-                self.send_header("Retry-After", retry_after)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            seen.append((self.path, 200))
-            super().do_GET()
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with served_folder(root, answer) as (url, _):
+        yield url, seen
 
 
 def test_a_busy_or_throttling_server_is_tried_again_then_named(served):

@@ -10,20 +10,18 @@ tokenized for ``--resume`` (``packer.tokens.progress``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from packer import __version__
 from packer.config import PackConfig
 from packer.output.files import PLAN_RECORD, STAGING_MARK, check_output
-from packer.output.finish import name_shards
 from packer.output.placed_shards import place_shard
 from packer.records import ShardResult, Skipped
 from packer.run.plan import shard_name
@@ -81,20 +79,11 @@ def pack_corpus(
         start = _resumed(staging, plan, tokenizer.dtype.itemsize) if resume else None
         if start is None and staging.plan() is not None:
             log.warning("discarding the unfinished run of %s (pass --resume to continue it)", staging.shown)
-        stage = staging.folder if start is not None else staging.start(plan)
-        with _kept_when_tokenized(staging):
-            packed = _pack(
-                stage,
-                source,
-                files,
-                config,
-                tokenizer,
-                skipped,
-                progress,
-                records=records,
-                start=start,
-                staging=staging,
-            )
+        if start is None:
+            staging.start(plan)
+        tokenized = lambda: (staging.folder / PROGRESS_NAME).is_file()  # noqa: E731 - hours of work: kept on a failure
+        with staging.writing(resumable=True, kept=tokenized):
+            packed = _pack(staging, source, files, config, tokenizer, skipped, progress, records=records, start=start)
             manifest = Manifest(
                 format=config.format,
                 format_version=TOKENS_SINCE,
@@ -150,7 +139,7 @@ def append_corpus(
         with staging.writing(resumable=False):
             for shard in old.shards:  # linked as they are: the appended output keeps them
                 place_shard(stage, output, shard, shard.name, True)
-            packed = _pack(stage, source, files, config, tokenizer, skipped, progress, first=len(old.shards))
+            packed = _pack(staging, source, files, config, tokenizer, skipped, progress, first=len(old.shards))
             counts = _section(config, tokenizer, packed)
             section = replace(
                 old.tokens,
@@ -178,28 +167,6 @@ def append_corpus(
             )
             staging.publish(manifest, overwrite=True)
     return PackResult(output, manifest, skipped, time.perf_counter() - started, packed.seconds)
-
-
-@contextlib.contextmanager
-def _kept_when_tokenized(staging: Staging) -> Iterator[None]:
-    """``staging.writing`` of a token conversion: an interrupt keeps the folder for --resume, and so
-    does a failure once some of the corpus is tokenized (a full disk, say: hours of work), with a
-    warning saying so; before that, a failure discards it."""
-    try:
-        with staging.writing(resumable=True, shared=True):  # discarded here, not there
-            yield
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        if (staging.folder / PROGRESS_NAME).is_file():
-            log.warning(
-                "the documents tokenized so far are kept in %s: once the cause is fixed, run the same command "
-                "with --resume",
-                staging.folder,
-            )
-        else:
-            staging.discard()
-        raise
 
 
 def _fingerprint(records: list[list], config: PackConfig, tokenizer: CorpusTokenizer) -> str:
@@ -294,7 +261,7 @@ class _Packed:
 
 
 def _pack(
-    stage: Path,
+    staging: Staging,
     source: Path,
     files: list[Path],
     config: PackConfig,
@@ -304,13 +271,12 @@ def _pack(
     first: int = 0,
     records: Optional[list[list]] = None,
     start: Optional[Progress] = None,
-    staging: Optional[Staging] = None,
 ) -> _Packed:
-    """Read, tokenize, plan and write the shards of ``files`` into ``stage``, numbered from ``first``;
-    ``records``: the files' ``corpus_record`` where known already; ``start``: the progress of an
-    interrupted tokenizing to go on from (``--resume``); ``staging``: the folder's, which each shard
-    is handed to as it is written (``_write_shards``)."""
+    """Read, tokenize, plan and write the shards of ``files`` into ``staging``'s folder, numbered from
+    ``first``; ``records``: the files' ``corpus_record`` where known already; ``start``: the progress
+    of an interrupted tokenizing to go on from (``--resume``)."""
     started = time.perf_counter()
+    stage = staging.folder
     per_shard = _blocks_per_shard(config, tokenizer)
     corpus = CorpusConfig(config.documents, config.text_key, config.encoding, config.strict)
     spill = stage / SPILL_NAME
@@ -326,7 +292,7 @@ def _pack(
     order = document_order(len(tokenized.lengths), config.shuffle_seed)
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
-    results = _write_shards(stage, plan, tokenized, get_format(config.format), first, staging)
+    results = _write_shards(staging, plan, tokenized, get_format(config.format), first)
     for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):  # never published; the record first
         scratch.unlink(missing_ok=True)
     records = records if records is not None else [corpus_record(f, source) for f in files]
@@ -351,13 +317,12 @@ def _blocks_per_shard(config: PackConfig, tokenizer: CorpusTokenizer) -> int:
     return per_shard
 
 
-def _write_shards(
-    stage: Path, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0, staging: Optional[Staging] = None
-) -> list[ShardResult]:
-    """Write every shard of ``plan`` from the tokenized corpus; their results under published names,
-    numbered from ``first`` (an append's follow the output's). With ``staging`` (the folder's), each
-    shard is handed on as it is written (an output in a bucket uploads it then: the local disk holds
-    a few shards beside the tokenized corpus, not the output twice)."""
+def _write_shards(staging: Staging, plan: PackPlan, tokenized: Tokenized, spec, first: int = 0) -> list[ShardResult]:
+    """Write every shard of ``plan`` from the tokenized corpus into ``staging``'s folder, each handed
+    on as it is written (an output in a bucket uploads it then: the local disk holds a few shards
+    beside the tokenized corpus, not the output twice); their results under published names,
+    numbered from ``first`` (an append's follow the output's)."""
+    stage = staging.folder
     ids = tokenized.ids()
     offsets = np.concatenate(([0], np.cumsum(tokenized.lengths)))
     writer_class = spec.token_writer_class()
@@ -372,11 +337,8 @@ def _write_shards(
         names = writer.close(shard.spans, _piece_starts(shard))
         files = [file_entry(stage, n, writer.digests.get(n), structure) for n in names]
         written.append(ShardResult(name, shard.blocks, files))
-        if staging is not None and staging.on_result is not None:
-            staging.on_result(None, written[-1])  # type: ignore[arg-type]
-    if staging is not None:
-        return staging.name_shards(written, [r.name for r in written], first)
-    return name_shards(stage, written, [r.name for r in written], first)
+        staging.take(written[-1])
+    return staging.name_shards(written, [r.name for r in written], first)
 
 
 def _piece_starts(shard: ShardPlan) -> np.ndarray:

@@ -42,7 +42,7 @@ from typing import Iterator, Optional
 from packer.output import upload
 from packer.output.files import DONE_SUFFIX, FILE_STAMPS, PLAN_RECORD, STAGING_MARK, finished_shards
 from packer.output.shard_samples import SAMPLES_FILE
-from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_object, store_errors
+from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_objects, store_errors
 from packer.records import ShardResult
 from packer.system import stop_signals_held
 
@@ -66,7 +66,7 @@ class ShardUploads:
         self.uploads: dict[str, tuple[str, Future]] = {}
         """The latest part of each planned file not yet moved to its published name, and its upload,
         by the file's name under the prefix."""
-        self.parts: dict[str, Future] = {}  # every part object of this run, and its upload
+        self.sending: list[Future] = []  # every upload of this run (``finish`` waits for them)
         self._count = itertools.count()
         self.waiting: deque[list[Future]] = deque()  # each taken shard's uploads, oldest first
         self.sent: set[str] = set()  # every object this run wrote, by name under the prefix
@@ -93,8 +93,8 @@ class ShardUploads:
 
     def shown(self, output: Path) -> str:
         """The URL of ``output`` (a folder inside this run's local folder) in the bucket."""
-        folder = Path(output).absolute().relative_to(self.local).as_posix()
-        return self.dest.url.rstrip("/") + ("" if folder == "." else f"/{folder}")
+        folder = self._name(output, "").rstrip("/")
+        return self.dest.url.rstrip("/") + (f"/{folder}" if folder else "")
 
     def _name(self, output: Path, relpath: str) -> str:
         """The object name, under the prefix, of the file ``relpath`` of the output ``output``."""
@@ -112,8 +112,7 @@ class ShardUploads:
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
             futures.append(self.pool.submit(self._upload, aside, part, f.sha256))
             self.uploads[name] = (part, futures[-1])
-            with self._lock:  # _copy removes from it in the pool
-                self.parts[part] = futures[-1]
+            self.sending.append(futures[-1])
             parts[f.path] = part
         self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
         self.waiting.append(futures)
@@ -171,7 +170,7 @@ class ShardUploads:
             plan = (folder / PLAN_RECORD).read_bytes()
             recorded = json.loads(plan)
             if not recorded.get("fingerprint") or recorded.get("operation") == "pack":
-                return  # a token conversion's: its shards are uploaded at its end, it keeps no records here
+                return  # a token conversion's: its shards have no records to resume from
         except (OSError, ValueError, AttributeError):
             return
         if folder not in self.restored:  # a new run: the records of one before go with its plan
@@ -201,11 +200,11 @@ class ShardUploads:
         data = json.dumps({**record, PARTS_OF_RECORD: parts}, ensure_ascii=False).encode()
         self.kept.append(self.records.submit(self._put_state, path, data, uploads))
 
-    def restore(self) -> int:
+    def restore(self) -> None:
         """Bring the records an interrupted run mirrored back into the local folder's parent (its
         staging folders, as that run left them), and check the parts they name (the size and the
-        SHA-256 the store recorded, else read back); returns the records of shards restored."""
-        fs, root, shards = self.dest.fs, self.dest.root, 0
+        SHA-256 the store recorded, else read back)."""
+        fs, root = self.dest.fs, self.dest.root
         with store_errors(self.dest.url):
             state = sorted(n[len(STATE) + 1 :] for n in self.dest.before if n.startswith(f"{STATE}/"))
             planned = {Path(n).parent for n in state if Path(n).name == PLAN_RECORD}
@@ -234,14 +233,12 @@ class ShardUploads:
                             if not (OWN_PART.fullmatch(part) and OWN_NAME.fullmatch(part)):
                                 raise ValueError(f"not a part's name: {part}")
                             self.resumed[part.split("/", 2)[2]] = (part, int(f["bytes"]), str(f["sha256"]))
-                        shards += 1
                     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
                         continue  # not a record this packer wrote: its shard is written again
         with ThreadPoolExecutor(CHECKS) as pool:  # a request each: at once, not one after another
             held = pool.map(lambda r: upload.holds(fs, f"{root}/{r[0]}", r[1], r[2]), self.resumed.values())
             with store_errors(self.dest.url):
                 self.intact = {r[0] for r, ok in zip(self.resumed.values(), list(held)) if ok}
-        return shards
 
     def finished(self, output: Path, folder: Path, names: list[str]) -> dict[str, ShardResult]:
         """The shards of ``names`` restored (``restore``) whose parts the store holds as recorded;
@@ -265,8 +262,8 @@ class ShardUploads:
 
     def move(self, output: Path, old: str, new: str) -> None:
         """Give the uploaded file ``old`` of ``output`` its published name ``new`` (once its upload is
-        done): copied inside the store in the background, checked by its size, the planned object
-        removed. ``finish`` waits for the copies."""
+        done): copied inside the store in the background, checked by its size; the part stays until
+        the manifest is up. ``finish`` waits for the copies."""
         source, pending = self.uploads.pop(self._name(output, old))
         pending.result()  # here, not in the pool: a copy never waits on a queued upload
         target = self._name(output, new)
@@ -291,7 +288,7 @@ class ShardUploads:
             copy.result()
         for kept in self.kept:
             kept.result()
-        for pending in list(self.parts.values()):
+        for pending in self.sending:
             pending.result()
         self.uploads.clear()
         self.pool.shutdown()
@@ -305,13 +302,11 @@ class ShardUploads:
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
             self.records.shutdown(wait=True, cancel_futures=not resumable)
-            for name in sorted(self.sent - self.dest.before):
-                if resumable and name.startswith(f"{PARTS}/"):
-                    continue
-                try:
-                    remove_object(self.dest.fs, f"{self.dest.root}/{name}")
-                except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite
-                    pass
+            gone = [n for n in sorted(self.sent - self.dest.before) if not (resumable and n.startswith(f"{PARTS}/"))]
+            try:
+                remove_objects(self.dest.fs, [f"{self.dest.root}/{name}" for name in gone])
+            except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite
+                pass
 
 
 @contextlib.contextmanager

@@ -112,8 +112,9 @@ def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
     fs, root = filesystem(url)
     with store_errors(url):
         names = _names(fs, root)
-        dead = None  # the token of a dead run's lock, replaced below
-        if LOCK_NAME in names:
+        replacing = LOCK_NAME in names  # a dead run's lock, replaced below (its token: ``dead``)
+        dead = None
+        if replacing:
             names.discard(LOCK_NAME)
             lock = _read_lock(fs, root)
             age = _lock_age(fs, root)
@@ -122,7 +123,7 @@ def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
                     f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
                     f"{age:.0f} s ago); wait for it, or remove the lock object if that run died"
                 )
-            dead = str((lock or {}).get("token"))
+            dead = (lock or {}).get("token")
         foreign = sorted(n for n in names if not OWN_NAME.fullmatch(n))
         if foreign:
             shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
@@ -142,10 +143,10 @@ def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
             log.warning("discarding the unfinished conversion into %s (pass --resume to continue it)", url)
         token = uuid.uuid4().hex
         dest = Destination(url, fs, root, token, overwrite, names)
-        if dead is None:
+        if not replacing:
             _write_lock(fs, root, token, exclusive=True, url=url)
         else:  # read again just before it is replaced, and read back a moment after: of two, the later goes on
-            if str((_read_lock(fs, root) or {}).get("token")) != dead:
+            if _lock_token(fs, root) != dead:
                 raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
             try:
                 _write_lock(fs, root, token, exclusive=False, url=url)
@@ -196,8 +197,8 @@ def upload_output(
             size += sum(put(p) for p in others)
             _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
         except BaseException as e:
-            for name in (set(sent) | streamed) - dest.before:  # the prefix as it was: nothing of this run's left
-                remove_object(fs, f"{root}/{name}")
+            left = (set(sent) | streamed) - dest.before  # the prefix as it was: nothing of this run's left
+            remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
             if abandon is not None:
                 abandon(isinstance(e, KeyboardInterrupt))
             raise
@@ -299,10 +300,7 @@ def _check_own_lock(dest: Destination) -> None:
 
 
 def _lock_token(fs: Any, root: str) -> Optional[str]:
-    try:
-        return json.loads(fs.cat_file(f"{root}/{LOCK_NAME}")).get("token")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return (_read_lock(fs, root) or {}).get("token")
 
 
 def _read_lock(fs: Any, root: str) -> Optional[dict]:

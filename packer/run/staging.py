@@ -65,10 +65,15 @@ class Staging:
     @property
     def on_result(self) -> Optional[Callable[[ShardJob, ShardResult], None]]:
         """What an executor calls with each finished shard (None when nothing is to be done with it)."""
-        sink = self.sink
-        if sink is None:
+        if self.sink is None:
             return None
-        return lambda job, result: sink.take(self.output, self.folder, result)
+        return lambda job, result: self.take(result)
+
+    def take(self, result: ShardResult) -> None:
+        """A shard of the folder is finished: uploaded now where the output goes to a bucket
+        (``ShardUploads.take``), else left in the folder."""
+        if self.sink is not None:
+            self.sink.take(self.output, self.folder, result)
 
     @property
     def shown(self) -> str:
@@ -222,24 +227,33 @@ class Staging:
         return todo, fresh
 
     @contextlib.contextmanager
-    def writing(self, *, resumable: bool = True, shared: bool = False) -> Iterator[Path]:
+    def writing(
+        self, *, resumable: bool = True, shared: bool = False, kept: Optional[Callable[[], bool]] = None
+    ) -> Iterator[Path]:
         """The work in the staging folder up to its publishing. A failure discards the folder (an
         OSError becomes an OutputError naming where and what to do), but for a Ctrl-C of a
-        ``resumable`` run, which leaves the finished shards for --resume; a ``shared`` folder (the
-        nodes' of a split conversion) is never discarded here, their shards are other runs' work."""
+        ``resumable`` run, which leaves the finished shards for --resume, and a failure when ``kept()``
+        says the work done so far is worth keeping for --resume (a token conversion's tokenizing),
+        which is said; a ``shared`` folder (the nodes' of a split conversion) is never discarded
+        here, their shards are other runs' work."""
         try:
             yield self.folder
         except KeyboardInterrupt:
             if not resumable and not shared:
                 self.discard()
             raise
-        except OSError as e:
-            if not shared:
+        except BaseException as e:
+            if shared:
+                pass
+            elif kept is not None and kept():
+                log.warning(
+                    "the work done so far is kept in %s: once the cause is fixed, run the same command with --resume",
+                    self.folder,
+                )
+            else:
                 self.discard()
-            raise OutputError(f"cannot write the output in {self.folder.parent}: {describe_os_error(e)}") from None
-        except BaseException:
-            if not shared:
-                self.discard()
+            if isinstance(e, OSError):
+                raise OutputError(f"cannot write the output in {self.folder.parent}: {describe_os_error(e)}") from None
             raise
 
     def publish(self, manifest: Manifest, *, overwrite: bool, source: Optional[Path] = None) -> None:

@@ -24,6 +24,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 AUTO = "auto"
 DEFAULT_SHARD_BYTES = 256 * 1024**2
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own default limit: 1024 * 1024 * 1024 // 4 // 3
+DUP_DISTANCE = 4
+"""Bits two images' perceptual hashes may differ by and still be near-duplicates, by default
+(``--dup-distance``; ``packer.output.near_duplicates``). The hashes' bits change in pairs (a
+coefficient crossing the median lets another cross back), so 4 is two coefficients moved:
+resized, re-encoded, brightened and 5%-cropped copies of photographs mostly stay within it, and
+unrelated photographs were 10 or more apart (docs/FORMATS.md, "Image hashes")."""
+MAX_DUP_DISTANCE = 12
+"""The largest ``--dup-distance``: unrelated images' hashes come that close."""
 
 
 @dataclass(frozen=True)
@@ -275,9 +283,19 @@ class ConvertConfig:
     masks: Optional[MaskConfig] = None
     """Segmentation masks to carry through the geometry into each sample's ``mask``
     (``packer.targets.segmentation``)."""
+    image_hashes: bool = True
+    """Hash every stored image (``packer.pixels.looks``) into the output's ``image_hashes.npy`` and
+    report its near-duplicates."""
+    dup_distance: int = DUP_DISTANCE
+    """Bits two images' hashes may differ by and still be reported as near-duplicates."""
 
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats
+        if not 0 <= self.dup_distance <= MAX_DUP_DISTANCE:
+            raise ConfigError(
+                f"--dup-distance takes 0 to {MAX_DUP_DISTANCE} bits (of 64), got {self.dup_distance}: "
+                "unrelated images' hashes come closer than that"
+            )
         if self.detection is not None and self.masks is not None:
             raise ConfigError(
                 "--annotations and --masks together are not supported yet: convert the boxes and the "

@@ -1,0 +1,108 @@
+"""packer.pixels.looks: perceptual hashes that stay put under resizing, re-encoding, brightening and
+small crops, and tell apart different images of one kind."""
+
+from __future__ import annotations
+
+import itertools
+
+import cv2
+import numpy as np
+import pytest
+from helpers import brightened, cropped, jpeg, resized, textured
+
+from packer.output.near_duplicates import popcount
+from packer.pixels.looks import FLAT, LOOKS, image_looks, thumbnail
+
+COPIES = {
+    "resized to 2/3": resized,
+    "JPEG quality 60": lambda p: jpeg(p, 60),
+    "brightened by 20%": brightened,
+    "5% cropped off the top left": lambda p: cropped(p, where="top-left"),
+    "5% cropped off the bottom right": lambda p: cropped(p, where="bottom-right"),
+    "5% cropped all round": lambda p: cropped(p, where="centre"),
+}
+
+
+def all_four(pixels: np.ndarray) -> np.ndarray:
+    """Cropped 5% off the top right, resized to 2/3, brightened by 20%, saved as JPEG quality 60."""
+    return jpeg(brightened(resized(cropped(pixels, where="top-right"))), 60)
+
+
+def nearest(a: np.ndarray, b: np.ndarray) -> int:
+    """The distance at which two images' hashes match: one's own hash against any of the other's."""
+    return int(min(popcount(a[0] ^ b).min(), popcount(b[0] ^ a).min()))
+
+
+@pytest.fixture(scope="module")
+def images() -> list[np.ndarray]:
+    return [textured(seed, seed % 4) for seed in range(200)]
+
+
+@pytest.fixture(scope="module")
+def looks(images) -> list[np.ndarray]:
+    return [image_looks(p) for p in images]
+
+
+@pytest.mark.parametrize("copy", sorted(COPIES))
+def test_a_changed_copy_stays_within_the_default_distance(images, looks, copy):
+    distances = [nearest(own, image_looks(COPIES[copy](p))) for p, own in zip(images, looks)]
+    assert max(distances) <= 4, np.bincount(distances)
+
+
+def test_a_copy_changed_all_four_ways_stays_close(images, looks):
+    distances = [nearest(own, image_looks(all_four(p))) for p, own in zip(images, looks)]
+    # the changes add up: all within 6 bits, and at the default distance (4) all but a few
+    assert max(distances) <= 6, np.bincount(distances)
+    assert sum(d <= 4 for d in distances) >= 0.97 * len(distances), np.bincount(distances)
+
+
+def test_different_images_of_one_kind_are_far_apart(looks):
+    same_kind = [nearest(looks[i], looks[j]) for i, j in itertools.combinations(range(len(looks)), 2) if i % 4 == j % 4]
+    assert len(same_kind) == 4 * 50 * 49 // 2
+    assert min(same_kind) > 8
+
+
+def test_a_crop_is_caught_by_a_window_not_by_the_whole_hash(images, looks):
+    # 5% off a corner moves the whole image's hash by about as much as a different image; the
+    # window trimmed at that corner is what matches (the reason each image has five of them)
+    whole = [int(popcount(own[0] ^ image_looks(cropped(p))[0])) for p, own in zip(images, looks)]
+    assert np.mean(whole) > 4
+    windowed = [int(popcount(own[1:] ^ image_looks(cropped(p))[0]).min()) for p, own in zip(images, looks)]
+    assert np.mean(windowed) < np.mean(whole) / 2
+
+
+def test_hashes_are_uint64_with_half_their_bits_set(looks):
+    table = np.stack(looks)
+    assert table.dtype == np.uint64 and table.shape == (200, LOOKS)
+    # the 63 coefficients besides the mean split at their median (31 above), and the mean is above it
+    assert set(popcount(table).ravel().tolist()) == {32}
+    assert len(np.unique(table[:, 0])) == 200
+
+
+def test_any_channel_layout_and_dtype_hash_alike(images):
+    rgb = images[0]
+    gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    reference = image_looks(rgb)
+    assert np.array_equal(image_looks(gray), reference)
+    assert np.array_equal(image_looks(gray[:, :, None]), reference)
+    assert np.array_equal(image_looks(np.dstack([rgb, np.full(gray.shape, 255, np.uint8)])), reference)
+    assert nearest(image_looks(rgb.astype(np.uint16) * 257), reference) <= 2
+    assert nearest(image_looks(rgb.astype(np.float64) / 255), reference) <= 2
+    assert np.array_equal(image_looks(rgb), reference)  # the same pixels, the same hashes
+
+
+@pytest.mark.parametrize("value", [0, 1, 128, 255])
+def test_an_image_of_one_colour_has_no_shape_to_hash(value):
+    assert image_looks(np.full((40, 50, 3), value, np.uint8)).tolist() == [FLAT] * LOOKS
+    assert image_looks(np.full((40, 50), value / 255, np.float32)).tolist() == [FLAT] * LOOKS
+    ramp = np.tile(np.arange(50, dtype=np.uint8), (40, 1))  # the faintest shape is still a shape
+    assert popcount(image_looks(ramp)).tolist() == [32] * LOOKS
+
+
+def test_thumbnail_of_large_and_small_images():
+    large = textured(7, 0, 1500, 2000)
+    small = resized(large, 0.1)
+    assert thumbnail(large).shape == thumbnail(small).shape == (64, 64)
+    assert nearest(image_looks(large), image_looks(small)) <= 4
+    tiny = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    assert image_looks(tiny).shape == (LOOKS,)

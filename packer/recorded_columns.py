@@ -1,4 +1,4 @@
-"""A shard record's per-sample columns (keys, labels, digests): written compactly into the record
+"""A shard record's per-sample columns (keys, labels, digests, image hashes): written compactly into the record
 (``per_sample_record``), read back as columns (``read_per_sample_record``), and left on disk until
 asked for (``RecordedColumn``), so that the parent holds a path and a count per finished shard."""
 
@@ -53,8 +53,9 @@ def _recorded(path: str, stamp: FileStamp, which: int) -> Sequence:
 
 
 class RecordedColumn(ValueSequence, Sequence):
-    """One per-sample column (0 keys, 1 labels, 2 digests) of a shard record on disk, read when asked
-    for (the last two columns read are kept): the parent holds ``count`` and a path, not the values."""
+    """One per-sample column (0 keys, 1 labels, 2 digests, 3 image hashes) of a shard record on disk,
+    read when asked for (the last two columns read are kept): the parent holds ``count`` and a path,
+    not the values."""
 
     __slots__ = ("path", "which", "count")
 
@@ -81,7 +82,8 @@ class RecordedColumn(ValueSequence, Sequence):
         return np.asarray(self.column(), dtype=dtype)
 
     def __repr__(self) -> str:
-        return f"RecordedColumn({['keys', 'labels', 'digests'][self.which]} of {self.path}, {self.count} values)"
+        which = ["keys", "labels", "digests", "looks"][self.which]
+        return f"RecordedColumn({which} of {self.path}, {self.count} values)"
 
 
 def in_memory(column: Sequence) -> Sequence:
@@ -89,13 +91,16 @@ def in_memory(column: Sequence) -> Sequence:
     return column.column() if isinstance(column, RecordedColumn) else column
 
 
-def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Sequence[str]) -> dict:
+def per_sample_record(
+    keys: Sequence[str], labels: Sequence[int], digests: Sequence[str], looks: Optional[Sequence] = None
+) -> dict:
     """A shard record's per-sample values, each as one JSON string where it can be: ``keys_nul``, the
     keys joined by NUL (never in a file name); ``labels_i32``, base64 of little-endian int32s;
     ``digests_hex``, the 128-bit digests back to back. A record of JSON lists cost the parent an
     object a value to write, and as many to read back on --resume. Values that
     do not fit (a NUL in a key, a label past int32, another kind of digest) are JSON lists, as
-    packers before 0.8.0 wrote them all."""
+    packers before 0.8.0 wrote them all. ``looks_u64``: base64 of the images' perceptual hashes
+    (little-endian uint64, ``packer.pixels.looks.LOOKS`` a sample), where they were hashed."""
     record: dict = {}
     if isinstance(keys, StrColumn):
         joined = keys.joined_by_nul()  # None: a key holds a NUL itself
@@ -115,13 +120,18 @@ def per_sample_record(keys: Sequence[str], labels: Sequence[int], digests: Seque
         record["digests_hex"] = digests.raw.hex()
     else:
         record["digests"] = list(digests)
+    if looks is not None:
+        table = np.asarray(looks, dtype="<u8")
+        record["looks_u64"] = base64.b64encode(table.tobytes()).decode("ascii")
+        record["looks_per_sample"] = table.shape[1]
     return record
 
 
 def read_per_sample_record(d: dict, which: tuple[int, ...] = (0, 1, 2)) -> list[Optional[Sequence]]:
-    """Keys, labels and digests (those ``which`` names: 0, 1, 2; None for the others) of a shard record
-    (``per_sample_record``'s or a list form), as columns made without an object a value."""
-    out: list[Optional[Sequence]] = [None, None, None]
+    """Keys, labels, digests and image hashes (those ``which`` names: 0, 1, 2, 3; None for the others)
+    of a shard record (``per_sample_record``'s or a list form), as columns made without an object a
+    value; the hashes (samples x LOOKS uint64) are None in a record without them."""
+    out: list[Optional[Sequence]] = [None, None, None, None]
     if 0 in which:
         out[0] = (
             StrColumn.from_joined(d["keys_nul"], int(d["count"])) if "keys_nul" in d else StrColumn.of(list(d["keys"]))
@@ -136,4 +146,7 @@ def read_per_sample_record(d: dict, which: tuple[int, ...] = (0, 1, 2)) -> list[
         out[2] = (
             HexColumn(bytes.fromhex(d["digests_hex"]), 16) if "digests_hex" in d else HexColumn.of(list(d["digests"]))
         )
+    if 3 in which and "looks_u64" in d:
+        flat = np.frombuffer(base64.b64decode(d["looks_u64"]), "<u8").astype(np.uint64)
+        out[3] = flat.reshape(-1, int(d["looks_per_sample"]))
     return out

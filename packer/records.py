@@ -214,6 +214,10 @@ class ShardResult:
     samples_file: tuple = ()
     """Where the record's side file of digests and labels is, and its stamp as written
     (``packer.output.shard_samples``): empty where there is none. Not part of ``to_dict``."""
+    looks: Optional[Sequence] = None
+    """Each written sample's perceptual hashes (samples x ``packer.pixels.looks.LOOKS`` uint64), or a
+    ``RecordedColumn`` of them; None where the shard's images were not hashed (``--no-image-hashes``,
+    outputs without images, records of packers before 0.9.1's image hashes)."""
 
     def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back
@@ -223,6 +227,8 @@ class ShardResult:
         if len(self.labels) == n and len(self.digests) == n:
             self.keys, self.labels, self.digests = (RecordedColumn(str(record), which, n) for which in range(3))
             self.samples_file = samples_file
+            if self.looks is not None and len(self.looks) == n:
+                self.looks = RecordedColumn(str(record), 3, n)
         return self
 
     def packed(self) -> "ShardResult":
@@ -254,7 +260,7 @@ class ShardResult:
             "samples": self.samples,
             "files": [f.to_dict() for f in self.files],
             "skipped": [s.to_dict() for s in self.skipped],
-            **per_sample_record(self.keys, self.labels, self.digests),
+            **per_sample_record(self.keys, self.labels, self.digests, self.looks),
             "stats": self.stats.to_dict(),
             "sources": self.sources,
             "digest": self.digest,
@@ -268,12 +274,15 @@ class ShardResult:
     def from_dict(cls, d: dict) -> "ShardResult":
         """Inverse of ``to_dict``. KeyError for a record without ``stats`` (an older packer's), whose
         shard --resume then writes again."""
+        keys, labels, digests, looks = read_per_sample_record(d, (0, 1, 2, 3))
         return cls(
             d["name"],
             int(d["samples"]),
             [FileEntry.from_dict(f) for f in d["files"]],
             [Skipped(s["path"], s["reason"]) for s in d["skipped"]],
-            *read_per_sample_record(d),
+            keys,
+            labels,
+            digests,
             ShardStats.from_dict(d["stats"]),
             str(d.get("sources", "")),
             str(d.get("digest", "sha256-128")),
@@ -281,4 +290,5 @@ class ShardResult:
             {str(k): int(v) for k, v in d.get("boxes", {}).items()},
             int(d.get("scaled_counts", 0)),
             dict(d.get("image_sources", {})),
+            looks=looks,
         ).packed()

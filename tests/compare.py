@@ -101,7 +101,8 @@ def assert_rows_equal(got: list[Row], want: list[Row]) -> None:
 
 def check_files(out: Path, manifest: Manifest) -> None:
     """Every file in the manifest exists with its size and SHA-256; a wds output also has each shard's
-    DALI index and the wids shard list (format version 7); nothing else is in the folder."""
+    DALI index and the wids shard list (format version 7); an output of images, its image hashes;
+    nothing else is in the folder."""
     listed = set()
     for shard in manifest.shards:
         assert shard.files
@@ -123,6 +124,11 @@ def check_files(out: Path, manifest: Manifest) -> None:
             for s in manifest.shards
         ]
         of_output = {WIDS_INDEX}
+    if manifest.image_hashes is not None:
+        data = (out / manifest.image_hashes["path"]).read_bytes()
+        assert manifest.image_hashes["bytes"] == len(data)
+        assert manifest.image_hashes["sha256"] == hashlib.sha256(data).hexdigest()
+        listed.add(manifest.image_hashes["path"])
     on_disk = {p.name for p in out.iterdir()}
     assert on_disk == listed | of_output | {MANIFEST_NAME, REPORT_NAME}
 

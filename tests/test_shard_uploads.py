@@ -23,6 +23,9 @@ from readers import make_loader, open_dataset
 WORKERS = 2
 TAKE = ShardUploads.take
 
+OUTPUT_FILES = {"manifest.json", "report.txt", "shardindex.json", "image_hashes.npy"}
+"""The files of a wds output of images besides its shards."""
+
 
 def _convert(src, out, *more: str):
     command = ["convert", str(src), "-f", "wds", "-o", str(out), "--size", "16", "--shard-size", "2", "-q"]
@@ -57,7 +60,7 @@ def test_the_local_folder_holds_a_few_shards_never_the_output(s3_server, tmp_pat
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     assert _shards(remote) == _shards(local)  # the same files under the same names
     names = {p.split("/", 2)[2] for p in fs.find(f"data/streamed-{len(order)}")}
-    assert names == {p for p, _ in _shards(local)} | {"manifest.json", "report.txt", "shardindex.json"}
+    assert names == {p for p, _ in _shards(local)} | OUTPUT_FILES
     assert CliRunner().invoke(cli, ["verify", f"s3://data/streamed-{len(order)}", "-q"]).exit_code == 0
 
 
@@ -168,7 +171,7 @@ def test_an_interrupted_conversion_resumes_from_the_shards_in_the_bucket(s3_serv
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     fs.invalidate_cache()
     assert _shards(json.loads(fs.cat_file(f"{prefix}/manifest.json"))) == _shards(local)  # byte for byte
-    assert _objects(fs, prefix) == {p for p, _ in _shards(local)} | {"manifest.json", "report.txt", "shardindex.json"}
+    assert _objects(fs, prefix) == {p for p, _ in _shards(local)} | OUTPUT_FILES
     assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
 
 

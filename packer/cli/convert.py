@@ -104,6 +104,8 @@ def _convert(
     split_spec: Optional[str],
     split_seed: int,
     no_splits: bool,
+    dup_distance: int,
+    no_image_hashes: bool,
     full_decode: bool,
     max_pixels: int,
     workers: Optional[int],
@@ -205,7 +207,16 @@ def _convert(
             else None
         )
         config = ConvertConfig(
-            fmt, pre, parse_shard_size(shard_size), shuffle_seed, ImageCodec(codec, quality), text, detection, masks
+            fmt,
+            pre,
+            parse_shard_size(shard_size),
+            shuffle_seed,
+            ImageCodec(codec, quality),
+            text,
+            detection,
+            masks,
+            image_hashes=not no_image_hashes,
+            dup_distance=dup_distance,
         )
         node = _node_split(num_nodes, node_rank, executor_name, address)
         fractions = parse_split_spec(split_spec) if split_spec is not None else None

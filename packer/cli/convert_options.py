@@ -16,7 +16,7 @@ from packer.cli.options import (
     target_options,
     text_options,
 )
-from packer.config import DEFAULT_QUALITY
+from packer.config import DEFAULT_QUALITY, DUP_DISTANCE, MAX_DUP_DISTANCE
 from packer.run.executor import DEFAULT_TIMEOUT
 from packer.spec.codecs import IMAGE_CODECS
 from packer.spec.registry import FORMAT_NAMES  # the --format choices
@@ -101,6 +101,20 @@ _OPTIONS: list[Callable] = [
         "--no-splits",
         is_flag=True,
         help="Top-level folders named train, val, valid, validation or test are classes, not splits.",
+    ),
+    click.option(
+        "--dup-distance",
+        type=click.IntRange(0, MAX_DUP_DISTANCE),
+        default=DUP_DISTANCE,
+        show_default=True,
+        help="Report images whose perceptual hashes differ by at most this many bits (of 64) as "
+        "near-duplicates: resized, re-encoded, brightened or slightly cropped copies (report.txt; "
+        "leakage between splits).",
+    ),
+    click.option(
+        "--no-image-hashes",
+        is_flag=True,
+        help="Do not hash the images (no image_hashes.npy, no near-duplicate report).",
     ),
     decode_options,
     click.option(

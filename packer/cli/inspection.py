@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from packer.cli.options import OutputLocation
 from packer.cli.render import compare_class_maps, describe, describe_splits
+from packer.output.image_hashes import leaks_between
 from packer.output.verify import verify as verify_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
@@ -30,6 +31,7 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
     if as_json and len(outputs) > 1:
         raise click.UsageError("--json prints one manifest: give one output")
     maps: list[tuple[str, Optional[list[str]]]] = []
+    hashed: list[Path] = []  # local outputs with image hashes, compared for leakage
     try:
         for n, output in enumerate(outputs):
             if n:
@@ -52,6 +54,7 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
                     for name in record.splits
                     if (output / name / MANIFEST_NAME).is_file() and name not in record.unlabelled
                 ]
+                hashed += [output / name for name in record.splits if _hashed(output / name)]
                 continue
             m = read_manifest(output)
             if as_json:
@@ -59,10 +62,41 @@ def info(outputs: tuple[Path, ...], as_json: bool) -> None:
                 return
             click.echo(describe(output, m))
             maps.append((str(output), m.classes))
+            hashed += [output] if m.image_hashes is not None else []
+        if len(outputs) > 1 or len(maps) > 1:
+            click.echo(compare_class_maps(maps))
+        for line in _leak_lines(hashed):
+            click.echo(line)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    if len(outputs) > 1 or len(maps) > 1:
-        click.echo(compare_class_maps(maps))
+
+
+LEAKS_SHOWN = 100
+"""Pairs of near-duplicates across outputs ``packer info`` lists for each two outputs."""
+
+
+def _hashed(output: Path) -> bool:
+    """Whether ``output`` is an output with image hashes."""
+    return (output / MANIFEST_NAME).is_file() and read_manifest(output).image_hashes is not None
+
+
+def _leak_lines(outputs: list[Path]) -> list[str]:
+    """For each two of ``outputs`` (with image hashes), the images of the later that nearly duplicate
+    images of the earlier (leakage between train and val)."""
+    lines = []
+    for n, later in enumerate(outputs):
+        for earlier in outputs[:n]:
+            pairs = leaks_between(later, earlier)
+            if not pairs:
+                lines.append(f"no image of {later} nearly duplicates one of {earlier}")
+                continue
+            lines.append(
+                f"leakage: {len({a for a, _ in pairs})} image(s) of {later} nearly duplicate images of {earlier}:"
+            )
+            lines += [f"  {a}  ~  {b}" for a, b in pairs[:LEAKS_SHOWN]]
+            if len(pairs) > LEAKS_SHOWN:
+                lines.append(f"  ... and {len(pairs) - LEAKS_SHOWN} more pair(s)")
+    return lines
 
 
 @click.command()

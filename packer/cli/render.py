@@ -12,7 +12,7 @@ import click
 
 from packer.ops.convert import ConvertResult
 from packer.ops.nodes import NodeResult
-from packer.ops.splits import SplitsResult, describe_missing
+from packer.ops.splits import SplitsResult, describe_leaks, describe_missing
 from packer.output.report import REPORT_NAME, reason_kind, shown, source_counts
 from packer.records import Skipped
 from packer.spec.class_map import class_map_digest, differences, quoted
@@ -56,6 +56,8 @@ def splits_summary(result: SplitsResult) -> None:
     click.echo(f"packer: {how}: {counts} samples into {shown_as(result.output)}, {classes}, in {result.seconds:.1f} s")
     for line in describe_missing(record):
         click.echo(f"  {line} (their indices are kept)")
+    for line in describe_leaks(result):
+        click.echo(f"warning: {line}", err=True)
 
 
 _SHOWN: dict[str, str] = {}
@@ -100,6 +102,13 @@ def summary(result: ConvertResult) -> None:
         click.echo(
             f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
             f"bytes (all packed; listed in {report})",
+            err=True,
+        )
+    near = (m.near_duplicates or {}).get("groups") or []
+    if near:
+        click.echo(
+            f"note: {sum(len(g) for g in near)} images in {len(near)} group(s) are near-duplicates "
+            f"(all packed; listed in {report})",
             err=True,
         )
     if result.ignored:
@@ -193,6 +202,12 @@ def describe(output: Path, m: Manifest) -> str:
     lines += _stats(m.stats)
     if m.duplicates:
         lines.append(f"  identical {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s)")
+    if m.near_duplicates is not None:
+        near = m.near_duplicates.get("groups") or []
+        lines.append(
+            f"  similar   {sum(len(g) for g in near)} images in {len(near)} group(s) of near-duplicates "
+            f"(hashes within {m.near_duplicates.get('distance')} bits)"
+        )
     lines += [f"  history   {_event(h)}" for h in m.history]
     return "\n".join(lines)
 

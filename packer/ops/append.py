@@ -21,7 +21,9 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+
+import numpy as np
 
 from packer import __version__
 from packer.config import ConvertConfig, PreprocessConfig, ShardSize
@@ -30,6 +32,14 @@ from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.output.files import local_output
 from packer.output.finish import name_shards
+from packer.output.image_hashes import (
+    gathered_looks,
+    keys_in_output,
+    keys_in_results,
+    near_duplicates,
+    read_hashes,
+    write_hashes,
+)
 from packer.output.placed_shards import place_shard
 from packer.pixels.stats import summarize
 from packer.records import ShardResult, ShardStats, ShardTask, SourceItem
@@ -39,7 +49,7 @@ from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging
 from packer.sources.discover import Discovery
 from packer.sources.origin import checked, refuse_packer_output
-from packer.spec.errors import ConfigError, InputError, OutputError
+from packer.spec.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.spec.registry import get_format
@@ -378,7 +388,44 @@ def _appended_manifest(
             "ignored": ignored,
         },
         history=[*old.history, entry],
+        **_appended_hashes(output, stage, old, layout, results, config, duplicates),
     )
+
+
+def _appended_hashes(
+    output: Path,
+    stage: Path,
+    old: Manifest,
+    layout: SampleLayout,
+    results: list[ShardResult],
+    config: ConvertConfig,
+    duplicates: list[list[str]],
+) -> dict:
+    """The appended output's ``image_hashes`` and ``near_duplicates``: the output's hashes with the new
+    samples' after them, written into ``stage``, searched again as a whole (at the distance the output
+    was searched at). None for both where the output has none (an append never hashes half an output)."""
+    none = {"image_hashes": None, "near_duplicates": None}
+    new = gathered_looks(results) if config.image_hashes else None
+    if old.image_hashes is None or new is None:
+        if old.image_hashes is not None:
+            log.warning("the new samples were not hashed: %s no longer lists near-duplicates", output)
+        return none
+    try:
+        looks = np.concatenate([read_hashes(output, old), new])
+    except ManifestError as e:
+        log.warning("near-duplicates not searched again: %s", e)
+        return none
+    distance = int((old.near_duplicates or {}).get("distance", config.dup_distance))
+    in_output, in_results = keys_in_output(output, old, layout), keys_in_results(results, old.samples)
+
+    def keys_at(indices: Sequence[int]) -> dict[int, str]:
+        earlier = [i for i in indices if i < old.samples]
+        return {**in_output(earlier), **in_results([i for i in indices if i >= old.samples])}
+
+    return {
+        "image_hashes": write_hashes(stage, looks),
+        "near_duplicates": near_duplicates(looks, distance, duplicates, keys_at),
+    }
 
 
 __all__ = ["append", "AppendResult", "config_of"]

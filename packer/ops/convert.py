@@ -289,6 +289,7 @@ def _convert_locked(
             targets.summary(),
             scratch=stage,
             fixed_samples=shard_plan.fixed_samples,
+            stage=stage,
         )
         staging.publish(manifest, overwrite=run.overwrite, source=source)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]

@@ -316,7 +316,14 @@ def merge(output: str | os.PathLike, *, overwrite: bool = False) -> ConvertResul
             raise InputError(f"no image in {source} could be packed: every file was skipped (see {stage})")
         results = staging.name_shards(results, names)
         manifest = build_manifest(
-            config, layout, found, results, plan["workers"], scratch=stage, fixed_samples=split.get("fixed_samples")
+            config,
+            layout,
+            found,
+            results,
+            plan["workers"],
+            scratch=stage,
+            fixed_samples=split.get("fixed_samples"),
+            stage=stage,
         )
         manifest.source = split["counts"]  # discovery's item count, which the nodes recorded
         staging.publish(manifest, overwrite=overwrite, source=source)

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -29,6 +29,7 @@ from packer.config import ConvertConfig
 from packer.ops.convert import ConvertResult, convert
 from packer.ops.split_plans import plan_splits
 from packer.output.files import check_output, is_packer_output, local_output, remove_tree, staging_dir
+from packer.output.image_hashes import leaks_between
 from packer.records import ShardTask
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
 from packer.run.job import ConvertJob, Selection
@@ -54,6 +55,9 @@ class SplitsResult:
     record: SplitsRecord
     results: dict[str, Optional[ConvertResult]]
     seconds: float = 0.0
+    leaks: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
+    """Images of a later split that nearly duplicate images of an earlier one: (later, earlier) ->
+    the pairs of keys (``packer.output.image_hashes.leaks_between``)."""
 
 
 def read_class_map(path: str | os.PathLike) -> list[str]:
@@ -190,9 +194,47 @@ def convert_splits(
                     remove_tree(output / name)
         record.complete = True
         write_splits(output, record)
+        leaks = split_leaks(output, list(parts), config) if config.image_hashes else {}
     finally:
         set_lock.release()
-    return SplitsResult(output, record, results, time.perf_counter() - started)
+    return SplitsResult(output, record, results, time.perf_counter() - started, leaks)
+
+
+def split_leaks(output: Path, names: list[str], config: ConvertConfig) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """For each split and each split before it, the images of the later one that nearly duplicate an
+    image of the earlier (by their perceptual hashes, within ``config.dup_distance`` bits)."""
+    found = {}
+    for n, later in enumerate(names):
+        for earlier in names[:n]:
+            try:
+                pairs = leaks_between(output / later, output / earlier, config.dup_distance)
+            except ManifestError as e:  # a split without hashes (kept by --resume from an older packer)
+                log.warning("leakage between %s and %s not searched: %s", later, earlier, e)
+                continue
+            except OSError:  # shards uploaded to a bucket as they were written: not here to name the images
+                log.warning(
+                    "leakage between %s and %s not searched: their shards are in the bucket, not here; "
+                    "`packer info` on local copies of the two compares them",
+                    later,
+                    earlier,
+                )
+                continue
+            if pairs:
+                found[(later, earlier)] = pairs
+    return found
+
+
+def describe_leaks(result: SplitsResult, shown: int = 5) -> list[str]:
+    """Lines saying which images of a later split nearly duplicate images of an earlier one."""
+    lines = []
+    for (later, earlier), pairs in result.leaks.items():
+        listed = "; ".join(f"{later}/{a} ~ {earlier}/{b}" for a, b in pairs[:shown])
+        more = f"; and {len(pairs) - shown} more pair(s)" if len(pairs) > shown else ""
+        lines.append(
+            f"leakage: {len({a for a, _ in pairs})} image(s) of {later} nearly duplicate images of {earlier} "
+            f"(`packer info {result.output}` lists them all): {listed}{more}"
+        )
+    return lines
 
 
 def _missing(found: Discovery, classes: Optional[Sequence[str]]) -> list[str]:

@@ -6,6 +6,7 @@ and the parent assembles them here, once every shard is written.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -16,6 +17,7 @@ from packer import __version__
 from packer.columns import HexColumn
 from packer.config import ConvertConfig
 from packer.output.files import SCRATCH_PREFIX
+from packer.output.image_hashes import gathered_looks, keys_in_results, near_duplicates, write_hashes
 from packer.output.shard_samples import digest_words, forget_samples, read_samples
 from packer.pixels.source_codec import SOURCE_STATS
 from packer.pixels.stats import auto_normalize, summarize
@@ -25,6 +27,8 @@ from packer.sources.discover import Discovery
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
+
+log = logging.getLogger(__name__)
 
 
 def build_manifest(
@@ -36,12 +40,14 @@ def build_manifest(
     annotations: Optional[dict] = None,
     scratch: Optional[Path] = None,
     fixed_samples: Optional[int] = None,
+    stage: Optional[Path] = None,
 ) -> Manifest:
     """Merge the shard results, in shard order, into the manifest; with ``--normalize auto`` the
     computed pixel statistics become ``preprocess.normalize``. ``annotations``: a detection output's
     summary of its annotations (``packer.targets.detection.Matched.summary``), completed with the box counts.
     ``scratch``: a folder the duplicate search may spill to (``find_duplicates``). ``fixed_samples``:
-    ``packer.run.plan.ShardPlan.fixed_samples``."""
+    ``packer.run.plan.ShardPlan.fixed_samples``. ``stage``: the folder the output is made in, where
+    ``image_hashes.npy`` is written when every shard hashed its images (``packer.output.image_hashes``)."""
     source = layout.has_image and layout.codec.name == "source"
     shards = shard_entries(results, layout)
     skipped = [s.to_dict() for s in found.skipped] + [s.to_dict() for r in results for s in r.skipped]
@@ -53,6 +59,7 @@ def build_manifest(
     # One pass over the shards' records (each parsed once, on disk): labels counted as the digests are read.
     counts = np.zeros(len(found.classes), np.int64) if found.classes is not None else None
     duplicates = find_duplicates(results, None if counts is None else lambda r: _add_labels(counts, r), scratch)
+    hashes, near = _image_hashes(config, results, duplicates, stage)
     forget_read_records()
     forget_samples()
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
@@ -77,7 +84,28 @@ def build_manifest(
         duplicates=duplicates,
         source=source_counts(found),
         annotations=_with_box_counts(annotations, results) if annotations is not None else None,
+        image_hashes=hashes,
+        near_duplicates=near,
     )
+
+
+def _image_hashes(
+    config: ConvertConfig, results: list[ShardResult], duplicates: list[list[str]], stage: Optional[Path]
+) -> tuple[Optional[dict], Optional[dict]]:
+    """The manifest's ``image_hashes`` and ``near_duplicates`` entries, ``image_hashes.npy`` written
+    into ``stage``; (None, None) where the images were not hashed."""
+    if stage is None or not config.image_hashes:
+        return None, None
+    looks = gathered_looks(results)
+    if looks is None:
+        if any(r.samples and r.looks is None for r in results):
+            log.warning(
+                "near-duplicates not searched: some shards were written by an earlier run of a packer that "
+                "did not hash images (convert again without --resume to have them)"
+            )
+        return None, None
+    near = near_duplicates(looks, config.dup_distance, duplicates, keys_in_results(results))
+    return write_hashes(stage, looks), near
 
 
 def shard_entries(results: list[ShardResult], layout: SampleLayout) -> list[ShardEntry]:

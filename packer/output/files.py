@@ -93,7 +93,7 @@ def is_packer_output(folder: Path) -> bool:
     except PackerError:
         return False
     own = {MANIFEST_NAME, "report.txt", STAGING_MARK} | {f.path for s in manifest.shards for f in s.files}
-    own |= set(get_format(manifest.format).files_of_output(manifest))
+    own |= set(get_format(manifest.format).files_of_output(manifest)) | set(manifest.side_files)
     own |= {f"{name}-lock" for name in own if name.endswith(".lmdb")}  # left by LMDB's own tools (see verify)
     return all(entry.name in own for entry in folder.iterdir())
 

@@ -58,6 +58,14 @@ def render_report(m: Manifest) -> str:
             "have identical bytes (all were packed):",
         ]
         lines += ["  " + "  ==  ".join(shown(k) for k in group) for group in m.duplicates]
+    near = (m.near_duplicates or {}).get("groups") or []
+    if near:
+        lines += [
+            "",
+            f"{sum(len(g) for g in near)} image(s) in {len(near)} group(s) are near-duplicates (perceptual hashes "
+            f"within {m.near_duplicates['distance']} bits; all were packed):",  # type: ignore[index]
+        ]
+        lines += ["  " + "  ~  ".join(shown(k) for k in group) for group in near]
     ignored = m.source.get("ignored") or {}
     if ignored:
         parts = ", ".join(f"{ext} x{n}" for ext, n in ignored.items())

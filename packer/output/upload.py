@@ -65,7 +65,7 @@ STATE = f"{PARTS}/state"
 """Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
-    r"report\.txt|shardindex\.json|manifest\.json|splits\.json)|\.packer-parts/state/[A-Za-z0-9._/-]+"
+    r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
 )
 """The names packer gives the files of an output (and of a split set's outputs, one folder down),
 and the parts and records of a conversion's shards (``PARTS``)."""

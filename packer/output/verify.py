@@ -22,7 +22,9 @@ import types
 from pathlib import Path
 from typing import Callable, Optional
 
+from packer.output.image_hashes import read_hashes
 from packer.output.shard_checks import Problem, check_files, check_samples
+from packer.spec.errors import ManifestError
 from packer.spec.listed_files import unsafe_file
 from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import FORMATS
@@ -74,8 +76,24 @@ def verify(
     problems = [p for found in per_shard for p in found]
     problems += check_counts(manifest, labels_seen)
     problems += check_output_files(root, manifest)
+    problems += check_image_hashes(root, manifest)
     problems += check_extra_files(root, manifest)
     return problems
+
+
+def check_image_hashes(root: Path, manifest: Manifest) -> list[Problem]:
+    """The output's ``image_hashes.npy`` against its manifest entry (size, SHA-256, one row a sample)."""
+    if manifest.image_hashes is None:
+        return []
+    name = manifest.image_hashes["path"]
+    why = unsafe_file(root / name, root)
+    if why:
+        return [Problem("output", f"{name} {why}")]
+    try:
+        read_hashes(root, manifest)
+    except ManifestError as e:
+        return [Problem("output", f"{e}; packer info and the near-duplicate search read it (convert again)")]
+    return []
 
 
 def check_output_files(root: Path, manifest: Manifest) -> list[Problem]:
@@ -124,6 +142,7 @@ def check_extra_files(root: Path, manifest: Manifest) -> list[Problem]:
     LMDB shard's lock file (``shard-NNNNN.lmdb-lock``) is not one: opening the shard with LMDB's own
     defaults (``mdb_stat``, ``lmdb.open(path, subdir=False)``) makes it, and it holds no data."""
     listed = {f.path for s in manifest.shards for f in s.files} | {MANIFEST_NAME, "report.txt"}
+    listed |= set(manifest.side_files)
     listed |= set(FORMATS[manifest.format].files_of_output(manifest))
     listed |= {f"{path}-lock" for path in listed if path.endswith(LMDB_SUFFIX)}
     return [

@@ -67,6 +67,8 @@ class ScaledJpeg(NamedTuple):
     image: Image.Image
     area: Optional[tuple[float, float, float, float]]
     eighths: int
+    pixels: Optional[np.ndarray] = None
+    """libjpeg-turbo's own output, HxWx4 RGBX or HxWx1 gray, as stored (before the orientation)."""
 
 
 SCRATCH_MAX_BYTES = 16 * 1024**2
@@ -212,7 +214,7 @@ def decode_scaled(
     out = (out_w, out_h)
     image = upright(as_image(pixels), orientation)
     area = None if m == 8 else upright_area(out, (w * m / 8, h * m / 8), orientation)
-    return ScaledJpeg(image, area, m)
+    return ScaledJpeg(image, area, m, pixels)
 
 
 def _scratch(nbytes: int) -> Optional[bytearray]:

@@ -67,6 +67,15 @@ class Decoded(NamedTuple):
     kept: bool = False
     scaled_counts: bool = False
     """With ``kept``: ``histogram`` was counted at 1/8 scale (``packer.pixels.source_codec``)."""
+    upright: Optional[np.ndarray] = None
+    """With ``kept``: the pixels the file was checked with, upright (a JPEG's at 1/8 scale), which its
+    perceptual hash is taken from."""
+
+    @property
+    def hashed_pixels(self) -> np.ndarray:
+        """The pixels the image's perceptual hash is taken from (``packer.pixels.looks``): those
+        stored, or for a kept file those it was checked with."""
+        return self.upright if self.kept and self.upright is not None else self.pixels
 
     @property
     def stored_size(self) -> tuple[int, int]:

@@ -63,6 +63,9 @@ class Kept(NamedTuple):
     orientation: int
     histogram: list[int]
     scaled: bool = False
+    upright: Optional[np.ndarray] = None
+    """The pixels the file was checked with (a JPEG's at 1/8 scale), turned upright (HxWxC, a JPEG's
+    RGB with a fourth byte unused): what its perceptual hash is taken from (``packer.pixels.looks``)."""
 
 
 def _within(size: tuple[int, int], cfg: PreprocessConfig) -> bool:
@@ -117,9 +120,12 @@ def _keep_jpeg(data: bytes, cfg: PreprocessConfig, path: str, full: bool) -> Opt
         scaled = jpeg.decode_scaled(data, (w, h), None, gray)
     if scaled is None:
         return None  # libjpeg-turbo refuses it: the full decode reports it, or re-encodes what Pillow reads
+    # libjpeg-turbo's own pixels as they are when nothing turns them (a copy of the image costs as much as the hash)
+    turned = scaled.pixels if orientation == 1 and scaled.pixels is not None else None
+    turned = np.asarray(jpeg.upright(scaled.image, orientation)) if turned is None else turned
     if scaled.eighths == 8:
-        return Kept(displayed, orientation, scaled.image.histogram())
-    return Kept(displayed, orientation, block_histogram(scaled.image, (w, h)), True)
+        return Kept(displayed, orientation, scaled.image.histogram(), upright=turned)
+    return Kept(displayed, orientation, block_histogram(scaled.image, (w, h)), True, turned)
 
 
 def block_histogram(image: Image.Image, size: tuple[int, int]) -> list[int]:
@@ -152,7 +158,7 @@ def _keep_png(data: bytes, cfg: PreprocessConfig, path: str) -> Optional[Kept]:
                 return None
             _check_pixels(w, h, cfg, path)
             img.load()  # the whole file decoded: a damaged one is refused here
-            return Kept(displayed, orientation, img.histogram())
+            return Kept(displayed, orientation, img.histogram(), upright=np.asarray(jpeg.upright(img, orientation)))
     except DecodeError:
         raise
     except Exception:  # noqa: BLE001 - damaged or odd: the full decode reports it, or re-encodes it

@@ -59,6 +59,8 @@ def plan_fingerprint(
         options["detection"] = {**asdict(config.detection), "path": None, "targets": extra}
     if config.masks is not None:
         options["masks"] = {**asdict(config.masks), "folder": None, "files": extra}
+    if not config.image_hashes:  # absent otherwise: shards' records then carry the hashes
+        options["image_hashes"] = False
     h.update(json.dumps(options, sort_keys=True).encode())
     scattered: dict[int, ItemTable] = {}
     for task in tasks:

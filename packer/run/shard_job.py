@@ -50,6 +50,8 @@ class ShardJob:
     plan_fingerprint: str = ""
     """With ``record``: the fingerprint of the run's plan, written into the record
     (``packer.output.files.PLAN_OF_RECORD``)."""
+    looks: bool = False
+    """Hash each stored image (``packer.pixels.looks``) into the result's ``looks``."""
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,26 @@ class ShardWork:
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     strict: bool = False
     text: TextConfig = field(default_factory=TextConfig)
+    looks: bool = False
 
     @classmethod
     def of(cls, config: ConvertConfig, layout: SampleLayout, directory: str, strict: bool = False) -> ShardWork:
         """The shared part of a conversion's shards, from its options."""
-        return cls(config.format, layout, directory, config.preprocess, strict, config.text)
+        looks = config.image_hashes and layout.has_image
+        return cls(config.format, layout, directory, config.preprocess, strict, config.text, looks)
 
     def job(self, number: int, task: ShardTask, **own: Any) -> ShardJob:
         """Shard ``number`` of the run, writing ``task``; ``own``: what is its own (its items' detection
         targets, masks, container places or repacked shards; ``record``)."""
         return ShardJob(
-            number, task, self.format, self.layout, self.preprocess, self.directory, self.strict, text=self.text, **own
+            number,
+            task,
+            self.format,
+            self.layout,
+            self.preprocess,
+            self.directory,
+            self.strict,
+            text=self.text,
+            looks=self.looks,
+            **own,
         )

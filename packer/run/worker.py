@@ -23,6 +23,7 @@ from packer.config import PreprocessConfig
 from packer.output.files import record_shard
 from packer.pixels import preprocess, read, source_codec
 from packer.pixels.geometry import image_geometry
+from packer.pixels.looks import LOOKS, image_looks
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, Skipped, SourceItem
 from packer.run.shard_job import ShardJob
@@ -161,7 +162,9 @@ def read_image(
         if kept is not None:  # stored as it is: no pixels made, only the shape the writers check
             (w, h), channels = kept.original_size, job.layout.channels
             shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (h, w, channels))
-            decoded = preprocess.Decoded(shape, kept.original_size, kept.histogram, kept.orientation, True, kept.scaled)
+            decoded = preprocess.Decoded(
+                shape, kept.original_size, kept.histogram, kept.orientation, True, kept.scaled, kept.upright
+            )
             return data, decoded, shape, data
     decoded = preprocess.decode(data, job.preprocess, path, histogram=True)
     image = preprocess.finish_pixels(decoded.pixels, job.preprocess)
@@ -221,6 +224,7 @@ def write_shard(
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
+    looks: Optional[list[np.ndarray]] = [] if job.looks else None
     # A row's image kept as a file beside the container (the datasets Image feature before embedding)
     # is stamped too: the parent's stamps cover the container alone, so --resume writes such a shard
     # again rather than keep pixels of a file that changed since.
@@ -289,8 +293,14 @@ def write_shard(
                 result.digests.append(digest)
                 if decoded is not None:
                     result.stats.add(decoded.histogram, decoded.original_size)  # type: ignore[arg-type]
+                if looks is not None and decoded is None:
+                    looks = None  # a sample without pixels (none in image outputs) leaves the shard unhashed
+                elif looks is not None:
+                    looks.append(image_looks(decoded.hashed_pixels))
             counted.one()
     counted.flush()
+    if looks is not None:
+        result.looks = np.stack(looks) if looks else np.zeros((0, LOOKS), np.uint64)
     return closed(job, writer, result, sources, at)
 
 

@@ -96,6 +96,16 @@ class Manifest:
     tokens: Optional[TokenSection] = None
     """A token output's blocks: how the corpus was tokenized and packed (``packer.spec.token_blocks``);
     its samples are blocks and it has no ``fields``."""
+    image_hashes: Optional[dict] = None
+    """The file of the images' perceptual hashes: ``path``, ``bytes``, ``sha256``, ``kind`` (how they
+    were hashed) and ``looks`` (hashes an image); None where there is none (``packer.output.image_hashes``)."""
+    near_duplicates: Optional[dict] = None
+    """The near-duplicate images those hashes found: ``kind``, ``distance`` (bits) and ``groups`` of keys."""
+
+    @property
+    def side_files(self) -> list[str]:
+        """The files of the output the manifest lists beside its shards' (``image_hashes.npy``)."""
+        return [self.image_hashes["path"]] if self.image_hashes is not None else []
 
     def to_dict(self) -> dict:
         """JSON-ready form, keys in a fixed order so two equal runs write equal files."""
@@ -119,6 +129,8 @@ class Manifest:
             **({"annotations": self.annotations} if self.annotations is not None else {}),
             **({"history": self.history} if self.history else {}),
             **({"tokens": self.tokens.to_dict()} if self.tokens is not None else {}),
+            **({"image_hashes": self.image_hashes} if self.image_hashes is not None else {}),
+            **({"near_duplicates": self.near_duplicates} if self.near_duplicates is not None else {}),
         }
 
     @classmethod
@@ -153,6 +165,8 @@ class Manifest:
                 annotations=d.get("annotations"),
                 history=d.get("history", []),
                 tokens=TokenSection.from_dict(d["tokens"], where) if "tokens" in d else None,
+                image_hashes=_image_hashes(d.get("image_hashes"), where),
+                near_duplicates=d.get("near_duplicates"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
@@ -302,3 +316,19 @@ def parse_manifest(
     if expect_format is not None and manifest.format != expect_format:
         raise ManifestError(f"{directory} holds the {manifest.format} format, not {expect_format}")
     return manifest
+
+
+def _image_hashes(entry: object, where: str) -> Optional[dict]:
+    """The manifest's ``image_hashes`` entry, checked: a plain file name of the output, its size and SHA-256."""
+    if entry is None:
+        return None
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("path"), str)
+        or "/" in entry["path"]
+        or entry["path"].startswith(".")
+        or not isinstance(entry.get("bytes"), int)
+        or not isinstance(entry.get("sha256"), str)
+    ):
+        raise ManifestError(f"{where}: its image_hashes entry is not a file of the output with a size and SHA-256")
+    return entry

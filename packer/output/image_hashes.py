@@ -1,0 +1,162 @@
+"""An output's ``image_hashes.npy`` and its near-duplicates: the perceptual hashes the workers took
+of every stored image (``packer.pixels.looks``), gathered in sample order, written beside the
+shards, and searched for images that nearly repeat one another (``near_duplicates``).
+
+``image_hashes.npy`` is a plain ``numpy.save`` array, samples x ``LOOKS`` uint64 (the image's own
+hash, then its five windows'), row ``i`` for the output's sample ``i``; the manifest's
+``image_hashes`` entry gives its size, SHA-256 and how it was hashed, ``near_duplicates`` the groups
+found and the distance they were found at (docs/FORMATS.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from packer.config import DUP_DISTANCE
+from packer.output.near_duplicates import cross_pairs, groups_of, near_pairs
+from packer.pixels.looks import HASH_KIND, LOOKS
+from packer.recorded_columns import in_memory
+from packer.records import ShardResult
+from packer.spec.errors import ManifestError
+from packer.spec.listed_files import file_entry, sha256_of
+from packer.spec.manifest import Manifest, read_manifest
+from packer.spec.registry import get_format
+from packer.spec.sample_layout import SampleLayout
+
+HASHES_NAME = "image_hashes.npy"
+
+
+def gathered_looks(results: Sequence[ShardResult]) -> Optional[np.ndarray]:
+    """Every written sample's hashes, in the shards' order (samples x LOOKS), or None where a shard
+    with samples has none (hashing was off, or a record of an older packer kept by --resume)."""
+    parts = []
+    for r in results:
+        if not r.samples:
+            continue
+        if r.looks is None:
+            return None
+        part = np.asarray(in_memory(r.looks), dtype=np.uint64)
+        if part.shape != (r.samples, LOOKS):
+            return None
+        parts.append(part)
+    return np.concatenate(parts) if parts else None
+
+
+def write_hashes(folder: Path, looks: np.ndarray) -> dict:
+    """Write ``looks`` as ``folder/image_hashes.npy``; the manifest's ``image_hashes`` entry of it."""
+    path = folder / HASHES_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(looks, dtype="<u8"), allow_pickle=False)
+    tmp.replace(path)
+    entry = file_entry(folder, HASHES_NAME)
+    return {"path": HASHES_NAME, "bytes": entry.bytes, "sha256": entry.sha256, "kind": HASH_KIND, "looks": LOOKS}
+
+
+KeysAt = Callable[[Sequence[int]], dict[int, str]]
+"""The keys of the samples at some positions of an output (``keys_in_results``, ``keys_in_output``)."""
+
+
+def keys_in_results(results: Sequence[ShardResult], first: int = 0) -> KeysAt:
+    """The keys of samples by position, read from the shards' results (whose first sample is at ``first``)."""
+
+    def keys_at(indices: Sequence[int]) -> dict[int, str]:
+        wanted = np.unique(np.asarray(indices, dtype=np.int64)) - first
+        starts = np.cumsum([0] + [r.samples for r in results])
+        found: dict[int, str] = {}
+        for r, start, stop in zip(results, starts[:-1], starts[1:]):
+            mine = wanted[(wanted >= start) & (wanted < stop)]
+            if len(mine):
+                keys = in_memory(r.keys)
+                found.update((int(i) + first, keys[int(i - start)]) for i in mine)
+        return found
+
+    return keys_at
+
+
+def keys_in_output(root: Path, manifest: Manifest, layout: SampleLayout) -> KeysAt:
+    """The keys of samples by position, read from an output's shards' own indexes."""
+    spec = get_format(manifest.format)
+
+    def keys_at(indices: Sequence[int]) -> dict[int, str]:
+        wanted = np.unique(np.asarray(indices, dtype=np.int64))
+        starts = np.cumsum([0] + [s.samples for s in manifest.shards])
+        found: dict[int, str] = {}
+        for shard, start, stop in zip(manifest.shards, starts[:-1], starts[1:]):
+            mine = wanted[(wanted >= start) & (wanted < stop)]
+            if len(mine):
+                keys = spec.read_index(root, shard, layout)[0]
+                found.update((int(i), keys[int(i - start)]) for i in mine)
+        return found
+
+    return keys_at
+
+
+def near_duplicates(looks: np.ndarray, distance: int, identical: Sequence[Sequence[str]], keys_at: KeysAt) -> dict:
+    """The manifest's ``near_duplicates`` entry of the images ``looks`` hashes: the hash compared, the
+    distance, and the groups of keys found (each in stored order, the groups by their first sample),
+    less the groups whose images all have identical source bytes (``identical``, groups of keys:
+    reported as duplicates already)."""
+    groups = groups_of(near_pairs(looks, distance))
+    key_of = keys_at([i for g in groups for i in g]) if groups else {}
+    same = {key: n for n, group in enumerate(identical) for key in group}
+    kept = [g for g in groups if len({same.get(key_of[i], ("alone", i)) for i in g}) > 1]
+    return {"kind": HASH_KIND, "distance": distance, "groups": [[key_of[i] for i in g] for g in kept]}
+
+
+def read_hashes(root: Path, manifest: Manifest, check: bool = True) -> np.ndarray:
+    """An output's image hashes (samples x LOOKS uint64); ManifestError where it has none, or
+    (``check``) where the file is not the one its manifest lists."""
+    entry = manifest.image_hashes
+    if entry is None:
+        raise ManifestError(
+            f"{root} has no image hashes (converted with --no-image-hashes, by a packer before them, or "
+            "changed by combine or repack): convert it again to compare its images"
+        )
+    path = root / entry["path"]
+    try:
+        if check and (path.stat().st_size != entry["bytes"] or sha256_of(path) != entry["sha256"]):
+            raise ManifestError(f"{path} is not the file the manifest lists (changed since it was written)")
+        looks = np.load(path, allow_pickle=False)
+    except OSError as e:
+        raise ManifestError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ManifestError(f"{path} is not a numpy array file: {e}") from None
+    if looks.dtype != np.uint64 or looks.shape != (manifest.samples, entry.get("looks", LOOKS)):
+        raise ManifestError(
+            f"{path} holds {looks.dtype} {looks.shape}, not uint64 ({manifest.samples}, {LOOKS}): not this output's"
+        )
+    return looks
+
+
+def leaks_between(first: Path, second: Path, distance: Optional[int] = None) -> list[tuple[str, str]]:
+    """The pairs of keys ``(key in first, key in second)`` of images of two outputs that nearly
+    duplicate each other (the same photo in ``train`` and ``val``); ``distance``: bits, by default
+    the larger of the two outputs' own. ManifestError where one has no image hashes."""
+    manifests = [read_manifest(first), read_manifest(second)]
+    if distance is None:
+        distance = max(int((m.near_duplicates or {}).get("distance", DUP_DISTANCE)) for m in manifests)
+    looks = [read_hashes(root, m) for root, m in zip((first, second), manifests)]
+    pairs = cross_pairs(looks[0], looks[1], distance)
+    if not len(pairs):
+        return []
+    keys = [
+        keys_in_output(root, m, SampleLayout.from_manifest(m))(pairs[:, side].tolist())
+        for side, (root, m) in enumerate(zip((first, second), manifests))
+    ]
+    return [(keys[0][int(i)], keys[1][int(j)]) for i, j in pairs]
+
+
+__all__ = [
+    "HASHES_NAME",
+    "gathered_looks",
+    "keys_in_output",
+    "leaks_between",
+    "keys_in_results",
+    "near_duplicates",
+    "read_hashes",
+    "write_hashes",
+]

@@ -288,9 +288,14 @@ class ConvertConfig:
     report its near-duplicates."""
     dup_distance: int = DUP_DISTANCE
     """Bits two images' hashes may differ by and still be reported as near-duplicates."""
+    drop_duplicates: bool = False
+    """Keep the first image (by key) of each group of near-duplicates, and skip the others
+    (``packer.ops.dedupe``)."""
 
     def __post_init__(self) -> None:
         get_format(self.format)  # ConfigError naming the known formats
+        if self.drop_duplicates and not self.image_hashes:
+            raise ConfigError("--drop-duplicates finds them by the images' hashes: leave out --no-image-hashes")
         if not 0 <= self.dup_distance <= MAX_DUP_DISTANCE:
             raise ConfigError(
                 f"--dup-distance takes 0 to {MAX_DUP_DISTANCE} bits (of 64), got {self.dup_distance}: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -304,3 +305,32 @@ def cropped(pixels: np.ndarray, share: float = 0.05, where: str = "top-left") ->
     rows = slice(dy, None) if top == "top" else slice(None, h - dy)
     cols = slice(dx, None) if left == "left" else slice(None, w - dx)
     return pixels[rows, cols]
+
+
+def save(path: Path, pixels: np.ndarray, quality: int = 92) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, quality=quality) if path.suffix == ".jpg" else Image.fromarray(pixels).save(path)
+
+
+def photo_tree(root: Path) -> Path:
+    """Three classes of six photograph-like images each, and copies of some of them: changed (each
+    way a near-duplicate is made), identical bytes, and two images of one colour each."""
+    for seed in range(18):
+        save(root / f"c{seed % 3}" / f"img{seed:02d}.jpg", textured(seed, seed % 3))
+    originals = {seed: textured(seed, seed % 3) for seed in (0, 1, 2, 4)}
+    save(root / "c0" / "copy_resized.jpg", resized(originals[0]))
+    save(root / "c1" / "copy_q60.jpg", originals[1], quality=60)
+    save(root / "c2" / "copy_bright_crop.png", brightened(cropped(originals[2], where="bottom-left")))
+    save(root / "c2" / "copy_of_c1.jpg", jpeg(cropped(originals[4], where="centre"), 80))  # under another class
+    shutil.copy(root / "c0" / "img03.jpg", root / "c0" / "same_bytes.jpg")
+    save(root / "c1" / "flat_red.png", np.full((90, 120, 3), (200, 30, 30), np.uint8))
+    save(root / "c1" / "flat_blue.png", np.full((90, 120, 3), (30, 30, 200), np.uint8))
+    return root
+
+
+EXPECTED_GROUPS = [  # the near-duplicates among photo_tree's images
+    ["c0/copy_resized.jpg", "c0/img00.jpg"],
+    ["c1/copy_q60.jpg", "c1/img01.jpg"],
+    ["c1/img04.jpg", "c2/copy_of_c1.jpg"],
+    ["c2/copy_bright_crop.png", "c2/img02.jpg"],
+]

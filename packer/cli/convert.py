@@ -105,6 +105,7 @@ def _convert(
     split_seed: int,
     no_splits: bool,
     dup_distance: int,
+    drop_duplicates: bool,
     no_image_hashes: bool,
     full_decode: bool,
     max_pixels: int,
@@ -121,6 +122,9 @@ def _convert(
     node_rank: Optional[int],
 ) -> None:
     """The conversion itself (see ``convert``), into a local folder."""
+    if drop_duplicates and (pack is not None or append_ or (source / MANIFEST_NAME).is_file()):
+        what = "--pack" if pack is not None else "--append" if append_ else "a repack (SOURCE is an output)"
+        raise click.UsageError(f"--drop-duplicates with {what} is not built yet: it drops images of a conversion")
     if pack is not None:
         run_pack(click.get_current_context())
         return
@@ -217,6 +221,7 @@ def _convert(
             masks,
             image_hashes=not no_image_hashes,
             dup_distance=dup_distance,
+            drop_duplicates=drop_duplicates,
         )
         node = _node_split(num_nodes, node_rank, executor_name, address)
         fractions = parse_split_spec(split_spec) if split_spec is not None else None

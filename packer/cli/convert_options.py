@@ -112,6 +112,13 @@ _OPTIONS: list[Callable] = [
         "leakage between splits).",
     ),
     click.option(
+        "--drop-duplicates",
+        is_flag=True,
+        help="Keep the first image (by path) of each group of near-duplicates and skip the others, listed "
+        "with the image they repeat; in splits, also the images of a later split that repeat one of an "
+        "earlier split. The shards holding them are written twice.",
+    ),
+    click.option(
         "--no-image-hashes",
         is_flag=True,
         help="Do not hash the images (no image_hashes.npy, no near-duplicate report).",

@@ -21,7 +21,7 @@ from packer.output.shard_uploads import ShardUploads, streaming
 from packer.output.upload import release, reserve, upload_output
 from packer.spec.errors import PackerError
 
-NOT_YET = {"append_": "--append", "num_nodes": "--num-nodes"}
+NOT_YET = {"append_": "--append", "num_nodes": "--num-nodes", "drop_duplicates": "--drop-duplicates"}
 """Options a conversion into a bucket does not take yet."""
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from packer.config import ConvertConfig
+from packer.ops.dedupe import without_near_copies
 from packer.output.assemble import build_manifest
 from packer.output.files import is_packer_output, local_output
 from packer.output.report import reason_kind
@@ -24,7 +25,7 @@ from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, Progre
 from packer.run.job import ConvertJob, Selection
 from packer.run.plan import plan_tasks
 from packer.run.resume import SOURCES_PER_SHARD, plan_fingerprint
-from packer.run.shard_job import ShardWork
+from packer.run.shard_job import ShardJob, ShardWork
 from packer.run.staging import Staging
 from packer.sources.containers import job_for
 from packer.sources.discover import Discovery
@@ -77,6 +78,7 @@ def convert(
     classes: Optional[Sequence[str]] = None,
     add_classes: bool = False,
     discovery: Optional[Discovery] = None,
+    drop_against: Sequence[str | os.PathLike] = (),
 ) -> ConvertResult:
     """Convert the image (or text) folder ``source`` into a packed output folder ``output``.
 
@@ -91,7 +93,8 @@ def convert(
     folders, or with ``config.detection`` the categories' order instead of the annotations' own; a
     class it lacks is refused, or appended with ``add_classes``. ``discovery``: the samples
     to convert, already found under ``source`` (a split of it; see ``packer.ops.splits``).
-    Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
+    ``drop_against``: with ``config.drop_duplicates``, outputs (earlier splits) whose images' near-duplicates
+    are left out too. Raises a PackerError subclass for anything the user must fix; on KeyboardInterrupt the staging
     folder is kept for ``resume``.
     """
     job = ConvertJob(
@@ -108,6 +111,7 @@ def convert(
         progress,
         on_plan,
         discovery,
+        drop_against=tuple(Path(p) for p in drop_against),
     )
     return run_convert(job.validate())
 
@@ -162,6 +166,8 @@ def run_convert(job: ConvertJob) -> ConvertResult:
         if attached is not found:  # images left out for want of their targets: checked again
             found = checked(attached, job.strict, config.text)
         layout = SampleLayout.from_config(config, found.fields)
+        if config.drop_duplicates and not layout.has_image:
+            raise InputError(f"--drop-duplicates compares images, and the samples of {source} have none")
         executor = job.executor or LocalExecutor(processes)
         run = RunOptions(executor.workers, job.overwrite, job.strict, job.resume, job.timeout, job.discovery is None)
         result = _convert_locked(
@@ -178,6 +184,7 @@ def run_convert(job: ConvertJob) -> ConvertResult:
             walked,
             options,
             early if early is not None and early.runner is not None else None,
+            job.drop_against,
         )
     except BaseException:
         if early is not None:
@@ -218,11 +225,12 @@ def _convert_locked(
     walked: Optional[Discovery] = None,
     options: Optional[dict] = None,
     early: Optional[EarlyStart] = None,
+    drop_against: tuple[Path, ...] = (),
 ) -> ConvertResult:
     """The part of ``convert`` that runs while this process holds the output's lock, once the samples
     are found and their ``targets`` attached (``walked``: the discovery a walk made, saved in the
     staging folder with its ``options`` for --resume; ``early``: the shards that started while it
-    walked, which the plan keeps or writes again)."""
+    walked, which the plan keeps or writes again; ``drop_against``: see ``convert``)."""
     previous = staging.plan() if run.resume else None
     plan_workers = previous.get("workers", run.workers) if previous else run.workers
     shard_plan = plan_tasks(found, config, layout, plan_workers)
@@ -251,15 +259,12 @@ def _convert_locked(
         on_plan(found, tasks)
     with staging.writing() as stage:
         work = ShardWork.of(config, layout, str(stage), run.strict)
-        jobs = [
-            work.job(
-                i,
-                t,
-                container=job_for(found.places, t.items) if found.places is not None else None,
-                **targets.job_for(t),
-            )
-            for i, t in enumerate(tasks)
-        ]
+
+        def job_of(number: int, t: ShardTask) -> ShardJob:
+            container = job_for(found.places, t.items) if found.places is not None else None
+            return work.job(number, t, container=container, **targets.job_for(t))
+
+        jobs = [job_of(i, t) for i, t in enumerate(tasks)]
         if early is not None:
             todo = [replace(j, record=True, plan_fingerprint=recorded) for j in jobs if j.task.name not in kept_early]
             results = early.finish(todo, progress)
@@ -268,6 +273,9 @@ def _convert_locked(
             todo, fresh = staging.run_unfinished(executor, jobs, finished, progress, run.timeout)
             by_name = {**finished, **{r.name: r for r in fresh}}
             results = [by_name[t.name] for t in tasks]
+        if config.drop_duplicates:  # the shards holding near-duplicates written again without them
+            distance = config.dup_distance
+            results = without_near_copies(results, jobs, job_of, executor, distance, drop_against, run.timeout)
         if not any(r.samples for r in results):
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
             raise InputError(

@@ -183,6 +183,7 @@ def convert_splits(
                 on_plan=on_plan,
                 executor=executor,
                 discovery=d,
+                drop_against=[output / name for name in results] if config.drop_duplicates else (),
             )
             results[name] = result
             record.splits[name]["samples"] = result.manifest.samples

@@ -55,6 +55,8 @@ class ConvertJob:
     splits: bool = False
     nodes: Optional[int] = None
     ray: bool = False
+    drop_against: tuple[Path, ...] = ()
+    """With ``--drop-duplicates``: outputs (earlier splits) whose images' near-duplicates are left out too."""
 
     def validate(self) -> ConvertJob:
         """This job, once its options go together; ConfigError naming the two that do not and what to do."""
@@ -99,6 +101,11 @@ class ConvertJob:
             if self.resume:
                 raise ConfigError(
                     "--resume is implied with --num-nodes: a node run again redoes only its unfinished shards"
+                )
+            if config.drop_duplicates:
+                raise ConfigError(
+                    "--drop-duplicates with --num-nodes: a node sees only its own shards' images; convert on one "
+                    "machine or with --executor ray"
                 )
         return self
 

@@ -61,6 +61,8 @@ def plan_fingerprint(
         options["masks"] = {**asdict(config.masks), "folder": None, "files": extra}
     if not config.image_hashes:  # absent otherwise: shards' records then carry the hashes
         options["image_hashes"] = False
+    if config.drop_duplicates:  # which samples the shards hold, and at what distance they were compared
+        options["drop_duplicates"] = config.dup_distance
     h.update(json.dumps(options, sort_keys=True).encode())
     scattered: dict[int, ItemTable] = {}
     for task in tasks:

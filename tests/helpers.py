@@ -334,3 +334,14 @@ EXPECTED_GROUPS = [  # the near-duplicates among photo_tree's images
     ["c1/img04.jpg", "c2/copy_of_c1.jpg"],
     ["c2/copy_bright_crop.png", "c2/img02.jpg"],
 ]
+
+
+def leaky_splits(root: Path, train: int = 12, val: int = 4) -> Path:
+    """Split folders of photograph-like images in two classes, ``val/c1/leaked.jpg`` a resized,
+    brightened copy of ``train/c1/t05.jpg``."""
+    for seed in range(train):
+        save(root / "train" / f"c{seed % 2}" / f"t{seed:02d}.jpg", textured(seed, seed % 2))
+    for seed in range(train, train + val):
+        save(root / "val" / f"c{seed % 2}" / f"v{seed:02d}.jpg", textured(seed, seed % 2))
+    save(root / "val" / "c1" / "leaked.jpg", resized(brightened(textured(5, 1)), 0.8))
+    return root

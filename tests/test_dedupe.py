@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import EXPECTED_GROUPS, brightened, interrupted_after, photo_tree, resized, save, textured
+from helpers import EXPECTED_GROUPS, interrupted_after, leaky_splits, photo_tree
 
 import packer.run.early_start
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -103,12 +103,7 @@ def test_resume_drops_as_an_uninterrupted_run(photos, tmp_path):
 
 
 def test_a_later_split_loses_its_copies_of_an_earlier_split(tmp_path):
-    split = tmp_path / "split"
-    for seed in range(10):
-        save(split / "train" / f"c{seed % 2}" / f"t{seed:02d}.jpg", textured(seed, seed % 2))
-    for seed in range(10, 14):
-        save(split / "val" / f"c{seed % 2}" / f"v{seed:02d}.jpg", textured(seed, seed % 2))
-    save(split / "val" / "c1" / "leaked.jpg", resized(brightened(textured(5, 1)), 0.8))
+    split = leaky_splits(tmp_path / "split", train=10)
     config = ConvertConfig("npy", PRE, drop_duplicates=True)
     result = convert_splits(split, tmp_path / "out", config, workers=1)
     assert result.leaks == {}

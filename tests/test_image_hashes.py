@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import FORMATS
-from helpers import EXPECTED_GROUPS, brightened, cropped, interrupted_after, jpeg, photo_tree, resized, save, textured
+from helpers import (
+    EXPECTED_GROUPS,
+    cropped,
+    interrupted_after,
+    jpeg,
+    leaky_splits,
+    photo_tree,
+    save,
+    textured,
+)
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -141,12 +150,7 @@ def test_repack_and_combine_leave_no_hashes_they_cannot_vouch_for(photos, tmp_pa
 
 
 def test_a_copy_across_splits_is_reported_as_leakage(photos, tmp_path):
-    split = tmp_path / "split"
-    for seed in range(12):
-        save(split / "train" / f"c{seed % 2}" / f"t{seed:02d}.jpg", textured(seed, seed % 2))
-    for seed in range(12, 16):
-        save(split / "val" / f"c{seed % 2}" / f"v{seed:02d}.jpg", textured(seed, seed % 2))
-    save(split / "val" / "c1" / "leaked.jpg", resized(brightened(textured(5, 1)), 0.8))
+    split = leaky_splits(tmp_path / "split")
     result = convert_splits(split, tmp_path / "out", ConvertConfig("npy", PRE), workers=1)
     assert result.leaks == {("val", "train"): [("c1/leaked.jpg", "c1/t05.jpg")]}
     assert leaks_between(tmp_path / "out" / "train", tmp_path / "out" / "val") == [("c1/t05.jpg", "c1/leaked.jpg")]

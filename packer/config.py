@@ -30,8 +30,9 @@ DUP_DISTANCE = 4
 coefficient crossing the median lets another cross back), so 4 is two coefficients moved:
 resized, re-encoded, brightened and 5%-cropped copies of photographs mostly stay within it, and
 unrelated photographs were 10 or more apart (docs/FORMATS.md, "Image hashes")."""
-MAX_DUP_DISTANCE = 12
-"""The largest ``--dup-distance``: unrelated images' hashes come that close."""
+MAX_DUP_DISTANCE = 8
+"""The largest ``--dup-distance``: unrelated photographs' hashes came within 10 bits, and the search
+compares far more candidates above it (each of three chunks within 3 bits: 30 times those of 2)."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,7 @@ class ConvertConfig:
         if not 0 <= self.dup_distance <= MAX_DUP_DISTANCE:
             raise ConfigError(
                 f"--dup-distance takes 0 to {MAX_DUP_DISTANCE} bits (of 64), got {self.dup_distance}: "
-                "unrelated images' hashes come closer than that"
+                "unrelated photographs' hashes come within 10 bits"
             )
         if self.detection is not None and self.masks is not None:
             raise ConfigError(

@@ -5,18 +5,19 @@ whether a run left its staging folder, and photograph-like images with the chang
 from __future__ import annotations
 
 import contextlib
-import io
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-import cv2
 import numpy as np
 import pytest
 from click.testing import Result
-from PIL import Image, ImageEnhance
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from image_copies import brightened, cropped, jpeg, resized, textured  # noqa: E402, F401 - the tests' images
 
 from packer.output.files import staging_dir
 from packer.records import ShardTask
@@ -264,47 +265,6 @@ def served_folder(directory: Path, answer: Optional[Callable] = None) -> Iterato
         server.shutdown()
         server.server_close()
         thread.join()
-
-
-def textured(seed: int, kind: int, height: int = 240, width: int = 320) -> np.ndarray:
-    """A photograph-like RGB image: noise at four scales (most of it coarse) and a stripe pattern,
-    colours and stripes shared by images of one ``kind``, the noise each image's own."""
-    rng, shared = np.random.default_rng(seed), np.random.default_rng(1000 + kind)
-    image = np.zeros((height, width, 3), np.float32)
-    for scale, amplitude in ((3, 6), (12, 12), (40, 22), (120, 30)):
-        noise = rng.standard_normal((height // scale + 2, width // scale + 2, 3)).astype(np.float32)
-        image += cv2.resize(noise, (width, height), interpolation=cv2.INTER_CUBIC) * amplitude
-    stripes = 15 * np.sin(np.arange(width) * shared.uniform(0.02, 0.08) + rng.uniform(0, 6.28))
-    image += stripes[None, :, None]
-    return np.clip(image + shared.uniform(70, 150, 3), 0, 255).astype(np.uint8)
-
-
-def jpeg(pixels: np.ndarray, quality: int) -> np.ndarray:
-    """``pixels`` through a JPEG file of ``quality``."""
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=quality)
-    return np.asarray(Image.open(io.BytesIO(out.getvalue())).convert("RGB"))
-
-
-def brightened(pixels: np.ndarray, factor: float = 1.2) -> np.ndarray:
-    return np.asarray(ImageEnhance.Brightness(Image.fromarray(pixels)).enhance(factor))
-
-
-def resized(pixels: np.ndarray, scale: float = 2 / 3) -> np.ndarray:
-    h, w = pixels.shape[:2]
-    return cv2.resize(pixels, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_AREA)
-
-
-def cropped(pixels: np.ndarray, share: float = 0.05, where: str = "top-left") -> np.ndarray:
-    """``pixels`` less ``share`` of each side: at one corner's two sides, or half of it all round."""
-    h, w = pixels.shape[:2]
-    dy, dx = round(h * share), round(w * share)
-    if where == "centre":
-        return pixels[dy // 2 : h - (dy - dy // 2), dx // 2 : w - (dx - dx // 2)]
-    top, left = where.split("-")
-    rows = slice(dy, None) if top == "top" else slice(None, h - dy)
-    cols = slice(dx, None) if left == "left" else slice(None, w - dx)
-    return pixels[rows, cols]
 
 
 def save(path: Path, pixels: np.ndarray, quality: int = 92) -> None:

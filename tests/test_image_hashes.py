@@ -94,7 +94,11 @@ def test_kept_source_files_are_hashed_from_their_checking_decode(photos, tmp_pat
     assert groups(kept) == groups(raw) == EXPECTED_GROUPS
     a, b = np.load(raw / HASHES_NAME), np.load(kept / HASHES_NAME)
     close = [min(int(np.bitwise_count(x[0] ^ y).min()), int(np.bitwise_count(y[0] ^ x).min())) for x, y in zip(a, b)]
-    assert max(close) <= 4  # the 1/8-scale decode hashes like the full one
+    assert max(close) <= 4  # the scaled decode (shorter side 64 or more) hashes like the full one
+    auto = tmp_path / "auto"  # kept JPEGs decoded in full for the statistics: the same hashes
+    pre = PreprocessConfig(resize="none", auto_normalize=True, mean=None, std=None)
+    convert(photos, auto, ConvertConfig("npy", pre, codec=_source()), workers=1)
+    assert np.array_equal(np.load(auto / HASHES_NAME), b)
 
 
 def _source():
@@ -181,5 +185,37 @@ def test_cli_reports_and_sets_the_distance(photos, tmp_path):
     )
     assert ran.exit_code == 0 and read_manifest(strict).near_duplicates["distance"] == 0
     assert all(g in EXPECTED_GROUPS for g in groups(strict))  # copies whose hash matched one of the original's exactly
-    bad = runner.invoke(cli, ["convert", str(photos), "-f", "wds", "-o", str(tmp_path / "x"), "--dup-distance", "13"])
+    bad = runner.invoke(cli, ["convert", str(photos), "-f", "wds", "-o", str(tmp_path / "x"), "--dup-distance", "9"])
     assert bad.exit_code == 2 and "--dup-distance" in bad.output
+
+
+@pytest.mark.parametrize("options", [["--no-image-hashes"], ["--dup-distance", "6"]])
+def test_a_conversion_over_nodes_keeps_the_hash_options(photos, tmp_path, options):
+    runner = CliRunner()
+    out = tmp_path / "out"
+    for rank in ("0", "1"):
+        command = ["convert", str(photos), "-f", "npy", "-o", str(out), "--size", "64", "-q", *options]
+        ran = runner.invoke(cli, [*command, "--num-nodes", "2", "--node-rank", rank])
+        assert ran.exit_code == 0, ran.output
+    assert runner.invoke(cli, ["merge", str(out)]).exit_code == 0
+    m = read_manifest(out)
+    if options == ["--no-image-hashes"]:
+        assert m.image_hashes is None and not (out / HASHES_NAME).exists()
+    else:
+        assert m.near_duplicates["distance"] == 6 and np.load(out / HASHES_NAME).shape == (25, LOOKS)
+    assert verify(out) == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [[], {"groups": 5, "distance": 4}, {"groups": [["a", 3]], "distance": 4}, {"groups": [], "distance": "4"}],
+)
+def test_a_malformed_near_duplicates_entry_is_a_clear_error(photos, tmp_path, entry):
+    out = tmp_path / "out"
+    convert(photos, out, ConvertConfig("npy", PRE), workers=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["near_duplicates"] = entry
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    ran = CliRunner().invoke(cli, ["info", str(out)])
+    assert ran.exit_code == 1 and "near_duplicates entry is not a distance in bits" in ran.output
+    assert not isinstance(ran.exception, (AttributeError, TypeError, ValueError))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from packer.output import near_duplicates as nd
-from packer.output.near_duplicates import cross_pairs, groups_of, near_pairs, popcount
+from packer.output.near_duplicates import cross_matches, cross_pairs, groups_of, near_groups, near_pairs, popcount
 from packer.pixels.looks import FLAT
 
 
@@ -104,3 +104,37 @@ def test_popcount_without_numpy_bitwise_count(monkeypatch):
     assert popcount(values).tolist() == expected
     monkeypatch.delattr(np, "bitwise_count", raising=False)
     assert popcount(values).tolist() == expected
+
+
+def with_identical_blocks(rng: np.random.Generator) -> np.ndarray:
+    """``planted`` hashes, with blocks of images whose hashes are all one image's (a placeholder
+    scraped many times), and some whose own hash is shared but not their windows'."""
+    looks = planted(rng, 900)
+    looks[100:160] = looks[7]
+    looks[300:340] = looks[300]
+    looks[500:505, 0] = looks[501, 0]  # one own hash, five sets of windows
+    looks[600:650] = looks[40]  # joins the group of image 40, if it has one
+    return looks
+
+
+@pytest.mark.parametrize("distance", [0, 2, 4, 6])
+def test_groups_are_those_of_the_pairs_however_many_copies(monkeypatch, distance):
+    looks = with_identical_blocks(np.random.default_rng(20 + distance))
+    expected = groups_of(near_pairs(looks, distance))
+    monkeypatch.setattr(nd, "_CANDIDATES", 50)  # slices of candidates, and pairs folded into stars
+    assert near_groups(looks, distance) == expected
+    assert any(len(g) >= 60 for g in expected)
+
+
+@pytest.mark.parametrize("distance", [0, 4, 7])
+def test_cross_matches_give_each_image_its_first_match(monkeypatch, distance):
+    rng = np.random.default_rng(40 + distance)
+    first, second = with_identical_blocks(rng), with_identical_blocks(rng)
+    second[:200] = first[200:400]  # copies across the two
+    monkeypatch.setattr(nd, "_CANDIDATES", 64)
+    full = compared_all(first, second) <= distance
+    full[first[:, 0] == FLAT] = False
+    full[:, second[:, 0] == FLAT] = False
+    i = np.flatnonzero(full.any(axis=1))
+    expected = np.stack([i, full[i].argmax(axis=1)], axis=1)
+    assert np.array_equal(cross_matches(first, second, distance), expected)

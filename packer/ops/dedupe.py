@@ -21,7 +21,7 @@ import numpy as np
 
 from packer.output.files import DONE_SUFFIX
 from packer.output.image_hashes import gathered_looks, keys_in_output, keys_in_results, read_hashes
-from packer.output.near_duplicates import cross_pairs, groups_of, near_pairs
+from packer.output.near_duplicates import cross_matches, near_groups
 from packer.output.shard_samples import SAMPLES_SUFFIX
 from packer.recorded_columns import in_memory
 from packer.records import ShardResult, ShardTask, Skipped
@@ -46,7 +46,7 @@ def near_copies(results: Sequence[ShardResult], distance: int, earlier: Sequence
         raise InputError("--drop-duplicates compares the images' hashes, and these shards have none")
     keys_at = keys_in_results(results)
     dropped: dict[str, str] = {}
-    groups = groups_of(near_pairs(looks, distance))
+    groups = near_groups(looks, distance)
     key_of = keys_at([i for g in groups for i in g]) if groups else {}
     for group in groups:
         first, *others = sorted(key_of[i] for i in group)
@@ -54,7 +54,7 @@ def near_copies(results: Sequence[ShardResult], distance: int, earlier: Sequence
             dropped[key] = f"{REASON}: of {first} (image hashes within {distance} bits; --drop-duplicates)"
     for root in earlier:
         manifest = read_manifest(root)
-        pairs = cross_pairs(looks, read_hashes(root, manifest), distance)
+        pairs = cross_matches(looks, read_hashes(root, manifest), distance)
         if not len(pairs):
             continue
         mine = keys_at(pairs[:, 0].tolist())

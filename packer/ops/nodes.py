@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional, Sequence
 
-from packer.config import ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
+from packer.config import DUP_DISTANCE, ConvertConfig, ImageCodec, PreprocessConfig, ShardSize
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import build_manifest, source_counts
 from packer.output.files import STAGING_MARK, local_output, lock_file, remove_tree, write_plan
@@ -345,6 +345,8 @@ def config_to_dict(config: ConvertConfig) -> dict:
         "shuffle": config.shuffle,
         "codec": {"name": config.codec.name, "quality": config.codec.quality},
         "text": {**asdict(config.text), "fields": list(config.text.fields) if config.text.fields else None},
+        "image_hashes": config.image_hashes,
+        "dup_distance": config.dup_distance,
     }
 
 
@@ -360,4 +362,6 @@ def config_from_dict(d: dict) -> ConvertConfig:
         d["shuffle"],
         ImageCodec(**d["codec"]),
         TextConfig(**text),
+        image_hashes=bool(d.get("image_hashes", True)),  # records of packers before the hashes: the default
+        dup_distance=int(d.get("dup_distance", DUP_DISTANCE)),
     )

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from packer.config import DUP_DISTANCE
-from packer.output.near_duplicates import cross_pairs, groups_of, near_pairs
+from packer.output.near_duplicates import cross_matches, near_groups
 from packer.pixels.looks import HASH_KIND, LOOKS
 from packer.recorded_columns import in_memory
 from packer.records import ShardResult
@@ -100,7 +100,7 @@ def near_duplicates(looks: np.ndarray, distance: int, identical: Sequence[Sequen
     distance, and the groups of keys found (each in stored order, the groups by their first sample),
     less the groups whose images all have identical source bytes (``identical``, groups of keys:
     reported as duplicates already)."""
-    groups = groups_of(near_pairs(looks, distance))
+    groups = near_groups(looks, distance)
     key_of = keys_at([i for g in groups for i in g]) if groups else {}
     same = {key: n for n, group in enumerate(identical) for key in group}
     kept = [g for g in groups if len({same.get(key_of[i], ("alone", i)) for i in g}) > 1]
@@ -133,14 +133,15 @@ def read_hashes(root: Path, manifest: Manifest, check: bool = True) -> np.ndarra
 
 
 def leaks_between(first: Path, second: Path, distance: Optional[int] = None) -> list[tuple[str, str]]:
-    """The pairs of keys ``(key in first, key in second)`` of images of two outputs that nearly
-    duplicate each other (the same photo in ``train`` and ``val``); ``distance``: bits, by default
-    the larger of the two outputs' own. ManifestError where one has no image hashes."""
+    """For each image of ``first`` that nearly duplicates an image of ``second`` (the same photo in
+    ``val`` and ``train``), its key and the first such image's: ``(key in first, key in second)``, in
+    ``first``'s order; ``distance``: bits, by default the larger of the two outputs' own.
+    ManifestError where one has no image hashes."""
     manifests = [read_manifest(first), read_manifest(second)]
     if distance is None:
         distance = max(int((m.near_duplicates or {}).get("distance", DUP_DISTANCE)) for m in manifests)
     looks = [read_hashes(root, m) for root, m in zip((first, second), manifests)]
-    pairs = cross_pairs(looks[0], looks[1], distance)
+    pairs = cross_matches(looks[0], looks[1], distance)
     if not len(pairs):
         return []
     keys = [

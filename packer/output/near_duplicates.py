@@ -15,7 +15,7 @@ random images' hashes a search at distance 4 or 5 compares about 200 pairs an im
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from packer.pixels.looks import FLAT
 
 CHUNKS = ((42, 22), (21, 21), (0, 21))
 """(shift, bits) of the three chunks of a hash."""
+_CANDIDATES = 1 << 22
+"""Candidate pairs compared at once at most (a few tens of MB of arrays), whatever the hashes."""
 _BATCH = 1 << 14
 """Hashes looked up at once: a step's candidates (about 200 a hash among a million) then fit in the
 caches; 2**17 took 8% longer, 2**19 30% (a million random hashes, EPYC Zen 4)."""
@@ -62,13 +64,14 @@ class _Index:
             keys = ((hashes >> np.uint64(shift)) & np.uint64((1 << key_bits) - 1)).astype(np.int64)
             order = _stable_order(keys, key_bits)
             counts = np.bincount(keys, minlength=1 << key_bits).astype(np.int32)
-            starts = np.zeros(1 << key_bits, np.int32)
+            starts = np.zeros(1 << key_bits, np.int64)
             np.cumsum(counts[:-1], out=starts[1:])
-            self.tables.append((hashes[order], owners[order].astype(np.int32), counts, starts))
+            self.tables.append((hashes[order], owners[order], counts, starts))
 
     def matches(self, queries: np.ndarray, distance: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(query positions, owners)`` of every indexed hash within ``distance`` of a query, in
-        batches (a pair may come more than once)."""
+        batches (a pair may come more than once). A batch's candidates are taken ``_CANDIDATES`` at a
+        time, so that hashes shared by many images cost time, never the machine's memory."""
         radius = distance // 3
         for start in range(0, len(queries), _BATCH):
             batch = queries[start : start + _BATCH]
@@ -77,16 +80,25 @@ class _Index:
                 flips = _flips(key_bits, radius)
                 keys = ((batch >> np.uint64(shift)) & np.uint64((1 << key_bits) - 1))[:, None] ^ flips
                 keys = keys.astype(np.int64).reshape(-1)
-                n = counts[keys]
-                ends = np.cumsum(n, dtype=np.int64)
-                total = int(ends[-1])
-                if not total:
+                n = counts[keys].astype(np.int64)
+                ends = np.cumsum(n)
+                if not len(ends) or not ends[-1]:
                     continue
-                # Candidate c is hash first[c] of the table, looked up by key slot c's run.
-                first = np.repeat(starts[keys] - (ends - n).astype(np.int32), n) + np.arange(total, dtype=np.int32)
-                close = np.flatnonzero(popcount(np.repeat(np.repeat(batch, len(flips)), n) ^ hashes[first]) <= distance)
-                slot = np.searchsorted(ends, close, side="right")
-                yield slot // len(flips) + start, owners[first[close]]
+                cuts = np.searchsorted(ends, np.arange(_CANDIDATES, int(ends[-1]), _CANDIDATES), side="left")
+                for lo, hi in zip([0, *(cuts + 1).tolist()], [*(cuts + 1).tolist(), len(keys)]):
+                    if lo >= hi:
+                        continue
+                    part, before = n[lo:hi], int(ends[lo - 1]) if lo else 0
+                    total = int(ends[hi - 1]) - before
+                    if not total:
+                        continue
+                    # Candidate c is hash first[c] of the table, looked up by key slot lo + slot[c]'s run.
+                    local_ends = ends[lo:hi] - before
+                    first = np.repeat(starts[keys[lo:hi]] - (local_ends - part), part) + np.arange(total)
+                    asked = np.repeat(np.repeat(batch, len(flips))[lo:hi], part)
+                    close = np.flatnonzero(popcount(asked ^ hashes[first]) <= distance)
+                    slot = np.searchsorted(local_ends, close, side="right") + lo
+                    yield slot // len(flips) + start, owners[first[close]]
 
 
 def _stable_order(keys: np.ndarray, bits: int) -> np.ndarray:
@@ -150,6 +162,93 @@ def _unique_pairs(pairs: np.ndarray, ordered: bool) -> np.ndarray:
     return np.stack([joined // width, joined % width], axis=1)
 
 
+class _Classes:
+    """The images of a set grouped by their own hash: identical hashes are near-duplicates at any
+    distance, so the search compares one image of each (a scraped set holding a placeholder ten
+    thousand times makes one query, not ten thousand, and no ten thousand squared pairs)."""
+
+    def __init__(self, looks: np.ndarray) -> None:
+        self.own, self.first, self.of = np.unique(looks[:, 0], return_index=True, return_inverse=True)
+        self.of = self.of.reshape(-1)
+        # An image whose windows' hashes differ from its class's first image's adds them to the index.
+        odd = np.flatnonzero(np.any(looks != looks[self.first[self.of]], axis=1))
+        rows = np.union1d(self.first, odd)
+        self.index = _Index(np.ascontiguousarray(looks[rows]).reshape(-1), np.repeat(self.of[rows], looks.shape[1]))
+
+    def members(self, classes: Iterable[int]) -> np.ndarray:
+        """The images of ``classes``, sorted."""
+        if not hasattr(self, "_order"):
+            self._order = np.argsort(self.of, kind="stable")
+            self._starts = np.concatenate([[0], np.cumsum(np.bincount(self.of, minlength=len(self.own)))])
+        return np.sort(np.concatenate([self._order[self._starts[c] : self._starts[c + 1]] for c in classes]))
+
+    def shared(self) -> np.ndarray:
+        """The classes of more than one image (identical hashes)."""
+        return np.flatnonzero(np.bincount(self.of, minlength=len(self.own)) > 1)
+
+
+def near_groups(looks: np.ndarray, distance: int = DUP_DISTANCE) -> list[list[int]]:
+    """The groups of near-duplicates among the images of ``looks`` (N x LOOKS uint64): those that
+    ``near_pairs`` joins, directly or through others, each sorted, ordered by their first image;
+    found without listing every pair (an image of one colour, ``FLAT``, is in none)."""
+    looks, rows = _shaped(looks)
+    if len(looks) < 2:
+        return []
+    classes = _Classes(looks)
+    joined = _Joined()
+    for q, o in classes.index.matches(classes.own, distance):
+        joined.add(np.stack([q, o], axis=1))
+    grouped = [classes.members(group) for group in joined.groups()]
+    seen = {c for group in joined.groups() for c in group}
+    grouped += [classes.members([c]) for c in classes.shared().tolist() if c not in seen]  # identical hashes only
+    return sorted((rows[g].tolist() for g in grouped), key=lambda g: g[0])
+
+
+def cross_matches(first: np.ndarray, second: np.ndarray, distance: int = DUP_DISTANCE) -> np.ndarray:
+    """For each image ``i`` of ``first`` that nearly duplicates an image of ``second``, the first
+    such image ``j``: pairs ``(i, j)`` sorted by ``i`` (P x 2, int64). One match an image, whatever
+    the number of copies on the other side."""
+    (first, in_first), (second, in_second) = _shaped(first), _shaped(second)
+    if not len(first) or not len(second):
+        return np.zeros((0, 2), np.int64)
+    mine, theirs = _Classes(first), _Classes(second)
+    found = [np.stack([q, o], axis=1) for q, o in theirs.index.matches(mine.own, distance)]
+    found += [np.stack([o, q], axis=1) for q, o in mine.index.matches(theirs.own, distance)]
+    if not found:
+        return np.zeros((0, 2), np.int64)
+    pairs = np.concatenate(found)
+    nearest = np.full(len(mine.own), np.iinfo(np.int64).max)
+    np.minimum.at(nearest, pairs[:, 0], theirs.first[pairs[:, 1]])  # each class's first image is its smallest
+    images = np.flatnonzero(nearest[mine.of] != np.iinfo(np.int64).max)
+    return np.stack([in_first[images], in_second[nearest[mine.of[images]]]], axis=1)
+
+
+class _Joined:
+    """Pairs of classes joined so far, kept to a star a group whenever they grow past ``_CANDIDATES``:
+    near copies of one image in the thousands join as many classes, not their square."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.count = 0
+        self._groups: Optional[list[list[int]]] = None
+
+    def add(self, pairs: np.ndarray) -> None:
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+        if len(pairs):
+            self.parts.append(pairs)
+            self.count += len(pairs)
+            self._groups = None
+        if self.count > _CANDIDATES:
+            stars = [np.stack([np.full(len(g) - 1, g[0]), g[1:]], axis=1) for g in self.groups()]
+            self.parts = [np.concatenate(stars)] if stars else []
+            self.count = sum(len(p) for p in self.parts)
+
+    def groups(self) -> list[list[int]]:
+        if self._groups is None:
+            self._groups = groups_of(np.concatenate(self.parts)) if self.parts else []
+        return self._groups
+
+
 def groups_of(pairs: np.ndarray) -> list[list[int]]:
     """The connected groups of the images ``pairs`` join, each sorted, ordered by their first image."""
     if not len(pairs):
@@ -170,4 +269,4 @@ def groups_of(pairs: np.ndarray) -> list[list[int]]:
     return [nodes[part].tolist() for part in np.split(order, cuts)]
 
 
-__all__ = ["cross_pairs", "groups_of", "near_pairs", "popcount"]
+__all__ = ["cross_matches", "near_groups", "cross_pairs", "groups_of", "near_pairs", "popcount"]

@@ -158,7 +158,7 @@ def read_image(
         data = read_source(path, job, st)
     codec = job.layout.codec
     if codec.name == "source":
-        kept = source_codec.keep(data, job.preprocess, path, full=job.preprocess.auto_normalize)
+        kept = source_codec.keep(data, job.preprocess, path, full=job.preprocess.auto_normalize, looks=job.looks)
         if kept is not None:  # stored as it is: no pixels made, only the shape the writers check
             (w, h), channels = kept.original_size, job.layout.channels
             shape = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (h, w, channels))

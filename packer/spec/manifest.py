@@ -166,7 +166,7 @@ class Manifest:
                 history=d.get("history", []),
                 tokens=TokenSection.from_dict(d["tokens"], where) if "tokens" in d else None,
                 image_hashes=_image_hashes(d.get("image_hashes"), where),
-                near_duplicates=d.get("near_duplicates"),
+                near_duplicates=_near_duplicates(d.get("near_duplicates"), where),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{where} is not a valid packer manifest (bad or missing entry: {e})") from None
@@ -331,4 +331,21 @@ def _image_hashes(entry: object, where: str) -> Optional[dict]:
         or not isinstance(entry.get("sha256"), str)
     ):
         raise ManifestError(f"{where}: its image_hashes entry is not a file of the output with a size and SHA-256")
+    return entry
+
+
+def _near_duplicates(entry: object, where: str) -> Optional[dict]:
+    """The manifest's ``near_duplicates`` entry, checked: a distance in bits and groups of keys."""
+    if entry is None:
+        return None
+    groups = entry.get("groups") if isinstance(entry, dict) else None
+    distance = entry.get("distance") if isinstance(entry, dict) else None
+    if (
+        not isinstance(distance, int)
+        or isinstance(distance, bool)
+        or not 0 <= distance <= 64
+        or not isinstance(groups, list)
+        or not all(isinstance(g, list) and all(isinstance(k, str) for k in g) for g in groups)
+    ):
+        raise ManifestError(f"{where}: its near_duplicates entry is not a distance in bits with groups of sample keys")
     return entry

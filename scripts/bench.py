@@ -5,14 +5,16 @@
     python scripts/bench.py --src ~/images --formats npy,lmdb --codecs raw,jpeg --out results/
     python scripts/bench.py --detection-check     # conversion with COCO boxes against the same images without
     python scripts/bench.py --grow-check          # repack, combine and append against a fresh conversion
+    python scripts/bench.py --plot-from docs/images/bench.json --plot docs/images/bench.png   # a run's chart again
 
 For each format and codec: conversion images/s (ratio to the bare decode+resize floor), output
 bytes, peak memory of the converter (largest process), and read samples/s of shuffled batches of
 64 through ``readers.make_loader`` for float32 (normalized) and uint8 batches at 0 and N workers
 (ratio to a plain-folder DataLoader that decodes each file per sample), with the peak memory of
 the reading processes (PSS: shared pages counted once). ``--peers`` runs the same task through the
-peers installed (``pip install -e .[bench]``; see scripts/bench_peers.py). Writes ``bench.json``,
-``bench.md`` and ``bench.png`` (matplotlib, when installed) into ``--out``.
+peers installed (``pip install -e .[bench]``; see scripts/bench_peers.py). Writes ``bench.json``
+(with the host, the date and the commit), ``bench.md`` and the chart (matplotlib, when installed;
+``--plot``, default ``bench.png``) into ``--out``.
 
 The machines are shared and noisy: compare ratios from one run, not absolute figures across runs.
 """
@@ -20,6 +22,7 @@ The machines are shared and noisy: compare ratios from one run, not absolute fig
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import resource
@@ -270,6 +273,18 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commit() -> Optional[str]:
+    """The checkout's commit (short), with ``+changes`` when files differ from it; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    except OSError:
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def chart(results: dict, path: Path) -> bool:
     """A bar chart of conversion and float32/uint8 read rates; False when matplotlib is missing."""
     try:
@@ -309,9 +324,10 @@ def chart(results: dict, path: Path) -> bool:
         ax.set_xticks(range(len(values)), names, rotation=60, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
+    when = ", ".join(str(results[k]) for k in ("date", "commit") if results.get(k))
     fig.suptitle(
         f"packer bench: {results['images']} images, {results['workers']} workers; {m['cpu']}, {m['cores']} cores, "
-        f"{m.get('simd', 'SIMD not recorded')}",
+        f"{m.get('simd', 'SIMD not recorded')}" + (f"; {when}" if when else ""),
         fontsize=10,
     )
     fig.tight_layout()
@@ -534,7 +550,20 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/packer-bench"))
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for bench.json, bench.md, bench.png")
+    parser.add_argument("--plot", type=Path, help="where the chart goes  [default: OUT/bench.png]")
+    parser.add_argument(
+        "--plot-from",
+        type=Path,
+        metavar="BENCH_JSON",
+        help="only draw the chart (--plot) of a recorded run's bench.json, then exit",
+    )
     args, more = parser.parse_known_args()
+    if args.plot_from is not None:
+        drawn = args.plot or args.out / "bench.png"
+        if not chart(json.loads(args.plot_from.read_text()), drawn):
+            parser.error("--plot-from draws with matplotlib: pip install matplotlib")
+        print(f"wrote {drawn}")
+        return
     if args.tokens:
         import bench_tokens
 
@@ -580,6 +609,8 @@ def main() -> None:
         "repeat": args.repeat,
         "rows": [],
         "machine": {**describe_host().to_dict(), "python": platform.python_version(), "torch": torch.__version__},
+        "date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "commit": _commit(),
     }
     results["floor"] = floor([p for p, _ in items], w)
     results["own_floor"] = floor([p for p, _ in items], w, load_packer)
@@ -618,11 +649,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2))
     (args.out / "bench.md").write_text(markdown(results))
-    drew = chart(results, args.out / "bench.png")
+    drawn = args.plot or args.out / "bench.png"
+    drew = chart(results, drawn)
     print(markdown(results))
     print(
         f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}"
-        + (f", {args.out / 'bench.png'}" if drew else " (no chart: pip install matplotlib)")
+        + (f", {drawn}" if drew else " (no chart: pip install matplotlib)")
     )
 
 

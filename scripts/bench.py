@@ -296,7 +296,7 @@ def chart(results: dict, path: Path) -> bool:
         return False
     rows, m = results["rows"], results["machine"]
     names = [f"{r['tool']}\n{r['format']}" for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(rows) * 3), 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(min(16, max(10, 0.6 * len(rows) * 3)), 4.5))
     panels = [
         (
             "convert images/s",

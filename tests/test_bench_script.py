@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -145,3 +146,47 @@ def test_scale_tree_is_byte_distinct_32px_jpegs_and_extrapolates_through_the_two
     slope, intercept, at = bench_scale.extrapolate([(10, 99.0), (100, 2.0), (1000, 11.0)], at=10_000)
     assert (slope, intercept, at) == (0.01, 1.0, 101.0)
     assert "| 1,000 | npy | 2.50 |" in bench_scale.table(["size", "format", "s"], [[1000, "npy", 2.5]], markdown=True)
+
+
+def test_a_recorded_runs_chart_is_drawn_again_with_its_host_date_and_commit(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from packer.advisor.host import describe_host
+
+    read = {"float32/N": 900.0, "uint8/N": 2000.0}
+    record = {
+        "images": 3000,
+        "workers": 2,
+        "rows": [
+            {"tool": "packer", "format": "npy/raw", "convert": {"images_per_s": 1100.0}, "read": read},
+            {"tool": "litdata", "format": "npy bytes", "convert": {"images_per_s": 700.0}, "read": read},
+        ],
+        "machine": describe_host().to_dict(),
+        "floor": 900.0,
+        "plain": {"float32/N": 100.0, "uint8/N": 120.0},
+        "date": "2026-12-05",
+        "commit": "abc1234",
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(record))
+    titles = []
+    real = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "suptitle", lambda self, t, **kw: titles.append(t) or real(self, t, **kw)
+    )
+    chart = tmp_path / "chart.png"
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--plot-from", str(tmp_path / "bench.json"), "--plot", str(chart)])
+    bench.main()
+    assert chart.read_bytes().startswith(b"\x89PNG")
+    host = record["machine"]
+    where = f"{host['cpu']}, {host['cores']} cores, {host['simd']}"
+    assert titles == [f"packer bench: 3000 images, 2 workers; {where}; 2026-12-05, abc1234"]
+
+
+def test_the_readmes_pictures_are_in_docs_images():
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    for name in ("sample_data.png", "bench.png"):
+        assert f"docs/images/{name}" in readme
+        assert (root / "docs" / "images" / name).read_bytes().startswith(b"\x89PNG")
+    record = json.loads((root / "docs" / "images" / "bench.json").read_text())
+    assert record["date"] and record["commit"] and record["machine"]["cpu"]  # where and when it was measured

@@ -217,7 +217,7 @@ class ShardResult:
     looks: Optional[Sequence] = None
     """Each written sample's perceptual hashes (samples x ``packer.pixels.looks.LOOKS`` uint64), or a
     ``RecordedColumn`` of them; None where the shard's images were not hashed (``--no-image-hashes``,
-    outputs without images, records of packers before 0.9.1's image hashes)."""
+    outputs without images, records of packers from before the image hashes)."""
 
     def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back

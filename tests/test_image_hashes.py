@@ -219,3 +219,14 @@ def test_a_malformed_near_duplicates_entry_is_a_clear_error(photos, tmp_path, en
     ran = CliRunner().invoke(cli, ["info", str(out)])
     assert ran.exit_code == 1 and "near_duplicates entry is not a distance in bits" in ran.output
     assert not isinstance(ran.exception, (AttributeError, TypeError, ValueError))
+
+
+def test_an_output_of_texts_has_no_hashes_and_no_warning(tmp_path, caplog):
+    texts = tmp_path / "texts"
+    for n in range(4):
+        (texts / "a").mkdir(parents=True, exist_ok=True)
+        (texts / "a" / f"{n}.txt").write_text(f"text {n}")
+    convert(texts, tmp_path / "out", ConvertConfig("npy"), workers=1)
+    m = read_manifest(tmp_path / "out")
+    assert m.image_hashes is None and m.near_duplicates is None
+    assert not [r for r in caplog.records if "near-duplicates not searched" in r.getMessage()]

@@ -59,7 +59,7 @@ def build_manifest(
     # One pass over the shards' records (each parsed once, on disk): labels counted as the digests are read.
     counts = np.zeros(len(found.classes), np.int64) if found.classes is not None else None
     duplicates = find_duplicates(results, None if counts is None else lambda r: _add_labels(counts, r), scratch)
-    hashes, near = _image_hashes(config, results, duplicates, stage)
+    hashes, near = _image_hashes(config, results, duplicates, stage if layout.has_image else None)
     forget_read_records()
     forget_samples()
     stats = summarize(ShardStats.merged(r.stats for r in results), config.preprocess)
@@ -93,7 +93,7 @@ def _image_hashes(
     config: ConvertConfig, results: list[ShardResult], duplicates: list[list[str]], stage: Optional[Path]
 ) -> tuple[Optional[dict], Optional[dict]]:
     """The manifest's ``image_hashes`` and ``near_duplicates`` entries, ``image_hashes.npy`` written
-    into ``stage``; (None, None) where the images were not hashed."""
+    into ``stage``; (None, None) where the images were not hashed (or there are none: no ``stage``)."""
     if stage is None or not config.image_hashes:
         return None, None
     looks = gathered_looks(results)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from packer.output import near_duplicates as nd
-from packer.output.near_duplicates import cross_matches, cross_pairs, groups_of, near_groups, near_pairs, popcount
+from packer.output.near_duplicates import cross_matches, groups_of, near_groups, near_pairs, popcount
 from packer.pixels.looks import FLAT
 
 
@@ -46,22 +46,6 @@ def test_near_pairs_are_those_of_a_full_comparison(distance):
     assert np.array_equal(found, expected)
 
 
-@pytest.mark.parametrize("distance", [2, 4, 7])
-def test_cross_pairs_are_those_of_a_full_comparison(distance):
-    rng = np.random.default_rng(10 + distance)
-    first, second = random_looks(rng, 700), random_looks(rng, 500)
-    for n in range(0, 500, 7):  # copies of images of the first set in the second, at 0-8 bits
-        flips = rng.choice(64, size=n % 9, replace=False)
-        second[n, 0] = first[(n * 3) % 700, n % 6] ^ np.uint64(sum(1 << int(b) for b in flips))
-        if n % 2:
-            first[(n * 5) % 700, 0] = second[n, (n + 1) % 6]  # and copies the other way
-    i, j = np.nonzero(compared_all(first, second) <= distance)
-    expected = np.unique(np.stack([i, j], axis=1), axis=0)
-    found = cross_pairs(first, second, distance)
-    assert len(expected) > 30
-    assert np.array_equal(found, expected)
-
-
 def test_the_search_is_done_in_batches(monkeypatch):
     monkeypatch.setattr(nd, "_BATCH", 64)
     looks = planted(np.random.default_rng(3), 700)
@@ -75,7 +59,7 @@ def test_identical_and_empty_sets():
     assert near_pairs(same, 0).tolist() == [[a, b] for a in range(5) for b in range(a + 1, 5)]
     assert near_pairs(same[:1], 4).shape == (0, 2)
     assert near_pairs(np.zeros((0, 6), np.uint64), 4).shape == (0, 2)
-    assert cross_pairs(same, np.zeros((0, 6), np.uint64), 4).shape == (0, 2)
+    assert cross_matches(same, np.zeros((0, 6), np.uint64), 4).shape == (0, 2)
 
 
 def test_images_of_one_colour_are_no_ones_near_duplicates():
@@ -87,7 +71,7 @@ def test_images_of_one_colour_are_no_ones_near_duplicates():
     full = compared_all(looks[rest], looks[rest])
     i, j = np.nonzero(np.triu(full <= 6, 1))
     assert np.array_equal(found, rest[np.stack([i, j], axis=1)])
-    assert not np.isin(cross_pairs(looks[:150], looks[150:], 6)[:, 0], [3, 50, 120, 121]).any()
+    assert not np.isin(cross_matches(looks[:150], looks[150:], 6)[:, 0], [3, 50, 120, 121]).any()
 
 
 def test_groups_join_chains_and_keep_apart_the_rest():

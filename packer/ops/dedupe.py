@@ -17,8 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-
 from packer.output.files import DONE_SUFFIX
 from packer.output.image_hashes import gathered_looks, keys_in_output, keys_in_results, read_hashes
 from packer.output.near_duplicates import cross_matches, near_groups
@@ -110,9 +108,4 @@ def without_near_copies(
     return out
 
 
-def dropped_count(results: Sequence[ShardResult]) -> int:
-    """How many samples ``--drop-duplicates`` left out of ``results``."""
-    return int(np.sum([sum(s.reason.startswith(REASON) for s in r.skipped) for r in results]))
-
-
-__all__ = ["REASON", "dropped_count", "near_copies", "without_near_copies"]
+__all__ = ["REASON", "near_copies", "without_near_copies"]

@@ -133,28 +133,13 @@ def near_pairs(looks: np.ndarray, distance: int = DUP_DISTANCE) -> np.ndarray:
     if len(looks) < 2:
         return np.zeros((0, 2), np.int64)
     found = [np.stack([q, o], axis=1) for q, o in _index(looks).matches(looks[:, 0], distance)]
-    return rows[_unique_pairs(np.concatenate(found) if found else np.zeros((0, 2), np.int64), ordered=True)]
+    return rows[_unique_pairs(np.concatenate(found) if found else np.zeros((0, 2), np.int64))]
 
 
-def cross_pairs(first: np.ndarray, second: np.ndarray, distance: int = DUP_DISTANCE) -> np.ndarray:
-    """The pairs ``(i, j)`` of an image ``i`` of ``first`` and an image ``j`` of ``second`` that are
-    near-duplicates (each ``N x LOOKS``), sorted, each once (P x 2, int64)."""
-    (first, in_first), (second, in_second) = _shaped(first), _shaped(second)
-    if not len(first) or not len(second):
-        return np.zeros((0, 2), np.int64)
-    found = [np.stack([q, o], axis=1) for q, o in _index(second).matches(first[:, 0], distance)]
-    found += [np.stack([o, q], axis=1) for q, o in _index(first).matches(second[:, 0], distance)]
-    pairs = _unique_pairs(np.concatenate(found) if found else np.zeros((0, 2), np.int64), ordered=False)
-    return np.stack([in_first[pairs[:, 0]], in_second[pairs[:, 1]]], axis=1)
-
-
-def _unique_pairs(pairs: np.ndarray, ordered: bool) -> np.ndarray:
-    """``pairs`` sorted and without repeats; with ``ordered``, each as ``(smaller, larger)`` and
-    without an image paired with itself."""
-    pairs = pairs.astype(np.int64, copy=False)
-    if ordered:
-        pairs = np.sort(pairs, axis=1)
-        pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+def _unique_pairs(pairs: np.ndarray) -> np.ndarray:
+    """``pairs`` each as ``(smaller, larger)``, without an image paired with itself, sorted, without repeats."""
+    pairs = np.sort(pairs.astype(np.int64, copy=False), axis=1)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     if not len(pairs):
         return pairs.reshape(0, 2)
     width = int(pairs[:, 1].max()) + 1  # one number a pair: np.unique over rows is several times slower
@@ -269,4 +254,4 @@ def groups_of(pairs: np.ndarray) -> list[list[int]]:
     return [nodes[part].tolist() for part in np.split(order, cuts)]
 
 
-__all__ = ["cross_matches", "near_groups", "cross_pairs", "groups_of", "near_pairs", "popcount"]
+__all__ = ["cross_matches", "near_groups", "groups_of", "near_pairs", "popcount"]

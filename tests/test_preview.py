@@ -139,3 +139,55 @@ def test_a_mask_is_laid_over_in_its_classs_colour_and_the_ignore_index_left_clea
     blended = (0.5 * 100 + 0.5 * np.array(PALETTE[1])).astype(int)
     assert np.abs(sheet[20, 5].astype(int) - blended).max() <= 2
     assert (sheet[20, 25] == 100).all() and (sheet[20, 35] == 100).all()  # background and ignored: clear
+
+
+def test_a_source_folder_is_drawn_with_its_annotations_before_conversion(outputs, tmp_path):
+    source = outputs["npy"].parent / "images"
+    coco = outputs["npy"].parent / "coco.json"
+    sheet = tmp_path / "source.png"
+    result = run(source, "-o", sheet, "--annotations", coco, "--box-coords", "stored")
+    assert result.exit_code == 0, result.output
+    result = run(source, "-o", sheet, "--annotations", coco, "--samples", "0,4", "--grid", "2x1", "--tile", TILE)
+    assert result.exit_code == 0, result.output
+    drawn = np.asarray(Image.open(sheet).convert("RGB"))
+    assert drawn.shape == (TILE + CAPTION, 2 * TILE, 3)
+    for column, i in enumerate((0, 4)):  # the same boxes where the output's preview draws them
+        left, top = column * TILE + 10 + 5 * i, (TILE - 64) // 2 + 12
+        edge = drawn[top + 10, left : left + 2]
+        assert any(np.abs(px.astype(int) - PALETTE[0]).max() <= 2 for px in edge), edge
+    text = run(source, "--text", "--annotations", coco, "--samples", "1")
+    assert text.exit_code == 0 and "1\tleft/1.png\t\t96x64\t1 box(es): red" in text.output  # boxes are its labels
+
+
+def test_a_source_with_a_bad_image_is_drawn_and_the_image_named(tmp_path):
+    folder = tmp_path / "src" / "a"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(folder / "good.png")
+    (folder / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    result = CliRunner().invoke(cli, ["preview", str(tmp_path / "src"), "-o", str(tmp_path / "s.png")])
+    assert result.exit_code == 0, result.output
+    assert "sample 0 (a/bad.jpg) could not be read" in result.output and "Traceback" not in result.output
+    assert Image.open(tmp_path / "s.png").size[0] > 0
+    train = CliRunner().invoke(cli, ["preview", str(tmp_path / "src"), "-o", str(tmp_path / "t.png"), "--train"])
+    assert train.exit_code == 2 and "--train" in train.output
+
+
+def test_compare_draws_each_source_image_beside_its_stored_sample_with_the_same_boxes(outputs, tmp_path):
+    source = outputs["npy"].parent / "images"
+    coco = outputs["npy"].parent / "coco.json"
+    sheet = tmp_path / "compare.png"
+    args = ["--compare", source, "--annotations", coco, "--box-coords", "stored"]
+    result = run(outputs["boxes"], "-o", sheet, *args, "--samples", "2", "--grid", "2x1", "--tile", TILE)
+    assert result.exit_code == 0, result.output
+    drawn = np.asarray(Image.open(sheet).convert("RGB"))
+    assert drawn.shape == (TILE + CAPTION, 2 * TILE, 3)
+    for column in (0, 1):  # left the source image, right the stored sample: the box at one place
+        left, top = column * TILE + 10 + 5 * 2, (TILE - 64) // 2 + 12
+        edge = drawn[top + 10, left : left + 2]
+        assert any(np.abs(px.astype(int) - PALETTE[0]).max() <= 2 for px in edge), (column, edge)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "left").mkdir(parents=True)
+    Image.fromarray(np.full((8, 8, 3), 50, np.uint8)).save(elsewhere / "left" / "other.png")
+    missing = run(outputs["npy"], "-o", tmp_path / "m.png", "--compare", elsewhere, "--samples", "0")
+    assert missing.exit_code == 0 and f"left/0.png is not in {elsewhere}" in missing.output
+    assert run(outputs["npy"], "-o", tmp_path / "a.png", "--annotations", coco).exit_code == 2

@@ -1,5 +1,7 @@
 """``packer preview``: a contact sheet (or, with ``--text``, a line a sample) of what the readers
-return from an output, crops and flips of an epoch included with ``--train``."""
+return from an output, crops and flips of an epoch included with ``--train``; of a source folder's
+images before conversion (``packer.sources.preview``); or of each source image beside its stored
+sample (``--compare``)."""
 
 from __future__ import annotations
 

@@ -17,10 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from packer.output.files import DONE_SUFFIX
+from packer.output.files import forget_record
 from packer.output.image_hashes import gathered_looks, keys_in_output, keys_in_results, read_hashes
 from packer.output.near_duplicates import cross_matches, near_groups
-from packer.output.shard_samples import SAMPLES_SUFFIX
 from packer.recorded_columns import in_memory
 from packer.records import ShardResult, ShardTask, Skipped
 from packer.run.executor import Executor
@@ -89,8 +88,7 @@ def without_near_copies(
             # The record of the whole shard goes first and the smaller one gets none: a run
             # interrupted from here on writes the shard whole again on --resume, then drops again
             # (a record of the smaller shard would be kept, its dropped images listed nowhere).
-            for suffix in (DONE_SUFFIX, SAMPLES_SUFFIX):
-                (Path(job.directory) / f"{job.task.name}{suffix}").unlink(missing_ok=True)
+            forget_record(Path(job.directory), job.task.name)
             again.append(replace(remake(job.number, replace(job.task, items=kept)), record=False))
     log.info("--drop-duplicates: %d image(s) left out; %d shard(s) written again", len(dropped), len(again))
     options = {} if timeout is None else {"timeout": timeout}

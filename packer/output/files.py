@@ -252,6 +252,13 @@ def _rename_record(stage: Path, planned: str) -> Optional[dict]:
         return None
 
 
+def forget_record(stage: Path, name: str) -> None:
+    """Delete the record of shard ``name`` and its side file: the shard is written again otherwise
+    than recorded, and --resume must write it whole, not keep it."""
+    for suffix in (DONE_SUFFIX, SAMPLES_SUFFIX):
+        (stage / f"{name}{suffix}").unlink(missing_ok=True)
+
+
 def forget_renamed(stage: Path, planned: str) -> None:
     """Delete the files of the recorded shard ``planned`` under their published names, and its rename
     record: a shard that --resume writes again is written under its planned name, and its old files

@@ -60,39 +60,34 @@ KeysAt = Callable[[Sequence[int]], dict[int, str]]
 """The keys of the samples at some positions of an output (``keys_in_results``, ``keys_in_output``)."""
 
 
-def keys_in_results(results: Sequence[ShardResult], first: int = 0) -> KeysAt:
-    """The keys of samples by position, read from the shards' results (whose first sample is at ``first``)."""
+def _keys_by_shard(counts: Sequence[int], keys_of: Callable[[int], Sequence[str]], first: int = 0) -> KeysAt:
+    """Keys by position, the shards holding ``counts`` samples each from position ``first`` on;
+    ``keys_of(n)``: shard ``n``'s keys, read only for the shards that hold a position asked for."""
+    starts = np.cumsum([0, *counts])
 
     def keys_at(indices: Sequence[int]) -> dict[int, str]:
         wanted = np.unique(np.asarray(indices, dtype=np.int64)) - first
-        starts = np.cumsum([0] + [r.samples for r in results])
         found: dict[int, str] = {}
-        for r, start, stop in zip(results, starts[:-1], starts[1:]):
+        for n, (start, stop) in enumerate(zip(starts[:-1], starts[1:])):
             mine = wanted[(wanted >= start) & (wanted < stop)]
             if len(mine):
-                keys = in_memory(r.keys)
+                keys = keys_of(n)
                 found.update((int(i) + first, keys[int(i - start)]) for i in mine)
         return found
 
     return keys_at
 
 
+def keys_in_results(results: Sequence[ShardResult], first: int = 0) -> KeysAt:
+    """The keys of samples by position, read from the shards' results (whose first sample is at ``first``)."""
+    return _keys_by_shard([r.samples for r in results], lambda n: in_memory(results[n].keys), first)
+
+
 def keys_in_output(root: Path, manifest: Manifest, layout: SampleLayout) -> KeysAt:
     """The keys of samples by position, read from an output's shards' own indexes."""
     spec = get_format(manifest.format)
-
-    def keys_at(indices: Sequence[int]) -> dict[int, str]:
-        wanted = np.unique(np.asarray(indices, dtype=np.int64))
-        starts = np.cumsum([0] + [s.samples for s in manifest.shards])
-        found: dict[int, str] = {}
-        for shard, start, stop in zip(manifest.shards, starts[:-1], starts[1:]):
-            mine = wanted[(wanted >= start) & (wanted < stop)]
-            if len(mine):
-                keys = spec.read_index(root, shard, layout)[0]
-                found.update((int(i), keys[int(i - start)]) for i in mine)
-        return found
-
-    return keys_at
+    shards = manifest.shards
+    return _keys_by_shard([s.samples for s in shards], lambda n: spec.read_index(root, shards[n], layout)[0])
 
 
 def near_duplicates(looks: np.ndarray, distance: int, identical: Sequence[Sequence[str]], keys_at: KeysAt) -> dict:

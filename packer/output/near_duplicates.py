@@ -14,6 +14,7 @@ random images' hashes a search at distance 4 or 5 compares about 200 pairs an im
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Iterable, Iterator, Optional
 
@@ -160,12 +161,16 @@ class _Classes:
         rows = np.union1d(self.first, odd)
         self.index = _Index(np.ascontiguousarray(looks[rows]).reshape(-1), np.repeat(self.of[rows], looks.shape[1]))
 
+    @functools.cached_property
+    def _by_class(self) -> tuple[np.ndarray, np.ndarray]:
+        """The images in class order, and where each class's run starts (made when first asked for)."""
+        order = np.argsort(self.of, kind="stable")
+        return order, np.concatenate([[0], np.cumsum(np.bincount(self.of, minlength=len(self.own)))])
+
     def members(self, classes: Iterable[int]) -> np.ndarray:
         """The images of ``classes``, sorted."""
-        if not hasattr(self, "_order"):
-            self._order = np.argsort(self.of, kind="stable")
-            self._starts = np.concatenate([[0], np.cumsum(np.bincount(self.of, minlength=len(self.own)))])
-        return np.sort(np.concatenate([self._order[self._starts[c] : self._starts[c + 1]] for c in classes]))
+        order, starts = self._by_class
+        return np.sort(np.concatenate([order[starts[c] : starts[c + 1]] for c in classes]))
 
     def shared(self) -> np.ndarray:
         """The classes of more than one image (identical hashes)."""

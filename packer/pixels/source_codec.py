@@ -19,7 +19,7 @@ full instead.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 from PIL import Image
@@ -100,7 +100,9 @@ pixels in full; from 40 pixels on, within 6 (within 4 for 69 of 70 images at 47,
 1/8, the check's own decode then). 64 would decode most such files a second time."""
 
 
-def _looks_pixels(data: bytes, size: tuple[int, int], gray: bool, orientation: int, checked: Any) -> np.ndarray:
+def _looks_pixels(
+    data: bytes, size: tuple[int, int], gray: bool, orientation: int, checked: jpeg.ScaledJpeg
+) -> np.ndarray:
     """The pixels a kept JPEG of ``size`` (as stored) is hashed from, upright: decoded at the smallest
     M/8 whose shorter side is at least ``LOOKS_SIDE`` (``checked``, the check's decode, when it is
     that one), whatever scale the check itself took: the hash does not depend on other options."""

@@ -32,8 +32,9 @@ from packer.ops.repack import repack
 from packer.ops.splits import convert_splits
 from packer.output.image_hashes import HASHES_NAME, leaks_between
 from packer.output.verify import verify
-from packer.pixels.looks import FLAT, LOOKS, image_looks
+from packer.pixels.looks import FLAT, HASH_KIND, LOOKS, image_looks
 from packer.records import ShardResult
+from packer.spec.errors import ManifestError
 from packer.spec.manifest import read_manifest
 from readers import open_dataset
 
@@ -56,7 +57,7 @@ def test_every_image_is_hashed_in_sample_order_and_copies_are_reported(photos, t
     m = read_manifest(out)
     assert groups(out) == EXPECTED_GROUPS  # the identical copy is a duplicate, the flat ones nobody's
     assert m.duplicates == [["c0/img03.jpg", "c0/same_bytes.jpg"]]
-    assert m.near_duplicates["distance"] == 4 and m.image_hashes["kind"] == "dct64-trim5"
+    assert m.near_duplicates["distance"] == 4 and m.image_hashes["kind"] == HASH_KIND == "dct-area-trim5"
     table = np.load(out / HASHES_NAME, allow_pickle=False)  # stock numpy, no packer
     assert table.dtype == np.uint64 and table.shape == (m.samples, LOOKS) == (25, 6)
     ds = open_dataset(out, normalize=False, return_meta=True)
@@ -84,6 +85,20 @@ def test_a_changed_hashes_file_is_a_problem_and_hashes_can_be_left_out(photos, t
     m = read_manifest(plain)
     assert m.image_hashes is None and m.near_duplicates is None and not (plain / HASHES_NAME).exists()
     assert verify(plain) == []
+
+
+def test_hashes_of_another_rule_are_not_compared_but_still_verified(photos, tmp_path):
+    # an output hashed by an earlier packer's rule (a 64 x 64 thumbnail's): its numbers mean other
+    # things, so leakage and --append refuse to compare them with this rule's; the file is intact
+    old, new = tmp_path / "old", tmp_path / "new"
+    for out in (old, new):
+        convert(photos, out, ConvertConfig("npy", PRE), workers=1)
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["image_hashes"]["kind"] = "dct64-trim5"
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=r"another kind \('dct64-trim5', this packer's: 'dct-area-trim5'\)"):
+        leaks_between(old, new)
+    assert verify(old) == []
 
 
 def test_kept_source_files_are_hashed_from_their_checking_decode(photos, tmp_path):

@@ -12,7 +12,7 @@ from helpers import cropped, resized, textured
 from image_copies import CHANGES
 
 from packer.output.near_duplicates import popcount
-from packer.pixels.looks import FLAT, LOOKS, image_looks, thumbnail
+from packer.pixels.looks import FLAT, HALVE_FROM, LOOKS, LooksBatch, _plan, image_looks
 
 
 def nearest(a: np.ndarray, b: np.ndarray) -> int:
@@ -38,8 +38,9 @@ def test_a_changed_copy_stays_within_the_default_distance(images, looks, copy):
 
 def test_a_copy_changed_all_four_ways_stays_close(images, looks):
     distances = [nearest(own, image_looks(CHANGES["all four"](p))) for p, own in zip(images, looks)]
-    # the changes add up: all within 6 bits, and at the default distance (4) all but a few
-    assert max(distances) <= 6, np.bincount(distances)
+    # the changes add up: all within 8 bits (one of 200 at 8), and at the default distance (4) all
+    # but a few
+    assert max(distances) <= 8, np.bincount(distances)
     assert sum(d <= 4 for d in distances) >= 0.97 * len(distances), np.bincount(distances)
 
 
@@ -86,10 +87,35 @@ def test_an_image_of_one_colour_has_no_shape_to_hash(value):
     assert popcount(image_looks(ramp)).tolist() == [32] * LOOKS
 
 
-def test_thumbnail_of_large_and_small_images():
+def test_large_and_small_images_are_hashed_from_grids_of_64_to_127_cells():
     large = textured(7, 0, 1500, 2000)
     small = resized(large, 0.1)
-    assert thumbnail(large).shape == thumbnail(small).shape == (64, 64)
+    plan = _plan(1500, 2000)
+    assert [h for h, *_ in plan.halvings] == [750, 375, 187, 93] and plan.halvings[-1][1] == 125
+    assert plan.rows.shape == (32, 93) and plan.columns.shape == (125, 32)
+    assert _plan(150, 200).halvings == ((75, 100, 2, 2),)
+    assert _plan(40, 1000).halvings == ((40, 500, 1, 2), (40, 250, 1, 2), (40, 125, 1, 2))  # each side alone
+    assert _plan(HALVE_FROM - 1, 50).halvings == ()
     assert nearest(image_looks(large), image_looks(small)) <= 4
     tiny = np.arange(12, dtype=np.uint8).reshape(3, 4)
     assert image_looks(tiny).shape == (LOOKS,)
+
+
+def test_an_odd_last_pixel_left_out_by_a_halving_is_stood_for(images):
+    # 255 rows halve to 127 cells standing for 127.5: the basis stretches the last cell instead of
+    # shifting the frame, so an image one row short hashes like itself
+    image = resized(images[3], 1.2)[:256]
+    assert nearest(image_looks(image), image_looks(image[:255])) <= 2
+    assert _plan(255, 100).rows[0].sum() == pytest.approx(127.5)
+
+
+def test_a_batch_hashes_as_one_image_at_a_time(images):
+    batch = LooksBatch()
+    shown = images[:5] + [np.full((30, 40, 3), 9, np.uint8), resized(images[5], 1.7)] + images[6:] + images[:60]
+    for image in shown:
+        batch.add(image)
+    table = batch.table()
+    assert table.shape == (len(shown), LOOKS) == (261, 6) and table.dtype == np.uint64  # more than a BATCH
+    assert np.array_equal(table, np.stack([image_looks(p) for p in shown]))
+    assert table[5].tolist() == [FLAT] * LOOKS
+    assert LooksBatch().table().shape == (0, LOOKS)

@@ -102,14 +102,21 @@ def near_duplicates(looks: np.ndarray, distance: int, identical: Sequence[Sequen
     return {"kind": HASH_KIND, "distance": distance, "groups": [[key_of[i] for i in g] for g in kept]}
 
 
-def read_hashes(root: Path, manifest: Manifest, check: bool = True) -> np.ndarray:
-    """An output's image hashes (samples x LOOKS uint64); ManifestError where it has none, or
-    (``check``) where the file is not the one its manifest lists."""
+def read_hashes(root: Path, manifest: Manifest, check: bool = True, comparable: bool = True) -> np.ndarray:
+    """An output's image hashes (samples x LOOKS uint64); ManifestError where it has none, (``check``)
+    where the file is not the one its manifest lists, or (``comparable``) where they were hashed by
+    another rule than this packer's (``HASH_KIND``)."""
     entry = manifest.image_hashes
     if entry is None:
         raise ManifestError(
             f"{root} has no image hashes (converted with --no-image-hashes, by a packer before them, or "
             "changed by combine or repack): convert it again to compare its images"
+        )
+    if comparable and entry.get("kind") != HASH_KIND:
+        # hashes of another rule are other numbers: compared with these they would match nothing
+        raise ManifestError(
+            f"{root}'s image hashes are of another kind ({entry.get('kind')!r}, this packer's: {HASH_KIND!r}): "
+            "convert it again to compare its images"
         )
     path = root / entry["path"]
     try:

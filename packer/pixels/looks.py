@@ -1,14 +1,22 @@
 """What an image looks like, in 64-bit perceptual hashes: near-duplicates are images whose hashes
 differ in a few bits (``packer.output.near_duplicates`` finds them).
 
-The hash is a DCT hash ("pHash"): the image in gray, reduced to a 64 x 64 thumbnail, projected on
-the 8 x 8 lowest cosine frequencies; each of the 64 coefficients gives one bit, set when it is above
-the median of the 63 that are not the mean. Resizing, re-encoding and a change of brightness move
-few bits. A crop moves many: the low frequencies shift with the frame (5% off one corner flips 12
-bits of 64 on average in photographs, as many as separate two unrelated images at times). So each
-image also gets the hashes of five windows of its thumbnail, trimmed by ``TRIM`` (5%) at each
-corner and around the centre: a copy cropped by about that much hashes (as a whole) like
-one of its original's windows. ``LOOKS`` hashes an image: its own first, then its windows'.
+The hash is a DCT hash ("pHash"): the image in gray, projected on the 8 x 8 lowest cosine
+frequencies over its area; each of the 64 coefficients gives one bit, set when it is above the
+median of the 63 that are not the mean. Resizing, re-encoding and a change of brightness move few
+bits. A crop moves many: the low frequencies shift with the frame (5% off one corner flips 12 bits
+of 64 on average in photographs, as many as separate two unrelated images at times). So each image
+also gets the hashes of five windows of it, trimmed by ``TRIM`` (5%) at each corner and around the
+centre: a copy cropped by about that much hashes (as a whole) like one of its original's windows.
+``LOOKS`` hashes an image: its own first, then its windows'.
+
+The projection is taken from a grid: the gray image halved (2 x 2 means) while a side is at least
+``HALVE_FROM`` pixels, so 64 to 127 cells a side, each cosine integrated over the cells' spans. The
+coefficients are taken an image at a time, the bits a batch at a time (``LooksBatch``): in a
+converter's worker, between decodes, each numpy call costs two to three times what it does in a
+loop. (The projections of a batch at once are no faster there: their temporaries are large enough
+for the allocator to map and unmap them each time, and OpenBLAS would start threads that the
+other workers' cores cannot spare.)
 
 The bits are the coefficients in row-major order (vertical frequency, then horizontal), the first
 in the hash's highest bit.
@@ -16,13 +24,19 @@ in the hash's highest bit.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 import cv2
 import numpy as np
 
-HASH_KIND = "dct64-trim5"
-"""How ``image_looks`` hashes, as the manifest records it: a change of the rule is a new name."""
-THUMB = 64
-"""The side of the gray thumbnail the hashes are taken from."""
+HASH_KIND = "dct-area-trim5"
+"""How ``image_looks`` hashes, as the manifest records it: a change of the rule is a new name (the
+rule of packers before it, ``dct64-trim5``, hashed a 64 x 64 thumbnail)."""
+HALVE_FROM = 128
+"""A side of at least this many pixels is halved (2 x 2 means) before the projection: a grid of 64
+to 127 cells a side keeps the 8 lowest frequencies as a 64 x 64 thumbnail resampled by area did,
+at a third of the cost."""
 TRIM = 0.05
 """The share of each side the five windows leave out: all of it at one corner's two sides, half of
 it at every side for the centre window."""
@@ -30,72 +44,156 @@ LOOKS = 6
 """Hashes an image has: its own, then those of its four corner windows and its centre window."""
 FLAT = 0
 """The hashes of an image of one colour (every real hash has 32 bits set): never a near-duplicate."""
+BATCH = 256
+"""Images whose coefficients a worker gathers before hashing them (``LooksBatch``)."""
 _FREQUENCIES = 8
+_SPANS = ((0, 0), (1, 1), (1, 2), (2, 1), (2, 2), (3, 3))
+"""Each hash's (row, column) span, of ``_basis``'s four: the whole side, less ``TRIM`` at its end,
+less ``TRIM`` at its start, less half of it at both."""
+_PICK = np.array(
+    [
+        [(r * _FREQUENCIES + i) * 4 * _FREQUENCIES + c * _FREQUENCIES + j for i in range(8) for j in range(8)]
+        for r, c in _SPANS
+    ]
+)
+"""Where each hash's 64 coefficients lie in the 32 x 32 product of ``_basis`` (row spans x column spans)."""
+_POWERS = np.left_shift(np.uint64(1), np.arange(63, -1, -1, dtype=np.uint64))
 
 
-def _window_basis(start: float, stop: float) -> np.ndarray:
-    """The 8 lowest DCT-II cosines of the span [start, stop) of a thumbnail side (8 x THUMB, float32):
-    each pixel weighted by how much of it the span covers, the cosine taken at the middle of that part,
-    so a window's coefficients are those of the window resampled, without resampling."""
-    left = np.arange(THUMB, dtype=np.float64)
-    lo, hi = np.maximum(left, start), np.minimum(left + 1, stop)
-    weight = np.clip(hi - lo, 0, None)
-    middle = (lo + hi) / 2 - start
-    u = np.arange(_FREQUENCIES, dtype=np.float64)[:, None]
-    return (np.cos(np.pi * u * middle[None, :] / (stop - start)) * weight[None, :]).astype(np.float32)
-
-
-def _bases() -> tuple[np.ndarray, np.ndarray]:
-    """The row and column bases (LOOKS x 8 x THUMB) of the whole thumbnail and its five windows."""
-    t = TRIM * THUMB
-    whole, low, high, middle = (0.0, THUMB), (0.0, THUMB - t), (t, float(THUMB)), (t / 2, THUMB - t / 2)
-    spans = [(whole, whole), (low, low), (low, high), (high, low), (high, high), (middle, middle)]  # (rows, columns)
-    rows = np.stack([_window_basis(*r) for r, _ in spans])
-    columns = np.stack([_window_basis(*c) for _, c in spans])
-    return rows, columns.transpose(0, 2, 1).copy()
-
-
-_ROWS, _COLUMNS = _bases()
-
-
-def thumbnail(pixels: np.ndarray) -> np.ndarray:
-    """``pixels`` (H x W, H x W x 1, 3 as RGB, or 4 as RGBA; uint8, uint16 or float) as a 64 x 64
-    float32 gray thumbnail: halved (``pyrDown``, a Gaussian blur and every second pixel) while 4 times
-    larger, bilinear to 128 x 128, then each 2 x 2 averaged; one of 64 pixels a side or less, bilinear
-    to 64 x 64. (OpenCV's area resize straight to 64 x 64 moves
-    the hashes alike and takes 2-20 times longer: it has no fast path for such ratios.)"""
+def _gray(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` (H x W, H x W x 1, 3 as RGB, or 4 as RGBA; uint8, uint16 or float) in gray (ITU-R
+    601, OpenCV's ``COLOR_RGB2GRAY``), 2-D."""
     image = np.asarray(pixels)
     if image.dtype not in (np.uint8, np.uint16, np.float32):
         image = image.astype(np.float32)
-    if image.ndim == 3:
-        channels = image.shape[2]
-        if channels == 3:
-            image = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
-        elif channels == 4:
-            image = cv2.cvtColor(image, cv2.COLOR_RGBA2GRAY)
-        else:
-            image = image[:, :, 0]
-    image = np.ascontiguousarray(image)
-    while min(image.shape[:2]) >= 4 * THUMB:
-        image = cv2.pyrDown(image)
-    if max(image.shape[:2]) <= THUMB:  # enlarged: the 2 x 2 averages would only add a blur
-        return cv2.resize(image, (THUMB, THUMB), interpolation=cv2.INTER_LINEAR).astype(np.float32, copy=False)
-    image = cv2.resize(image, (2 * THUMB, 2 * THUMB), interpolation=cv2.INTER_LINEAR)
-    return cv2.resize(image, (THUMB, THUMB), interpolation=cv2.INTER_AREA).astype(np.float32, copy=False)
+    if image.ndim == 2:
+        return image
+    channels = image.shape[2]
+    if channels == 3:
+        return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
+    if channels == 4:
+        return cv2.cvtColor(image, cv2.COLOR_RGBA2GRAY)
+    return image[:, :, 0]
+
+
+class _Plan(NamedTuple):
+    """How an image of one size is hashed: its halvings (each the size after it and the factors), and
+    the cosines of its grid's rows (32 x rows) and columns (columns x 32)."""
+
+    halvings: tuple[tuple[int, int, int, int], ...]
+    rows: np.ndarray
+    columns: np.ndarray
+
+
+@lru_cache(maxsize=4096)
+def _side(length: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """A side of ``length`` pixels as the grid has it: its lengths after each halving (while at least
+    ``HALVE_FROM``), and the cosines over its cells (``_basis``). Cached by side, not by size, so
+    photographs of many sizes share them."""
+    lengths, cells, scale = [], length, 1
+    while cells >= HALVE_FROM:
+        cells, scale = cells // 2, scale * 2
+        lengths.append(cells)
+    return tuple(lengths), _basis(cells, length / scale)
+
+
+@lru_cache(maxsize=1024)
+def _plan(height: int, width: int) -> _Plan:
+    """The ``_Plan`` of an image of ``height`` x ``width`` pixels: each side halved (2 x 2 means)
+    while it is at least ``HALVE_FROM``; an odd last pixel is left out, and the grid's last cell
+    then stands for the part of a cell it leaves."""
+    (rows, row_basis), (columns, column_basis) = _side(height), _side(width)
+    halvings = []
+    for i in range(max(len(rows), len(columns))):
+        h = rows[min(i, len(rows) - 1)] if rows else height
+        w = columns[min(i, len(columns) - 1)] if columns else width
+        halvings.append((h, w, 1 + (i < len(rows)), 1 + (i < len(columns))))
+    # numpy multiplies by a transposed view slowly: the columns' cosines are laid out for it
+    return _Plan(tuple(halvings), row_basis, np.ascontiguousarray(column_basis.T))
+
+
+def _basis(cells: int, extent: float) -> np.ndarray:
+    """The 8 lowest DCT-II cosines over each of four spans of a side of ``cells`` cells covering
+    ``extent`` cells (32 x cells, float32; the spans of ``_SPANS``): each cell weighted by how much
+    of it the span covers, the cosine taken at the middle of that part, so a window's coefficients
+    are those of the window resampled, without resampling."""
+    left = np.arange(cells, dtype=np.float64)
+    right = left + 1
+    right[-1] = extent
+    t = TRIM * extent
+    rows = []
+    for start, stop in ((0.0, extent), (0.0, extent - t), (t, extent), (t / 2, extent - t / 2)):
+        lo, hi = np.maximum(left, start), np.minimum(right, stop)
+        weight = np.clip(hi - lo, 0, None)
+        middle = (lo + hi) / 2 - start
+        u = np.arange(_FREQUENCIES, dtype=np.float64)[:, None]
+        rows.append(np.cos(np.pi * u * middle[None, :] / (stop - start)) * weight[None, :])
+    return np.concatenate(rows).astype(np.float32)
+
+
+def image_coefficients(pixels: np.ndarray) -> np.ndarray:
+    """The 64 DCT coefficients of each of an image's ``LOOKS`` windows (LOOKS x 64, float32):
+    ``pixels`` in gray, halved to a grid of at most 127 cells a side (``_plan``), projected on the
+    cosines of each window's span."""
+    image = _gray(pixels)
+    plan = _plan(*image.shape)
+    for h, w, fy, fx in plan.halvings:
+        # whole multiples of the factors: OpenCV's area resize then takes its fast path of exact means
+        image = cv2.resize(image[: h * fy, : w * fx], (w, h), interpolation=cv2.INTER_AREA)
+    return (plan.rows @ image.astype(np.float32) @ plan.columns).ravel()[_PICK]
+
+
+def hashes_of(coefficients: np.ndarray) -> np.ndarray:
+    """The hashes (images x ``LOOKS``, uint64) of images' coefficients (images x LOOKS x 64): each
+    bit set where its coefficient is above the median; ``FLAT`` (zeros) for an image of one colour,
+    which has no shape to compare."""
+    whole = np.abs(coefficients[:, 0])
+    flat = whole[:, 1:].max(axis=1) <= 1e-5 * whole[:, 0]  # no shape: what is left is float rounding
+    # The median of the 63 that are not the mean: the 32nd smallest of them.
+    median = np.partition(coefficients[:, :, 1:], 31, axis=2)[:, :, 31:32]
+    looks = (coefficients > median) @ _POWERS  # first coefficient in the highest bit
+    looks[flat] = FLAT
+    return looks
+
+
+class LooksBatch:
+    """The hashes of images added one at a time: each image's coefficients as it comes, the hashes of
+    ``BATCH`` of them at a time (a handful of numpy calls, not a handful an image)."""
+
+    def __init__(self) -> None:
+        self._pending: list[np.ndarray] = []
+        self._hashed: list[np.ndarray] = []
+
+    def add(self, pixels: np.ndarray) -> None:
+        """Add the next image (as ``image_coefficients`` takes it)."""
+        self._pending.append(image_coefficients(pixels))
+        if len(self._pending) >= BATCH:
+            self._hashed.append(hashes_of(np.stack(self._pending)))
+            self._pending = []
+
+    def table(self) -> np.ndarray:
+        """The hashes of every image added, in order (images x ``LOOKS`` uint64)."""
+        if self._pending:
+            self._hashed.append(hashes_of(np.stack(self._pending)))
+            self._pending = []
+        return np.concatenate(self._hashed) if self._hashed else np.zeros((0, LOOKS), np.uint64)
 
 
 def image_looks(pixels: np.ndarray) -> np.ndarray:
     """The ``LOOKS`` hashes of one image (uint64): the whole image's, then its windows' (each leaving
-    out the bottom right, bottom left, top right, top left, and a rim all round). ``FLAT`` (zeros) for
-    an image of one colour, which has no shape to compare."""
-    coefficients = (_ROWS @ thumbnail(pixels) @ _COLUMNS).reshape(LOOKS, -1)
-    whole = np.abs(coefficients[0])
-    if whole[1:].max() <= 1e-5 * whole[0]:  # no shape: what is left is float rounding
-        return np.zeros(LOOKS, np.uint64)
-    # The median of the 63 that are not the mean: the 32nd smallest of them.
-    median = np.partition(coefficients[:, 1:], 31, axis=1)[:, 31:32]
-    packed = np.packbits(coefficients > median, axis=1)  # first coefficient in the highest bit
-    return packed.view(">u8").reshape(-1).astype(np.uint64)
+    out the bottom right, bottom left, top right, top left, and a rim all round)."""
+    return hashes_of(image_coefficients(pixels)[None])[0]
 
 
-__all__ = ["FLAT", "HASH_KIND", "LOOKS", "THUMB", "TRIM", "image_looks", "thumbnail"]
+__all__ = [
+    "BATCH",
+    "FLAT",
+    "HALVE_FROM",
+    "HASH_KIND",
+    "LOOKS",
+    "TRIM",
+    "LooksBatch",
+    "image_coefficients",
+    "hashes_of",
+    "image_looks",
+]

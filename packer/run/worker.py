@@ -23,7 +23,7 @@ from packer.config import PreprocessConfig
 from packer.output.files import record_shard
 from packer.pixels import preprocess, read, source_codec
 from packer.pixels.geometry import image_geometry
-from packer.pixels.looks import LOOKS, image_looks
+from packer.pixels.looks import LooksBatch
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, Skipped, SourceItem
 from packer.run.shard_job import ShardJob
@@ -224,7 +224,7 @@ def write_shard(
     result = ShardResult(job.task.name, 0, [])
     sources = hashlib.sha256()
     ahead: deque[tuple[Optional[os.stat_result], bytes | DecodeError]] = deque()  # read, for the next items
-    looks: Optional[list[np.ndarray]] = [] if job.looks else None
+    looks: Optional[LooksBatch] = LooksBatch() if job.looks else None
     # A row's image kept as a file beside the container (the datasets Image feature before embedding)
     # is stamped too: the parent's stamps cover the container alone, so --resume writes such a shard
     # again rather than keep pixels of a file that changed since.
@@ -296,11 +296,11 @@ def write_shard(
                 if looks is not None and decoded is None:
                     looks = None  # a sample without pixels (none in image outputs) leaves the shard unhashed
                 elif looks is not None:
-                    looks.append(image_looks(decoded.hashed_pixels))
+                    looks.add(decoded.hashed_pixels)
             counted.one()
     counted.flush()
     if looks is not None:
-        result.looks = np.stack(looks) if looks else np.zeros((0, LOOKS), np.uint64)
+        result.looks = looks.table()
     return closed(job, writer, result, sources, at)
 
 

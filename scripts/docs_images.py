@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from PIL import Image
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,6 +35,9 @@ def sample_sheet(out: Path) -> Path:
         packed = Path(tmp) / "lmdb"
         packer("convert", str(ROOT / "sample_data" / "images"), "-f", "lmdb", "-o", str(packed), "-q")
         packer("preview", str(packed), "-o", str(sheet), "--grid", "8x5", "--tile", "96")
+    with Image.open(sheet) as picture:  # preview writes fast; the repository keeps the smaller file
+        picture.load()
+        picture.save(sheet, format="PNG", optimize=True)
     return sheet
 
 

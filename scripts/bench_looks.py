@@ -10,6 +10,10 @@ image hashing in a conversion, the search among a million hashes, and a contact 
   process; once with the default preprocessing, once with ``--resize none --codec source`` (kept
   JPEGs, hashed from a scaled decode, shorter side 40 or more). Wall time and CPU seconds of the
   conversion's processes.
+- **Share**: the same conversions run by this process (``packer.convert``), with the workers'
+  ``LooksBatch`` and ``write_shard`` timed inside them: the share of each shard's time spent
+  hashing. The A/B above carries the host's noise (a pair's ratio moves by 5-10% on a shared VM);
+  this one counts the hashing alone.
 - **Search**: ``near_groups`` over N generated images' hashes (random, one in a
   hundred a changed copy of another), at the default distance.
 - **Sheet**: ``packer preview OUT -o sheet.png`` of 64 samples of an LMDB output, a fresh process
@@ -80,6 +84,62 @@ def hashing(src: Path, work: Path, repeat: int, workers: int) -> list[dict]:
             }
         )
     return rows
+
+
+def hashing_share(src: Path, work: Path, workers: int) -> list[dict]:
+    """The share of the workers' shard time spent hashing, per preprocessing (see the docstring)."""
+    import os
+    import tempfile
+
+    import packer.run.worker as worker
+    from packer import ConvertConfig, PreprocessConfig, convert
+    from packer.pixels.looks import LooksBatch
+    from packer.spec.sample_layout import ImageCodec
+
+    spent = [0.0]
+    timed = {name: getattr(LooksBatch, name) for name in ("add", "table")}
+
+    def timing(method):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+
+        return wrapper
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "shards.txt"
+        write_shard = worker.write_shard
+
+        def shard(*args, **kwargs):
+            spent[0], started = 0.0, time.perf_counter()
+            try:
+                return write_shard(*args, **kwargs)
+            finally:  # forked workers: each appends its own line
+                with open(log, "a") as f:
+                    f.write(f"{os.getpid()} {spent[0]} {time.perf_counter() - started}\n")
+
+        rows = []
+        source = {"preprocess": PreprocessConfig(resize="none"), "codec": ImageCodec("source")}
+        for name, options in (("default", {}), ("--resize none --codec source", source)):
+            for method in timed:
+                setattr(LooksBatch, method, timing(timed[method]))
+            worker.write_shard = shard
+            try:
+                out = work / "share"
+                shutil.rmtree(out, ignore_errors=True)
+                log.write_text("")
+                convert(src, out, ConvertConfig("npy", **options), workers=workers)
+            finally:
+                worker.write_shard = write_shard
+                for method, original in timed.items():
+                    setattr(LooksBatch, method, original)
+            lines = [line.split() for line in log.read_text().splitlines()]
+            hashing, total = sum(float(h) for _, h, _ in lines), sum(float(t) for *_, t in lines)
+            rows.append({"preprocessing": name, "shards": len(lines), "hashing": hashing, "shard": total})
+        return rows
 
 
 def generated_hashes(count: int, seed: int = 0) -> np.ndarray:
@@ -171,6 +231,15 @@ def main() -> None:
             f"| {row['preprocessing']} | {row['with']:.2f} | {row['without']:.2f} | "
             f"{float(np.median(row['wall'])):.3f} ({', '.join(f'{r:.3f}' for r in row['wall'])}) | "
             f"{float(np.median(row['cpu'])):.3f} ({', '.join(f'{r:.3f}' for r in row['cpu'])}) |",
+            flush=True,
+        )
+    print("\n| preprocessing | shards | workers' seconds hashing | of their shard time | over the rest |")
+    print("|---|---:|---:|---:|---:|")
+    for row in hashing_share(src, args.work, args.workers):
+        share = row["hashing"] / row["shard"]
+        print(
+            f"| {row['preprocessing']} | {row['shards']} | {row['hashing']:.3f} | {share:.1%} | "
+            f"{row['hashing'] / (row['shard'] - row['hashing']):.1%} |",
             flush=True,
         )
     found = search(args.hashes, args.repeat)

@@ -5,6 +5,7 @@ whether a run left its staging folder, and photograph-like images with the chang
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -87,12 +88,24 @@ def no_staging(out: Path) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo process group)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a gloo process group), from a range
+    of this pytest-xdist worker's own below the kernel's ephemeral ports: a port the kernel hands out
+    (bind to 0) is free only until it is closed, and a test running at once in another worker, or
+    any server it starts, could be given the same one before the rank binds it (two groups then
+    meet on one port and wait on each other)."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    low = 10_000 + (int(worker) % 20 if worker.isdigit() else 0) * 1_000  # under 32768, the usual ephemeral start
+    for port in random.sample(range(low, low + 1_000), 1_000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{low + 999}")
 
 
 def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:

@@ -218,6 +218,9 @@ class ShardResult:
     """Each written sample's perceptual hashes (samples x ``packer.pixels.looks.LOOKS`` uint64), or a
     ``RecordedColumn`` of them; None where the shard's images were not hashed (``--no-image-hashes``,
     outputs without images, records of packers from before the image hashes)."""
+    looks_kind: str = ""
+    """The rule ``looks`` were hashed by (``packer.pixels.looks.HASH_KIND``; a record from before this
+    field: ``dct64-trim5``); --resume writes a shard of another rule's hashes again."""
 
     def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back
@@ -268,6 +271,7 @@ class ShardResult:
             **({"boxes": self.boxes} if self.boxes else {}),
             **({"image_sources": self.image_sources} if self.image_sources else {}),
             **({"scaled_counts": self.scaled_counts} if self.scaled_counts else {}),
+            **({"looks_kind": self.looks_kind} if self.looks is not None else {}),
         }
 
     @classmethod
@@ -291,4 +295,5 @@ class ShardResult:
             int(d.get("scaled_counts", 0)),
             dict(d.get("image_sources", {})),
             looks=looks,
+            looks_kind=str(d.get("looks_kind", "dct64-trim5")) if looks is not None else "",
         ).packed()

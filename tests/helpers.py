@@ -92,7 +92,8 @@ def free_port() -> int:
     of this pytest-xdist worker's own below the kernel's ephemeral ports: a port the kernel hands out
     (bind to 0) is free only until it is closed, and a test running at once in another worker, or
     any server it starts, could be given the same one before the rank binds it (two groups then
-    meet on one port and wait on each other)."""
+    meet on one port and wait on each other). Assumes the kernel's ephemeral ports start above
+    30000 (Linux: 32768) and at most 20 workers (more share ranges)."""
     import random
     import socket
 

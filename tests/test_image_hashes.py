@@ -4,6 +4,7 @@ outputs, and the hashes kept right by --resume and --append (or dropped where an
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -30,6 +31,7 @@ from packer.ops.append import append
 from packer.ops.combine import combine
 from packer.ops.repack import repack
 from packer.ops.splits import convert_splits
+from packer.output.files import staging_dir
 from packer.output.image_hashes import HASHES_NAME, leaks_between
 from packer.output.verify import verify
 from packer.pixels.looks import FLAT, HASH_KIND, LOOKS, image_looks
@@ -96,9 +98,15 @@ def test_hashes_of_another_rule_are_not_compared_but_still_verified(photos, tmp_
     manifest = json.loads((old / "manifest.json").read_text())
     manifest["image_hashes"]["kind"] = "dct64-trim5"
     (old / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ManifestError, match=r"another kind \('dct64-trim5', this packer's: 'dct-area-trim5'\)"):
+    with pytest.raises(ManifestError, match=r"hashes of different kinds \('dct64-trim5', 'dct-area-trim5'\)"):
         leaks_between(old, new)
     assert verify(old) == []
+    info = CliRunner().invoke(cli, ["info", str(new), str(old)])
+    assert info.exit_code == 0, info.output
+    assert f"not compared: {old} and {new} hold image hashes of different kinds" in info.output.replace("\n", " ")
+    older = tmp_path / "older"  # two outputs of one earlier rule are still compared with each other
+    shutil.copytree(old, older)
+    assert len(leaks_between(older, old)) == 23  # every image but the two of one colour, which match nothing
 
 
 def test_kept_source_files_are_hashed_from_their_checking_decode(photos, tmp_path):
@@ -132,6 +140,27 @@ def test_resume_keeps_each_shards_hashes(photos, tmp_path):
     assert 0 < resumed.processed < 25
     assert np.array_equal(np.load(out / HASHES_NAME), np.load(whole / HASHES_NAME))
     assert groups(out) == EXPECTED_GROUPS and verify(out) == []
+
+
+def test_resume_writes_again_a_shard_hashed_by_another_rule(photos, tmp_path, caplog):
+    # an interrupted run of a packer with the thumbnail's rule, resumed by this one: its finished
+    # shards' hashes are other numbers, so those shards are written again, never mixed into one file
+    config = ConvertConfig("npy", PRE, ShardSize(samples=5))
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    convert(photos, whole, config, workers=1)
+    interrupted_after(photos, out, config, 7)
+    records = sorted(staging_dir(out).glob("*.done.json"))
+    assert records
+    for record in records:
+        d = json.loads(record.read_text())
+        assert d["looks_kind"] == HASH_KIND
+        d["looks_kind"] = "dct64-trim5"
+        d["looks_u64"] = base64.b64encode(bytes(len(base64.b64decode(d["looks_u64"])))).decode()
+        record.write_text(json.dumps(d))
+    resumed = convert(photos, out, config, workers=1, resume=True)
+    assert resumed.processed == 25  # every shard written again
+    assert "hashed by another rule (dct64-trim5); writing it again" in caplog.text
+    assert np.array_equal(np.load(out / HASHES_NAME), np.load(whole / HASHES_NAME))
 
 
 def test_records_carry_the_hashes_and_older_records_none():

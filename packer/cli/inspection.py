@@ -14,7 +14,7 @@ from packer.cli.options import OutputLocation
 from packer.cli.render import compare_class_maps, describe, describe_splits
 from packer.output.image_hashes import leaks_between
 from packer.output.verify import verify as verify_output
-from packer.spec.errors import PackerError
+from packer.spec.errors import ManifestError, PackerError
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.splits_record import is_splits_folder, read_splits, splits_problems
 
@@ -86,7 +86,11 @@ def _leak_lines(outputs: list[Path]) -> list[str]:
     lines = []
     for n, later in enumerate(outputs):
         for earlier in outputs[:n]:
-            pairs = leaks_between(later, earlier)
+            try:
+                pairs = leaks_between(later, earlier)
+            except ManifestError as e:  # hashes of another rule, a damaged file: the rest is still worth listing
+                lines.append(f"not compared: {e}")
+                continue
             if not pairs:
                 lines.append(f"no image of {later} nearly duplicates one of {earlier}")
                 continue

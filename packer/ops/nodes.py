@@ -31,7 +31,7 @@ from packer.records import SOURCE_DIGEST, ShardResult, ShardTask, Skipped
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, LocalExecutor, ProgressFn
 from packer.run.job import ConvertJob, Selection
 from packer.run.plan import plan_tasks
-from packer.run.resume import current_digests, plan_fingerprint
+from packer.run.resume import current_digests, current_hashes, plan_fingerprint
 from packer.run.shard_job import ShardWork
 from packer.run.staging import Staging, describe_os_error
 from packer.sources.containers import job_for
@@ -153,7 +153,7 @@ def convert_node(
             for i, t in enumerate(tasks)
             if node.owner(i) == node.rank
         ]
-        finished = current_digests(staging.finished([j.task.name for j in jobs]))
+        finished = current_hashes(current_digests(staging.finished([j.task.name for j in jobs])))
         if on_plan is not None:
             on_plan(found, [j.task for j in jobs])
         with staging.writing(shared=True):

@@ -138,11 +138,18 @@ def leaks_between(first: Path, second: Path, distance: Optional[int] = None) -> 
     """For each image of ``first`` that nearly duplicates an image of ``second`` (the same photo in
     ``val`` and ``train``), its key and the first such image's: ``(key in first, key in second)``, in
     ``first``'s order; ``distance``: bits, by default the larger of the two outputs' own.
-    ManifestError where one has no image hashes."""
+    ManifestError where one has no image hashes, or the two were hashed by different rules (whose
+    numbers mean different things: compared, they would match nothing, or by chance)."""
     manifests = [read_manifest(first), read_manifest(second)]
     if distance is None:
         distance = max(int((m.near_duplicates or {}).get("distance", DUP_DISTANCE)) for m in manifests)
-    looks = [read_hashes(root, m) for root, m in zip((first, second), manifests)]
+    looks = [read_hashes(root, m, comparable=False) for root, m in zip((first, second), manifests)]
+    kinds = [m.image_hashes.get("kind") for m in manifests]  # type: ignore[union-attr] - read_hashes checked
+    if kinds[0] != kinds[1]:
+        raise ManifestError(
+            f"{first} and {second} hold image hashes of different kinds ({kinds[0]!r}, {kinds[1]!r}): "
+            "convert the older one again to compare their images"
+        )
     pairs = cross_matches(looks[0], looks[1], distance)
     if not len(pairs):
         return []

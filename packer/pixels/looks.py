@@ -85,7 +85,7 @@ class _Plan(NamedTuple):
     columns: np.ndarray
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=512)
 def _side(length: int) -> tuple[tuple[int, ...], np.ndarray]:
     """A side of ``length`` pixels as the grid has it: its lengths after each halving (while at least
     ``HALVE_FROM``), and the cosines over its cells (``_basis``). Cached by side, not by size, so
@@ -97,7 +97,7 @@ def _side(length: int) -> tuple[tuple[int, ...], np.ndarray]:
     return tuple(lengths), _basis(cells, length / scale)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def _plan(height: int, width: int) -> _Plan:
     """The ``_Plan`` of an image of ``height`` x ``width`` pixels: each side halved (2 x 2 means)
     while it is at least ``HALVE_FROM``; an odd last pixel is left out, and the grid's last cell
@@ -109,26 +109,32 @@ def _plan(height: int, width: int) -> _Plan:
         w = columns[min(i, len(columns) - 1)] if columns else width
         halvings.append((h, w, 1 + (i < len(rows)), 1 + (i < len(columns))))
     # numpy multiplies by a transposed view slowly: the columns' cosines are laid out for it
-    return _Plan(tuple(halvings), row_basis, np.ascontiguousarray(column_basis.T))
+    transposed = np.ascontiguousarray(column_basis.T)
+    transposed.flags.writeable = False  # cached and shared
+    return _Plan(tuple(halvings), row_basis, transposed)
 
 
 def _basis(cells: int, extent: float) -> np.ndarray:
     """The 8 lowest DCT-II cosines over each of four spans of a side of ``cells`` cells covering
-    ``extent`` cells (32 x cells, float32; the spans of ``_SPANS``): each cell weighted by how much
-    of it the span covers, the cosine taken at the middle of that part, so a window's coefficients
-    are those of the window resampled, without resampling."""
+    ``extent`` cells (32 x cells, float32; the spans of ``_SPANS``): each cosine integrated exactly
+    over the part of each cell inside the span (the last cell reaching to ``extent``), so a window's
+    coefficients are those of the window resampled, without resampling, and an image of one colour
+    has no coefficient but its mean (a sampled cosine would leak the mean into the others wherever
+    the cells do not split the span evenly)."""
     left = np.arange(cells, dtype=np.float64)
     right = left + 1
     right[-1] = extent
     t = TRIM * extent
+    u = np.arange(1, _FREQUENCIES, dtype=np.float64)[:, None]
     rows = []
     for start, stop in ((0.0, extent), (0.0, extent - t), (t, extent), (t / 2, extent - t / 2)):
-        lo, hi = np.maximum(left, start), np.minimum(right, stop)
-        weight = np.clip(hi - lo, 0, None)
-        middle = (lo + hi) / 2 - start
-        u = np.arange(_FREQUENCIES, dtype=np.float64)[:, None]
-        rows.append(np.cos(np.pi * u * middle[None, :] / (stop - start)) * weight[None, :])
-    return np.concatenate(rows).astype(np.float32)
+        lo, hi = np.clip(left, start, stop), np.clip(right, start, stop)  # each cell's part in the span
+        size = stop - start
+        waves = size / (np.pi * u) * (np.sin(np.pi * u * (hi - start) / size) - np.sin(np.pi * u * (lo - start) / size))
+        rows.append(np.concatenate([(hi - lo)[None, :], waves]))
+    basis = np.concatenate(rows).astype(np.float32)
+    basis.flags.writeable = False  # cached and shared
+    return basis
 
 
 def image_coefficients(pixels: np.ndarray) -> np.ndarray:

@@ -115,6 +115,21 @@ def current_digests(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:
     return kept
 
 
+def current_hashes(finished: dict[str, ShardResult]) -> dict[str, ShardResult]:
+    """The ``finished`` shards whose image hashes (if any) are of this packer's rule
+    (``packer.pixels.looks.HASH_KIND``). The others are written again, so that one output's
+    ``image_hashes.npy`` never holds rows of two rules (compared, they would match nothing)."""
+    from packer.pixels.looks import HASH_KIND
+
+    kept = {}
+    for name, result in finished.items():
+        if result.looks is None or result.looks_kind == HASH_KIND:
+            kept[name] = result
+        else:
+            log.warning("%s: its images were hashed by another rule (%s); writing it again", name, result.looks_kind)
+    return kept
+
+
 def current_layout(finished: dict[str, ShardResult], version: int) -> dict[str, ShardResult]:
     """The ``finished`` shards written at on-disk format ``version``, the one this run writes. The
     others (an older packer's: hdf5 keys in the global heap, lmdb files without their structure

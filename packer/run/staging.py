@@ -35,7 +35,14 @@ from packer.output.finish import name_shards, write_output
 from packer.output.shard_uploads import sink_for
 from packer.records import ShardResult, ShardTask
 from packer.run.executor import Executor, ProgressFn
-from packer.run.resume import SOURCES_PER_SHARD, current_digests, current_layout, plan_record, unchanged_sources
+from packer.run.resume import (
+    SOURCES_PER_SHARD,
+    current_digests,
+    current_hashes,
+    current_layout,
+    plan_record,
+    unchanged_sources,
+)
 from packer.run.shard_job import ShardJob
 from packer.spec.errors import OutputError
 from packer.spec.manifest import Manifest
@@ -191,7 +198,7 @@ class Staging:
                 f"the source files or options changed since the interrupted run of {self.shown}{other}; "
                 "run without --resume to start over"
             )
-        finished = current_layout(current_digests(self.finished([t.name for t in tasks])), version)
+        finished = current_hashes(current_layout(current_digests(self.finished([t.name for t in tasks])), version))
         if previous.get("sources") == SOURCES_PER_SHARD:
             finished = unchanged_sources(finished, tasks)
         for task in tasks:

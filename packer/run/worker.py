@@ -23,7 +23,7 @@ from packer.config import PreprocessConfig
 from packer.output.files import record_shard
 from packer.pixels import preprocess, read, source_codec
 from packer.pixels.geometry import image_geometry
-from packer.pixels.looks import LooksBatch
+from packer.pixels.looks import HASH_KIND, LooksBatch
 from packer.pixels.prefetch import Prefetcher, reads_are_slow
 from packer.records import Sample, ShardResult, Skipped, SourceItem
 from packer.run.shard_job import ShardJob
@@ -300,7 +300,7 @@ def write_shard(
             counted.one()
     counted.flush()
     if looks is not None:
-        result.looks = looks.table()
+        result.looks, result.looks_kind = looks.table(), HASH_KIND
     return closed(job, writer, result, sources, at)
 
 

@@ -31,6 +31,7 @@ from packer.spec.errors import DecodeError, PackerError
 from packer.spec.manifest import read_manifest
 
 PRE = PreprocessConfig(size=(16, 12))
+pytestmark = pytest.mark.xdist_group("ray")  # one test process runs them all: one Ray instance, not one a process
 
 # Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
 # worker running its task the first time it is decoded (the shard's process is that worker's

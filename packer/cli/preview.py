@@ -162,7 +162,6 @@ def _preview_source(
     import numpy as np
 
     from packer.sources.preview import open_source, read_source_samples
-    from readers.preview.sheet import Shown
 
     chosen, random_count, class_name, seed = picked
     try:
@@ -178,10 +177,9 @@ def _preview_source(
             wanted = _class_index(class_name, found.classes, folder)
             pool = np.flatnonzero(np.array([item.label for item in found.items]) == wanted)
         indices = _chosen_indices(pool, count, chosen, random_count, seed, columns * rows, folder)
-        samples = read_source_samples(view, indices)
+        shown = read_source_samples(view, indices)
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    shown = [Shown(s.index, s.key, s.image, s.label, s.target, s.error) for s in samples]
     _draw(shown, sheet, as_text, columns, tile, (found.classes, view.categories, None), folder)
 
 
@@ -215,13 +213,12 @@ def _sources_of(shown: list, folder: Path, annotations: Optional[Path], box_coor
 
     view = open_source(folder, annotations, box_coords)
     where = {item.relpath: i for i, item in enumerate(view.found.items)}
+    read = iter(read_source_samples(view, [where[s.key] for s in shown if s.key in where]))
     tiles = []
     for s in shown:
-        if s.key not in where:
-            tiles.append(Shown(s.index, s.key, error=f"{s.key} is not in {folder}"))
-            continue
-        (found,) = read_source_samples(view, [where[s.key]])
-        tiles.append(Shown(s.index, found.key, found.image, found.label, found.target, found.error))
+        tile = next(read) if s.key in where else Shown(s.index, s.key, error=f"{s.key} is not in {folder}")
+        tile.index = s.index  # the stored sample's position, which the pair is captioned with
+        tiles.append(tile)
     return tiles
 
 

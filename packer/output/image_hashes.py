@@ -46,12 +46,9 @@ def gathered_looks(results: Sequence[ShardResult]) -> Optional[np.ndarray]:
 
 
 def write_hashes(folder: Path, looks: np.ndarray) -> dict:
-    """Write ``looks`` as ``folder/image_hashes.npy``; the manifest's ``image_hashes`` entry of it."""
-    path = folder / HASHES_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(looks, dtype="<u8"), allow_pickle=False)
-    tmp.replace(path)
+    """Write ``looks`` as ``folder/image_hashes.npy`` (``folder``: the staging folder, published whole
+    or not at all); the manifest's ``image_hashes`` entry of it."""
+    np.save(folder / HASHES_NAME, np.ascontiguousarray(looks, dtype="<u8"), allow_pickle=False)
     entry = file_entry(folder, HASHES_NAME)
     return {"path": HASHES_NAME, "bytes": entry.bytes, "sha256": entry.sha256, "kind": HASH_KIND, "looks": LOOKS}
 
@@ -143,13 +140,13 @@ def leaks_between(first: Path, second: Path, distance: Optional[int] = None) -> 
     manifests = [read_manifest(first), read_manifest(second)]
     if distance is None:
         distance = max(int((m.near_duplicates or {}).get("distance", DUP_DISTANCE)) for m in manifests)
-    looks = [read_hashes(root, m, comparable=False) for root, m in zip((first, second), manifests)]
-    kinds = [m.image_hashes.get("kind") for m in manifests]  # type: ignore[union-attr] - read_hashes checked
-    if kinds[0] != kinds[1]:
+    kinds = [(m.image_hashes or {}).get("kind") for m in manifests]
+    if all(m.image_hashes is not None for m in manifests) and kinds[0] != kinds[1]:  # before reading either file
         raise ManifestError(
             f"{first} and {second} hold image hashes of different kinds ({kinds[0]!r}, {kinds[1]!r}): "
             "convert the older one again to compare their images"
         )
+    looks = [read_hashes(root, m, comparable=False) for root, m in zip((first, second), manifests)]
     pairs = cross_matches(looks[0], looks[1], distance)
     if not len(pairs):
         return []

@@ -177,7 +177,7 @@ def _preview_source(
             wanted = _class_index(class_name, found.classes, folder)
             pool = np.flatnonzero(np.array([item.label for item in found.items]) == wanted)
         indices = _chosen_indices(pool, count, chosen, random_count, seed, columns * rows, folder)
-        shown = read_source_samples(view, indices)
+        shown = _tiles(read_source_samples(view, indices))
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     _draw(shown, sheet, as_text, columns, tile, (found.classes, view.categories, None), folder)
@@ -213,13 +213,20 @@ def _sources_of(shown: list, folder: Path, annotations: Optional[Path], box_coor
 
     view = open_source(folder, annotations, box_coords)
     where = {item.relpath: i for i, item in enumerate(view.found.items)}
-    read = iter(read_source_samples(view, [where[s.key] for s in shown if s.key in where]))
+    read = iter(_tiles(read_source_samples(view, [where[s.key] for s in shown if s.key in where])))
     tiles = []
     for s in shown:
         tile = next(read) if s.key in where else Shown(s.index, s.key, error=f"{s.key} is not in {folder}")
         tile.index = s.index  # the stored sample's position, which the pair is captioned with
         tiles.append(tile)
     return tiles
+
+
+def _tiles(samples: list) -> list:
+    """``packer.sources.preview``'s samples as the sheet's ``Shown`` tiles (the same fields)."""
+    from readers.preview.sheet import Shown
+
+    return [Shown(**vars(s)) for s in samples]
 
 
 def _class_index(name: str, classes: Optional[list[str]], where: Path) -> int:

@@ -18,10 +18,22 @@ from packer.pixels import preprocess, read
 from packer.sources.discover import Discovery, discover
 from packer.spec.errors import DecodeError
 from packer.targets.detection import Matched, match_targets, target_bytes
-from readers.preview.sheet import Shown
 
 AS_STORED = PreprocessConfig(size=None, resize="none")
 """The images' own pixels, upright: nothing resized, so the boxes are drawn where they are."""
+
+
+@dataclass
+class SourceSample:
+    """One source image as a sheet shows it: the fields of ``readers.preview.sheet.Shown``, which the
+    CLI makes of it (the converter's modules never import the readers, ``tests/test_imports.py``)."""
+
+    index: int
+    key: str
+    image: Optional[np.ndarray] = None
+    label: int = -1
+    target: Optional[dict] = None
+    error: Optional[str] = None
 
 
 @dataclass
@@ -49,14 +61,14 @@ def open_source(folder: Path, annotations: Optional[Path] = None, coords: str = 
     return SourceView(matched.found, matched, detection)
 
 
-def read_source_samples(view: SourceView, indices: Sequence[int]) -> list[Shown]:
-    """The images at ``indices`` of ``view``, as a sheet's tiles: a file that cannot be decoded, or
-    whose annotation does not fit it, becomes a tile that says why, and the others are still read."""
+def read_source_samples(view: SourceView, indices: Sequence[int]) -> list[SourceSample]:
+    """The images at ``indices`` of ``view``: a file that cannot be decoded, or whose annotation does
+    not fit it, becomes a sample that says why, and the others are still read."""
     items = view.found.items
     shown = []
     for i in indices:
         item = items[int(i)]
-        sample = Shown(int(i), item.relpath, label=int(item.label))
+        sample = SourceSample(int(i), item.relpath, label=int(item.label))
         try:
             decoded = preprocess.decode(read.read_source(item.path), AS_STORED, item.relpath)
             sample.image = np.ascontiguousarray(decoded.pixels)
@@ -70,4 +82,4 @@ def read_source_samples(view: SourceView, indices: Sequence[int]) -> list[Shown]
     return shown
 
 
-__all__ = ["AS_STORED", "SourceView", "open_source", "read_source_samples"]
+__all__ = ["AS_STORED", "SourceSample", "SourceView", "open_source", "read_source_samples"]

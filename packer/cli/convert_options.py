@@ -149,7 +149,7 @@ _OPTIONS: list[Callable] = [
         is_flag=True,
         help="Add the files of SOURCE that the existing output OUTPUT does not hold yet, as new shards: its "
         "shards stay as they are, its preprocessing and class map are used (a new class needs "
-        "--add-classes).",
+        "--add-classes). OUTPUT may be a bucket: only what the append reads of it is fetched.",
     ),
     click.option("-q", "--quiet", is_flag=True, help="No progress bar."),
     click.option(

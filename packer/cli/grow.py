@@ -224,7 +224,7 @@ def append_to(
             )
         )
 
-    with stop_on_signals(), reported(bars, lambda: f"packer: interrupted; {output} is as it was"):
+    with stop_on_signals(), reported(bars, lambda: _interrupted(output)):
         try:
             with logging_redirect_tqdm(), executor_for(executor_name, address, workers) as executor:
                 result = append_files(
@@ -243,3 +243,9 @@ def append_to(
         except DecodeError as e:
             raise click.ClickException(f"stopped at the first bad file (--strict), {output} unchanged: {e}") from None
     append_summary(result, source)
+
+
+def _interrupted(output: Path) -> str:
+    """What an interrupted append says: that the output is as it was (for a bucket output,
+    ``packer.cli.remote_output`` says it, once the run's objects are gone)."""
+    return "" if sink_for(output) is not None else f"packer: interrupted; {output} is as it was"

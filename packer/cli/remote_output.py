@@ -1,7 +1,9 @@
 """``packer convert ... -o s3://bucket/prefix``: the conversion written to a local temporary folder, its
 shards uploaded as they finish (``packer.output.shard_uploads``: the local folder holds a few shards,
 not the output), the rest by ``packer.output.upload`` (checked, the manifest last). An interrupt keeps
-the finished shards in the bucket, and ``--resume`` continues from them (``ShardUploads.restore``)."""
+the finished shards in the bucket, and ``--resume`` continues from them (``ShardUploads.restore``).
+With ``--append`` the local folder starts with the output's manifest, and the append reads the rest
+from the bucket (``packer.output.held_files``)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from tqdm import tqdm
 from packer.cli.render import showing
 from packer.cli.signals import stop_on_signals
 from packer.output.shard_uploads import ShardUploads, streaming
-from packer.output.upload import release, reserve, upload_output
+from packer.output.upload import fetch_output, release, reserve, upload_output
 from packer.spec.errors import PackerError
+from packer.spec.manifest import MANIFEST_NAME
 
-NOT_YET = {"append_": "--append", "num_nodes": "--num-nodes", "drop_duplicates": "--drop-duplicates"}
+NOT_YET = {"num_nodes": "--num-nodes", "drop_duplicates": "--drop-duplicates"}
 """Options a conversion into a bucket does not take yet."""
 
 
@@ -35,26 +38,39 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         given.append("--executor ray")  # its tasks write to a folder every node sees, not a private one
     if given:
         raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
-    overwrite, resume = bool(p.get("overwrite")), bool(p.get("resume"))
+    overwrite, resume, append = bool(p.get("overwrite")), bool(p.get("resume")), bool(p.get("append_"))
+    if append and (overwrite or resume):
+        raise click.UsageError(f"--append with {'--overwrite' if overwrite else '--resume'}: give one of them")
     try:
-        dest = reserve(url, overwrite, resume)  # before any work: the prefix checked, its lock taken
+        dest = reserve(url, overwrite, resume, append)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: a few shards at a time
-    local = scratch / "output"
+    # an append's folder has the output's name: a split of a set is refused by it, as a local one is
+    local = scratch / (url.rstrip("/").rsplit("/", 1)[-1] if append else "output")
     saved = dict(p)
     p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
     shards = ShardUploads(dest, local)
+    before = None
     try:
         try:
             if resume:
                 shards.restore()  # the interrupted run's records, for the conversion's --resume
+            if append:
+                before = fetch_output(dest, local, scratch / "packer-before")
             with streaming(shards), showing(local, url):  # the summary names the bucket, not the local folder
                 yield local
             shards.finish()
+            if before is not None and (local / MANIFEST_NAME).read_bytes() == (before / MANIFEST_NAME).read_bytes():
+                shards.abandon()  # nothing appended: the output is as it was, the run's parts go
+                return
         except PackerError as e:
             shards.abandon()
-            raise click.ClickException(str(e)) from None
+            raise click.ClickException(str(e).replace(str(local), url.rstrip("/"))) from None
+        except click.ClickException as e:  # a usage error too: what it says of the local folder is of the bucket
+            shards.abandon()
+            e.message = e.message.replace(str(local), url.rstrip("/"))
+            raise
         except BaseException as e:
             interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
             shards.abandon(resumable=interrupted)
@@ -67,7 +83,12 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             try:
                 with tqdm(total=size, unit="B", unit_scale=True, disable=bool(p.get("quiet")), desc="uploading") as bar:
                     sent = upload_output(
-                        local, dest, progress=bar.update, streamed=frozenset(shards.published), abandon=shards.abandon
+                        local,
+                        dest,
+                        progress=bar.update,
+                        streamed=frozenset(shards.published),
+                        abandon=shards.abandon,
+                        restore=before,
                     )
             except KeyboardInterrupt:
                 if dest.published:

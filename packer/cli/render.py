@@ -130,34 +130,34 @@ def skipped_summary(skipped: list[Skipped], report: Path, what: str = "file(s)")
 
 def append_summary(result, source) -> None:
     """Print a finished append (``packer.ops.append.AppendResult``): what was added, and what was reported."""
-    m = result.manifest
+    m, output = result.manifest, shown_as(result.output)
     if not result.added and result.processed:
         click.echo(
             f"packer: nothing appended: none of the {result.processed} new file(s) of {source} could be packed; "
-            f"{result.output} is unchanged"
+            f"{output} is unchanged"
         )
     elif not result.added:
-        click.echo(f"packer: nothing to append: every sample of {source} is in {result.output} already")
+        click.echo(f"packer: nothing to append: every sample of {source} is in {output} already")
     else:
         new = [h for h in m.history if h.get("action") == "append"][-1]
         click.echo(
-            f"packer: appended {result.added} samples in {len(new['shards'])} new shard(s) to {result.output} "
+            f"packer: appended {result.added} samples in {len(new['shards'])} new shard(s) to {output} "
             f"in {result.seconds:.1f} s; it now holds {m.samples} samples in {len(m.shards)} shard(s)"
         )
     if result.changed:
         click.echo(
-            f"warning: {len(result.changed)} file(s) that {result.output} holds were modified after it was "
+            f"warning: {len(result.changed)} file(s) that {output} holds were modified after it was "
             f"written and are not packed again: {', '.join(result.changed[:SHOW_SKIPPED])}",
             err=True,
         )
     if result.removed:
         click.echo(
-            f"warning: {len(result.removed)} sample(s) of {result.output} are no longer in {source} (still in "
+            f"warning: {len(result.removed)} sample(s) of {output} are no longer in {source} (still in "
             f"the output): {', '.join(result.removed[:SHOW_SKIPPED])}",
             err=True,
         )
     if result.skipped:
-        where = f", all listed in {result.output / REPORT_NAME}" if result.added else ""
+        where = f", all listed in {output}/{REPORT_NAME}" if result.added else ""
         click.echo(f"skipped {len(result.skipped)} new file(s){where}:", err=True)
         for s in result.skipped[:SHOW_SKIPPED]:
             click.echo(f"      {shown(s.path)}: {s.reason}", err=True)

@@ -31,7 +31,7 @@ from packer.ops.combine import cross_duplicates, differing, merged_stats
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.output.files import local_output
-from packer.output.finish import name_shards
+from packer.output.held_files import HeldFiles
 from packer.output.image_hashes import (
     gathered_looks,
     keys_in_output,
@@ -52,7 +52,6 @@ from packer.sources.origin import checked, refuse_packer_output
 from packer.spec.errors import ConfigError, InputError, ManifestError, OutputError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
-from packer.spec.registry import get_format
 from packer.spec.sample_layout import ImageCodec, SampleLayout
 from packer.spec.text import TextConfig
 from packer.system import usable_cpus
@@ -232,11 +231,10 @@ def _append_locked(
 ) -> AppendResult:
     """The part of ``append`` that runs under the output's lock (``staging``)."""
     output = staging.output
-    spec = get_format(old.format)
-    old_layout = SampleLayout.from_manifest(old)
+    files = HeldFiles.of(output)  # OUT's shards: in its folder, or in the bucket it is in
     held: set[str] = set()
-    for shard in old.shards:
-        held.update(spec.read_index(output, shard, old_layout)[0])
+    for keys, _ in files.indexes(old, SampleLayout.from_manifest(old)):
+        held.update(keys)
     written_at = FileStamp.at(output / MANIFEST_NAME).mtime_ns
     changed = sorted(it.relpath for it in found.items if it.relpath in held and _modified_after(it, written_at))
     # Removed: no longer in the source at all. A held file that discovery skipped is still there: a
@@ -253,14 +251,14 @@ def _append_locked(
         log.warning(
             "%d file(s) that %s holds were modified after it was written; they are not packed again: %s",
             len(changed),
-            output,
+            files.shown,
             ", ".join(changed[:5]),
         )
     if removed:
         log.warning(
             "%d sample(s) of %s are no longer in %s (kept in the output): %s",
             len(removed),
-            output,
+            files.shown,
             source,
             ", ".join(removed[:5]),
         )
@@ -286,16 +284,17 @@ def _append_locked(
     # the new version into place, and an append is simply run again.
     with staging.writing(resumable=False) as stage:
         jobs = [ShardWork.of(config, layout, str(stage), strict).job(first + i, t) for i, t in enumerate(tasks)]
-        results = executor.run(jobs, progress=progress, timeout=timeout) if jobs else []
-        for shard in old.shards:  # under their own names: readers of the old version find them
-            place_shard(stage, output, shard, shard.name, True)
+        results = executor.run(jobs, progress=progress, timeout=timeout, on_result=staging.on_result) if jobs else []
+        if files.store is None:  # in a bucket they stay where they are, under the names the new manifest lists
+            for shard in old.shards:  # under their own names: readers of the old version find them
+                place_shard(stage, output, shard, shard.name, True)
         results = sorted(results, key=lambda r: r.name)
-        results = name_shards(stage, results, [r.name for r in results], first)
+        results = staging.name_shards(results, [r.name for r in results], first)
         if not any(r.samples for r in results):  # every new file was bad: the output stays as it is
             staging.discard()
             bad = [s for r in results for s in r.skipped]
             return AppendResult(output, old, 0.0, bad, found.ignored, len(fresh), 0, changed, removed)
-        manifest = _appended_manifest(output, stage, old, layout, new_found, results, config, changed, removed)
+        manifest = _appended_manifest(files, stage, old, layout, new_found, results, config, changed, removed)
         staging.publish(manifest, overwrite=True)
     added = sum(r.samples for r in results)
     all_skipped = [*new_found.skipped, *(s for r in results for s in r.skipped)]  # this run's, not the output's
@@ -319,7 +318,7 @@ def _next_index(old: Manifest) -> int:
 
 
 def _appended_manifest(
-    output: Path,
+    files: HeldFiles,
     stage: Path,
     old: Manifest,
     layout: SampleLayout,
@@ -337,7 +336,7 @@ def _appended_manifest(
     probe = replace(old, stats=new_stats, samples=sum(s.samples for s in new_shards), shards=new_shards)
     stats = merged_stats([old, probe])
     # Samples stored with the same bytes as one OUT holds: compared through the stored bytes.
-    across = cross_duplicates([output, stage], [old, probe], layout)
+    across = cross_duplicates([files.root, stage], [old, probe], layout, [files, HeldFiles.of(files.root, stage)])
     duplicates = merged_groups(
         [
             *old.duplicates,
@@ -388,12 +387,12 @@ def _appended_manifest(
             "ignored": ignored,
         },
         history=[*old.history, entry],
-        **_appended_hashes(output, stage, old, layout, results, config, duplicates),
+        **_appended_hashes(files, stage, old, layout, results, config, duplicates),
     )
 
 
 def _appended_hashes(
-    output: Path,
+    files: HeldFiles,
     stage: Path,
     old: Manifest,
     layout: SampleLayout,
@@ -408,15 +407,17 @@ def _appended_hashes(
     new = gathered_looks(results) if config.image_hashes else None
     if old.image_hashes is None or new is None:
         if old.image_hashes is not None:
-            log.warning("the new samples were not hashed: %s no longer lists near-duplicates", output)
+            log.warning("the new samples were not hashed: %s no longer lists near-duplicates", files.shown)
         return none
+    entry = old.image_hashes
     try:
-        looks = np.concatenate([read_hashes(output, old), new])
-    except ManifestError as e:
+        with files.folder([(entry["path"], entry["bytes"], entry["sha256"])]) as folder:
+            looks = np.concatenate([read_hashes(folder, old), new])
+    except (ManifestError, KeyError, TypeError) as e:
         log.warning("near-duplicates not searched again: %s", e)
         return none
     distance = int((old.near_duplicates or {}).get("distance", config.dup_distance))
-    in_output, in_results = keys_in_output(output, old, layout), keys_in_results(results, old.samples)
+    in_output, in_results = keys_in_output(files, old, layout), keys_in_results(results, old.samples)
 
     def keys_at(indices: Sequence[int]) -> dict[int, str]:
         earlier = [i for i in indices if i < old.samples]

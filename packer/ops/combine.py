@@ -20,7 +20,7 @@ import os
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from packer import __version__
 from packer.ops.combine_tokens import combine_tokens
@@ -28,9 +28,10 @@ from packer.ops.convert import ConvertResult
 from packer.output.assemble import merged_groups, shard_entries
 from packer.output.files import check_output, local_output
 from packer.output.finish import name_shards
+from packer.output.held_files import HeldFiles
 from packer.output.placed_shards import combine_entry, input_names, place_shard
 from packer.pixels.stats import auto_normalize
-from packer.records import ShardResult, ShardTask, Skipped, SourceItem
+from packer.records import ShardResult, ShardTask, Skipped, SourceItem, StoredSample
 from packer.run.executor import Executor, LocalExecutor, ProgressFn
 from packer.run.plan import shard_name
 from packer.run.shard_job import ShardWork
@@ -205,16 +206,20 @@ def _write_shards(
     return [r for r in results if r is not None], sum(len(j.task.items) for j in jobs)
 
 
-def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: SampleLayout) -> list[list[str]]:
+def cross_duplicates(
+    roots: list[Path], manifests: list[Manifest], layout: SampleLayout, files: Optional[list[HeldFiles]] = None
+) -> list[list[str]]:
     """Groups of keys of samples stored with identical bytes in different inputs (``INPUT:KEY``):
-    candidates by their stored CRC-32 (read without images), confirmed by comparing the bytes."""
+    candidates by their stored CRC-32 (read without images), confirmed by comparing the bytes.
+    ``files``: where each input's shard files are (default: in its folder of ``roots``)."""
     spec = get_format(manifests[0].format)
     names = input_names(roots)
+    files = files or [HeldFiles(root) for root in roots]
     seen: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)  # crc -> (input, shard, local, key)
     for n, (root, m) in enumerate(zip(roots, manifests)):
         for s, shard in enumerate(m.shards):
             try:
-                keys, crcs = spec.read_index(root, shard, layout)
+                keys, crcs = files[n].index(m, shard, layout)
             except (KeyError, ValueError) as e:
                 raise ManifestError(
                     f"{root}: {shard.name} has no per-sample checksums to compare ({e}): an output of "
@@ -231,17 +236,8 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
         by_shard[(n, s)].add(local)
     for (n, s), locals_ in by_shard.items():
         shard = manifests[n].shards[s]
-        for sample in spec.scan(roots[n], shard, layout):
-            if sample.local in locals_:
-                image = (
-                    sample.encoded
-                    if sample.encoded is not None
-                    else (sample.image.tobytes() if sample.image is not None else b"")
-                )
-                h = hashlib.sha256(bytes(image))
-                for value in sample.fields.values():
-                    h.update(len(value).to_bytes(8, "little") + bytes(value))
-                stored[(n, s, sample.local)] = h.digest()
+        with files[n].shard_folder(shard) as folder:
+            stored.update(_stored_digests(spec.scan(folder, shard, layout), locals_, n, s))
     groups = []
     for group in seen.values():
         by_bytes = defaultdict(list)
@@ -252,6 +248,26 @@ def cross_duplicates(roots: list[Path], manifests: list[Manifest], layout: Sampl
             if len({n for n, _ in members}) > 1:
                 groups.append(sorted(f"{names[n]}:{key}" for n, key in members))
     return sorted(groups)
+
+
+def _stored_digests(
+    samples: Iterable[StoredSample], wanted: set[int], n: int, s: int
+) -> dict[tuple[int, int, int], bytes]:
+    """The SHA-256 of the stored bytes (image, then each field with its length) of the ``wanted``
+    samples (by position in their shard) of ``samples``, by ``(n, s, position)``."""
+    digests = {}
+    for sample in samples:
+        if sample.local in wanted:
+            image = (
+                sample.encoded
+                if sample.encoded is not None
+                else (sample.image.tobytes() if sample.image is not None else b"")
+            )
+            h = hashlib.sha256(bytes(image))
+            for value in sample.fields.values():
+                h.update(len(value).to_bytes(8, "little") + bytes(value))
+            digests[(n, s, sample.local)] = h.digest()
+    return digests
 
 
 def merged_stats(manifests: list[Manifest]) -> Optional[dict]:

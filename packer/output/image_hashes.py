@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from packer.config import DUP_DISTANCE
+from packer.output.held_files import HeldFiles
 from packer.output.near_duplicates import cross_matches, near_groups
 from packer.pixels.looks import HASH_KIND, LOOKS
 from packer.recorded_columns import in_memory
@@ -23,7 +24,6 @@ from packer.records import ShardResult
 from packer.spec.errors import ManifestError
 from packer.spec.listed_files import file_entry, sha256_of
 from packer.spec.manifest import Manifest, read_manifest
-from packer.spec.registry import get_format
 from packer.spec.sample_layout import SampleLayout
 
 HASHES_NAME = "image_hashes.npy"
@@ -80,11 +80,12 @@ def keys_in_results(results: Sequence[ShardResult], first: int = 0) -> KeysAt:
     return _keys_by_shard([r.samples for r in results], lambda n: in_memory(results[n].keys), first)
 
 
-def keys_in_output(root: Path, manifest: Manifest, layout: SampleLayout) -> KeysAt:
-    """The keys of samples by position, read from an output's shards' own indexes."""
-    spec = get_format(manifest.format)
+def keys_in_output(root: Path | HeldFiles, manifest: Manifest, layout: SampleLayout) -> KeysAt:
+    """The keys of samples by position, read from an output's shards' own indexes (in its folder
+    ``root``, or where ``HeldFiles`` finds them)."""
+    files = root if isinstance(root, HeldFiles) else HeldFiles(root)
     shards = manifest.shards
-    return _keys_by_shard([s.samples for s in shards], lambda n: spec.read_index(root, shards[n], layout)[0])
+    return _keys_by_shard([s.samples for s in shards], lambda n: files.index(manifest, shards[n], layout)[0])
 
 
 def near_duplicates(looks: np.ndarray, distance: int, identical: Sequence[Sequence[str]], keys_at: KeysAt) -> dict:

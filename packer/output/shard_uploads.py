@@ -93,10 +93,10 @@ class ShardUploads:
 
     def shown(self, output: Path) -> str:
         """The URL of ``output`` (a folder inside this run's local folder) in the bucket."""
-        folder = self._name(output, "").rstrip("/")
+        folder = self.object_name(output, "").rstrip("/")
         return self.dest.url.rstrip("/") + (f"/{folder}" if folder else "")
 
-    def _name(self, output: Path, relpath: str) -> str:
+    def object_name(self, output: Path, relpath: str) -> str:
         """The object name, under the prefix, of the file ``relpath`` of the output ``output``."""
         folder = Path(output).absolute().relative_to(self.local).as_posix()
         return relpath if folder == "." else f"{folder}/{relpath}"
@@ -106,7 +106,7 @@ class ShardUploads:
         the background; wait while ``ahead`` shards wait for theirs. OutputError when an upload failed."""
         futures, parts = [], {}
         for f in result.files:
-            name, n = self._name(output, f.path), next(self._count)
+            name, n = self.object_name(output, f.path), next(self._count)
             part = f"{PARTS}/{self.dest.token[:12]}-{n}/{name}"
             aside = Path(folder) / f".upload-{n}-{Path(f.path).name}"
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
@@ -247,7 +247,7 @@ class ShardUploads:
         done.set_result(None)
 
         def intact(stage: Path, relpath: str, size: int, digest: str, stamp: object = None) -> bool:
-            name = self._name(output, relpath)
+            name = self.object_name(output, relpath)
             part, *recorded = self.resumed.get(name, ("", 0, ""))
             if part not in self.intact or recorded != [size, digest]:
                 return False
@@ -258,15 +258,15 @@ class ShardUploads:
 
     def holds(self, output: Path, relpath: str) -> bool:
         """Whether the file ``relpath`` of ``output``'s staging folder was taken for upload (and not moved)."""
-        return self.covers(output) and self._name(output, relpath) in self.uploads
+        return self.covers(output) and self.object_name(output, relpath) in self.uploads
 
     def move(self, output: Path, old: str, new: str) -> None:
         """Give the uploaded file ``old`` of ``output`` its published name ``new`` (once its upload is
         done): copied inside the store in the background, checked by its size; the part stays until
         the manifest is up. ``finish`` waits for the copies."""
-        source, pending = self.uploads.pop(self._name(output, old))
+        source, pending = self.uploads.pop(self.object_name(output, old))
         pending.result()  # here, not in the pool: a copy never waits on a queued upload
-        target = self._name(output, new)
+        target = self.object_name(output, new)
         self.copies.append(self.pool.submit(self._copy, source, target))
 
     def _copy(self, source: str, target: str) -> None:
@@ -280,6 +280,12 @@ class ShardUploads:
                 raise OSError(f"{target} is {copied} bytes after its copy from {source}, not {size}")
         with self._lock:  # the part stays until the manifest is up: an interrupt here loses no shard
             self.published.add(target)
+
+    def settle(self) -> None:
+        """Wait for the uploads and the copies to published names made so far (OutputError when one
+        failed): the shards given their names are then in the store under them."""
+        for pending in [*self.sending, *self.copies]:
+            pending.result()
 
     def finish(self) -> None:
         """Wait for the last uploads, copies and records (OutputError when one failed). The parts

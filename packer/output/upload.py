@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 import time
@@ -105,10 +106,11 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
-def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
+def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = False) -> Destination:
     """Check ``url`` and take its lock (see the module); OutputError saying what to do otherwise.
     ``resume``: an interrupted conversion's objects there (its records under ``STATE``) are to be
-    continued; without it they are replaced, as a local run discards an unfinished one."""
+    continued; without it they are replaced, as a local run discards an unfinished one. ``append``:
+    the output there is added to (``--append``), so there must be one, and a split set is not one."""
     fs, root = filesystem(url)
     with store_errors(url):
         names = _names(fs, root)
@@ -130,7 +132,10 @@ def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
             raise OutputError(f"{url} holds objects that are not packer's ({shown}): refusing to write there")
         whole = _check_manifests(fs, root, names, url)
         interrupted = any(n.startswith(f"{STATE}/") for n in names)
-        if whole and not overwrite:
+        if append and MANIFEST_NAME not in names:
+            what = "a split set: append to one split's output" if whole else "no packer output (no manifest.json)"
+            raise OutputError(f"{url} holds {what}; --append adds to an existing output")
+        if whole and not overwrite and not append:
             again = " (with --resume, to continue the interrupted conversion that replaces it)" if interrupted else ""
             raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it{again}")
         scratch = all(n.startswith(f"{PARTS}/") for n in names)  # a run's parts, which no output lists
@@ -161,18 +166,45 @@ def reserve(url: str, overwrite: bool, resume: bool = False) -> Destination:
     return dest
 
 
+def fetch_output(dest: Destination, local: Path, before: Path) -> Path:
+    """For an append to the output at ``dest``: its manifest into the folder ``local`` (with the time
+    the store last modified it: the append compares the sources' times with it), the ``splits.json``
+    of the prefix above into ``local``'s parent (a split is refused, as a local one is), and the
+    output's files that an append replaces (manifest, report, shard lists, image hashes) into
+    ``before``, put back where the append fails (``upload_output``). Returns ``before``."""
+    fs, root = dest.fs, dest.root
+    replaced = sorted(n for n in dest.before if "/" not in n and OWN_NAME.fullmatch(n) and not n.startswith("shard-"))
+    local.mkdir(parents=True)
+    before.mkdir(parents=True)
+    with store_errors(dest.url):
+        for name in replaced:
+            fs.get_file(f"{root}/{name}", str(before / name))
+        shutil.copyfile(before / MANIFEST_NAME, local / MANIFEST_NAME)
+        modified = fs.modified(f"{root}/{MANIFEST_NAME}").timestamp()
+        if modified == int(modified):  # a store's whole seconds (S3's): a file of that second is not newer
+            modified += 1
+        os.utime(local / MANIFEST_NAME, (modified, modified))
+        parent = root.rsplit("/", 1)[0] if "/" in root else ""
+        if parent and fs.isfile(f"{parent}/{SPLITS_NAME}"):
+            fs.get_file(f"{parent}/{SPLITS_NAME}", str(local.parent / SPLITS_NAME))
+    return before
+
+
 def upload_output(
     local: Path,
     dest: Destination,
     progress: Optional[Callable[[int], None]] = None,
     streamed: frozenset[str] = frozenset(),
     abandon: Optional[Callable[[bool], None]] = None,
+    restore: Optional[Path] = None,
 ) -> int:
     """Upload the finished output (or split set) in ``local`` to the reserved ``dest`` (see the module);
     returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked.
     ``streamed``: the names of the shard files already in the prefix, uploaded and checked as the
     conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails, and then
-    ``abandon(interrupted)`` is called (``ShardUploads.abandon``: the run's parts and records)."""
+    ``abandon(interrupted)`` is called (``ShardUploads.abandon``: the run's parts and records).
+    ``restore``: a folder holding the files of the output there as they were (an append replaces its
+    ``report.txt``, shard lists and image hashes): put back when this fails before the manifests."""
     fs, root = dest.fs, dest.root
     files = sorted(p for p in local.rglob("*") if p.is_file())
     relative = {p: p.relative_to(local).as_posix() for p in files}
@@ -190,6 +222,15 @@ def upload_output(
             progress(path.stat().st_size)
         return path.stat().st_size
 
+    def undo(e: BaseException) -> None:
+        """The prefix as it was: nothing of this run's left, what it replaced put back."""
+        left = (set(sent) | streamed) - dest.before
+        remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
+        if restore is not None:
+            _put_back(fs, root, restore, {n for n in set(sent) & dest.before if (restore / n).is_file()}, dest.url)
+        if abandon is not None:
+            abandon(isinstance(e, KeyboardInterrupt))
+
     with store_errors(dest.url):
         try:
             with ThreadPoolExecutor(UPLOADS) as pool:
@@ -197,20 +238,23 @@ def upload_output(
             size += sum(put(p) for p in others)
             _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
         except BaseException as e:
-            left = (set(sent) | streamed) - dest.before  # the prefix as it was: nothing of this run's left
-            remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
-            if abandon is not None:
-                abandon(isinstance(e, KeyboardInterrupt))
+            undo(e)
             raise
     with stop_signals_held():  # Ctrl-C waits for the output to be whole, and the leftovers gone
         with store_errors(dest.url):
-            size += sum(put(p) for p in manifests)  # one by one, after every other file: the output appears whole
+            for n, path in enumerate(manifests):  # one by one, after every other file: the output appears whole
+                try:
+                    size += put(path)
+                except BaseException as e:
+                    if n == 0:  # none is up: the prefix is put back as it was
+                        undo(e)
+                    raise
         dest.published = True
         # with --overwrite, the replaced output's own objects, now unlisted; else an interrupted run's
         # at the top (the objects of an output one folder down are not this run's); the parts and
         # records of every run, the records first (parts without them are only scratch)
         try:
-            listed = set(relative.values()) | streamed
+            listed = set(relative.values()) | streamed | _listed_by_manifests(manifests, relative)
             old = {n for n in dest.before if dest.overwrite or "/" not in n} | _names(fs, f"{root}/{PARTS}", root)
             gone = sorted(old - listed, key=lambda n: (not n.startswith(f"{STATE}/"), n))
             remove_objects(fs, [f"{root}/{name}" for name in gone])
@@ -222,6 +266,29 @@ def upload_output(
                 e,
             )
     return size
+
+
+def _put_back(fs: Any, root: str, restore: Path, names: set[str], url: str) -> None:
+    """Put the files ``names`` of ``restore`` back under the prefix, as they were before this run
+    replaced them; a file that cannot be is named (``packer verify`` then reports it too)."""
+    for name in sorted(names):
+        try:
+            put_checked(fs, restore / name, f"{root}/{name}", url)
+        except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
+            log.error("%s/%s could not be put back as it was (%s): run the same command again", url, name, e)
+
+
+def _listed_by_manifests(manifests: list[Path], relative: dict[Path, str]) -> set[str]:
+    """The names under the prefix of the shard files the uploaded ``manifests`` list: an appended
+    output's earlier shards, which stay in the prefix and are not uploaded again."""
+    listed = set()
+    for path in manifests:
+        if path.name != MANIFEST_NAME:
+            continue
+        folder = relative[path][: -len(MANIFEST_NAME)]  # "" or "split/"
+        manifest = parse_manifest(path.read_text(encoding="utf-8"), str(path))
+        listed.update(f"{folder}{f.path}" for shard in manifest.shards for f in shard.files)
+    return listed
 
 
 def release(dest: Destination) -> None:

@@ -27,7 +27,7 @@ from packer.spec.sample_layout import (
     VARIABLE_RAW,
     SampleLayout,
 )
-from packer.spec.shard_names import HDF5_FLAT_KEYS_SINCE
+from packer.spec.shard_names import HDF5_FLAT_KEYS_SINCE, NPY_CRC32, NPY_KEYS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -107,6 +107,9 @@ class FormatSpec:
     output_files: str = ""
     output_files_since: int = 0
     indexer: str = ""
+    index_files: tuple[str, ...] = ()
+    """The suffixes of the files of a shard that ``indexer`` reads (empty: all of them): what an
+    append into a bucket fetches of each shard (``packer.output.held_files``)."""
     intact_scanner: str = ""
     """``scan`` of a shard whose files verify found as the manifest records them, where the format can
     trust its own index then (wds: members sliced where ``NAME.idx`` says, headers not walked again);
@@ -172,6 +175,10 @@ class FormatSpec:
         """The keys and stored CRC-32s (an int64 array) of one shard's samples, read without images."""
         return resolve(self.indexer)(directory, shard, layout)
 
+    def reads_for_index(self, path: str) -> bool:
+        """Whether ``read_index`` reads the shard file ``path`` (see ``index_files``)."""
+        return not self.index_files or path.endswith(self.index_files)
+
     def files_of_output(self, manifest: "Manifest") -> dict[str, bytes]:
         """The files made from ``manifest`` that an output of its version holds (see the class)."""
         if not self.output_files or manifest.format_version < self.output_files_since:
@@ -199,6 +206,7 @@ FORMATS: dict[str, FormatSpec] = {
             "readers.datasets.npy:NpyDataset",
             {**_COMMON, VARIABLE_RAW: TEXT_SINCE, RAW_SIZES: TEXT_SINCE},
             indexer="packer.formats.npy:scan_index",
+            index_files=(NPY_KEYS, NPY_CRC32),
             token_writer="packer.formats.npy:NpyTokenWriter",
             token_shard="packer.spec.token_shards:open_npy_token_shard",
         ),

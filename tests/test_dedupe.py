@@ -143,3 +143,41 @@ def test_what_it_does_not_go_with(photos, tmp_path):
     )
     assert ran.exit_code == 0, ran.output
     assert "5 x near-duplicate" in ran.output
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_dropped_in_a_bucket_as_in_a_folder(s3_server, photos, tmp_path, fmt):
+    """Into a bucket, the shards holding a near-duplicate go up a second time, replacing the first
+    upload: the output is byte for byte the local one."""
+    import json
+
+    fs, url = s3_server, f"s3://data/dedupe-{fmt}"
+    common = ["-f", fmt, "--size", "160x120", "--resize", "stretch", "--shard-size", "6", "-j", "2", "-q"]
+    for out in (url, str(tmp_path / "local")):
+        r = CliRunner().invoke(cli, ["convert", str(photos), "-o", out, "--drop-duplicates", *common])
+        assert r.exit_code == 0, r.output
+    local = tmp_path / "local"
+    fs.invalidate_cache()
+    objects = {p.split("/", 2)[2]: fs.cat_file(p) for p in fs.find(url[5:])}
+    files = {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    remote, mine = json.loads(objects.pop("manifest.json")), json.loads(files.pop("manifest.json"))
+    assert objects == files and remote["shards"] == mine["shards"] and remote["skipped"] == mine["skipped"]
+    assert {s["path"] for s in remote["skipped"]} == set(DROPPED)
+    assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
+
+
+def test_a_split_set_in_a_bucket_is_searched_for_leaks_and_loses_them(s3_server, tmp_path):
+    import json
+
+    split = leaky_splits(tmp_path / "split", train=10)
+    common = ["-f", "npy", "--size", "64", "--shard-size", "4", "-q"]
+    r = CliRunner().invoke(cli, ["convert", str(split), "-o", "s3://data/leaky", *common])
+    assert r.exit_code == 0 and "leakage: 1 image(s) of val nearly duplicate images of train" in r.output
+    assert "val/c1/leaked.jpg ~ train/c1/t05.jpg" in r.output
+    r = CliRunner().invoke(cli, ["convert", str(split), "-o", "s3://data/leak-dropped", "--drop-duplicates", *common])
+    assert r.exit_code == 0, r.output
+    skipped = json.loads(s3_server.cat_file("data/leak-dropped/val/manifest.json"))["skipped"]
+    assert [s["reason"] for s in skipped] == [
+        "near-duplicate: of train/c1/t05.jpg, in an earlier split (--drop-duplicates)"
+    ]
+    assert CliRunner().invoke(cli, ["verify", "s3://data/leak-dropped", "-q"]).exit_code == 0

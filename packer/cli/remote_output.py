@@ -24,7 +24,7 @@ from packer.output.upload import fetch_output, release, reserve, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
 
-NOT_YET = {"num_nodes": "--num-nodes", "drop_duplicates": "--drop-duplicates"}
+NOT_YET = {"num_nodes": "--num-nodes"}
 """Options a conversion into a bucket does not take yet."""
 
 

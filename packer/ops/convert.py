@@ -275,7 +275,9 @@ def _convert_locked(
             results = [by_name[t.name] for t in tasks]
         if config.drop_duplicates:  # the shards holding near-duplicates written again without them
             distance = config.dup_distance
-            results = without_near_copies(results, jobs, job_of, executor, distance, drop_against, run.timeout)
+            results = without_near_copies(
+                results, jobs, job_of, executor, distance, drop_against, run.timeout, staging.on_result
+            )
         if not any(r.samples for r in results):
             kinds = Counter(reason_kind(s.reason) for r in results for s in r.skipped)
             raise InputError(

@@ -71,11 +71,13 @@ def without_near_copies(
     distance: int,
     earlier: Sequence[Path] = (),
     timeout: Optional[float] = None,
+    on_result: Optional[Callable[[ShardJob, ShardResult], None]] = None,
 ) -> list[ShardResult]:
     """``results`` with the near-duplicates left out (``near_copies``): each shard that holds one is
     written again from its task less those items (``remake(number, task)``: the job of shard
     ``number`` for the smaller task, its targets and container places included), the dropped keys
-    added to its skipped files."""
+    added to its skipped files. ``on_result``: the executor's, for each shard written again (the
+    staging's: a bucket output's shard goes up again, replacing the one uploaded first)."""
     dropped = near_copies(results, distance, earlier)
     if not dropped:
         return results
@@ -92,7 +94,7 @@ def without_near_copies(
             again.append(replace(remake(job.number, replace(job.task, items=kept)), record=False))
     log.info("--drop-duplicates: %d image(s) left out; %d shard(s) written again", len(dropped), len(again))
     options = {} if timeout is None else {"timeout": timeout}
-    fresh = {r.name: r for r in executor.run(again, **options)}
+    fresh = {r.name: r for r in executor.run(again, on_result=on_result, **options)}
     out = []
     for r in results:
         if r.name not in fresh:

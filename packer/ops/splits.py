@@ -212,14 +212,6 @@ def split_leaks(output: Path, names: list[str], config: ConvertConfig) -> dict[t
             except ManifestError as e:  # a split without hashes (kept by --resume from an older packer)
                 log.warning("leakage between %s and %s not searched: %s", later, earlier, e)
                 continue
-            except OSError:  # shards uploaded to a bucket as they were written: not here to name the images
-                log.warning(
-                    "leakage between %s and %s not searched: their shards are in the bucket, not here; "
-                    "`packer info` on local copies of the two compares them",
-                    later,
-                    earlier,
-                )
-                continue
             if pairs:
                 found[(later, earlier)] = pairs
     return found

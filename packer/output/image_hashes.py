@@ -81,9 +81,9 @@ def keys_in_results(results: Sequence[ShardResult], first: int = 0) -> KeysAt:
 
 
 def keys_in_output(root: Path | HeldFiles, manifest: Manifest, layout: SampleLayout) -> KeysAt:
-    """The keys of samples by position, read from an output's shards' own indexes (in its folder
-    ``root``, or where ``HeldFiles`` finds them)."""
-    files = root if isinstance(root, HeldFiles) else HeldFiles(root)
+    """The keys of samples by position, read from an output's shards' own indexes: in its folder
+    ``root`` or, where a conversion into a bucket uploaded them, in the bucket (``HeldFiles.of``)."""
+    files = root if isinstance(root, HeldFiles) else HeldFiles.of(root)
     shards = manifest.shards
     return _keys_by_shard([s.samples for s in shards], lambda n: files.index(manifest, shards[n], layout)[0])
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -71,7 +73,51 @@ def request_stop(signum: int, frame: object) -> None:
     _stop_requested = True
     if _held:
         return
+    if _where_raising_is_dropped(frame):
+        # a raise there is printed as "Exception ignored" and lost: the signal is sent again a moment
+        # later, when the interrupted call (a multiprocessing finalizer freeing shared memory) is over
+        timer = threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     raise KeyboardInterrupt
+
+
+REDELIVER_SECONDS = 0.05
+"""How long a stop signal that came during a call whose exceptions Python drops waits to come again."""
+
+
+_FINALIZERS = ("multiprocessing/util.py", "/weakref.py")
+"""The modules whose ``__call__`` runs a finalizer: ``multiprocessing.util.Finalize`` (which frees
+shared memory blocks) and ``weakref.finalize``."""
+_collecting = 0  # the garbage collections running now (``_track_collections``)
+
+
+def _track_collections(phase: str, info: dict) -> None:
+    global _collecting
+    _collecting = max(0, _collecting + (1 if phase == "start" else -1))
+
+
+gc.callbacks.append(_track_collections)
+
+
+def _where_raising_is_dropped(frame: object) -> bool:
+    """Whether the code ``frame`` is in runs inside a call whose exceptions Python prints and drops:
+    a garbage collection (whose weak reference callbacks and finalizers run in whatever code it
+    interrupted), a ``__del__``, or a finalizer (``_FINALIZERS``, run when an object's last
+    reference goes)."""
+    if _collecting:
+        return True
+    while frame is not None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        if code.co_name == "__del__":
+            return True
+        if code.co_name in ("__call__", "_run_finalizers") and code.co_filename.replace(os.sep, "/").endswith(
+            _FINALIZERS
+        ):
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
 
 
 def clear_stop_request() -> None:

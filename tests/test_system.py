@@ -56,3 +56,32 @@ def test_a_stop_noted_in_a_block_that_fails_otherwise_is_not_forgotten():
     with pytest.raises(KeyboardInterrupt):  # the user still asked to stop: the next block says so
         with stop_signals_held():
             pass
+
+
+def test_a_stop_that_lands_in_a_multiprocessing_finalizer_comes_again_after_it(capfd):
+    """Raised inside a finalizer (the garbage collector freeing a shared memory block), the interrupt
+    would be printed as "Exception ignored" with a traceback and lost: it is delivered again once
+    the finalizer is over, and nothing is printed."""
+    import gc
+    import sys
+    import time
+    from multiprocessing.util import Finalize
+
+    class Block:
+        pass
+
+    landed = []
+    previous = signal.signal(signal.SIGTERM, request_stop)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            block = Block()
+            Finalize(block, lambda: landed.append(request_stop(signal.SIGTERM, sys._getframe())))
+            del block
+            gc.collect()
+            for _ in range(500):  # the signal comes again within moments; this loop is where it lands
+                time.sleep(0.01)
+        assert landed == [None]  # the handler returned inside the finalizer, and raised after it
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        clear_stop_request()
+    assert "Exception ignored" not in capfd.readouterr().err

@@ -83,6 +83,17 @@ def test_an_output_in_a_bucket_grows_as_a_local_one_does(s3_server, tmp_path, fm
     assert keys[-3:] == ["bee/new_0.png", "bee/new_1.png", "bee/new_copy.png"] and len(keys) == 10
 
 
+def _in_bucket(fs, tmp_path, url: str, fmt: str = "npy") -> tuple:
+    """A source folder converted into ``url``, then grown (``_grown``): the folder, and the objects
+    under ``url`` before the append (``_objects``)."""
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 3})
+    assert _convert(src, url, fmt).exit_code == 0
+    before = _objects(fs, url[5:])
+    _grown(src)
+    return src, before
+
+
 def _samples(root: str, cache) -> list:
     """``(image bytes, label, key)`` of every sample of the output at ``root``, in stored order."""
     options = {"shuffle": 0} if root.endswith("wds") else {"cache_dir": cache} if root.endswith("lmdb") else {}
@@ -94,7 +105,7 @@ def _samples(root: str, cache) -> list:
 def test_a_reader_opened_before_the_append_keeps_reading_its_version(s3_server, tmp_path):
     src = tmp_path / "images"
     make_tree(src, {"ant": 4, "bee": 3})
-    url = "s3://data/grow-reader"
+    url = "s3://data/grow/packer-before"  # a name the run's own local folders once took
     assert _convert(src, url, "npy").exit_code == 0
     ds = open_dataset(url, return_meta=True)  # random access by ranges, its manifest read now
     first = [(image.numpy().tobytes(), meta["key"]) for image, _, meta in (ds[i] for i in range(len(ds)))]
@@ -144,7 +155,7 @@ def test_a_failed_append_leaves_the_prefix_as_it_was(s3_server, tmp_path, monkey
         fails = FailsAt(real, 99)
 
         def manifest_fails(fs_, path, target, url_, sha256=None):
-            if target.endswith("/manifest.json"):
+            if target.endswith("/manifest.json") and fails.n == 99:  # the new one's, not the old one put back
                 fails.n = fails.calls + 1
             return fails(fs_, path, target, url_, sha256)
 
@@ -162,11 +173,7 @@ def test_an_interrupted_append_leaves_the_prefix_as_it_was(s3_server, tmp_path, 
     from packer.output.shard_uploads import ShardUploads
 
     fs = s3_server
-    src = tmp_path / "images"
-    make_tree(src, {"ant": 4, "bee": 3})
-    assert _convert(src, "s3://data/grow-ctrl-c", "npy").exit_code == 0
-    before = _objects(fs, "data/grow-ctrl-c")
-    _grown(src)
+    src, before = _in_bucket(fs, tmp_path, "s3://data/grow-ctrl-c")
     write_image(src / "bee" / "new_2.png", (44, 30), seed=903)  # two new shards of 3 and 1
 
     take = ShardUploads.take
@@ -179,6 +186,70 @@ def test_an_interrupted_append_leaves_the_prefix_as_it_was(s3_server, tmp_path, 
     r = _convert(src, "s3://data/grow-ctrl-c", "npy", "--append")
     assert r.exit_code == 130 and "interrupted; s3://data/grow-ctrl-c is as it was" in r.output
     assert _objects(fs, "data/grow-ctrl-c") == before
+
+
+def test_a_lost_answer_to_the_manifest_upload_is_not_a_failure(s3_server, tmp_path, monkeypatch):
+    """The store took the new manifest, then the connection dropped: the output is the new one, whole."""
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 3})
+    real = upload.put_checked
+
+    def answer_lost(fs_, path, target, url_, sha256=None):
+        real(fs_, path, target, url_, sha256)
+        if target.endswith("/manifest.json"):
+            raise OSError("connection reset")
+
+    for more in ([], ["--overwrite"], ["--append"]):
+        if more == ["--append"]:
+            _grown(src)
+        monkeypatch.setattr(upload, "put_checked", answer_lost)
+        r = _convert(src, "s3://data/grow-lost", "npy", *more)
+        monkeypatch.undo()
+        assert r.exit_code == 0, r.output
+        assert _run("verify", "s3://data/grow-lost", "-q").exit_code == 0
+    assert len(open_dataset("s3://data/grow-lost")) == 10
+
+
+def test_an_append_that_cannot_put_the_manifest_back_leaves_its_objects(s3_server, tmp_path, monkeypatch):
+    """The new manifest did not go up, nor could the old one be put back (the store is gone): the new
+    objects stay rather than be removed under a manifest that might list them."""
+    fs = s3_server
+    src, before = _in_bucket(fs, tmp_path, "s3://data/grow-down")
+    real = upload.put_checked
+
+    def store_down(fs_, path, target, url_, sha256=None):
+        if target.endswith("/manifest.json"):
+            raise OSError("connection reset")
+        return real(fs_, path, target, url_, sha256)
+
+    monkeypatch.setattr(upload, "put_checked", store_down)
+    r = _convert(src, "s3://data/grow-down", "npy", "--append")
+    assert r.exit_code == 1 and "connection reset" in r.output
+    monkeypatch.undo()
+    after = _objects(fs, "data/grow-down")
+    assert after["manifest.json"] == before["manifest.json"] and set(before) < set(after)
+    assert _run("verify", "s3://data/grow-down", "-q").exit_code == 0  # the output as it was is whole
+
+
+def test_a_hashes_file_that_cannot_be_read_stops_the_append(s3_server, tmp_path, monkeypatch):
+    """A read that fails (not a file that differs) is no reason to publish the output without hashes."""
+    import s3fs
+
+    fs = s3_server
+    src, before = _in_bucket(fs, tmp_path, "s3://data/grow-unread")
+    get_file = s3fs.S3FileSystem._get_file  # the coroutine behind every instance's get_file
+
+    async def flaky(self, rpath, lpath, **kwargs):
+        if "image_hashes" in rpath:
+            raise ConnectionError("connection reset")
+        return await get_file(self, rpath, lpath, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_get_file", flaky)
+    s3fs.S3FileSystem.clear_instance_cache()  # the run's filesystem made anew: its get_file binds the coroutine
+    r = _convert(src, "s3://data/grow-unread", "npy", "--append")
+    assert r.exit_code == 1 and "reading s3://data/grow-unread/image_hashes.npy failed" in r.output, r.output
+    monkeypatch.undo()
+    assert _objects(fs, "data/grow-unread") == before
 
 
 def test_nothing_to_append_leaves_the_prefix_as_it_was(s3_server, tmp_path):

@@ -180,7 +180,10 @@ def test_append_adds_the_new_images_hashes_and_searches_them_with_the_old(photos
     before = np.load(out / HASHES_NAME)
     save(photos / "c0" / "later_copy.jpg", jpeg(cropped(textured(6, 0), where="top-right"), 70))
     append(photos, out, ConvertConfig("lmdb", PRE), workers=1)
-    after = np.load(out / HASHES_NAME)
+    m = read_manifest(out)
+    tag = m.shards[-1].name.rsplit("-", 1)[1]  # each version's hashes a file of its own, named as its new shards
+    assert m.image_hashes["path"] == f"image_hashes-{tag}.npy" and not (out / HASHES_NAME).exists()
+    after = np.load(out / m.image_hashes["path"])
     assert after.shape == (26, LOOKS) and np.array_equal(after[:25], before)
     assert ["c0/img06.jpg", "c0/later_copy.jpg"] in groups(out)
     assert verify(out) == []

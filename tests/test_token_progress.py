@@ -137,8 +137,6 @@ def test_the_command_says_what_was_kept_and_takes_resume(corpus, tmp_path, monke
     monkeypatch.undo()
     r = CliRunner().invoke(cli, [*command, "--resume"])
     assert r.exit_code == 0 and (tmp_path / "cli" / "manifest.json").is_file(), r.output
-    r = CliRunner().invoke(cli, [*command, "--append", "--resume"])
-    assert r.exit_code == 2 and "--resume of a token --append is not built yet" in r.output
 
 
 def test_shards_an_interrupted_run_wrote_are_not_published_by_the_next(corpus, tmp_path, monkeypatch):
@@ -203,3 +201,100 @@ def test_a_plain_run_says_it_discards_an_interrupted_one(corpus, tmp_path, monke
     monkeypatch.undo()
     pack_corpus(src, tmp_path / "out", _config(tokenizer))
     assert "discarding the unfinished run" in caplog.text and "--resume" in caplog.text
+
+
+def _first_half(src: Path, tmp_path: Path) -> Path:
+    """The corpus's last two files moved aside (into the returned folder), to be appended later."""
+    later = tmp_path / "later"
+    later.mkdir()
+    for name in ("part-2.jsonl", "part-3.jsonl"):
+        (src / name).rename(later / name)
+    return later
+
+
+def _grow(src: Path, later: Path) -> None:
+    for f in later.iterdir():
+        f.rename(src / f.name)
+
+
+def test_a_token_append_resumes_where_it_stood(corpus, tmp_path, monkeypatch, small_batches):
+    from packer.ops.pack_tokens import append_corpus
+
+    src, tokenizer = corpus
+    later = _first_half(src, tmp_path)
+    pack_corpus(src, tmp_path / "whole", _config(tokenizer))
+    pack_corpus(src, tmp_path / "out", _config(tokenizer))
+    _grow(src, later)
+    append_corpus(src, tmp_path / "whole", _config(tokenizer))
+    before = (tmp_path / "out" / "manifest.json").read_bytes()
+    _interrupt_at(monkeypatch, 4)
+    command = ["convert", str(src), "-f", "npy", "-o", str(tmp_path / "out"), "--tokenizer", str(tokenizer)]
+    command += ["--pack", "16", "--shard-size", "20", "--append", "-q"]
+    r = CliRunner().invoke(cli, command)
+    assert r.exit_code == 130 and "is as it was. The documents tokenized so far are kept in" in r.output, r.output
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == before
+    record = json.loads((staging_dir(tmp_path / "out") / PROGRESS_NAME).read_text())
+    monkeypatch.undo()
+    encoded = _small_batches(monkeypatch)
+    r = CliRunner().invoke(cli, [*command, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert sum(encoded) == 80 - record["documents"] > 0  # only the new documents after the record
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")  # byte for byte the uninterrupted append
+
+
+def test_a_resumed_append_refuses_an_output_changed_since(corpus, tmp_path, monkeypatch, small_batches):
+    src, tokenizer = corpus
+    later = _first_half(src, tmp_path)
+    out = tmp_path / "out"
+    pack_corpus(src, out, _config(tokenizer))
+    _grow(src, later)
+    _interrupt_at(monkeypatch, 4)
+    command = ["convert", str(src), "-f", "npy", "-o", str(out), "--tokenizer", str(tokenizer)]
+    command += ["--pack", "16", "--shard-size", "20", "--append", "-q"]
+    assert CliRunner().invoke(cli, command).exit_code == 130
+    monkeypatch.undo()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.setdefault("history", []).append({"action": "a note"})  # another run changed the output meanwhile
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = CliRunner().invoke(cli, [*command, "--resume"])
+    assert r.exit_code == 1 and "the output appended to, the corpus files" in r.output, r.output
+
+
+def _objects(fs, prefix: str) -> dict:
+    fs.invalidate_cache()
+    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)} if fs.exists(prefix) else {}
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["conversion", "append"])
+def test_a_token_conversion_into_a_bucket_resumes_where_it_stood(
+    s3_server, corpus, tmp_path, monkeypatch, small_batches, append
+):
+    fs, url = s3_server, f"s3://data/tokens-resumed-{int(append)}"
+    src, tokenizer = corpus
+    options = ["-f", "npy", "--tokenizer", str(tokenizer), "--pack", "16", "--shard-size", "150", "-q"]
+    if append:
+        later = _first_half(src, tmp_path)
+        for out in (url, str(tmp_path / "whole")):
+            assert CliRunner().invoke(cli, ["convert", str(src), "-o", out, *options]).exit_code == 0
+        _grow(src, later)
+        options.append("--append")
+    assert CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "whole"), *options]).exit_code == 0
+    before = _objects(fs, url[5:])
+    small_batches.clear()
+    _interrupt_at(monkeypatch, 4)
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options])
+    assert r.exit_code == 130 and f"nothing was published to {url}" in r.output, r.output
+    assert "The documents tokenized so far are kept in" in r.output and "--resume" in r.output
+    assert _objects(fs, url[5:]) == before  # nothing of the run's in the bucket
+    kept = Path(r.output.split("kept in ")[1].split(":")[0])
+    record = json.loads(next(kept.rglob(PROGRESS_NAME)).read_text())
+    monkeypatch.undo()
+    encoded = _small_batches(monkeypatch)
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert sum(encoded) == (80 if append else 160) - record["documents"] > 0  # only the documents after the record
+    remote = json.loads(fs.cat_file(f"{url[5:]}/manifest.json"))
+    local = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    assert remote["shards"] == local["shards"] and remote["tokens"] == local["tokens"]
+    assert not kept.exists()  # published: the local folder goes
+    assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0

@@ -72,12 +72,6 @@ def run_pack(ctx: click.Context) -> None:
     if p["workers"] is not None:
         # tokenizers' thread pool reads this once, when it first encodes in this process
         os.environ["RAYON_NUM_THREADS"] = str(p["workers"])
-    if p["resume"] and p["append_"]:
-        raise click.UsageError("--resume of a token --append is not built yet: run the --append again")
-    if p["resume"] and sink_for(output) is not None:
-        raise click.UsageError(
-            "--resume of a token conversion into a bucket is not built yet: convert to a local folder, or start over"
-        )
     bars: list[tqdm] = []
     with stop_on_signals(), reported(bars, lambda: _interrupted(output, p["append_"])):
         try:
@@ -104,7 +98,7 @@ def run_pack(ctx: click.Context) -> None:
                 if p["output"] is None:
                     raise click.UsageError("--append adds to an existing token output: give it with -o OUTPUT")
                 before = read_manifest(output).samples
-                result = append_corpus(source, output, config, progress=bars[-1].update)
+                result = append_corpus(source, output, config, progress=bars[-1].update, resume=p["resume"])
                 click.echo(f"packer: appended {result.manifest.samples - before:,} blocks to {output}")
             else:
                 result = pack_corpus(
@@ -116,12 +110,16 @@ def run_pack(ctx: click.Context) -> None:
 
 
 def _interrupted(output: Path, append: bool) -> str:
-    """What a Ctrl-C of the token conversion into ``output`` left."""
+    """What a Ctrl-C of the token conversion (or ``append``) into ``output`` left (nothing is said of a
+    bucket output here: ``packer.cli.remote_output`` says it, once the run's objects are gone)."""
+    if sink_for(output) is not None:
+        return ""
     stage = staging_dir(output)
-    if append or sink_for(output) is not None or not (stage / PROGRESS_NAME).is_file():
-        return "packer: interrupted; no output was written."
+    what = f"{output} is as it was" if append else "no output was written"
+    if not (stage / PROGRESS_NAME).is_file():
+        return f"packer: interrupted; {what}."
     return (
-        f"packer: interrupted; no output was written. The documents tokenized so far are kept in {stage}: "
+        f"packer: interrupted; {what}. The documents tokenized so far are kept in {stage}: "
         "run the same command with --resume to continue"
     )
 

@@ -8,6 +8,8 @@ from the bucket (``packer.output.held_files``)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from packer.output.shard_uploads import ShardUploads, streaming
 from packer.output.upload import fetch_output, release, reserve, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
+from packer.tokens.progress import PROGRESS_NAME
 
 NOT_YET = {"num_nodes": "--num-nodes"}
 """Options a conversion into a bucket does not take yet."""
@@ -39,15 +42,15 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
     if given:
         raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
     overwrite, resume, append = bool(p.get("overwrite")), bool(p.get("resume")), bool(p.get("append_"))
-    if append and (overwrite or resume):
-        raise click.UsageError(f"--append with {'--overwrite' if overwrite else '--resume'}: give one of them")
+    if append and overwrite:
+        raise click.UsageError("--append with --overwrite: give one of them")
     try:
         dest = reserve(url, overwrite, resume, append)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    scratch = Path(tempfile.mkdtemp(prefix="packer-upload-"))  # under TMPDIR: a few shards at a time
+    scratch = _scratch(url, resume)  # under TMPDIR: a few shards at a time
     # an append's folder has the output's name: a split of a set is refused by it, as a local one is
-    local = scratch / (url.rstrip("/").rsplit("/", 1)[-1] if append else "output")
+    local = scratch / "append" / url.rstrip("/").rsplit("/", 1)[-1] if append else scratch / "output"
     saved = dict(p)
     p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
     shards = ShardUploads(dest, local)
@@ -75,7 +78,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
             shards.abandon(resumable=interrupted)
             if interrupted:
-                click.echo(_interrupted(url, shards), err=True)
+                click.echo(_interrupted(url, shards, scratch), err=True)
                 sys.exit(130)  # what the conversion exits with on Ctrl-C, wherever it came
             raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
@@ -94,7 +97,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
                 if dest.published:
                     click.echo(f"packer: interrupted once {url} was published whole", err=True)
                 else:
-                    click.echo(_interrupted(url, shards), err=True)
+                    click.echo(_interrupted(url, shards, scratch), err=True)
                 sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None
@@ -104,11 +107,35 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         release(dest)
         p.clear()
         p.update(saved)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not _tokenized(scratch):  # a token conversion's tokenizing, kept for --resume
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _interrupted(url: str, shards: ShardUploads) -> str:
+def _scratch(url: str, resume: bool) -> Path:
+    """The local folder of the run into ``url``: one per URL (and user) under TMPDIR, so that the
+    tokenizing an interrupted token conversion left there is found by ``--resume``; emptied first
+    otherwise (an image conversion resumes from the records in the bucket)."""
+    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    digest = hashlib.sha256(f"{user}\0{url.rstrip('/')}".encode()).hexdigest()[:16]
+    scratch = Path(tempfile.gettempdir()) / f"packer-upload-{digest}"
+    if scratch.exists() and not (resume and _tokenized(scratch)):
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
+def _tokenized(scratch: Path) -> bool:
+    """Whether ``scratch`` holds an unfinished token conversion's tokenizing (``packer.tokens.progress``)."""
+    return any(scratch.rglob(PROGRESS_NAME))
+
+
+def _interrupted(url: str, shards: ShardUploads, scratch: Path) -> str:
     """What an interrupt left of the conversion into ``url`` (after ``shards.abandon``)."""
+    if _tokenized(scratch):
+        return (
+            f"packer: interrupted; nothing was published to {url}. The documents tokenized so far are kept in "
+            f"{scratch}: run the same command with --resume to continue"
+        )
     if shards.resumable:
         return (
             f"packer: interrupted; nothing was published to {url}. The shards finished so far are kept there: "

@@ -31,8 +31,10 @@ from packer.ops.combine import cross_duplicates, differing, merged_stats
 from packer.ops.convert import ConvertResult
 from packer.output.assemble import class_counts, find_duplicates, merged_groups, shard_entries, source_counts
 from packer.output.files import local_output
+from packer.output.finish import content_tag
 from packer.output.held_files import HeldFiles
 from packer.output.image_hashes import (
+    appended_name,
     gathered_looks,
     keys_in_output,
     keys_in_results,
@@ -412,9 +414,13 @@ def _appended_hashes(
     entry = old.image_hashes
     try:
         with files.folder([(entry["path"], entry["bytes"], entry["sha256"])]) as folder:
-            looks = np.concatenate([read_hashes(folder, old), new])
-    except (ManifestError, KeyError, TypeError) as e:
-        log.warning("near-duplicates not searched again: %s", e)
+            try:
+                looks = np.concatenate([read_hashes(folder, old), new])
+            except ManifestError as e:  # an older rule's, or a file changed since: as a local output's
+                log.warning("near-duplicates not searched again: %s", str(e).replace(str(folder), files.shown))
+                return none
+    except (KeyError, TypeError) as e:
+        log.warning("near-duplicates not searched again: %s's image_hashes entry is malformed (%s)", files.shown, e)
         return none
     distance = int((old.near_duplicates or {}).get("distance", config.dup_distance))
     in_output, in_results = keys_in_output(files, old, layout), keys_in_results(results, old.samples)
@@ -424,7 +430,7 @@ def _appended_hashes(
         return {**in_output(earlier), **in_results([i for i in indices if i >= old.samples])}
 
     return {
-        "image_hashes": write_hashes(stage, looks),
+        "image_hashes": write_hashes(stage, looks, appended_name(content_tag([r for r in results if r.samples]))),
         "near_duplicates": near_duplicates(looks, distance, duplicates, keys_at),
     }
 

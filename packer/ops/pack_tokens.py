@@ -10,6 +10,7 @@ tokenized for ``--resume`` (``packer.tokens.progress``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ import numpy as np
 from packer import __version__
 from packer.config import PackConfig
 from packer.output.files import PLAN_RECORD, STAGING_MARK, check_output
+from packer.output.held_files import HeldFiles
 from packer.output.placed_shards import place_shard
 from packer.records import ShardResult, Skipped
 from packer.run.plan import shard_name
@@ -29,7 +31,7 @@ from packer.run.staging import Staging
 from packer.sources.corpus import CorpusConfig, corpus_files
 from packer.spec.errors import ConfigError, InputError, OutputError
 from packer.spec.listed_files import file_entry, sha256_of
-from packer.spec.manifest import Manifest, ShardEntry, read_manifest
+from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import TOKENS_SINCE, get_format
 from packer.spec.token_blocks import MAX_SHARD_TOKENS, TokenSection, tokenizer_record
 from packer.tokens.packing import PackPlan, ShardPlan, best_fit_plan, concat_plan, document_order
@@ -37,6 +39,9 @@ from packer.tokens.progress import PROGRESS_NAME, Progress, Tracker, fingerprint
 from packer.tokens.tokenizing import CorpusTokenizer, Tokenized, corpus_tokenizer, lengths_path, tokenize
 
 log = logging.getLogger(__name__)
+
+APPEND = "pack-append"
+"""The operation a token append's plan records (``--resume`` continues only a run of the same one)."""
 
 SPILL_NAME = "corpus.ids"
 """The tokenized corpus in the staging folder, removed before publishing."""
@@ -103,11 +108,18 @@ def pack_corpus(
 
 
 def append_corpus(
-    source: Path, output: Path, config: PackConfig, *, progress: Optional[Callable[[int], None]] = None
+    source: Path,
+    output: Path,
+    config: PackConfig,
+    *,
+    progress: Optional[Callable[[int], None]] = None,
+    resume: bool = False,
 ) -> PackResult:
     """Add the corpus files of ``source`` that the token output ``output`` does not hold yet as new
     shards after its own, tokenized and packed as it was (see ``check_appendable``); its shards stay
-    as they are. InputError when there is nothing new, or a file it holds has changed since."""
+    as they are (in a bucket: where they are, ``packer.output.held_files``). InputError when there
+    is nothing new, or a file it holds has changed since. ``resume``: as ``pack_corpus``'s, for an
+    append to the same output (refused where the output changed since the interrupted run)."""
     started = time.perf_counter()
     source, output = Path(source), Path(output)
     old = read_manifest(output)
@@ -134,12 +146,23 @@ def append_corpus(
         raise InputError(f"nothing to append: every corpus file of {source} is in {output} already")
     skipped: list[Skipped] = []
     assert old.tokens is not None
+    # what the new ids depend on, and the output they are appended to: a resumed append adds to that one
+    grown = f"{_fingerprint(records, config, tokenizer)}\0{sha256_of(output / MANIFEST_NAME)}"
+    plan = {"packer": __version__, "operation": APPEND, "fingerprint": hashlib.sha256(grown.encode()).hexdigest()}
+    in_bucket = HeldFiles.of(output).store is not None
     with Staging(output) as staging:
-        stage = staging.start({"packer": __version__, "operation": "append"})
-        with staging.writing(resumable=False):
-            for shard in old.shards:  # linked as they are: the appended output keeps them
-                place_shard(stage, output, shard, shard.name, True)
-            packed = _pack(staging, source, files, config, tokenizer, skipped, progress, first=len(old.shards))
+        start = _resumed(staging, plan, tokenizer.dtype.itemsize) if resume else None
+        if start is None and staging.plan() is not None:
+            log.warning("discarding the unfinished run of %s (pass --resume to continue it)", staging.shown)
+        stage = staging.start(plan) if start is None else staging.folder
+        tokenized = lambda: (stage / PROGRESS_NAME).is_file()  # noqa: E731 - hours of work: kept on a failure
+        with staging.writing(resumable=True, kept=tokenized):
+            if not in_bucket:  # in a bucket they stay where they are, under the names the new manifest lists
+                for shard in old.shards:  # linked as they are: the appended output keeps them
+                    place_shard(stage, output, shard, shard.name, True)
+            packed = _pack(
+                staging, source, files, config, tokenizer, skipped, progress, len(old.shards), records, start
+            )
             counts = _section(config, tokenizer, packed)
             section = replace(
                 old.tokens,
@@ -190,10 +213,11 @@ def _resumed(staging: Staging, plan: dict, itemsize: int) -> Optional[Progress]:
             f"the interrupted run of {staging.shown} was started by packer {previous.get('packer')}, which may read "
             f"or tokenize the corpus otherwise than packer {plan['packer']}; run without --resume to start over"
         )
-    if previous.get("operation") != "pack" or previous.get("fingerprint") != plan["fingerprint"]:
+    if previous.get("operation") != plan["operation"] or previous.get("fingerprint") != plan["fingerprint"]:
+        what = "the output appended to, " if plan["operation"] == APPEND else ""
         raise OutputError(
-            f"the corpus files or the tokenizing options changed since the interrupted run of {staging.shown} "
-            "(or it was not a token conversion); run without --resume to start over"
+            f"{what}the corpus files or the tokenizing options changed since the interrupted run of {staging.shown} "
+            f"(or it was not a token {'append' if what else 'conversion'}); run without --resume to start over"
         )
     start = Progress.read(staging.folder) or Progress()
     spill = staging.folder / SPILL_NAME

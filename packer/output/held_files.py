@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from packer.output.shard_uploads import sink_for
-from packer.spec.errors import ManifestError
+from packer.spec.errors import ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.registry import get_format
@@ -58,7 +58,8 @@ class StoreFiles:
         except FileNotFoundError:
             raise ManifestError(f"{url} is missing: the output is not whole; run packer verify on it") from None
         except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
-            raise ManifestError(f"reading {url} failed: {type(e).__name__}: {e}") from None
+            # not the output's fault: the run stops (never goes on without what it could not read)
+            raise OutputError(f"reading {url} failed: {type(e).__name__}: {e}; run the same command again") from None
         if target.stat().st_size != size or sha256_of(target) != sha256:
             raise ManifestError(
                 f"{url} is not the file its manifest lists (changed since it was written): "

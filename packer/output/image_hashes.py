@@ -45,12 +45,20 @@ def gathered_looks(results: Sequence[ShardResult]) -> Optional[np.ndarray]:
     return np.concatenate(parts) if parts else None
 
 
-def write_hashes(folder: Path, looks: np.ndarray) -> dict:
-    """Write ``looks`` as ``folder/image_hashes.npy`` (``folder``: the staging folder, published whole
-    or not at all); the manifest's ``image_hashes`` entry of it."""
-    np.save(folder / HASHES_NAME, np.ascontiguousarray(looks, dtype="<u8"), allow_pickle=False)
-    entry = file_entry(folder, HASHES_NAME)
-    return {"path": HASHES_NAME, "bytes": entry.bytes, "sha256": entry.sha256, "kind": HASH_KIND, "looks": LOOKS}
+def write_hashes(folder: Path, looks: np.ndarray, name: str = HASHES_NAME) -> dict:
+    """Write ``looks`` as ``folder/name`` (``folder``: the staging folder, published whole or not at
+    all; ``name``: ``HASHES_NAME``, or an appended version's ``appended_name``); the manifest's
+    ``image_hashes`` entry of it."""
+    np.save(folder / name, np.ascontiguousarray(looks, dtype="<u8"), allow_pickle=False)
+    entry = file_entry(folder, name)
+    return {"path": name, "bytes": entry.bytes, "sha256": entry.sha256, "kind": HASH_KIND, "looks": LOOKS}
+
+
+def appended_name(tag: str) -> str:
+    """The name of the hashes of an output appended to (``tag``: the content tag of the shards the
+    append added): a file of its own for each version, so that the version before keeps its file
+    until the new manifest is in place (in a bucket, where no folder is renamed into place)."""
+    return f"image_hashes-{tag}.npy"
 
 
 KeysAt = Callable[[Sequence[int]], dict[int, str]]
@@ -160,6 +168,7 @@ def leaks_between(first: Path, second: Path, distance: Optional[int] = None) -> 
 
 __all__ = [
     "HASHES_NAME",
+    "appended_name",
     "gathered_looks",
     "keys_in_output",
     "leaks_between",

@@ -169,8 +169,8 @@ class ShardUploads:
         try:
             plan = (folder / PLAN_RECORD).read_bytes()
             recorded = json.loads(plan)
-            if not recorded.get("fingerprint") or recorded.get("operation") == "pack":
-                return  # a token conversion's: its shards have no records to resume from
+            if not recorded.get("fingerprint") or recorded.get("operation") in ("pack", "pack-append"):
+                return  # a token conversion's or append's: its shards have no records to resume from
         except (OSError, ValueError, AttributeError):
             return
         if folder not in self.restored:  # a new run: the records of one before go with its plan

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from packer.output.object_checks import check_uploaded, holds, put_checked
 from packer.spec.errors import ManifestError, OutputError
+from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
 from packer.system import stop_signals_held
@@ -66,7 +67,7 @@ STATE = f"{PARTS}/state"
 """Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
-    r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
+    r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
 )
 """The names packer gives the files of an output (and of a split set's outputs, one folder down),
 and the parts and records of a conversion's shards (``PARTS``)."""
@@ -173,9 +174,11 @@ def fetch_output(dest: Destination, local: Path, before: Path) -> Path:
     output's files that an append replaces (manifest, report, shard lists, image hashes) into
     ``before``, put back where the append fails (``upload_output``). Returns ``before``."""
     fs, root = dest.fs, dest.root
-    replaced = sorted(n for n in dest.before if "/" not in n and OWN_NAME.fullmatch(n) and not n.startswith("shard-"))
-    local.mkdir(parents=True)
-    before.mkdir(parents=True)
+    # shards are never replaced, nor hashes: an appended version's have a name of their own (``appended_name``)
+    kept = ("shard-", "image_hashes")
+    replaced = sorted(n for n in dest.before if "/" not in n and OWN_NAME.fullmatch(n) and not n.startswith(kept))
+    local.mkdir(parents=True, exist_ok=True)  # a resumed token append: kept from the run before
+    before.mkdir(parents=True, exist_ok=True)
     with store_errors(dest.url):
         for name in replaced:
             fs.get_file(f"{root}/{name}", str(before / name))
@@ -223,13 +226,18 @@ def upload_output(
         return path.stat().st_size
 
     def undo(e: BaseException) -> None:
-        """The prefix as it was: nothing of this run's left, what it replaced put back."""
-        left = (set(sent) | streamed) - dest.before
-        remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
-        if restore is not None:
-            _put_back(fs, root, restore, {n for n in set(sent) & dest.before if (restore / n).is_file()}, dest.url)
-        if abandon is not None:
-            abandon(isinstance(e, KeyboardInterrupt))
+        """The prefix as it was: what this run replaced put back (the manifest first), then nothing of
+        this run's left. Where something cannot be put back, this run's objects stay: the manifest
+        there may list them."""
+        with stop_signals_held():  # a second Ctrl-C must not leave half of it done
+            if restore is not None:
+                replaced = {n for n in set(sent) & dest.before if (restore / n).is_file()}
+                if not _put_back(fs, root, restore, replaced, dest.url):
+                    return
+            left = (set(sent) | streamed) - dest.before
+            remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
+            if abandon is not None:
+                abandon(isinstance(e, KeyboardInterrupt))
 
     with store_errors(dest.url):
         try:
@@ -246,7 +254,10 @@ def upload_output(
                 try:
                     size += put(path)
                 except BaseException as e:
-                    if n == 0:  # none is up: the prefix is put back as it was
+                    if _stored(fs, f"{root}/{relative[path]}", path):  # stored, the answer lost: it is up
+                        size += path.stat().st_size
+                        continue
+                    if n == 0 and restore is not None:  # none is up: the prefix is put back as it was
                         undo(e)
                     raise
         dest.published = True
@@ -268,14 +279,24 @@ def upload_output(
     return size
 
 
-def _put_back(fs: Any, root: str, restore: Path, names: set[str], url: str) -> None:
+def _put_back(fs: Any, root: str, restore: Path, names: set[str], url: str) -> bool:
     """Put the files ``names`` of ``restore`` back under the prefix, as they were before this run
-    replaced them; a file that cannot be is named (``packer verify`` then reports it too)."""
-    for name in sorted(names):
+    replaced them, the manifest first; False (the file named) where one could not be."""
+    for name in sorted(names, key=lambda n: (n != MANIFEST_NAME, n)):
         try:
             put_checked(fs, restore / name, f"{root}/{name}", url)
         except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
             log.error("%s/%s could not be put back as it was (%s): run the same command again", url, name, e)
+            return False
+    return True
+
+
+def _stored(fs: Any, target: str, path: Path) -> bool:
+    """Whether the object ``target`` holds the file ``path`` (whose upload failed, or seemed to)."""
+    try:
+        return holds(fs, target, path.stat().st_size, sha256_of(path))
+    except Exception:  # noqa: BLE001 - the store cannot say: not stored, as far as this run knows
+        return False
 
 
 def _listed_by_manifests(manifests: list[Path], relative: dict[Path, str]) -> set[str]:

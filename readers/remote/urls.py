@@ -155,21 +155,29 @@ def check_remote_output(
     """``packer verify`` of an output at a URL: every file its manifest lists streamed once (nothing
     kept) and compared with the manifest's size and SHA-256, and the files made from the manifest
     (other loaders' shard lists) compared with what it makes of them now. Returns ``(where, what)``
-    of each problem; ``progress`` gets each shard's samples as it is checked."""
+    of each problem; ``progress`` gets each shard's samples as it is checked. The files listed beside
+    the shards (the image hashes) are checked as the shards' are."""
     problems: list[tuple[str, str]] = []
+
+    def check(where: str, entry: FileEntry) -> None:
+        url = file_url(root, entry.path)
+        try:
+            stream = _Checked(open_stream(url), url, entry, None)
+            try:
+                stream.finish()  # reads it all, then compares size and SHA-256
+            finally:
+                stream.close()
+        except ManifestError as e:
+            problems.append((where, str(e)))
+
     for shard in manifest.shards:
         for entry in shard.files:
-            url = file_url(root, entry.path)
-            try:
-                stream = _Checked(open_stream(url), url, entry, None)
-                try:
-                    stream.finish()  # reads it all, then compares size and SHA-256
-                finally:
-                    stream.close()
-            except ManifestError as e:
-                problems.append((shard.name, str(e)))
+            check(shard.name, entry)
         if progress is not None:
             progress(shard.samples)
+    if manifest.image_hashes is not None:
+        hashes = manifest.image_hashes
+        check("output", FileEntry(str(hashes.get("path")), int(hashes.get("bytes", -1)), str(hashes.get("sha256"))))
     for name, expected in FORMATS[manifest.format].files_of_output(manifest).items():
         url = file_url(root, name)
         try:

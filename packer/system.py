@@ -58,6 +58,7 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 _stop_requested = False
+_raised = 0  # stops raised so far (a signal sent again is not once one was raised since)
 _held = 0  # depth of stop_signals_held blocks this process is in
 
 
@@ -76,15 +77,30 @@ def request_stop(signum: int, frame: object) -> None:
     if _where_raising_is_dropped(frame):
         # a raise there is printed as "Exception ignored" and lost: the signal is sent again a moment
         # later, when the interrupted call (a multiprocessing finalizer freeing shared memory) is over
-        timer = threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), signum))
+        timer = threading.Timer(REDELIVER_SECONDS, _send_again, (signum, _raised))
         timer.daemon = True
         timer.start()
         return
+    _raise_stop()
+
+
+def _raise_stop() -> None:
+    global _raised
+    _raised += 1
     raise KeyboardInterrupt
 
 
 REDELIVER_SECONDS = 0.05
 """How long a stop signal that came during a call whose exceptions Python drops waits to come again."""
+
+
+def _send_again(signum: int, raised: int) -> None:
+    """Send ``signum`` to this process again, if the stop is still pending under ``request_stop``:
+    not once a stop was raised since (``raised``: the count then; a held block's end, a signal
+    since), nor once the command that installed the handler has ended (the signal would then reach
+    whatever handler came back)."""
+    if _raised == raised and _stop_requested and signal.getsignal(signum) is request_stop:
+        os.kill(os.getpid(), signum)
 
 
 _FINALIZERS = ("multiprocessing/util.py", "/weakref.py")
@@ -130,7 +146,7 @@ def _raise_lost_stop() -> None:
     global _stop_requested
     if _stop_requested:
         _stop_requested = False
-        raise KeyboardInterrupt
+        _raise_stop()
 
 
 @contextlib.contextmanager

@@ -85,3 +85,32 @@ def test_a_stop_that_lands_in_a_multiprocessing_finalizer_comes_again_after_it(c
         signal.signal(signal.SIGTERM, previous)
         clear_stop_request()
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_a_stop_sent_again_is_not_once_one_was_raised_or_the_command_ended():
+    import sys
+    import time
+    from multiprocessing.util import Finalize
+
+    class Block:
+        pass
+
+    def landed_in_a_finalizer():
+        block = Block()
+        Finalize(block, lambda: request_stop(signal.SIGTERM, sys._getframe()))
+        del block  # its finalizer runs here: the handler there sends the signal again later
+
+    received = []
+    previous = signal.signal(signal.SIGTERM, request_stop)
+    try:
+        landed_in_a_finalizer()
+        with pytest.raises(KeyboardInterrupt):
+            request_stop(signal.SIGTERM, None)  # a second Ctrl-C, raised where it landed
+        landed_in_a_finalizer()
+        signal.signal(signal.SIGTERM, lambda *a: received.append(a))  # the command ended: its handler gone
+        for _ in range(30):  # well past the moment either would have been sent again
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        clear_stop_request()
+    assert received == []

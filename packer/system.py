@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import math
@@ -100,7 +101,7 @@ def _send_again(signum: int, raised: int) -> None:
     since), nor once the command that installed the handler has ended (the signal would then reach
     whatever handler came back)."""
     if _raised == raised and _stop_requested and signal.getsignal(signum) is request_stop:
-        os.kill(os.getpid(), signum)
+        _thread.interrupt_main(signum)  # as if it came again; nothing where Python no longer handles it
 
 
 _FINALIZERS = ("multiprocessing/util.py", "/weakref.py")

@@ -140,6 +140,21 @@ def s3_server():
     server.stop()
 
 
+def failing_uploads(monkeypatch, name: str) -> None:
+    """Every upload (``packer.output.upload.put_checked``) of an object named ``name`` fails with
+    ``OSError("connection reset")``; the others go up."""
+    from packer.output import upload
+
+    real = upload.put_checked
+
+    def put_checked(fs, path, target, url, sha256=None):
+        if target.endswith(f"/{name}"):
+            raise OSError("connection reset")
+        return real(fs, path, target, url, sha256)
+
+    monkeypatch.setattr(upload, "put_checked", put_checked)
+
+
 class FailsAt:
     """A stand-in for the function ``real`` whose ``n``-th call raises ``OSError("connection reset")``
     (a connection lost mid-upload); ``calls`` counts them (set it to 0 to count again)."""

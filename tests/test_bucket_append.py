@@ -13,7 +13,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import FailsAt, make_tree, write_image
+from conftest import FailsAt, failing_uploads, make_tree, write_image
 
 from packer.cli import cli
 from packer.output import held_files, upload
@@ -215,14 +215,7 @@ def test_an_append_that_cannot_put_the_manifest_back_leaves_its_objects(s3_serve
     objects stay rather than be removed under a manifest that might list them."""
     fs = s3_server
     src, before = _in_bucket(fs, tmp_path, "s3://data/grow-down")
-    real = upload.put_checked
-
-    def store_down(fs_, path, target, url_, sha256=None):
-        if target.endswith("/manifest.json"):
-            raise OSError("connection reset")
-        return real(fs_, path, target, url_, sha256)
-
-    monkeypatch.setattr(upload, "put_checked", store_down)
+    failing_uploads(monkeypatch, "manifest.json")  # the new one's, and the old one's put back
     r = _convert(src, "s3://data/grow-down", "npy", "--append")
     assert r.exit_code == 1 and "connection reset" in r.output
     monkeypatch.undo()

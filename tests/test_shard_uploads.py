@@ -338,29 +338,54 @@ def test_a_failure_or_an_interrupt_as_the_manifest_goes_up(s3_server, tmp_path, 
     assert not {n for n in _objects(fs, prefix) if n.startswith(".packer")}
 
 
-def test_a_split_set_interrupted_in_a_bucket_leaves_the_prefix_as_it_was(s3_server, tmp_path, monkeypatch):
-    """A split set's records are not kept yet (its --resume would write every split again): an
-    interrupt removes what it wrote, and says nothing of --resume."""
-    fs = s3_server
+@pytest.mark.parametrize("stop_at", [3, 6], ids=["in the first split", "in the second split"])
+def test_a_split_set_interrupted_in_a_bucket_resumes_split_by_split(s3_server, tmp_path, monkeypatch, stop_at):
+    """A split set's records are kept as a conversion's are, and each finished split's manifest
+    (and record of the set) with them: --resume keeps the finished splits and the finished shards of
+    the split it stopped in, and gives the bytes of an uninterrupted run."""
+    fs, prefix = s3_server, f"data/set-resumed-{stop_at}"
+    src = tmp_path / "set"
+    make_tree(src / "train", {"ant": 5, "bee": 4})  # 5 shards of 2
+    make_tree(src / "val", {"ant": 2, "bee": 2})  # 2 shards of 2
+    _counting_takes(monkeypatch, stop_at)
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "1")
+    assert r.exit_code == 130 and "run the same command with --resume" in r.output, r.output
+    assert not any(n.endswith("manifest.json") and not n.startswith(".packer") for n in _objects(fs, prefix))
+    calls = _counting_takes(monkeypatch)
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "1", "--resume")
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 7 - (stop_at - 1)  # the shards finished before the interrupt not written again
+    assert _convert(src, tmp_path / "local", "--shuffle", "1").exit_code == 0
+    for split in ("train", "val"):
+        local = json.loads((tmp_path / "local" / split / "manifest.json").read_text())
+        assert _shards(json.loads(fs.cat_file(f"{prefix}/{split}/manifest.json"))) == _shards(local)
+    assert not {n for n in _objects(fs, prefix) if n.startswith(".packer")}
+    assert CliRunner().invoke(cli, ["verify", f"s3://{prefix}", "-q"]).exit_code == 0
+    listed = {
+        f"{split}/{f}"
+        for split in ("train", "val")
+        for f, _ in _shards(json.loads(fs.cat_file(f"{prefix}/{split}/manifest.json")))
+    }
+    assert {n for n in _objects(fs, prefix) if "/shard-" in n} == listed  # no shard left over
+
+
+def test_a_plain_run_after_an_interrupted_split_set_leaves_none_of_its_shards(s3_server, tmp_path, monkeypatch):
+    fs, prefix = s3_server, "data/set-replaced"
     src = tmp_path / "set"
     make_tree(src / "train", {"ant": 5, "bee": 4})
     make_tree(src / "val", {"ant": 2, "bee": 2})
-    take = TAKE
-
-    def third_interrupted(self, output, folder, result):
-        if result.name == "shard-00002":
-            raise KeyboardInterrupt
-        take(self, output, folder, result)
-
-    monkeypatch.setattr(ShardUploads, "take", third_interrupted)
-    r = _convert(src, "s3://data/set-resumed", "--shuffle", "1")
-    assert r.exit_code == 130 and "is as it was before" in r.output and "--resume" not in r.output, r.output
-    assert _objects(fs, "data/set-resumed") == set()
-    monkeypatch.setattr(ShardUploads, "take", take)
-    r = _convert(src, "s3://data/set-resumed", "--shuffle", "1", "--resume")
+    _counting_takes(monkeypatch, 6)  # train finished and published, val begun
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "1").exit_code == 130
+    assert any(n.startswith("train/shard-") for n in _objects(fs, prefix))
+    monkeypatch.setattr(ShardUploads, "take", TAKE)
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "2")  # not --resume: other shards, the old ones gone
     assert r.exit_code == 0, r.output
-    assert sum(len(y) for _, y in make_loader(open_dataset("s3://data/set-resumed/train"), 4)) == 9
-    assert not {n for n in _objects(fs, "data/set-resumed") if n.startswith(".packer")}
+    listed = {
+        f"{split}/{f}"
+        for split in ("train", "val")
+        for f, _ in _shards(json.loads(fs.cat_file(f"{prefix}/{split}/manifest.json")))
+    }
+    assert {n for n in _objects(fs, prefix) if "/shard-" in n} == listed
 
 
 def test_an_interrupt_while_the_shards_get_their_names_keeps_them_all(s3_server, tmp_path, monkeypatch):

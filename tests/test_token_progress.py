@@ -298,3 +298,48 @@ def test_a_token_conversion_into_a_bucket_resumes_where_it_stood(
     assert remote["shards"] == local["shards"] and remote["tokens"] == local["tokens"]
     assert not kept.exists()  # published: the local folder goes
     assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
+
+
+def test_a_token_conversion_whose_upload_fails_keeps_its_tokenizing(s3_server, corpus, tmp_path, monkeypatch):
+    """Tokenized whole, then the upload fails (the store went away): the tokenizing is kept on the
+    local disk, and --resume publishes without tokenizing anything again."""
+    from conftest import failing_uploads
+
+    fs, url = s3_server, "s3://data/tokens-upload-failed"
+    src, tokenizer = corpus
+    options = ["-f", "npy", "--tokenizer", str(tokenizer), "--pack", "16", "--shard-size", "150", "-q"]
+    assert CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "whole"), *options]).exit_code == 0
+    failing_uploads(monkeypatch, "report.txt")
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options])
+    assert r.exit_code == 1 and "connection reset" in r.output, r.output
+    assert _objects(fs, url[5:]) == {}
+    monkeypatch.undo()
+    encoded = _small_batches(monkeypatch)
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert encoded == []  # nothing tokenized again
+    remote = json.loads(fs.cat_file(f"{url[5:]}/manifest.json"))
+    assert remote["shards"] == json.loads((tmp_path / "whole" / "manifest.json").read_text())["shards"]
+
+
+def test_the_folder_of_a_bucket_run_is_this_users_alone(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from packer.cli.run_folder import RunFolder
+    from packer.spec.errors import OutputError
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    folder = RunFolder("s3://data/x", resume=False)
+    assert folder.path.parent == tmp_path and stat.S_IMODE(os.lstat(folder.path).st_mode) == 0o700
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    other = RunFolder("s3://data/x", resume=False)
+    assert other.path != folder.path  # another store's bucket of the same name: another folder
+    other.path.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    other.path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OutputError, match="is not a folder of this user's"):
+        RunFolder("s3://data/x", resume=False)

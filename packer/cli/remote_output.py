@@ -8,20 +8,18 @@ from the bucket (``packer.output.held_files``)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import click
 from tqdm import tqdm
 
 from packer.cli.render import showing
+from packer.cli.run_folder import RunFolder
 from packer.cli.signals import stop_on_signals
-from packer.output.shard_uploads import ShardUploads, streaming
+from packer.output.files import staging_dir
+from packer.output.shard_uploads import KEPT, ShardUploads, streaming
 from packer.output.upload import fetch_output, release, reserve, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
@@ -48,14 +46,20 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         dest = reserve(url, overwrite, resume, append)  # before any work: the prefix checked, its lock taken
     except PackerError as e:
         raise click.ClickException(str(e)) from None
-    scratch = _scratch(url, resume)  # under TMPDIR: a few shards at a time
-    # an append's folder has the output's name: a split of a set is refused by it, as a local one is
-    local = scratch / "append" / url.rstrip("/").rsplit("/", 1)[-1] if append else scratch / "output"
     saved = dict(p)
-    p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
-    shards = ShardUploads(dest, local)
+    folder: Optional[RunFolder] = None
+    local = Path()
     before = None
     try:
+        try:
+            folder = RunFolder(url, resume)  # under TMPDIR: a few shards at a time
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
+        scratch = folder.path
+        # an append's folder has the output's name: a split of a set is refused by it, as a local one is
+        local = scratch / "append" / url.rstrip("/").rsplit("/", 1)[-1] if append else scratch / "output"
+        p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
+        shards = ShardUploads(dest, local, base=scratch)
         try:
             if resume:
                 shards.restore()  # the interrupted run's records, for the conversion's --resume
@@ -78,7 +82,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
             shards.abandon(resumable=interrupted)
             if interrupted:
-                click.echo(_interrupted(url, shards, scratch), err=True)
+                click.echo(_interrupted(url, shards, local), err=True)
                 sys.exit(130)  # what the conversion exits with on Ctrl-C, wherever it came
             raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
@@ -97,7 +101,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
                 if dest.published:
                     click.echo(f"packer: interrupted once {url} was published whole", err=True)
                 else:
-                    click.echo(_interrupted(url, shards, scratch), err=True)
+                    click.echo(_interrupted(url, shards, local), err=True)
                 sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None
@@ -107,34 +111,16 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         release(dest)
         p.clear()
         p.update(saved)
-        if not _tokenized(scratch):  # a token conversion's tokenizing, kept for --resume
-            shutil.rmtree(scratch, ignore_errors=True)
+        if folder is not None:
+            folder.close(local, dest.published)  # a token conversion's tokenizing kept for --resume
 
 
-def _scratch(url: str, resume: bool) -> Path:
-    """The local folder of the run into ``url``: one per URL (and user) under TMPDIR, so that the
-    tokenizing an interrupted token conversion left there is found by ``--resume``; emptied first
-    otherwise (an image conversion resumes from the records in the bucket)."""
-    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
-    digest = hashlib.sha256(f"{user}\0{url.rstrip('/')}".encode()).hexdigest()[:16]
-    scratch = Path(tempfile.gettempdir()) / f"packer-upload-{digest}"
-    if scratch.exists() and not (resume and _tokenized(scratch)):
-        shutil.rmtree(scratch)
-    scratch.mkdir(parents=True, exist_ok=True)
-    return scratch
-
-
-def _tokenized(scratch: Path) -> bool:
-    """Whether ``scratch`` holds an unfinished token conversion's tokenizing (``packer.tokens.progress``)."""
-    return any(scratch.rglob(PROGRESS_NAME))
-
-
-def _interrupted(url: str, shards: ShardUploads, scratch: Path) -> str:
-    """What an interrupt left of the conversion into ``url`` (after ``shards.abandon``)."""
-    if _tokenized(scratch):
+def _interrupted(url: str, shards: ShardUploads, local: Path) -> str:
+    """What an interrupt left of the conversion into ``url`` (after ``shards.abandon``) from ``local``."""
+    if (staging_dir(local) / PROGRESS_NAME).is_file() or (shards.base / KEPT).is_dir():
         return (
             f"packer: interrupted; nothing was published to {url}. The documents tokenized so far are kept in "
-            f"{scratch}: run the same command with --resume to continue"
+            f"{shards.base}: run the same command with --resume to continue"
         )
     if shards.resumable:
         return (

@@ -56,7 +56,7 @@ def splits_summary(result: SplitsResult) -> None:
     click.echo(f"packer: {how}: {counts} samples into {shown_as(result.output)}, {classes}, in {result.seconds:.1f} s")
     for line in describe_missing(record):
         click.echo(f"  {line} (their indices are kept)")
-    for line in describe_leaks(result):
+    for line in describe_leaks(result, shown=shown_as(result.output)):
         click.echo(f"warning: {line}", err=True)
 
 

@@ -34,6 +34,7 @@ from packer.spec.listed_files import file_entry, sha256_of
 from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import TOKENS_SINCE, get_format
 from packer.spec.token_blocks import MAX_SHARD_TOKENS, TokenSection, tokenizer_record
+from packer.system import stop_signals_held
 from packer.tokens.packing import PackPlan, ShardPlan, best_fit_plan, concat_plan, document_order
 from packer.tokens.progress import PROGRESS_NAME, Progress, Tracker, fingerprint
 from packer.tokens.tokenizing import CorpusTokenizer, Tokenized, corpus_tokenizer, lengths_path, tokenize
@@ -317,8 +318,16 @@ def _pack(
     plan_of = concat_plan if config.packing == "concat" else best_fit_plan
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
     results = _write_shards(staging, plan, tokenized, get_format(config.format), first)
-    for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):  # never published; the record first
-        scratch.unlink(missing_ok=True)
+    sink = staging.sink
+    with stop_signals_held():  # never published; the record first
+        for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):
+            if sink is None:
+                scratch.unlink(missing_ok=True)
+            elif scratch.is_file():  # a bucket's: kept until the output is up, for a --resume if the upload fails
+                sink.set_aside(scratch)
+        if sink is not None:
+            for record in (PLAN_RECORD, STAGING_MARK):
+                sink.set_aside(stage / record, copy=True)
     records = records if records is not None else [corpus_record(f, source) for f in files]
     return _Packed(plan, results, len(tokenized.lengths), tokenized.tokens, tokenized.dtype, records, seconds)
 

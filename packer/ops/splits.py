@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 from packer.config import ConvertConfig
 from packer.ops.convert import ConvertResult, convert
 from packer.ops.split_plans import plan_splits
-from packer.output.files import check_output, is_packer_output, local_output, remove_tree, staging_dir
+from packer.output.files import check_output, discard, is_packer_output, local_output, remove_tree, staging_dir
 from packer.output.image_hashes import leaks_between
 from packer.records import ShardTask
 from packer.run.executor import DEFAULT_TIMEOUT, Executor, ProgressFn
@@ -161,10 +161,12 @@ def convert_splits(
             )  # type: ignore
         output.mkdir(parents=True, exist_ok=True)
         write_splits(output, record)  # from here on, readers refuse the splits until the set is complete
+        _keep(set_lock, output)
         results: dict[str, Optional[ConvertResult]] = {}
         for name, d in parts.items():
             if name in kept:
                 log.info("--resume: split %s is finished and unchanged; kept", name)
+                discard(staging_dir(output / name))  # a bucket run's records of it, restored: not to be published
                 results[name] = None
                 continue
             if on_split is not None:
@@ -189,6 +191,7 @@ def convert_splits(
             record.splits[name]["samples"] = result.manifest.samples
             record.splits[name]["manifest_sha256"] = sha256_of(target / MANIFEST_NAME)
             write_splits(output, record)
+            _keep(set_lock, output, name)
         if previous is not None:
             for name in previous.splits.keys() - parts.keys():  # splits of the set replaced that this one lacks
                 if is_packer_output(output / name):
@@ -199,6 +202,21 @@ def convert_splits(
     finally:
         set_lock.release()
     return SplitsResult(output, record, results, time.perf_counter() - started, leaks)
+
+
+def _keep(staging: Staging, output: Path, finished: Optional[str] = None) -> None:
+    """For a set converted into a bucket: mirror its record, and the files of the split ``finished``
+    just now (its shards are in the bucket already), for the set's ``--resume``
+    (``ShardUploads.keep_finished``)."""
+    if staging.sink is None:
+        return
+    files, published = [output / SPLITS_NAME], []
+    if finished is not None:
+        split = output / finished
+        files += sorted(p for p in split.iterdir() if p.is_file() and not p.name.startswith("shard-"))
+        shards = read_manifest(split).shards
+        published = [staging.sink.object_name(split, f.path) for shard in shards for f in shard.files]
+    staging.sink.keep_finished(files, published, output / finished if finished is not None else None)
 
 
 def split_leaks(output: Path, names: list[str], config: ConvertConfig) -> dict[tuple[str, str], list[tuple[str, str]]]:
@@ -217,15 +235,18 @@ def split_leaks(output: Path, names: list[str], config: ConvertConfig) -> dict[t
     return found
 
 
-def describe_leaks(result: SplitsResult, shown: int = 5) -> list[str]:
-    """Lines saying which images of a later split nearly duplicate images of an earlier one."""
+def describe_leaks(result: SplitsResult, listed: int = 5, shown: Optional[str] = None) -> list[str]:
+    """Lines saying which images of a later split nearly duplicate images of an earlier one, ``listed``
+    pairs each; ``shown``: the set as the user knows it (a bucket's URL), by default its folder."""
+    where = shown or str(result.output)
+    hint = f"`packer info {where}`" if where == str(result.output) else "`packer info` of a local copy"
     lines = []
     for (later, earlier), pairs in result.leaks.items():
-        listed = "; ".join(f"{later}/{a} ~ {earlier}/{b}" for a, b in pairs[:shown])
-        more = f"; and {len(pairs) - shown} more pair(s)" if len(pairs) > shown else ""
+        named = "; ".join(f"{later}/{a} ~ {earlier}/{b}" for a, b in pairs[:listed])
+        more = f"; and {len(pairs) - listed} more pair(s)" if len(pairs) > listed else ""
         lines.append(
             f"leakage: {len({a for a, _ in pairs})} image(s) of {later} nearly duplicate images of {earlier} "
-            f"(`packer info {result.output}` lists them all): {listed}{more}"
+            f"({hint} lists them all): {named}{more}"
         )
     return lines
 

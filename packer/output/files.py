@@ -98,9 +98,13 @@ def is_packer_output(folder: Path) -> bool:
     return all(entry.name in own for entry in folder.iterdir())
 
 
+STAGING_SUFFIX = ".packer-partial"
+"""The end of a staging folder's name (``staging_dir``)."""
+
+
 def staging_dir(output: Path) -> Path:
     """The staging folder of ``output``: hidden, beside it, on the same filesystem."""
-    return output.parent / f".{output.name}.packer-partial"
+    return output.parent / f".{output.name}{STAGING_SUFFIX}"
 
 
 def _old_dir(output: Path) -> Path:

@@ -22,8 +22,10 @@ objects its files went to) are mirrored under ``PARTS/state/`` as they are writt
 parts and records (a killed run leaves them anyway); ``restore`` brings the records back into a new
 local folder, and ``finished`` keeps the recorded shards whose parts are still in the store with
 the recorded size and SHA-256, so that they are moved to their published names as this run's own.
-The parts and records of every run go once the manifest is up. A split set's records are not
-restored yet: its splits are written again.
+The parts and records of every run go once the manifest is up. A split set's splits keep their
+records as a conversion does; as each split finishes, its manifest (and the files made with it) and
+the set's record are mirrored too (``keep_finished``), so that ``--resume`` keeps it whole, and its
+published shards stay through an interrupt.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,12 +43,24 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from packer.output import upload
-from packer.output.files import DONE_SUFFIX, FILE_STAMPS, PLAN_RECORD, STAGING_MARK, finished_shards
+from packer.output.files import (
+    DONE_SUFFIX,
+    FILE_STAMPS,
+    PLAN_RECORD,
+    STAGING_MARK,
+    STAGING_SUFFIX,
+    finished_shards,
+    staging_dir,
+)
 from packer.output.shard_samples import SAMPLES_FILE
 from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_objects, store_errors
 from packer.records import ShardResult
 from packer.system import stop_signals_held
 
+KEPT = "kept"
+"""The folder, beside the run's local output folder, where a token conversion's finished tokenizing
+waits while its shards are uploaded (``set_aside``), for a ``--resume`` should the upload fail
+(``packer.cli.run_folder``)."""
 AHEAD = 2
 """Finished shards that may wait for their upload; the run waits while that many do."""
 OWN_PART = re.compile(rf"{re.escape(PARTS)}/[0-9a-f]{{12}}-\d+/.+")
@@ -60,8 +75,10 @@ _SINKS: dict[Path, ShardUploads] = {}
 class ShardUploads:
     """The uploads of one run into the reserved ``dest``, for outputs written inside ``local`` (see the module)."""
 
-    def __init__(self, dest: Destination, local: Path, ahead: int = AHEAD) -> None:
+    def __init__(self, dest: Destination, local: Path, ahead: int = AHEAD, base: Optional[Path] = None) -> None:
         self.dest, self.local, self.ahead = dest, Path(local).absolute(), int(ahead)
+        self.base = Path(base).absolute() if base is not None else self.local.parent
+        """The run's local folder, which holds ``local`` (``set_aside``)."""
         self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="packer-upload")
         self.uploads: dict[str, tuple[str, Future]] = {}
         """The latest part of each planned file not yet moved to its published name, and its upload,
@@ -85,6 +102,8 @@ class ShardUploads:
         SHA-256 as recorded, by the file's name under the prefix (``restore``)."""
         self.intact: set[str] = set()  # the parts of ``resumed`` that the store holds as recorded
         self.restored: set[Path] = set()  # the staging folders whose records ``restore`` brought back
+        self.kept_published: set[str] = set()
+        """The published shards of a split set's finished splits (``keep_finished``): an interrupt keeps them."""
 
     def covers(self, output: Path) -> bool:
         """Whether ``output`` is written inside this run's local folder (its shards are uploaded here)."""
@@ -164,8 +183,6 @@ class ShardUploads:
         before it that are still there (``settle`` deletes those of shards it cancels). Only a
         conversion's plan (with a fingerprint, which --resume compares) is mirrored."""
         folder = Path(folder).absolute()
-        if self.local in folder.parents:
-            return  # a split's, inside the output folder: a split set's --resume writes its splits again
         try:
             plan = (folder / PLAN_RECORD).read_bytes()
             recorded = json.loads(plan)
@@ -179,6 +196,29 @@ class ShardUploads:
         self.planned.add(folder)
         for path, parts, uploads in self.deferred.pop(folder, []):
             self._keep_record(path, parts, uploads)
+
+    def keep_finished(self, files: list[Path], published: list[str], finished: Optional[Path] = None) -> None:
+        """Mirror ``files`` of the local folder (a split set's ``splits.json``, the manifest of the
+        split ``finished`` and the files made with it) once every upload and copy so far is done, so
+        that ``--resume`` of the set keeps that split; ``published`` (names under the prefix: its
+        shards) then stay through an interrupt, and the records of its staging folder go."""
+        self.settle()
+        with self._lock:
+            self.kept_published.update(published)
+        for path in files:
+            self.kept.append(self.records.submit(self._put_state, path, path.read_bytes()))
+        if finished is not None:  # its shards' records go: --resume keeps the split, never writes it again
+            self.kept.append(self.records.submit(self._clear, staging_dir(finished)))
+
+    def set_aside(self, path: Path, copy: bool = False) -> None:
+        """Move (or ``copy``) the file ``path`` of the run's folder (``base``) into its ``KEPT``, under
+        the same path: kept out of the output it is published with, and put back by a ``--resume``."""
+        target = self.base / KEPT / Path(path).absolute().relative_to(self.base)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if copy:
+            shutil.copyfile(path, target)
+        else:
+            os.replace(path, target)
 
     @property
     def resumable(self) -> bool:
@@ -211,8 +251,8 @@ class ShardUploads:
             wanted = {}
             for name in state:
                 path = self.local.parent / name
-                if Path(name).parent not in planned or name.startswith(f"{self.local.name}/"):
-                    continue  # no plan: nothing to resume; a split's (inside the output folder): not yet
+                if Path(name).parent not in planned and _in_staging(name):
+                    continue  # a shard record without its folder's plan: nothing to resume
                 if self.local.parent.resolve() not in path.resolve().parents:
                     continue  # never outside the scratch folder, whatever a name says
                 wanted[f"{root}/{STATE}/{name}"] = path
@@ -308,11 +348,18 @@ class ShardUploads:
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
             self.records.shutdown(wait=True, cancel_futures=not resumable)
-            gone = [n for n in sorted(self.sent - self.dest.before) if not (resumable and n.startswith(f"{PARTS}/"))]
+            kept = (lambda n: n.startswith(f"{PARTS}/") or n in self.kept_published) if resumable else (lambda n: False)
+            gone = [n for n in sorted(self.sent - self.dest.before) if not kept(n)]
             try:
                 remove_objects(self.dest.fs, [f"{self.dest.root}/{name}" for name in gone])
             except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite
                 pass
+
+
+def _in_staging(name: str) -> bool:
+    """Whether the mirrored record ``name`` is in a staging folder (a shard's record, or its plan),
+    not one of a finished output's files."""
+    return any(part.endswith(STAGING_SUFFIX) for part in Path(name).parts)
 
 
 @contextlib.contextmanager
@@ -330,4 +377,4 @@ def sink_for(output: Path) -> Optional[ShardUploads]:
     return next((s for s in _SINKS.values() if s.covers(output)), None)
 
 
-__all__ = ["ShardUploads", "streaming", "sink_for", "AHEAD"]
+__all__ = ["ShardUploads", "streaming", "sink_for", "AHEAD", "KEPT"]

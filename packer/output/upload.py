@@ -40,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from packer.output.files import STAGING_SUFFIX
 from packer.output.object_checks import check_uploaded, holds, put_checked
 from packer.spec.errors import ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
@@ -86,6 +87,9 @@ class Destination:
     before: set[str]
     published: bool = False
     """Whether the manifests are up: the output is whole there (``upload_output``)."""
+    interrupted_shards: set[str] = field(default_factory=set)
+    """The shards an interrupted split set's finished splits published (``_published_by_interrupted_run``),
+    read before this run mirrors its own: removed once this run is published, unless it lists them."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _renewer: Optional[threading.Thread] = None
 
@@ -149,6 +153,8 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
             log.warning("discarding the unfinished conversion into %s (pass --resume to continue it)", url)
         token = uuid.uuid4().hex
         dest = Destination(url, fs, root, token, overwrite, names)
+        if interrupted:
+            dest.interrupted_shards = _published_by_interrupted_run(fs, root, names)
         if not replacing:
             _write_lock(fs, root, token, exclusive=True, url=url)
         else:  # read again just before it is replaced, and read back a moment after: of two, the later goes on
@@ -267,6 +273,7 @@ def upload_output(
         try:
             listed = set(relative.values()) | streamed | _listed_by_manifests(manifests, relative)
             old = {n for n in dest.before if dest.overwrite or "/" not in n} | _names(fs, f"{root}/{PARTS}", root)
+            old |= dest.interrupted_shards
             gone = sorted(old - listed, key=lambda n: (not n.startswith(f"{STATE}/"), n))
             remove_objects(fs, [f"{root}/{name}" for name in gone])
         except Exception as e:  # noqa: BLE001 - the output is whole; what is left is removed by the next run
@@ -297,6 +304,25 @@ def _stored(fs: Any, target: str, path: Path) -> bool:
         return holds(fs, target, path.stat().st_size, sha256_of(path))
     except Exception:  # noqa: BLE001 - the store cannot say: not stored, as far as this run knows
         return False
+
+
+def _published_by_interrupted_run(fs: Any, root: str, before: set[str]) -> set[str]:
+    """The shards an interrupted split set's finished splits published (their manifests are
+    mirrored under ``STATE``, ``packer.output.shard_uploads``): this run replaced that run, and
+    removes those its own outputs do not list."""
+    names = set()
+    for name in before:
+        parts = name.split("/")
+        if name.startswith(f"{STATE}/") and parts[-1] == MANIFEST_NAME and len(parts) > 4:
+            folder = "/".join(parts[3:-1])  # STATE is two parts, then the run's local folder
+            if any(p.endswith(STAGING_SUFFIX) for p in parts):
+                continue
+            try:
+                manifest = parse_manifest(fs.cat_file(f"{root}/{name}").decode("utf-8"), f"{root}/{name}")
+            except (ManifestError, UnicodeDecodeError, FileNotFoundError):
+                continue  # not a record this packer wrote: nothing of it is taken for a shard
+            names.update(f"{folder}/{f.path}" for shard in manifest.shards for f in shard.files)
+    return names
 
 
 def _listed_by_manifests(manifests: list[Path], relative: dict[Path, str]) -> set[str]:

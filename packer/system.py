@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import gc
 import math
@@ -96,12 +95,14 @@ REDELIVER_SECONDS = 0.05
 
 
 def _send_again(signum: int, raised: int) -> None:
-    """Send ``signum`` to this process again, if the stop is still pending under ``request_stop``:
+    """Stop again (``signum`` came first), if the stop is still pending under ``request_stop``:
     not once a stop was raised since (``raised``: the count then; a held block's end, a signal
     since), nor once the command that installed the handler has ended (the signal would then reach
     whatever handler came back)."""
-    if _raised == raised and _stop_requested and signal.getsignal(signum) is request_stop:
-        _thread.interrupt_main(signum)  # as if it came again; nothing where Python no longer handles it
+    if _raised == raised and _stop_requested and signal.getsignal(signal.SIGINT) is request_stop:
+        # SIGINT, whatever came first: a real signal wakes a main thread blocked on a lock or a read,
+        # and should the command restore the handlers meanwhile, Python's own raises, never kills
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 _FINALIZERS = ("multiprocessing/util.py", "/weakref.py")

@@ -2,6 +2,7 @@
 (moto's server mode, through s3fs and botocore): the figures measure packer's overhead, not a network.
 
     python scripts/bench_bucket.py --images 1000 --work /tmp/packer-bucket
+    python scripts/bench_bucket.py --append-check --images 1000 --format npy   # only the append
 
 - **Conversion**: ``packer convert SRC -f wds -o s3://bench/out`` (written locally, uploaded, every
   file read back, the manifest last) against ``-o LOCAL``, the same images, each a new process,
@@ -130,11 +131,12 @@ def range_server(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 
 def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None, *more: str) -> tuple[float, int]:
-    """Seconds of ``packer convert SRC -f FMT -o OUT`` in a new process, and the most bytes its
-    temporary folder (``TMPDIR=scratch``, where a bucket output's local folder goes) held, polled
-    every 10 ms."""
+    """Seconds of ``packer convert SRC -f FMT -o OUT`` in a new process (with ``--overwrite``, unless
+    ``more`` has ``--append``), and the most bytes its temporary folder (``TMPDIR=scratch``, where a
+    bucket output's local folder goes) held, polled every 10 ms."""
     started = time.perf_counter()
-    command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", "--overwrite", *more]
+    replace = [] if "--append" in more else ["--overwrite"]
+    command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", *replace, *more]
     env = dict(os.environ)
     if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -258,6 +260,63 @@ def run(args: argparse.Namespace) -> dict:
         server.stop()
 
 
+def append_check(args: argparse.Namespace) -> dict:
+    """``--append-check``: half of the bench photographs converted (``--format``), the other half
+    appended, into the bucket and to a local folder, alternated ``--repeat`` times; the appends'
+    seconds, the requests the server answered during the bucket's, and the most bytes the local
+    folder of the bucket's held."""
+    import bench
+    import s3fs
+
+    work = Path(args.work)
+    src = work / "images"
+    if not src.is_dir() or sum(1 for _ in src.rglob("*.jpg")) != args.images:
+        shutil.rmtree(src, ignore_errors=True)
+        bench.make_images(src, args.images)
+    files = sorted(src.rglob("*.jpg"))
+    grow = work / "grow"
+    server, requests = start_server()
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir("bench")
+        host = describe_host()
+        print(f"{host.line()}; {len(files) // 2} + {len(files) - len(files) // 2} images, --format {args.format}")
+        local_s, bucket_s, asked, peaks = [], [], [], []
+        shards = ("--shard-size", str(args.shard_size))
+        for _ in range(args.repeat):
+            shutil.rmtree(grow, ignore_errors=True)
+            for f in files[: len(files) // 2]:  # the first half, as links: no bytes copied
+                (grow / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                os.link(f, grow / f.relative_to(src))
+            timed_convert(grow, str(work / "grown"), args.format, None, *shards)
+            timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", *shards)
+            time.sleep(1.1)  # the sources' times after the outputs' (S3 keeps whole seconds)
+            for f in files[len(files) // 2 :]:
+                (grow / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                os.link(f, grow / f.relative_to(src))
+            local_s.append(timed_convert(grow, str(work / "grown"), args.format, None, "--append", *shards)[0])
+            before = requests.count
+            seconds, peak = timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", "--append", *shards)
+            bucket_s.append(seconds)
+            asked.append(requests.count - before)
+            peaks.append(peak)
+        result = {
+            "machine": host.to_dict(),
+            "images": len(files),
+            "format": args.format,
+            "local_append_s": local_s,
+            "bucket_append_s": bucket_s,
+            "ratio": statistics.median(local_s) / statistics.median(bucket_s),
+            "requests": asked,
+            "peak_local_bytes": max(peaks),
+            "output_bytes": sum(_size(p) for p in (work / "grown").rglob("*")),
+        }
+        print(json.dumps(result, indent=1))
+        return result
+    finally:
+        server.stop()
+
+
 def markdown(r: dict, args: argparse.Namespace) -> str:
     c, x = r["conversion"], r["reads"]
     cold = "cold page cache" if x["local_cold"] else "warm page cache (drop_caches not allowed here)"
@@ -306,8 +365,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="100", help="of the conversions (samples, or bytes: 16MB)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bucket"))
+    p.add_argument("--append-check", action="store_true", help="only: an append into the bucket against a local one")
+    p.add_argument("--format", default="npy", help="of the --append-check outputs")
     return p
 
 
 if __name__ == "__main__":
-    run(parser().parse_args())
+    arguments = parser().parse_args()
+    if arguments.append_check:
+        append_check(arguments)
+    else:
+        run(arguments)

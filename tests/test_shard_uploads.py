@@ -81,9 +81,7 @@ def test_uploads_overlap_the_conversion(s3_server, tmp_path, monkeypatch):
 
 def test_a_split_set_streams_split_by_split(s3_server, tmp_path):
     fs = s3_server
-    src = tmp_path / "set"
-    make_tree(src / "train", {"ant": 5, "bee": 4})
-    make_tree(src / "val", {"ant": 2, "bee": 2})
+    src = _split_set(tmp_path)
     r = _convert(src, "s3://data/set")
     assert r.exit_code == 0, r.output
     assert sum(len(y) for _, y in make_loader(open_dataset("s3://data/set/train"), 4)) == 9
@@ -338,6 +336,24 @@ def test_a_failure_or_an_interrupt_as_the_manifest_goes_up(s3_server, tmp_path, 
     assert not {n for n in _objects(fs, prefix) if n.startswith(".packer")}
 
 
+def _split_set(tmp_path):
+    """Split folders: train of 9 images (5 shards of 2), val of 4 (2 shards)."""
+    src = tmp_path / "set"
+    make_tree(src / "train", {"ant": 5, "bee": 4})
+    make_tree(src / "val", {"ant": 2, "bee": 2})
+    return src
+
+
+def _only_listed_shards(fs, prefix: str) -> None:
+    """Every shard object of the set at ``prefix`` is one its splits' manifests list: none left over."""
+    listed = {
+        f"{split}/{f}"
+        for split in ("train", "val")
+        for f, _ in _shards(json.loads(fs.cat_file(f"{prefix}/{split}/manifest.json")))
+    }
+    assert {n for n in _objects(fs, prefix) if "/shard-" in n} == listed
+
+
 @pytest.mark.parametrize("stop_at", [3, 6], ids=["in the first split", "in the second split"])
 def test_a_split_set_interrupted_in_a_bucket_resumes_split_by_split(s3_server, tmp_path, monkeypatch, stop_at):
     """A split set's records are kept as a conversion's are, and each finished split's manifest
@@ -371,21 +387,14 @@ def test_a_split_set_interrupted_in_a_bucket_resumes_split_by_split(s3_server, t
 
 def test_a_plain_run_after_an_interrupted_split_set_leaves_none_of_its_shards(s3_server, tmp_path, monkeypatch):
     fs, prefix = s3_server, "data/set-replaced"
-    src = tmp_path / "set"
-    make_tree(src / "train", {"ant": 5, "bee": 4})
-    make_tree(src / "val", {"ant": 2, "bee": 2})
+    src = _split_set(tmp_path)
     _counting_takes(monkeypatch, 6)  # train finished and published, val begun
     assert _convert(src, f"s3://{prefix}", "--shuffle", "1").exit_code == 130
     assert any(n.startswith("train/shard-") for n in _objects(fs, prefix))
     monkeypatch.setattr(ShardUploads, "take", TAKE)
     r = _convert(src, f"s3://{prefix}", "--shuffle", "2")  # not --resume: other shards, the old ones gone
     assert r.exit_code == 0, r.output
-    listed = {
-        f"{split}/{f}"
-        for split in ("train", "val")
-        for f, _ in _shards(json.loads(fs.cat_file(f"{prefix}/{split}/manifest.json")))
-    }
-    assert {n for n in _objects(fs, prefix) if "/shard-" in n} == listed
+    _only_listed_shards(fs, prefix)
 
 
 def test_an_interrupt_while_the_shards_get_their_names_keeps_them_all(s3_server, tmp_path, monkeypatch):
@@ -426,3 +435,36 @@ def test_leftovers_that_cannot_be_removed_once_published_are_the_next_runs(s3_se
     r = _convert(src, "s3://data/untidy", "--overwrite")
     assert r.exit_code == 0, r.output
     assert not {n for n in _objects(fs, "data/untidy") if n.startswith(".packer")}
+
+
+def test_a_failed_run_after_an_interrupted_set_leaves_nothing_a_resume_would_trust(s3_server, tmp_path, monkeypatch):
+    """Run 1 is interrupted once train is published; run 2 (other options, not --resume) finishes
+    train, then fails in val; run 3 resumes run 2: train is written again rather than kept from
+    records that name shards run 2's failure removed, and no shard of any run is left over."""
+    from conftest import failing_uploads
+
+    fs, prefix = s3_server, "data/set-failed"
+    src = _split_set(tmp_path)
+    _counting_takes(monkeypatch, 6)
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "1").exit_code == 130
+    monkeypatch.setattr(ShardUploads, "take", TAKE)
+    failing_uploads(monkeypatch, "shard-00001.tar")  # val's second shard (train's are named for good by then)
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "2")
+    assert r.exit_code == 1 and "connection reset" in r.output, r.output
+    monkeypatch.undo()
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    assert CliRunner().invoke(cli, ["verify", f"s3://{prefix}", "-q"]).exit_code == 0
+    _only_listed_shards(fs, prefix)
+
+
+def test_the_shards_of_every_interrupted_run_go_once_a_set_is_published(s3_server, tmp_path, monkeypatch):
+    fs, prefix = s3_server, "data/set-twice"
+    src = _split_set(tmp_path)
+    _counting_takes(monkeypatch, 6)  # train published by run 1
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "1").exit_code == 130
+    _counting_takes(monkeypatch, 6)  # and by run 2, under other names
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "2").exit_code == 130
+    monkeypatch.setattr(ShardUploads, "take", TAKE)
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "3").exit_code == 0
+    _only_listed_shards(fs, prefix)

@@ -71,7 +71,7 @@ def test_a_stop_that_lands_in_a_multiprocessing_finalizer_comes_again_after_it(c
         pass
 
     landed = []
-    previous = signal.signal(signal.SIGTERM, request_stop)
+    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)  # as the CLI
     try:
         with pytest.raises(KeyboardInterrupt):
             block = Block()
@@ -82,7 +82,8 @@ def test_a_stop_that_lands_in_a_multiprocessing_finalizer_comes_again_after_it(c
                 time.sleep(0.01)
         assert landed == [None]  # the handler returned inside the finalizer, and raised after it
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
         clear_stop_request()
     assert "Exception ignored" not in capfd.readouterr().err
 
@@ -101,16 +102,47 @@ def test_a_stop_sent_again_is_not_once_one_was_raised_or_the_command_ended():
         del block  # its finalizer runs here: the handler there sends the signal again later
 
     received = []
-    previous = signal.signal(signal.SIGTERM, request_stop)
+    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
     try:
         landed_in_a_finalizer()
         with pytest.raises(KeyboardInterrupt):
             request_stop(signal.SIGTERM, None)  # a second Ctrl-C, raised where it landed
         landed_in_a_finalizer()
-        signal.signal(signal.SIGTERM, lambda *a: received.append(a))  # the command ended: its handler gone
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the command ended: its handlers gone
+            signal.signal(sig, lambda *a: received.append(a))
         for _ in range(30):  # well past the moment either would have been sent again
             time.sleep(0.01)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
         clear_stop_request()
     assert received == []
+
+
+def test_a_stop_sent_again_wakes_a_main_thread_that_waits():
+    """The signal comes again as a real one: a main thread blocked on a lock (an upload's result)
+    is woken, not left until the lock is released."""
+    import sys
+    import threading
+    from multiprocessing.util import Finalize
+
+    class Block:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, request_stop), signal.signal(signal.SIGINT, request_stop)
+    held = threading.Lock()
+    held.acquire()
+    release = threading.Timer(20, held.release)  # the "upload": the test fails by time only if not woken
+    release.start()
+    try:
+        block = Block()
+        Finalize(block, lambda: request_stop(signal.SIGTERM, sys._getframe()))
+        with pytest.raises(KeyboardInterrupt):
+            del block
+            held.acquire()  # blocked here when the signal comes again
+        assert release.is_alive()  # woken before the lock was released
+    finally:
+        release.cancel()
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        clear_stop_request()

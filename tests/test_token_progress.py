@@ -343,3 +343,30 @@ def test_the_folder_of_a_bucket_run_is_this_users_alone(tmp_path, monkeypatch):
     other.path.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OutputError, match="is not a folder of this user's"):
         RunFolder("s3://data/x", resume=False)
+
+
+def test_a_killed_token_conversion_into_a_bucket_resumes_where_it_stood(s3_server, corpus, tmp_path, monkeypatch):
+    """A kill leaves the tokenizing in the run's staging folder, not set aside: --resume finds it there."""
+    import shutil
+
+    from packer.output.shard_uploads import KEPT
+
+    url = "s3://data/tokens-killed"
+    src, tokenizer = corpus
+    options = ["-f", "npy", "--tokenizer", str(tokenizer), "--pack", "16", "--shard-size", "150", "-q"]
+    _small_batches(monkeypatch)
+    _interrupt_at(monkeypatch, 4)
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options])
+    assert r.exit_code == 130, r.output
+    folder = Path(r.output.split("kept in ")[1].split(":")[0])
+    for item in sorted(p for p in (folder / KEPT).rglob("*") if p.is_file()):  # where a kill leaves them
+        target = folder / item.relative_to(folder / KEPT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        item.rename(target)
+    shutil.rmtree(folder / KEPT)
+    record = json.loads(next(folder.rglob(PROGRESS_NAME)).read_text())
+    monkeypatch.undo()
+    encoded = _small_batches(monkeypatch)
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert sum(encoded) == 160 - record["documents"] > 0

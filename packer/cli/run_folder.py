@@ -35,9 +35,14 @@ class RunFolder:
     def __init__(self, url: str, resume: bool) -> None:
         user = os.getuid() if hasattr(os, "getuid") else 0
         where = "\0".join([str(user), url.rstrip("/"), *(os.environ.get(k, "") for k in ENDPOINTS)])
-        self.path = Path(tempfile.gettempdir()) / f"packer-upload-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
+        name = f"packer-upload-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
+        self.path = (Path(tempfile.gettempdir()) / name).absolute()  # a relative TMPDIR: where it was when it began
         self._own(user)
         kept = self.path / KEPT
+        if resume:  # a killed run's tokenizing is still in its staging folder: kept first, with the rest
+            for record in list(self.path.rglob(PROGRESS_NAME)):
+                if kept not in record.parents:
+                    self.set_aside(record.parent)
         if resume and self.holds_tokenizing():
             for entry in self.path.iterdir():
                 if entry.name != KEPT:

@@ -142,6 +142,8 @@ def convert_splits(
             checked(d, strict, config.text)
         stamps = {name: _fingerprint(config, d, strict) for name, d in parts.items()}
         kept = _kept(output, previous, stamps) if resume else set()
+        if set_lock.sink is not None:  # a bucket's: kept only where the interrupted run's shards are all there
+            kept = {name for name in kept if set_lock.sink.published_whole(output / name)}
         plan_workers = previous.workers if resume and previous is not None and previous.workers else workers
         record = SplitsRecord(
             common,

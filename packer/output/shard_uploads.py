@@ -55,12 +55,18 @@ from packer.output.files import (
 from packer.output.shard_samples import SAMPLES_FILE
 from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_objects, store_errors
 from packer.records import ShardResult
+from packer.spec.errors import PackerError
+from packer.spec.manifest import MANIFEST_NAME, read_manifest
+from packer.spec.splits_record import SPLITS_NAME
 from packer.system import stop_signals_held
 
 KEPT = "kept"
 """The folder, beside the run's local output folder, where a token conversion's finished tokenizing
 waits while its shards are uploaded (``set_aside``), for a ``--resume`` should the upload fail
 (``packer.cli.run_folder``)."""
+PUBLISHED_PREFIX = "published-"
+"""Under ``STATE``: ``published-TOKEN.json``, the shards of a split set's finished splits that run
+TOKEN published (``keep_finished``)."""
 AHEAD = 2
 """Finished shards that may wait for their upload; the run waits while that many do."""
 OWN_PART = re.compile(rf"{re.escape(PARTS)}/[0-9a-f]{{12}}-\d+/.+")
@@ -205,10 +211,35 @@ class ShardUploads:
         self.settle()
         with self._lock:
             self.kept_published.update(published)
-        for path in files:
-            self.kept.append(self.records.submit(self._put_state, path, path.read_bytes()))
-        if finished is not None:  # its shards' records go: --resume keeps the split, never writes it again
-            self.kept.append(self.records.submit(self._clear, staging_dir(finished)))
+        shards = json.dumps(sorted(self.kept_published)).encode()
+        # in this order, one after another: a record of the set naming the split as finished is up only
+        # once its manifest is, and that only once the files made with it are
+        last = (MANIFEST_NAME, SPLITS_NAME)
+        ordered = sorted(files, key=lambda f: (f.name in last, last.index(f.name) if f.name in last else 0))
+        with stop_signals_held():
+            self.kept.append(self.records.submit(self._put_published, shards))
+            for path in ordered:
+                self.kept.append(self.records.submit(self._put_state, path, path.read_bytes()))
+            if finished is not None:  # its shards' records go: --resume keeps the split, never writes it again
+                self.kept.append(self.records.submit(self._clear, staging_dir(finished)))
+
+    def _put_published(self, data: bytes) -> None:
+        """Mirror the list of this run's published shards of finished splits (one list a run, never
+        another run's: ``upload._published_by_interrupted_run`` reads them all)."""
+        name = f"{STATE}/{PUBLISHED_PREFIX}{self.dest.token[:12]}.json"
+        with store_errors(self.dest.url):
+            with self._lock:
+                self.sent.add(name)
+            self.dest.fs.pipe_file(f"{self.dest.root}/{name}", data)
+
+    def published_whole(self, output: Path) -> bool:
+        """Whether every shard file the manifest of the finished split ``output`` (restored) lists was
+        in the store when this run began (the interrupted run that finished it published them)."""
+        try:
+            shards = read_manifest(output).shards
+        except PackerError:
+            return False
+        return all(self.object_name(output, f.path) in self.dest.before for s in shards for f in s.files)
 
     def set_aside(self, path: Path, copy: bool = False) -> None:
         """Move (or ``copy``) the file ``path`` of the run's folder (``base``) into its ``KEPT``, under
@@ -251,6 +282,8 @@ class ShardUploads:
             wanted = {}
             for name in state:
                 path = self.local.parent / name
+                if name.startswith(PUBLISHED_PREFIX):
+                    continue  # a run's list of its published shards: read by upload, not restored
                 if Path(name).parent not in planned and _in_staging(name):
                     continue  # a shard record without its folder's plan: nothing to resume
                 if self.local.parent.resolve() not in path.resolve().parents:
@@ -343,13 +376,20 @@ class ShardUploads:
     def abandon(self, resumable: bool = False) -> None:
         """After a failure or an interrupt: stop, and remove every object this run wrote that was not
         there before (the prefix as it was); ``resumable`` (an interrupt) keeps the parts and records
-        of the finished shards for ``--resume``, where a plan was recorded (``resumable``)."""
-        resumable = resumable and self.resumable
+        of the finished shards for ``--resume``, where a plan was recorded (``resumable``), and
+        otherwise leaves an earlier interrupted run's. A failure removes every record of an earlier
+        interrupted run too, as a failed local run discards its staging folder: this run may have
+        begun to replace them."""
+        failed, resumable = not resumable, resumable and self.resumable
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
             self.records.shutdown(wait=True, cancel_futures=not resumable)
             kept = (lambda n: n.startswith(f"{PARTS}/") or n in self.kept_published) if resumable else (lambda n: False)
             gone = [n for n in sorted(self.sent - self.dest.before) if not kept(n)]
+            if failed:  # every record goes: this run replaced some, whose shards it removed
+                lists = f"{STATE}/{PUBLISHED_PREFIX}"  # kept: what the next publish removes of earlier runs
+                records = (self.sent | self.dest.before) - set(gone)
+                gone += sorted(n for n in records if n.startswith(f"{STATE}/") and not n.startswith(lists))
             try:
                 remove_objects(self.dest.fs, [f"{self.dest.root}/{name}" for name in gone])
             except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite

@@ -313,6 +313,13 @@ def _published_by_interrupted_run(fs: Any, root: str, before: set[str]) -> set[s
     names = set()
     for name in before:
         parts = name.split("/")
+        if name.startswith(f"{STATE}/published-") and len(parts) == 3:  # a run's list (shard_uploads)
+            try:
+                listed = json.loads(fs.cat_file(f"{root}/{name}"))
+                names.update(n for n in listed if isinstance(n, str) and OWN_NAME.fullmatch(n))
+            except (ValueError, TypeError, FileNotFoundError):
+                pass
+            continue
         if name.startswith(f"{STATE}/") and parts[-1] == MANIFEST_NAME and len(parts) > 4:
             folder = "/".join(parts[3:-1])  # STATE is two parts, then the run's local folder
             if any(p.endswith(STAGING_SUFFIX) for p in parts):

@@ -101,14 +101,14 @@ def summary(result: ConvertResult) -> None:
     if m.duplicates:
         click.echo(
             f"note: {sum(len(g) for g in m.duplicates)} files in {len(m.duplicates)} group(s) have identical "
-            f"bytes (all packed; listed in {report})",
+            f"bytes (all packed; listed in {shown_as(report)})",
             err=True,
         )
     near = (m.near_duplicates or {}).get("groups") or []
     if near:
         click.echo(
             f"note: {sum(len(g) for g in near)} images in {len(near)} group(s) are near-duplicates "
-            f"(all packed; listed in {report})",
+            f"(all packed; listed in {shown_as(report)})",
             err=True,
         )
     if result.ignored:

@@ -468,3 +468,19 @@ def test_the_shards_of_every_interrupted_run_go_once_a_set_is_published(s3_serve
     monkeypatch.setattr(ShardUploads, "take", TAKE)
     assert _convert(src, f"s3://{prefix}", "--shuffle", "3").exit_code == 0
     _only_listed_shards(fs, prefix)
+
+
+def test_a_resume_that_fails_keeps_what_the_next_resume_needs(s3_server, tmp_path, monkeypatch):
+    """A --resume refused for a bad option (or failing) removes no record of the run it resumes:
+    the next --resume still keeps the split that was finished."""
+    fs, prefix = s3_server, "data/set-typo"
+    src = _split_set(tmp_path)
+    _counting_takes(monkeypatch, 6)  # train finished, val begun
+    assert _convert(src, f"s3://{prefix}", "--shuffle", "1").exit_code == 130
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "1", "--resume", "--size", "16x")
+    assert r.exit_code == 2, r.output
+    calls = _counting_takes(monkeypatch)
+    r = _convert(src, f"s3://{prefix}", "--shuffle", "1", "--resume")
+    assert r.exit_code == 0, r.output
+    assert calls == ["shard-00000", "shard-00001"]  # val's: train kept
+    _only_listed_shards(fs, prefix)

@@ -319,8 +319,9 @@ def _pack(
     plan = plan_of(tokenized.lengths, order, config.block, per_shard)
     results = _write_shards(staging, plan, tokenized, get_format(config.format), first)
     sink = staging.sink
-    with stop_signals_held():  # never published; the record first
-        for scratch in (stage / PROGRESS_NAME, spill, lengths_path(spill)):
+    with stop_signals_held():  # never published; deleted, the record first; set aside, the data first
+        scratches = (stage / PROGRESS_NAME, spill, lengths_path(spill))
+        for scratch in scratches if sink is None else scratches[::-1]:
             if sink is None:
                 scratch.unlink(missing_ok=True)
             elif scratch.is_file():  # a bucket's: kept until the output is up, for a --resume if the upload fails

@@ -108,6 +108,10 @@ class ShardUploads:
         SHA-256 as recorded, by the file's name under the prefix (``restore``)."""
         self.intact: set[str] = set()  # the parts of ``resumed`` that the store holds as recorded
         self.restored: set[Path] = set()  # the staging folders whose records ``restore`` brought back
+        self.resuming = False  # a --resume: ``restore`` was called
+        self.moved: set[str] = set()  # every published name a shard was given (``move``)
+        self.listed: set[str] = set()  # those the store's list of this run holds (``_list_published``)
+        self._listing = threading.Lock()
         self.kept_published: set[str] = set()
         """The published shards of a split set's finished splits (``keep_finished``): an interrupt keeps them."""
 
@@ -211,26 +215,31 @@ class ShardUploads:
         self.settle()
         with self._lock:
             self.kept_published.update(published)
-        shards = json.dumps(sorted(self.kept_published)).encode()
         # in this order, one after another: a record of the set naming the split as finished is up only
         # once its manifest is, and that only once the files made with it are
         last = (MANIFEST_NAME, SPLITS_NAME)
         ordered = sorted(files, key=lambda f: (f.name in last, last.index(f.name) if f.name in last else 0))
         with stop_signals_held():
-            self.kept.append(self.records.submit(self._put_published, shards))
             for path in ordered:
                 self.kept.append(self.records.submit(self._put_state, path, path.read_bytes()))
             if finished is not None:  # its shards' records go: --resume keeps the split, never writes it again
                 self.kept.append(self.records.submit(self._clear, staging_dir(finished)))
 
-    def _put_published(self, data: bytes) -> None:
-        """Mirror the list of this run's published shards of finished splits (one list a run, never
-        another run's: ``upload._published_by_interrupted_run`` reads them all)."""
-        name = f"{STATE}/{PUBLISHED_PREFIX}{self.dest.token[:12]}.json"
-        with store_errors(self.dest.url):
-            with self._lock:
-                self.sent.add(name)
-            self.dest.fs.pipe_file(f"{self.dest.root}/{name}", data)
+    def _list_published(self, target: str) -> None:
+        """Have the list of the published names this run gave its shards so far, ``target`` among
+        them, in the store before ``target`` is (one list a run, never another run's, rewritten
+        whole: ``upload._published_by_interrupted_run`` reads them all, and the next publish
+        removes the names its output does not list). Copies made at once share one write."""
+        with self._listing:
+            if target in self.listed:
+                return
+            names = set(self.moved)
+            name = f"{STATE}/{PUBLISHED_PREFIX}{self.dest.token[:12]}.json"
+            with store_errors(self.dest.url):
+                with self._lock:
+                    self.sent.add(name)
+                self.dest.fs.pipe_file(f"{self.dest.root}/{name}", json.dumps(sorted(names)).encode())
+            self.listed |= names
 
     def published_whole(self, output: Path) -> bool:
         """Whether every shard file the manifest of the finished split ``output`` (restored) lists was
@@ -276,6 +285,7 @@ class ShardUploads:
         staging folders, as that run left them), and check the parts they name (the size and the
         SHA-256 the store recorded, else read back)."""
         fs, root = self.dest.fs, self.dest.root
+        self.resuming = True
         with store_errors(self.dest.url):
             state = sorted(n[len(STATE) + 1 :] for n in self.dest.before if n.startswith(f"{STATE}/"))
             planned = {Path(n).parent for n in state if Path(n).name == PLAN_RECORD}
@@ -340,10 +350,13 @@ class ShardUploads:
         source, pending = self.uploads.pop(self.object_name(output, old))
         pending.result()  # here, not in the pool: a copy never waits on a queued upload
         target = self.object_name(output, new)
+        with self._lock:
+            self.moved.add(target)
         self.copies.append(self.pool.submit(self._copy, source, target))
 
     def _copy(self, source: str, target: str) -> None:
         fs, root = self.dest.fs, self.dest.root
+        self._list_published(target)  # first: a run killed after the copy leaves no shard no one knows of
         with store_errors(self.dest.url):
             with self._lock:
                 self.sent.add(target)  # before the copy: a failed one may have left an object
@@ -377,17 +390,20 @@ class ShardUploads:
         """After a failure or an interrupt: stop, and remove every object this run wrote that was not
         there before (the prefix as it was); ``resumable`` (an interrupt) keeps the parts and records
         of the finished shards for ``--resume``, where a plan was recorded (``resumable``), and
-        otherwise leaves an earlier interrupted run's. A failure removes every record of an earlier
-        interrupted run too, as a failed local run discards its staging folder: this run may have
-        begun to replace them."""
+        otherwise leaves an earlier interrupted run's. A failure of a run that was not a --resume
+        and had begun to replace an earlier interrupted run's records removes all of them (but the
+        lists of published shards)."""
         failed, resumable = not resumable, resumable and self.resumable
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
             self.records.shutdown(wait=True, cancel_futures=not resumable)
             kept = (lambda n: n.startswith(f"{PARTS}/") or n in self.kept_published) if resumable else (lambda n: False)
             gone = [n for n in sorted(self.sent - self.dest.before) if not kept(n)]
-            if failed:  # every record goes: this run replaced some, whose shards it removed
-                lists = f"{STATE}/{PUBLISHED_PREFIX}"  # kept: what the next publish removes of earlier runs
+            lists = f"{STATE}/{PUBLISHED_PREFIX}"  # kept: what the next publish removes of earlier runs
+            touched = any(n.startswith(f"{STATE}/") and not n.startswith(lists) for n in self.sent)
+            if failed and touched and not self.resuming:  # a run replacing an interrupted one's records
+                # every record goes: this run replaced some, whose shards it removed (a --resume's are
+                # kept: a split it finished and lost is not kept again, ``published_whole``)
                 records = (self.sent | self.dest.before) - set(gone)
                 gone += sorted(n for n in records if n.startswith(f"{STATE}/") and not n.startswith(lists))
             try:

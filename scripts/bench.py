@@ -10,8 +10,9 @@
 For each format and codec: conversion images/s (ratio to the bare decode+resize floor), output
 bytes, peak memory of the converter (largest process), and read samples/s of shuffled batches of
 64 through ``readers.make_loader`` for float32 (normalized) and uint8 batches at 0 and N workers
-(ratio to a plain-folder DataLoader that decodes each file per sample), with the peak memory of
-the reading processes (PSS: shared pages counted once). ``--peers`` runs the same task through the
+(ratio to a plain-folder DataLoader that decodes each file per sample, and, where SPDL is
+installed, to the faster of it and SPDL's thread-based folder pipeline, ``SpdlFolder``), with the
+peak memory of the reading processes (PSS: shared pages counted once). ``--peers`` runs the same task through the
 peers installed (``pip install -e .[bench]``; see scripts/bench_peers.py). Writes ``bench.json``
 (with the host, the date and the commit), ``bench.md`` and the chart (matplotlib, when installed;
 ``--plot``, default ``bench.png``) into ``--out``.
@@ -225,6 +226,62 @@ def plain_loader(items: list[tuple[str, int]], dtype: str, workers: int):
     )
 
 
+class SpdlFolder:
+    """The classification task's folder pipeline through SPDL, Meta's thread-based loader (issue 42:
+    "N x the folder" is against the best folder loader a user could pick): each epoch a
+    ``spdl.pipeline`` pipeline whose ``threads`` threads demux and decode each JPEG with FFmpeg,
+    resized as ``load`` does (the shorter side to 224, bilinear) and center-cropped by an FFmpeg
+    filter graph, made a CHW tensor (normalized float32, or uint8) in the same thread, batched by
+    ``BATCH``, in a shuffled order. Threads need no worker processes: its decoding releases the GIL."""
+
+    def __init__(self, items: list[tuple[str, int]], dtype: str, threads: int, size: int = 224) -> None:
+        self.items, self.threads, self.size, self.epoch = items, threads, size, 0
+        self.normalize = dtype == "float32"
+        self.mean = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+        self.std = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+    def load(self, index: int) -> tuple[torch.Tensor, int]:
+        import spdl.io
+
+        path, label = self.items[index]
+        packets = spdl.io.demux_image(path)
+        w, h, size = packets.width, packets.height, self.size
+        new_w, new_h = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+        left, top = int(round((new_w - size) / 2.0)), int(round((new_h - size) / 2.0))
+        graph = f"scale={new_w}:{new_h}:flags=bilinear,crop={size}:{size}:{left}:{top},format=rgb24"
+        frames = spdl.io.decode_packets(packets, filter_desc=graph)
+        x = torch.from_numpy(spdl.io.to_numpy(spdl.io.convert_frames(frames))).permute(2, 0, 1)
+        if self.normalize:
+            x = (x.float().div_(255) - self.mean) / self.std
+        return x, label
+
+    def collate(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.stack([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    def __iter__(self):
+        from bench_train import spdl_batches
+
+        order = torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        self.epoch += 1
+        yield from spdl_batches(order, self.load, self.collate, self.threads, BATCH)
+
+
+def spdl_rates(items: list[tuple[str, int]], workers: int, epochs: int) -> Optional[dict]:
+    """The classification reads through ``SpdlFolder`` with one thread ("0") and with ``workers`` and
+    twice as many threads (the better as "N"), float32 and uint8; None where SPDL is not installed."""
+    from bench_train import spdl_available
+
+    if not spdl_available():
+        return None
+    rates: dict = {}
+    for dtype in ("float32", "uint8"):
+        rates[f"{dtype}/0"] = read_rate(partial(SpdlFolder, items, dtype, 1), epochs)[0]
+        found = {t: read_rate(partial(SpdlFolder, items, dtype, t), epochs)[0] for t in (workers, 2 * workers)}
+        best = max(found, key=found.get)
+        rates[f"{dtype}/N"], rates[f"{dtype}/N_threads"] = found[best], best
+    return rates
+
+
 def markdown(results: dict) -> str:
     """The results as Markdown tables."""
     m = results["machine"]
@@ -248,6 +305,10 @@ def markdown(results: dict) -> str:
         f"| plain folder | - | - | - | - | - | - | - | {base['float32/0']:.0f} | {base['float32/N']:.0f} | "
         f"{base['uint8/0']:.0f} | {base['uint8/N']:.0f} | {base['peak'] / 2**20:.0f} |"
     )
+    spdl = results.get("spdl")
+    if spdl:
+        cells = [f"{spdl[k]:.0f} ({spdl[k] / base[k]:.1f}x)" for k in ("float32/0", "float32/N", "uint8/0", "uint8/N")]
+        lines.append("| SPDL folder pipeline (threads) | - | - | - | - | - | - | - | " + " | ".join(cells) + " | - |")
     for row in results["rows"]:
         c = row.get("convert", {})
         rate = c.get("images_per_s")
@@ -268,9 +329,37 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "Read figures are samples/s, with the ratio to the plain folder; Nw = "
-        f"{results['workers']} DataLoader workers, 0w = reading in the main process.",
+        f"{results['workers']} DataLoader workers, 0w = reading in the main process"
+        + (
+            f" (SPDL: 1 thread, and the better of {results['workers']} and {2 * results['workers']} threads)."
+            if spdl
+            else "."
+        ),
     ]
+    if spdl:
+        lines += ["", *best_folder_lines(results)]
     return "\n".join(lines) + "\n"
+
+
+def best_folder_lines(results: dict) -> list[str]:
+    """Each packer row's reads against the faster folder pipeline (the plain DataLoader one, or SPDL's),
+    key by key: "N x the folder" as issue 42 states it."""
+    base, spdl = results["plain"], results.get("spdl") or {}
+    keys = ("float32/0", "float32/N", "uint8/0", "uint8/N")
+    best = {k: max(base[k], spdl.get(k, 0)) for k in keys}
+    lines = [
+        "Against the faster folder pipeline of the two, each read: "
+        + ", ".join(f"{k} {best[k]:.0f} ({'SPDL' if spdl.get(k, 0) > base[k] else 'plain'})" for k in keys)
+        + ".",
+        "",
+        "| packer | " + " | ".join(keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
+    for row in results["rows"]:
+        if row["tool"] == "packer":
+            r = row["read"]
+            lines.append(f"| {row['format']} | " + " | ".join(f"{r[k] / best[k]:.1f}x" for k in keys) + " |")
+    return lines
 
 
 def _commit() -> Optional[str]:
@@ -644,6 +733,10 @@ def main() -> None:
                 f"reads {row['read']}",
                 flush=True,
             )
+    # after packer's reads: SPDL's import installs a handler that prints a stack trace in every process
+    # forked after it that is ended by SIGTERM (the loaders' workers)
+    results["spdl"] = spdl_rates(items, w, 1)
+    print(f"SPDL folder pipeline: {results['spdl'] or 'not installed (pip install spdl)'}", flush=True)
     if args.peers:
         run_peers(args, items, results)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -177,21 +177,27 @@ class SpdlTrainLoader:
         return -(-len(self.items) // BATCH)
 
     def __iter__(self):
-        from spdl.pipeline import PipelineBuilder
-
         order = torch.randperm(len(self.items), generator=torch.Generator().manual_seed(self.epoch)).tolist()
-        pipeline = (
-            PipelineBuilder()
-            .add_source(order)
-            .pipe(self.load, concurrency=self.threads)
-            .aggregate(BATCH)
-            .pipe(self.collate)
-            .add_sink(3)
-            .build(num_threads=self.threads + 1)
-        )
         self.epoch += 1
-        with pipeline.auto_stop():
-            yield from pipeline
+        yield from spdl_batches(order, self.load, self.collate, self.threads)
+
+
+def spdl_batches(order: list[int], load, collate, threads: int, batch: int = BATCH):
+    """The batches of an ``spdl.pipeline`` pipeline: ``load(index)`` of each index of ``order`` in
+    ``threads`` threads, ``batch`` samples at a time put together by ``collate``."""
+    from spdl.pipeline import PipelineBuilder
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(order)
+        .pipe(load, concurrency=threads)
+        .aggregate(batch)
+        .pipe(collate)
+        .add_sink(3)
+        .build(num_threads=threads + 1)
+    )
+    with pipeline.auto_stop():
+        yield from pipeline
 
 
 def spdl_available() -> bool:

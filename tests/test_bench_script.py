@@ -190,3 +190,30 @@ def test_the_readmes_pictures_are_in_docs_images():
         assert (root / "docs" / "images" / name).read_bytes().startswith(b"\x89PNG")
     record = json.loads((root / "docs" / "images" / "bench.json").read_text())
     assert record["date"] and record["commit"] and record["machine"]["cpu"]  # where and when it was measured
+
+
+def test_the_classification_tables_put_packer_against_the_faster_folder_pipeline():
+    from packer.advisor.host import describe_host
+
+    plain = {"float32/0": 100.0, "float32/N": 180.0, "uint8/0": 110.0, "uint8/N": 200.0, "peak": 2**30}
+    spdl = {"float32/0": 90.0, "float32/N": 240.0, "uint8/0": 95.0, "uint8/N": 190.0, "float32/N_threads": 4}
+    read = {"float32/0": 900.0, "float32/N": 1200.0, "uint8/0": 1000.0, "uint8/N": 2000.0, "peak": 2**30}
+    convert = {"images_per_s": 1100.0, "ratio": 1.1, "bytes": 2**20}
+    results = {
+        "images": 3000,
+        "workers": 2,
+        "repeat": 1,
+        "floor": 900.0,
+        "own_floor": 1000.0,
+        "machine": {**describe_host().to_dict(), "python": "3.11", "torch": "2.13"},
+        "plain": plain,
+        "spdl": spdl,
+        "rows": [{"tool": "packer", "format": "npy/raw", "convert": convert, "read": read}],
+    }
+    table = bench.markdown(results)
+    assert "| SPDL folder pipeline (threads) | - | - | - | - | - | - | - | 90 (0.9x) | 240 (1.3x) |" in table
+    # each read against the faster of the two: SPDL's float32 with threads, the plain one elsewhere
+    assert "float32/N 240 (SPDL)" in table and "uint8/N 200 (plain)" in table
+    assert "| npy/raw | 9.0x | 5.0x | 9.1x | 10.0x |" in table
+    del results["spdl"]  # SPDL not installed: the plain folder alone, as before
+    assert "SPDL" not in bench.markdown(results)

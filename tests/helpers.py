@@ -121,9 +121,10 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
     for p in procs:
         p.start()
     try:
-        for p in procs:
+        for r, p in enumerate(procs):
             p.join(timeout=240)
-            assert p.exitcode == 0, "a rank failed or hung"
+            # None: still running after 240 s (hung); negative: killed by that signal (a crash prints no traceback)
+            assert p.exitcode == 0, f"rank {r} of {world} failed or hung (exit code {p.exitcode})"
     finally:
         for p in procs:  # a rank waiting on one that failed would wait for gloo's 30-minute timeout
             if p.is_alive():

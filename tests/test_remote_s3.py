@@ -145,9 +145,9 @@ def test_a_bucket_destination_is_refused_while_locked_or_foreign(bucket, tmp_pat
     r = _convert(src, "s3://data/locked")
     assert r.exit_code == 1 and "another conversion is writing" in r.output
     # a lock of this machine is another run's while its process lives (a dead one's: test_shard_uploads)
-    from packer.output import upload
+    from packer.output import prefix_lock
 
-    alive = {**upload._this_machine(), "pid": os.getpid(), "started": upload._process_start(os.getpid())}
+    alive = {**prefix_lock.this_machine(), "pid": os.getpid(), "started": prefix_lock.process_start(os.getpid())}
     fs.pipe("data/locked/.packer-lock", json.dumps(alive).encode())
     r = _convert(src, "s3://data/locked", "--resume")
     assert r.exit_code == 1 and "another conversion is writing" in r.output

@@ -19,8 +19,9 @@ from packer.cli.render import showing
 from packer.cli.run_folder import RunFolder
 from packer.cli.signals import stop_on_signals
 from packer.output.files import staging_dir
+from packer.output.prefix_lock import release
 from packer.output.shard_uploads import KEPT, ShardUploads, streaming
-from packer.output.upload import fetch_output, release, reserve, upload_output
+from packer.output.upload import fetch_output, reserve, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
 from packer.tokens.progress import PROGRESS_NAME

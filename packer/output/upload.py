@@ -1,9 +1,9 @@
 """An output written to object storage (``packer convert SRC -o s3://bucket/prefix``): a finished local
 output uploaded under a URL so that no reader ever takes it for a whole output before it is one.
 
-``reserve`` comes first, before any conversion work: it checks the prefix and takes its lock.
-Another run's lock younger than ``LOCK_LEASE`` (by the store's own clock) refuses the run, unless it
-names this machine and a process that is gone (``_holder_is_gone``: a killed run); the lock is
+``reserve`` comes first, before any conversion work: it checks the prefix and takes its lock
+(``packer.output.prefix_lock``). Another run's lock younger than ``LOCK_LEASE`` (by the store's own
+clock) refuses the run, unless it names this machine and a process that is gone (a killed run); the lock is
 created with the store's exclusive create where the backend offers it (S3: ``If-None-Match``), so
 two runs cannot both take it, and a thread renews it while the run lasts. An output there is
 replaced only with ``overwrite``; objects that are not packer's (not named as packer names its
@@ -30,18 +30,28 @@ import logging
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from packer.output.files import STAGING_SUFFIX
 from packer.output.object_checks import check_uploaded, holds, put_checked
+from packer.output.prefix_lock import (
+    LOCK_LEASE,
+    LOCK_NAME,
+    TAKEOVER_SETTLE,
+    check_own_lock,
+    holder_is_gone,
+    lock_age,
+    lock_token,
+    read_lock,
+    release,
+    renew,
+    write_lock,
+)
 from packer.spec.errors import ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
@@ -50,13 +60,6 @@ from packer.system import stop_signals_held
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".packer-lock"
-LOCK_LEASE = 3600.0
-"""Seconds a lock holds off other runs since it was last renewed; an older one is a dead run's."""
-TAKEOVER_SETTLE = 1.0
-"""Seconds a run that replaced a dead run's lock waits before reading it back (see ``reserve``)."""
-RENEW_EVERY = 300.0
-"""Seconds between renewals of a run's own lock."""
 SPLITS_NAME = "splits.json"
 UPLOADS = 4
 """Files uploaded at once."""
@@ -123,9 +126,9 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
         dead = None
         if replacing:
             names.discard(LOCK_NAME)
-            lock = _read_lock(fs, root)
-            age = _lock_age(fs, root)
-            if age <= LOCK_LEASE and not _holder_is_gone(lock):
+            lock = read_lock(fs, root)
+            age = lock_age(fs, root)
+            if age <= LOCK_LEASE and not holder_is_gone(lock):
                 raise OutputError(
                     f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
                     f"{age:.0f} s ago); wait for it, or remove the lock object if that run died"
@@ -156,19 +159,19 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
         if interrupted:
             dest.interrupted_shards = _published_by_interrupted_run(fs, root, names)
         if not replacing:
-            _write_lock(fs, root, token, exclusive=True, url=url)
+            write_lock(fs, root, token, exclusive=True, url=url)
         else:  # read again just before it is replaced, and read back a moment after: of two, the later goes on
-            if _lock_token(fs, root) != dead:
+            if lock_token(fs, root) != dead:
                 raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
             try:
-                _write_lock(fs, root, token, exclusive=False, url=url)
+                write_lock(fs, root, token, exclusive=False, url=url)
                 time.sleep(TAKEOVER_SETTLE)
             except BaseException:
                 release(dest)  # an interrupt here: the lock goes with the run
                 raise
-            if _lock_token(fs, root) != token:
+            if lock_token(fs, root) != token:
                 raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
-    dest._renewer = threading.Thread(target=_renew, args=(dest,), name="packer-lock", daemon=True)
+    dest._renewer = threading.Thread(target=renew, args=(dest,), name="packer-lock", daemon=True)
     dest._renewer.start()
     return dest
 
@@ -250,7 +253,7 @@ def upload_output(
             with ThreadPoolExecutor(UPLOADS) as pool:
                 size = sum(pool.map(put, shards))
             size += sum(put(p) for p in others)
-            _check_own_lock(dest)  # a run that lost its lock must not make its output the live one
+            check_own_lock(dest)  # a run that lost its lock must not make its output the live one
         except BaseException as e:
             undo(e)
             raise
@@ -307,28 +310,17 @@ def _stored(fs: Any, target: str, path: Path) -> bool:
 
 
 def _published_by_interrupted_run(fs: Any, root: str, before: set[str]) -> set[str]:
-    """The shards an interrupted split set's finished splits published (their manifests are
-    mirrored under ``STATE``, ``packer.output.shard_uploads``): this run replaced that run, and
-    removes those its own outputs do not list."""
+    """The published names interrupted runs gave their shards: each run lists them under ``STATE``
+    before it copies a shard to one (``packer.output.shard_uploads``). This run replaces those runs,
+    and removes the names its own outputs do not list."""
     names = set()
     for name in before:
-        parts = name.split("/")
-        if name.startswith(f"{STATE}/published-") and len(parts) == 3:  # a run's list (shard_uploads)
+        if name.startswith(f"{STATE}/published-") and name.count("/") == 2:
             try:
                 listed = json.loads(fs.cat_file(f"{root}/{name}"))
                 names.update(n for n in listed if isinstance(n, str) and OWN_NAME.fullmatch(n))
             except (ValueError, TypeError, FileNotFoundError):
-                pass
-            continue
-        if name.startswith(f"{STATE}/") and parts[-1] == MANIFEST_NAME and len(parts) > 4:
-            folder = "/".join(parts[3:-1])  # STATE is two parts, then the run's local folder
-            if any(p.endswith(STAGING_SUFFIX) for p in parts):
-                continue
-            try:
-                manifest = parse_manifest(fs.cat_file(f"{root}/{name}").decode("utf-8"), f"{root}/{name}")
-            except (ManifestError, UnicodeDecodeError, FileNotFoundError):
-                continue  # not a record this packer wrote: nothing of it is taken for a shard
-            names.update(f"{folder}/{f.path}" for shard in manifest.shards for f in shard.files)
+                pass  # not a list this packer wrote: nothing of it is taken for a shard
     return names
 
 
@@ -343,18 +335,6 @@ def _listed_by_manifests(manifests: list[Path], relative: dict[Path, str]) -> se
         manifest = parse_manifest(path.read_text(encoding="utf-8"), str(path))
         listed.update(f"{folder}{f.path}" for shard in manifest.shards for f in shard.files)
     return listed
-
-
-def release(dest: Destination) -> None:
-    """Stop renewing the lock and remove it, if it is still this run's."""
-    dest._stop.set()
-    if dest._renewer is not None:
-        dest._renewer.join()
-    try:
-        if _lock_token(dest.fs, dest.root) == dest.token:
-            dest.fs.rm_file(f"{dest.root}/{LOCK_NAME}")
-    except Exception:  # noqa: BLE001 - a lock left behind is refused for an hour, never a wrong output
-        pass
 
 
 @contextlib.contextmanager
@@ -386,95 +366,6 @@ def _check_manifests(fs: Any, root: str, names: set[str], url: str) -> bool:
         except (ManifestError, UnicodeDecodeError, FileNotFoundError) as e:
             raise OutputError(f"{url}/{name} is not a packer manifest ({e}): refusing to write there") from None
     return bool(wanted)
-
-
-def _write_lock(fs: Any, root: str, token: str, exclusive: bool, url: str) -> None:
-    ids = {**_this_machine(), "pid": os.getpid(), "started": _process_start(os.getpid())}
-    data = json.dumps({"token": token, **ids}).encode()
-    path = f"{root}/{LOCK_NAME}"
-    if not exclusive:  # a dead run's lock, replaced
-        fs.pipe_file(path, data)
-        return
-    try:
-        fs.pipe_file(path, data, mode="create")  # S3's If-None-Match: one of two racing runs wins
-    except FileExistsError:
-        raise OutputError(f"another conversion took the lock of {url} just now; wait for it") from None
-    except TypeError:  # a backend without exclusive create: the check above and this write can race
-        fs.pipe_file(path, data)
-
-
-def _renew(dest: Destination) -> None:
-    """Rewrite the lock every ``RENEW_EVERY`` seconds while the run lasts (its age is the store's clock)."""
-    while not dest._stop.wait(RENEW_EVERY):
-        try:
-            if _lock_token(dest.fs, dest.root) == dest.token:
-                _write_lock(dest.fs, dest.root, dest.token, exclusive=False, url=dest.url)
-        except Exception:  # noqa: BLE001 - checked again before the manifests go up
-            pass
-
-
-def _check_own_lock(dest: Destination) -> None:
-    if _lock_token(dest.fs, dest.root) != dest.token:
-        raise OutputError(
-            f"{dest.url}: this run's lock was taken over by another run; nothing of this run is kept there"
-        )
-
-
-def _lock_token(fs: Any, root: str) -> Optional[str]:
-    return (_read_lock(fs, root) or {}).get("token")
-
-
-def _read_lock(fs: Any, root: str) -> Optional[dict]:
-    """The lock object under ``root`` as written (``_write_lock``), None when it is gone or unreadable."""
-    try:
-        lock = json.loads(fs.cat_file(f"{root}/{LOCK_NAME}"))
-    except (OSError, ValueError):
-        return None
-    return lock if isinstance(lock, dict) else None
-
-
-def _holder_is_gone(lock: Optional[dict]) -> bool:
-    """Whether ``lock`` is a run's of this machine (the same boot and process namespace) whose process
-    is gone (a killed conversion: ``--resume`` then need not wait for its lease). A lock of another
-    machine or container, or one that does not say, is never taken for a dead run's before its
-    lease ends."""
-    if not lock:
-        return False
-    here = _this_machine()
-    if not here["boot"] or not here["pidns"] or {k: lock.get(k) for k in here} != here:
-        return False
-    try:
-        return _process_start(int(lock["pid"])) != lock.get("started")  # gone, or its pid another's now
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
-def _this_machine() -> dict:
-    """What tells this machine's processes apart from another's sharing its host name (a container)."""
-    ids = {"host": socket.gethostname(), "boot": None, "pidns": None}
-    with contextlib.suppress(OSError):
-        ids["boot"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        ids["pidns"] = os.readlink("/proc/self/ns/pid")
-    return ids
-
-
-def _process_start(pid: int) -> Optional[int]:
-    """The start time of the process ``pid`` (clock ticks since boot), None when there is none."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _lock_age(fs: Any, root: str) -> float:
-    """Seconds since the lock under ``root`` was last written, by the store's clock where it says."""
-    try:
-        written = fs.modified(f"{root}/{LOCK_NAME}")
-        if written.tzinfo is None:
-            written = written.replace(tzinfo=timezone.utc)
-        return (datetime.now(timezone.utc) - written).total_seconds()
-    except (OSError, NotImplementedError, AttributeError, ValueError):
-        return LOCK_LEASE + 1  # unreadable: treated as a dead run's
 
 
 def remove_objects(fs: Any, paths: list[str]) -> None:
@@ -513,7 +404,7 @@ __all__ = [
     "Destination",
     "reserve",
     "upload_output",
-    "release",
+    "fetch_output",
     "check_uploaded",
     "put_checked",
     "holds",

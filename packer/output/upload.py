@@ -91,8 +91,8 @@ class Destination:
     published: bool = False
     """Whether the manifests are up: the output is whole there (``upload_output``)."""
     interrupted_shards: set[str] = field(default_factory=set)
-    """The shards an interrupted split set's finished splits published (``_published_by_interrupted_run``),
-    read before this run mirrors its own: removed once this run is published, unless it lists them."""
+    """The published names interrupted runs gave their shards (``_published_by_interrupted_run``), read
+    before this run lists its own: removed once this run is published, unless it lists them."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _renewer: Optional[threading.Thread] = None
 

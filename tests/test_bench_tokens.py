@@ -18,6 +18,7 @@ def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_
     )
     results = bench_tokens.run(args)
     assert results["floor"]["tokens"] > 0 and results["documents"] > 100
+    assert results["floor-fast"]["tokens"] == results["floor"]["tokens"]  # the same ids, without offsets
     for mode in ("concat", "best-fit"):
         row = results[f"packer-{mode}"]
         assert row["tokens"] == results["floor"]["tokens"]  # every document's ids and its end-of-text id
@@ -26,5 +27,6 @@ def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_
     assert results["resume"]["same_shards"]  # stopped or not (a small corpus may end first), the same output
     streamed = [rate for name, rate in results["reads"].items() if "streamed over HTTP" in name]
     assert len(streamed) == 2 and all(rate > 0 for rate in streamed)
-    assert "| packer --pack 64 --pack-mode best-fit |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| packer --pack 64 --pack-mode best-fit |" in out and "| tokenizers encode_batch_fast" in out
     assert isinstance(bench_tokens.markdown(results, argparse.Namespace(workers=2, batch=16)), str)

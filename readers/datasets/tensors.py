@@ -187,6 +187,8 @@ def _rows(hwc: np.ndarray) -> np.ndarray:
     """An (H, W, C) array whose pixels lie side by side (``_pixels_side_by_side``) as (H, W * C): a view
     (never a copy, which a write would be lost in), its rows as far apart as ``hwc``'s."""
     h, w, c = hwc.shape
+    if hwc.strides[0] == w * c * hwc.itemsize:  # contiguous: a reshape is that view, at a tenth of the cost
+        return hwc.reshape(h, w * c)
     return np.lib.stride_tricks.as_strided(
         hwc, (h, w * c), (hwc.strides[0], hwc.itemsize), writeable=hwc.flags.writeable
     )

@@ -29,16 +29,17 @@ import functools
 import http.server
 import json
 import logging
+import multiprocessing
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,7 +91,6 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def send_head(self):  # noqa: ANN201 - http.server's own hook
-        RangeHandler.served += 1  # every request: sizes (HEAD), whole small files, ranges
         asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
         path = self.translate_path(self.path)
         if asked is None or not os.path.isfile(path):
@@ -104,8 +104,6 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         return _Body(data)
-
-    served = 0
 
 
 class _Body:
@@ -122,21 +120,66 @@ class _Body:
         pass
 
 
-def range_server(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """``RangeHandler`` serving ``folder`` on 127.0.0.1, in a thread; the server and its URL."""
+class RangeServer:
+    """``RangeHandler`` serving a folder on 127.0.0.1 in a process of its own (started with ``spawn``:
+    this process runs moto's threads), so that its CPU is measured apart from the reader's: ``url``,
+    ``served`` (its requests so far) and ``cpu`` (its CPU seconds so far); ``stop()`` ends it."""
+
+    def __init__(self, folder: Path) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._served = context.Value("q", 0)
+        ready = context.Queue()
+        self._process = context.Process(target=_serve, args=(str(folder), self._served, ready), daemon=True)
+        self._process.start()
+        self.url = f"http://127.0.0.1:{ready.get(timeout=60)}"
+
+    @property
+    def served(self) -> int:
+        return int(self._served.value)
+
+    @property
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.join()
+
+
+def _serve(folder: str, served, ready) -> None:
+    """The range server's process: ``RangeHandler`` on a free port (sent on ``ready``), a thread a request."""
 
     class Server(http.server.ThreadingHTTPServer):
         request_queue_size = 128  # socketserver's 5 drops a batch's connections
 
-    server = Server(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(folder)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    class Counted(RangeHandler):
+        def send_head(self):  # noqa: ANN201 - http.server's own hook
+            with served.get_lock():
+                served.value += 1  # every request: sizes (HEAD), whole small files, ranges
+            return super().send_head()
+
+    server = Server(("127.0.0.1", 0), functools.partial(Counted, directory=folder))
+    ready.put(server.server_address[1])
+    server.serve_forever()
 
 
-def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None, *more: str) -> tuple[float, int]:
-    """Seconds of ``packer convert SRC -f FMT -o OUT`` in a new process (with ``--overwrite``, unless
-    ``more`` has ``--append``), and the most bytes its temporary folder (``TMPDIR=scratch``, where a
-    bucket output's local folder goes) held, polled every 10 ms."""
+class Converted(NamedTuple):
+    """One timed conversion: its wall ``seconds``, the most bytes its temporary folder held
+    (``peak``), the CPU seconds of packer's processes (``cpu``: the command and its workers) and of
+    this process meanwhile (``here_cpu``: the S3 server's threads, and the 10 ms polling)."""
+
+    seconds: float
+    peak: int
+    cpu: float
+    here_cpu: float
+
+
+def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None, *more: str) -> Converted:
+    """``packer convert SRC -f FMT -o OUT`` in a new process (with ``--overwrite``, unless ``more``
+    has ``--append``), timed (``Converted``); its temporary folder is ``TMPDIR=scratch``, where a
+    bucket output's local folder goes, its size polled every 10 ms."""
+    children, here = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
     started = time.perf_counter()
     replace = [] if "--append" in more else ["--overwrite"]
     command = [sys.executable, "-m", "packer", "convert", str(src), "-f", fmt, "-o", out, "-q", *replace, *more]
@@ -151,9 +194,11 @@ def timed_convert(src: Path, out: str, fmt: str, scratch: Optional[Path] = None,
         if scratch is not None:
             peak = max(peak, _folder_size(scratch))
         time.sleep(0.01)
+    seconds, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed ({run.returncode})")
-    return time.perf_counter() - started, peak
+    cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)  # workers included: waited for
+    return Converted(seconds, peak, cpu, time.process_time() - here)
 
 
 def _folder_size(folder: Path) -> int:
@@ -182,15 +227,23 @@ def drop_page_cache() -> bool:
         return False
 
 
-def epoch(root, batch: int, workers: int, **options) -> tuple[float, int]:
+def epoch(root, batch: int, workers: int, **options) -> tuple[float, int, float]:
+    """One shuffled epoch of the npy output at ``root`` through ``make_loader``: samples/s, batches,
+    and the reader's CPU seconds (this process's, which a server in its threads adds to, and its
+    workers', joined at the epoch's end)."""
     from readers import make_loader, open_dataset
 
+    children, here = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
     loader = make_loader(open_dataset(root, **options), batch, num_workers=workers, seed=0)
     started, batches, samples = time.perf_counter(), 0, 0
     for _, labels in loader:
         batches += 1
         samples += len(labels)
-    return samples / (time.perf_counter() - started), batches
+    rate = samples / (time.perf_counter() - started)
+    del loader  # its workers are gone before their CPU is read
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() - here + after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime
+    return rate, batches, cpu
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -209,29 +262,30 @@ def run(args: argparse.Namespace) -> dict:
         fs.mkdir("bench")
         host = describe_host()
         print(f"{host.line()}; {args.images} images, {args.workers} workers", flush=True)
-        local, remote, peaks = [], [], []
+        local, remote = [], []
         shards = ("--shard-size", str(args.shard_size))
         for _ in range(args.repeat):  # alternated: the host's drift falls on both
-            local.append(timed_convert(src, str(work / "local-wds"), "wds", None, *shards)[0])
-            seconds, peak = timed_convert(src, "s3://bench/wds", "wds", work / "tmp", *shards)
-            remote.append(seconds)
-            peaks.append(peak)
+            local.append(timed_convert(src, str(work / "local-wds"), "wds", None, *shards))
+            remote.append(timed_convert(src, "s3://bench/wds", "wds", work / "tmp", *shards))
         tars = [p.stat().st_size for p in (work / "local-wds").glob("*.tar")]
         conversion = {
-            "local_s": local,
-            "bucket_s": remote,
-            "ratio": statistics.median(local) / statistics.median(remote),
+            "local_s": [c.seconds for c in local],
+            "bucket_s": [c.seconds for c in remote],
+            "ratio": statistics.median(c.seconds for c in local) / statistics.median(c.seconds for c in remote),
+            "local_cpu_s": [c.cpu for c in local],
+            "bucket_cpu_s": [c.cpu for c in remote],
+            "server_cpu_s": [c.here_cpu for c in remote],
             "output_bytes": sum(_size(p) for p in (work / "local-wds").rglob("*")),
             "shards": len(tars),
             "largest_shard_bytes": max(tars),
-            "peak_local_bytes": max(peaks),
+            "peak_local_bytes": max(c.peak for c in remote),
         }
-        print(f"conversion: local {local} s, into the bucket {remote} s: {conversion['ratio']:.2f}x", flush=True)
+        print(f"conversion: {json.dumps(conversion)}", flush=True)
         timed_convert(src, str(work / "local-npy"), "npy")  # shards of the default size
         fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
-        cold = drop_page_cache()
-        local_rate, batches = epoch(work / "local-npy", args.batch, args.workers)
-        reads = {"local_samples_per_s": local_rate, "local_cold": cold, "batches": batches}
+        cold = not args.warm and drop_page_cache()
+        local_rate, batches, local_cpu = epoch(work / "local-npy", args.batch, args.workers)
+        reads = {"local_samples_per_s": local_rate, "local_cold": cold, "batches": batches, "local_cpu_s": local_cpu}
         blocks, downloads = work / "blocks", work / "downloads"
         for folder in (blocks, downloads):
             shutil.rmtree(folder, ignore_errors=True)
@@ -243,17 +297,19 @@ def run(args: argparse.Namespace) -> dict:
         }
         for name, options in runs.items():
             before = requests.count
-            reads[name], _ = epoch("s3://bench/npy", args.batch, args.workers, **options)
+            reads[name] = epoch("s3://bench/npy", args.batch, args.workers, **options)[0]
             reads[f"{name}_requests_per_batch"] = (requests.count - before) / batches
-        lean, url = range_server(work)
+        lean = RangeServer(work)
         try:
             shutil.rmtree(blocks, ignore_errors=True)
             for name, options in list(runs.items())[:3]:
-                before = RangeHandler.served
-                reads[f"http_{name}"], _ = epoch(f"{url}/local-npy", args.batch, args.workers, **options)
-                reads[f"http_{name}_requests_per_batch"] = (RangeHandler.served - before) / batches
+                before, server_cpu = lean.served, lean.cpu
+                rate, _, cpu = epoch(f"{lean.url}/local-npy", args.batch, args.workers, **options)
+                reads[f"http_{name}"], reads[f"http_{name}_reader_cpu_s"] = rate, cpu
+                reads[f"http_{name}_requests_per_batch"] = (lean.served - before) / batches
+                reads[f"http_{name}_server_cpu_s"] = lean.cpu - server_cpu
         finally:
-            lean.shutdown()
+            lean.stop()
         print(json.dumps(reads, indent=1), flush=True)
         results = {"machine": host.to_dict(), "images": args.images, "conversion": conversion, "reads": reads}
         (work / "bucket.json").write_text(json.dumps(results, indent=2))
@@ -297,9 +353,10 @@ def append_check(args: argparse.Namespace) -> dict:
             for f in files[1::2]:
                 (grow / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
                 os.link(f, grow / f.relative_to(src))
-            local_s.append(timed_convert(grow, str(work / "grown"), args.format, None, "--append", *shards)[0])
+            local_s.append(timed_convert(grow, str(work / "grown"), args.format, None, "--append", *shards).seconds)
             before = requests.count
-            seconds, peak = timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", "--append", *shards)
+            done = timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", "--append", *shards)
+            seconds, peak = done.seconds, done.peak
             bucket_s.append(seconds)
             asked.append(requests.count - before)
             peaks.append(peak)
@@ -330,22 +387,30 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"| convert -f wds to a local folder | {', '.join(f'{s:.1f}' for s in c['local_s'])} | 1.00x |",
             f"| convert -f wds into the bucket | {', '.join(f'{s:.1f}' for s in c['bucket_s'])} | {c['ratio']:.2f}x |",
             "",
+            "| CPU seconds (medians) | packer's processes | the S3 server (this process) |",
+            "|---|---:|---:|",
+            f"| to a local folder | {statistics.median(c['local_cpu_s']):.1f} | |",
+            f"| into the bucket | {statistics.median(c['bucket_cpu_s']):.1f} "
+            f"| {statistics.median(c['server_cpu_s']):.1f} |",
+            "",
             f"Local disk during the conversion into the bucket: at most {c['peak_local_bytes'] / 2**20:.1f} MB "
             f"({c['peak_local_bytes'] / c['largest_shard_bytes']:.1f} shards of "
             f"{c['largest_shard_bytes'] / 2**20:.1f} MB; the output: {c['output_bytes'] / 2**20:.1f} MB in "
             f"{c['shards']} shards).",
             "",
-            f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch |",
-            "|---|---:|---:|---:|",
-            f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | |",
+            f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch "
+            "| reader CPU s | server CPU s |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | | {x['local_cpu_s']:.1f} | |",
             *(
                 f"| bucket, {label} | {x[name]:.0f} | {x[name] / x['local_samples_per_s']:.2f}x "
-                f"| {x[f'{name}_requests_per_batch']:.2f} |"
+                f"| {x[f'{name}_requests_per_batch']:.2f} | | |"
                 for name, label in READS.items()
             ),
             *(
                 f"| lean range server (http), {label} | {x[f'http_{name}']:.0f} "
-                f"| {x[f'http_{name}'] / x['local_samples_per_s']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} |"
+                f"| {x[f'http_{name}'] / x['local_samples_per_s']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} "
+                f"| {x[f'http_{name}_reader_cpu_s']:.1f} | {x[f'http_{name}_server_cpu_s']:.1f} |"
                 for name, label in list(READS.items())[:3]
             ),
         ]
@@ -368,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="100", help="of the conversions (samples, or bytes: 16MB)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bucket"))
+    p.add_argument("--warm", action="store_true", help="read the local output warm (no page cache drop: tests)")
     p.add_argument("--append-check", action="store_true", help="only: an append into the bucket against a local one")
     p.add_argument("--format", default="npy", help="of the --append-check outputs")
     return p

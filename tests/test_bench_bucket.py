@@ -1,0 +1,40 @@
+"""scripts/bench_bucket.py on a handful of photographs against its own loopback S3 server: every
+figure it reports comes out, the CPU of packer's processes and of the server's apart."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import s3fs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_bucket  # noqa: E402
+
+
+def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, monkeypatch, capsys):
+    for name in [*bench_bucket.AWS, "AWS_ENDPOINT_URL"]:  # start_server sets them: put back after the test
+        monkeypatch.setenv(name, "unset")
+    args = bench_bucket.parser().parse_args(
+        ["--images", "24", "--repeat", "1", "--batch", "8", "--shard-size", "8", "--workers", "0", "--warm"]
+        + ["--work", str(tmp_path)]
+    )
+    try:
+        results = bench_bucket.run(args)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    c = results["conversion"]
+    assert c["shards"] == 3 and c["output_bytes"] > 0
+    assert 0 < c["peak_local_bytes"] <= c["output_bytes"]
+    for key in ("local_s", "bucket_s", "local_cpu_s", "bucket_cpu_s", "server_cpu_s"):
+        assert len(c[key]) == 1 and c[key][0] > 0, key
+    reads = results["reads"]
+    assert reads["batches"] == 3 and not reads["local_cold"]
+    for name in bench_bucket.READS:
+        assert reads[name] > 0 and reads[f"{name}_requests_per_batch"] >= 0, name
+    assert reads["ranges_requests_per_batch"] > 0  # no cache: every batch asks the server
+    assert reads["http_ranges"] > 0 and reads["http_ranges_requests_per_batch"] > 0
+    assert reads["local_cpu_s"] > 0 and reads["http_ranges_reader_cpu_s"] > 0
+    assert sum(reads[f"http_{name}_server_cpu_s"] for name in list(bench_bucket.READS)[:3]) > 0  # its own process
+    out = capsys.readouterr().out
+    assert "| into the bucket |" in out and "| lean range server (http), byte ranges, no cache |" in out

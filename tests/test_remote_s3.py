@@ -228,6 +228,37 @@ def test_a_failed_upload_leaves_the_prefix_as_it_was(bucket, tmp_path, monkeypat
     assert sum(len(labels) for _, labels in make_loader(open_dataset("s3://data/kept"), 2)) == 5
 
 
+@pytest.mark.parametrize("failing", ["shardindex.json", "manifest.json"])
+def test_an_overwrite_failing_before_its_manifest_puts_back_the_files_it_replaced(
+    bucket, tmp_path, monkeypatch, failing
+):
+    """An --overwrite uploads the new report, image hashes and shard list under the old output's names
+    before its manifest: when the run fails there (here the upload of the shard list, or of the
+    manifest, fails once), the old output's are put back, and nothing of the run is left."""
+    import packer.output.upload as upload
+
+    fs, _ = bucket
+    src, url = tmp_path / "images", f"s3://data/replaced-{failing.split('.')[0]}"
+    make_tree(src, {"ant": 3, "bee": 2})
+    assert _convert(src, url, "--shard-size", "2").exit_code == 0
+    fs.invalidate_cache()
+    before = {p: fs.cat_file(p) for p in fs.find(url)}
+    checked, failed = upload.put_checked, []
+
+    def fails_once(fs_, path, target, *more):
+        if target.endswith(f"/{failing}") and not failed:
+            failed.append(target)
+            raise OSError("connection reset")
+        return checked(fs_, path, target, *more)
+
+    monkeypatch.setattr(upload, "put_checked", fails_once)
+    make_tree(src, {"cat": 2})  # other images: another report, other hashes, more shards
+    r = _convert(src, url, "--shard-size", "2", "--overwrite")
+    assert r.exit_code == 1 and "connection reset" in r.output and failed
+    fs.invalidate_cache()
+    assert {p: fs.cat_file(p) for p in fs.find(url)} == before  # the old output whole, nothing of the run
+
+
 def test_convert_into_a_bucket_without_credentials_says_which_are_read(bucket, tmp_path, monkeypatch):
     import s3fs
 

@@ -16,7 +16,9 @@ replaced only with ``overwrite``.
 checked (``put_checked``), then the other files of each output (``report.txt``, other loaders'
 shard lists), then each ``manifest.json`` and last a split set's ``splits.json``: a prefix without
 its manifest is never an output, and a wds shard list never names a shard not yet uploaded. A
-failure before the manifests removes what the run uploaded (the prefix is as it was); after them,
+failure before the manifests puts back the files the run replaced (an ``--overwrite``'s or an
+append's report, hashes and shard lists, fetched before each was replaced) and removes what the run
+uploaded (the prefix is as it was); after them,
 the replaced output's own objects that the new one does not list (with ``overwrite``; else an
 interrupted run's at the top of the prefix) and every run's parts and records are removed.
 ``release`` lets go of the lock.
@@ -215,8 +217,10 @@ def upload_output(
     ``streamed``: the names of the shard files already in the prefix, uploaded and checked as the
     conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails, and then
     ``abandon(interrupted)`` is called (``ShardUploads.abandon``: the run's parts and records).
-    ``restore``: a folder holding the files of the output there as they were (an append replaces its
-    ``report.txt``, shard lists and image hashes): put back when this fails before the manifests."""
+    ``restore``: a local folder for the files this upload replaces (an output's ``report.txt``, shard
+    lists and image hashes, which an ``--overwrite`` or an append writes under the same names): each
+    is fetched into it just before it is replaced (unless there already: an append's, from
+    ``fetch_output``), and put back when this fails before the manifests."""
     fs, root = dest.fs, dest.root
     files = sorted(p for p in local.rglob("*") if p.is_file())
     relative = {p: p.relative_to(local).as_posix() for p in files}
@@ -228,6 +232,12 @@ def upload_output(
 
     def put(path: Path) -> int:
         target = f"{root}/{relative[path]}"
+        if restore is not None and relative[path] in dest.before and not path.name.startswith("shard-"):
+            # kept first, put back if this fails (a shard never: each run's shards have names of their own)
+            kept = restore / relative[path]
+            if not kept.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(target, str(kept))
         sent.append(relative[path])  # before the upload: a failed one may have left an object
         put_checked(fs, path, target, dest.url)
         if progress is not None:

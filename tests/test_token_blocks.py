@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from packer.spec.errors import ConfigError, ManifestError
-from packer.spec.token_blocks import IGNORE_INDEX, TokenSection, read_blocks, token_dtype
+from packer.spec.token_blocks import IGNORE_INDEX, TokenSection, read_blocks, split_blocks, token_dtype
 
 
 def test_a_full_block_with_two_documents():
@@ -35,6 +35,20 @@ def test_a_batch_flattens_cu_seqlens_and_ignores_a_start_at_the_target_only_posi
     np.testing.assert_array_equal(b.cu_seqlens, [0, 2, 4, 5, 8])
     np.testing.assert_array_equal(b.position_ids, [[0, 1, 0, 1], [0, 0, 1, 2]])
     np.testing.assert_array_equal(b.labels, [[2, 3, 4, 5], [2, 3, 4, 5]])
+
+
+def test_a_chunk_split_into_batches_gives_each_what_reading_it_alone_gives():
+    rng = np.random.default_rng(3)
+    pieces = [rng.integers(1, 50, int(n)) for n in (6, 3, 6, 2, 6, 5, 6)]  # full and short blocks (padded)
+    starts = [np.array(sorted({0, *rng.integers(0, len(p), 2).tolist()})) for p in pieces]
+    whole = read_blocks(pieces, starts, 5, pad_id=0)
+    first = 0
+    for size, part in zip((3, 3, 1), split_blocks(whole, (3, 3, 1))):
+        alone = read_blocks(pieces[first : first + size], starts[first : first + size], 5, pad_id=0)
+        for name in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            np.testing.assert_array_equal(getattr(part, name), getattr(alone, name), err_msg=name)
+        assert part.cu_seqlens.dtype == alone.cu_seqlens.dtype and part.max_seqlen == alone.max_seqlen
+        first += size
 
 
 def test_token_dtype_by_vocabulary():

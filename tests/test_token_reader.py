@@ -94,6 +94,40 @@ def test_same_batches_with_0_1_2_workers_and_a_new_order_each_epoch(packed):
     assert len(sum(first, [])) == len(ds)
 
 
+def _every_part(loader) -> list:
+    return [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in batch.items()} for batch in loader]
+
+
+def test_workers_send_chunks_of_batches_equal_in_every_part_to_one_process(packed):
+    from readers.loading.sampler import BatchChunks
+
+    ds = open_dataset(packed["best-fit"])
+    alone, workers = make_loader(ds, 3, seed=5), make_loader(ds, 3, num_workers=2, seed=5)
+    chunks = workers.loader.batch_sampler
+    assert isinstance(chunks, BatchChunks) and len(alone) % chunks.per_chunk  # several chunks, the last partial
+    expected = _every_part(alone)
+    assert _every_part(workers) == expected and len(workers) == len(expected) == len(alone)
+    assert _every_part(workers) != expected  # the next epoch: another order
+    pairs = make_loader(open_dataset(packed["best-fit"], return_dict=False), 3, num_workers=2, seed=5)
+    assert [[x.tolist(), y.tolist()] for x, y in pairs] == [[b["input_ids"], b["labels"]] for b in expected]
+
+
+def test_resume_mid_chunk_with_workers_equals_the_uninterrupted_run(packed):
+    ds = open_dataset(packed["concat"])
+    expected = _epoch(make_loader(ds, 2, seed=3, num_workers=2))
+    loader = make_loader(ds, 2, seed=3, num_workers=2)
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch["input_ids"][:, :4].tolist())
+        if i == 2:  # inside the first chunk: its other batches were read, never handed out
+            state = loader.state_dict()
+            break
+    resumed = make_loader(open_dataset(packed["concat"]), 2, seed=3, num_workers=2)
+    resumed.load_state_dict(state)
+    got += _epoch(resumed)
+    assert got == expected
+
+
 def test_resume_mid_epoch_equals_the_uninterrupted_run(packed):
     ds = open_dataset(packed["best-fit"])
     whole = make_loader(ds, 4, seed=2)

@@ -218,6 +218,31 @@ def finish_blocks(out: np.ndarray, runs: Sequence[Sequence[int]]) -> BlockBatch:
     return BlockBatch(out[0], out[1], out[2], starts_.astype(np.int32), int(lengths.max()) if n else 0)
 
 
+def split_blocks(blocks: BlockBatch, sizes: Sequence[int]) -> list[BlockBatch]:
+    """``blocks`` as the consecutive batches of ``sizes`` rows it holds (a loader's chunk of batches,
+    read at once): views of its rows, each with its own ``cu_seqlens`` and ``max_seqlen``, equal to
+    what ``finish_blocks`` gives for those rows alone (every row's end is a run's)."""
+    block = blocks.input_ids.shape[1]
+    cu = blocks.cu_seqlens.astype(np.int64)
+    out, first = [], 0
+    for size in sizes:
+        last = first + int(size)
+        a, b = np.searchsorted(cu, [first * block, last * block])
+        runs = cu[a : b + 1] - first * block
+        lengths = np.diff(runs)
+        out.append(
+            BlockBatch(
+                blocks.input_ids[first:last],
+                blocks.labels[first:last],
+                blocks.position_ids[first:last],
+                runs.astype(np.int32),
+                int(lengths.max()) if len(lengths) else 0,
+            )
+        )
+        first = last
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def _count(size: int) -> np.ndarray:
     """0, 1, ... ``size - 1``, made once per batch size."""
@@ -239,4 +264,5 @@ __all__ = [
     "batch_memory",
     "fill_blocks",
     "finish_blocks",
+    "split_blocks",
 ]

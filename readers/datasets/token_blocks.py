@@ -36,7 +36,7 @@ from packer.spec.token_blocks import fill_blocks
 from packer.spec.token_shards import TokenShard
 from readers.datasets.output_files import OutputFiles
 from readers.datasets.shard_handles import ShardHandles
-from readers.datasets.token_output import OPTIONS, RingBlocks, TokenOutput
+from readers.datasets.token_output import OPTIONS, BatchChunk, RingBlocks, RingChunk, TokenOutput
 from readers.loading.batch_buffers import SlotRing
 from readers.remote.urls import is_url
 
@@ -99,9 +99,11 @@ class TokenBlocks(TokenOutput, Dataset):
         return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
-        """A whole batch of blocks, stacked (what ``make_loader``'s workers read)."""
+        """A whole batch of blocks, stacked (what ``make_loader``'s workers read); a chunk of batches
+        (``indices`` with ``sizes``: ``BatchChunks``) as one ``RingChunk`` or ``BatchChunk``."""
+        sizes = getattr(indices, "sizes", None)
         indices = [int(i) for i in indices]
-        return self.batch_from([(self, range(len(indices)), indices)], len(indices))
+        return self.batch_from([(self, range(len(indices)), indices)], len(indices), sizes=sizes)
 
     def with_ring(self, ring: Optional[SlotRing]) -> "TokenBlocks":
         """A copy whose batches read in a DataLoader worker are written into ``ring``'s shared slots
@@ -113,11 +115,15 @@ class TokenBlocks(TokenOutput, Dataset):
         return clone
 
     def batch_from(
-        self, parts: Sequence[tuple["TokenBlocks", Sequence[int], Sequence[int]]], n: int, shared: bool = True
+        self,
+        parts: Sequence[tuple["TokenBlocks", Sequence[int], Sequence[int]]],
+        n: int,
+        shared: bool = True,
+        sizes: Optional[Sequence[int]] = None,
     ) -> Any:
         """A batch of ``n`` blocks: each part ``(reader, rows, indices)`` (this output, or a mixture's
         outputs like it) writes its blocks ``indices`` into rows ``rows``; in a loader's worker into a
-        ring slot when one is free (``shared``)."""
+        ring slot when one is free (``shared``). ``sizes``: the batches of a chunk (``assemble``)."""
 
         def fill(out: np.ndarray) -> list:
             runs: list[Any] = [None] * n
@@ -126,7 +132,7 @@ class TokenBlocks(TokenOutput, Dataset):
                     runs[row] = starts
             return runs
 
-        return self.assemble(n, fill, shared)
+        return self.assemble(n, fill, shared, sizes)
 
     def fill(self, out: np.ndarray, rows: Sequence[int], indices: Sequence[int]) -> list[list[int]]:
         """Write blocks ``indices`` into rows ``rows`` of ``out`` shard by shard (``fill_blocks``: each
@@ -176,4 +182,4 @@ class TokenBlocks(TokenOutput, Dataset):
         )
 
 
-__all__ = ["TokenBlocks", "RingBlocks", "OPTIONS"]
+__all__ = ["TokenBlocks", "RingBlocks", "RingChunk", "BatchChunk", "OPTIONS"]

@@ -8,14 +8,14 @@ shards of a wds token output from a URL. Both are a ``TokenOutput``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
 from packer.spec.errors import ManifestError
 from packer.spec.manifest import Manifest
-from packer.spec.token_blocks import BlockBatch, TokenSection, batch_memory, finish_blocks
+from packer.spec.token_blocks import BlockBatch, TokenSection, batch_memory, finish_blocks, split_blocks
 from readers.loading.batch_buffers import SlotRing
 
 OPTIONS = ("return_dict", "block_mask", "vocab_size", "seed", "verify", "cache_dir")
@@ -92,16 +92,27 @@ class TokenOutput:
         """The share of block positions that hold no token (best-fit packing; the last block of concat)."""
         return self.section.padding_share(self.manifest.samples)
 
-    def assemble(self, n: int, fill: Callable[[np.ndarray], list], shared: bool = True) -> Any:
+    def assemble(
+        self, n: int, fill: Callable[[np.ndarray], list], shared: bool = True, sizes: Optional[Sequence[int]] = None
+    ) -> Any:
         """A batch of ``n`` blocks that ``fill(out)`` writes into ``out`` (see ``batch_memory``),
         returning each row's runs: in a loader's worker into a ring slot when one is free
-        (``shared``), then sent as a ``RingBlocks``; else as ``as_batch`` gives it."""
+        (``shared``), then sent as a ``RingBlocks``; else as ``as_batch`` gives it. With ``sizes``,
+        the ``n`` blocks are consecutive batches of those sizes (a loader's chunk, ``BatchChunks``),
+        sent as one ``RingChunk`` (or a ``BatchChunk`` of them)."""
         block = self.section.block
         claimed = None
         if shared and self._ring is not None and not self.block_mask:
             claimed = self._ring.claim(3 * n, torch.int64, (1, block))
         out = batch_memory(n, block, claimed[1].numpy().reshape(3, n, block) if claimed is not None else None)
         blocks = finish_blocks(out, fill(out))
+        if sizes is not None:
+            parts = split_blocks(blocks, sizes)
+            if claimed is None:
+                return BatchChunk(self.as_batch(part) for part in parts)
+            runs = tuple(p.cu_seqlens for p in parts)
+            longest = tuple(p.max_seqlen for p in parts)
+            return RingChunk(claimed[0], n, block, tuple(sizes), runs, longest, self.return_dict)
         if claimed is not None:
             return RingBlocks(claimed[0], n, block, blocks.cu_seqlens, blocks.max_seqlen, self.return_dict)
         return self.as_batch(blocks)
@@ -149,6 +160,37 @@ class RingBlocks(NamedTuple):
         return batch_dict(inputs, labels, positions, self.cu_seqlens, self.max_seqlen)
 
 
+class RingChunk(NamedTuple):
+    """What a DataLoader worker sends for a chunk of consecutive batches of blocks (``BatchChunks``)
+    written into one ``SlotRing`` slot: the slot, its blocks, each batch's size and small parts."""
+
+    slot: int
+    n: int
+    block: int
+    sizes: tuple[int, ...]
+    cu_seqlens: tuple[np.ndarray, ...]
+    max_seqlen: tuple[int, ...]
+    as_dict: bool
+
+    def hand_out(self, ring: SlotRing) -> list:
+        """In the loader: the chunk's batches, views of the slot, which is free again once no part of
+        any of them is referred to."""
+        inputs, labels, positions = ring.hand_out(self.slot, 3 * self.n, (1, self.block)).view(3, self.n, self.block)
+        batches, first = [], 0
+        for size, runs, longest in zip(self.sizes, self.cu_seqlens, self.max_seqlen):
+            last = first + size
+            if self.as_dict:
+                batches.append(batch_dict(inputs[first:last], labels[first:last], positions[first:last], runs, longest))
+            else:
+                batches.append((inputs[first:last], labels[first:last]))
+            first = last
+        return batches
+
+
+class BatchChunk(list):
+    """The batches of a chunk (``BatchChunks``) read where no ring slot was free: handed out in order."""
+
+
 def batch_dict(
     inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, cu_seqlens: np.ndarray, max_seqlen: int
 ) -> dict[str, Any]:
@@ -162,4 +204,4 @@ def batch_dict(
     }
 
 
-__all__ = ["TokenOutput", "RingBlocks", "batch_dict", "OPTIONS"]
+__all__ = ["TokenOutput", "RingBlocks", "RingChunk", "BatchChunk", "batch_dict", "OPTIONS"]

@@ -14,7 +14,7 @@ from readers.augment import device_decode
 from readers.compose.mixture import Mixture
 from readers.datasets.base import ReaderBase
 from readers.datasets.tensors import BatchNormalize
-from readers.datasets.token_blocks import RingBlocks
+from readers.datasets.token_blocks import BatchChunk, RingBlocks, RingChunk
 from readers.loading.batch_buffers import RingBatch, SlotRing
 from readers.loading.collate import Numbered
 from readers.loading.sampler import EpochBatchSampler, SamplerBatches
@@ -80,7 +80,8 @@ class PackedLoader:
             self._chosen = (epoch, 0)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        # batches, not the DataLoader's items: a worker may read several batches as one (BatchChunks)
+        return len(self.sampler) if self.sampler is not None else len(self.loader)
 
     def describe(self) -> dict:
         """What this loader makes of its output: batches per pass, the batch size, and with
@@ -115,7 +116,7 @@ class PackedLoader:
 
     def _batches(self, number: int, start: int) -> Iterator:
         """The batches of pass ``number`` from batch ``start``, placed and counted."""
-        batches = _in_order(self.loader, start)
+        batches = _handed_out(_in_order(self.loader, start), self.ring)
         # Asked before each batch is taken, not after: with persistent workers a newer pass shares
         # the DataLoader's iterator, and a batch this left pass took would be lost to it.
         while number == self._passes:
@@ -277,6 +278,18 @@ _END = object()
 def _size(dataset: Any) -> int:
     """The samples a loader's epoch order is made for: an output's, or a mixture's epoch."""
     return len(dataset) if isinstance(dataset, Mixture) else dataset.manifest.samples
+
+
+def _handed_out(items: Iterable, ring: Optional[SlotRing]) -> Iterator:
+    """The DataLoader's ``items``, a chunk of batches (``BatchChunks``: a ``RingChunk`` in a ring slot,
+    or a ``BatchChunk``) given as its batches one by one, in order; any other item as it is."""
+    for item in items:
+        if isinstance(item, RingChunk):
+            yield from item.hand_out(ring)  # type: ignore[arg-type]
+        elif isinstance(item, BatchChunk):
+            yield from item
+        else:
+            yield item
 
 
 def _in_order(batches: Iterable, first: int) -> Iterator:

@@ -64,6 +64,46 @@ class EpochBatch(list):
         return (EpochBatch, (list(self), self.epoch))
 
 
+class ChunkOfBatches(list):
+    """Consecutive batches of one epoch as one list of indices (``BatchChunks``): ``sizes`` says how
+    many each batch takes, in order; ``epoch`` as an ``EpochBatch``'s."""
+
+    def __init__(self, indices: Sequence[int], sizes: Sequence[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.sizes, self.epoch = tuple(int(s) for s in sizes), int(epoch)
+
+    def __reduce__(self) -> tuple:
+        return (ChunkOfBatches, (list(self), self.sizes, self.epoch))
+
+
+class BatchChunks(Sampler[list[int]]):
+    """The batches of ``batches`` (an ``EpochBatchSampler``, which keeps the epoch, the resume point
+    and the order), ``per_chunk`` consecutive ones at a time as one ``ChunkOfBatches``: a DataLoader
+    worker reads a chunk as one item and sends it as one message, which ``PackedLoader`` hands out
+    batch by batch. Small batches then cost the processes' hand-over once a chunk, not once a batch
+    (token blocks: ``readers.loading.token_loader``)."""
+
+    def __init__(self, batches: "EpochBatchSampler", per_chunk: int) -> None:
+        self.batches, self.per_chunk = batches, max(1, int(per_chunk))
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.batches) / self.per_chunk)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices: list[int] = []
+        sizes: list[int] = []
+        epoch = self.batches.epoch
+        for batch in self.batches:
+            indices += batch
+            sizes.append(len(batch))
+            epoch = batch.epoch
+            if len(sizes) == self.per_chunk:
+                yield ChunkOfBatches(indices, sizes, epoch)
+                indices, sizes = [], []
+        if sizes:
+            yield ChunkOfBatches(indices, sizes, epoch)
+
+
 class EpochChoice:
     """What every batch sampler of ``make_loader`` has: the epoch to iterate, the batches of it to skip
     (``start``, after a resume), and whom to tell when someone else calls ``set_epoch``.
@@ -360,4 +400,4 @@ def epoch_order(
     return sampler, order
 
 
-__all__ = ["EpochBatchSampler", "SamplerBatches", "distributed_rank", "epoch_order"]
+__all__ = ["BatchChunks", "ChunkOfBatches", "EpochBatchSampler", "SamplerBatches", "distributed_rank", "epoch_order"]

@@ -13,7 +13,7 @@ from readers.datasets.token_blocks import TokenBlocks
 from readers.datasets.token_stream import TokenStream
 from readers.loading.batch_buffers import SlotRing, shared_memory_free
 from readers.loading.packed_loader import PackedLoader
-from readers.loading.sampler import distributed_rank, epoch_order
+from readers.loading.sampler import BatchChunks, distributed_rank, epoch_order
 from readers.loading.tar_batches import TarBatches
 
 STREAM_SHUFFLE_BUFFER = 4096
@@ -50,14 +50,18 @@ def token_loader(
     first = dataset.datasets[0] if isinstance(dataset, Mixture) else dataset
     rank, world = distributed_rank()
     options, workers = _options({"num_workers": 0, "collate_fn": _whole_batch}, device, overrides)
-    ring = _ring(first, batch_size, workers, options) if isinstance(dataset, TokenBlocks) else None
+    per_chunk = chunk_batches(first, batch_size) if workers and isinstance(dataset, TokenBlocks) else 1
+    ring = _ring(first, batch_size * per_chunk, workers, options) if isinstance(dataset, TokenBlocks) else None
+    if ring is None:
+        per_chunk = 1  # a chunk in fresh shared memory would cost more than it saves
     sampler, order = epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
     if isinstance(dataset, Mixture):
         order["mixture"] = dataset.order_record()
         read: Any = dataset
     else:
         read = dataset.with_ring(ring)
-    loader = DataLoader(read, batch_sampler=sampler, **options)
+    batches: Any = BatchChunks(sampler, per_chunk) if per_chunk > 1 else sampler
+    loader = DataLoader(read, batch_sampler=batches, **options)
     return PackedLoader(dataset, loader, sampler, None, device, ring, order)  # type: ignore[arg-type]
 
 
@@ -97,6 +101,22 @@ def _stream_loader(
     return PackedLoader(dataset, loader, None, None, device, ring, order, None, batches)  # type: ignore[arg-type]
 
 
+CHUNK_BYTES = 6 << 20
+"""Bytes of blocks (inputs, labels and position ids) a DataLoader worker reads and sends at once: as
+many whole batches as fill it (``chunk_batches``). Each item a worker hands over costs the two
+processes a fixed time: with 2 workers on 2 cores, batches of 16 blocks of 2048 read at 98M tokens/s
+one by one, 253M in chunks of 8 (docs/BENCHMARKS.md)."""
+
+MAX_CHUNK = 16
+"""Batches in a chunk at most: a pass left early drops the rest of its chunk, which was read for nothing."""
+
+
+def chunk_batches(reader: Any, batch_size: int) -> int:
+    """Batches of ``batch_size`` blocks of ``reader`` a worker reads as one item (``CHUNK_BYTES``)."""
+    batch_bytes = 3 * 8 * batch_size * reader.block_size
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // batch_bytes))
+
+
 def _ring(reader: Any, batch_size: int, workers: int, options: dict) -> Optional[SlotRing]:
     """The reusable shared slots ``reader``'s batches are written into by the DataLoader's workers
     (fresh shared memory for every batch costs the loader more than reading it), where they help
@@ -128,4 +148,4 @@ def _whole_batch(batch: Any) -> Any:
     return batch
 
 
-__all__ = ["token_loader"]
+__all__ = ["token_loader", "chunk_batches", "CHUNK_BYTES"]

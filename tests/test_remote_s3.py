@@ -259,6 +259,68 @@ def test_an_overwrite_failing_before_its_manifest_puts_back_the_files_it_replace
     assert {p: fs.cat_file(p) for p in fs.find(url)} == before  # the old output whole, nothing of the run
 
 
+HANGS_AT_THE_MANIFEST = """
+import time
+import packer.output.upload as upload
+
+checked = upload.put_checked
+
+
+def hangs_at_the_manifest(fs, path, target, *more):
+    if target.endswith("/manifest.json"):  # every other file is up: the run hangs there, to be killed
+        print("manifest", flush=True)
+        time.sleep(600)
+    return checked(fs, path, target, *more)
+
+
+if __name__ == "__main__":
+    upload.put_checked = hangs_at_the_manifest
+    from packer.cli import main
+
+    main()
+"""
+
+
+def test_an_overwrite_killed_before_its_manifest_is_rolled_back_by_the_next_run(bucket, tmp_path):
+    """SIGKILL lets no handler run: the new report, hashes and shard list stay beside the old manifest.
+    The run kept the old ones in the store before replacing them; the next run into the prefix (here
+    an append with nothing new) puts them back, so no shard list names the killed run's shards."""
+    import signal
+    import subprocess
+    import sys
+
+    fs, _ = bucket
+    src, url = tmp_path / "images", "s3://data/killed-overwrite"
+    make_tree(src, {"ant": 3, "bee": 2})
+    assert _convert(src, url, "--shard-size", "2").exit_code == 0
+    fs.invalidate_cache()
+    before = {p: fs.cat_file(p) for p in fs.find(url)}
+    more = tmp_path / "more"
+    make_tree(more, {"cat": 3, "dog": 2})
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS_AT_THE_MANIFEST)
+    command = ["convert", str(more), "-f", "wds", "-o", url, "--size", "16", "-q", "--shard-size", "2", "--overwrite"]
+    run = subprocess.Popen([sys.executable, str(script), *command], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert b"manifest\n" in iter(run.stdout.readline, b"")  # after the summary line
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    fs.invalidate_cache()
+    now = {p: fs.cat_file(p) for p in fs.find(url)}
+    shown = {p: b for p, b in now.items() if ".packer" not in p}
+    assert shown[f"{url[5:]}/manifest.json"] == before[f"{url[5:]}/manifest.json"]
+    assert shown[f"{url[5:]}/shardindex.json"] != before[f"{url[5:]}/shardindex.json"]  # the window SIGKILL opens
+    r = _convert(src, url, "--append")
+    assert r.exit_code == 0, r.output
+    fs.invalidate_cache()
+    after = {p: fs.cat_file(p) for p in fs.find(url)}
+    assert {p: b for p, b in after.items() if p in before} == before  # the old output's files as they were
+    assert not [p for p in after if "/.packer-parts/replaced/" in p or p.endswith("/.packer-lock")]  # kept copies
+    assert json.loads(after[f"{url[5:]}/manifest.json"])["samples"] == 5
+    assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
+
+
 def test_convert_into_a_bucket_without_credentials_says_which_are_read(bucket, tmp_path, monkeypatch):
     import s3fs
 

@@ -482,5 +482,5 @@ def test_a_resume_that_fails_keeps_what_the_next_resume_needs(s3_server, tmp_pat
     calls = _counting_takes(monkeypatch)
     r = _convert(src, f"s3://{prefix}", "--shuffle", "1", "--resume")
     assert r.exit_code == 0, r.output
-    assert calls == ["shard-00000", "shard-00001"]  # val's: train kept
+    assert sorted(calls) == ["shard-00000", "shard-00001"]  # val's, in the order the workers finish: train kept
     _only_listed_shards(fs, prefix)

@@ -71,9 +71,16 @@ names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``, and the records
 (``PARTS/state/...``). Removed once the manifest is up."""
 STATE = f"{PARTS}/state"
 """Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
+REPLACED = f"{PARTS}/replaced"
+"""Where a run keeps, inside the store, the files of the output there that it replaces before its
+manifest (``report.txt``, shard lists, image hashes; each folder's manifest first): a run killed
+before its manifest is up leaves them, and the next run into the prefix puts them back
+(``_roll_back``). Removed with the parts."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
     r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
+    r"|\.packer-parts/replaced/([A-Za-z0-9._-]+/)?(report\.txt|shardindex\.json|manifest\.json|splits\.json|"
+    r"image_hashes(-[0-9a-f]{12})?\.npy)"
 )
 """The names packer gives the files of an output (and of a split set's outputs, one folder down),
 and the parts and records of a conversion's shards (``PARTS``)."""
@@ -173,6 +180,12 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
                 raise
             if lock_token(fs, root) != token:
                 raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
+        if any(n.startswith(f"{REPLACED}/") for n in names):
+            try:
+                _roll_back(fs, root, names, url)
+            except BaseException:
+                release(dest)
+                raise
     dest._renewer = threading.Thread(target=renew, args=(dest,), name="packer-lock", daemon=True)
     dest._renewer.start()
     return dest
@@ -229,15 +242,30 @@ def upload_output(
     others = [p for p in files if p not in shards and p.name not in last]
     manifests = sorted((p for p in files if p.name in last), key=lambda p: (last.index(p.name), relative[p]))
     sent: list[str] = []
+    saved: set[str] = set()  # the folders whose manifest is kept under REPLACED
+
+    def keep_in_store(name: str) -> None:
+        """Copy the file ``name`` the run is about to replace under ``REPLACED``, after its folder's
+        manifest: what the next run puts back where this one is killed before its manifest."""
+        folder = _folder(name)
+        marker = f"{folder}{MANIFEST_NAME}" if f"{folder}{MANIFEST_NAME}" in dest.before else None
+        if marker is None and not folder and SPLITS_NAME in dest.before:
+            marker = SPLITS_NAME
+        if marker is None or name == marker:  # the manifest itself: once it is up, the new output is
+            return
+        for kept in ([marker] if folder not in saved else []) + [name]:
+            sent.append(f"{REPLACED}/{kept}")  # before the copy: a failed one may have left an object
+            fs.copy(f"{root}/{kept}", f"{root}/{REPLACED}/{kept}")
+        saved.add(folder)
 
     def put(path: Path) -> int:
         target = f"{root}/{relative[path]}"
-        if restore is not None and relative[path] in dest.before and not path.name.startswith("shard-"):
+        if relative[path] in dest.before and not path.name.startswith("shard-"):
             # kept first, put back if this fails (a shard never: each run's shards have names of their own)
-            kept = restore / relative[path]
-            if not kept.is_file():
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(target, str(kept))
+            if restore is not None and not (restore / relative[path]).is_file():
+                (restore / relative[path]).parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(target, str(restore / relative[path]))
+            keep_in_store(relative[path])
         sent.append(relative[path])  # before the upload: a failed one may have left an object
         put_checked(fs, path, target, dest.url)
         if progress is not None:
@@ -309,6 +337,32 @@ def _put_back(fs: Any, root: str, restore: Path, names: set[str], url: str) -> b
             log.error("%s/%s could not be put back as it was (%s): run the same command again", url, name, e)
             return False
     return True
+
+
+def _roll_back(fs: Any, root: str, names: set[str], url: str) -> None:
+    """Put back the files a killed run kept under ``REPLACED`` (see there) where the manifest kept
+    with them is still the folder's (the run died before its manifest went up), then remove what it
+    kept (the manifests last: a run killed in here does the same again) and take it out of ``names``."""
+    kept = sorted(n for n in names if n.startswith(f"{REPLACED}/"))
+    markers = {n[len(REPLACED) + 1 :] for n in kept if n.endswith((f"/{MANIFEST_NAME}", f"/{SPLITS_NAME}"))}
+    for marker in markers:
+        folder = _folder(marker)
+        if marker not in names or fs.cat_file(f"{root}/{marker}") != fs.cat_file(f"{root}/{REPLACED}/{marker}"):
+            continue  # the killed run's manifest is up (or the output is gone): its files are the output's
+        for name in kept:
+            relative = name[len(REPLACED) + 1 :]
+            if relative != marker and _folder(relative) == folder:
+                fs.copy(f"{root}/{name}", f"{root}/{relative}")
+                log.warning("%s/%s put back as it was before a conversion killed before its manifest", url, relative)
+    last = [n for n in kept if n[len(REPLACED) + 1 :] in markers]
+    remove_objects(fs, [f"{root}/{n}" for n in kept if n not in last])
+    remove_objects(fs, [f"{root}/{n}" for n in last])
+    names.difference_update(kept)
+
+
+def _folder(name: str) -> str:
+    """The folder of the output file ``name`` in its prefix: "" or "split/"."""
+    return name.rsplit("/", 1)[0] + "/" if "/" in name else ""
 
 
 def _stored(fs: Any, target: str, path: Path) -> bool:

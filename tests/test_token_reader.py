@@ -128,6 +128,38 @@ def test_resume_mid_chunk_with_workers_equals_the_uninterrupted_run(packed):
     assert got == expected
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_resume_mid_chunk_on_another_worker_count_equals_the_uninterrupted_run(packed, workers):
+    ds = open_dataset(packed["concat"])
+    expected = _epoch(make_loader(ds, 2, seed=3))
+    loader = make_loader(ds, 2, seed=3, num_workers=2)
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch["input_ids"][:, :4].tolist())
+        if i == 2:
+            state = loader.state_dict()
+            break
+    resumed = make_loader(open_dataset(packed["concat"]), 2, seed=3, num_workers=workers)
+    resumed.load_state_dict(state)
+    got += _epoch(resumed)
+    assert got == expected
+
+
+def test_a_small_shared_memory_takes_smaller_chunks_before_none(packed, monkeypatch):
+    """A container's small /dev/shm holds a batch's ring but not a whole chunk's: the chunks shrink
+    until the ring fits, rather than every batch going through fresh shared memory."""
+    from readers.loading import token_loader
+    from readers.loading.batch_buffers import SlotRing
+
+    ds = open_dataset(packed["concat"])
+    per_worker, block = 4, ds.block_size  # prefetch 2 + 2, as the loader sizes its ring
+    one_batch = SlotRing.bytes_needed(2, per_worker, (3 * 2, 1, 1, block), torch.int64)
+    monkeypatch.setattr(token_loader, "shared_memory_free", lambda: 5 * one_batch)  # a ring of 2 batches fits, of 4 not
+    loader = make_loader(ds, 2, seed=3, num_workers=2)
+    assert loader.ring is not None and loader.loader.batch_sampler.per_chunk == 2
+    assert _epoch(loader) == _epoch(make_loader(ds, 2, seed=3))
+
+
 def test_resume_mid_epoch_equals_the_uninterrupted_run(packed):
     ds = open_dataset(packed["best-fit"])
     whole = make_loader(ds, 4, seed=2)

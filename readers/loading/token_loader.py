@@ -52,6 +52,9 @@ def token_loader(
     options, workers = _options({"num_workers": 0, "collate_fn": _whole_batch}, device, overrides)
     per_chunk = chunk_batches(first, batch_size) if workers and isinstance(dataset, TokenBlocks) else 1
     ring = _ring(first, batch_size * per_chunk, workers, options) if isinstance(dataset, TokenBlocks) else None
+    while ring is None and per_chunk > 1 and _ring(first, batch_size, workers, options) is not None:
+        per_chunk //= 2  # a small /dev/shm (a container's 64 MiB): smaller chunks, down to a batch's ring
+        ring = _ring(first, batch_size * per_chunk, workers, options)
     if ring is None:
         per_chunk = 1  # a chunk in fresh shared memory would cost more than it saves
     sampler, order = epoch_order(len(dataset), batch_size, shuffle, seed, drop_last, rank, world)
@@ -104,8 +107,7 @@ def _stream_loader(
 CHUNK_BYTES = 6 << 20
 """Bytes of blocks (inputs, labels and position ids) a DataLoader worker reads and sends at once: as
 many whole batches as fill it (``chunk_batches``). Each item a worker hands over costs the two
-processes a fixed time: with 2 workers on 2 cores, batches of 16 blocks of 2048 read at 98M tokens/s
-one by one, 253M in chunks of 8 (docs/BENCHMARKS.md)."""
+processes a fixed time, paid once a chunk (docs/BENCHMARKS.md, the token reads, has the figures)."""
 
 MAX_CHUNK = 16
 """Batches in a chunk at most: a pass left early drops the rest of its chunk, which was read for nothing."""

@@ -203,9 +203,11 @@ def spdl_batches(order: list[int], load, collate, threads: int, batch: int = BAT
 def spdl_available() -> bool:
     """Whether SPDL and FFmpeg's libraries are installed (the SPDL row is left out otherwise)."""
     try:
-        import spdl.io  # noqa: F401
         import spdl.pipeline  # noqa: F401
-    except (ImportError, OSError):
+        from spdl.io.lib import _libspdl
+
+        _libspdl.make_demuxer  # noqa: B018 - loads FFmpeg's libraries, which spdl.io imports lazily
+    except (ImportError, OSError, RuntimeError):
         return False
     return True
 

@@ -143,3 +143,24 @@ def test_the_normalize_microbenchmark_runs():
         check=True,
     )
     assert out.stdout.startswith("Host: ") and "channels-last: normalize_into (chosen)" in out.stdout
+
+
+@pytest.mark.parametrize("regroup", ["split", "merge"])
+def test_an_opencv_that_writes_a_new_array_is_refused_never_read_stale(monkeypatch, regroup):
+    """The scratch buffer would hold an earlier image's pixels had OpenCV written a new array."""
+    import cv2
+
+    from readers.datasets import tensors
+
+    class Copying:  # an OpenCV whose split and merge ignore the buffers they are given
+        split = staticmethod(lambda src, planes: tuple(p.copy() for p in cv2.split(src)))
+        merge = staticmethod(lambda planes, out: cv2.merge(planes))
+
+    pixels = np.random.default_rng(0).integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    scratch = tensors.Scratch()
+    image = pixels.transpose(2, 0, 1) if regroup == "split" else np.ascontiguousarray(pixels.transpose(2, 0, 1))
+    regrouped = (scratch.split if regroup == "split" else scratch.merged)(image)  # the real OpenCV writes in place
+    assert np.array_equal(regrouped, image if regroup == "split" else pixels)
+    monkeypatch.setattr(tensors, "_opencv", lambda: Copying)
+    with pytest.raises(RuntimeError, match="packer bug"):
+        (scratch.split if regroup == "split" else scratch.merged)(image)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -151,15 +152,15 @@ class Scratch(threading.local):
     def split(self, chw: np.ndarray) -> np.ndarray:
         """The CHW image ``chw`` (a view of HWC memory) copied to planar memory."""
         out = self._buffer(chw.shape)
-        for got, asked in zip(_opencv().split(chw.transpose(1, 2, 0), list(out)), out):
-            _written(got, asked)
+        planes = list(out)
+        _written(_opencv().split(chw.transpose(1, 2, 0), planes), planes)
         return out
 
     def merged(self, chw: np.ndarray) -> np.ndarray:
         """The CHW image ``chw`` (planes) copied to HWC memory, returned as HWC."""
         c, h, w = chw.shape
         out = self._buffer((h, w, c))
-        _written(_opencv().merge(list(chw), out), out)
+        _written((_opencv().merge(list(chw), out),), (out,))
         return out
 
 
@@ -171,10 +172,12 @@ def _scale_shift(values: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Non
     np.add(values, bias, out=values)
 
 
-def _written(got: np.ndarray, asked: np.ndarray) -> None:
-    """Check that OpenCV wrote into the buffer it was given: had it made a new one, the scratch buffer
-    would hold an earlier image's pixels, and normalizing it would give wrong data silently."""
-    if got.ctypes.data != asked.ctypes.data:
+def _written(got: Sequence[np.ndarray], asked: Sequence[np.ndarray]) -> None:
+    """Check that OpenCV wrote into the buffers it was given: had it made a new one, the scratch buffer
+    would hold an earlier image's pixels, and normalizing it would give wrong data silently. OpenCV's
+    bindings give back the very array they were given when they wrote into it, a new one otherwise
+    (an identity test: reading each array's address through ``.ctypes`` cost more than the split)."""
+    if len(got) != len(asked) or any(g is not a for g, a in zip(got, asked)):
         raise RuntimeError("OpenCV wrote a new array instead of the buffer given to it: report this as a packer bug")
 
 

@@ -18,9 +18,10 @@ shard lists), then each ``manifest.json`` and last a split set's ``splits.json``
 its manifest is never an output, and a wds shard list never names a shard not yet uploaded. A
 failure before the manifests puts back the files the run replaced (an ``--overwrite``'s or an
 append's report, hashes and shard lists, fetched before each was replaced) and removes what the run
-uploaded (the prefix is as it was); after them, the replaced output's own objects that the new one
-does not list (with ``overwrite``; else an interrupted run's at the top of the prefix) and every
-run's parts and records are removed.
+uploaded (the prefix is as it was); a run killed there, where no handler runs, is rolled back by the
+next run into the prefix from copies kept in the store (``REPLACED``); after them, the replaced
+output's own objects that the new one does not list (with ``overwrite``; else an interrupted
+run's at the top of the prefix) and every run's parts and records are removed.
 ``release`` lets go of the lock.
 """
 

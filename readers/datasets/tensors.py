@@ -7,6 +7,7 @@ each other badly. On another device, one fused torch kernel does it.
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from typing import Sequence
@@ -144,7 +145,7 @@ class Scratch(threading.local):
         self.memory = np.empty(0, np.uint8)
 
     def _buffer(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = int(np.prod(shape))
+        size = math.prod(shape)  # not np.prod: a tuple made an array, a few us an image
         if self.memory.size < size:
             self.memory = np.empty(size, np.uint8)
         return self.memory[:size].reshape(shape)

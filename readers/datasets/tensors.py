@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -226,16 +226,20 @@ class ImageConverter:
         """dtype of the batches this converter fills (float32 when normalizing, else the stored dtype)."""
         return torch.float32 if self.normalize is not None else torch_dtype(stored)
 
-    def into(self, array: np.ndarray, slot: torch.Tensor) -> None:
-        """Write one HWC image into ``slot``, a (C, H, W) view of a batch, converting on the way.
+    def into(self, array: np.ndarray, slot: Union[torch.Tensor, np.ndarray]) -> None:
+        """Write one HWC image into ``slot``, a (C, H, W) view of a batch (a tensor, or the numpy
+        view of one: a batch's loop indexes the array, a few us an image less), converting on the way.
 
         Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
         bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated.
         """
         if self.normalize is not None and array.dtype == np.uint8:
-            self.normalize.normalize_into(array.transpose(2, 0, 1), slot.numpy())
+            self.normalize.normalize_into(
+                array.transpose(2, 0, 1), slot if isinstance(slot, np.ndarray) else slot.numpy()
+            )
         else:
-            slot.copy_(_tensor_view(array).permute(2, 0, 1))
+            target = torch.from_numpy(slot) if isinstance(slot, np.ndarray) else slot
+            target.copy_(_tensor_view(array).permute(2, 0, 1))
 
     def __call__(self, array: np.ndarray) -> torch.Tensor:
         """CHW tensor of one HWC image array (always a fresh, writable copy, never a file map)."""

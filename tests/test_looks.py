@@ -122,3 +122,40 @@ def test_a_batch_hashes_as_one_image_at_a_time(images):
     assert np.array_equal(table, np.stack([image_looks(p) for p in shown]))
     assert table[5].tolist() == [FLAT] * LOOKS
     assert LooksBatch().table().shape == (0, LOOKS)
+
+
+FLAT_AREAS = """
+import sys
+import numpy as np
+from packer.pixels.looks import image_looks
+
+shapes = [((30, 40), [(2, 3, 15, 20), (18, 5, 36, 25)]), ((75, 45), [(10, 15, 35, 45)]), ((40, 60), [(0, 0, 60, 40)]),
+          ((64, 64), [(16, 16, 48, 48)]), ((31, 77), [(0, 5, 20, 30), (40, 0, 77, 31)])]
+for (h, w), rects in shapes:
+    pixels = np.full((h, w, 3), 40, np.uint8)
+    for n, (x0, y0, x1, y1) in enumerate(rects):
+        pixels[y0:y1, x0:x1] = (200, 30 + 60 * n, 90)
+    sys.stdout.write(" ".join(f"{v:016x}" for v in image_looks(pixels)) + "\\n")
+"""
+
+
+def test_images_of_flat_areas_hash_alike_whatever_blas_kernel_the_host_runs():
+    """The hashes of one output must not depend on the host: OpenBLAS picks its kernel (and so the
+    order it sums in) by the CPU, and images of flat areas, whose coefficients are equal or zero,
+    hashed differently on an AVX2 host and an AVX-512 one. OPENBLAS_CORETYPE picks the kernels of
+    older CPUs on this one."""
+    import os
+    import subprocess
+    import sys
+
+    def hashes(core: str | None) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        if core:
+            env["OPENBLAS_CORETYPE"] = core
+        return subprocess.run(
+            [sys.executable, "-c", FLAT_AREAS], env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+    own = hashes(None)
+    assert len(own.split()) == 5 * LOOKS
+    assert hashes("Prescott") == own and hashes("Sandybridge") == own

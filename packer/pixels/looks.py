@@ -24,6 +24,7 @@ in the hash's highest bit.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -46,6 +47,10 @@ FLAT = 0
 """The hashes of an image of one colour (every real hash has 32 bits set): never a near-duplicate."""
 BATCH = 256
 """Images whose coefficients a worker gathers before hashing them (``LooksBatch``)."""
+GRID_BITS = 30
+"""Coefficients are rounded to 2^-GRID_BITS of the image's mean coefficient (rounded to a power of
+two): 30 bits keep every shape a float32 coefficient held (24 bits), and drop the noise of summing
+in float64 (53 bits) in whatever order the host's BLAS takes."""
 _FREQUENCIES = 8
 _SPANS = ((0, 0), (1, 1), (1, 2), (2, 1), (2, 2), (3, 3))
 """Each hash's (row, column) span, of ``_basis``'s four: the whole side, less ``TRIM`` at its end,
@@ -116,7 +121,7 @@ def _plan(height: int, width: int) -> _Plan:
 
 def _basis(cells: int, extent: float) -> np.ndarray:
     """The 8 lowest DCT-II cosines over each of four spans of a side of ``cells`` cells covering
-    ``extent`` cells (32 x cells, float32; the spans of ``_SPANS``): each cosine integrated exactly
+    ``extent`` cells (32 x cells, float64; the spans of ``_SPANS``): each cosine integrated exactly
     over the part of each cell inside the span (the last cell reaching to ``extent``), so a window's
     coefficients are those of the window resampled, without resampling, and an image of one colour
     has no coefficient but its mean (a sampled cosine would leak the mean into the others wherever
@@ -132,7 +137,7 @@ def _basis(cells: int, extent: float) -> np.ndarray:
         size = stop - start
         waves = size / (np.pi * u) * (np.sin(np.pi * u * (hi - start) / size) - np.sin(np.pi * u * (lo - start) / size))
         rows.append(np.concatenate([(hi - lo)[None, :], waves]))
-    basis = np.concatenate(rows).astype(np.float32)
+    basis = np.concatenate(rows)
     basis.flags.writeable = False  # cached and shared
     return basis
 
@@ -146,7 +151,17 @@ def image_coefficients(pixels: np.ndarray) -> np.ndarray:
     for h, w, fy, fx in plan.halvings:
         # whole multiples of the factors: OpenCV's area resize then takes its fast path of exact means
         image = cv2.resize(image[: h * fy, : w * fx], (w, h), interpolation=cv2.INTER_AREA)
-    return (plan.rows @ image.astype(np.float32) @ plan.columns).ravel()[_PICK]
+    coefficients = (plan.rows @ image.astype(np.float64) @ plan.columns).ravel()[_PICK]
+    # The same on every host: the order BLAS sums in is its kernel's (AVX2's and AVX-512's differ),
+    # and a hash compares coefficients with their median, so rounding noise flipped bits wherever
+    # coefficients are equal or zero (images of flat areas: the same output hashed differently on
+    # two hosts). Summed in float64, the noise is far below the grid (``GRID_BITS``) every
+    # coefficient is then rounded to: equal ones stay equal, zeros zero.
+    unit = math.ldexp(1.0, math.frexp(max(abs(float(coefficients[0, 0])), 1.0))[1] - GRID_BITS)
+    coefficients *= 1.0 / unit  # a power of two: exact
+    np.rint(coefficients, out=coefficients)
+    coefficients *= unit
+    return coefficients.astype(np.float32)
 
 
 def hashes_of(coefficients: np.ndarray) -> np.ndarray:
@@ -155,9 +170,21 @@ def hashes_of(coefficients: np.ndarray) -> np.ndarray:
     which has no shape to compare."""
     whole = np.abs(coefficients[:, 0])
     flat = whole[:, 1:].max(axis=1) <= 1e-5 * whole[:, 0]  # no shape: what is left is float rounding
-    # The median of the 63 that are not the mean: the 32nd smallest of them.
-    median = np.partition(coefficients[:, :, 1:], 31, axis=2)[:, :, 31:32]
-    looks = (coefficients > median) @ _POWERS  # first coefficient in the highest bit
+    # Of the 63 that are not the mean, the 31 after the 32nd smallest (the median) are above it, and
+    # the mean is compared with it. Where others equal the median (an image of flat areas has many
+    # equal coefficients, zeros among them), equal ones are ordered by their place: a tie is broken
+    # the same way on every host, never by rounding.
+    rest = coefficients[:, :, 1:]
+    median = np.partition(rest, 31, axis=2)[:, :, 31:32]
+    above = rest > median
+    tied = above.sum(axis=2) != 31
+    if tied.any():
+        order = np.argsort(rest[tied], axis=1, kind="stable")
+        fixed = np.zeros(order.shape, bool)
+        np.put_along_axis(fixed, order[:, 32:], True, axis=1)
+        above[tied] = fixed
+    bits = np.concatenate([coefficients[:, :, :1] > median, above], axis=2)
+    looks = bits @ _POWERS  # first coefficient in the highest bit
     looks[flat] = FLAT
     return looks
 

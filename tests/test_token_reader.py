@@ -112,33 +112,23 @@ def test_workers_send_chunks_of_batches_equal_in_every_part_to_one_process(packe
     assert [[x.tolist(), y.tolist()] for x, y in pairs] == [[b["input_ids"], b["labels"]] for b in expected]
 
 
-def test_resume_mid_chunk_with_workers_equals_the_uninterrupted_run(packed):
+def _until_saved(loader, stop: int) -> tuple[list, dict]:
+    """The first ``stop + 1`` batches' first tokens and the loader's state saved after them."""
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch["input_ids"][:, :4].tolist())
+        if i == stop:
+            return got, loader.state_dict()
+    raise AssertionError(f"fewer than {stop + 1} batches")
+
+
+@pytest.mark.parametrize("workers", [2, 1, 0])
+def test_resume_mid_chunk_with_workers_equals_the_uninterrupted_run(packed, workers):
+    """Saved with 2 workers inside the first chunk (its other batches read, never handed out), resumed
+    on as many workers, or on fewer."""
     ds = open_dataset(packed["concat"])
     expected = _epoch(make_loader(ds, 2, seed=3, num_workers=2))
-    loader = make_loader(ds, 2, seed=3, num_workers=2)
-    got = []
-    for i, batch in enumerate(loader):
-        got.append(batch["input_ids"][:, :4].tolist())
-        if i == 2:  # inside the first chunk: its other batches were read, never handed out
-            state = loader.state_dict()
-            break
-    resumed = make_loader(open_dataset(packed["concat"]), 2, seed=3, num_workers=2)
-    resumed.load_state_dict(state)
-    got += _epoch(resumed)
-    assert got == expected
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_resume_mid_chunk_on_another_worker_count_equals_the_uninterrupted_run(packed, workers):
-    ds = open_dataset(packed["concat"])
-    expected = _epoch(make_loader(ds, 2, seed=3))
-    loader = make_loader(ds, 2, seed=3, num_workers=2)
-    got = []
-    for i, batch in enumerate(loader):
-        got.append(batch["input_ids"][:, :4].tolist())
-        if i == 2:
-            state = loader.state_dict()
-            break
+    got, state = _until_saved(make_loader(ds, 2, seed=3, num_workers=2), 2)
     resumed = make_loader(open_dataset(packed["concat"]), 2, seed=3, num_workers=workers)
     resumed.load_state_dict(state)
     got += _epoch(resumed)
@@ -167,12 +157,7 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(packed):
     expected = _epoch(whole)  # epoch 1
     loader = make_loader(ds, 4, seed=2)
     _epoch(loader)
-    got = []
-    for i, batch in enumerate(loader):
-        got.append(batch["input_ids"][:, :4].tolist())
-        if i == 2:
-            state = loader.state_dict()
-            break
+    got, state = _until_saved(loader, 2)
     resumed = make_loader(open_dataset(packed["best-fit"]), 4, seed=2)
     resumed.load_state_dict(state)
     got += _epoch(resumed)

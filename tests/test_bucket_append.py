@@ -215,7 +215,18 @@ def test_an_append_that_cannot_put_the_manifest_back_leaves_its_objects(s3_serve
     objects stay rather than be removed under a manifest that might list them."""
     fs = s3_server
     src, before = _in_bucket(fs, tmp_path, "s3://data/grow-down")
-    failing_uploads(monkeypatch, "manifest.json")  # the new one's, and the old one's put back
+    import s3fs
+
+    failing_uploads(monkeypatch, "manifest.json")  # the new one's
+    copy = s3fs.S3FileSystem._cp_file  # the coroutine behind every instance's copy
+
+    async def failing_copy(self, path1, path2, **kwargs):  # and the old one's put back from its copy
+        if path2.endswith("/manifest.json") and "/.packer-parts/" not in path2:
+            raise OSError("connection reset")
+        return await copy(self, path1, path2, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", failing_copy)
+    s3fs.S3FileSystem.clear_instance_cache()  # the run's filesystem made anew: its copy binds the coroutine
     r = _convert(src, "s3://data/grow-down", "npy", "--append")
     assert r.exit_code == 1 and "connection reset" in r.output
     monkeypatch.undo()

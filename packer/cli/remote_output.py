@@ -96,7 +96,6 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
                         progress=bar.update,
                         streamed=frozenset(shards.published),
                         abandon=shards.abandon,
-                        restore=before if before is not None else scratch / "packer-before",
                     )
             except KeyboardInterrupt:
                 if dest.published:

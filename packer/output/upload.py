@@ -55,15 +55,16 @@ from packer.output.prefix_lock import (
     renew,
     write_lock,
 )
+from packer.output.replaced_files import REPLACED, ReplacedFiles, roll_back
 from packer.spec.errors import ManifestError, OutputError
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
+from packer.spec.splits_record import SPLITS_NAME
 from packer.system import stop_signals_held
 
 log = logging.getLogger(__name__)
 
-SPLITS_NAME = "splits.json"
 UPLOADS = 4
 """Files uploaded at once."""
 PARTS = ".packer-parts"
@@ -72,11 +73,6 @@ names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``, and the records
 (``PARTS/state/...``). Removed once the manifest is up."""
 STATE = f"{PARTS}/state"
 """Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
-REPLACED = f"{PARTS}/replaced"
-"""Where a run keeps, inside the store, the files of the output there that it replaces before its
-manifest (``report.txt``, shard lists, image hashes; each folder's manifest first): a run killed
-before its manifest is up leaves them, and the next run into the prefix puts them back
-(``_roll_back``). Removed with the parts."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
     r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
@@ -183,7 +179,7 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
                 raise OutputError(f"another conversion took the lock of {url} just now; wait for it")
         if any(n.startswith(f"{REPLACED}/") for n in names):
             try:
-                _roll_back(fs, root, names, url)
+                roll_back(fs, root, names, url, lambda paths: remove_objects(fs, paths))
             except BaseException:
                 release(dest)
                 raise
@@ -196,17 +192,13 @@ def fetch_output(dest: Destination, local: Path, before: Path) -> Path:
     """For an append to the output at ``dest``: its manifest into the folder ``local`` (with the time
     the store last modified it: the append compares the sources' times with it), the ``splits.json``
     of the prefix above into ``local``'s parent (a split is refused, as a local one is), and the
-    output's files that an append replaces (manifest, report, shard lists, image hashes) into
-    ``before``, put back where the append fails (``upload_output``). Returns ``before``."""
+    manifest as it was into ``before`` (an append that adds nothing leaves the prefix untouched).
+    Returns ``before``."""
     fs, root = dest.fs, dest.root
-    # shards are never replaced, nor hashes: an appended version's have a name of their own (``appended_name``)
-    kept = ("shard-", "image_hashes")
-    replaced = sorted(n for n in dest.before if "/" not in n and OWN_NAME.fullmatch(n) and not n.startswith(kept))
     local.mkdir(parents=True, exist_ok=True)  # a resumed token append: kept from the run before
     before.mkdir(parents=True, exist_ok=True)
     with store_errors(dest.url):
-        for name in replaced:
-            fs.get_file(f"{root}/{name}", str(before / name))
+        fs.get_file(f"{root}/{MANIFEST_NAME}", str(before / MANIFEST_NAME))
         shutil.copyfile(before / MANIFEST_NAME, local / MANIFEST_NAME)
         modified = fs.modified(f"{root}/{MANIFEST_NAME}").timestamp()
         if modified == int(modified):  # a store's whole seconds (S3's): a file of that second is not newer
@@ -224,17 +216,15 @@ def upload_output(
     progress: Optional[Callable[[int], None]] = None,
     streamed: frozenset[str] = frozenset(),
     abandon: Optional[Callable[[bool], None]] = None,
-    restore: Optional[Path] = None,
 ) -> int:
     """Upload the finished output (or split set) in ``local`` to the reserved ``dest`` (see the module);
     returns the bytes uploaded. ``progress`` gets each file's bytes once it is uploaded and checked.
     ``streamed``: the names of the shard files already in the prefix, uploaded and checked as the
     conversion ran (``packer.output.shard_uploads``); removed with the rest when this fails, and then
     ``abandon(interrupted)`` is called (``ShardUploads.abandon``: the run's parts and records).
-    ``restore``: a local folder for the files this upload replaces (an output's ``report.txt``, shard
-    lists and image hashes, which an ``--overwrite`` or an append writes under the same names): each
-    is fetched into it just before it is replaced (unless there already: an append's, from
-    ``fetch_output``), and put back when this fails before the manifests."""
+    The files of the output there that this upload writes again (an ``--overwrite``'s or an
+    append's report, shard lists, image hashes) are copied in the store first
+    (``packer.output.replaced_files``), and put back when this fails before the manifests."""
     fs, root = dest.fs, dest.root
     files = sorted(p for p in local.rglob("*") if p.is_file())
     relative = {p: p.relative_to(local).as_posix() for p in files}
@@ -243,30 +233,12 @@ def upload_output(
     others = [p for p in files if p not in shards and p.name not in last]
     manifests = sorted((p for p in files if p.name in last), key=lambda p: (last.index(p.name), relative[p]))
     sent: list[str] = []
-    saved: set[str] = set()  # the folders whose manifest is kept under REPLACED
-
-    def keep_in_store(name: str) -> None:
-        """Copy the file ``name`` the run is about to replace under ``REPLACED``, after its folder's
-        manifest: what the next run puts back where this one is killed before its manifest."""
-        folder = _folder(name)
-        marker = f"{folder}{MANIFEST_NAME}" if f"{folder}{MANIFEST_NAME}" in dest.before else None
-        if marker is None and not folder and SPLITS_NAME in dest.before:
-            marker = SPLITS_NAME
-        if marker is None or name == marker:  # the manifest itself: once it is up, the new output is
-            return
-        for kept in ([marker] if folder not in saved else []) + [name]:
-            sent.append(f"{REPLACED}/{kept}")  # before the copy: a failed one may have left an object
-            fs.copy(f"{root}/{kept}", f"{root}/{REPLACED}/{kept}")
-        saved.add(folder)
+    replaced = ReplacedFiles(fs, root, dest.before, sent)
 
     def put(path: Path) -> int:
         target = f"{root}/{relative[path]}"
         if relative[path] in dest.before and not path.name.startswith("shard-"):
-            # kept first, put back if this fails (a shard never: each run's shards have names of their own)
-            if restore is not None and not (restore / relative[path]).is_file():
-                (restore / relative[path]).parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(target, str(restore / relative[path]))
-            keep_in_store(relative[path])
+            replaced.keep(relative[path])  # put back if this fails; never a shard: each run's have own names
         sent.append(relative[path])  # before the upload: a failed one may have left an object
         put_checked(fs, path, target, dest.url)
         if progress is not None:
@@ -278,10 +250,8 @@ def upload_output(
         this run's left. Where something cannot be put back, this run's objects stay: the manifest
         there may list them."""
         with stop_signals_held():  # a second Ctrl-C must not leave half of it done
-            if restore is not None:
-                replaced = {n for n in set(sent) & dest.before if (restore / n).is_file()}
-                if not _put_back(fs, root, restore, replaced, dest.url):
-                    return
+            if not replaced.put_back(dest.url):
+                return
             left = (set(sent) | streamed) - dest.before
             remove_objects(fs, [f"{root}/{name}" for name in sorted(left)])
             if abandon is not None:
@@ -305,7 +275,7 @@ def upload_output(
                     if _stored(fs, f"{root}/{relative[path]}", path):  # stored, the answer lost: it is up
                         size += path.stat().st_size
                         continue
-                    if n == 0 and restore is not None:  # none is up: the prefix is put back as it was
+                    if n == 0:  # none is up: the prefix is put back as it was
                         undo(e)
                     raise
         dest.published = True
@@ -326,44 +296,6 @@ def upload_output(
                 e,
             )
     return size
-
-
-def _put_back(fs: Any, root: str, restore: Path, names: set[str], url: str) -> bool:
-    """Put the files ``names`` of ``restore`` back under the prefix, as they were before this run
-    replaced them, the manifest first; False (the file named) where one could not be."""
-    for name in sorted(names, key=lambda n: (n != MANIFEST_NAME, n)):
-        try:
-            put_checked(fs, restore / name, f"{root}/{name}", url)
-        except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
-            log.error("%s/%s could not be put back as it was (%s): run the same command again", url, name, e)
-            return False
-    return True
-
-
-def _roll_back(fs: Any, root: str, names: set[str], url: str) -> None:
-    """Put back the files a killed run kept under ``REPLACED`` (see there) where the manifest kept
-    with them is still the folder's (the run died before its manifest went up), then remove what it
-    kept (the manifests last: a run killed in here does the same again) and take it out of ``names``."""
-    kept = sorted(n for n in names if n.startswith(f"{REPLACED}/"))
-    markers = {n[len(REPLACED) + 1 :] for n in kept if n.endswith((f"/{MANIFEST_NAME}", f"/{SPLITS_NAME}"))}
-    for marker in markers:
-        folder = _folder(marker)
-        if marker not in names or fs.cat_file(f"{root}/{marker}") != fs.cat_file(f"{root}/{REPLACED}/{marker}"):
-            continue  # the killed run's manifest is up (or the output is gone): its files are the output's
-        for name in kept:
-            relative = name[len(REPLACED) + 1 :]
-            if relative != marker and _folder(relative) == folder:
-                fs.copy(f"{root}/{name}", f"{root}/{relative}")
-                log.warning("%s/%s put back as it was before a conversion killed before its manifest", url, relative)
-    last = [n for n in kept if n[len(REPLACED) + 1 :] in markers]
-    remove_objects(fs, [f"{root}/{n}" for n in kept if n not in last])
-    remove_objects(fs, [f"{root}/{n}" for n in last])
-    names.difference_update(kept)
-
-
-def _folder(name: str) -> str:
-    """The folder of the output file ``name`` in its prefix: "" or "split/"."""
-    return name.rsplit("/", 1)[0] + "/" if "/" in name else ""
 
 
 def _stored(fs: Any, target: str, path: Path) -> bool:

@@ -145,7 +145,7 @@ class Scratch(threading.local):
         self.memory = np.empty(0, np.uint8)
 
     def _buffer(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = math.prod(shape)  # not np.prod: a tuple made an array, a few us an image
+        size = math.prod(shape)  # not np.prod, which makes an array of the tuple first
         if self.memory.size < size:
             self.memory = np.empty(size, np.uint8)
         return self.memory[:size].reshape(shape)
@@ -191,7 +191,7 @@ def _rows(hwc: np.ndarray) -> np.ndarray:
     """An (H, W, C) array whose pixels lie side by side (``_pixels_side_by_side``) as (H, W * C): a view
     (never a copy, which a write would be lost in), its rows as far apart as ``hwc``'s."""
     h, w, c = hwc.shape
-    if hwc.strides[0] == w * c * hwc.itemsize:  # contiguous: a reshape is that view, at a tenth of the cost
+    if hwc.strides[0] == w * c * hwc.itemsize:  # contiguous: a reshape is that view, and much cheaper
         return hwc.reshape(h, w * c)
     return np.lib.stride_tricks.as_strided(
         hwc, (h, w * c), (hwc.strides[0], hwc.itemsize), writeable=hwc.flags.writeable
@@ -228,7 +228,7 @@ class ImageConverter:
 
     def into(self, array: np.ndarray, slot: Union[torch.Tensor, np.ndarray]) -> None:
         """Write one HWC image into ``slot``, a (C, H, W) view of a batch (a tensor, or the numpy
-        view of one: a batch's loop indexes the array, a few us an image less), converting on the way.
+        view of one: a batch's loop indexes the array: cheaper than a tensor's view), converting on the way.
 
         Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
         bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated.

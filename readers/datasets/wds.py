@@ -276,7 +276,7 @@ class WdsDataset(ReaderBase, IterableDataset):
             return [self._sample(*d) for d in decoded]  # type: ignore[return-value]
         slot, images = self.batch_tensor(n)
         hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
-        slots = images.numpy()  # indexed per image: a numpy view costs a twentieth of a tensor's
+        slots = images.numpy()  # indexed per image: a numpy view is far cheaper to make than a tensor's
         for j, (_, array, label, _, _, _) in enumerate(decoded):
             if hwc is not None and array.dtype == hwc.dtype:
                 hwc[j] = array

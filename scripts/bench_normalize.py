@@ -5,8 +5,10 @@ cache): this times ``BatchNormalize.normalize_into`` writing that way, for the t
 comes in (HWC, as OpenCV's resize writes it when a crop is enlarged; planar, as torch's antialiased
 resize writes it when one is shrunk) and the two layouts of the batch (NCHW, channels-last), beside
 the physical floor (``np.copyto`` of the same 602 KB of float32 into the slot) and the other ways
-measured before choosing (numpy reading across the layouts, torch's one-pass ``addcmul``: its
-values differ from the two-pass ones by a rounding, and its threads contend with the workers').
+measured before choosing (numpy's cast, multiply and add, three passes over the slot; numpy reading
+across the layouts; torch's one-pass ``addcmul``: its values differ from the two-pass ones by a
+rounding, and its threads contend with the workers'). ``normalize_into`` is one compiled pass
+(``readers.datasets.normalize_kernel``), compiled before the rounds are timed.
 
     python scripts/bench_normalize.py            # about 10 s
     python scripts/bench_normalize.py --smoke    # a few rounds: that it runs (the tests do this)
@@ -97,6 +99,11 @@ def main() -> None:
             np.multiply(chw, scale, out=nchw[i], casting="unsafe")
             np.add(nchw[i], bias, out=nchw[i])
 
+        def three_passes(i: int, chw=chw) -> None:  # cast, multiply, add: the way before normalize_kernel
+            np.copyto(nchw[i], chw, casting="unsafe")
+            np.multiply(nchw[i], scale, out=nchw[i])
+            np.add(nchw[i], bias, out=nchw[i])
+
         def addcmul(i: int, chw=chw) -> None:
             torch.addcmul(tbias, torch.from_numpy(chw), tscale, out=torch.from_numpy(nchw[i]))
 
@@ -106,6 +113,7 @@ def main() -> None:
                 "NCHW: normalize_into (chosen)",
                 timed(lambda i, c=chw: normalize.normalize_into(c, nchw[i]), rounds, samples),
             ),
+            (name, "NCHW: numpy cast, multiply, add", timed(three_passes, rounds, samples)),
             (name, "NCHW: numpy reading across", timed(across, rounds, samples)),
             (name, "NCHW: torch addcmul, one pass", timed(addcmul, rounds, samples)),
             (

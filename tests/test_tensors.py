@@ -145,22 +145,28 @@ def test_the_normalize_microbenchmark_runs():
     assert out.stdout.startswith("Host: ") and "channels-last: normalize_into (chosen)" in out.stdout
 
 
-@pytest.mark.parametrize("regroup", ["split", "merge"])
-def test_an_opencv_that_writes_a_new_array_is_refused_never_read_stale(monkeypatch, regroup):
-    """The scratch buffer would hold an earlier image's pixels had OpenCV written a new array."""
-    import cv2
+@pytest.mark.parametrize("channels", [2, 4])
+def test_any_channel_count_and_any_slot_layout_gives_the_same_values(channels):
+    """Channel counts the unrolled RGB loop does not take, and a slot that is neither NCHW nor
+    channels-last (written through a buffer), give numpy's two float32 roundings exactly."""
+    pixels = np.random.default_rng(channels).integers(0, 256, (9, 11, channels), dtype=np.uint8)
+    normalize = BatchNormalize(Manifest(channels, normalized=False))
+    scale, bias = np.float32(1 / 255), np.float32(0)
+    expected = (pixels.transpose(2, 0, 1).astype(np.float32) * scale + bias).astype(np.float32)
+    for name, source in layouts(pixels).items():
+        for slot in (
+            np.empty((channels, 9, 11), np.float32),
+            np.empty((9, 11, channels), np.float32).transpose(2, 0, 1),
+            np.empty((channels, 9, 22), np.float32)[:, :, ::2],  # every other column: strided
+        ):
+            normalize.normalize_into(source, slot)
+            assert np.array_equal(slot, expected), name
 
-    from readers.datasets import tensors
 
-    class Copying:  # an OpenCV whose split and merge ignore the buffers they are given
-        split = staticmethod(lambda src, planes: tuple(p.copy() for p in cv2.split(src)))
-        merge = staticmethod(lambda planes, out: cv2.merge(planes))
-
-    pixels = np.random.default_rng(0).integers(0, 256, (5, 4, 3), dtype=np.uint8)
-    scratch = tensors.Scratch()
-    image = pixels.transpose(2, 0, 1) if regroup == "split" else np.ascontiguousarray(pixels.transpose(2, 0, 1))
-    regrouped = (scratch.split if regroup == "split" else scratch.merged)(image)  # the real OpenCV writes in place
-    assert np.array_equal(regrouped, image if regroup == "split" else pixels)
-    monkeypatch.setattr(tensors, "_opencv", lambda: Copying)
-    with pytest.raises(RuntimeError, match="packer bug"):
-        (scratch.split if regroup == "split" else scratch.merged)(image)
+def test_normalize_refuses_what_it_cannot_write_and_takes_empty_images():
+    normalize = BatchNormalize(Manifest())
+    normalize.normalize_into(np.empty((3, 0, 5), np.uint8), np.empty((3, 0, 5), np.float32))
+    with pytest.raises(ValueError, match="uint8 CHW into float32"):
+        normalize.normalize_into(np.zeros((3, 2, 2), np.uint8), np.empty((3, 2, 2), np.float64))
+    with pytest.raises(ValueError, match="uint8 CHW into float32"):
+        normalize.normalize_into(np.zeros((3, 2, 2), np.uint8), np.empty((3, 2, 3), np.float32))

@@ -1,16 +1,14 @@
 """Stored pixels to the tensors a model wants: normalization per batch or per image, CHW views.
 
-numpy does the per-pixel work on the DataLoader's worker side: it runs on one thread, whereas
-torch's intra-op threads in a process that shares its cores with DataLoader workers can stall
-each other badly. On another device, one fused torch kernel does it.
+Compiled loops (``normalize_kernel``, numba) do the per-pixel work on the DataLoader's worker side,
+on the calling thread, whereas torch's intra-op threads in a process that shares its cores with
+DataLoader workers can stall each other badly. On another device, one fused torch kernel does it.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 import warnings
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 import torch
@@ -46,7 +44,7 @@ class BatchNormalize:
         # memory, and a numpy view of the old memory would then read freed bytes.
         self._np_scale, self._np_bias = self.scale.numpy().copy(), self.bias.numpy().copy()
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._scratch = Scratch()
+        self._channels: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def factors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,126 +81,72 @@ class BatchNormalize:
         """``dst = src * scale + bias`` per channel: one CHW uint8 image (any strides) into a float32
         (C, H, W) ``dst``, contiguous or a CHW view of HWC memory (a channels-last batch's slot).
 
-        numpy: the bytes cast to float32 where they go, then multiplied and added in place
-        (``_scale_shift``), so every layout, worker count and rank gives the same float32 values. numpy, not
-        torch: it runs on one thread, whereas torch's intra-op threads in a process that shares its
-        cores with DataLoader workers can stall each other badly. numpy is fastest when the source
-        is laid out as ``dst`` is, so an image of the other layout is first regrouped by OpenCV's
-        ``split`` (pixels to planes) or ``merge`` (planes to pixels) into a scratch buffer of this
-        thread. ``scripts/bench_normalize.py`` times each way (docs/BENCHMARKS.md has the figures).
+        One compiled pass (``readers.datasets.normalize_kernel``) reads each byte where it lies
+        (pixels side by side or planes, a memory-mapped file too) and writes each float once, with
+        numpy's float32 roundings: every layout, worker count and rank gives the same values. A source
+        whose rows are not contiguous (a window of a wider image) is copied first, as uint8; a ``dst``
+        that is neither layout is written through a contiguous float32 buffer.
+        ``scripts/bench_normalize.py`` times it (docs/BENCHMARKS.md has the figures).
         """
-        c, h, w = src.shape
-        if c > 1 and _pixels_side_by_side(dst.transpose(1, 2, 0)):  # a channels-last slot
-            hwc = src.transpose(1, 2, 0)
-            if not _pixels_side_by_side(hwc):
-                hwc = self._scratch.merged(src)
-            out = dst.transpose(1, 2, 0)
-            np.copyto(_rows(out), _rows(hwc), casting="unsafe")
-            if out.flags.c_contiguous and h * w <= FLAT_FACTORS:  # one run of h * w pixels, factors as long
-                _scale_shift(out.reshape(-1), *self._tiled(c, h * w))  # reshape: a view, it is contiguous
-            else:
-                _scale_shift(_rows(out), *self._tiled(c, w))
+        c = src.shape[0]
+        if src.dtype != np.uint8 or dst.dtype != np.float32 or dst.shape != src.shape:
+            raise ValueError(
+                f"normalize_into takes uint8 CHW into float32 of its shape, not {src.dtype} {src.shape} "
+                f"into {dst.dtype} {dst.shape}"
+            )
+        if src.size == 0:
             return
-        if c > 1 and src.strides[0] < src.strides[2]:  # pixels side by side (HWC memory): to planes
-            src = self._scratch.split(src)
-        np.copyto(dst, src, casting="unsafe")
-        _scale_shift(dst, self._np_scale, self._np_bias)
+        kernel = _kernel()
+        scale, bias = self._per_channel(c)
+        hwc, out = src.transpose(1, 2, 0), dst.transpose(1, 2, 0)
+        planes_in = not hwc.flags.c_contiguous and src.flags.c_contiguous  # torch's resize writes planes
+        if not planes_in and not hwc.flags.c_contiguous:
+            hwc = np.ascontiguousarray(hwc)
+        flat_in = src.reshape(-1) if planes_in else hwc.reshape(-1)
+        if c > 1 and out.flags.c_contiguous:  # a channels-last slot
+            if planes_in:
+                kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias)
+            else:
+                h, w = src.shape[1:]
+                kernel.pixels_to_pixels(flat_in.reshape(h, w * c), out.reshape(h, w * c), *self._tiled(c, w))
+            return
+        target = dst if dst.flags.c_contiguous else np.empty(dst.shape, np.float32)
+        if planes_in:
+            kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias)
+        else:
+            kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias)
+        if target is not dst:
+            np.copyto(dst, target)
+
+    def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scale, bias)`` as ``channels`` contiguous float32 values each (one value stands for every
+        channel of an output with no normalization)."""
+        found = self._channels.get(channels)
+        if found is None:
+            found = self._channels[channels] = tuple(  # type: ignore[assignment]
+                np.ascontiguousarray(np.broadcast_to(f.reshape(-1), (channels,)))
+                for f in (self._np_scale, self._np_bias)
+            )
+        return found
 
     def _tiled(self, channels: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(scale, bias)`` of ``channels`` channels repeated for ``pixels`` pixels side by side (a
-        row's, or a whole image's: numpy multiplies a run as long as its factors about as fast as by
-        a scalar, and factors broadcast row by row cost it a loop a row). One pair per channel count,
-        as long as the largest yet, sliced for smaller ones."""
+        """``(scale, bias)`` of ``channels`` channels repeated for a row of ``pixels`` pixels side by side:
+        the compiled loop then multiplies a run by a run as long, which it vectorizes. One pair per
+        channel count, as long as the longest row yet, sliced for shorter ones."""
         found = self._rows.get(channels)
         if found is None or found[0].size < pixels * channels:
             found = self._rows[channels] = tuple(  # type: ignore[assignment]
-                np.tile(np.broadcast_to(f.reshape(-1), (channels,)), max(pixels, 256))
-                for f in (self._np_scale, self._np_bias)
+                np.tile(f, max(pixels, 256)) for f in self._per_channel(channels)
             )
         return found[0][: pixels * channels], found[1][: pixels * channels]
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_scratch"] = None  # per process and thread: made again where it is unpickled
-        return state
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._scratch = Scratch()
+def _kernel():
+    """``readers.datasets.normalize_kernel``, imported when first needed: it imports numba, which a
+    reader that never normalizes uint8 on the CPU does not load."""
+    from readers.datasets import normalize_kernel
 
-
-FLAT_FACTORS = 1 << 19
-"""The most pixels a channels-last image is normalized as one run, with factors as long (2 x 6 MB for
-RGB at most, kept per worker); larger images broadcast a row's factors over their rows."""
-
-
-class Scratch(threading.local):
-    """The uint8 buffer of one thread that ``normalize_into`` regroups an image's channels into, kept
-    for the next image (threads of a thread-based loader each get their own); it grows to the
-    largest image yet, never one buffer per size."""
-
-    def __init__(self) -> None:
-        self.memory = np.empty(0, np.uint8)
-
-    def _buffer(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = math.prod(shape)  # not np.prod, which makes an array of the tuple first
-        if self.memory.size < size:
-            self.memory = np.empty(size, np.uint8)
-        return self.memory[:size].reshape(shape)
-
-    def split(self, chw: np.ndarray) -> np.ndarray:
-        """The CHW image ``chw`` (a view of HWC memory) copied to planar memory."""
-        out = self._buffer(chw.shape)
-        planes = list(out)
-        _written(_opencv().split(chw.transpose(1, 2, 0), planes), planes)
-        return out
-
-    def merged(self, chw: np.ndarray) -> np.ndarray:
-        """The CHW image ``chw`` (planes) copied to HWC memory, returned as HWC."""
-        c, h, w = chw.shape
-        out = self._buffer((h, w, c))
-        _written((_opencv().merge(list(chw), out),), (out,))
-        return out
-
-
-def _scale_shift(values: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> None:
-    """``values = values * scale + bias`` in place (broadcast), each step rounded to float32. The
-    caller casts the bytes into ``values`` first, a pass of its own: numpy's mixed uint8 x float32
-    multiply casts through a small buffer and takes longer (docs/BENCHMARKS.md)."""
-    np.multiply(values, scale, out=values)
-    np.add(values, bias, out=values)
-
-
-def _written(got: Sequence[np.ndarray], asked: Sequence[np.ndarray]) -> None:
-    """Check that OpenCV wrote into the buffers it was given: had it made a new one, the scratch buffer
-    would hold an earlier image's pixels, and normalizing it would give wrong data silently. OpenCV's
-    bindings give back the very array they were given when they wrote into it, a new one otherwise
-    (an identity test: reading each array's address through ``.ctypes`` cost more than the split)."""
-    if len(got) != len(asked) or any(g is not a for g, a in zip(got, asked)):
-        raise RuntimeError("OpenCV wrote a new array instead of the buffer given to it: report this as a packer bug")
-
-
-def _pixels_side_by_side(hwc: np.ndarray) -> bool:
-    """Whether each row of an (H, W, C) array holds its pixels' channels side by side, one item apart."""
-    return hwc.strides[2] == hwc.itemsize and hwc.strides[1] == hwc.shape[2] * hwc.itemsize
-
-
-def _rows(hwc: np.ndarray) -> np.ndarray:
-    """An (H, W, C) array whose pixels lie side by side (``_pixels_side_by_side``) as (H, W * C): a view
-    (never a copy, which a write would be lost in), its rows as far apart as ``hwc``'s."""
-    h, w, c = hwc.shape
-    if hwc.strides[0] == w * c * hwc.itemsize:  # contiguous: a reshape is that view, and much cheaper
-        return hwc.reshape(h, w * c)
-    return np.lib.stride_tricks.as_strided(
-        hwc, (h, w * c), (hwc.strides[0], hwc.itemsize), writeable=hwc.flags.writeable
-    )
-
-
-def _opencv():
-    """OpenCV, imported when first needed; its ``split`` and ``merge`` run on the calling thread."""
-    import cv2
-
-    return cv2
+    return normalize_kernel
 
 
 class ImageConverter:

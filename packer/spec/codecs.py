@@ -96,7 +96,8 @@ def raw_bytes(image: np.ndarray, dtype: np.dtype) -> memoryview:
 def raw_image(data, dtype: str | np.dtype, shape, where: str) -> np.ndarray:
     """The image ``raw_bytes`` made, from its bytes (any buffer) and recorded (H, W, C) shape."""
     array = np.frombuffer(data, dtype=np.uint8)
-    shape = tuple(int(v) for v in shape)
+    # a row of a shapes array gives Python ints by tolist(), many times cheaper than item by item
+    shape = tuple(shape.tolist()) if isinstance(shape, np.ndarray) else tuple(int(v) for v in shape)
     if array.size != math.prod(shape) * np.dtype(dtype).itemsize:  # np.prod would make an array of it first
         raise ValueError(f"{where}: {array.size} bytes of image data for shape {shape} of {np.dtype(dtype)}")
     return array.view(dtype).reshape(shape)

@@ -46,6 +46,20 @@ class BatchNormalize:
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._channels: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._load_kernels()
+
+    def _load_kernels(self) -> None:
+        """Compile (or load from numba's cache) the normalize loops in this process, once: DataLoader
+        workers forked from it then inherit them, instead of each importing numba and loading them
+        again at every epoch's start. One tiny image in each pair of layouts, read-only too."""
+        if _KERNEL:
+            return
+        pixels = np.zeros((2, 2, 3), np.uint8)
+        frozen = pixels.copy()
+        frozen.setflags(write=False)
+        for hwc in (pixels, frozen, np.ascontiguousarray(pixels.transpose(2, 0, 1)).transpose(1, 2, 0)):
+            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((3, 2, 2), np.float32))
+            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((2, 2, 3), np.float32).transpose(2, 0, 1))
 
     def factors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, bias)`` as (C, 1, 1) float32 tensors on ``device``."""
@@ -142,11 +156,17 @@ class BatchNormalize:
 
 
 def _kernel():
-    """``readers.datasets.normalize_kernel``, imported when first needed: it imports numba, which a
-    reader that never normalizes uint8 on the CPU does not load."""
-    from readers.datasets import normalize_kernel
+    """``readers.datasets.normalize_kernel``, imported when first needed (it imports numba, which a
+    reader that never normalizes uint8 on the CPU does not load), then kept: an import statement a
+    sample costs more than the module lookup."""
+    if not _KERNEL:
+        from readers.datasets import normalize_kernel
 
-    return normalize_kernel
+        _KERNEL.append(normalize_kernel)
+    return _KERNEL[0]
+
+
+_KERNEL: list = []
 
 
 class ImageConverter:

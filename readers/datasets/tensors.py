@@ -51,7 +51,7 @@ class BatchNormalize:
     def _load_kernels(self) -> None:
         """Compile (or load from numba's cache) the normalize loops in this process, once: DataLoader
         workers forked from it then inherit them, instead of each importing numba and loading them
-        again at every epoch's start. One tiny image in each pair of layouts, read-only too."""
+        on its first batch. One tiny image in each pair of layouts, a read-only one too."""
         if _KERNEL:
             return
         pixels = np.zeros((2, 2, 3), np.uint8)
@@ -156,8 +156,8 @@ class BatchNormalize:
 
 
 def _kernel():
-    """``readers.datasets.normalize_kernel``, imported when first needed (it imports numba, which a
-    reader that never normalizes uint8 on the CPU does not load), then kept: an import statement a
+    """``readers.datasets.normalize_kernel``, imported by the first ``BatchNormalize`` (it imports
+    numba, which a reader with ``normalize=False`` never loads), then kept: an import statement a
     sample costs more than the module lookup."""
     if not _KERNEL:
         from readers.datasets import normalize_kernel

@@ -39,6 +39,8 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert reads["ranges_requests_per_batch"] > 0  # no cache: every batch asks the server
     assert reads["http_ranges"] > 0 and reads["http_ranges_requests_per_batch"] > 0
     assert reads["local_cpu_s"] > 0 and reads["http_ranges_reader_cpu_s"] > 0
-    assert sum(reads[f"http_{name}_server_cpu_s"] for name in list(bench_bucket.READS)[:3]) > 0  # its own process
+    # The range server runs in a process of its own, whose CPU comes in clock ticks (10 ms): three
+    # small batches may cost it less than one on a fast host, so only the figure's presence is checked.
+    assert all(reads[f"http_{name}_server_cpu_s"] >= 0 for name in list(bench_bucket.READS)[:3])
     out = capsys.readouterr().out
     assert "| into the bucket |" in out and "| lean range server (http), byte ranges, no cache |" in out

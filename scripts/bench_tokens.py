@@ -191,10 +191,14 @@ def resume_check(corpus: Path, tokenizer: Path, out: Path, block: int, fresh: fl
     command += ["--tokenizer", str(tokenizer), "--pack", str(block), "-q"]
     started = time.perf_counter()
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(share * fresh)
-    run.send_signal(signal.SIGINT)
-    code = run.wait()
+    try:
+        code = run.wait(timeout=share * fresh)  # done before the stop is due
+    except subprocess.TimeoutExpired:
+        run.send_signal(signal.SIGINT)
+        code = run.wait()
     stopped = time.perf_counter() - started
+    if code == 0:  # it finished before the signal came (a small corpus, a fast host): nothing to resume
+        return {"stopped_after": stopped, "exit": code, "resumed": None}
     started = time.perf_counter()
     subprocess.run([*command, "--resume"], check=True, stdout=subprocess.DEVNULL)
     resumed = time.perf_counter() - started
@@ -361,11 +365,15 @@ def run(args: argparse.Namespace) -> dict:
             == json.loads((work / "packer-concat" / "manifest.json").read_text())["shards"]
         )
         results["resume"] = {**r, "fresh": fresh, "same_shards": same}
-        print(
-            f"--resume: stopped by SIGINT after {r['stopped_after']:.1f} s (exit {r['exit']}), resumed in "
-            f"{r['resumed']:.1f} s against {fresh:.1f} s fresh ({r['resumed'] / fresh:.2f}); same shards: {same}",
-            flush=True,
-        )
+        if r["resumed"] is None:
+            print(f"--resume: the run finished before SIGINT ({r['stopped_after']:.1f} s); same shards: {same}")
+        else:
+            print(
+                f"--resume: stopped by SIGINT after {r['stopped_after']:.1f} s (exit {r['exit']}), resumed in "
+                f"{r['resumed']:.1f} s against {fresh:.1f} s fresh ({r['resumed'] / fresh:.2f}); same shards: "
+                f"{same}",
+                flush=True,
+            )
     lit = litdata_convert(files, tokenizer, work / "litdata", args.block, args.workers)
     results["litdata"] = lit
     if lit is not None:

@@ -30,3 +30,13 @@ def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_
     out = capsys.readouterr().out
     assert "| packer --pack 64 --pack-mode best-fit |" in out and "| tokenizers encode_batch_fast" in out
     assert isinstance(bench_tokens.markdown(results, argparse.Namespace(workers=2, batch=16)), str)
+
+
+def test_a_conversion_that_ends_before_its_stop_is_not_resumed(tmp_path):
+    """The stop comes after 70% of the fresh run's time; on a fast host a small corpus is done by then,
+    and ``--resume`` of a finished output is refused: the check says so instead of failing."""
+    files = bench_tokens.make_corpus(tmp_path / "corpus", 1)
+    tokenizer = bench_tokens.make_tokenizer(tmp_path / "tokenizer.json", files, 300)
+    r = bench_tokens.resume_check(tmp_path / "corpus", tokenizer, tmp_path / "out", 64, fresh=1.0, share=60.0)
+    assert r["exit"] == 0 and r["resumed"] is None
+    assert (tmp_path / "out" / "manifest.json").is_file()

@@ -170,3 +170,54 @@ def test_normalize_refuses_what_it_cannot_write_and_takes_empty_images():
         normalize.normalize_into(np.zeros((3, 2, 2), np.uint8), np.empty((3, 2, 2), np.float64))
     with pytest.raises(ValueError, match="uint8 CHW into float32"):
         normalize.normalize_into(np.zeros((3, 2, 2), np.uint8), np.empty((3, 2, 3), np.float32))
+
+
+def test_a_source_that_shares_memory_with_its_slot_is_read_before_it_is_overwritten():
+    """A uint8 image whose bytes lie at the start of the float32 slot it is normalized into."""
+    pixels = np.random.default_rng(3).integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    expected = np.empty((3, 5, 6), np.float32)
+    normalize = BatchNormalize(Manifest())
+    normalize.normalize_into(pixels.transpose(2, 0, 1), expected)
+    for planar in (True, False):
+        buffer = np.zeros(3 * 5 * 6 * 4, np.uint8)
+        laid = np.ascontiguousarray(pixels.transpose(2, 0, 1) if planar else pixels)
+        buffer[: laid.size] = laid.reshape(-1)
+        src = buffer[: laid.size].reshape(laid.shape)
+        slot = buffer.view(np.float32).reshape(3, 5, 6)
+        normalize.normalize_into(src if planar else src.transpose(2, 0, 1), slot)
+        assert np.array_equal(slot, expected), planar
+
+
+def test_kernels_load_for_the_outputs_channel_count(monkeypatch):
+    """The loops are loaded where a reader of uint8 images is made, for its own channel count (a
+    4-channel normalization must not trip over an RGB warm-up), and equal numpy's values."""
+    from readers.datasets import tensors
+
+    monkeypatch.setattr(tensors, "_KERNEL", [])  # as in a fresh process
+    manifest = Manifest(3)
+    manifest.preprocess["normalize"] = {"mean": [0.5, 0.4, 0.3, 0.2], "std": [0.2, 0.3, 0.4, 0.5]}
+    manifest.has_image, manifest.fields = True, {"image": {"dtype": "uint8"}}
+    convert = ImageConverter(manifest)  # type: ignore[arg-type]
+    assert tensors._KERNEL  # loaded here, before any image
+    pixels = np.random.default_rng(4).integers(0, 256, (7, 9, 4), dtype=np.uint8)
+    scale = (1.0 / (255.0 * np.array([0.2, 0.3, 0.4, 0.5], np.float32))).astype(np.float32)
+    bias = (-np.array([0.5, 0.4, 0.3, 0.2], np.float32) / np.array([0.2, 0.3, 0.4, 0.5], np.float32)).astype(np.float32)
+    expected = (pixels.astype(np.float32) * scale).astype(np.float32) + bias
+    assert torch.equal(convert(pixels), torch.from_numpy(expected.transpose(2, 0, 1).copy()))
+
+
+def test_the_loops_run_uncached_where_numba_finds_nowhere_to_cache(tmp_path):
+    """A read-only install and home: numba's cache has no locator; the loops compile in the process."""
+    script = (
+        "import numba.core.caching as caching\n"
+        "caching.CacheImpl._locator_classes = []\n"
+        "import numpy as np\n"
+        "from readers.datasets import normalize_kernel as k\n"
+        "src = np.arange(12, dtype=np.uint8)\n"
+        "dst = np.empty(12, np.float32)\n"
+        "k.pixels_to_planes(src, dst, 3, np.full(3, 2, np.float32), np.ones(3, np.float32))\n"
+        "assert dst.tolist() == [1 + 2 * v for v in [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]], dst\n"
+        "print(type(k.pixels_to_planes._cache).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.strip() == "NullCache"  # numba's stand-in where nothing is cached

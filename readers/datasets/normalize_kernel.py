@@ -12,8 +12,10 @@ so every host, layout, worker count and rank gives the same float32 values as nu
 
 The loops index flat, contiguous arrays, which LLVM vectorizes (the rows of 2-D views defeat it).
 They are compiled on first use and cached on disk (``cache=True``: next to this file, or in the
-user's cache folder where that is not writable), so a DataLoader worker loads them, not compiles.
-This module imports numba: ``readers.datasets.tensors`` imports it when it first normalizes.
+user's cache folder where that is not writable), so a DataLoader worker loads them, not compiles;
+where numba finds nowhere to cache (a read-only install and home), each process compiles them.
+This module imports numba: ``readers.datasets.tensors`` imports it for a reader of uint8 images that
+normalizes on the CPU, when the reader is made, or at the first normalize otherwise.
 """
 
 from __future__ import annotations
@@ -21,16 +23,23 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+def _jit(function):
+    """``function`` compiled by numba on first call, cached on disk where numba finds a place."""
+    try:
+        return numba.njit(cache=True, nogil=True, boundscheck=False)(function)
+    except RuntimeError:  # "cannot cache function ...: no locator available": compiled in each process
+        return numba.njit(nogil=True, boundscheck=False)(function)
 
 
 @_jit
 def pixels_to_pixels(src: np.ndarray, dst: np.ndarray, scale_row: np.ndarray, bias_row: np.ndarray) -> None:
     """``src`` uint8 HWC rows, (H, W * C), into ``dst`` float32 rows of that shape; the factors tiled
     along one row. Row by row (LLVM vectorizes a row's loop, not one flat loop in steps of a row),
-    three rows a third of the image apart at a time: three streams of stores in flight, which
-    writing a slot that is not in the cache takes a quarter less time for (docs/BENCHMARKS.md),
-    where one stream alone waits on the memory; the NCHW loops write three planes so already."""
+    three rows a third of the image apart at a time: three streams of stores in flight, with which
+    writing a slot that is not in the cache takes a fifth less time (docs/BENCHMARKS.md, C21's run
+    of 2026-12-06) than with one stream, which waits on the memory; the NCHW loops write three
+    planes so already."""
     third = src.shape[0] // 3
     for y in range(third):
         s0, s1, s2 = src[y], src[y + third], src[y + 2 * third]

@@ -46,20 +46,22 @@ class BatchNormalize:
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._channels: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._load_kernels()
 
-    def _load_kernels(self) -> None:
+    def load_kernels(self) -> None:
         """Compile (or load from numba's cache) the normalize loops in this process, once: DataLoader
         workers forked from it then inherit them, instead of each importing numba and loading them
-        on its first batch. One tiny image in each pair of layouts, a read-only one too."""
+        on its first batch (``ImageConverter`` calls it for readers of uint8 images). One tiny image
+        in each pair of layouts, a read-only one too, of this output's channel count (RGB where its
+        factors fit any)."""
         if _KERNEL:
             return
-        pixels = np.zeros((2, 2, 3), np.uint8)
+        channels = self._np_scale.size if self._np_scale.size > 1 else 3
+        pixels = np.zeros((2, 2, channels), np.uint8)
         frozen = pixels.copy()
         frozen.setflags(write=False)
         for hwc in (pixels, frozen, np.ascontiguousarray(pixels.transpose(2, 0, 1)).transpose(1, 2, 0)):
-            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((3, 2, 2), np.float32))
-            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((2, 2, 3), np.float32).transpose(2, 0, 1))
+            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((channels, 2, 2), np.float32))
+            self.normalize_into(hwc.transpose(2, 0, 1), np.empty((2, 2, channels), np.float32).transpose(2, 0, 1))
 
     def factors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, bias)`` as (C, 1, 1) float32 tensors on ``device``."""
@@ -98,8 +100,9 @@ class BatchNormalize:
         One compiled pass (``readers.datasets.normalize_kernel``) reads each byte where it lies
         (pixels side by side or planes, a memory-mapped file too) and writes each float once, with
         numpy's float32 roundings: every layout, worker count and rank gives the same values. A source
-        whose rows are not contiguous (a window of a wider image) is copied first, as uint8; a ``dst``
-        that is neither layout is written through a contiguous float32 buffer.
+        whose rows are not contiguous (a window of a wider image) or that shares memory with ``dst``
+        is copied first, as uint8; a ``dst`` that is neither layout is written through a contiguous
+        float32 buffer.
         ``scripts/bench_normalize.py`` times it (docs/BENCHMARKS.md has the figures).
         """
         c = src.shape[0]
@@ -114,7 +117,9 @@ class BatchNormalize:
         scale, bias = self._per_channel(c)
         hwc, out = src.transpose(1, 2, 0), dst.transpose(1, 2, 0)
         planes_in = not hwc.flags.c_contiguous and src.flags.c_contiguous  # torch's resize writes planes
-        if not planes_in and not hwc.flags.c_contiguous:
+        if np.may_share_memory(src, dst):  # the loops read and write in their own order: never in place
+            hwc, planes_in = hwc.copy(), False
+        elif not planes_in and not hwc.flags.c_contiguous:
             hwc = np.ascontiguousarray(hwc)
         flat_in = src.reshape(-1) if planes_in else hwc.reshape(-1)
         if c > 1 and out.flags.c_contiguous:  # a channels-last slot
@@ -156,9 +161,9 @@ class BatchNormalize:
 
 
 def _kernel():
-    """``readers.datasets.normalize_kernel``, imported by the first ``BatchNormalize`` (it imports
-    numba, which a reader with ``normalize=False`` never loads), then kept: an import statement a
-    sample costs more than the module lookup."""
+    """``readers.datasets.normalize_kernel``, imported when first needed (it imports numba: a reader
+    that never normalizes uint8 images on the CPU does not load it), then kept: an import statement
+    a sample costs more than the module lookup."""
     if not _KERNEL:
         from readers.datasets import normalize_kernel
 
@@ -183,6 +188,8 @@ class ImageConverter:
         self, manifest: Manifest, normalize: bool = True, memory_format: torch.memory_format = torch.contiguous_format
     ) -> None:
         self.normalize = BatchNormalize(manifest, memory_format) if normalize else None
+        if self.normalize is not None and _stores_uint8_images(manifest):
+            self.normalize.load_kernels()  # here, so that forked workers inherit them
         self.channels_last = self.normalize is None or checked_memory_format(memory_format) == torch.channels_last
         """Whether whole batches are NHWC memory (viewed as NCHW), as ``torch.channels_last`` tensors are."""
 
@@ -195,7 +202,8 @@ class ImageConverter:
         view of one: a batch's loop indexes the array: cheaper than a tensor's view), converting on the way.
 
         Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
-        bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated.
+        bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated, except a uint8
+        copy of an image whose rows are not contiguous (a window of a wider one).
         """
         if self.normalize is not None and array.dtype == np.uint8:
             self.normalize.normalize_into(
@@ -218,6 +226,12 @@ class ImageConverter:
             chw = chw.copy()
         t = torch.from_numpy(chw)
         return t if self.normalize is None else self.normalize(t)
+
+
+def _stores_uint8_images(manifest: Manifest) -> bool:
+    """Whether ``manifest``'s output stores uint8 images (which this module normalizes on the CPU)."""
+    fields = getattr(manifest, "fields", None) or {}
+    return bool(getattr(manifest, "has_image", False)) and fields.get("image", {}).get("dtype") == "uint8"
 
 
 MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)

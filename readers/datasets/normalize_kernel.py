@@ -20,11 +20,13 @@ normalizes on the CPU, when the reader is made, or at the first normalize otherw
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numba
 import numpy as np
 
 
-def _jit(function):
+def _jit(function: Callable[..., None]) -> Callable[..., None]:
     """``function`` compiled by numba on first call, cached on disk where numba finds a place."""
     try:
         return numba.njit(cache=True, nogil=True, boundscheck=False)(function)

@@ -197,7 +197,9 @@ def resume_check(corpus: Path, tokenizer: Path, out: Path, block: int, fresh: fl
         run.send_signal(signal.SIGINT)
         code = run.wait()
     stopped = time.perf_counter() - started
-    if code == 0:  # it finished before the signal came (a small corpus, a fast host): nothing to resume
+    # Published before the signal came, or as it came (a small corpus, a fast host): nothing to
+    # resume, and --resume of a finished output is refused.
+    if (out / "manifest.json").is_file():
         return {"stopped_after": stopped, "exit": code, "resumed": None}
     started = time.perf_counter()
     subprocess.run([*command, "--resume"], check=True, stdout=subprocess.DEVNULL)
@@ -366,7 +368,7 @@ def run(args: argparse.Namespace) -> dict:
         )
         results["resume"] = {**r, "fresh": fresh, "same_shards": same}
         if r["resumed"] is None:
-            print(f"--resume: the run finished before SIGINT ({r['stopped_after']:.1f} s); same shards: {same}")
+            print(f"--resume: the output was published before SIGINT ({r['stopped_after']:.1f} s); same shards: {same}")
         else:
             print(
                 f"--resume: stopped by SIGINT after {r['stopped_after']:.1f} s (exit {r['exit']}), resumed in "

@@ -196,7 +196,7 @@ def test_kernels_load_for_the_outputs_channel_count(monkeypatch):
     monkeypatch.setattr(tensors, "_KERNEL", [])  # as in a fresh process
     manifest = Manifest(3)
     manifest.preprocess["normalize"] = {"mean": [0.5, 0.4, 0.3, 0.2], "std": [0.2, 0.3, 0.4, 0.5]}
-    manifest.has_image, manifest.fields = True, {"image": {"dtype": "uint8"}}
+    manifest.uint8_images = True
     convert = ImageConverter(manifest)  # type: ignore[arg-type]
     assert tensors._KERNEL  # loaded here, before any image
     pixels = np.random.default_rng(4).integers(0, 256, (7, 9, 4), dtype=np.uint8)

@@ -204,6 +204,11 @@ class Manifest:
         return "image" in self.fields
 
     @property
+    def uint8_images(self) -> bool:
+        """Whether samples have images stored as uint8 (which readers normalize as they read them)."""
+        return self.has_image and self.fields["image"]["dtype"] == "uint8"
+
+    @property
     def text_fields(self) -> tuple[TextField, ...]:
         """The variable-length text, token-id and json fields, in stored order."""
         return tuple(TextField.from_dict(name, f) for name, f in self.fields.items() if name in TEXT_FIELD_NAMES)

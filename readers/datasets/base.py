@@ -204,7 +204,7 @@ class ReaderBase:
     @transform.setter
     def transform(self, transform: Optional[Transform]) -> None:
         self._transform = transform
-        uint8 = self.manifest.has_image and self.manifest.fields["image"]["dtype"] == "uint8"
+        uint8 = self.manifest.uint8_images
         # With a transform on uint8 images, the transform gets the stored pixels and the
         # normalization comes after it (ImageTransform); otherwise the converter normalizes.
         # transform_input="normalized" keeps packer 0.2.0's way: the transform gets normalized floats.

@@ -181,9 +181,9 @@ class PackedDataset(ReaderBase, Dataset):
             return self._text_samples(indices, epoch)
         slot, images = self.batch_tensor(n, size)
         labels = np.empty(n, dtype=np.int64)
-        # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
-        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         slots = images.numpy()  # indexed per image: a numpy view is far cheaper to make than a tensor's
+        # Unnormalized batches keep the stored NHWC byte order: each image is one numpy copy into them.
+        hwc = slots.transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         for shard, rows, local in self._by_shard(indices):
             with self.reading(shard):
                 labels[rows] = self.handles.labels_of(shard, self)[local]

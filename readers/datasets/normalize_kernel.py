@@ -38,10 +38,9 @@ def _jit(function: Callable[..., None]) -> Callable[..., None]:
 def pixels_to_pixels(src: np.ndarray, dst: np.ndarray, scale_row: np.ndarray, bias_row: np.ndarray) -> None:
     """``src`` uint8 HWC rows, (H, W * C), into ``dst`` float32 rows of that shape; the factors tiled
     along one row. Row by row (LLVM vectorizes a row's loop, not one flat loop in steps of a row),
-    three rows a third of the image apart at a time: three streams of stores in flight, with which
-    writing a slot that is not in the cache takes a fifth less time (docs/BENCHMARKS.md, C21's run
-    of 2026-12-06) than with one stream, which waits on the memory; the NCHW loops write three
-    planes so already."""
+    three rows a third of the image apart at a time: three streams of stores in flight, which write
+    a slot that is not in the cache faster than one stream, waiting on the memory, does
+    (docs/BENCHMARKS.md, C21's run of 2026-12-06); the NCHW loops write three planes so already."""
     third = src.shape[0] // 3
     for y in range(third):
         s0, s1, s2 = src[y], src[y + third], src[y + 2 * third]

@@ -188,8 +188,9 @@ class ImageConverter:
         self, manifest: Manifest, normalize: bool = True, memory_format: torch.memory_format = torch.contiguous_format
     ) -> None:
         self.normalize = BatchNormalize(manifest, memory_format) if normalize else None
-        if self.normalize is not None and _stores_uint8_images(manifest):
-            self.normalize.load_kernels()  # here, so that forked workers inherit them
+        # here, so that forked workers inherit them (the advisor's stand-in for a manifest has no images)
+        if self.normalize is not None and getattr(manifest, "uint8_images", False):
+            self.normalize.load_kernels()
         self.channels_last = self.normalize is None or checked_memory_format(memory_format) == torch.channels_last
         """Whether whole batches are NHWC memory (viewed as NCHW), as ``torch.channels_last`` tensors are."""
 
@@ -226,12 +227,6 @@ class ImageConverter:
             chw = chw.copy()
         t = torch.from_numpy(chw)
         return t if self.normalize is None else self.normalize(t)
-
-
-def _stores_uint8_images(manifest: Manifest) -> bool:
-    """Whether ``manifest``'s output stores uint8 images (which this module normalizes on the CPU)."""
-    fields = getattr(manifest, "fields", None) or {}
-    return bool(getattr(manifest, "has_image", False)) and fields.get("image", {}).get("dtype") == "uint8"
 
 
 MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)

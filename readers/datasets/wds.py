@@ -275,8 +275,8 @@ class WdsDataset(ReaderBase, IterableDataset):
         if not self.fixed_images or self.one_by_one:  # one by one (transforms, meta), then collated
             return [self._sample(*d) for d in decoded]  # type: ignore[return-value]
         slot, images = self.batch_tensor(n)
-        hwc = images.numpy().transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         slots = images.numpy()  # indexed per image: a numpy view is far cheaper to make than a tensor's
+        hwc = slots.transpose(0, 2, 3, 1) if self.convert.normalize is None else None
         for j, (_, array, label, _, _, _) in enumerate(decoded):
             if hwc is not None and array.dtype == hwc.dtype:
                 hwc[j] = array

@@ -147,7 +147,7 @@ def make_loader(
     normalize = None
     convert = dataset.convert  # the workers' (the loader's reader copy gets it: the caller's keeps its own)
     m = dataset.manifest
-    stored_uint8 = m.has_image and m.fields["image"]["dtype"] == "uint8"
+    stored_uint8 = m.uint8_images
     if bucket_by_length and not isinstance(dataset, PackedDataset):
         raise ValueError("bucket_by_length needs random access (npy, lmdb or hdf5); tar shards are read in order")
     if cuda and dataset.convert.normalize is not None and stored_uint8 and dataset.transform is None:

@@ -11,6 +11,13 @@ as numpy computes it: numba's default (no ``fastmath``) keeps both roundings (no
 so every host, layout, worker count and rank gives the same float32 values as numpy's passes.
 
 The loops index flat, contiguous arrays, which LLVM vectorizes (the rows of 2-D views defeat it).
+Where the slot allows (its address a multiple of 64 bytes, as a batch tensor's slots are, and its
+planes or rows a multiple of 16 floats, as 224 x 224 ones are), the floats are written 16 at a time
+with non-temporal stores (``_stream16``, ``_stream16x3``): a slot of a 38 MB batch is not in the
+cache anyway, and an ordinary store first reads each line it writes from memory, so streaming them
+past the cache halves the bytes moved (docs/BENCHMARKS.md, C21). The values are the same: the
+same two roundings, in LLVM vector instructions instead of the loop's. A fence ends each such loop,
+so that the stores are visible before the batch is handed on.
 They are compiled on first use and cached on disk (``cache=True``: next to this file, or in the
 user's cache folder where that is not writable), so a DataLoader worker loads them, not compiles;
 where numba finds nowhere to cache (a read-only install and home), each process compiles them.
@@ -24,6 +31,94 @@ from typing import Callable
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+_F32, _I8, _I32 = ir.FloatType(), ir.IntType(8), ir.IntType(32)
+_FLOATS, _BYTES, _INTS = ir.VectorType(_F32, 16), ir.VectorType(_I8, 16), ir.VectorType(_I32, 16)
+STREAM = 16
+"""Floats a streamed store writes: 64 bytes, one cache line."""
+
+
+def _at(context, builder, array_type, array, index):
+    """LLVM pointer to ``array[index]`` of a numba array (the callers pass contiguous ones only)."""
+    return builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
+
+
+def _load(builder, pointer, vector, align: int):
+    """Load a ``vector`` (an LLVM vector type) from ``pointer``, aligned to ``align`` bytes."""
+    return builder.load(builder.bitcast(pointer, vector.as_pointer()), align=align)
+
+
+def _streamed(builder, values, pointer) -> None:
+    """Store 16 floats at ``pointer`` (64-byte aligned) past the cache (``!nontemporal``)."""
+    store = builder.store(values, builder.bitcast(pointer, _FLOATS.as_pointer()), align=64)
+    store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(_I32, 1)]))
+
+
+def _normalized(builder, pixels, scale, bias):
+    """float32(pixels) * scale + bias over 16 lanes: a multiply and an add, each rounded (no fusing)."""
+    floats = builder.uitofp(builder.zext(pixels, _INTS), _FLOATS)
+    return builder.fadd(builder.fmul(floats, scale), bias)
+
+
+@intrinsic
+def _stream16(typingctx, src, i, dst, j, scale, bias, k):
+    """``dst[j:j+16] = float32(src[i:i+16]) * scale[k:k+16] + bias[k:k+16]``, streamed."""
+
+    def codegen(context, builder, signature, args):
+        s, i_, d, j_, sc, bi, k_ = args
+        a = signature.args
+        pixels = _load(builder, _at(context, builder, a[0], s, i_), _BYTES, 1)
+        factors = (_load(builder, _at(context, builder, a[n], f, k_), _FLOATS, 4) for n, f in ((4, sc), (5, bi)))
+        _streamed(builder, _normalized(builder, pixels, *factors), _at(context, builder, a[2], d, j_))
+        return context.get_dummy_value()
+
+    return types.void(src, i, dst, j, scale, bias, k), codegen
+
+
+@intrinsic
+def _stream16x3(typingctx, src, i, dst, plane, scale, bias):
+    """16 RGB pixels side by side from ``src[3i:3i+48]`` to ``dst[c * plane + i:][:16]`` for each
+    channel ``c``, ``float32(x) * scale[16c] + bias[16c]``, streamed."""
+
+    def codegen(context, builder, signature, args):
+        s, i_, d, p_, sc, bi = args
+        a = signature.args
+        at = _at(context, builder, a[0], s, builder.mul(i_, ir.Constant(i_.type, 3)))
+        pixels = _load(builder, at, ir.VectorType(_I8, 48), 1)
+        for c in range(3):
+            lane = builder.shuffle_vector(pixels, pixels, ir.Constant(_INTS, [3 * n + c for n in range(16)]))
+            first = ir.Constant(i_.type, 16 * c)
+            factors = (_load(builder, _at(context, builder, a[n], f, first), _FLOATS, 4) for n, f in ((4, sc), (5, bi)))
+            out = _at(context, builder, a[2], d, builder.add(builder.mul(p_, ir.Constant(p_.type, c)), i_))
+            _streamed(builder, _normalized(builder, lane, *factors), out)
+        return context.get_dummy_value()
+
+    return types.void(src, i, dst, plane, scale, bias), codegen
+
+
+@intrinsic
+def _fence(typingctx):
+    """A full memory fence: the streamed stores before it are visible to every core after it."""
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def _address(typingctx, array):
+    """The address of an array's first element, as an integer."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, context.get_value_type(types.intp))
+
+    return types.intp(array), codegen
 
 
 def _jit(function: Callable[..., None]) -> Callable[..., None]:
@@ -35,12 +130,28 @@ def _jit(function: Callable[..., None]) -> Callable[..., None]:
 
 
 @_jit
-def pixels_to_pixels(src: np.ndarray, dst: np.ndarray, scale_row: np.ndarray, bias_row: np.ndarray) -> None:
+def _streams(dst: np.ndarray, plane: int) -> bool:
+    """Whether ``dst`` takes streamed stores of 16 floats: its planes of ``plane`` floats (a row of
+    the image: its width times its channels) each start on a 64-byte boundary."""
+    return plane > 0 and plane % STREAM == 0 and _address(dst) % 64 == 0
+
+
+@_jit
+def pixels_to_pixels(
+    src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray
+) -> None:
     """``src`` uint8 HWC rows, (H, W * C), into ``dst`` float32 rows of that shape; the factors tiled
     along one row. Row by row (LLVM vectorizes a row's loop, not one flat loop in steps of a row),
     three rows a third of the image apart at a time: three streams of stores in flight, which write
     a slot that is not in the cache faster than one stream, waiting on the memory, does
     (docs/BENCHMARKS.md, C21's run of 2026-12-06); the NCHW loops write three planes so already."""
+    flat_in, flat_out = src.reshape(src.size), dst.reshape(dst.size)
+    period = STREAM * channels  # 16 pixels' factors
+    if scale_row.shape[0] >= period and _streams(flat_out, flat_out.size):
+        for i in range(0, flat_out.size, STREAM):  # chunk i starts at channel i % channels: so does i % period
+            _stream16(flat_in, i, flat_out, i, scale_row, bias_row, i % period)
+        _fence()
+        return
     third = src.shape[0] // 3
     for y in range(third):
         s0, s1, s2 = src[y], src[y + third], src[y + 2 * third]
@@ -56,9 +167,26 @@ def pixels_to_pixels(src: np.ndarray, dst: np.ndarray, scale_row: np.ndarray, bi
 
 
 @_jit
-def pixels_to_planes(src: np.ndarray, dst: np.ndarray, channels: int, scale: np.ndarray, bias: np.ndarray) -> None:
-    """``src`` flat uint8 HWC into ``dst`` flat float32 CHW (``channels`` planes)."""
+def pixels_to_planes(
+    src: np.ndarray,
+    dst: np.ndarray,
+    channels: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    scale16: np.ndarray,
+    bias16: np.ndarray,
+) -> None:
+    """``src`` flat uint8 HWC into ``dst`` flat float32 CHW (``channels`` planes); ``scale16``,
+    ``bias16``: each channel's factor 16 times over, for the streamed stores."""
     pixels = src.shape[0] // channels
+    if channels in (1, 3) and _streams(dst, pixels):
+        for i in range(0, pixels, STREAM):
+            if channels == 3:
+                _stream16x3(src, i, dst, pixels, scale16, bias16)
+            else:
+                _stream16(src, i, dst, i, scale16, bias16, 0)
+        _fence()
+        return
     if channels == 3:  # the common case, written out so that LLVM sees a stride of 3
         s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
         for i in range(pixels):
@@ -73,9 +201,23 @@ def pixels_to_planes(src: np.ndarray, dst: np.ndarray, channels: int, scale: np.
 
 
 @_jit
-def planes_to_planes(src: np.ndarray, dst: np.ndarray, channels: int, scale: np.ndarray, bias: np.ndarray) -> None:
-    """``src`` flat uint8 CHW into ``dst`` flat float32 CHW."""
+def planes_to_planes(
+    src: np.ndarray,
+    dst: np.ndarray,
+    channels: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    scale16: np.ndarray,
+    bias16: np.ndarray,
+) -> None:
+    """``src`` flat uint8 CHW into ``dst`` flat float32 CHW; ``scale16``, ``bias16`` as ``pixels_to_planes``'s."""
     pixels = src.shape[0] // channels
+    if _streams(dst, pixels):
+        for c in range(channels):
+            for i in range(c * pixels, (c + 1) * pixels, STREAM):
+                _stream16(src, i, dst, i, scale16, bias16, STREAM * c)
+        _fence()
+        return
     for c in range(channels):
         sc, bi, base = scale[c], bias[c], c * pixels
         for i in range(pixels):

@@ -44,7 +44,7 @@ class BatchNormalize:
         # memory, and a numpy view of the old memory would then read freed bytes.
         self._np_scale, self._np_bias = self.scale.numpy().copy(), self.bias.numpy().copy()
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._channels: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._channels: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load_kernels(self) -> None:
@@ -114,7 +114,7 @@ class BatchNormalize:
         if src.size == 0:
             return
         kernel = _kernel()
-        scale, bias = self._per_channel(c)
+        scale, bias, scale16, bias16 = self._per_channel(c)
         hwc, out = src.transpose(1, 2, 0), dst.transpose(1, 2, 0)
         planes_in = not hwc.flags.c_contiguous and src.flags.c_contiguous  # torch's resize writes planes
         if np.may_share_memory(src, dst):  # the loops read and write in their own order: never in place
@@ -127,25 +127,27 @@ class BatchNormalize:
                 kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias)
             else:
                 h, w = src.shape[1:]
-                kernel.pixels_to_pixels(flat_in.reshape(h, w * c), out.reshape(h, w * c), *self._tiled(c, w))
+                kernel.pixels_to_pixels(flat_in.reshape(h, w * c), out.reshape(h, w * c), c, *self._tiled(c, w))
             return
         target = dst if dst.flags.c_contiguous else np.empty(dst.shape, np.float32)
         if planes_in:
-            kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias)
+            kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16)
         else:
-            kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias)
+            kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16)
         if target is not dst:
             np.copyto(dst, target)
 
-    def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(scale, bias)`` as ``channels`` contiguous float32 values each (one value stands for every
-        channel of an output with no normalization)."""
+        channel of an output with no normalization), then each value 16 times over (the compiled
+        loops' streamed stores write 16 floats of a channel at once)."""
         found = self._channels.get(channels)
         if found is None:
-            found = self._channels[channels] = tuple(  # type: ignore[assignment]
+            scale, bias = (
                 np.ascontiguousarray(np.broadcast_to(f.reshape(-1), (channels,)))
                 for f in (self._np_scale, self._np_bias)
             )
+            found = self._channels[channels] = (scale, bias, np.repeat(scale, 16), np.repeat(bias, 16))
         return found
 
     def _tiled(self, channels: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +157,7 @@ class BatchNormalize:
         found = self._rows.get(channels)
         if found is None or found[0].size < pixels * channels:
             found = self._rows[channels] = tuple(  # type: ignore[assignment]
-                np.tile(f, max(pixels, 256)) for f in self._per_channel(channels)
+                np.tile(f, max(pixels, 256)) for f in self._per_channel(channels)[:2]
             )
         return found[0][: pixels * channels], found[1][: pixels * channels]
 

@@ -117,7 +117,14 @@ def test_training_task_compares_with_the_fastest_folder_pipeline_and_names_its_h
                 "bytes": 2**21,
                 "convert_s": 1.0,
             },
-            {"tool": "FFCV", "stored": "max 256, raw, channels-last", "rate": 300.0, "bytes": 2**21, "convert_s": 1.0},
+            {"tool": "FFCV", "stored": "max 256, raw, channels-last", "rate": 200.0, "bytes": 2**21, "convert_s": 1.0},
+            {
+                "tool": "FFCV (os_cache)",
+                "stored": "max 256, raw, channels-last",
+                "rate": 300.0,
+                "bytes": 2**21,
+                "convert_s": 1.0,
+            },
             {"tool": "folder (Pillow, torchvision-style)", "rate": 100.0, **row},
             {"tool": "SPDL folder pipeline (4 threads)", "rate": 150.0, **row},
         ],
@@ -126,7 +133,7 @@ def test_training_task_compares_with_the_fastest_folder_pipeline_and_names_its_h
     table = bench_train.markdown(results)
     assert table.startswith(describe_host().line())
     assert "vs folder: against the fastest folder pipeline here, SPDL folder pipeline (4 threads)" in table
-    assert "| packer | max 256, raw, channels-last | 600 | 4.00x | 2.00x | 2.0 | 1.0 |" in table
+    assert "| packer | max 256, raw, channels-last | 600 | 4.00x | 2.00x | 2.0 | 1.0 |" in table  # FFCV's faster
     assert "| folder (Pillow, torchvision-style) | source files | 100 | 0.67x |  |" in table
 
 

@@ -99,6 +99,60 @@ def _stream16x3(typingctx, src, i, dst, plane, scale, bias):
     return types.void(src, i, dst, plane, scale, bias), codegen
 
 
+def _store48(context, builder, pixels, dst_type, dst, j, factors) -> None:
+    """48 floats of 16 RGB pixels side by side (``pixels``: 48 bytes) to ``dst[j:j+48]``, each
+    ``float32(x) * scale + bias`` with the factors tiled over 16 pixels, streamed."""
+    (scale_type, scale), (bias_type, bias) = factors
+    for m in range(3):
+        lane = builder.shuffle_vector(pixels, pixels, ir.Constant(_INTS, list(range(16 * m, 16 * m + 16))))
+        first = ir.Constant(j.type, 16 * m)
+        scales = _load(builder, _at(context, builder, scale_type, scale, first), _FLOATS, 4)
+        biases = _load(builder, _at(context, builder, bias_type, bias, first), _FLOATS, 4)
+        out = _at(context, builder, dst_type, dst, builder.add(j, first))
+        _streamed(builder, _normalized(builder, lane, scales, biases), out)
+
+
+@intrinsic
+def _stream48(typingctx, src, i, dst, j, scale, bias):
+    """16 RGB pixels side by side from ``src[i:i+48]`` to ``dst[j:j+48]`` (``_store48``)."""
+
+    def codegen(context, builder, signature, args):
+        s, i_, d, j_, sc, bi = args
+        a = signature.args
+        pixels = _load(builder, _at(context, builder, a[0], s, i_), ir.VectorType(_I8, 48), 1)
+        _store48(context, builder, pixels, a[2], d, j_, ((a[4], sc), (a[5], bi)))
+        return context.get_dummy_value()
+
+    return types.void(src, i, dst, j, scale, bias), codegen
+
+
+@intrinsic
+def _stream48_planes(typingctx, src, i, plane, dst, j, scale, bias):
+    """16 RGB pixels from three planes ``plane`` bytes apart (``src[i:i+16]``, ``src[plane + i:][:16]``,
+    ``src[2 * plane + i:][:16]``) to ``dst[j:j+48]``, side by side (``_store48``)."""
+
+    def codegen(context, builder, signature, args):
+        s, i_, p_, d, j_, sc, bi = args
+        a = signature.args
+        r, g, b = (
+            _load(
+                builder,
+                _at(context, builder, a[0], s, builder.add(builder.mul(p_, ir.Constant(p_.type, c)), i_)),
+                _BYTES,
+                1,
+            )
+            for c in range(3)
+        )
+        rg = builder.shuffle_vector(r, g, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        bb = builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        # output byte n: pixel n // 3 of channel n % 3 (rg holds r then g, bb starts with b: index 32 on)
+        order = ir.Constant(ir.VectorType(_I32, 48), [16 * (n % 3) + n // 3 for n in range(48)])
+        _store48(context, builder, builder.shuffle_vector(rg, bb, order), a[3], d, j_, ((a[5], sc), (a[6], bi)))
+        return context.get_dummy_value()
+
+    return types.void(src, i, plane, dst, j, scale, bias), codegen
+
+
 @intrinsic
 def _fence(typingctx):
     """A full memory fence: the streamed stores before it are visible to every core after it."""
@@ -146,10 +200,16 @@ def pixels_to_pixels(
     a slot that is not in the cache faster than one stream, waiting on the memory, does
     (docs/BENCHMARKS.md, C21's run of 2026-12-06); the NCHW loops write three planes so already."""
     flat_in, flat_out = src.reshape(src.size), dst.reshape(dst.size)
-    period = STREAM * channels  # 16 pixels' factors
-    if scale_row.shape[0] >= period and _streams(flat_out, flat_out.size):
-        for i in range(0, flat_out.size, STREAM):  # chunk i starts at channel i % channels: so does i % period
-            _stream16(flat_in, i, flat_out, i, scale_row, bias_row, i % period)
+    period = STREAM * channels  # 16 pixels: the factors' pattern starts again, on a cache line
+    if scale_row.shape[0] >= period and flat_out.size % period == 0 and _streams(flat_out, flat_out.size):
+        if channels == 3:
+            for base in range(0, flat_out.size, period):
+                _stream48(flat_in, base, flat_out, base, scale_row, bias_row)
+            _fence()
+            return
+        for base in range(0, flat_out.size, period):
+            for k in range(0, period, STREAM):
+                _stream16(flat_in, base + k, flat_out, base + k, scale_row, bias_row, k)
         _fence()
         return
     third = src.shape[0] // 3
@@ -225,9 +285,23 @@ def planes_to_planes(
 
 
 @_jit
-def planes_to_pixels(src: np.ndarray, dst: np.ndarray, channels: int, scale: np.ndarray, bias: np.ndarray) -> None:
-    """``src`` flat uint8 CHW into ``dst`` flat float32 HWC."""
+def planes_to_pixels(
+    src: np.ndarray,
+    dst: np.ndarray,
+    channels: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    scale48: np.ndarray,
+    bias48: np.ndarray,
+) -> None:
+    """``src`` flat uint8 CHW into ``dst`` flat float32 HWC; ``scale48``, ``bias48``: the factors tiled
+    over 16 pixels (at least), for the streamed stores of RGB."""
     pixels = src.shape[0] // channels
+    if channels == 3 and scale48.shape[0] >= 48 and _streams(dst, pixels * 3):
+        for i in range(0, pixels, STREAM):
+            _stream48_planes(src, i, pixels, dst, 3 * i, scale48, bias48)
+        _fence()
+        return
     if channels == 3:  # written out: LLVM then stores the three channels of a pixel side by side
         s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
         for i in range(pixels):

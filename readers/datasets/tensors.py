@@ -124,7 +124,7 @@ class BatchNormalize:
         flat_in = src.reshape(-1) if planes_in else hwc.reshape(-1)
         if c > 1 and out.flags.c_contiguous:  # a channels-last slot
             if planes_in:
-                kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias)
+                kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias, *self._tiled(c, 16))
             else:
                 h, w = src.shape[1:]
                 kernel.pixels_to_pixels(flat_in.reshape(h, w * c), out.reshape(h, w * c), c, *self._tiled(c, w))

@@ -78,7 +78,8 @@ def timed(loader, epochs: int) -> float:
     """Samples/s over ``epochs`` passes of ``loader`` after one warm-up pass, the disk's dirty pages
     written out first: a conversion just before (the tool's own, or another's) leaves hundreds of
     MB for the kernel to write back, which took CPU from FFCV's reads in some rounds and not others."""
-    os.sync()
+    if hasattr(os, "sync"):  # Unix
+        os.sync()
     for _ in loader:
         pass
     return count_rate(loader, epochs)

@@ -172,12 +172,12 @@ def aligned_floats(shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
     return raw[start : start + size].reshape(shape)
 
 
-@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
 @pytest.mark.parametrize("offset", [0, 1], ids=["on a cache line", "off a cache line"])
 def test_streamed_stores_give_the_loops_values_in_every_layout(channels, offset):
-    """Slots on a 64-byte boundary with planes or rows a multiple of 16 floats (224 x 224: a batch
-    tensor's) take the streamed stores; others the plain loops. Both give numpy's two roundings, and
-    a store past the image's end would show in the NaN after it."""
+    """Slots on a 64-byte boundary with planes or images a multiple of 16 floats (224 x 224: a batch
+    tensor's) take the streamed stores, which ``normalize_into`` says; others the plain loops. Both
+    give numpy's two roundings, and a store past the image's end would show in the NaN after it."""
     pixels = np.random.default_rng(7).integers(0, 256, (32, 48, channels), dtype=np.uint8)
     pixels[0, 0], pixels[-1, -1] = 0, 255
     manifest = Manifest(channels)
@@ -187,28 +187,51 @@ def test_streamed_stores_give_the_loops_values_in_every_layout(channels, offset)
     expected = (pixels.astype(np.float32) * scale).astype(np.float32) + bias
     for name, source in layouts(pixels).items():
         nchw = aligned_floats((channels * 32 * 48 + 16,), offset)
-        normalize.normalize_into(source, nchw[:-16].reshape(channels, 32, 48))
+        streamed = normalize.normalize_into(source, nchw[:-16].reshape(channels, 32, 48))
         nhwc = aligned_floats((32 * 48 * channels + 16,), offset)
-        normalize.normalize_into(source, nhwc[:-16].reshape(32, 48, channels).transpose(2, 0, 1))
+        streamed_cl = normalize.normalize_into(source, nhwc[:-16].reshape(32, 48, channels).transpose(2, 0, 1))
         assert np.array_equal(nchw[:-16].reshape(channels, 32, 48), expected.transpose(2, 0, 1)), name
         assert np.array_equal(nhwc[:-16].reshape(32, 48, channels), expected), name
         assert np.isnan(nchw[-16:]).all() and np.isnan(nhwc[-16:]).all(), name
+        planar = name == "planar" and channels > 1  # the loops that stream each pair of layouts:
+        assert streamed == (offset == 0 and (planar or channels in (1, 3))), name  # any planes; 1 or 3 side by side
+        assert streamed_cl == (offset == 0 and (not planar or channels == 3)), name  # side by side; RGB planes
 
 
-def test_a_batch_tensors_slots_take_the_streamed_stores():
+def test_a_batch_tensors_slots_take_the_streamed_stores_and_a_single_image_does_not():
     """torch aligns a batch's memory to 64 bytes, so each 224 x 224 slot and each of its planes starts
-    on a cache line: those slots are written by the streamed stores; one float off is not."""
-    from readers.datasets.normalize_kernel import _streams
-
-    batch = torch.empty((2, 3, 224, 224), dtype=torch.float32).numpy()
-    assert _streams(batch[1].reshape(-1), 224 * 224) and _streams(batch[1].reshape(-1), 224 * 224 * 3)
-    assert not _streams(batch.reshape(-1)[1:], 224 * 224)  # off a cache line
-    assert not _streams(batch[1].reshape(-1), 223 * 223)  # planes not a multiple of 16 floats
+    on a cache line: those slots are written past the cache, in both layouts; ``stream=False``, and a
+    single image (``ImageConverter``: read right after), stay in it."""
     crop = np.random.default_rng(3).integers(0, 256, (224, 224, 3), dtype=np.uint8)
     normalize = BatchNormalize(Manifest())
-    normalize.normalize_into(crop.transpose(2, 0, 1), batch[1])
     expected = crop.transpose(2, 0, 1).astype(np.float32) * normalize._np_scale + normalize._np_bias
-    assert np.array_equal(batch[1], expected)
+    nchw = torch.empty((2, 3, 224, 224), dtype=torch.float32).numpy()
+    nhwc = torch.empty((2, 224, 224, 3), dtype=torch.float32).numpy().transpose(0, 3, 1, 2)
+    for batch in (nchw, nhwc):
+        assert normalize.normalize_into(crop.transpose(2, 0, 1), batch[1])
+        assert np.array_equal(batch[1], expected)
+        assert not normalize.normalize_into(crop.transpose(2, 0, 1), batch[0], stream=False)
+        assert np.array_equal(batch[0], expected)
+    calls = []
+    real = normalize.normalize_into
+    normalize.normalize_into = lambda *a, **k: calls.append(k) or real(*a, **k)  # type: ignore[method-assign]
+    convert = ImageConverter(Manifest())
+    convert.normalize = normalize
+    assert torch.equal(convert(crop), torch.from_numpy(expected)) and calls == [{"stream": False}]
+
+
+def test_the_loops_refuse_arrays_they_would_misread():
+    """The streamed stores index from the data pointer: a strided or wrongly typed array is refused
+    when numba compiles the call, never written past its view."""
+    from numba.core.errors import TypingError
+
+    from readers.datasets import normalize_kernel
+
+    factors = np.ones(48, np.float32)
+    with pytest.raises(TypingError, match="C-contiguous"):
+        normalize_kernel.planes_to_planes(
+            np.zeros(32, np.uint8), np.zeros(64, np.float32)[::2], 1, factors, factors, factors, factors, True
+        )
 
 
 def test_normalize_refuses_what_it_cannot_write_and_takes_empty_images():
@@ -264,7 +287,7 @@ def test_the_loops_run_uncached_where_numba_finds_nowhere_to_cache(tmp_path):
         "src = np.arange(12, dtype=np.uint8)\n"
         "dst = np.empty(12, np.float32)\n"
         "two, one = np.full(3, 2, np.float32), np.ones(3, np.float32)\n"
-        "k.pixels_to_planes(src, dst, 3, two, one, np.repeat(two, 16), np.repeat(one, 16))\n"
+        "assert not k.pixels_to_planes(src, dst, 3, two, one, np.repeat(two, 16), np.repeat(one, 16), True)\n"
         "assert dst.tolist() == [1 + 2 * v for v in [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]], dst\n"
         "print(type(k.pixels_to_planes._cache).__name__)\n"
     )

@@ -10,14 +10,17 @@ Each value is ``float32(x) * scale[c]`` rounded to float32, then ``+ bias[c]`` r
 as numpy computes it: numba's default (no ``fastmath``) keeps both roundings (no fused multiply-add),
 so every host, layout, worker count and rank gives the same float32 values as numpy's passes.
 
-The loops index flat, contiguous arrays, which LLVM vectorizes (the rows of 2-D views defeat it).
-Where the slot allows (its address a multiple of 64 bytes, as a batch tensor's slots are, and its
-planes or rows a multiple of 16 floats, as 224 x 224 ones are), the floats are written 16 at a time
-with non-temporal stores (``_stream16``, ``_stream16x3``): a slot of a 38 MB batch is not in the
-cache anyway, and an ordinary store first reads each line it writes from memory, so streaming them
-past the cache halves the bytes moved (docs/BENCHMARKS.md, C21). The values are the same: the
-same two roundings, in LLVM vector instructions instead of the loop's. A fence ends each such loop,
-so that the stores are visible before the batch is handed on.
+The loops take flat (or, ``pixels_to_pixels``, 2-D) C-contiguous arrays, which LLVM vectorizes (the
+rows of 2-D views defeat it). Asked to ``stream`` (a batch's slot, which nobody reads before the
+batch is handed on), where the slot allows it (its address a multiple of 64 bytes, as a batch
+tensor's slots are, and each plane, or the whole image, a multiple of 16 floats or pixels, as
+224 x 224 ones are), the floats are written 16 at a time with non-temporal stores (the intrinsics
+``_stream16``, ``_stream16x3``, ``_stream48``, ``_stream48_planes``): a slot of a 38 MB batch is not
+in the cache anyway, and an ordinary store first reads each line it writes from memory, so
+streaming them past the cache halves the bytes moved (docs/BENCHMARKS.md, C21). The values are the
+same: the same two roundings, in LLVM vector instructions instead of the loop's. A fence ends each
+such loop, so that the stores are visible before the batch is handed on. Each loop returns whether
+it streamed.
 They are compiled on first use and cached on disk (``cache=True``: next to this file, or in the
 user's cache folder where that is not writable), so a DataLoader worker loads them, not compiles;
 where numba finds nowhere to cache (a read-only install and home), each process compiles them.
@@ -27,12 +30,15 @@ normalizes on the CPU, when the reader is made, or at the first normalize otherw
 
 from __future__ import annotations
 
+import platform
 from typing import Callable
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 _F32, _I8, _I32 = ir.FloatType(), ir.IntType(8), ir.IntType(32)
@@ -42,8 +48,18 @@ STREAM = 16
 
 
 def _at(context, builder, array_type, array, index):
-    """LLVM pointer to ``array[index]`` of a numba array (the callers pass contiguous ones only)."""
+    """LLVM pointer to ``array[index]`` of a C-contiguous numba array (``_checked`` when typed)."""
     return builder.gep(context.make_array(array_type)(context, builder, array).data, [index])
+
+
+def _checked(name: str, **arrays) -> None:
+    """Refuse, when numba types a call, any array the intrinsic ``name`` would misread: they index
+    from the data pointer, so each must be C-contiguous, of the dtype named (``src``: uint8, the
+    others float32)."""
+    for what, array in arrays.items():
+        dtype = types.uint8 if what == "src" else types.float32
+        if not (isinstance(array, types.Array) and array.layout == "C" and array.dtype == dtype):
+            raise TypingError(f"{name} takes C-contiguous {dtype} arrays for {what}, not {array}")
 
 
 def _load(builder, pointer, vector, align: int):
@@ -66,6 +82,7 @@ def _normalized(builder, pixels, scale, bias):
 @intrinsic
 def _stream16(typingctx, src, i, dst, j, scale, bias, k):
     """``dst[j:j+16] = float32(src[i:i+16]) * scale[k:k+16] + bias[k:k+16]``, streamed."""
+    _checked("_stream16", src=src, dst=dst, scale=scale, bias=bias)
 
     def codegen(context, builder, signature, args):
         s, i_, d, j_, sc, bi, k_ = args
@@ -82,6 +99,7 @@ def _stream16(typingctx, src, i, dst, j, scale, bias, k):
 def _stream16x3(typingctx, src, i, dst, plane, scale, bias):
     """16 RGB pixels side by side from ``src[3i:3i+48]`` to ``dst[c * plane + i:][:16]`` for each
     channel ``c``, ``float32(x) * scale[16c] + bias[16c]``, streamed."""
+    _checked("_stream16x3", src=src, dst=dst, scale=scale, bias=bias)
 
     def codegen(context, builder, signature, args):
         s, i_, d, p_, sc, bi = args
@@ -115,6 +133,7 @@ def _store48(context, builder, pixels, dst_type, dst, j, factors) -> None:
 @intrinsic
 def _stream48(typingctx, src, i, dst, j, scale, bias):
     """16 RGB pixels side by side from ``src[i:i+48]`` to ``dst[j:j+48]`` (``_store48``)."""
+    _checked("_stream48", src=src, dst=dst, scale=scale, bias=bias)
 
     def codegen(context, builder, signature, args):
         s, i_, d, j_, sc, bi = args
@@ -130,6 +149,7 @@ def _stream48(typingctx, src, i, dst, j, scale, bias):
 def _stream48_planes(typingctx, src, i, plane, dst, j, scale, bias):
     """16 RGB pixels from three planes ``plane`` bytes apart (``src[i:i+16]``, ``src[plane + i:][:16]``,
     ``src[2 * plane + i:][:16]``) to ``dst[j:j+48]``, side by side (``_store48``)."""
+    _checked("_stream48_planes", src=src, dst=dst, scale=scale, bias=bias)
 
     def codegen(context, builder, signature, args):
         s, i_, p_, d, j_, sc, bi = args
@@ -153,12 +173,23 @@ def _stream48_planes(typingctx, src, i, plane, dst, j, scale, bias):
     return types.void(src, i, plane, dst, j, scale, bias), codegen
 
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 @intrinsic
 def _fence(typingctx):
-    """A full memory fence: the streamed stores before it are visible to every core after it."""
+    """The streamed stores before it made visible to every core before any store after it (the
+    message that hands the batch on): x86's ``sfence``, which non-temporal stores need (the fence
+    LLVM emits for ``seq_cst`` may be a locked instruction), or a full fence elsewhere."""
 
     def codegen(context, builder, signature, args):
-        builder.fence("seq_cst")
+        if _X86:
+            sfence = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence"
+            )
+            builder.call(sfence, [])
+        else:
+            builder.fence("seq_cst")
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -184,34 +215,34 @@ def _jit(function: Callable[..., None]) -> Callable[..., None]:
 
 
 @_jit
-def _streams(dst: np.ndarray, plane: int) -> bool:
-    """Whether ``dst`` takes streamed stores of 16 floats: its planes of ``plane`` floats (a row of
-    the image: its width times its channels) each start on a 64-byte boundary."""
-    return plane > 0 and plane % STREAM == 0 and _address(dst) % 64 == 0
+def _streams(dst: np.ndarray, part: int) -> bool:
+    """Whether ``dst`` takes streamed stores of 16 floats written ``part`` floats at a time (a plane,
+    or the whole image): each part then starts on a 64-byte boundary."""
+    return part > 0 and part % STREAM == 0 and _address(dst) % 64 == 0
 
 
 @_jit
 def pixels_to_pixels(
-    src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray
-) -> None:
+    src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray, stream: bool
+) -> bool:
     """``src`` uint8 HWC rows, (H, W * C), into ``dst`` float32 rows of that shape; the factors tiled
-    along one row. Row by row (LLVM vectorizes a row's loop, not one flat loop in steps of a row),
-    three rows a third of the image apart at a time: three streams of stores in flight, which write
-    a slot that is not in the cache faster than one stream, waiting on the memory, does
-    (docs/BENCHMARKS.md, C21's run of 2026-12-06); the NCHW loops write three planes so already."""
+    along one row. With ``stream``, where ``dst`` is on a cache line and holds a multiple of 16
+    pixels (and the row at least 16), 16 pixels a step with streamed stores; True when so written.
+    Otherwise row by row (LLVM vectorizes a row's loop, not one flat loop in steps of a row), three
+    rows a third of the image apart at a time: three streams of stores in flight, which write a slot
+    that is not in the cache faster than one stream, waiting on the memory, does (docs/BENCHMARKS.md,
+    C21's run of 2026-12-06); the NCHW loops write three planes so already."""
     flat_in, flat_out = src.reshape(src.size), dst.reshape(dst.size)
     period = STREAM * channels  # 16 pixels: the factors' pattern starts again, on a cache line
-    if scale_row.shape[0] >= period and flat_out.size % period == 0 and _streams(flat_out, flat_out.size):
-        if channels == 3:
-            for base in range(0, flat_out.size, period):
-                _stream48(flat_in, base, flat_out, base, scale_row, bias_row)
-            _fence()
-            return
+    if stream and scale_row.shape[0] >= period and flat_out.size % period == 0 and _streams(flat_out, period):
         for base in range(0, flat_out.size, period):
-            for k in range(0, period, STREAM):
-                _stream16(flat_in, base + k, flat_out, base + k, scale_row, bias_row, k)
+            if channels == 3:
+                _stream48(flat_in, base, flat_out, base, scale_row, bias_row)
+            else:
+                for k in range(0, period, STREAM):
+                    _stream16(flat_in, base + k, flat_out, base + k, scale_row, bias_row, k)
         _fence()
-        return
+        return True
     third = src.shape[0] // 3
     for y in range(third):
         s0, s1, s2 = src[y], src[y + third], src[y + 2 * third]
@@ -224,6 +255,7 @@ def pixels_to_pixels(
         s, d = src[y], dst[y]
         for k in range(s.shape[0]):
             d[k] = np.float32(s[k]) * scale_row[k] + bias_row[k]
+    return False
 
 
 @_jit
@@ -235,29 +267,32 @@ def pixels_to_planes(
     bias: np.ndarray,
     scale16: np.ndarray,
     bias16: np.ndarray,
-) -> None:
+    stream: bool,
+) -> bool:
     """``src`` flat uint8 HWC into ``dst`` flat float32 CHW (``channels`` planes); ``scale16``,
-    ``bias16``: each channel's factor 16 times over, for the streamed stores."""
+    ``bias16``: each channel's factor 16 times over, for the streamed stores (with ``stream``, of 1
+    or 3 channels, where each plane starts on a cache line); True when so written."""
     pixels = src.shape[0] // channels
-    if channels in (1, 3) and _streams(dst, pixels):
+    if stream and channels in (1, 3) and _streams(dst, pixels):
         for i in range(0, pixels, STREAM):
             if channels == 3:
                 _stream16x3(src, i, dst, pixels, scale16, bias16)
             else:
                 _stream16(src, i, dst, i, scale16, bias16, 0)
         _fence()
-        return
+        return True
     if channels == 3:  # the common case, written out so that LLVM sees a stride of 3
         s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
         for i in range(pixels):
             dst[i] = np.float32(src[3 * i]) * s0 + b0
             dst[pixels + i] = np.float32(src[3 * i + 1]) * s1 + b1
             dst[2 * pixels + i] = np.float32(src[3 * i + 2]) * s2 + b2
-        return
+        return False
     for c in range(channels):
         sc, bi, base = scale[c], bias[c], c * pixels
         for i in range(pixels):
             dst[base + i] = np.float32(src[channels * i + c]) * sc + bi
+    return False
 
 
 @_jit
@@ -269,19 +304,22 @@ def planes_to_planes(
     bias: np.ndarray,
     scale16: np.ndarray,
     bias16: np.ndarray,
-) -> None:
-    """``src`` flat uint8 CHW into ``dst`` flat float32 CHW; ``scale16``, ``bias16`` as ``pixels_to_planes``'s."""
+    stream: bool,
+) -> bool:
+    """``src`` flat uint8 CHW into ``dst`` flat float32 CHW; the rest as ``pixels_to_planes``'s (any
+    channel count streams)."""
     pixels = src.shape[0] // channels
-    if _streams(dst, pixels):
+    if stream and _streams(dst, pixels):
         for c in range(channels):
             for i in range(c * pixels, (c + 1) * pixels, STREAM):
                 _stream16(src, i, dst, i, scale16, bias16, STREAM * c)
         _fence()
-        return
+        return True
     for c in range(channels):
         sc, bi, base = scale[c], bias[c], c * pixels
         for i in range(pixels):
             dst[base + i] = np.float32(src[base + i]) * sc + bi
+    return False
 
 
 @_jit
@@ -293,26 +331,29 @@ def planes_to_pixels(
     bias: np.ndarray,
     scale48: np.ndarray,
     bias48: np.ndarray,
-) -> None:
+    stream: bool,
+) -> bool:
     """``src`` flat uint8 CHW into ``dst`` flat float32 HWC; ``scale48``, ``bias48``: the factors tiled
-    over 16 pixels (at least), for the streamed stores of RGB."""
+    over 16 pixels (at least), for the streamed stores (with ``stream``, of RGB, where ``dst`` starts
+    on a cache line and holds a multiple of 16 pixels); True when so written."""
     pixels = src.shape[0] // channels
-    if channels == 3 and scale48.shape[0] >= 48 and _streams(dst, pixels * 3):
+    if stream and channels == 3 and scale48.shape[0] >= 48 and _streams(dst, 48) and pixels % STREAM == 0:
         for i in range(0, pixels, STREAM):
             _stream48_planes(src, i, pixels, dst, 3 * i, scale48, bias48)
         _fence()
-        return
+        return True
     if channels == 3:  # written out: LLVM then stores the three channels of a pixel side by side
         s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
         for i in range(pixels):
             dst[3 * i] = np.float32(src[i]) * s0 + b0
             dst[3 * i + 1] = np.float32(src[pixels + i]) * s1 + b1
             dst[3 * i + 2] = np.float32(src[2 * pixels + i]) * s2 + b2
-        return
+        return False
     for c in range(channels):
         sc, bi, base = scale[c], bias[c], c * pixels
         for i in range(pixels):
             dst[channels * i + c] = np.float32(src[base + i]) * sc + bi
+    return False
 
 
 __all__ = ["pixels_to_pixels", "pixels_to_planes", "planes_to_planes", "planes_to_pixels"]

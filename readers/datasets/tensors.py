@@ -93,7 +93,7 @@ class BatchNormalize:
             self.normalize_into(src[i], dst[i])
         return out
 
-    def normalize_into(self, src: np.ndarray, dst: np.ndarray) -> None:
+    def normalize_into(self, src: np.ndarray, dst: np.ndarray, stream: bool = True) -> bool:
         """``dst = src * scale + bias`` per channel: one CHW uint8 image (any strides) into a float32
         (C, H, W) ``dst``, contiguous or a CHW view of HWC memory (a channels-last batch's slot).
 
@@ -102,7 +102,9 @@ class BatchNormalize:
         numpy's float32 roundings: every layout, worker count and rank gives the same values. A source
         whose rows are not contiguous (a window of a wider image) or that shares memory with ``dst``
         is copied first, as uint8; a ``dst`` that is neither layout is written through a contiguous
-        float32 buffer.
+        float32 buffer. With ``stream`` (for a batch's slot, not read again before the batch is
+        handed on), a ``dst`` on a cache line is written past the cache (non-temporal stores); False
+        keeps what it writes in the cache for a reader right after. Returns whether it streamed.
         ``scripts/bench_normalize.py`` times it (docs/BENCHMARKS.md has the figures).
         """
         c = src.shape[0]
@@ -112,7 +114,7 @@ class BatchNormalize:
                 f"into {dst.dtype} {dst.shape}"
             )
         if src.size == 0:
-            return
+            return False
         kernel = _kernel()
         scale, bias, scale16, bias16 = self._per_channel(c)
         hwc, out = src.transpose(1, 2, 0), dst.transpose(1, 2, 0)
@@ -124,18 +126,19 @@ class BatchNormalize:
         flat_in = src.reshape(-1) if planes_in else hwc.reshape(-1)
         if c > 1 and out.flags.c_contiguous:  # a channels-last slot
             if planes_in:
-                kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias, *self._tiled(c, 16))
-            else:
-                h, w = src.shape[1:]
-                kernel.pixels_to_pixels(flat_in.reshape(h, w * c), out.reshape(h, w * c), c, *self._tiled(c, w))
-            return
+                return kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias, *self._tiled(c, 16), stream)
+            h, w = src.shape[1:]
+            rows_in, rows_out = flat_in.reshape(h, w * c), out.reshape(h, w * c)
+            return kernel.pixels_to_pixels(rows_in, rows_out, c, *self._tiled(c, w), stream)
         target = dst if dst.flags.c_contiguous else np.empty(dst.shape, np.float32)
+        stream = stream and target is dst  # a buffer of ours is read right away, by the copy below
         if planes_in:
-            kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16)
+            streamed = kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16, stream)
         else:
-            kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16)
+            streamed = kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16, stream)
         if target is not dst:
             np.copyto(dst, target)
+        return streamed
 
     def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(scale, bias)`` as ``channels`` contiguous float32 values each (one value stands for every
@@ -220,7 +223,8 @@ class ImageConverter:
         """CHW tensor of one HWC image array (always a fresh, writable copy, never a file map)."""
         if self.normalize is not None and array.dtype == np.uint8:
             out = torch.empty((array.shape[2], array.shape[0], array.shape[1]), dtype=torch.float32)
-            self.into(array, out)
+            # in the cache: the caller (a transform, a collate) reads it right away
+            self.normalize.normalize_into(array.transpose(2, 0, 1), out.numpy(), stream=False)
             return out
         chw = np.ascontiguousarray(array.transpose(2, 0, 1))
         if not chw.flags.owndata or not chw.flags.writeable:

@@ -491,6 +491,11 @@ def test_an_output_of_one_size_has_sizes_too(packed):
     assert open_dataset(packed["npy"]).image_sizes.tolist() == [[32, 40]] * 15
 
 
+ONE_PROCESS = pytest.mark.xdist_group("many_labels")
+"""The tests of ``many_labels``, in one test process: its six conversions of 3,000 files are the
+slowest setup of the suite, and each process that ran one of its tests made them again."""
+
+
 @pytest.fixture(scope="module")
 def many_labels(tmp_path_factory) -> dict[str, Path]:
     """3,000 tiny images in 3 classes, in 6 shards of 500, as npy, lmdb and hdf5 (``FMT-300``: in
@@ -512,6 +517,7 @@ def many_labels(tmp_path_factory) -> dict[str, Path]:
     return {fmt: out / fmt for fmt in cfg}
 
 
+@ONE_PROCESS
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
 def test_labels_are_views_of_the_files_not_copies(many_labels, fmt):
     """Every worker used to copy every shard's labels (8 B a sample each): they are now views of the
@@ -528,6 +534,7 @@ def test_labels_are_views_of_the_files_not_copies(many_labels, fmt):
     assert ds.labels.tolist() == [0] * 1000 + [1] * 1000 + [2] * 1000
 
 
+@ONE_PROCESS
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
 def test_a_workers_labels_take_no_memory_per_sample(many_labels, fmt):
     """One sample of each of the 6 shards, read in a batch: what reading their labels leaves
@@ -557,6 +564,7 @@ def test_a_workers_labels_take_no_memory_per_sample(many_labels, fmt):
     assert len(copies) <= 1 and sum(kept) - sum(copies) < 6 * 8 * 500, kept
 
 
+@ONE_PROCESS
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
 def test_labels_are_dropped_with_their_shard(many_labels, fmt):
     """A view of a closed LMDB map would read freed memory, and npy's and hdf5's maps hold their
@@ -606,6 +614,7 @@ def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
     assert later - first < 50_000, (first, later)
 
 
+@ONE_PROCESS
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
 def test_label_views_do_not_cross_a_fork(many_labels, fmt):
     """Two datasets read in a parent, then in a forked child (DataLoader workers, a mixture's parts):

@@ -84,3 +84,33 @@ def test_the_readme_is_a_product_page_that_links_its_docs():
         "CHANGELOG.md",
     ):
         assert f"]({doc}" in text and (ROOT / doc).is_file()
+
+
+def test_the_suites_xdist_groups_keep_their_tests_in_one_process(tmp_path):
+    """The suite's addopts run ``--dist loadgroup``: the tests of one xdist group (one Ray instance, one
+    slow fixture) go to one process. A pytest and pytest-xdist pair where that silently stops (pytest
+    9.2 with xdist 3.8) would make them again in every process: this runs a group on two processes."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_groups.py").write_text(
+        "import os, pytest\n"
+        "@pytest.mark.xdist_group('one')\n"
+        "@pytest.mark.parametrize('i', range(8))\n"
+        "def test_grouped(i):\n"
+        "    pass\n"
+        "@pytest.mark.parametrize('i', range(8))\n"
+        "def test_free(i):\n"
+        "    pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:]
+    lines = [line.split() for line in out.stdout.splitlines() if line.startswith("[gw") and "PASSED" in line]
+    grouped = [words[0] for words in lines if "test_grouped[" in words[-1]]
+    assert len(grouped) == 8 and len(set(grouped)) == 1, out.stdout[-2000:]  # [gw0] or [gw1], not both

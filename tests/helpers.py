@@ -109,6 +109,10 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {low}-{low + 999}")
 
 
+RANK_TIMEOUT = 240
+"""Seconds ``run_ranks`` waits for each rank before it counts it as hung."""
+
+
 def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
     """Run ``target(rank, world, port, payload, out)`` in ``world`` spawned processes (a gloo group on
     a free port), each writing ``out/rankR.json``; their JSON, in rank order."""
@@ -122,8 +126,8 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
         p.start()
     try:
         for r, p in enumerate(procs):
-            p.join(timeout=240)
-            # None: still running after 240 s (hung); negative: killed by that signal (a crash prints no traceback)
+            p.join(timeout=RANK_TIMEOUT)
+            # None: still running after RANK_TIMEOUT (hung); negative: killed by that signal (no traceback then)
             assert p.exitcode == 0, f"rank {r} of {world} failed or hung (exit code {p.exitcode})"
     finally:
         for p in procs:  # a rank waiting on one that failed would wait for gloo's 30-minute timeout
@@ -137,9 +141,13 @@ def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
     """One process of ``run_ranks``: ``target``, then an exit that skips the interpreter's teardown.
     Its result is on disk by then; a framework's leftovers (gloo's and OpenMP's threads, objects
     whose finalizers wait on a peer that has gone) once kept a rank from exiting on a loaded machine."""
+    import faulthandler
     import os
     import traceback
 
+    # A rank still running when run_ranks gives up on it prints where each of its threads stands first
+    # (pytest shows it with the failure): a hang says where it hangs.
+    faulthandler.dump_traceback_later(RANK_TIMEOUT - 10, exit=False)
     try:
         target(rank, world, port, payload, out)
     except BaseException:

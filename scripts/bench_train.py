@@ -19,7 +19,7 @@ normalized with ImageNet's mean and std, in 2 workers:
   with ``RGBImageField(max_resolution=256)``, ``write_mode`` raw and jpg, read with
   ``ToTorchImage(channels_last=False)`` (NCHW) and with its default (channels-last), each with both of
   FFCV's memory managers (its default process cache, and ``os_cache=True``, which its docs advise when
-  the dataset fits in memory, as here: the default's rate moved by 2x between runs on one host), each
+  the dataset fits in memory, as here: the default's rate jumped between rounds, docs/BENCHMARKS.md), each
   packer row compared with the faster of the two of the same storage and layout. This file runs itself
   there with ``--ffcv-side`` (it imports neither packer nor readers on that side).
 

@@ -230,7 +230,7 @@ def test_the_loops_refuse_arrays_they_would_misread():
     factors = np.ones(48, np.float32)
     with pytest.raises(TypingError, match="C-contiguous"):
         normalize_kernel.planes_to_planes(
-            np.zeros(32, np.uint8), np.zeros(64, np.float32)[::2], 1, factors, factors, factors, factors, True
+            np.zeros(32, np.uint8), np.zeros(64, np.float32)[::2], 1, factors, factors, True
         )
 
 
@@ -287,7 +287,7 @@ def test_the_loops_run_uncached_where_numba_finds_nowhere_to_cache(tmp_path):
         "src = np.arange(12, dtype=np.uint8)\n"
         "dst = np.empty(12, np.float32)\n"
         "two, one = np.full(3, 2, np.float32), np.ones(3, np.float32)\n"
-        "assert not k.pixels_to_planes(src, dst, 3, two, one, np.repeat(two, 16), np.repeat(one, 16), True)\n"
+        "assert not k.pixels_to_planes(src, dst, 3, np.repeat(two, 16), np.repeat(one, 16), True)\n"
         "assert dst.tolist() == [1 + 2 * v for v in [0, 3, 6, 9, 1, 4, 7, 10, 2, 5, 8, 11]], dst\n"
         "print(type(k.pixels_to_planes._cache).__name__)\n"
     )

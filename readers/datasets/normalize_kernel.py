@@ -260,18 +260,11 @@ def pixels_to_pixels(
 
 @_jit
 def pixels_to_planes(
-    src: np.ndarray,
-    dst: np.ndarray,
-    channels: int,
-    scale: np.ndarray,
-    bias: np.ndarray,
-    scale16: np.ndarray,
-    bias16: np.ndarray,
-    stream: bool,
+    src: np.ndarray, dst: np.ndarray, channels: int, scale16: np.ndarray, bias16: np.ndarray, stream: bool
 ) -> bool:
     """``src`` flat uint8 HWC into ``dst`` flat float32 CHW (``channels`` planes); ``scale16``,
-    ``bias16``: each channel's factor 16 times over, for the streamed stores (with ``stream``, of 1
-    or 3 channels, where each plane starts on a cache line); True when so written."""
+    ``bias16``: each channel's factor 16 times over, as the streamed stores take them (with
+    ``stream``, of 1 or 3 channels, where each plane starts on a cache line); True when so written."""
     pixels = src.shape[0] // channels
     if stream and channels in (1, 3) and _streams(dst, pixels):
         for i in range(0, pixels, STREAM):
@@ -282,14 +275,15 @@ def pixels_to_planes(
         _fence()
         return True
     if channels == 3:  # the common case, written out so that LLVM sees a stride of 3
-        s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
+        s0, s1, s2 = scale16[0], scale16[STREAM], scale16[2 * STREAM]
+        b0, b1, b2 = bias16[0], bias16[STREAM], bias16[2 * STREAM]
         for i in range(pixels):
             dst[i] = np.float32(src[3 * i]) * s0 + b0
             dst[pixels + i] = np.float32(src[3 * i + 1]) * s1 + b1
             dst[2 * pixels + i] = np.float32(src[3 * i + 2]) * s2 + b2
         return False
     for c in range(channels):
-        sc, bi, base = scale[c], bias[c], c * pixels
+        sc, bi, base = scale16[STREAM * c], bias16[STREAM * c], c * pixels
         for i in range(pixels):
             dst[base + i] = np.float32(src[channels * i + c]) * sc + bi
     return False
@@ -297,14 +291,7 @@ def pixels_to_planes(
 
 @_jit
 def planes_to_planes(
-    src: np.ndarray,
-    dst: np.ndarray,
-    channels: int,
-    scale: np.ndarray,
-    bias: np.ndarray,
-    scale16: np.ndarray,
-    bias16: np.ndarray,
-    stream: bool,
+    src: np.ndarray, dst: np.ndarray, channels: int, scale16: np.ndarray, bias16: np.ndarray, stream: bool
 ) -> bool:
     """``src`` flat uint8 CHW into ``dst`` flat float32 CHW; the rest as ``pixels_to_planes``'s (any
     channel count streams)."""
@@ -316,7 +303,7 @@ def planes_to_planes(
         _fence()
         return True
     for c in range(channels):
-        sc, bi, base = scale[c], bias[c], c * pixels
+        sc, bi, base = scale16[STREAM * c], bias16[STREAM * c], c * pixels
         for i in range(pixels):
             dst[base + i] = np.float32(src[base + i]) * sc + bi
     return False
@@ -324,33 +311,26 @@ def planes_to_planes(
 
 @_jit
 def planes_to_pixels(
-    src: np.ndarray,
-    dst: np.ndarray,
-    channels: int,
-    scale: np.ndarray,
-    bias: np.ndarray,
-    scale48: np.ndarray,
-    bias48: np.ndarray,
-    stream: bool,
+    src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray, stream: bool
 ) -> bool:
-    """``src`` flat uint8 CHW into ``dst`` flat float32 HWC; ``scale48``, ``bias48``: the factors tiled
-    over 16 pixels (at least), for the streamed stores (with ``stream``, of RGB, where ``dst`` starts
-    on a cache line and holds a multiple of 16 pixels); True when so written."""
+    """``src`` flat uint8 CHW into ``dst`` flat float32 HWC; the factors tiled over at least 16 pixels
+    (as ``pixels_to_pixels`` takes them), for the streamed stores (with ``stream``, of RGB, where
+    ``dst`` starts on a cache line and holds a multiple of 16 pixels); True when so written."""
     pixels = src.shape[0] // channels
-    if stream and channels == 3 and scale48.shape[0] >= 48 and _streams(dst, 48) and pixels % STREAM == 0:
+    if stream and channels == 3 and scale_row.shape[0] >= 48 and _streams(dst, 48) and pixels % STREAM == 0:
         for i in range(0, pixels, STREAM):
-            _stream48_planes(src, i, pixels, dst, 3 * i, scale48, bias48)
+            _stream48_planes(src, i, pixels, dst, 3 * i, scale_row, bias_row)
         _fence()
         return True
     if channels == 3:  # written out: LLVM then stores the three channels of a pixel side by side
-        s0, s1, s2, b0, b1, b2 = scale[0], scale[1], scale[2], bias[0], bias[1], bias[2]
+        s0, s1, s2, b0, b1, b2 = scale_row[0], scale_row[1], scale_row[2], bias_row[0], bias_row[1], bias_row[2]
         for i in range(pixels):
             dst[3 * i] = np.float32(src[i]) * s0 + b0
             dst[3 * i + 1] = np.float32(src[pixels + i]) * s1 + b1
             dst[3 * i + 2] = np.float32(src[2 * pixels + i]) * s2 + b2
         return False
     for c in range(channels):
-        sc, bi, base = scale[c], bias[c], c * pixels
+        sc, bi, base = scale_row[c], bias_row[c], c * pixels
         for i in range(pixels):
             dst[channels * i + c] = np.float32(src[base + i]) * sc + bi
     return False

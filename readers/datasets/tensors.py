@@ -44,7 +44,7 @@ class BatchNormalize:
         # memory, and a numpy view of the old memory would then read freed bytes.
         self._np_scale, self._np_bias = self.scale.numpy().copy(), self.bias.numpy().copy()
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._channels: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._channels: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load_kernels(self) -> None:
@@ -116,7 +116,7 @@ class BatchNormalize:
         if src.size == 0:
             return False
         kernel = _kernel()
-        scale, bias, scale16, bias16 = self._per_channel(c)
+        scale16, bias16 = self._per_channel(c)
         hwc, out = src.transpose(1, 2, 0), dst.transpose(1, 2, 0)
         planes_in = not hwc.flags.c_contiguous and src.flags.c_contiguous  # torch's resize writes planes
         if np.may_share_memory(src, dst):  # the loops read and write in their own order: never in place
@@ -126,31 +126,30 @@ class BatchNormalize:
         flat_in = src.reshape(-1) if planes_in else hwc.reshape(-1)
         if c > 1 and out.flags.c_contiguous:  # a channels-last slot
             if planes_in:
-                return kernel.planes_to_pixels(flat_in, out.reshape(-1), c, scale, bias, *self._tiled(c, 16), stream)
+                return kernel.planes_to_pixels(flat_in, out.reshape(-1), c, *self._tiled(c, 16), stream)
             h, w = src.shape[1:]
             rows_in, rows_out = flat_in.reshape(h, w * c), out.reshape(h, w * c)
             return kernel.pixels_to_pixels(rows_in, rows_out, c, *self._tiled(c, w), stream)
         target = dst if dst.flags.c_contiguous else np.empty(dst.shape, np.float32)
         stream = stream and target is dst  # a buffer of ours is read right away, by the copy below
         if planes_in:
-            streamed = kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16, stream)
+            streamed = kernel.planes_to_planes(flat_in, target.reshape(-1), c, scale16, bias16, stream)
         else:
-            streamed = kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale, bias, scale16, bias16, stream)
+            streamed = kernel.pixels_to_planes(flat_in, target.reshape(-1), c, scale16, bias16, stream)
         if target is not dst:
             np.copyto(dst, target)
         return streamed
 
-    def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(scale, bias)`` as ``channels`` contiguous float32 values each (one value stands for every
-        channel of an output with no normalization), then each value 16 times over (the compiled
-        loops' streamed stores write 16 floats of a channel at once)."""
+    def _per_channel(self, channels: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scale, bias)`` for ``channels`` channels (one value stands for every channel of an output
+        with no normalization), each channel's value 16 times over, contiguous float32: the compiled
+        loops' streamed stores write 16 floats of a channel at once, and the plain loops read every
+        16th."""
         found = self._channels.get(channels)
         if found is None:
-            scale, bias = (
-                np.ascontiguousarray(np.broadcast_to(f.reshape(-1), (channels,)))
-                for f in (self._np_scale, self._np_bias)
+            found = self._channels[channels] = tuple(  # type: ignore[assignment]
+                np.repeat(np.broadcast_to(f.reshape(-1), (channels,)), 16) for f in (self._np_scale, self._np_bias)
             )
-            found = self._channels[channels] = (scale, bias, np.repeat(scale, 16), np.repeat(bias, 16))
         return found
 
     def _tiled(self, channels: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -160,7 +159,7 @@ class BatchNormalize:
         found = self._rows.get(channels)
         if found is None or found[0].size < pixels * channels:
             found = self._rows[channels] = tuple(  # type: ignore[assignment]
-                np.tile(f, max(pixels, 256)) for f in self._per_channel(channels)[:2]
+                np.tile(f[::16], max(pixels, 256)) for f in self._per_channel(channels)
             )
         return found[0][: pixels * channels], found[1][: pixels * channels]
 
@@ -203,17 +202,18 @@ class ImageConverter:
         """dtype of the batches this converter fills (float32 when normalizing, else the stored dtype)."""
         return torch.float32 if self.normalize is not None else torch_dtype(stored)
 
-    def into(self, array: np.ndarray, slot: Union[torch.Tensor, np.ndarray]) -> None:
+    def into(self, array: np.ndarray, slot: Union[torch.Tensor, np.ndarray], stream: bool = True) -> None:
         """Write one HWC image into ``slot``, a (C, H, W) view of a batch (a tensor, or the numpy
         view of one: a batch's loop indexes the array: cheaper than a tensor's view), converting on the way.
 
         Normalizing uint8 is one fused pass (``x * scale + bias`` per channel) reading the stored
         bytes where they lie, e.g. in a memory-mapped file; nothing else is allocated, except a uint8
-        copy of an image whose rows are not contiguous (a window of a wider one).
+        copy of an image whose rows are not contiguous (a window of a wider one). ``stream``: past
+        the cache where the slot allows (``BatchNormalize.normalize_into``), as for a batch's slot.
         """
         if self.normalize is not None and array.dtype == np.uint8:
             self.normalize.normalize_into(
-                array.transpose(2, 0, 1), slot if isinstance(slot, np.ndarray) else slot.numpy()
+                array.transpose(2, 0, 1), slot if isinstance(slot, np.ndarray) else slot.numpy(), stream=stream
             )
         else:
             target = torch.from_numpy(slot) if isinstance(slot, np.ndarray) else slot
@@ -223,8 +223,7 @@ class ImageConverter:
         """CHW tensor of one HWC image array (always a fresh, writable copy, never a file map)."""
         if self.normalize is not None and array.dtype == np.uint8:
             out = torch.empty((array.shape[2], array.shape[0], array.shape[1]), dtype=torch.float32)
-            # in the cache: the caller (a transform, a collate) reads it right away
-            self.normalize.normalize_into(array.transpose(2, 0, 1), out.numpy(), stream=False)
+            self.into(array, out, stream=False)  # kept in the cache: a transform or a collate reads it next
             return out
         chw = np.ascontiguousarray(array.transpose(2, 0, 1))
         if not chw.flags.owndata or not chw.flags.writeable:

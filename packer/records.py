@@ -221,6 +221,10 @@ class ShardResult:
     looks_kind: str = ""
     """The rule ``looks`` were hashed by (``packer.pixels.looks.HASH_KIND``; a record from before this
     field: ``dct64-trim5``); --resume writes a shard of another rule's hashes again."""
+    parts: dict[str, str] = field(default_factory=dict)
+    """Where a worker on another machine uploaded the shard's files, by each file's path: the run's
+    part objects in the bucket (``packer.output.part_target``); empty where the files are in the
+    staging folder. Not part of ``to_dict``."""
 
     def kept_in(self, record: Path, samples_file: tuple = ()) -> "ShardResult":
         """This result with its per-sample columns left in its shard's ``record`` on disk (read back

@@ -3,14 +3,11 @@ tasks, strict mode, interruption and resume through the CLI."""
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ from compare import assert_same_output
 from conftest import FORMATS, make_tree
 from helpers import process_alive, quiet_after, wait_for
 from PIL import Image
+from ray_cluster import hooked_ray, slow_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -33,68 +31,12 @@ from packer.spec.manifest import read_manifest
 PRE = PreprocessConfig(size=(16, 12))
 pytestmark = pytest.mark.xdist_group("ray")  # one test process runs them all: one Ray instance, not one a process
 
-# Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
-# worker running its task the first time it is decoded (the shard's process is that worker's
-# child, and dies with it), as a lost node or the out-of-memory killer would; KILL-ALWAYS every
-# time; KILL-WHEN-HUNG every time too, once a HANG-ME file hangs; HANG-ME files never finish
-# decoding, their process's id in the marker "hung"; SLOW-ME files take 0.2 s each, so that a run
-# lasts long enough to be interrupted, their process's id in a marker "slow-PID"; COUNT-ME files
-# add a line to the marker "counted" each time they are decoded.
-HOOK = """
-import os, signal, time
-import packer.pixels.preprocess as _pp
-_decode = _pp.decode
-def _marker(name):
-    return os.path.join(os.environ["PACKER_TEST_MARKERS"], name)
-def _hooked(data, cfg, path="<bytes>", **options):
-    if b"KILL-TASK" in data:
-        marker = _marker("killed")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(60)
-    if b"KILL-WHEN-HUNG" in data:
-        deadline = time.monotonic() + 120  # a safety net: the HANG-ME file of the other shard comes first
-        while not os.path.exists(_marker("hung")) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    if b"KILL-ALWAYS" in data or b"KILL-WHEN-HUNG" in data:
-        os.kill(os.getppid(), signal.SIGKILL)
-        time.sleep(60)
-    if b"HANG-ME" in data:
-        with open(_marker("hung.part"), "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(_marker("hung.part"), _marker("hung"))
-        time.sleep(3600)
-    if b"SLOW-ME" in data:
-        open(_marker("slow-%d" % os.getpid()), "w").close()
-        time.sleep(0.2)
-    if b"COUNT-ME" in data:
-        with open(_marker("counted"), "a") as f:
-            f.write(path + "\\n")
-    return _decode(data, cfg, path, **options)
-_pp.decode = _hooked
-"""
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """One local Ray instance (2 CPUs) for the module, its processes started with the hook above."""
-    hooks = tmp_path_factory.mktemp("ray-hooks")
-    (hooks / "sitecustomize.py").write_text(HOOK)
-    markers = tmp_path_factory.mktemp("markers")
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(hooks), saved or ""])
-    os.environ["PACKER_TEST_MARKERS"] = str(markers)
-    try:
-        context = ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    finally:  # only what was set here: ray.init adds variables of its own that its clients need
-        del os.environ["PACKER_TEST_MARKERS"]
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    yield SimpleNamespace(address=context.address_info["address"], markers=markers)
-    ray.shutdown()
+    """One local Ray instance (2 CPUs) for the module, its processes started with ``ray_cluster.HOOK``."""
+    with hooked_ray(tmp_path_factory) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -214,12 +156,7 @@ def test_cli_interrupted_then_resumed_on_the_cluster(cluster, tmp_path):
     """A real subprocess joins the Ray instance (--address), is stopped by Ctrl-C mid-run: exit 130, no
     output, tasks cancelled; --resume finishes it, equal to a local run."""
     src = tmp_path / "src"
-    for i in range(24):
-        path = src / f"c{i % 2}" / f"{i:03d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(np.full((20, 20, 3), i, np.uint8)).save(path)
-        with open(path, "ab") as f:
-            f.write(b"SLOW-ME")
+    slow_tree(src)
     out, local = tmp_path / "out", tmp_path / "local"
     options = ["-f", "wds", "--size", "16", "--shard-size", "4", "-q"]
     command = [

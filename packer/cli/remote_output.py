@@ -24,6 +24,7 @@ from packer.output.shard_uploads import KEPT, ShardUploads, streaming
 from packer.output.upload import fetch_output, reserve, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
+from packer.system import clear_stop_request
 from packer.tokens.progress import PROGRESS_NAME
 
 NOT_YET = {"num_nodes": "--num-nodes"}
@@ -36,8 +37,6 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
     (the command's ``output`` and ``overwrite`` are that folder's for the block); removed either way."""
     p = ctx.params
     given = [flag for name, flag in NOT_YET.items() if p.get(name)]
-    if p.get("executor_name") == "ray":
-        given.append("--executor ray")  # its tasks write to a folder every node sees, not a private one
     if given:
         raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
     overwrite, resume, append = bool(p.get("overwrite")), bool(p.get("resume")), bool(p.get("append_"))
@@ -81,6 +80,8 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             raise
         except BaseException as e:
             interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
+            if interrupted:  # received, and acted on here: the held block of ``abandon`` must not raise it again
+                clear_stop_request()
             shards.abandon(resumable=interrupted)
             if interrupted:
                 click.echo(_interrupted(url, shards, local), err=True)

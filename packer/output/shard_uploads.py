@@ -50,12 +50,14 @@ from packer.output.files import (
     STAGING_MARK,
     STAGING_SUFFIX,
     finished_shards,
+    record_shard,
     staging_dir,
 )
+from packer.output.part_target import PartTarget, part_name
 from packer.output.shard_samples import SAMPLES_FILE
 from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_objects, store_errors
 from packer.records import ShardResult
-from packer.spec.errors import PackerError
+from packer.spec.errors import OutputError, PackerError
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
 from packer.spec.splits_record import SPLITS_NAME
 from packer.system import stop_signals_held
@@ -112,6 +114,9 @@ class ShardUploads:
         self.moved: set[str] = set()  # every published name a shard was given (``move``)
         self.listed: set[str] = set()  # those the store's list of this run holds (``_list_published``)
         self._listing = threading.Lock()
+        self.remote = False
+        """Whether workers on other machines were given this run's parts to put their shards in
+        (``target``): a failure then also removes the parts of theirs that never came back."""
         self.kept_published: set[str] = set()
         """The published shards of a split set's finished splits (``keep_finished``): an interrupt keeps them."""
 
@@ -136,7 +141,7 @@ class ShardUploads:
         futures, parts = [], {}
         for f in result.files:
             name, n = self.object_name(output, f.path), next(self._count)
-            part = f"{PARTS}/{self.dest.token[:12]}-{n}/{name}"
+            part = part_name(self.dest.token, n, name)
             aside = Path(folder) / f".upload-{n}-{Path(f.path).name}"
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
             futures.append(self.pool.submit(self._upload, aside, part, f.sha256))
@@ -148,6 +153,33 @@ class ShardUploads:
         while self.waiting and (len(self.waiting) >= self.ahead or all(u.done() for u in self.waiting[0])):
             for sent in self.waiting.popleft():
                 sent.result()
+
+    def target(self, output: Path) -> PartTarget:
+        """Where a worker on another machine puts the files of a shard of ``output`` (a folder inside
+        this run's local folder) itself: this run's parts (``packer.output.part_target``). Shards
+        whose files went there come back through ``take_uploaded``."""
+        self.remote = True
+        return PartTarget(self.dest.url, self.dest.token, self.object_name(output, "").rstrip("/"))
+
+    def take_uploaded(self, output: Path, folder: Path, result: ShardResult, fingerprint: Optional[str] = None) -> None:
+        """The finished shard ``result`` of ``output``, whose files a worker on another machine put in
+        the store as this run's parts, each checked (``result.parts``, see ``target``): taken as a shard
+        uploaded here. With ``fingerprint`` (the plan's: a shard --resume may keep), its record is
+        written in the staging ``folder`` and mirrored, as its worker would have written it there."""
+        done: Future = Future()
+        done.set_result(None)
+        own = f"{PARTS}/{self.dest.token[:12]}-"
+        with self._lock:
+            for f in result.files:
+                part = result.parts.get(f.path, "")
+                if not (part.startswith(own) and OWN_PART.fullmatch(part)):
+                    raise OutputError(f"{result.name}: {f.path} came back without a part of this run ({part!r})")
+                self.sent.add(part)
+                self.uploads[self.object_name(output, f.path)] = (part, done)
+                self.bytes += f.bytes
+        if fingerprint is not None:
+            record_shard(Path(folder), result, fingerprint=fingerprint or None)  # no file stamps: none is here
+            self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", dict(result.parts), [done])
 
     def _upload(self, path: Path, name: str, sha256: str) -> None:
         target = f"{self.dest.root}/{name}"
@@ -406,10 +438,24 @@ class ShardUploads:
                 # kept: a split it finished and lost is not kept again, ``published_whole``)
                 records = (self.sent | self.dest.before) - set(gone)
                 gone += sorted(n for n in records if n.startswith(f"{STATE}/") and not n.startswith(lists))
+            if failed and self.remote:  # parts put by workers elsewhere whose shards never came back
+                gone += sorted(self._own_parts() - self.sent - set(gone))
             try:
                 remove_objects(self.dest.fs, [f"{self.dest.root}/{name}" for name in gone])
             except Exception:  # noqa: BLE001 - best effort: a leftover is refused (no manifest) and replaced by --overwrite
                 pass
+
+    def _own_parts(self) -> set[str]:
+        """The parts of this run the store holds now, by name under the prefix (none when it cannot say)."""
+        fs, folder = self.dest.fs, f"{self.dest.root}/{PARTS}"
+        own = f"{PARTS}/{self.dest.token[:12]}-"
+        try:
+            fs.invalidate_cache(folder)
+            found = fs.find(folder)
+        except Exception:  # noqa: BLE001 - best effort, as the removal: the next publish removes them
+            return set()
+        names = {p[len(self.dest.root) + 1 :] for p in found if p.startswith(f"{self.dest.root}/")}
+        return {n for n in names if n.startswith(own)}
 
 
 def _in_staging(name: str) -> bool:

@@ -20,6 +20,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
+from packer.output.part_target import PartTarget
 from packer.records import ShardResult, ShardTask, SourceItem
 from packer.run.shard_job import ShardJob
 from packer.run.worker import FINISHING, ProgressFn, run_shard_process
@@ -218,6 +219,21 @@ class JobRunner:
             # Recorded before the held signals arrive: an interrupt then ends this worker too.
             self._running.append(_Running(job, proc, receive, slot, since=time.monotonic()))
         send.close()
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a run does with each finished shard, on the driver: an executor's ``on_result``, called as
+    ``on_result(job, result)``. ``parts``: where the output goes to a bucket, where a worker that
+    writes on another machine (a Ray task) uploads its shard's files itself, since it cannot see
+    the staging folder (``packer.output.part_target``); None where the shards stay in that folder
+    until the driver takes them. Executors whose workers write in the staging folder ignore it."""
+
+    take: Callable[[ShardJob, ShardResult], None]
+    parts: Optional[PartTarget] = None
+
+    def __call__(self, job: ShardJob, result: ShardResult) -> None:
+        self.take(job, result)
 
 
 class Executor(Protocol):

@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Optional
 
+from packer.output.part_target import PartTarget
 from packer.records import ShardResult
 from packer.run.executor import DEFAULT_TIMEOUT, RunStopped, run_jobs
 from packer.run.shard_job import ShardJob
@@ -141,7 +145,10 @@ class RayExecutor:
         run = uuid.uuid4().hex
         task = ray.remote(_write_shard_task).options(num_cpus=1, max_retries=self.max_retries, retry_exceptions=False)
         level = logging.getLogger("packer").getEffectiveLevel()
-        pending = {task.remote(absolute(job), board, run, progress is not None, timeout, level): job for job in jobs}
+        parts = getattr(on_result, "parts", None)  # a bucket output: each task uploads its own shard
+        pending = {
+            task.remote(absolute(job), board, run, progress is not None, timeout, level, parts): job for job in jobs
+        }
         results: dict[int, ShardResult] = {}
         reported = 0
         try:
@@ -256,14 +263,23 @@ class RunBoard:
 
 
 def _write_shard_task(
-    job: ShardJob, board: Any, run: str, counting: bool, timeout: float, log_level: int
+    job: ShardJob,
+    board: Any,
+    run: str,
+    counting: bool,
+    timeout: float,
+    log_level: int,
+    parts: Optional[PartTarget] = None,
 ) -> tuple[str, Any]:
     """Body of one Ray task: ``("result", ShardResult)``, ``("error", PackerError)`` or ``("stopped",
     None)`` when the driver stopped the run.
 
     Runs in a Ray worker process: the shard is written by ``run_jobs`` in a child process, with
     the crash and hang isolation of local runs. Packer's own errors are returned, not raised, so
-    that Ray does not retry them.
+    that Ray does not retry them. With ``parts`` (the output goes to a bucket, and the driver's
+    staging folder is on the driver's disk) the shard is written into a folder of this node's and
+    uploaded from there as the run's parts (``packer.output.part_target``): the node's disk holds
+    one shard at a time, and the driver records it.
     """
     import ray
 
@@ -294,16 +310,29 @@ def _write_shard_task(
             asked = time.monotonic()
         return stopped
 
-    unseen = [p for p in (job.directory, *(job.task.items[0].paths if job.task.items else ())) if not os.path.exists(p)]
+    shared = () if parts is not None else (job.directory,)
+    unseen = [p for p in (*shared, *(job.task.items[0].paths if job.task.items else ())) if not os.path.exists(p)]
     if unseen:  # every file would be skipped as missing: a partial output, not a failure, unless said here
+        where = "the source" if parts is not None else "the source and the output"
         return "error", PackerError(
-            f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster the source and "
-            "the output must be on a filesystem every node mounts at the same path"
+            f"{socket.gethostname()} cannot see {unseen[0]}: on a Ray cluster {where} must be on a "
+            "filesystem every node mounts at the same path"
         )
+    own = tempfile.mkdtemp(prefix="packer-ray-shard-") if parts is not None else None
     try:
+        if own is not None:  # recorded by the driver, which has the staging folder: not here
+            job = replace(job, directory=own, record=False)
         [result] = run_jobs([job], 1, progress=progress, timeout=timeout, should_stop=should_stop)
+        if parts is not None:
+            uploaded = parts.put_parts(Path(job.directory), result, should_stop)
+            if uploaded is None:
+                return "stopped", None
+            result.parts = uploaded
     except RunStopped:
         return "stopped", None
     except PackerError as e:
         return "error", e
+    finally:
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
     return "result", result

@@ -34,7 +34,7 @@ from packer.output.files import (
 from packer.output.finish import name_shards, write_output
 from packer.output.shard_uploads import sink_for
 from packer.records import ShardResult, ShardTask
-from packer.run.executor import Executor, ProgressFn
+from packer.run.executor import Executor, Handoff, ProgressFn
 from packer.run.resume import (
     SOURCES_PER_SHARD,
     current_digests,
@@ -70,16 +70,23 @@ class Staging:
         (``packer.output.shard_uploads``), else None: they stay in the folder."""
 
     @property
-    def on_result(self) -> Optional[Callable[[ShardJob, ShardResult], None]]:
-        """What an executor calls with each finished shard (None when nothing is to be done with it)."""
+    def on_result(self) -> Optional[Handoff]:
+        """What an executor calls with each finished shard (None when nothing is to be done with it);
+        where the output goes to a bucket, it says where workers on other machines upload theirs."""
         if self.sink is None:
             return None
-        return lambda job, result: self.take(result)
+        return Handoff(lambda job, result: self.take(result, job), self.sink.target(self.output))
 
-    def take(self, result: ShardResult) -> None:
+    def take(self, result: ShardResult, job: Optional[ShardJob] = None) -> None:
         """A shard of the folder is finished: uploaded now where the output goes to a bucket
-        (``ShardUploads.take``), else left in the folder."""
-        if self.sink is not None:
+        (``ShardUploads.take``), else left in the folder. A shard that its worker uploaded itself
+        (``result.parts``) is recorded here when its ``job`` asked its worker to record it."""
+        if self.sink is None:
+            return
+        if result.parts:
+            fingerprint = job.plan_fingerprint if job is not None and job.record else None
+            self.sink.take_uploaded(self.output, self.folder, result, fingerprint)
+        else:
             self.sink.take(self.output, self.folder, result)
 
     @property

@@ -5,6 +5,7 @@ whether a run left its staging folder, and photograph-like images with the chang
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -137,10 +138,26 @@ def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
+def rank_result(out: str, rank: int, result: object) -> None:
+    """The last step of a ``run_ranks`` target: write its JSON ``result`` as ``out/rankR.json``, then
+    exit at once. The target's own objects (a framework's process group, wrapped model, loaders) are
+    never torn down: a rank of the Accelerate test hung after writing its result, in the teardown of
+    the target's locals as it returned (a destructor waiting with the interpreter's lock held)."""
+    import os
+
+    path = Path(out, f"rank{rank}.json")
+    path.with_suffix(".part").write_text(json.dumps(result))
+    os.replace(path.with_suffix(".part"), path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
-    """One process of ``run_ranks``: ``target``, then an exit that skips the interpreter's teardown.
-    Its result is on disk by then; a framework's leftovers (gloo's and OpenMP's threads, objects
-    whose finalizers wait on a peer that has gone) once kept a rank from exiting on a loaded machine."""
+    """One process of ``run_ranks``: ``target`` (which ends with ``rank_result``), else an exit that
+    skips the interpreter's teardown. Its result is on disk by then; a framework's leftovers (gloo's
+    and OpenMP's threads, objects whose finalizers wait on a peer that has gone) once kept a rank from
+    exiting on a loaded machine."""
     import faulthandler
     import os
     import traceback

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
-from helpers import run_ranks, stop_workers
+from helpers import rank_result, run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -92,7 +92,6 @@ def _trainer(**kwargs) -> "lightning.Trainer":
 def _lightning_ddp_rank(rank: int, world: int, port: int, payload: dict, out: str) -> None:
     """One rank of a Lightning DDP run launched as torchrun does (Lightning sees LOCAL_RANK and does
     not start processes itself): the batches this rank trained on, by epoch, per format."""
-    import json
     import os
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0")
@@ -106,7 +105,7 @@ def _lightning_ddp_rank(rank: int, world: int, port: int, payload: dict, out: st
         result[fmt] = [model.seen[e] for e in range(2)]
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # Lightning leaves it: gloo's threads would abort the exit
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    rank_result(out, rank, result)
 
 
 def test_lightning_ddp_on_two_processes_splits_every_epoch_between_the_ranks(packed, tmp_path):

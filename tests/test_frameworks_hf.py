@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import pack_every_format
-from helpers import run_ranks, stop_workers
+from helpers import rank_result, run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
@@ -127,7 +127,7 @@ def _accelerate_rank(rank: int, world: int, port: int, payload: dict, out: str) 
         result[fmt] = {"epochs": epochs, "before": before, "after": after}
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    rank_result(out, rank, result)
 
 
 def test_accelerate_on_two_processes_splits_every_epoch_and_resumes_each_rank_exactly(packed, tmp_path):

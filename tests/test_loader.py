@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FORMATS, make_tree
-from helpers import run_ranks
+from helpers import rank_result, run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -178,7 +178,7 @@ def _ddp_rank(rank: int, world: int, port: int, roots: dict, out: str) -> None:
         result[fmt] = {"epochs": epochs, "len": len(loader)}
     dist.barrier()
     dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    rank_result(out, rank, result)
 
 
 def test_ddp_two_processes(packed, tmp_path):
@@ -223,7 +223,7 @@ def _ranks_save_then_resume(rank: int, world: int, port: int, payload: dict, out
         result["rest"] = rest
     dist.barrier()
     dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    rank_result(out, rank, result)
 
 
 def test_a_loader_state_saved_on_two_ranks_resumes_on_three_and_on_one(packed, tmp_path):

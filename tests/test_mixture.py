@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import write_image
-from helpers import run_ranks
+from helpers import rank_result, run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -185,7 +185,7 @@ def _ddp_rank(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     last = [keys(b) for b in resumed]
     dist.barrier()
     dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"epochs": epochs, "resumed": [taken + rest, last]}))
+    rank_result(out, rank, {"epochs": epochs, "resumed": [taken + rest, last]})
 
 
 def test_two_ddp_ranks_get_equal_batches_and_resume_exactly_across_epochs(parts, tmp_path):

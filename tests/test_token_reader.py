@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import corpus_texts, make_bpe_tokenizer, run_ranks
+from helpers import corpus_texts, make_bpe_tokenizer, rank_result, run_ranks
 
 from packer.config import PackConfig, ShardSize
 from packer.ops.pack_tokens import pack_corpus
@@ -170,7 +170,7 @@ def _rank_blocks(rank, world, port, payload, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     loader = make_loader(open_dataset(payload), 3, seed=1)
     seen = [b["input_ids"].tolist() for b in loader]
-    Path(out, f"rank{rank}.json").write_text(json.dumps(seen))
+    rank_result(out, rank, seen)
     dist.destroy_process_group()
 
 

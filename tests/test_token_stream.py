@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import corpus_texts, make_bpe_tokenizer, run_ranks, served_folder
+from helpers import corpus_texts, make_bpe_tokenizer, rank_result, run_ranks, served_folder
 
 from packer.config import PackConfig, ShardSize
 from packer.ops.pack_tokens import pack_corpus
@@ -130,7 +129,7 @@ def _rank_rows(rank, world, port, payload, out):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     loader = make_loader(open_dataset(payload, seed=1), 3)
-    Path(out, f"rank{rank}.json").write_text(json.dumps([b["input_ids"].tolist() for b in loader]))
+    rank_result(out, rank, [b["input_ids"].tolist() for b in loader])
     dist.destroy_process_group()
 
 

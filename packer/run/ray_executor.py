@@ -4,6 +4,9 @@ The driver (the ``packer convert`` process) plans the shards, keeps the staging 
 exactly as a local run does (``packer.ops.convert``), and only hands the running of shard jobs to Ray.
 Each task writes its shard and then its shard's record straight into the staging folder, as a local
 worker does; the folder must be on a filesystem every node sees, so a task carries paths, never data.
+Where the output goes to a bucket (the executor's ``on_result`` is a ``Handoff`` with ``parts``), the
+staging folder is the driver's own: each task writes its shard in a folder of its node, uploads it as
+the run's parts (``packer.output.part_target``) and returns them, and the driver records the shard.
 
 A task runs its shard the way the local executor does, through ``run_jobs`` with one worker
 process: a file that crashes or hangs the decoder is skipped with the reason there too, and partial

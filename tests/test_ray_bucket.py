@@ -140,3 +140,17 @@ def test_an_interrupted_conversion_resumes_from_the_shards_the_tasks_uploaded(cl
     published = json.loads(fs.cat_file("data/ray-resumed/manifest.json"))
     assert _shards(published) == [(f.path, f.sha256, f.bytes) for s in read_manifest(local).shards for f in s.files]
     assert not fs.exists(f"data/ray-resumed/{PARTS}")
+
+
+def test_an_append_from_the_cluster_grows_the_output_in_the_bucket(cluster, tmp_path):
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 5, "bee": 4})
+    url = "s3://data/ray-grown"
+    options = ["-f", "npy", "--size", "16", "--shard-size", "3", "-q", "--executor", "ray"]
+    assert CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options]).exit_code == 0
+    make_tree(src, {"ant": 8})  # three more files of a known class
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--append"])
+    assert r.exit_code == 0 and "appended 3 samples in 1 new shard(s)" in r.output, r.output
+    assert json.loads(cluster.fs.cat_file("data/ray-grown/manifest.json"))["samples"] == 12
+    assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
+    assert not cluster.fs.exists(f"data/ray-grown/{PARTS}")

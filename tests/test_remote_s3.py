@@ -155,8 +155,6 @@ def test_a_bucket_destination_is_refused_while_locked_or_foreign(bucket, tmp_pat
     fs.pipe("data/locked/.packer-lock", json.dumps({**alive, "started": alive["started"] - 1}).encode())
     r = _convert(src, "s3://data/locked")
     assert r.exit_code == 0, r.output
-    r = _convert(src, "s3://data/x", "--num-nodes", "2", "--node-rank", "0")
-    assert r.exit_code == 2 and "--num-nodes with a bucket output is not built yet" in r.output
 
 
 def _token_corpus(folder, documents: int):

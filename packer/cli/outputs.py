@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import click
 from tqdm import tqdm
 
-from packer.cli.options import OutputFolder
+from packer.cli.options import ConvertDestination, OutputFolder
+from packer.cli.remote_output import uploaded
 from packer.cli.render import summary
 from packer.cli.running import reported
 from packer.cli.signals import stop_on_signals
@@ -19,14 +20,26 @@ from packer.spec.errors import PackerError
 
 
 @click.command()
-@click.argument("output", type=OutputFolder())
+@click.argument("output", type=ConvertDestination())
 @click.option("--overwrite", is_flag=True, help="Replace an existing packer output at OUTPUT.")
-def merge(output: Path, overwrite: bool) -> None:
+def merge(output: Union[Path, str], overwrite: bool) -> None:
     """Publish OUTPUT after a conversion split with --num-nodes, once every node is done.
 
     Checks that every planned shard is there and intact (SHA-256), names the missing ones and their
     nodes otherwise, then writes the manifest and renames the output into place as a single run does.
+    OUTPUT may be a bucket (s3://bucket/prefix) the nodes converted into: the shards are given their
+    names inside the store, and the manifest goes up last.
     """
+    if isinstance(output, str):  # a bucket: the nodes' records and shards are read from the store
+        ctx = click.get_current_context()
+        ctx.params["resume"] = True  # the records the nodes kept there are the run to finish
+        with uploaded(ctx, output) as local:
+            _merge(local, overwrite=False)  # a replaced output is the bucket's: ``uploaded`` replaces it
+        return
+    _merge(output, overwrite)
+
+
+def _merge(output: Path, overwrite: bool) -> None:
     with stop_on_signals():
         try:
             result = merge_output(output, overwrite=overwrite)

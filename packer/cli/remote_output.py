@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import click
 from tqdm import tqdm
@@ -21,24 +21,24 @@ from packer.cli.signals import stop_on_signals
 from packer.output.files import staging_dir
 from packer.output.prefix_lock import release
 from packer.output.shard_uploads import KEPT, ShardUploads, streaming
-from packer.output.upload import fetch_output, reserve, upload_output
+from packer.output.upload import PARTS, fetch_output, reserve, reserve_node, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
 from packer.system import clear_stop_request
 from packer.tokens.progress import PROGRESS_NAME
 
-NOT_YET = {"num_nodes": "--num-nodes"}
-"""Options a conversion into a bucket does not take yet."""
-
 
 @contextlib.contextmanager
 def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
-    """A local folder for the conversion ``ctx`` runs, uploaded to ``url`` once the block ends well
-    (the command's ``output`` and ``overwrite`` are that folder's for the block); removed either way."""
+    """A local folder for the conversion (or ``packer merge``) ``ctx`` runs, uploaded to ``url`` once
+    the block ends well (the command's ``output`` and ``overwrite`` are that folder's for the block);
+    removed either way. A node of a split conversion (``--num-nodes``) uploads its shards only
+    (``node_uploads``)."""
     p = ctx.params
-    given = [flag for name, flag in NOT_YET.items() if p.get(name)]
-    if given:
-        raise click.UsageError(f"{', '.join(given)} with a bucket output is not built yet: convert to a local folder")
+    if p.get("num_nodes"):
+        with node_uploads(ctx, url) as local:
+            yield local
+        return
     overwrite, resume, append = bool(p.get("overwrite")), bool(p.get("resume")), bool(p.get("append_"))
     if append and overwrite:
         raise click.UsageError("--append with --overwrite: give one of them")
@@ -60,7 +60,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         local = scratch / "append" / url.rstrip("/").rsplit("/", 1)[-1] if append else scratch / "output"
         p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
         shards = ShardUploads(dest, local, base=scratch)
-        try:
+        with _abandoned_on_failure(shards, local, url, lambda: _interrupted(url, shards, local)):
             if resume:
                 shards.restore()  # the interrupted run's records, for the conversion's --resume
             if append:
@@ -71,22 +71,6 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             if before is not None and (local / MANIFEST_NAME).read_bytes() == (before / MANIFEST_NAME).read_bytes():
                 shards.abandon()  # nothing appended: the output is as it was, the run's parts go
                 return
-        except PackerError as e:
-            shards.abandon()
-            raise click.ClickException(str(e).replace(str(local), url.rstrip("/"))) from None
-        except click.ClickException as e:  # a usage error too: what it says of the local folder is of the bucket
-            shards.abandon()
-            e.message = e.message.replace(str(local), url.rstrip("/"))
-            raise
-        except BaseException as e:
-            interrupted = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
-            if interrupted:  # received, and acted on here: the held block of ``abandon`` must not raise it again
-                clear_stop_request()
-            shards.abandon(resumable=interrupted)
-            if interrupted:
-                click.echo(_interrupted(url, shards, local), err=True)
-                sys.exit(130)  # what the conversion exits with on Ctrl-C, wherever it came
-            raise
         size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         with stop_on_signals():
             try:
@@ -116,6 +100,76 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
             folder.close(local, dest.published)  # a token conversion's tokenizing kept for --resume
 
 
+@contextlib.contextmanager
+def node_uploads(ctx: click.Context, url: str) -> Iterator[Path]:
+    """A local folder for one node of a conversion split with ``--num-nodes`` into the bucket ``url``:
+    each shard the node writes is uploaded as it finishes, with its record, beside the other nodes'
+    (``packer.ops.nodes``); nothing is published (``packer merge URL`` does that, once every node is
+    done). The nodes share the plan and the records kept in the store: a node run again keeps its
+    shards recorded there. A failure or an interrupt keeps what the node finished."""
+    p = ctx.params
+    try:
+        dest = reserve_node(url, bool(p.get("overwrite")))
+    except PackerError as e:
+        raise click.ClickException(str(e)) from None
+    saved = dict(p)
+    folder: Optional[RunFolder] = None
+    local = Path()
+    try:
+        try:
+            folder = RunFolder(url, False, node=f"node-{p.get('node_rank')}")
+        except PackerError as e:
+            raise click.ClickException(str(e)) from None
+        local = folder.path / "output"
+        p.update(output=local, overwrite=False)
+        shards = ShardUploads(dest, local, base=folder.path, shared=True)
+        kept = f"packer: interrupted; the shards this node finished are kept in {url}: run the same command again"
+        with _abandoned_on_failure(shards, local, url, lambda: kept):
+            shards.restore()  # the plan and every node's records: the shards this node finished are kept
+            with streaming(shards), showing(local, url):
+                yield local
+            shards.finish()
+    finally:
+        p.clear()
+        p.update(saved)
+        if folder is not None:
+            folder.close(local, False)
+
+
+@contextlib.contextmanager
+def _abandoned_on_failure(
+    shards: ShardUploads, local: Path, url: str, interrupted: Callable[[], str]
+) -> Iterator[None]:
+    """Around the run of ``shards`` in ``local``: a failure abandons the run's uploads (``abandon``) and
+    says what it says of the local folder of the bucket; an interrupt keeps what ``abandon`` keeps for
+    ``--resume``, prints ``interrupted()`` and exits 130, as the conversion does on Ctrl-C."""
+    try:
+        yield
+    except PackerError as e:
+        shards.abandon()
+        raise click.ClickException(_of_bucket(str(e), local, url)) from None
+    except click.ClickException as e:  # a usage error too
+        shards.abandon()
+        e.message = _of_bucket(e.message, local, url)
+        raise
+    except BaseException as e:
+        stopped = isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 130)
+        if stopped:  # received, and acted on here: the held block of ``abandon`` must not raise it again
+            clear_stop_request()
+        shards.abandon(resumable=stopped)
+        if stopped:
+            click.echo(interrupted(), err=True)
+            sys.exit(130)  # what the conversion exits with on Ctrl-C, wherever it came
+        raise
+
+
+def _of_bucket(message: str, local: Path, url: str) -> str:
+    """``message`` with what it says of the run's local folder (and its staging folder, which holds
+    what a split conversion's nodes share in the store) said of the bucket."""
+    url = url.rstrip("/")
+    return message.replace(str(staging_dir(local)), f"{url}/{PARTS}").replace(str(local), url)
+
+
 def _interrupted(url: str, shards: ShardUploads, local: Path) -> str:
     """What an interrupt left of the conversion into ``url`` (after ``shards.abandon``) from ``local``."""
     if (staging_dir(local) / PROGRESS_NAME).is_file() or (shards.base / KEPT).is_dir():
@@ -131,4 +185,4 @@ def _interrupted(url: str, shards: ShardUploads, local: Path) -> str:
     return f"packer: interrupted; {url} is as it was before, and nothing is kept here"
 
 
-__all__ = ["uploaded"]
+__all__ = ["uploaded", "node_uploads"]

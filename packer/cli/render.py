@@ -26,14 +26,16 @@ SHOW_SKIPPED = 10  # skipped paths printed per reason; the manifest lists them a
 def node_summary(result: NodeResult) -> None:
     """Print what one node of a ``--num-nodes`` split wrote, and the ``packer merge`` to run when all are done."""
     kept = result.shards - result.written
+    output = shown_as(result.output)
+    where = result.stage if output == str(result.output) else output  # a bucket: its parts, until the merge
     click.echo(
         f"packer: node {result.node.rank} of {result.node.nodes} wrote {result.written} shard(s)"
         f"{f' (and kept {kept} from an earlier run)' if kept else ''}, {result.samples} samples in all, "
-        f"into {result.stage} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan"
+        f"into {where} in {result.seconds:.1f} s; {result.total_shards} shard(s) in the plan"
     )
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} file(s) (listed in the report that packer merge writes)", err=True)
-    click.echo(f"when every node is done: packer merge {result.output}")
+    click.echo(f"when every node is done: packer merge {output}")
 
 
 def splits_summary(result: SplitsResult) -> None:

@@ -32,9 +32,10 @@ ENDPOINTS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE")
 class RunFolder:
     """The local folder of one run into the bucket ``url`` (see the module)."""
 
-    def __init__(self, url: str, resume: bool) -> None:
+    def __init__(self, url: str, resume: bool, node: str = "") -> None:
         user = os.getuid() if hasattr(os, "getuid") else 0
         where = "\0".join([str(user), url.rstrip("/"), *(os.environ.get(k, "") for k in ENDPOINTS)])
+        where += f"\0{node}" if node else ""  # the nodes of a split conversion on one machine: one folder each
         name = f"packer-upload-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
         self.path = (Path(tempfile.gettempdir()) / name).absolute()  # a relative TMPDIR: where it was when it began
         self._own(user)

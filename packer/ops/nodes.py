@@ -143,6 +143,7 @@ def convert_node(
     staging = Staging(output)  # shared with the other nodes, under the node locks: never locked alone
     try:
         stage = join_staging(staging, plan, node)
+        staging.share_plan()
         work = ShardWork.of(config, layout, str(stage), strict)
         jobs = [
             work.job(

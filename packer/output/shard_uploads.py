@@ -83,8 +83,13 @@ _SINKS: dict[Path, ShardUploads] = {}
 class ShardUploads:
     """The uploads of one run into the reserved ``dest``, for outputs written inside ``local`` (see the module)."""
 
-    def __init__(self, dest: Destination, local: Path, ahead: int = AHEAD, base: Optional[Path] = None) -> None:
+    def __init__(
+        self, dest: Destination, local: Path, ahead: int = AHEAD, base: Optional[Path] = None, shared: bool = False
+    ) -> None:
         self.dest, self.local, self.ahead = dest, Path(local).absolute(), int(ahead)
+        self.shared = shared
+        """A node of a conversion split with ``--num-nodes``: the other nodes' records share the prefix, so
+        none is ever removed (not for a new plan, nor after a failure: ``abandon`` keeps what was done)."""
         self.base = Path(base).absolute() if base is not None else self.local.parent
         """The run's local folder, which holds ``local`` (``set_aside``)."""
         self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="packer-upload")
@@ -232,7 +237,7 @@ class ShardUploads:
                 return  # a token conversion's or append's: its shards have no records to resume from
         except (OSError, ValueError, AttributeError):
             return
-        if folder not in self.restored:  # a new run: the records of one before go with its plan
+        if folder not in self.restored and not self.shared:  # a new run: the records of one before go with its plan
             self.kept.append(self.records.submit(self._clear, folder))
         self.kept.append(self.records.submit(self._put_state, folder / PLAN_RECORD, plan))
         self.planned.add(folder)
@@ -425,6 +430,7 @@ class ShardUploads:
         otherwise leaves an earlier interrupted run's. A failure of a run that was not a --resume
         and had begun to replace an earlier interrupted run's records removes all of them (but the
         lists of published shards)."""
+        resumable = resumable or self.shared  # a node keeps its finished shards for its next run, always
         failed, resumable = not resumable, resumable and self.resumable
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again

@@ -132,13 +132,8 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
         dead = None
         if replacing:
             names.discard(LOCK_NAME)
-            lock = read_lock(fs, root)
-            age = lock_age(fs, root)
-            if age <= LOCK_LEASE and not holder_is_gone(lock):
-                raise OutputError(
-                    f"another conversion is writing {url} (its lock {url}/{LOCK_NAME} was renewed "
-                    f"{age:.0f} s ago); wait for it, or remove the lock object if that run died"
-                )
+            busy = f"another conversion is writing {url}"
+            lock = _dead_lock(fs, root, url, busy, ", or remove the lock object if that run died")
             dead = (lock or {}).get("token")
         foreign = sorted(n for n in names if not OWN_NAME.fullmatch(n))
         if foreign:
@@ -186,6 +181,38 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
     dest._renewer = threading.Thread(target=renew, args=(dest,), name="packer-lock", daemon=True)
     dest._renewer.start()
     return dest
+
+
+def reserve_node(url: str, overwrite: bool) -> Destination:
+    """Check ``url`` for one node of a conversion split with ``--num-nodes`` (``packer.ops.nodes``),
+    whose nodes write into the prefix at once: no lock is taken (``packer merge`` takes it), but a
+    conversion or a merge holding it refuses the node, as objects that are not packer's do, and an
+    output there does without ``overwrite`` (the merge replaces it). OutputError saying what to do."""
+    fs, root = filesystem(url)
+    with store_errors(url):
+        names = _names(fs, root)
+        if LOCK_NAME in names:
+            _dead_lock(fs, root, url, f"a conversion or a merge is writing {url}", " before starting the nodes")
+            names.discard(LOCK_NAME)
+        foreign = sorted(n for n in names if not OWN_NAME.fullmatch(n))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise OutputError(f"{url} holds objects that are not packer's ({shown}): refusing to write there")
+        if _check_manifests(fs, root, names, url) and not overwrite:
+            raise OutputError(
+                f"{url} already holds a packer output; pass --overwrite to every node (packer merge --overwrite "
+                "then replaces it)"
+            )
+    return Destination(url, fs, root, uuid.uuid4().hex, overwrite, names)
+
+
+def _dead_lock(fs: Any, root: str, url: str, busy: str, then: str) -> Optional[dict]:
+    """The lock of the prefix ``url``, which must be a dead run's (renewed longer than ``LOCK_LEASE``
+    ago, or its holder gone from this machine); OutputError saying ``busy`` and to wait ``then`` otherwise."""
+    lock, age = read_lock(fs, root), lock_age(fs, root)
+    if age <= LOCK_LEASE and not holder_is_gone(lock):
+        raise OutputError(f"{busy} (its lock {url}/{LOCK_NAME} was renewed {age:.0f} s ago); wait for it{then}")
+    return lock
 
 
 def fetch_output(dest: Destination, local: Path, before: Path) -> Path:
@@ -400,6 +427,7 @@ def _names(fs: Any, root: str, relative_to: Optional[str] = None) -> set[str]:
 __all__ = [
     "Destination",
     "reserve",
+    "reserve_node",
     "upload_output",
     "fetch_output",
     "check_uploaded",

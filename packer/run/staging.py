@@ -161,6 +161,12 @@ class Staging:
         if self.sink is not None:
             self.sink.keep_plan(self.folder)
 
+    def share_plan(self) -> None:
+        """The plan a node of a split conversion made or joined in the folder, kept in the store too
+        where the output goes to a bucket: there it is the nodes' shared record of the run."""
+        if self.sink is not None:
+            self.sink.keep_plan(self.folder)
+
     def finished(self, names: list[str]) -> dict[str, ShardResult]:
         """The shards of ``names`` recorded in the folder as finished whose files are intact (a bucket
         output's: in the store, ``ShardUploads.finished``)."""

@@ -26,6 +26,11 @@ The parts and records of every run go once the manifest is up. A split set's spl
 records as a conversion does; as each split finishes, its manifest (and the files made with it) and
 the set's record are mirrored too (``keep_finished``), so that ``--resume`` keeps it whole, and its
 published shards stay through an interrupt.
+
+Shards written elsewhere: a Ray task on another node uploads its shard itself as parts of the run
+(``target``, ``packer.output.part_target``), and the driver takes it with ``take_uploaded``. A node of
+a conversion split with ``--num-nodes`` (``shared``) mirrors its plan and records beside the other
+nodes' and never removes theirs; ``packer merge`` then restores them all, as a ``--resume`` does.
 """
 
 from __future__ import annotations

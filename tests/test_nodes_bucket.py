@@ -138,3 +138,32 @@ def test_an_interrupted_node_keeps_its_finished_shards_for_its_next_run(s3_serve
     assert r.exit_code == 130 and f"kept in {url}" in r.output, r.output
     r = _node(src, url, 0)
     assert r.exit_code == 0 and "wrote 1 shard(s) (and kept 2 from an earlier run)" in r.output, r.output
+
+
+def test_nodes_started_at_once_with_other_options_are_refused_before_they_write(s3_server, tmp_path, monkeypatch):
+    """Two nodes that both found no plan in the store (started at the same moment): the plan created
+    first is the one; the other node, with other options, is refused before it writes a shard."""
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 4})
+    url, prefix = "s3://data/nodes-at-once", "data/nodes-at-once"
+    assert _node(src, url, 0).exit_code == 0
+    written = _names(s3_server, prefix)
+    monkeypatch.setattr(ShardUploads, "restore", lambda self: None)  # node 1 saw no plan when it started
+    r = _node(src, url, 1, "--mode", "L")
+    assert r.exit_code == 1 and "another node recorded another plan there" in r.output, r.output
+    assert _names(s3_server, prefix) == written  # nothing of node 1's, node 0's plan and shards kept
+    monkeypatch.undo()
+    assert _node(src, url, 1).exit_code == 0 and CliRunner().invoke(cli, ["merge", url]).exit_code == 0
+
+
+def test_a_single_run_does_not_discard_the_nodes_work_unless_told(s3_server, tmp_path):
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 4})
+    url = "s3://data/nodes-then-one"
+    assert _node(src, url, 0).exit_code == 0
+    one = ["convert", str(src), "-o", url, "-f", "wds", "--size", "16", "-q"]
+    r = CliRunner().invoke(cli, one)
+    assert r.exit_code == 1 and "split over 2 nodes" in r.output and f"packer merge {url}" in r.output, r.output
+    r = CliRunner().invoke(cli, [*one, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert not any(n.startswith(PARTS) for n in _names(s3_server, "data/nodes-then-one"))

@@ -46,19 +46,31 @@ def _own_shard_folders() -> list:
     return [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("packer-ray-shard-")]
 
 
-@pytest.mark.parametrize("fmt", ["npy", "wds"])
-def test_the_tasks_upload_their_shards_and_the_output_is_the_local_one(cluster, tmp_path, monkeypatch, fmt):
-    src = tmp_path / "images"
-    make_tree(src, {"ant": 5, "bee": 4, "cat": 5})
+def _takes(monkeypatch) -> tuple[list, list]:
+    """The shards the driver uploaded itself (``ShardUploads.take``: none may be, a stand-in that fails
+    the run) and the parts of those its tasks uploaded (``take_uploaded``), as the run goes."""
     taken_here, taken_uploaded = [], []
-    monkeypatch.setattr(ShardUploads, "take", lambda self, *a: taken_here.append(a))
+
+    def take(self, output, folder, result):
+        taken_here.append(result.name)
+        raise AssertionError(f"the driver uploaded {result.name} itself")
+
     real = ShardUploads.take_uploaded
 
     def take_uploaded(self, output, folder, result, fingerprint=None):
         taken_uploaded.append(dict(result.parts))
         return real(self, output, folder, result, fingerprint)
 
+    monkeypatch.setattr(ShardUploads, "take", take)
     monkeypatch.setattr(ShardUploads, "take_uploaded", take_uploaded)
+    return taken_here, taken_uploaded
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_the_tasks_upload_their_shards_and_the_output_is_the_local_one(cluster, tmp_path, monkeypatch, fmt):
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 5, "bee": 4, "cat": 5})
+    taken_here, taken_uploaded = _takes(monkeypatch)
     url = f"s3://data/ray-{fmt}"
     options = ["-f", fmt, "--size", "16", "--shard-size", "4", "-q"]
     r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--executor", "ray"])
@@ -75,13 +87,16 @@ def test_the_tasks_upload_their_shards_and_the_output_is_the_local_one(cluster, 
     assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
 
 
-def test_a_split_set_from_the_cluster_into_a_bucket(cluster, tmp_path):
+def test_a_split_set_from_the_cluster_into_a_bucket(cluster, tmp_path, monkeypatch):
     src = tmp_path / "images"
     make_tree(src, {"ant": 6, "bee": 6})
     url = "s3://data/ray-split"
     options = ["-f", "npy", "--size", "16", "--shard-size", "3", "--split", "train=0.5,val=0.5", "-q"]
-    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--executor", "ray"])
-    assert r.exit_code == 0, r.output
+    with monkeypatch.context() as m:
+        taken_here, taken_uploaded = _takes(m)
+        r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--executor", "ray"])
+    assert r.exit_code == 0 and not taken_here and len(taken_uploaded) == 4, r.output
+    assert {p.split("/")[2] for parts in taken_uploaded for p in parts.values()} == {"train", "val"}
     r = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "local"), *options])
     assert r.exit_code == 0, r.output
     for split in ("train", "val"):
@@ -142,15 +157,18 @@ def test_an_interrupted_conversion_resumes_from_the_shards_the_tasks_uploaded(cl
     assert not fs.exists(f"data/ray-resumed/{PARTS}")
 
 
-def test_an_append_from_the_cluster_grows_the_output_in_the_bucket(cluster, tmp_path):
+def test_an_append_from_the_cluster_grows_the_output_in_the_bucket(cluster, tmp_path, monkeypatch):
     src = tmp_path / "images"
     make_tree(src, {"ant": 5, "bee": 4})
     url = "s3://data/ray-grown"
     options = ["-f", "npy", "--size", "16", "--shard-size", "3", "-q", "--executor", "ray"]
     assert CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options]).exit_code == 0
     make_tree(src, {"ant": 8})  # three more files of a known class
-    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--append"])
+    with monkeypatch.context() as m:
+        taken_here, taken_uploaded = _takes(m)
+        r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, *options, "--append"])
     assert r.exit_code == 0 and "appended 3 samples in 1 new shard(s)" in r.output, r.output
+    assert not taken_here and len(taken_uploaded) == 1
     assert json.loads(cluster.fs.cat_file("data/ray-grown/manifest.json"))["samples"] == 12
     assert CliRunner().invoke(cli, ["verify", url, "-q"]).exit_code == 0
     assert not cluster.fs.exists(f"data/ray-grown/{PARTS}")

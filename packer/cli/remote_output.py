@@ -60,7 +60,13 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
         local = scratch / "append" / url.rstrip("/").rsplit("/", 1)[-1] if append else scratch / "output"
         p.update(output=local, overwrite=False)  # what the run reads of the command's parameters
         shards = ShardUploads(dest, local, base=scratch)
-        with _abandoned_on_failure(shards, local, url, lambda: _interrupted(url, shards, local)):
+
+        def stopped() -> str:
+            if ctx.command.name == "merge":  # nothing to --resume: the merge is run again
+                return f"packer: merge interrupted; nothing was published to {url}, the nodes' shards stay there"
+            return _interrupted(url, shards, local)
+
+        with _abandoned_on_failure(shards, local, url, stopped):
             if resume:
                 shards.restore()  # the interrupted run's records, for the conversion's --resume
             if append:
@@ -86,7 +92,7 @@ def uploaded(ctx: click.Context, url: str) -> Iterator[Path]:
                 if dest.published:
                     click.echo(f"packer: interrupted once {url} was published whole", err=True)
                 else:
-                    click.echo(_interrupted(url, shards, local), err=True)
+                    click.echo(stopped(), err=True)
                 sys.exit(130)
             except PackerError as e:
                 raise click.ClickException(str(e)) from None

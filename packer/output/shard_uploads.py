@@ -125,8 +125,9 @@ class ShardUploads:
         self.listed: set[str] = set()  # those the store's list of this run holds (``_list_published``)
         self._listing = threading.Lock()
         self.remote = False
-        """Whether workers on other machines were given this run's parts to put their shards in
-        (``target``): a failure then also removes the parts of theirs that never came back."""
+        """Whether this run handed out where its parts go (``target``, which every run into a bucket
+        does, for an executor whose workers write elsewhere): a failure then also lists the run's
+        parts and removes those whose shards never came back."""
         self.kept_published: set[str] = set()
         """The published shards of a split set's finished splits (``keep_finished``): an interrupt keeps them."""
 
@@ -181,11 +182,11 @@ class ShardUploads:
         own = f"{PARTS}/{self.dest.token[:12]}-"
         with self._lock:
             for f in result.files:
-                part = result.parts.get(f.path, "")
-                if not (part.startswith(own) and OWN_PART.fullmatch(part)):
+                part, name = result.parts.get(f.path, ""), self.object_name(output, f.path)
+                if not (part.startswith(own) and OWN_PART.fullmatch(part) and part.endswith(f"/{name}")):
                     raise OutputError(f"{result.name}: {f.path} came back without a part of this run ({part!r})")
                 self.sent.add(part)
-                self.uploads[self.object_name(output, f.path)] = (part, done)
+                self.uploads[name] = (part, done)
                 self.bytes += f.bytes
         if fingerprint is not None:
             record_shard(Path(folder), result, fingerprint=fingerprint or None)  # no file stamps: none is here
@@ -242,12 +243,48 @@ class ShardUploads:
                 return  # a token conversion's or append's: its shards have no records to resume from
         except (OSError, ValueError, AttributeError):
             return
-        if folder not in self.restored and not self.shared:  # a new run: the records of one before go with its plan
-            self.kept.append(self.records.submit(self._clear, folder))
-        self.kept.append(self.records.submit(self._put_state, folder / PLAN_RECORD, plan))
+        if self.shared:
+            self._share_plan(folder, plan, recorded)
+        else:
+            if folder not in self.restored:  # a new run: the records of one before go with its plan
+                self.kept.append(self.records.submit(self._clear, folder))
+            self.kept.append(self.records.submit(self._put_state, folder / PLAN_RECORD, plan))
         self.planned.add(folder)
         for path, parts, uploads in self.deferred.pop(folder, []):
             self._keep_record(path, parts, uploads)
+
+    def _share_plan(self, folder: Path, plan: bytes, recorded: dict) -> None:
+        """A node's plan in the store, now: created there only where none is (S3's ``If-None-Match``), so
+        that of nodes started at once, which found none, one plan wins; a node whose plan is not the
+        one there is refused before it writes a shard. OutputError saying what to do."""
+        name = self._state_name(folder / PLAN_RECORD)
+        target = f"{self.dest.root}/{name}"
+        fs = self.dest.fs
+        with store_errors(self.dest.url):
+            try:
+                fs.pipe_file(target, plan, mode="create")
+                with self._lock:
+                    self.sent.add(name)  # this node's own: another node's plan is never in ``sent``
+                return
+            except FileExistsError:
+                pass
+            except TypeError:  # a backend without exclusive create: its plan is written, then read back
+                fs.pipe_file(target, plan)
+            fs.invalidate_cache(target)
+            try:
+                theirs = json.loads(fs.cat_file(target))
+            except ValueError:
+                theirs = {}
+        keys = ("fingerprint", "workers")
+        if [theirs.get(k) for k in keys] != [recorded.get(k) for k in keys] or (theirs.get("split") or {}).get(
+            "nodes"
+        ) != (recorded.get("split") or {}).get("nodes"):
+            where = f"{self.dest.url.rstrip('/')}/{PARTS}"
+            raise OutputError(
+                f"this node cannot join the conversion in {where}: another node recorded another plan there "
+                "(other options, --num-nodes, -j or source files). Every node must run the same command, only "
+                f"--node-rank differs; if that run is stale, remove {where} and start every node again"
+            )
 
     def keep_finished(self, files: list[Path], published: list[str], finished: Optional[Path] = None) -> None:
         """Mirror ``files`` of the local folder (a split set's ``splits.json``, the manifest of the

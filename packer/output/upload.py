@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from packer.output.files import PLAN_RECORD
 from packer.output.object_checks import check_uploaded, holds, put_checked
 from packer.output.prefix_lock import (
     LOCK_LEASE,
@@ -145,7 +146,8 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
             what = "a split set: append to one split's output" if whole else "no packer output (no manifest.json)"
             raise OutputError(f"{url} holds {what}; --append adds to an existing output")
         if whole and not overwrite and not append:
-            again = " (with --resume, to continue the interrupted conversion that replaces it)" if interrupted else ""
+            replacing_run = interrupted and not resume  # a --resume (or a merge) is told --overwrite alone
+            again = " (with --resume, to continue the interrupted conversion that replaces it)" if replacing_run else ""
             raise OutputError(f"{url} already holds a packer output; pass --overwrite to replace it{again}")
         scratch = all(n.startswith(f"{PARTS}/") for n in names)  # a run's parts, which no output lists
         if names and not whole and not overwrite and not interrupted and not scratch:
@@ -154,6 +156,12 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
                 "to replace them"
             )
         if interrupted and not resume:
+            nodes = _split_over(fs, root, names)
+            if nodes and not overwrite:  # nodes may be writing still: their work goes only when asked
+                raise OutputError(
+                    f"{url} holds the shards of a conversion split over {nodes} nodes (under {PARTS}/): run "
+                    f"packer merge {url} once every node is done, or pass --overwrite to discard them"
+                )
             log.warning("discarding the unfinished conversion into %s (pass --resume to continue it)", url)
         token = uuid.uuid4().hex
         dest = Destination(url, fs, root, token, overwrite, names)
@@ -204,6 +212,17 @@ def reserve_node(url: str, overwrite: bool) -> Destination:
                 "then replaces it)"
             )
     return Destination(url, fs, root, uuid.uuid4().hex, overwrite, names)
+
+
+def _split_over(fs: Any, root: str, names: set[str]) -> int:
+    """The nodes of a conversion split with ``--num-nodes`` whose plan the prefix's records hold (0:
+    none; an interrupted single run's plan, or none readable)."""
+    for name in sorted(n for n in names if n.startswith(f"{STATE}/") and n.endswith(f"/{PLAN_RECORD}")):
+        try:
+            return int((json.loads(fs.cat_file(f"{root}/{name}")).get("split") or {}).get("nodes") or 0)
+        except (ValueError, TypeError, AttributeError, OSError):
+            continue
+    return 0
 
 
 def _dead_lock(fs: Any, root: str, url: str, busy: str, then: str) -> Optional[dict]:

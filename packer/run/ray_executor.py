@@ -282,7 +282,9 @@ def _write_shard_task(
     that Ray does not retry them. With ``parts`` (the output goes to a bucket, and the driver's
     staging folder is on the driver's disk) the shard is written into a folder of this node's and
     uploaded from there as the run's parts (``packer.output.part_target``): the node's disk holds
-    one shard at a time, and the driver records it.
+    one shard a task, and the driver records it. A task that outlives the driver's wait for stopped
+    tasks (``STOP_WAIT_SECONDS``: one in the middle of a large upload) may leave parts behind a failed
+    run; the next run into the prefix removes them.
     """
     import ray
 

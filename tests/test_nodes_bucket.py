@@ -167,3 +167,24 @@ def test_a_single_run_does_not_discard_the_nodes_work_unless_told(s3_server, tmp
     r = CliRunner().invoke(cli, [*one, "--overwrite"])
     assert r.exit_code == 0, r.output
     assert not any(n.startswith(PARTS) for n in _names(s3_server, "data/nodes-then-one"))
+
+
+def test_a_running_nodes_lease_holds_off_the_merge_a_single_run_and_its_own_rank(s3_server, tmp_path):
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 4, "bee": 4})
+    url, prefix = "s3://data/nodes-leased", "data/nodes-leased"
+    for rank in (0, 1):
+        assert _node(src, url, rank).exit_code == 0
+    assert not any("/nodes/" in n for n in _names(s3_server, prefix))  # each node let go of its lease
+    lease = {"host": "another-machine", "pid": 1, "started": 1, "token": "f" * 32}  # node 1, still running there
+    s3_server.pipe(f"{prefix}/{PARTS}/nodes/rank-1.lock", json.dumps(lease).encode())
+    r = CliRunner().invoke(cli, ["merge", url])
+    assert r.exit_code == 1 and "node 1 of a conversion split over nodes is writing" in r.output, r.output
+    r = _node(src, url, 1)
+    assert r.exit_code == 1 and "node 1 is already running" in r.output, r.output
+    r = CliRunner().invoke(cli, ["convert", str(src), "-o", url, "-f", "wds", "--size", "16", "-q", "--overwrite"])
+    assert r.exit_code == 1 and "node 1 of a conversion split over nodes is writing" in r.output, r.output
+    assert _node(src, url, 0).exit_code == 0  # another rank goes on
+    s3_server.rm(f"{prefix}/{PARTS}/nodes/rank-1.lock")  # node 1 ended
+    assert CliRunner().invoke(cli, ["merge", url]).exit_code == 0
+    assert not any(n.startswith(PARTS) for n in _names(s3_server, prefix))

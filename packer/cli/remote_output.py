@@ -115,7 +115,7 @@ def node_uploads(ctx: click.Context, url: str) -> Iterator[Path]:
     shards recorded there. A failure or an interrupt keeps what the node finished."""
     p = ctx.params
     try:
-        dest = reserve_node(url, bool(p.get("overwrite")))
+        dest = reserve_node(url, bool(p.get("overwrite")), int(p.get("node_rank") or 0))
     except PackerError as e:
         raise click.ClickException(str(e)) from None
     saved = dict(p)
@@ -136,6 +136,7 @@ def node_uploads(ctx: click.Context, url: str) -> Iterator[Path]:
                 yield local
             shards.finish()
     finally:
+        release(dest)  # the node's lease
         p.clear()
         p.update(saved)
         if folder is not None:

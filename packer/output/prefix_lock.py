@@ -29,21 +29,23 @@ RENEW_EVERY = 300.0
 
 
 def release(dest: "Destination") -> None:
-    """Stop renewing the lock and remove it, if it is still this run's."""
+    """Stop renewing the lock (or a node's lease, ``dest.lock``) and remove it, if it is still this run's."""
     dest._stop.set()
     if dest._renewer is not None:
         dest._renewer.join()
     try:
-        if lock_token(dest.fs, dest.root) == dest.token:
-            dest.fs.rm_file(f"{dest.root}/{LOCK_NAME}")
+        if lock_token(dest.fs, dest.root, dest.lock) == dest.token:
+            dest.fs.rm_file(f"{dest.root}/{dest.lock}")
     except Exception:  # noqa: BLE001 - a lock left behind is refused for an hour, never a wrong output
         pass
 
 
-def write_lock(fs: Any, root: str, token: str, exclusive: bool, url: str) -> None:
+def write_lock(fs: Any, root: str, token: str, exclusive: bool, url: str, name: str = LOCK_NAME) -> None:
+    """Write the lock object ``name`` (the prefix's, or a node's lease) with ``token`` and what tells
+    this process apart; ``exclusive``: only where none is (OutputError when one is)."""
     ids = {**this_machine(), "pid": os.getpid(), "started": process_start(os.getpid())}
     data = json.dumps({"token": token, **ids}).encode()
-    path = f"{root}/{LOCK_NAME}"
+    path = f"{root}/{name}"
     if not exclusive:  # a dead run's lock, replaced
         fs.pipe_file(path, data)
         return
@@ -59,8 +61,8 @@ def renew(dest: "Destination") -> None:
     """Rewrite the lock every ``RENEW_EVERY`` seconds while the run lasts (its age is the store's clock)."""
     while not dest._stop.wait(RENEW_EVERY):
         try:
-            if lock_token(dest.fs, dest.root) == dest.token:
-                write_lock(dest.fs, dest.root, dest.token, exclusive=False, url=dest.url)
+            if lock_token(dest.fs, dest.root, dest.lock) == dest.token:
+                write_lock(dest.fs, dest.root, dest.token, exclusive=False, url=dest.url, name=dest.lock)
         except Exception:  # noqa: BLE001 - checked again before the manifests go up
             pass
 
@@ -72,14 +74,14 @@ def check_own_lock(dest: "Destination") -> None:
         )
 
 
-def lock_token(fs: Any, root: str) -> Optional[str]:
-    return (read_lock(fs, root) or {}).get("token")
+def lock_token(fs: Any, root: str, name: str = LOCK_NAME) -> Optional[str]:
+    return (read_lock(fs, root, name) or {}).get("token")
 
 
-def read_lock(fs: Any, root: str) -> Optional[dict]:
-    """The lock object under ``root`` as written (``write_lock``), None when it is gone or unreadable."""
+def read_lock(fs: Any, root: str, name: str = LOCK_NAME) -> Optional[dict]:
+    """The lock object ``name`` under ``root`` as written (``write_lock``), None when it is gone or unreadable."""
     try:
-        lock = json.loads(fs.cat_file(f"{root}/{LOCK_NAME}"))
+        lock = json.loads(fs.cat_file(f"{root}/{name}"))
     except (OSError, ValueError):
         return None
     return lock if isinstance(lock, dict) else None
@@ -118,10 +120,10 @@ def process_start(pid: int) -> Optional[int]:
         return None
 
 
-def lock_age(fs: Any, root: str) -> float:
-    """Seconds since the lock under ``root`` was last written, by the store's clock where it says."""
+def lock_age(fs: Any, root: str, name: str = LOCK_NAME) -> float:
+    """Seconds since the lock object ``name`` under ``root`` was last written, by the store's clock where it says."""
     try:
-        written = fs.modified(f"{root}/{LOCK_NAME}")
+        written = fs.modified(f"{root}/{name}")
         if written.tzinfo is None:
             written = written.replace(tzinfo=timezone.utc)
         return (datetime.now(timezone.utc) - written).total_seconds()

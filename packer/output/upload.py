@@ -74,9 +74,14 @@ names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``, and the records
 (``PARTS/state/...``). Removed once the manifest is up."""
 STATE = f"{PARTS}/state"
 """Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
+NODE_LEASE = f"{PARTS}/nodes/rank-{{rank}}.lock"
+"""The lease a running ``--num-nodes`` node holds on the prefix (a lock object, renewed as the
+prefix's lock is): a merge, a conversion and the same rank elsewhere wait for it."""
+_NODE_LEASE = re.compile(r"\.packer-parts/nodes/rank-(\d+)\.lock")
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
     r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
+    r"|\.packer-parts/nodes/rank-\d+\.lock"
     r"|\.packer-parts/replaced/([A-Za-z0-9._-]+/)?(report\.txt|shardindex\.json|manifest\.json|splits\.json|"
     r"image_hashes(-[0-9a-f]{12})?\.npy)"
 )
@@ -97,6 +102,8 @@ class Destination:
     before: set[str]
     published: bool = False
     """Whether the manifests are up: the output is whole there (``upload_output``)."""
+    lock: str = LOCK_NAME
+    """The lock object this run holds and renews: the prefix's, or a ``--num-nodes`` node's lease (``NODE_LEASE``)."""
     interrupted_shards: set[str] = field(default_factory=set)
     """The published names interrupted runs gave their shards (``_published_by_interrupted_run``), read
     before this run lists its own: removed once this run is published, unless it lists them."""
@@ -140,6 +147,12 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
         if foreign:
             shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
             raise OutputError(f"{url} holds objects that are not packer's ({shown}): refusing to write there")
+        for lease in sorted(n for n in names if _NODE_LEASE.fullmatch(n)):  # a node running, or a dead one's
+            rank = _NODE_LEASE.fullmatch(lease).group(1)  # type: ignore[union-attr]
+            busy = f"node {rank} of a conversion split over nodes is writing {url}"
+            _dead_lock(
+                fs, root, url, busy, " (packer merge once every node has ended), or remove it if that node died", lease
+            )
         whole = _check_manifests(fs, root, names, url)
         interrupted = any(n.startswith(f"{STATE}/") for n in names)
         if append and MANIFEST_NAME not in names:
@@ -191,11 +204,13 @@ def reserve(url: str, overwrite: bool, resume: bool = False, append: bool = Fals
     return dest
 
 
-def reserve_node(url: str, overwrite: bool) -> Destination:
-    """Check ``url`` for one node of a conversion split with ``--num-nodes`` (``packer.ops.nodes``),
-    whose nodes write into the prefix at once: no lock is taken (``packer merge`` takes it), but a
-    conversion or a merge holding it refuses the node, as objects that are not packer's do, and an
-    output there does without ``overwrite`` (the merge replaces it). OutputError saying what to do."""
+def reserve_node(url: str, overwrite: bool, rank: int) -> Destination:
+    """Check ``url`` for node ``rank`` of a conversion split with ``--num-nodes`` (``packer.ops.nodes``),
+    whose nodes write into the prefix at once, and take the node's lease (``NODE_LEASE``, renewed
+    while it runs; ``release`` lets go of it): not the prefix's lock, which ``packer merge`` takes.
+    A conversion or a merge holding that lock refuses the node, as the same rank's live lease does,
+    and objects that are not packer's; an output there does without ``overwrite`` (the merge
+    replaces it). OutputError saying what to do."""
     fs, root = filesystem(url)
     with store_errors(url):
         names = _names(fs, root)
@@ -211,7 +226,21 @@ def reserve_node(url: str, overwrite: bool) -> Destination:
                 f"{url} already holds a packer output; pass --overwrite to every node (packer merge --overwrite "
                 "then replaces it)"
             )
-    return Destination(url, fs, root, uuid.uuid4().hex, overwrite, names)
+        lease = NODE_LEASE.format(rank=rank)
+        if lease in names:
+            _dead_lock(
+                fs,
+                root,
+                url,
+                f"node {rank} is already running into {url}",
+                " (each --node-rank runs once at a time)",
+                lease,
+            )
+        dest = Destination(url, fs, root, uuid.uuid4().hex, overwrite, names, lock=lease)
+        write_lock(fs, root, dest.token, exclusive=lease not in names, url=url, name=lease)
+    dest._renewer = threading.Thread(target=renew, args=(dest,), name="packer-lease", daemon=True)
+    dest._renewer.start()
+    return dest
 
 
 def _split_over(fs: Any, root: str, names: set[str]) -> int:
@@ -225,12 +254,13 @@ def _split_over(fs: Any, root: str, names: set[str]) -> int:
     return 0
 
 
-def _dead_lock(fs: Any, root: str, url: str, busy: str, then: str) -> Optional[dict]:
-    """The lock of the prefix ``url``, which must be a dead run's (renewed longer than ``LOCK_LEASE``
-    ago, or its holder gone from this machine); OutputError saying ``busy`` and to wait ``then`` otherwise."""
-    lock, age = read_lock(fs, root), lock_age(fs, root)
+def _dead_lock(fs: Any, root: str, url: str, busy: str, then: str, name: str = LOCK_NAME) -> Optional[dict]:
+    """The lock object ``name`` of the prefix ``url``, which must be a dead run's (renewed longer than
+    ``LOCK_LEASE`` ago, or its holder gone from this machine); OutputError saying ``busy`` and to wait
+    ``then`` otherwise."""
+    lock, age = read_lock(fs, root, name), lock_age(fs, root, name)
     if age <= LOCK_LEASE and not holder_is_gone(lock):
-        raise OutputError(f"{busy} (its lock {url}/{LOCK_NAME} was renewed {age:.0f} s ago); wait for it{then}")
+        raise OutputError(f"{busy} (its lock {url}/{name} was renewed {age:.0f} s ago); wait for it{then}")
     return lock
 
 

@@ -188,3 +188,26 @@ def test_a_running_nodes_lease_holds_off_the_merge_a_single_run_and_its_own_rank
     s3_server.rm(f"{prefix}/{PARTS}/nodes/rank-1.lock")  # node 1 ended
     assert CliRunner().invoke(cli, ["merge", url]).exit_code == 0
     assert not any(n.startswith(PARTS) for n in _names(s3_server, prefix))
+
+
+def test_a_node_run_again_asks_the_store_about_its_own_shards_only(s3_server, tmp_path, monkeypatch):
+    from packer.output import upload
+
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 7, "bee": 6})  # 5 shards of 3: node 0 writes 3 (6 files), node 1 writes 2 (4 files)
+    url = "s3://data/nodes-asked"
+    for rank in (0, 1):
+        assert _node(src, url, rank).exit_code == 0
+    asked, real = [], upload.holds
+
+    def holds(fs, path, *recorded):
+        asked.append(path.rsplit("/", 1)[-1])
+        return real(fs, path, *recorded)
+
+    monkeypatch.setattr(upload, "holds", holds)
+    r = _node(src, url, 1)
+    assert r.exit_code == 0 and "kept 2 from an earlier run" in r.output, r.output
+    assert sorted(asked) == ["shard-00001.idx", "shard-00001.tar", "shard-00003.idx", "shard-00003.tar"]
+    asked.clear()
+    assert CliRunner().invoke(cli, ["merge", url]).exit_code == 0
+    assert len(asked) == 10  # the merge: every node's

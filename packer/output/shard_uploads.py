@@ -119,6 +119,7 @@ class ShardUploads:
         """The part of each file an interrupted run uploaded and recorded, with the file's size and
         SHA-256 as recorded, by the file's name under the prefix (``restore``)."""
         self.intact: set[str] = set()  # the parts of ``resumed`` that the store holds as recorded
+        self.checked: set[str] = set()  # the files of ``resumed`` whose parts the store was asked about
         self.restored: set[Path] = set()  # the staging folders whose records ``restore`` brought back
         self.resuming = False  # a --resume: ``restore`` was called
         self.moved: set[str] = set()  # every published name a shard was given (``move``)
@@ -361,8 +362,9 @@ class ShardUploads:
 
     def restore(self) -> None:
         """Bring the records an interrupted run mirrored back into the local folder's parent (its
-        staging folders, as that run left them), and check the parts they name (the size and the
-        SHA-256 the store recorded, else read back)."""
+        staging folders, as that run left them), and note the parts they name; ``finished`` checks
+        those of the shards it is asked about (the size and the SHA-256 the store recorded, else read
+        back)."""
         fs, root = self.dest.fs, self.dest.root
         self.resuming = True
         with store_errors(self.dest.url):
@@ -397,16 +399,26 @@ class ShardUploads:
                             self.resumed[part.split("/", 2)[2]] = (part, int(f["bytes"]), str(f["sha256"]))
                     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
                         continue  # not a record this packer wrote: its shard is written again
+
+    def _check(self, wanted: set[str]) -> None:
+        """Ask the store about the restored parts of the files ``wanted`` (names under the prefix) not
+        asked about yet: those it holds as recorded join ``intact``."""
+        todo = [self.resumed[n] for n in sorted(wanted - self.checked) if n in self.resumed]
+        self.checked |= wanted
+        fs, root = self.dest.fs, self.dest.root
         with ThreadPoolExecutor(CHECKS) as pool:  # a request each: at once, not one after another
-            held = pool.map(lambda r: upload.holds(fs, f"{root}/{r[0]}", r[1], r[2]), self.resumed.values())
+            held = pool.map(lambda r: upload.holds(fs, f"{root}/{r[0]}", r[1], r[2]), todo)
             with store_errors(self.dest.url):
-                self.intact = {r[0] for r, ok in zip(self.resumed.values(), list(held)) if ok}
+                self.intact |= {r[0] for r, ok in zip(todo, list(held)) if ok}
 
     def finished(self, output: Path, folder: Path, names: list[str]) -> dict[str, ShardResult]:
-        """The shards of ``names`` restored (``restore``) whose parts the store holds as recorded;
-        they are moved to their published names as this run's own."""
+        """The shards of ``names`` restored (``restore``) whose parts the store holds as recorded (asked
+        here, for these shards only: a node of a split conversion asks about its own, not every
+        node's); they are moved to their published names as this run's own."""
         done: Future = Future()
         done.set_result(None)
+        top, shards = self.object_name(output, ""), set(names)
+        self._check({n for n in self.resumed if n.startswith(top) and _shard_of(n[len(top) :]) in shards})
 
         def intact(stage: Path, relpath: str, size: int, digest: str, stamp: object = None) -> bool:
             name = self.object_name(output, relpath)
@@ -504,6 +516,12 @@ class ShardUploads:
             return set()
         names = {p[len(self.dest.root) + 1 :] for p in found if p.startswith(f"{self.dest.root}/")}
         return {n for n in names if n.startswith(own)}
+
+
+def _shard_of(relpath: str) -> str:
+    """The shard a file of an output's own folder belongs to (``shard-00003.tar``: ``shard-00003``);
+    "" for a file one folder down (another output's)."""
+    return "" if "/" in relpath else relpath.split(".", 1)[0]
 
 
 def _in_staging(name: str) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import numpy as np
 import pytest
@@ -263,7 +264,7 @@ def throttling(outputs, tmp_path):
     import threading
 
     _, local = outputs
-    busy, answered = [0], [0]
+    busy, answered, stalled = [0], [0], [0]
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -273,6 +274,9 @@ def throttling(outputs, tmp_path):
             asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
             if asked is None:
                 return super().send_head()
+            if stalled[0] > 0:  # a request that gets no answer for 4 s (its connection held open)
+                stalled[0] -= 1
+                time.sleep(4)
             if busy[0] > 0:
                 busy[0] -= 1
                 self.send_response(503)
@@ -296,7 +300,7 @@ def throttling(outputs, tmp_path):
 
     server = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(local["npy-raw"])))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered
+    yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered, stalled
     server.shutdown()
     server.server_close()
 
@@ -305,7 +309,7 @@ def test_a_busy_server_is_asked_again_then_named(outputs, small_blocks, throttli
     from readers.remote import streams
 
     fs, local = outputs
-    url, busy, answered = throttling
+    url, busy, answered, _ = throttling
     near = open_dataset(local["npy-raw"])
     busy[0] = 3  # three 503s, then the ranges: read after waits of 0 s (Retry-After)
     ds = open_dataset(url)
@@ -315,3 +319,24 @@ def test_a_busy_server_is_asked_again_then_named(outputs, small_blocks, throttli
     busy[0] = 1000  # busy for good: an error naming the file and the tries
     with pytest.raises(ManifestError, match=r"reading http://.*\.npy failed \(after 3 tries\): .*503"):
         open_dataset(url)[25]
+
+
+def test_a_request_without_an_answer_is_asked_again_then_named_never_a_hang(
+    outputs, small_blocks, throttling, monkeypatch
+):
+    """The stall rule over a round of range requests: no answer within the window (patched to 1 s)
+    and the round is asked again; a server that never answers is a ManifestError naming the file."""
+    from readers.remote import streams
+
+    fs, local = outputs
+    url, _, answered, stalled = throttling
+    near = open_dataset(local["npy-raw"])
+    ds = open_dataset(url)
+    monkeypatch.setattr(streams, "STALL_WINDOW", 1.0)
+    stalled[0] = 1  # the first range request goes unanswered past the window: asked again
+    assert _sample(ds[5]) == _sample(near[5])
+    assert stalled[0] == 0 and answered[0] > 0
+    monkeypatch.setattr(streams, "RETRIES", 1)
+    stalled[0] = 1000  # never answered in time
+    with pytest.raises(ManifestError, match=r"reading http://.*\.npy stalled: no answer within 1 s .*2 times"):
+        ds[27]

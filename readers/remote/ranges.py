@@ -131,6 +131,33 @@ def _failed(url: str, e: BaseException, tries: str = "") -> ManifestError:
     return ManifestError(f"reading {url} failed{tries}: {type(e).__name__}: {e}" + (f". {hint}" if hint else ""))
 
 
+def _bounded(fs: Any, method: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
+    """``fs.method(*args, **kwargs)``, given up after ``timeout`` seconds (FSTimeoutError) where the
+    backend is asynchronous (s3fs, gcsfs, HTTP: fsspec's loop is waited on with a timeout); a request
+    that never gets an answer then fails the read instead of hanging it. Others are called as they are."""
+    coroutine = getattr(fs, f"_{method}", None)
+    if getattr(fs, "async_impl", False) and coroutine is not None and getattr(fs, "loop", None) is not None:
+        from fsspec.asyn import sync
+
+        return sync(fs.loop, coroutine, *args, timeout=timeout, **kwargs)
+    return getattr(fs, method)(*args, **kwargs)
+
+
+def _timed_out() -> type:
+    """fsspec's FSTimeoutError (``_bounded``'s), imported when a request failed: fsspec is there by then."""
+    from fsspec.exceptions import FSTimeoutError
+
+    return FSTimeoutError
+
+
+def _stalled(url: str, window: float, tries: int) -> ManifestError:
+    """The ManifestError of requests for ``url`` that got no answer within ``window`` seconds, ``tries`` times."""
+    return ManifestError(
+        f"reading {url} stalled: no answer within {window:.0f} s (the stall rule), {tries} times; check the "
+        "connection to the store, or read the output with download=True and cache_dir="
+    )
+
+
 class RangeSource:
     """One file of an output at a URL, read by byte ranges (see the module). Plain data: it pickles
     to DataLoader workers, each of which opens its own connection on its first request."""
@@ -151,10 +178,16 @@ class RangeSource:
         if self._fs is not None and self._fs[0] == os.getpid():
             return self._fs[1], self._fs[2]
         fs, path = _filesystem(self.url)
-        try:
-            size = fs.size(path)
-        except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
-            raise _failed(self.url, e) from None
+        for attempt in range(streams.RETRIES + 1):
+            try:
+                size = _bounded(fs, "size", streams.STALL_WINDOW, path)
+                break
+            except _timed_out():  # no answer within the window: asked again, then named
+                if attempt == streams.RETRIES:
+                    raise _stalled(self.url, streams.STALL_WINDOW, attempt + 1) from None
+                time.sleep(streams.backoff(attempt, None))
+            except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
+                raise _failed(self.url, e) from None
         if size is not None and size != self.size:
             raise ManifestError(
                 f"{self.url} is {size} bytes, not the {self.size} of the manifest: the object was "
@@ -264,11 +297,26 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[by
     answers: list = [None] * len(runs)
     todo = list(range(len(runs)))
     for attempt in range(streams.RETRIES + 1):
+        # the stall rule over the round: each STALL_BYTES asked for within STALL_WINDOW
+        asked = sum(ends[i] - starts[i] for i in todo)
+        window = streams.STALL_WINDOW * max(1.0, asked / streams.STALL_BYTES)
         try:
             paths = [runs[i][1] for i in todo]
-            got = fs.cat_ranges(
-                paths, [starts[i] for i in todo], [ends[i] for i in todo], on_error="return", batch_size=CONCURRENT
+            got = _bounded(
+                fs,
+                "cat_ranges",
+                window,
+                paths,
+                [starts[i] for i in todo],
+                [ends[i] for i in todo],
+                on_error="return",
+                batch_size=CONCURRENT,
             )
+        except _timed_out():  # the whole round asked again (its answers so far are not known)
+            if attempt == streams.RETRIES:
+                raise _stalled(runs[todo[0]][0].url, window, attempt + 1) from None
+            time.sleep(streams.backoff(attempt, None))
+            continue
         except Exception as e:  # noqa: BLE001 - each backend raises its own
             raise _failed(runs[todo[0]][0].url, e) from None
         Requests.requests += len(todo)

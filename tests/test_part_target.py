@@ -10,8 +10,9 @@ import pytest
 
 from packer.output.part_target import PartTarget
 from packer.output.prefix_lock import release
+from packer.output.prefix_reservation import reserve
 from packer.output.shard_uploads import ShardUploads
-from packer.output.upload import PARTS, reserve
+from packer.output.upload import PARTS
 from packer.records import ShardResult
 from packer.spec.entries import FileEntry
 from packer.spec.errors import OutputError

@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 from conftest import make_tree
+from helpers import wait_for
 from ray_cluster import hooked_ray, slow_tree
 
 from packer import ConvertConfig, PreprocessConfig, convert
@@ -133,11 +133,8 @@ def test_an_interrupted_conversion_resumes_from_the_shards_the_tasks_uploaded(cl
         found = fs.find(f"data/ray-resumed/{STATE}") if fs.exists(f"data/ray-resumed/{STATE}") else []
         return [p for p in found if p.endswith(".done.json")]
 
-    deadline = time.monotonic() + 120
-    while not recorded():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: recorded() or proc.poll() is not None, "a shard recorded in the bucket")
+    assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGINT)
     code, err = proc.wait(timeout=60), proc.stderr.read()
     assert code == 130 and "--resume" in err, err

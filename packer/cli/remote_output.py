@@ -20,8 +20,9 @@ from packer.cli.run_folder import RunFolder
 from packer.cli.signals import stop_on_signals
 from packer.output.files import staging_dir
 from packer.output.prefix_lock import release
+from packer.output.prefix_reservation import reserve, reserve_node
 from packer.output.shard_uploads import KEPT, ShardUploads, streaming
-from packer.output.upload import PARTS, fetch_output, reserve, reserve_node, upload_output
+from packer.output.upload import PARTS, fetch_output, upload_output
 from packer.spec.errors import PackerError
 from packer.spec.manifest import MANIFEST_NAME
 from packer.system import clear_stop_request

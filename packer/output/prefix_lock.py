@@ -1,4 +1,4 @@
-"""The lock object of a prefix that a conversion writes (``packer.output.upload.reserve`` takes it):
+"""The lock object of a prefix that a conversion writes (``packer.output.prefix_reservation.reserve`` takes it):
 ``LOCK_NAME`` holds the run's token, host, boot and process; another run's lock renewed within
 ``LOCK_LEASE`` (by the store's clock) refuses a run, unless it names this machine and a process
 that is gone (a killed run). A run renews its own every ``RENEW_EVERY`` seconds, checks it is still

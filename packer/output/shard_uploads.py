@@ -60,7 +60,16 @@ from packer.output.files import (
 )
 from packer.output.part_target import PartTarget, part_name
 from packer.output.shard_samples import SAMPLES_FILE
-from packer.output.upload import OWN_NAME, PARTS, STATE, UPLOADS, Destination, remove_objects, store_errors
+from packer.output.upload import (
+    OWN_NAME,
+    PARTS,
+    STATE,
+    UPLOADS,
+    Destination,
+    names_under,
+    remove_objects,
+    store_errors,
+)
 from packer.records import ShardResult
 from packer.spec.errors import OutputError, PackerError
 from packer.spec.manifest import MANIFEST_NAME, read_manifest
@@ -308,7 +317,7 @@ class ShardUploads:
     def _list_published(self, target: str) -> None:
         """Have the list of the published names this run gave its shards so far, ``target`` among
         them, in the store before ``target`` is (one list a run, never another run's, rewritten
-        whole: ``upload._published_by_interrupted_run`` reads them all, and the next publish
+        whole: ``prefix_reservation._published_by_interrupted_run`` reads them all, and the next publish
         removes the names its output does not list). Copies made at once share one write."""
         with self._listing:
             if target in self.listed:
@@ -507,14 +516,11 @@ class ShardUploads:
 
     def _own_parts(self) -> set[str]:
         """The parts of this run the store holds now, by name under the prefix (none when it cannot say)."""
-        fs, folder = self.dest.fs, f"{self.dest.root}/{PARTS}"
         own = f"{PARTS}/{self.dest.token[:12]}-"
         try:
-            fs.invalidate_cache(folder)
-            found = fs.find(folder)
+            names = names_under(self.dest.fs, f"{self.dest.root}/{PARTS}", self.dest.root)
         except Exception:  # noqa: BLE001 - best effort, as the removal: the next publish removes them
             return set()
-        names = {p[len(self.dest.root) + 1 :] for p in found if p.startswith(f"{self.dest.root}/")}
         return {n for n in names if n.startswith(own)}
 
 

@@ -110,10 +110,11 @@ class _Body:
     """The bytes of a range, as ``send_head``'s file object for ``copyfile``."""
 
     def __init__(self, data: bytes) -> None:
-        self.data = data
+        self.data, self.at = memoryview(data), 0  # a view: each chunk sent without copying the rest
 
-    def read(self, n: int = -1) -> bytes:
-        data, self.data = (self.data, b"") if n < 0 else (self.data[:n], self.data[n:])
+    def read(self, n: int = -1) -> memoryview:
+        end = len(self.data) if n < 0 else min(len(self.data), self.at + n)
+        data, self.at = self.data[self.at : end], end
         return data
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """packer.output.object_checks against an S3-compatible server on 127.0.0.1: an upload is checked by
 the SHA-256 the store records, without reading it back, and read back where none is recorded; an
-object already there is held as recorded or not."""
+object already there is held as recorded or not; a copy is one object's, checked by its size."""
 
 from __future__ import annotations
 
@@ -53,3 +53,17 @@ def test_an_object_there_is_held_by_its_recorded_sha256_or_read_back(s3_server, 
     fs.pipe("data/held/piped", b"y" * 3000)
     assert not object_checks.holds(fs, "data/held/piped", 3000, digest)  # same size, other bytes
     assert not object_checks.holds(fs, "data/held/gone", 3000, digest)
+
+
+def test_a_copy_is_one_object_copied_then_its_size_checked(s3_server, monkeypatch):
+    fs = s3_server
+    fs.pipe("data/copies/part", b"c" * 1000)
+
+    async def listed(*a, **k):
+        pytest.fail("a copy listed the store (fsspec's copy asks whether each name is a folder)")
+
+    monkeypatch.setattr(type(fs), "_lsdir", listed)
+    object_checks.copy_checked(fs, "data/copies/part", "data/copies/shard", 1000)
+    assert fs.cat_file("data/copies/shard") == b"c" * 1000
+    with pytest.raises(OSError, match="is 1000 bytes after its copy from data/copies/part, not 999"):
+        object_checks.copy_checked(fs, "data/copies/part", "data/copies/other", 999)

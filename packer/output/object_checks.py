@@ -2,7 +2,8 @@
 says what it holds: S3 records the SHA-256 of an object uploaded in one request with it
 (botocore's ``ChecksumAlgorithm``), so its size and that checksum are compared; elsewhere, or for a
 multipart upload (whose recorded checksum is one of its parts' checksums), the object is read back
-and hashed. ``holds`` asks the same of an object already there (a part an interrupted run left).
+and hashed. ``holds`` asks the same of an object already there (a part an interrupted run left);
+``copy_checked`` copies a part to its published name inside the store and checks the copy's size.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     shard's, from its worker); else it is computed."""
     head = None
     if hasattr(fs, "call_s3") and path.stat().st_size < ONE_REQUEST:  # s3fs: S3 and S3-compatible stores
+        # botocore hashes the bytes it sends (never the worker's hash passed on: a store that does not
+        # check it would record it as it came, and the comparison below would hold for any bytes)
         fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
         bucket, key, _ = fs.split_path(target)
         head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
@@ -43,6 +46,16 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     size = path.stat().st_size
     if head.get("ContentLength") != size or recorded != (sha256 or sha256_of(path)):  # type: ignore[union-attr]
         raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
+
+
+def copy_checked(fs: Any, source: str, target: str, size: int) -> None:
+    """Copy the object ``source``, of ``size`` bytes (checked when it went up), to ``target`` inside
+    the store, then check the copy's size (OSError when it differs). ``cp_file`` copies one object:
+    fsspec's ``copy`` first lists both names as folders, two more requests for each file."""
+    fs.cp_file(source, target)
+    copied = fs.info(target).get("size")
+    if copied != size:
+        raise OSError(f"{target} is {copied} bytes after its copy from {source}, not {size}")
 
 
 def _recorded_sha256(head: Optional[dict]) -> Optional[str]:
@@ -89,4 +102,4 @@ def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 
-__all__ = ["put_checked", "check_uploaded", "holds", "ONE_REQUEST"]
+__all__ = ["put_checked", "check_uploaded", "copy_checked", "holds", "ONE_REQUEST"]

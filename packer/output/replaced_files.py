@@ -42,7 +42,7 @@ class ReplacedFiles:
         copies += [name] if name != marker else []
         for kept in copies:
             self.sent.append(f"{REPLACED}/{kept}")  # before the copy: a failed one may have left an object
-            self.fs.copy(f"{self.root}/{kept}", f"{self.root}/{REPLACED}/{kept}")
+            self.fs.cp_file(f"{self.root}/{kept}", f"{self.root}/{REPLACED}/{kept}")  # one object: no listing
             self.kept.append(kept)
         self._folders.add(folder)
 
@@ -52,7 +52,7 @@ class ReplacedFiles:
         written = set(self.sent)
         for name in sorted((n for n in self.kept if n in written), key=lambda n: (n != MANIFEST_NAME, n)):
             try:
-                self.fs.copy(f"{self.root}/{REPLACED}/{name}", f"{self.root}/{name}")
+                self.fs.cp_file(f"{self.root}/{REPLACED}/{name}", f"{self.root}/{name}")
             except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
                 log.error("%s/%s could not be put back as it was (%s): run the same command again", url, name, e)
                 return False
@@ -72,7 +72,7 @@ def roll_back(fs: Any, root: str, names: set[str], url: str, remove: Callable[[l
             continue  # the killed run's manifest is up (or the output is gone): its files are the output's
         for name, file in relative.items():
             if file != marker and folder_of(file) == folder_of(marker):
-                fs.copy(f"{root}/{name}", f"{root}/{file}")
+                fs.cp_file(f"{root}/{name}", f"{root}/{file}")
                 log.warning("%s/%s put back as it was before a conversion killed before its manifest", url, file)
     remove([f"{root}/{n}" for n in kept if relative[n] not in markers])
     remove([f"{root}/{n}" for n in kept if relative[n] in markers])

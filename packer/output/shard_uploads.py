@@ -59,6 +59,7 @@ from packer.output.files import (
     staging_dir,
 )
 from packer.output.part_target import PartTarget, part_name
+from packer.output.object_checks import copy_checked
 from packer.output.shard_samples import SAMPLES_FILE
 from packer.output.upload import (
     OWN_NAME,
@@ -107,9 +108,9 @@ class ShardUploads:
         self.base = Path(base).absolute() if base is not None else self.local.parent
         """The run's local folder, which holds ``local`` (``set_aside``)."""
         self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="packer-upload")
-        self.uploads: dict[str, tuple[str, Future]] = {}
-        """The latest part of each planned file not yet moved to its published name, and its upload,
-        by the file's name under the prefix."""
+        self.uploads: dict[str, tuple[str, Future, int]] = {}
+        """The latest part of each planned file not yet moved to its published name, its upload and
+        its size, by the file's name under the prefix."""
         self.sending: list[Future] = []  # every upload of this run (``finish`` waits for them)
         self._count = itertools.count()
         self.waiting: deque[list[Future]] = deque()  # each taken shard's uploads, oldest first
@@ -166,7 +167,7 @@ class ShardUploads:
             aside = Path(folder) / f".upload-{n}-{Path(f.path).name}"
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
             futures.append(self.pool.submit(self._upload, aside, part, f.sha256))
-            self.uploads[name] = (part, futures[-1])
+            self.uploads[name] = (part, futures[-1], f.bytes)
             self.sending.append(futures[-1])
             parts[f.path] = part
         self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
@@ -196,7 +197,7 @@ class ShardUploads:
                 if not (part.startswith(own) and OWN_PART.fullmatch(part) and part.endswith(f"/{name}")):
                     raise OutputError(f"{result.name}: {f.path} came back without a part of this run ({part!r})")
                 self.sent.add(part)
-                self.uploads[name] = (part, done)
+                self.uploads[name] = (part, done, f.bytes)
                 self.bytes += f.bytes
         if fingerprint is not None:
             record_shard(Path(folder), result, fingerprint=fingerprint or None)  # no file stamps: none is here
@@ -434,7 +435,7 @@ class ShardUploads:
             part, *recorded = self.resumed.get(name, ("", 0, ""))
             if part not in self.intact or recorded != [size, digest]:
                 return False
-            self.uploads[name] = (part, done)
+            self.uploads[name] = (part, done, size)
             return True
 
         return finished_shards(folder, names, intact)
@@ -447,23 +448,20 @@ class ShardUploads:
         """Give the uploaded file ``old`` of ``output`` its published name ``new`` (once its upload is
         done): copied inside the store in the background, checked by its size; the part stays until
         the manifest is up. ``finish`` waits for the copies."""
-        source, pending = self.uploads.pop(self.object_name(output, old))
+        source, pending, size = self.uploads.pop(self.object_name(output, old))
         pending.result()  # here, not in the pool: a copy never waits on a queued upload
         target = self.object_name(output, new)
         with self._lock:
             self.moved.add(target)
-        self.copies.append(self.pool.submit(self._copy, source, target))
+        self.copies.append(self.pool.submit(self._copy, source, target, size))
 
-    def _copy(self, source: str, target: str) -> None:
+    def _copy(self, source: str, target: str, size: int) -> None:
         fs, root = self.dest.fs, self.dest.root
         self._list_published(target)  # first: a run killed after the copy leaves no shard no one knows of
         with store_errors(self.dest.url):
             with self._lock:
                 self.sent.add(target)  # before the copy: a failed one may have left an object
-            fs.copy(f"{root}/{source}", f"{root}/{target}")
-            size, copied = fs.info(f"{root}/{source}").get("size"), fs.info(f"{root}/{target}").get("size")
-            if size != copied:
-                raise OSError(f"{target} is {copied} bytes after its copy from {source}, not {size}")
+            copy_checked(fs, f"{root}/{source}", f"{root}/{target}", size)
         with self._lock:  # the part stays until the manifest is up: an interrupt here loses no shard
             self.published.add(target)
 

@@ -37,6 +37,7 @@ from packer.spec.errors import ManifestError
 from packer.spec.locations import CREDENTIALS
 from readers.remote import streams
 from readers.remote.block_cache import BlockCache
+from readers.remote.signed_urls import REFUSED, SignedUrl, can_sign
 
 BLOCK = 256 << 10
 """Bytes per block, the unit of requests and caches: a few samples of 64 KiB, one of 192 KiB (a
@@ -128,7 +129,11 @@ def _failed(url: str, e: BaseException, tries: str = "") -> ManifestError:
             "Open the dataset again to read the new output"
         )
     hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
-    return ManifestError(f"reading {url} failed{tries}: {type(e).__name__}: {e}" + (f". {hint}" if hint else ""))
+    status = getattr(e, "status", None)
+    # an HTTP answer's error is told by its status: aiohttp's message holds the URL asked, which for a
+    # presigned one (signed_urls) is a grant to read the object
+    said = f"HTTP {status} {getattr(e, 'message', '')}".rstrip() if isinstance(status, int) else str(e)
+    return ManifestError(f"reading {url} failed{tries}: {type(e).__name__}: {said}" + (f". {hint}" if hint else ""))
 
 
 def _bounded(fs: Any, method: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
@@ -168,15 +173,28 @@ class RangeSource:
         self.url, self.size, self.block = url, entry.bytes, int(block or BLOCK)  # BLOCK read at each open
         self.key = f"{entry.sha256[:32]}-{self.block}"  # the file's identity in every cache
         self.cache = cache
-        self._fs: Optional[tuple[int, Any, str]] = None  # (pid, filesystem, path): per process
+        self._fs: Optional[tuple[int, Any, str, Optional[SignedUrl]]] = None  # per process: see _open
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fs": None}
 
     def _open(self) -> tuple[Any, str]:
-        """The filesystem and path of this file in this process, its size checked once against the manifest."""
-        if self._fs is not None and self._fs[0] == os.getpid():
-            return self._fs[1], self._fs[2]
+        """The filesystem and path to ask for this file's ranges in this process (an S3 object's
+        presigned URL over HTTP where it can be: ``readers.remote.signed_urls``), its size checked
+        once against the manifest."""
+        if self._fs is None or self._fs[0] != os.getpid():
+            self._fs = (os.getpid(), *self._checked())
+        _, fs, path, signed = self._fs
+        return signed.target() if signed is not None else (fs, path)
+
+    @property
+    def signed(self) -> Optional[SignedUrl]:
+        """This process's presigned URL of the file, where it is read by one (after ``_open``)."""
+        return self._fs[3] if self._fs is not None and self._fs[0] == os.getpid() else None
+
+    def _checked(self) -> tuple[Any, str, Optional[SignedUrl]]:
+        """The file's filesystem, path and presigned URL (None where it is not read by one), once its
+        size is the manifest's."""
         fs, path = _filesystem(self.url)
         for attempt in range(streams.RETRIES + 1):
             try:
@@ -193,8 +211,7 @@ class RangeSource:
                 f"{self.url} is {size} bytes, not the {self.size} of the manifest: the object was "
                 "changed or damaged after the manifest was written; run packer verify on the output"
             )
-        self._fs = (os.getpid(), fs, path)
-        return fs, path
+        return fs, path, SignedUrl(fs, path) if can_sign(fs) else None
 
     def _blocks(self, spans: Iterable[tuple[int, int]]) -> list[int]:
         """The block numbers the byte spans ``[start, end)`` touch, in order, each once."""
@@ -251,10 +268,33 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -
     MEMORY.batch = _request(missing) if missing else {}
 
 
+class _Refused(Exception):
+    """A round in which the store refused presigned URLs (``signed_urls.REFUSED``): its ``sources``."""
+
+    def __init__(self, sources: list[RangeSource]) -> None:
+        super().__init__(f"{len(sources)} presigned URL(s) refused")
+        self.sources = sources
+
+
 def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
     filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
-    Returns them by ``(source.key, number)``."""
+    Returns them by ``(source.key, number)``. A round whose presigned URLs the store refused is asked
+    again with them signed again, then through s3fs (``SignedUrl.refused``): three rounds at most."""
+    for _ in range(2):
+        try:
+            return _request_round(wanted)
+        except _Refused as e:
+            for source in e.sources:
+                source.signed.refused()  # type: ignore[union-attr]
+    for source, _ in wanted:
+        if source.signed is not None:
+            source.signed.plain = True  # refused twice: s3fs's answer is the one to tell
+    return _request_round(wanted)
+
+
+def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
+    """One try of ``_request``: _Refused when the store refused a presigned URL."""
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
         fs, path = source._open()
@@ -320,8 +360,13 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[by
         except Exception as e:  # noqa: BLE001 - each backend raises its own
             raise _failed(runs[todo[0]][0].url, e) from None
         Requests.requests += len(todo)
-        again, wait = [], None
+        again, wait, refused = [], None, []
         for i, data in zip(todo, got):
+            signed = runs[i][0].signed
+            by_url = signed is not None and not signed.plain
+            if isinstance(data, BaseException) and getattr(data, "status", None) in REFUSED and by_url:
+                refused.append(runs[i][0])  # by a presigned URL: signed again, or read through s3fs
+                continue
             if isinstance(data, BaseException):
                 if getattr(data, "status", None) not in streams.RETRIED or attempt == streams.RETRIES:
                     tries = f" (after {attempt + 1} tries)" if attempt else ""
@@ -329,6 +374,8 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[by
                 again.append(i)
                 wait = wait or (getattr(data, "headers", None) or {}).get("Retry-After")
             answers[i] = data
+        if refused:
+            raise _Refused(refused)
         if not again:
             return answers
         todo = again

@@ -4,13 +4,15 @@
     python scripts/bench_bucket.py --images 1000 --work /tmp/packer-bucket
     python scripts/bench_bucket.py --append-check --images 1000 --format npy   # only the append
 
-- **Conversion**: ``packer convert SRC -f wds -o s3://bench/out`` (written locally, uploaded, every
-  file read back, the manifest last) against ``-o LOCAL``, the same images, each a new process,
-  alternated ``--repeat`` times; the local scratch space the upload took (the whole output, for now).
+- **Conversion**: ``packer convert SRC -f wds -o s3://bench/out`` (shards uploaded as they finish,
+  each file checked by the SHA-256 the store records, the manifest last) against ``-o LOCAL``, the
+  same images, each a new process, alternated ``--repeat`` times; the most local disk the bucket's
+  conversion held meanwhile.
 - **Random reads** of an npy output, shuffled batches of 64, 2 workers, one epoch each, against the
   local output read with its page cache dropped (``/proc/sys/vm/drop_caches``, where this process
   may write it; otherwise warm, and said so): ``open_dataset("s3://bench/npy")`` by byte ranges
-  without a cache; with ``cache_dir=`` empty, then full (the blocks of the first epoch); and with
+  without a cache (by presigned URLs, then again through s3fs's client: the workers' CPU of each);
+  with ``cache_dir=`` empty, then full (the blocks of the first epoch); and with
   ``download=True`` (every shard file downloaded whole and verified on first use). The requests the
   server answered per batch are counted (every one: a shard's size, indexes and ranges). moto's
   server copies the whole object for each range it answers (its time grows with the object's size),
@@ -25,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
 import json
@@ -39,7 +42,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -228,10 +231,10 @@ def drop_page_cache() -> bool:
         return False
 
 
-def epoch(root, batch: int, workers: int, **options) -> tuple[float, int, float]:
+def epoch(root, batch: int, workers: int, **options) -> tuple[float, int, float, float]:
     """One shuffled epoch of the npy output at ``root`` through ``make_loader``: samples/s, batches,
-    and the reader's CPU seconds (this process's, which a server in its threads adds to, and its
-    workers', joined at the epoch's end)."""
+    the reader's CPU seconds (this process's, which a server in its threads adds to, and its
+    workers', joined at the epoch's end) and the workers' alone."""
     from readers import make_loader, open_dataset
 
     children, here = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
@@ -243,8 +246,22 @@ def epoch(root, batch: int, workers: int, **options) -> tuple[float, int, float]
     rate = samples / (time.perf_counter() - started)
     del loader  # its workers are gone before their CPU is read
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = time.process_time() - here + after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime
-    return rate, batches, cpu
+    workers_cpu = after.ru_utime - children.ru_utime + after.ru_stime - children.ru_stime
+    return rate, batches, time.process_time() - here + workers_cpu, workers_cpu
+
+
+@contextlib.contextmanager
+def through_s3fs() -> Iterator[None]:
+    """Range reads of ``s3://`` sent through s3fs's client, as before presigned URLs
+    (``readers.remote.signed_urls``), in this process and the workers it forks meanwhile."""
+    from readers.remote import ranges
+
+    signing = ranges.can_sign
+    ranges.can_sign = lambda fs: False
+    try:
+        yield
+    finally:
+        ranges.can_sign = signing
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -285,27 +302,31 @@ def run(args: argparse.Namespace) -> dict:
         timed_convert(src, str(work / "local-npy"), "npy")  # shards of the default size
         fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
         cold = not args.warm and drop_page_cache()
-        local_rate, batches, local_cpu = epoch(work / "local-npy", args.batch, args.workers)
+        local_rate, batches, local_cpu, _ = epoch(work / "local-npy", args.batch, args.workers)
         reads = {"local_samples_per_s": local_rate, "local_cold": cold, "batches": batches, "local_cpu_s": local_cpu}
         blocks, downloads = work / "blocks", work / "downloads"
         for folder in (blocks, downloads):
             shutil.rmtree(folder, ignore_errors=True)
-        runs = {  # in this order: the block cache is empty in the second and full in the third
+        runs = {  # in this order: the block cache is empty in the third and full in the fourth
             "ranges": {},
+            "ranges_s3fs": {},
             "ranges_cache_empty": {"cache_dir": blocks},
             "ranges_cache_full": {"cache_dir": blocks},
             "download": {"cache_dir": downloads, "download": True},
         }
         for name, options in runs.items():
             before = requests.count
-            reads[name] = epoch("s3://bench/npy", args.batch, args.workers, **options)[0]
+            with through_s3fs() if name == "ranges_s3fs" else contextlib.nullcontext():
+                reads[name], _, _, reads[f"{name}_workers_cpu_s"] = epoch(
+                    "s3://bench/npy", args.batch, args.workers, **options
+                )
             reads[f"{name}_requests_per_batch"] = (requests.count - before) / batches
         lean = RangeServer(work)
         try:
             shutil.rmtree(blocks, ignore_errors=True)
-            for name, options in list(runs.items())[:3]:
+            for name, options in ((n, o) for n, o in runs.items() if n in HTTP_READS):
                 before, server_cpu = lean.served, lean.cpu
-                rate, _, cpu = epoch(f"{lean.url}/local-npy", args.batch, args.workers, **options)
+                rate, _, cpu, _ = epoch(f"{lean.url}/local-npy", args.batch, args.workers, **options)
                 reads[f"http_{name}"], reads[f"http_{name}_reader_cpu_s"] = rate, cpu
                 reads[f"http_{name}_requests_per_batch"] = (lean.served - before) / batches
                 reads[f"http_{name}_server_cpu_s"] = lean.cpu - server_cpu
@@ -405,25 +426,39 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | | {x['local_cpu_s']:.1f} | |",
             *(
                 f"| bucket, {label} | {x[name]:.0f} | {x[name] / x['local_samples_per_s']:.2f}x "
-                f"| {x[f'{name}_requests_per_batch']:.2f} | | |"
+                f"| {x[f'{name}_requests_per_batch']:.2f} | {x[f'{name}_workers_cpu_s']:.1f} (workers) | |"
                 for name, label in READS.items()
             ),
             *(
                 f"| lean range server (http), {label} | {x[f'http_{name}']:.0f} "
                 f"| {x[f'http_{name}'] / x['local_samples_per_s']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} "
                 f"| {x[f'http_{name}_reader_cpu_s']:.1f} | {x[f'http_{name}_server_cpu_s']:.1f} |"
-                for name, label in list(READS.items())[:3]
+                for name, label in READS.items()
+                if name in HTTP_READS
             ),
+            "",
+            "Byte ranges without a cache from the S3 server, the workers' CPU: "
+            f"{x['ranges_workers_cpu_s']:.2f} s by presigned URLs against {x['ranges_s3fs_workers_cpu_s']:.2f} s "
+            f"through s3fs's client, {_saved_per_request(x)} ms less for each request the server answered.",
         ]
     )
 
 
+def _saved_per_request(x: dict) -> str:
+    """Milliseconds of the workers' CPU that presigned URLs save per request the server answered."""
+    asked = x["ranges_s3fs_requests_per_batch"] * x["batches"]
+    return f"{1000 * (x['ranges_s3fs_workers_cpu_s'] - x['ranges_workers_cpu_s']) / max(asked, 1):.2f}"
+
+
 READS = {
     "ranges": "byte ranges, no cache",
+    "ranges_s3fs": "byte ranges through s3fs's client (no presigned URLs), no cache",
     "ranges_cache_empty": "byte ranges, cache_dir empty",
     "ranges_cache_full": "byte ranges, cache_dir full",
     "download": "download=True, cache_dir empty (whole shards)",
 }
+HTTP_READS = ("ranges", "ranges_cache_empty", "ranges_cache_full")
+"""The reads measured again from the lean range server (its URLs are plain HTTP: no signing)."""
 
 
 def parser() -> argparse.ArgumentParser:

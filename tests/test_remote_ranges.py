@@ -341,3 +341,23 @@ def test_a_request_without_an_answer_is_asked_again_then_named_never_a_hang(
     stalled[0] = 1000  # never answered in time
     with pytest.raises(ManifestError, match=r"reading http://.*\.npy stalled: no answer within 2 s .*2 times"):
         ds[27]
+
+
+def test_reads_across_blocks_are_the_file_bytes_and_views_where_one_block_holds_them(outputs, small_blocks):
+    from packer.spec.entries import FileEntry
+    from packer.spec.listed_files import sha256_of
+
+    fs, local = outputs
+    path = next(local["npy-raw"].glob("*.images.npy"))
+    whole = path.read_bytes()
+    entry = FileEntry(path.name, len(whole), sha256_of(path))
+    source = ranges.RangeSource(f"s3://data/ranges/npy-raw/{path.name}", entry)
+    size = len(whole)
+    spans = [(0, 10), (100, 2048), (2040, 2060), (10, 7000), (4096, 6144), (size - 5, size), (3, 3)]
+    for start, end in spans:
+        got = source.read(start, end)
+        assert bytes(got) == whole[start:end], (start, end)
+        assert isinstance(got, bytes) or got.readonly  # never a buffer a reader could write into the cache
+    one_block = source.read(2050, 4000)  # inside block 1: a view of the cached block, no copy
+    assert isinstance(one_block, memoryview) and one_block.obj is not None
+    assert np.frombuffer(source.read(0, 64), np.uint8).flags.writeable is False

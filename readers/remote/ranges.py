@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
@@ -45,6 +45,8 @@ BLOCK = 256 << 10
 more requests where samples are read in order."""
 CONCURRENT = 32
 """Requests a process has in flight at once, at most (a batch needing more makes them in turns)."""
+Buffer = Union[bytes, memoryview]
+"""Bytes as ranges are read: a block, or a view of one (read-only either way)."""
 MEMORY_LIMIT = 256 << 20
 """Bytes of blocks kept in each process's memory (least recently used dropped first)."""
 
@@ -54,13 +56,13 @@ class _Memory:
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
-        self.blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self.batch: dict[tuple[str, int], bytes] = {}
+        self.blocks: OrderedDict[tuple[str, int], Buffer] = OrderedDict()
+        self.batch: dict[tuple[str, int], Buffer] = {}
         """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
         than the memory is still read from one round of requests."""
         self.lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]) -> Optional[bytes]:
+    def get(self, key: tuple[str, int]) -> Optional[Buffer]:
         with self.lock:
             data = self.batch.get(key)
             if data is not None:
@@ -77,7 +79,7 @@ class _Memory:
             if data is not None:
                 self.held -= len(data)
 
-    def put(self, key: tuple[str, int], data: bytes) -> None:
+    def put(self, key: tuple[str, int], data: Buffer) -> None:
         with self.lock:
             if key in self.blocks:
                 return
@@ -226,7 +228,7 @@ class RangeSource:
                 needed.update(range(start // self.block, (end - 1) // self.block + 1))
         return sorted(needed)
 
-    def _cached(self, number: int) -> Optional[bytes]:
+    def _cached(self, number: int) -> Optional[Buffer]:
         """Block ``number`` from memory or the disk cache, or None."""
         data = MEMORY.get((self.key, number))
         if data is None and self.cache is not None:
@@ -246,8 +248,9 @@ class RangeSource:
             if self.cache is not None:
                 self.cache.drop(self.key, n)
 
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the file."""
+    def read(self, start: int, end: int) -> Buffer:
+        """Bytes ``[start, end)`` of the file, read-only: a view of its block where one holds them
+        (no copy), else copied once from its blocks."""
         numbers = self._blocks([(start, end)])
         if not numbers:
             return b""
@@ -255,9 +258,16 @@ class RangeSource:
         if any(p is None for p in parts):
             got = _request([(self, [n for n, p in zip(numbers, parts) if p is None])])
             parts = [p if p is not None else got[self.key, n] for n, p in zip(numbers, parts)]
-        data = b"".join(parts)  # type: ignore[arg-type]
         first = numbers[0] * self.block
-        return data[start - first : end - first]
+        if len(parts) == 1:
+            return memoryview(parts[0])[start - first : end - first]  # type: ignore[arg-type]
+        data, at = bytearray(end - start), 0
+        for n, part in zip(numbers, parts):
+            begin = max(start, n * self.block) - n * self.block
+            piece = memoryview(part)[begin : min(end - n * self.block, len(part))]  # type: ignore[arg-type]
+            data[at : at + len(piece)] = piece
+            at += len(piece)
+        return memoryview(data).toreadonly()
 
 
 def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -> None:
@@ -276,7 +286,7 @@ class _Refused(Exception):
         self.sources = sources
 
 
-def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
+def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
     filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
     Returns them by ``(source.key, number)``. A round whose presigned URLs the store refused is asked
@@ -293,7 +303,7 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
     return _request_round(wanted)
 
 
-def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], bytes]:
+def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
     """One try of ``_request``: _Refused when the store refused a presigned URL."""
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
@@ -305,7 +315,7 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
             else:
                 runs.append([n])
         asks.setdefault(id(fs), (fs, []))[1].extend((source, path, run) for run in runs)
-    got: dict[tuple[str, int], bytes] = {}
+    got: dict[tuple[str, int], Buffer] = {}
     for fs, runs in asks.values():
         starts = [run[0] * source.block for source, _, run in runs]
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
@@ -320,8 +330,10 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
                 )
             view = memoryview(data)
             for n in run:
+                # a view of the run's answer, not a copy: the answer is freed with its last block (a
+                # run's blocks are fetched, used and so dropped together)
                 at = (n - run[0]) * source.block
-                block = bytes(view[at : at + source._length(n)]) if len(run) > 1 else data
+                block = view[at : at + source._length(n)] if len(run) > 1 else data
                 got[source.key, n] = block
                 MEMORY.put((source.key, n), block)
                 if source.cache is not None:

@@ -16,9 +16,10 @@
   ``download=True`` (every shard file downloaded whole and verified on first use). The requests the
   server answered per batch are counted (every one: a shard's size, indexes and ranges). moto's
   server copies the whole object for each range it answers (its time grows with the object's size),
-  so the range reads are measured again from ``RangeServer``, a lean threaded HTTP server on
-  127.0.0.1 that answers ranges with ``os.pread`` (the same files, read by packer over
-  ``http://``): those figures are packer's own overhead.
+  so the range reads are measured again from a lean server of the same files on 127.0.0.1, read
+  by packer over ``http://`` (``--range-server``): nginx where installed (``NginxServer``, whose
+  CPU is next to none: those figures are packer's own overhead), else ``RangeServer``, a threaded
+  ``http.server`` in a process of its own that answers ranges with ``os.pread``.
 - **Append** (``--append-check``, alone): half of the photographs converted (every other file),
   the other half appended (``--append``), into the bucket and to a local folder, alternated
   ``--repeat`` times; the requests the server answered during the bucket's append.
@@ -37,10 +38,13 @@ import os
 import re
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
@@ -166,6 +170,69 @@ def _serve(folder: str, served, ready) -> None:
     server = Server(("127.0.0.1", 0), functools.partial(Counted, directory=folder))
     ready.put(server.server_address[1])
     server.serve_forever()
+
+
+class NginxServer:
+    """nginx (where installed: ``apt install nginx-light``) serving a folder on 127.0.0.1, one worker
+    process, ranges answered with ``sendfile``: a server whose CPU is next to none, so that the range
+    reads measure the reader. The same ``url``, ``served``, ``cpu`` and ``stop()`` as ``RangeServer``."""
+
+    def __init__(self, folder: Path, work: Path) -> None:
+        self.home = work / "nginx"
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir(parents=True)
+        port = _free_port()
+        (self.home / "nginx.conf").write_text(
+            "daemon off; worker_processes 1; pid nginx.pid; error_log error.log;\n"
+            "events { worker_connections 1024; }\n"
+            "http { sendfile on; keepalive_requests 1000000; access_log access.log;\n"
+            f"  server {{ listen 127.0.0.1:{port}; root {folder.absolute()}; }} }}\n"
+        )
+        self._process = subprocess.Popen(
+            [shutil.which("nginx") or "nginx", "-p", str(self.home), "-c", "nginx.conf"], stderr=subprocess.DEVNULL
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/", timeout=1).close()
+            except urllib.error.HTTPError:
+                break  # answered (a folder without an index: 403 or 404)
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"nginx did not start: see {self.home / 'error.log'}") from None
+                time.sleep(0.1)
+            else:
+                break
+        self._worker = int(subprocess.check_output(["pgrep", "-P", str(self._process.pid)]).split()[0])
+
+    @property
+    def served(self) -> int:
+        log = self.home / "access.log"
+        return sum(1 for _ in log.open("rb")) if log.exists() else 0
+
+    @property
+    def cpu(self) -> float:
+        fields = Path(f"/proc/{self._worker}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def range_server(kind: str, work: Path) -> tuple[object, str]:
+    """The lean range server of ``--range-server`` over ``work`` and the words that name it: nginx
+    where asked for, or where ``auto`` finds it installed; else ``RangeServer``."""
+    if kind == "nginx" or (kind == "auto" and shutil.which("nginx")):
+        return NginxServer(work, work), "nginx"
+    return RangeServer(work), "Python's http.server"
 
 
 class Converted(NamedTuple):
@@ -321,7 +388,7 @@ def run(args: argparse.Namespace) -> dict:
                     "s3://bench/npy", args.batch, args.workers, **options
                 )
             reads[f"{name}_requests_per_batch"] = (requests.count - before) / batches
-        lean = RangeServer(work)
+        lean, reads["range_server"] = range_server(args.range_server, work)
         try:
             shutil.rmtree(blocks, ignore_errors=True)
             for name, options in ((n, o) for n, o in runs.items() if n in HTTP_READS):
@@ -430,7 +497,7 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
                 for name, label in READS.items()
             ),
             *(
-                f"| lean range server (http), {label} | {x[f'http_{name}']:.0f} "
+                f"| lean range server ({x['range_server']}), {label} | {x[f'http_{name}']:.0f} "
                 f"| {x[f'http_{name}'] / x['local_samples_per_s']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} "
                 f"| {x[f'http_{name}_reader_cpu_s']:.1f} | {x[f'http_{name}_server_cpu_s']:.1f} |"
                 for name, label in READS.items()
@@ -470,6 +537,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--work", type=Path, default=Path("/tmp/packer-bucket"))
     p.add_argument("--warm", action="store_true", help="read the local output warm (no page cache drop: tests)")
+    p.add_argument(
+        "--range-server",
+        choices=("auto", "nginx", "python"),
+        default="auto",
+        help="the lean range server: nginx (auto: where installed) or Python's http.server",
+    )
     p.add_argument("--append-check", action="store_true", help="only: an append into the bucket against a local one")
     p.add_argument("--format", default="npy", help="of the --append-check outputs")
     return p

@@ -19,6 +19,7 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
         monkeypatch.setenv(name, "unset")
     args = bench_bucket.parser().parse_args(
         ["--images", "24", "--repeat", "1", "--batch", "8", "--shard-size", "8", "--workers", "0", "--warm"]
+        + ["--range-server", "python"]  # nginx is not a dependency
         + ["--work", str(tmp_path)]
     )
     try:
@@ -45,5 +46,5 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     # no worker here: the workers' CPU is none, but it is reported for every bucket read
     assert all(reads[f"{name}_workers_cpu_s"] == 0 for name in bench_bucket.READS)
     out = capsys.readouterr().out
-    assert "| into the bucket |" in out and "| lean range server (http), byte ranges, no cache |" in out
+    assert "| into the bucket |" in out and "| lean range server (Python's http.server), byte ranges, no cache |" in out
     assert "through s3fs's client (no presigned URLs)" in out and "ms less for each request" in out

@@ -147,12 +147,17 @@ class RangeServer:
 
     @property
     def cpu(self) -> float:
-        fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return process_cpu(self._process.pid)
 
     def stop(self) -> None:
         self._process.terminate()
         self._process.join()
+
+
+def process_cpu(pid: int) -> float:
+    """The CPU seconds of the process ``pid`` so far (user and system, from ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _serve(folder: str, served, ready) -> None:
@@ -213,8 +218,7 @@ class NginxServer:
 
     @property
     def cpu(self) -> float:
-        fields = Path(f"/proc/{self._worker}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return process_cpu(self._worker)
 
     def stop(self) -> None:
         self._process.terminate()

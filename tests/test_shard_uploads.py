@@ -117,7 +117,7 @@ def _counting_takes(monkeypatch, stop_at: int = 0) -> list:
 
     def counted(self, output, folder, result):
         calls.append(result.name)
-        if stop_at and len(calls) >= stop_at and self.resumable:
+        if stop_at and len(calls) >= stop_at and self.records.resumable:
             self.settle()
             raise KeyboardInterrupt
         take(self, output, folder, result)
@@ -256,8 +256,7 @@ def take_then_hang(self, output, folder, result):
     take(self, output, folder, result)
     calls.append(result.name)
     if len(calls) == 3:  # three shards in the bucket and recorded: the run hangs there, to be killed
-        for kept in self.kept:
-            kept.result()
+        self.records.wait()
         print("three", flush=True)
         time.sleep(600)
 

@@ -185,7 +185,7 @@ def _interrupted(url: str, shards: ShardUploads, local: Path) -> str:
             f"packer: interrupted; nothing was published to {url}. The documents tokenized so far are kept in "
             f"{shards.base}: run the same command with --resume to continue"
         )
-    if shards.resumable:
+    if shards.records.resumable:
         return (
             f"packer: interrupted; nothing was published to {url}. The shards finished so far are kept there: "
             "run the same command with --resume to continue"

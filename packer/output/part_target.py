@@ -15,6 +15,7 @@ The node reads the store's settings and credentials the usual way, from its own 
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from typing import Callable, Optional
 from packer.output import upload
 from packer.output.upload import PARTS, filesystem, store_errors
 from packer.records import ShardResult
+
+OWN_PART = re.compile(rf"{re.escape(PARTS)}/[0-9a-f]{{12}}-\d+/.+")
+"""A part's name, as ``part_name`` gives it (and ``upload.OWN_NAME`` allows)."""
 
 
 def part_name(token: str, number: int, name: str) -> str:
@@ -70,4 +74,4 @@ class PartTarget:
         return parts
 
 
-__all__ = ["PartTarget", "part_name"]
+__all__ = ["OWN_PART", "PartTarget", "part_name"]

@@ -7,7 +7,7 @@ lock is created with the store's exclusive create where the backend offers it (S
 so two runs cannot both take it, and a thread renews it while the run lasts. An output there is
 replaced only with ``overwrite``; objects that are not packer's (not named as packer names its
 files, or a ``manifest.json`` that is not a packer manifest) are refused, never removed; an
-interrupted conversion's (its records under ``STATE``: ``packer.output.shard_uploads``) are
+interrupted conversion's (its records under ``STATE``: ``packer.output.resume_records``) are
 continued with ``resume`` or replaced (a split conversion's nodes' only with ``overwrite``); other
 leftovers of packer's names without a manifest are replaced only with ``overwrite``. A running
 ``--num-nodes`` node's lease (``NODE_LEASE``) refuses the run too.

@@ -16,16 +16,15 @@ prefix is not an output; then every part goes (those of shards left without samp
 early start wrote again, too). A failure before them removes every object this run wrote
 (``abandon``, with Ctrl-C and SIGTERM held back), never one that was there before.
 
-``--resume``: the staging folder's records (the plan, and each finished shard's record with the part
-objects its files went to) are mirrored under ``PARTS/state/`` as they are written (``keep_plan``,
-``take``), each record after its shard's uploads and its folder's plan. An interrupt keeps the
-parts and records (a killed run leaves them anyway); ``restore`` brings the records back into a new
-local folder, and ``finished`` keeps the recorded shards whose parts are still in the store with
-the recorded size and SHA-256, so that they are moved to their published names as this run's own.
-The parts and records of every run go once the manifest is up. A split set's splits keep their
-records as a conversion does; as each split finishes, its manifest (and the files made with it) and
-the set's record are mirrored too (``keep_finished``), so that ``--resume`` keeps it whole, and its
-published shards stay through an interrupt.
+``--resume``: the staging folders' records (the plan, and each finished shard's record with the part
+objects its files went to) are mirrored in the store as they are written (``records``, a
+``packer.output.resume_records.ResumeRecords``). An interrupt keeps the parts and records (a killed
+run leaves them anyway); ``restore`` brings the records back into a new local folder, and
+``finished`` keeps the recorded shards whose parts are still in the store with the recorded size and
+SHA-256, so that they are moved to their published names as this run's own. The parts and records
+of every run go once the manifest is up. As each split of a split set finishes, its manifest and
+the set's record are mirrored too (``keep_finished``), and its published shards stay through an
+interrupt.
 
 Shards written elsewhere: a Ray task on another node uploads its shard itself as parts of the run
 (``target``, ``packer.output.part_target``), and the driver takes it with ``take_uploaded``. A node of
@@ -39,7 +38,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import shutil
 import threading
 from collections import deque
@@ -48,21 +46,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from packer.output import upload
-from packer.output.files import (
-    DONE_SUFFIX,
-    FILE_STAMPS,
-    PLAN_RECORD,
-    STAGING_MARK,
-    STAGING_SUFFIX,
-    finished_shards,
-    record_shard,
-    staging_dir,
-)
-from packer.output.part_target import PartTarget, part_name
+from packer.output.files import DONE_SUFFIX, finished_shards, record_shard
 from packer.output.object_checks import copy_checked
-from packer.output.shard_samples import SAMPLES_FILE
+from packer.output.part_target import OWN_PART, PartTarget, part_name
+from packer.output.resume_records import PUBLISHED_PREFIX, RestoredParts, ResumeRecords
 from packer.output.upload import (
-    OWN_NAME,
     PARTS,
     STATE,
     UPLOADS,
@@ -73,25 +61,17 @@ from packer.output.upload import (
 )
 from packer.records import ShardResult
 from packer.spec.errors import OutputError, PackerError
-from packer.spec.manifest import MANIFEST_NAME, read_manifest
-from packer.spec.splits_record import SPLITS_NAME
+from packer.spec.manifest import read_manifest
 from packer.system import stop_signals_held
 
 KEPT = "kept"
 """The folder, beside the run's local output folder, where a token conversion's finished tokenizing
 waits while its shards are uploaded (``set_aside``), for a ``--resume`` should the upload fail
 (``packer.cli.run_folder``)."""
-PUBLISHED_PREFIX = "published-"
-"""Under ``STATE``: ``published-TOKEN.json``, the shards of a split set's finished splits that run
-TOKEN published (``keep_finished``)."""
 AHEAD = 2
 """Finished shards that may wait for their upload; the run waits while that many do."""
-OWN_PART = re.compile(rf"{re.escape(PARTS)}/[0-9a-f]{{12}}-\d+/.+")
-"""A part's name, as ``take`` gives it (and ``OWN_NAME`` allows)."""
 CHECKS = 16
-"""Parts of an interrupted run checked at once by ``restore``."""
-PARTS_OF_RECORD = "parts"
-"""In a mirrored shard record: the part object of each of its files, by the file's path."""
+"""Parts of an interrupted run checked at once by ``finished``."""
 _SINKS: dict[Path, ShardUploads] = {}
 
 
@@ -120,18 +100,11 @@ class ShardUploads:
         self.bytes = 0  # uploaded and checked
         self.copies: list[Future] = []  # the copies to published names (``move``)
         self._lock = threading.Lock()
-        self.records = ThreadPoolExecutor(1, thread_name_prefix="packer-records")  # in order, after the uploads
-        self.kept: list[Future] = []  # the records' mirroring
-        self.planned: set[Path] = set()  # the staging folders whose plan is mirrored
-        self.deferred: dict[Path, list[tuple[Path, dict, list[Future]]]] = {}
-        """Shards finished before their folder's plan was recorded (an early start's), mirrored with it."""
-        self.resumed: dict[str, tuple[str, int, str]] = {}
-        """The part of each file an interrupted run uploaded and recorded, with the file's size and
-        SHA-256 as recorded, by the file's name under the prefix (``restore``)."""
+        self.records = ResumeRecords(dest, self.local, self._wrote, shared)
+        """The records ``--resume`` reads, mirrored in the store (``packer.output.resume_records``)."""
+        self.resumed: RestoredParts = {}  # what ``restore`` brought back
         self.intact: set[str] = set()  # the parts of ``resumed`` that the store holds as recorded
         self.checked: set[str] = set()  # the files of ``resumed`` whose parts the store was asked about
-        self.restored: set[Path] = set()  # the staging folders whose records ``restore`` brought back
-        self.resuming = False  # a --resume: ``restore`` was called
         self.moved: set[str] = set()  # every published name a shard was given (``move``)
         self.listed: set[str] = set()  # those the store's list of this run holds (``_list_published``)
         self._listing = threading.Lock()
@@ -170,7 +143,7 @@ class ShardUploads:
             self.uploads[name] = (part, futures[-1], f.bytes)
             self.sending.append(futures[-1])
             parts[f.path] = part
-        self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
+        self.records.keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
         self.waiting.append(futures)
         while self.waiting and (len(self.waiting) >= self.ahead or all(u.done() for u in self.waiting[0])):
             for sent in self.waiting.popleft():
@@ -201,119 +174,32 @@ class ShardUploads:
                 self.bytes += f.bytes
         if fingerprint is not None:
             record_shard(Path(folder), result, fingerprint=fingerprint or None)  # no file stamps: none is here
-            self._keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", dict(result.parts), [done])
+            self.records.keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", dict(result.parts), [done])
+
+    def _wrote(self, name: str) -> None:
+        """``name`` (under the prefix) is about to be written by this run: a failure removes it."""
+        with self._lock:
+            self.sent.add(name)
 
     def _upload(self, path: Path, name: str, sha256: str) -> None:
         target = f"{self.dest.root}/{name}"
         with store_errors(self.dest.url):
-            with self._lock:
-                self.sent.add(name)  # before the upload: a failed one may have left an object
+            self._wrote(name)  # before the upload: a failed one may have left an object
             size = path.stat().st_size
             upload.put_checked(self.dest.fs, path, target, self.dest.url, sha256)  # the worker's hash, not again
         path.unlink(missing_ok=True)  # in the bucket and checked: the local disk holds it no more
         with self._lock:
             self.bytes += size
 
-    # the records --resume reads ------------------------------------------------------------------
-    def _state_name(self, path: Path) -> str:
-        return f"{STATE}/{Path(path).absolute().relative_to(self.local.parent).as_posix()}"
-
-    def _put_state(self, path: Path, data: bytes, after: list[Future] = ()) -> None:
-        """Put ``data`` as the mirror of the staging file ``path`` once the uploads ``after`` are done."""
-        for sent in after:
-            if sent.cancelled() or sent.exception() is not None:
-                return  # that shard is not finished in the store; the run fails on it anyway
-        name = self._state_name(path)
-        with store_errors(self.dest.url):
-            with self._lock:
-                self.sent.add(name)
-            self.dest.fs.pipe_file(f"{self.dest.root}/{name}", data)
-
-    def restart(self, folder: Path) -> None:
-        """A new run in the staging ``folder``: the records mirrored of a run before go with its plan's
-        (``keep_plan``), not before: until then an interrupt leaves them as they were."""
-        self.planned.discard(Path(folder).absolute())
-        self.deferred.pop(Path(folder).absolute(), None)
-
-    def _clear(self, folder: Path) -> None:
-        old = f"{self.dest.root}/{self._state_name(folder)}"
-        with store_errors(self.dest.url):
-            self.dest.fs.invalidate_cache(old)
-            if self.dest.fs.exists(old):
-                self.dest.fs.rm(old, recursive=True)
-
-    def keep_plan(self, folder: Path) -> None:
-        """Mirror the plan recorded in the staging ``folder``, then the records of the shards finished
-        before it that are still there (``settle`` deletes those of shards it cancels). Only a
-        conversion's plan (with a fingerprint, which --resume compares) is mirrored."""
-        folder = Path(folder).absolute()
-        try:
-            plan = (folder / PLAN_RECORD).read_bytes()
-            recorded = json.loads(plan)
-            if not recorded.get("fingerprint") or recorded.get("operation") in ("pack", "pack-append"):
-                return  # a token conversion's or append's: its shards have no records to resume from
-        except (OSError, ValueError, AttributeError):
-            return
-        if self.shared:
-            self._share_plan(folder, plan, recorded)
-        else:
-            if folder not in self.restored:  # a new run: the records of one before go with its plan
-                self.kept.append(self.records.submit(self._clear, folder))
-            self.kept.append(self.records.submit(self._put_state, folder / PLAN_RECORD, plan))
-        self.planned.add(folder)
-        for path, parts, uploads in self.deferred.pop(folder, []):
-            self._keep_record(path, parts, uploads)
-
-    def _share_plan(self, folder: Path, plan: bytes, recorded: dict) -> None:
-        """A node's plan in the store, now: created there only where none is (S3's ``If-None-Match``), so
-        that of nodes started at once, which found none, one plan wins; a node whose plan is not the
-        one there is refused before it writes a shard. OutputError saying what to do."""
-        name = self._state_name(folder / PLAN_RECORD)
-        target = f"{self.dest.root}/{name}"
-        fs = self.dest.fs
-        with store_errors(self.dest.url):
-            try:
-                fs.pipe_file(target, plan, mode="create")
-                with self._lock:
-                    self.sent.add(name)  # this node's own: another node's plan is never in ``sent``
-                return
-            except FileExistsError:
-                pass
-            except TypeError:  # a backend without exclusive create: its plan is written, then read back
-                fs.pipe_file(target, plan)
-            fs.invalidate_cache(target)
-            try:
-                theirs = json.loads(fs.cat_file(target))
-            except ValueError:
-                theirs = {}
-        keys = ("fingerprint", "workers")
-        if [theirs.get(k) for k in keys] != [recorded.get(k) for k in keys] or (theirs.get("split") or {}).get(
-            "nodes"
-        ) != (recorded.get("split") or {}).get("nodes"):
-            where = f"{self.dest.url.rstrip('/')}/{PARTS}"
-            raise OutputError(
-                f"this node cannot join the conversion in {where}: another node recorded another plan there "
-                "(other options, --num-nodes, -j or source files). Every node must run the same command, only "
-                f"--node-rank differs; if that run is stale, remove {where} and start every node again"
-            )
-
     def keep_finished(self, files: list[Path], published: list[str], finished: Optional[Path] = None) -> None:
-        """Mirror ``files`` of the local folder (a split set's ``splits.json``, the manifest of the
-        split ``finished`` and the files made with it) once every upload and copy so far is done, so
-        that ``--resume`` of the set keeps that split; ``published`` (names under the prefix: its
-        shards) then stay through an interrupt, and the records of its staging folder go."""
+        """Mirror ``files`` of the local folder (``ResumeRecords.keep_files``) once every upload and copy
+        so far is done, so that ``--resume`` of a split set keeps the split ``finished``; ``published``
+        (names under the prefix: its shards) then stay through an interrupt."""
         self.settle()
         with self._lock:
             self.kept_published.update(published)
-        # in this order, one after another: a record of the set naming the split as finished is up only
-        # once its manifest is, and that only once the files made with it are
-        last = (MANIFEST_NAME, SPLITS_NAME)
-        ordered = sorted(files, key=lambda f: (f.name in last, last.index(f.name) if f.name in last else 0))
         with stop_signals_held():
-            for path in ordered:
-                self.kept.append(self.records.submit(self._put_state, path, path.read_bytes()))
-            if finished is not None:  # its shards' records go: --resume keeps the split, never writes it again
-                self.kept.append(self.records.submit(self._clear, staging_dir(finished)))
+            self.records.keep_files(files, finished)
 
     def _list_published(self, target: str) -> None:
         """Have the list of the published names this run gave its shards so far, ``target`` among
@@ -326,8 +212,7 @@ class ShardUploads:
             names = set(self.moved)
             name = f"{STATE}/{PUBLISHED_PREFIX}{self.dest.token[:12]}.json"
             with store_errors(self.dest.url):
-                with self._lock:
-                    self.sent.add(name)
+                self._wrote(name)
                 self.dest.fs.pipe_file(f"{self.dest.root}/{name}", json.dumps(sorted(names)).encode())
             self.listed |= names
 
@@ -350,65 +235,11 @@ class ShardUploads:
         else:
             os.replace(path, target)
 
-    @property
-    def resumable(self) -> bool:
-        """Whether a plan was mirrored: an interrupt then keeps the finished shards for --resume."""
-        return bool(self.planned)
-
-    def _keep_record(self, path: Path, parts: dict[str, str], uploads: list[Future]) -> None:
-        """Mirror the finished shard's record ``path`` with its files' ``parts``, after their
-        ``uploads``; before its folder's plan is, the record waits for it (``keep_plan``)."""
-        if path.parent.absolute() not in self.planned:
-            self.deferred.setdefault(path.parent.absolute(), []).append((path, parts, uploads))
-            return
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return  # not recorded (no --resume of it), or cancelled: written again by a resumed run
-        for local_only in (FILE_STAMPS, SAMPLES_FILE):  # this machine's inodes, a side file not mirrored
-            record.pop(local_only, None)
-        data = json.dumps({**record, PARTS_OF_RECORD: parts}, ensure_ascii=False).encode()
-        self.kept.append(self.records.submit(self._put_state, path, data, uploads))
-
     def restore(self) -> None:
-        """Bring the records an interrupted run mirrored back into the local folder's parent (its
-        staging folders, as that run left them), and note the parts they name; ``finished`` checks
-        those of the shards it is asked about (the size and the SHA-256 the store recorded, else read
-        back)."""
-        fs, root = self.dest.fs, self.dest.root
-        self.resuming = True
-        with store_errors(self.dest.url):
-            state = sorted(n[len(STATE) + 1 :] for n in self.dest.before if n.startswith(f"{STATE}/"))
-            planned = {Path(n).parent for n in state if Path(n).name == PLAN_RECORD}
-            wanted = {}
-            for name in state:
-                path = self.local.parent / name
-                if name.startswith(PUBLISHED_PREFIX):
-                    continue  # a run's list of its published shards: read by upload, not restored
-                if Path(name).parent not in planned and _in_staging(name):
-                    continue  # a shard record without its folder's plan: nothing to resume
-                if self.local.parent.resolve() not in path.resolve().parents:
-                    continue  # never outside the scratch folder, whatever a name says
-                wanted[f"{root}/{STATE}/{name}"] = path
-            fetched = fs.cat(list(wanted)) if wanted else {}  # at once (s3fs: concurrent requests)
-            for key, path in wanted.items():
-                data = fetched[key]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-                if path.name == PLAN_RECORD:
-                    (path.parent / STAGING_MARK).touch()
-                    self.planned.add(path.parent.absolute())  # this run's records of it are mirrored at once
-                    self.restored.add(path.parent.absolute())
-                elif path.name.endswith(DONE_SUFFIX):
-                    try:
-                        record = json.loads(data)
-                        for f in record["files"]:
-                            part = record[PARTS_OF_RECORD][f["path"]]
-                            if not (OWN_PART.fullmatch(part) and OWN_NAME.fullmatch(part)):
-                                raise ValueError(f"not a part's name: {part}")
-                            self.resumed[part.split("/", 2)[2]] = (part, int(f["bytes"]), str(f["sha256"]))
-                    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-                        continue  # not a record this packer wrote: its shard is written again
+        """Bring the records an interrupted run mirrored back into the local folder's parent
+        (``ResumeRecords.restore``), and note the parts they name; ``finished`` checks those of the
+        shards it is asked about (the size and the SHA-256 the store recorded, else read back)."""
+        self.resumed = self.records.restore()
 
     def _check(self, wanted: set[str]) -> None:
         """Ask the store about the restored parts of the files ``wanted`` (names under the prefix) not
@@ -459,8 +290,7 @@ class ShardUploads:
         fs, root = self.dest.fs, self.dest.root
         self._list_published(target)  # first: a run killed after the copy leaves no shard no one knows of
         with store_errors(self.dest.url):
-            with self._lock:
-                self.sent.add(target)  # before the copy: a failed one may have left an object
+            self._wrote(target)  # before the copy: a failed one may have left an object
             copy_checked(fs, f"{root}/{source}", f"{root}/{target}", size)
         with self._lock:  # the part stays until the manifest is up: an interrupt here loses no shard
             self.published.add(target)
@@ -476,13 +306,12 @@ class ShardUploads:
         stay until the manifest is up (``upload_output`` removes them)."""
         for copy in self.copies:
             copy.result()
-        for kept in self.kept:
-            kept.result()
+        self.records.wait()
         for pending in self.sending:
             pending.result()
         self.uploads.clear()
         self.pool.shutdown()
-        self.records.shutdown()
+        self.records.stop(cancel=False)
 
     def abandon(self, resumable: bool = False) -> None:
         """After a failure or an interrupt: stop, and remove every object this run wrote that was not
@@ -492,15 +321,15 @@ class ShardUploads:
         and had begun to replace an earlier interrupted run's records removes all of them (but the
         lists of published shards)."""
         resumable = resumable or self.shared  # a node keeps its finished shards for its next run, always
-        failed, resumable = not resumable, resumable and self.resumable
+        failed, resumable = not resumable, resumable and self.records.resumable
         with stop_signals_held():  # a second Ctrl-C must not leave half of the run's objects
             self.pool.shutdown(wait=True, cancel_futures=True)  # a queued upload's shard is written again
-            self.records.shutdown(wait=True, cancel_futures=not resumable)
+            self.records.stop(cancel=not resumable)
             kept = (lambda n: n.startswith(f"{PARTS}/") or n in self.kept_published) if resumable else (lambda n: False)
             gone = [n for n in sorted(self.sent - self.dest.before) if not kept(n)]
             lists = f"{STATE}/{PUBLISHED_PREFIX}"  # kept: what the next publish removes of earlier runs
             touched = any(n.startswith(f"{STATE}/") and not n.startswith(lists) for n in self.sent)
-            if failed and touched and not self.resuming:  # a run replacing an interrupted one's records
+            if failed and touched and not self.records.resuming:  # a run replacing an interrupted one's records
                 # every record goes: this run replaced some, whose shards it removed (a --resume's are
                 # kept: a split it finished and lost is not kept again, ``published_whole``)
                 records = (self.sent | self.dest.before) - set(gone)
@@ -526,12 +355,6 @@ def _shard_of(relpath: str) -> str:
     """The shard a file of an output's own folder belongs to (``shard-00003.tar``: ``shard-00003``);
     "" for a file one folder down (another output's)."""
     return "" if "/" in relpath else relpath.split(".", 1)[0]
-
-
-def _in_staging(name: str) -> bool:
-    """Whether the mirrored record ``name`` is in a staging folder (a shard's record, or its plan),
-    not one of a finished output's files."""
-    return any(part.endswith(STAGING_SUFFIX) for part in Path(name).parts)
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ PARTS = ".packer-parts"
 names (``packer.output.shard_uploads``): ``PARTS/TOKEN-N/NAME``, and the records ``--resume`` reads
 (``PARTS/state/...``). Removed once the manifest is up."""
 STATE = f"{PARTS}/state"
-"""Where a conversion keeps the records ``--resume`` reads (``packer.output.shard_uploads``)."""
+"""Where a conversion keeps the records ``--resume`` reads (``packer.output.resume_records``)."""
 OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
     r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"

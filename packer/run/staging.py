@@ -147,7 +147,7 @@ class Staging:
         try:
             start_staging(self.output)
             if self.sink is not None:
-                self.sink.restart(self.folder)
+                self.sink.records.restart(self.folder)
             if plan is not None:
                 self.record_plan(plan)
         except OSError as e:
@@ -159,13 +159,13 @@ class Staging:
         a bucket output's is kept in the store too, for ``--resume``."""
         write_plan(self.folder, plan)
         if self.sink is not None:
-            self.sink.keep_plan(self.folder)
+            self.sink.records.keep_plan(self.folder)
 
     def share_plan(self) -> None:
         """The plan a node of a split conversion made or joined in the folder, kept in the store too
         where the output goes to a bucket: there it is the nodes' shared record of the run."""
         if self.sink is not None:
-            self.sink.keep_plan(self.folder)
+            self.sink.records.keep_plan(self.folder)
 
     def finished(self, names: list[str]) -> dict[str, ShardResult]:
         """The shards of ``names`` recorded in the folder as finished whose files are intact (a bucket

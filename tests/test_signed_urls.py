@@ -103,6 +103,18 @@ def test_a_refused_url_is_signed_again_then_the_file_read_through_s3fs(output, f
     assert asked == []
 
 
+def test_a_presigned_url_answered_with_no_range_is_refused_too(output, fresh_blocks, refusing, monkeypatch):
+    """S3 answers a URL signed for another region with a redirect (301) that fsspec does not raise
+    for: an answer that is not the range asked for falls back to s3fs as a refusal does."""
+    fs, local = output
+    url, status, asked = refusing
+    status[0] = 301
+    monkeypatch.setattr(signed_urls, "_signer", lambda s3: _Fixed(f"{url}/{{}}?X-Amz-Signature=secret"))
+    ds = open_dataset("s3://data/signed")
+    assert _images(ds, [2, 15]) == _images(open_dataset(local), [2, 15])
+    assert asked
+
+
 def test_a_url_refused_after_a_while_is_signed_again(output, fresh_blocks, monkeypatch):
     fs, _ = output
     signed = SignedUrl(fs, "data/signed/manifest.json")

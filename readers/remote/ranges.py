@@ -316,12 +316,18 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
                 runs.append([n])
         asks.setdefault(id(fs), (fs, []))[1].extend((source, path, run) for run in runs)
     got: dict[tuple[str, int], Buffer] = {}
+    refused: list[RangeSource] = []
     for fs, runs in asks.values():
         starts = [run[0] * source.block for source, _, run in runs]
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
         answers = _answers(fs, runs, starts, ends)
         for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
             Requests.bytes += len(data)
+            if len(data) != end - start and source.signed is not None and not source.signed.plain:
+                # a presigned URL answered with something else than the range (a redirect to another
+                # region, without the error status fsspec raises for): refused, as a 403 is
+                refused.append(source)
+                continue
             if len(data) != end - start:
                 raise ManifestError(
                     f"{source.url}: asked for bytes {start} to {end}, got {len(data)} bytes: the server "
@@ -338,6 +344,8 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
                 MEMORY.put((source.key, n), block)
                 if source.cache is not None:
                     source.cache.put(source.key, n, block)
+    if refused:
+        raise _Refused(refused)
     return got
 
 

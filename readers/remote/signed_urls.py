@@ -7,7 +7,8 @@ docs/BENCHMARKS.md has the figures). The URLs never appear in a message: they gr
 
 A URL is good for ``SIGNED_FOR`` seconds and is signed again at half that age. A URL the store
 refuses (400 or 403: temporary credentials that ran out before it, a clock off, a bucket in another
-region) is signed again once; refused again, that file is read through s3fs as before, whose errors
+region; or any answer that is not the range asked for, as S3's redirect to a bucket's region) is
+signed again once; refused again, that file is read through s3fs as before, whose errors
 say what is wrong. Stores that need more than a URL carries (requester-pays buckets, keys sent in
 headers: s3fs's ``requester_pays``, ``s3_additional_kwargs``) are always read through s3fs.
 """

@@ -324,15 +324,18 @@ def epoch(root, batch: int, workers: int, **options) -> tuple[float, int, float,
 @contextlib.contextmanager
 def through_s3fs() -> Iterator[None]:
     """Range reads of ``s3://`` sent through s3fs's client, as before presigned URLs
-    (``readers.remote.signed_urls``), in this process and the workers it forks meanwhile."""
-    from readers.remote import ranges
+    (``readers.remote.signed_urls``: ``PACKER_S3_PRESIGNED=0``), in this process and its workers."""
+    from readers.remote.signed_urls import SWITCH
 
-    signing = ranges.can_sign
-    ranges.can_sign = lambda fs: False
+    before = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "0"
     try:
         yield
     finally:
-        ranges.can_sign = signing
+        if before is None:
+            del os.environ[SWITCH]
+        else:
+            os.environ[SWITCH] = before
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -32,8 +32,9 @@ def output(s3_server, tmp_path_factory):
 
 @pytest.fixture
 def fresh_blocks(monkeypatch):
-    """An empty block memory: every read goes to the server."""
+    """An empty block memory (every read goes to the server), and no bucket refused yet."""
     monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+    monkeypatch.setattr(signed_urls, "_PLAIN", set())
 
 
 @pytest.fixture
@@ -140,10 +141,14 @@ def test_a_url_is_signed_again_at_half_its_life(output, monkeypatch):
     assert signed.signed_at == at + signed_urls.SIGNED_FOR / 2 + 1
 
 
-def test_stores_a_url_cannot_serve_are_read_through_s3fs(s3_server):
+def test_stores_a_url_cannot_serve_are_read_through_s3fs(s3_server, monkeypatch):
     import s3fs
 
     assert can_sign(s3_server)
+    monkeypatch.setenv(signed_urls.SWITCH, "0")  # the user's switch
+    assert not can_sign(s3_server)
+    monkeypatch.delenv(signed_urls.SWITCH)
+    assert not can_sign(s3fs.S3FileSystem(client_kwargs={"verify": "/etc/ca.pem"}, skip_instance_cache=True))
     assert not can_sign(s3fs.S3FileSystem(requester_pays=True, skip_instance_cache=True))
     assert not can_sign(s3fs.S3FileSystem(s3_additional_kwargs={"SSECustomerKey": "k"}, skip_instance_cache=True))
     assert not can_sign(s3fs.S3FileSystem(anon=True, skip_instance_cache=True))
@@ -163,3 +168,39 @@ def test_no_message_names_a_presigned_url(output, fresh_blocks, refusing, monkey
         open_dataset("s3://data/signed")[1]
     assert "s3://data/signed/shard-" in str(e.value) and "503" in str(e.value)
     assert "secret" not in str(e.value) and url not in str(e.value)
+
+
+def test_a_url_that_cannot_be_reached_before_it_ever_worked_falls_back_to_s3fs(output, fresh_blocks, monkeypatch):
+    """A proxy or a private CA that fsspec's HTTP client does not know: s3fs, which does, reads it."""
+    import socket
+
+    fs, local = output
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once closed
+    monkeypatch.setattr(signed_urls, "_signer", lambda s3: _Fixed(f"http://127.0.0.1:{port}/{{}}?X-Amz-Signature=s"))
+    ds = open_dataset("s3://data/signed")
+    assert _images(ds, [4, 11]) == _images(open_dataset(local), [4, 11])
+
+
+def test_fsspecs_log_never_shows_a_presigned_query(output, fresh_blocks, caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="fsspec.http"):
+        _images(open_dataset("s3://data/signed"), [6])
+    assert "?<presigned>" in caplog.text and "X-Amz-Signature" not in caplog.text
+
+
+def test_the_memory_counts_each_answer_whole_while_any_of_its_blocks_is_kept():
+    memory = ranges._Memory(100)
+    answer = bytes(60)
+    view = memoryview(answer)
+    for n in range(3):  # three blocks of one answer of 60 bytes
+        memory.put(("f", n), view[20 * n : 20 * (n + 1)])
+    assert memory.held == 60
+    memory.put(("g", 0), bytes(50))  # over the limit: blocks go, oldest first, until the answer does
+    assert memory.held <= 100 and memory.held == sum({id(a): len(a) for a, _ in memory.answers.values()}.values())
+    memory.drop(("g", 0))
+    for key in list(memory.blocks):
+        memory.drop(key)
+    assert memory.held == 0 and memory.answers == {}

@@ -50,8 +50,9 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
 
 def copy_checked(fs: Any, source: str, target: str, size: int) -> None:
     """Copy the object ``source``, of ``size`` bytes (checked when it went up), to ``target`` inside
-    the store, then check the copy's size (OSError when it differs). ``cp_file`` copies one object:
-    fsspec's ``copy`` first lists both names as folders, two more requests for each file."""
+    the store, then check the copy's size (OSError when it differs). ``cp_file`` copies one object
+    (s3fs asks the source's size first, to choose a copy in parts past 5 GB): fsspec's ``copy`` also
+    lists both names as folders, two more requests for each file."""
     fs.cp_file(source, target)
     copied = fs.info(target).get("size")
     if copied != size:

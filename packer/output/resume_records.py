@@ -13,8 +13,9 @@ A split set's splits keep their records as a conversion does; as each split fini
 ``--resume`` keeps it whole. A node of a conversion split with ``--num-nodes`` (``shared``) shares
 its plan with the other nodes' (created only where none is) and never removes their records.
 
-Every object written is first reported to ``wrote`` (the run's list of its objects, which a failure
-removes: ``ShardUploads.abandon``).
+Every object written is reported to ``wrote`` (the run's list of its objects, which a failure
+removes: ``ShardUploads.abandon``): before it is written, but a node's shared plan, reported once
+this node created it (another node's plan is never this run's to remove).
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class ResumeRecords:
 
     def keep_plan(self, folder: Path) -> None:
         """Mirror the plan recorded in the staging ``folder``, then the records of the shards finished
-        before it that are still there (``settle`` deletes those of shards it cancels). Only a
+        before it that are still there (an early start's ``settle`` deletes those of the shards it
+        cancels). Only a
         conversion's plan (with a fingerprint, which --resume compares) is mirrored."""
         folder = Path(folder).absolute()
         try:
@@ -126,6 +128,7 @@ class ResumeRecords:
             except FileExistsError:
                 pass
             except TypeError:  # a backend without exclusive create: its plan is written, then read back
+                self.wrote(name)
                 fs.pipe_file(target, plan)
             fs.invalidate_cache(target)
             try:

@@ -52,11 +52,18 @@ MEMORY_LIMIT = 256 << 20
 
 
 class _Memory:
-    """This process's blocks of every RangeSource, least recently used dropped past ``limit`` bytes."""
+    """This process's blocks of every RangeSource, least recently used dropped past ``limit`` bytes.
+
+    A block may be a view of a larger answer (a run of neighbouring blocks asked for in one request),
+    which stays in memory while any of its blocks does: ``held`` counts each answer once, whole, from
+    its first block kept to its last dropped, so the limit bounds the memory really held."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
         self.blocks: OrderedDict[tuple[str, int], Buffer] = OrderedDict()
+        self.answers: dict[int, list] = {}
+        """The answers the kept blocks are in, by id: ``[answer, blocks kept]`` (the answer held, so its
+        id is not another's)."""
         self.batch: dict[tuple[str, int], Buffer] = {}
         """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
         than the memory is still read from one round of requests."""
@@ -77,17 +84,30 @@ class _Memory:
             self.batch.pop(key, None)
             data = self.blocks.pop(key, None)
             if data is not None:
-                self.held -= len(data)
+                self._release(data)
 
     def put(self, key: tuple[str, int], data: Buffer) -> None:
         with self.lock:
             if key in self.blocks:
                 return
             self.blocks[key] = data
-            self.held += len(data)
+            answer = data.obj if isinstance(data, memoryview) else data
+            kept = self.answers.setdefault(id(answer), [answer, 0])
+            kept[1] += 1
+            if kept[1] == 1:
+                self.held += len(answer)
             while self.held > self.limit and len(self.blocks) > 1:
                 _, dropped = self.blocks.popitem(last=False)
-                self.held -= len(dropped)
+                self._release(dropped)
+
+    def _release(self, data: Buffer) -> None:
+        """A block is no longer kept: its answer's bytes no longer count once none of its blocks is."""
+        answer = data.obj if isinstance(data, memoryview) else data
+        kept = self.answers[id(answer)]
+        kept[1] -= 1
+        if kept[1] == 0:
+            del self.answers[id(answer)]
+            self.held -= len(answer)
 
 
 MEMORY = _Memory(MEMORY_LIMIT)
@@ -278,33 +298,37 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -
     MEMORY.batch = _request(missing) if missing else {}
 
 
-class _Refused(Exception):
-    """A round in which the store refused presigned URLs (``signed_urls.REFUSED``): its ``sources``."""
-
-    def __init__(self, sources: list[RangeSource]) -> None:
-        super().__init__(f"{len(sources)} presigned URL(s) refused")
-        self.sources = sources
+_REFUSED = object()
+"""``_answers``'s answer for a run whose presigned URL the store refused (``_refusal``)."""
 
 
 def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
     filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
-    Returns them by ``(source.key, number)``. A round whose presigned URLs the store refused is asked
-    again with them signed again, then through s3fs (``SignedUrl.refused``): three rounds at most."""
-    for _ in range(2):
-        try:
-            return _request_round(wanted)
-        except _Refused as e:
-            for source in e.sources:
+    Returns them by ``(source.key, number)``. The files whose presigned URLs the store refused are
+    asked again, signed again, then through s3fs (``SignedUrl.refused``): three rounds at most, the
+    others' answers kept."""
+    got: dict[tuple[str, int], Buffer] = {}
+    for attempt in range(3):
+        more, refused = _request_round(wanted)
+        got.update(more)
+        if not refused:
+            break
+        for source in refused:
+            if attempt == 0:
                 source.signed.refused()  # type: ignore[union-attr]
-    for source, _ in wanted:
-        if source.signed is not None:
-            source.signed.plain = True  # refused twice: s3fs's answer is the one to tell
-    return _request_round(wanted)
+            else:
+                source.signed.plain = True  # type: ignore[union-attr]  # refused twice: s3fs's answer tells
+        again = {id(source) for source in refused}
+        wanted = [(source, numbers) for source, numbers in wanted if id(source) in again]
+    return got
 
 
-def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
-    """One try of ``_request``: _Refused when the store refused a presigned URL."""
+def _request_round(
+    wanted: list[tuple[RangeSource, list[int]]],
+) -> tuple[dict[tuple[str, int], Buffer], list[RangeSource]]:
+    """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs the store
+    refused (none of their blocks kept)."""
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
         fs, path = source._open()
@@ -322,12 +346,16 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
         answers = _answers(fs, runs, starts, ends)
         for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
-            Requests.bytes += len(data)
-            if len(data) != end - start and source.signed is not None and not source.signed.plain:
-                # a presigned URL answered with something else than the range (a redirect to another
-                # region, without the error status fsspec raises for): refused, as a 403 is
-                refused.append(source)
+            signed = source.signed if source.signed is not None and not source.signed.plain else None
+            if data is _REFUSED or (signed is not None and len(data) != end - start):
+                # by a presigned URL: refused, or answered with something else than the range (a
+                # redirect to another region, which fsspec does not raise for)
+                if all(s is not source for s in refused):
+                    refused.append(source)
                 continue
+            Requests.bytes += len(data)
+            if signed is not None:
+                signed.worked = True
             if len(data) != end - start:
                 raise ManifestError(
                     f"{source.url}: asked for bytes {start} to {end}, got {len(data)} bytes: the server "
@@ -336,24 +364,23 @@ def _request_round(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[st
                 )
             view = memoryview(data)
             for n in run:
-                # a view of the run's answer, not a copy: the answer is freed with its last block (a
-                # run's blocks are fetched, used and so dropped together)
+                # a view of the run's answer, not a copy: the answer stays while any of its blocks
+                # does, and the memory counts it whole (``_Memory``)
                 at = (n - run[0]) * source.block
                 block = view[at : at + source._length(n)] if len(run) > 1 else data
                 got[source.key, n] = block
                 MEMORY.put((source.key, n), block)
                 if source.cache is not None:
                     source.cache.put(source.key, n, block)
-    if refused:
-        raise _Refused(refused)
-    return got
+    return got, refused
 
 
-def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[bytes]:
+def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[Any]:
     """The bytes of each run, asked for all at once; the runs a server answered with an error of
     ``streams.RETRIED`` (busy, throttled) asked again after ``streams.backoff``, up to
-    ``streams.RETRIES`` times (s3fs and gcsfs retry such answers themselves; fsspec's HTTP does not).
-    ManifestError naming the URL for any other failure, or after the last try."""
+    ``streams.RETRIES`` times (s3fs and gcsfs retry such answers themselves; fsspec's HTTP does not);
+    ``_REFUSED`` for a run whose presigned URL was refused (``_refusal``). ManifestError naming the
+    URL for any other failure, or after the last try."""
     answers: list = [None] * len(runs)
     todo = list(range(len(runs)))
     for attempt in range(streams.RETRIES + 1):
@@ -380,12 +407,10 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[by
         except Exception as e:  # noqa: BLE001 - each backend raises its own
             raise _failed(runs[todo[0]][0].url, e) from None
         Requests.requests += len(todo)
-        again, wait, refused = [], None, []
+        again, wait = [], None
         for i, data in zip(todo, got):
-            signed = runs[i][0].signed
-            by_url = signed is not None and not signed.plain
-            if isinstance(data, BaseException) and getattr(data, "status", None) in REFUSED and by_url:
-                refused.append(runs[i][0])  # by a presigned URL: signed again, or read through s3fs
+            if isinstance(data, BaseException) and _refusal(runs[i][0], data):
+                answers[i] = _REFUSED  # by a presigned URL: signed again, or read through s3fs
                 continue
             if isinstance(data, BaseException):
                 if getattr(data, "status", None) not in streams.RETRIED or attempt == streams.RETRIES:
@@ -394,13 +419,24 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[by
                 again.append(i)
                 wait = wait or (getattr(data, "headers", None) or {}).get("Retry-After")
             answers[i] = data
-        if refused:
-            raise _Refused(refused)
         if not again:
             return answers
         todo = again
         time.sleep(streams.backoff(attempt, wait))
     return answers
+
+
+def _refusal(source: RangeSource, error: BaseException) -> bool:
+    """Whether ``error`` answered a presigned URL of ``source`` and is the store refusing it (400,
+    403), or a failure to reach it at all (a proxy, a certificate the HTTP client does not know)
+    before the URL ever worked: either way s3fs, which knows the client's settings, reads the file."""
+    signed = source.signed
+    if signed is None or signed.plain:
+        return False
+    status = getattr(error, "status", None)
+    if status in REFUSED:
+        return True
+    return status is None and not signed.worked and not isinstance(error, FileNotFoundError)
 
 
 class RangeFile(io.RawIOBase):

@@ -35,6 +35,8 @@ def fresh_blocks(monkeypatch):
     """An empty block memory (every read goes to the server), and no bucket refused yet."""
     monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
     monkeypatch.setattr(signed_urls, "_PLAIN", set())
+    for proxy in signed_urls._PROXIES:  # a proxy in the environment sends the ranges through s3fs
+        monkeypatch.delenv(proxy, raising=False)
 
 
 @pytest.fixture
@@ -149,6 +151,9 @@ def test_stores_a_url_cannot_serve_are_read_through_s3fs(s3_server, monkeypatch)
     assert not can_sign(s3_server)
     monkeypatch.delenv(signed_urls.SWITCH)
     assert not can_sign(s3fs.S3FileSystem(client_kwargs={"verify": "/etc/ca.pem"}, skip_instance_cache=True))
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")  # botocore's requests go by a proxy
+    assert not can_sign(s3_server)
+    monkeypatch.delenv("HTTPS_PROXY")
     assert not can_sign(s3fs.S3FileSystem(requester_pays=True, skip_instance_cache=True))
     assert not can_sign(s3fs.S3FileSystem(s3_additional_kwargs={"SSECustomerKey": "k"}, skip_instance_cache=True))
     assert not can_sign(s3fs.S3FileSystem(anon=True, skip_instance_cache=True))

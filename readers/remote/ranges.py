@@ -321,6 +321,8 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
                 source.signed.plain = True  # type: ignore[union-attr]  # refused twice: s3fs's answer tells
         again = {id(source) for source in refused}
         wanted = [(source, numbers) for source, numbers in wanted if id(source) in again]
+    if refused:  # a guard: the third round goes through s3fs, which is never refused
+        raise ManifestError(f"reading {refused[0].url} failed: its presigned URL was refused, and s3fs's read too")
     return got
 
 

@@ -13,9 +13,9 @@ connection at all before a URL of the file ever worked: a proxy or CA the HTTP c
 signed again once; refused again, that file is read through s3fs as before, whose errors say what
 is wrong. A URL refused just after it was signed sends its whole bucket through s3fs, in that
 process. Stores that need more than a URL carries (requester-pays buckets, keys sent in headers:
-s3fs's ``requester_pays``, ``s3_additional_kwargs``; a ``verify`` or proxies of its own) are always
-read through s3fs, and so is everything with ``PACKER_S3_PRESIGNED=0``. The HTTP client takes
-proxies from the environment and the CA bundle from ``AWS_CA_BUNDLE``, as botocore does.
+s3fs's ``requester_pays``, ``s3_additional_kwargs``; a ``verify`` or proxies of its own or in the
+environment) are always read through s3fs, and so is everything with ``PACKER_S3_PRESIGNED=0``. The
+HTTP client takes the CA bundle from ``AWS_CA_BUNDLE``, as botocore does.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class SignedUrl:
 def can_sign(fs: Any) -> bool:
     """Whether range reads of ``fs`` may go by presigned URLs: an s3fs filesystem with no request
     parameters a URL does not carry and no connection settings of its own (``verify``, proxies in
-    its botocore config, which the HTTP client would not know), unless ``PACKER_S3_PRESIGNED=0``."""
+    its botocore config or the environment, which the HTTP client would not know), unless
+    ``PACKER_S3_PRESIGNED=0``."""
     client = getattr(fs, "client_kwargs", None) or {}
     config = getattr(fs, "config_kwargs", None) or {}
     return (
@@ -96,7 +97,13 @@ def can_sign(fs: Any) -> bool:
         and not getattr(fs, "anon", False)  # an anonymous URL is no faster, and s3fs knows its bucket's rules
         and "verify" not in client
         and "proxies" not in config
+        and not any(os.environ.get(v) for v in _PROXIES)
     )
+
+
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+"""Variables that send botocore's requests through a proxy: where one is set, s3fs reads (aiohttp
+would take them with ``trust_env``, which looks them up again at every request: twice the CPU)."""
 
 
 _SIGNERS: dict[int, tuple[Any, Any]] = {}
@@ -135,8 +142,8 @@ _TLS: dict[str, Any] = {}
 
 def _http() -> Any:
     """fsspec's HTTP filesystem, with URLs sent as they are (``encoded``: a signature's quoting
-    untouched), proxies and the CA bundle taken from the environment as botocore takes them
-    (``trust_env``, ``AWS_CA_BUNDLE``), and its log kept free of the URLs' queries."""
+    untouched), the CA bundle taken from ``AWS_CA_BUNDLE`` as botocore takes it, and its log kept
+    free of the URLs' queries."""
     import fsspec
 
     log = logging.getLogger("fsspec.http")
@@ -151,7 +158,7 @@ def _http() -> Any:
             if bundle not in _TLS:
                 _TLS[bundle] = ssl.create_default_context(cafile=bundle)
         options["ssl"] = _TLS[bundle]  # each request's (fsspec passes its options to aiohttp's get)
-    return fsspec.filesystem("http", encoded=True, client_kwargs={"trust_env": True}, **options)
+    return fsspec.filesystem("http", encoded=True, **options)
 
 
 __all__ = ["SignedUrl", "can_sign", "SIGNED_FOR", "REFUSED", "SWITCH"]

@@ -257,14 +257,15 @@ def test_a_reader_during_an_overwrite_sees_the_old_output_or_refuses(outputs, sm
 @pytest.fixture
 def throttling(outputs, tmp_path):
     """The local npy-raw output served over HTTP on 127.0.0.1 with byte ranges, each range asked for
-    answered first ``busy[0]`` times with 503 (``Retry-After: 0``): ``(url, busy, ranges answered)``."""
+    answered first ``busy[0]`` times with 503 (``Retry-After: 0``), ``stalled[0]`` times late, and
+    ``dropped[0]`` times not at all (the connection closed): ``(url, busy, answered, stalled, dropped)``."""
     import functools
     import http.server
     import re
     import threading
 
     _, local = outputs
-    busy, answered, stalled = [0], [0], [0]
+    busy, answered, stalled, dropped = [0], [0], [0], [0]
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -274,6 +275,10 @@ def throttling(outputs, tmp_path):
             asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
             if asked is None:
                 return super().send_head()
+            if dropped[0] > 0:  # the connection closed with no answer at all (a reset, a lost server)
+                dropped[0] -= 1
+                self.close_connection = True
+                return None
             if stalled[0] > 0:  # a request that gets no answer for 6 s (its connection held open)
                 stalled[0] -= 1
                 time.sleep(6)
@@ -300,7 +305,7 @@ def throttling(outputs, tmp_path):
 
     server = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(local["npy-raw"])))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered, stalled
+    yield f"http://127.0.0.1:{server.server_address[1]}", busy, answered, stalled, dropped
     server.shutdown()
     server.server_close()
 
@@ -309,7 +314,7 @@ def test_a_busy_server_is_asked_again_then_named(outputs, small_blocks, throttli
     from readers.remote import streams
 
     fs, local = outputs
-    url, busy, answered, _ = throttling
+    url, busy, answered, *_ = throttling
     near = open_dataset(local["npy-raw"])
     busy[0] = 3  # three 503s, then the ranges: read after waits of 0 s (Retry-After)
     ds = open_dataset(url)
@@ -330,7 +335,7 @@ def test_a_request_without_an_answer_is_asked_again_then_named_never_a_hang(
     from readers.remote import streams
 
     fs, local = outputs
-    url, _, answered, stalled = throttling
+    url, _, answered, stalled, _ = throttling
     near = open_dataset(local["npy-raw"])
     ds = open_dataset(url)
     monkeypatch.setattr(streams, "STALL_WINDOW", 2.0)
@@ -361,3 +366,16 @@ def test_reads_across_blocks_are_the_file_bytes_and_views_where_one_block_holds_
     one_block = source.read(2050, 4000)  # inside block 1: a view of the cached block, no copy
     assert isinstance(one_block, memoryview) and one_block.obj is not None
     assert np.frombuffer(source.read(0, 64), np.uint8).flags.writeable is False
+
+
+def test_a_connection_closed_without_an_answer_is_asked_again(outputs, small_blocks, throttling, monkeypatch):
+    from readers.remote import streams
+
+    fs, local = outputs
+    url, _, answered, _, dropped = throttling
+    monkeypatch.setattr(streams, "backoff", lambda attempt, wait: 0.0)
+    near = open_dataset(local["npy-raw"])
+    ds = open_dataset(url)
+    dropped[0] = 2  # two range requests get their connection closed: asked again
+    assert _sample(ds[9]) == _sample(near[9])
+    assert dropped[0] == 0 and answered[0] > 0

@@ -101,6 +101,7 @@ def test_a_refused_url_is_signed_again_then_the_file_read_through_s3fs(output, f
     assert _images(ds, [3, 12]) == _images(open_dataset(local), [3, 12])  # read through s3fs in the end
     assert asked  # the presigned URLs were tried first
     assert made and all(s.plain for s in made)  # refused fresh: never signed again
+    assert signed_urls._PLAIN  # nor any other file of the bucket, in this process
     asked.clear()
     ds[5]
     assert asked == []
@@ -186,6 +187,7 @@ def test_a_url_that_cannot_be_reached_before_it_ever_worked_falls_back_to_s3fs(o
     monkeypatch.setattr(signed_urls, "_signer", lambda s3: _Fixed(f"http://127.0.0.1:{port}/{{}}?X-Amz-Signature=s"))
     ds = open_dataset("s3://data/signed")
     assert _images(ds, [4, 11]) == _images(open_dataset(local), [4, 11])
+    assert signed_urls._PLAIN == set()  # a failure to connect sends its file through s3fs, not the bucket
 
 
 def test_fsspecs_log_never_shows_a_presigned_query(output, fresh_blocks, caplog):
@@ -194,6 +196,34 @@ def test_fsspecs_log_never_shows_a_presigned_query(output, fresh_blocks, caplog)
     with caplog.at_level(logging.DEBUG, logger="fsspec.http"):
         _images(open_dataset("s3://data/signed"), [6])
     assert "?<presigned>" in caplog.text and "X-Amz-Signature" not in caplog.text
+
+
+def test_a_logged_traceback_never_shows_a_presigned_query(caplog):
+    import logging
+
+    signed_urls._http()  # the filter on fsspec's HTTP logger
+    log = logging.getLogger("fsspec.http")
+    with caplog.at_level(logging.DEBUG, logger="fsspec.http"):
+        try:
+            raise OSError("failed: http://127.0.0.1:9/data/x?X-Amz-Algorithm=AWS4&X-Amz-Signature=secret")
+        except OSError:
+            log.debug("while asking", exc_info=True)
+    assert "while asking" in caplog.text and "OSError" in caplog.text and "secret" not in caplog.text
+
+
+def test_an_answers_blocks_go_together_when_the_memory_is_full():
+    """A block alone frees nothing while its answer's other blocks are kept: the oldest answer goes
+    whole, and the others stay."""
+    memory = ranges._Memory(100)
+    for name in ("a", "b"):  # two answers of 4 blocks of 10 bytes
+        view = memoryview(bytes(40))
+        for n in range(4):
+            memory.put((name, n), view[10 * n : 10 * (n + 1)])
+    memory.get(("a", 0))  # one block of the oldest answer read again
+    view = memoryview(bytes(40))
+    for n in range(4):
+        memory.put(("c", n), view[10 * n : 10 * (n + 1)])
+    assert memory.held == 80 and sorted({k[0] for k in memory.blocks}) == ["b", "c"]
 
 
 def test_the_memory_counts_each_answer_whole_while_any_of_its_blocks_is_kept():

@@ -55,15 +55,16 @@ class _Memory:
     """This process's blocks of every RangeSource, least recently used dropped past ``limit`` bytes.
 
     A block may be a view of a larger answer (a run of neighbouring blocks asked for in one request),
-    which stays in memory while any of its blocks does: ``held`` counts each answer once, whole, from
-    its first block kept to its last dropped, so the limit bounds the memory really held."""
+    which stays in memory while any of its blocks does: ``held`` counts each answer once, whole, and
+    an answer's blocks go together when the oldest of them goes (one alone frees nothing), so the
+    limit bounds the memory really held."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
         self.blocks: OrderedDict[tuple[str, int], Buffer] = OrderedDict()
-        self.answers: dict[int, list] = {}
-        """The answers the kept blocks are in, by id: ``[answer, blocks kept]`` (the answer held, so its
-        id is not another's)."""
+        self.answers: dict[int, tuple[bytes, set]] = {}
+        """The answers the kept blocks are in, by id: the answer (held, so its id is not another's)
+        and the keys of its blocks kept."""
         self.batch: dict[tuple[str, int], Buffer] = {}
         """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
         than the memory is still read from one round of requests."""
@@ -84,30 +85,38 @@ class _Memory:
             self.batch.pop(key, None)
             data = self.blocks.pop(key, None)
             if data is not None:
-                self._release(data)
+                self._release(key, data)
 
     def put(self, key: tuple[str, int], data: Buffer) -> None:
         with self.lock:
             if key in self.blocks:
                 return
             self.blocks[key] = data
-            answer = data.obj if isinstance(data, memoryview) else data
-            kept = self.answers.setdefault(id(answer), [answer, 0])
-            kept[1] += 1
-            if kept[1] == 1:
+            answer = _answer_of(data)
+            kept = self.answers.setdefault(id(answer), (answer, set()))
+            if not kept[1]:
                 self.held += len(answer)
+            kept[1].add(key)
             while self.held > self.limit and len(self.blocks) > 1:
-                _, dropped = self.blocks.popitem(last=False)
-                self._release(dropped)
+                oldest = next(iter(self.blocks.values()))  # never ``key``'s, the newest, while others are
+                for other in list(self.answers[id(_answer_of(oldest))][1]):  # the whole answer goes
+                    if other != key:  # but the block being put
+                        self._release(other, self.blocks.pop(other))
 
-    def _release(self, data: Buffer) -> None:
-        """A block is no longer kept: its answer's bytes no longer count once none of its blocks is."""
-        answer = data.obj if isinstance(data, memoryview) else data
-        kept = self.answers[id(answer)]
-        kept[1] -= 1
-        if kept[1] == 0:
+    def _release(self, key: tuple[str, int], data: Buffer) -> None:
+        """The block ``key`` is no longer kept: its answer's bytes no longer count once none of its
+        blocks is."""
+        answer = _answer_of(data)
+        kept = self.answers[id(answer)][1]
+        kept.discard(key)
+        if not kept:
             del self.answers[id(answer)]
             self.held -= len(answer)
+
+
+def _answer_of(block: Buffer) -> Any:
+    """The answer a block is a view of (itself, where it is one)."""
+    return block.obj if isinstance(block, memoryview) else block
 
 
 MEMORY = _Memory(MEMORY_LIMIT)
@@ -300,6 +309,9 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -
 
 _REFUSED = object()
 """``_answers``'s answer for a run whose presigned URL the store refused (``_refusal``)."""
+_UNREACHED = object()
+"""``_answers``'s answer for a run whose presigned URL could not be reached before one of its file's
+ever worked (``_refusal``)."""
 
 
 def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
@@ -314,23 +326,23 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
         got.update(more)
         if not refused:
             break
-        for source in refused:
-            if attempt == 0:
-                source.signed.refused()  # type: ignore[union-attr]
-            else:
+        for source, by_store in refused:
+            source.signed.refused(bucket=by_store)  # type: ignore[union-attr]
+            if attempt:
                 source.signed.plain = True  # type: ignore[union-attr]  # refused twice: s3fs's answer tells
-        again = {id(source) for source in refused}
+        again = {id(source) for source, _ in refused}
         wanted = [(source, numbers) for source, numbers in wanted if id(source) in again]
     if refused:  # a guard: the third round goes through s3fs, which is never refused
-        raise ManifestError(f"reading {refused[0].url} failed: its presigned URL was refused, and s3fs's read too")
+        raise ManifestError(f"reading {refused[0][0].url} failed: its presigned URL was refused, and s3fs's read too")
     return got
 
 
 def _request_round(
     wanted: list[tuple[RangeSource, list[int]]],
-) -> tuple[dict[tuple[str, int], Buffer], list[RangeSource]]:
-    """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs the store
-    refused (none of their blocks kept)."""
+) -> tuple[dict[tuple[str, int], Buffer], list[tuple[RangeSource, bool]]]:
+    """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs were refused,
+    each with whether the store refused it (not a failure to connect). A refused source's blocks that
+    did come are kept, and asked again with the rest."""
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
         fs, path = source._open()
@@ -342,18 +354,18 @@ def _request_round(
                 runs.append([n])
         asks.setdefault(id(fs), (fs, []))[1].extend((source, path, run) for run in runs)
     got: dict[tuple[str, int], Buffer] = {}
-    refused: list[RangeSource] = []
+    refused: list[tuple[RangeSource, bool]] = []
     for fs, runs in asks.values():
         starts = [run[0] * source.block for source, _, run in runs]
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
         answers = _answers(fs, runs, starts, ends)
         for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
             signed = source.signed if source.signed is not None and not source.signed.plain else None
-            if data is _REFUSED or (signed is not None and len(data) != end - start):
+            if data is _REFUSED or data is _UNREACHED or (signed is not None and len(data) != end - start):
                 # by a presigned URL: refused, or answered with something else than the range (a
-                # redirect to another region, which fsspec does not raise for)
-                if all(s is not source for s in refused):
-                    refused.append(source)
+                # redirect to another region, which fsspec does not raise for), or not reached
+                if all(s is not source for s, _ in refused):
+                    refused.append((source, data is not _UNREACHED))
                 continue
             Requests.bytes += len(data)
             if signed is not None:
@@ -411,11 +423,13 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[An
         Requests.requests += len(todo)
         again, wait = [], None
         for i, data in zip(todo, got):
-            if isinstance(data, BaseException) and _refusal(runs[i][0], data):
-                answers[i] = _REFUSED  # by a presigned URL: signed again, or read through s3fs
+            refusal = _refusal(runs[i][0], data) if isinstance(data, BaseException) else None
+            if refusal is not None:
+                answers[i] = refusal  # by a presigned URL: signed again, or read through s3fs
                 continue
             if isinstance(data, BaseException):
-                if getattr(data, "status", None) not in streams.RETRIED or attempt == streams.RETRIES:
+                busy = getattr(data, "status", None) in streams.RETRIED or _dropped(data)
+                if not busy or attempt == streams.RETRIES:
                     tries = f" (after {attempt + 1} tries)" if attempt else ""
                     raise _failed(runs[i][0].url, data, tries)
                 again.append(i)
@@ -428,17 +442,29 @@ def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[An
     return answers
 
 
-def _refusal(source: RangeSource, error: BaseException) -> bool:
-    """Whether ``error`` answered a presigned URL of ``source`` and is the store refusing it (400,
-    403), or a failure to reach it at all (a proxy, a certificate the HTTP client does not know)
-    before the URL ever worked: either way s3fs, which knows the client's settings, reads the file."""
+def _refusal(source: RangeSource, error: BaseException) -> Any:
+    """``_REFUSED`` where ``error`` answered a presigned URL of ``source`` and is the store refusing
+    it (400, 403); ``_UNREACHED`` for a failure to reach it at all (a proxy, a certificate the HTTP
+    client does not know) before a URL of the file ever worked: either way s3fs, which knows the
+    client's settings, reads the file. None otherwise."""
     signed = source.signed
     if signed is None or signed.plain:
-        return False
+        return None
     status = getattr(error, "status", None)
     if status in REFUSED:
-        return True
-    return status is None and not signed.worked and not isinstance(error, FileNotFoundError)
+        return _REFUSED
+    if status is None and not signed.worked and not isinstance(error, FileNotFoundError):
+        return _UNREACHED
+    return None
+
+
+def _dropped(error: BaseException) -> bool:
+    """Whether ``error`` is a connection lost or reset, or an answer cut short: asked again, as a busy
+    server's answer is (s3fs and gcsfs retry these themselves; fsspec's HTTP does not)."""
+    names = {c.__name__ for c in type(error).__mro__}
+    return isinstance(error, (ConnectionError, TimeoutError)) or bool(
+        names & {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError"}
+    )
 
 
 class RangeFile(io.RawIOBase):

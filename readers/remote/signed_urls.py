@@ -71,13 +71,14 @@ class SignedUrl:
             return self.s3, self.path
         return http, self.url
 
-    def refused(self) -> None:
-        """The store refused the URL: signed again at the next round, or, when it was signed within
-        ``FRESH`` seconds, never again, for any file of its bucket (s3fs reads them, and names what is
-        wrong if it fails too)."""
+    def refused(self, bucket: bool = True) -> None:
+        """The URL was refused: signed again at the next round, or, when it was signed within
+        ``FRESH`` seconds, never again (s3fs reads the file, and names what is wrong if it fails too);
+        with ``bucket`` (the store refused it, not a failure to connect), for any file of its bucket."""
         if self.url is not None and time.monotonic() - self.signed_at < FRESH:
             self.plain = True
-            _PLAIN.add(self.bucket)
+            if bucket:
+                _PLAIN.add(self.bucket)
         self.url = None
 
 
@@ -112,6 +113,15 @@ another's): by the instance, not its options, whose environment (an endpoint) ma
 _SIGNING = threading.Lock()
 
 
+def _new_lock() -> None:
+    global _SIGNING
+    _SIGNING = threading.Lock()  # a fork may copy the lock held by another thread of the parent
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
+
+
 def _signer(fs: Any) -> Any:
     """An s3fs filesystem like ``fs`` (same options, so the same credentials, endpoint and region)
     that presigns with Signature Version 4: botocore presigns S3 URLs with version 2 unless the
@@ -132,8 +142,14 @@ class _Unsigned(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if "X-Amz-" in message:
-            record.msg, record.args = re.sub(r"\?[^\s'\"]*X-Amz-[^\s'\"]*", "?<presigned>", message), None
+            record.msg, record.args = _QUERY.sub("?<presigned>", message), None
+        if record.exc_info:  # a traceback's messages may hold the URL too: logged as text, cleaned
+            record.exc_text = _QUERY.sub("?<presigned>", logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
         return True
+
+
+_QUERY = re.compile(r"\?[^\s'\"]*X-Amz-[^\s'\"]*")
 
 
 _TLS: dict[str, Any] = {}

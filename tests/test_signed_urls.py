@@ -5,6 +5,7 @@ signed again, then the file is read through s3fs; a URL never appears in a messa
 from __future__ import annotations
 
 import http.server
+import io
 import threading
 
 import pytest
@@ -239,3 +240,54 @@ def test_the_memory_counts_each_answer_whole_while_any_of_its_blocks_is_kept():
     for key in list(memory.blocks):
         memory.drop(key)
     assert memory.held == 0 and memory.answers == {}
+
+
+def test_only_the_refused_blocks_are_asked_again(output, fresh_blocks, monkeypatch):
+    """Of a file's two runs of blocks in one round, the store refuses one: the other's blocks are
+    kept, and only the refused run is asked again (through s3fs: the URL was refused fresh)."""
+    import functools
+    import os
+    import re
+
+    fs, local = output
+    monkeypatch.setattr(ranges, "BLOCK", 2048)  # an image of 32x24 is 2,304 bytes: two blocks
+    refuse = [0]
+
+    class Ranges(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def send_head(self):  # noqa: ANN201 - http.server's own hook
+            asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+            path = self.translate_path(self.path.split("?")[0].replace("/data/signed", "", 1))
+            if refuse[0] > 0:
+                refuse[0] -= 1
+                self.send_error(403)
+                return None
+            size = os.path.getsize(path)
+            start, end = int(asked[1]), min(int(asked[2]), size - 1)
+            with open(path, "rb") as f:
+                data = os.pread(f.fileno(), end - start + 1, start)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return io.BytesIO(data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Ranges, directory=str(local)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setattr(signed_urls, "_signer", lambda s3: _Fixed(f"{url}/{{}}?X-Amz-Signature=s"))
+        ds = open_dataset("s3://data/signed")
+        near = open_dataset(local)
+        ds[0], ds[7]  # the shard's small files read, and a first sample: every URL has worked
+        monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+        before = ranges.Requests.requests
+        refuse[0] = 1  # the first of the batch's two runs of blocks is refused
+        got = ds.__getitems__([1, 5])
+        assert [g[0].numpy().tobytes() for g in got] == [s[0].numpy().tobytes() for s in near.__getitems__([1, 5])]
+        assert ranges.Requests.requests - before == 3  # two runs, then the refused one again: not both
+    finally:
+        server.shutdown()
+        server.server_close()

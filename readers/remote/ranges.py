@@ -317,9 +317,9 @@ ever worked (``_refusal``)."""
 def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
     filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
-    Returns them by ``(source.key, number)``. The files whose presigned URLs the store refused are
+    Returns them by ``(source.key, number)``. The blocks whose presigned URLs the store refused are
     asked again, signed again, then through s3fs (``SignedUrl.refused``): three rounds at most, the
-    others' answers kept."""
+    blocks that came kept."""
     got: dict[tuple[str, int], Buffer] = {}
     for attempt in range(3):
         more, refused = _request_round(wanted)
@@ -330,8 +330,8 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
             source.signed.refused(bucket=by_store)  # type: ignore[union-attr]
             if attempt:
                 source.signed.plain = True  # type: ignore[union-attr]  # refused twice: s3fs's answer tells
-        again = {id(source) for source, _ in refused}
-        wanted = [(source, numbers) for source, numbers in wanted if id(source) in again]
+        again = {id(source) for source, _ in refused}  # their blocks that came are kept, not asked again
+        wanted = [(s, [n for n in numbers if (s.key, n) not in got]) for s, numbers in wanted if id(s) in again]
     if refused:  # a guard: the third round goes through s3fs, which is never refused
         raise ManifestError(f"reading {refused[0][0].url} failed: its presigned URL was refused, and s3fs's read too")
     return got
@@ -342,7 +342,7 @@ def _request_round(
 ) -> tuple[dict[tuple[str, int], Buffer], list[tuple[RangeSource, bool]]]:
     """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs were refused,
     each with whether the store refused it (not a failure to connect). A refused source's blocks that
-    did come are kept, and asked again with the rest."""
+    did come are kept (``_request`` asks for the others only)."""
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
         fs, path = source._open()

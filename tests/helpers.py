@@ -5,6 +5,7 @@ whether a run left its staging folder, and photograph-like images with the chang
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -345,3 +346,17 @@ def leaky_splits(root: Path, train: int = 12, val: int = 4) -> Path:
         save(root / "val" / f"c{seed % 2}" / f"v{seed:02d}.jpg", textured(seed, seed % 2))
     save(root / "val" / "c1" / "leaked.jpg", resized(brightened(textured(5, 1)), 0.8))
     return root
+
+
+def answer_range(handler, path: str, asked) -> io.BytesIO:
+    """For a test's ``http.server`` handler: answer the request's ``Range: bytes=A-B`` (``asked``, its
+    match) from the file ``path`` with 206 and its headers; the body, for ``send_head`` to return."""
+    size = os.path.getsize(path)
+    start, end = int(asked[1]), min(int(asked[2]), size - 1)
+    with open(path, "rb") as f:
+        data = os.pread(f.fileno(), end - start + 1, start)
+    handler.send_response(206)
+    handler.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    return io.BytesIO(data)

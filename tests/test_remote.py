@@ -35,6 +35,7 @@ from packer.spec.tario import iter_tar_samples
 from readers import WdsDataset, make_loader, open_dataset
 from readers.remote import streams
 from readers.remote import urls as remote
+from readers.remote.block_memory import MEMORY_LIMIT, BlockMemory
 from readers.remote.streams import open_stream
 from readers.remote.urls import clean_cache, is_url, iter_remote_tar
 
@@ -158,7 +159,7 @@ def test_a_server_that_ignores_ranges_is_refused_never_sliced_wrong(served, monk
 
     root, url, _ = served
     monkeypatch.setattr(ranges, "BLOCK", 512)  # a range shorter than the file: this server sends it all
-    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
     with pytest.raises(ManifestError, match="does not answer range requests.*download=True and cache_dir="):
         open_dataset(f"{url}/npy")[5]
 

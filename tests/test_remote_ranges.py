@@ -5,13 +5,12 @@ cache shared by later readers, and a changed or removed object refused, never mi
 
 from __future__ import annotations
 
-import io
-import os
 import time
 
 import numpy as np
 import pytest
 from conftest import make_tree
+from helpers import answer_range
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -21,6 +20,7 @@ from packer.spec.sample_layout import ImageCodec
 from readers import make_loader, open_dataset
 from readers.remote import ranges
 from readers.remote.block_cache import BlockCache
+from readers.remote.block_memory import MEMORY_LIMIT, BlockMemory
 from readers.remote.ranges import Requests
 
 
@@ -49,7 +49,7 @@ def small_blocks(monkeypatch):
     """Blocks of 2 KiB (an image of 32x24 is 2,304 bytes), and an empty memory: every sample spans
     block boundaries and every read goes to the server or the disk cache."""
     monkeypatch.setattr(ranges, "BLOCK", 2048)
-    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
 
 
 def _sample(item) -> tuple:
@@ -97,7 +97,7 @@ def test_a_batch_is_one_round_of_joined_requests_then_served_from_the_cache(outp
     assert 2 <= asked <= 4  # the neighbours' blocks joined: one request per run (a chunk table may split one)
     assert [_sample(s) for s in got] == [_sample(s) for s in near.__getitems__(batch)]
     # a later reader (another process, say) finds the blocks in cache_dir: no request at all
-    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    ranges.MEMORY = BlockMemory(MEMORY_LIMIT)
     again = open_dataset(f"s3://data/ranges/{name}", cache_dir=tmp_path / "cache")
     again[0], again[12], again[24]
     before = Requests.requests
@@ -152,7 +152,7 @@ def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_
     fs.pipe(f"data/changed-{name}/{images}", (local[name] / images).read_bytes())  # put back
     assert _sample(ds[7]) == _sample(open_dataset(local[name])[7])  # the damaged blocks were not kept
     fs.pipe(f"data/changed-{name}/{images}", bytes(data[:-10]))  # shorter: refused where it is opened
-    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    ranges.MEMORY = BlockMemory(MEMORY_LIMIT)
     with pytest.raises(ManifestError, match="not the .* of the manifest"):
         open_dataset(f"s3://data/changed-{name}")[7]
     fs.rm(f"data/changed-{name}/{images}")
@@ -201,7 +201,7 @@ def test_lmdb_from_a_bucket_needs_the_download_cache(outputs, tmp_path):
 
 def test_a_batch_larger_than_the_memory_is_still_one_round(outputs, small_blocks, monkeypatch):
     fs, local = outputs
-    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(4096))  # two blocks: far less than a batch
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(4096))  # two blocks: far less than a batch
     ds = open_dataset("s3://data/ranges/npy-raw")
     ds[0], ds[12], ds[24]
     before = Requests.requests
@@ -247,7 +247,7 @@ def test_a_reader_during_an_overwrite_sees_the_old_output_or_refuses(outputs, sm
     make_tree(src, {"cat": 3})  # another output: other shards, other names
     assert CliRunner().invoke(cli, [*command, "-q", "--overwrite"]).exit_code == 0
     assert _sample(old[0]) == first  # its blocks are held: the old sample, whole
-    ranges.MEMORY = ranges._Memory(ranges.MEMORY_LIMIT)
+    ranges.MEMORY = BlockMemory(MEMORY_LIMIT)
     with pytest.raises(ManifestError, match="is gone: the output was replaced or removed"):
         old[7]  # another shard of the old output: its objects were removed once the new manifest was in place
     new = open_dataset("s3://data/overwritten")
@@ -289,16 +289,8 @@ def throttling(outputs, tmp_path):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return None
-            path = self.translate_path(self.path)
-            start, end = int(asked[1]), min(int(asked[2]), os.path.getsize(path) - 1)
-            with open(path, "rb") as f:
-                data = os.pread(f.fileno(), end - start + 1, start)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{os.path.getsize(path)}")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
             answered[0] += 1
-            return io.BytesIO(data)
+            return answer_range(self, self.translate_path(self.path), asked)
 
     class Server(http.server.ThreadingHTTPServer):
         request_queue_size = 64  # socketserver's 5 would drop a batch's connections

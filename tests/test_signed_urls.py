@@ -5,17 +5,18 @@ signed again, then the file is read through s3fs; a URL never appears in a messa
 from __future__ import annotations
 
 import http.server
-import io
 import threading
 
 import pytest
 from conftest import make_tree
+from helpers import answer_range
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
 from packer.spec.errors import ManifestError
 from readers import open_dataset
 from readers.remote import ranges, signed_urls, streams
+from readers.remote.block_memory import MEMORY_LIMIT, BlockMemory
 from readers.remote.signed_urls import SignedUrl, can_sign
 
 
@@ -34,7 +35,7 @@ def output(s3_server, tmp_path_factory):
 @pytest.fixture
 def fresh_blocks(monkeypatch):
     """An empty block memory (every read goes to the server), and no bucket refused yet."""
-    monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
     monkeypatch.setattr(signed_urls, "_PLAIN", set())
     for proxy in signed_urls._PROXIES:  # a proxy in the environment sends the ranges through s3fs
         monkeypatch.delenv(proxy, raising=False)
@@ -212,41 +213,10 @@ def test_a_logged_traceback_never_shows_a_presigned_query(caplog):
     assert "while asking" in caplog.text and "OSError" in caplog.text and "secret" not in caplog.text
 
 
-def test_an_answers_blocks_go_together_when_the_memory_is_full():
-    """A block alone frees nothing while its answer's other blocks are kept: the oldest answer goes
-    whole, and the others stay."""
-    memory = ranges._Memory(100)
-    for name in ("a", "b"):  # two answers of 4 blocks of 10 bytes
-        view = memoryview(bytes(40))
-        for n in range(4):
-            memory.put((name, n), view[10 * n : 10 * (n + 1)])
-    memory.get(("a", 0))  # one block of the oldest answer read again
-    view = memoryview(bytes(40))
-    for n in range(4):
-        memory.put(("c", n), view[10 * n : 10 * (n + 1)])
-    assert memory.held == 80 and sorted({k[0] for k in memory.blocks}) == ["b", "c"]
-
-
-def test_the_memory_counts_each_answer_whole_while_any_of_its_blocks_is_kept():
-    memory = ranges._Memory(100)
-    answer = bytes(60)
-    view = memoryview(answer)
-    for n in range(3):  # three blocks of one answer of 60 bytes
-        memory.put(("f", n), view[20 * n : 20 * (n + 1)])
-    assert memory.held == 60
-    memory.put(("g", 0), bytes(50))  # over the limit: blocks go, oldest first, until the answer does
-    assert memory.held <= 100 and memory.held == sum({id(a): len(a) for a, _ in memory.answers.values()}.values())
-    memory.drop(("g", 0))
-    for key in list(memory.blocks):
-        memory.drop(key)
-    assert memory.held == 0 and memory.answers == {}
-
-
 def test_only_the_refused_blocks_are_asked_again(output, fresh_blocks, monkeypatch):
     """Of a file's two runs of blocks in one round, the store refuses one: the other's blocks are
     kept, and only the refused run is asked again (through s3fs: the URL was refused fresh)."""
     import functools
-    import os
     import re
 
     fs, local = output
@@ -264,15 +234,7 @@ def test_only_the_refused_blocks_are_asked_again(output, fresh_blocks, monkeypat
                 refuse[0] -= 1
                 self.send_error(403)
                 return None
-            size = os.path.getsize(path)
-            start, end = int(asked[1]), min(int(asked[2]), size - 1)
-            with open(path, "rb") as f:
-                data = os.pread(f.fileno(), end - start + 1, start)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            return io.BytesIO(data)
+            return answer_range(self, path, asked)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Ranges, directory=str(local)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -282,7 +244,7 @@ def test_only_the_refused_blocks_are_asked_again(output, fresh_blocks, monkeypat
         ds = open_dataset("s3://data/signed")
         near = open_dataset(local)
         ds[0], ds[7]  # the shard's small files read, and a first sample: every URL has worked
-        monkeypatch.setattr(ranges, "MEMORY", ranges._Memory(ranges.MEMORY_LIMIT))
+        monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
         before = ranges.Requests.requests
         refuse[0] = 1  # the first of the batch's two runs of blocks is refused
         got = ds.__getitems__([1, 5])

@@ -10,7 +10,8 @@
 - ``read(start, end)`` gives the bytes, from the caches or fetched then; ``RangeFile`` is a file
   object over them (for h5py), ``npy_ranges.RemoteArray`` an array.
 
-Blocks are kept in this process's memory (least recently used dropped past ``MEMORY_LIMIT``) and,
+Blocks are kept in this process's memory (``block_memory.MEMORY``, least recently used dropped past
+its limit) and,
 with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
 the file's SHA-256 in the manifest, so a block of one output is never served for another.
 
@@ -27,16 +28,15 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import time
-from collections import OrderedDict
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
 from packer.spec.locations import CREDENTIALS
 from readers.remote import streams
 from readers.remote.block_cache import BlockCache
+from readers.remote.block_memory import MEMORY, Buffer
 from readers.remote.signed_urls import REFUSED, SignedUrl, can_sign
 
 BLOCK = 256 << 10
@@ -45,91 +45,6 @@ BLOCK = 256 << 10
 more requests where samples are read in order."""
 CONCURRENT = 32
 """Requests a process has in flight at once, at most (a batch needing more makes them in turns)."""
-Buffer = Union[bytes, memoryview]
-"""Bytes as ranges are read: a block, or a view of one (read-only either way)."""
-MEMORY_LIMIT = 256 << 20
-"""Bytes of blocks kept in each process's memory (least recently used dropped first)."""
-
-
-class _Memory:
-    """This process's blocks of every RangeSource, least recently used dropped past ``limit`` bytes.
-
-    A block may be a view of a larger answer (a run of neighbouring blocks asked for in one request),
-    which stays in memory while any of its blocks does: ``held`` counts each answer once, whole, and
-    an answer's blocks go together when the oldest of them goes (one alone frees nothing), so the
-    limit bounds the memory really held."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.held = limit, 0
-        self.blocks: OrderedDict[tuple[str, int], Buffer] = OrderedDict()
-        self.answers: dict[int, tuple[bytes, set]] = {}
-        """The answers the kept blocks are in, by id: the answer (held, so its id is not another's)
-        and the keys of its blocks kept."""
-        self.batch: dict[tuple[str, int], Buffer] = {}
-        """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
-        than the memory is still read from one round of requests."""
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple[str, int]) -> Optional[Buffer]:
-        with self.lock:
-            data = self.batch.get(key)
-            if data is not None:
-                return data
-            data = self.blocks.get(key)
-            if data is not None:
-                self.blocks.move_to_end(key)
-            return data
-
-    def drop(self, key: tuple[str, int]) -> None:
-        with self.lock:
-            self.batch.pop(key, None)
-            data = self.blocks.pop(key, None)
-            if data is not None:
-                self._release(key, data)
-
-    def put(self, key: tuple[str, int], data: Buffer) -> None:
-        with self.lock:
-            if key in self.blocks:
-                return
-            self.blocks[key] = data
-            answer = _answer_of(data)
-            kept = self.answers.setdefault(id(answer), (answer, set()))
-            if not kept[1]:
-                self.held += len(answer)
-            kept[1].add(key)
-            while self.held > self.limit and len(self.blocks) > 1:
-                oldest = next(iter(self.blocks.values()))  # never ``key``'s, the newest, while others are
-                for other in list(self.answers[id(_answer_of(oldest))][1]):  # the whole answer goes
-                    if other != key:  # but the block being put
-                        self._release(other, self.blocks.pop(other))
-
-    def _release(self, key: tuple[str, int], data: Buffer) -> None:
-        """The block ``key`` is no longer kept: its answer's bytes no longer count once none of its
-        blocks is."""
-        answer = _answer_of(data)
-        kept = self.answers[id(answer)][1]
-        kept.discard(key)
-        if not kept:
-            del self.answers[id(answer)]
-            self.held -= len(answer)
-
-
-def _answer_of(block: Buffer) -> Any:
-    """The answer a block is a view of (itself, where it is one)."""
-    return block.obj if isinstance(block, memoryview) else block
-
-
-MEMORY = _Memory(MEMORY_LIMIT)
-"""The blocks of this process (a forked DataLoader worker starts with a copy of its parent's: the
-same bytes, keyed by file SHA-256)."""
-
-
-def _new_lock() -> None:
-    MEMORY.lock = threading.Lock()  # a fork may copy the lock held by another thread of the parent
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock)
 
 
 class Requests:
@@ -360,7 +275,8 @@ def _request_round(
         ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
         answers = _answers(fs, runs, starts, ends)
         for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
-            signed = source.signed if source.signed is not None and not source.signed.plain else None
+            signed = source.signed
+            signed = signed if signed is not None and not signed.plain else None  # by a presigned URL
             if data is _REFUSED or data is _UNREACHED or (signed is not None and len(data) != end - start):
                 # by a presigned URL: refused, or answered with something else than the range (a
                 # redirect to another region, which fsspec does not raise for), or not reached

@@ -151,6 +151,12 @@ JPEG_SUBSAMPLING = "4:2:0"
 upgrade cannot change it. On 224 x 224 photographs 4:4:4 made files much larger for a slightly
 smaller mean pixel error."""
 
+JPEG_RESTART_BLOCKS = 1
+"""A restart marker after every MCU of a stored JPEG (its DRI segment says 1). Each MCU is then
+coded on its own, so a reader decodes only the MCUs a crop covers (``readers.augment.jpeg_region``):
+a random training crop keeps about half an image. It costs about 6% more bytes on 256-pixel
+photographs at quality 90, and nothing in a whole decode; every JPEG decoder reads it."""
+
 _PIL_MODES = {1: "L", 3: "RGB"}
 
 
@@ -167,7 +173,7 @@ def encode_image(pixels: np.ndarray, codec: str, quality: int = 90) -> bytes:
     )
     buf = io.BytesIO()
     if codec == "jpeg":
-        img.save(buf, "JPEG", quality=quality, subsampling=JPEG_SUBSAMPLING)
+        img.save(buf, "JPEG", quality=quality, subsampling=JPEG_SUBSAMPLING, restart_marker_blocks=JPEG_RESTART_BLOCKS)
     else:
         img.save(buf, "PNG", compress_level=PNG_COMPRESS_LEVEL)
     return buf.getvalue()

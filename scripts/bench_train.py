@@ -8,6 +8,8 @@ normalized with ImageNet's mean and std, in 2 workers:
 - packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``, NCHW
   batches and (max 256 rows) channels-last ones (``memory_format=torch.channels_last``); the
   ``--codec source`` output (the photographs in full) also with ``RandomResizedCrop(224, reduced_decode=True)``;
+  the max-256 JPEG output also with every file decoded whole (``packer (whole decodes)``), as readers
+  decode JPEGs without restart markers (older outputs): the baseline of a crop's region decode;
 - SPDL's thread-based pipeline over the same files (``SpdlTrainLoader``, with as many threads as
   workers and twice as many), when ``spdl`` and FFmpeg's libraries are installed;
 - the torchvision-style folder pipeline: each file opened with Pillow every epoch, cropped with
@@ -33,6 +35,7 @@ of each form.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -303,6 +306,61 @@ def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
     }
 
 
+def crop_decode_costs(out: Path, count: int = 500) -> dict:
+    """CPU ms per photograph, in this process, of decoding the stored JPEGs of the max-256 jpeg
+    output ``out`` for a RandomResizedCrop(224) box: the whole file (what readers did before, and do
+    for files without restart markers) against the MCUs under the box alone (``jpeg_region``), with
+    the share of boxes cut (the rest need every MCU and are decoded whole)."""
+    import simplejpeg
+
+    from packer.spec.manifest import read_manifest
+    from packer.spec.registry import FORMATS
+    from packer.spec.sample_layout import SampleLayout
+    from readers.augment.crops import Augment, RandomResizedCrop
+    from readers.augment.jpeg_region import decode_region
+
+    m = read_manifest(out)
+    layout = SampleLayout.from_manifest(m)
+    scanned = (bytes(s.encoded) for shard in m.shards for s in FORMATS[m.format].scan(out, shard, layout))
+    datas = list(itertools.islice(scanned, count))
+    augment = Augment(RandomResizedCrop(SIZE), False)
+    boxes = []
+    for i, data in enumerate(datas):
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        left, top, right, bottom = augment.placement(0, 1, i, height, width).box
+        boxes.append((int(left), int(top), math.ceil(right), math.ceil(bottom)))
+
+    def ms(fn) -> float:
+        fn(0)
+        start = time.process_time()
+        for i in range(len(datas)):
+            fn(i)
+        return (time.process_time() - start) / len(datas) * 1e3
+
+    return {
+        "whole_ms": ms(lambda i: simplejpeg.decode_jpeg(datas[i], colorspace="RGB")),
+        "region_ms": ms(
+            lambda i: decode_region(datas[i], "RGB", boxes[i]) or simplejpeg.decode_jpeg(datas[i], colorspace="RGB")
+        ),
+        "cut": sum(decode_region(d, "RGB", b) is not None for d, b in zip(datas, boxes)) / len(datas),
+    }
+
+
+@contextlib.contextmanager
+def whole_jpeg_decodes():
+    """Readers made and iterated inside decode every stored JPEG whole, as they do a file without
+    restart markers (an output of packer 0.9.1 or older): the baseline of the crop's region decode.
+    DataLoader workers forked inside inherit it."""
+    from readers.augment import render
+
+    region = render._region
+    render._region = lambda *args: None
+    try:
+        yield
+    finally:
+        render._region = region
+
+
 def packer_loader(out: Path, workers: int, reduced_decode: bool = False, channels_last: bool = False):
     from readers import RandomResizedCrop, make_loader, open_dataset
 
@@ -426,6 +484,11 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             if resize == "max":  # NHWC batches, against FFCV's default layout
                 rate = timed(packer_loader(out, w, channels_last=True), args.epochs)
                 add("packer", f"{stored}, channels-last", rate, du(out), seconds)
+            if codec == "jpeg":  # the same files decoded whole: what the region decode saves
+                for layout, suffix in ((False, ""), (True, ", channels-last")):
+                    with whole_jpeg_decodes():
+                        rate = timed(packer_loader(out, w, channels_last=layout), args.epochs)
+                    add("packer (whole decodes)", f"{stored}{suffix}", rate, du(out), seconds)
             if codec == "source":  # the photographs in full: a crop may be decoded at a reduced scale
                 add(
                     "packer",
@@ -472,6 +535,7 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             rate = timed(SpdlTrainLoader(items, threads), args.epochs)
             add(f"SPDL folder pipeline ({threads} threads)", "source files", rate, results["source_bytes"], 0.0)
     results["source_costs"] = source_costs(items)
+    results["crop_decode_costs"] = crop_decode_costs(work / "npy-max-jpeg")
     results["default_convert_runs"] = default_runs
     results["default_convert_s"] = median(default_runs)
     for row in rows.values():
@@ -541,6 +605,15 @@ def markdown(results: dict) -> str:
             f"{costs['keep_ms']:.3f} ms (its 1/8-scale decode alone {costs['eighth_decode_ms']:.3f} ms), "
             f"the default preprocessing {costs['default_ms']:.3f} ms: at most "
             f"{costs['default_ms'] / costs['keep_ms']:.2f}x from the per-file work",
+        ]
+    crops = results.get("crop_decode_costs")
+    if crops:
+        lines += [
+            "",
+            f"Per photograph, CPU in one process, decoding a stored max-256 JPEG for a RandomResizedCrop(224) "
+            f"box: the whole file {crops['whole_ms']:.3f} ms, the MCUs under the box alone "
+            f"{crops['region_ms']:.3f} ms ({crops['whole_ms'] / crops['region_ms']:.2f}x; "
+            f"{crops['cut']:.0%} of the boxes cut, the rest decoded whole)",
         ]
     return "\n".join(lines)
 

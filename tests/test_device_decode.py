@@ -16,7 +16,8 @@ from PIL import Image
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
 from readers import CenterCrop, RandomResizedCrop, make_loader, open_dataset
-from readers.augment.device_decode import EncodedBatch
+from readers.augment import jpeg_region
+from readers.augment.device_decode import DeviceDecoder, EncodedBatch
 from readers.loading.batch_buffers import BatchBuffers
 
 MAX = PreprocessConfig(resize="max", size=(72, 72))
@@ -233,3 +234,22 @@ def test_a_file_the_gpu_decoder_refuses_is_decoded_as_the_workers_decode_it(outp
     refusing._jpeg = picky
     assert torch.equal(refusing(batch)[0], plain(batch)[0])
     assert calls[0] == 6 and calls[1:] == [1] * 6  # the batch, then each file (the first by the CPU)
+
+
+def test_only_the_mcus_under_each_box_cross_to_the_device(tmp_path, monkeypatch):
+    """A box inside a stored JPEG sends the MCUs around it alone (a whole MCU of context on each side),
+    which decode to the same crop as the whole file."""
+    for i in range(6):
+        write_image(tmp_path / "src" / f"c{i % 2}" / f"{i}.png", (256, 192), seed=i)
+    cfg = ConvertConfig("npy", PreprocessConfig(resize="max", size=(256, 256)), codec=ImageCodec("jpeg"))
+    convert(tmp_path / "src", tmp_path / "out", cfg, workers=1)
+    ds = open_dataset(tmp_path / "out", crop=RandomResizedCrop(32), flip=True)
+    ds = ds.for_loader(BatchBuffers(encoded=True), 0)
+    cut = ds.__getitems__(list(range(6)))
+    monkeypatch.setattr(jpeg_region, "splice", lambda *args: None)
+    whole = ds.__getitems__(list(range(6)))
+    assert len(cut.rows) == len(whole.rows) == 6
+    assert len(cut.data) < 0.9 * len(whole.data)  # random crops keep about half an image
+    assert not torch.equal(cut.boxes, whole.boxes)  # moved onto the parts sent
+    decoder = DeviceDecoder(None, "RGB", None)  # the device's decode on the CPU: libjpeg-turbo's pixels
+    assert torch.equal(decoder(cut)[0], decoder(whole)[0])

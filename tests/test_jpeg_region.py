@@ -13,7 +13,7 @@ from PIL import Image
 from packer.spec.codecs import encode_image
 from readers.augment.crops import Augment, RandomResizedCrop
 from readers.augment.image_crops import ImageCrops
-from readers.augment.jpeg_region import decode_region
+from readers.augment.jpeg_region import decode_region, splice
 from readers.augment.render import render
 
 
@@ -92,6 +92,9 @@ def test_a_small_box_decodes_only_its_mcus():
     pixels, top, left = decode_region(data, "RGB", (100, 120, 140, 150))
     # MCUs of 16 pixels: columns 96-143 and rows 112-159 with 2 pixels of context, no more
     assert (top, left, pixels.shape) == (112, 96, (48, 48, 3))
+    # with a context asked for (the device's decode: a whole MCU), the MCUs reaching 16 pixels further
+    jpeg, top, left = splice(data, 3, (100, 120, 140, 150), context=16)
+    assert (top, left, whole(jpeg.tobytes(), "RGB").shape) == (96, 80, (80, 80, 3))
 
 
 @pytest.mark.parametrize(

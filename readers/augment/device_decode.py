@@ -73,6 +73,12 @@ class BatchBuilder:
             whole = (*placement.whole, top, left)
         else:
             box, whole = tuple(int(v) for v in placement.box), (-1, -1, -1, -1)
+            from readers.augment import jpeg_region  # imports numba: only once a JPEG is sent
+
+            part = jpeg_region.splice(data, self.channels, box, DEVICE_CONTEXT)  # type: ignore[arg-type]
+            if part is not None:  # only the MCUs under the box travel and are decoded
+                jpeg, top, left = part
+                data, box = jpeg.tobytes(), (box[0] - left, box[1] - top, box[2] - left, box[3] - top)
         self.chunks.append(data)
         self.rows.append(row)
         self.boxes.append(box)  # type: ignore[arg-type]
@@ -102,6 +108,11 @@ class BatchBuilder:
             torch.tensor([self.n, self.channels, h, w], dtype=torch.int64),
         )
 
+
+DEVICE_CONTEXT = 16
+"""Pixels kept around a box whose MCUs are sent alone (``jpeg_region.splice``): a whole MCU of 4:2:0
+(8 chroma samples) on every side, so that a device decoder whose chroma upsampling reads further
+than libjpeg-turbo's 1 sample still sees under the box the neighbours the whole image gives it."""
 
 MAX_SHRINK = 32
 """The most a crop is shrunk on the device, per side: torch's antialiased kernel on CUDA refuses

@@ -49,11 +49,18 @@ def _jit(function):
 
 @_jit
 def _splice(
-    data: np.ndarray, box: np.ndarray, channels: int, max_pixels: int, out: np.ndarray, corner: np.ndarray
+    data: np.ndarray,
+    box: np.ndarray,
+    channels: int,
+    max_pixels: int,
+    context: int,
+    out: np.ndarray,
+    corner: np.ndarray,
 ) -> int:
     """Write into ``out`` (at least ``len(data) + 2`` bytes) the JPEG of the MCUs of ``data`` that
-    cover ``box`` (left, top, right, bottom, in pixels, within the image) with the upsampling's
-    context, and its (top, left) in the image into ``corner``; return its length, ``_WHOLE`` when
+    cover ``box`` (left, top, right, bottom, in pixels, within the image) widened by ``context``
+    pixels on every side (or, when negative, by what libjpeg's upsampling reads: 2 pixels on a
+    subsampled side), and its (top, left) in the image into ``corner``; return its length, ``_WHOLE`` when
     that is every MCU, or -1 for a file this cannot splice (see the module) or one of other than
     ``channels`` components or more than ``max_pixels`` (when positive)."""
     n = data.shape[0]
@@ -111,7 +118,7 @@ def _splice(
     mcu_w, mcu_h = 8 * hmax, 8 * vmax
     cols, rows = (width + mcu_w - 1) // mcu_w, (height + mcu_h - 1) // mcu_h
     # a subsampled side's upsampling reads the chroma sample beyond: 2 pixels of context
-    ex, ey = 2 * (hmax - 1), 2 * (vmax - 1)
+    ex, ey = (2 * (hmax - 1), 2 * (vmax - 1)) if context < 0 else (context, context)
     c0, c1 = max(left - ex, 0) // mcu_w, min((right + ex + mcu_w - 1) // mcu_w, cols)
     r0, r1 = max(top - ey, 0) // mcu_h, min((bottom + ey + mcu_h - 1) // mcu_h, rows)
     if c0 == 0 and r0 == 0 and c1 == cols and r1 == rows:
@@ -153,24 +160,40 @@ def _splice(
     return o
 
 
+def splice(
+    data: bytes, channels: int, box: tuple[int, int, int, int], context: int = -1
+) -> Optional[tuple[np.ndarray, int, int]]:
+    """The JPEG of the MCUs of ``data`` (a JPEG of ``channels`` components) that cover ``box`` (left,
+    top, right, bottom, whole pixels within the image), with ``context`` pixels around it (by
+    default what libjpeg-turbo's upsampling reads, so that its decode of the part equals the whole
+    decode's under the box): ``(jpeg, top, left)``, the file's bytes (a uint8 array) and where its
+    corner lies in the image. None where the file cannot be cut so (see the module), or where the
+    box needs all of it."""
+    source = np.frombuffer(data, np.uint8)
+    limit = int(Image.MAX_IMAGE_PIXELS or 0)  # larger files go to Pillow's decode, which refuses them
+    out = np.empty(len(data) + 2, np.uint8)
+    corner = np.zeros(2, np.int64)
+    size = _splice(source, np.asarray(box, np.int64), channels, limit, context, out, corner)
+    if size < 0:
+        return None
+    return out[:size], int(corner[0]), int(corner[1])
+
+
 def decode_region(data: bytes, mode: str, box: tuple[int, int, int, int]) -> Optional[tuple[np.ndarray, int, int]]:
     """The pixels of the JPEG ``data`` (``mode`` RGB or L) that cover ``box`` (left, top, right,
     bottom, whole pixels within the image), decoded alone: ``(pixels, top, left)``, an HxWxC uint8
     array of the part of the image whose corner lies at (``top``, ``left``), equal there to the
     whole image's decode. None where the file cannot be cut so (see the module), or where the box
     needs all of it: the caller decodes the whole file."""
-    source = np.frombuffer(data, np.uint8)
-    limit = int(Image.MAX_IMAGE_PIXELS or 0)  # larger files go to Pillow's decode, which refuses them
-    out = np.empty(len(data) + 2, np.uint8)
-    corner = np.zeros(2, np.int64)
-    size = _splice(source, np.asarray(box, np.int64), 1 if mode == "L" else 3, limit, out, corner)
-    if size < 0:
+    part = splice(data, 1 if mode == "L" else 3, box)
+    if part is None:
         return None
+    jpeg, top, left = part
     try:  # strict: a warning would mean a splice libjpeg-turbo reads otherwise; decode it whole then
-        pixels = simplejpeg.decode_jpeg(out[:size], colorspace="GRAY" if mode == "L" else "RGB", strict=True)
+        pixels = simplejpeg.decode_jpeg(jpeg, colorspace="GRAY" if mode == "L" else "RGB", strict=True)
     except (ValueError, RuntimeError):
         return None
-    return pixels, int(corner[0]), int(corner[1])
+    return pixels, top, left
 
 
-__all__ = ["decode_region"]
+__all__ = ["decode_region", "splice"]

@@ -11,7 +11,8 @@ import simplejpeg
 from PIL import Image
 
 from packer.spec.codecs import encode_image
-from readers.augment.crops import Augment, RandomResizedCrop
+from readers.augment import jpeg_region
+from readers.augment.crops import Augment, Placement, RandomResizedCrop
 from readers.augment.image_crops import ImageCrops
 from readers.augment.jpeg_region import decode_region, splice
 from readers.augment.render import render
@@ -58,7 +59,9 @@ def random_boxes(rng: np.random.Generator, height: int, width: int, count: int) 
     return boxes
 
 
-@pytest.mark.parametrize("size", [(192, 256), (256, 171), (37, 53), (16, 16), (17, 33), (1, 40), (9, 1)])
+@pytest.mark.parametrize(
+    "size", [(192, 256), (256, 171), (37, 53), (16, 16), (17, 33), (18, 34), (8, 200), (1, 40), (9, 1)]
+)
 @pytest.mark.parametrize("mode", ["RGB", "L"])
 def test_region_equals_whole_decode_on_packers_jpegs(size, mode):
     channels = 1 if mode == "L" else 3
@@ -131,8 +134,11 @@ def test_damaged_files_are_left_to_the_whole_decode():
     assert decode_region(b"not a jpeg at all", "RGB", (0, 0, 1, 1)) is None
 
 
-def test_random_crops_give_the_pixels_of_the_whole_decode():
-    """render() of a RandomResizedCrop over a stored JPEG equals the same crop of its decoded pixels."""
+def test_random_crops_give_the_pixels_of_the_whole_decode(monkeypatch):
+    """render() of a RandomResizedCrop over a stored JPEG equals the same crop of its decoded pixels,
+    and the crops were made from their regions."""
+    parts = []
+    monkeypatch.setattr(jpeg_region, "decode_region", lambda *a: parts.append(decode_region(*a)) or parts[-1])
     crops = ImageCrops(Augment(RandomResizedCrop(224), True), "RGB", "jpeg")
     for seed in range(3):
         data = encode_image(photo(192, 256, seed=seed), "jpeg", 90)
@@ -141,3 +147,44 @@ def test_random_crops_give_the_pixels_of_the_whole_decode():
             image, placement = crops.image(data, seed, index, epoch=1)
             expected = render(decoded, "raw", "RGB", placement)
             np.testing.assert_array_equal(image, expected)
+    assert len(parts) == 60 and sum(part is not None for part in parts) >= 50
+
+
+def test_a_file_damaged_outside_the_box_is_refused_as_the_whole_decode_refuses_it():
+    data = bytearray(encode_image(photo(64, 64), "jpeg", 90))
+    last = max(i for i in range(len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7)
+    data[last + 1] = 0xC1  # the last restart marker, far from a box in the top-left corner
+    assert decode_region(bytes(data), "RGB", (0, 0, 20, 20)) is None
+    with pytest.raises(OSError, match="broken data stream"):
+        render(bytes(data), "jpeg", "RGB", Placement((0.0, 0.0, 20.0, 20.0), (8, 8), False, True))
+
+
+def sos_at_the_end() -> bytes:
+    """Headers whose scan header ends the file: its last two bytes, FF D9, look like the EOI."""
+    data = pillow_jpeg(np.full((16, 24, 1), 128, np.uint8), restart_marker_blocks=1)
+    return data[: data.index(b"\xff\xda")] + b"\xff\xda\x00\x08\x01\x01\x00\x00\xff\xd9"
+
+
+def fewer_mcus_than_its_frame() -> bytes:
+    """A file whose frame header says twice its height: its EOI comes after half the MCUs."""
+    data = bytearray(encode_image(photo(32, 32), "jpeg", 90))
+    at = data.index(b"\xff\xc0") + 5
+    data[at : at + 2] = (64).to_bytes(2, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        sos_at_the_end(),
+        fewer_mcus_than_its_frame(),
+        pillow_jpeg(photo(16, 16))[:20] + b"\xff\xc0\x00\x02\xff\xd9",  # a frame header of length 2
+    ],
+    ids=["sos-at-the-end", "fewer-mcus", "short-frame"],
+)
+def test_crafted_headers_are_refused_without_reading_past_the_file(data):
+    """The kernel as plain Python (``py_func``): any index past the arrays raises IndexError."""
+    source, out, corner = np.frombuffer(data, np.uint8), np.zeros(len(data) + 2, np.uint8), np.zeros(2, np.int64)
+    assert jpeg_region._splice.py_func(source, np.array([0, 0, 1, 8]), 1, 0, -1, out, corner) == -1
+    assert jpeg_region._splice.py_func(source, np.array([0, 0, 1, 8]), 3, 0, -1, out, corner) == -1
+    assert decode_region(data, "RGB", (0, 0, 1, 8)) is None

@@ -21,9 +21,11 @@ this in the library, but no Python wheel bundles that API (PyTurboJPEG needs the
 libturbojpeg), and simplejpeg, which every install has, decodes only whole files.
 
 Any file the splice does not recognise (no restart marker after every MCU, progressive or
-arithmetic coding, sampling factors other than 1 and 2, markers out of sequence, a box not inside
-the image) gives None, and the caller decodes the whole file as before, which also explains any
-error a damaged file has.
+arithmetic coding, sampling factors other than 1 and 2, markers out of sequence or missing
+anywhere in the file, not only among the MCUs kept, a box not inside the image) gives None, and the
+caller decodes the whole file as before, which explains the error of a file so damaged. Damage
+inside the entropy-coded data that leaves the markers whole is no more visible here than to the
+whole decode, which decodes such bits into other pixels without an error either.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def _splice(
         if length < 2 or i + 2 + length > n or (0xD0 <= marker <= 0xD9) or marker < 0xC0:
             return -1
         if marker == 0xC0 or marker == 0xC1:  # baseline or extended sequential, Huffman-coded
+            if length < 8:
+                return -1
             components = np.int64(data[i + 9])
             if frame >= 0 or data[i + 4] != 8 or components != channels or length != 8 + 3 * components:
                 return -1
@@ -98,8 +102,8 @@ def _splice(
             interval = (np.int64(data[i + 4]) << 8) | data[i + 5]
         i += 2 + length
     scan = i + 2 + length
-    if frame < 0 or interval != 1 or length != 6 + 2 * components or scan > n or data[i + 4] != components:
-        return -1  # one scan of every component, a restart after each MCU
+    if frame < 0 or interval != 1 or length != 6 + 2 * components or scan > n - 2 or data[i + 4] != components:
+        return -1  # one scan of every component, a restart after each MCU, the file's EOI after it
     height = (np.int64(data[frame]) << 8) | data[frame + 1]
     width = (np.int64(data[frame + 2]) << 8) | data[frame + 3]
     left, top, right, bottom = box[0], box[1], box[2], box[3]
@@ -129,21 +133,22 @@ def _splice(
     out[frame + 2], out[frame + 3] = new_w >> 8, new_w & 0xFF
     last = (r1 - 1) * cols + c1 - 1
     o, start, j, mcu, kept = scan, scan, scan, 0, 0
-    while True:  # each MCU's bytes end at the next marker: RSTn after each, EOI after the last
+    # Each MCU's bytes end at the next marker: RSTn after each, EOI after the last. The scan goes on
+    # to the EOI past the MCUs kept, so that a file with its markers damaged anywhere is decoded
+    # whole, and refused there, whichever crop is drawn.
+    while True:
         while data[j] != 0xFF:  # the EOI at the end stops it
             j += 1
         marker = data[j + 1]
         if marker == 0:  # a 0xFF data byte, stuffed
             j += 2
             continue
-        if marker == 0xD9:
-            if mcu != rows * cols - 1:
-                return -1
-        elif marker & 0xF8 != 0xD0 or marker & 7 != mcu & 7 or mcu == rows * cols - 1:
+        final = mcu == rows * cols - 1
+        if (marker == 0xD9) != final or (not final and (marker & 0xF8 != 0xD0 or marker & 7 != mcu & 7)):
             return -1
         row = mcu // cols
         col = mcu - row * cols
-        if row >= r0 and c0 <= col < c1:
+        if r0 <= row < r1 and c0 <= col < c1:
             size = j - start
             out[o : o + size] = data[start:j]
             o += size
@@ -151,7 +156,7 @@ def _splice(
             out[o + 1] = 0xD9 if mcu == last else 0xD0 + (kept & 7)
             o += 2
             kept += 1
-        if mcu == last:
+        if final:
             break
         mcu += 1
         j += 2

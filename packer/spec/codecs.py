@@ -155,7 +155,7 @@ JPEG_RESTART_BLOCKS = 1
 """A restart marker after every MCU of a stored JPEG (its DRI segment says 1). Each MCU is then
 coded on its own, so a reader decodes only the MCUs a crop covers (``readers.augment.jpeg_region``):
 a random training crop keeps about half an image. It costs about 6% more bytes on 256-pixel
-photographs at quality 90, and nothing in a whole decode; every JPEG decoder reads it."""
+photographs at quality 90 and a few percent at most in a whole decode; every JPEG decoder reads it."""
 
 _PIL_MODES = {1: "L", 3: "RGB"}
 

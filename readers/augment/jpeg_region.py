@@ -24,8 +24,10 @@ Any file the splice does not recognise (no restart marker after every MCU, progr
 arithmetic coding, sampling factors other than 1 and 2, markers out of sequence or missing
 anywhere in the file, not only among the MCUs kept, a box not inside the image) gives None, and the
 caller decodes the whole file as before, which explains the error of a file so damaged. Damage
-inside the entropy-coded data that leaves the markers whole is no more visible here than to the
-whole decode, which decodes such bits into other pixels without an error either.
+inside the coded data of MCUs outside the box that leaves every marker whole goes unseen here,
+where a whole decode may report it (libjpeg-turbo's warning of a bad Huffman code) or decode it
+into other pixels without a word; what finds any changed byte is the files' SHA-256
+(``open_dataset(..., verify=True)``, ``packer verify``), as for every stored image.
 """
 
 from __future__ import annotations

@@ -156,6 +156,13 @@ def main() -> int:
         mean / max(batches, 1) <= 1 and batches == len(in_workers),
         {"mean_levels": mean / max(batches, 1), "max_levels": worst, "batches": batches},
     )
+    # The same batch with each crop's MCUs spliced (the default) and with the whole files: a box moved
+    # wrongly onto its part would be many levels off; nvJPEG may pick another backend by size, so a
+    # level is the bound here too
+    check(
+        "decode=device: the MCUs of each crop give nvJPEG's crops of the whole files",
+        *_splice_gap(crops, device="cuda", seed=5, num_workers=0, decode="device"),
+    )
     report["RandomResizedCrop(224) + flip from max-256 jpeg, float32 samples/s on the gpu"] = {
         f"decode={where}, {w} workers": rate(make_loader(crops, 64, device="cuda", seed=5, num_workers=w, decode=where))
         for w in sorted({2, args.workers})
@@ -167,6 +174,22 @@ def main() -> int:
     print(text)
     args.out.write_text(text)
     return 1 if failures else 0
+
+
+def _splice_gap(dataset, **options) -> tuple[bool, dict]:
+    """Whether the first batch of ``make_loader(dataset, 64, **options)`` (in-process: ``num_workers=0``)
+    is within a level on average of the same batch made from whole JPEG files, and the levels apart."""
+    from readers import make_loader
+    from readers.augment import jpeg_region
+
+    spliced = next(iter(make_loader(dataset, 64, **options)))[0]
+    splice, jpeg_region.splice = jpeg_region.splice, lambda *args: None
+    try:
+        whole = next(iter(make_loader(dataset, 64, **options)))[0]
+    finally:
+        jpeg_region.splice = splice
+    levels = (spliced.float() - whole.float()).abs() * 255 * 0.225  # ImageNet's smallest std: an upper bound
+    return float(levels.mean()) <= 1, {"mean_levels": float(levels.mean()), "max_levels": float(levels.max())}
 
 
 class _CpuThenCopy:

@@ -236,12 +236,14 @@ def test_a_file_the_gpu_decoder_refuses_is_decoded_as_the_workers_decode_it(outp
     assert calls[0] == 6 and calls[1:] == [1] * 6  # the batch, then each file (the first by the CPU)
 
 
-def test_only_the_mcus_under_each_box_cross_to_the_device(tmp_path, monkeypatch):
-    """A box inside a stored JPEG sends the MCUs around it alone (a whole MCU of context on each side),
-    which decode to the same crop as the whole file."""
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_only_the_mcus_under_each_box_cross_to_the_device(tmp_path, monkeypatch, mode):
+    """A box inside a stored JPEG sends the MCUs around it alone (16 pixels of context on each side in
+    colour, none in gray), which decode to the same crop as the whole file."""
     for i in range(6):
         write_image(tmp_path / "src" / f"c{i % 2}" / f"{i}.png", (256, 192), seed=i)
-    cfg = ConvertConfig("npy", PreprocessConfig(resize="max", size=(256, 256)), codec=ImageCodec("jpeg"))
+    pre = PreprocessConfig(resize="max", size=(256, 256), mode=mode)
+    cfg = ConvertConfig("npy", pre, codec=ImageCodec("jpeg"))
     convert(tmp_path / "src", tmp_path / "out", cfg, workers=1)
     ds = open_dataset(tmp_path / "out", crop=RandomResizedCrop(32), flip=True)
     ds = ds.for_loader(BatchBuffers(encoded=True), 0)
@@ -251,5 +253,5 @@ def test_only_the_mcus_under_each_box_cross_to_the_device(tmp_path, monkeypatch)
     assert len(cut.rows) == len(whole.rows) == 6
     assert len(cut.data) < 0.9 * len(whole.data)  # random crops keep about half an image
     assert not torch.equal(cut.boxes, whole.boxes)  # moved onto the parts sent
-    decoder = DeviceDecoder(None, "RGB", None)  # the device's decode on the CPU: libjpeg-turbo's pixels
+    decoder = DeviceDecoder(None, mode, None)  # the device's decode on the CPU: libjpeg-turbo's pixels
     assert torch.equal(decoder(cut)[0], decoder(whole)[0])

@@ -1,7 +1,8 @@
 """Crops of JPEG-stored images decoded where the batches go (``make_loader(..., decode="device")``).
 
 The DataLoader workers draw each sample's crop and flip as always (``Augment``), but send the stored
-JPEG bytes with those placements instead of pixels (``EncodedBatch``). The loader decodes them in
+JPEG bytes (of a JPEG packer stored, only the MCUs around the crop's box) with those placements
+instead of pixels (``EncodedBatch``). The loader decodes them in
 one call on the batches' device (nvJPEG through ``torchvision.io.decode_jpeg`` on CUDA; packer's own
 CPU decoder elsewhere), cuts and resizes each crop (antialiased bilinear, rounded to whole levels as
 the workers' uint8 kernel gives them), flips it, and normalizes the batch there. Samples that are not
@@ -31,9 +32,10 @@ class EncodedBatch(NamedTuple):
     """One batch as a worker sends it for ``decode="device"`` (a NamedTuple of tensors, which the
     DataLoader's pin-memory step keeps intact).
 
-    ``data`` holds the JPEG files of the encoded rows one after another, ``ends`` where each ends;
-    ``rows`` their rows in the batch; ``boxes`` (left, top, right, bottom) the whole-pixel box cut
-    from each, in stored pixels; ``wholes`` (height, width, top, left) of a ``CenterCrop(resize=)``
+    ``data`` holds the JPEG files of the encoded rows one after another (of a JPEG packer stored,
+    the MCUs around the crop's box: ``jpeg_region.splice``), ``ends`` where each ends; ``rows``
+    their rows in the batch; ``boxes`` (left, top, right, bottom) the whole-pixel box cut from each,
+    in the pixels of the file sent; ``wholes`` (height, width, top, left) of a ``CenterCrop(resize=)``
     (the whole image resized first, the box then cut from it at top, left), all -1 otherwise;
     ``flips`` which are mirrored. ``pixels`` (m, H, W, C) uint8 are the rows ``done`` the worker
     rendered itself. ``labels`` (n,) int64; ``shape`` (n, C, H, W) of the batch."""
@@ -75,7 +77,9 @@ class BatchBuilder:
             box, whole = tuple(int(v) for v in placement.box), (-1, -1, -1, -1)
             from readers.augment import jpeg_region  # imports numba: only once a JPEG is sent
 
-            part = jpeg_region.splice(data, self.channels, box, DEVICE_CONTEXT)  # type: ignore[arg-type]
+            # one component is not upsampled: the blocks under the box are all its pixels need
+            context = DEVICE_CONTEXT if self.channels > 1 else 0
+            part = jpeg_region.splice(data, self.channels, box, context)  # type: ignore[arg-type]
             if part is not None:  # only the MCUs under the box travel and are decoded
                 jpeg, top, left = part
                 data, box = jpeg.tobytes(), (box[0] - left, box[1] - top, box[2] - left, box[3] - top)

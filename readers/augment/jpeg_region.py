@@ -34,24 +34,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numba
 import numpy as np
 import simplejpeg
 from PIL import Image
+
+from readers.compiled import jit
 
 _WHOLE = -2
 """``_splice``'s answer when the box needs every MCU: the file is decoded as it is."""
 
 
-def _jit(function):
-    """``function`` compiled by numba on first call, cached on disk where numba finds a place."""
-    try:
-        return numba.njit(cache=True, nogil=True, boundscheck=False)(function)
-    except RuntimeError:  # "cannot cache function ...: no locator available": compiled in each process
-        return numba.njit(nogil=True, boundscheck=False)(function)
-
-
-@_jit
+@jit
 def _splice(
     data: np.ndarray,
     box: np.ndarray,

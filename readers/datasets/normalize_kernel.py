@@ -31,15 +31,15 @@ normalizes on the CPU, when the reader is made, or at the first normalize otherw
 from __future__ import annotations
 
 import platform
-from typing import Callable
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
+
+from readers.compiled import jit
 
 _F32, _I8, _I32 = ir.FloatType(), ir.IntType(8), ir.IntType(32)
 _FLOATS, _BYTES, _INTS = ir.VectorType(_F32, 16), ir.VectorType(_I8, 16), ir.VectorType(_I32, 16)
@@ -206,22 +206,14 @@ def _address(typingctx, array):
     return types.intp(array), codegen
 
 
-def _jit(function: Callable[..., None]) -> Callable[..., None]:
-    """``function`` compiled by numba on first call, cached on disk where numba finds a place."""
-    try:
-        return numba.njit(cache=True, nogil=True, boundscheck=False)(function)
-    except RuntimeError:  # "cannot cache function ...: no locator available": compiled in each process
-        return numba.njit(nogil=True, boundscheck=False)(function)
-
-
-@_jit
+@jit
 def _streams(dst: np.ndarray, part: int) -> bool:
     """Whether ``dst`` takes streamed stores of 16 floats written ``part`` floats at a time (a plane,
     or the whole image): each part then starts on a 64-byte boundary."""
     return part > 0 and part % STREAM == 0 and _address(dst) % 64 == 0
 
 
-@_jit
+@jit
 def pixels_to_pixels(
     src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray, stream: bool
 ) -> bool:
@@ -258,7 +250,7 @@ def pixels_to_pixels(
     return False
 
 
-@_jit
+@jit
 def pixels_to_planes(
     src: np.ndarray, dst: np.ndarray, channels: int, scale16: np.ndarray, bias16: np.ndarray, stream: bool
 ) -> bool:
@@ -289,7 +281,7 @@ def pixels_to_planes(
     return False
 
 
-@_jit
+@jit
 def planes_to_planes(
     src: np.ndarray, dst: np.ndarray, channels: int, scale16: np.ndarray, bias16: np.ndarray, stream: bool
 ) -> bool:
@@ -309,7 +301,7 @@ def planes_to_planes(
     return False
 
 
-@_jit
+@jit
 def planes_to_pixels(
     src: np.ndarray, dst: np.ndarray, channels: int, scale_row: np.ndarray, bias_row: np.ndarray, stream: bool
 ) -> bool:

@@ -43,6 +43,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -256,20 +257,28 @@ def packer_convert(src: Path, out: Path, codec: str, workers: int, resize: str =
     return time.perf_counter() - start
 
 
-def source_identical(src: Path, out: Path) -> str:
-    """How many stored images of a ``--codec source`` output hash equal to their source files."""
-    import hashlib
-
+def stored_images(out: Path) -> Iterator[tuple[str, bytes]]:
+    """``(key, stored image bytes)`` of every sample of the output ``out``, in stored order."""
     from packer.spec.manifest import read_manifest
     from packer.spec.registry import FORMATS
     from packer.spec.sample_layout import SampleLayout
 
     m = read_manifest(out)
-    layout, same = SampleLayout.from_manifest(m), 0
+    layout = SampleLayout.from_manifest(m)
     for shard in m.shards:
         for s in FORMATS[m.format].scan(out, shard, layout):
-            same += hashlib.sha256(bytes(s.encoded)).digest() == hashlib.sha256((src / s.key).read_bytes()).digest()
-    return f"{same} of {m.samples}"
+            yield s.key, bytes(s.encoded)
+
+
+def source_identical(src: Path, out: Path) -> str:
+    """How many stored images of a ``--codec source`` output hash equal to their source files."""
+    import hashlib
+
+    same = total = 0
+    for key, data in stored_images(out):
+        same += hashlib.sha256(data).digest() == hashlib.sha256((src / key).read_bytes()).digest()
+        total += 1
+    return f"{same} of {total}"
 
 
 def source_costs(items: list[tuple[str, int]], count: int = 500) -> dict:
@@ -313,16 +322,10 @@ def crop_decode_costs(out: Path, count: int = 500) -> dict:
     the share of boxes cut (the rest need every MCU and are decoded whole)."""
     import simplejpeg
 
-    from packer.spec.manifest import read_manifest
-    from packer.spec.registry import FORMATS
-    from packer.spec.sample_layout import SampleLayout
     from readers.augment.crops import Augment, RandomResizedCrop
     from readers.augment.jpeg_region import decode_region
 
-    m = read_manifest(out)
-    layout = SampleLayout.from_manifest(m)
-    scanned = (bytes(s.encoded) for shard in m.shards for s in FORMATS[m.format].scan(out, shard, layout))
-    datas = list(itertools.islice(scanned, count))
+    datas = [data for _, data in itertools.islice(stored_images(out), count)]
     augment = Augment(RandomResizedCrop(SIZE), False)
     boxes = []
     for i, data in enumerate(datas):

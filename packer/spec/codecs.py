@@ -154,8 +154,8 @@ smaller mean pixel error."""
 JPEG_RESTART_BLOCKS = 1
 """A restart marker after every MCU of a stored JPEG (its DRI segment says 1). Each MCU is then
 coded on its own, so a reader decodes only the MCUs a crop covers (``readers.augment.jpeg_region``):
-a random training crop keeps about half an image. It costs about 6% more bytes on 256-pixel
-photographs at quality 90 and a few percent at most in a whole decode; every JPEG decoder reads it."""
+a random training crop keeps only part of an image. It costs a few bytes a marker and little in a
+whole decode (docs/BENCHMARKS.md, 2026-12-06); every JPEG decoder reads it."""
 
 _PIL_MODES = {1: "L", 3: "RGB"}
 

@@ -40,9 +40,6 @@ from PIL import Image
 
 from readers.compiled import jit
 
-_WHOLE = -2
-"""``_splice``'s answer when the box needs every MCU: the file is decoded as it is."""
-
 
 @jit
 def _splice(
@@ -57,9 +54,9 @@ def _splice(
     """Write into ``out`` (at least ``len(data) + 2`` bytes) the JPEG of the MCUs of ``data`` that
     cover ``box`` (left, top, right, bottom, in pixels, within the image) widened by ``context``
     pixels on every side (or, when negative, by what libjpeg's upsampling reads: 2 pixels on a
-    subsampled side), and its (top, left) in the image into ``corner``; return its length, ``_WHOLE`` when
-    that is every MCU, or -1 for a file this cannot splice (see the module) or one of other than
-    ``channels`` components or more than ``max_pixels`` (when positive)."""
+    subsampled side), and its (top, left) in the image into ``corner``; return its length, or -1 when
+    that is every MCU (nothing to cut), for a file this cannot splice (see the module), or one of
+    other than ``channels`` components or more than ``max_pixels`` (when positive)."""
     n = data.shape[0]
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[n - 2] != 0xFF or data[n - 1] != 0xD9:
         return -1  # not a JPEG, or not one that ends with its EOI, which stops the scans below
@@ -121,7 +118,7 @@ def _splice(
     c0, c1 = max(left - ex, 0) // mcu_w, min((right + ex + mcu_w - 1) // mcu_w, cols)
     r0, r1 = max(top - ey, 0) // mcu_h, min((bottom + ey + mcu_h - 1) // mcu_h, rows)
     if c0 == 0 and r0 == 0 and c1 == cols and r1 == rows:
-        return _WHOLE
+        return -1  # every MCU: the file is decoded as it is
     out[:scan] = data[:scan]
     new_h, new_w = min(height, r1 * mcu_h) - r0 * mcu_h, min(width, c1 * mcu_w) - c0 * mcu_w
     out[frame], out[frame + 1] = new_h >> 8, new_h & 0xFF

@@ -60,7 +60,7 @@ def render(stored, codec: str, mode: str, placement: Placement) -> np.ndarray:
     (``whole``). A box of the output's size is cut out as it is, zeros where it reaches past the
     image (``window``: a padded centre crop, an image padded into its bucket); any other box that
     pads is cut by Pillow. A box within a JPEG written with restart markers is decoded alone
-    (``jpeg_region``: the same pixels, about half the work for a random crop). With ``reduced``, a
+    (``jpeg_region``: the same pixels, only the MCUs under the box decoded). With ``reduced``, a
     JPEG is decoded at the smallest M/8 scale that still gives the box at least the output's size,
     the box then resized where it lies on the scaled pixels (or the whole image resized and padded)."""
     (oh, ow), channels = placement.size, 1 if mode == "L" else 3

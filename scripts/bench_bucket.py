@@ -354,11 +354,13 @@ def run(args: argparse.Namespace) -> dict:
         fs.mkdir("bench")
         host = describe_host()
         print(f"{host.line()}; {args.images} images, {args.workers} workers", flush=True)
-        local, remote = [], []
+        local, remote, asked = [], [], []
         shards = ("--shard-size", str(args.shard_size))
         for _ in range(args.repeat):  # alternated: the host's drift falls on both
             local.append(timed_convert(src, str(work / "local-wds"), "wds", None, *shards))
+            before = requests.count
             remote.append(timed_convert(src, "s3://bench/wds", "wds", work / "tmp", *shards))
+            asked.append(requests.count - before)
         tars = [p.stat().st_size for p in (work / "local-wds").glob("*.tar")]
         conversion = {
             "local_s": [c.seconds for c in local],
@@ -367,6 +369,7 @@ def run(args: argparse.Namespace) -> dict:
             "local_cpu_s": [c.cpu for c in local],
             "bucket_cpu_s": [c.cpu for c in remote],
             "server_cpu_s": [c.here_cpu for c in remote],
+            "bucket_requests": asked,
             "output_bytes": sum(_size(p) for p in (work / "local-wds").rglob("*")),
             "shards": len(tars),
             "largest_shard_bytes": max(tars),
@@ -492,7 +495,8 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"Local disk during the conversion into the bucket: at most {c['peak_local_bytes'] / 2**20:.1f} MB "
             f"({c['peak_local_bytes'] / c['largest_shard_bytes']:.1f} shards of "
             f"{c['largest_shard_bytes'] / 2**20:.1f} MB; the output: {c['output_bytes'] / 2**20:.1f} MB in "
-            f"{c['shards']} shards).",
+            f"{c['shards']} shards). Requests the S3 server answered for each conversion into it: "
+            f"{', '.join(str(n) for n in c['bucket_requests'])}.",
             "",
             f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch "
             "| reader CPU s | server CPU s |",

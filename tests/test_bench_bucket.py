@@ -33,6 +33,8 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert 0 < c["peak_local_bytes"] <= (1 + AHEAD + 1) * c["largest_shard_bytes"]
     for key in ("local_s", "bucket_s", "local_cpu_s", "bucket_cpu_s", "server_cpu_s"):
         assert len(c[key]) == 1 and c[key][0] > 0, key
+    # each shard file is put, checked (HEAD) and copied to its published name at least: the count is the server's
+    assert len(c["bucket_requests"]) == 1 and c["bucket_requests"][0] >= 3 * 2 * 3
     reads = results["reads"]
     assert reads["batches"] == 3 and not reads["local_cold"]
     for name in bench_bucket.READS:
@@ -46,5 +48,6 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     # no worker here: the workers' CPU is none, but it is reported for every bucket read
     assert all(reads[f"{name}_workers_cpu_s"] == 0 for name in bench_bucket.READS)
     out = capsys.readouterr().out
+    assert "Requests the S3 server answered for each conversion into it: " in out
     assert "| into the bucket |" in out and "| lean range server (Python's http.server), byte ranges, no cache |" in out
     assert "through s3fs's client (no presigned URLs)" in out and "ms less for each request" in out

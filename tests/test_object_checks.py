@@ -1,9 +1,11 @@
 """packer.output.object_checks against an S3-compatible server on 127.0.0.1: an upload is checked by
 the SHA-256 the store records, without reading it back, and read back where none is recorded; an
-object already there is held as recorded or not; a copy is one object's, checked by its size."""
+object already there is held as recorded or not; a copy is one object's, checked by the SHA-256 the
+store's answer records for it, else by its size."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import pytest
@@ -57,7 +59,7 @@ def test_an_object_there_is_held_by_its_recorded_sha256_or_read_back(s3_server, 
 
 def test_a_copy_is_one_object_copied_then_its_size_checked(s3_server, monkeypatch):
     fs = s3_server
-    fs.pipe("data/copies/part", b"c" * 1000)
+    fs.pipe("data/copies/part", b"c" * 1000)  # no checksum recorded: the copy's answer has none either
 
     async def listed(*a, **k):
         pytest.fail("a copy listed the store (fsspec's copy asks whether each name is a folder)")
@@ -67,3 +69,52 @@ def test_a_copy_is_one_object_copied_then_its_size_checked(s3_server, monkeypatc
     assert fs.cat_file("data/copies/shard") == b"c" * 1000
     with pytest.raises(OSError, match="is 1000 bytes after its copy from data/copies/part, not 999"):
         object_checks.copy_checked(fs, "data/copies/part", "data/copies/other", 999)
+
+
+@contextlib.contextmanager
+def s3_calls(fs, **handlers):
+    """The names of the S3 operations ``fs`` calls meanwhile (a list that grows); ``handlers``: more
+    of botocore's event handlers by event name, registered as long (the filesystem is the module's)."""
+    fs.call_s3("list_buckets")  # the client made: its events can be registered
+    calls = []
+    handlers = {"before-call.s3": lambda model, **kwargs: calls.append(model.name), **handlers}
+    for event, handler in handlers.items():
+        fs.s3.meta.events.register(event, handler)
+    try:
+        yield calls
+    finally:
+        for event, handler in handlers.items():
+            fs.s3.meta.events.unregister(event, handler)
+
+
+def test_a_copy_is_checked_by_the_sha256_its_answer_records_without_another_request(s3_server, tmp_path):
+    fs = s3_server
+    path = tmp_path / "part"
+    path.write_bytes(b"d" * 2000)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    object_checks.put_checked(fs, path, "data/copies/checked-part", "s3://data/copies")  # with its SHA-256
+    with s3_calls(fs) as calls:
+        object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/checked-shard", 2000, digest)
+        assert calls == ["CopyObject"]  # neither the source's size nor the copy's asked: the answer said
+        with pytest.raises(OSError, match="checked-other holds other bytes after its copy .* SHA-256 differs"):
+            object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/checked-other", 2000, "0" * 64)
+        calls.clear()
+        object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/unknown", 2000)  # no hash: the size
+        assert calls == ["CopyObject", "HeadObject"]
+    assert fs.cat_file("data/copies/checked-shard") == path.read_bytes()
+
+
+def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path):
+    fs = s3_server
+    path = tmp_path / "shard-00001.tar"
+    path.write_bytes(b"e" * 4000)
+    with s3_calls(fs) as calls:
+        object_checks.put_checked(fs, path, "data/answered/shard-00001.tar", "s3://data/answered")
+        assert calls == ["PutObject"]  # the answer says the SHA-256 the store checked and recorded
+    head = fs.call_s3("head_object", Bucket="data", Key="answered/shard-00001.tar")
+    assert head["ContentType"] == "application/x-tar" and head["ContentLength"] == 4000  # as s3fs's put_file
+    # a store whose answer does not say it (rclone's S3 server, for one): the recorded SHA-256 is asked
+    unsaid = {"after-call.s3.PutObject": lambda parsed, **kwargs: parsed.pop("ChecksumSHA256")}
+    with s3_calls(fs, **unsaid) as calls:
+        object_checks.put_checked(fs, path, "data/answered/shard-00002.tar", "s3://data/answered")
+        assert calls == ["PutObject", "HeadObject"]

@@ -405,7 +405,7 @@ def test_an_interrupt_while_the_shards_get_their_names_keeps_them_all(s3_server,
     make_tree(src, {"ant": 8})  # 4 shards
     copy = ShardUploads._copy
 
-    def interrupted(self, source, target, size):
+    def interrupted(self, source, target, size, sha256):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ShardUploads, "_copy", interrupted)

@@ -88,9 +88,9 @@ class ShardUploads:
         self.base = Path(base).absolute() if base is not None else self.local.parent
         """The run's local folder, which holds ``local`` (``set_aside``)."""
         self.pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="packer-upload")
-        self.uploads: dict[str, tuple[str, Future, int]] = {}
-        """The latest part of each planned file not yet moved to its published name, its upload and
-        its size, by the file's name under the prefix."""
+        self.uploads: dict[str, tuple[str, Future, int, str]] = {}
+        """The latest part of each planned file not yet moved to its published name, its upload, its
+        size and its SHA-256, by the file's name under the prefix."""
         self.sending: list[Future] = []  # every upload of this run (``finish`` waits for them)
         self._count = itertools.count()
         self.waiting: deque[list[Future]] = deque()  # each taken shard's uploads, oldest first
@@ -140,7 +140,7 @@ class ShardUploads:
             aside = Path(folder) / f".upload-{n}-{Path(f.path).name}"
             os.replace(Path(folder) / f.path, aside)  # a shard written again under its name is another file
             futures.append(self.pool.submit(self._upload, aside, part, f.sha256))
-            self.uploads[name] = (part, futures[-1], f.bytes)
+            self.uploads[name] = (part, futures[-1], f.bytes, f.sha256)
             self.sending.append(futures[-1])
             parts[f.path] = part
         self.records.keep_record(Path(folder) / f"{result.name}{DONE_SUFFIX}", parts, futures)
@@ -170,7 +170,7 @@ class ShardUploads:
                 if not (part.startswith(own) and OWN_PART.fullmatch(part) and part.endswith(f"/{name}")):
                     raise OutputError(f"{result.name}: {f.path} came back without a part of this run ({part!r})")
                 self.sent.add(part)
-                self.uploads[name] = (part, done, f.bytes)
+                self.uploads[name] = (part, done, f.bytes, f.sha256)
                 self.bytes += f.bytes
         if fingerprint is not None:
             record_shard(Path(folder), result, fingerprint=fingerprint or None)  # no file stamps: none is here
@@ -266,7 +266,7 @@ class ShardUploads:
             part, *recorded = self.resumed.get(name, ("", 0, ""))
             if part not in self.intact or recorded != [size, digest]:
                 return False
-            self.uploads[name] = (part, done, size)
+            self.uploads[name] = (part, done, size, digest)
             return True
 
         return finished_shards(folder, names, intact)
@@ -277,21 +277,21 @@ class ShardUploads:
 
     def move(self, output: Path, old: str, new: str) -> None:
         """Give the uploaded file ``old`` of ``output`` its published name ``new`` (once its upload is
-        done): copied inside the store in the background, checked by its size; the part stays until
-        the manifest is up. ``finish`` waits for the copies."""
-        source, pending, size = self.uploads.pop(self.object_name(output, old))
+        done): copied inside the store in the background, and checked (``object_checks.copy_checked``);
+        the part stays until the manifest is up. ``finish`` waits for the copies."""
+        source, pending, size, sha256 = self.uploads.pop(self.object_name(output, old))
         pending.result()  # here, not in the pool: a copy never waits on a queued upload
         target = self.object_name(output, new)
         with self._lock:
             self.moved.add(target)
-        self.copies.append(self.pool.submit(self._copy, source, target, size))
+        self.copies.append(self.pool.submit(self._copy, source, target, size, sha256))
 
-    def _copy(self, source: str, target: str, size: int) -> None:
+    def _copy(self, source: str, target: str, size: int, sha256: str) -> None:
         fs, root = self.dest.fs, self.dest.root
         self._list_published(target)  # first: a run killed after the copy leaves no shard no one knows of
         with store_errors(self.dest.url):
             self._wrote(target)  # before the copy: a failed one may have left an object
-            copy_checked(fs, f"{root}/{source}", f"{root}/{target}", size)
+            copy_checked(fs, f"{root}/{source}", f"{root}/{target}", size, sha256)
         with self._lock:  # the part stays until the manifest is up: an interrupt here loses no shard
             self.published.add(target)
 

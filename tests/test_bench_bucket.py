@@ -33,7 +33,7 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert 0 < c["peak_local_bytes"] <= (1 + AHEAD + 1) * c["largest_shard_bytes"]
     for key in ("local_s", "bucket_s", "local_cpu_s", "bucket_cpu_s", "server_cpu_s"):
         assert len(c[key]) == 1 and c[key][0] > 0, key
-    # each shard file is put, checked (HEAD) and copied to its published name at least: the count is the server's
+    # each shard file is put and copied to its published name, at least: the count is the server's
     assert len(c["bucket_requests"]) == 1 and c["bucket_requests"][0] >= 3 * 2 * 3
     reads = results["reads"]
     assert reads["batches"] == 3 and not reads["local_cold"]

@@ -102,6 +102,13 @@ def test_a_copy_is_checked_by_the_sha256_its_answer_records_without_another_requ
         object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/unknown", 2000)  # no hash: the size
         assert calls == ["CopyObject", "HeadObject"]
     assert fs.cat_file("data/copies/checked-shard") == path.read_bytes()
+    # a store whose answer to a copy does not give its SHA-256 (rclone's S3 server): the copy's size is asked
+    unsaid = {"after-call.s3.CopyObject": lambda parsed, **kwargs: parsed["CopyObjectResult"].pop("ChecksumSHA256")}
+    with s3_calls(fs, **unsaid) as calls:
+        object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/sized", 2000, digest)
+        assert calls == ["CopyObject", "HeadObject"]
+        with pytest.raises(OSError, match="sized-wrong is 2000 bytes after its copy .*, not 1999"):
+            object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/sized-wrong", 1999, digest)
 
 
 def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path):

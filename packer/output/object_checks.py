@@ -47,7 +47,7 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
         answer = fs.call_s3(
             "put_object", Bucket=bucket, Key=key, Body=path.read_bytes(), ChecksumAlgorithm="SHA256", **typed
         )
-        fs.invalidate_cache(target)
+        _forget_listings(fs, target)
         if _recorded_sha256(answer) is None:  # a store that does not say it: asked
             answer = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     else:
@@ -64,16 +64,17 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
 def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[str] = None) -> None:
     """Copy the object ``source``, of ``size`` bytes (checked when it went up), to ``target`` inside
     the store, then check the copy (OSError when it differs). On S3, one ``CopyObject`` request: its
-    answer carries the SHA-256 the store recorded for the copy (of a source uploaded with one), which
-    is compared with ``sha256`` (the file's); where the answer has none (other S3-compatible stores),
-    the copy's size is asked. Elsewhere, and from ``ONE_COPY`` bytes, ``cp_file`` copies it
-    (s3fs then asks the source's size first, to copy in parts; fsspec's ``copy`` would also list both
-    names as folders, two more requests for each file) and the size is asked."""
+    answer gives the SHA-256 the store records for the copy (S3 carries over the source's, which was
+    checked when the source went up), compared with ``sha256`` (the file's); where the answer gives
+    none (other S3-compatible stores, a source uploaded in parts), the copy's size is asked.
+    Elsewhere, and from ``ONE_COPY`` bytes, ``cp_file`` copies it (s3fs then asks the source's size
+    first, to copy in parts; fsspec's ``copy`` would also list both names as folders, two more
+    requests for each file) and the size is asked."""
     recorded = None
     if hasattr(fs, "call_s3") and size < ONE_COPY:
         (bucket, key, _), (into, name, _) = fs.split_path(source), fs.split_path(target)
         answer = fs.call_s3("copy_object", Bucket=into, Key=name, CopySource={"Bucket": bucket, "Key": key})
-        fs.invalidate_cache(target)
+        _forget_listings(fs, target)
         recorded = _recorded_sha256(answer.get("CopyObjectResult"))
     else:
         fs.cp_file(source, target)
@@ -86,9 +87,22 @@ def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[
         raise OSError(f"{target} is {copied} bytes after its copy from {source}, not {size}")
 
 
+def _forget_listings(fs: Any, target: str) -> None:
+    """Drop s3fs's cached listings of the folders above ``target`` (as its own ``put_file`` and
+    ``cp_file`` do), on the filesystem's event loop: that cache is not safe across threads, and
+    uploads run on several."""
+    from fsspec.asyn import sync  # s3fs's own dependency: here only for an s3fs filesystem
+
+    async def forget() -> None:
+        fs.invalidate_cache(target)
+
+    sync(fs.loop, forget)
+
+
 def _recorded_sha256(head: Optional[dict]) -> Optional[str]:
-    """The SHA-256 (hex) S3 recorded for an object uploaded in one request with it, from its
-    ``head_object``; None where it recorded none or a multipart upload's checksum of checksums."""
+    """The SHA-256 (hex) S3 recorded for an object uploaded in one request with it, from an answer
+    that gives it (``head_object``'s, ``put_object``'s, a copy's ``CopyObjectResult``); None where it
+    gives none or a multipart upload's checksum of checksums."""
     recorded = (head or {}).get("ChecksumSHA256")
     return None if not recorded or "-" in recorded else base64.b64decode(recorded).hex()
 

@@ -1,20 +1,61 @@
-"""packer.output.object_checks against an S3-compatible server on 127.0.0.1: an upload is checked by
-the SHA-256 the store records, without reading it back, and read back where none is recorded; an
-object already there is held as recorded or not; a copy is one object's, checked by the SHA-256 the
-store's answer records for it, else by its size."""
+"""packer.output.object_checks against an S3-compatible server on 127.0.0.1 (moto, which records any
+SHA-256 it is sent without checking it, as rclone's S3 server does): whether a store checks the
+SHA-256 it is sent is asked once, by a probe; an upload is checked by the SHA-256 a store that
+checks gives, by the MD5 of the bytes it keeps (its ETag) where it does not, and read back where
+neither says; an object already there is held as recorded or not; a copy is one object's, checked
+by the SHA-256 the store's answer gives for it, else by its size."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 
+import botocore.exceptions
 import pytest
 
 from packer.output import object_checks
 from packer.spec.errors import OutputError
 
 
-def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_path, monkeypatch):
+@pytest.fixture
+def checking_store(monkeypatch):
+    """Every S3 store taken for one that checks the SHA-256 sent with each upload, as S3 does (moto
+    does not, and no server that does installs here)."""
+    monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+
+
+def test_the_store_is_asked_once_whether_it_checks_the_sha256_it_is_sent(s3_server, monkeypatch):
+    fs = s3_server
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+    with s3_calls(fs) as calls:
+        assert not object_checks.checks_sums(fs, "data/probed")  # moto keeps an upload with a wrong one
+        assert calls == ["PutObject", "DeleteObject"]
+        assert not object_checks.checks_sums(fs, "data/elsewhere")  # the same bucket: not asked again
+        assert calls == ["PutObject", "DeleteObject"]
+    assert not fs.exists(f"data/probed/{object_checks.PROBE}")  # kept, so removed at once
+    from packer.output.upload import OWN_NAME
+
+    assert OWN_NAME.fullmatch(object_checks.PROBE)  # one a killed run leaves is packer's own, removed later
+
+    def refused(code):
+        def refuse(params, **kwargs):
+            if params["Key"].endswith(object_checks.PROBE):
+                raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "no"}}, "PutObject")
+
+        return refuse
+
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+    with s3_calls(fs, **{"before-parameter-build.s3.PutObject": refused("BadDigest")}):  # as S3 refuses a wrong SHA-256
+        assert object_checks.checks_sums(fs, "data/probed")
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+    with (
+        s3_calls(fs, **{"before-parameter-build.s3.PutObject": refused("AccessDenied")}),
+        pytest.raises(PermissionError),
+    ):
+        object_checks.checks_sums(fs, "data/probed")  # any other refusal is the store's error, not an answer
+
+
+def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_path, monkeypatch, checking_store):
     fs = s3_server
     path = tmp_path / "shard-00000.tar"
     path.write_bytes(b"x" * 100_000)
@@ -25,6 +66,34 @@ def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_p
     monkeypatch.setattr(object_checks, "sha256_of", lambda p: "0" * 64)  # the file now differs from the object
     with pytest.raises(OutputError, match="is not the file uploaded"):
         object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+
+
+def test_a_store_that_does_not_check_is_checked_by_the_md5_of_what_it_keeps(s3_server, tmp_path, monkeypatch):
+    fs = s3_server
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+    object_checks.checks_sums(fs, "data/md5")  # moto: no
+    path = tmp_path / "shard-00003.tar"
+    path.write_bytes(bytes(range(256)) * 200)
+    with s3_calls(fs) as calls:
+        object_checks.put_checked(fs, path, "data/md5/shard-00003.tar", "s3://data/md5")
+        assert calls == ["PutObject"]  # its ETag is the MD5 of the bytes it keeps: this file's
+
+    def damaged(request, **kwargs):  # bytes changed on the way, after botocore hashed and signed them
+        body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
+        request.body = b"!" + body[1:]
+
+    with s3_calls(fs, **{"before-send.s3.PutObject": damaged}) as calls:
+        with pytest.raises(OutputError, match="reads back other bytes than were uploaded"):
+            object_checks.put_checked(fs, path, "data/md5/shard-00004.tar", "s3://data/md5")
+        assert calls[0] == "PutObject" and "GetObject" in calls  # another MD5: read back, and refused
+    assert fs.cat_file("data/md5/shard-00004.tar", start=0, end=1) == b"!"  # what moto kept, with the SHA-256 sent
+    head = fs.call_s3("head_object", Bucket="data", Key="md5/shard-00004.tar", ChecksumMode="ENABLED")
+    assert head["ChecksumSHA256"]  # recorded as sent: which is why it proves nothing here
+
+    unlike = {"after-call.s3.PutObject": lambda parsed, **kwargs: parsed.update(ETag='"abc-2"')}
+    with s3_calls(fs, **unlike) as calls:  # an ETag that is no MD5 (a store's own, an encryption's): read back
+        object_checks.put_checked(fs, path, "data/md5/shard-00005.tar", "s3://data/md5")
+        assert "GetObject" in calls
 
 
 def test_large_files_are_read_back_instead(s3_server, tmp_path, monkeypatch):
@@ -48,6 +117,9 @@ def test_an_object_there_is_held_by_its_recorded_sha256_or_read_back(s3_server, 
     reads = []
     read = object_checks._sha256_of_object
     monkeypatch.setattr(object_checks, "_sha256_of_object", lambda fs, t: reads.append(t) or read(fs, t))
+    assert object_checks.holds(fs, "data/held/part", 3000, digest) and reads == ["data/held/part"]  # moto: read
+    reads.clear()
+    monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)  # a store that checks, as S3
     assert object_checks.holds(fs, "data/held/part", 3000, digest) and reads == []
     assert not object_checks.holds(fs, "data/held/part", 3000, "0" * 64)  # another file's
     assert not object_checks.holds(fs, "data/held/part", 2999, digest)  # another size
@@ -111,7 +183,7 @@ def test_a_copy_is_checked_by_the_sha256_its_answer_records_without_another_requ
             object_checks.copy_checked(fs, "data/copies/checked-part", "data/copies/sized-wrong", 1999, digest)
 
 
-def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path):
+def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path, checking_store):
     fs = s3_server
     path = tmp_path / "shard-00001.tar"
     path.write_bytes(b"e" * 4000)
@@ -120,7 +192,7 @@ def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path):
         assert calls == ["PutObject"]  # the answer says the SHA-256 the store checked and recorded
     head = fs.call_s3("head_object", Bucket="data", Key="answered/shard-00001.tar")
     assert head["ContentType"] == "application/x-tar" and head["ContentLength"] == 4000  # as s3fs's put_file
-    # a store whose answer does not say it (rclone's S3 server, for one): the recorded SHA-256 is asked
+    # a store whose answer does not say it: the recorded SHA-256 is asked
     unsaid = {"after-call.s3.PutObject": lambda parsed, **kwargs: parsed.pop("ChecksumSHA256")}
     with s3_calls(fs, **unsaid) as calls:
         object_checks.put_checked(fs, path, "data/answered/shard-00002.tar", "s3://data/answered")

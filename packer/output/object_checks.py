@@ -1,10 +1,12 @@
 """An uploaded object checked against the file it came from, without reading it back where the store
-says what it holds: S3 records the SHA-256 of an object uploaded in one request with it
-(botocore's ``ChecksumAlgorithm``) and says it in its answer, so that checksum is compared;
-elsewhere, or for a multipart upload (whose recorded checksum is one of its parts' checksums), the
-object is read back and hashed. ``holds`` asks the same of an object already there (a part an interrupted run left);
-``copy_checked`` copies a part to its published name inside the store and checks the copy: by the
-SHA-256 the store's answer to the copy records for it where it says (S3 does), else by its size.
+says what it holds (``put_checked``): S3 checks the SHA-256 sent with an object uploaded in one
+request (botocore's ``ChecksumAlgorithm``), records it and gives it in its answer, so that checksum
+is compared, once ``checks_sums`` has found that the store refuses a wrong one; a store that does
+not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its ETag); other
+stores, multipart uploads and any object neither check covers are read back and hashed. ``holds``
+asks the same of an object already there (a part an interrupted run left); ``copy_checked`` copies
+a part to its published name inside the store and checks the copy: by the SHA-256 the store's
+answer to the copy gives (S3 carries over the source's), else by its size.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import mimetypes
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,44 +24,102 @@ from packer.spec.listed_files import sha256_of
 ONE_REQUEST = 64 << 20
 """Files below this size go up in one request with their SHA-256 (s3fs sends files below twice its
 50 MiB part size in one request); larger ones in parts, read back to be checked."""
+PROBE = ".packer-parts/checksum-probe"
+"""Where ``checks_sums`` puts its probe object, under the prefix: among the runs' parts, which every
+published run removes (one a killed run left is no stranger's object: ``upload.OWN_NAME``)."""
+SUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidRequest"})
+"""The error codes of a store refusing an upload whose checksum is not its bytes' (S3's is
+``BadDigest``; others name it otherwise)."""
+_CHECKING: dict[tuple[Any, str], bool] = {}
+_PROBING = threading.Lock()
 ONE_COPY = 150 << 20
 """Objects below this size are copied by one ``CopyObject`` request (s3fs's own limit for one: S3
 allows 5 GB, but a long copy can fail after its answer began); larger ones by s3fs, in parts."""
 
 
+def checks_sums(fs: Any, root: str) -> bool:
+    """Whether the store of ``fs`` refuses an upload whose SHA-256 header is not its bytes' (AWS S3
+    does; moto and rclone's S3 server record any header they are sent, and keep bytes damaged on the
+    way). Asked once per filesystem and bucket, by the upload of a probe object (``PROBE`` under the
+    prefix ``root``) with a wrong SHA-256: a store that checks refuses it; one that keeps it is asked
+    to remove it at once. False for a filesystem other than s3fs's. Until asked, no store is trusted
+    to have checked (``put_checked``)."""
+    if not hasattr(fs, "call_s3"):
+        return False
+    bucket, key, _ = fs.split_path(f"{root}/{PROBE}")
+    known = (getattr(fs, "_fs_token", id(fs)), bucket)
+    with _PROBING:
+        if known not in _CHECKING:
+            _CHECKING[known] = _refuses_a_wrong_sum(fs, bucket, key)
+        return _CHECKING[known]
+
+
+def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
+    wrong = base64.b64encode(hashlib.sha256(b"not the probe's bytes").digest()).decode()
+    try:
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=wrong)
+    except OSError as e:  # s3fs's translation of botocore's ClientError, which it keeps as the cause
+        code = (getattr(e.__cause__, "response", None) or {}).get("Error", {}).get("Code")
+        if code in SUM_REFUSALS:
+            return True
+        raise
+    fs.call_s3("delete_object", Bucket=bucket, Key=key)
+    return False
+
+
+def _checked_by_store(fs: Any, bucket: str) -> bool:
+    """Whether ``checks_sums`` found that the store of ``fs`` checks the SHA-256 sent with an upload
+    into ``bucket`` (False where it was not asked)."""
+    with _PROBING:
+        return _CHECKING.get((getattr(fs, "_fs_token", id(fs)), bucket), False)
+
+
 def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
     """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
-    it differs). On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``), which
-    the store checks on receipt and records, and says in its answer: that SHA-256 is compared with the
-    file's, and no byte is read back (where the answer does not say it, the object's size and recorded
-    SHA-256 are asked). Elsewhere, or where the store recorded none (a multipart upload records a
-    checksum of its parts' checksums; S3 refuses a multipart upload whose parts s3fs sends without
-    theirs, so files of ``ONE_REQUEST`` bytes or more go without it), the object is read back
-    (``check_uploaded``). ``sha256``: the file's, where it is known already (a shard's, from its
-    worker); else it is computed."""
+    it differs), without reading it back where the store says what it holds:
+
+    - On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``). Where the
+      store checks it on receipt (``checks_sums``), the SHA-256 its answer gives (where it gives
+      none, the object's size and recorded SHA-256, asked) is compared with the file's.
+    - Where it does not check it, the ETag of its answer, the MD5 it computed of the bytes it keeps
+      (for an object put in one request: not with some of S3's encryptions), is compared with the
+      file's MD5.
+    - Elsewhere, for files of ``ONE_REQUEST`` bytes or more (a multipart upload records a checksum of
+      its parts' checksums; S3 refuses a multipart upload whose parts s3fs sends without theirs, so
+      they go without it), or where neither check can be made, the object is read back
+      (``check_uploaded``).
+
+    ``sha256``: the file's, where it is known already (a shard's, from its worker); else it is
+    computed."""
     size = path.stat().st_size
-    answer: Optional[dict] = None
-    if hasattr(fs, "call_s3") and size < ONE_REQUEST:  # s3fs: S3 and S3-compatible stores
-        # botocore hashes the bytes it sends (never the worker's hash passed on: a store that does not
-        # check it would record it as it came, and the comparison below would hold for any bytes).
-        # One request, as s3fs's put_file makes it, but whose answer is kept.
-        bucket, key, _ = fs.split_path(target)
-        typed = {"ContentType": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
-        answer = fs.call_s3(
-            "put_object", Bucket=bucket, Key=key, Body=path.read_bytes(), ChecksumAlgorithm="SHA256", **typed
-        )
-        _forget_listings(fs, target)
-        if _recorded_sha256(answer) is None:  # a store that does not say it: asked
-            answer = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-    else:
+    if not hasattr(fs, "call_s3") or size >= ONE_REQUEST:
         fs.put_file(str(path), target)
-    recorded = _recorded_sha256(answer)
-    if recorded is None:  # none, or a multipart upload's checksum of checksums
         check_uploaded(fs, path, target, url, sha256)
         return
-    stored = answer.get("ContentLength", size)  # type: ignore[union-attr]  # a PUT's answer has no length
-    if stored != size or recorded != (sha256 or sha256_of(path)):
-        raise OutputError(f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again")
+    # botocore hashes the bytes it sends (never the worker's hash passed on: a store that does not
+    # check it would record it as it came). One request, as s3fs's put_file makes it, but whose
+    # answer is kept.
+    bucket, key, _ = fs.split_path(target)
+    data = path.read_bytes()
+    typed = {"ContentType": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
+    answer = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", **typed)
+    _forget_listings(fs, target)
+    if _checked_by_store(fs, bucket):
+        if _recorded_sha256(answer) is None:  # a store that does not say it: asked
+            answer = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        recorded = _recorded_sha256(answer)
+        if recorded is not None:
+            stored = answer.get("ContentLength", size)  # a PUT's answer has no length
+            if stored != size or recorded != (sha256 or sha256_of(path)):
+                raise OutputError(
+                    f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
+                )
+            return
+    etag = str(answer.get("ETag", "")).strip('"')
+    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):  # an MD5, not a multipart ETag
+        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            return
+    check_uploaded(fs, path, target, url, sha256)  # read back: an ETag that is no MD5, or not this one
 
 
 def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[str] = None) -> None:
@@ -110,12 +171,15 @@ def _recorded_sha256(head: Optional[dict]) -> Optional[str]:
 def holds(fs: Any, target: str, size: int, sha256: str) -> bool:
     """Whether the object ``target`` is ``size`` bytes with the SHA-256 ``sha256`` (a shard an
     interrupted run uploaded, before ``--resume`` keeps it): compared with the checksum S3 recorded
-    where it did, else read back. False when it is gone."""
+    where the store checks the checksums it is sent (``checks_sums``), else read back. False when it
+    is gone."""
     try:
         if hasattr(fs, "call_s3"):
             bucket, key, _ = fs.split_path(target)
             head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
             found, recorded = head.get("ContentLength"), _recorded_sha256(head)
+            if not _checked_by_store(fs, bucket):  # recorded as sent: no proof of the bytes kept
+                recorded = None
         else:
             found, recorded = fs.info(target).get("size"), None
     except FileNotFoundError:
@@ -125,11 +189,19 @@ def holds(fs: Any, target: str, size: int, sha256: str) -> bool:
     return (recorded or _sha256_of_object(fs, target)) == sha256
 
 
-def _sha256_of_object(fs: Any, target: str) -> str:
+def _sha256_of_object(fs: Any, target: str) -> Optional[str]:
+    """The SHA-256 of the object ``target`` read back; None where the store's bytes are not those of
+    the checksum it recorded for them (botocore checks that as it reads: a store that records any
+    checksum it is sent kept bytes damaged on the way)."""
     remote = hashlib.sha256()
-    with fs.open(target, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            remote.update(block)
+    try:
+        with fs.open(target, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                remote.update(block)
+    except Exception as e:
+        if type(e).__name__ != "FlexibleChecksumError":  # botocore's, not imported for other stores
+            raise
+        return None
     return remote.hexdigest()
 
 
@@ -144,4 +216,4 @@ def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 
-__all__ = ["put_checked", "check_uploaded", "copy_checked", "holds", "ONE_REQUEST", "ONE_COPY"]
+__all__ = ["put_checked", "check_uploaded", "copy_checked", "holds", "checks_sums", "ONE_REQUEST", "ONE_COPY", "PROBE"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from packer.output import upload
+from packer.output.object_checks import checks_sums
 from packer.output.upload import PARTS, filesystem, store_errors
 from packer.records import ShardResult
 
@@ -59,6 +60,8 @@ class PartTarget:
         says the run was stopped before every file went (the parts put so far stay: the run's end
         removes them). OutputError naming the URL when an upload fails."""
         fs, root = filesystem(self.url)
+        with store_errors(self.url):
+            checks_sums(fs, root)  # once a process: how each upload is checked, as the driver's are
         parts: dict[str, str] = {}
         for f in result.files:
             if stopped is not None and stopped():

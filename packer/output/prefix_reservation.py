@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Optional
 
 from packer.output.files import PLAN_RECORD
+from packer.output.object_checks import checks_sums
 from packer.output.prefix_lock import (
     LOCK_LEASE,
     LOCK_NAME,
@@ -176,7 +177,15 @@ def _refuse_foreign(names: set[str], url: str) -> None:
 
 
 def _renewed(dest: Destination) -> Destination:
-    """``dest``, its lock (or lease) renewed by a thread of its own until ``release``."""
+    """``dest``, its lock (or lease) renewed by a thread of its own until ``release``; asked first
+    whether the store checks the SHA-256 sent with each upload (``object_checks.checks_sums``: how
+    every upload of the run is checked)."""
+    try:
+        with store_errors(dest.url):
+            checks_sums(dest.fs, dest.root)
+    except BaseException:
+        release(dest)
+        raise
     dest._renewer = threading.Thread(target=renew, args=(dest,), name="packer-lock", daemon=True)
     dest._renewer.start()
     return dest

@@ -57,11 +57,13 @@ OWN_NAME = re.compile(
     r"(\.packer-parts/[0-9a-f]{12}-\d+/)?([A-Za-z0-9._-]+/)?(shard-\d{5}(-[0-9a-f]{12})?\.[A-Za-z0-9._-]+|"
     r"report\.txt|shardindex\.json|manifest\.json|splits\.json|image_hashes(-[0-9a-f]{12})?\.npy)|\.packer-parts/state/[A-Za-z0-9._/-]+"
     r"|\.packer-parts/nodes/rank-\d+\.lock"
+    r"|\.packer-parts/checksum-probe"
     r"|\.packer-parts/replaced/([A-Za-z0-9._-]+/)?(report\.txt|shardindex\.json|manifest\.json|splits\.json|"
     r"image_hashes(-[0-9a-f]{12})?\.npy)"
 )
 """The names packer gives the files of an output (and of a split set's outputs, one folder down),
-and the parts and records of a conversion's shards (``PARTS``)."""
+and the parts and records of a conversion's shards (``PARTS``), and the probe object of
+``object_checks.checks_sums``."""
 
 
 @dataclass

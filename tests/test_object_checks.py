@@ -47,12 +47,33 @@ def test_the_store_is_asked_once_whether_it_checks_the_sha256_it_is_sent(s3_serv
     monkeypatch.setattr(object_checks, "_CHECKING", {})
     with s3_calls(fs, **{"before-parameter-build.s3.PutObject": refused("BadDigest")}):  # as S3 refuses a wrong SHA-256
         assert object_checks.checks_sums(fs, "data/probed")
+    for code in ("InvalidRequest", "AccessDenied"):  # any other refusal says nothing of its checks
+        monkeypatch.setattr(object_checks, "_CHECKING", {})
+        with s3_calls(fs, **{"before-parameter-build.s3.PutObject": refused(code)}):
+            assert not object_checks.checks_sums(fs, "data/probed")
+
+
+def test_a_prefix_is_reserved_once_its_store_was_asked_and_let_go_when_it_cannot_be(s3_server, monkeypatch):
+    from packer.output.prefix_lock import LOCK_NAME
+    from packer.output.prefix_reservation import release, reserve
+
+    fs = s3_server
     monkeypatch.setattr(object_checks, "_CHECKING", {})
-    with (
-        s3_calls(fs, **{"before-parameter-build.s3.PutObject": refused("AccessDenied")}),
-        pytest.raises(PermissionError),
-    ):
-        object_checks.checks_sums(fs, "data/probed")  # any other refusal is the store's error, not an answer
+    dest = reserve("s3://data/reserved", overwrite=False)
+    try:
+        assert list(object_checks._CHECKING.values()) == [False]  # moto asked: it does not check
+    finally:
+        release(dest)
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+
+    def unreachable(params, **kwargs):
+        if params["Key"].endswith(object_checks.PROBE):
+            raise ConnectionResetError("connection reset")
+
+    with s3_calls(fs, **{"before-parameter-build.s3.PutObject": unreachable}):
+        with pytest.raises(OutputError, match="cannot write s3://data/unreached: .*connection reset"):
+            reserve("s3://data/unreached", overwrite=False)
+    assert not fs.exists(f"data/unreached/{LOCK_NAME}") and object_checks._CHECKING == {}  # let go, not cached
 
 
 def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_path, monkeypatch, checking_store):

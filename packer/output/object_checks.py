@@ -27,9 +27,10 @@ ONE_REQUEST = 64 << 20
 PROBE = ".packer-parts/checksum-probe"
 """Where ``checks_sums`` puts its probe object, under the prefix: among the runs' parts, which every
 published run removes (one a killed run left is no stranger's object: ``upload.OWN_NAME``)."""
-SUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidRequest"})
+SUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"})
 """The error codes of a store refusing an upload whose checksum is not its bytes' (S3's is
-``BadDigest``; others name it otherwise)."""
+``BadDigest``). A probe refused with another code (S3's catch-all ``InvalidRequest`` among them)
+says nothing of the store's checks: it is then taken for a store that does not check."""
 _CHECKING: dict[tuple[Any, str], bool] = {}
 _PROBING = threading.Lock()
 ONE_COPY = 150 << 20
@@ -40,18 +41,28 @@ allows 5 GB, but a long copy can fail after its answer began); larger ones by s3
 def checks_sums(fs: Any, root: str) -> bool:
     """Whether the store of ``fs`` refuses an upload whose SHA-256 header is not its bytes' (AWS S3
     does; moto and rclone's S3 server record any header they are sent, and keep bytes damaged on the
-    way). Asked once per filesystem and bucket, by the upload of a probe object (``PROBE`` under the
+    way). Asked once per endpoint and bucket, by the upload of a probe object (``PROBE`` under the
     prefix ``root``) with a wrong SHA-256: a store that checks refuses it; one that keeps it is asked
     to remove it at once. False for a filesystem other than s3fs's. Until asked, no store is trusted
-    to have checked (``put_checked``)."""
+    to have checked (``put_checked``). The probe sends its SHA-256 in a header; over ``https://``
+    botocore sends an upload's after the body (a trailer), which a store that checks the one is
+    taken to check alike (S3 checks both)."""
     if not hasattr(fs, "call_s3"):
         return False
     bucket, key, _ = fs.split_path(f"{root}/{PROBE}")
-    known = (getattr(fs, "_fs_token", id(fs)), bucket)
+    known = _store(fs, bucket)
     with _PROBING:
         if known not in _CHECKING:
             _CHECKING[known] = _refuses_a_wrong_sum(fs, bucket, key)
         return _CHECKING[known]
+
+
+def _store(fs: Any, bucket: str) -> tuple[str, str]:
+    """The endpoint of the S3 client of ``fs`` (connected first) and ``bucket``: what a probe's
+    answer holds for (fsspec's token of an s3fs filesystem does not tell endpoints apart)."""
+    if getattr(fs, "_s3", None) is None:
+        fs.connect()
+    return str(fs.s3.meta.endpoint_url), bucket
 
 
 def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
@@ -59,10 +70,10 @@ def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
     try:
         fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=wrong)
     except OSError as e:  # s3fs's translation of botocore's ClientError, which it keeps as the cause
-        code = (getattr(e.__cause__, "response", None) or {}).get("Error", {}).get("Code")
-        if code in SUM_REFUSALS:
-            return True
-        raise
+        answer = getattr(e.__cause__, "response", None)
+        if answer is None:  # no answer (the connection): the store's error, raised
+            raise
+        return answer.get("Error", {}).get("Code") in SUM_REFUSALS  # any other refusal: not known to check
     fs.call_s3("delete_object", Bucket=bucket, Key=key)
     return False
 
@@ -70,8 +81,9 @@ def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
 def _checked_by_store(fs: Any, bucket: str) -> bool:
     """Whether ``checks_sums`` found that the store of ``fs`` checks the SHA-256 sent with an upload
     into ``bucket`` (False where it was not asked)."""
+    known = _store(fs, bucket)
     with _PROBING:
-        return _CHECKING.get((getattr(fs, "_fs_token", id(fs)), bucket), False)
+        return _CHECKING.get(known, False)
 
 
 def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str] = None) -> None:
@@ -83,7 +95,7 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
       none, the object's size and recorded SHA-256, asked) is compared with the file's.
     - Where it does not check it, the ETag of its answer, the MD5 it computed of the bytes it keeps
       (for an object put in one request: not with some of S3's encryptions), is compared with the
-      file's MD5.
+      MD5 of the bytes sent, and their SHA-256 with ``sha256``.
     - Elsewhere, for files of ``ONE_REQUEST`` bytes or more (a multipart upload records a checksum of
       its parts' checksums; S3 refuses a multipart upload whose parts s3fs sends without theirs, so
       they go without it), or where neither check can be made, the object is read back
@@ -115,9 +127,13 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
                     f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
                 )
             return
-    etag = str(answer.get("ETag", "")).strip('"')
+    etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
     if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):  # an MD5, not a multipart ETag
-        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
+        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():  # the store keeps these bytes
+            if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:  # not its worker's
+                raise OutputError(
+                    f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again"
+                )
             return
     check_uploaded(fs, path, target, url, sha256)  # read back: an ETag that is no MD5, or not this one
 

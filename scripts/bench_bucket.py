@@ -23,6 +23,11 @@
 - **Append** (``--append-check``, alone): half of the photographs converted (every other file),
   the other half appended (``--append``), into the bucket and to a local folder, alternated
   ``--repeat`` times; the requests the server answered during the bucket's append.
+- **Another server** (``--endpoint URL``, ``--bucket NAME``): the same against an S3-compatible
+  server already running (on another machine, where its CPU does not share these cores), found
+  with the usual AWS variables for its credentials; its requests and CPU are then not counted.
+
+    python scripts/bench_bucket.py --images 1000 --repeat 3 --endpoint http://HOST:9000 --bucket bench
 """
 
 from __future__ import annotations
@@ -75,7 +80,13 @@ class Requests(logging.Handler):
         self.count += 1
 
 
-def start_server() -> tuple[object, Requests]:
+def start_server(endpoint: Optional[str] = None) -> tuple[Optional[object], Optional[Requests]]:
+    """moto's server on 127.0.0.1 in this process's threads, found through the AWS variables, and its
+    request counter; with ``endpoint``, that server instead (the credentials of the environment),
+    neither started nor counted: ``(None, None)``."""
+    if endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        return None, None
     from moto.server import ThreadedMotoServer
 
     counter = Requests()
@@ -338,6 +349,26 @@ def through_s3fs() -> Iterator[None]:
             os.environ[SWITCH] = before
 
 
+def _count(requests: Optional[Requests]) -> Optional[int]:
+    """The requests the server answered so far; None where they are not counted (``--endpoint``)."""
+    return None if requests is None else requests.count
+
+
+def _since(requests: Optional[Requests], before: Optional[int]) -> Optional[int]:
+    return None if requests is None or before is None else requests.count - before
+
+
+def _bucket(fs, name: str) -> None:
+    """The bucket ``name``, made where the server has none by that name."""
+    if not fs.exists(name):
+        fs.mkdir(name)
+
+
+def _stop(server: Optional[object]) -> None:
+    if server is not None:
+        server.stop()
+
+
 def run(args: argparse.Namespace) -> dict:
     import bench
     import s3fs
@@ -347,20 +378,21 @@ def run(args: argparse.Namespace) -> dict:
     if not src.is_dir() or sum(1 for _ in src.rglob("*.jpg")) != args.images:
         shutil.rmtree(src, ignore_errors=True)
         bench.make_images(src, args.images)
-    server, requests = start_server()
+    server, requests = start_server(args.endpoint)
+    bucket = f"s3://{args.bucket}"
     try:
         s3fs.S3FileSystem.clear_instance_cache()
         fs = s3fs.S3FileSystem()
-        fs.mkdir("bench")
+        _bucket(fs, args.bucket)
         host = describe_host()
         print(f"{host.line()}; {args.images} images, {args.workers} workers", flush=True)
         local, remote, asked = [], [], []
         shards = ("--shard-size", str(args.shard_size))
         for _ in range(args.repeat):  # alternated: the host's drift falls on both
             local.append(timed_convert(src, str(work / "local-wds"), "wds", None, *shards))
-            before = requests.count
-            remote.append(timed_convert(src, "s3://bench/wds", "wds", work / "tmp", *shards))
-            asked.append(requests.count - before)
+            before = _count(requests)
+            remote.append(timed_convert(src, f"{bucket}/wds", "wds", work / "tmp", *shards))
+            asked.append(_since(requests, before))
         tars = [p.stat().st_size for p in (work / "local-wds").glob("*.tar")]
         conversion = {
             "local_s": [c.seconds for c in local],
@@ -368,7 +400,7 @@ def run(args: argparse.Namespace) -> dict:
             "ratio": statistics.median(c.seconds for c in local) / statistics.median(c.seconds for c in remote),
             "local_cpu_s": [c.cpu for c in local],
             "bucket_cpu_s": [c.cpu for c in remote],
-            "server_cpu_s": [c.here_cpu for c in remote],
+            "server_cpu_s": [c.here_cpu for c in remote] if server is not None else None,
             "bucket_requests": asked,
             "output_bytes": sum(_size(p) for p in (work / "local-wds").rglob("*")),
             "shards": len(tars),
@@ -377,7 +409,7 @@ def run(args: argparse.Namespace) -> dict:
         }
         print(f"conversion: {json.dumps(conversion)}", flush=True)
         timed_convert(src, str(work / "local-npy"), "npy")  # shards of the default size
-        fs.put(f"{work / 'local-npy'}/", "bench/npy/", recursive=True)
+        fs.put(f"{work / 'local-npy'}/", f"{args.bucket}/npy/", recursive=True)
         cold = not args.warm and drop_page_cache()
         local_rate, batches, local_cpu, _ = epoch(work / "local-npy", args.batch, args.workers)
         reads = {"local_samples_per_s": local_rate, "local_cold": cold, "batches": batches, "local_cpu_s": local_cpu}
@@ -392,12 +424,13 @@ def run(args: argparse.Namespace) -> dict:
             "download": {"cache_dir": downloads, "download": True},
         }
         for name, options in runs.items():
-            before = requests.count
+            before = _count(requests)
             with through_s3fs() if name == "ranges_s3fs" else contextlib.nullcontext():
                 reads[name], _, _, reads[f"{name}_workers_cpu_s"] = epoch(
-                    "s3://bench/npy", args.batch, args.workers, **options
+                    f"{bucket}/npy", args.batch, args.workers, **options
                 )
-            reads[f"{name}_requests_per_batch"] = (requests.count - before) / batches
+            asked_now = _since(requests, before)
+            reads[f"{name}_requests_per_batch"] = None if asked_now is None else asked_now / batches
         lean, reads["range_server"] = range_server(args.range_server, work)
         try:
             shutil.rmtree(blocks, ignore_errors=True)
@@ -415,7 +448,7 @@ def run(args: argparse.Namespace) -> dict:
         print(markdown(results, args))
         return results
     finally:
-        server.stop()
+        _stop(server)
 
 
 def append_check(args: argparse.Namespace) -> dict:
@@ -433,10 +466,11 @@ def append_check(args: argparse.Namespace) -> dict:
         bench.make_images(src, args.images)
     files = sorted(src.rglob("*.jpg"))
     grow = work / "grow"
-    server, requests = start_server()
+    server, requests = start_server(args.endpoint)
+    bucket = f"s3://{args.bucket}"
     try:
         s3fs.S3FileSystem.clear_instance_cache()
-        s3fs.S3FileSystem().mkdir("bench")
+        _bucket(s3fs.S3FileSystem(), args.bucket)
         host = describe_host()
         print(f"{host.line()}; {len(files) // 2} + {len(files) - len(files) // 2} images, --format {args.format}")
         local_s, bucket_s, asked, peaks = [], [], [], []
@@ -447,17 +481,17 @@ def append_check(args: argparse.Namespace) -> dict:
                 (grow / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
                 os.link(f, grow / f.relative_to(src))
             timed_convert(grow, str(work / "grown"), args.format, None, *shards)
-            timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", *shards)
+            timed_convert(grow, f"{bucket}/grown", args.format, work / "tmp", *shards)
             time.sleep(1.1)  # the sources' times after the outputs' (S3 keeps whole seconds)
             for f in files[1::2]:
                 (grow / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
                 os.link(f, grow / f.relative_to(src))
             local_s.append(timed_convert(grow, str(work / "grown"), args.format, None, "--append", *shards).seconds)
-            before = requests.count
-            done = timed_convert(grow, "s3://bench/grown", args.format, work / "tmp", "--append", *shards)
+            before = _count(requests)
+            done = timed_convert(grow, f"{bucket}/grown", args.format, work / "tmp", "--append", *shards)
             seconds, peak = done.seconds, done.peak
             bucket_s.append(seconds)
-            asked.append(requests.count - before)
+            asked.append(_since(requests, before))
             peaks.append(peak)
         result = {
             "machine": host.to_dict(),
@@ -473,7 +507,7 @@ def append_check(args: argparse.Namespace) -> dict:
         print(json.dumps(result, indent=1))
         return result
     finally:
-        server.stop()
+        _stop(server)
 
 
 def markdown(r: dict, args: argparse.Namespace) -> str:
@@ -490,13 +524,13 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             "|---|---:|---:|",
             f"| to a local folder | {statistics.median(c['local_cpu_s']):.1f} | |",
             f"| into the bucket | {statistics.median(c['bucket_cpu_s']):.1f} "
-            f"| {statistics.median(c['server_cpu_s']):.1f} |",
+            f"| {_figure(c['server_cpu_s'] and statistics.median(c['server_cpu_s']), '.1f')} |",
             "",
             f"Local disk during the conversion into the bucket: at most {c['peak_local_bytes'] / 2**20:.1f} MB "
             f"({c['peak_local_bytes'] / c['largest_shard_bytes']:.1f} shards of "
             f"{c['largest_shard_bytes'] / 2**20:.1f} MB; the output: {c['output_bytes'] / 2**20:.1f} MB in "
             f"{c['shards']} shards). Requests the S3 server answered for each conversion into it: "
-            f"{', '.join(str(n) for n in c['bucket_requests'])}.",
+            f"{', '.join(_figure(n, 'd') for n in c['bucket_requests'])}.",
             "",
             f"| npy reads, batches of {args.batch}, {args.workers} workers | samples/s | / local | requests a batch "
             "| reader CPU s | server CPU s |",
@@ -504,7 +538,7 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"| local output, {cold} | {x['local_samples_per_s']:.0f} | 1.00x | | {x['local_cpu_s']:.1f} | |",
             *(
                 f"| bucket, {label} | {x[name]:.0f} | {x[name] / x['local_samples_per_s']:.2f}x "
-                f"| {x[f'{name}_requests_per_batch']:.2f} | {x[f'{name}_workers_cpu_s']:.1f} (workers) | |"
+                f"| {_figure(x[f'{name}_requests_per_batch'], '.2f')} | {x[f'{name}_workers_cpu_s']:.1f} (workers) | |"
                 for name, label in READS.items()
             ),
             *(
@@ -517,15 +551,24 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             "",
             "Byte ranges without a cache from the S3 server, the workers' CPU: "
             f"{x['ranges_workers_cpu_s']:.2f} s by presigned URLs against {x['ranges_s3fs_workers_cpu_s']:.2f} s "
-            f"through s3fs's client, {_saved_per_request(x)} ms less for each request the server answered.",
+            f"through s3fs's client{_saved_per_request(x)}.",
         ]
     )
 
 
+def _figure(value: Optional[float], form: str) -> str:
+    """``value`` as ``form`` writes it; "not counted" where the server is one of its own (``--endpoint``)."""
+    return "not counted" if value is None else format(value, form)
+
+
 def _saved_per_request(x: dict) -> str:
-    """Milliseconds of the workers' CPU that presigned URLs save per request the server answered."""
+    """The end of the sentence on presigned URLs: the milliseconds of the workers' CPU they save per
+    request the server answered."""
+    if x["ranges_s3fs_requests_per_batch"] is None:
+        return " (the requests of a server of its own are not counted)"
     asked = x["ranges_s3fs_requests_per_batch"] * x["batches"]
-    return f"{1000 * (x['ranges_s3fs_workers_cpu_s'] - x['ranges_workers_cpu_s']) / max(asked, 1):.2f}"
+    saved = 1000 * (x["ranges_s3fs_workers_cpu_s"] - x["ranges_workers_cpu_s"]) / max(asked, 1)
+    return f", {saved:.2f} ms less for each request the server answered"
 
 
 READS = {
@@ -556,6 +599,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--append-check", action="store_true", help="only: an append into the bucket against a local one")
     p.add_argument("--format", default="npy", help="of the --append-check outputs")
+    p.add_argument(
+        "--endpoint",
+        help="an S3-compatible server already running (its credentials from the AWS variables), instead of moto",
+    )
+    p.add_argument("--bucket", default="bench", help="the bucket the outputs go to (made where missing)")
     return p
 
 

@@ -51,3 +51,27 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert "Requests the S3 server answered for each conversion into it: " in out
     assert "| into the bucket |" in out and "| lean range server (Python's http.server), byte ranges, no cache |" in out
     assert "through s3fs's client (no presigned URLs)" in out and "ms less for each request" in out
+
+
+def test_a_server_of_its_own_is_measured_without_counting_its_requests(s3_server, tmp_path, monkeypatch, capsys):
+    """``--endpoint``: a server already running (here another moto, as a store on another machine
+    would be), its credentials from the environment; nothing of it is counted."""
+    import os
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]  # the fixture's server, found as a user's would be
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # start_server sets it: put back after the test
+    args = bench_bucket.parser().parse_args(
+        ["--images", "16", "--repeat", "1", "--batch", "8", "--shard-size", "8", "--workers", "0", "--warm"]
+        + ["--range-server", "python", "--endpoint", endpoint, "--bucket", "elsewhere", "--work", str(tmp_path)]
+    )
+    try:
+        results = bench_bucket.run(args)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    c = results["conversion"]
+    assert c["shards"] == 2 and c["bucket_s"][0] > 0 and c["bucket_requests"] == [None] and c["server_cpu_s"] is None
+    assert s3_server.exists("elsewhere/wds/manifest.json") and s3_server.exists("elsewhere/npy/manifest.json")
+    assert results["reads"]["ranges"] > 0 and results["reads"]["ranges_requests_per_batch"] is None
+    out = capsys.readouterr().out
+    assert "answered for each conversion into it: not counted." in out
+    assert "(the requests of a server of its own are not counted)." in out

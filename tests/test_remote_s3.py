@@ -75,6 +75,29 @@ def test_an_object_changed_under_a_reader_is_an_error_never_mixed_data(bucket, t
         list(open_dataset("s3://data/changed", shuffle=0))
 
 
+def test_an_object_kept_damaged_under_its_checksum_is_an_error_never_a_traceback(bucket, tmp_path):
+    """A store that records the SHA-256 it is sent without checking it (moto, rclone's S3 server)
+    keeps bytes damaged on the way under the checksum of the bytes sent: botocore finds them other
+    than their checksum as it reads them, which a reader says as of any damaged copy."""
+    fs, local = bucket
+    fs.cp("data/wds/", "data/kept-damaged/", recursive=True)
+    shard = read_manifest(local).shards[1].files[0].path
+
+    def damaged(request, **kwargs):  # the body changed after botocore hashed it
+        body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
+        request.body = body[:1000] + bytes([body[1000] ^ 0xFF]) + body[1001:]
+
+    fs.s3.meta.events.register("before-send.s3.PutObject", damaged)
+    try:
+        fs.put_file(str(local / shard), f"data/kept-damaged/{shard}", ChecksumAlgorithm="SHA256")
+    finally:
+        fs.s3.meta.events.unregister("before-send.s3.PutObject", damaged)
+    r = CliRunner().invoke(cli, ["verify", "s3://data/kept-damaged", "-q"])
+    assert r.exit_code == 1 and shard in r.output and "damaged" in r.output, r.output
+    with pytest.raises(ManifestError, match=f"{shard}.*damaged"):
+        list(open_dataset("s3://data/kept-damaged", shuffle=0))
+
+
 def test_no_credentials_says_which_variables_are_read(bucket, monkeypatch):
     import s3fs
 

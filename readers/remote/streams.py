@@ -213,7 +213,14 @@ class _FsspecStream(_Paced):
         self.f = f
 
     def _read_some(self, n: int, timeout: float) -> bytes:
-        return self.f.read(n)
+        try:
+            return self.f.read(n)
+        except Exception as e:
+            if type(e).__name__ != "FlexibleChecksumError":  # botocore's, not imported for other backends
+                raise
+            raise ManifestError(  # a store that records any checksum it is sent kept bytes damaged on the way
+                f"{self.url} is not what its recorded checksum is of: the remote copy is damaged"
+            ) from None
 
     def close(self) -> None:
         """Close the file."""

@@ -54,11 +54,12 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
 
 
 def test_a_server_of_its_own_is_measured_without_counting_its_requests(s3_server, tmp_path, monkeypatch, capsys):
-    """``--endpoint``: a server already running (here another moto, as a store on another machine
-    would be), its credentials from the environment; nothing of it is counted."""
+    """``--endpoint``: a server already running (here the fixture's moto, found as a store on another
+    machine would be), its credentials from the environment; nothing of it is counted."""
     import os
 
     endpoint = os.environ["AWS_ENDPOINT_URL"]  # the fixture's server, found as a user's would be
+    s3_server.mkdir("elsewhere")  # a bucket of the user's own, there already
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # start_server sets it: put back after the test
     args = bench_bucket.parser().parse_args(
         ["--images", "16", "--repeat", "1", "--batch", "8", "--shard-size", "8", "--workers", "0", "--warm"]

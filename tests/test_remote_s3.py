@@ -75,27 +75,40 @@ def test_an_object_changed_under_a_reader_is_an_error_never_mixed_data(bucket, t
         list(open_dataset("s3://data/changed", shuffle=0))
 
 
-def test_an_object_kept_damaged_under_its_checksum_is_an_error_never_a_traceback(bucket, tmp_path):
-    """A store that records the SHA-256 it is sent without checking it (moto, rclone's S3 server)
-    keeps bytes damaged on the way under the checksum of the bytes sent: botocore finds them other
-    than their checksum as it reads them, which a reader says as of any damaged copy."""
-    fs, local = bucket
-    fs.cp("data/wds/", "data/kept-damaged/", recursive=True)
-    shard = read_manifest(local).shards[1].files[0].path
+def _put_damaged(fs, path, target: str) -> None:
+    """Upload the file ``path`` as ``target`` with its SHA-256, one byte changed after botocore hashed
+    it: as a store that records the SHA-256 it is sent without checking it (moto, rclone's S3 server)
+    keeps bytes damaged on the way, under the checksum of the bytes sent."""
 
-    def damaged(request, **kwargs):  # the body changed after botocore hashed it
+    def damaged(request, **kwargs):
         body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
-        request.body = body[:1000] + bytes([body[1000] ^ 0xFF]) + body[1001:]
+        at = min(1000, len(body) // 2)
+        request.body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
 
     fs.s3.meta.events.register("before-send.s3.PutObject", damaged)
     try:
-        fs.put_file(str(local / shard), f"data/kept-damaged/{shard}", ChecksumAlgorithm="SHA256")
+        fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
     finally:
         fs.s3.meta.events.unregister("before-send.s3.PutObject", damaged)
+
+
+def test_an_object_kept_damaged_under_its_checksum_is_an_error_never_a_traceback(bucket, tmp_path):
+    """botocore finds such an object's bytes other than their checksum as it reads them: a reader, a
+    verify and a conversion into the prefix say it as of any damaged copy."""
+    fs, local = bucket
+    fs.cp("data/wds/", "data/kept-damaged/", recursive=True)
+    shard = read_manifest(local).shards[1].files[0].path
+    _put_damaged(fs, local / shard, f"data/kept-damaged/{shard}")
     r = CliRunner().invoke(cli, ["verify", "s3://data/kept-damaged", "-q"])
     assert r.exit_code == 1 and shard in r.output and "damaged" in r.output, r.output
     with pytest.raises(ManifestError, match=f"{shard}.*damaged"):
         list(open_dataset("s3://data/kept-damaged", shuffle=0))
+    _put_damaged(fs, local / "manifest.json", "data/kept-damaged/manifest.json")
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2, "bee": 2})
+    r = CliRunner().invoke(cli, ["convert", str(src), "-f", "wds", "-o", "s3://data/kept-damaged", "--overwrite"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.exception  # a message, no traceback
+    assert "an object there is not what its recorded checksum is of: the remote copy is damaged" in r.output
 
 
 def test_no_credentials_says_which_variables_are_read(bucket, monkeypatch):

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from packer.output.shard_uploads import sink_for
-from packer.spec.errors import ManifestError, OutputError
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, damaged_in_store
 from packer.spec.listed_files import sha256_of
 from packer.spec.manifest import Manifest, ShardEntry
 from packer.spec.registry import get_format
@@ -58,6 +58,8 @@ class StoreFiles:
         except FileNotFoundError:
             raise ManifestError(f"{url} is missing: the output is not whole; run packer verify on it") from None
         except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
+            if damaged_in_store(e):  # the output's fault: no second run reads it otherwise
+                raise ManifestError(f"{url} {DAMAGED_IN_STORE}; run packer verify on the output") from None
             # not the output's fault: the run stops (never goes on without what it could not read)
             raise OutputError(f"reading {url} failed: {type(e).__name__}: {e}; run the same command again") from None
         if target.stat().st_size != size or sha256_of(target) != sha256:

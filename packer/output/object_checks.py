@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from packer.spec.errors import OutputError
+from packer.spec.errors import OutputError, damaged_in_store
 from packer.spec.listed_files import sha256_of
 
 ONE_REQUEST = 64 << 20
@@ -215,7 +215,7 @@ def _sha256_of_object(fs: Any, target: str) -> Optional[str]:
             for block in iter(lambda: f.read(1 << 20), b""):
                 remote.update(block)
     except Exception as e:
-        if type(e).__name__ != "FlexibleChecksumError":  # botocore's, not imported for other stores
+        if not damaged_in_store(e):
             raise
         return None
     return remote.hexdigest()

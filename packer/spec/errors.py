@@ -23,6 +23,18 @@ class ManifestError(PackerError):
     """A packed output is missing, damaged, foreign or of a newer format version."""
 
 
+def damaged_in_store(error: BaseException) -> bool:
+    """Whether ``error`` is botocore's ``FlexibleChecksumError``: an object read from a store whose
+    bytes are not those of the checksum the store recorded for it (a store that records any
+    checksum it is sent, as moto and rclone's S3 server do, kept bytes damaged on the way). Told by
+    its name: botocore is imported only where an S3 store is used."""
+    return type(error).__name__ == "FlexibleChecksumError"
+
+
+DAMAGED_IN_STORE = "is not what its recorded checksum is of: the remote copy is damaged"
+"""How a message goes on after an object's URL when ``damaged_in_store`` holds of its read."""
+
+
 class DecodeError(PackerError):
     """One source file could not be turned into a sample; the converter skips and reports it."""
 

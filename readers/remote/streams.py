@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from typing import IO, Optional
 
-from packer.spec.errors import ManifestError
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, damaged_in_store
 from packer.spec.locations import CREDENTIALS
 
 CHUNK = 1 << 20  # bytes per read from a remote stream, at most
@@ -216,11 +216,9 @@ class _FsspecStream(_Paced):
         try:
             return self.f.read(n)
         except Exception as e:
-            if type(e).__name__ != "FlexibleChecksumError":  # botocore's, not imported for other backends
+            if not damaged_in_store(e):
                 raise
-            raise ManifestError(  # a store that records any checksum it is sent kept bytes damaged on the way
-                f"{self.url} is not what its recorded checksum is of: the remote copy is damaged"
-            ) from None
+            raise ManifestError(f"{self.url} {DAMAGED_IN_STORE}") from None
 
     def close(self) -> None:
         """Close the file."""

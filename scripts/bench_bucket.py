@@ -84,6 +84,7 @@ def start_server(endpoint: Optional[str] = None) -> tuple[Optional[object], Opti
     """moto's server on 127.0.0.1 in this process's threads, found through the AWS variables, and its
     request counter; with ``endpoint``, that server instead (the credentials of the environment),
     neither started nor counted: ``(None, None)``."""
+    os.environ.pop("AWS_ENDPOINT_URL_S3", None)  # it would win over the endpoint set here
     if endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         return None, None
@@ -98,6 +99,8 @@ def start_server(endpoint: Optional[str] = None) -> tuple[Optional[object], Opti
     server.start()
     host, port = server.get_host_and_port()
     os.environ.update({**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"})
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):  # a shell's, unread above
+        os.environ.pop(name, None)
     return server, counter
 
 

@@ -112,7 +112,18 @@ AWS = {
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",  # none of this machine's own settings
     "AWS_CONFIG_FILE": "/nonexistent/config",
     "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_REQUEST_CHECKSUM_CALCULATION": "when_supported",  # botocore's defaults, whatever the shell says
+    "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_supported",
 }
+AWS_UNSET = (
+    "AWS_PROFILE",  # a profile the settings above leave unread would be an error
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL_S3",  # it would win over AWS_ENDPOINT_URL: the tests' server, or a dead one, never
+    "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE",
+)
+"""The AWS variables of a developer's shell that the tests' S3 server must not see."""
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +142,8 @@ def s3_server():
     env = pytest.MonkeyPatch()
     for key, value in {**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
         env.setenv(key, value)
+    for key in AWS_UNSET:
+        env.delenv(key, raising=False)
     s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()
     fs.mkdir("data")

@@ -124,6 +124,32 @@ def test_no_credentials_says_which_variables_are_read(bucket, monkeypatch):
         s3fs.S3FileSystem.clear_instance_cache()
 
 
+def test_an_endpoint_that_does_not_answer_is_named_never_a_traceback(bucket, tmp_path, monkeypatch):
+    """A store that is down (or a wrong AWS_ENDPOINT_URL): botocore's connection errors are no
+    OSError, and came through info, verify, a reader and a conversion as tracebacks."""
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens on port 1
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the same answer, without botocore's and s3fs's retries
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    s3fs.S3FileSystem.clear_instance_cache()
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2, "bee": 2})
+    try:
+        for command in (
+            ["info", "s3://data/wds"],
+            ["verify", "s3://data/wds"],
+            ["convert", str(src), "-f", "npy", "-o", "s3://data/x"],
+        ):
+            r = CliRunner().invoke(cli, command)
+            assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (command, r.exception)
+            assert "Could not connect to the endpoint URL" in r.output, r.output
+        with pytest.raises(ManifestError, match="cannot open s3://data/wds/manifest.json: Could not connect"):
+            open_dataset("s3://data/wds")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
 def test_a_prefix_without_manifest_is_not_an_output(bucket):
     fs, local = bucket
     fs.pipe("data/half/shard-00000.tar", b"\0" * 1024)

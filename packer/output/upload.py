@@ -36,7 +36,7 @@ from packer.output.prefix_lock import (
     check_own_lock,
 )
 from packer.output.replaced_files import ReplacedFiles
-from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, damaged_in_store
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, client_error, damaged_in_store
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import CREDENTIALS
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
@@ -252,9 +252,11 @@ def store_errors(url: str) -> Iterator[None]:
                 f"cannot write {url}: an object there {DAMAGED_IN_STORE}; run packer verify {url}, or remove "
                 "the object (pass --overwrite where it is the output's)"
             ) from None
-        if "Credentials" not in type(e).__name__:
-            raise
-        raise OutputError(f"cannot write {url}: {e}. {CREDENTIALS.get(url.split('://')[0], '')}") from None
+        if "Credentials" in type(e).__name__:
+            raise OutputError(f"cannot write {url}: {e}. {CREDENTIALS.get(url.split('://')[0], '')}") from None
+        if client_error(e):  # an endpoint that does not answer, ...
+            raise OutputError(f"cannot write {url}: {e}") from None
+        raise
 
 
 def remove_objects(fs: Any, paths: list[str]) -> None:

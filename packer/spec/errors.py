@@ -31,6 +31,13 @@ def damaged_in_store(error: BaseException) -> bool:
     return type(error).__name__ == "FlexibleChecksumError"
 
 
+def client_error(error: BaseException) -> bool:
+    """Whether ``error`` is one of the S3 client's own (botocore's: an endpoint that does not answer,
+    a connection refused, ...), which are no OSError: told by its module, botocore being imported
+    only where an S3 store is used."""
+    return type(error).__module__.split(".")[0] in ("botocore", "aiobotocore")
+
+
 DAMAGED_IN_STORE = "is not what its recorded checksum is of: the remote copy is damaged"
 """How a message goes on after an object's URL when ``damaged_in_store`` holds of its read."""
 

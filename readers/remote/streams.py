@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from typing import IO, Optional
 
-from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, damaged_in_store
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, client_error, damaged_in_store
 from packer.spec.locations import CREDENTIALS
 
 CHUNK = 1 << 20  # bytes per read from a remote stream, at most
@@ -101,9 +101,11 @@ def open_stream(url: str) -> IO[bytes]:
         raise ManifestError(f"cannot open {url}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the backends' own (botocore's NoCredentialsError, google.auth's)
         hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
-        if hint is None:
-            raise
-        raise ManifestError(f"cannot open {url}: {e}. {hint}") from None
+        if hint is not None:
+            raise ManifestError(f"cannot open {url}: {e}. {hint}") from None
+        if client_error(e):  # an endpoint that does not answer, ...
+            raise ManifestError(f"cannot open {url}: {e}") from None
+        raise
 
 
 class _Paced:
@@ -216,9 +218,11 @@ class _FsspecStream(_Paced):
         try:
             return self.f.read(n)
         except Exception as e:
-            if not damaged_in_store(e):
-                raise
-            raise ManifestError(f"{self.url} {DAMAGED_IN_STORE}") from None
+            if damaged_in_store(e):
+                raise ManifestError(f"{self.url} {DAMAGED_IN_STORE}") from None
+            if client_error(e):  # the connection broke, ...: as the other streams' failures
+                raise ManifestError(f"reading {self.url} failed: {type(e).__name__}: {e}") from None
+            raise
 
     def close(self) -> None:
         """Close the file."""

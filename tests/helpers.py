@@ -360,3 +360,23 @@ def answer_range(handler, path: str, asked) -> io.BytesIO:
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     return io.BytesIO(data)
+
+
+def whole_checksums_with_parts(monkeypatch, sha256: bytes) -> None:
+    """Make the tests' S3 server answer each ranged read (206) with the whole object's SHA-256
+    ``sha256`` (raw digest), as rclone's S3 server does: botocore then finds every part other than
+    its checksum."""
+    import base64
+
+    from aiobotocore.endpoint import AioEndpoint
+
+    send = AioEndpoint._send
+    whole = base64.b64encode(sha256).decode()
+
+    async def sent(self, request):
+        response = await send(self, request)
+        if response.status_code == 206:
+            response.headers["x-amz-checksum-sha256"] = whole
+        return response
+
+    monkeypatch.setattr(AioEndpoint, "_send", sent)

@@ -12,6 +12,7 @@ import hashlib
 
 import botocore.exceptions
 import pytest
+from helpers import whole_checksums_with_parts
 
 from packer.output import object_checks
 from packer.spec.errors import OutputError
@@ -218,3 +219,22 @@ def test_an_upload_is_checked_by_its_answer_in_one_request(s3_server, tmp_path, 
     with s3_calls(fs, **unsaid) as calls:
         object_checks.put_checked(fs, path, "data/answered/shard-00002.tar", "s3://data/answered")
         assert calls == ["PutObject", "HeadObject"]
+
+
+def test_a_store_that_sends_the_whole_objects_checksum_with_a_part_is_read_back_all_the_same(
+    s3_server, tmp_path, monkeypatch
+):
+    """rclone's S3 server answers a ranged read with the whole object's SHA-256: botocore refuses each
+    part, so an object larger than one of s3fs's blocks read back again without botocore's check
+    (the SHA-256 computed here decides)."""
+    import s3fs
+
+    data = bytes(range(256)) * 16384  # 4 MiB, read a MiB at a time
+    s3_server.pipe("data/parts/whole", data)
+    whole_checksums_with_parts(monkeypatch, hashlib.sha256(data).digest())
+    fs = s3fs.S3FileSystem(default_block_size=256 << 10, skip_instance_cache=True)  # ranges of a part
+    with pytest.raises(Exception, match="did not match calculated checksum"):  # botocore's own check
+        object_checks._read_sha256(fs, "data/parts/whole")
+    assert object_checks._sha256_of_object(fs, "data/parts/whole") == hashlib.sha256(data).hexdigest()
+    s3_server.pipe("data/parts/other", data[:-1] + b"!")  # kept damaged: the SHA-256 here tells it
+    assert object_checks._sha256_of_object(fs, "data/parts/other") != hashlib.sha256(data).hexdigest()

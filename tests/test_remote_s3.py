@@ -10,6 +10,7 @@ import os
 import pytest
 from click.testing import CliRunner
 from conftest import FailsAt, make_tree
+from helpers import whole_checksums_with_parts
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -120,6 +121,32 @@ def test_no_credentials_says_which_variables_are_read(bucket, monkeypatch):
     try:
         with pytest.raises(ManifestError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
             open_dataset("s3://data/wds")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_a_store_that_sends_the_whole_objects_checksum_with_a_part_streams_all_the_same(bucket, monkeypatch):
+    """rclone's S3 server answers a ranged read with the whole object's SHA-256, which botocore finds
+    other than the part's: the stream reads on without botocore's check (the reader's SHA-256 of the
+    file decides, as for any stream)."""
+    import hashlib
+
+    import s3fs
+
+    from readers.remote.streams import open_stream
+
+    fs, _ = bucket
+    data = bytes(range(256)) * 16384  # 4 MiB
+    fs.pipe("data/parts/stream", data)
+    whole_checksums_with_parts(monkeypatch, hashlib.sha256(data).digest())
+    monkeypatch.setattr(s3fs.S3FileSystem, "default_block_size", 256 << 10)  # a part a read
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        stream = open_stream("s3://data/parts/stream")
+        try:
+            assert stream.read() == data and stream.unchecked  # botocore refused a part: read on unchecked
+        finally:
+            stream.close()
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from packer.spec.errors import OutputError, damaged_in_store
 from packer.spec.listed_files import sha256_of
+from packer.spec.locations import unchecked_reads
 
 ONE_REQUEST = 64 << 20
 """Files below this size go up in one request with their SHA-256 (s3fs sends files below twice its
@@ -205,19 +206,24 @@ def holds(fs: Any, target: str, size: int, sha256: str) -> bool:
     return (recorded or _sha256_of_object(fs, target)) == sha256
 
 
-def _sha256_of_object(fs: Any, target: str) -> Optional[str]:
-    """The SHA-256 of the object ``target`` read back; None where the store's bytes are not those of
-    the checksum it recorded for them (botocore checks that as it reads: a store that records any
-    checksum it is sent kept bytes damaged on the way)."""
-    remote = hashlib.sha256()
+def _sha256_of_object(fs: Any, target: str) -> str:
+    """The SHA-256 of the object ``target`` read back. Where botocore finds the bytes other than the
+    checksum the store recorded (bytes a store that records any checksum it is sent kept damaged,
+    or a store that sends the whole object's checksum with each part of it), it is read again
+    without that check: this SHA-256 decides."""
     try:
-        with fs.open(target, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                remote.update(block)
+        return _read_sha256(fs, target)
     except Exception as e:
         if not damaged_in_store(e):
             raise
-        return None
+        return _read_sha256(unchecked_reads(fs), target)
+
+
+def _read_sha256(fs: Any, target: str) -> str:
+    remote = hashlib.sha256()
+    with fs.open(target, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            remote.update(block)
     return remote.hexdigest()
 
 

@@ -5,6 +5,7 @@ converter, which writes local folders only, refuses them as destinations."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _PATHLIB_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/")
@@ -32,3 +33,14 @@ CREDENTIALS = {
 
 
 __all__ = ["is_url", "names_url", "CREDENTIALS"]
+
+
+def unchecked_reads(fs: Any) -> Any:
+    """The s3fs filesystem ``fs`` again, but for botocore's check of what it reads against the
+    checksum the store recorded for the whole object: some stores (rclone's S3 server) send that
+    checksum with a part of the object, which botocore then finds other than the part's, so that no
+    file larger than one of s3fs's blocks reads. For callers that check what they read themselves
+    (packer's SHA-256s and per-sample checksums)."""
+    options = dict(fs.storage_options)
+    config = {**(options.get("config_kwargs") or {}), "response_checksum_validation": "when_required"}
+    return type(fs)(**{**options, "config_kwargs": config})

@@ -69,6 +69,10 @@ AWS = {
 }
 
 
+UNREAD = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN")
+"""A shell's AWS settings that moto's run drops: its credentials are ``AWS``'s, its config none."""
+
+
 class Requests(logging.Handler):
     """Counts the requests the server's log records (werkzeug logs one line a request)."""
 
@@ -99,7 +103,7 @@ def start_server(endpoint: Optional[str] = None) -> tuple[Optional[object], Opti
     server.start()
     host, port = server.get_host_and_port()
     os.environ.update({**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"})
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):  # a shell's, unread above
+    for name in UNREAD:
         os.environ.pop(name, None)
     return server, counter
 

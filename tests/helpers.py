@@ -380,3 +380,12 @@ def whole_checksums_with_parts(monkeypatch, sha256: bytes) -> None:
         return response
 
     monkeypatch.setattr(AioEndpoint, "_send", sent)
+
+
+def damage_body(request, **kwargs) -> None:
+    """A botocore ``before-send`` hook: one byte of the request's body changed after botocore hashed
+    and signed it, as on the way to a store that records the SHA-256 it is sent without checking it
+    (moto, rclone's S3 server), which then keeps the damaged bytes under the checksum of those sent."""
+    body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
+    at = min(1000, len(body) // 2)
+    request.body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]

@@ -17,7 +17,7 @@ from packer.output.shard_uploads import AHEAD  # noqa: E402
 def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, monkeypatch, capsys):
     for name in [*bench_bucket.AWS, "AWS_ENDPOINT_URL"]:  # start_server sets them: put back after the test
         monkeypatch.setenv(name, "unset")
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    for name in (*bench_bucket.UNREAD, "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)  # start_server removes them: put back after the test
     args = bench_bucket.parser().parse_args(
         ["--images", "24", "--repeat", "1", "--batch", "8", "--shard-size", "8", "--workers", "0", "--warm"]

@@ -10,7 +10,7 @@ import os
 import pytest
 from click.testing import CliRunner
 from conftest import FailsAt, make_tree
-from helpers import whole_checksums_with_parts
+from helpers import damage_body, whole_checksums_with_parts
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.cli import cli
@@ -80,17 +80,11 @@ def _put_damaged(fs, path, target: str) -> None:
     """Upload the file ``path`` as ``target`` with its SHA-256, one byte changed after botocore hashed
     it: as a store that records the SHA-256 it is sent without checking it (moto, rclone's S3 server)
     keeps bytes damaged on the way, under the checksum of the bytes sent."""
-
-    def damaged(request, **kwargs):
-        body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
-        at = min(1000, len(body) // 2)
-        request.body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
-
-    fs.s3.meta.events.register("before-send.s3.PutObject", damaged)
+    fs.s3.meta.events.register("before-send.s3.PutObject", damage_body)
     try:
         fs.put_file(str(path), target, ChecksumAlgorithm="SHA256")
     finally:
-        fs.s3.meta.events.unregister("before-send.s3.PutObject", damaged)
+        fs.s3.meta.events.unregister("before-send.s3.PutObject", damage_body)
 
 
 def test_an_object_kept_damaged_under_its_checksum_is_an_error_never_a_traceback(bucket, tmp_path):

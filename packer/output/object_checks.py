@@ -129,14 +129,13 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
                 )
             return
     etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
-    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):  # an MD5, not a multipart ETag
-        if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():  # the store keeps these bytes
-            if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:  # not its worker's
-                raise OutputError(
-                    f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again"
-                )
-            return
-    check_uploaded(fs, path, target, url, sha256)  # read back: an ETag that is no MD5, or not this one
+    if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():  # the store keeps these bytes
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:  # not its worker's
+            raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
+        return
+    check_uploaded(
+        fs, path, target, url, sha256
+    )  # read back: an ETag that is no MD5 (a store's own, an encryption's), or not this one
 
 
 def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[str] = None) -> None:

@@ -36,9 +36,9 @@ from packer.output.prefix_lock import (
     check_own_lock,
 )
 from packer.output.replaced_files import ReplacedFiles
-from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, client_error, damaged_in_store
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, damaged_in_store
 from packer.spec.listed_files import sha256_of
-from packer.spec.locations import CREDENTIALS
+from packer.spec.locations import store_error_reason
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
 from packer.spec.splits_record import SPLITS_NAME
 from packer.system import stop_signals_held
@@ -252,11 +252,10 @@ def store_errors(url: str) -> Iterator[None]:
                 f"cannot write {url}: an object there {DAMAGED_IN_STORE}; run packer verify {url}, or remove "
                 "the object (pass --overwrite where it is the output's)"
             ) from None
-        if "Credentials" in type(e).__name__:
-            raise OutputError(f"cannot write {url}: {e}. {CREDENTIALS.get(url.split('://')[0], '')}") from None
-        if client_error(e):  # an endpoint that does not answer, ...
-            raise OutputError(f"cannot write {url}: {e}") from None
-        raise
+        reason = store_error_reason(e, url)  # no credentials, an endpoint that does not answer, ...
+        if reason is None:
+            raise
+        raise OutputError(f"cannot write {url}: {reason}") from None
 
 
 def remove_objects(fs: Any, paths: list[str]) -> None:

@@ -5,7 +5,9 @@ converter, which writes local folders only, refuses them as destinations."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
+
+from packer.spec.errors import client_error
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _PATHLIB_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/")
@@ -32,7 +34,13 @@ CREDENTIALS = {
 """What a credentials error of each scheme's backend means, said to the user."""
 
 
-__all__ = ["is_url", "names_url", "CREDENTIALS"]
+def store_error_reason(error: BaseException, url: str) -> Optional[str]:
+    """What a message about ``url`` says of ``error`` when it is the storage client's own (no
+    OSError): missing credentials, with the settings the scheme's client reads; botocore's others
+    (an endpoint that does not answer, ...) as they are. None for any other error."""
+    if "Credentials" in type(error).__name__ and url.split("://")[0] in CREDENTIALS:
+        return f"{error}. {CREDENTIALS[url.split('://')[0]]}"
+    return str(error) if client_error(error) else None
 
 
 def unchecked_reads(fs: Any) -> Any:
@@ -44,3 +52,6 @@ def unchecked_reads(fs: Any) -> Any:
     options = dict(fs.storage_options)
     config = {**(options.get("config_kwargs") or {}), "response_checksum_validation": "when_required"}
     return type(fs)(**{**options, "config_kwargs": config})
+
+
+__all__ = ["is_url", "names_url", "CREDENTIALS", "store_error_reason", "unchecked_reads"]

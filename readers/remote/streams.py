@@ -32,8 +32,8 @@ import urllib.error
 import urllib.request
 from typing import IO, Optional
 
-from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, client_error, damaged_in_store
-from packer.spec.locations import CREDENTIALS, unchecked_reads
+from packer.spec.errors import ManifestError, client_error, damaged_in_store
+from packer.spec.locations import store_error_reason, unchecked_reads
 
 CHUNK = 1 << 20  # bytes per read from a remote stream, at most
 TIMEOUT = 60.0  # seconds to connect and get an HTTP answer; reads after that follow the stall rule
@@ -100,12 +100,10 @@ def open_stream(url: str) -> IO[bytes]:
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot open {url}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the backends' own (botocore's NoCredentialsError, google.auth's)
-        hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
-        if hint is not None:
-            raise ManifestError(f"cannot open {url}: {e}. {hint}") from None
-        if client_error(e):  # an endpoint that does not answer, ...
-            raise ManifestError(f"cannot open {url}: {e}") from None
-        raise
+        reason = store_error_reason(e, url)  # no credentials, an endpoint that does not answer, ...
+        if reason is None:
+            raise
+        raise ManifestError(f"cannot open {url}: {reason}") from None
 
 
 class _Paced:
@@ -225,8 +223,6 @@ class _FsspecStream(_Paced):
                 # botocore's check, the reader's own SHA-256 or per-sample checksums deciding
                 self._reopen_unchecked()
                 return self._read_some(n, timeout)
-            if damaged_in_store(e):
-                raise ManifestError(f"{self.url} {DAMAGED_IN_STORE}") from None
             if client_error(e):  # the connection broke, ...: as the other streams' failures
                 raise ManifestError(f"reading {self.url} failed: {type(e).__name__}: {e}") from None
             raise

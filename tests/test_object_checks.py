@@ -7,6 +7,7 @@ by the SHA-256 the store's answer gives for it, else by its size."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 
@@ -83,11 +84,41 @@ def test_s3_uploads_are_checked_by_the_sha256_the_store_records(s3_server, tmp_p
     path.write_bytes(b"x" * 100_000)
     fail = lambda *a: pytest.fail("read back although S3 recorded a SHA-256")  # noqa: E731
     monkeypatch.setattr(object_checks, "check_uploaded", fail)
-    object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    sent = []
+    header = {
+        "before-send.s3.PutObject": lambda request, **kwargs: sent.append(request.headers["x-amz-checksum-sha256"])
+    }
+    with s3_calls(fs, **header):
+        object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked", digest)
     assert fs.cat_file("data/checked/shard-00000.tar") == path.read_bytes()
-    monkeypatch.setattr(object_checks, "sha256_of", lambda p: "0" * 64)  # the file now differs from the object
-    with pytest.raises(OutputError, match="is not the file uploaded"):
-        object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+    assert sent == [base64.b64encode(bytes.fromhex(digest))]  # the worker's, not hashed again
+
+    other = base64.b64encode(b"\0" * 32).decode()  # a store whose answer records another SHA-256
+    elsewhere = {"after-call.s3.PutObject": lambda parsed, **kwargs: parsed.update(ChecksumSHA256=other)}
+    with s3_calls(fs, **elsewhere):
+        with pytest.raises(OutputError, match="is not the file uploaded"):
+            object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked")
+
+
+def test_an_upload_the_store_finds_other_than_its_sha256_is_refused_with_a_message(s3_server, tmp_path):
+    """A store that checks (S3) refuses bytes whose SHA-256 is not the worker's, sent with them: a
+    file changed on the local disk since its worker wrote it, or bytes damaged on the way."""
+    fs = s3_server
+    path = tmp_path / "shard-00006.tar"
+    path.write_bytes(b"w" * 3000)
+
+    def refuse(params, **kwargs):  # as S3 answers an upload whose bytes are not its SHA-256's
+        if params["ChecksumSHA256"] != base64.b64encode(hashlib.sha256(params["Body"]).digest()).decode():
+            raise botocore.exceptions.ClientError({"Error": {"Code": "BadDigest", "Message": "no"}}, "PutObject")
+
+    with s3_calls(fs, **{"before-parameter-build.s3.PutObject": refuse}):
+        object_checks.put_checked(fs, path, "data/refused/shard-00005.tar", "s3://data/refused")  # its own
+        with pytest.raises(
+            OutputError, match="the store refused data/refused/shard-00006.tar: its bytes were not those"
+        ):
+            object_checks.put_checked(fs, path, "data/refused/shard-00006.tar", "s3://data/refused", "0" * 64)
+    assert not fs.exists("data/refused/shard-00006.tar")
 
 
 def test_a_store_that_does_not_check_is_checked_by_the_md5_of_what_it_keeps(s3_server, tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """An uploaded object checked against the file it came from, without reading it back where the store
 says what it holds (``put_checked``): S3 checks the SHA-256 sent with an object uploaded in one
-request (botocore's ``ChecksumAlgorithm``), records it and gives it in its answer, so that checksum
-is compared, once ``checks_sums`` has found that the store refuses a wrong one; a store that does
+request (the one its worker computed as it wrote the file), records it and gives it in its answer,
+so that checksum is compared, once ``checks_sums`` has found that the store refuses a wrong one; a store that does
 not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its ETag); other
 stores, multipart uploads and any object neither check covers are read back and hashed. ``holds``
 asks the same of an object already there (a part an interrupted run left); ``copy_checked`` copies
@@ -70,13 +70,20 @@ def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
     wrong = base64.b64encode(hashlib.sha256(b"not the probe's bytes").digest()).decode()
     try:
         fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=wrong)
-    except OSError as e:  # s3fs's translation of botocore's ClientError, which it keeps as the cause
-        answer = getattr(e.__cause__, "response", None)
-        if answer is None:  # no answer (the connection): the store's error, raised
+    except OSError as e:
+        code = _refusal(e)
+        if code is None:  # no answer (the connection): the store's error, raised
             raise
-        return answer.get("Error", {}).get("Code") in SUM_REFUSALS  # any other refusal: not known to check
+        return code in SUM_REFUSALS  # any other refusal: not known to check
     fs.call_s3("delete_object", Bucket=bucket, Key=key)
     return False
+
+
+def _refusal(error: OSError) -> Optional[str]:
+    """The error code of the store's answer that ``error`` (s3fs's translation of botocore's
+    ClientError, which it keeps as the cause) reports; None where no answer came (the connection)."""
+    answer = getattr(error.__cause__, "response", None)
+    return None if answer is None else str(answer.get("Error", {}).get("Code", ""))
 
 
 def _checked_by_store(fs: Any, bucket: str) -> bool:
@@ -91,9 +98,10 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
     it differs), without reading it back where the store says what it holds:
 
-    - On S3 the upload carries the file's SHA-256 (botocore's ``ChecksumAlgorithm``). Where the
-      store checks it on receipt (``checks_sums``), the SHA-256 its answer gives (where it gives
-      none, the object's size and recorded SHA-256, asked) is compared with the file's.
+    - On S3 the upload carries the file's SHA-256 (``sha256``: its worker's, not computed again;
+      a file changed since, or bytes damaged on the way, are refused). Where the store checks it
+      on receipt (``checks_sums``), the SHA-256 its answer gives (where it gives none, the
+      object's size and recorded SHA-256, asked) is compared with the file's.
     - Where it does not check it, the ETag of its answer, the MD5 it computed of the bytes it keeps
       (for an object put in one request: not with some of S3's encryptions), is compared with the
       MD5 of the bytes sent, and their SHA-256 with ``sha256``.
@@ -109,13 +117,31 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
         fs.put_file(str(path), target)
         check_uploaded(fs, path, target, url, sha256)
         return
-    # botocore hashes the bytes it sends (never the worker's hash passed on: a store that does not
-    # check it would record it as it came). One request, as s3fs's put_file makes it, but whose
-    # answer is kept.
+    # One request, as s3fs's put_file makes it, but whose answer is kept. It carries the worker's
+    # SHA-256 (botocore then does not hash the bytes again): a store that checks it refuses bytes
+    # other than the worker's; one that records it as it came is checked below by the bytes sent.
     bucket, key, _ = fs.split_path(target)
     data = path.read_bytes()
+    sent = sha256 or hashlib.sha256(data).hexdigest()
     typed = {"ContentType": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
-    answer = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", **typed)
+    checksum = base64.b64encode(bytes.fromhex(sent)).decode()
+    try:
+        answer = fs.call_s3(
+            "put_object",
+            Bucket=bucket,
+            Key=key,
+            Body=data,
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=checksum,
+            **typed,
+        )
+    except OSError as e:
+        if _refusal(e) not in SUM_REFUSALS:
+            raise
+        raise OutputError(
+            f"{url}: the store refused {target}: its bytes were not those its worker wrote (their SHA-256), "
+            "changed on disk or on the way; run the conversion again"
+        ) from None
     _forget_listings(fs, target)
     if _checked_by_store(fs, bucket):
         if _recorded_sha256(answer) is None:  # a store that does not say it: asked
@@ -123,7 +149,7 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
         recorded = _recorded_sha256(answer)
         if recorded is not None:
             stored = answer.get("ContentLength", size)  # a PUT's answer has no length
-            if stored != size or recorded != (sha256 or sha256_of(path)):
+            if stored != size or recorded != sent:
                 raise OutputError(
                     f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
                 )

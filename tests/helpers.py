@@ -382,6 +382,22 @@ def whole_checksums_with_parts(monkeypatch, sha256: bytes) -> None:
     monkeypatch.setattr(AioEndpoint, "_send", sent)
 
 
+@contextlib.contextmanager
+def s3_calls(fs, **handlers):
+    """The names of the S3 operations ``fs`` calls meanwhile (a list that grows); ``handlers``: more
+    of botocore's event handlers by event name, registered as long (on the filesystem's own client)."""
+    fs.call_s3("list_buckets")  # the client made: its events can be registered
+    calls = []
+    handlers = {"before-call.s3": lambda model, **kwargs: calls.append(model.name), **handlers}
+    for event, handler in handlers.items():
+        fs.s3.meta.events.register(event, handler)
+    try:
+        yield calls
+    finally:
+        for event, handler in handlers.items():
+            fs.s3.meta.events.unregister(event, handler)
+
+
 def damage_body(request, **kwargs) -> None:
     """A botocore ``before-send`` hook: one byte of the request's body changed after botocore hashed
     and signed it, as on the way to a store that records the SHA-256 it is sent without checking it

@@ -8,12 +8,11 @@ by the SHA-256 the store's answer gives for it, else by its size."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 
 import botocore.exceptions
 import pytest
-from helpers import damage_body, whole_checksums_with_parts
+from helpers import damage_body, s3_calls, whole_checksums_with_parts
 
 from packer.output import object_checks
 from packer.spec.errors import OutputError
@@ -146,17 +145,6 @@ def test_a_store_that_does_not_check_is_checked_by_the_md5_of_what_it_keeps(s3_s
         assert "GetObject" in calls
 
 
-def test_large_files_are_read_back_instead(s3_server, tmp_path, monkeypatch):
-    path = tmp_path / "shard-00000.tar"
-    path.write_bytes(b"y" * 5000)
-    monkeypatch.setattr(object_checks, "ONE_REQUEST", 4096)  # as if it were over s3fs's one-request size
-    read_back = []
-    checked = object_checks.check_uploaded
-    monkeypatch.setattr(object_checks, "check_uploaded", lambda *a: read_back.append(a[2]) or checked(*a))
-    object_checks.put_checked(s3_server, path, "data/large/shard-00000.tar", "s3://data/large")
-    assert read_back == ["data/large/shard-00000.tar"]
-
-
 def test_an_object_there_is_held_by_its_recorded_sha256_or_read_back(s3_server, tmp_path, monkeypatch):
     fs = s3_server
     path = tmp_path / "part"
@@ -191,22 +179,6 @@ def test_a_copy_is_one_object_copied_then_its_size_checked(s3_server, monkeypatc
     assert fs.cat_file("data/copies/shard") == b"c" * 1000
     with pytest.raises(OSError, match="is 1000 bytes after its copy from data/copies/part, not 999"):
         object_checks.copy_checked(fs, "data/copies/part", "data/copies/other", 999)
-
-
-@contextlib.contextmanager
-def s3_calls(fs, **handlers):
-    """The names of the S3 operations ``fs`` calls meanwhile (a list that grows); ``handlers``: more
-    of botocore's event handlers by event name, registered as long (the filesystem is the module's)."""
-    fs.call_s3("list_buckets")  # the client made: its events can be registered
-    calls = []
-    handlers = {"before-call.s3": lambda model, **kwargs: calls.append(model.name), **handlers}
-    for event, handler in handlers.items():
-        fs.s3.meta.events.register(event, handler)
-    try:
-        yield calls
-    finally:
-        for event, handler in handlers.items():
-            fs.s3.meta.events.unregister(event, handler)
 
 
 def test_a_copy_is_checked_by_the_sha256_its_answer_records_without_another_request(s3_server, tmp_path):

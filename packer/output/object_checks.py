@@ -1,30 +1,34 @@
 """An uploaded object checked against the file it came from, without reading it back where the store
 says what it holds (``put_checked``): S3 checks the SHA-256 sent with an object uploaded in one
 request (the one its worker computed as it wrote the file), records it and gives it in its answer,
-so that checksum is compared, once ``checks_sums`` has found that the store refuses a wrong one; a store that does
-not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its ETag); other
-stores, multipart uploads and any object neither check covers are read back and hashed. ``holds``
-asks the same of an object already there (a part an interrupted run left); ``copy_checked`` copies
-a part to its published name inside the store and checks the copy: by the SHA-256 the store's
-answer to the copy gives (S3 carries over the source's), else by its size.
+so that checksum is compared, once ``checks_sums`` has found that the store refuses a wrong one; a
+store that does not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its
+ETag). A file too large for one request goes up in parts, each with its SHA-256, checked alike
+(``packer.output.multipart``). Other filesystems' objects, and any object neither check covers, are
+read back and hashed. ``holds`` asks the same of an object already there (a part an interrupted run
+left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
+by the SHA-256 the store's answer to the copy gives (S3 carries over the source's), else by its
+size.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import mimetypes
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+from packer.output.multipart import put_in_parts
 from packer.spec.errors import OutputError, damaged_in_store
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import unchecked_reads
 
 ONE_REQUEST = 64 << 20
 """Files below this size go up in one request with their SHA-256 (s3fs sends files below twice its
-50 MiB part size in one request); larger ones in parts, read back to be checked."""
+50 MiB part size in one request); larger ones in parts (``packer.output.multipart``)."""
 PROBE = ".packer-parts/checksum-probe"
 """Where ``checks_sums`` puts its probe object, under the prefix: among the runs' parts, which every
 published run removes (one a killed run left is no stranger's object: ``upload.OWN_NAME``)."""
@@ -105,36 +109,72 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     - Where it does not check it, the ETag of its answer, the MD5 it computed of the bytes it keeps
       (for an object put in one request: not with some of S3's encryptions), is compared with the
       MD5 of the bytes sent, and their SHA-256 with ``sha256``.
-    - Elsewhere, for files of ``ONE_REQUEST`` bytes or more (a multipart upload records a checksum of
-      its parts' checksums; S3 refuses a multipart upload whose parts s3fs sends without theirs, so
-      they go without it), or where neither check can be made, the object is read back
-      (``check_uploaded``).
+    - Files of ``ONE_REQUEST`` bytes or more go up in parts, each with its SHA-256, checked alike by
+      the answers to them (``multipart.put_in_parts``).
+    - Elsewhere (a filesystem other than s3fs's), or where neither check can be made, the object is
+      read back (``check_uploaded``).
 
     ``sha256``: the file's, where it is known already (a shard's, from its worker); else it is
     computed."""
     size = path.stat().st_size
-    if not hasattr(fs, "call_s3") or size >= ONE_REQUEST:
+    if not hasattr(fs, "call_s3"):
         fs.put_file(str(path), target)
         check_uploaded(fs, path, target, url, sha256)
         return
-    # One request, as s3fs's put_file makes it, but whose answer is kept. It carries the worker's
-    # SHA-256 (botocore then does not hash the bytes again): a store that checks it refuses bytes
-    # other than the worker's; one that records it as it came is checked below by the bytes sent.
+    bucket, key, _ = fs.split_path(target)
+    typed = {"ContentType": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
+    checking = _checked_by_store(fs, bucket)
+    with _refusals_said(url, target):
+        if size >= ONE_REQUEST:
+            shown = put_in_parts(fs, path, target, url, sha256, checking, **typed)
+        else:
+            shown = _put_whole(fs, path, target, url, sha256, checking, **typed)
+    _forget_listings(fs, target)
+    if not shown:  # read back: an ETag that is no MD5 (a store's own, an encryption's), or not this one
+        check_uploaded(fs, path, target, url, sha256)
+
+
+def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str], checking: bool, **extra: Any) -> bool:
+    """Upload the file ``path`` in one request, as s3fs's ``put_file`` does, but keep the answer;
+    whether it shows that the store holds the file's bytes (``put_checked``). The request carries
+    the worker's SHA-256 (botocore then does not hash the bytes again): a store that checks it
+    refuses bytes other than the worker's; one that records it as it came is checked by the bytes
+    sent."""
     bucket, key, _ = fs.split_path(target)
     data = path.read_bytes()
     sent = sha256 or hashlib.sha256(data).hexdigest()
-    typed = {"ContentType": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
     checksum = base64.b64encode(bytes.fromhex(sent)).decode()
+    answer = fs.call_s3(
+        "put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum, **extra
+    )
+    if checking:
+        if _recorded_sha256(answer) is None:  # a store that does not say it: asked
+            answer = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        recorded = _recorded_sha256(answer)
+        if recorded is not None:
+            stored = answer.get("ContentLength", len(data))  # a PUT's answer has no length
+            if stored != len(data) or recorded != sent:
+                raise OutputError(
+                    f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
+                )
+            return True
+    etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
+    if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
+        return False
+    if (
+        sha256 is not None and hashlib.sha256(data).hexdigest() != sha256
+    ):  # the store keeps these bytes, not the worker's
+        raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
+    return True
+
+
+@contextlib.contextmanager
+def _refusals_said(url: str, target: str) -> Iterator[None]:
+    """A store's refusal of an upload whose bytes are not those of the SHA-256 sent with them (a file
+    changed on the local disk since its worker hashed it, or bytes damaged on the way) as an
+    OutputError that says so."""
     try:
-        answer = fs.call_s3(
-            "put_object",
-            Bucket=bucket,
-            Key=key,
-            Body=data,
-            ChecksumAlgorithm="SHA256",
-            ChecksumSHA256=checksum,
-            **typed,
-        )
+        yield
     except OSError as e:
         if _refusal(e) not in SUM_REFUSALS:
             raise
@@ -142,41 +182,24 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
             f"{url}: the store refused {target}: its bytes were not those its worker wrote (their SHA-256), "
             "changed on disk or on the way; run the conversion again"
         ) from None
-    _forget_listings(fs, target)
-    if _checked_by_store(fs, bucket):
-        if _recorded_sha256(answer) is None:  # a store that does not say it: asked
-            answer = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-        recorded = _recorded_sha256(answer)
-        if recorded is not None:
-            stored = answer.get("ContentLength", size)  # a PUT's answer has no length
-            if stored != size or recorded != sent:
-                raise OutputError(
-                    f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
-                )
-            return
-    etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
-    if etag == hashlib.md5(data, usedforsecurity=False).hexdigest():  # the store keeps these bytes
-        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:  # not its worker's
-            raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
-        return
-    check_uploaded(
-        fs, path, target, url, sha256
-    )  # read back: an ETag that is no MD5 (a store's own, an encryption's), or not this one
 
 
 def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[str] = None) -> None:
     """Copy the object ``source``, of ``size`` bytes (checked when it went up), to ``target`` inside
     the store, then check the copy (OSError when it differs). On S3, one ``CopyObject`` request: its
-    answer gives the SHA-256 the store records for the copy (S3 carries over the source's, which was
-    checked when the source went up), compared with ``sha256`` (the file's); where the answer gives
-    none (other S3-compatible stores, a source uploaded in parts), the copy's size is asked.
+    answer gives the SHA-256 the store computed of the copy (asked for: a source that went up in
+    parts has a checksum of its parts' checksums, which a store may carry over to a copy of one part
+    without marking it as one, as moto does, so that botocore then refuses to read the copy),
+    compared with ``sha256`` (the file's); where the answer gives none (other S3-compatible stores),
+    the copy's size is asked.
     Elsewhere, and from ``ONE_COPY`` bytes, ``cp_file`` copies it (s3fs then asks the source's size
     first, to copy in parts; fsspec's ``copy`` would also list both names as folders, two more
     requests for each file) and the size is asked."""
     recorded = None
     if hasattr(fs, "call_s3") and size < ONE_COPY:
         (bucket, key, _), (into, name, _) = fs.split_path(source), fs.split_path(target)
-        answer = fs.call_s3("copy_object", Bucket=into, Key=name, CopySource={"Bucket": bucket, "Key": key})
+        source_of = {"CopySource": {"Bucket": bucket, "Key": key}}
+        answer = fs.call_s3("copy_object", Bucket=into, Key=name, ChecksumAlgorithm="SHA256", **source_of)
         _forget_listings(fs, target)
         recorded = _recorded_sha256(answer.get("CopyObjectResult"))
     else:

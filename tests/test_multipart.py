@@ -1,0 +1,146 @@
+"""packer.output.multipart against an S3-compatible server on 127.0.0.1 (moto, which records any
+SHA-256 it is sent without checking it): a file too large for one request goes up in parts, each
+with its SHA-256, and is checked by the answers (the ETag of its parts' MD5s here; S3's checksum
+of the parts' checksums where the store checks them), never read back unless they do not show it;
+a file that is not its worker's, or a failure on the way, leaves no object and no upload behind."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import botocore.exceptions
+import pytest
+from helpers import damage_body, s3_calls
+
+from packer.output import multipart, object_checks
+from packer.spec.errors import OutputError
+
+PART = 5 << 20  # S3's least part size (all but the last)
+
+
+@pytest.fixture
+def large(tmp_path, monkeypatch):
+    """A file of 11 MiB that goes up in three parts of 5, 5 and 1 MiB, and its SHA-256."""
+    monkeypatch.setattr(multipart, "PART", PART)
+    monkeypatch.setattr(object_checks, "ONE_REQUEST", PART)
+    monkeypatch.setattr(object_checks, "_CHECKING", {})
+    path = tmp_path / "shard-00000.tar"
+    path.write_bytes(bytes(range(251)) * (11 * (1 << 20) // 251 + 1))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def uploads_left(fs):
+    """The multipart uploads begun in the bucket ``data`` and neither completed nor aborted."""
+    return fs.call_s3("list_multipart_uploads", Bucket="data").get("Uploads", [])
+
+
+def read_backs(monkeypatch):
+    """The objects ``put_checked`` reads back from now on (a list that grows)."""
+    read, real = [], object_checks.check_uploaded
+    monkeypatch.setattr(object_checks, "check_uploaded", lambda *a: read.append(a[2]) or real(*a))
+    return read
+
+
+def test_the_part_size_keeps_within_the_stores_count_of_parts():
+    assert multipart.part_size(1 << 30) == multipart.PART
+    assert multipart.part_size(multipart.PART * multipart.MAX_PARTS + 1) == multipart.PART + 1
+    huge = 5 << 40  # S3's largest object
+    assert -(-huge // multipart.part_size(huge)) <= multipart.MAX_PARTS
+
+
+def test_a_large_file_goes_up_in_parts_checked_by_the_etag_of_their_md5s(s3_server, large, monkeypatch):
+    fs, (path, digest) = s3_server, large
+    read = read_backs(monkeypatch)
+    sent = []
+    hook = {"before-send.s3.UploadPart": lambda request, **kw: sent.append(request.headers["x-amz-checksum-sha256"])}
+    with s3_calls(fs, **hook) as calls:
+        object_checks.put_checked(fs, path, "data/parts/shard-00000.tar", "s3://data/parts", digest)
+    assert calls == ["CreateMultipartUpload", "UploadPart", "UploadPart", "UploadPart", "CompleteMultipartUpload"]
+    assert read == []  # moto's ETag, the MD5 of the MD5s of the parts it keeps, showed it
+    data = path.read_bytes()
+    assert fs.cat_file("data/parts/shard-00000.tar") == data
+    blocks = [data[i : i + PART] for i in range(0, len(data), PART)]
+    assert sent == [base64.b64encode(hashlib.sha256(b).digest()) for b in blocks]  # each part's own
+    head = fs.call_s3("head_object", Bucket="data", Key="parts/shard-00000.tar")
+    assert head["ContentType"] == "application/x-tar" and head["ContentLength"] == len(data)
+    assert uploads_left(fs) == []
+
+
+def test_a_part_damaged_on_the_way_to_a_store_that_does_not_check_is_found_by_reading_back(
+    s3_server, large, monkeypatch
+):
+    fs, (path, digest) = s3_server, large
+    read = read_backs(monkeypatch)
+    with s3_calls(fs, **{"before-send.s3.UploadPart": damage_body}):  # kept damaged, under the SHA-256 sent
+        with pytest.raises(OutputError, match="reads back other bytes than were uploaded"):
+            object_checks.put_checked(fs, path, "data/parts/shard-00001.tar", "s3://data/parts", digest)
+    assert read == ["data/parts/shard-00001.tar"]  # another ETag: read back, and refused
+
+
+def test_a_file_that_is_not_its_workers_is_never_completed(s3_server, large):
+    fs, (path, _) = s3_server, large
+    with s3_calls(fs) as calls:
+        with pytest.raises(OutputError, match="shard-00002.tar is not the file its worker wrote"):
+            object_checks.put_checked(fs, path, "data/parts/shard-00002.tar", "s3://data/parts", "0" * 64)
+    assert "CompleteMultipartUpload" not in calls and calls[-1] == "AbortMultipartUpload"
+    assert not fs.exists("data/parts/shard-00002.tar") and uploads_left(fs) == []
+
+
+def test_a_failed_part_aborts_the_upload(s3_server, large):
+    fs, (path, digest) = s3_server, large
+
+    def refuse_the_second(params, **kwargs):
+        if params["PartNumber"] == 2:
+            raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "UploadPart")
+
+    with s3_calls(fs, **{"before-parameter-build.s3.UploadPart": refuse_the_second}):
+        with pytest.raises(PermissionError):  # s3fs's translation: the caller names the URL (store_errors)
+            object_checks.put_checked(fs, path, "data/parts/shard-00003.tar", "s3://data/parts", digest)
+    assert not fs.exists("data/parts/shard-00003.tar") and uploads_left(fs) == []
+
+
+def test_a_store_that_checks_is_taken_at_its_answers(s3_server, large, monkeypatch):
+    """A store that checks each part's SHA-256 (S3): its answer to the completion gives the SHA-256
+    of the parts' SHA-256s, compared. A part it refuses is said so."""
+    fs, (path, digest) = s3_server, large
+    monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+    read = read_backs(monkeypatch)
+    data = path.read_bytes()
+    blocks = [data[i : i + PART] for i in range(0, len(data), PART)]
+    of_parts = base64.b64encode(hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blocks)).digest())
+    composite = f"{of_parts.decode()}-{len(blocks)}"
+    as_s3 = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=composite)}
+    with s3_calls(fs, **as_s3):
+        object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked", digest)
+    assert read == []
+    assert fs.cat_file("data/checked/shard-00000.tar") == data
+
+    other = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256="AAAA-3")}
+    with s3_calls(fs, **other):
+        with pytest.raises(OutputError, match="shard-00001.tar is not the file uploaded"):
+            object_checks.put_checked(fs, path, "data/checked/shard-00001.tar", "s3://data/checked", digest)
+
+    def bad_digest(params, **kwargs):  # as S3 answers a part whose bytes are not its SHA-256's
+        if params["PartNumber"] == 3:
+            raise botocore.exceptions.ClientError({"Error": {"Code": "BadDigest", "Message": "no"}}, "UploadPart")
+
+    with s3_calls(fs, **{"before-parameter-build.s3.UploadPart": bad_digest}):
+        with pytest.raises(OutputError, match="the store refused data/checked/shard-00002.tar: its bytes"):
+            object_checks.put_checked(fs, path, "data/checked/shard-00002.tar", "s3://data/checked", digest)
+    assert not fs.exists("data/checked/shard-00002.tar") and uploads_left(fs) == []
+
+
+def test_a_file_that_went_up_in_parts_is_copied_with_a_sha256_of_its_own(s3_server, large):
+    """What a store records for an object uploaded in parts is a checksum of their checksums, which
+    moto carries over to a copy without marking it as one (botocore then refuses to read the copy):
+    the copy that gives a shard its published name asks the store for the copy's own SHA-256."""
+    fs, (path, digest) = s3_server, large
+    size = path.stat().st_size
+    object_checks.put_checked(fs, path, "data/copied/part", "s3://data/copied", digest)
+    with s3_calls(fs) as calls:
+        object_checks.copy_checked(fs, "data/copied/part", "data/copied/shard-00000.tar", size, digest)
+    assert calls == ["CopyObject"]  # its answer gave the SHA-256 the store computed of the copy
+    assert fs.cat_file("data/copied/shard-00000.tar") == path.read_bytes()  # and botocore reads it
+    with pytest.raises(OSError, match="shard-00001.tar holds other bytes after its copy"):
+        object_checks.copy_checked(fs, "data/copied/part", "data/copied/shard-00001.tar", size, "0" * 64)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
+import time
 
 import botocore.exceptions
 import pytest
@@ -100,35 +102,117 @@ def test_a_failed_part_aborts_the_upload(s3_server, large):
     assert not fs.exists("data/parts/shard-00003.tar") and uploads_left(fs) == []
 
 
-def test_a_store_that_checks_is_taken_at_its_answers(s3_server, large, monkeypatch):
-    """A store that checks each part's SHA-256 (S3): its answer to the completion gives the SHA-256
-    of the parts' SHA-256s, compared. A part it refuses is said so."""
+def composite_of(data: bytes) -> str:
+    """S3's checksum of an object put in parts of ``PART`` bytes: the SHA-256 of theirs, "-N"."""
+    blocks = [data[i : i + PART] for i in range(0, len(data), PART)]
+    of_parts = base64.b64encode(hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blocks)).digest())
+    return f"{of_parts.decode()}-{len(blocks)}"
+
+
+def test_a_store_that_checks_is_taken_at_what_it_records(s3_server, large, monkeypatch):
+    """A store that checks the SHA-256s it is sent (S3): its answer to the completion gives the
+    SHA-256 of the parts' SHA-256s (or, some stores, the whole file's), compared with what was sent;
+    the completion lists each part's. An answer that says neither, or other ones, is no proof: read
+    back. A part it refuses is said so."""
     fs, (path, digest) = s3_server, large
     monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
     read = read_backs(monkeypatch)
     data = path.read_bytes()
-    blocks = [data[i : i + PART] for i in range(0, len(data), PART)]
-    of_parts = base64.b64encode(hashlib.sha256(b"".join(hashlib.sha256(b).digest() for b in blocks)).digest())
-    composite = f"{of_parts.decode()}-{len(blocks)}"
-    as_s3 = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=composite)}
-    with s3_calls(fs, **as_s3):
+    listed = []
+    as_s3 = {
+        "before-parameter-build.s3.CompleteMultipartUpload": lambda params, **kw: listed.extend(
+            p["ChecksumSHA256"] for p in params["MultipartUpload"]["Parts"]
+        ),
+        "after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=composite_of(data)),
+    }
+    with s3_calls(fs, **as_s3) as calls:
         object_checks.put_checked(fs, path, "data/checked/shard-00000.tar", "s3://data/checked", digest)
-    assert read == []
+    assert read == [] and "HeadObject" not in calls
+    blocks = [data[i : i + PART] for i in range(0, len(data), PART)]
+    assert listed == [base64.b64encode(hashlib.sha256(b).digest()).decode() for b in blocks]
     assert fs.cat_file("data/checked/shard-00000.tar") == data
 
-    other = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256="AAAA-3")}
-    with s3_calls(fs, **other):
-        with pytest.raises(OutputError, match="shard-00001.tar is not the file uploaded"):
-            object_checks.put_checked(fs, path, "data/checked/shard-00001.tar", "s3://data/checked", digest)
+    whole = base64.b64encode(bytes.fromhex(digest)).decode()
+    as_whole = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=whole)}
+    with s3_calls(fs, **as_whole):
+        object_checks.put_checked(fs, path, "data/checked/shard-00001.tar", "s3://data/checked", digest)
+    assert read == []
+
+    for answer in (composite_of(data)[:-1] + "4", "AAAA-3"):  # another count of parts; another checksum
+        other = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=answer)}
+        with s3_calls(fs, **other):
+            object_checks.put_checked(fs, path, "data/checked/shard-00002.tar", "s3://data/checked", digest)
+    assert read == ["data/checked/shard-00002.tar"] * 2
 
     def bad_digest(params, **kwargs):  # as S3 answers a part whose bytes are not its SHA-256's
         if params["PartNumber"] == 3:
             raise botocore.exceptions.ClientError({"Error": {"Code": "BadDigest", "Message": "no"}}, "UploadPart")
 
     with s3_calls(fs, **{"before-parameter-build.s3.UploadPart": bad_digest}):
-        with pytest.raises(OutputError, match="the store refused data/checked/shard-00002.tar: its bytes"):
-            object_checks.put_checked(fs, path, "data/checked/shard-00002.tar", "s3://data/checked", digest)
-    assert not fs.exists("data/checked/shard-00002.tar") and uploads_left(fs) == []
+        with pytest.raises(OutputError, match="the store refused data/checked/shard-00003.tar: its bytes"):
+            object_checks.put_checked(fs, path, "data/checked/shard-00003.tar", "s3://data/checked", digest)
+    assert not fs.exists("data/checked/shard-00003.tar") and uploads_left(fs) == []
+
+
+def test_a_store_that_checks_but_does_not_say_is_asked_then_read_back(s3_server, large, monkeypatch):
+    """moto taken for a store that checks: its answer to the completion gives no checksum, and what
+    it then records (the parts' checksum of checksums, unmarked) is neither form packer sent. A part
+    damaged on the way, which such a store keeps, is then found by reading it back, never taken."""
+    fs, (path, digest) = s3_server, large
+    monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+    read = read_backs(monkeypatch)
+    with s3_calls(fs, **{"before-send.s3.UploadPart": damage_body}) as calls:
+        with pytest.raises(OutputError, match="reads back other bytes than were uploaded"):
+            object_checks.put_checked(fs, path, "data/unsaid/shard-00000.tar", "s3://data/unsaid", digest)
+    assert calls[calls.index("CompleteMultipartUpload") + 1] == "HeadObject"  # asked what it records
+    assert read == ["data/unsaid/shard-00000.tar"]
+
+
+def test_a_file_without_its_workers_sha256_goes_up_in_parts_all_the_same(s3_server, large, monkeypatch):
+    fs, (path, _) = s3_server, large
+    read = read_backs(monkeypatch)
+    object_checks.put_checked(fs, path, "data/parts/report.txt", "s3://data/parts")
+    assert read == [] and fs.cat_file("data/parts/report.txt") == path.read_bytes()
+
+
+def test_no_more_parts_than_in_flight_are_read_and_unanswered(s3_server, tmp_path, monkeypatch):
+    fs = s3_server
+    monkeypatch.setattr(multipart, "PART", PART)
+    monkeypatch.setattr(multipart, "IN_FLIGHT", 2)
+    monkeypatch.setattr(object_checks, "ONE_REQUEST", PART)
+    path = tmp_path / "shard-00000.tar"
+    path.write_bytes(bytes(range(256)) * (5 * PART // 256))  # five parts
+    now, most = [0], [0]
+    lock = threading.Lock()
+
+    def sent(**kwargs):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.2)  # long enough for every part to be sent at once, were they not held back
+
+    def answered(**kwargs):
+        with lock:
+            now[0] -= 1
+
+    with s3_calls(fs, **{"before-send.s3.UploadPart": sent, "after-call.s3.UploadPart": answered}):
+        object_checks.put_checked(fs, path, "data/flight/shard-00000.tar", "s3://data/flight")
+    assert most[0] == 2 and fs.cat_file("data/flight/shard-00000.tar") == path.read_bytes()
+
+
+def test_a_store_without_checksums_on_uploads_in_parts_gets_s3fs_upload_read_back(s3_server, large, monkeypatch):
+    fs, (path, digest) = s3_server, large
+    read = read_backs(monkeypatch)
+
+    def not_implemented(params, **kwargs):  # as a store that does not implement the header
+        if params.get("ChecksumAlgorithm"):
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "NotImplemented", "Message": "x-amz-checksum-algorithm"}}, "CreateMultipartUpload"
+            )
+
+    with s3_calls(fs, **{"before-parameter-build.s3.CreateMultipartUpload": not_implemented}):
+        object_checks.put_checked(fs, path, "data/plain/shard-00000.tar", "s3://data/plain", digest)
+    assert read == ["data/plain/shard-00000.tar"] and fs.cat_file("data/plain/shard-00000.tar") == path.read_bytes()
 
 
 def test_a_file_that_went_up_in_parts_is_copied_with_a_sha256_of_its_own(s3_server, large):
@@ -144,3 +228,32 @@ def test_a_file_that_went_up_in_parts_is_copied_with_a_sha256_of_its_own(s3_serv
     assert fs.cat_file("data/copied/shard-00000.tar") == path.read_bytes()  # and botocore reads it
     with pytest.raises(OSError, match="shard-00001.tar holds other bytes after its copy"):
         object_checks.copy_checked(fs, "data/copied/part", "data/copied/shard-00001.tar", size, "0" * 64)
+
+    asked = []
+
+    def not_implemented(params, **kwargs):  # Cloudflare R2's answer to the header on a copy
+        asked.append(params.get("ChecksumAlgorithm"))
+        if params.get("ChecksumAlgorithm"):
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": "NotImplemented", "Message": "x-amz-checksum-algorithm"}}, "CopyObject"
+            )
+
+    with s3_calls(fs, **{"before-parameter-build.s3.CopyObject": not_implemented}) as calls:
+        object_checks.copy_checked(fs, "data/copied/part", "data/copied/shard-00002.tar", size, digest)
+    assert asked == ["SHA256", None] and calls == ["CopyObject", "HeadObject"]  # again without it, its size asked
+    assert fs.cat_file("data/copied/shard-00002.tar", start=0, end=100) == path.read_bytes()[:100]
+
+
+def test_uploads_in_parts_a_killed_run_left_are_aborted(s3_server):
+    fs = s3_server
+    left = [
+        fs.call_s3("create_multipart_upload", Bucket="data", Key=key)["UploadId"]
+        for key in (
+            "out/.packer-parts/0123456789ab-0/shard-00000.tar",
+            "out/.packer-parts/0123456789ab-1/shard-00001.tar",
+        )
+    ]
+    other = fs.call_s3("create_multipart_upload", Bucket="data", Key="elsewhere/shard-00000.tar")["UploadId"]
+    multipart.abort_unfinished(fs, "data/out/.packer-parts")
+    assert [u["UploadId"] for u in uploads_left(fs)] == [other] and other not in left
+    fs.call_s3("abort_multipart_upload", Bucket="data", Key="elsewhere/shard-00000.tar", UploadId=other)

@@ -6,30 +6,36 @@ none for the object, and every shard of packer's default size (256 MB) went up a
 back whole to be checked: twice the traffic. Here each part carries its SHA-256 (a store that
 checks it, as S3 does, refuses a part damaged on the way), the file's own SHA-256 is computed from
 the same reads and compared with its worker's before the upload is completed (a file changed since
-is never completed), and the answer to the completion is compared with what was sent: S3's
-checksum of the parts' checksums, or, from a store that does not check checksums (moto, rclone's
-S3 server), the ETag of a multipart object, the MD5 of its parts' MD5s. An answer that is neither
-leaves the caller to read the object back. Any failure aborts the upload: no part is left behind.
+is never completed), and what the store records is compared with what was sent: S3's checksum of
+the parts' checksums (where ``checks_sums`` found that the store checks what it is sent), or, from
+a store that does not check checksums (moto, rclone's S3 server), the ETag of a multipart object,
+the MD5 of the MD5s of the parts it keeps. Where neither shows it, the caller reads the object
+back; a store that refuses checksums on multipart uploads gets s3fs's upload, read back. A failure
+aborts the upload; the parts of one a killed run left are aborted once an output is published
+(``abort_unfinished``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import hashlib
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from packer.spec.errors import OutputError
+from packer.spec.errors import OutputError, store_refusal
 
 PART = 50 << 20
-"""The size of each part (s3fs's own), larger where a file would need more than ``MAX_PARTS``."""
+"""The size of each part (50 MiB, s3fs's own), larger where a file would need more than ``MAX_PARTS``."""
 MAX_PARTS = 10_000
 """S3's limit on the parts of one upload."""
 IN_FLIGHT = 4
-"""Parts of one file sent at once, each held in memory until the store answers."""
+"""Parts of one file read and not yet answered at once (each held in memory until then)."""
+UNSUPPORTED = frozenset({"NotImplemented", "501", "InvalidArgument", "InvalidRequest"})
+"""The error codes of a store refusing a request for a header it does not implement (Cloudflare R2
+answers ``x-amz-checksum-algorithm`` on a copy with ``NotImplemented``)."""
 
 
 class _Part(NamedTuple):
@@ -47,19 +53,28 @@ def part_size(size: int) -> int:
 def put_in_parts(
     fs: Any, path: Path, target: str, url: str, sha256: Optional[str], checking: bool, **extra: Any
 ) -> bool:
-    """Upload the file ``path`` to the object ``target`` of the s3fs filesystem ``fs`` in parts, each
-    with its SHA-256; ``extra``: more arguments of the upload (its ``ContentType``). Returns whether
-    the store's answers show that it holds the file's bytes; False leaves the caller to read it back.
+    """Upload the file ``path`` (of ``ONE_REQUEST`` bytes or more) to the object ``target`` of the
+    s3fs filesystem ``fs`` in parts, each with its SHA-256; ``extra``: more arguments of the upload
+    (its ``ContentType``). Returns whether the store shows that it holds the file's bytes; False
+    leaves the caller to read it back.
 
     ``sha256``: the file's SHA-256 as its worker wrote it (OutputError, and the upload aborted, when
-    the bytes read here differ); ``checking``: whether the store refuses a part whose SHA-256 is not
-    its bytes' (``object_checks.checks_sums``); where it does not, the MD5 of each part is computed
-    too, for the ETag of the whole."""
+    the bytes read here differ); ``checking``: whether the store refuses an upload whose SHA-256 is
+    not its bytes' (``object_checks.checks_sums``); where it does not, the MD5 of each part is
+    computed too, for the ETag of the whole."""
     bucket, key, _ = fs.split_path(target)
-    started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256", **extra)
+    try:
+        started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256", **extra)
+    except OSError as e:
+        if store_refusal(e) not in UNSUPPORTED:
+            raise
+        fs.put_file(str(path), target)  # a store without checksums on multipart uploads: read back
+        return False
     upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
     try:
-        parts = _send_parts(fs, path, upload, checking, sha256, url, target)
+        whole, parts = _send_parts(fs, path, upload, checking)
+        if sha256 is not None and whole.hex() != sha256:
+            raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
         listed = [
             {"PartNumber": p.number, "ETag": p.answer.result()["ETag"], "ChecksumSHA256": _b64(p.sha256)} for p in parts
         ]
@@ -68,59 +83,76 @@ def put_in_parts(
         with contextlib.suppress(Exception):  # the upload's own error tells more than its abort's
             fs.call_s3("abort_multipart_upload", **upload)
         raise
-    if checking:  # the store checked each part, and the list given with their checksums
-        recorded = str(done.get("ChecksumSHA256") or "")  # S3's: the SHA-256 of the parts' SHA-256s, "-N"
-        if recorded and recorded.split("-")[0] != _b64(hashlib.sha256(b"".join(p.sha256 for p in parts)).digest()):
-            raise OutputError(f"{url}: {target} is not the file uploaded (its SHA-256s); run the conversion again")
-        return True
+    if checking:
+        of_parts = f"{_b64(hashlib.sha256(b''.join(p.sha256 for p in parts)).digest())}-{len(parts)}"
+        sent = (of_parts, _b64(whole))  # S3's checksum of the parts' checksums; a store's of the whole
+        recorded = done.get("ChecksumSHA256")
+        if recorded is None:  # a store that does not say it in its answer: asked
+            recorded = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumSHA256")
+        if recorded in sent:
+            return True
     # a store that records any checksum it is sent would give back what was sent: its ETag instead,
     # the MD5 of the MD5s it computed of the parts it keeps, and their count
+    if any(p.md5 is None for p in parts):
+        return False
     etag = str(done.get("ETag", "")).removeprefix("W/").strip('"').lower()
-    of_parts = hashlib.md5(b"".join(p.md5 or b"" for p in parts), usedforsecurity=False).hexdigest()
-    return etag == f"{of_parts}-{len(parts)}"
+    of_md5s = hashlib.md5(b"".join(p.md5 for p in parts if p.md5), usedforsecurity=False).hexdigest()
+    return etag == f"{of_md5s}-{len(parts)}"
 
 
-def _send_parts(
-    fs: Any, path: Path, upload: dict, checking: bool, sha256: Optional[str], url: str, target: str
-) -> list[_Part]:
+def _send_parts(fs: Any, path: Path, upload: dict, checking: bool) -> tuple[bytes, list[_Part]]:
     """Read ``path`` a part at a time, hash each part (and the whole file) in this thread, and send
-    it on the filesystem's event loop, ``IN_FLIGHT`` at once; then wait for every answer."""
+    it, ``IN_FLIGHT`` read and unanswered at once; then wait for every answer. The file's SHA-256
+    and its parts."""
     whole = hashlib.sha256()
     parts: list[_Part] = []
     pending: deque = deque()
     step = part_size(path.stat().st_size)
-    try:
-        with open(path, "rb") as f:
-            for number, block in enumerate(iter(lambda: f.read(step), b""), 1):
-                if len(pending) == IN_FLIGHT:
+    with ThreadPoolExecutor(IN_FLIGHT) as pool, open(path, "rb") as f:
+        try:
+            while True:
+                if len(pending) == IN_FLIGHT:  # before the next read: no more parts in memory
                     pending.popleft().result()
+                block = f.read(step)
+                if not block:
+                    break
                 whole.update(block)
                 digest = hashlib.sha256(block).digest()
                 md5 = None if checking else hashlib.md5(block, usedforsecurity=False).digest()
-                request = fs._call_s3(
-                    "upload_part",
-                    Body=block,
-                    PartNumber=number,
-                    ChecksumAlgorithm="SHA256",
-                    ChecksumSHA256=_b64(digest),
-                    **upload,
-                )
-                pending.append(asyncio.run_coroutine_threadsafe(request, fs.loop))
+                number = len(parts) + 1
+                request = {"Body": block, "PartNumber": number, "ChecksumSHA256": _b64(digest), **upload}
+                pending.append(pool.submit(fs.call_s3, "upload_part", ChecksumAlgorithm="SHA256", **request))
                 parts.append(_Part(number, digest, md5, pending[-1]))
-        for answer in pending:
-            answer.result()
-    except BaseException:
-        for answer in pending:  # answered before the upload is aborted: a part sent after it would stay
-            with contextlib.suppress(BaseException):
+            for answer in pending:
                 answer.result()
-        raise
-    if sha256 is not None and whole.hexdigest() != sha256:
-        raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
-    return parts
+        except BaseException:
+            for answer in pending:  # answered before the upload is aborted: a part sent after it would stay
+                with contextlib.suppress(Exception):
+                    answer.result()
+            raise
+    return whole.digest(), parts
+
+
+def abort_unfinished(fs: Any, root: str) -> None:
+    """Abort the multipart uploads under the folder ``root`` of the s3fs filesystem ``fs`` that were
+    never completed (a killed run's): their parts stay in the store, billed, where no listing shows
+    them. Best effort: OSError when the store cannot be asked."""
+    if not hasattr(fs, "call_s3"):
+        return
+    bucket, key, _ = fs.split_path(root)
+    asked = {"Bucket": bucket, "Prefix": f"{key}/"}
+    while True:
+        listing = fs.call_s3("list_multipart_uploads", **asked)
+        for upload in listing.get("Uploads", []):
+            with contextlib.suppress(FileNotFoundError):  # completed or aborted meanwhile
+                fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+        if not listing.get("IsTruncated"):
+            return
+        asked |= {"KeyMarker": listing["NextKeyMarker"], "UploadIdMarker": listing["NextUploadIdMarker"]}
 
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
 
 
-__all__ = ["put_in_parts", "part_size", "PART", "MAX_PARTS", "IN_FLIGHT"]
+__all__ = ["put_in_parts", "part_size", "abort_unfinished", "PART", "MAX_PARTS", "IN_FLIGHT", "UNSUPPORTED"]

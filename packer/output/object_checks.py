@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from packer.output.multipart import put_in_parts
-from packer.spec.errors import OutputError, damaged_in_store
+from packer.output.multipart import UNSUPPORTED, put_in_parts
+from packer.spec.errors import OutputError, damaged_in_store, store_refusal
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import unchecked_reads
 
@@ -75,19 +75,12 @@ def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
     try:
         fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=wrong)
     except OSError as e:
-        code = _refusal(e)
+        code = store_refusal(e)
         if code is None:  # no answer (the connection): the store's error, raised
             raise
         return code in SUM_REFUSALS  # any other refusal: not known to check
     fs.call_s3("delete_object", Bucket=bucket, Key=key)
     return False
-
-
-def _refusal(error: OSError) -> Optional[str]:
-    """The error code of the store's answer that ``error`` (s3fs's translation of botocore's
-    ClientError, which it keeps as the cause) reports; None where no answer came (the connection)."""
-    answer = getattr(error.__cause__, "response", None)
-    return None if answer is None else str(answer.get("Error", {}).get("Code", ""))
 
 
 def _checked_by_store(fs: Any, bucket: str) -> bool:
@@ -102,7 +95,7 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     """Upload the file ``path`` as the object ``target`` and check it (OutputError naming ``url`` when
     it differs), without reading it back where the store says what it holds:
 
-    - On S3 the upload carries the file's SHA-256 (``sha256``: its worker's, not computed again;
+    - On S3 the upload carries the file's SHA-256 (``sha256``: its worker's, where it is known;
       a file changed since, or bytes damaged on the way, are refused). Where the store checks it
       on receipt (``checks_sums``), the SHA-256 its answer gives (where it gives none, the
       object's size and recorded SHA-256, asked) is compared with the file's.
@@ -137,7 +130,8 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
 def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str], checking: bool, **extra: Any) -> bool:
     """Upload the file ``path`` in one request, as s3fs's ``put_file`` does, but keep the answer;
     whether it shows that the store holds the file's bytes (``put_checked``). The request carries
-    the worker's SHA-256 (botocore then does not hash the bytes again): a store that checks it
+    the worker's SHA-256 (over ``http://`` botocore then hashes the bytes once, for the request's
+    signature, not twice; over ``https://`` it hashed them once before too): a store that checks it
     refuses bytes other than the worker's; one that records it as it came is checked by the bytes
     sent."""
     bucket, key, _ = fs.split_path(target)
@@ -176,7 +170,7 @@ def _refusals_said(url: str, target: str) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        if _refusal(e) not in SUM_REFUSALS:
+        if store_refusal(e) not in SUM_REFUSALS:
             raise
         raise OutputError(
             f"{url}: the store refused {target}: its bytes were not those its worker wrote (their SHA-256), "
@@ -187,19 +181,28 @@ def _refusals_said(url: str, target: str) -> Iterator[None]:
 def copy_checked(fs: Any, source: str, target: str, size: int, sha256: Optional[str] = None) -> None:
     """Copy the object ``source``, of ``size`` bytes (checked when it went up), to ``target`` inside
     the store, then check the copy (OSError when it differs). On S3, one ``CopyObject`` request: its
-    answer gives the SHA-256 the store computed of the copy (asked for: a source that went up in
-    parts has a checksum of its parts' checksums, which a store may carry over to a copy of one part
-    without marking it as one, as moto does, so that botocore then refuses to read the copy),
-    compared with ``sha256`` (the file's); where the answer gives none (other S3-compatible stores),
-    the copy's size is asked.
+    answer gives the SHA-256 the store records for the copy (S3 carries over the source's, which was
+    checked when the source went up), compared with ``sha256`` (the file's); where the answer gives
+    none (other S3-compatible stores), the copy's size is asked. A source that went up in parts
+    (``ONE_REQUEST`` bytes or more) has a checksum of its parts' checksums, which moto carries over
+    to the copy without marking it as one (botocore then refuses to read the copy): its copy asks
+    the store to compute one of its own, and where the store refuses that request (Cloudflare R2:
+    ``NotImplemented``), it is copied again without, and its size asked.
     Elsewhere, and from ``ONE_COPY`` bytes, ``cp_file`` copies it (s3fs then asks the source's size
     first, to copy in parts; fsspec's ``copy`` would also list both names as folders, two more
     requests for each file) and the size is asked."""
     recorded = None
     if hasattr(fs, "call_s3") and size < ONE_COPY:
         (bucket, key, _), (into, name, _) = fs.split_path(source), fs.split_path(target)
-        source_of = {"CopySource": {"Bucket": bucket, "Key": key}}
-        answer = fs.call_s3("copy_object", Bucket=into, Key=name, ChecksumAlgorithm="SHA256", **source_of)
+        copy = {"Bucket": into, "Key": name, "CopySource": {"Bucket": bucket, "Key": key}}
+        try:
+            computed = {"ChecksumAlgorithm": "SHA256"} if size >= ONE_REQUEST else {}
+            answer = fs.call_s3("copy_object", **copy, **computed)
+        except OSError as e:
+            if not computed or store_refusal(e) not in UNSUPPORTED:
+                raise
+            answer = {}  # its size asked
+            fs.call_s3("copy_object", **copy)
         _forget_listings(fs, target)
         recorded = _recorded_sha256(answer.get("CopyObjectResult"))
     else:

@@ -12,7 +12,8 @@ append's report, hashes and shard lists, fetched before each was replaced) and r
 uploaded (the prefix is as it was); a run killed there, where no handler runs, is rolled back by the
 next run into the prefix from copies kept in the store (``REPLACED``); after them, the replaced
 output's own objects that the new one does not list (with ``overwrite``; else an interrupted
-run's at the top of the prefix) and every run's parts and records are removed.
+run's at the top of the prefix) and every run's parts and records are removed, and the uploads in
+parts a killed run never completed are aborted.
 ``release`` lets go of the lock.
 """
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from packer.output.multipart import abort_unfinished
 from packer.output.object_checks import check_uploaded, holds, put_checked
 from packer.output.prefix_lock import (
     LOCK_LEASE,
@@ -206,6 +208,7 @@ def upload_output(
             old |= dest.interrupted_shards
             gone = sorted(old - listed, key=lambda n: (not n.startswith(f"{STATE}/"), n))
             remove_objects(fs, [f"{root}/{name}" for name in gone])
+            abort_unfinished(fs, f"{root}/{PARTS}")  # a killed run's uploads in parts, never completed
         except Exception as e:  # noqa: BLE001 - the output is whole; what is left is removed by the next run
             log.warning(
                 "%s is published, but objects the new output does not list could not be removed (%s); "

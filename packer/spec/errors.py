@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class PackerError(Exception):
     """Base class of every error packer raises on purpose."""
@@ -36,6 +38,14 @@ def client_error(error: BaseException) -> bool:
     a connection refused, ...), which are no OSError: told by its module, botocore being imported
     only where an S3 store is used."""
     return type(error).__module__.split(".")[0] in ("botocore", "aiobotocore")
+
+
+def store_refusal(error: BaseException) -> Optional[str]:
+    """The error code of the store's answer that ``error`` reports (s3fs's translation of botocore's
+    ClientError, which it keeps as the cause: ``BadDigest``, ``NotImplemented``...); None where no
+    answer came (a connection that failed)."""
+    answer = getattr(error.__cause__, "response", None)
+    return None if answer is None else str(answer.get("Error", {}).get("Code", ""))
 
 
 DAMAGED_IN_STORE = "is not what its recorded checksum is of: the remote copy is damaged"

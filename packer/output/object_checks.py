@@ -155,9 +155,8 @@ def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]
     etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
     if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
         return False
-    if (
-        sha256 is not None and hashlib.sha256(data).hexdigest() != sha256
-    ):  # the store keeps these bytes, not the worker's
+    # the store keeps the bytes sent: are they the worker's?
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
     return True
 

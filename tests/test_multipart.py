@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import threading
 import time
 
@@ -116,6 +117,7 @@ def test_a_store_that_checks_is_taken_at_what_it_records(s3_server, large, monke
     back. A part it refuses is said so."""
     fs, (path, digest) = s3_server, large
     monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+    monkeypatch.setattr(object_checks, "checks_part_sums", lambda fs, target: True)
     read = read_backs(monkeypatch)
     data = path.read_bytes()
     listed = []
@@ -160,12 +162,57 @@ def test_a_store_that_checks_but_does_not_say_is_asked_then_read_back(s3_server,
     damaged on the way, which such a store keeps, is then found by reading it back, never taken."""
     fs, (path, digest) = s3_server, large
     monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+    monkeypatch.setattr(object_checks, "checks_part_sums", lambda fs, target: True)
     read = read_backs(monkeypatch)
     with s3_calls(fs, **{"before-send.s3.UploadPart": damage_body}) as calls:
         with pytest.raises(OutputError, match="reads back other bytes than were uploaded"):
             object_checks.put_checked(fs, path, "data/unsaid/shard-00000.tar", "s3://data/unsaid", digest)
     assert calls[calls.index("CompleteMultipartUpload") + 1] == "HeadObject"  # asked what it records
     assert read == ["data/unsaid/shard-00000.tar"]
+
+
+def test_the_store_is_asked_once_whether_it_checks_the_sha256_of_each_part(s3_server, monkeypatch):
+    fs = s3_server
+    monkeypatch.setattr(object_checks, "_CHECKING_PARTS", {})
+    with s3_calls(fs) as calls:
+        assert not object_checks.checks_part_sums(fs, "data/probed/shard-00000.tar")  # moto keeps the part
+        assert not object_checks.checks_part_sums(fs, "data/probed/shard-00001.tar")  # asked once
+    assert calls == ["CreateMultipartUpload", "UploadPart", "AbortMultipartUpload"]
+    assert uploads_left(fs) == [] and not fs.exists("data/probed/shard-00000.tar")
+
+    def refused(code, operation):
+        def refuse(params, **kwargs):
+            raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "no"}}, operation)
+
+        return refuse
+
+    monkeypatch.setattr(object_checks, "_CHECKING_PARTS", {})
+    with s3_calls(fs, **{"before-parameter-build.s3.UploadPart": refused("BadDigest", "UploadPart")}):
+        assert object_checks.checks_part_sums(fs, "data/probed/shard-00000.tar")  # as S3 refuses it
+    assert uploads_left(fs) == []
+    monkeypatch.setattr(object_checks, "_CHECKING_PARTS", {})
+    no_sums = {"before-parameter-build.s3.CreateMultipartUpload": refused("NotImplemented", "CreateMultipartUpload")}
+    with s3_calls(fs, **no_sums):
+        assert not object_checks.checks_part_sums(fs, "data/probed/shard-00000.tar")
+
+
+def test_a_store_that_checks_objects_but_keeps_parts_as_sent_is_checked_by_their_md5s(s3_server, large, monkeypatch):
+    """A store whose check of an object's SHA-256 the probe saw, but which records a part's as sent
+    (moto, taken for one that checks objects): what it records for the whole, a checksum of the
+    checksums sent, would hold for any bytes; its ETag, of the MD5s of the parts it keeps, tells."""
+    fs, (path, digest) = s3_server, large
+    monkeypatch.setattr(object_checks, "_checked_by_store", lambda fs, bucket: True)
+    monkeypatch.setattr(object_checks, "_CHECKING_PARTS", {})
+    read = read_backs(monkeypatch)
+    echoed = {"after-call.s3.CompleteMultipartUpload": lambda parsed, **kw: parsed.update(ChecksumSHA256=echo[0])}
+    echo = [composite_of(path.read_bytes())]  # as S3 gives it, "-3": of the checksums packer sent
+    with s3_calls(fs, **echoed, **{"before-send.s3.UploadPart": damage_body}):
+        with pytest.raises(OutputError, match="reads back other bytes than were uploaded"):
+            object_checks.put_checked(fs, path, "data/echoed/shard-00000.tar", "s3://data/echoed", digest)
+    assert read == ["data/echoed/shard-00000.tar"]  # the ETag differed: read back, and refused
+    with s3_calls(fs, **echoed):
+        object_checks.put_checked(fs, path, "data/echoed/shard-00001.tar", "s3://data/echoed", digest)
+    assert read == ["data/echoed/shard-00000.tar"]  # the ETag of the parts' MD5s showed it
 
 
 def test_a_file_without_its_workers_sha256_goes_up_in_parts_all_the_same(s3_server, large, monkeypatch):
@@ -182,22 +229,30 @@ def test_no_more_parts_than_in_flight_are_read_and_unanswered(s3_server, tmp_pat
     monkeypatch.setattr(object_checks, "ONE_REQUEST", PART)
     path = tmp_path / "shard-00000.tar"
     path.write_bytes(bytes(range(256)) * (5 * PART // 256))  # five parts
-    now, most = [0], [0]
+    held, most = [0], [0]
     lock = threading.Lock()
 
-    def sent(**kwargs):
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.2)  # long enough for every part to be sent at once, were they not held back
+    class Counted(io.FileIO):  # each part read is held until the store answers it
+        def readall(self):
+            raise AssertionError("read whole")
+
+        def read(self, size=-1):
+            block = super().read(size)
+            with lock:
+                held[0] += bool(block)
+                most[0] = max(most[0], held[0])
+            return block
 
     def answered(**kwargs):
         with lock:
-            now[0] -= 1
+            held[0] -= 1
 
-    with s3_calls(fs, **{"before-send.s3.UploadPart": sent, "after-call.s3.UploadPart": answered}):
+    monkeypatch.setattr(multipart, "open", lambda p, mode: Counted(p, "r"), raising=False)
+    slow = {"before-send.s3.UploadPart": lambda **kw: time.sleep(0.2), "after-call.s3.UploadPart": answered}
+    with s3_calls(fs, **slow):  # answers slow enough for every part to be read at once, were they not held back
         object_checks.put_checked(fs, path, "data/flight/shard-00000.tar", "s3://data/flight")
-    assert most[0] == 2 and fs.cat_file("data/flight/shard-00000.tar") == path.read_bytes()
+    assert most[0] == 2 and held[0] == 0
+    assert fs.cat_file("data/flight/shard-00000.tar") == path.read_bytes()
 
 
 def test_a_store_without_checksums_on_uploads_in_parts_gets_s3fs_upload_read_back(s3_server, large, monkeypatch):
@@ -244,16 +299,58 @@ def test_a_file_that_went_up_in_parts_is_copied_with_a_sha256_of_its_own(s3_serv
     assert fs.cat_file("data/copied/shard-00002.tar", start=0, end=100) == path.read_bytes()[:100]
 
 
-def test_uploads_in_parts_a_killed_run_left_are_aborted(s3_server):
+def test_uploads_in_parts_a_killed_run_left_are_aborted_page_by_page(s3_server):
     fs = s3_server
-    left = [
-        fs.call_s3("create_multipart_upload", Bucket="data", Key=key)["UploadId"]
-        for key in (
-            "out/.packer-parts/0123456789ab-0/shard-00000.tar",
-            "out/.packer-parts/0123456789ab-1/shard-00001.tar",
+    keys = [f"out/.packer-parts/0123456789ab-{i}/shard-0000{i}.tar" for i in range(3)]
+    for key in keys:
+        fs.call_s3("create_multipart_upload", Bucket="data", Key=key)
+    sibling = fs.call_s3("create_multipart_upload", Bucket="data", Key="out/.packer-partsX/shard-00000.tar")
+
+    def one_a_page(parsed, **kwargs):  # as S3 pages a long listing (moto gives every upload at once)
+        if len(parsed.get("Uploads", [])) > 1:
+            first = parsed["Uploads"][0]
+            parsed.update(
+                Uploads=[first], IsTruncated=True, NextKeyMarker=first["Key"], NextUploadIdMarker=first["UploadId"]
+            )
+
+    with s3_calls(fs, **{"after-call.s3.ListMultipartUploads": one_a_page}) as calls:
+        multipart.abort_unfinished(fs, "data/out/.packer-parts")
+    assert calls.count("ListMultipartUploads") == 3 and calls.count("AbortMultipartUpload") == 3
+    assert [u["Key"] for u in uploads_left(fs)] == ["out/.packer-partsX/shard-00000.tar"]  # not under the folder
+    fs.call_s3("abort_multipart_upload", Bucket="data", Key=sibling["Key"], UploadId=sibling["UploadId"])
+
+
+def test_a_publish_aborts_the_uploads_in_parts_a_killed_run_left(s3_server, tmp_path, caplog):
+    from click.testing import CliRunner
+    from conftest import make_tree
+
+    from packer.cli import cli
+
+    fs = s3_server
+    left = fs.call_s3(
+        "create_multipart_upload", Bucket="data", Key="killed/.packer-parts/0123456789ab-0/shard-00000.tar"
+    )
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2, "bee": 2})
+    convert = ["convert", str(src), "-f", "wds", "-o", "s3://data/killed", "--size", "16", "-q"]
+    r = CliRunner().invoke(cli, convert)
+    assert r.exit_code == 0, r.output
+    assert uploads_left(fs) == [] and left["UploadId"]
+
+    fs.call_s3("create_multipart_upload", Bucket="data", Key="killed/.packer-parts/0123456789ab-1/shard-00000.tar")
+
+    asked = []
+
+    def denied(params, **kwargs):  # credentials without the right to list them (least privilege)
+        asked.append(params["Prefix"])
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": "AccessDenied", "Message": "no"}}, "ListMultipartUploads"
         )
-    ]
-    other = fs.call_s3("create_multipart_upload", Bucket="data", Key="elsewhere/shard-00000.tar")["UploadId"]
-    multipart.abort_unfinished(fs, "data/out/.packer-parts")
-    assert [u["UploadId"] for u in uploads_left(fs)] == [other] and other not in left
-    fs.call_s3("abort_multipart_upload", Bucket="data", Key="elsewhere/shard-00000.tar", UploadId=other)
+
+    with s3_calls(fs, **{"before-parameter-build.s3.ListMultipartUploads": denied}), caplog.at_level("WARNING"):
+        r = CliRunner().invoke(cli, [*convert, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert asked == ["killed/.packer-parts/"]
+    assert "could not be" not in caplog.text  # published, and nothing said of what it could not look for
+    for upload in uploads_left(fs):
+        fs.call_s3("abort_multipart_upload", Bucket="data", Key=upload["Key"], UploadId=upload["UploadId"])

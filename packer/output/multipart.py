@@ -7,12 +7,12 @@ back whole to be checked: twice the traffic. Here each part carries its SHA-256 
 checks it, as S3 does, refuses a part damaged on the way), the file's own SHA-256 is computed from
 the same reads and compared with its worker's before the upload is completed (a file changed since
 is never completed), and what the store records is compared with what was sent: S3's checksum of
-the parts' checksums (where ``checks_sums`` found that the store checks what it is sent), or, from
-a store that does not check checksums (moto, rclone's S3 server), the ETag of a multipart object,
-the MD5 of the MD5s of the parts it keeps. Where neither shows it, the caller reads the object
-back; a store that refuses checksums on multipart uploads gets s3fs's upload, read back. A failure
-aborts the upload; the parts of one a killed run left are aborted once an output is published
-(``abort_unfinished``).
+the parts' checksums (where ``object_checks.checks_part_sums`` found that the store refuses a part
+whose SHA-256 is not its bytes'), or, from a store that does not (moto, rclone's S3 server), the
+ETag of a multipart object, the MD5 of the MD5s of the parts it keeps. Where neither shows it, the
+caller reads the object back; a store that refuses checksums on multipart uploads gets s3fs's
+upload, read back. A failure aborts the upload; the parts of one a killed run left are aborted once
+an output is published (``abort_unfinished``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,15 +28,24 @@ from typing import Any, NamedTuple, Optional
 
 from packer.spec.errors import OutputError, store_refusal
 
+log = logging.getLogger(__name__)
+
 PART = 50 << 20
 """The size of each part (50 MiB, s3fs's own), larger where a file would need more than ``MAX_PARTS``."""
 MAX_PARTS = 10_000
 """S3's limit on the parts of one upload."""
 IN_FLIGHT = 4
 """Parts of one file read and not yet answered at once (each held in memory until then)."""
+PAGES = 1000
+"""The most pages of a listing of unfinished uploads ``abort_unfinished`` goes through (a thousand
+uploads a page on S3)."""
 UNSUPPORTED = frozenset({"NotImplemented", "501", "InvalidArgument", "InvalidRequest"})
 """The error codes of a store refusing a request for a header it does not implement (Cloudflare R2
 answers ``x-amz-checksum-algorithm`` on a copy with ``NotImplemented``)."""
+
+
+_UNCHECKED: set[str] = set()
+"""The buckets whose store was found not to take checksums on uploads in parts (said once)."""
 
 
 class _Part(NamedTuple):
@@ -59,16 +69,24 @@ def put_in_parts(
     leaves the caller to read it back.
 
     ``sha256``: the file's SHA-256 as its worker wrote it (OutputError, and the upload aborted, when
-    the bytes read here differ); ``checking``: whether the store refuses an upload whose SHA-256 is
-    not its bytes' (``object_checks.checks_sums``); where it does not, the MD5 of each part is
+    the bytes read here differ); ``checking``: whether the store refuses a part whose SHA-256 is
+    not its bytes' (``object_checks.checks_part_sums``); where it does not, the MD5 of each part is
     computed too, for the ETag of the whole."""
     bucket, key, _ = fs.split_path(target)
     try:
         started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256", **extra)
     except OSError as e:
-        if store_refusal(e) not in UNSUPPORTED:
+        if (code := store_refusal(e)) not in UNSUPPORTED:
             raise
-        fs.put_file(str(path), target)  # a store without checksums on multipart uploads: read back
+        if bucket not in _UNCHECKED:
+            _UNCHECKED.add(bucket)
+            log.warning(
+                "%s: the store does not take checksums on uploads in parts (%s): each file of 64 MB or more "
+                "is read back after its upload",
+                url,
+                code,
+            )
+        fs.put_file(str(path), target, **extra)
         return False
     upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
     try:
@@ -108,28 +126,23 @@ def _send_parts(fs: Any, path: Path, upload: dict, checking: bool) -> tuple[byte
     parts: list[_Part] = []
     pending: deque = deque()
     step = part_size(path.stat().st_size)
+    # leaving the pool waits for every part sent: none is answered after the upload is aborted
     with ThreadPoolExecutor(IN_FLIGHT) as pool, open(path, "rb") as f:
-        try:
-            while True:
-                if len(pending) == IN_FLIGHT:  # before the next read: no more parts in memory
-                    pending.popleft().result()
-                block = f.read(step)
-                if not block:
-                    break
-                whole.update(block)
-                digest = hashlib.sha256(block).digest()
-                md5 = None if checking else hashlib.md5(block, usedforsecurity=False).digest()
-                number = len(parts) + 1
-                request = {"Body": block, "PartNumber": number, "ChecksumSHA256": _b64(digest), **upload}
-                pending.append(pool.submit(fs.call_s3, "upload_part", ChecksumAlgorithm="SHA256", **request))
-                parts.append(_Part(number, digest, md5, pending[-1]))
-            for answer in pending:
-                answer.result()
-        except BaseException:
-            for answer in pending:  # answered before the upload is aborted: a part sent after it would stay
-                with contextlib.suppress(Exception):
-                    answer.result()
-            raise
+        while True:
+            if len(pending) == IN_FLIGHT:  # before the next read: no more parts in memory
+                pending.popleft().result()
+            block = f.read(step)
+            if not block:
+                break
+            whole.update(block)
+            digest = hashlib.sha256(block).digest()
+            md5 = None if checking else hashlib.md5(block, usedforsecurity=False).digest()
+            number = len(parts) + 1
+            request = {"Body": block, "PartNumber": number, "ChecksumSHA256": _b64(digest), **upload}
+            pending.append(pool.submit(fs.call_s3, "upload_part", ChecksumAlgorithm="SHA256", **request))
+            parts.append(_Part(number, digest, md5, pending[-1]))
+        for answer in pending:
+            answer.result()
     return whole.digest(), parts
 
 
@@ -141,14 +154,16 @@ def abort_unfinished(fs: Any, root: str) -> None:
         return
     bucket, key, _ = fs.split_path(root)
     asked = {"Bucket": bucket, "Prefix": f"{key}/"}
-    while True:
+    for _ in range(PAGES):
         listing = fs.call_s3("list_multipart_uploads", **asked)
-        for upload in listing.get("Uploads", []):
+        uploads = listing.get("Uploads", [])
+        for upload in uploads:
             with contextlib.suppress(FileNotFoundError):  # completed or aborted meanwhile
                 fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-        if not listing.get("IsTruncated"):
-            return
-        asked |= {"KeyMarker": listing["NextKeyMarker"], "UploadIdMarker": listing["NextUploadIdMarker"]}
+        after = {"KeyMarker": listing.get("NextKeyMarker"), "UploadIdMarker": listing.get("NextUploadIdMarker")}
+        if not listing.get("IsTruncated") or not uploads or not after["KeyMarker"] or after.items() <= asked.items():
+            return  # the last page, or a store whose pages do not go on
+        asked |= after
 
 
 def _b64(digest: bytes) -> str:

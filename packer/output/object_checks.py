@@ -37,6 +37,7 @@ SUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMism
 ``BadDigest``). A probe refused with another code (S3's catch-all ``InvalidRequest`` among them)
 says nothing of the store's checks: it is then taken for a store that does not check."""
 _CHECKING: dict[tuple[Any, str], bool] = {}
+_CHECKING_PARTS: dict[tuple[Any, str], bool] = {}
 _PROBING = threading.Lock()
 ONE_COPY = 150 << 20
 """Objects below this size are copied by one ``CopyObject`` request (s3fs's own limit for one: S3
@@ -49,9 +50,8 @@ def checks_sums(fs: Any, root: str) -> bool:
     way). Asked once per endpoint and bucket, by the upload of a probe object (``PROBE`` under the
     prefix ``root``) with a wrong SHA-256: a store that checks refuses it; one that keeps it is asked
     to remove it at once. False for a filesystem other than s3fs's. Until asked, no store is trusted
-    to have checked (``put_checked``). The probe sends its SHA-256 in a header; over ``https://``
-    botocore sends an upload's after the body (a trailer), which a store that checks the one is
-    taken to check alike (S3 checks both)."""
+    to have checked (``put_checked``). The probe sends its SHA-256 in a header, as each upload does.
+    Whether the store checks the parts of an upload in parts is asked apart (``checks_part_sums``)."""
     if not hasattr(fs, "call_s3"):
         return False
     bucket, key, _ = fs.split_path(f"{root}/{PROBE}")
@@ -60,6 +60,49 @@ def checks_sums(fs: Any, root: str) -> bool:
         if known not in _CHECKING:
             _CHECKING[known] = _refuses_a_wrong_sum(fs, bucket, key)
         return _CHECKING[known]
+
+
+def checks_part_sums(fs: Any, target: str) -> bool:
+    """Whether the store of the s3fs filesystem ``fs`` refuses a part of an upload in parts whose
+    SHA-256 is not its bytes' (S3 does): a store that checks an object's may still record a part's
+    as sent, and then what it records for the whole, a checksum of those sent, proves nothing.
+    Asked once per endpoint and bucket, the first time a file goes up in parts: by an upload begun
+    at ``target`` itself with one part sent with a wrong SHA-256, then aborted (no object is made)."""
+    bucket, key, _ = fs.split_path(target)
+    known = _store(fs, bucket)
+    with _PROBING:
+        if known not in _CHECKING_PARTS:
+            _CHECKING_PARTS[known] = _refuses_a_wrong_part(fs, bucket, key)
+        return _CHECKING_PARTS[known]
+
+
+def _refuses_a_wrong_part(fs: Any, bucket: str, key: str) -> bool:
+    try:
+        started = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256")
+    except OSError as e:
+        if store_refusal(e) not in UNSUPPORTED:
+            raise
+        return False  # no checksums on uploads in parts: put_in_parts falls back to s3fs's
+    upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
+    wrong = base64.b64encode(hashlib.sha256(b"not the probe's bytes").digest()).decode()
+    try:
+        fs.call_s3(
+            "upload_part",
+            Body=b"packer's checksum probe",
+            PartNumber=1,
+            ChecksumAlgorithm="SHA256",
+            ChecksumSHA256=wrong,
+            **upload,
+        )
+    except OSError as e:
+        code = store_refusal(e)
+        if code is None:  # no answer (the connection): the store's error, raised
+            raise
+        return code in SUM_REFUSALS
+    finally:
+        with contextlib.suppress(Exception):  # an upload never completed makes no object
+            fs.call_s3("abort_multipart_upload", **upload)
+    return False
 
 
 def _store(fs: Any, bucket: str) -> tuple[str, str]:
@@ -119,6 +162,7 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
     checking = _checked_by_store(fs, bucket)
     with _refusals_said(url, target):
         if size >= ONE_REQUEST:
+            checking = checking and checks_part_sums(fs, target)
             shown = put_in_parts(fs, path, target, url, sha256, checking, **typed)
         else:
             shown = _put_whole(fs, path, target, url, sha256, checking, **typed)
@@ -288,4 +332,14 @@ def check_uploaded(fs: Any, path: Path, target: str, url: str, sha256: Optional[
         raise OutputError(f"{url}: {target} reads back other bytes than were uploaded; run the conversion again")
 
 
-__all__ = ["put_checked", "check_uploaded", "copy_checked", "holds", "checks_sums", "ONE_REQUEST", "ONE_COPY", "PROBE"]
+__all__ = [
+    "put_checked",
+    "check_uploaded",
+    "copy_checked",
+    "holds",
+    "checks_sums",
+    "checks_part_sums",
+    "ONE_REQUEST",
+    "ONE_COPY",
+    "PROBE",
+]

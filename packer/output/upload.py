@@ -208,13 +208,20 @@ def upload_output(
             old |= dest.interrupted_shards
             gone = sorted(old - listed, key=lambda n: (not n.startswith(f"{STATE}/"), n))
             remove_objects(fs, [f"{root}/{name}" for name in gone])
-            abort_unfinished(fs, f"{root}/{PARTS}")  # a killed run's uploads in parts, never completed
         except Exception as e:  # noqa: BLE001 - the output is whole; what is left is removed by the next run
             log.warning(
                 "%s is published, but objects the new output does not list could not be removed (%s); "
                 "the next conversion into it removes them",
                 dest.url,
                 e,
+            )
+        try:
+            abort_unfinished(fs, f"{root}/{PARTS}")  # a killed run's uploads in parts, never completed
+        except PermissionError as e:  # credentials without the right to list them (least privilege): no harm done
+            log.debug("%s: uploads in parts a killed run left were not looked for (%s)", dest.url, e)
+        except Exception as e:  # noqa: BLE001 - the output is whole; the next publish tries again
+            log.warning(
+                "%s is published, but uploads in parts a killed run left could not be aborted (%s)", dest.url, e
             )
     return size
 

@@ -354,3 +354,21 @@ def test_a_publish_aborts_the_uploads_in_parts_a_killed_run_left(s3_server, tmp_
     assert "could not be" not in caplog.text  # published, and nothing said of what it could not look for
     for upload in uploads_left(fs):
         fs.call_s3("abort_multipart_upload", Bucket="data", Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def test_a_file_of_one_copy_or_more_is_copied_in_parts_and_reads_whole(s3_server, large, monkeypatch):
+    """From ``ONE_COPY`` bytes (s3fs's own threshold), s3fs copies in parts, and the copy reads whole:
+    a store's checksum of the source's part checksums is not carried over to it (a one-request copy
+    without a checksum of its own would carry it, unmarked, on moto)."""
+    import s3fs.core
+
+    fs, (path, digest) = s3_server, large
+    size = path.stat().st_size
+    monkeypatch.setattr(object_checks, "ONE_COPY", PART)
+    monkeypatch.setattr(s3fs.core, "MANAGED_COPY_THRESHOLD", PART)
+    object_checks.put_checked(fs, path, "data/big/part", "s3://data/big", digest)
+    with s3_calls(fs) as calls:
+        object_checks.copy_checked(fs, "data/big/part", "data/big/shard-00000.tar", size, digest)
+    assert "UploadPartCopy" in calls and fs.cat_file("data/big/shard-00000.tar") == path.read_bytes()
+    with pytest.raises(OSError, match=f"is {size} bytes after its copy"):
+        object_checks.copy_checked(fs, "data/big/part", "data/big/shard-00001.tar", size - 1, digest)

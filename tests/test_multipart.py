@@ -28,6 +28,7 @@ def large(tmp_path, monkeypatch):
     monkeypatch.setattr(multipart, "PART", PART)
     monkeypatch.setattr(object_checks, "ONE_REQUEST", PART)
     monkeypatch.setattr(object_checks, "_CHECKING", {})
+    monkeypatch.setattr(object_checks, "_CHECKING_PARTS", {})
     path = tmp_path / "shard-00000.tar"
     path.write_bytes(bytes(range(251)) * (11 * (1 << 20) // 251 + 1))
     return path, hashlib.sha256(path.read_bytes()).hexdigest()

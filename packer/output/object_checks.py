@@ -7,8 +7,8 @@ ETag). A file too large for one request goes up in parts, each with its SHA-256,
 (``packer.output.multipart``). Other filesystems' objects, and any object neither check covers, are
 read back and hashed. ``holds`` asks the same of an object already there (a part an interrupted run
 left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
-by the SHA-256 the store's answer to the copy gives (S3 carries over the source's), else by its
-size.
+by the SHA-256 the store's answer to the copy gives (S3 carries over the source's; the copy of a
+file that went up in parts asks for one of its own), else by its size.
 """
 
 from __future__ import annotations

@@ -607,11 +607,15 @@ def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
         finally:
             tracemalloc.stop()
 
+    # one pass first: the member names are then interned already (Python's table of interned strings
+    # grows in steps of megabytes, which would be counted against the pass measured)
+    for _ in iter_tar_samples(io.BytesIO((out / tar).read_bytes()), name=tar):
+        pass
     first, later = held_after(iter(open_dataset(out)), [200, 1000])
-    assert later - first < 50_000, (first, later)
+    assert later - first < 20_000, (first, later)
     stream = io.BytesIO((out / tar).read_bytes())
     first, later = held_after(iter_tar_samples(stream, name=tar), [200, 1000])
-    assert later - first < 50_000, (first, later)
+    assert later - first < 20_000, (first, later)
 
 
 @ONE_PROCESS

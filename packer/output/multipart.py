@@ -94,7 +94,7 @@ def put_in_parts(
         if sha256 is not None and whole.hex() != sha256:
             raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
         listed = [
-            {"PartNumber": p.number, "ETag": p.answer.result()["ETag"], "ChecksumSHA256": _b64(p.sha256)} for p in parts
+            {"PartNumber": p.number, "ETag": p.answer.result()["ETag"], "ChecksumSHA256": b64(p.sha256)} for p in parts
         ]
         done = fs.call_s3("complete_multipart_upload", MultipartUpload={"Parts": listed}, **upload)
     except BaseException:
@@ -102,8 +102,8 @@ def put_in_parts(
             fs.call_s3("abort_multipart_upload", **upload)
         raise
     if checking:
-        of_parts = f"{_b64(hashlib.sha256(b''.join(p.sha256 for p in parts)).digest())}-{len(parts)}"
-        sent = (of_parts, _b64(whole))  # S3's checksum of the parts' checksums; a store's of the whole
+        of_parts = f"{b64(hashlib.sha256(b''.join(p.sha256 for p in parts)).digest())}-{len(parts)}"
+        sent = (of_parts, b64(whole))  # S3's checksum of the parts' checksums; a store's of the whole
         recorded = done.get("ChecksumSHA256")
         if recorded is None:  # a store that does not say it in its answer: asked
             recorded = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumSHA256")
@@ -111,11 +111,10 @@ def put_in_parts(
             return True
     # a store that records any checksum it is sent would give back what was sent: its ETag instead,
     # the MD5 of the MD5s it computed of the parts it keeps, and their count
-    if any(p.md5 is None for p in parts):
+    md5s = [p.md5 for p in parts if p.md5 is not None]
+    if len(md5s) < len(parts):
         return False
-    etag = str(done.get("ETag", "")).removeprefix("W/").strip('"').lower()
-    of_md5s = hashlib.md5(b"".join(p.md5 for p in parts if p.md5), usedforsecurity=False).hexdigest()
-    return etag == f"{of_md5s}-{len(parts)}"
+    return etag_of(done) == f"{hashlib.md5(b''.join(md5s), usedforsecurity=False).hexdigest()}-{len(parts)}"
 
 
 def _send_parts(fs: Any, path: Path, upload: dict, checking: bool) -> tuple[bytes, list[_Part]]:
@@ -138,7 +137,7 @@ def _send_parts(fs: Any, path: Path, upload: dict, checking: bool) -> tuple[byte
             digest = hashlib.sha256(block).digest()
             md5 = None if checking else hashlib.md5(block, usedforsecurity=False).digest()
             number = len(parts) + 1
-            request = {"Body": block, "PartNumber": number, "ChecksumSHA256": _b64(digest), **upload}
+            request = {"Body": block, "PartNumber": number, "ChecksumSHA256": b64(digest), **upload}
             pending.append(pool.submit(fs.call_s3, "upload_part", ChecksumAlgorithm="SHA256", **request))
             parts.append(_Part(number, digest, md5, pending[-1]))
         for answer in pending:
@@ -166,8 +165,24 @@ def abort_unfinished(fs: Any, root: str) -> None:
         asked |= after
 
 
-def _b64(digest: bytes) -> str:
+def b64(digest: bytes) -> str:
+    """A digest as S3's checksum headers and answers give it (base64)."""
     return base64.b64encode(digest).decode()
 
 
-__all__ = ["put_in_parts", "part_size", "abort_unfinished", "PART", "MAX_PARTS", "IN_FLIGHT", "UNSUPPORTED"]
+def etag_of(answer: dict) -> str:
+    """The ETag of a store's answer, bare (no quotes, no weak mark, lower case)."""
+    return str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
+
+
+__all__ = [
+    "put_in_parts",
+    "part_size",
+    "abort_unfinished",
+    "b64",
+    "etag_of",
+    "PART",
+    "MAX_PARTS",
+    "IN_FLIGHT",
+    "UNSUPPORTED",
+]

@@ -19,9 +19,9 @@ import hashlib
 import mimetypes
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from packer.output.multipart import UNSUPPORTED, put_in_parts
+from packer.output.multipart import UNSUPPORTED, b64, etag_of, put_in_parts
 from packer.spec.errors import OutputError, damaged_in_store, store_refusal
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import unchecked_reads
@@ -36,6 +36,8 @@ SUM_REFUSALS = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMism
 """The error codes of a store refusing an upload whose checksum is not its bytes' (S3's is
 ``BadDigest``). A probe refused with another code (S3's catch-all ``InvalidRequest`` among them)
 says nothing of the store's checks: it is then taken for a store that does not check."""
+_WRONG = b64(hashlib.sha256(b"not the probe's bytes").digest())
+"""The SHA-256 the probes send with bytes it is not of."""
 _CHECKING: dict[tuple[Any, str], bool] = {}
 _CHECKING_PARTS: dict[tuple[Any, str], bool] = {}
 _PROBING = threading.Lock()
@@ -55,11 +57,7 @@ def checks_sums(fs: Any, root: str) -> bool:
     if not hasattr(fs, "call_s3"):
         return False
     bucket, key, _ = fs.split_path(f"{root}/{PROBE}")
-    known = _store(fs, bucket)
-    with _PROBING:
-        if known not in _CHECKING:
-            _CHECKING[known] = _refuses_a_wrong_sum(fs, bucket, key)
-        return _CHECKING[known]
+    return _asked_once(_CHECKING, fs, bucket, lambda: _refuses_a_wrong_sum(fs, bucket, key))
 
 
 def checks_part_sums(fs: Any, target: str) -> bool:
@@ -69,11 +67,26 @@ def checks_part_sums(fs: Any, target: str) -> bool:
     Asked once per endpoint and bucket, the first time a file goes up in parts: by an upload begun
     at ``target`` itself with one part sent with a wrong SHA-256, then aborted (no object is made)."""
     bucket, key, _ = fs.split_path(target)
+    return _asked_once(_CHECKING_PARTS, fs, bucket, lambda: _refuses_a_wrong_part(fs, bucket, key))
+
+
+def _asked_once(answers: dict, fs: Any, bucket: str, ask: Callable[[], bool]) -> bool:
+    """``answers``' answer for the store of ``fs`` and ``bucket``, ``ask``-ed the first time."""
     known = _store(fs, bucket)
     with _PROBING:
-        if known not in _CHECKING_PARTS:
-            _CHECKING_PARTS[known] = _refuses_a_wrong_part(fs, bucket, key)
-        return _CHECKING_PARTS[known]
+        if known not in answers:
+            answers[known] = ask()
+        return answers[known]
+
+
+def _refused_for_its_sum(error: OSError) -> bool:
+    """Whether a probe's refusal ``error`` is the store's check of the SHA-256 sent (any other
+    refusal, S3's catch-all ``InvalidRequest`` among them, says nothing of it); ``error`` raised
+    again where no answer came (the connection): the store's error."""
+    code = store_refusal(error)
+    if code is None:
+        raise error
+    return code in SUM_REFUSALS
 
 
 def _refuses_a_wrong_part(fs: Any, bucket: str, key: str) -> bool:
@@ -84,21 +97,17 @@ def _refuses_a_wrong_part(fs: Any, bucket: str, key: str) -> bool:
             raise
         return False  # no checksums on uploads in parts: put_in_parts falls back to s3fs's
     upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
-    wrong = base64.b64encode(hashlib.sha256(b"not the probe's bytes").digest()).decode()
     try:
         fs.call_s3(
             "upload_part",
             Body=b"packer's checksum probe",
             PartNumber=1,
             ChecksumAlgorithm="SHA256",
-            ChecksumSHA256=wrong,
+            ChecksumSHA256=_WRONG,
             **upload,
         )
     except OSError as e:
-        code = store_refusal(e)
-        if code is None:  # no answer (the connection): the store's error, raised
-            raise
-        return code in SUM_REFUSALS
+        return _refused_for_its_sum(e)
     finally:
         with contextlib.suppress(Exception):  # an upload never completed makes no object
             fs.call_s3("abort_multipart_upload", **upload)
@@ -114,14 +123,10 @@ def _store(fs: Any, bucket: str) -> tuple[str, str]:
 
 
 def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
-    wrong = base64.b64encode(hashlib.sha256(b"not the probe's bytes").digest()).decode()
     try:
-        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=wrong)
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=_WRONG)
     except OSError as e:
-        code = store_refusal(e)
-        if code is None:  # no answer (the connection): the store's error, raised
-            raise
-        return code in SUM_REFUSALS  # any other refusal: not known to check
+        return _refused_for_its_sum(e)
     fs.call_s3("delete_object", Bucket=bucket, Key=key)
     return False
 
@@ -181,9 +186,14 @@ def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]
     bucket, key, _ = fs.split_path(target)
     data = path.read_bytes()
     sent = sha256 or hashlib.sha256(data).hexdigest()
-    checksum = base64.b64encode(bytes.fromhex(sent)).decode()
     answer = fs.call_s3(
-        "put_object", Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=checksum, **extra
+        "put_object",
+        Bucket=bucket,
+        Key=key,
+        Body=data,
+        ChecksumAlgorithm="SHA256",
+        ChecksumSHA256=b64(bytes.fromhex(sent)),
+        **extra,
     )
     if checking:
         if _recorded_sha256(answer) is None:  # a store that does not say it: asked
@@ -196,8 +206,7 @@ def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]
                     f"{url}: {target} is not the file uploaded (size or SHA-256); run the conversion again"
                 )
             return True
-    etag = str(answer.get("ETag", "")).removeprefix("W/").strip('"').lower()
-    if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
+    if etag_of(answer) != hashlib.md5(data, usedforsecurity=False).hexdigest():
         return False
     # the store keeps the bytes sent: are they the worker's?
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:

@@ -155,9 +155,19 @@ def rank_result(out: str, rank: int, result: object) -> None:
     path = Path(out, f"rank{rank}.json")
     path.with_suffix(".part").write_text(json.dumps(result))
     os.replace(path.with_suffix(".part"), path)
+    _exit_rank(0)
+
+
+def _exit_rank(code: int) -> None:
+    """End a rank at once, with the processes it started (its DataLoader's persistent workers):
+    ``os._exit`` skips the loader's own shutdown of them."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
@@ -166,9 +176,14 @@ def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
     and OpenMP's threads, objects whose finalizers wait on a peer that has gone) once kept a rank from
     exiting on a loaded machine."""
     import faulthandler
-    import os
+    import multiprocessing
     import traceback
 
+    # The rank's own DataLoader workers fork from it, as in a process that torchrun starts on Linux.
+    # A child of the forkserver would otherwise take forkserver as its start method: each rank would
+    # start a server of its own, without torch, so each worker imported torch again, and the server
+    # and the workers kept each other alive after the rank had gone (they held the server's pipe).
+    multiprocessing.set_start_method("fork", force=True)
     # A rank still running when run_ranks gives up on it prints where each of its threads stands first
     # (pytest shows it with the failure): a hang says where it hangs.
     faulthandler.dump_traceback_later(RANK_TIMEOUT - 10, exit=False)
@@ -176,11 +191,8 @@ def _rank(target, rank: int, world: int, port: int, payload, out: str) -> None:
         target(rank, world, port, payload, out)
     except BaseException:
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        _exit_rank(1)
+    _exit_rank(0)
 
 
 def shard_file(out: Path, position: int, suffix: str) -> Path:

@@ -1,0 +1,41 @@
+"""The suite's own helpers where a mistake in them would hide one elsewhere or outlive the suite."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from helpers import rank_result, run_ranks
+
+
+def _rank_with_persistent_workers(rank: int, world: int, port: int, payload: dict, out: str) -> None:
+    """A DataLoader whose two workers persist, then the result: the start method, the workers' pids."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(range(8), batch_size=2, num_workers=2, persistent_workers=True)
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(8))
+    workers = [p.pid for p in multiprocessing.active_children()]
+    rank_result(out, rank, {"start_method": multiprocessing.get_start_method(), "workers": workers})
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_ranks_fork_their_loader_workers_and_leave_no_process_behind(tmp_path):
+    """A rank's DataLoader workers fork from it, as under torchrun on Linux, and end with it. Ranks forked
+    from the forkserver once took forkserver as their start method: every rank started a server whose
+    workers imported torch again, and the server and its persistent workers outlived the suite."""
+    ranks = run_ranks(_rank_with_persistent_workers, {}, tmp_path)
+    workers = [pid for r in ranks for pid in r["workers"]]
+    assert [r["start_method"] for r in ranks] == ["fork", "fork"] and len(workers) == 4
+    deadline = time.monotonic() + 60  # a guard against a hang, not a measure: they go within a second
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if _alive(pid)], "the ranks' loader workers outlived them"

@@ -115,19 +115,27 @@ RANK_TIMEOUT = 240
 """Seconds ``run_ranks`` waits for each rank before it counts it as hung."""
 
 
-def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
-    """Run ``target(rank, world, port, payload, out)`` in ``world`` processes (a gloo group on a free
-    port), each writing ``out/rankR.json``; their JSON, in rank order. The ranks are forked from
-    multiprocessing's forkserver, which imported torch once: a clean process, as a spawned one,
-    without each rank importing torch again (about 2 s of CPU a rank). Not packer or readers:
-    Python before 3.12.8 starts the server without the test process's ``sys.path`` (gh-117378),
-    so a copy of the tree sharing this venv would preload the installed tree's. The server keeps
-    the environment of the test that started it: a rank test must not rely on variables it sets."""
-    import json
+def fresh_processes():
+    """multiprocessing's forkserver context, its server preloaded with torch: each process it starts
+    is a clean one whose arguments travel pickled, as under spawn (Windows, macOS), without importing
+    torch again (about 2 s of CPU a process). Not packer or readers: Python before 3.12.8 starts the
+    server without the test process's ``sys.path`` (gh-117378), so a copy of the tree sharing this
+    venv would preload the installed tree's. The server keeps the environment of the test that
+    started it: a test using it must not rely on variables it sets."""
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])  # read when the server starts
+    return ctx
+
+
+def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:
+    """Run ``target(rank, world, port, payload, out)`` in ``world`` processes (a gloo group on a free
+    port), each writing ``out/rankR.json``; their JSON, in rank order. The ranks are
+    ``fresh_processes``: clean ones, as if started by torchrun."""
+    import json
+
+    ctx = fresh_processes()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(target, r, world, port, payload, str(out))) for r in range(world)]
     for p in procs:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FORMATS, make_tree
-from helpers import rank_result, run_ranks
+from helpers import fresh_processes, rank_result, run_ranks
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -70,9 +70,12 @@ def test_batches_hold_exactly_the_samples_the_reader_gives(packed, fmt, normaliz
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_spawned_workers(packed, fmt):
-    """Spawn pickles the reader to each worker: it must travel small and work."""
-    loader = make_loader(open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, multiprocessing_context="spawn")
+def test_workers_in_fresh_processes(packed, fmt):
+    """Spawn and forkserver pickle the reader to each worker: it must travel small and work (forkserver
+    here, as spawn without importing torch again; test_readers spawns)."""
+    loader = make_loader(
+        open_dataset(packed[fmt], return_meta=True), 4, num_workers=2, multiprocessing_context=fresh_processes()
+    )
     assert sorted(i for b in indices(loader) for i in b) == list(range(N))
 
 
@@ -253,13 +256,15 @@ def test_a_tar_loader_state_of_another_rank_count_is_refused_saying_why(packed):
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "wds"])
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("ctx", ["fork", "fresh"])
 def test_in_memory_gives_the_same_batches_and_is_shared_with_workers(packed, fmt, ctx):
+    """Forked workers inherit the shared tensor; fresh ones (pickled, as under spawn) get it by its handle."""
     ds = open_dataset(packed[fmt], in_memory=True)
     assert ds.memory is not None and ds.memory.is_shared() and tuple(ds.memory.shape) == (N, 32, 40, 3)
     ref = reference(packed)
     assert all(torch.allclose(ds[i][0], ref[i]) for i in range(N))
-    loader = make_loader(ds, 5, num_workers=2, multiprocessing_context=ctx, seed=1)
+    context = "fork" if ctx == "fork" else fresh_processes()
+    loader = make_loader(ds, 5, num_workers=2, multiprocessing_context=context, seed=1)
     got = [x.clone() for x, _ in loader]
     for x, idx in zip(got, loader.sampler.batches(0), strict=True):
         assert torch.allclose(x, torch.stack([ref[i] for i in idx]))

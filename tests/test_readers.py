@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import FORMATS
 from helpers import shard_file
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader, IterableDataset
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ImageCodec, ShardSize
@@ -187,13 +187,17 @@ def test_wds_reader_refuses_unsafe_member_names(tmp_path, packed):
 # ------------------------------------------------------------------------- review regressions
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_spawned_workers_read_every_sample(packed, fmt):
-    """The spawn start method (Windows, macOS, some clusters) pickles the dataset to each worker."""
-    ds = open_dataset(packed[fmt], return_meta=True)
-    loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn")
-    seen = [i for _, _, meta in loader for i in meta["index"].tolist()]
-    assert sorted(seen) == list(range(15))
+def test_spawned_workers_read_every_sample(packed):
+    """The spawn start method (Windows, macOS, some clusters) pickles the dataset to each worker. The
+    map-style readers travel together (one loader, whose spawned workers each import torch once),
+    tar shards in a loader of their own."""
+    readers = [open_dataset(packed[fmt], return_meta=True) for fmt in FORMATS]
+    iterable = [ds for ds in readers if isinstance(ds, IterableDataset)]
+    mapped = ConcatDataset([ds for ds in readers if not isinstance(ds, IterableDataset)])
+    for ds, copies in ((mapped, len(mapped.datasets)), *((ds, 1) for ds in iterable)):
+        loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="spawn", collate_fn=list)
+        seen = [int(meta["index"]) for batch in loader for *_, meta in batch]
+        assert sorted(seen) == sorted(list(range(15)) * copies)
 
 
 class RecordingNpy(NpyDataset):

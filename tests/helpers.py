@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,39 @@ def fresh_processes():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed"])  # read when the server starts
     return ctx
+
+
+def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``code`` as ``python -c`` would in ``cwd``, in one of the ``fresh_processes`` (torch is
+    imported there already): its exit code (an uncaught exception's is 1, with the traceback on its
+    stderr; a signal's is minus the signal) and what it printed. Past ``timeout`` it is killed and
+    ``subprocess.TimeoutExpired`` raised: a hang fails the test instead of the suite."""
+    import tempfile
+
+    args = ["python", "-c", code]
+    with tempfile.TemporaryDirectory(prefix="run-python-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        process = fresh_processes().Process(target=_python_code, args=(code, str(cwd), str(out), str(err)))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(args, process.exitcode, out.read_text(), err.read_text())
+
+
+def _python_code(code: str, cwd: str, out: str, err: str) -> None:
+    """The process of ``run_python``: its output to the files ``out`` and ``err``, then ``code`` as
+    ``__main__`` (multiprocessing prints an uncaught exception's traceback and exits with 1)."""
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.chdir(cwd)
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def run_ranks(target, payload, out: Path, world: int = 2) -> list[dict]:

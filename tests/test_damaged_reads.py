@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import FORMATS, make_tree, pack_every_format
-from helpers import shard_names
+from helpers import run_python, shard_names
 
 from packer import ConvertConfig, PreprocessConfig, convert
 from packer.config import ShardSize
@@ -86,7 +85,7 @@ def test_a_shard_shorter_than_recorded_is_an_error_not_the_end(outputs, fmt, tmp
 
 def _in_subprocess(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh Python with a time limit: a hang fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return run_python(code, ROOT, timeout)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")

@@ -48,12 +48,16 @@ def solid(path: Path, size: tuple[int, int], color, mode: str = "RGB") -> Path:
     return path
 
 
-def make_tree(root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 48), ext: str = "png") -> list[Path]:
-    """A class-folder tree: ``classes`` maps class name to file count; sizes vary a little per file."""
+def make_tree(
+    root: Path, classes: dict[str, int], size: tuple[int, int] = (64, 48), ext: str = "png", vary: bool = True
+) -> list[Path]:
+    """A class-folder tree: ``classes`` maps class name to file count; sizes vary a little per file
+    (7 pixels wider each), unless ``vary`` is false (for trees of many files, whose last ones would be
+    thousands of pixels wide: slow to write and to convert)."""
     paths = []
     for ci, (name, count) in enumerate(sorted(classes.items())):
         for i in range(count):
-            w, h = size[0] + 7 * i, size[1] + 3 * ci
+            w, h = (size[0] + 7 * i, size[1] + 3 * ci) if vary else size
             paths.append(write_image(root / name / f"img_{i:03d}.{ext}", (w, h), seed=100 * ci + i))
     return paths
 

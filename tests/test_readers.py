@@ -507,7 +507,7 @@ def many_labels(tmp_path_factory) -> dict[str, Path]:
     from conftest import make_tree
 
     root = tmp_path_factory.mktemp("src") / "images"
-    make_tree(root, {"a": 1000, "b": 1000, "c": 1000}, size=(4, 4))
+    make_tree(root, {"a": 1000, "b": 1000, "c": 1000}, size=(4, 4), vary=False)
     out = tmp_path_factory.mktemp("many")
     cfg = {f: ConvertConfig(f, PreprocessConfig(size=(4, 4)), ShardSize(samples=500)) for f in ("npy", "lmdb", "hdf5")}
     cfg.update(
@@ -593,7 +593,7 @@ def test_a_tar_shard_reader_holds_nothing_per_sample_read(tmp_path):
     src = tmp_path / "src"
     from conftest import make_tree
 
-    make_tree(src, {"a": 1200}, size=(4, 4))
+    make_tree(src, {"a": 1200}, size=(4, 4), vary=False)
     out = tmp_path / "wds"
     convert(src, out, ConvertConfig("wds", PreprocessConfig(size=(4, 4)), ShardSize(samples=1200)), workers=1)
     tar = next(f.path for f in read_manifest(out).shards[0].files if f.path.endswith(".tar"))

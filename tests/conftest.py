@@ -141,8 +141,9 @@ def s3_server():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    reset = urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")
     # moto keeps its buckets in this process across servers: start from none (its reset API)
-    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
+    urllib.request.urlopen(reset).close()
     env = pytest.MonkeyPatch()
     for key, value in {**AWS, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
         env.setenv(key, value)
@@ -154,7 +155,26 @@ def s3_server():
     yield fs
     env.undo()
     s3fs.S3FileSystem.clear_instance_cache()
+    # ... and end with none either: what the module uploaded (hundreds of MB for the multipart tests)
+    # would otherwise stay in this process, and every later fork of it (each conversion's workers)
+    # copies the page tables of all it holds.
+    urllib.request.urlopen(reset).close()
     server.stop()
+    release_memory()
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the freed heap back to the system (glibc's malloc_trim), so that the
+    forks of this process that follow copy less."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def failing_uploads(monkeypatch, name: str) -> None:

@@ -153,8 +153,13 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
 def _python_code(code: str, cwd: str, out: str, err: str) -> None:
     """The process of ``run_python``: its output to the files ``out`` and ``err``, then ``code`` as
     ``__main__`` (multiprocessing prints an uncaught exception's traceback and exits with 1)."""
+    import multiprocessing
+
+    multiprocessing.set_start_method("fork", force=True)  # as python -c has on Linux (see _rank)
     for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(opened, fd)
+        os.close(opened)
     os.chdir(cwd)
     try:
         exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Iterator
 
 import numpy as np
-import ray
 from PIL import Image
 
 # Loaded by every process of the Ray instance (PYTHONPATH): a file holding KILL-TASK kills the Ray
@@ -61,6 +60,8 @@ def hooked_ray(tmp_path_factory) -> Iterator[SimpleNamespace]:
     """A local Ray instance (2 CPUs) for the block, its processes started with ``HOOK`` and this
     process's environment as it is now (a store's variables set before reach its tasks): yields its
     ``address`` and the ``markers`` folder."""
+    import ray  # here, not at collection: its memory would be in every test process, copied by each fork
+
     hooks = tmp_path_factory.mktemp("ray-hooks")
     (hooks / "sitecustomize.py").write_text(HOOK)
     markers = tmp_path_factory.mktemp("markers")

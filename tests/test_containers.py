@@ -6,7 +6,6 @@ import io
 import tarfile
 from pathlib import Path
 
-import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -67,6 +66,8 @@ def test_a_parquet_file_of_image_structs_and_class_names(folder, tmp_path):
 
 
 def test_a_saved_hugging_face_dataset_and_its_class_label_names(folder, tmp_path):
+    import datasets  # here, not at collection: 66 MB in every test process, copied by each fork
+
     src, out, files = folder
     names = ["ant", "bee", "cat"]
     ds = datasets.Dataset.from_dict(

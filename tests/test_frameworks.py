@@ -4,6 +4,7 @@ batches), and every epoch must still be the next epoch's order."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -14,8 +15,6 @@ from helpers import rank_result, run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
-
-lightning = pytest.importorskip("lightning")  # in the test extra: never skipped after the README's install
 
 SIZE = 16
 N = 23
@@ -28,37 +27,55 @@ def packed(tmp_path_factory) -> dict[str, Path]:
     return pack_every_format(tmp_path_factory, classes, PreprocessConfig(size=(SIZE, SIZE)), 4, ("npy", "wds"))
 
 
-class Recorder(lightning.LightningModule):
-    """A linear classifier that records the sample indices of every batch it trains on, by epoch."""
+@functools.cache
+def _recorder() -> type:
+    """The LightningModule class below. Lightning (in the test extra) is imported by the tests that
+    use it: imported at collection, it cost every test process 2.4 s and 130 MB, which each of its
+    forks then copied."""
+    import lightning
 
-    def __init__(self, root: Path, workers: int) -> None:
-        super().__init__()
-        self.root, self.workers = root, workers
-        self.linear = torch.nn.Linear(3 * SIZE * SIZE, 3)
-        self.seen: dict[int, list[list[int]]] = {}
-        self.loaders: list = []  # those train_dataloader made, to stop their workers after fit
+    class Recorder(lightning.LightningModule):
+        """A linear classifier that records the sample indices of every batch it trains on, by epoch."""
 
-    def training_step(self, batch, index):
-        images, labels, meta = batch
-        self.seen.setdefault(self.current_epoch, []).append(meta["index"].tolist())
-        return torch.nn.functional.cross_entropy(self.linear(images.flatten(1)), labels)
+        def __init__(self, root: Path, workers: int) -> None:
+            super().__init__()
+            self.root, self.workers = root, workers
+            self.linear = torch.nn.Linear(3 * SIZE * SIZE, 3)
+            self.seen: dict[int, list[list[int]]] = {}
+            self.loaders: list = []  # those train_dataloader made, to stop their workers after fit
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch, index):
+            images, labels, meta = batch
+            self.seen.setdefault(self.current_epoch, []).append(meta["index"].tolist())
+            return torch.nn.functional.cross_entropy(self.linear(images.flatten(1)), labels)
 
-    def train_dataloader(self):
-        self.loaders.append(make_loader(open_dataset(self.root, return_meta=True), 4, num_workers=self.workers, seed=3))
-        return self.loaders[-1]
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def stop(self) -> None:
-        """Stop the workers of the loaders this module made (see helpers.stop_workers)."""
-        for loader in self.loaders:
-            stop_workers(loader)
+        def train_dataloader(self):
+            self.loaders.append(
+                make_loader(open_dataset(self.root, return_meta=True), 4, num_workers=self.workers, seed=3)
+            )
+            return self.loaders[-1]
+
+        def stop(self) -> None:
+            """Stop the workers of the loaders this module made (see helpers.stop_workers)."""
+            for loader in self.loaders:
+                stop_workers(loader)
+
+    return Recorder
+
+
+def _module(root: Path, workers: int):
+    """A ``_recorder`` module of ``root``'s samples, read by ``workers`` workers."""
+    return _recorder()(root, workers)
 
 
 @pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("npy", 2), ("wds", 2)])
 def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, workers):
-    model = Recorder(packed[fmt], workers)
+    import lightning
+
+    model = _module(packed[fmt], workers)
     trainer = lightning.Trainer(
         max_epochs=3,
         accelerator="cpu",
@@ -83,8 +100,10 @@ def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, w
     assert all(sorted(sum(batches, [])) == list(range(N)) for batches in want)
 
 
-def _trainer(**kwargs) -> "lightning.Trainer":
-    """A quiet CPU Trainer for 2 epochs; ``kwargs`` add to or replace its arguments."""
+def _trainer(**kwargs):
+    """A quiet CPU ``lightning.Trainer`` for 2 epochs; ``kwargs`` add to or replace its arguments."""
+    import lightning
+
     quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
     return lightning.Trainer(**{"max_epochs": 2, "accelerator": "cpu", "devices": 1, **quiet, **kwargs})
 
@@ -98,7 +117,7 @@ def _lightning_ddp_rank(rank: int, world: int, port: int, payload: dict, out: st
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     result = {}
     for fmt, root in payload.items():
-        model = Recorder(Path(root), 0)
+        model = _module(Path(root), 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _trainer(devices=world, strategy="ddp").fit(model)
@@ -128,7 +147,7 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_exactly(packed, tmp_path, fmt,
     and loads it on fit(ckpt_path=...): the restart trains on exactly the batches of that epoch not yet seen."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    full = Recorder(packed[fmt], workers)
+    full = _module(packed[fmt], workers)
     every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=8, save_top_k=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -136,7 +155,7 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_exactly(packed, tmp_path, fmt,
         checkpoint = tmp_path / "epoch=1-step=8.ckpt"  # 6 batches an epoch: 2 batches into the second epoch
         saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert [(s["epoch"], s["batches"]) for s in saved] == [(1, 2)]
-        resumed = Recorder(packed[fmt], workers)
+        resumed = _module(packed[fmt], workers)
         _trainer().fit(resumed, ckpt_path=checkpoint)
     full.stop()
     resumed.stop()

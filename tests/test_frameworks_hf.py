@@ -5,6 +5,7 @@ state_dict; the ``transformers`` Trainer calls ``set_epoch`` each epoch and, res
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import warnings
@@ -17,9 +18,6 @@ from helpers import rank_result, run_ranks, stop_workers
 
 from packer import PreprocessConfig
 from readers import make_loader, open_dataset
-
-accelerate = pytest.importorskip("accelerate")  # in the test extra: never skipped after the README's install
-transformers = pytest.importorskip("transformers")
 
 SIZE = 16
 N = 23  # 6 batches of 4 an epoch, the last of 3
@@ -71,6 +69,8 @@ def _accelerate_steps(accelerator, model, optimizer, loader, steps: int) -> list
 
 @pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("wds", 1)])
 def test_accelerate_prepare_passes_the_loader_through_and_save_state_resumes_it(packed, tmp_path, fmt, workers):
+    import accelerate
+
     want = _epochs(packed[fmt], workers, 2)
     accelerator = accelerate.Accelerator(cpu=True)
     loader = _loader(packed[fmt], workers)
@@ -97,6 +97,8 @@ def test_accelerate_prepare_passes_the_loader_through_and_save_state_resumes_it(
 def _accelerate_run(root: Path) -> tuple:
     """What a training script sets up: an Accelerator, a model and optimizer it prepares, and the
     loader it prepares (handed back as it is) and registers for checkpointing."""
+    import accelerate
+
     accelerator = accelerate.Accelerator(cpu=True)
     model = Net()
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -153,39 +155,51 @@ def test_accelerate_on_two_processes_splits_every_epoch_and_resumes_each_rank_ex
 def test_a_dataloader_remade_around_the_loader_is_refused_saying_what_to_do(packed, fmt):
     """accelerate's skip_first_batches re-makes a torch DataLoader from the loader's dataset: its batch
     order, collate and device placement would be lost, so it fails naming the loader's own resume."""
+    import accelerate
+
     with pytest.raises(AttributeError, match="not a torch DataLoader.*load_state_dict.*register_for_checkpointing"):
         accelerate.skip_first_batches(_loader(packed[fmt]), 2)
 
 
-class PackedTrainer(transformers.Trainer):
-    """The lines docs/READERS.md gives: the loader from make_loader, resumed by its own state."""
+@functools.cache
+def _trainers() -> tuple[type, type]:
+    """The two Trainer classes below. transformers (in the test extra) is imported by the tests that
+    use it, as is accelerate: imported at collection, they cost every test process time and memory,
+    which each of its forks then copied."""
+    import transformers
 
-    def __init__(self, root: Path, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.root, self.seen = root, []
+    class PackedTrainer(transformers.Trainer):
+        """The lines docs/READERS.md gives: the loader from make_loader, resumed by its own state."""
 
-    def get_train_dataloader(self):
-        return _loader(self.root)
+        def __init__(self, root: Path, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.root, self.seen = root, []
 
-    def get_resumed_dataloader(self, loader, batches):
-        # The Trainer resumes epoch int(state.epoch) after `batches` batches: the loader starts there
-        loader.load_state_dict({**loader.state_dict(), "epoch": int(self.state.epoch), "batches": batches})
-        return loader
+        def get_train_dataloader(self):
+            return _loader(self.root)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        images, labels, meta = inputs
-        self.seen.append(meta["index"].tolist())
-        return model(images, labels)
+        def get_resumed_dataloader(self, loader, batches):
+            # The Trainer resumes epoch int(state.epoch) after `batches` batches: the loader starts there
+            loader.load_state_dict({**loader.state_dict(), "epoch": int(self.state.epoch), "batches": batches})
+            return loader
 
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            images, labels, meta = inputs
+            self.seen.append(meta["index"].tolist())
+            return model(images, labels)
 
-class DefaultResume(PackedTrainer):
-    """A Trainer that keeps transformers' own mid-epoch resume (accelerate's skip_first_batches)."""
+    class DefaultResume(PackedTrainer):
+        """A Trainer that keeps transformers' own mid-epoch resume (accelerate's skip_first_batches)."""
 
-    get_resumed_dataloader = transformers.Trainer.get_resumed_dataloader
+        get_resumed_dataloader = transformers.Trainer.get_resumed_dataloader
+
+    return PackedTrainer, DefaultResume
 
 
 def _train(trainer_class, root: Path, out: Path, resume: bool = False) -> list[list[int]]:
     """10 steps of 4 (an epoch and 4 batches) with a checkpoint at step 8; resuming from it if asked."""
+    import transformers
+
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=10, save_steps=8, per_device_train_batch_size=4, use_cpu=True,
         report_to=[], logging_strategy="no", disable_tqdm=True, seed=3,
@@ -201,9 +215,9 @@ def _train(trainer_class, root: Path, out: Path, resume: bool = False) -> list[l
 def test_transformers_trainer_gets_each_epochs_order_and_resumes_exactly(packed, tmp_path, fmt):
     want = _epochs(packed[fmt], 0, 2)
     assert want[0] != want[1]
-    assert _train(PackedTrainer, packed[fmt], tmp_path) == want[0] + want[1][:4]  # set_epoch(e) each epoch
+    assert _train(_trainers()[0], packed[fmt], tmp_path) == want[0] + want[1][:4]  # set_epoch(e) each epoch
     state = json.loads((tmp_path / "checkpoint-8" / "trainer_state.json").read_text())
     assert state["global_step"] == 8  # epoch 1 after 2 of its 6 batches
-    assert _train(PackedTrainer, packed[fmt], tmp_path, resume=True) == want[1][2:4]  # nothing repeated or skipped
+    assert _train(_trainers()[0], packed[fmt], tmp_path, resume=True) == want[1][2:4]  # nothing repeated or skipped
     with pytest.raises(AttributeError, match="not a torch DataLoader.*get_resumed_dataloader"):
-        _train(DefaultResume, packed[fmt], tmp_path, resume=True)
+        _train(_trainers()[1], packed[fmt], tmp_path, resume=True)

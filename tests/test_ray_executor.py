@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray  # the test extra installs it: a missing Ray fails here, never skips
 from click.testing import CliRunner
 from compare import assert_same_output
 from conftest import FORMATS, make_tree
@@ -91,6 +90,8 @@ def test_a_task_that_keeps_dying_fails_the_run_and_leaves_no_output(cluster, tmp
     make_tree(src, {"a": 4, "b": 4})
     with open(src / "b" / "img_001.png", "ab") as f:
         f.write(b"KILL-ALWAYS")
+    import ray  # the test extra installs it: a missing Ray fails, never skips
+
     # ray.cancel racing a finishing task can abort the driver's process (ray-project/ray#54798): unused
     monkeypatch.setattr(ray, "cancel", lambda *a, **k: pytest.fail("ray.cancel called"))
     with RayExecutor(max_retries=1) as executor, pytest.raises(PackerError, match=r"writing shard-00001 failed"):
@@ -123,6 +124,8 @@ def test_a_failed_run_stops_its_other_tasks(cluster, tmp_path, monkeypatch):
     # Shard 0's task ended as stopped, not with a result or an error: its hanging files would have
     # kept it going for many minutes (each up to the hang timeout). The timeout here only ends a test
     # whose task never ends.
+    import ray
+
     assert ray.get(told, timeout=120) == [("stopped", None)]
     assert not process_alive(int(hung.read_text()))  # its shard's process, stuck in the file, was ended
     assert not (tmp_path / "out").exists() and not staging_dir(tmp_path / "out").exists()

@@ -119,7 +119,7 @@ RANK_TIMEOUT = 240
 def fresh_processes():
     """multiprocessing's forkserver context, its server preloaded with torch: each process it starts
     is a clean one whose arguments travel pickled, as under spawn (Windows, macOS), without importing
-    torch again (about 2 s of CPU a process). Not packer or readers: Python before 3.12.8 starts the
+    torch again (seconds of CPU each). Not packer or readers: Python before 3.12.8 starts the
     server without the test process's ``sys.path`` (gh-117378), so a copy of the tree sharing this
     venv would preload the installed tree's. The server keeps the environment of the test that
     started it: a test using it must not rely on variables it sets."""

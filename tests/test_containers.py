@@ -66,7 +66,7 @@ def test_a_parquet_file_of_image_structs_and_class_names(folder, tmp_path):
 
 
 def test_a_saved_hugging_face_dataset_and_its_class_label_names(folder, tmp_path):
-    import datasets  # here, not at collection: 66 MB in every test process, copied by each fork
+    import datasets  # here, not at collection: its memory would be in every test process, copied by each fork
 
     src, out, files = folder
     names = ["ant", "bee", "cat"]

@@ -30,8 +30,8 @@ def packed(tmp_path_factory) -> dict[str, Path]:
 @functools.cache
 def _recorder() -> type:
     """The LightningModule class below. Lightning (in the test extra) is imported by the tests that
-    use it: imported at collection, it cost every test process 2.4 s and 130 MB, which each of its
-    forks then copied."""
+    use it: imported at collection, it cost every test process seconds of CPU and its memory, which
+    each of its forks then copied."""
     import lightning
 
     class Recorder(lightning.LightningModule):

@@ -37,7 +37,7 @@ def test_every_output_file_has_its_recorded_hash() -> None:
         )
     # The conversions run in a process of their own: they fork their workers (353 forks), and a fork
     # of this process, which has imported every test module's libraries, costs several times one of
-    # a process that imported packer only (this test took 29 s in the suite, 8 s alone).
+    # a process that imported packer only.
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "check", "--record", str(RECORD)], capture_output=True, text=True
     )

@@ -158,8 +158,10 @@ def s3_server():
     # ... and end with none either: what the module uploaded (hundreds of MB for the multipart tests)
     # would otherwise stay in this process, and every later fork of it (each conversion's workers)
     # copies the page tables of all it holds.
-    urllib.request.urlopen(reset).close()
-    server.stop()
+    try:
+        urllib.request.urlopen(reset).close()
+    finally:
+        server.stop()
     release_memory()
 
 
@@ -167,14 +169,12 @@ def release_memory() -> None:
     """Collect garbage and hand the freed heap back to the system (glibc's malloc_trim), so that the
     forks of this process that follow copy less."""
     import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    process = ctypes.CDLL(None)  # the symbols the interpreter has loaded: libc's where it is glibc
+    if hasattr(process, "malloc_trim"):
+        process.malloc_trim(0)
 
 
 def failing_uploads(monkeypatch, name: str) -> None:

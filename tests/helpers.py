@@ -131,39 +131,71 @@ def fresh_processes():
 
 
 def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run ``code`` as ``python -c`` would in ``cwd``, in one of the ``fresh_processes`` (torch is
-    imported there already): its exit code (an uncaught exception's is 1, with the traceback on its
-    stderr; a signal's is minus the signal) and what it printed. Past ``timeout`` it is killed and
-    ``subprocess.TimeoutExpired`` raised: a hang fails the test instead of the suite."""
+    """Run ``code`` as ``python -c`` would in ``cwd``, with this process's environment, in one of the
+    ``fresh_processes`` (torch is imported there already): its exit code (an uncaught exception's is
+    1, with the traceback on its stderr; ``sys.exit(n)``'s is n; a signal's is minus the signal) and
+    what it printed. Its end drops the code's objects (their finalizers run) and runs its atexit
+    functions, not the rest of an interpreter's shutdown: a test of that needs a real subprocess.
+    Past ``timeout`` it is killed with what it started and ``subprocess.TimeoutExpired`` raised: a
+    hang fails the test instead of the suite."""
     import tempfile
 
     args = ["python", "-c", code]
     with tempfile.TemporaryDirectory(prefix="run-python-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        process = fresh_processes().Process(target=_python_code, args=(code, str(cwd), str(out), str(err)))
+        environ = dict(os.environ)
+        process = fresh_processes().Process(target=_python_code, args=(code, str(cwd), environ, str(out), str(err)))
         process.start()
-        process.join(timeout)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess(args, process.exitcode, out.read_text(), err.read_text())
+        try:
+            process.join(timeout)
+            hung = process.exitcode is None
+        finally:  # past the timeout, or the test interrupted: never a process left behind
+            if process.exitcode is None:
+                _kill_session(process)
+        # (a process that died before it opened them printed nothing)
+        printed = [path.read_text() if path.exists() else "" for path in (out, err)]
+        if hung:
+            raise subprocess.TimeoutExpired(args, timeout, *printed)
+        return subprocess.CompletedProcess(args, process.exitcode, *printed)
 
 
-def _python_code(code: str, cwd: str, out: str, err: str) -> None:
-    """The process of ``run_python``: its output to the files ``out`` and ``err``, then ``code`` as
-    ``__main__`` (multiprocessing prints an uncaught exception's traceback and exits with 1)."""
+def _kill_session(process) -> None:
+    """Kill ``process`` and what it started (its session: see ``_python_code``), then reap it."""
+    import signal
+
+    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill()  # the group is not there yet if the process has not reached its setsid
+    process.join()
+
+
+def _python_code(code: str, cwd: str, environ: dict, out: str, err: str) -> None:
+    """The process of ``run_python``: a session of its own, the caller's environment, its output to
+    the files ``out`` and ``err``, then ``code`` as the module ``__main__`` (multiprocessing prints
+    an uncaught exception's traceback and exits with 1)."""
+    import atexit
+    import gc
     import multiprocessing
+    import types
 
+    os.setsid()
     multiprocessing.set_start_method("fork", force=True)  # as python -c has on Linux (see _rank)
+    os.environ.clear()
+    os.environ.update(environ)
     for fd, path in ((1, out), (2, err)):
         opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(opened, fd)
         os.close(opened)
     os.chdir(cwd)
+    sys.argv = ["-c"]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
     try:
-        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+        exec(compile(code, "<string>", "exec"), vars(main))
     finally:
+        vars(main).clear()  # what ending python -c does first: the code's objects go, finalizers run
+        gc.collect()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
 

@@ -4,6 +4,7 @@ moving code between modules changed no byte of any output."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,15 @@ def test_every_output_file_has_its_recorded_hash() -> None:
         )
     # The conversions run in a process of their own: they fork their workers (353 forks), and a fork
     # of this process, which has imported every test module's libraries, costs several times one of
-    # a process that imported packer only.
+    # a process that imported packer only. It imports this tree's packer (a script's own folder, not
+    # the tree, would lead its sys.path), and a hung conversion fails the test.
+    path = os.pathsep.join([str(SCRIPT.parent.parent), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "check", "--record", str(RECORD)], capture_output=True, text=True
+        [sys.executable, str(SCRIPT), "check", "--record", str(RECORD)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=900,
     )
     assert done.returncode == 0, (
         f"output files differ from {RECORD.name}: compare against the commit that recorded them (git log -- "

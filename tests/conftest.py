@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import urllib.request
 from pathlib import Path
 
@@ -11,6 +12,14 @@ import pytest
 from PIL import Image
 
 from packer.spec.registry import FORMAT_NAMES  # noqa: E402
+
+# glibc gives each thread that allocates an arena of its own and keeps what is freed there: after the
+# multipart upload tests (a pool of threads, moto's server threads) a test process held about 300 MB
+# it no longer used, which malloc_trim did not return, and every later fork of it (each conversion
+# forks its workers) copied those page tables. Two arenas keep that heap small. This module is read
+# before pytest-xdist starts the test processes, which inherit the variable (a user's own value
+# stays).
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 FORMATS = FORMAT_NAMES  # every registered format is tested the moment it is registered
 

@@ -73,18 +73,8 @@ def _module(root: Path, workers: int):
 
 @pytest.mark.parametrize(("fmt", "workers"), [("npy", 0), ("npy", 2), ("wds", 2)])
 def test_lightning_trainer_gets_the_next_epochs_order_every_epoch(packed, fmt, workers):
-    import lightning
-
     model = _module(packed[fmt], workers)
-    trainer = lightning.Trainer(
-        max_epochs=3,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _trainer(max_epochs=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
         trainer.fit(model)

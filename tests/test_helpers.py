@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-from helpers import rank_result, run_ranks
+from helpers import process_alive, rank_result, run_ranks, wait_for
 
 
 def _rank_with_persistent_workers(rank: int, world: int, port: int, payload: dict, out: str) -> None:
@@ -24,14 +21,6 @@ def _rank_with_persistent_workers(rank: int, world: int, port: int, payload: dic
     rank_result(out, rank, {"start_method": multiprocessing.get_start_method(), "workers": workers})
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_ranks_fork_their_loader_workers_and_leave_no_process_behind(tmp_path):
     """A rank's DataLoader workers fork from it, as under torchrun on Linux, and end with it, as does
     any other process it started. Ranks forked from the forkserver once took forkserver as their
@@ -40,7 +29,4 @@ def test_ranks_fork_their_loader_workers_and_leave_no_process_behind(tmp_path):
     ranks = run_ranks(_rank_with_persistent_workers, {}, tmp_path)
     workers = [pid for r in ranks for pid in r["workers"]]
     assert [r["start_method"] for r in ranks] == ["fork", "fork"] and len(workers) == 6
-    deadline = time.monotonic() + 60  # a guard against a hang, not a measure: they go within a second
-    while any(map(_alive, workers)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in workers if _alive(pid)], "processes the ranks started outlived them"
+    wait_for(lambda: not any(map(process_alive, workers)), "the processes the ranks started ending with them", 60)

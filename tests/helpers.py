@@ -241,7 +241,11 @@ def _exit_rank(code: int) -> None:
     """End a rank at once, with the processes it started (its DataLoader's persistent workers):
     ``os._exit`` skips the loader's own shutdown of them."""
     import multiprocessing
+    import signal
 
+    # A DataLoader's SIGCHLD handler raises when one of its workers is killed: the first kill would
+    # interrupt the rest, and a rank that had written its result would exit with 1.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in multiprocessing.active_children():
         child.kill()
     sys.stdout.flush()

@@ -15,7 +15,7 @@ rows of 2-D views defeat it). Asked to ``stream`` (a batch's slot, which nobody 
 batch is handed on), where the slot allows it (its address a multiple of 64 bytes, as a batch
 tensor's slots are, and each plane, or the whole image, a multiple of 16 floats or pixels, as
 224 x 224 ones are), the floats are written 16 at a time with non-temporal stores (the intrinsics
-``_stream16``, ``_stream16x3``, ``_stream48``, ``_stream48_planes``): a slot of a 38 MB batch is not
+``_stream16``, ``_stream16_channel``, ``_stream48``, ``_stream48_planes``): a slot of a 38 MB batch is not
 in the cache anyway, and an ordinary store first reads each line it writes from memory, so
 streaming them past the cache halves the bytes moved (docs/BENCHMARKS.md, C21). The values are the
 same: the same two roundings, in LLVM vector instructions instead of the loop's. A fence ends each
@@ -45,6 +45,12 @@ _F32, _I8, _I32 = ir.FloatType(), ir.IntType(8), ir.IntType(32)
 _FLOATS, _BYTES, _INTS = ir.VectorType(_F32, 16), ir.VectorType(_I8, 16), ir.VectorType(_I32, 16)
 STREAM = 16
 """Floats a streamed store writes: 64 bytes, one cache line."""
+BLOCK = 1024
+"""Pixels of an HWC crop that ``pixels_to_planes`` streams into one plane before the next: the three
+planes are written one after another, 1,024 pixels at a time (3 KB of the crop, which stays in the
+first-level cache for the three reads). Streamed stores into three planes at once, 16 floats to each
+in turn, ran at half the speed of one plane at a time on an AVX2 host, whose 32-byte stores fill a
+line in two (AMD EPYC Zen 3; C21 of docs/BENCHMARKS.md)."""
 
 
 def _at(context, builder, array_type, array, index):
@@ -95,26 +101,27 @@ def _stream16(typingctx, src, i, dst, j, scale, bias, k):
     return types.void(src, i, dst, j, scale, bias, k), codegen
 
 
-@intrinsic
-def _stream16x3(typingctx, src, i, dst, plane, scale, bias):
-    """16 RGB pixels side by side from ``src[3i:3i+48]`` to ``dst[c * plane + i:][:16]`` for each
-    channel ``c``, ``float32(x) * scale[16c] + bias[16c]``, streamed."""
-    _checked("_stream16x3", src=src, dst=dst, scale=scale, bias=bias)
+@intrinsic(prefer_literal=True)
+def _stream16_channel(typingctx, src, i, dst, j, scale, bias, channel):
+    """Channel ``channel`` (a constant) of 16 RGB pixels side by side, ``src[3i:3i+48]``, to
+    ``dst[j:j+16]``, ``float32(x) * scale[16c:][:16] + bias[16c:][:16]``, streamed."""
+    if not isinstance(channel, types.IntegerLiteral):
+        return None  # numba types the call again with the constant
+    _checked("_stream16_channel", src=src, dst=dst, scale=scale, bias=bias)
+    c = channel.literal_value
 
     def codegen(context, builder, signature, args):
-        s, i_, d, p_, sc, bi = args
+        s, i_, d, j_, sc, bi, _ = args
         a = signature.args
         at = _at(context, builder, a[0], s, builder.mul(i_, ir.Constant(i_.type, 3)))
         pixels = _load(builder, at, ir.VectorType(_I8, 48), 1)
-        for c in range(3):
-            lane = builder.shuffle_vector(pixels, pixels, ir.Constant(_INTS, [3 * n + c for n in range(16)]))
-            first = ir.Constant(i_.type, 16 * c)
-            factors = (_load(builder, _at(context, builder, a[n], f, first), _FLOATS, 4) for n, f in ((4, sc), (5, bi)))
-            out = _at(context, builder, a[2], d, builder.add(builder.mul(p_, ir.Constant(p_.type, c)), i_))
-            _streamed(builder, _normalized(builder, lane, *factors), out)
+        lane = builder.shuffle_vector(pixels, pixels, ir.Constant(_INTS, [3 * n + c for n in range(16)]))
+        first = ir.Constant(i_.type, 16 * c)
+        factors = (_load(builder, _at(context, builder, a[n], f, first), _FLOATS, 4) for n, f in ((4, sc), (5, bi)))
+        _streamed(builder, _normalized(builder, lane, *factors), _at(context, builder, a[2], d, j_))
         return context.get_dummy_value()
 
-    return types.void(src, i, dst, plane, scale, bias), codegen
+    return types.void(src, i, dst, j, scale, bias, channel), codegen
 
 
 def _store48(context, builder, pixels, dst_type, dst, j, factors) -> None:
@@ -259,11 +266,18 @@ def pixels_to_planes(
     ``stream``, of 1 or 3 channels, where each plane starts on a cache line); True when so written."""
     pixels = src.shape[0] // channels
     if stream and channels in (1, 3) and _streams(dst, pixels):
-        for i in range(0, pixels, STREAM):
-            if channels == 3:
-                _stream16x3(src, i, dst, pixels, scale16, bias16)
+        for start in range(0, pixels, BLOCK):
+            end = min(start + BLOCK, pixels)
+            if channels == 3:  # one plane at a time: one stream of streamed stores (BLOCK)
+                for i in range(start, end, STREAM):
+                    _stream16_channel(src, i, dst, i, scale16, bias16, 0)
+                for i in range(start, end, STREAM):
+                    _stream16_channel(src, i, dst, pixels + i, scale16, bias16, 1)
+                for i in range(start, end, STREAM):
+                    _stream16_channel(src, i, dst, 2 * pixels + i, scale16, bias16, 2)
             else:
-                _stream16(src, i, dst, i, scale16, bias16, 0)
+                for i in range(start, end, STREAM):
+                    _stream16(src, i, dst, i, scale16, bias16, 0)
         _fence()
         return True
     if channels == 3:  # the common case, written out so that LLVM sees a stride of 3

@@ -6,7 +6,8 @@ back as shuffled float32 batches of 64 through ``RandomResizedCrop(224)`` + a ho
 normalized with ImageNet's mean and std, in 2 workers:
 
 - packer: ``open_dataset(out, crop=RandomResizedCrop(224), flip=True)`` through ``make_loader``, NCHW
-  batches and (max 256 rows) channels-last ones (``memory_format=torch.channels_last``); the
+  batches and (max 256 rows) channels-last ones (``memory_format=torch.channels_last``) and uint8
+  ones (``normalize=False``: the GPU path, compared with FFCV's float32 channels-last batches); the
   ``--codec source`` output (the photographs in full) also with ``RandomResizedCrop(224, reduced_decode=True)``;
   the max-256 JPEG output also with every file decoded whole (``packer (whole decodes)``), as readers
   decode JPEGs without restart markers (older outputs): the baseline of a crop's region decode;
@@ -53,6 +54,8 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 BATCH = 64
 SIZE = 224
+UINT8 = "uint8 batches"
+"""The label of packer's rows of unnormalized batches."""
 MAX_SIDE = 256
 
 
@@ -364,10 +367,15 @@ def whole_jpeg_decodes():
         render._region = region
 
 
-def packer_loader(out: Path, workers: int, reduced_decode: bool = False, channels_last: bool = False):
+def packer_loader(
+    out: Path, workers: int, reduced_decode: bool = False, channels_last: bool = False, normalize: bool = True
+):
+    """packer's training-task loader of the output ``out``; ``normalize=False``: uint8 batches in the
+    stored NHWC byte order, which ``make_loader(..., device="cuda")`` normalizes on the GPU."""
     from readers import RandomResizedCrop, make_loader, open_dataset
 
-    ds = open_dataset(out, crop=RandomResizedCrop(SIZE, reduced_decode=reduced_decode), flip=True)
+    crop = RandomResizedCrop(SIZE, reduced_decode=reduced_decode)
+    ds = open_dataset(out, crop=crop, flip=True, normalize=normalize)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     return make_loader(ds, BATCH, num_workers=workers, memory_format=layout)
 
@@ -484,9 +492,11 @@ def run(args: argparse.Namespace, src: Path) -> dict:
             seconds = packer_convert(src, out, codec, w, resize)
             stored = f"max 256, {codec}" if resize == "max" else f"{resize}, {codec}"
             add("packer", stored, timed(packer_loader(out, w), args.epochs), du(out), seconds)
-            if resize == "max":  # NHWC batches, against FFCV's default layout
+            if resize == "max":  # NHWC batches, against FFCV's default layout; and the GPU path's uint8
                 rate = timed(packer_loader(out, w, channels_last=True), args.epochs)
                 add("packer", f"{stored}, channels-last", rate, du(out), seconds)
+                rate = timed(packer_loader(out, w, normalize=False), args.epochs)
+                add("packer", f"{stored}, {UINT8}", rate, du(out), seconds)
             if codec == "jpeg":  # the same files decoded whole: what the region decode saves
                 for layout, suffix in ((False, ""), (True, ", channels-last")):
                     with whole_jpeg_decodes():
@@ -568,13 +578,15 @@ def markdown(results: dict) -> str:
         "",
         f"vs folder: against the fastest folder pipeline here, {folder['tool']}",
         "",
-        "vs FFCV: against FFCV's faster memory manager (process cache or os_cache) of the same storage and layout",
+        "vs FFCV: against FFCV's faster memory manager (process cache or os_cache) of the same storage and layout; "
+        f'the {UINT8} rows (`normalize=False`: the batches `make_loader(..., device="cuda")` normalizes on the '
+        "GPU) against FFCV's float32 channels-last batches (its default) of the same storage",
         "",
         "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        peer = ffcv.get(r["stored"]) if r["tool"] == "packer" else None
+        peer = ffcv.get(_ffcv_peer(r["stored"])) if r["tool"] == "packer" else None
         vs_ffcv = _ratio(r, peer) if peer else ""
         lines.append(
             f"| {r['tool']} | {r['stored']} | {r['rate']:.0f} | {_ratio(r, folder)} | {vs_ffcv} | "
@@ -619,6 +631,13 @@ def markdown(results: dict) -> str:
             f"{crops['cut']:.0%} of the boxes cut, the rest decoded whole)",
         ]
     return "\n".join(lines)
+
+
+def _ffcv_peer(stored: str) -> str:
+    """The FFCV row a packer row of ``stored`` is compared with: the same storage and layout; for
+    uint8 batches, FFCV's float32 channels-last ones (the GPU path against FFCV's default)."""
+    suffix = f", {UINT8}"
+    return stored[: -len(suffix)] + ", channels-last" if stored.endswith(suffix) else stored
 
 
 def _ratio(row: dict, base: dict) -> str:

@@ -71,6 +71,13 @@ def test_training_task_folder_pipeline_and_table(tmp_path):
     )
     table = bench_train.markdown(results)
     assert "| packer | max 256, raw | 300 | 3.00x | 1.50x | 2.0 | 1.0 |" in table
+    # uint8 batches (the GPU path) against FFCV's float32 channels-last batches, its default
+    both = [*results["rows"], {"tool": "packer", "stored": "max 256, raw, uint8 batches", "rate": 900.0}]
+    both.append({"tool": "FFCV", "stored": "max 256, raw, channels-last", "rate": 450.0})
+    for row in both[3:]:
+        row.update(bytes=2**21, convert_s=1.0)
+    table = bench_train.markdown(_task(both))
+    assert "| packer | max 256, raw, uint8 batches | 900 | 9.00x | 2.00x | 2.0 | 1.0 |" in table
     # With rounds: medians, and each ratio's range over the rounds' own pairs.
     results["rounds"] = 3
     results["rows"][0].update(rates=[300.0, 280.0, 330.0], rate=bench_train.median([300.0, 280.0, 330.0]))
@@ -118,6 +125,11 @@ def test_training_task_measures_the_region_decode_against_whole_decodes(tmp_path
     def first_batch():
         ds = open_dataset(out, crop=RandomResizedCrop(224), flip=True)
         return next(iter(make_loader(ds, 6, num_workers=0)))[0]
+
+    # The GPU path's row reads the same crops as uint8, unnormalized (NHWC bytes)
+    uint8 = next(iter(bench_train.packer_loader(out, 0, normalize=False)))[0]
+    assert uint8.dtype == torch.uint8 and tuple(uint8.shape) == (6, 3, 224, 224)
+    assert uint8.is_contiguous(memory_format=torch.channels_last)
 
     # The baseline decodes every file whole, and gives the same batch: the two rows time equal work.
     region = first_batch()

@@ -572,14 +572,15 @@ def markdown(results: dict) -> str:
     lines = [
         _host(results["machine"]).line() if "machine" in results else "Host: not recorded",
         "",
-        f"{results['images']} photographs, RandomResizedCrop(224) + flip, float32 batches of {BATCH}, "
+        f"{results['images']} photographs, RandomResizedCrop(224) + flip, batches of {BATCH} (float32; uint8 "
+        "where marked), "
         f"{results['workers']} workers, {results['epochs']} timed epochs after a warm-up, "
         f"{rounds} round{'s' if rounds > 1 else ''} (medians; ratios as median [lowest-highest] of the rounds)",
         "",
         f"vs folder: against the fastest folder pipeline here, {folder['tool']}",
         "",
         "vs FFCV: against FFCV's faster memory manager (process cache or os_cache) of the same storage and layout; "
-        f'the {UINT8} rows (`normalize=False`: the batches `make_loader(..., device="cuda")` normalizes on the '
+        f'rows of {UINT8} (`normalize=False`: the batches `make_loader(..., device="cuda")` normalizes on the '
         "GPU) against FFCV's float32 channels-last batches (its default) of the same storage",
         "",
         "| tool | stored as | samples/s | vs folder | vs FFCV, same storage | storage MB | convert s |",

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -232,6 +233,25 @@ def test_the_loops_refuse_arrays_they_would_misread():
         normalize_kernel.planes_to_planes(
             np.zeros(32, np.uint8), np.zeros(64, np.float32)[::2], 1, factors, factors, True
         )
+    with pytest.raises(TypingError, match="C-contiguous"):
+        normalize_kernel.pixels_to_planes(
+            np.zeros(96, np.uint8), np.zeros(192, np.float32)[::2], 3, factors, factors, True
+        )
+    # one channel's lanes of RGB pixels: a shuffle fixed when compiled, so the channel is a constant
+    channel = normalize_kernel._stream16_channel
+    src, dst = np.zeros(48, np.uint8), np.zeros(16, np.float32)
+
+    @numba.njit
+    def any_channel(c):
+        channel(src, 0, dst, 0, factors, factors, c)
+
+    @numba.njit
+    def fourth_channel():
+        channel(src, 0, dst, 0, factors, factors, 3)
+
+    for call, args in ((any_channel, (1,)), (fourth_channel, ())):
+        with pytest.raises(TypingError, match="constant 0, 1 or 2"):
+            call(*args)
 
 
 def test_normalize_refuses_what_it_cannot_write_and_takes_empty_images():

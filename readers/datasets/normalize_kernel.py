@@ -103,10 +103,11 @@ def _stream16(typingctx, src, i, dst, j, scale, bias, k):
 
 @intrinsic(prefer_literal=True)
 def _stream16_channel(typingctx, src, i, dst, j, scale, bias, channel):
-    """Channel ``channel`` (a constant) of 16 RGB pixels side by side, ``src[3i:3i+48]``, to
-    ``dst[j:j+16]``, ``float32(x) * scale[16c:][:16] + bias[16c:][:16]``, streamed."""
-    if not isinstance(channel, types.IntegerLiteral):
-        return None  # numba types the call again with the constant
+    """Channel ``channel`` (a constant 0, 1 or 2) of 16 RGB pixels side by side, ``src[3i:3i+48]``,
+    to ``dst[j:j+16]``, ``float32(x) * scale[16c:][:16] + bias[16c:][:16]``, streamed."""
+    # prefer_literal: numba types the call with the constant first; the shuffle's lanes are fixed
+    if not isinstance(channel, types.IntegerLiteral) or not 0 <= channel.literal_value < 3:
+        raise TypingError(f"_stream16_channel takes the channel as a constant 0, 1 or 2, not {channel}")
     _checked("_stream16_channel", src=src, dst=dst, scale=scale, bias=bias)
     c = channel.literal_value
 

@@ -21,6 +21,17 @@ from packer.spec.registry import FORMAT_NAMES  # noqa: E402
 # stays).
 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the suite's addopts): one test process more than the cores this process may use.
+    A share of the suite waits with its core idle (on the subprocesses it starts, on its servers, on
+    a Ray instance, on a timeout): with one process a core the machine was partly idle, with one more
+    it is kept busy (docs/BENCHMARKS.md, "the test suite with one process more than the cores")."""
+    from packer.system import usable_cpus
+
+    return usable_cpus() + 1
+
+
 FORMATS = FORMAT_NAMES  # every registered format is tested the moment it is registered
 
 

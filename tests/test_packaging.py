@@ -104,7 +104,9 @@ def test_the_suites_xdist_groups_keep_their_tests_in_one_process(tmp_path):
         "    pass\n"
     )
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v"],
+        # without hypothesis's plugin, which imports hypothesis in each of the three processes
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+        + ["-n", "2", "--dist", "loadgroup", "-v"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import process_alive, wait_for
 
 from packer.sources.process_pool import ProcessPool
 
@@ -124,18 +124,10 @@ def test_pool_processes_do_not_outlive_a_parent_killed_outright(tmp_path):
     try:
         # Left alive, the busy one would sleep for an hour and the other wait forever: 120 s only
         # ends a test whose processes outlive their parent.
-        wait_for(lambda: not any(_alive(p) for p in pids), "pool processes outlived their parent")
+        wait_for(lambda: not any(map(process_alive, pids)), "pool processes outlived their parent")
     finally:
-        for pid in filter(_alive, pids):  # none, unless the test failed
+        for pid in filter(process_alive, pids):  # none, unless the test failed
             os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_fork_refused_leaves_no_process_and_the_walk_goes_on_alone(tmp_path, monkeypatch):

@@ -266,19 +266,20 @@ def pixels_to_planes(
     ``bias16``: each channel's factor 16 times over, as the streamed stores take them (with
     ``stream``, of 1 or 3 channels, where each plane starts on a cache line); True when so written."""
     pixels = src.shape[0] // channels
-    if stream and channels in (1, 3) and _streams(dst, pixels):
-        for start in range(0, pixels, BLOCK):
+    if stream and channels == 1 and _streams(dst, pixels):
+        for i in range(0, pixels, STREAM):
+            _stream16(src, i, dst, i, scale16, bias16, 0)
+        _fence()
+        return True
+    if stream and channels == 3 and _streams(dst, pixels):
+        for start in range(0, pixels, BLOCK):  # one plane at a time: one stream of streamed stores
             end = min(start + BLOCK, pixels)
-            if channels == 3:  # one plane at a time: one stream of streamed stores (BLOCK)
-                for i in range(start, end, STREAM):
-                    _stream16_channel(src, i, dst, i, scale16, bias16, 0)
-                for i in range(start, end, STREAM):
-                    _stream16_channel(src, i, dst, pixels + i, scale16, bias16, 1)
-                for i in range(start, end, STREAM):
-                    _stream16_channel(src, i, dst, 2 * pixels + i, scale16, bias16, 2)
-            else:
-                for i in range(start, end, STREAM):
-                    _stream16(src, i, dst, i, scale16, bias16, 0)
+            for i in range(start, end, STREAM):
+                _stream16_channel(src, i, dst, i, scale16, bias16, 0)
+            for i in range(start, end, STREAM):
+                _stream16_channel(src, i, dst, pixels + i, scale16, bias16, 1)
+            for i in range(start, end, STREAM):
+                _stream16_channel(src, i, dst, 2 * pixels + i, scale16, bias16, 2)
         _fence()
         return True
     if channels == 3:  # the common case, written out so that LLVM sees a stride of 3

@@ -5,6 +5,8 @@ cache shared by later readers, and a changed or removed object refused, never mi
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -75,6 +77,51 @@ def test_samples_read_by_ranges_are_the_local_ones(outputs, small_blocks, tmp_pa
         for d in (f"s3://data/ranges/{name}", local[name])
     ]
     assert batches[0] == batches[1]
+
+
+def test_opening_shards_reads_their_small_files_in_one_round_without_asking_their_sizes(
+    outputs, small_blocks, monkeypatch
+):
+    fs, local = outputs
+    rounds: list[list[str]] = []
+    sized: list[str] = []
+    answers, bounded = ranges._answers, ranges._bounded
+
+    def answers_seen(fs, runs, *more):
+        rounds.append(sorted({source.url.rsplit("/", 1)[1] for source, _, _ in runs}))
+        return answers(fs, runs, *more)
+
+    def bounded_seen(fs, method, timeout, *args, **kwargs):
+        if method == "size":
+            sized.append(args[0].rsplit("/", 1)[1])
+        return bounded(fs, method, timeout, *args, **kwargs)
+
+    monkeypatch.setattr(ranges, "_answers", answers_seen)
+    monkeypatch.setattr(ranges, "_bounded", bounded_seen)
+    ds = open_dataset("s3://data/ranges/npy-raw")
+    batch = [0, 13, 25]  # one sample of each of the three shards, none open yet
+    got = ds.__getitems__(batch)
+    shards = read_manifest(local["npy-raw"]).shards
+    small = sorted(f.path for shard in shards for f in shard.files if f.bytes <= ranges.BLOCK)
+    large = sorted(f.path for shard in shards for f in shard.files if f.bytes > ranges.BLOCK)
+    assert len(small) >= 9 and any(p.endswith(".images.npy") for p in large)
+    # at once: every shard's labels, keys, checksums and offsets whole, its images file's header
+    assert rounds[0] == sorted(small + large)
+    assert len(rounds) == 2  # then the samples' blocks
+    assert sorted(sized) == large  # the size of a file read whole is not asked: its SHA-256 is checked
+    assert [_sample(s) for s in got] == [_sample(s) for s in open_dataset(local["npy-raw"]).__getitems__(batch)]
+
+
+def test_opening_a_dataset_by_ranges_imports_the_client_for_its_workers(outputs):
+    # A DataLoader worker forked from the process that opened the dataset finds fsspec's HTTP client
+    # (aiohttp) there: each worker would otherwise import it before its first batch.
+    code = (
+        "import sys; from readers import open_dataset; open_dataset(sys.argv[1]); "
+        "print(sorted(m for m in ('aiohttp', 'fsspec.implementations.http', 's3fs') if m in sys.modules))"
+    )
+    shown = subprocess.run([sys.executable, "-c", code, "s3://data/ranges/npy-raw"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == ["['aiohttp',", "'fsspec.implementations.http',", "'s3fs']"]
 
 
 @pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw"])

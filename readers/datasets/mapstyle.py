@@ -280,7 +280,12 @@ class PackedDataset(ReaderBase, Dataset):
         """Ask for the bytes of every sample of a batch read by ranges at once (``readers.remote.ranges``):
         one round of concurrent requests, neighbours joined, instead of one request a sample."""
         wanted: list = []
-        for shard, _, local in self._by_shard(indices):
+        by_shard = list(self._by_shard(indices))
+        unopened = self.handles.unopened([shard for shard, _, _ in by_shard])
+        if unopened:  # their small files in one round, not one request each as each shard opens
+            with self.reading(unopened[0]):
+                self.files.prefetch([self.manifest.shards[s] for s in unopened])
+        for shard, _, local in by_shard:
             with self.reading(shard):
                 wanted += self.ranges_of(self.handles.get(shard, self), local)
         fetch_all(wanted)

@@ -16,11 +16,12 @@ from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError, PackerError
 from packer.spec.file_stamp import FileStamp
 from packer.spec.listed_files import sha256_of, unsafe_file
-from packer.spec.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.spec.manifest import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from packer.spec.registry import FORMATS, resolve
+from readers.remote import ranges
 from readers.remote.block_cache import BlockCache
 from readers.remote.npy_ranges import RemoteArray
-from readers.remote.ranges import RangeSource
+from readers.remote.ranges import RangeSource, fetch_all, import_backend
 from readers.remote.urls import cached_copy, file_url, is_url, open_manifest
 
 _CHECKED: set[tuple] = set()
@@ -89,6 +90,7 @@ class OutputFiles:
         self.ranged = False
         """Whether the output's files are read by byte ranges from its URL (``read_by_ranges``)."""
         self.blocks: Optional[BlockCache] = None
+        self._sources: dict[tuple[str, bool], RangeSource] = {}
 
     def read_by_ranges(self, blocks: Optional[BlockCache]) -> None:
         """Read the URL output's files by byte ranges from now on (``readers.remote.ranges``), their
@@ -96,7 +98,8 @@ class OutputFiles:
         ``array`` of a small one whole, checked against the manifest's SHA-256."""
         if not is_url(self.root) or str(self.root).startswith("pipe:"):
             raise ValueError(f"{self.root} is not a URL of a store that answers range requests")
-        self.ranged, self.blocks = True, blocks
+        self.ranged, self.blocks, self._sources = True, blocks, {}
+        import_backend(str(self.root))
 
     def where(self, relpath: str) -> str:
         """The file ``relpath`` of the output as a message names it: its path, or its URL."""
@@ -109,27 +112,55 @@ class OutputFiles:
             return RemoteArray(self.source(relpath))
         return np.asarray(np.load(self.path(relpath), mmap_mode="r", allow_pickle=False))
 
-    def source(self, relpath: str) -> RangeSource:
-        """The file ``relpath`` of an output read by ranges (``read_by_ranges``), as a RangeSource."""
-        return RangeSource(file_url(str(self.root), relpath), self.entries[relpath], self.blocks)
+    def source(self, relpath: str, whole: bool = False) -> RangeSource:
+        """The file ``relpath`` of an output read by ranges (``read_by_ranges``), as a RangeSource;
+        ``whole``: one read whole and checked against the manifest's SHA-256 (``array``)."""
+        known = self._sources.get((relpath, whole))
+        if known is None:  # one per file, so that a process asks for its size once (RangeSource._open)
+            known = RangeSource(file_url(str(self.root), relpath), self.entries[relpath], self.blocks, whole=whole)
+            self._sources[relpath, whole] = known
+        return known
+
+    def prefetch(self, shards: list[ShardEntry]) -> None:
+        """Read the small files of ``shards`` (under one block each: an npy shard's labels, keys,
+        offsets and checksums) whole, and the first block of the others (an npy file's header, an
+        HDF5 file's superblock), in one round of concurrent requests, where the output is read by
+        ranges: opening each shard then finds them in memory, where it would ask for each in turn.
+        Each small file is checked against the manifest's SHA-256 as ``array`` checks it."""
+        if not self.ranged:
+            return
+        files = [f for shard in shards for f in shard.files]
+        small = [f for f in files if f.bytes <= ranges.BLOCK]  # BLOCK read at each call (tests change it)
+        fetch_all(
+            [(self.source(f.path, whole=True), [(0, f.bytes)]) for f in small]
+            + [(self.source(f.path), [(0, 1)]) for f in files if f.bytes > ranges.BLOCK]
+        )
+        for f in small:
+            self.array_bytes(f.path)
 
     def array(self, relpath: str, mapped: bool = False) -> np.ndarray:
         """The array of the ``.npy`` file ``relpath`` (labels, keys, offsets), read whole, or memory-
         mapped with ``mapped`` (shared by every worker through the page cache); from a URL read by
         ranges, read whole through the block caches and checked against the manifest's SHA-256."""
         if self.ranged:
-            entry = self.entries[relpath]
-            data = self.source(relpath).read(0, entry.bytes)
-            if hashlib.sha256(data).hexdigest() != entry.sha256:
-                self.source(relpath).forget([(0, entry.bytes)])  # read again next time, not the cached copy
-                raise ManifestError(
-                    f"{self.where(relpath)} is of another SHA-256 than the manifest records: the object was "
-                    "changed or damaged after the manifest was written; run packer verify on the output"
-                )
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            return np.load(io.BytesIO(self.array_bytes(relpath)), allow_pickle=False)
         if mapped:
             return np.asarray(np.load(self.path(relpath), mmap_mode="r", allow_pickle=False))
         return np.load(self.path(relpath), allow_pickle=False)
+
+    def array_bytes(self, relpath: str) -> Any:
+        """The bytes of the file ``relpath`` of an output read by ranges, read whole through the block
+        caches and checked against the manifest's SHA-256 (ManifestError where they differ)."""
+        entry = self.entries[relpath]
+        source = self.source(relpath, whole=True)
+        data = source.read(0, entry.bytes)
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            source.forget([(0, entry.bytes)])  # read again next time, not the cached copy
+            raise ManifestError(
+                f"{self.where(relpath)} is of another SHA-256 than the manifest records: the object was "
+                "changed or damaged after the manifest was written; run packer verify on the output"
+            )
+        return data
 
     def through_cache(self, cache_dir: Any) -> Path:
         """Read the URL output through a local cache from now on: ``path`` downloads each file once into

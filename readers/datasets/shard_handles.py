@@ -49,6 +49,11 @@ class ShardHandles:
         if self.pid != os.getpid():
             self._forget(os.getpid())
 
+    def unopened(self, shards: list[int]) -> list[int]:
+        """Those of ``shards`` not open in this process."""
+        self.here()
+        return [s for s in shards if s not in self.open]
+
     def get(self, shard: int, reader: ShardOpener) -> Any:
         """The open handle of ``shard``, opened by ``reader`` (closing the least recently used beyond
         ``limit``), and checked to be of the output the reader opened."""

@@ -15,8 +15,9 @@ its limit) and,
 with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
 the file's SHA-256 in the manifest, so a block of one output is never served for another.
 
-What arrives is checked: the file's size against the manifest at the first request a process makes for it,
-each answer's length against the range asked (a server that ignores ranges and sends the whole file
+What arrives is checked: the file's size against the manifest at the first request a process makes for it
+(asked for every file a batch opens at once; not for a file read whole, whose SHA-256 is checked), each
+answer's length against the range asked (a server that ignores ranges and sends the whole file
 is refused, never sliced at the wrong place); the readers check each sample against the CRC-32 its
 shard records for it, so an object changed under a reader is an error, never mixed samples. The
 small files of npy shards (labels, keys, offsets, checksums) are read whole and checked against the
@@ -26,9 +27,11 @@ against the checksum of its index the manifest records (``packer.spec.hdf5_index
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Optional
 
 from packer.spec.entries import FileEntry
@@ -65,6 +68,22 @@ def _filesystem(url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:  # fsspec names the package of a scheme it has no backend for
         raise ManifestError(f"cannot open {url}: {e}") from None
+
+
+def import_backend(url: str) -> None:
+    """Import fsspec's backend of ``url`` (and, for ``s3://``, the HTTP one its presigned URLs are
+    read through) in this process, where a dataset read by ranges is opened: DataLoader workers forked
+    from it then find the modules there, where each would otherwise import them (aiohttp among them)
+    on its first request, before its first batch. Nothing where fsspec or the backend is missing:
+    the first request names what to install."""
+    try:
+        import fsspec
+    except ImportError:
+        return
+    scheme = url.split("://")[0]
+    for name in (scheme, "http") if scheme in ("s3", "s3a") else (scheme,):
+        with contextlib.suppress(ImportError, ValueError):
+            fsspec.get_filesystem_class(name)
 
 
 def _failed(url: str, e: BaseException, tries: str = "") -> ManifestError:
@@ -114,11 +133,20 @@ class RangeSource:
     to DataLoader workers, each of which opens its own connection on its first request."""
 
     def __init__(
-        self, url: str, entry: FileEntry, cache: Optional[BlockCache] = None, block: Optional[int] = None
+        self,
+        url: str,
+        entry: FileEntry,
+        cache: Optional[BlockCache] = None,
+        block: Optional[int] = None,
+        whole: bool = False,
     ) -> None:
         self.url, self.size, self.block = url, entry.bytes, int(block or BLOCK)  # BLOCK read at each open
         self.key = f"{entry.sha256[:32]}-{self.block}"  # the file's identity in every cache
         self.cache = cache
+        self.whole = whole
+        """The file is read whole and its bytes checked against the manifest's SHA-256 by its reader
+        (``OutputFiles.array``): its size is not asked first, which would be one request more, in
+        turn, for each such file a process opens (an npy shard has three or more)."""
         self._fs: Optional[tuple[int, Any, str, Optional[SignedUrl]]] = None  # per process: see _open
 
     def __getstate__(self) -> dict:
@@ -142,6 +170,8 @@ class RangeSource:
         """The file's filesystem, path and presigned URL (None where it is not read by one), once its
         size is the manifest's."""
         fs, path = _filesystem(self.url)
+        if self.whole:  # its SHA-256 is checked instead (a longer object's first bytes differ, or its end)
+            return fs, path, SignedUrl(fs, path) if can_sign(fs) else None
         for attempt in range(streams.RETRIES + 1):
             try:
                 size = _bounded(fs, "size", streams.STALL_WINDOW, path)
@@ -258,6 +288,7 @@ def _request_round(
     """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs were refused,
     each with whether the store refused it (not a failure to connect). A refused source's blocks that
     did come are kept (``_request`` asks for the others only)."""
+    _open_all([source for source, _ in wanted])
     asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
     for source, numbers in wanted:
         fs, path = source._open()
@@ -303,6 +334,19 @@ def _request_round(
                 if source.cache is not None:
                     source.cache.put(source.key, n, block)
     return got, refused
+
+
+def _open_all(sources: list[RangeSource]) -> None:
+    """Open the sources not yet open in this process (``RangeSource._open``: a request for the size of
+    each file not read whole) at once, on up to ``CONCURRENT`` threads, where they would be asked in
+    turn: the first batch of a worker opens every shard it touches. The first failure is raised."""
+    here = os.getpid()
+    unopened = [s for s in sources if not s.whole and (s._fs is None or s._fs[0] != here)]
+    if len(unopened) < 2:
+        return  # _open asks for it, if any
+    with ThreadPoolExecutor(min(CONCURRENT, len(unopened))) as pool:
+        for done in [pool.submit(s._open) for s in unopened]:
+            done.result()
 
 
 def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[Any]:

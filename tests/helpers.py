@@ -486,17 +486,24 @@ def whole_checksums_with_parts(monkeypatch, sha256: bytes) -> None:
 @contextlib.contextmanager
 def s3_calls(fs, **handlers):
     """The names of the S3 operations ``fs`` calls meanwhile (a list that grows); ``handlers``: more
-    of botocore's event handlers by event name, registered as long (on the filesystem's own client)."""
+    of botocore's event handlers by event name, registered as long (on the filesystem's own client,
+    and on the client of its twin that sends uploads' bodies, ``packer.output.upload_client``)."""
+    from packer.output import upload_client
+
     fs.call_s3("list_buckets")  # the client made: its events can be registered
+    twin = upload_client._twin(fs)
+    twin.call_s3("list_buckets")
     calls = []
     handlers = {"before-call.s3": lambda model, **kwargs: calls.append(model.name), **handlers}
-    for event, handler in handlers.items():
-        fs.s3.meta.events.register(event, handler)
+    for client in (fs.s3, twin.s3):
+        for event, handler in handlers.items():
+            client.meta.events.register(event, handler)
     try:
         yield calls
     finally:
-        for event, handler in handlers.items():
-            fs.s3.meta.events.unregister(event, handler)
+        for client in (fs.s3, twin.s3):
+            for event, handler in handlers.items():
+                client.meta.events.unregister(event, handler)
 
 
 def damage_body(request, **kwargs) -> None:

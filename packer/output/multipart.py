@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from packer.output.upload_client import send
 from packer.spec.errors import OutputError, store_refusal
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ def _send_parts(fs: Any, path: Path, upload: dict, checking: bool) -> tuple[byte
             md5 = None if checking else hashlib.md5(block, usedforsecurity=False).digest()
             number = len(parts) + 1
             request = {"Body": block, "PartNumber": number, "ChecksumSHA256": b64(digest), **upload}
-            pending.append(pool.submit(fs.call_s3, "upload_part", ChecksumAlgorithm="SHA256", **request))
+            # the body unsigned: its SHA-256 is in the signed request (upload_client)
+            pending.append(pool.submit(send, fs, "upload_part", ChecksumAlgorithm="SHA256", **request))
             parts.append(_Part(number, digest, md5, pending[-1]))
         for answer in pending:
             answer.result()

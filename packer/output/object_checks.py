@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from packer.output.multipart import UNSUPPORTED, b64, etag_of, put_in_parts
+from packer.output.upload_client import send
 from packer.spec.errors import OutputError, damaged_in_store, store_refusal
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import unchecked_reads
@@ -179,14 +180,14 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
 def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str], checking: bool, **extra: Any) -> bool:
     """Upload the file ``path`` in one request, as s3fs's ``put_file`` does, but keep the answer;
     whether it shows that the store holds the file's bytes (``put_checked``). The request carries
-    the worker's SHA-256 (over ``http://`` botocore then hashes the bytes once, for the request's
-    signature, not twice; over ``https://`` it hashed them once before too): a store that checks it
-    refuses bytes other than the worker's; one that records it as it came is checked by the bytes
-    sent."""
+    the worker's SHA-256, in a signed header, and the body unsigned (``upload_client.send``: botocore
+    does not hash the bytes at all): a store that checks it refuses bytes other than the worker's;
+    one that records it as it came is checked by the bytes sent."""
     bucket, key, _ = fs.split_path(target)
     data = path.read_bytes()
     sent = sha256 or hashlib.sha256(data).hexdigest()
-    answer = fs.call_s3(
+    answer = send(
+        fs,
         "put_object",
         Bucket=bucket,
         Key=key,

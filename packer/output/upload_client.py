@@ -1,0 +1,99 @@
+"""The client that sends the bytes of packer's uploads to S3 without hashing them again to sign them.
+
+botocore signs the SHA-256 of a request's body with it (``X-Amz-Content-SHA256``) unless its
+``payload_signing_enabled`` setting is off, and it leaves it on for every upload that carries its
+own checksum header, over ``https://`` too. Every file packer uploads in one request, and every part
+of one uploaded in parts, carries the SHA-256 of its bytes in a signed ``x-amz-checksum-sha256``
+header (its worker's, or the part's), so that signing the body as well is one more pass of SHA-256
+over every byte uploaded, in the thread that sends it, for no more assurance: a store that checks
+the checksum (S3) refuses other bytes, and what one that does not keeps is checked by its answer's
+ETag (``object_checks``). ``send`` makes those requests through a twin of the output's s3fs
+filesystem with the setting off (its session shared: botocore's service model is not read again),
+and through the filesystem itself, signed, where a store refuses them unsigned (said once per
+store, remembered for the run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from packer.spec.errors import store_refusal
+
+log = logging.getLogger(__name__)
+
+UNSIGNED_REFUSALS = frozenset(
+    {
+        "AccessDenied",
+        "SignatureDoesNotMatch",
+        "XAmzContentSHA256Mismatch",
+        "NotImplemented",
+        "InvalidRequest",
+        "InvalidArgument",
+    }
+)
+"""The error codes of a store that may refuse a request for an unsigned body: such a request is sent
+again signed; one that is refused signed too raises the signed request's error."""
+_TWINS: dict[int, tuple[Any, Any]] = {}
+"""Each s3fs filesystem's twin, by its id (the filesystem held, so its id is not another's)."""
+_SIGNED_ONLY: set[tuple[str, str]] = set()
+"""The stores (endpoint, bucket) that refused an unsigned body and took it signed."""
+_LOCK = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked process makes its own twins (a filesystem's event loop is its parent's), and its lock
+    anew (a fork may copy one held by another thread of the parent)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _TWINS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def send(fs: Any, method: str, **request: Any) -> dict:
+    """``fs.call_s3(method, **request)`` for a request whose body's SHA-256 is in ``request``
+    (``ChecksumSHA256``), its body not hashed again to be signed (see the module)."""
+    if getattr(fs, "_s3", None) is None:
+        fs.connect()
+    store = (str(fs.s3.meta.endpoint_url), request["Bucket"])
+    with _LOCK:
+        signed = store in _SIGNED_ONLY
+    if not signed:
+        try:
+            return _twin(fs).call_s3(method, **request)
+        except OSError as e:
+            if store_refusal(e) not in UNSIGNED_REFUSALS:
+                raise
+            answer = fs.call_s3(method, **request)  # its error, where it fails too
+            with _LOCK:
+                if store not in _SIGNED_ONLY:
+                    log.info("%s refused an upload with an unsigned body (%s): signed from now on", store[0], e)
+                    _SIGNED_ONLY.add(store)
+            return answer
+    return fs.call_s3(method, **request)
+
+
+def _twin(fs: Any) -> Any:
+    """The s3fs filesystem like ``fs`` (its options, so its credentials, endpoint and region, and its
+    botocore session) with ``payload_signing_enabled`` off."""
+    with _LOCK:
+        held = _TWINS.get(id(fs))
+        if held is not None and held[0] is fs:
+            return held[1]
+    options = dict(fs.storage_options)
+    config = dict(options.get("config_kwargs") or {})
+    config["s3"] = {**(config.get("s3") or {}), "payload_signing_enabled": False}
+    twin = type(fs)(**{**options, "config_kwargs": config, "session": fs.session}, skip_instance_cache=True)
+    with _LOCK:
+        held = _TWINS.setdefault(id(fs), (fs, twin))
+        if held[0] is not fs:  # a filesystem gone, whose id this one took
+            held = _TWINS[id(fs)] = (fs, twin)
+        return held[1]
+
+
+__all__ = ["send", "UNSIGNED_REFUSALS"]

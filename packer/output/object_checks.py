@@ -4,9 +4,10 @@ request (the one its worker computed as it wrote the file), records it and gives
 so that checksum is compared, once ``checks_sums`` has found that the store refuses a wrong one; a
 store that does not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its
 ETag). A file too large for one request goes up in parts, each with its SHA-256, checked alike
-(``packer.output.multipart``). Other filesystems' objects, and any object neither check covers, are
-read back and hashed. ``holds`` asks the same of an object already there (a part an interrupted run
-left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
+(``packer.output.multipart``). On Google Cloud Storage, the answer to an upload gives the MD5 of
+what the store keeps, compared with the bytes sent. Other filesystems' objects, and any object no
+check covers, are read back and hashed. ``holds`` asks the same of an object already there (a part
+an interrupted run left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
 by the SHA-256 the store's answer to the copy gives (S3 carries over the source's; the copy of a
 file that went up in parts asks for one of its own), else by its size.
 """
@@ -153,12 +154,18 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
       MD5 of the bytes sent, and their SHA-256 with ``sha256``.
     - Files of ``ONE_REQUEST`` bytes or more go up in parts, each with its SHA-256, checked alike by
       the answers to them (``multipart.put_in_parts``).
-    - Elsewhere (a filesystem other than s3fs's), or where neither check can be made, the object is
-      read back (``check_uploaded``).
+    - On Google Cloud Storage, the MD5 of the stored object that the answer to its upload gives
+      (``md5Hash``) is compared with the MD5 of the bytes sent (gcsfs's ``consistency="md5"``), and
+      their SHA-256 with ``sha256`` (``_put_to_gcs``).
+    - Elsewhere (another filesystem), or where neither check can be made, the object is read back
+      (``check_uploaded``).
 
     ``sha256``: the file's, where it is known already (a shard's, from its worker); else it is
     computed."""
     size = path.stat().st_size
+    if is_gcs(fs):
+        _put_to_gcs(fs, path, target, url, sha256)
+        return
     if not hasattr(fs, "call_s3"):
         fs.put_file(str(path), target)
         check_uploaded(fs, path, target, url, sha256)
@@ -213,6 +220,41 @@ def _put_whole(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
     return True
+
+
+def is_gcs(fs: Any) -> bool:
+    """Whether ``fs`` is gcsfs's filesystem of Google Cloud Storage (``gs://``)."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "gs" in protocols and hasattr(fs, "consistency")
+
+
+def _put_to_gcs(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]) -> None:
+    """Upload the file ``path`` to Google Cloud Storage as ``target``, checked without reading it
+    back: GCS's answer to an upload holds the MD5 of the object it stored, which gcsfs compares with
+    the MD5 of the bytes it sent (``consistency="md5"``), and those bytes' SHA-256 is compared with
+    the worker's (a file below ``ONE_REQUEST`` bytes is read once for both; a larger one goes up from
+    the file, then the file is hashed). An answer without an MD5 (an object encrypted with a key of
+    the user's own) is read back."""
+    from gcsfs.retry import ChecksumError  # gcsfs's own dependency: here only for a gcsfs filesystem
+
+    typed = {"content_type": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
+    wrong = f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again"
+    try:
+        if path.stat().st_size < ONE_REQUEST:
+            data = path.read_bytes()
+            if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+                raise OutputError(wrong)
+            fs.pipe_file(target, data, consistency="md5", **typed)
+        else:
+            fs.put_file(str(path), target, consistency="md5", **typed)
+            if sha256 is not None and sha256_of(path) != sha256:
+                raise OutputError(wrong)
+    except ChecksumError:
+        raise OutputError(
+            f"{url}: {target} is not the file uploaded (the MD5 the store gave for it); run the conversion again"
+        ) from None
+    except KeyError:  # no md5Hash in the answer: the object is read back
+        check_uploaded(fs, path, target, url, sha256)
 
 
 @contextlib.contextmanager

@@ -21,8 +21,8 @@ from packer.spec.registry import FORMAT_NAMES  # noqa: E402
 # stays).
 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 # gcsfs asks each bucket whether it is zonal, over gRPC, before its first request: the tests' Cloud
-# Storage emulator (gcs_server) answers no gRPC, and each filesystem then waited 60 s. Set before
-# gcsfs is imported (in every test process and the commands they run).
+# Storage emulator (gcs_server) answers no gRPC, and each filesystem then waited for gRPC's timeout.
+# Set before gcsfs is imported (in every test process and the commands they run).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
@@ -194,18 +194,14 @@ def gcs_server():
     """A Google Cloud Storage emulator on 127.0.0.1 (gcp-storage-emulator, in memory), found through
     ``STORAGE_EMULATOR_HOST`` as gcsfs and Google's own clients find one, read without credentials
     (fsspec's setting of gcsfs's ``token``), with a bucket ``data``: yields a gcsfs filesystem."""
-    import socket
-
     import fsspec.config
     import gcsfs
     from gcp_storage_emulator.server import create_server
 
     logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
-    with socket.socket() as s:  # the emulator takes no port 0: a free one, asked of the system
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="data")
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket="data")
     server.start()
+    port = server._api._httpd.server_address[1]  # the port the system gave (no race with another process)
     env = pytest.MonkeyPatch()
     env.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
     env.setenv("FSSPEC_GCS_TOKEN", "anon")  # the commands the tests run read it at fsspec's import

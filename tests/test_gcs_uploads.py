@@ -1,7 +1,7 @@
 """Uploads to Google Cloud Storage (packer.output.object_checks.put_checked on gcsfs) against a Cloud
-Storage emulator on 127.0.0.1: each checked by the MD5 the store's answer gives for what it keeps
-and the SHA-256 of the bytes sent, without reading the object back; a file changed since its worker
-hashed it, or an answer of other bytes, refused with a message; an answer without an MD5 read back;
+Storage emulator on 127.0.0.1: each checked by the MD5 the store records for what it keeps and the
+SHA-256 of the file, without reading the object back; a file changed since its worker hashed it, or
+an object recorded as other bytes, refused with a message; an object without an MD5 read back;
 a conversion into the store verified and read as the local one."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_an_upload_is_checked_by_the_md5_of_the_answer_not_read_back(gcs_server,
     assert fs.info("data/up/shard-00000.tar")["contentType"] == "application/x-tar"
 
 
-def test_a_large_file_goes_up_from_the_file_and_is_hashed_after(gcs_server, tmp_path, monkeypatch, no_read_back):
+def test_a_large_file_is_hashed_then_goes_up_from_the_file(gcs_server, tmp_path, monkeypatch, no_read_back):
     fs = gcs_server
     monkeypatch.setattr(object_checks, "ONE_REQUEST", 1 << 20)
     path = tmp_path / "shard-00001.tar"
@@ -46,6 +46,7 @@ def test_a_large_file_goes_up_from_the_file_and_is_hashed_after(gcs_server, tmp_
     assert fs.cat_file("data/up/shard-00001.tar") == path.read_bytes()
     with pytest.raises(OutputError, match="shard-00002.tar is not the file its worker wrote"):
         object_checks.put_checked(fs, path, "data/up/shard-00002.tar", "gs://data/up", "0" * 64)
+    assert not fs.exists("data/up/shard-00002.tar")  # hashed before it went up
 
 
 def test_a_file_changed_since_its_worker_hashed_it_is_refused_before_it_goes_up(gcs_server, tmp_path):
@@ -57,30 +58,28 @@ def test_a_file_changed_since_its_worker_hashed_it_is_refused_before_it_goes_up(
     assert not fs.exists("data/up/shard-00003.tar")
 
 
-def test_an_answer_of_other_bytes_is_refused(gcs_server, tmp_path, monkeypatch, no_read_back):
+def test_an_object_the_store_records_as_other_bytes_is_refused(gcs_server, tmp_path, monkeypatch, no_read_back):
     from gcp_storage_emulator.handlers import objects
 
     fs = gcs_server
-    # the store says it keeps other bytes than were sent (damaged on the way, or in the store)
+    # the store records the MD5 of other bytes than were sent (damaged on the way, or in the store)
     monkeypatch.setattr(objects, "_md5", lambda content: objects.b64encode(b"\0" * 16).decode())
     path = tmp_path / "shard-00004.tar"
     path.write_bytes(b"d" * 5000)
-    with pytest.raises(OutputError, match="shard-00004.tar is not the file uploaded .the MD5 the store gave"):
+    with pytest.raises(OutputError, match="shard-00004.tar is not the file uploaded .the MD5 the store records"):
         object_checks.put_checked(fs, path, "data/up/shard-00004.tar", "gs://data/up")
 
 
-def test_an_answer_without_an_md5_is_read_back(gcs_server, tmp_path, monkeypatch):
-    from gcp_storage_emulator.handlers import objects
+def test_an_object_without_an_md5_is_read_back(gcs_server, tmp_path, monkeypatch):
+    from gcp_storage_emulator import server
 
     fs = gcs_server
-    real = objects._multipart_upload
+    said = server.Response.json
 
-    def answered_without_md5(request, response, storage):  # as for an object encrypted with the user's own key
-        said = response.json
-        response.json = lambda obj: said({k: v for k, v in obj.items() if k != "md5Hash"})
-        return real(request, response, storage)
+    def without_md5(response, obj):  # a store that records none (an object encrypted with the user's own key)
+        return said(response, {k: v for k, v in obj.items() if k != "md5Hash"} if isinstance(obj, dict) else obj)
 
-    monkeypatch.setattr(objects, "_multipart_upload", answered_without_md5)
+    monkeypatch.setattr(server.Response, "json", without_md5)
     read_back = []
     check = object_checks.check_uploaded
     monkeypatch.setattr(object_checks, "check_uploaded", lambda *a: read_back.append(a[2]) or check(*a))

@@ -207,6 +207,21 @@ def test_an_object_changed_under_a_reader_is_refused_never_mixed(outputs, small_
         open_dataset(f"s3://data/changed-{name}")[7]
 
 
+@pytest.mark.parametrize("cut", [10, -10])
+def test_a_small_file_read_whole_and_changed_is_named_changed(outputs, small_blocks, cut):
+    # its size is not asked (its SHA-256 is checked): a longer object of other bytes fails the SHA-256,
+    # a shorter one comes short; either way the object is named changed, not a server that ignores
+    # ranges (an object only added to at its end gives the manifest's bytes, which are read)
+    fs, local = outputs
+    name = "changed-labels-longer" if cut > 0 else "changed-labels-shorter"
+    fs.cp("data/ranges/npy-raw/", f"data/{name}/", recursive=True)
+    labels = next(f.path for f in read_manifest(local["npy-raw"]).shards[0].files if f.path.endswith(".labels.npy"))
+    data = (local["npy-raw"] / labels).read_bytes()
+    fs.pipe(f"data/{name}/{labels}", bytes([data[0] ^ 1]) + data[1:] + b"x" * cut if cut > 0 else data[:cut])
+    with pytest.raises(ManifestError, match="changed or damaged after the manifest was written; run packer verify"):
+        open_dataset(f"s3://data/{name}").__getitems__([0, 1])
+
+
 @pytest.mark.parametrize("name", ["hdf5-raw", "hdf5-jpeg"])
 def test_an_hdf5_object_relabelled_under_a_reader_is_refused(outputs, small_blocks, tmp_path, name):
     """Labels are not under a sample's CRC-32: the index's checksum in the manifest catches a shard

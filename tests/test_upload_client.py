@@ -83,13 +83,16 @@ def test_a_refusal_of_the_signed_request_too_is_the_error_raised(s3_server, tmp_
     fs = s3_server
     monkeypatch.setattr(upload_client, "_SIGNED_ONLY", set())
 
+    tries: list[int] = []
+
     def deny(params, **kwargs):  # no right to write: refused however it is sent
+        tries.append(len(params["Body"]))
         raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"}}, "PutObject")
 
     path = tmp_path / "shard-00004.tar"
     path.write_bytes(b"d" * 1000)
-    with s3_calls(fs, **{"before-parameter-build.s3.PutObject": deny}) as calls:
+    with s3_calls(fs, **{"before-parameter-build.s3.PutObject": deny}):
         with pytest.raises(PermissionError, match="denied"):
             object_checks.put_checked(fs, path, "data/denied/shard-00004.tar", "s3://data/denied")
-        assert calls == []  # refused before either was sent
+    assert tries == [1000, 1000]  # unsigned, then signed: the signed request's refusal is raised
     assert not upload_client._SIGNED_ONLY  # nothing learnt of the store

@@ -4,8 +4,8 @@ request (the one its worker computed as it wrote the file), records it and gives
 so that checksum is compared, once ``checks_sums`` has found that the store refuses a wrong one; a
 store that does not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its
 ETag). A file too large for one request goes up in parts, each with its SHA-256, checked alike
-(``packer.output.multipart``). On Google Cloud Storage, the answer to an upload gives the MD5 of
-what the store keeps, compared with the bytes sent. Other filesystems' objects, and any object no
+(``packer.output.multipart``). On Google Cloud Storage, the MD5 the store records for an object
+is compared with the file's. Other filesystems' objects, and any object no
 check covers, are read back and hashed. ``holds`` asks the same of an object already there (a part
 an interrupted run left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
 by the SHA-256 the store's answer to the copy gives (S3 carries over the source's; the copy of a
@@ -100,7 +100,8 @@ def _refuses_a_wrong_part(fs: Any, bucket: str, key: str) -> bool:
         return False  # no checksums on uploads in parts: put_in_parts falls back to s3fs's
     upload = {"Bucket": bucket, "Key": key, "UploadId": started["UploadId"]}
     try:
-        fs.call_s3(
+        send(  # sent as the parts it vouches for are
+            fs,
             "upload_part",
             Body=b"packer's checksum probe",
             PartNumber=1,
@@ -126,7 +127,8 @@ def _store(fs: Any, bucket: str) -> tuple[str, str]:
 
 def _refuses_a_wrong_sum(fs: Any, bucket: str, key: str) -> bool:
     try:
-        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=_WRONG)
+        # sent as the uploads it vouches for are (upload_client: the body unsigned)
+        send(fs, "put_object", Bucket=bucket, Key=key, Body=b"packer's checksum probe", ChecksumSHA256=_WRONG)
     except OSError as e:
         return _refused_for_its_sum(e)
     fs.call_s3("delete_object", Bucket=bucket, Key=key)
@@ -154,9 +156,8 @@ def put_checked(fs: Any, path: Path, target: str, url: str, sha256: Optional[str
       MD5 of the bytes sent, and their SHA-256 with ``sha256``.
     - Files of ``ONE_REQUEST`` bytes or more go up in parts, each with its SHA-256, checked alike by
       the answers to them (``multipart.put_in_parts``).
-    - On Google Cloud Storage, the MD5 of the stored object that the answer to its upload gives
-      (``md5Hash``) is compared with the MD5 of the bytes sent (gcsfs's ``consistency="md5"``), and
-      their SHA-256 with ``sha256`` (``_put_to_gcs``).
+    - On Google Cloud Storage, the MD5 the store records for the object (``md5Hash``) is compared
+      with the file's, and the file's SHA-256 with ``sha256`` (``_put_to_gcs``).
     - Elsewhere (another filesystem), or where neither check can be made, the object is read back
       (``check_uploaded``).
 
@@ -230,31 +231,39 @@ def is_gcs(fs: Any) -> bool:
 
 def _put_to_gcs(fs: Any, path: Path, target: str, url: str, sha256: Optional[str]) -> None:
     """Upload the file ``path`` to Google Cloud Storage as ``target``, checked without reading it
-    back: GCS's answer to an upload holds the MD5 of the object it stored, which gcsfs compares with
-    the MD5 of the bytes it sent (``consistency="md5"``), and those bytes' SHA-256 is compared with
-    the worker's (a file below ``ONE_REQUEST`` bytes is read once for both; a larger one goes up from
-    the file, then the file is hashed). An answer without an MD5 (an object encrypted with a key of
-    the user's own) is read back."""
-    from gcsfs.retry import ChecksumError  # gcsfs's own dependency: here only for a gcsfs filesystem
-
+    back: the MD5 the store records for the object (its ``md5Hash``, asked in one request) is
+    compared with the MD5 of the file, and the file's SHA-256 with the worker's, both taken before
+    it goes up (a file below ``ONE_REQUEST`` bytes is read once, for both and for its upload). Where
+    the store records no MD5 (a composite object, one encrypted with a key of the user's own), the
+    object is read back."""
     typed = {"content_type": kind} if (kind := mimetypes.guess_type(path.name)[0]) else {}
-    wrong = f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again"
-    try:
-        if path.stat().st_size < ONE_REQUEST:
-            data = path.read_bytes()
-            if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-                raise OutputError(wrong)
-            fs.pipe_file(target, data, consistency="md5", **typed)
-        else:
-            fs.put_file(str(path), target, consistency="md5", **typed)
-            if sha256 is not None and sha256_of(path) != sha256:
-                raise OutputError(wrong)
-    except ChecksumError:
-        raise OutputError(
-            f"{url}: {target} is not the file uploaded (the MD5 the store gave for it); run the conversion again"
-        ) from None
-    except KeyError:  # no md5Hash in the answer: the object is read back
+    data = path.read_bytes() if path.stat().st_size < ONE_REQUEST else None
+    md5, whole = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+    for block in _blocks(path, data):
+        md5.update(block)
+        whole.update(block)
+    if sha256 is not None and whole.hexdigest() != sha256:
+        raise OutputError(f"{url}: {target} is not the file its worker wrote (SHA-256); run the conversion again")
+    if data is not None:
+        fs.pipe_file(target, data, **typed)
+    else:
+        fs.put_file(str(path), target, **typed)
+    recorded = fs.info(target).get("md5Hash")
+    if not recorded:
         check_uploaded(fs, path, target, url, sha256)
+    elif base64.b64decode(recorded) != md5.digest():
+        raise OutputError(
+            f"{url}: {target} is not the file uploaded (the MD5 the store records for it); run the conversion again"
+        )
+
+
+def _blocks(path: Path, data: Optional[bytes]) -> Iterator[bytes]:
+    """The bytes of the file ``path``: ``data`` where it was read already, else a MiB at a time."""
+    if data is not None:
+        yield data
+        return
+    with open(path, "rb") as f:
+        yield from iter(lambda: f.read(1 << 20), b"")
 
 
 @contextlib.contextmanager

@@ -5,9 +5,11 @@ botocore signs the SHA-256 of a request's body with it (``X-Amz-Content-SHA256``
 own checksum header, over ``https://`` too. Every file packer uploads in one request, and every part
 of one uploaded in parts, carries the SHA-256 of its bytes in a signed ``x-amz-checksum-sha256``
 header (its worker's, or the part's), so that signing the body as well is one more pass of SHA-256
-over every byte uploaded, in the thread that sends it, for no more assurance: a store that checks
-the checksum (S3) refuses other bytes, and what one that does not keeps is checked by its answer's
-ETag (``object_checks``). ``send`` makes those requests through a twin of the output's s3fs
+over every byte uploaded, in the thread that sends it: a store that checks the checksum (S3) refuses
+other bytes, and what one that does not keeps is checked after by its answer's ETag
+(``object_checks``), so bytes changed on the way are caught either way (over ``http://`` to a store
+that does not check, only after the upload, where a signed body would be refused by a store that
+checks signatures). ``send`` makes those requests through a twin of the output's s3fs
 filesystem with the setting off (its session shared: botocore's service model is not read again),
 and through the filesystem itself, signed, where a store refuses them unsigned (said once per
 store, remembered for the run).
@@ -36,34 +38,37 @@ UNSIGNED_REFUSALS = frozenset(
 )
 """The error codes of a store that may refuse a request for an unsigned body: such a request is sent
 again signed; one that is refused signed too raises the signed request's error."""
-_TWINS: dict[int, tuple[Any, Any]] = {}
-"""Each s3fs filesystem's twin, by its id (the filesystem held, so its id is not another's)."""
+_TWINS: dict[tuple[int, int], tuple[Any, Any]] = {}
+"""Each s3fs filesystem's twin, by this process's id and the filesystem's (the filesystem held, so
+its id is not another's). A forked process makes its own (a filesystem's event loop is its parent's)
+and leaves its parent's alone: dropping them there would close their sessions on that loop."""
 _SIGNED_ONLY: set[tuple[str, str]] = set()
 """The stores (endpoint, bucket) that refused an unsigned body and took it signed."""
 _LOCK = threading.Lock()
 
 
-def _forget_after_fork() -> None:
-    """A forked process makes its own twins (a filesystem's event loop is its parent's), and its lock
-    anew (a fork may copy one held by another thread of the parent)."""
+def _new_lock() -> None:
     global _LOCK
-    _LOCK = threading.Lock()
-    _TWINS.clear()
+    _LOCK = threading.Lock()  # a fork may copy the lock held by another thread of the parent
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+    os.register_at_fork(after_in_child=_new_lock)
 
 
 def send(fs: Any, method: str, **request: Any) -> dict:
     """``fs.call_s3(method, **request)`` for a request whose body's SHA-256 is in ``request``
-    (``ChecksumSHA256``), its body not hashed again to be signed (see the module)."""
+    (``ChecksumSHA256``, which the store checks or packer checks after by the ETag), its body not
+    hashed again to be signed (see the module). Signed as botocore would where the filesystem's own
+    settings ask for it (``config_kwargs={"s3": {"payload_signing_enabled": True}}``)."""
+    if "ChecksumSHA256" not in request:
+        raise ValueError(f"{method} without ChecksumSHA256 would send its body with nothing to check it")
     if getattr(fs, "_s3", None) is None:
         fs.connect()
     store = (str(fs.s3.meta.endpoint_url), request["Bucket"])
     with _LOCK:
         signed = store in _SIGNED_ONLY
-    if not signed:
+    if not signed and not _asks_signed(fs):
         try:
             return _twin(fs).call_s3(method, **request)
         except OSError as e:
@@ -78,11 +83,18 @@ def send(fs: Any, method: str, **request: Any) -> dict:
     return fs.call_s3(method, **request)
 
 
+def _asks_signed(fs: Any) -> bool:
+    """Whether the filesystem's own options turn payload signing on (the user's, kept)."""
+    s3 = (getattr(fs, "config_kwargs", None) or {}).get("s3") or {}
+    return bool(s3.get("payload_signing_enabled"))
+
+
 def _twin(fs: Any) -> Any:
     """The s3fs filesystem like ``fs`` (its options, so its credentials, endpoint and region, and its
     botocore session) with ``payload_signing_enabled`` off."""
+    known = (os.getpid(), id(fs))
     with _LOCK:
-        held = _TWINS.get(id(fs))
+        held = _TWINS.get(known)
         if held is not None and held[0] is fs:
             return held[1]
     options = dict(fs.storage_options)
@@ -90,9 +102,9 @@ def _twin(fs: Any) -> Any:
     config["s3"] = {**(config.get("s3") or {}), "payload_signing_enabled": False}
     twin = type(fs)(**{**options, "config_kwargs": config, "session": fs.session}, skip_instance_cache=True)
     with _LOCK:
-        held = _TWINS.setdefault(id(fs), (fs, twin))
+        held = _TWINS.setdefault(known, (fs, twin))
         if held[0] is not fs:  # a filesystem gone, whose id this one took
-            held = _TWINS[id(fs)] = (fs, twin)
+            held = _TWINS[known] = (fs, twin)
         return held[1]
 
 

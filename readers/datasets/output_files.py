@@ -92,6 +92,9 @@ class OutputFiles:
         self.blocks: Optional[BlockCache] = None
         self._sources: dict[tuple[str, bool], RangeSource] = {}
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_sources": {}}  # made again where needed: not sent to each worker
+
     def read_by_ranges(self, blocks: Optional[BlockCache]) -> None:
         """Read the URL output's files by byte ranges from now on (``readers.remote.ranges``), their
         blocks kept in ``blocks`` too when given: ``rows`` of a large file come as they are asked for,

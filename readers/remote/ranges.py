@@ -170,7 +170,7 @@ class RangeSource:
         """The file's filesystem, path and presigned URL (None where it is not read by one), once its
         size is the manifest's."""
         fs, path = _filesystem(self.url)
-        if self.whole:  # its SHA-256 is checked instead (a longer object's first bytes differ, or its end)
+        if self.whole:  # its SHA-256 is checked instead: what is read is the manifest's bytes, or refused
             return fs, path, SignedUrl(fs, path) if can_sign(fs) else None
         for attempt in range(streams.RETRIES + 1):
             try:
@@ -317,6 +317,11 @@ def _request_round(
             Requests.bytes += len(data)
             if signed is not None:
                 signed.worked = True
+            if len(data) != end - start and source.whole and start == 0 and end == source.size:
+                raise ManifestError(  # the whole file asked: a shorter answer is a shorter object
+                    f"{source.url} is not the {source.size} bytes of the manifest (got {len(data)}): the object "
+                    "was changed or damaged after the manifest was written; run packer verify on the output"
+                )
             if len(data) != end - start:
                 raise ManifestError(
                     f"{source.url}: asked for bytes {start} to {end}, got {len(data)} bytes: the server "
@@ -341,12 +346,15 @@ def _open_all(sources: list[RangeSource]) -> None:
     each file not read whole) at once, on up to ``CONCURRENT`` threads, where they would be asked in
     turn: the first batch of a worker opens every shard it touches. The first failure is raised."""
     here = os.getpid()
-    unopened = [s for s in sources if not s.whole and (s._fs is None or s._fs[0] != here)]
+    unopened = list({id(s): s for s in sources if not s.whole and (s._fs is None or s._fs[0] != here)}.values())
     if len(unopened) < 2:
         return  # _open asks for it, if any
-    with ThreadPoolExecutor(min(CONCURRENT, len(unopened))) as pool:
+    pool = ThreadPoolExecutor(min(CONCURRENT, len(unopened)))
+    try:
         for done in [pool.submit(s._open) for s in unopened]:
             done.result()
+    finally:  # the first failure raised at once: the requests not yet made are not made
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[Any]:

@@ -19,7 +19,8 @@
   so the range reads are measured again from a lean server of the same files on 127.0.0.1, read
   by packer over ``http://`` (``--range-server``): nginx where installed (``NginxServer``, whose
   CPU is next to none: those figures are packer's own overhead), else ``RangeServer``, a threaded
-  ``http.server`` in a process of its own that answers ranges with ``os.pread``.
+  ``http.server`` in a process of its own that answers ranges with ``os.pread``; ``--repeat`` rounds,
+  each after a cold local read, medians (``lean_reads``).
 - **Append** (``--append-check``, alone): half of the photographs converted (every other file),
   the other half appended (``--append``), into the bucket and to a local folder, alternated
   ``--repeat`` times; the requests the server answered during the bucket's append.
@@ -440,13 +441,7 @@ def run(args: argparse.Namespace) -> dict:
             reads[f"{name}_requests_per_batch"] = None if asked_now is None else asked_now / batches
         lean, reads["range_server"] = range_server(args.range_server, work)
         try:
-            shutil.rmtree(blocks, ignore_errors=True)
-            for name, options in ((n, o) for n, o in runs.items() if n in HTTP_READS):
-                before, server_cpu = lean.served, lean.cpu
-                rate, _, cpu, _ = epoch(f"{lean.url}/local-npy", args.batch, args.workers, **options)
-                reads[f"http_{name}"], reads[f"http_{name}_reader_cpu_s"] = rate, cpu
-                reads[f"http_{name}_requests_per_batch"] = (lean.served - before) / batches
-                reads[f"http_{name}_server_cpu_s"] = lean.cpu - server_cpu
+            reads.update(lean_reads(lean, work, runs, batches, args))
         finally:
             lean.stop()
         print(json.dumps(reads, indent=1), flush=True)
@@ -456,6 +451,31 @@ def run(args: argparse.Namespace) -> dict:
         return results
     finally:
         _stop(server)
+
+
+def lean_reads(lean, work: Path, runs: dict, batches: int, args: argparse.Namespace) -> dict:
+    """The reads of ``HTTP_READS`` from the lean range server, ``--repeat`` rounds, each after a read of
+    the local output with its page cache dropped (alternated: the host's drift falls on both; one
+    epoch of each says little on a VM whose rates move between rounds): each figure the median of the
+    rounds, its rounds under ``_runs``, the ratio against the rounds' local median."""
+    got: dict[str, list[float]] = {}
+    for _ in range(args.repeat):
+        cold = not args.warm and drop_page_cache()
+        rate, _, cpu, _ = epoch(work / "local-npy", args.batch, args.workers)
+        got.setdefault("http_local", []).append(rate)
+        got.setdefault("http_local_reader_cpu_s", []).append(cpu)
+        shutil.rmtree(work / "blocks", ignore_errors=True)  # empty for the second, full for the third
+        for name, options in ((n, o) for n, o in runs.items() if n in HTTP_READS):
+            before, server_cpu = lean.served, lean.cpu
+            rate, _, cpu, _ = epoch(f"{lean.url}/local-npy", args.batch, args.workers, **options)
+            got.setdefault(f"http_{name}", []).append(rate)
+            got.setdefault(f"http_{name}_reader_cpu_s", []).append(cpu)
+            got.setdefault(f"http_{name}_requests_per_batch", []).append((lean.served - before) / batches)
+            got.setdefault(f"http_{name}_server_cpu_s", []).append(lean.cpu - server_cpu)
+    reads = {name: statistics.median(values) for name, values in got.items()}
+    reads.update({f"{name}_runs": values for name, values in got.items() if not name.endswith(("_cpu_s", "_batch"))})
+    reads["http_local_cold"] = cold
+    return reads
 
 
 def append_check(args: argparse.Namespace) -> dict:
@@ -548,9 +568,16 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
                 f"| {_figure(x[f'{name}_requests_per_batch'], '.2f')} | {x[f'{name}_workers_cpu_s']:.1f} (workers) | |"
                 for name, label in READS.items()
             ),
+            "",
+            f"| the same from the lean range server ({x['range_server']}), rounds: {len(x['http_local_runs'])} "
+            "(medians; each round's samples/s) | samples/s | / local | requests a batch | reader CPU s "
+            "| server CPU s |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| local output, {cold} ({_runs(x['http_local_runs'])}) | {x['http_local']:.0f} | 1.00x | "
+            f"| {x['http_local_reader_cpu_s']:.1f} | |",
             *(
-                f"| lean range server ({x['range_server']}), {label} | {x[f'http_{name}']:.0f} "
-                f"| {x[f'http_{name}'] / x['local_samples_per_s']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} "
+                f"| {label} ({_runs(x[f'http_{name}_runs'])}) | {x[f'http_{name}']:.0f} "
+                f"| {x[f'http_{name}'] / x['http_local']:.2f}x | {x[f'http_{name}_requests_per_batch']:.2f} "
                 f"| {x[f'http_{name}_reader_cpu_s']:.1f} | {x[f'http_{name}_server_cpu_s']:.1f} |"
                 for name, label in READS.items()
                 if name in HTTP_READS
@@ -561,6 +588,10 @@ def markdown(r: dict, args: argparse.Namespace) -> str:
             f"through s3fs's client{_saved_per_request(x)}.",
         ]
     )
+
+
+def _runs(rates: list[float]) -> str:
+    return ", ".join(f"{r:.0f}" for r in rates)
 
 
 def _figure(value: Optional[float], form: str) -> str:

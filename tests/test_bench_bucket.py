@@ -43,6 +43,9 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
         assert reads[name] > 0 and reads[f"{name}_requests_per_batch"] >= 0, name
     assert reads["ranges_requests_per_batch"] > 0  # no cache: every batch asks the server
     assert reads["http_ranges"] > 0 and reads["http_ranges_requests_per_batch"] > 0
+    # the lean server's reads: each round after a read of the local output, medians of the rounds
+    assert reads["http_local"] > 0 and reads["http_local_runs"] == [reads["http_local"]]
+    assert all(reads[f"http_{name}_runs"] == [reads[f"http_{name}"]] for name in bench_bucket.HTTP_READS)
     assert reads["local_cpu_s"] > 0 and reads["http_ranges_reader_cpu_s"] > 0
     # The range server runs in a process of its own, whose CPU comes in clock ticks (10 ms): three
     # small batches may cost it less than one on a fast host, so only the figure's presence is checked.
@@ -51,7 +54,9 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert all(reads[f"{name}_workers_cpu_s"] == 0 for name in bench_bucket.READS)
     out = capsys.readouterr().out
     assert "Requests the S3 server answered for each conversion into it: " in out
-    assert "| into the bucket |" in out and "| lean range server (Python's http.server), byte ranges, no cache |" in out
+    assert "| into the bucket |" in out
+    assert "the same from the lean range server (Python's http.server), rounds: 1" in out
+    assert f"| byte ranges, no cache ({reads['http_ranges']:.0f}) | {reads['http_ranges']:.0f} |" in out
     assert "through s3fs's client (no presigned URLs)" in out and "ms less for each request" in out
 
 

@@ -5,9 +5,9 @@ so that checksum is compared, once ``checks_sums`` has found that the store refu
 store that does not (moto, rclone's S3 server) is checked by the MD5 of the bytes it keeps (its
 ETag). A file too large for one request goes up in parts, each with its SHA-256, checked alike
 (``packer.output.multipart``). On Google Cloud Storage, the MD5 the store records for an object
-is compared with the file's. Other filesystems' objects, and any object no
-check covers, are read back and hashed. ``holds`` asks the same of an object already there (a part
-an interrupted run left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
+is compared with the file's. Other filesystems' objects, and any object no check covers, are read
+back and hashed. ``holds`` asks the same of an object already there (a part an interrupted run
+left); ``copy_checked`` copies a part to its published name inside the store and checks the copy:
 by the SHA-256 the store's answer to the copy gives (S3 carries over the source's; the copy of a
 file that went up in parts asks for one of its own), else by its size.
 """
@@ -400,6 +400,7 @@ __all__ = [
     "holds",
     "checks_sums",
     "checks_part_sums",
+    "is_gcs",
     "ONE_REQUEST",
     "ONE_COPY",
     "PROBE",

@@ -26,6 +26,19 @@ os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long: a test among the suite's longest, started early (see below)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """The tests of xdist groups first, then those marked ``long``, then the others, each in their
+    order. xdist's loadgroup hands a group to one process when the collection reaches it: the Ray
+    tests, a few minutes in one process, came about three quarters of the way through and ran on
+    alone at the end; a long test reached last does the same on a smaller scale. Started first,
+    they run beside the rest."""
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None, not item.get_closest_marker("long")))
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the suite's addopts): one test process more than the cores this process may use.
     A share of the suite waits with its core idle (on the subprocesses it starts, on its servers, on

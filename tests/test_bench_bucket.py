@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import s3fs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -14,6 +15,7 @@ import bench_bucket  # noqa: E402
 from packer.output.shard_uploads import AHEAD  # noqa: E402
 
 
+@pytest.mark.long
 def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, monkeypatch, capsys):
     for name in [*bench_bucket.AWS, "AWS_ENDPOINT_URL"]:  # start_server sets them: put back after the test
         monkeypatch.setenv(name, "unset")
@@ -60,6 +62,7 @@ def test_a_small_run_reports_the_conversions_their_cpu_and_every_read(tmp_path, 
     assert "through s3fs's client (no presigned URLs)" in out and "ms less for each request" in out
 
 
+@pytest.mark.long
 def test_a_server_of_its_own_is_measured_without_counting_its_requests(s3_server, tmp_path, monkeypatch, capsys):
     """``--endpoint``: a server already running (here the fixture's moto, found as a store on another
     machine would be), its credentials from the environment; nothing of it is counted."""

@@ -7,10 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import bench_tokens  # noqa: E402
 
 
+@pytest.mark.long
 def test_a_small_run_reports_the_floor_both_packings_the_size_and_the_reads(tmp_path, capsys):
     args = bench_tokens.parser().parse_args(
         ["--corpus-mb", "1", "--vocab", "400", "--block", "64", "--seconds", "0.2", "--work", str(tmp_path)]

@@ -64,6 +64,7 @@ def test_shards_started_during_the_walk_give_the_same_output(tmp_path, watched, 
     assert no_staging(tmp_path / "early")
 
 
+@pytest.mark.long
 def test_a_large_source_under_auto_starts_early_with_a_fixed_cut(tmp_path, watched, monkeypatch):
     tree = _tree(tmp_path / "src", classes=8, per_class=25)
     monkeypatch.setattr(packer.run.plan, "ESTIMATE_PREFIX", 16)

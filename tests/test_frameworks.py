@@ -117,6 +117,7 @@ def _lightning_ddp_rank(rank: int, world: int, port: int, payload: dict, out: st
     rank_result(out, rank, result)
 
 
+@pytest.mark.long
 def test_lightning_ddp_on_two_processes_splits_every_epoch_between_the_ranks(packed, tmp_path):
     ranks = run_ranks(_lightning_ddp_rank, {fmt: str(packed[fmt]) for fmt in ("npy", "wds")}, tmp_path)
     for fmt in ("npy", "wds"):

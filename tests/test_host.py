@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from packer.advisor.host import SIMD_CAPS, Host, describe_host
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +74,7 @@ def test_a_cap_is_claimed_only_when_the_environment_sets_it_and_the_libraries_to
     assert _capped(below) is None  # a partial cap is not claimed
 
 
+@pytest.mark.long
 def test_as_simd_runs_a_command_with_torch_and_numpy_on_avx2_kernels():
     probe = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); from packer.advisor.host import describe_host; "

@@ -195,6 +195,7 @@ def _stock_arrays(out: Path, fmt: str) -> list[tuple[np.ndarray, np.ndarray, np.
     return found
 
 
+@pytest.mark.long
 def test_every_format_holds_the_same_blocks_read_with_its_own_library(corpus, tmp_path):
     src, tokenizer, _ = corpus
     stored = {}
@@ -212,6 +213,7 @@ def test_every_format_holds_the_same_blocks_read_with_its_own_library(corpus, tm
                 np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.long
 def test_a_tar_token_output_is_read_and_verified_as_the_others(corpus, tmp_path):
     from packer.spec.errors import ManifestError
     from readers import make_loader, open_dataset

@@ -86,6 +86,7 @@ def test_the_readme_is_a_product_page_that_links_its_docs():
         assert f"]({doc}" in text and (ROOT / doc).is_file()
 
 
+@pytest.mark.long
 def test_the_suites_xdist_groups_keep_their_tests_in_one_process(tmp_path):
     """The suite's addopts run ``--dist loadgroup``: the tests of one xdist group (one Ray instance, one
     slow fixture) go to one process. A pytest and pytest-xdist pair where that silently stops (pytest

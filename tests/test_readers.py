@@ -187,6 +187,7 @@ def test_wds_reader_refuses_unsafe_member_names(tmp_path, packed):
 # ------------------------------------------------------------------------- review regressions
 
 
+@pytest.mark.long
 def test_spawned_workers_read_every_sample(packed):
     """The spawn start method (Windows, macOS, some clusters) pickles the dataset to each worker. The
     map-style readers travel together (one loader, whose spawned workers each import torch once),
@@ -228,6 +229,7 @@ def test_open_shards_are_bounded(packed):
     assert all(torch.equal(a, b) for a, b in zip(first, [open_dataset(packed["npy"])[i][0] for i in range(15)]))
 
 
+@pytest.mark.long
 def test_many_shards_under_a_low_open_file_limit(tmp_path):
     """80 shards (each format holds one file or more open a shard) read under ulimit -n 64, 8 open
     at a time: handles are closed as they are evicted (with all kept open, every format fails)."""

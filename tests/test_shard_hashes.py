@@ -26,6 +26,7 @@ def load_script() -> ModuleType:
     return module
 
 
+@pytest.mark.long
 def test_every_output_file_has_its_recorded_hash() -> None:
     """The conversions give the recorded bytes, unless the libraries that shape them are other versions."""
     script = load_script()

@@ -18,11 +18,10 @@ store, remembered for the run).
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from typing import Any
 
 from packer.spec.errors import store_refusal
+from packer.spec.locations import configured_like
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +37,8 @@ UNSIGNED_REFUSALS = frozenset(
 )
 """The error codes of a store that may refuse a request for an unsigned body: such a request is sent
 again signed; one that is refused signed too raises the signed request's error."""
-_TWINS: dict[tuple[int, int], tuple[Any, Any]] = {}
-"""Each s3fs filesystem's twin, by this process's id and the filesystem's (the filesystem held, so
-its id is not another's). A forked process makes its own (a filesystem's event loop is its parent's)
-and leaves its parent's alone: dropping them there would close their sessions on that loop."""
 _SIGNED_ONLY: set[tuple[str, str]] = set()
 """The stores (endpoint, bucket) that refused an unsigned body and took it signed."""
-_LOCK = threading.Lock()
-
-
-def _new_lock() -> None:
-    global _LOCK
-    _LOCK = threading.Lock()  # a fork may copy the lock held by another thread of the parent
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock)
 
 
 def send(fs: Any, method: str, **request: Any) -> dict:
@@ -66,19 +51,16 @@ def send(fs: Any, method: str, **request: Any) -> dict:
     if getattr(fs, "_s3", None) is None:
         fs.connect()
     store = (str(fs.s3.meta.endpoint_url), request["Bucket"])
-    with _LOCK:
-        signed = store in _SIGNED_ONLY
-    if not signed and not _asks_signed(fs):
+    if store not in _SIGNED_ONLY and not _asks_signed(fs):
         try:
             return _twin(fs).call_s3(method, **request)
         except OSError as e:
             if store_refusal(e) not in UNSIGNED_REFUSALS:
                 raise
             answer = fs.call_s3(method, **request)  # its error, where it fails too
-            with _LOCK:
-                if store not in _SIGNED_ONLY:
-                    log.info("%s refused an upload with an unsigned body (%s): signed from now on", store[0], e)
-                    _SIGNED_ONLY.add(store)
+            if store not in _SIGNED_ONLY:  # said once (twice at worst, from two threads at once)
+                log.info("%s refused an upload with an unsigned body (%s): signed from now on", store[0], e)
+                _SIGNED_ONLY.add(store)
             return answer
     return fs.call_s3(method, **request)
 
@@ -90,22 +72,8 @@ def _asks_signed(fs: Any) -> bool:
 
 
 def _twin(fs: Any) -> Any:
-    """The s3fs filesystem like ``fs`` (its options, so its credentials, endpoint and region, and its
-    botocore session) with ``payload_signing_enabled`` off."""
-    known = (os.getpid(), id(fs))
-    with _LOCK:
-        held = _TWINS.get(known)
-        if held is not None and held[0] is fs:
-            return held[1]
-    options = dict(fs.storage_options)
-    config = dict(options.get("config_kwargs") or {})
-    config["s3"] = {**(config.get("s3") or {}), "payload_signing_enabled": False}
-    twin = type(fs)(**{**options, "config_kwargs": config, "session": fs.session}, skip_instance_cache=True)
-    with _LOCK:
-        held = _TWINS.setdefault(known, (fs, twin))
-        if held[0] is not fs:  # a filesystem gone, whose id this one took
-            held = _TWINS[known] = (fs, twin)
-        return held[1]
+    """The s3fs filesystem like ``fs`` with ``payload_signing_enabled`` off."""
+    return configured_like(fs, s3={"payload_signing_enabled": False})
 
 
 __all__ = ["send", "UNSIGNED_REFUSALS"]

@@ -6,7 +6,7 @@ path as npy, with the byte offsets taken from h5py, not assumed. Any other layou
 rewritten with compression, say) is read through h5py. Encoded images (jpeg, png) are sliced out
 of the flat bytes dataset and decoded.
 
-From a URL, h5py reads the file through a ``RangeFile`` (``readers.remote.ranges``), the images
+From a URL, h5py reads the file through a ``RangeFile`` (``readers.remote.range_file``), the images
 by the same chunk offsets; a batch's chunks (of raw images, and of the flat bytes of encoded
 images and text fields) are fetched at once, and each sample is checked against its CRC-32.
 """
@@ -39,7 +39,7 @@ from packer.spec.shard_names import (
 )
 from readers.datasets.mapstyle import PackedDataset
 from readers.remote.npy_ranges import RemoteArray
-from readers.remote.ranges import RangeFile
+from readers.remote.range_file import RangeFile
 from readers.remote.sample_checks import SampleChecks
 
 CHUNK_CACHE_BYTES = 4 * 1024**2  # per open file; raw samples are one chunk each, encoded ones 64 KiB chunks

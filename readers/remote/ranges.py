@@ -7,7 +7,7 @@
   neighbouring blocks joined into one request, all the requests at once (fsspec's ``cat_ranges``:
   concurrent on the asynchronous backends, s3fs, gcsfs and HTTP), so a batch's latency is one round
   trip, not one a sample. The readers call it with a whole batch's spans before they read its samples.
-- ``read(start, end)`` gives the bytes, from the caches or fetched then; ``RangeFile`` is a file
+- ``read(start, end)`` gives the bytes, from the caches or fetched then; ``range_file.RangeFile`` is a file
   object over them (for h5py), ``npy_ranges.RemoteArray`` an array.
 
 Blocks are kept in this process's memory (``block_memory.MEMORY``, least recently used dropped past
@@ -28,7 +28,6 @@ against the checksum of its index the manifest records (``packer.spec.hdf5_index
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -433,36 +432,3 @@ def _dropped(error: BaseException) -> bool:
     return isinstance(error, (ConnectionError, TimeoutError)) or bool(
         names & {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError"}
     )
-
-
-class RangeFile(io.RawIOBase):
-    """A read-only binary file over a RangeSource, for libraries that take a file object (h5py):
-    each read served from the blocks, fetched when no cache holds them."""
-
-    def __init__(self, source: RangeSource) -> None:
-        super().__init__()
-        self.source, self.at = source, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.at
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.at, io.SEEK_END: self.source.size}[whence]
-        self.at = max(0, base + int(offset))
-        return self.at
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        end = min(self.source.size, self.at + len(view))
-        if end <= self.at:
-            return 0
-        data = self.source.read(self.at, end)
-        view[: len(data)] = data
-        self.at = end
-        return len(data)

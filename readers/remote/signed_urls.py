@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 from typing import Any, Optional
+
+from packer.spec.locations import configured_like
 
 SIGNED_FOR = 3600
 """Seconds a presigned URL is good for; it is signed again once half of them have gone."""
@@ -107,32 +108,11 @@ _PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY
 would take them with ``trust_env``, which looks them up again at every request: twice the CPU)."""
 
 
-_SIGNERS: dict[int, tuple[Any, Any]] = {}
-"""This process's signer of each s3fs filesystem, by its id (the filesystem held, so its id is not
-another's): by the instance, not its options, whose environment (an endpoint) may have changed."""
-_SIGNING = threading.Lock()
-
-
-def _new_lock() -> None:
-    global _SIGNING
-    _SIGNING = threading.Lock()  # a fork may copy the lock held by another thread of the parent
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock)
-
-
 def _signer(fs: Any) -> Any:
     """An s3fs filesystem like ``fs`` (same options, so the same credentials, endpoint and region)
     that presigns with Signature Version 4: botocore presigns S3 URLs with version 2 unless the
     client's ``signature_version`` is set, and S3 refuses version 2 for buckets made since 2020."""
-    with _SIGNING:
-        held = _SIGNERS.get(id(fs))
-        if held is None or held[0] is not fs:
-            options = dict(fs.storage_options)
-            options["config_kwargs"] = {**options.get("config_kwargs", {}), "signature_version": "s3v4"}
-            held = _SIGNERS[id(fs)] = (fs, type(fs)(**options, skip_instance_cache=True))
-        return held[1]
+    return configured_like(fs, signature_version="s3v4")
 
 
 class _Unsigned(logging.Filter):
@@ -170,9 +150,8 @@ def _http() -> Any:
     if bundle:
         import ssl
 
-        with _SIGNING:
-            if bundle not in _TLS:
-                _TLS[bundle] = ssl.create_default_context(cafile=bundle)
+        if bundle not in _TLS:  # two threads at once may each make one: either serves
+            _TLS[bundle] = ssl.create_default_context(cafile=bundle)
         options["ssl"] = _TLS[bundle]  # each request's (fsspec passes its options to aiohttp's get)
     return fsspec.filesystem("http", encoded=True, **options)
 

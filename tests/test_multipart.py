@@ -357,6 +357,42 @@ def test_a_publish_aborts_the_uploads_in_parts_a_killed_run_left(s3_server, tmp_
         fs.call_s3("abort_multipart_upload", Bucket="data", Key=upload["Key"], UploadId=upload["UploadId"])
 
 
+def test_a_store_that_lists_no_uploads_in_parts_is_told_once_a_run_was_killed_there(s3_server, tmp_path, caplog):
+    """A store that answers ``NotImplemented`` to the listing of unfinished uploads (s3rver, some
+    S3-compatible stores): a note, not a warning after every conversion; a warning naming the
+    lifecycle rule where a killed run had left its parts in the prefix."""
+    from click.testing import CliRunner
+    from conftest import make_tree
+
+    from packer.cli import cli
+
+    fs = s3_server
+    src = tmp_path / "images"
+    make_tree(src, {"ant": 2, "bee": 2})
+
+    def not_implemented(params, **kwargs):
+        raise botocore.exceptions.ClientError(
+            {"Error": {"Code": "NotImplemented", "Message": "not implemented"}}, "ListMultipartUploads"
+        )
+
+    def convert(prefix: str) -> str:
+        caplog.clear()
+        with s3_calls(fs, **{"before-parameter-build.s3.ListMultipartUploads": not_implemented}):
+            with caplog.at_level("INFO", logger="packer.output.upload"):
+                r = CliRunner().invoke(cli, ["convert", str(src), "-f", "wds", "-o", f"s3://data/{prefix}", "-q"])
+        assert r.exit_code == 0, r.output
+        assert fs.exists(f"data/{prefix}/manifest.json")
+        [said] = [r for r in caplog.records if "uploads in parts" in r.getMessage()]
+        assert "does not list unfinished uploads in parts (NotImplemented)" in said.getMessage()
+        assert "AbortIncompleteMultipartUpload" in said.getMessage()
+        return said.levelname
+
+    assert convert("listless") == "INFO"
+    fs.pipe_file("data/listless-killed/.packer-parts/0123456789ab-0/shard-00000.tar", b"a killed run's part")
+    assert convert("listless-killed") == "WARNING"
+    assert not fs.exists("data/listless-killed/.packer-parts")  # the killed run's part went on publishing
+
+
 def test_a_file_of_one_copy_or_more_is_copied_in_parts_and_reads_whole(s3_server, large, monkeypatch):
     """From ``ONE_COPY`` bytes (s3fs's own threshold), s3fs copies in parts, and the copy reads whole:
     a store's checksum of the source's part checksums is not carried over to it (a one-request copy

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from packer.output.multipart import abort_unfinished
+from packer.output.multipart import UNSUPPORTED, abort_unfinished
 from packer.output.object_checks import check_uploaded, holds, put_checked
 from packer.output.prefix_lock import (
     LOCK_LEASE,
@@ -38,7 +38,7 @@ from packer.output.prefix_lock import (
     check_own_lock,
 )
 from packer.output.replaced_files import ReplacedFiles
-from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, damaged_in_store
+from packer.spec.errors import DAMAGED_IN_STORE, ManifestError, OutputError, damaged_in_store, store_refusal
 from packer.spec.listed_files import sha256_of
 from packer.spec.locations import store_error_reason
 from packer.spec.manifest import MANIFEST_NAME, parse_manifest
@@ -220,10 +220,24 @@ def upload_output(
         except PermissionError as e:  # credentials without the right to list them (least privilege): no harm done
             log.debug("%s: uploads in parts a killed run left were not looked for (%s)", dest.url, e)
         except Exception as e:  # noqa: BLE001 - the output is whole; the next publish tries again
-            log.warning(
-                "%s is published, but uploads in parts a killed run left could not be aborted (%s)", dest.url, e
-            )
+            # a killed run leaves its records under PARTS, where any upload in parts it left would be
+            _abort_failed(dest.url, e, any(n.startswith(f"{PARTS}/") for n in dest.before))
     return size
+
+
+def _abort_failed(url: str, error: Exception, left_parts: bool) -> None:
+    """Say that the uploads in parts a killed run may have left could not be aborted: a warning where
+    the store failed, or where an interrupted run had left objects in the prefix (``left_parts``); a
+    note (``-v``) where the store does not list such uploads at all (it answers ``NotImplemented``)
+    and no run was interrupted there, which would otherwise be said after every conversion into it."""
+    if isinstance(error, OSError) and store_refusal(error) in UNSUPPORTED:
+        said = (
+            "%s: the store does not list unfinished uploads in parts (%s), so packer cannot abort those a "
+            "killed run may have left; a lifecycle rule of the bucket (AbortIncompleteMultipartUpload) removes them"
+        )
+        (log.warning if left_parts else log.info)(said, url, store_refusal(error))
+        return
+    log.warning("%s is published, but uploads in parts a killed run left could not be aborted (%s)", url, error)
 
 
 def _stored(fs: Any, target: str, path: Path) -> bool:

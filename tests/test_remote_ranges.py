@@ -87,7 +87,7 @@ def test_opening_shards_reads_their_small_files_in_one_round_without_asking_thei
     answers, bounded = ranges._answers, ranges._bounded
 
     def answers_seen(fs, runs, *more):
-        rounds.append(sorted({source.url.rsplit("/", 1)[1] for source, _, _ in runs}))
+        rounds.append(sorted({source.url.rsplit("/", 1)[1] for source, *_ in runs}))
         return answers(fs, runs, *more)
 
     def bounded_seen(fs, method, timeout, *args, **kwargs):
@@ -134,7 +134,7 @@ def test_a_batch_is_one_round_of_joined_requests_then_served_from_the_cache(outp
     batch = [1, 2, 3, 4, 20, 21]  # two runs of neighbours
     calls: list[int] = []
     real = ranges._request
-    ranges._request = lambda wanted: calls.append(len(wanted)) or real(wanted)
+    ranges._request = lambda wanted, *more: calls.append(len(wanted)) or real(wanted, *more)
     try:
         before = Requests.requests
         got = ds.__getitems__(batch)
@@ -421,6 +421,77 @@ def test_reads_across_blocks_are_the_file_bytes_and_views_where_one_block_holds_
     one_block = source.read(2050, 4000)  # inside block 1: a view of the cached block, no copy
     assert isinstance(one_block, memoryview) and one_block.obj is not None
     assert np.frombuffer(source.read(0, 64), np.uint8).flags.writeable is False
+
+
+def _images_source(local: dict, cache=None) -> tuple:
+    """A RangeSource of the images file of npy-raw's first shard in the bucket, and the file's bytes."""
+    from packer.spec.entries import FileEntry
+    from packer.spec.listed_files import sha256_of
+
+    path = sorted(local["npy-raw"].glob("*.images.npy"))[0]
+    entry = FileEntry(path.name, path.stat().st_size, sha256_of(path))
+    return ranges.RangeSource(f"s3://data/ranges/npy-raw/{path.name}", entry, cache), path.read_bytes()
+
+
+def test_a_batchs_samples_bring_their_own_bytes_not_the_blocks_around_them(outputs, monkeypatch, tmp_path):
+    """``fetch_all(exact=True)``, without a disk cache: each run of blocks is asked for from its
+    samples' first byte to their last (to a page), one request a run as before, and each sample is
+    read from its answer; with a disk cache, whole blocks, which the cache keeps."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 4096)
+    monkeypatch.setattr(ranges, "PAGE", 512)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    samples = [(128 + 2304 * i, 128 + 2304 * (i + 1)) for i in (1, 9)]  # blocks 0-1, and block 5
+    asked, brought = Requests.requests, Requests.bytes
+    ranges.fetch_all([(source, samples)], exact=True)
+    assert Requests.requests - asked == 2  # one request a run of blocks, as whole blocks would be
+    assert Requests.bytes - brought == (5120 - 2048) + (23552 - 20480)  # from page to page, not 12,288 bytes
+    asked = Requests.requests
+    for start, end in samples:
+        got = source.read(start, end)
+        assert bytes(got) == whole[start:end] and isinstance(got, memoryview) and got.readonly
+    assert Requests.requests == asked  # every sample from the batch's answers
+    ranges.fetch_all([(source, [(128, 200)])], exact=True)  # the next batch: the last one's answers go
+    assert ranges.MEMORY.span(source.key, *samples[0]) is None
+    # with a disk cache, the blocks are asked for whole: the cache keeps them for later readers
+    cached, _ = _images_source(local, BlockCache(tmp_path / "cache", 1 << 20))
+    brought = Requests.bytes
+    ranges.fetch_all([(cached, samples)], exact=True)
+    assert Requests.bytes - brought == 2 * 4096 + 4096
+    assert bytes(cached.read(*samples[1])) == whole[slice(*samples[1])]
+
+
+def test_a_sample_half_in_a_block_held_already_is_read_from_whole_blocks(outputs, monkeypatch):
+    """A run whose sample goes on into a block the memory holds is asked for whole: the sample is
+    then read from the two blocks, with no request more."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 4096)
+    monkeypatch.setattr(ranges, "PAGE", 512)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    ranges.fetch_all([(source, [(4200, 4300)])])  # block 1, whole, kept in memory
+    sample = (128 + 2304 * 3, 128 + 2304 * 4)  # 7,040 to 9,344: blocks 1 and 2
+    asked, brought = Requests.requests, Requests.bytes
+    ranges.fetch_all([(source, [sample])], exact=True)
+    assert Requests.requests - asked == 1 and Requests.bytes - brought == 4096  # block 2, whole
+    assert bytes(source.read(*sample)) == whole[slice(*sample)]
+    assert Requests.requests - asked == 1
+    assert ranges._trimmed(4096, 8192, [(7040, 9344)]) == (4096, 8192)  # a span past the run's end, too
+    assert ranges._trimmed(4096, 12288, [(5000, 5100), (9000, 9100)]) == (4608, 9216)
+
+
+def test_a_sample_that_fails_its_check_is_fetched_again_from_the_store(outputs, monkeypatch):
+    """``forget`` drops the batch's answers of the file as well as its blocks: the next read asks again."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 4096)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    sample = (128 + 2304 * 9, 128 + 2304 * 10)
+    ranges.fetch_all([(source, [sample])], exact=True)
+    source.forget([sample])
+    asked = Requests.requests
+    assert bytes(source.read(*sample)) == whole[slice(*sample)] and Requests.requests == asked + 1
 
 
 def test_a_connection_closed_without_an_answer_is_asked_again(outputs, small_blocks, throttling, monkeypatch):

@@ -288,7 +288,7 @@ class PackedDataset(ReaderBase, Dataset):
         for shard, _, local in by_shard:
             with self.reading(shard):
                 wanted += self.ranges_of(self.handles.get(shard, self), local)
-        fetch_all(wanted)
+        fetch_all(wanted, exact=True)
 
     @contextlib.contextmanager
     def reading(self, shard: int):

@@ -33,6 +33,10 @@ class BlockMemory:
         self.batch: dict[tuple[str, int], Buffer] = {}
         """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
         than the memory is still read from one round of requests."""
+        self.spans: dict[str, list[tuple[int, int, bytes]]] = {}
+        """The answers of the last ``fetch_all`` cut to its samples' bytes, by file key, as ``(start,
+        end, bytes)``: held until the next, as ``batch``, and not as blocks (each begins or ends
+        inside one)."""
         self.lock = threading.Lock()
         _MEMORIES.add(self)
 
@@ -45,6 +49,18 @@ class BlockMemory:
             if data is not None:
                 self.blocks.move_to_end(key)
             return data
+
+    def span(self, key: str, start: int, end: int) -> Optional[memoryview]:
+        """Bytes ``[start, end)`` of the file ``key`` from an answer of the last batch that holds them
+        all (a view, no copy), or None."""
+        for first, last, data in self.spans.get(key, ()):
+            if first <= start and end <= last:
+                return memoryview(data).toreadonly()[start - first : end - first]
+        return None
+
+    def drop_spans(self, key: str) -> None:
+        """Forget the last batch's answers of the file ``key`` (one failed a check)."""
+        self.spans.pop(key, None)
 
     def drop(self, key: tuple[str, int]) -> None:
         with self.lock:

@@ -6,7 +6,11 @@
 - ``fetch_all([(source, spans), ...])`` asks for every block the spans need that no cache holds,
   neighbouring blocks joined into one request, all the requests at once (fsspec's ``cat_ranges``:
   concurrent on the asynchronous backends, s3fs, gcsfs and HTTP), so a batch's latency is one round
-  trip, not one a sample. The readers call it with a whole batch's spans before they read its samples.
+  trip, not one a sample. The readers call it with a whole batch's spans before they read its samples,
+  with ``exact=True``: where the file has no disk cache, each request is cut to the bytes its
+  samples need (to ``PAGE``), not the whole blocks around them, and kept for the batch. Each byte
+  received costs the worker's HTTP client CPU (copied and checked as it comes), so a random sample
+  smaller than a block no longer brings one or two blocks' worth.
 - ``read(start, end)`` gives the bytes, from the caches or fetched then; ``range_file.RangeFile`` is a file
   object over them (for h5py), ``npy_ranges.RemoteArray`` an array.
 
@@ -47,6 +51,8 @@ BLOCK = 256 << 10
 more requests where samples are read in order."""
 CONCURRENT = 32
 """Requests a process has in flight at once, at most (a batch needing more makes them in turns)."""
+PAGE = 4096
+"""The alignment of a batch's requests trimmed to its samples' bytes (``fetch_all(exact=True)``)."""
 
 
 class Requests:
@@ -216,6 +222,7 @@ class RangeSource:
     def forget(self, spans: Iterable[tuple[int, int]]) -> None:
         """Drop the blocks of the spans from every cache: they did not match a checksum, and are
         fetched again when next asked for."""
+        MEMORY.drop_spans(self.key)
         for n in self._blocks(spans):
             MEMORY.drop((self.key, n))
             if self.cache is not None:
@@ -227,9 +234,12 @@ class RangeSource:
         numbers = self._blocks([(start, end)])
         if not numbers:
             return b""
+        fetched = MEMORY.span(self.key, start, end)  # a sample of the batch, asked for by its bytes
+        if fetched is not None:
+            return fetched
         parts = [self._cached(n) for n in numbers]
         if any(p is None for p in parts):
-            got = _request([(self, [n for n, p in zip(numbers, parts) if p is None])])
+            got = _request([(self, [n for n, p in zip(numbers, parts) if p is None], None)])
             parts = [p if p is not None else got[self.key, n] for n, p in zip(numbers, parts)]
         first = numbers[0] * self.block
         if len(parts) == 1:
@@ -243,12 +253,26 @@ class RangeSource:
         return memoryview(data).toreadonly()
 
 
-def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]]) -> None:
-    """``RangeSource.fetch`` of several files at once: every missing block of all of them asked for
-    in one round of concurrent requests (one per run of neighbouring blocks)."""
-    missing = [(source, [n for n in source._blocks(spans) if source._cached(n) is None]) for source, spans in wanted]
-    missing = [(source, numbers) for source, numbers in missing if numbers]
-    MEMORY.batch = _request(missing) if missing else {}
+def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]], exact: bool = False) -> None:
+    """The byte spans of several files fetched at once: every missing block of all of them asked for
+    in one round of concurrent requests (one per run of neighbouring blocks).
+
+    ``exact`` (a batch's samples): a run of a file with no disk cache is asked for only from the
+    first to the last byte its spans need in it (to ``PAGE``), not from its first block's start to
+    its last block's end: a random sample then brings its own bytes, not the blocks around it (a
+    150 KB sample spans one or two blocks of 256 KiB). The answer is kept for the batch
+    (``BlockMemory.spans``), and the whole blocks inside it as blocks; a run that a span goes on
+    past (into a block held already) is asked for whole, so that the span's bytes are all in blocks."""
+    missing = []
+    for source, spans in wanted:
+        spans = list(spans)
+        numbers = [n for n in source._blocks(spans) if source._cached(n) is None]
+        if numbers:
+            trimmed = exact and source.cache is None and not source.whole
+            missing.append((source, numbers, spans if trimmed else None))
+    cut: dict[str, list[tuple[int, int, bytes]]] = {}
+    MEMORY.batch = _request(missing, cut) if missing else {}
+    MEMORY.spans = cut
 
 
 _REFUSED = object()
@@ -258,16 +282,21 @@ _UNREACHED = object()
 ever worked (``_refusal``)."""
 
 
-def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int], Buffer]:
+def _request(
+    wanted: list[tuple[RangeSource, list[int], Optional[list[tuple[int, int]]]]],
+    spans: Optional[dict[str, list[tuple[int, int, bytes]]]] = None,
+) -> dict[tuple[str, int], Buffer]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
     filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
-    Returns them by ``(source.key, number)``. The blocks whose presigned URLs the store refused are
-    asked again, signed again, then through s3fs (``SignedUrl.refused``): three rounds at most, the
-    blocks that came kept."""
+    Returns them by ``(source.key, number)``. Where a source comes with its spans, each run is asked
+    for as far as they need it (``fetch_all``'s ``exact``), the answers of runs cut so put in
+    ``spans`` by the source's key, as ``(start, end, bytes)``. The blocks whose presigned URLs the
+    store refused are asked again, signed again, then through s3fs (``SignedUrl.refused``): three
+    rounds at most, the blocks that came kept."""
     got: dict[tuple[str, int], Buffer] = {}
+    done: set[tuple[str, int]] = set()
     for attempt in range(3):
-        more, refused = _request_round(wanted)
-        got.update(more)
+        refused = _request_round(wanted, got, done, spans if spans is not None else {})
         if not refused:
             break
         for source, by_store in refused:
@@ -275,21 +304,40 @@ def _request(wanted: list[tuple[RangeSource, list[int]]]) -> dict[tuple[str, int
             if attempt:
                 source.signed.plain = True  # type: ignore[union-attr]  # refused twice: s3fs's answer tells
         again = {id(source) for source, _ in refused}  # their blocks that came are kept, not asked again
-        wanted = [(s, [n for n in numbers if (s.key, n) not in got]) for s, numbers in wanted if id(s) in again]
+        wanted = [
+            (s, [n for n in numbers if (s.key, n) not in done], trim) for s, numbers, trim in wanted if id(s) in again
+        ]
     if refused:  # a guard: the third round goes through s3fs, which is never refused
         raise ManifestError(f"reading {refused[0][0].url} failed: its presigned URL was refused, and s3fs's read too")
     return got
 
 
+def _trimmed(start: int, end: int, spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of a run of blocks cut to those the ``spans`` need in it (to ``PAGE``).
+    A run a span goes on past (into a block held already) is not cut: that span is read from blocks,
+    so the run's must be whole."""
+    inside = [(a, b) for a, b in spans if a < end and b > start and b > a]
+    if not inside:
+        return start, end
+    first, last = min(a for a, _ in inside), max(b for _, b in inside)
+    if first < start or last > end:
+        return start, end
+    return max(start, first - first % PAGE), min(end, last + (-last) % PAGE)
+
+
 def _request_round(
-    wanted: list[tuple[RangeSource, list[int]]],
-) -> tuple[dict[tuple[str, int], Buffer], list[tuple[RangeSource, bool]]]:
-    """One try of ``_request``: the blocks fetched, and the sources whose presigned URLs were refused,
-    each with whether the store refused it (not a failure to connect). A refused source's blocks that
-    did come are kept (``_request`` asks for the others only)."""
-    _open_all([source for source, _ in wanted])
-    asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int]]]]] = {}  # by filesystem
-    for source, numbers in wanted:
+    wanted: list[tuple[RangeSource, list[int], Optional[list[tuple[int, int]]]]],
+    got: dict[tuple[str, int], Buffer],
+    done: set[tuple[str, int]],
+    spans: dict[str, list[tuple[int, int, bytes]]],
+) -> list[tuple[RangeSource, bool]]:
+    """One try of ``_request``: the blocks fetched put in ``got`` (whole ones) and ``done`` (every
+    block of a run that came, cut or not), the cut runs' answers in ``spans``; returns the sources
+    whose presigned URLs were refused, each with whether the store refused it (not a failure to
+    connect). A refused source's runs that did come are kept (``_request`` asks for the others only)."""
+    _open_all([source for source, _, _ in wanted])
+    asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int], int, int]]]] = {}  # by filesystem
+    for source, numbers, trim in wanted:
         fs, path = source._open()
         runs: list[list[int]] = []
         for n in numbers:
@@ -297,14 +345,15 @@ def _request_round(
                 runs[-1].append(n)
             else:
                 runs.append([n])
-        asks.setdefault(id(fs), (fs, []))[1].extend((source, path, run) for run in runs)
-    got: dict[tuple[str, int], Buffer] = {}
+        for run in runs:
+            start, end = run[0] * source.block, run[-1] * source.block + source._length(run[-1])
+            if trim is not None:
+                start, end = _trimmed(start, end, trim)
+            asks.setdefault(id(fs), (fs, []))[1].append((source, path, run, start, end))
     refused: list[tuple[RangeSource, bool]] = []
     for fs, runs in asks.values():
-        starts = [run[0] * source.block for source, _, run in runs]
-        ends = [run[-1] * source.block + source._length(run[-1]) for source, _, run in runs]
-        answers = _answers(fs, runs, starts, ends)
-        for (source, _, run), start, end, data in zip(runs, starts, ends, answers):
+        answers = _answers(fs, runs, [r[3] for r in runs], [r[4] for r in runs])
+        for (source, _, run, start, end), data in zip(runs, answers):
             signed = source.signed
             signed = signed if signed is not None and not signed.plain else None  # by a presigned URL
             if data is _REFUSED or data is _UNREACHED or (signed is not None and len(data) != end - start):
@@ -327,17 +376,23 @@ def _request_round(
                     "does not answer range requests, or the object changed. Read the output with "
                     "download=True and cache_dir= (each shard file downloaded whole, then checked)"
                 )
+            done.update((source.key, n) for n in run)
+            cut = start != run[0] * source.block or end != run[-1] * source.block + source._length(run[-1])
+            if cut:
+                spans.setdefault(source.key, []).append((start, end, data))
             view = memoryview(data)
             for n in run:
+                at = n * source.block - start
+                if at < 0 or at + source._length(n) > end - start:
+                    continue  # a block the cut run holds part of: not a block of the caches
                 # a view of the run's answer, not a copy: the answer stays while any of its blocks
                 # does, and the memory counts it whole (``_Memory``)
-                at = (n - run[0]) * source.block
-                block = view[at : at + source._length(n)] if len(run) > 1 else data
+                block = view[at : at + source._length(n)] if len(run) > 1 or cut else data
                 got[source.key, n] = block
                 MEMORY.put((source.key, n), block)
                 if source.cache is not None:
                     source.cache.put(source.key, n, block)
-    return got, refused
+    return refused
 
 
 def _open_all(sources: list[RangeSource]) -> None:

@@ -452,8 +452,6 @@ def test_a_batchs_samples_bring_their_own_bytes_not_the_blocks_around_them(outpu
         got = source.read(start, end)
         assert bytes(got) == whole[start:end] and isinstance(got, memoryview) and got.readonly
     assert Requests.requests == asked  # every sample from the batch's answers
-    ranges.fetch_all([(source, [(128, 200)])], exact=True)  # the next batch: the last one's answers go
-    assert ranges.MEMORY.span(source.key, *samples[0]) is None
     # with a disk cache, the blocks are asked for whole: the cache keeps them for later readers
     cached, _ = _images_source(local, BlockCache(tmp_path / "cache", 1 << 20))
     brought = Requests.bytes
@@ -479,6 +477,96 @@ def test_a_sample_half_in_a_block_held_already_is_read_from_whole_blocks(outputs
     assert Requests.requests - asked == 1
     assert ranges._trimmed(4096, 8192, [(7040, 9344)]) == (4096, 8192)  # a span past the run's end, too
     assert ranges._trimmed(4096, 12288, [(5000, 5100), (9000, 9100)]) == (4608, 9216)
+
+
+def test_a_later_batchs_sample_that_the_memory_keeps_is_not_asked_again(outputs, monkeypatch):
+    """The cut answers are kept in the process's memory as blocks are (persistent workers read a
+    small output from memory after their first epoch); past the memory's limit, the least recently
+    used go, and their samples are asked for again."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 4096)
+    monkeypatch.setattr(ranges, "PAGE", 512)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    first, second = [(128 + 2304 * i, 128 + 2304 * (i + 1)) for i in (1, 9)]
+    ranges.fetch_all([(source, [first])], exact=True)
+    ranges.fetch_all([(source, [second])], exact=True)  # another batch: the first's answer is no longer its
+    assert source.key not in ranges.MEMORY.spans or all(a != 2048 for a, _, _ in ranges.MEMORY.spans[source.key])
+    asked = Requests.requests
+    ranges.fetch_all([(source, [first, second])], exact=True)
+    assert Requests.requests == asked  # both from the kept answers
+    assert [bytes(source.read(*s)) for s in (first, second)] == [whole[slice(*s)] for s in (first, second)]
+    assert Requests.requests == asked
+    small = BlockMemory(1)  # keeps only the newest
+    monkeypatch.setattr(ranges, "MEMORY", small)
+    ranges.fetch_all([(source, [first])], exact=True)
+    ranges.fetch_all([(source, [second])], exact=True)
+    assert list(small.cuts[source.key]) == [(20480, 23552)] and small.held == 23552 - 20480
+    asked = Requests.requests
+    ranges.fetch_all([(source, [first])], exact=True)
+    assert Requests.requests == asked + 1 and bytes(source.read(*first)) == whole[slice(*first)]
+
+
+def test_the_whole_blocks_inside_a_cut_answer_are_kept_as_blocks(outputs, monkeypatch):
+    """A sample over three blocks, cut at both ends: the middle block, whole in the answer, is kept
+    as a block (the file's bytes); the two it holds parts of are not."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 1024)
+    monkeypatch.setattr(ranges, "PAGE", 256)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    sample = (128 + 2304 * 9, 128 + 2304 * 10)  # 20,864 to 23,168: blocks 20, 21 and 22
+    brought = Requests.bytes
+    ranges.fetch_all([(source, [sample])], exact=True)
+    assert Requests.bytes - brought == 23296 - 20736
+    assert bytes(ranges.MEMORY.get((source.key, 21))) == whole[21504:22528]
+    assert ranges.MEMORY.get((source.key, 20)) is None and ranges.MEMORY.get((source.key, 22)) is None
+    ranges.MEMORY.drop_spans(source.key)  # the answer forgotten: its whole block stays
+    asked = Requests.requests
+    assert bytes(source.read(21600, 22000)) == whole[21600:22000] and Requests.requests == asked
+
+
+def test_samples_read_in_order_ask_for_each_block_once(outputs, monkeypatch):
+    """Batches of neighbouring samples, in order: a run of them keeps its blocks' end, so the next
+    batch finds its samples in memory, as whole blocks did (not one request a batch)."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 16384)
+    monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+    source, whole = _images_source(local)
+    spans = [(128 + 2304 * i, 128 + 2304 * (i + 1)) for i in range(12)]
+    asked = Requests.requests
+    for batch in (spans[0:4], spans[4:8], spans[8:12]):
+        ranges.fetch_all([(source, batch)], exact=True)
+        assert [bytes(source.read(*s)) for s in batch] == [whole[slice(*s)] for s in batch]
+    assert Requests.requests - asked == 2  # the file's two blocks, each once
+    assert ranges._trimmed(0, 16384, [(5000, 6000), (6000, 7000)]) == (4096, 16384)  # side by side
+    assert ranges._trimmed(0, 16384, [(5000, 6000), (6500, 7000)]) == (4096, 8192)  # apart: cut
+
+
+@pytest.mark.parametrize("name", ["npy-raw", "hdf5-raw"])
+def test_a_shuffled_batch_is_read_from_its_one_round_of_cut_requests(outputs, monkeypatch, tmp_path, name):
+    """Without a disk cache, a batch's samples (and their text) come from the requests of its one
+    round: none is asked for while the samples are read, and fewer bytes come than the whole blocks
+    a reader with a disk cache asks for."""
+    fs, local = outputs
+    monkeypatch.setattr(ranges, "BLOCK", 8192)
+    near = open_dataset(local[name])
+    batch = [22, 3, 15, 9, 28]
+    real = ranges._request
+    brought = {}
+    for options in ({}, {"cache_dir": tmp_path / "cache"}):
+        monkeypatch.setattr(ranges, "MEMORY", BlockMemory(MEMORY_LIMIT))
+        ds = open_dataset(f"s3://data/ranges/{name}", **options)
+        ds.__getitems__([0, 12, 24])  # every shard opened: its small files and index read
+        rounds: list[bool] = []
+        monkeypatch.setattr(ranges, "_request", lambda wanted, *more: rounds.append(bool(more)) or real(wanted, *more))
+        before = Requests.bytes
+        got = ds.__getitems__(batch)
+        monkeypatch.setattr(ranges, "_request", real)
+        assert rounds == [True], options  # the batch's round, and no request from a read
+        brought["cache_dir" in options] = Requests.bytes - before
+        assert [_sample(s) for s in got] == [_sample(s) for s in near.__getitems__(batch)]
+    assert 0 < brought[False] < brought[True]  # its samples' bytes, against whole blocks
 
 
 def test_a_sample_that_fails_its_check_is_fetched_again_from_the_store(outputs, monkeypatch):

@@ -4,7 +4,9 @@ of its blocks are views of it."""
 
 from __future__ import annotations
 
+import bisect
 import os
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -14,6 +16,9 @@ Buffer = Union[bytes, memoryview]
 """Bytes as ranges are read: a block, or a view of one (read-only either way)."""
 MEMORY_LIMIT = 256 << 20
 """Bytes of blocks kept in each process's memory (least recently used dropped first)."""
+CUT_LOOKBACK = 4
+"""The kept cut answers starting at or before a read's start that ``cut_answer`` looks at (answers
+of two batches may overlap; one missed is asked for again, never read wrong)."""
 
 
 class BlockMemory:
@@ -26,7 +31,9 @@ class BlockMemory:
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held = limit, 0
-        self.blocks: OrderedDict[tuple[str, int], Buffer] = OrderedDict()
+        self.blocks: OrderedDict[tuple, Buffer] = OrderedDict()
+        """The kept blocks by ``(file key, number)``, and the kept cut answers (``put_span``) by
+        ``(file key, start, end)``, least recently used first."""
         self.answers: dict[int, tuple[bytes, set]] = {}
         """The answers the kept blocks are in, by id: the answer (held, so its id is not another's)
         and the keys of its blocks kept."""
@@ -34,9 +41,11 @@ class BlockMemory:
         """The blocks of the last ``fetch_all``, held whatever the limit until the next: a batch larger
         than the memory is still read from one round of requests."""
         self.spans: dict[str, list[tuple[int, int, bytes]]] = {}
-        """The answers of the last ``fetch_all`` cut to its samples' bytes, by file key, as ``(start,
-        end, bytes)``: held until the next, as ``batch``, and not as blocks (each begins or ends
-        inside one)."""
+        """The answers of the last ``fetch_all`` cut to its samples' bytes (each begins or ends inside
+        a block, so is no block), by file key, as ``(start, end, bytes)``: held until the next, as
+        ``batch``."""
+        self.cuts: dict[str, list[tuple[int, int]]] = {}
+        """The ``(start, end)`` of the kept cut answers of each file key, sorted: where ``span`` looks."""
         self.lock = threading.Lock()
         _MEMORIES.add(self)
 
@@ -51,16 +60,42 @@ class BlockMemory:
             return data
 
     def span(self, key: str, start: int, end: int) -> Optional[memoryview]:
-        """Bytes ``[start, end)`` of the file ``key`` from an answer of the last batch that holds them
-        all (a view, no copy), or None."""
+        """Bytes ``[start, end)`` of the file ``key`` from a cut answer that holds them all, the last
+        batch's or a kept one (a view, no copy), or None."""
+        found = self.cut_answer(key, start, end)
+        return None if found is None else memoryview(found[2]).toreadonly()[start - found[0] : end - found[0]]
+
+    def cut_answer(self, key: str, start: int, end: int) -> Optional[tuple[int, int, bytes]]:
+        """The cut answer ``(first, last, bytes)`` of the file ``key`` that holds its bytes ``[start,
+        end)``: the last batch's, else a kept one (then used: the last to go), or None."""
         for first, last, data in self.spans.get(key, ()):
             if first <= start and end <= last:
-                return memoryview(data).toreadonly()[start - first : end - first]
+                return first, last, data
+        with self.lock:
+            kept = self.cuts.get(key)
+            if not kept:
+                return None
+            at = bisect.bisect_right(kept, (start, sys.maxsize))
+            # answers of two batches may overlap: the few that start before ``start`` are looked at
+            for first, last in kept[max(0, at - CUT_LOOKBACK) : at][::-1]:
+                if end <= last:
+                    data = self.blocks[key, first, last]
+                    self.blocks.move_to_end((key, first, last))
+                    return first, last, data  # type: ignore[return-value]
         return None
 
+    def put_span(self, key: str, start: int, end: int, data: bytes) -> None:
+        """Keep the cut answer ``data``, the bytes ``[start, end)`` of the file ``key``, as a block
+        is kept (least recently used dropped past the limit, its bytes counted once with the blocks
+        that are views of it)."""
+        self.put((key, start, end), data)
+
     def drop_spans(self, key: str) -> None:
-        """Forget the last batch's answers of the file ``key`` (one failed a check)."""
+        """Forget the cut answers of the file ``key``, the last batch's and those kept (one failed a check)."""
         self.spans.pop(key, None)
+        with self.lock:
+            for first, last in list(self.cuts.get(key, ())):
+                self._release((key, first, last), self.blocks.pop((key, first, last)))
 
     def drop(self, key: tuple[str, int]) -> None:
         with self.lock:
@@ -69,11 +104,13 @@ class BlockMemory:
             if data is not None:
                 self._release(key, data)
 
-    def put(self, key: tuple[str, int], data: Buffer) -> None:
+    def put(self, key: tuple, data: Buffer) -> None:
         with self.lock:
             if key in self.blocks:
                 return
             self.blocks[key] = data
+            if len(key) == 3:  # a cut answer: found by its place in the file
+                bisect.insort(self.cuts.setdefault(key[0], []), key[1:])
             answer = _answer_of(data)
             kept = self.answers.setdefault(id(answer), (answer, set()))
             if not kept[1]:
@@ -85,9 +122,14 @@ class BlockMemory:
                     if other != key:  # but the block being put
                         self._release(other, self.blocks.pop(other))
 
-    def _release(self, key: tuple[str, int], data: Buffer) -> None:
+    def _release(self, key: tuple, data: Buffer) -> None:
         """The block ``key`` is no longer kept: its answer's bytes no longer count once none of its
         blocks is."""
+        if len(key) == 3:
+            kept = self.cuts[key[0]]
+            kept.remove(key[1:])
+            if not kept:
+                del self.cuts[key[0]]
         answer = _answer_of(data)
         kept = self.answers[id(answer)][1]
         kept.discard(key)

@@ -229,8 +229,9 @@ class RangeSource:
                 self.cache.drop(self.key, n)
 
     def read(self, start: int, end: int) -> Buffer:
-        """Bytes ``[start, end)`` of the file, read-only: a view of its block where one holds them
-        (no copy), else copied once from its blocks."""
+        """Bytes ``[start, end)`` of the file, read-only: a view of the answer that holds them (a
+        batch's request cut to its samples, ``fetch_all``) or of its block (no copy), else copied
+        once from its blocks."""
         numbers = self._blocks([(start, end)])
         if not numbers:
             return b""
@@ -260,17 +261,23 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]], e
     ``exact`` (a batch's samples): a run of a file with no disk cache is asked for only from the
     first to the last byte its spans need in it (to ``PAGE``), not from its first block's start to
     its last block's end: a random sample then brings its own bytes, not the blocks around it (a
-    150 KB sample spans one or two blocks of 256 KiB). The answer is kept for the batch
-    (``BlockMemory.spans``), and the whole blocks inside it as blocks; a run that a span goes on
+    150 KB sample spans one or two blocks of 256 KiB). The answer is held for the batch
+    (``BlockMemory.spans``) and kept in the memory as blocks are (a later batch's sample that it
+    holds is not asked for again), the whole blocks inside it as blocks; a run that a span goes on
     past (into a block held already) is asked for whole, so that the span's bytes are all in blocks."""
     missing = []
+    cut: dict[str, list[tuple[int, int, bytes]]] = {}
     for source, spans in wanted:
         spans = list(spans)
+        trimmed = exact and source.cache is None and not source.whole
+        if trimmed:  # the spans a kept cut answer holds: held for the batch, not asked for
+            held = [(span, MEMORY.cut_answer(source.key, *span)) for span in spans]
+            answers = {found[:2]: found for _, found in held if found is not None}  # each once
+            cut.setdefault(source.key, []).extend(answers.values())
+            spans = [span for span, found in held if found is None]
         numbers = [n for n in source._blocks(spans) if source._cached(n) is None]
         if numbers:
-            trimmed = exact and source.cache is None and not source.whole
             missing.append((source, numbers, spans if trimmed else None))
-    cut: dict[str, list[tuple[int, int, bytes]]] = {}
     MEMORY.batch = _request(missing, cut) if missing else {}
     MEMORY.spans = cut
 
@@ -287,10 +294,10 @@ def _request(
     spans: Optional[dict[str, list[tuple[int, int, bytes]]]] = None,
 ) -> dict[tuple[str, int], Buffer]:
     """Fetch the blocks (sorted numbers) of each source: one request per run of neighbours, all of a
-    filesystem's at once; each answer's length checked; the blocks kept in memory and the disk cache.
-    Returns them by ``(source.key, number)``. Where a source comes with its spans, each run is asked
-    for as far as they need it (``fetch_all``'s ``exact``), the answers of runs cut so put in
-    ``spans`` by the source's key, as ``(start, end, bytes)``. The blocks whose presigned URLs the
+    filesystem's at once; each answer's length checked; the whole blocks kept in memory and the disk
+    cache. Returns them by ``(source.key, number)``. Where a source comes with its spans, each run is
+    asked for as far as they need it (``fetch_all``'s ``exact``), the answers of runs cut so put in
+    ``spans`` by the source's key, as ``(start, end, bytes)``, and kept in memory. The blocks whose presigned URLs the
     store refused are asked again, signed again, then through s3fs (``SignedUrl.refused``): three
     rounds at most, the blocks that came kept."""
     got: dict[tuple[str, int], Buffer] = {}
@@ -314,15 +321,23 @@ def _request(
 
 def _trimmed(start: int, end: int, spans: list[tuple[int, int]]) -> tuple[int, int]:
     """The bytes ``[start, end)`` of a run of blocks cut to those the ``spans`` need in it (to ``PAGE``).
+
     A run a span goes on past (into a block held already) is not cut: that span is read from blocks,
-    so the run's must be whole."""
-    inside = [(a, b) for a, b in spans if a < end and b > start and b > a]
+    so the run's must be whole. Spans side by side (two samples or more read in order, or several in
+    one HDF5 chunk) keep the run's end: the next batch's samples are likely the bytes after them,
+    which the answer, kept in memory, then holds (samples of a few hundred bytes read in order
+    would otherwise ask for the same block again at each batch)."""
+    inside = sorted((a, b) for a, b in spans if a < end and b > start and b > a)
     if not inside:
         return start, end
-    first, last = min(a for a, _ in inside), max(b for _, b in inside)
+    first, last = inside[0][0], max(b for _, b in inside)
     if first < start or last > end:
         return start, end
-    return max(start, first - first % PAGE), min(end, last + (-last) % PAGE)
+    reach, in_order = inside[0][1], len(inside) > 1
+    for a, b in inside[1:]:
+        in_order = in_order and a <= reach
+        reach = max(reach, b)
+    return max(start, first - first % PAGE), end if in_order else min(end, last + (-last) % PAGE)
 
 
 def _request_round(
@@ -380,6 +395,7 @@ def _request_round(
             cut = start != run[0] * source.block or end != run[-1] * source.block + source._length(run[-1])
             if cut:
                 spans.setdefault(source.key, []).append((start, end, data))
+                MEMORY.put_span(source.key, start, end, data)  # for later batches, as blocks are kept
             view = memoryview(data)
             for n in run:
                 at = n * source.block - start

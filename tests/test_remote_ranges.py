@@ -19,7 +19,7 @@ from packer.spec.errors import ConfigError, ManifestError
 from packer.spec.manifest import read_manifest
 from packer.spec.sample_layout import ImageCodec
 from readers import make_loader, open_dataset
-from readers.remote import ranges
+from readers.remote import range_requests, ranges
 from readers.remote.block_cache import BlockCache
 from readers.remote.block_memory import MEMORY_LIMIT, BlockMemory
 from readers.remote.ranges import Requests
@@ -84,7 +84,7 @@ def test_opening_shards_reads_their_small_files_in_one_round_without_asking_thei
     fs, local = outputs
     rounds: list[list[str]] = []
     sized: list[str] = []
-    answers, bounded = ranges._answers, ranges._bounded
+    answers, bounded = range_requests.answers, range_requests.bounded
 
     def answers_seen(fs, runs, *more):
         rounds.append(sorted({source.url.rsplit("/", 1)[1] for source, *_ in runs}))
@@ -95,8 +95,8 @@ def test_opening_shards_reads_their_small_files_in_one_round_without_asking_thei
             sized.append(args[0].rsplit("/", 1)[1])
         return bounded(fs, method, timeout, *args, **kwargs)
 
-    monkeypatch.setattr(ranges, "_answers", answers_seen)
-    monkeypatch.setattr(ranges, "_bounded", bounded_seen)
+    monkeypatch.setattr(range_requests, "answers", answers_seen)
+    monkeypatch.setattr(range_requests, "bounded", bounded_seen)
     ds = open_dataset("s3://data/ranges/npy-raw")
     batch = [0, 13, 25]  # one sample of each of the three shards, none open yet
     got = ds.__getitems__(batch)

@@ -21,7 +21,8 @@ from packer.spec.registry import FORMATS, resolve
 from readers.remote import ranges
 from readers.remote.block_cache import BlockCache
 from readers.remote.npy_ranges import RemoteArray
-from readers.remote.ranges import RangeSource, fetch_all, import_backend
+from readers.remote.range_requests import import_backend
+from readers.remote.ranges import RangeSource, fetch_all
 from readers.remote.urls import cached_copy, file_url, is_url, open_manifest
 
 _CHECKED: set[tuple] = set()

@@ -14,8 +14,9 @@
 - ``read(start, end)`` gives the bytes, from the caches or fetched then; ``range_file.RangeFile`` is a file
   object over them (for h5py), ``npy_ranges.RemoteArray`` an array.
 
-Blocks are kept in this process's memory (``block_memory.MEMORY``, least recently used dropped past
-its limit) and,
+The requests themselves (the stall rule, retries, a presigned URL's refusal, the errors) are
+``range_requests``'. Blocks, and the answers cut to a batch's samples, are kept in this process's
+memory (``block_memory.MEMORY``, least recently used dropped past its limit) and, blocks only,
 with a ``BlockCache`` (``cache_dir=``), on disk for every process and later runs. Both are keyed by
 the file's SHA-256 in the manifest, so a block of one output is never served for another.
 
@@ -31,7 +32,6 @@ against the checksum of its index the manifest records (``packer.spec.hdf5_index
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,98 +39,18 @@ from typing import Any, Iterable, Optional
 
 from packer.spec.entries import FileEntry
 from packer.spec.errors import ManifestError
-from packer.spec.locations import CREDENTIALS
-from readers.remote import streams
+from readers.remote import range_requests, streams
 from readers.remote.block_cache import BlockCache
 from readers.remote.block_memory import MEMORY, Buffer
-from readers.remote.signed_urls import REFUSED, SignedUrl, can_sign
+from readers.remote.range_requests import CONCURRENT, REFUSED_URL, UNREACHED_URL, Requests
+from readers.remote.signed_urls import SignedUrl, can_sign
 
 BLOCK = 256 << 10
 """Bytes per block, the unit of requests and caches: a few samples of 64 KiB, one of 192 KiB (a
 256x256 RGB image) in at most two. Smaller blocks waste less of each request; more of them make
 more requests where samples are read in order."""
-CONCURRENT = 32
-"""Requests a process has in flight at once, at most (a batch needing more makes them in turns)."""
 PAGE = 4096
 """The alignment of a batch's requests trimmed to its samples' bytes (``fetch_all(exact=True)``)."""
-
-
-class Requests:
-    """What range reads cost in this process: ``requests`` made and ``bytes`` received (read them
-    around a batch for its request count, as ``scripts/bench_bucket.py`` does)."""
-
-    requests = 0
-    bytes = 0
-
-
-def _filesystem(url: str) -> tuple[Any, str]:
-    """fsspec's filesystem of ``url`` and the path in it (ManifestError when there is no backend)."""
-    try:
-        import fsspec.core
-    except ImportError:
-        raise ManifestError(f"reading {url.split('://')[0]}:// URLs needs fsspec: pip install fsspec") from None
-    try:
-        return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as e:  # fsspec names the package of a scheme it has no backend for
-        raise ManifestError(f"cannot open {url}: {e}") from None
-
-
-def import_backend(url: str) -> None:
-    """Import fsspec's backend of ``url`` (and, for ``s3://``, the HTTP one its presigned URLs are
-    read through) in this process, where a dataset read by ranges is opened: DataLoader workers forked
-    from it then find the modules there, where each would otherwise import them (aiohttp among them)
-    on its first request, before its first batch. Nothing where fsspec or the backend is missing:
-    the first request names what to install."""
-    try:
-        import fsspec
-    except ImportError:
-        return
-    scheme = url.split("://")[0]
-    for name in (scheme, "http") if scheme in ("s3", "s3a") else (scheme,):
-        with contextlib.suppress(ImportError, ValueError):
-            fsspec.get_filesystem_class(name)
-
-
-def _failed(url: str, e: BaseException, tries: str = "") -> ManifestError:
-    """The ManifestError of a failed request for ``url`` (``tries``: how often it was asked), saying what to do."""
-    if isinstance(e, FileNotFoundError):
-        return ManifestError(
-            f"{url} is gone: the output was replaced or removed after this dataset was opened. "
-            "Open the dataset again to read the new output"
-        )
-    hint = CREDENTIALS.get(url.split("://")[0]) if "Credentials" in type(e).__name__ else None
-    status = getattr(e, "status", None)
-    # an HTTP answer's error is told by its status: aiohttp's message holds the URL asked, which for a
-    # presigned one (signed_urls) is a grant to read the object
-    said = f"HTTP {status} {getattr(e, 'message', '')}".rstrip() if isinstance(status, int) else str(e)
-    return ManifestError(f"reading {url} failed{tries}: {type(e).__name__}: {said}" + (f". {hint}" if hint else ""))
-
-
-def _bounded(fs: Any, method: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-    """``fs.method(*args, **kwargs)``, given up after ``timeout`` seconds (FSTimeoutError) where the
-    backend is asynchronous (s3fs, gcsfs, HTTP: fsspec's loop is waited on with a timeout); a request
-    that never gets an answer then fails the read instead of hanging it. Others are called as they are."""
-    coroutine = getattr(fs, f"_{method}", None)
-    if getattr(fs, "async_impl", False) and coroutine is not None and getattr(fs, "loop", None) is not None:
-        from fsspec.asyn import sync
-
-        return sync(fs.loop, coroutine, *args, timeout=timeout, **kwargs)
-    return getattr(fs, method)(*args, **kwargs)
-
-
-def _timed_out() -> type:
-    """fsspec's FSTimeoutError (``_bounded``'s), imported when a request failed: fsspec is there by then."""
-    from fsspec.exceptions import FSTimeoutError
-
-    return FSTimeoutError
-
-
-def _stalled(url: str, window: float, tries: int) -> ManifestError:
-    """The ManifestError of requests for ``url`` that got no answer within ``window`` seconds, ``tries`` times."""
-    return ManifestError(
-        f"reading {url} stalled: no answer within {window:.0f} s (the stall rule), {tries} times; check the "
-        "connection to the store, or read the output with download=True and cache_dir="
-    )
 
 
 class RangeSource:
@@ -174,19 +94,19 @@ class RangeSource:
     def _checked(self) -> tuple[Any, str, Optional[SignedUrl]]:
         """The file's filesystem, path and presigned URL (None where it is not read by one), once its
         size is the manifest's."""
-        fs, path = _filesystem(self.url)
+        fs, path = range_requests.filesystem(self.url)
         if self.whole:  # its SHA-256 is checked instead: what is read is the manifest's bytes, or refused
             return fs, path, SignedUrl(fs, path) if can_sign(fs) else None
         for attempt in range(streams.RETRIES + 1):
             try:
-                size = _bounded(fs, "size", streams.STALL_WINDOW, path)
+                size = range_requests.bounded(fs, "size", streams.STALL_WINDOW, path)
                 break
-            except _timed_out():  # no answer within the window: asked again, then named
+            except range_requests.timed_out():  # no answer within the window: asked again, then named
                 if attempt == streams.RETRIES:
-                    raise _stalled(self.url, streams.STALL_WINDOW, attempt + 1) from None
+                    raise range_requests.stalled(self.url, streams.STALL_WINDOW, attempt + 1) from None
                 time.sleep(streams.backoff(attempt, None))
             except Exception as e:  # noqa: BLE001 - each backend raises its own (botocore's, aiohttp's)
-                raise _failed(self.url, e) from None
+                raise range_requests.failed(self.url, e) from None
         if size is not None and size != self.size:
             raise ManifestError(
                 f"{self.url} is {size} bytes, not the {self.size} of the manifest: the object was "
@@ -282,13 +202,6 @@ def fetch_all(wanted: Iterable[tuple[RangeSource, Iterable[tuple[int, int]]]], e
     MEMORY.spans = cut
 
 
-_REFUSED = object()
-"""``_answers``'s answer for a run whose presigned URL the store refused (``_refusal``)."""
-_UNREACHED = object()
-"""``_answers``'s answer for a run whose presigned URL could not be reached before one of its file's
-ever worked (``_refusal``)."""
-
-
 def _request(
     wanted: list[tuple[RangeSource, list[int], Optional[list[tuple[int, int]]]]],
     spans: Optional[dict[str, list[tuple[int, int, bytes]]]] = None,
@@ -351,7 +264,7 @@ def _request_round(
     whose presigned URLs were refused, each with whether the store refused it (not a failure to
     connect). A refused source's runs that did come are kept (``_request`` asks for the others only)."""
     _open_all([source for source, _, _ in wanted])
-    asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int], int, int]]]] = {}  # by filesystem
+    asks: dict[int, tuple[Any, list[tuple[RangeSource, str, list[int], int, int, bool]]]] = {}  # by filesystem
     for source, numbers, trim in wanted:
         fs, path = source._open()
         runs: list[list[int]] = []
@@ -362,20 +275,19 @@ def _request_round(
                 runs.append([n])
         for run in runs:
             start, end = run[0] * source.block, run[-1] * source.block + source._length(run[-1])
-            if trim is not None:
-                start, end = _trimmed(start, end, trim)
-            asks.setdefault(id(fs), (fs, []))[1].append((source, path, run, start, end))
+            cut = _trimmed(start, end, trim) if trim is not None else (start, end)
+            asks.setdefault(id(fs), (fs, []))[1].append((source, path, run, *cut, cut != (start, end)))
     refused: list[tuple[RangeSource, bool]] = []
     for fs, runs in asks.values():
-        answers = _answers(fs, runs, [r[3] for r in runs], [r[4] for r in runs])
-        for (source, _, run, start, end), data in zip(runs, answers):
+        answers = range_requests.answers(fs, runs, [r[3] for r in runs], [r[4] for r in runs])
+        for (source, _, run, start, end, cut), data in zip(runs, answers):
             signed = source.signed
             signed = signed if signed is not None and not signed.plain else None  # by a presigned URL
-            if data is _REFUSED or data is _UNREACHED or (signed is not None and len(data) != end - start):
+            if data is REFUSED_URL or data is UNREACHED_URL or (signed is not None and len(data) != end - start):
                 # by a presigned URL: refused, or answered with something else than the range (a
                 # redirect to another region, which fsspec does not raise for), or not reached
                 if all(s is not source for s, _ in refused):
-                    refused.append((source, data is not _UNREACHED))
+                    refused.append((source, data is not UNREACHED_URL))
                 continue
             Requests.bytes += len(data)
             if signed is not None:
@@ -392,7 +304,6 @@ def _request_round(
                     "download=True and cache_dir= (each shard file downloaded whole, then checked)"
                 )
             done.update((source.key, n) for n in run)
-            cut = start != run[0] * source.block or end != run[-1] * source.block + source._length(run[-1])
             if cut:
                 spans.setdefault(source.key, []).append((start, end, data))
                 MEMORY.put_span(source.key, start, end, data)  # for later batches, as blocks are kept
@@ -425,81 +336,3 @@ def _open_all(sources: list[RangeSource]) -> None:
             done.result()
     finally:  # the first failure raised at once: the requests not yet made are not made
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _answers(fs: Any, runs: list, starts: list[int], ends: list[int]) -> list[Any]:
-    """The bytes of each run, asked for all at once; the runs a server answered with an error of
-    ``streams.RETRIED`` (busy, throttled) asked again after ``streams.backoff``, up to
-    ``streams.RETRIES`` times (s3fs and gcsfs retry such answers themselves; fsspec's HTTP does not);
-    ``_REFUSED`` for a run whose presigned URL was refused (``_refusal``). ManifestError naming the
-    URL for any other failure, or after the last try."""
-    answers: list = [None] * len(runs)
-    todo = list(range(len(runs)))
-    for attempt in range(streams.RETRIES + 1):
-        # the stall rule over the round: each STALL_BYTES asked for within STALL_WINDOW
-        asked = sum(ends[i] - starts[i] for i in todo)
-        window = streams.STALL_WINDOW * max(1.0, asked / streams.STALL_BYTES)
-        try:
-            paths = [runs[i][1] for i in todo]
-            got = _bounded(
-                fs,
-                "cat_ranges",
-                window,
-                paths,
-                [starts[i] for i in todo],
-                [ends[i] for i in todo],
-                on_error="return",
-                batch_size=CONCURRENT,
-            )
-        except _timed_out():  # the whole round asked again (its answers so far are not known)
-            if attempt == streams.RETRIES:
-                raise _stalled(runs[todo[0]][0].url, window, attempt + 1) from None
-            time.sleep(streams.backoff(attempt, None))
-            continue
-        except Exception as e:  # noqa: BLE001 - each backend raises its own
-            raise _failed(runs[todo[0]][0].url, e) from None
-        Requests.requests += len(todo)
-        again, wait = [], None
-        for i, data in zip(todo, got):
-            refusal = _refusal(runs[i][0], data) if isinstance(data, BaseException) else None
-            if refusal is not None:
-                answers[i] = refusal  # by a presigned URL: signed again, or read through s3fs
-                continue
-            if isinstance(data, BaseException):
-                busy = getattr(data, "status", None) in streams.RETRIED or _dropped(data)
-                if not busy or attempt == streams.RETRIES:
-                    tries = f" (after {attempt + 1} tries)" if attempt else ""
-                    raise _failed(runs[i][0].url, data, tries)
-                again.append(i)
-                wait = wait or (getattr(data, "headers", None) or {}).get("Retry-After")
-            answers[i] = data
-        if not again:
-            return answers
-        todo = again
-        time.sleep(streams.backoff(attempt, wait))
-    return answers
-
-
-def _refusal(source: RangeSource, error: BaseException) -> Any:
-    """``_REFUSED`` where ``error`` answered a presigned URL of ``source`` and is the store refusing
-    it (400, 403); ``_UNREACHED`` for a failure to reach it at all (a proxy, a certificate the HTTP
-    client does not know) before a URL of the file ever worked: either way s3fs, which knows the
-    client's settings, reads the file. None otherwise."""
-    signed = source.signed
-    if signed is None or signed.plain:
-        return None
-    status = getattr(error, "status", None)
-    if status in REFUSED:
-        return _REFUSED
-    if status is None and not signed.worked and not isinstance(error, FileNotFoundError):
-        return _UNREACHED
-    return None
-
-
-def _dropped(error: BaseException) -> bool:
-    """Whether ``error`` is a connection lost or reset, or an answer cut short: asked again, as a busy
-    server's answer is (s3fs and gcsfs retry these themselves; fsspec's HTTP does not)."""
-    names = {c.__name__ for c in type(error).__mro__}
-    return isinstance(error, (ConnectionError, TimeoutError)) or bool(
-        names & {"ClientConnectionError", "ClientPayloadError", "ServerDisconnectedError"}
-    )
